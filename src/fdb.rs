@@ -1,0 +1,611 @@
+//! The forwarding database of one bridge: MAC address to port, learned from source addresses.
+//!
+//! # Design and thread-safety contract
+//!
+//! The table is a fixed array of 64-byte buckets of four slots, allocated once for the
+//! configured limit (at most 50% load), so memory never grows after creation. Every MAC hashes
+//! (with a per-table random seed, so an attacker cannot aim at one bucket) to two candidate
+//! buckets. A slot is two atomics: `key = mac << 16 | port` (0 = empty) and `seen`, the last
+//! time the station sent a frame (`u64::MAX` marks a static entry).
+//!
+//! * **Lookups** ([`Fdb::lookup`]) and **refreshes** of a known station on its known port
+//!   ([`Fdb::learn`] in the common case) are lock-free: atomic loads, and a relaxed store of
+//!   `seen` at most once per [`REFRESH_INTERVAL`] per station, so workers do not bounce cache lines.
+//! * **Changes** (a new station, a station that moved, eviction, aging sweeps, static entries,
+//!   flushes) take the table's writer mutex: one writer at a time, any number of readers.
+//!   A writer stores `seen` before publishing `key` with release ordering, and readers load
+//!   `key` with acquire ordering, so a reader that finds a key never sees an older `seen` than
+//!   the writer's. A reader racing with a change sees either the old or the new entry; both are
+//!   entries that were valid a moment ago. Slots are reused in place, so there is no memory to
+//!   reclaim.
+//!
+//! # Limits and eviction rule
+//!
+//! At most `max_entries` entries exist (static ones included). A station that has not sent for
+//! the aging time is treated as absent at once and its slot is reused; [`Fdb::sweep`] clears
+//! such slots in bulk. To learn a new station when the table is at its limit, or when both
+//! candidate buckets are full, the dynamic entry that has been silent longest among the eight
+//! candidate slots is evicted (counted in [`FdbCounters::evicted`]): active stations refresh
+//! their time and stay, a flood of one-off source addresses replaces itself. If all eight
+//! candidates are static, the station is not learned (counted in [`FdbCounters::learn_failed`])
+//! and frames to it are flooded.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::mac::MacAddr;
+use crate::time::Instant;
+use crate::PortId;
+
+/// A known station's time is refreshed at most this often (per station), to keep readers'
+/// cache lines clean.
+pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Default aging time, as Linux's `ageing_time` (300 s).
+pub const DEFAULT_AGING: Duration = Duration::from_secs(300);
+
+/// Default limit on entries per bridge.
+pub const DEFAULT_MAX_ENTRIES: usize = 8192;
+
+const STATIC: u64 = u64::MAX;
+const SLOTS: usize = 4;
+
+#[derive(Default)]
+struct Slot {
+    key: AtomicU64,
+    seen: AtomicU64,
+}
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Bucket {
+    slots: [Slot; SLOTS],
+}
+
+/// What learning a source address did, for callers that count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// The station was known on this port (its time may have been refreshed).
+    Known,
+    /// A new entry was made.
+    New,
+    /// The station moved here from another port.
+    Moved,
+    /// The address belongs to a static entry on another port; nothing changed.
+    StaticConflict,
+    /// The table could not take the station (all candidate slots static).
+    Failed,
+}
+
+/// Counters of table changes, read with [`Fdb::counters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdbCounters {
+    /// Entries in the table now (static ones included; aged entries not yet swept included).
+    pub entries: usize,
+    /// New stations learned.
+    pub learned: u64,
+    /// Stations re-learned on another port.
+    pub moved: u64,
+    /// Live entries evicted to make room.
+    pub evicted: u64,
+    /// Entries removed because they aged out.
+    pub aged: u64,
+    /// Stations that could not be learned.
+    pub learn_failed: u64,
+}
+
+/// One row of [`Fdb::dump`], like a line of `bridge fdb show`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdbEntry {
+    /// The station's address.
+    pub mac: MacAddr,
+    /// The port it is reached through.
+    pub port: PortId,
+    /// `None` for a static entry; otherwise the time since the station was last seen.
+    pub age: Option<Duration>,
+}
+
+impl FdbEntry {
+    /// True for an entry that learning cannot change and aging never removes.
+    pub fn is_static(&self) -> bool {
+        self.age.is_none()
+    }
+}
+
+struct WriterState {
+    entries: usize,
+    counters: FdbCounters,
+}
+
+/// A bounded, lock-free-for-lookups MAC learning table (see the module docs).
+pub struct Fdb {
+    buckets: Box<[Bucket]>,
+    mask: usize,
+    seed: u64,
+    max_entries: usize,
+    aging_us: u64,
+    writer: Mutex<WriterState>,
+}
+
+impl std::fmt::Debug for Fdb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fdb")
+            .field("max_entries", &self.max_entries)
+            .field("buckets", &self.buckets.len())
+            .field("counters", &self.counters())
+            .finish()
+    }
+}
+
+#[inline]
+fn key_of(mac: u64, port: PortId) -> u64 {
+    (mac << 16) | u64::from(port.0)
+}
+
+#[inline]
+fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+impl Fdb {
+    /// A table for at most `max_entries` stations (at least 1) that forgets a station after
+    /// `aging` of silence.
+    pub fn new(max_entries: usize, aging: Duration) -> Fdb {
+        let max_entries = max_entries.max(1);
+        let nbuckets = (max_entries * 2).div_ceil(SLOTS).next_power_of_two().max(2);
+        let buckets = (0..nbuckets).map(|_| Bucket::default()).collect();
+        let seed = RandomState::new().hash_one(0x7a9_u64);
+        Fdb {
+            buckets,
+            mask: nbuckets - 1,
+            seed,
+            max_entries,
+            aging_us: u64::try_from(aging.as_micros()).unwrap_or(u64::MAX).max(1),
+            writer: Mutex::new(WriterState {
+                entries: 0,
+                counters: FdbCounters::default(),
+            }),
+        }
+    }
+
+    /// The configured limit.
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// The configured aging time.
+    pub fn aging(&self) -> Duration {
+        Duration::from_micros(self.aging_us)
+    }
+
+    #[inline]
+    fn candidates(&self, mac: u64) -> (usize, usize) {
+        let h = fmix64(mac ^ self.seed);
+        let b1 = (h as usize) & self.mask;
+        let mut b2 = ((h >> 32) as usize) & self.mask;
+        if b2 == b1 {
+            b2 = (b1 + 1) & self.mask;
+        }
+        (b1, b2)
+    }
+
+    #[inline]
+    fn live(&self, seen: u64, now: u64) -> bool {
+        seen == STATIC || now.saturating_sub(seen) < self.aging_us
+    }
+
+    #[inline]
+    fn find(&self, mac: u64) -> Option<(&Slot, u64)> {
+        let (b1, b2) = self.candidates(mac);
+        for b in [b1, b2] {
+            for s in &self.buckets[b].slots {
+                let k = s.key.load(Ordering::Acquire);
+                if k != 0 && k >> 16 == mac {
+                    return Some((s, k));
+                }
+            }
+        }
+        None
+    }
+
+    /// Hints the CPU to fetch the first candidate bucket of `mac` (used before a batch's lookups).
+    #[inline]
+    pub fn prefetch(&self, mac: MacAddr) {
+        let (b1, _) = self.candidates(mac.to_u64());
+        crate::sys::prefetch(&self.buckets[b1]);
+    }
+
+    /// The port that `mac` was last seen on, if it was seen within the aging time (or is static).
+    #[inline]
+    pub fn lookup(&self, mac: MacAddr, now: Instant) -> Option<PortId> {
+        let (s, k) = self.find(mac.to_u64())?;
+        let seen = s.seen.load(Ordering::Relaxed);
+        if self.live(seen, now.micros()) {
+            Some(PortId(k as u16))
+        } else {
+            None
+        }
+    }
+
+    /// Records that `mac` sent a frame on `port` at `now`. The caller has checked that `mac` is
+    /// a station address (not group, not zero).
+    #[inline]
+    pub fn learn(&self, mac: MacAddr, port: PortId, now: Instant) -> Learned {
+        let m = mac.to_u64();
+        let now_us = now.micros();
+        if let Some((s, k)) = self.find(m) {
+            let seen = s.seen.load(Ordering::Relaxed);
+            if k == key_of(m, port) {
+                if seen != STATIC
+                    && now_us.saturating_sub(seen) >= REFRESH_INTERVAL.as_micros() as u64
+                {
+                    s.seen.store(now_us, Ordering::Relaxed);
+                }
+                return Learned::Known;
+            }
+            if seen == STATIC {
+                return Learned::StaticConflict;
+            }
+        }
+        self.learn_slow(m, port, now_us)
+    }
+
+    #[cold]
+    fn learn_slow(&self, m: u64, port: PortId, now: u64) -> Learned {
+        let mut w = self.writer.lock();
+        let key = key_of(m, port);
+        // Re-check under the lock: another writer may have changed things.
+        if let Some((s, k)) = self.find(m) {
+            let seen = s.seen.load(Ordering::Relaxed);
+            if seen == STATIC {
+                return if k == key {
+                    Learned::Known
+                } else {
+                    Learned::StaticConflict
+                };
+            }
+            let was_live = self.live(seen, now);
+            s.seen.store(now, Ordering::Relaxed);
+            s.key.store(key, Ordering::Release);
+            if k == key {
+                return Learned::Known;
+            }
+            if was_live {
+                w.counters.moved += 1;
+                return Learned::Moved;
+            }
+            w.counters.learned += 1;
+            return Learned::New;
+        }
+        match self.place(&mut w, m, now) {
+            Some(s) => {
+                s.seen.store(now, Ordering::Relaxed);
+                s.key.store(key, Ordering::Release);
+                w.counters.learned += 1;
+                Learned::New
+            }
+            None => {
+                w.counters.learn_failed += 1;
+                Learned::Failed
+            }
+        }
+    }
+
+    /// Chooses a slot for a new entry (writer lock held): an empty slot while below the limit,
+    /// else an aged one, else the longest-silent dynamic entry, evicted (static entries never are).
+    fn place(&self, w: &mut WriterState, m: u64, now: u64) -> Option<&Slot> {
+        let (b1, b2) = self.candidates(m);
+        let mut empty: Option<&Slot> = None;
+        let mut aged: Option<&Slot> = None;
+        let mut oldest: Option<(&Slot, u64)> = None;
+        for b in [b1, b2] {
+            for s in &self.buckets[b].slots {
+                let k = s.key.load(Ordering::Relaxed);
+                if k == 0 {
+                    empty = empty.or(Some(s));
+                    continue;
+                }
+                let seen = s.seen.load(Ordering::Relaxed);
+                if seen == STATIC {
+                    continue;
+                }
+                if !self.live(seen, now) {
+                    aged = aged.or(Some(s));
+                } else if oldest.is_none_or(|(_, t)| seen < t) {
+                    oldest = Some((s, seen));
+                }
+            }
+        }
+        if let Some(s) = aged {
+            w.counters.aged += 1;
+            return Some(s);
+        }
+        if w.entries < self.max_entries {
+            if let Some(s) = empty {
+                w.entries += 1;
+                w.counters.entries = w.entries;
+                return Some(s);
+            }
+        }
+        let (s, _) = oldest?;
+        w.counters.evicted += 1;
+        Some(s)
+    }
+
+    /// Adds or replaces a static entry: `mac` is reached through `port`, whatever learning sees,
+    /// until [`Fdb::remove`]. Fails with `false` when the table has no room for it (all eight
+    /// candidate slots hold static entries).
+    pub fn add_static(&self, mac: MacAddr, port: PortId) -> bool {
+        let m = mac.to_u64();
+        let mut w = self.writer.lock();
+        let key = key_of(m, port);
+        if let Some((s, _)) = self.find(m) {
+            s.seen.store(STATIC, Ordering::Relaxed);
+            s.key.store(key, Ordering::Release);
+            return true;
+        }
+        match self.place(&mut w, m, 0) {
+            Some(s) => {
+                s.seen.store(STATIC, Ordering::Relaxed);
+                s.key.store(key, Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes the entry for `mac`, static or learned. Returns whether there was one.
+    pub fn remove(&self, mac: MacAddr) -> bool {
+        let mut w = self.writer.lock();
+        if let Some((s, _)) = self.find(mac.to_u64()) {
+            s.key.store(0, Ordering::Release);
+            w.entries -= 1;
+            w.counters.entries = w.entries;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Removes every learned (not static) entry that points at `port`, as Linux does when a
+    /// port goes down or leaves the bridge. Returns how many were removed.
+    pub fn flush_port(&self, port: PortId) -> usize {
+        self.clear_where(|k, seen| k as u16 == port.0 && seen != STATIC)
+    }
+
+    /// Clears entries that have aged out at `now`. Lookups already ignore them; this frees
+    /// their slots. Returns how many were cleared. O(table size), run from a timer.
+    pub fn sweep(&self, now: Instant) -> usize {
+        let now = now.micros();
+        let n = self.clear_where(|_, seen| !self.live(seen, now));
+        self.writer.lock().counters.aged += n as u64;
+        n
+    }
+
+    fn clear_where(&self, pred: impl Fn(u64, u64) -> bool) -> usize {
+        let mut w = self.writer.lock();
+        let mut n = 0;
+        for b in self.buckets.iter() {
+            for s in &b.slots {
+                let k = s.key.load(Ordering::Relaxed);
+                if k != 0 && pred(k, s.seen.load(Ordering::Relaxed)) {
+                    s.key.store(0, Ordering::Release);
+                    n += 1;
+                }
+            }
+        }
+        w.entries -= n;
+        w.counters.entries = w.entries;
+        n
+    }
+
+    /// Every live entry at `now`, sorted by port then MAC.
+    pub fn dump(&self, now: Instant) -> Vec<FdbEntry> {
+        let now_us = now.micros();
+        let mut v = Vec::new();
+        for b in self.buckets.iter() {
+            for s in &b.slots {
+                let k = s.key.load(Ordering::Acquire);
+                if k == 0 {
+                    continue;
+                }
+                let seen = s.seen.load(Ordering::Relaxed);
+                if !self.live(seen, now_us) {
+                    continue;
+                }
+                v.push(FdbEntry {
+                    mac: MacAddr::from_u64(k >> 16),
+                    port: PortId(k as u16),
+                    age: (seen != STATIC).then(|| Duration::from_micros(now_us.saturating_sub(seen))),
+                });
+            }
+        }
+        v.sort_by_key(|e| (e.port, e.mac));
+        v
+    }
+
+    /// Change counters and the current number of entries.
+    pub fn counters(&self) -> FdbCounters {
+        self.writer.lock().counters
+    }
+
+    /// Bytes of memory the table holds (fixed at creation).
+    pub fn memory_bytes(&self) -> usize {
+        self.buckets.len() * std::mem::size_of::<Bucket>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn mac(i: u32) -> MacAddr {
+        MacAddr::local(i)
+    }
+    fn t(s: u64) -> Instant {
+        Instant::from_secs(s)
+    }
+
+    #[test]
+    fn learns_moves_and_ages() {
+        let f = Fdb::new(16, Duration::from_secs(300));
+        assert_eq!(f.lookup(mac(1), t(0)), None);
+        assert_eq!(f.learn(mac(1), PortId(3), t(0)), Learned::New);
+        assert_eq!(f.lookup(mac(1), t(1)), Some(PortId(3)));
+        assert_eq!(f.learn(mac(1), PortId(3), t(1)), Learned::Known);
+        assert_eq!(f.learn(mac(1), PortId(4), t(2)), Learned::Moved);
+        assert_eq!(f.lookup(mac(1), t(2)), Some(PortId(4)));
+        assert_eq!(f.lookup(mac(1), t(301)), Some(PortId(4)));
+        assert_eq!(f.lookup(mac(1), t(302)), None, "aged out after 300 s of silence");
+        assert_eq!(f.sweep(t(302)), 1);
+        assert_eq!(f.counters().entries, 0);
+    }
+
+    #[test]
+    fn static_entries_win_over_learning_and_never_age() {
+        let f = Fdb::new(16, Duration::from_secs(10));
+        assert!(f.add_static(mac(9), PortId(1)));
+        assert_eq!(f.learn(mac(9), PortId(2), t(1)), Learned::StaticConflict);
+        assert_eq!(f.lookup(mac(9), t(1_000_000)), Some(PortId(1)));
+        assert_eq!(f.sweep(t(1_000_000)), 0);
+        let d = f.dump(t(5));
+        assert_eq!(d.len(), 1);
+        assert!(d[0].is_static());
+        assert!(f.remove(mac(9)));
+        assert_eq!(f.lookup(mac(9), t(5)), None);
+    }
+
+    #[test]
+    fn never_grows_past_its_bound_and_prefers_active_stations() {
+        let f = Fdb::new(100, Duration::from_secs(300));
+        // One active station, then a flood of one-off sources.
+        f.learn(mac(0), PortId(0), t(0));
+        for i in 1..10_000u32 {
+            let now = Instant::from_millis(u64::from(i));
+            f.learn(mac(i), PortId(1), now);
+            // The active station keeps talking.
+            f.learn(mac(0), PortId(0), now);
+            assert!(f.counters().entries <= 100);
+        }
+        let c = f.counters();
+        assert_eq!(c.entries, 100);
+        assert!(c.evicted > 9_000, "{c:?}");
+        assert_eq!(f.lookup(mac(0), Instant::from_secs(10)), Some(PortId(0)));
+        assert!(f.dump(Instant::from_secs(10)).len() <= 100);
+    }
+
+    #[test]
+    fn flush_port_keeps_static_entries() {
+        let f = Fdb::new(16, DEFAULT_AGING);
+        f.learn(mac(1), PortId(1), t(0));
+        f.learn(mac(2), PortId(1), t(0));
+        f.learn(mac(3), PortId(2), t(0));
+        f.add_static(mac(4), PortId(1));
+        assert_eq!(f.flush_port(PortId(1)), 2);
+        assert_eq!(f.lookup(mac(4), t(0)), Some(PortId(1)));
+        assert_eq!(f.lookup(mac(3), t(0)), Some(PortId(2)));
+        assert_eq!(f.counters().entries, 2);
+    }
+
+    #[test]
+    fn concurrent_readers_and_learners() {
+        let f = std::sync::Arc::new(Fdb::new(1024, DEFAULT_AGING));
+        let threads: Vec<_> = (0..4u16)
+            .map(|w| {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    for round in 0..200u64 {
+                        for i in 0..512u32 {
+                            let m = mac(i);
+                            f.learn(m, PortId(w), Instant::from_millis(round));
+                            if let Some(p) = f.lookup(m, Instant::from_millis(round)) {
+                                assert!(p.0 < 4);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let d = f.dump(Instant::from_millis(200));
+        assert_eq!(d.len(), 512);
+        let mut macs: Vec<_> = d.iter().map(|e| e.mac).collect();
+        macs.dedup();
+        assert_eq!(macs.len(), 512, "no duplicate entries");
+        assert_eq!(f.counters().entries, 512);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Learn(u8, u8),
+        Lookup(u8),
+        Tick(u16),
+        Static(u8, u8),
+        Remove(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..40, 0u8..4).prop_map(|(m, p)| Op::Learn(m, p)),
+            4 => (0u8..40).prop_map(Op::Lookup),
+            1 => (0u16..200).prop_map(Op::Tick),
+            1 => (0u8..40, 0u8..4).prop_map(|(m, p)| Op::Static(m, p)),
+            1 => (0u8..40).prop_map(Op::Remove),
+        ]
+    }
+
+    proptest! {
+        /// With room for every station, the table behaves exactly like a HashMap model with
+        /// aging and static entries.
+        #[test]
+        fn matches_hashmap_model(ops in proptest::collection::vec(op(), 1..300)) {
+            let aging = Duration::from_secs(60);
+            let f = Fdb::new(64, aging);
+            // model: mac -> (port, last seen secs or None for static)
+            let mut model: HashMap<u8, (u16, Option<u64>)> = HashMap::new();
+            let mut now = 0u64;
+            for o in ops {
+                let ti = Instant::from_secs(now);
+                match o {
+                    Op::Learn(m, p) => {
+                        f.learn(mac(u32::from(m)), PortId(u16::from(p)), ti);
+                        match model.get(&m) {
+                            Some((_, None)) => {}
+                            _ => { model.insert(m, (u16::from(p), Some(now))); }
+                        }
+                    }
+                    Op::Lookup(m) => {
+                        let want = model.get(&m).and_then(|(p, seen)| match seen {
+                            None => Some(PortId(*p)),
+                            Some(s) if now - s < 60 => Some(PortId(*p)),
+                            _ => None,
+                        });
+                        prop_assert_eq!(f.lookup(mac(u32::from(m)), ti), want);
+                    }
+                    Op::Tick(s) => now += u64::from(s),
+                    Op::Static(m, p) => {
+                        prop_assert!(f.add_static(mac(u32::from(m)), PortId(u16::from(p))));
+                        model.insert(m, (u16::from(p), None));
+                    }
+                    Op::Remove(m) => {
+                        f.remove(mac(u32::from(m)));
+                        model.remove(&m);
+                    }
+                }
+                prop_assert!(f.counters().entries <= 64);
+            }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Ports: anything that carries Ethernet frames in and out of the datapath.
+//!
+//! * [`TapPort`]: a Linux TAP device (`/dev/net/tun`, no packet-info header).
+//! * [`MemPort`]: one end of an in-memory pair ([`mem_pair`]), for embedding and tests.
+//! * [`SmolHost`]: a smoltcp `Interface` plugged into the far end of an in-memory pair, a real
+//!   TCP/IP host without root.
+//!
+//! A port is shared by the runtime's workers: exactly one worker receives from it, any worker
+//! may transmit to it, so [`Port::send`] takes `&self` and must be thread-safe.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
+use crate::stats::DropReason;
+
+mod mem;
+mod smol;
+mod tap;
+
+pub use mem::{mem_pair, MemPort};
+pub use smol::SmolHost;
+pub use tap::TapPort;
+
+/// Something that carries Ethernet frames.
+pub trait Port: Send + Sync {
+    /// The port's name (the interface name for a TAP).
+    fn name(&self) -> &str;
+
+    /// Receives frames without blocking into buffers taken from `pool`, appending them to
+    /// `batch` until it is full, the pool is empty or nothing is waiting. Returns how many
+    /// frames were added. A frame cut because it did not fit its buffer is still returned, with
+    /// [`PacketBuf::oversize`] set.
+    fn recv_batch(&self, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize>;
+
+    /// Transmits one frame (copying it out; the caller keeps the buffer). Frames that carry
+    /// [`crate::Offload`] work are completed in software by ports without offload support.
+    fn send(&self, buf: &PacketBuf) -> Result<(), DropReason>;
+
+    /// A file descriptor that polls readable when frames may be waiting, if the port has one.
+    /// Ports without one are polled on a short timer by the runtime.
+    fn rx_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// Bytes of frame room the port's received frames need (the runtime sizes its pools by it).
+    fn frame_room(&self) -> usize {
+        DEFAULT_FRAME_ROOM
+    }
+}
