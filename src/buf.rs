@@ -24,45 +24,12 @@ pub const BATCH_SIZE: usize = 32;
 /// a 1500-byte MTU Ethernet frame with two VLAN tags fits with room to spare.
 pub const DEFAULT_FRAME_ROOM: usize = 2048 - HEADROOM;
 
-/// Offload metadata carried with a frame: the fields of a virtio-net header.
-///
-/// A TAP device opened with `IFF_VNET_HDR` hands frames whose L4 checksum is partial
-/// (`csum_start`/`csum_offset`) or that are TCP super-frames to be segmented at `gso_size`.
-/// Ports without offload support finish that work in software before transmitting; frames from
+/// Offload metadata carried with a frame: the fields of a virtio-net header
+/// (see [`crate::offload`]). A TAP device opened with `IFF_VNET_HDR` hands frames whose L4
+/// checksum is partial or that are TCP super-frames to be segmented at `gso_size`; ports
+/// without offload support finish that work in software before transmitting. Frames from
 /// ports without offloads carry [`Offload::NONE`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Offload {
-    /// `VIRTIO_NET_HDR_F_*` flags (1 = needs checksum, 2 = data valid).
-    pub flags: u8,
-    /// `VIRTIO_NET_HDR_GSO_*` type (0 = none, 1 = TCPv4, 4 = TCPv6, 0x80 = ECN).
-    pub gso_type: u8,
-    /// Length of the headers to replicate in each segment, as the sender claims.
-    pub hdr_len: u16,
-    /// Payload bytes per segment for a GSO frame.
-    pub gso_size: u16,
-    /// Where checksumming starts, counted from the Ethernet header.
-    pub csum_start: u16,
-    /// Where the checksum is stored, counted from `csum_start`.
-    pub csum_offset: u16,
-}
-
-impl Offload {
-    /// No offload work pending: the frame is complete as it is.
-    pub const NONE: Offload = Offload {
-        flags: 0,
-        gso_type: 0,
-        hdr_len: 0,
-        gso_size: 0,
-        csum_start: 0,
-        csum_offset: 0,
-    };
-
-    /// True when the frame needs no further work before going on the wire.
-    #[inline]
-    pub fn is_none(&self) -> bool {
-        self.flags & 1 == 0 && self.gso_type & 0x7f == 0
-    }
-}
+pub type Offload = crate::offload::VirtioNetHdr;
 
 /// One frame in a buffer with headroom, plus its metadata.
 ///

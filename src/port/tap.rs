@@ -1,36 +1,88 @@
 //! Linux TAP devices.
 
-use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 
 use super::Port;
-use crate::buf::{Batch, BufPool, PacketBuf};
+use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
+use crate::offload::{VirtioNetHdr, VNET_HDR_LEN};
 use crate::stats::DropReason;
 
-/// A TAP device opened on `/dev/net/tun` in TAP mode without the packet-info header.
+/// Frame room for a TAP with offloads: a 64 KiB TCP super-frame plus link headers.
+pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
+
+/// A TAP device on `/dev/net/tun`, in TAP mode without the packet-info header.
 ///
 /// The device exists while the port is open (it is created if missing, attached to if it
 /// exists and is free). Moving the interface into another network namespace
 /// (`ip link set tap0 netns pod-a`) keeps this file descriptor working: that is how pods are
 /// attached. The fd is non-blocking; the runtime waits on [`Port::rx_fd`].
+///
+/// Two modes:
+/// * [`TapPort::open`]: plain frames (opened with tun-tap). The kernel side computes checksums
+///   and segments TCP itself, as for a NIC without offloads.
+/// * [`TapPort::open_offload`]: every frame carries a virtio-net header, and the device
+///   advertises checksum offload and TSO to the kernel, so a pod's TCP stack hands over 64 KiB
+///   super-frames with partial checksums, as to a virtio NIC. They pass between offload TAPs
+///   untouched and are segmented and checksummed in software ([`crate::offload`]) only when
+///   they leave through a port without offloads.
 #[derive(Debug)]
 pub struct TapPort {
-    iface: tun_tap::Iface,
+    file: File,
+    name: String,
+    vnet: bool,
 }
 
 impl TapPort {
-    /// Creates (or attaches to) the TAP device `name`. Fails without `CAP_NET_ADMIN`, or when
-    /// the name is invalid or taken by a non-TAP device.
-    pub fn open(name: &str) -> io::Result<TapPort> {
-        if name.is_empty() || name.len() > 15 {
+    fn check_name(name: &str) -> io::Result<()> {
+        if name.is_empty() || name.len() > 15 || name.contains('/') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("TAP name {name:?} must be 1 to 15 bytes"),
+                format!("TAP name {name:?} is invalid: expected 1 to 15 bytes, no '/'"),
             ));
         }
+        Ok(())
+    }
+
+    /// Creates (or attaches to) the TAP device `name` for plain frames. Fails without
+    /// `CAP_NET_ADMIN`, or when the name is invalid or taken by a device of another kind.
+    pub fn open(name: &str) -> io::Result<TapPort> {
+        Self::check_name(name)?;
         let iface = tun_tap::Iface::without_packet_info(name, tun_tap::Mode::Tap)?;
-        crate::sys::set_nonblocking(iface.as_raw_fd())?;
-        Ok(TapPort { iface })
+        let name = iface.name().to_string();
+        let file = fd_into_file(iface.into_raw_fd());
+        crate::sys::set_nonblocking(file.as_raw_fd())?;
+        Ok(TapPort {
+            file,
+            name,
+            vnet: false,
+        })
+    }
+
+    /// Creates (or attaches to) the TAP device `name` with a virtio-net header per frame and
+    /// checksum/TSO offloads (see the type docs).
+    pub fn open_offload(name: &str) -> io::Result<TapPort> {
+        Self::check_name(name)?;
+        let (file, name) = crate::sys::open_tap_vnet(name)?;
+        Ok(TapPort {
+            file,
+            name,
+            vnet: true,
+        })
+    }
+
+    /// True for a port opened with [`TapPort::open_offload`].
+    pub fn offloads(&self) -> bool {
+        self.vnet
+    }
+}
+
+fn fd_into_file(fd: RawFd) -> File {
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` comes from `IntoRawFd::into_raw_fd`, so it is open and owned by no one else.
+    unsafe {
+        File::from_raw_fd(fd)
     }
 }
 
@@ -43,21 +95,27 @@ fn tx_reason(e: &io::Error) -> DropReason {
 
 impl Port for TapPort {
     fn name(&self) -> &str {
-        self.iface.name()
+        &self.name
     }
 
     fn recv_batch(&self, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
+        let front = if self.vnet { VNET_HDR_LEN } else { 0 };
         let mut n = 0;
         while !batch.is_full() {
             let Some(mut b) = pool.get() else { break };
-            match self.iface.recv(b.room_mut()) {
-                Ok(len) => {
+            match (&self.file).read(b.room_with_front_mut(front)) {
+                Ok(len) if len >= front => {
+                    if self.vnet {
+                        let room = b.room_with_front_mut(front);
+                        b.offload = VirtioNetHdr::parse(room).unwrap_or_default();
+                    }
                     // A read that fills the buffer may have been cut by the kernel.
-                    b.oversize = len >= b.room();
-                    b.set_len(len);
+                    b.oversize = len - front >= b.room();
+                    b.set_len(len - front);
                     let _ = batch.push(b);
                     n += 1;
                 }
+                Ok(_) => pool.put(b),
                 Err(e) => {
                     pool.put(b);
                     match e.kind() {
@@ -71,18 +129,36 @@ impl Port for TapPort {
     }
 
     fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
+        if self.vnet {
+            let mut hdr = [0u8; VNET_HDR_LEN];
+            buf.offload.emit(&mut hdr);
+            return crate::sys::writev2(self.file.as_raw_fd(), &hdr, buf.frame())
+                .map(|_| ())
+                .map_err(|e| tx_reason(&e));
+        }
         if !buf.offload.is_none() {
             return crate::offload::send_completed(buf, &mut |f| {
-                self.iface.send(f).map(|_| ()).map_err(|e| tx_reason(&e))
+                (&self.file)
+                    .write(f)
+                    .map(|_| ())
+                    .map_err(|e| tx_reason(&e))
             });
         }
-        self.iface
-            .send(buf.frame())
+        (&self.file)
+            .write(buf.frame())
             .map(|_| ())
             .map_err(|e| tx_reason(&e))
     }
 
     fn rx_fd(&self) -> Option<RawFd> {
-        Some(self.iface.as_raw_fd())
+        Some(self.file.as_raw_fd())
+    }
+
+    fn frame_room(&self) -> usize {
+        if self.vnet {
+            OFFLOAD_FRAME_ROOM
+        } else {
+            DEFAULT_FRAME_ROOM
+        }
     }
 }
