@@ -123,7 +123,10 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConfigError::DuplicateName { kind, name } => {
-                write!(f, "{kind} name {name:?} is used twice; names must be unique")
+                write!(
+                    f,
+                    "{kind} name {name:?} is used twice; names must be unique"
+                )
             }
             ConfigError::BadName { kind, name } => write!(
                 f,
@@ -254,7 +257,8 @@ impl DatapathBuilder {
         if self.ports.iter().any(|p| p.name == name) {
             return Err(ConfigError::DuplicateName { kind: "port", name });
         }
-        let id = PortId(u16::try_from(self.ports.len()).map_err(|_| ConfigError::TooMany("ports"))?);
+        let id =
+            PortId(u16::try_from(self.ports.len()).map_err(|_| ConfigError::TooMany("ports"))?);
         if let Some(b) = bridge {
             self.bridges
                 .get_mut(usize::from(b.0))
@@ -502,7 +506,8 @@ impl Datapath {
 
     /// The FDB of `bridge` at `now`, like `bridge fdb show br <bridge>`.
     pub fn fdb_dump(&self, bridge: BridgeId, now: Instant) -> Vec<FdbEntry> {
-        self.bridge(bridge).map_or_else(Vec::new, |b| b.fdb.dump(now))
+        self.bridge(bridge)
+            .map_or_else(Vec::new, |b| b.fdb.dump(now))
     }
 
     /// Writes every bridge's FDB in the style of `bridge fdb show`.
@@ -586,7 +591,10 @@ mod tests {
         assert_eq!(run(&dp, &mut w, t, p[0], &frame(y, x)), vec![p[1], p[2]]);
         assert_eq!(run(&dp, &mut w, t, p[1], &frame(x, y)), vec![p[0]]);
         assert_eq!(run(&dp, &mut w, t, p[0], &frame(y, x)), vec![p[1]]);
-        assert_eq!(run(&dp, &mut w, t, p[0], &frame(MacAddr::BROADCAST, x)), vec![p[1], p[2]]);
+        assert_eq!(
+            run(&dp, &mut w, t, p[0], &frame(MacAddr::BROADCAST, x)),
+            vec![p[1], p[2]]
+        );
         // The other bridge knows nothing of x and y.
         assert_eq!(run(&dp, &mut w, t, p[3], &frame(x, y)), vec![p[4]]);
         assert_eq!(run(&dp, &mut w, t, p[4], &frame(y, x)), vec![p[3]]);
@@ -609,7 +617,10 @@ mod tests {
         let lacp = MacAddr([0x01, 0x80, 0xc2, 0, 0, 0x02]);
         assert!(run(&dp, &mut w, t, p[1], &frame(lacp, MacAddr::local(5))).is_empty());
         let stp = MacAddr([0x01, 0x80, 0xc2, 0, 0, 0x00]);
-        assert_eq!(run(&dp, &mut w, t, p[1], &frame(stp, MacAddr::local(5))).len(), 2);
+        assert_eq!(
+            run(&dp, &mut w, t, p[1], &frame(stp, MacAddr::local(5))).len(),
+            2
+        );
         // Destination learned on the ingress port: not sent back.
         run(&dp, &mut w, t, p[0], &frame(MacAddr::BROADCAST, x));
         assert!(run(&dp, &mut w, t, p[0], &frame(x, MacAddr::local(7))).is_empty());
@@ -641,14 +652,21 @@ mod tests {
         let mut b = Datapath::builder();
         let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
         let e = b.add_bridge(BridgeConfig::new("br0")).unwrap_err();
-        assert_eq!(e.to_string(), "bridge name \"br0\" is used twice; names must be unique");
+        assert_eq!(
+            e.to_string(),
+            "bridge name \"br0\" is used twice; names must be unique"
+        );
         b.add_port("tap0", Some(br)).unwrap();
         assert!(b.add_port("tap0", Some(br)).is_err());
         assert!(b.add_port("a-very-long-interface-name", Some(br)).is_err());
         assert!(b.add_port("x", Some(BridgeId(7))).is_err());
         let mut c = BridgeConfig::new("br1");
         c.fdb_max_entries = 0;
-        assert!(b.add_bridge(c).unwrap_err().to_string().contains("fdb_max_entries = 0"));
+        assert!(b
+            .add_bridge(c)
+            .unwrap_err()
+            .to_string()
+            .contains("fdb_max_entries = 0"));
     }
 
     #[test]

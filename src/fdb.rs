@@ -424,7 +424,8 @@ impl Fdb {
                 v.push(FdbEntry {
                     mac: MacAddr::from_u64(k >> 16),
                     port: PortId(k as u16),
-                    age: (seen != STATIC).then(|| Duration::from_micros(now_us.saturating_sub(seen))),
+                    age: (seen != STATIC)
+                        .then(|| Duration::from_micros(now_us.saturating_sub(seen))),
                 });
             }
         }
@@ -466,7 +467,11 @@ mod tests {
         assert_eq!(f.learn(mac(1), PortId(4), t(2)), Learned::Moved);
         assert_eq!(f.lookup(mac(1), t(2)), Some(PortId(4)));
         assert_eq!(f.lookup(mac(1), t(301)), Some(PortId(4)));
-        assert_eq!(f.lookup(mac(1), t(302)), None, "aged out after 300 s of silence");
+        assert_eq!(
+            f.lookup(mac(1), t(302)),
+            None,
+            "aged out after 300 s of silence"
+        );
         assert_eq!(f.sweep(t(302)), 1);
         assert_eq!(f.counters().entries, 0);
     }

@@ -258,7 +258,10 @@ fn worker_loop(pump: &mut Pump, timers: bool, stop: &AtomicBool, wake: &EventFd,
     let mut fds: Vec<libc::pollfd> = vec![sys::pollfd(wake.fd())];
     let mut fdless = false;
     for &id in &pump.rx {
-        match pump.ports[usize::from(id.0)].as_ref().and_then(|p| p.rx_fd()) {
+        match pump.ports[usize::from(id.0)]
+            .as_ref()
+            .and_then(|p| p.rx_fd())
+        {
             Some(fd) => fds.push(sys::pollfd(fd)),
             None => fdless = true,
         }

@@ -237,11 +237,7 @@ impl fmt::Display for StatsSnapshot {
                 p.name, p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes, p.tx_dropped
             )?;
         }
-        writeln!(
-            f,
-            "forwarded {}  flooded {}",
-            self.forwarded, self.flooded
-        )?;
+        writeln!(f, "forwarded {}  flooded {}", self.forwarded, self.flooded)?;
         let mut any = false;
         for (r, n) in &self.drops {
             if *n > 0 {

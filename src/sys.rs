@@ -80,7 +80,10 @@ pub(crate) fn prefetch<T>(r: &T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetch is a pure hint; `r` is a valid reference so its address is in bounds.
     unsafe {
-        std::arch::x86_64::_mm_prefetch((r as *const T).cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
+        std::arch::x86_64::_mm_prefetch(
+            (r as *const T).cast::<i8>(),
+            std::arch::x86_64::_MM_HINT_T0,
+        );
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = r;

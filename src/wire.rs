@@ -164,7 +164,13 @@ impl Summary {
         match &p.transport {
             Some(TransportSlice::Tcp(t)) => {
                 let mut flags = 0u8;
-                for (on, bit) in [(t.fin(), 1), (t.syn(), 2), (t.rst(), 4), (t.psh(), 8), (t.ack(), 16)] {
+                for (on, bit) in [
+                    (t.fin(), 1),
+                    (t.syn(), 2),
+                    (t.rst(), 4),
+                    (t.psh(), 8),
+                    (t.ack(), 16),
+                ] {
                     if on {
                         flags |= bit;
                     }
@@ -227,7 +233,9 @@ impl fmt::Display for Summary {
                     write!(f, " {sa}.{src} > {da}.{dst} TCP [{fl}]")?
                 }
                 Some(L4::Udp { src, dst }) => write!(f, " {sa}.{src} > {da}.{dst} UDP")?,
-                Some(L4::Icmp4 { ty, code }) => write!(f, " {sa} > {da} ICMP type {ty} code {code}")?,
+                Some(L4::Icmp4 { ty, code }) => {
+                    write!(f, " {sa} > {da} ICMP type {ty} code {code}")?
+                }
                 Some(L4::Icmp6 { ty, code }) => {
                     write!(f, " {sa} > {da} ICMPv6 type {ty} code {code}")?
                 }

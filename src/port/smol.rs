@@ -131,7 +131,9 @@ impl SmolHost {
     /// Processes received frames and socket work due at `now`. Returns true if socket state may
     /// have changed.
     pub fn poll(&mut self, now: Instant) -> bool {
-        self.iface.poll(now.into(), &mut self.device, &mut self.sockets) == PollResult::SocketStateChanged
+        self.iface
+            .poll(now.into(), &mut self.device, &mut self.sockets)
+            == PollResult::SocketStateChanged
     }
 
     /// The time at which the host next needs polling, if any timer is pending.

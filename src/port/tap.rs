@@ -138,10 +138,7 @@ impl Port for TapPort {
         }
         if !buf.offload.is_none() {
             return crate::offload::send_completed(buf, &mut |f| {
-                (&self.file)
-                    .write(f)
-                    .map(|_| ())
-                    .map_err(|e| tx_reason(&e))
+                (&self.file).write(f).map(|_| ()).map_err(|e| tx_reason(&e))
             });
         }
         (&self.file)
