@@ -20,7 +20,8 @@ fn bench(c: &mut Criterion) {
     for &stations in &[1_000u32, 100_000] {
         let mut b = Datapath::builder();
         let mut cfg = BridgeConfig::new("br0");
-        cfg.fdb_max_entries = 131_072;
+        // The default limit for 1k stations; room for all of them at 100k.
+        cfg.fdb_max_entries = if stations > 8192 { 131_072 } else { 8192 };
         let br = b.add_bridge(cfg).unwrap();
         for p in 0..PORTS {
             b.add_port(format!("p{p}"), Some(br)).unwrap();

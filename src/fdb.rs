@@ -98,6 +98,15 @@ pub struct FdbCounters {
     pub learn_failed: u64,
 }
 
+/// Where a MAC lives in a table: its key and two candidate buckets, computed once per frame by
+/// [`Fdb::locate`] and reused for prefetching, learning and lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loc {
+    mac: u64,
+    b1: u32,
+    b2: u32,
+}
+
 /// One row of [`Fdb::dump`], like a line of `bridge fdb show`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FdbEntry {
@@ -188,13 +197,29 @@ impl Fdb {
 
     #[inline]
     fn candidates(&self, mac: u64) -> (usize, usize) {
+        let l = self.locate_u64(mac);
+        (l.b1 as usize, l.b2 as usize)
+    }
+
+    #[inline]
+    fn locate_u64(&self, mac: u64) -> Loc {
         let h = fmix64(mac ^ self.seed);
         let b1 = (h as usize) & self.mask;
         let mut b2 = ((h >> 32) as usize) & self.mask;
         if b2 == b1 {
             b2 = (b1 + 1) & self.mask;
         }
-        (b1, b2)
+        Loc {
+            mac,
+            b1: b1 as u32,
+            b2: b2 as u32,
+        }
+    }
+
+    /// Hashes `mac` once, for [`Fdb::prefetch_loc`], [`Fdb::lookup_loc`] and [`Fdb::learn_loc`].
+    #[inline]
+    pub fn locate(&self, mac: MacAddr) -> Loc {
+        self.locate_u64(mac.to_u64())
     }
 
     #[inline]
@@ -204,16 +229,32 @@ impl Fdb {
 
     #[inline]
     fn find(&self, mac: u64) -> Option<(&Slot, u64)> {
-        let (b1, b2) = self.candidates(mac);
-        for b in [b1, b2] {
-            for s in &self.buckets[b].slots {
+        self.find_loc(&self.locate_u64(mac))
+    }
+
+    #[inline]
+    fn find_loc(&self, l: &Loc) -> Option<(&Slot, u64)> {
+        // `mask` bounds both indices; `get` keeps this free of panics all the same.
+        for b in [l.b1, l.b2] {
+            let Some(bucket) = self.buckets.get(b as usize) else {
+                continue;
+            };
+            for s in &bucket.slots {
                 let k = s.key.load(Ordering::Acquire);
-                if k != 0 && k >> 16 == mac {
+                if k >> 16 == l.mac && k != 0 {
                     return Some((s, k));
                 }
             }
         }
         None
+    }
+
+    /// Hints the CPU to fetch the first candidate bucket of a located MAC.
+    #[inline]
+    pub fn prefetch_loc(&self, l: &Loc) {
+        if let Some(b) = self.buckets.get(l.b1 as usize) {
+            crate::sys::prefetch(b);
+        }
     }
 
     /// Hints the CPU to fetch the first candidate bucket of `mac` (used before a batch's lookups).
@@ -226,7 +267,13 @@ impl Fdb {
     /// The port that `mac` was last seen on, if it was seen within the aging time (or is static).
     #[inline]
     pub fn lookup(&self, mac: MacAddr, now: Instant) -> Option<PortId> {
-        let (s, k) = self.find(mac.to_u64())?;
+        self.lookup_loc(&self.locate(mac), now)
+    }
+
+    /// [`Fdb::lookup`] for a MAC already located with [`Fdb::locate`] (by this table).
+    #[inline]
+    pub fn lookup_loc(&self, l: &Loc, now: Instant) -> Option<PortId> {
+        let (s, k) = self.find_loc(l)?;
         let seen = s.seen.load(Ordering::Relaxed);
         if self.live(seen, now.micros()) {
             Some(PortId(k as u16))
@@ -239,9 +286,15 @@ impl Fdb {
     /// a station address (not group, not zero).
     #[inline]
     pub fn learn(&self, mac: MacAddr, port: PortId, now: Instant) -> Learned {
-        let m = mac.to_u64();
+        self.learn_loc(&self.locate(mac), port, now)
+    }
+
+    /// [`Fdb::learn`] for a MAC already located with [`Fdb::locate`] (by this table).
+    #[inline]
+    pub fn learn_loc(&self, l: &Loc, port: PortId, now: Instant) -> Learned {
+        let m = l.mac;
         let now_us = now.micros();
-        if let Some((s, k)) = self.find(m) {
+        if let Some((s, k)) = self.find_loc(l) {
             let seen = s.seen.load(Ordering::Relaxed);
             if k == key_of(m, port) {
                 if seen != STATIC
