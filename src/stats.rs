@@ -1,6 +1,6 @@
 //! Counters: per-port rx/tx and drops by reason, kept per worker and summed when read.
 //!
-//! Each worker owns a [`Shard`] that only it writes (relaxed load + store, no read-modify-write
+//! Each worker owns a counter shard that only it writes (relaxed load + store, no read-modify-write
 //! and no shared cache line with other workers); a [`StatsSnapshot`] sums all shards. Every frame
 //! received is either handed to at least one output or counted under exactly one
 //! [`DropReason`], so `rx_packets == forwarded + sum(drops)` per datapath.
