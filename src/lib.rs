@@ -20,7 +20,9 @@
 pub mod buf;
 pub mod datapath;
 pub mod fdb;
+pub mod ipv4;
 pub mod mac;
+pub mod neigh;
 pub mod offload;
 pub mod port;
 pub mod runtime;

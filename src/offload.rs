@@ -216,7 +216,7 @@ const SUM_BLOCK: usize = 1 << 16;
 /// Adds `data` (starting at an even offset of the checksummed region) to a
 /// ones-complement accumulator. The result is below 2^34 when `acc` is.
 #[inline]
-fn csum_add(acc: u64, data: &[u8]) -> u64 {
+pub(crate) fn csum_add(acc: u64, data: &[u8]) -> u64 {
     let mut acc = acc;
     for block in data.chunks(SUM_BLOCK) {
         // Each step adds at most 2^33, 8192 steps: below 2^46.
@@ -245,13 +245,13 @@ fn csum_add(acc: u64, data: &[u8]) -> u64 {
 
 /// Adds a 16-bit value given in network byte order to an accumulator.
 #[inline]
-fn csum_add_be16(acc: u64, v: u16) -> u64 {
+pub(crate) fn csum_add_be16(acc: u64, v: u16) -> u64 {
     acc + u64::from(u16::from_ne_bytes(v.to_be_bytes()))
 }
 
 /// Folds an accumulator to 16 bits with end-around carry (native order).
 #[inline]
-fn csum_fold(acc: u64) -> u16 {
+pub(crate) fn csum_fold(acc: u64) -> u16 {
     let mut s = acc;
     while s >> 16 != 0 {
         s = (s & 0xffff) + (s >> 16);

@@ -38,11 +38,43 @@ pub enum DropReason {
     TxError,
     /// The output port's queue was full.
     TxQueueFull,
+    /// An IPv4 header that is malformed (version, IHL, lengths) — dropped as Linux's `ip_rcv`.
+    BadIpHeader,
+    /// An IPv4 header checksum that does not verify.
+    BadIpChecksum,
+    /// A malformed ARP packet, or one not for Ethernet/IPv4.
+    BadArp,
+    /// TTL would reach 0: not forwarded (an ICMP time exceeded is sent).
+    TtlExpired,
+    /// No route to the destination (an ICMP net unreachable is sent).
+    NoRoute,
+    /// A blackhole route matched: dropped silently.
+    Blackhole,
+    /// An unreachable route matched (an ICMP net unreachable is sent).
+    Unreachable,
+    /// Larger than the egress MTU with DF set (an ICMP fragmentation needed is sent), or
+    /// impossible to fragment.
+    FragNeeded,
+    /// The next hop did not answer ARP (an ICMP host unreachable is sent).
+    NeighFailed,
+    /// The packet waited for ARP resolution and was pushed out of the full queue (oldest first).
+    NeighQueueOverflow,
+    /// The neighbour table was full and nothing could be collected.
+    NeighTableFull,
+    /// A frame on a routed port not addressed to the router's MAC (nor broadcast/multicast).
+    NotForRouter,
+    /// Addressed to one of the router's own addresses, but nothing there serves it (only ICMP
+    /// echo is answered; others get an ICMP port/protocol unreachable where Linux would).
+    LocalNoService,
+    /// An IP or ARP frame sent to an L2 group address that the router does not route.
+    L3Multicast,
+    /// A protocol the router does not handle (e.g. IPv6 on a routed-only port).
+    UnsupportedProtocol,
 }
 
 impl DropReason {
     /// Number of reasons.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 27;
 
     /// Every reason, in discriminant order.
     pub const ALL: [DropReason; DropReason::COUNT] = [
@@ -58,6 +90,21 @@ impl DropReason {
         DropReason::BadOffload,
         DropReason::TxError,
         DropReason::TxQueueFull,
+        DropReason::BadIpHeader,
+        DropReason::BadIpChecksum,
+        DropReason::BadArp,
+        DropReason::TtlExpired,
+        DropReason::NoRoute,
+        DropReason::Blackhole,
+        DropReason::Unreachable,
+        DropReason::FragNeeded,
+        DropReason::NeighFailed,
+        DropReason::NeighQueueOverflow,
+        DropReason::NeighTableFull,
+        DropReason::NotForRouter,
+        DropReason::LocalNoService,
+        DropReason::L3Multicast,
+        DropReason::UnsupportedProtocol,
     ];
 
     /// A short snake_case name, for output and metrics.
@@ -75,6 +122,21 @@ impl DropReason {
             DropReason::BadOffload => "bad_offload",
             DropReason::TxError => "tx_error",
             DropReason::TxQueueFull => "tx_queue_full",
+            DropReason::BadIpHeader => "bad_ip_header",
+            DropReason::BadIpChecksum => "bad_ip_checksum",
+            DropReason::BadArp => "bad_arp",
+            DropReason::TtlExpired => "ttl_expired",
+            DropReason::NoRoute => "no_route",
+            DropReason::Blackhole => "blackhole",
+            DropReason::Unreachable => "unreachable",
+            DropReason::FragNeeded => "frag_needed",
+            DropReason::NeighFailed => "neigh_failed",
+            DropReason::NeighQueueOverflow => "neigh_queue_overflow",
+            DropReason::NeighTableFull => "neigh_table_full",
+            DropReason::NotForRouter => "not_for_router",
+            DropReason::LocalNoService => "local_no_service",
+            DropReason::L3Multicast => "l3_multicast",
+            DropReason::UnsupportedProtocol => "unsupported_protocol",
         }
     }
 
