@@ -3,12 +3,13 @@
 #
 # Run by hand as root (not in CI):   sudo -E benches/e2e.sh
 #
-# Three cases, each between two network namespaces ("pods") with one interface each:
-#   tapyard      pods on TAP devices bridged by target/release/examples/tap-bridge
-#   linux        pods on veth pairs enslaved to a Linux bridge, default offloads
-#   linux tx-off the same with the pods' tx offloads off (`ethtool -K eth tx off`), which also
-#                turns off TSO: the fair comparison for a TAP without a virtio-net header,
-#                whose kernel side must checksum and segment in software as well.
+# Cases, each between two network namespaces ("pods") with one interface each:
+#   tapyard        pods on TAP devices bridged by target/release/examples/tap-bridge; when the
+#                  binary has --no-offload (offload TAPs by default), both of its modes are run
+#   linux          pods on veth pairs enslaved to a Linux bridge, default offloads
+#   linux tx off   the same with the pods' tx offloads off (`ethtool -K eth0 tx off`, which also
+#                  turns off TSO): the fair comparison for a TAP without a virtio-net header,
+#                  whose kernel side must checksum and segment in software as well
 # Per case: ping latency on an idle link (PING_COUNT pings every 10 ms), then one iperf3 TCP
 # stream for DURATION seconds. The switch (the tap-bridge process, or the Linux bridge) lives
 # in a namespace of its own, so nothing is added to the host's namespace.
@@ -67,8 +68,6 @@ trap 'exit 143' TERM
 
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not installed"; }
 
-[[ $(id -u) -eq 0 ]] || die "run as root (it creates namespaces, TAPs, a bridge and veths)"
-for t in ip iperf3 ping ethtool ss awk python3; do need "$t"; done
 
 ns_add() {
     ip netns add "$1"
@@ -87,10 +86,10 @@ ns_del() {
 # Stops tap-bridge with SIGINT (its clean exit prints counters and the FDB).
 stop_tapbridge() {
     [[ -n "$BRIDGE_PID" ]] || return 0
-    local pid=$BRIDGE_PID i
+    local pid=$BRIDGE_PID
     BRIDGE_PID=""
     kill -INT "$pid" 2>/dev/null || true
-    for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then
         kill -KILL "$pid" 2>/dev/null || true
         [[ "${1:-}" == quiet ]] || log "tap-bridge did not stop on SIGINT; killed"
@@ -108,7 +107,7 @@ ping_stats() {
     ip netns exec "$ns" ping -c 3 -i 0.05 -W 2 "$addr" >/dev/null ||
         die "ping $addr from $ns failed"
     out="$WORK/ping-$ns.txt"
-    ip netns exec "$ns" ping -n -c "$PING_COUNT" -i 0.01 -W 2 "$addr" >"$out" ||
+    timeout $((PING_COUNT / 50 + 30)) ip netns exec "$ns" ping -n -c "$PING_COUNT" -i 0.01 -W 2 "$addr" >"$out" ||
         die "ping $addr from $ns lost packets: $(tail -2 "$out")"
     # "rtt min/avg/max/mdev = 0.011/0.022/0.033/0.004 ms" -> "avg mdev"
     summary=$(sed -n 's|^rtt .* = \([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\) ms$|\2 \4|p' "$out")
@@ -127,16 +126,16 @@ ping_stats() {
 
 # iperf NS_CLIENT NS_SERVER SERVER_ADDR TAG: sets TPUT="gbits retransmits".
 iperf() {
-    local cns=$1 sns=$2 addr=$3 tag=$4 i spid json
+    local cns=$1 sns=$2 addr=$3 tag=$4 spid json
     ip netns exec "$sns" iperf3 -s -1 -B "$addr" -p "$IPERF_PORT" >"$WORK/iperf-server-$tag.log" 2>&1 &
     spid=$!
     PIDS+=("$spid")
-    for i in $(seq 50); do
+    for _ in $(seq 50); do
         ip netns exec "$sns" ss -Hltn "sport = :$IPERF_PORT" | grep -q . && break
         sleep 0.1
     done
     json="$WORK/iperf-$tag.json"
-    if ! ip netns exec "$cns" iperf3 -c "$addr" -p "$IPERF_PORT" -t "$DURATION" -J >"$json"; then
+    if ! timeout $((DURATION + 30)) ip netns exec "$cns" iperf3 -c "$addr" -p "$IPERF_PORT" -t "$DURATION" -J >"$json"; then
         die "iperf3 ($tag) failed: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("error","?"))' "$json" 2>/dev/null || tail -3 "$json")"
     fi
     wait "$spid" 2>/dev/null || true
@@ -149,19 +148,27 @@ PY
 )
 }
 
-RESULTS=()   # "name|gbits|retr|avg|p50|p99|mdev"
+RESULTS=()   # "name|gbits|retr|avg|p50|p99|mdev|pod drops"
 
-# measure NAME NS_A NS_B ADDR_B: ping then iperf3 from A to B; appends to RESULTS.
+# pod_drops NS DEV: the interface's rx_dropped + tx_dropped as the pod's kernel counts them.
+pod_drops() {
+    ip netns exec "$1" sh -c "cat /sys/class/net/$2/statistics/rx_dropped /sys/class/net/$2/statistics/tx_dropped" |
+        awk '{ s += $1 } END { print s + 0 }'
+}
+
+# measure NAME NS_A DEV_A NS_B DEV_B ADDR_B: ping then iperf3 from A to B; appends to RESULTS.
 measure() {
-    local name=$1 a=$2 b=$3 addr=$4 g r avg p50 p99 mdev
+    local name=$1 a=$2 da=$3 b=$4 db=$5 addr=$6 g r avg p50 p99 mdev d0 d1
+    d0=$(( $(pod_drops "$a" "$da") + $(pod_drops "$b" "$db") ))
     log "$name: ping ($PING_COUNT x 10 ms)"
     ping_stats "$a" "$addr"
     log "$name: iperf3 TCP, 1 stream, ${DURATION}s"
     iperf "$a" "$b" "$addr" "${name//[^a-z]/_}"
+    d1=$(( $(pod_drops "$a" "$da") + $(pod_drops "$b" "$db") ))
     read -r g r <<<"$TPUT"
     read -r avg p50 p99 mdev <<<"$LAT"
-    log "$name: $g Gbit/s ($r retransmits), ping avg $avg ms p50 $p50 p99 $p99 mdev $mdev"
-    RESULTS+=("$name|$g|$r|$avg|$p50|$p99|$mdev")
+    log "$name: $g Gbit/s ($r retransmits, $((d1 - d0)) drops in the pods' interfaces), ping avg $avg ms p50 $p50 p99 $p99 mdev $mdev"
+    RESULTS+=("$name|$g|$r|$avg|$p50|$p99|$mdev|$((d1 - d0))")
 }
 
 # addr_pod NS DEV ADDR: gives DEV ADDR/24 and brings it up.
@@ -170,7 +177,19 @@ addr_pod() {
     ip -n "$1" link set "$2" up
 }
 
+# offloads NS DEV: the device's checksum and segmentation offload state, one line.
+offloads() {
+    ip netns exec "$1" ethtool -k "$2" | awk -F': ' '
+        /^tx-checksumming:|^[ \t]*tx-tcp-segmentation:|^generic-segmentation-offload:|^generic-receive-offload:/ {
+            gsub(/^[ \t]+/, "", $1); printf "%s=%s ", $1, $2 }'
+}
+
 # ---------------------------------------------------------------------------------------------
+[[ $DURATION =~ ^[1-9][0-9]*$ ]] || die "DURATION must be a positive number of seconds, not '$DURATION'"
+[[ $PING_COUNT =~ ^[1-9][0-9]*$ ]] || die "PING_COUNT must be a positive number, not '$PING_COUNT'"
+[[ $(id -u) -eq 0 ]] || die "run as root (it creates namespaces, TAPs, a bridge and veths)"
+for t in ip iperf3 ping ethtool ss awk python3 timeout; do need "$t"; done
+
 log "machine: $(nproc) CPUs, kernel $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 
 if [[ -n "${TAPBRIDGE_BIN:-}" ]]; then
@@ -182,41 +201,60 @@ else
 fi
 [[ -x "$BIN" ]] || die "no tap-bridge binary at $BIN"
 
-# --- case 1: tapyard ---------------------------------------------------------------------------
-SW="tye-ty-sw-$ID"; A="tye-ty-a-$ID"; B="tye-ty-b-$ID"
-TA="tye${ID}a"; TB="tye${ID}b"      # at most 3 + 7 + 1 = 11 bytes
-ns_add "$SW"; ns_add "$A"; ns_add "$B"
-log "tapyard: starting tap-bridge ${TAPBRIDGE_ARGS:+$TAPBRIDGE_ARGS }$TA $TB in $SW"
-# shellcheck disable=SC2086 # TAPBRIDGE_ARGS is split into arguments on purpose
-ip netns exec "$SW" "$BIN" $TAPBRIDGE_ARGS "$TA" "$TB" >"$WORK/tap-bridge.out" 2>"$WORK/tap-bridge.err" &
-BRIDGE_PID=$!
-for i in $(seq 100); do
-    ip -n "$SW" link show dev "$TA" >/dev/null 2>&1 && ip -n "$SW" link show dev "$TB" >/dev/null 2>&1 && break
-    kill -0 "$BRIDGE_PID" 2>/dev/null || die "tap-bridge exited: $(cat "$WORK/tap-bridge.err")"
-    sleep 0.05
-done
-ip -n "$SW" link set "$TA" netns "$A"
-ip -n "$SW" link set "$TB" netns "$B"
-addr_pod "$A" "$TA" 10.214.1.1
-addr_pod "$B" "$TB" 10.214.1.2
-TY_TICKS0=$(cpu_ticks "$BRIDGE_PID")
-TY_T0=$(date +%s.%N)
-measure "tapyard tap-bridge" "$A" "$B" 10.214.1.2
-TY_TICKS1=$(cpu_ticks "$BRIDGE_PID")
-TY_T1=$(date +%s.%N)
-stop_tapbridge
-TY_CPU=$(awk -v t0="$TY_TICKS0" -v t1="$TY_TICKS1" -v s0="$TY_T0" -v s1="$TY_T1" -v hz="$(getconf CLK_TCK)" \
-    'BEGIN { printf "%.0f", 100 * (t1 - t0) / hz / (s1 - s0) }')
-ns_del "$A"; ns_del "$B"; ns_del "$SW"
+# --- tapyard cases -----------------------------------------------------------------------------
+# tapyard_case NAME NET EXTRA_ARGS...: pods on two TAPs bridged by a tap-bridge process.
+tapyard_case() {
+    local name=$1 net=$2; shift 2
+    local sw="tye-t$net-sw-$ID" a="tye-t$net-a-$ID" b="tye-t$net-b-$ID"
+    local ta="tye${ID}a$net" tb="tye${ID}b$net"   # at most 3 + 7 + 2 = 12 bytes
+    local out="$WORK/tap-bridge-$net.out" err="$WORK/tap-bridge-$net.err"
+    ns_add "$sw"; ns_add "$a"; ns_add "$b"
+    log "$name: tap-bridge $* $ta $tb (in $sw)"
+    ip netns exec "$sw" "$BIN" "$@" "$ta" "$tb" >"$out" 2>"$err" &
+    BRIDGE_PID=$!
+    for _ in $(seq 100); do
+        ip -n "$sw" link show dev "$ta" >/dev/null 2>&1 &&
+            ip -n "$sw" link show dev "$tb" >/dev/null 2>&1 && break
+        kill -0 "$BRIDGE_PID" 2>/dev/null || die "tap-bridge exited: $(cat "$err")"
+        sleep 0.05
+    done
+    ip -n "$sw" link set "$ta" netns "$a"
+    ip -n "$sw" link set "$tb" netns "$b"
+    addr_pod "$a" "$ta" "10.214.$net.1"
+    addr_pod "$b" "$tb" "10.214.$net.2"
+    log "$name: pod offloads: $(offloads "$a" "$ta")"
+    local t0 s0 t1 s1
+    t0=$(cpu_ticks "$BRIDGE_PID"); s0=$(date +%s.%N)
+    measure "$name" "$a" "$ta" "$b" "$tb" "10.214.$net.2"
+    t1=$(cpu_ticks "$BRIDGE_PID"); s1=$(date +%s.%N)
+    stop_tapbridge
+    CPU+=("$name|$(awk -v t0="$t0" -v t1="$t1" -v s0="$s0" -v s1="$s1" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.0f", 100 * (t1 - t0) / hz / (s1 - s0) }')")
+    REPORTS+=("$name|$out")
+    ns_del "$a"; ns_del "$b"; ns_del "$sw"
+}
+
+CPU=()      # "name|percent of one core"
+REPORTS=()  # "name|tap-bridge stdout"
+# shellcheck disable=SC2206 # TAPBRIDGE_ARGS is split into arguments on purpose
+EXTRA=($TAPBRIDGE_ARGS)
+if [[ " $TAPBRIDGE_ARGS " != *" --no-offload "* ]] && "$BIN" --help 2>&1 | grep -q -- --no-offload; then
+    # This tap-bridge defaults to offload TAPs: measure both of its modes.
+    tapyard_case "tapyard, offload TAPs" 1 "${EXTRA[@]}"
+    tapyard_case "tapyard, --no-offload" 2 "${EXTRA[@]}" --no-offload
+    NTAPYARD=2
+else
+    tapyard_case "tapyard tap-bridge" 1 "${EXTRA[@]}"
+    NTAPYARD=1
+fi
 
 # --- cases 2 and 3: Linux bridge + veth -------------------------------------------------------
 linux_case() { # NAME TXOFF(0|1) NET
     local name=$1 txoff=$2 net=$3
-    local sw="tye-k$net-sw-$ID" a="tye-k$net-a-$ID" b="tye-k$net-b-$ID"
+    local sw="tye-k$net-sw-$ID" a="tye-k$net-a-$ID" b="tye-k$net-b-$ID" side ns
     ns_add "$sw"; ns_add "$a"; ns_add "$b"
     ip -n "$sw" link add br0 type bridge
     ip -n "$sw" link set br0 up
-    local side ns
     for side in a b; do
         [[ $side == a ]] && ns=$a || ns=$b
         ip -n "$sw" link add "veth-$side" type veth peer name eth0 netns "$ns"
@@ -228,34 +266,42 @@ linux_case() { # NAME TXOFF(0|1) NET
     fi
     addr_pod "$a" eth0 "10.214.$net.1"
     addr_pod "$b" eth0 "10.214.$net.2"
-    log "$name: pod offloads: $(ip netns exec "$a" ethtool -k eth0 |
-        awk -F': ' '/^(tx-checksumming|tcp-segmentation-offload|generic-segmentation-offload):/ { printf "%s=%s ", $1, $2 }')"
+    log "$name: pod offloads: $(offloads "$a" eth0)"
     # Wait for the bridge ports to forward (no STP: immediate, but let the links settle).
     sleep 0.5
-    measure "$name" "$a" "$b" "10.214.$net.2"
+    measure "$name" "$a" eth0 "$b" eth0 "10.214.$net.2"
     ns_del "$a"; ns_del "$b"; ns_del "$sw"
 }
-linux_case "linux bridge, offloads on" 0 2
-linux_case "linux bridge, pod tx off" 1 3
+linux_case "linux bridge, offloads on" 0 3
+linux_case "linux bridge, pod tx off" 1 4
 
 # --- report ------------------------------------------------------------------------------------
 echo
-echo "tap-bridge exit report (counters, drops, FDB):"
-sed 's/^/  /' "$WORK/tap-bridge.out"
+for r in "${REPORTS[@]}"; do
+    IFS='|' read -r n f <<<"$r"
+    echo "tap-bridge exit report, $n (counters, drops, FDB):"
+    sed 's/^/  /' "$f"
+done
 echo
 echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), kernel $(uname -r)"
-echo "iperf3 1 TCP stream ${DURATION}s; ping ${PING_COUNT} x 10 ms on an idle link; tap-bridge args: '${TAPBRIDGE_ARGS}'"
-printf '%-28s %8s %7s %9s %8s %8s %8s\n' case Gbit/s retr "avg ms" "p50 ms" "p99 ms" "mdev ms"
+echo "iperf3: 1 TCP stream, ${DURATION}s; ping: ${PING_COUNT} x 10 ms on an idle link; TAPBRIDGE_ARGS='${TAPBRIDGE_ARGS}'"
+printf '%-28s %8s %7s %9s %9s %8s %8s %8s %6s\n' case Gbit/s retr "pod drops" "avg ms" "p50 ms" "p99 ms" "mdev ms" "cpu%"
 for r in "${RESULTS[@]}"; do
-    IFS='|' read -r n g rt avg p50 p99 mdev <<<"$r"
-    printf '%-28s %8s %7s %9s %8s %8s %8s\n' "$n" "$g" "$rt" "$avg" "$p50" "$p99" "$mdev"
+    IFS='|' read -r n g rt avg p50 p99 mdev pd <<<"$r"
+    cpu=-
+    for c in "${CPU[@]}"; do [[ ${c%%|*} == "$n" ]] && cpu=${c#*|}; done
+    printf '%-28s %8s %7s %9s %9s %8s %8s %8s %6s\n' "$n" "$g" "$rt" "$pd" "$avg" "$p50" "$p99" "$mdev" "$cpu"
 done
-echo "tap-bridge CPU during its case (ping + iperf3): ${TY_CPU}% of one core"
+echo "(retr: TCP retransmits; pod drops: rx+tx dropped on the pods' interfaces during the case;"
+echo " cpu%: tap-bridge's user+system time over its ping + iperf3 run, in % of one core)"
 echo
-IFS='|' read -r _ tg _ tavg tp50 _ _ <<<"${RESULTS[0]}"
-for r in "${RESULTS[@]:1}"; do
-    IFS='|' read -r n g _ avg p50 _ _ <<<"$r"
-    awk -v n="$n" -v tg="$tg" -v g="$g" -v ta="$tavg" -v a="$avg" -v tp="$tp50" -v p="$p50" 'BEGIN {
-        printf "tapyard / %-26s throughput %.2fx   ping avg %.2fx   ping p50 %.2fx (latency: >1 is slower)\n",
-            n ":", (g > 0 ? tg / g : 0), (a > 0 ? ta / a : 0), (p > 0 ? tp / p : 0) }'
+echo "ratios tapyard / linux (throughput: <1 is slower; latency: >1 is slower):"
+for t in "${RESULTS[@]:0:NTAPYARD}"; do
+    IFS='|' read -r tn tg _ tavg tp50 _ <<<"$t"
+    for r in "${RESULTS[@]:NTAPYARD}"; do
+        IFS='|' read -r n g _ avg p50 _ <<<"$r"
+        awk -v tn="$tn" -v n="$n" -v tg="$tg" -v g="$g" -v ta="$tavg" -v a="$avg" -v tp="$tp50" -v p="$p50" 'BEGIN {
+            printf "  %-24s / %-26s throughput %5.2fx   ping avg %5.2fx   p50 %5.2fx\n",
+                tn, n, (g > 0 ? tg / g : 0), (a > 0 ? ta / a : 0), (p > 0 ? tp / p : 0) }'
+    done
 done
