@@ -5,15 +5,21 @@
 //! Host A opens a TCP connection to host B and sends 64 KiB, which B echoes back; host C sends
 //! a UDP broadcast that A and B both receive. The bridge starts empty: ARP requests are
 //! broadcasts, so it floods them, learns each host's port from its source address and then
-//! forwards unicast frames to one port only. The demo prints the first frames it switched, the
-//! learned table (like `bridge fdb show`) and the counters.
+//! forwards unicast frames to one port only. Then A does the same with host D, on another
+//! bridge and subnet, through tapyard's router: A ARPs for its gateway, the router answers,
+//! routes the packets (TTL decremented), ARPs for D and queues the first packet until D answers.
+//! The demo prints the first frames each port sent, the learned table (`bridge fdb show`), the
+//! routes (`ip route`), the neighbours (`ip neigh`) and the counters.
 
 use std::sync::Arc;
 
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{IpAddress, IpCidr, IpEndpoint, Ipv4Address};
+use std::net::Ipv4Addr;
+
 use tapyard::port::{mem_pair, Port, SmolHost};
+use tapyard::router::IfaceConfig;
 use tapyard::runtime::Pump;
 use tapyard::wire::Summary;
 use tapyard::{BridgeConfig, Datapath, Instant, MacAddr, PortId};
@@ -62,76 +68,79 @@ impl<P: Port> Port for Traced<P> {
 }
 
 fn main() {
-    // The datapath: one bridge, three ports.
+    // The datapath: bridge br0 with hosts a, b, c; bridge br1 with host d; a router with an
+    // interface on each bridge (the hosts' gateways) routes between the two subnets.
     let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).expect("bridge");
-    let names = ["a", "b", "c"];
+    let br0 = b.add_bridge(BridgeConfig::new("br0")).expect("bridge");
+    let br1 = b.add_bridge(BridgeConfig::new("br1")).expect("bridge");
+    let names = ["a", "b", "c", "d"];
     let ids: Vec<PortId> = names
         .iter()
-        .map(|n| b.add_port(*n, Some(br)).expect("port"))
+        .map(|n| {
+            let br = if *n == "d" { br1 } else { br0 };
+            b.add_port(*n, Some(br)).expect("port")
+        })
         .collect();
+    let gw0 = Ipv4Addr::new(10, 0, 0, 254);
+    let gw1 = Ipv4Addr::new(10, 0, 1, 1);
+    b.add_router_iface(
+        IfaceConfig::new("gw0", MacAddr::local(0xfe00), gw0, 24),
+        Some(br0),
+    )
+    .expect("router interface");
+    b.add_router_iface(
+        IfaceConfig::new("gw1", MacAddr::local(0xfe01), gw1, 24),
+        Some(br1),
+    )
+    .expect("router interface");
     let dp = Arc::new(b.build());
 
-    // Three hosts, each on an in-memory pair whose other end is a bridge port.
+    // Four hosts, each on an in-memory pair whose other end is a bridge port.
     let mut now = Instant::ZERO;
     let mut hosts = Vec::new();
     let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
     for (i, (name, id)) in names.iter().zip(&ids).enumerate() {
         let (bridge_end, host_end) = mem_pair(name, &format!("{name}-host"), 256);
         let mac = MacAddr::local(i as u32 + 1);
-        let ip = IpCidr::new(IpAddress::v4(10, 0, 0, i as u8 + 1), 24);
-        hosts.push(SmolHost::new(mac, ip, None, host_end, now));
+        let (ip, gw) = if *name == "d" {
+            (IpCidr::new(IpAddress::v4(10, 0, 1, 2), 24), gw1)
+        } else {
+            (IpCidr::new(IpAddress::v4(10, 0, 0, i as u8 + 1), 24), gw0)
+        };
+        hosts.push(SmolHost::new(mac, ip, Some(gw), host_end, now));
         let traced = Traced {
             inner: bridge_end,
-            budget: std::sync::atomic::AtomicUsize::new(4),
+            budget: std::sync::atomic::AtomicUsize::new(if *name == "d" { 6 } else { 4 }),
         };
         ports.push((*id, Arc::new(traced)));
     }
     let mut pump = Pump::new(dp.clone(), &ports).expect("pump");
-    println!("tapyard demo: bridge br0 with hosts a=10.0.0.1, b=10.0.0.2, c=10.0.0.3\n");
+    println!("tapyard demo: bridge br0 with hosts a=10.0.0.1, b=10.0.0.2, c=10.0.0.3 (gateway");
+    println!("10.0.0.254), bridge br1 with host d=10.0.1.2 (gateway 10.0.1.1), a router between\n");
     println!("first frames out of each bridge port:");
 
-    // B listens and echoes; A connects and sends PAYLOAD bytes.
-    let server = hosts[1].sockets.add(tcp_socket());
-    let client = hosts[0].sockets.add(tcp_socket());
-    hosts[1]
-        .sockets
-        .get_mut::<tcp::Socket>(server)
-        .listen(7)
-        .expect("listen");
-    {
-        let h = &mut hosts[0];
-        h.sockets
-            .get_mut::<tcp::Socket>(client)
-            .connect(h.iface.context(), (Ipv4Address::new(10, 0, 0, 2), 7), 49152)
-            .expect("connect");
-    }
-    let sent: Vec<u8> = (0..PAYLOAD).map(|i| (i * 7 % 251) as u8).collect();
-    let (mut off, mut echoed) = (0usize, Vec::with_capacity(PAYLOAD));
-    let mut steps = 0u32;
-    while echoed.len() < PAYLOAD && steps < 100_000 {
-        steps += 1;
-        now = now + std::time::Duration::from_millis(1);
-        for h in hosts.iter_mut() {
-            h.poll(now);
-        }
-        pump.drain(now, 8);
-        let c = hosts[0].sockets.get_mut::<tcp::Socket>(client);
-        if c.can_send() && off < sent.len() {
-            off += c.send_slice(&sent[off..]).unwrap_or(0);
-        }
-        if c.can_recv() {
-            let _ = c.recv(|d| {
-                echoed.extend_from_slice(d);
-                (d.len(), ())
-            });
-        }
-        echo(&mut hosts[1], server);
-    }
-    assert_eq!(echoed, sent, "the echoed bytes differ from what was sent");
+    // Bridged: A sends PAYLOAD bytes to B's echo service; routed: the same to D.
+    let steps = tcp_echo(
+        &mut hosts,
+        &mut pump,
+        &mut now,
+        0,
+        1,
+        Ipv4Address::new(10, 0, 0, 2),
+    );
     println!(
-        "\nTCP: a sent {PAYLOAD} bytes to b:7 and got them back intact ({} ms of simulated time)",
-        steps
+        "\nTCP (bridged): a sent {PAYLOAD} bytes to b:7 and got them back intact ({steps} ms simulated)"
+    );
+    let steps = tcp_echo(
+        &mut hosts,
+        &mut pump,
+        &mut now,
+        0,
+        3,
+        Ipv4Address::new(10, 0, 1, 2),
+    );
+    println!(
+        "TCP (routed):  a sent {PAYLOAD} bytes to d:7 through the router and got them back ({steps} ms)"
     );
 
     // C broadcasts a UDP datagram; A and B both receive it.
@@ -182,8 +191,68 @@ fn main() {
     let mut fdb = String::new();
     dp.fmt_fdb(now, &mut fdb).expect("format");
     print!("{fdb}");
+    println!("\nip route show:");
+    let mut routes = String::new();
+    dp.fmt_routes(&mut routes).expect("format");
+    print!("{routes}");
+    println!("\nip neigh show:");
+    let mut neigh = String::new();
+    dp.fmt_neigh(now, &mut neigh).expect("format");
+    print!("{neigh}");
     println!("\ncounters:");
     print!("{}", dp.stats());
+}
+
+/// Host `from` connects to `to_ip:7` (host `to` echoes), sends PAYLOAD bytes and checks
+/// they come back intact. Returns the simulated milliseconds it took.
+fn tcp_echo(
+    hosts: &mut [SmolHost],
+    pump: &mut Pump,
+    now: &mut Instant,
+    from: usize,
+    to: usize,
+    to_ip: Ipv4Address,
+) -> u32 {
+    let server = hosts[to].sockets.add(tcp_socket());
+    let client = hosts[from].sockets.add(tcp_socket());
+    hosts[to]
+        .sockets
+        .get_mut::<tcp::Socket>(server)
+        .listen(7)
+        .expect("listen");
+    {
+        let h = &mut hosts[from];
+        h.sockets
+            .get_mut::<tcp::Socket>(client)
+            .connect(h.iface.context(), (to_ip, 7), 49152 + to as u16)
+            .expect("connect");
+    }
+    let sent: Vec<u8> = (0..PAYLOAD).map(|i| (i * 7 % 251) as u8).collect();
+    let (mut off, mut echoed) = (0usize, Vec::with_capacity(PAYLOAD));
+    let mut steps = 0u32;
+    while echoed.len() < PAYLOAD && steps < 100_000 {
+        steps += 1;
+        *now = *now + std::time::Duration::from_millis(1);
+        for h in hosts.iter_mut() {
+            h.poll(*now);
+        }
+        pump.drain(*now, 8);
+        pump.timers(*now);
+        let c = hosts[from].sockets.get_mut::<tcp::Socket>(client);
+        if c.can_send() && off < sent.len() {
+            off += c.send_slice(&sent[off..]).unwrap_or(0);
+        }
+        if c.can_recv() {
+            let _ = c.recv(|d| {
+                echoed.extend_from_slice(d);
+                (d.len(), ())
+            });
+        }
+        echo(&mut hosts[to], server);
+    }
+    assert_eq!(echoed, sent, "the echoed bytes differ from what was sent");
+    hosts[from].sockets.get_mut::<tcp::Socket>(client).abort();
+    steps
 }
 
 fn echo(host: &mut SmolHost, server: SocketHandle) {

@@ -35,6 +35,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,9 +43,16 @@ use parking_lot::Mutex;
 
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::fdb::{Fdb, FdbEntry, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
+use crate::neigh::{NeighConfig, NeighTable};
+use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteTable};
+use crate::router::{Iface, IfaceConfig, Router, Sink, L3};
 use crate::stats::{DropReason, Shard, StatsSnapshot};
 use crate::time::Instant;
 use crate::wire::EthMeta;
+
+/// The most frames the router may make while processing one batch (ARP replies, ICMP, packets
+/// released from ARP queues); more are dropped and counted.
+pub const MAX_EXTRA: usize = 256;
 
 /// A port's index in its datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -58,7 +66,13 @@ pub struct BridgeId(pub u16);
 #[derive(Clone, Copy)]
 enum Pre {
     Drop(DropReason),
+    /// A frame on a router interface's own (uplink) port.
+    Routed {
+        iface: IfaceId,
+        meta: EthMeta,
+    },
     Bridge {
+        meta: EthMeta,
         br: BridgeId,
         src: crate::fdb::Loc,
         dst: Option<crate::fdb::Loc>,
@@ -75,6 +89,10 @@ pub enum Verdict {
     Flood(BridgeId),
     /// Do not send; counted under this reason.
     Drop(DropReason),
+    /// Consumed by the router: answered (ARP, ICMP echo) or turned into other frames.
+    Local,
+    /// Held by the router until its next hop resolves (ARP); sent later or dropped then.
+    Queued,
 }
 
 /// Settings of one bridge.
@@ -157,9 +175,21 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// What a port is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PortKind {
+    /// A port with a driver, bridged or not.
+    External,
+    /// An external port owned by a router interface (an uplink): its frames enter L3.
+    Routed(IfaceId),
+    /// A router interface's port on a bridge: no driver; frames sent to it enter L3.
+    RouterVirtual(IfaceId),
+}
+
 struct PortInfo {
     name: String,
     bridge: Option<BridgeId>,
+    kind: PortKind,
 }
 
 /// One L2 bridge: its ports and its FDB.
@@ -167,6 +197,7 @@ pub struct Bridge {
     name: String,
     ports: Vec<PortId>,
     fdb: Fdb,
+    router: Option<(IfaceId, PortId)>,
 }
 
 impl fmt::Debug for Bridge {
@@ -213,6 +244,8 @@ fn check_name(kind: &'static str, name: &str) -> Result<(), ConfigError> {
 pub struct DatapathBuilder {
     ports: Vec<PortInfo>,
     bridges: Vec<Bridge>,
+    ifaces: Vec<Iface>,
+    neigh: NeighConfig,
 }
 
 impl fmt::Debug for DatapathBuilder {
@@ -253,6 +286,7 @@ impl DatapathBuilder {
             name: cfg.name,
             ports: Vec::new(),
             fdb: Fdb::new(cfg.fdb_max_entries, cfg.aging),
+            router: None,
         });
         Ok(BridgeId(id))
     }
@@ -264,7 +298,15 @@ impl DatapathBuilder {
         name: impl Into<String>,
         bridge: Option<BridgeId>,
     ) -> Result<PortId, ConfigError> {
-        let name = name.into();
+        self.push_port(name.into(), bridge, PortKind::External)
+    }
+
+    fn push_port(
+        &mut self,
+        name: String,
+        bridge: Option<BridgeId>,
+        kind: PortKind,
+    ) -> Result<PortId, ConfigError> {
         check_name("port", &name)?;
         if self.ports.iter().any(|p| p.name == name) {
             return Err(ConfigError::DuplicateName { kind: "port", name });
@@ -278,17 +320,123 @@ impl DatapathBuilder {
                 .ports
                 .push(id);
         }
-        self.ports.push(PortInfo { name, bridge });
+        self.ports.push(PortInfo { name, bridge, kind });
         Ok(id)
+    }
+
+    /// Adds a router interface. On a bridge (`on = Some(bridge)`, like `cni0`), it gets a
+    /// virtual port on that bridge named after it, and its MAC a static FDB entry there;
+    /// otherwise it owns a new external port named after it (an uplink, like `eth0`) that the
+    /// caller attaches a driver to. The connected route `addr/prefix_len` is added. Returns
+    /// the interface id and its port.
+    pub fn add_router_iface(
+        &mut self,
+        cfg: IfaceConfig,
+        on: Option<BridgeId>,
+    ) -> Result<(IfaceId, PortId), ConfigError> {
+        if !cfg.mac.is_station() {
+            return Err(ConfigError::OutOfRange {
+                field: "mac",
+                value: cfg.mac.to_string(),
+                expected: "a unicast, non-zero MAC address",
+            });
+        }
+        if cfg.prefix_len > 32 || cfg.addr.is_unspecified() || cfg.addr.is_multicast() {
+            return Err(ConfigError::OutOfRange {
+                field: "address",
+                value: format!("{}/{}", cfg.addr, cfg.prefix_len),
+                expected: "a unicast IPv4 address with a prefix length of 0 to 32",
+            });
+        }
+        if !(68..=65_000).contains(&cfg.mtu) {
+            return Err(ConfigError::OutOfRange {
+                field: "mtu",
+                value: cfg.mtu.to_string(),
+                expected: "68 to 65000",
+            });
+        }
+        if let Some(other) = self.ifaces.iter().find(|i| i.cfg.addr == cfg.addr) {
+            return Err(ConfigError::OutOfRange {
+                field: "address",
+                value: cfg.addr.to_string(),
+                expected: if other.cfg.name == cfg.name {
+                    "an address used once"
+                } else {
+                    "an address not used by another interface"
+                },
+            });
+        }
+        let id = IfaceId(
+            u16::try_from(self.ifaces.len()).map_err(|_| ConfigError::TooMany("interfaces"))?,
+        );
+        if let Some(b) = on {
+            let br = self
+                .bridges
+                .get(usize::from(b.0))
+                .ok_or(ConfigError::NoSuchBridge(b))?;
+            if br.router.is_some() {
+                return Err(ConfigError::OutOfRange {
+                    field: "bridge",
+                    value: br.name.clone(),
+                    expected: "a bridge without a router interface (one per bridge)",
+                });
+            }
+        }
+        let kind = match on {
+            Some(_) => PortKind::RouterVirtual(id),
+            None => PortKind::Routed(id),
+        };
+        let port = self.push_port(cfg.name.clone(), on, kind)?;
+        if let Some(b) = on {
+            let br = &mut self.bridges[usize::from(b.0)];
+            br.router = Some((id, port));
+            br.fdb.add_static(cfg.mac, port);
+        }
+        self.ifaces.push(Iface {
+            cfg,
+            port,
+            bridge: on,
+        });
+        Ok((id, port))
+    }
+
+    /// Sets the neighbour (ARP) table's configuration (defaults as Linux).
+    pub fn neigh_config(&mut self, cfg: NeighConfig) -> Result<(), ConfigError> {
+        cfg.validate().map_err(|e| ConfigError::OutOfRange {
+            field: "neigh",
+            value: e.to_string(),
+            expected: "valid neighbour settings",
+        })?;
+        self.neigh = cfg;
+        Ok(())
     }
 
     /// Finishes the datapath.
     pub fn build(self) -> Datapath {
+        let router = (!self.ifaces.is_empty()).then(|| {
+            let r = Router::new(self.ifaces, NeighTable::new(self.neigh));
+            for (i, iface) in r.ifaces.iter().enumerate() {
+                let c = &iface.cfg;
+                // Two interfaces in one subnet: the first one's connected route wins, as the
+                // second `add` fails with `Exists` (Linux keeps both; the first is used).
+                let _ = r.routes.add(Route {
+                    prefix: mask(c.addr, c.prefix_len),
+                    len: c.prefix_len,
+                    next_hop: NextHop::Link(IfaceId(i as u16)),
+                    metric: 0,
+                    proto: RouteProto::Kernel,
+                    src: Some(c.addr),
+                });
+            }
+            r
+        });
         Datapath {
             names: self.ports.iter().map(|p| p.name.clone()).collect(),
             ports: self.ports,
             bridges: self.bridges,
+            router,
             shards: Mutex::new(Vec::new()),
+            last_sweep: AtomicU64::new(0),
         }
     }
 }
@@ -298,7 +446,9 @@ pub struct Datapath {
     ports: Vec<PortInfo>,
     names: Vec<String>,
     bridges: Vec<Bridge>,
+    router: Option<Router>,
     shards: Mutex<Vec<Arc<Shard>>>,
+    last_sweep: AtomicU64,
 }
 
 impl fmt::Debug for Datapath {
@@ -310,11 +460,60 @@ impl fmt::Debug for Datapath {
     }
 }
 
+#[inline]
+fn count(shard: &Shard, v: Verdict) {
+    match v {
+        Verdict::Drop(r) => shard.count_drop(r),
+        Verdict::Output(_) => shard.forwarded.add(1),
+        Verdict::Flood(_) => shard.flooded.add(1),
+        Verdict::Local => shard.local.add(1),
+        Verdict::Queued => shard.queued.add(1),
+    }
+}
+
+/// The router's output during one call: frames written into pool buffers.
+struct PoolSink<'a> {
+    pool: &'a mut BufPool,
+    out: &'a mut Vec<(PacketBuf, IfaceId)>,
+    shard: &'a Shard,
+    overflow: u64,
+}
+
+impl Sink for PoolSink<'_> {
+    fn emit(&mut self, via: IfaceId, write: &mut dyn FnMut(&mut [u8]) -> Option<usize>) {
+        if self.out.len() >= MAX_EXTRA {
+            self.overflow += 1;
+            return;
+        }
+        let Some(mut b) = self.pool.get() else {
+            self.overflow += 1;
+            return;
+        };
+        match write(b.room_mut()) {
+            Some(n) => {
+                b.set_len(n);
+                self.out.push((b, via));
+            }
+            None => {
+                self.overflow += 1;
+                self.pool.put(b);
+            }
+        }
+    }
+
+    fn dropped(&mut self, reason: DropReason) {
+        self.shard.count_drop(reason);
+        self.shard.deferred_drops.add(1);
+    }
+}
+
 /// One worker thread's context: its buffer pool and its counters.
 pub struct Worker {
     shard: Arc<Shard>,
     /// Buffers for receiving frames and for frames the datapath makes.
     pub pool: BufPool,
+    /// Frames the router made while processing a batch, with their egress interface.
+    extra: Vec<(PacketBuf, IfaceId)>,
 }
 
 impl fmt::Debug for Worker {
@@ -339,7 +538,11 @@ impl Datapath {
     pub fn worker_with_pool(&self, pool: BufPool) -> Worker {
         let shard = Arc::new(Shard::new(self.ports.len()));
         self.shards.lock().push(shard.clone());
-        Worker { shard, pool }
+        Worker {
+            shard,
+            pool,
+            extra: Vec::with_capacity(MAX_EXTRA),
+        }
     }
 
     /// Number of ports.
@@ -384,9 +587,11 @@ impl Datapath {
     }
 
     /// Decides the fate of every frame in `batch` (received on the port in each buffer's
-    /// `port` field) at time `now`, filling `batch`'s verdicts. Learns source addresses.
-    /// Processes at most [`BATCH_SIZE`] frames; allocates nothing; takes no lock unless a new
-    /// station is learned.
+    /// `port` field) at time `now`, filling `batch`'s verdicts. Learns source addresses; frames
+    /// for a router interface are routed (rewritten in place). Frames the router makes (ARP
+    /// replies, ICMP, released packets) are appended to the batch with their own verdicts.
+    /// Processes at most [`BATCH_SIZE`] received frames; allocates nothing once warm; takes no
+    /// lock unless a table changes.
     pub fn process(&self, w: &mut Worker, now: Instant, batch: &mut Batch) {
         batch.verdicts.clear();
         let n = batch.bufs.len().min(BATCH_SIZE);
@@ -407,20 +612,45 @@ impl Datapath {
                 }
             }
         }
-        // Pass 2: learn and decide.
-        for (b, p) in batch.bufs[..n].iter().zip(pre.iter()) {
-            let v = self.decide(b.port, p, now);
-            match v {
-                Verdict::Drop(r) => w.shard.count_drop(r),
-                Verdict::Output(_) => w.shard.forwarded.add(1),
-                Verdict::Flood(_) => w.shard.flooded.add(1),
-            }
+        // Pass 2: learn, decide, route.
+        let Worker {
+            shard, pool, extra, ..
+        } = w;
+        let mut sink = PoolSink {
+            pool,
+            out: extra,
+            shard,
+            overflow: 0,
+        };
+        for (b, p) in batch.bufs[..n].iter_mut().zip(pre.iter()) {
+            let v = self.decide(b, p, now, &mut sink);
+            count(shard, v);
             batch.verdicts.push(v);
         }
         // Frames past BATCH_SIZE (a caller that overfilled the batch) are dropped, counted.
         for _ in n..batch.bufs.len() {
             batch.verdicts.push(Verdict::Drop(DropReason::Oversize));
-            w.shard.count_drop(DropReason::Oversize);
+            shard.count_drop(DropReason::Oversize);
+        }
+        let overflow = sink.overflow;
+        self.append_extra(shard, extra, overflow, batch, now);
+    }
+
+    /// Gives each frame the router made its egress verdict and appends it to `batch`.
+    fn append_extra(
+        &self,
+        shard: &Shard,
+        extra: &mut Vec<(PacketBuf, IfaceId)>,
+        overflow: u64,
+        batch: &mut Batch,
+        now: Instant,
+    ) {
+        shard.generated_lost.add(overflow);
+        for (mut b, via) in extra.drain(..) {
+            let v = self.egress(via, &mut b, now);
+            shard.generated.add(1);
+            batch.bufs.push(b);
+            batch.verdicts.push(v);
         }
     }
 
@@ -437,20 +667,24 @@ impl Datapath {
             Ok(m) => m,
             Err(r) => return Pre::Drop(r),
         };
-        let Some(br) = port.bridge else {
-            return Pre::Drop(DropReason::NoBridge);
-        };
         if m.src.is_multicast() {
             return Pre::Drop(DropReason::MulticastSource);
         }
         if m.src.is_zero() {
             return Pre::Drop(DropReason::ZeroSource);
         }
+        if let PortKind::Routed(iface) = port.kind {
+            return Pre::Routed { iface, meta: m };
+        }
+        let Some(br) = port.bridge else {
+            return Pre::Drop(DropReason::NoBridge);
+        };
         // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux does; the
         // rest of the 802.1D reserved range stays on the link.
         let link_local = m.dst.is_link_local() && m.dst.0[5] != 0;
         let fdb = &self.bridges[usize::from(br.0)].fdb;
         Pre::Bridge {
+            meta: m,
             br,
             src: fdb.locate(m.src),
             dst: (!m.dst.is_multicast()).then(|| fdb.locate(m.dst)),
@@ -459,16 +693,29 @@ impl Datapath {
     }
 
     #[inline]
-    fn decide(&self, in_port: PortId, pre: &Pre, now: Instant) -> Verdict {
-        let (bid, src, dst, link_local) = match pre {
+    fn decide(&self, b: &mut PacketBuf, pre: &Pre, now: Instant, sink: &mut PoolSink) -> Verdict {
+        let (meta, bid, src, dst, link_local) = match pre {
             Pre::Drop(r) => return Verdict::Drop(*r),
+            Pre::Routed { iface, meta } => {
+                let ours = self
+                    .router
+                    .as_ref()
+                    .and_then(|r| r.iface(*iface))
+                    .is_some_and(|i| i.cfg.mac == meta.dst);
+                if !ours && !meta.dst.is_multicast() {
+                    return Verdict::Drop(DropReason::NotForRouter);
+                }
+                return self.route(b, meta, *iface, now, sink);
+            }
             Pre::Bridge {
+                meta,
                 br,
                 src,
                 dst,
                 link_local,
-            } => (*br, src, dst, *link_local),
+            } => (meta, *br, src, dst, *link_local),
         };
+        let in_port = b.port;
         let br = &self.bridges[usize::from(bid.0)];
         br.fdb.learn_loc(src, in_port, now);
         if link_local {
@@ -480,18 +727,82 @@ impl Datapath {
             Verdict::Drop(DropReason::NoOtherPort)
         };
         let Some(dst) = dst else {
+            if let (Some((iface, _)), Some(r)) = (br.router, &self.router) {
+                r.observe(
+                    b.frame(),
+                    usize::from(meta.l3),
+                    meta.ether_type.0,
+                    iface,
+                    now,
+                    sink,
+                );
+            }
             return flood;
         };
         match br.fdb.lookup_loc(dst, now) {
             Some(p) if p == in_port => Verdict::Drop(DropReason::SamePort),
-            Some(p) => Verdict::Output(p),
+            Some(p) => match br.router {
+                Some((iface, rp)) if rp == p => self.route(b, meta, iface, now, sink),
+                _ => Verdict::Output(p),
+            },
             None => flood,
         }
     }
 
+    /// Hands a frame addressed to router interface `iface` to the router.
+    #[inline]
+    fn route(
+        &self,
+        b: &mut PacketBuf,
+        meta: &EthMeta,
+        iface: IfaceId,
+        now: Instant,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let Some(r) = &self.router else {
+            return Verdict::Drop(DropReason::NotForRouter);
+        };
+        if meta.vlan.is_some() {
+            return Verdict::Drop(DropReason::UnsupportedProtocol);
+        }
+        match r.input(b, usize::from(meta.l3), meta.ether_type.0, iface, now, sink) {
+            L3::Forward(out) => self.egress(out, b, now),
+            L3::Local => Verdict::Local,
+            L3::Queued => Verdict::Queued,
+            L3::Drop(reason) => Verdict::Drop(reason),
+        }
+    }
+
+    /// The verdict for a frame the router sends out of interface `via` (its MACs are set):
+    /// onto the interface's bridge, as if received on its virtual port, or out of its own port.
+    fn egress(&self, via: IfaceId, b: &mut PacketBuf, now: Instant) -> Verdict {
+        let Some(iface) = self.router.as_ref().and_then(|r| r.iface(via)) else {
+            return Verdict::Drop(DropReason::NoRoute);
+        };
+        b.port = iface.port;
+        let Some(bid) = iface.bridge else {
+            return Verdict::Output(iface.port);
+        };
+        let br = &self.bridges[usize::from(bid.0)];
+        let dst = match b.frame().get(..6) {
+            Some(d) => crate::mac::MacAddr::from_slice(d),
+            None => return Verdict::Drop(DropReason::Truncated),
+        };
+        if dst.is_multicast() {
+            return Verdict::Flood(bid);
+        }
+        // The router does not learn: its MAC is a static entry on its virtual port.
+        match br.fdb.lookup(dst, now) {
+            Some(p) if p == iface.port => Verdict::Drop(DropReason::SamePort),
+            Some(p) => Verdict::Output(p),
+            None => Verdict::Flood(bid),
+        }
+    }
+
     /// Calls `tx(port, frame)` for every output of every frame in `batch`, in order (a flooded
-    /// frame once per other port of its bridge). `tx` returns `Err(reason)` when the port did
-    /// not take the frame; that is counted as the port's `tx_dropped` and under `reason`.
+    /// frame once per other external port of its bridge). `tx` returns `Err(reason)` when the
+    /// port did not take the frame; that is counted as the port's `tx_dropped` and under
+    /// `reason`.
     pub fn dispatch<F>(&self, w: &mut Worker, batch: &Batch, mut tx: F)
     where
         F: FnMut(PortId, &PacketBuf) -> Result<(), DropReason>,
@@ -517,27 +828,139 @@ impl Datapath {
                 Verdict::Output(p) => send(p, b),
                 Verdict::Flood(bid) => {
                     if let Some(br) = self.bridge(bid) {
-                        for &p in br.ports.iter().filter(|&&p| p != b.port) {
-                            send(p, b);
+                        for &p in br.ports.iter() {
+                            if p != b.port && !self.is_virtual(p) {
+                                send(p, b);
+                            }
                         }
                     }
                 }
-                Verdict::Drop(_) => {}
+                Verdict::Drop(_) | Verdict::Local | Verdict::Queued => {}
             }
         }
     }
 
-    /// Runs timers due at `now`: clears aged FDB entries. Call about once a second
-    /// (see [`Datapath::poll_interval`]); lookups never wait for it.
-    pub fn poll(&self, now: Instant) {
-        for b in &self.bridges {
-            b.fdb.sweep(now);
+    #[inline]
+    fn is_virtual(&self, p: PortId) -> bool {
+        matches!(
+            self.ports.get(usize::from(p.0)).map(|p| p.kind),
+            Some(PortKind::RouterVirtual(_))
+        )
+    }
+
+    /// Runs timers due at `now`: the router's ARP retransmissions and failures (the frames they
+    /// make are appended to `out` with their verdicts, for [`Datapath::dispatch`]) and, about
+    /// once a second, the FDB aging sweep. Call it every [`Datapath::poll_interval`]; lookups
+    /// never wait for it.
+    pub fn poll(&self, w: &mut Worker, now: Instant, out: &mut Batch) {
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if now.micros().saturating_sub(last) >= 1_000_000
+            && self
+                .last_sweep
+                .compare_exchange(last, now.micros(), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            for b in &self.bridges {
+                b.fdb.sweep(now);
+            }
         }
+        let Some(r) = &self.router else { return };
+        let Worker {
+            shard, pool, extra, ..
+        } = w;
+        let mut sink = PoolSink {
+            pool,
+            out: extra,
+            shard,
+            overflow: 0,
+        };
+        r.poll(now, &mut sink);
+        let overflow = sink.overflow;
+        self.append_extra(shard, extra, overflow, out, now);
     }
 
     /// How often [`Datapath::poll`] should run.
     pub fn poll_interval(&self) -> Duration {
-        Duration::from_secs(1)
+        if self.router.is_some() {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+
+    /// The router, if the datapath has router interfaces.
+    pub fn router(&self) -> Option<&Router> {
+        self.router.as_ref()
+    }
+
+    /// The routing table, if the datapath has a router.
+    pub fn routes(&self) -> Option<&RouteTable> {
+        self.router.as_ref().map(|r| &r.routes)
+    }
+
+    /// The router interface called `name`.
+    pub fn iface_by_name(&self, name: &str) -> Option<IfaceId> {
+        let r = self.router.as_ref()?;
+        r.ifaces
+            .iter()
+            .position(|i| i.cfg.name == name)
+            .map(|i| IfaceId(i as u16))
+    }
+
+    /// The name of a router interface.
+    pub fn iface_name(&self, i: IfaceId) -> Option<&str> {
+        self.router.as_ref()?.iface(i).map(|i| i.cfg.name.as_str())
+    }
+
+    /// Adds a route, checking it against the interfaces: the interface must exist, and a
+    /// gateway must be on a connected subnet (as Linux's "Nexthop has invalid gateway").
+    pub fn add_route(&self, r: Route) -> Result<(), crate::route::RouteError> {
+        let Some(router) = &self.router else {
+            return Err(crate::route::RouteError::NoInterface(0));
+        };
+        if let Some(i) = r.next_hop.iface() {
+            if router.iface(i).is_none() {
+                return Err(crate::route::RouteError::NoInterface(i.0));
+            }
+        }
+        if let NextHop::Via(i, gw) = r.next_hop {
+            let on_link = matches!(router.routes.lookup(gw), Some(NextHop::Link(j)) if j == i);
+            if !on_link {
+                return Err(crate::route::RouteError::GatewayNotOnLink(gw));
+            }
+        }
+        router.routes.add(r)
+    }
+
+    /// Adds a permanent neighbour entry (`ip neigh add IP lladdr MAC dev IFACE nud permanent`).
+    /// Packets that were waiting for `ip` stay queued until the next batch; they are released
+    /// the next time the neighbour is used. Errors name the bad value.
+    pub fn add_static_neigh(
+        &self,
+        iface: IfaceId,
+        ip: std::net::Ipv4Addr,
+        mac: crate::mac::MacAddr,
+        now: Instant,
+    ) -> Result<(), crate::neigh::NeighError> {
+        let Some(r) = &self.router else {
+            return Err(crate::neigh::NeighError::BadAddress(ip));
+        };
+        r.neigh.add_static(iface.0, ip, mac, now).map(|_| ())
+    }
+
+    /// Writes the routing table like `ip route show`.
+    pub fn fmt_routes(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        let Some(r) = &self.router else { return Ok(()) };
+        r.routes
+            .fmt_routes(out, &|i| self.iface_name(i).unwrap_or("?").to_string())
+    }
+
+    /// Writes the neighbour table like `ip neigh show`.
+    pub fn fmt_neigh(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
+        let Some(r) = &self.router else { return Ok(()) };
+        r.neigh.fmt_dump(now, out, &|i| {
+            self.iface_name(IfaceId(i)).unwrap_or("?").to_string()
+        })
     }
 
     /// The FDB of `bridge` at `now`, like `bridge fdb show br <bridge>`.

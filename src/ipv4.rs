@@ -14,7 +14,6 @@ use crate::stats::DropReason;
 mod field {
     pub const VER_IHL: usize = 0;
     pub const LEN: usize = 2;
-    pub const ID: usize = 4;
     pub const FRAG: usize = 6;
     pub const TTL: usize = 8;
     pub const PROTO: usize = 9;

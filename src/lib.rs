@@ -21,10 +21,14 @@ pub mod buf;
 pub mod datapath;
 pub mod fdb;
 pub mod ipv4;
+#[allow(unsafe_code)] // prefetch hints and a popcnt-enabled lookup, each with a SAFETY line
+pub mod lpm;
 pub mod mac;
 pub mod neigh;
 pub mod offload;
 pub mod port;
+pub mod route;
+pub mod router;
 pub mod runtime;
 pub mod stats;
 mod sys;

@@ -111,7 +111,8 @@ impl Pump {
     pub fn poll(&mut self, now: Instant) -> io::Result<usize> {
         let mut total = 0;
         let mut err = None;
-        for &id in &self.rx {
+        for i in 0..self.rx.len() {
+            let id = self.rx[i];
             let Some(port) = self.ports.get(usize::from(id.0)).and_then(|p| p.as_ref()) else {
                 continue;
             };
@@ -127,19 +128,30 @@ impl Pump {
             }
             total += self.batch.len();
             self.dp.process(&mut self.worker, now, &mut self.batch);
-            let ports = &self.ports;
-            self.dp.dispatch(&mut self.worker, &self.batch, |p, b| {
-                match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
-                    Some(port) => port.send(b),
-                    None => Err(DropReason::TxError),
-                }
-            });
-            self.batch.recycle(&mut self.worker.pool);
+            self.transmit();
         }
         match err {
             Some(e) if total == 0 => Err(e),
             _ => Ok(total),
         }
+    }
+
+    /// Runs the datapath's timers at `now` and transmits the frames they make (ARP
+    /// retransmissions, ICMP errors for packets whose next hop failed).
+    pub fn timers(&mut self, now: Instant) {
+        self.dp.poll(&mut self.worker, now, &mut self.batch);
+        self.transmit();
+    }
+
+    fn transmit(&mut self) {
+        let ports = &self.ports;
+        self.dp.dispatch(&mut self.worker, &self.batch, |p, b| {
+            match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
+                Some(port) => port.send(b),
+                None => Err(DropReason::TxError),
+            }
+        });
+        self.batch.recycle(&mut self.worker.pool);
     }
 
     /// Polls until a round receives nothing (at most `max_rounds` rounds); returns frames moved.
@@ -285,7 +297,7 @@ fn worker_loop(pump: &mut Pump, timers: bool, stop: &AtomicBool, wake: &EventFd,
             }
         };
         if timers && now >= next_timer {
-            pump.dp.poll(now);
+            pump.timers(now);
             next_timer = now + poll_every;
         }
         if n == 0 {

@@ -3,7 +3,8 @@
 //! Each worker owns a counter shard that only it writes (relaxed load + store, no read-modify-write
 //! and no shared cache line with other workers); a [`StatsSnapshot`] sums all shards. Every frame
 //! received is either handed to at least one output or counted under exactly one
-//! [`DropReason`], so `rx_packets == forwarded + sum(drops)` per datapath.
+//! [`DropReason`] — or, with a router, consumed locally (answered) or queued for ARP — so
+//! [`StatsSnapshot::accounted`] equals the frames received.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -185,6 +186,11 @@ pub(crate) struct Shard {
     pub(crate) drops: [Counter; DropReason::COUNT],
     pub(crate) forwarded: Counter,
     pub(crate) flooded: Counter,
+    pub(crate) local: Counter,
+    pub(crate) queued: Counter,
+    pub(crate) generated: Counter,
+    pub(crate) generated_lost: Counter,
+    pub(crate) deferred_drops: Counter,
 }
 
 impl Shard {
@@ -194,6 +200,11 @@ impl Shard {
             drops: Default::default(),
             forwarded: Counter::default(),
             flooded: Counter::default(),
+            local: Counter::default(),
+            queued: Counter::default(),
+            generated: Counter::default(),
+            generated_lost: Counter::default(),
+            deferred_drops: Counter::default(),
         }
     }
 
@@ -231,6 +242,17 @@ pub struct StatsSnapshot {
     pub forwarded: u64,
     /// Received frames flooded to the other ports of their bridge.
     pub flooded: u64,
+    /// Received frames consumed by the router (answered or turned into other frames).
+    pub local: u64,
+    /// Received frames the router queued while resolving their next hop.
+    pub queued: u64,
+    /// Frames the router made (ARP, ICMP, fragments, released packets).
+    pub generated: u64,
+    /// Frames the router could not make (no buffer, or too many in one batch).
+    pub generated_lost: u64,
+    /// Drops counted after the frame's own verdict (`queued` frames that later failed to
+    /// resolve or overflowed the queue); included in `drops`.
+    pub deferred_drops: u64,
 }
 
 impl StatsSnapshot {
@@ -246,6 +268,11 @@ impl StatsSnapshot {
             drops: DropReason::ALL.iter().map(|r| (*r, 0)).collect(),
             forwarded: 0,
             flooded: 0,
+            local: 0,
+            queued: 0,
+            generated: 0,
+            generated_lost: 0,
+            deferred_drops: 0,
         };
         for sh in shards {
             for (p, c) in s.ports.iter_mut().zip(sh.ports.iter()) {
@@ -260,6 +287,11 @@ impl StatsSnapshot {
             }
             s.forwarded += sh.forwarded.get();
             s.flooded += sh.flooded.get();
+            s.local += sh.local.get();
+            s.queued += sh.queued.get();
+            s.generated += sh.generated.get();
+            s.generated_lost += sh.generated_lost.get();
+            s.deferred_drops += sh.deferred_drops.get();
         }
         s
     }
@@ -267,6 +299,13 @@ impl StatsSnapshot {
     /// The count for one drop reason.
     pub fn drop_count(&self, r: DropReason) -> u64 {
         self.drops.iter().find(|d| d.0 == r).map_or(0, |d| d.1)
+    }
+
+    /// Received frames accounted for: forwarded, flooded, local, queued or dropped before
+    /// transmit. Equals the sum of `rx_packets` plus frames from unknown ports.
+    pub fn accounted(&self) -> u64 {
+        (self.forwarded + self.flooded + self.local + self.queued + self.rx_drops())
+            .saturating_sub(self.deferred_drops)
     }
 
     /// Frames dropped before forwarding (transmit-time drops excluded).
@@ -299,7 +338,18 @@ impl fmt::Display for StatsSnapshot {
                 p.name, p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes, p.tx_dropped
             )?;
         }
-        writeln!(f, "forwarded {}  flooded {}", self.forwarded, self.flooded)?;
+        write!(f, "forwarded {}  flooded {}", self.forwarded, self.flooded)?;
+        if self.local + self.queued + self.generated + self.generated_lost > 0 {
+            write!(
+                f,
+                "  local {}  queued {}  generated {}",
+                self.local, self.queued, self.generated
+            )?;
+            if self.generated_lost > 0 {
+                write!(f, "  generated_lost {}", self.generated_lost)?;
+            }
+        }
+        writeln!(f)?;
         let mut any = false;
         for (r, n) in &self.drops {
             if *n > 0 {

@@ -65,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
                         assert_eq!(dp.port_bridge(p), dp.port_bridge(buf.port));
                     }
                     Verdict::Flood(br) => assert_eq!(Some(br), dp.port_bridge(buf.port)),
-                    Verdict::Drop(_) => {}
+                    Verdict::Drop(_) | Verdict::Local | Verdict::Queued => {}
                 }
             }
             dp.dispatch(&mut w, &batch, |p, buf| {
@@ -73,7 +73,8 @@ fuzz_target!(|data: &[u8]| {
                 Ok(())
             });
             batch.recycle(&mut w.pool);
-            dp.poll(now);
+            dp.poll(&mut w, now, &mut batch);
+            batch.recycle(&mut w.pool);
             for br in dp.bridges() {
                 assert!(br.fdb().counters().entries <= br.fdb().max_entries());
                 assert!(br.fdb().dump(now).len() <= br.fdb().max_entries());

@@ -1,0 +1,160 @@
+//! A datapath with a router fed arbitrary frames on arbitrary ports, time moving forward by
+//! arbitrary steps: never panics; the FDB and neighbour tables stay within their bounds;
+//! every frame received is forwarded, flooded, answered, queued or counted as a drop; every
+//! IPv4 frame the router sends has a valid header checksum, and nothing is sent to the
+//! router's virtual port or to a port that does not exist.
+//!
+//! Input: records `[port: u8][dt: u8][len_hi: u8][len_lo: u8][frame bytes]`. To reach deep
+//! into L3, a record whose first frame byte is even is rewritten into a valid IPv4 packet
+//! towards the router (addresses and TTL drawn from the input bytes); odd ones are raw.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+use tapyard::route::{NextHop, Route, RouteProto};
+use tapyard::router::IfaceConfig;
+use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
+
+const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
+const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
+
+fn checksum_ok(hdr: &[u8]) -> bool {
+    let mut s: u32 = 0;
+    for c in hdr.chunks(2) {
+        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s == 0xffff
+}
+
+fn ipv4_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let dsts = [
+        [10, 244, 1, g(5)],
+        [10, 244, 2, g(5)],
+        [10, 244, 9, g(5)],
+        [10, 244, 8, g(5)],
+        [172, 18, 0, g(5)],
+        [192, 0, 2, g(5)],
+        [10, 244, 1, 1],
+    ];
+    let dst = dsts[usize::from(g(4)) % dsts.len()];
+    let src = [10, 244, g(6) % 2 + 1, g(7)];
+    let ttl = g(8) % 4;
+    let payload_len = usize::from(g(9)) * 8;
+    let mut f = Vec::new();
+    let b = etherparse::PacketBuilder::ethernet2(mac, if g(10) & 1 == 0 { GW.0 } else { UP.0 })
+        .ipv4(src, dst, ttl);
+    let _ = if g(11) & 1 == 0 {
+        b.udp(1, 2).write(&mut f, &vec![0u8; payload_len])
+    } else {
+        b.icmpv4_echo_request(1, 1).write(&mut f, &vec![0u8; payload_len])
+    };
+    f
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut b = Datapath::builder();
+    let mut bc = BridgeConfig::new("cni0");
+    bc.fdb_max_entries = 16;
+    let br = b.add_bridge(bc).unwrap();
+    for i in 0..3 {
+        b.add_port(format!("pod{i}"), Some(br)).unwrap();
+    }
+    b.add_router_iface(IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24), Some(br))
+        .unwrap();
+    let mut up = IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24);
+    up.mtu = 576;
+    let (eth0, _) = b.add_router_iface(up, None).unwrap();
+    let mut nc = tapyard::neigh::NeighConfig::default();
+    nc.gc_thresh1 = 2;
+    nc.gc_thresh2 = 4;
+    nc.gc_thresh3 = 8;
+    b.neigh_config(nc).unwrap();
+    let dp = b.build();
+    let route = |p: [u8; 4], nh| Route {
+        prefix: Ipv4Addr::from(p),
+        len: 24,
+        next_hop: nh,
+        metric: 0,
+        proto: RouteProto::Static,
+        src: None,
+    };
+    dp.add_route(route([10, 244, 2, 0], NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3))))
+        .unwrap();
+    dp.add_route(route([10, 244, 9, 0], NextHop::Blackhole)).unwrap();
+    dp.add_route(route([10, 244, 8, 0], NextHop::Unreachable)).unwrap();
+    let mut w = dp.worker();
+    let mut now = Instant::from_secs(1);
+    let mut batch = Batch::new();
+    let mut rest = data;
+    let mut received = 0u64;
+    let check = |batch: &Batch| {
+        for (buf, v) in batch.bufs().iter().zip(batch.verdicts()) {
+            if let Verdict::Output(p) = v {
+                // Never the router's virtual port, never a port that does not exist. (A routed
+                // packet may leave through the port it came in on, as in Linux.)
+                assert!(p.0 < 5 && p.0 != 3, "output to {p:?}");
+            }
+            if matches!(v, Verdict::Output(_) | Verdict::Flood(_)) {
+                let f = buf.frame();
+                if f.len() >= 34 && f[12..14] == [8, 0] && buf.port.0 >= 3 {
+                    // Made or routed by the router: a valid header.
+                    let hl = usize::from(f[14] & 15) * 4;
+                    assert!(checksum_ok(&f[14..14 + hl]), "bad checksum out of the router");
+                }
+            }
+        }
+    };
+    while rest.len() >= 4 {
+        let (port, dt) = (rest[0], rest[1]);
+        let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]) % 2048);
+        rest = &rest[4..];
+        let len = len.min(rest.len());
+        let raw = &rest[..len];
+        rest = &rest[len..];
+        let port = PortId(u16::from(port % 6)); // 3 is the router's virtual port, 5 unknown
+        let mac = [2, 0, 0, 0, 1, raw.get(1).copied().unwrap_or(0) % 8];
+        let frame = if raw.first().is_some_and(|b| b & 1 == 0) {
+            ipv4_packet(raw, mac)
+        } else {
+            raw.to_vec()
+        };
+        now = now + Duration::from_millis(u64::from(dt) * 50);
+        let mut pb = PacketBuf::from_frame(&frame);
+        pb.port = port;
+        let _ = batch.push(pb);
+        received += 1;
+        if batch.is_full() || rest.len() < 4 {
+            dp.process(&mut w, now, &mut batch);
+            check(&batch);
+            dp.dispatch(&mut w, &batch, |p, _| {
+                assert!(p.0 < 5 && p.0 != 3, "sent to {p:?}");
+                Ok(())
+            });
+            batch.recycle(&mut w.pool);
+            dp.poll(&mut w, now, &mut batch);
+            check(&batch);
+            dp.dispatch(&mut w, &batch, |_, _| Ok(()));
+            batch.recycle(&mut w.pool);
+            let br = &dp.bridges()[0];
+            assert!(br.fdb().counters().entries <= br.fdb().max_entries());
+            let nc = dp.router().unwrap().neigh().counters();
+            assert!(nc.entries <= 8, "{nc:?}");
+        }
+    }
+    // Let every queued packet resolve or fail.
+    for _ in 0..60 {
+        now = now + Duration::from_millis(100);
+        dp.poll(&mut w, now, &mut batch);
+        check(&batch);
+        batch.recycle(&mut w.pool);
+    }
+    let s = dp.stats();
+    let unknown = s.drop_count(tapyard::DropReason::UnknownPort);
+    let rx: u64 = s.ports.iter().map(|p| p.rx_packets).sum();
+    assert_eq!(rx + unknown, received);
+    assert_eq!(s.accounted(), received, "{s}");
+});

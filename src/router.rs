@@ -1,0 +1,638 @@
+//! The IPv4 router: interfaces with addresses, ARP, the routing table, forwarding as Linux's
+//! `ip_forward`, and the ICMP messages a Linux router sends.
+//!
+//! The router is part of the sans-IO datapath. A router interface either sits on a bridge
+//! (like `cni0`: it gets a virtual port on the bridge, and frames the bridge sends to the
+//! interface's MAC enter L3) or owns an external port of its own (an uplink like a node's
+//! `eth0`). Frames the router makes (ARP, ICMP, released packets) go through a sink; the
+//! datapath turns them into batch entries and sends them out of the interface's port.
+//!
+//! Where tapyard differs from Linux, on purpose: no ICMP redirects are sent (Linux sends them
+//! when a packet leaves through the interface it came in on; pods would ignore them anyway);
+//! packets to the router's own addresses are answered only for ICMP echo (UDP gets a port
+//! unreachable, TCP a drop, counted) since the router has no sockets; IPv4 options are
+//! forwarded untouched (no record-route or timestamp processing).
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+
+use crate::buf::PacketBuf;
+use crate::datapath::{BridgeId, PortId};
+use crate::ipv4::{self, icmp, Arp, Ipv4Info};
+use crate::mac::MacAddr;
+use crate::neigh::{Enqueue, NeighTable, Refusal};
+use crate::route::{mask, IfaceId, NextHop, RouteTable};
+use crate::stats::DropReason;
+use crate::time::Instant;
+
+/// Settings of one router interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IfaceConfig {
+    /// A unique name, like `cni0` or `eth0`.
+    pub name: String,
+    /// The interface's MAC address (the pods' gateway MAC).
+    pub mac: MacAddr,
+    /// The interface's IPv4 address.
+    pub addr: Ipv4Addr,
+    /// Its prefix length: the connected route `addr/prefix_len` is made from it.
+    pub prefix_len: u8,
+    /// The largest IP packet sent out of it (default 1500).
+    pub mtu: u16,
+    /// Answer ARP for any address routed through another interface (Linux `proxy_arp`).
+    pub proxy_arp: bool,
+}
+
+impl IfaceConfig {
+    /// An interface with MTU 1500 and no proxy ARP.
+    pub fn new(name: impl Into<String>, mac: MacAddr, addr: Ipv4Addr, prefix_len: u8) -> Self {
+        IfaceConfig {
+            name: name.into(),
+            mac,
+            addr,
+            prefix_len,
+            mtu: 1500,
+            proxy_arp: false,
+        }
+    }
+}
+
+/// One interface as the router holds it.
+#[derive(Debug)]
+pub(crate) struct Iface {
+    pub(crate) cfg: IfaceConfig,
+    /// The virtual bridge port (for an interface on a bridge) or the external port it owns.
+    pub(crate) port: PortId,
+    /// The bridge it sits on, if any.
+    pub(crate) bridge: Option<BridgeId>,
+}
+
+/// What the router did with a frame addressed to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum L3 {
+    /// Rewritten in place (TTL, MACs); send out of this interface.
+    Forward(IfaceId),
+    /// Answered or consumed by the router itself.
+    Local,
+    /// Waiting for ARP resolution of its next hop.
+    Queued,
+    /// Not forwarded.
+    Drop(DropReason),
+}
+
+/// Where the router's own frames go. `write` fills the buffer and returns the frame length.
+pub(crate) trait Sink {
+    /// Makes one frame to send out of interface `via`.
+    fn emit(&mut self, via: IfaceId, write: &mut dyn FnMut(&mut [u8]) -> Option<usize>);
+    /// Counts a frame dropped later than its own verdict (it had been queued).
+    fn dropped(&mut self, reason: DropReason);
+}
+
+/// Router event counters.
+#[derive(Debug, Default)]
+pub struct RouterCounters {
+    /// ARP requests answered.
+    pub arp_replies: AtomicU64,
+    /// ARP requests sent to resolve next hops.
+    pub arp_requests: AtomicU64,
+    /// ICMP echo requests answered.
+    pub echo_replies: AtomicU64,
+    /// ICMP errors sent.
+    pub icmp_errors: AtomicU64,
+    /// ICMP errors not sent because of the rate limit.
+    pub icmp_rate_limited: AtomicU64,
+    /// Packets released from ARP queues and sent.
+    pub released: AtomicU64,
+    /// Packets dropped after waiting for a next hop that never answered.
+    pub neigh_failed: AtomicU64,
+}
+
+/// A token bucket per ICMP destination (Linux's `icmp_ratelimit`: one per second, burst 6) and
+/// a global one (`icmp_msgs_per_sec` 1000, `icmp_msgs_burst` 50). ICMP errors are a slow
+/// path, so a small mutex-protected table is enough; it holds at most 1024 destinations and
+/// forgets the least recently limited one when full.
+#[derive(Debug)]
+struct IcmpLimiter {
+    inner: Mutex<LimiterState>,
+}
+
+#[derive(Debug)]
+struct LimiterState {
+    global: (f64, Instant),
+    peers: hashbrown::HashMap<Ipv4Addr, (f64, Instant)>,
+}
+
+const PEER_RATE: f64 = 1.0;
+const PEER_BURST: f64 = 6.0;
+const GLOBAL_RATE: f64 = 1000.0;
+const GLOBAL_BURST: f64 = 50.0;
+const MAX_PEERS: usize = 1024;
+
+impl IcmpLimiter {
+    fn new() -> Self {
+        IcmpLimiter {
+            inner: Mutex::new(LimiterState {
+                global: (GLOBAL_BURST, Instant::ZERO),
+                peers: hashbrown::HashMap::new(),
+            }),
+        }
+    }
+
+    fn allow(&self, dst: Ipv4Addr, now: Instant) -> bool {
+        fn refill(b: &mut (f64, Instant), now: Instant, rate: f64, burst: f64) {
+            let dt = now.saturating_since(b.1).as_secs_f64();
+            b.0 = (b.0 + dt * rate).min(burst);
+            b.1 = now;
+        }
+        let mut s = self.inner.lock();
+        refill(&mut s.global, now, GLOBAL_RATE, GLOBAL_BURST);
+        if s.global.0 < 1.0 {
+            return false;
+        }
+        if s.peers.len() >= MAX_PEERS && !s.peers.contains_key(&dst) {
+            let oldest = s.peers.iter().min_by_key(|(_, v)| v.1).map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                s.peers.remove(&k);
+            }
+        }
+        let p = s.peers.entry(dst).or_insert((PEER_BURST, now));
+        refill(p, now, PEER_RATE, PEER_BURST);
+        if p.0 < 1.0 {
+            return false;
+        }
+        p.0 -= 1.0;
+        s.global.0 -= 1.0;
+        true
+    }
+}
+
+/// The router (see the module docs). Shared by all workers through the datapath.
+#[derive(Debug)]
+pub struct Router {
+    pub(crate) ifaces: Vec<Iface>,
+    pub(crate) routes: RouteTable,
+    pub(crate) neigh: NeighTable,
+    icmp: IcmpLimiter,
+    /// Event counters.
+    pub counters: RouterCounters,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+impl Router {
+    pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
+        Router {
+            ifaces,
+            routes: RouteTable::new(),
+            neigh,
+            icmp: IcmpLimiter::new(),
+            counters: RouterCounters::default(),
+        }
+    }
+
+    /// The neighbour (ARP) table.
+    pub fn neigh(&self) -> &NeighTable {
+        &self.neigh
+    }
+
+    /// The routing table.
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    /// The interface with this id.
+    pub(crate) fn iface(&self, i: IfaceId) -> Option<&Iface> {
+        self.ifaces.get(usize::from(i.0))
+    }
+
+    /// The interface that owns `addr`, if it is one of ours.
+    pub(crate) fn local_iface(&self, addr: Ipv4Addr) -> Option<IfaceId> {
+        self.ifaces
+            .iter()
+            .position(|i| i.cfg.addr == addr)
+            .map(|i| IfaceId(i as u16))
+    }
+
+    /// Handles a frame sent to the router on interface `in_if` (its destination MAC is the
+    /// interface's or a group address). `l3` is the offset of the L3 header.
+    pub(crate) fn input(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        ether_type: u16,
+        in_if: IfaceId,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let group = b.frame().first().is_some_and(|d| d & 1 == 1);
+        match ether_type {
+            0x0806 => {
+                self.arp_input(b.frame(), l3, in_if, now, sink);
+                L3::Local
+            }
+            0x0800 if group => L3::Drop(DropReason::L3Multicast),
+            0x0800 => self.ip_input(b, l3, in_if, now, sink),
+            _ => L3::Drop(DropReason::UnsupportedProtocol),
+        }
+    }
+
+    /// Looks at a frame flooded on the bridge of `in_if` (the router gets a copy, as Linux's
+    /// bridge device does): ARP requests and announcements are processed; nothing is forwarded.
+    pub(crate) fn observe(
+        &self,
+        frame: &[u8],
+        l3: usize,
+        ether_type: u16,
+        in_if: IfaceId,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) {
+        if ether_type == 0x0806 {
+            self.arp_input(frame, l3, in_if, now, sink);
+        }
+    }
+
+    fn arp_input(
+        &self,
+        frame: &[u8],
+        l3: usize,
+        in_if: IfaceId,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) {
+        let Some(iface) = self.iface(in_if) else {
+            return;
+        };
+        let Ok(a) = Arp::parse(frame.get(l3..).unwrap_or(&[])) else {
+            return;
+        };
+        // Never learn from a frame whose Ethernet source disagrees with its ARP sender, nor
+        // from ARP probes (sender 0.0.0.0) or from our own addresses.
+        let l2_src = MacAddr::from_slice(&frame[6..12]);
+        if a.sha != l2_src || !a.sha.is_station() || a.spa == iface.cfg.addr {
+            return;
+        }
+        let for_us = a.tpa == iface.cfg.addr;
+        if !a.spa.is_unspecified() {
+            let _ = self.neigh.input(
+                in_if.0,
+                a.op,
+                a.spa,
+                a.sha,
+                a.tpa,
+                for_us,
+                now,
+                &mut |rel| {
+                    bump(&self.counters.released);
+                    let mac = rel.mac;
+                    let Some(src) = self.iface(IfaceId(rel.iface)).map(|i| i.cfg.mac) else {
+                        return;
+                    };
+                    sink.emit(IfaceId(rel.iface), &mut |out| {
+                        let f = &rel.frame;
+                        let d = out.get_mut(..f.len())?;
+                        d.copy_from_slice(f);
+                        d[0..6].copy_from_slice(&mac.0);
+                        d[6..12].copy_from_slice(&src.0);
+                        Some(f.len())
+                    });
+                },
+            );
+        }
+        if a.op != Arp::REQUEST {
+            return;
+        }
+        let answer = for_us
+            || (iface.cfg.proxy_arp
+                && a.tpa != a.spa
+                && matches!(self.routes.lookup(a.tpa), Some(nh) if nh.iface().is_some_and(|e| e != in_if)));
+        if !answer {
+            return;
+        }
+        bump(&self.counters.arp_replies);
+        let reply = Arp {
+            op: Arp::REPLY,
+            sha: iface.cfg.mac,
+            spa: a.tpa,
+            tha: a.sha,
+            tpa: a.spa,
+        };
+        let src = iface.cfg.mac;
+        sink.emit(in_if, &mut |out| reply.write_frame(src, a.sha, out));
+    }
+
+    fn ip_input(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        in_if: IfaceId,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let info = match ipv4::check_header(b.frame().get(l3..).unwrap_or(&[])) {
+            Ok(i) => i,
+            Err(r) => return L3::Drop(r),
+        };
+        // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
+        b.set_len(l3 + info.total_len);
+        if info.dst.is_broadcast()
+            || info.dst.is_multicast()
+            || self.is_directed_broadcast(info.dst)
+        {
+            return L3::Drop(DropReason::L3Multicast);
+        }
+        if let Some(local) = self.local_iface(info.dst) {
+            return self.local_input(b, l3, &info, in_if, local, now, sink);
+        }
+        if info.ttl <= 1 {
+            self.icmp_error(
+                b.frame(),
+                l3,
+                &info,
+                in_if,
+                icmp::TIME_EXCEEDED,
+                icmp::TTL_EXCEEDED,
+                0,
+                now,
+                sink,
+            );
+            return L3::Drop(DropReason::TtlExpired);
+        }
+        let (out_if, nh_ip) = match self.routes.lookup(info.dst) {
+            None => {
+                self.icmp_error(
+                    b.frame(),
+                    l3,
+                    &info,
+                    in_if,
+                    icmp::DEST_UNREACH,
+                    icmp::NET_UNREACH,
+                    0,
+                    now,
+                    sink,
+                );
+                return L3::Drop(DropReason::NoRoute);
+            }
+            Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
+            Some(NextHop::Unreachable) => {
+                // Linux's `unreachable` route type answers with host unreachable.
+                self.icmp_error(
+                    b.frame(),
+                    l3,
+                    &info,
+                    in_if,
+                    icmp::DEST_UNREACH,
+                    icmp::HOST_UNREACH,
+                    0,
+                    now,
+                    sink,
+                );
+                return L3::Drop(DropReason::Unreachable);
+            }
+            Some(NextHop::Link(i)) => (i, info.dst),
+            Some(NextHop::Via(i, gw)) => (i, gw),
+        };
+        let Some(egress) = self.iface(out_if) else {
+            return L3::Drop(DropReason::NoRoute);
+        };
+        let mtu = usize::from(egress.cfg.mtu);
+        if info.total_len > mtu && info.dont_fragment() {
+            self.icmp_error(
+                b.frame(),
+                l3,
+                &info,
+                in_if,
+                icmp::DEST_UNREACH,
+                icmp::FRAG_NEEDED,
+                u32::from(egress.cfg.mtu),
+                now,
+                sink,
+            );
+            return L3::Drop(DropReason::FragNeeded);
+        }
+        ipv4::decrement_ttl(&mut b.frame_mut()[l3..]);
+        if info.total_len > mtu {
+            // Fragment into new frames; the original is consumed.
+            let info = Ipv4Info {
+                ttl: info.ttl - 1,
+                ..info
+            };
+            let mac = self.neigh.lookup(out_if.0, nh_ip, now);
+            let frame = b.frame();
+            let mut scratch = [0u8; 9216 + 64];
+            let src = egress.cfg.mac;
+            let r = ipv4::fragment(frame, l3, &info, mtu, &mut scratch, &mut |f| match mac {
+                Some(m) => sink.emit(out_if, &mut |out| {
+                    let d = out.get_mut(..f.len())?;
+                    d.copy_from_slice(f);
+                    d[0..6].copy_from_slice(&m.0);
+                    d[6..12].copy_from_slice(&src.0);
+                    Some(f.len())
+                }),
+                None => {
+                    let _ = self.resolve_later(out_if, nh_ip, f, now, sink);
+                }
+            });
+            return match r {
+                Ok(_) => L3::Local,
+                Err(reason) => L3::Drop(reason),
+            };
+        }
+        match self.neigh.lookup(out_if.0, nh_ip, now) {
+            Some(m) => {
+                let f = b.frame_mut();
+                f[0..6].copy_from_slice(&m.0);
+                f[6..12].copy_from_slice(&egress.cfg.mac.0);
+                L3::Forward(out_if)
+            }
+            None => self.resolve_later(out_if, nh_ip, b.frame(), now, sink),
+        }
+    }
+
+    fn is_directed_broadcast(&self, dst: Ipv4Addr) -> bool {
+        self.ifaces.iter().any(|i| {
+            i.cfg.prefix_len < 31
+                && mask(dst, i.cfg.prefix_len) == mask(i.cfg.addr, i.cfg.prefix_len)
+                && u32::from(dst) | (u32::MAX << (32 - u32::from(i.cfg.prefix_len))) == u32::MAX
+        })
+    }
+
+    /// Queues a packet until its next hop resolves; sends an ARP request when the table says so.
+    fn resolve_later(
+        &self,
+        out_if: IfaceId,
+        nh: Ipv4Addr,
+        frame: &[u8],
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let Some(egress) = self.iface(out_if) else {
+            return L3::Drop(DropReason::NoRoute);
+        };
+        match self.neigh.enqueue(out_if.0, nh, frame, now) {
+            Enqueue::Resolved(mac) => {
+                let src = egress.cfg.mac;
+                sink.emit(out_if, &mut |out| {
+                    let d = out.get_mut(..frame.len())?;
+                    d.copy_from_slice(frame);
+                    d[0..6].copy_from_slice(&mac.0);
+                    d[6..12].copy_from_slice(&src.0);
+                    Some(frame.len())
+                });
+                L3::Local
+            }
+            Enqueue::Queued { solicit, dropped } => {
+                if solicit {
+                    self.send_arp_request(out_if, nh, None, sink);
+                }
+                for _ in dropped {
+                    sink.dropped(DropReason::NeighQueueOverflow);
+                }
+                L3::Queued
+            }
+            Enqueue::Refused(Refusal::TableFull) => L3::Drop(DropReason::NeighTableFull),
+            Enqueue::Refused(Refusal::FrameTooBig) => L3::Drop(DropReason::NeighQueueOverflow),
+            Enqueue::Refused(Refusal::BadAddress) => L3::Drop(DropReason::NoRoute),
+        }
+    }
+
+    fn send_arp_request(
+        &self,
+        out_if: IfaceId,
+        target: Ipv4Addr,
+        unicast: Option<MacAddr>,
+        sink: &mut dyn Sink,
+    ) {
+        let Some(i) = self.iface(out_if) else { return };
+        bump(&self.counters.arp_requests);
+        let req = Arp {
+            op: Arp::REQUEST,
+            sha: i.cfg.mac,
+            spa: i.cfg.addr,
+            tha: MacAddr::ZERO,
+            tpa: target,
+        };
+        let src = i.cfg.mac;
+        sink.emit(out_if, &mut |out| {
+            req.write_frame(src, unicast.unwrap_or(MacAddr::BROADCAST), out)
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn local_input(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &Ipv4Info,
+        in_if: IfaceId,
+        _local: IfaceId,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let Some(iface) = self.iface(in_if) else {
+            return L3::Drop(DropReason::LocalNoService);
+        };
+        if info.proto == ipv4::PROTO_ICMP
+            && ipv4::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
+        {
+            bump(&self.counters.echo_replies);
+            // The reply goes back the way the request came (dst MAC = the request's source).
+            return L3::Forward(in_if);
+        }
+        if info.proto == ipv4::PROTO_UDP {
+            self.icmp_error(
+                b.frame(),
+                l3,
+                info,
+                in_if,
+                icmp::DEST_UNREACH,
+                icmp::PORT_UNREACH,
+                0,
+                now,
+                sink,
+            );
+        }
+        L3::Drop(DropReason::LocalNoService)
+    }
+
+    /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed and
+    /// within the rate limit. It is routed like any packet the router sends; when the way back
+    /// is the interface the packet came in on, the packet's own source MAC is the next hop.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn icmp_error(
+        &self,
+        frame: &[u8],
+        l3: usize,
+        info: &Ipv4Info,
+        in_if: IfaceId,
+        ty: u8,
+        code: u8,
+        rest: u32,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) {
+        let group = frame.first().is_some_and(|d| d & 1 == 1);
+        let Some(orig) = frame.get(l3..l3 + info.total_len) else {
+            return;
+        };
+        if !ipv4::may_send_icmp_error(orig, info, group) {
+            return;
+        }
+        if !self.icmp.allow(info.src, now) {
+            bump(&self.counters.icmp_rate_limited);
+            return;
+        }
+        let (out_if, nh) = match self.routes.lookup(info.src) {
+            Some(NextHop::Link(i)) => (i, info.src),
+            Some(NextHop::Via(i, gw)) => (i, gw),
+            _ => return,
+        };
+        let Some(egress) = self.iface(out_if) else {
+            return;
+        };
+        let dst_mac = match self.neigh.lookup(out_if.0, nh, now) {
+            Some(m) => m,
+            None if out_if == in_if => MacAddr::from_slice(&frame[6..12]),
+            None => return,
+        };
+        bump(&self.counters.icmp_errors);
+        let (src_mac, src_ip) = (egress.cfg.mac, egress.cfg.addr);
+        sink.emit(out_if, &mut |out| {
+            ipv4::write_icmp_error(
+                out, src_mac, dst_mac, src_ip, info.src, ty, code, rest, orig,
+            )
+        });
+    }
+
+    /// Runs the neighbour timers due at `now`: ARP retransmissions, and ICMP host unreachable
+    /// for packets whose next hop failed to resolve. Returns the number of packets dropped.
+    pub(crate) fn poll(&self, now: Instant, sink: &mut dyn Sink) {
+        self.neigh.poll(now, &mut |ev| match ev {
+            crate::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
+                self.send_arp_request(IfaceId(iface), ip, unicast, sink);
+            }
+            crate::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
+                sink.dropped(DropReason::NeighFailed);
+                bump(&self.counters.neigh_failed);
+                let l3 = 14;
+                if let Ok(info) = ipv4::check_header(frame.get(l3..).unwrap_or(&[])) {
+                    // The packet's TTL was already decremented; Linux quotes it that way too.
+                    self.icmp_error(
+                        &frame,
+                        l3,
+                        &info,
+                        IfaceId(iface),
+                        icmp::DEST_UNREACH,
+                        icmp::HOST_UNREACH,
+                        0,
+                        now,
+                        sink,
+                    );
+                }
+            }
+        });
+    }
+}
