@@ -40,7 +40,7 @@ pub enum NextHop {
     Via(IfaceId, Ipv4Addr),
     /// Dropped silently (counted).
     Blackhole,
-    /// Dropped with an ICMP net unreachable.
+    /// Dropped with an ICMP host unreachable (as Linux's `unreachable` route type).
     Unreachable,
 }
 

@@ -399,7 +399,19 @@ impl Router {
             return L3::Drop(DropReason::NoRoute);
         };
         let mtu = usize::from(egress.cfg.mtu);
-        if info.total_len > mtu && info.dont_fragment() {
+        // A TCP super-frame (TSO from an offload TAP) leaves as segments of `gso_size` payload
+        // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
+        let gso = b.offload.is_gso();
+        let wire_len = if gso && info.proto == ipv4::PROTO_TCP {
+            let f = b.frame();
+            let doff = f
+                .get(l3 + info.hdr_len + 12)
+                .map_or(20, |d| usize::from(d >> 4) * 4);
+            (info.hdr_len + doff + usize::from(b.offload.gso_size)).min(info.total_len)
+        } else {
+            info.total_len
+        };
+        if wire_len > mtu && (info.dont_fragment() || gso) {
             self.icmp_error(
                 b.frame(),
                 l3,
@@ -414,7 +426,7 @@ impl Router {
             return L3::Drop(DropReason::FragNeeded);
         }
         ipv4::decrement_ttl(&mut b.frame_mut()[l3..]);
-        if info.total_len > mtu {
+        if wire_len > mtu {
             // Fragment into new frames; the original is consumed.
             let info = Ipv4Info {
                 ttl: info.ttl - 1,

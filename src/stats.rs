@@ -51,7 +51,7 @@ pub enum DropReason {
     NoRoute,
     /// A blackhole route matched: dropped silently.
     Blackhole,
-    /// An unreachable route matched (an ICMP net unreachable is sent).
+    /// An unreachable route matched (an ICMP host unreachable is sent, as Linux does).
     Unreachable,
     /// Larger than the egress MTU with DF set (an ICMP fragmentation needed is sent), or
     /// impossible to fragment.
