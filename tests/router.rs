@@ -438,3 +438,51 @@ fn tso_super_frames_are_checked_by_segment_size() {
     let (v, _) = send(&mut n, PA, &f);
     assert_eq!(v, Verdict::Drop(DropReason::FragNeeded));
 }
+
+#[test]
+fn proxy_arp_answers_for_addresses_routed_elsewhere() {
+    // Calico-style: the pod's interface answers ARP for anything routed out of another
+    // interface, and not for addresses on the pod's own link.
+    let mut b = Datapath::builder();
+    let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    let pod = b.add_port("pod-a", Some(br)).unwrap();
+    let mut cfg = IfaceConfig::new("cni0", GW_MAC, Ipv4Addr::new(10, 244, 1, 1), 24);
+    cfg.proxy_arp = true;
+    b.add_router_iface(cfg, Some(br)).unwrap();
+    b.add_router_iface(
+        IfaceConfig::new("eth0", UP_MAC, Ipv4Addr::new(172, 18, 0, 2), 24),
+        None,
+    )
+    .unwrap();
+    let dp = b.build();
+    let w = dp.worker();
+    let mut n = Node {
+        dp,
+        w,
+        now: Instant::from_secs(1),
+    };
+    let ask = |t: [u8; 4]| {
+        arp(
+            1,
+            POD_A,
+            [10, 244, 1, 2],
+            MacAddr::ZERO,
+            t,
+            MacAddr::BROADCAST,
+        )
+    };
+    let (_, out) = send(&mut n, pod, &ask([172, 18, 0, 9]));
+    let replies: Vec<_> = out.iter().filter(|(_, f)| f[12..14] == [8, 6]).collect();
+    assert_eq!(replies.len(), 1, "{out:?}");
+    let a = Arp::parse(&replies[0].1[14..]).unwrap();
+    assert_eq!(
+        (a.op, a.sha, a.spa),
+        (2, GW_MAC, Ipv4Addr::new(172, 18, 0, 9))
+    );
+    // On-link address: the pod itself must answer, not the proxy.
+    let (_, out) = send(&mut n, pod, &ask([10, 244, 1, 7]));
+    assert!(out.is_empty(), "{out:?}");
+    // Unrouted address: no answer.
+    let (_, out) = send(&mut n, pod, &ask([192, 0, 2, 1]));
+    assert!(out.is_empty(), "{out:?}");
+}
