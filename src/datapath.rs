@@ -44,7 +44,7 @@ use parking_lot::Mutex;
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::fdb::{Fdb, FdbEntry, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::neigh::{NeighConfig, NeighTable};
-use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteTable};
+use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteReader, RouteTable};
 use crate::router::{Iface, IfaceConfig, Router, Sink, L3};
 use crate::stats::{DropReason, Shard, StatsSnapshot};
 use crate::time::Instant;
@@ -622,8 +622,9 @@ impl Datapath {
             shard,
             overflow: 0,
         };
+        let routes = self.router.as_ref().map(|r| r.routes.reader());
         for (b, p) in batch.bufs[..n].iter_mut().zip(pre.iter()) {
-            let v = self.decide(b, p, now, &mut sink);
+            let v = self.decide(b, p, now, routes.as_ref(), &mut sink);
             count(shard, v);
             batch.verdicts.push(v);
         }
@@ -693,7 +694,14 @@ impl Datapath {
     }
 
     #[inline]
-    fn decide(&self, b: &mut PacketBuf, pre: &Pre, now: Instant, sink: &mut PoolSink) -> Verdict {
+    fn decide(
+        &self,
+        b: &mut PacketBuf,
+        pre: &Pre,
+        now: Instant,
+        routes: Option<&RouteReader<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
         let (meta, bid, src, dst, link_local) = match pre {
             Pre::Drop(r) => return Verdict::Drop(*r),
             Pre::Routed { iface, meta } => {
@@ -705,7 +713,7 @@ impl Datapath {
                 if !ours && !meta.dst.is_multicast() {
                     return Verdict::Drop(DropReason::NotForRouter);
                 }
-                return self.route(b, meta, *iface, now, sink);
+                return self.route(b, meta, *iface, now, routes, sink);
             }
             Pre::Bridge {
                 meta,
@@ -742,7 +750,7 @@ impl Datapath {
         match br.fdb.lookup_loc(dst, now) {
             Some(p) if p == in_port => Verdict::Drop(DropReason::SamePort),
             Some(p) => match br.router {
-                Some((iface, rp)) if rp == p => self.route(b, meta, iface, now, sink),
+                Some((iface, rp)) if rp == p => self.route(b, meta, iface, now, routes, sink),
                 _ => Verdict::Output(p),
             },
             None => flood,
@@ -757,15 +765,24 @@ impl Datapath {
         meta: &EthMeta,
         iface: IfaceId,
         now: Instant,
+        routes: Option<&RouteReader<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
-        let Some(r) = &self.router else {
+        let (Some(r), Some(routes)) = (&self.router, routes) else {
             return Verdict::Drop(DropReason::NotForRouter);
         };
         if meta.vlan.is_some() {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        match r.input(b, usize::from(meta.l3), meta.ether_type.0, iface, now, sink) {
+        match r.input(
+            b,
+            usize::from(meta.l3),
+            meta.ether_type.0,
+            iface,
+            routes,
+            now,
+            sink,
+        ) {
             L3::Forward(out) => self.egress(out, b, now),
             L3::Local => Verdict::Local,
             L3::Queued => Verdict::Queued,

@@ -159,6 +159,30 @@ struct Writer {
     interned: HashMap<NextHop, u32>,
 }
 
+/// One FIB version and the next-hop array, for a batch of look-ups ([`RouteTable::reader`]).
+pub struct RouteReader<'a> {
+    lpm: arc_swap::Guard<std::sync::Arc<crate::lpm::Lpm4>>,
+    next_hops: &'a [AtomicU64],
+}
+
+impl fmt::Debug for RouteReader<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteReader")
+            .field("prefixes", &self.lpm.len())
+            .finish()
+    }
+}
+
+impl RouteReader<'_> {
+    /// The next hop for `dst` in this version.
+    #[inline]
+    pub fn lookup(&self, dst: Ipv4Addr) -> Option<NextHop> {
+        let id = self.lpm.lookup(u32::from(dst))?;
+        let v = self.next_hops.get(id as usize)?.load(Ordering::Acquire);
+        NextHop::unpack(v)
+    }
+}
+
 /// The routing table (see the module docs).
 pub struct RouteTable {
     fib: Fib4,
@@ -199,6 +223,15 @@ impl RouteTable {
         let id = self.fib.lookup(u32::from(dst))?;
         let v = self.next_hops.get(id as usize)?.load(Ordering::Acquire);
         NextHop::unpack(v)
+    }
+
+    /// A consistent view for a batch of look-ups: the FIB version is loaded once.
+    #[inline]
+    pub fn reader(&self) -> RouteReader<'_> {
+        RouteReader {
+            lpm: self.fib.load(),
+            next_hops: &self.next_hops,
+        }
     }
 
     fn intern(&self, w: &mut Writer, nh: NextHop) -> Result<u32, RouteError> {

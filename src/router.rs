@@ -23,7 +23,7 @@ use crate::datapath::{BridgeId, PortId};
 use crate::ipv4::{self, icmp, Arp, Ipv4Info};
 use crate::mac::MacAddr;
 use crate::neigh::{Enqueue, NeighTable, Refusal};
-use crate::route::{mask, IfaceId, NextHop, RouteTable};
+use crate::route::{mask, IfaceId, NextHop, RouteReader, RouteTable};
 use crate::stats::DropReason;
 use crate::time::Instant;
 
@@ -218,12 +218,14 @@ impl Router {
 
     /// Handles a frame sent to the router on interface `in_if` (its destination MAC is the
     /// interface's or a group address). `l3` is the offset of the L3 header.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn input(
         &self,
         b: &mut PacketBuf,
         l3: usize,
         ether_type: u16,
         in_if: IfaceId,
+        routes: &RouteReader<'_>,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -234,7 +236,7 @@ impl Router {
                 L3::Local
             }
             0x0800 if group => L3::Drop(DropReason::L3Multicast),
-            0x0800 => self.ip_input(b, l3, in_if, now, sink),
+            0x0800 => self.ip_input(b, l3, in_if, routes, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
@@ -329,6 +331,7 @@ impl Router {
         b: &mut PacketBuf,
         l3: usize,
         in_if: IfaceId,
+        routes: &RouteReader<'_>,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -361,7 +364,7 @@ impl Router {
             );
             return L3::Drop(DropReason::TtlExpired);
         }
-        let (out_if, nh_ip) = match self.routes.lookup(info.dst) {
+        let (out_if, nh_ip) = match routes.lookup(info.dst) {
             None => {
                 self.icmp_error(
                     b.frame(),

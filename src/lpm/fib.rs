@@ -116,6 +116,13 @@ impl<A: Address> Fib<A> {
         f(&self.current.load())
     }
 
+    /// The current version, held until the guard is dropped: one atomic load for a whole
+    /// batch of look-ups. Lock-free. Keep the guard short-lived (it delays the reuse of the
+    /// version's memory, never a writer).
+    pub fn load(&self) -> arc_swap::Guard<Arc<Lpm<A>>> {
+        self.current.load()
+    }
+
     /// A read handle for one thread, with the cheapest look-ups; see [`FibReader`].
     pub fn reader(&self) -> FibReader<'_, A> {
         FibReader {

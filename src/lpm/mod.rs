@@ -40,7 +40,7 @@
 //!
 //! **Scaling both ways.** `s` is chosen from the number of routes:
 //! `s = clamp(ceil(log2(routes)), 8, 18)`. A 20-route Kubernetes node table gets a 1 KiB
-//! `direct` array and a handful of nodes (a few KiB in all, built in microseconds). A full
+//! `direct` array and a handful of nodes (3 KB in all, built in 10-20 µs). A full
 //! Internet table gets `s` = 18 (a 1 MiB array). Memory is therefore proportional to the
 //! route count at every size, unlike DIR-24-8's fixed 32-64 MiB. A [`Fib`] that grows or
 //! shrinks by a factor of 4 or more recompiles itself with the matching `s`.
@@ -58,41 +58,51 @@
 //! * **Writers** ([`Fib::insert`], [`Fib::remove`], [`Fib::update`], ...) are serialised by a
 //!   mutex that readers never touch. A writer applies its changes to the RIB, then builds
 //!   the next snapshot *off to the side*: it patches a private copy of the current snapshot,
-//!   rebuilding only the parts of the trie under the direct-pointing slots that the changes
-//!   touch, and then publishes the copy with one atomic pointer swap. (The copy is usually
-//!   the snapshot published before the current one, reused in place once no reader holds it
-//!   any more, so a small update costs no full copy.) After many updates, when garbage in the
-//!   node arrays outweighs live data, or when the route count changed a lot, the writer
-//!   rebuilds the snapshot from scratch instead.
-//! * **Atomicity.** A snapshot is never modified after it is published. Every reader
-//!   therefore sees exactly one published version, never a half-applied update: a single
+//!   recompiling only the smallest subtries that contain the changed prefixes (appending
+//!   them; the old ones become garbage), and then publishes the copy with one atomic pointer
+//!   swap. The copy is usually the snapshot published before the current one, retired and
+//!   reused in place once `Arc::get_mut` proves that no reader holds it any more, so a small
+//!   update costs no full copy. When a third of the arrays is garbage, when the route count
+//!   changed a lot, or when a batch touches much of the table, the writer recompiles the
+//!   snapshot from scratch instead.
+//! * **Atomicity.** A snapshot is never modified while a reader can reach it (a retired one
+//!   is patched only when provably unshared). Every reader therefore sees exactly one
+//!   published version, never a half-applied update: a single
 //!   [`Fib::insert`]/[`Fib::remove`] is one version, and all changes made inside one
 //!   [`Fib::update`] closure become visible together, as one version.
 //! * **Ordering.** Versions are published in order; each has a [`Lpm::generation`] number
 //!   one higher than the previous one. Once a writer method has returned, every look-up that
 //!   starts afterwards (on any thread) sees that change or a later version.
 //! * **Snapshots held for long.** [`Fib::snapshot`] returns an `Arc<Lpm>` that stays valid
-//!   (and unchanged) for as long as it is held; holding one only keeps its memory alive. For
-//!   the hot path, prefer [`Fib::with_snapshot`] or take one snapshot per batch of packets:
+//!   (and unchanged) for as long as it is held; holding one keeps its memory alive and makes
+//!   the next update copy the table instead of reusing the retired version (a [`FibReader`]
+//!   holds the version it last used in the same way). For the hot path, prefer a
+//!   [`FibReader`], [`Fib::with_snapshot`], or one snapshot per batch of packets:
 //!   `snapshot()` clones an `Arc`, which writes to a cache line shared by all threads.
+//! * **Memory.** A `Fib` holds the RIB (a B-tree, about 14 bytes per IPv4 route), the
+//!   current snapshot and, after updates, the retired one.
 //!
 //! # Costs
 //!
-//! Measured with `benches/lpm.rs` on the real tables (a 2-core EPYC VM shared with other
-//! jobs, so look-up rates vary by a factor of two between runs):
+//! Measured with `benches/lpm.rs` on the real tables, on a 2-core EPYC VM shared with other
+//! jobs (look-up rates vary by up to 2x between runs; ranges are over several runs):
 //!
-//! * IPv4, 901,899 prefixes: compiles in 40-50 ms to 6.6 MB (7.3 bytes per prefix). A
-//!   [`Fib`] (RIB B-tree plus snapshot) builds in ~60 ms and holds 19 MB (21 B/prefix),
-//!   ~31 MB once updates make it keep a spare version. Look-ups: 20-30 M/s one at a time,
-//!   60-80 M/s with [`Lpm::lookup_batch`] for random addresses (about 10, 35-45 M/s for
-//!   addresses inside prefixes).
-//! * IPv6, 160,147 prefixes: 20-25 ms, 3.8 MB (23.5 B/prefix).
-//! * A single change to the full IPv4 table publishes in ~10 µs when the previous version
-//!   is free to patch in place, ~1.4 ms when a reader still holds it (the writer copies the
+//! * IPv4, 901,899 prefixes: compiles in 45-60 ms to 6.6 MB (7.3 bytes per prefix). A
+//!   [`Fib`] (RIB B-tree plus snapshot) builds in 60-75 ms and holds 19 MB (21 B/prefix),
+//!   33 MB once updates make it keep a spare version. Look-ups of random addresses:
+//!   15-30 M/s one at a time, 40-80 M/s with [`Lpm::lookup_batch`].
+//! * IPv6, 160,147 prefixes: 15-45 ms, 3.8 MB (23.5 B/prefix).
+//! * A single change to the full IPv4 table publishes in 10-20 µs when the previous version
+//!   is free to patch in place, 1.4-2 ms when a reader still holds it (the writer copies the
 //!   table); a batch of 10,000 changes in ~60 ms.
-//! * A 21-route table: ~3 KB, compiled in ~10 µs.
+//! * A 21-route table: 3 KB, compiled in 10-20 µs.
 //! * Redundant more-specifics (a longer prefix with the same next hop as the prefix
 //!   covering it, common in routers with few next hops) cost no node at all.
+//!
+//! **Build flags.** The rank computations use `u64::count_ones`. [`Lpm::lookup_batch`]
+//! detects POPCNT at run time, but single look-ups only use it when the crate is compiled
+//! for a CPU that has it (`-C target-cpu=x86-64-v2` or later); that makes them up to twice as
+//! fast.
 //!
 //! # Example
 //!

@@ -148,6 +148,8 @@ impl<A: Address> Lpm<A> {
     }
 
     /// The longest-prefix match for `addr`: the next hop of the longest prefix containing it.
+    ///
+    /// For many addresses, [`Lpm::lookup_batch`] is two to four times faster.
     #[inline]
     pub fn lookup(&self, addr: A) -> Option<u32> {
         let v = self.lookup_raw(addr);

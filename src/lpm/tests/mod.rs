@@ -246,6 +246,14 @@ fn host_bits_are_ignored_and_last_duplicate_wins() {
     let lpm = b.build();
     assert_eq!(lpm.len(), 1);
     assert_eq!(lpm.lookup(v4(10, 200, 0, 1)), Some(3));
+    let fib = Fib4::from_routes([1, 2].map(|next_hop| Route {
+        prefix: v4(10, 1, 2, 3),
+        len: 8,
+        next_hop,
+    }))
+    .unwrap();
+    assert_eq!(fib.len(), 1);
+    assert_eq!(fib.get(v4(10, 0, 0, 0), 8), Some(2));
     let fib = Fib4::new();
     assert_eq!(fib.insert(v4(10, 1, 2, 3), 8, 1).unwrap(), None);
     assert_eq!(fib.insert(v4(10, 0, 0, 0), 8, 2).unwrap(), Some(1));
