@@ -674,8 +674,11 @@ impl Datapath {
         if m.src.is_zero() {
             return Pre::Drop(DropReason::ZeroSource);
         }
-        if let PortKind::Routed(iface) = port.kind {
-            return Pre::Routed { iface, meta: m };
+        match port.kind {
+            PortKind::Routed(iface) => return Pre::Routed { iface, meta: m },
+            // A router interface's virtual port has no driver: nothing is received on it.
+            PortKind::RouterVirtual(_) => return Pre::Drop(DropReason::UnknownPort),
+            PortKind::External => {}
         }
         let Some(br) = port.bridge else {
             return Pre::Drop(DropReason::NoBridge);

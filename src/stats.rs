@@ -30,7 +30,8 @@ pub enum DropReason {
     NoOtherPort,
     /// The frame was larger than the port's receive buffer and was cut.
     Oversize,
-    /// Received on a port id the datapath does not know.
+    /// Received on a port id the datapath does not know, or on a router interface's virtual
+    /// port (which has no driver).
     UnknownPort,
     /// Offload metadata (virtio-net header) that cannot be honoured: bad checksum offsets,
     /// an unsupported GSO type, or a super-frame that does not parse.

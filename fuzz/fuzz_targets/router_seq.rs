@@ -153,8 +153,5 @@ fuzz_target!(|data: &[u8]| {
         batch.recycle(&mut w.pool);
     }
     let s = dp.stats();
-    let unknown = s.drop_count(tapyard::DropReason::UnknownPort);
-    let rx: u64 = s.ports.iter().map(|p| p.rx_packets).sum();
-    assert_eq!(rx + unknown, received);
     assert_eq!(s.accounted(), received, "{s}");
 });
