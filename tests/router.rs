@@ -208,6 +208,10 @@ fn answers_arp_and_ping_for_its_address() {
         neigh.contains("10.244.1.2 dev cni0 lladdr 02:00:00:00:01:02"),
         "{neigh}"
     );
+    // Nothing can be received on the gateway's virtual bridge port (it has no driver).
+    let (v, out) = send(&mut n, PortId(2), &f);
+    assert_eq!(v, Verdict::Drop(DropReason::UnknownPort));
+    assert!(out.is_empty());
 }
 
 #[test]
