@@ -69,15 +69,35 @@ enum Pre {
     /// A frame on a router interface's own (uplink) port.
     Routed {
         iface: IfaceId,
-        meta: EthMeta,
+        meta: L3Hint,
+        dst: crate::mac::MacAddr,
     },
     Bridge {
-        meta: EthMeta,
+        meta: L3Hint,
         br: BridgeId,
         src: crate::fdb::Loc,
         dst: Option<crate::fdb::Loc>,
         link_local: bool,
     },
+}
+
+/// What the router needs from the L2 parse: where L3 starts and what it is.
+#[derive(Clone, Copy)]
+struct L3Hint {
+    l3: u16,
+    ether_type: u16,
+    tagged: bool,
+}
+
+impl L3Hint {
+    #[inline]
+    fn of(m: &EthMeta) -> L3Hint {
+        L3Hint {
+            l3: m.l3,
+            ether_type: m.ether_type.0,
+            tagged: m.vlan.is_some(),
+        }
+    }
 }
 
 /// What the datapath decided for one frame.
@@ -460,17 +480,6 @@ impl fmt::Debug for Datapath {
     }
 }
 
-#[inline]
-fn count(shard: &Shard, v: Verdict) {
-    match v {
-        Verdict::Drop(r) => shard.count_drop(r),
-        Verdict::Output(_) => shard.forwarded.add(1),
-        Verdict::Flood(_) => shard.flooded.add(1),
-        Verdict::Local => shard.local.add(1),
-        Verdict::Queued => shard.queued.add(1),
-    }
-}
-
 /// The router's output during one call: frames written into pool buffers.
 struct PoolSink<'a> {
     pool: &'a mut BufPool,
@@ -598,11 +607,21 @@ impl Datapath {
         // Pass 1: count, parse, locate source and destination in the FDB and prefetch their
         // buckets, so pass 2's table accesses overlap their cache misses.
         let mut pre: [Pre; BATCH_SIZE] = [Pre::Drop(DropReason::Truncated); BATCH_SIZE];
-        for (i, b) in batch.bufs[..n].iter().enumerate() {
-            if let Some(c) = w.shard.ports.get(usize::from(b.port.0)) {
-                c.rx_packets.add(1);
-                c.rx_bytes.add(b.len() as u64);
+        // rx counters are summed per run of frames from one port and stored once per run.
+        let (mut run_port, mut run_pkts, mut run_bytes) = (PortId(u16::MAX), 0u64, 0u64);
+        let flush = |shard: &Shard, p: PortId, pkts: u64, bytes: u64| {
+            if let Some(c) = shard.ports.get(usize::from(p.0)) {
+                c.rx_packets.add(pkts);
+                c.rx_bytes.add(bytes);
             }
+        };
+        for (i, b) in batch.bufs[..n].iter().enumerate() {
+            if b.port != run_port {
+                flush(&w.shard, run_port, run_pkts, run_bytes);
+                (run_port, run_pkts, run_bytes) = (b.port, 0, 0);
+            }
+            run_pkts += 1;
+            run_bytes += b.len() as u64;
             pre[i] = self.classify(b);
             if let Pre::Bridge { br, src, dst, .. } = &pre[i] {
                 let fdb = &self.bridges[usize::from(br.0)].fdb;
@@ -612,6 +631,7 @@ impl Datapath {
                 }
             }
         }
+        flush(&w.shard, run_port, run_pkts, run_bytes);
         // Pass 2: learn, decide, route.
         let Worker {
             shard, pool, extra, ..
@@ -623,11 +643,22 @@ impl Datapath {
             overflow: 0,
         };
         let routes = self.router.as_ref().map(|r| r.routes.reader());
+        let mut tally = [0u64; 4];
         for (b, p) in batch.bufs[..n].iter_mut().zip(pre.iter()) {
             let v = self.decide(b, p, now, routes.as_ref(), &mut sink);
-            count(shard, v);
+            match v {
+                Verdict::Drop(r) => shard.count_drop(r),
+                Verdict::Output(_) => tally[0] += 1,
+                Verdict::Flood(_) => tally[1] += 1,
+                Verdict::Local => tally[2] += 1,
+                Verdict::Queued => tally[3] += 1,
+            }
             batch.verdicts.push(v);
         }
+        shard.forwarded.add(tally[0]);
+        shard.flooded.add(tally[1]);
+        shard.local.add(tally[2]);
+        shard.queued.add(tally[3]);
         // Frames past BATCH_SIZE (a caller that overfilled the batch) are dropped, counted.
         for _ in n..batch.bufs.len() {
             batch.verdicts.push(Verdict::Drop(DropReason::Oversize));
@@ -675,7 +706,13 @@ impl Datapath {
             return Pre::Drop(DropReason::ZeroSource);
         }
         match port.kind {
-            PortKind::Routed(iface) => return Pre::Routed { iface, meta: m },
+            PortKind::Routed(iface) => {
+                return Pre::Routed {
+                    iface,
+                    meta: L3Hint::of(&m),
+                    dst: m.dst,
+                }
+            }
             // A router interface's virtual port has no driver: nothing is received on it.
             PortKind::RouterVirtual(_) => return Pre::Drop(DropReason::UnknownPort),
             PortKind::External => {}
@@ -688,7 +725,7 @@ impl Datapath {
         let link_local = m.dst.is_link_local() && m.dst.0[5] != 0;
         let fdb = &self.bridges[usize::from(br.0)].fdb;
         Pre::Bridge {
-            meta: m,
+            meta: L3Hint::of(&m),
             br,
             src: fdb.locate(m.src),
             dst: (!m.dst.is_multicast()).then(|| fdb.locate(m.dst)),
@@ -707,13 +744,13 @@ impl Datapath {
     ) -> Verdict {
         let (meta, bid, src, dst, link_local) = match pre {
             Pre::Drop(r) => return Verdict::Drop(*r),
-            Pre::Routed { iface, meta } => {
+            Pre::Routed { iface, meta, dst } => {
                 let ours = self
                     .router
                     .as_ref()
                     .and_then(|r| r.iface(*iface))
-                    .is_some_and(|i| i.cfg.mac == meta.dst);
-                if !ours && !meta.dst.is_multicast() {
+                    .is_some_and(|i| i.cfg.mac == *dst);
+                if !ours && !dst.is_multicast() {
                     return Verdict::Drop(DropReason::NotForRouter);
                 }
                 return self.route(b, meta, *iface, now, routes, sink);
@@ -742,7 +779,7 @@ impl Datapath {
                 r.observe(
                     b.frame(),
                     usize::from(meta.l3),
-                    meta.ether_type.0,
+                    meta.ether_type,
                     iface,
                     now,
                     sink,
@@ -765,7 +802,7 @@ impl Datapath {
     fn route(
         &self,
         b: &mut PacketBuf,
-        meta: &EthMeta,
+        meta: &L3Hint,
         iface: IfaceId,
         now: Instant,
         routes: Option<&RouteReader<'_>>,
@@ -774,13 +811,13 @@ impl Datapath {
         let (Some(r), Some(routes)) = (&self.router, routes) else {
             return Verdict::Drop(DropReason::NotForRouter);
         };
-        if meta.vlan.is_some() {
+        if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
         match r.input(
             b,
             usize::from(meta.l3),
-            meta.ether_type.0,
+            meta.ether_type,
             iface,
             routes,
             now,
