@@ -152,7 +152,7 @@ impl<A: Address> Lpm<A> {
     /// For many addresses, [`Lpm::lookup_batch`] is two to four times faster.
     #[inline]
     pub fn lookup(&self, addr: A) -> Option<u32> {
-        let v = self.lookup_raw(addr);
+        let v = self.lookup_dispatch(addr);
         if v == NONE {
             None
         } else {
@@ -259,6 +259,26 @@ impl<A: Address> Lpm<A> {
     }
 
     // ---------------------------------------------------------------- look-up
+
+    /// [`Lpm::lookup_raw`] with the POPCNT instruction when the CPU has it (checked once and
+    /// cached by std): the trie walk ranks children with popcounts, a dozen instructions each
+    /// without it.
+    #[inline]
+    fn lookup_dispatch(&self, addr: A) -> u32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("popcnt") {
+            // SAFETY: the CPU supports POPCNT, checked just above.
+            return unsafe { self.lookup_raw_popcnt(addr) };
+        }
+        self.lookup_raw(addr)
+    }
+
+    /// [`Lpm::lookup_raw`] compiled with POPCNT.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "popcnt")]
+    unsafe fn lookup_raw_popcnt(&self, addr: A) -> u32 {
+        self.lookup_raw(addr)
+    }
 
     /// The leaf value for `addr` (`NONE` if no route matches).
     #[inline(always)]
