@@ -154,3 +154,10 @@ pub(crate) fn writev2(fd: RawFd, a: &[u8], b: &[u8]) -> io::Result<usize> {
     }
     Ok(r as usize)
 }
+
+/// Takes ownership of a file descriptor handed over by `IntoRawFd::into_raw_fd`.
+pub(crate) fn file_from_owned_fd(fd: RawFd) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: callers pass an fd from `into_raw_fd`, so it is open and owned by no one else.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}

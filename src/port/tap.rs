@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 
 use super::Port;
 use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
@@ -51,7 +51,7 @@ impl TapPort {
         Self::check_name(name)?;
         let iface = tun_tap::Iface::without_packet_info(name, tun_tap::Mode::Tap)?;
         let name = iface.name().to_string();
-        let file = fd_into_file(iface.into_raw_fd());
+        let file = crate::sys::file_from_owned_fd(iface.into_raw_fd());
         crate::sys::set_nonblocking(file.as_raw_fd())?;
         Ok(TapPort {
             file,
@@ -75,14 +75,6 @@ impl TapPort {
     /// True for a port opened with [`TapPort::open_offload`].
     pub fn offloads(&self) -> bool {
         self.vnet
-    }
-}
-
-fn fd_into_file(fd: RawFd) -> File {
-    #[allow(unsafe_code)]
-    // SAFETY: `fd` comes from `IntoRawFd::into_raw_fd`, so it is open and owned by no one else.
-    unsafe {
-        File::from_raw_fd(fd)
     }
 }
 
