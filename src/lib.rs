@@ -33,6 +33,7 @@ pub mod runtime;
 pub mod stats;
 mod sys;
 pub mod time;
+pub mod tuple;
 pub mod wire;
 
 pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE};
