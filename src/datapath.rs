@@ -42,10 +42,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
-use crate::fdb::{Fdb, FdbEntry, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
+use crate::fdb::{Fdb, FdbEntry, Loc, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::neigh::{NeighConfig, NeighTable};
-use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteReader, RouteTable};
-use crate::router::{Iface, IfaceConfig, Router, Sink, L3};
+use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteTable};
+use crate::router::{Iface, IfaceConfig, L3Batch, Router, Sink, L3};
 use crate::stats::{DropReason, Shard, StatsSnapshot};
 use crate::time::Instant;
 use crate::wire::EthMeta;
@@ -62,24 +62,30 @@ pub struct PortId(pub u16);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct BridgeId(pub u16);
 
-/// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]).
+/// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]). Kept
+/// small: the FDB locations of a bridged frame's addresses live in arrays beside it.
 #[derive(Clone, Copy)]
 enum Pre {
     Drop(DropReason),
-    /// A frame on a router interface's own (uplink) port.
+    /// A frame on a router interface's own (uplink) port; `ours`: sent to the interface's MAC.
     Routed {
         iface: IfaceId,
         meta: L3Hint,
-        dst: crate::mac::MacAddr,
+        ours: bool,
+        group: bool,
     },
+    /// A frame on a bridge port; flags are `GROUP_DST` and `LINK_LOCAL`.
     Bridge {
         meta: L3Hint,
         br: BridgeId,
-        src: crate::fdb::Loc,
-        dst: Option<crate::fdb::Loc>,
-        link_local: bool,
+        flags: u8,
     },
 }
+
+/// The destination is a group (multicast or broadcast) address.
+const GROUP_DST: u8 = 1;
+/// The destination is in the 802.1D reserved range a bridge does not forward.
+const LINK_LOCAL: u8 = 2;
 
 /// What the router needs from the L2 parse: where L3 starts and what it is.
 #[derive(Clone, Copy)]
@@ -607,6 +613,8 @@ impl Datapath {
         // Pass 1: count, parse, locate source and destination in the FDB and prefetch their
         // buckets, so pass 2's table accesses overlap their cache misses.
         let mut pre: [Pre; BATCH_SIZE] = [Pre::Drop(DropReason::Truncated); BATCH_SIZE];
+        let mut src_loc = [Loc::default(); BATCH_SIZE];
+        let mut dst_loc = [Loc::default(); BATCH_SIZE];
         // rx counters are summed per run of frames from one port and stored once per run.
         let (mut run_port, mut run_pkts, mut run_bytes) = (PortId(u16::MAX), 0u64, 0u64);
         let flush = |shard: &Shard, p: PortId, pkts: u64, bytes: u64| {
@@ -622,14 +630,7 @@ impl Datapath {
             }
             run_pkts += 1;
             run_bytes += b.len() as u64;
-            pre[i] = self.classify(b);
-            if let Pre::Bridge { br, src, dst, .. } = &pre[i] {
-                let fdb = &self.bridges[usize::from(br.0)].fdb;
-                fdb.prefetch_loc(src);
-                if let Some(d) = dst {
-                    fdb.prefetch_loc(d);
-                }
-            }
+            pre[i] = self.classify(b, &mut src_loc[i], &mut dst_loc[i]);
         }
         flush(&w.shard, run_port, run_pkts, run_bytes);
         // Pass 2: learn, decide, route.
@@ -642,10 +643,13 @@ impl Datapath {
             shard,
             overflow: 0,
         };
-        let routes = self.router.as_ref().map(|r| r.routes.reader());
+        let mut l3 = self
+            .router
+            .as_ref()
+            .map(|r| L3Batch::new(r.routes.reader()));
         let mut tally = [0u64; 4];
-        for (b, p) in batch.bufs[..n].iter_mut().zip(pre.iter()) {
-            let v = self.decide(b, p, now, routes.as_ref(), &mut sink);
+        for (i, (b, p)) in batch.bufs[..n].iter_mut().zip(pre.iter()).enumerate() {
+            let v = self.decide(b, p, &src_loc[i], &dst_loc[i], now, l3.as_mut(), &mut sink);
             match v {
                 Verdict::Drop(r) => shard.count_drop(r),
                 Verdict::Output(_) => tally[0] += 1,
@@ -686,9 +690,11 @@ impl Datapath {
         }
     }
 
-    /// Everything about a frame that needs no table access.
+    /// Everything about a frame that needs no table access; for a bridged frame, also where
+    /// its addresses live in the FDB (`src`, `dst`), with their buckets prefetched so pass 2's
+    /// table accesses overlap their cache misses.
     #[inline]
-    fn classify(&self, b: &PacketBuf) -> Pre {
+    fn classify(&self, b: &PacketBuf, src: &mut Loc, dst: &mut Loc) -> Pre {
         let Some(port) = self.ports.get(usize::from(b.port.0)) else {
             return Pre::Drop(DropReason::UnknownPort);
         };
@@ -705,68 +711,81 @@ impl Datapath {
         if m.src.is_zero() {
             return Pre::Drop(DropReason::ZeroSource);
         }
+        let group = m.dst.is_multicast();
         match port.kind {
+            PortKind::External => {}
             PortKind::Routed(iface) => {
+                let ours = self
+                    .router
+                    .as_ref()
+                    .and_then(|r| r.iface(iface))
+                    .is_some_and(|i| i.cfg.mac == m.dst);
                 return Pre::Routed {
                     iface,
                     meta: L3Hint::of(&m),
-                    dst: m.dst,
-                }
+                    ours,
+                    group,
+                };
             }
             // A router interface's virtual port has no driver: nothing is received on it.
             PortKind::RouterVirtual(_) => return Pre::Drop(DropReason::UnknownPort),
-            PortKind::External => {}
         }
         let Some(br) = port.bridge else {
             return Pre::Drop(DropReason::NoBridge);
         };
-        // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux does; the
-        // rest of the 802.1D reserved range stays on the link.
-        let link_local = m.dst.is_link_local() && m.dst.0[5] != 0;
         let fdb = &self.bridges[usize::from(br.0)].fdb;
+        *src = fdb.locate(m.src);
+        fdb.prefetch_loc(src);
+        let mut flags = 0;
+        if group {
+            flags |= GROUP_DST;
+            // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux
+            // does; the rest of the 802.1D reserved range stays on the link.
+            if m.dst.is_link_local() && m.dst.0[5] != 0 {
+                flags |= LINK_LOCAL;
+            }
+        } else {
+            *dst = fdb.locate(m.dst);
+            fdb.prefetch_loc(dst);
+        }
         Pre::Bridge {
             meta: L3Hint::of(&m),
             br,
-            src: fdb.locate(m.src),
-            dst: (!m.dst.is_multicast()).then(|| fdb.locate(m.dst)),
-            link_local,
+            flags,
         }
     }
 
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         b: &mut PacketBuf,
         pre: &Pre,
+        src: &Loc,
+        dst: &Loc,
         now: Instant,
-        routes: Option<&RouteReader<'_>>,
+        l3: Option<&mut L3Batch<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
-        let (meta, bid, src, dst, link_local) = match pre {
-            Pre::Drop(r) => return Verdict::Drop(*r),
-            Pre::Routed { iface, meta, dst } => {
-                let ours = self
-                    .router
-                    .as_ref()
-                    .and_then(|r| r.iface(*iface))
-                    .is_some_and(|i| i.cfg.mac == *dst);
-                if !ours && !dst.is_multicast() {
+        let (meta, bid, flags) = match *pre {
+            Pre::Drop(r) => return Verdict::Drop(r),
+            Pre::Routed {
+                iface,
+                meta,
+                ours,
+                group,
+            } => {
+                if !ours && !group {
                     return Verdict::Drop(DropReason::NotForRouter);
                 }
-                return self.route(b, meta, *iface, now, routes, sink);
+                return self.route(b, &meta, iface, now, l3, sink);
             }
-            Pre::Bridge {
-                meta,
-                br,
-                src,
-                dst,
-                link_local,
-            } => (meta, *br, src, dst, *link_local),
+            Pre::Bridge { meta, br, flags } => (meta, br, flags),
         };
         let in_port = b.port;
         let br = &self.bridges[usize::from(bid.0)];
         br.fdb.learn_loc(src, in_port, now);
-        if link_local {
+        if flags & LINK_LOCAL != 0 {
             return Verdict::Drop(DropReason::LinkLocal);
         }
         let flood = if br.ports.len() > 1 {
@@ -774,7 +793,7 @@ impl Datapath {
         } else {
             Verdict::Drop(DropReason::NoOtherPort)
         };
-        let Some(dst) = dst else {
+        if flags & GROUP_DST != 0 {
             if let (Some((iface, _)), Some(r)) = (br.router, &self.router) {
                 r.observe(
                     b.frame(),
@@ -786,11 +805,11 @@ impl Datapath {
                 );
             }
             return flood;
-        };
+        }
         match br.fdb.lookup_loc(dst, now) {
             Some(p) if p == in_port => Verdict::Drop(DropReason::SamePort),
             Some(p) => match br.router {
-                Some((iface, rp)) if rp == p => self.route(b, meta, iface, now, routes, sink),
+                Some((iface, rp)) if rp == p => self.route(b, &meta, iface, now, l3, sink),
                 _ => Verdict::Output(p),
             },
             None => flood,
@@ -805,10 +824,10 @@ impl Datapath {
         meta: &L3Hint,
         iface: IfaceId,
         now: Instant,
-        routes: Option<&RouteReader<'_>>,
+        l3: Option<&mut L3Batch<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
-        let (Some(r), Some(routes)) = (&self.router, routes) else {
+        let (Some(r), Some(ctx)) = (&self.router, l3) else {
             return Verdict::Drop(DropReason::NotForRouter);
         };
         if meta.tagged {
@@ -819,15 +838,44 @@ impl Datapath {
             usize::from(meta.l3),
             meta.ether_type,
             iface,
-            routes,
+            ctx,
             now,
             sink,
         ) {
-            L3::Forward(out) => self.egress(out, b, now),
+            L3::Forward(out) => self.egress_memo(out, b, now, &mut ctx.egress),
             L3::Local => Verdict::Local,
             L3::Queued => Verdict::Queued,
             L3::Drop(reason) => Verdict::Drop(reason),
         }
+    }
+
+    /// [`Datapath::egress`] remembering its last output-port decision for one batch: a run
+    /// of frames to one next hop does the far bridge's FDB lookup once.
+    #[inline]
+    fn egress_memo(
+        &self,
+        via: IfaceId,
+        b: &mut PacketBuf,
+        now: Instant,
+        memo: &mut Option<(IfaceId, crate::mac::MacAddr, PortId)>,
+    ) -> Verdict {
+        let dst = match b.frame().get(..6) {
+            Some(d) => crate::mac::MacAddr::from_slice(d),
+            None => return Verdict::Drop(DropReason::Truncated),
+        };
+        if let Some((i, m, p)) = *memo {
+            if i == via && m == dst {
+                if let Some(iface) = self.router.as_ref().and_then(|r| r.iface(via)) {
+                    b.port = iface.port;
+                    return Verdict::Output(p);
+                }
+            }
+        }
+        let v = self.egress(via, b, now);
+        if let Verdict::Output(p) = v {
+            *memo = Some((via, dst, p));
+        }
+        v
     }
 
     /// The verdict for a frame the router sends out of interface `via` (its MACs are set):

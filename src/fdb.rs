@@ -100,7 +100,7 @@ pub struct FdbCounters {
 
 /// Where a MAC lives in a table: its key and two candidate buckets, computed once per frame by
 /// [`Fdb::locate`] and reused for prefetching, learning and lookup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Loc {
     mac: u64,
     b1: u32,
@@ -135,6 +135,7 @@ pub struct Fdb {
     buckets: Box<[Bucket]>,
     mask: usize,
     seed: u64,
+    mult: u64,
     max_entries: usize,
     aging_us: u64,
     writer: Mutex<WriterState>,
@@ -155,13 +156,12 @@ fn key_of(mac: u64, port: PortId) -> u64 {
     (mac << 16) | u64::from(port.0)
 }
 
+/// A folded 64×64→128-bit multiply (as wyhash's `mum`) with a secret odd multiplier: one
+/// multiplication per MAC, and every key bit reaches both halves used for the two buckets.
 #[inline]
-fn fmix64(mut h: u64) -> u64 {
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
+fn mum(x: u64, a: u64) -> u64 {
+    let p = u128::from(x) * u128::from(a);
+    (p as u64) ^ ((p >> 64) as u64)
 }
 
 impl Fdb {
@@ -171,11 +171,14 @@ impl Fdb {
         let max_entries = max_entries.max(1);
         let nbuckets = (max_entries * 2).div_ceil(SLOTS).next_power_of_two().max(2);
         let buckets = (0..nbuckets).map(|_| Bucket::default()).collect();
-        let seed = RandomState::new().hash_one(0x7a9_u64);
+        let rs = RandomState::new();
+        let seed = rs.hash_one(0x7a9_u64);
+        let mult = rs.hash_one(0x51ed_u64) | 1;
         Fdb {
             buckets,
             mask: nbuckets - 1,
             seed,
+            mult,
             max_entries,
             aging_us: u64::try_from(aging.as_micros()).unwrap_or(u64::MAX).max(1),
             writer: Mutex::new(WriterState {
@@ -203,7 +206,7 @@ impl Fdb {
 
     #[inline]
     fn locate_u64(&self, mac: u64) -> Loc {
-        let h = fmix64(mac ^ self.seed);
+        let h = mum(mac ^ self.seed, self.mult);
         let b1 = (h as usize) & self.mask;
         let mut b2 = ((h >> 32) as usize) & self.mask;
         if b2 == b1 {
@@ -234,6 +237,10 @@ impl Fdb {
 
     #[inline]
     fn find_loc(&self, l: &Loc) -> Option<(&Slot, u64)> {
+        // An empty slot's key is 0, and no entry has the all-zero MAC.
+        if l.mac == 0 {
+            return None;
+        }
         // `mask` bounds both indices; `get` keeps this free of panics all the same.
         for b in [l.b1, l.b2] {
             let Some(bucket) = self.buckets.get(b as usize) else {
@@ -241,7 +248,7 @@ impl Fdb {
             };
             for s in &bucket.slots {
                 let k = s.key.load(Ordering::Acquire);
-                if k >> 16 == l.mac && k != 0 {
+                if k >> 16 == l.mac {
                     return Some((s, k));
                 }
             }
@@ -398,6 +405,9 @@ impl Fdb {
     /// candidate slots hold static entries).
     pub fn add_static(&self, mac: MacAddr, port: PortId) -> bool {
         let m = mac.to_u64();
+        if m == 0 {
+            return false;
+        }
         let mut w = self.writer.lock();
         let key = key_of(m, port);
         if let Some((s, _)) = self.find(m) {

@@ -178,6 +178,28 @@ pub struct Router {
     pub counters: RouterCounters,
 }
 
+/// One batch's view of the routing state: a routing-table version, plus a memo of the last
+/// forwarding decision so that a run of packets to one destination (a flow) does the route
+/// and neighbour lookups once. The memo lives for one batch only, as long as the table
+/// version it was made from, so it is never staler than that version.
+pub(crate) struct L3Batch<'a> {
+    pub(crate) routes: RouteReader<'a>,
+    /// (destination, egress interface, next hop address, next hop MAC).
+    memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
+    /// The datapath's memo of the last egress decision: (interface, destination MAC, port).
+    pub(crate) egress: Option<(IfaceId, MacAddr, crate::PortId)>,
+}
+
+impl<'a> L3Batch<'a> {
+    pub(crate) fn new(routes: RouteReader<'a>) -> L3Batch<'a> {
+        L3Batch {
+            routes,
+            memo: None,
+            egress: None,
+        }
+    }
+}
+
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }
@@ -225,7 +247,7 @@ impl Router {
         l3: usize,
         ether_type: u16,
         in_if: IfaceId,
-        routes: &RouteReader<'_>,
+        ctx: &mut L3Batch<'_>,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -236,7 +258,7 @@ impl Router {
                 L3::Local
             }
             0x0800 if group => L3::Drop(DropReason::L3Multicast),
-            0x0800 => self.ip_input(b, l3, in_if, routes, now, sink),
+            0x0800 => self.ip_input(b, l3, in_if, ctx, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
@@ -331,7 +353,7 @@ impl Router {
         b: &mut PacketBuf,
         l3: usize,
         in_if: IfaceId,
-        routes: &RouteReader<'_>,
+        ctx: &mut L3Batch<'_>,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -341,14 +363,18 @@ impl Router {
         };
         // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
         b.set_len(l3 + info.total_len);
-        if info.dst.is_broadcast()
-            || info.dst.is_multicast()
-            || self.is_directed_broadcast(info.dst)
-        {
-            return L3::Drop(DropReason::L3Multicast);
-        }
-        if let Some(local) = self.local_iface(info.dst) {
-            return self.local_input(b, l3, &info, in_if, local, now, sink);
+        // The memo holds only forwarded (so neither local nor broadcast) destinations.
+        let memo = ctx.memo.filter(|m| m.0 == info.dst);
+        if memo.is_none() {
+            if info.dst.is_broadcast()
+                || info.dst.is_multicast()
+                || self.is_directed_broadcast(info.dst)
+            {
+                return L3::Drop(DropReason::L3Multicast);
+            }
+            if let Some(local) = self.local_iface(info.dst) {
+                return self.local_input(b, l3, &info, in_if, local, now, sink);
+            }
         }
         if info.ttl <= 1 {
             self.icmp_error(
@@ -364,39 +390,42 @@ impl Router {
             );
             return L3::Drop(DropReason::TtlExpired);
         }
-        let (out_if, nh_ip) = match routes.lookup(info.dst) {
-            None => {
-                self.icmp_error(
-                    b.frame(),
-                    l3,
-                    &info,
-                    in_if,
-                    icmp::DEST_UNREACH,
-                    icmp::NET_UNREACH,
-                    0,
-                    now,
-                    sink,
-                );
-                return L3::Drop(DropReason::NoRoute);
-            }
-            Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
-            Some(NextHop::Unreachable) => {
-                // Linux's `unreachable` route type answers with host unreachable.
-                self.icmp_error(
-                    b.frame(),
-                    l3,
-                    &info,
-                    in_if,
-                    icmp::DEST_UNREACH,
-                    icmp::HOST_UNREACH,
-                    0,
-                    now,
-                    sink,
-                );
-                return L3::Drop(DropReason::Unreachable);
-            }
-            Some(NextHop::Link(i)) => (i, info.dst),
-            Some(NextHop::Via(i, gw)) => (i, gw),
+        let (out_if, nh_ip) = match memo {
+            Some((_, out_if, nh_ip, _)) => (out_if, nh_ip),
+            None => match ctx.routes.lookup(info.dst) {
+                None => {
+                    self.icmp_error(
+                        b.frame(),
+                        l3,
+                        &info,
+                        in_if,
+                        icmp::DEST_UNREACH,
+                        icmp::NET_UNREACH,
+                        0,
+                        now,
+                        sink,
+                    );
+                    return L3::Drop(DropReason::NoRoute);
+                }
+                Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
+                Some(NextHop::Unreachable) => {
+                    // Linux's `unreachable` route type answers with host unreachable.
+                    self.icmp_error(
+                        b.frame(),
+                        l3,
+                        &info,
+                        in_if,
+                        icmp::DEST_UNREACH,
+                        icmp::HOST_UNREACH,
+                        0,
+                        now,
+                        sink,
+                    );
+                    return L3::Drop(DropReason::Unreachable);
+                }
+                Some(NextHop::Link(i)) => (i, info.dst),
+                Some(NextHop::Via(i, gw)) => (i, gw),
+            },
         };
         let Some(egress) = self.iface(out_if) else {
             return L3::Drop(DropReason::NoRoute);
@@ -456,11 +485,16 @@ impl Router {
                 Err(reason) => L3::Drop(reason),
             };
         }
-        match self.neigh.lookup(out_if.0, nh_ip, now) {
+        let mac = match memo {
+            Some((.., m)) => Some(m),
+            None => self.neigh.lookup(out_if.0, nh_ip, now),
+        };
+        match mac {
             Some(m) => {
                 let f = b.frame_mut();
                 f[0..6].copy_from_slice(&m.0);
                 f[6..12].copy_from_slice(&egress.cfg.mac.0);
+                ctx.memo = Some((info.dst, out_if, nh_ip, m));
                 L3::Forward(out_if)
             }
             None => self.resolve_later(out_if, nh_ip, b.frame(), now, sink),

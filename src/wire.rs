@@ -47,6 +47,23 @@ impl EthMeta {
     /// Parses the Ethernet header and up to two VLAN tags.
     #[inline]
     pub fn parse(frame: &[u8]) -> Result<EthMeta, DropReason> {
+        // Fast path: an untagged frame needs only its first 14 bytes.
+        if let Some(h) = frame.first_chunk::<14>() {
+            let ether_type = EtherType(u16::from_be_bytes([h[12], h[13]]));
+            if !is_vlan(ether_type) {
+                let mut dst = [0u8; 6];
+                let mut src = [0u8; 6];
+                dst.copy_from_slice(&h[..6]);
+                src.copy_from_slice(&h[6..12]);
+                return Ok(EthMeta {
+                    dst: MacAddr(dst),
+                    src: MacAddr(src),
+                    vlan: None,
+                    ether_type,
+                    l3: ETH_HDR_LEN as u16,
+                });
+            }
+        }
         let eth = Ethernet2HeaderSlice::from_slice(frame).map_err(|_| DropReason::Truncated)?;
         let mut meta = EthMeta {
             dst: MacAddr(eth.destination()),

@@ -490,3 +490,55 @@ fn proxy_arp_answers_for_addresses_routed_elsewhere() {
     let (_, out) = send(&mut n, pod, &ask([192, 0, 2, 1]));
     assert!(out.is_empty(), "{out:?}");
 }
+
+/// A batch with several packets to one destination (one flow) shares the route and neighbour
+/// lookups, but each packet is still judged on its own: TTL, size and DF per packet.
+#[test]
+fn a_flow_in_one_batch_is_judged_packet_by_packet() {
+    let mut n = node();
+    pod_a_arps(&mut n);
+    // Resolve the uplink gateway first.
+    let ok = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 64, 100);
+    assert_eq!(send(&mut n, PA, &ok).0, Verdict::Queued);
+    send(
+        &mut n,
+        ETH0,
+        &arp(2, PEER, [172, 18, 0, 3], UP_MAC, [172, 18, 0, 2], UP_MAC),
+    );
+    let expiring = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 1, 100);
+    let mut big = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 64, 1600);
+    // Set DF on the big one and fix its header checksum.
+    big[14 + 6] |= 0x40;
+    let hl = 20;
+    tapyard::ipv4::fix_header_checksum(&mut big[14..], hl);
+    let local = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 1, 1], 64, 10);
+    let mut batch = Batch::new();
+    for f in [&ok, &expiring, &ok, &big, &ok, &local, &ok] {
+        let mut b = PacketBuf::from_frame(f);
+        b.port = PA;
+        batch.push(b).unwrap();
+    }
+    n.dp.process(&mut n.w, n.now, &mut batch);
+    let v = &batch.verdicts()[..7];
+    assert_eq!(
+        v,
+        &[
+            Verdict::Output(ETH0),
+            Verdict::Drop(DropReason::TtlExpired),
+            Verdict::Output(ETH0),
+            Verdict::Drop(DropReason::FragNeeded),
+            Verdict::Output(ETH0),
+            // UDP to the router itself: port unreachable, as Linux.
+            Verdict::Drop(DropReason::LocalNoService),
+            Verdict::Output(ETH0),
+        ]
+    );
+    // Every forwarded copy left with TTL 63 and the gateway's MAC.
+    for (i, b) in batch.bufs()[..7].iter().enumerate() {
+        if v[i] == Verdict::Output(ETH0) {
+            assert_eq!(&b.frame()[0..6], &PEER.0);
+            assert_eq!(b.frame()[14 + 8], 63);
+        }
+    }
+    batch.recycle(&mut n.w.pool);
+}
