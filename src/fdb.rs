@@ -205,7 +205,7 @@ impl Fdb {
     }
 
     #[inline]
-    fn locate_u64(&self, mac: u64) -> Loc {
+    pub(crate) fn locate_u64(&self, mac: u64) -> Loc {
         let h = mum(mac ^ self.seed, self.mult);
         let b1 = (h as usize) & self.mask;
         let mut b2 = ((h >> 32) as usize) & self.mask;

@@ -72,11 +72,24 @@ pub enum DropReason {
     L3Multicast,
     /// A protocol the router does not handle (e.g. IPv6 on a routed-only port).
     UnsupportedProtocol,
+    /// Conntrack classed the packet INVALID (e.g. a first TCP packet without SYN, an
+    /// impossible state transition, an ICMP error about no known connection).
+    CtInvalid,
+    /// A new connection found the conntrack table full with nothing it could evict.
+    CtFull,
+    /// A new connection to a Service that has no (eligible) endpoint: rejected with a TCP
+    /// RST or ICMP port unreachable, as kube-proxy's REJECT rule.
+    NoEndpoint,
+    /// SNAT/MASQUERADE found no free source port (or ICMP identifier) in its range.
+    NatExhausted,
+    /// A packet of a NAT'd connection that cannot be translated (a non-first fragment, a
+    /// truncated header).
+    NatUntranslatable,
 }
 
 impl DropReason {
     /// Number of reasons.
-    pub const COUNT: usize = 27;
+    pub const COUNT: usize = 32;
 
     /// Every reason, in discriminant order.
     pub const ALL: [DropReason; DropReason::COUNT] = [
@@ -107,6 +120,11 @@ impl DropReason {
         DropReason::LocalNoService,
         DropReason::L3Multicast,
         DropReason::UnsupportedProtocol,
+        DropReason::CtInvalid,
+        DropReason::CtFull,
+        DropReason::NoEndpoint,
+        DropReason::NatExhausted,
+        DropReason::NatUntranslatable,
     ];
 
     /// A short snake_case name, for output and metrics.
@@ -138,6 +156,11 @@ impl DropReason {
             DropReason::NotForRouter => "not_for_router",
             DropReason::LocalNoService => "local_no_service",
             DropReason::L3Multicast => "l3_multicast",
+            DropReason::CtInvalid => "ct_invalid",
+            DropReason::CtFull => "ct_full",
+            DropReason::NoEndpoint => "no_endpoint",
+            DropReason::NatExhausted => "nat_exhausted",
+            DropReason::NatUntranslatable => "nat_untranslatable",
             DropReason::UnsupportedProtocol => "unsupported_protocol",
         }
     }
