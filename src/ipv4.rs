@@ -229,6 +229,69 @@ pub fn write_icmp_error(
     Some(len)
 }
 
+/// Writes the TCP reset that refuses the segment at `orig_l3` (a checked IPv4 header of
+/// `hdr_len` bytes with a TCP header after it), as Linux's `nf_send_reset` for `REJECT
+/// --reject-with tcp-reset`: from the segment's destination address and port back to its
+/// source; `seq = SEG.ACK` when the segment had ACK, else `seq = 0` with `RST|ACK` and
+/// `ack = SEG.SEQ + SEG.LEN` (SYN and FIN count one). Returns the frame length, or `None`
+/// when `out` is too small, the TCP header is truncated, or the segment is itself a reset.
+pub fn write_tcp_rst(
+    out: &mut [u8],
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    orig_l3: &[u8],
+    hdr_len: usize,
+) -> Option<usize> {
+    let tcp = orig_l3.get(hdr_len..)?;
+    let th = tcp.get(..20)?;
+    let flags = th[13];
+    if flags & 0x04 != 0 {
+        return None;
+    }
+    let doff = usize::from(th[12] >> 4) * 4;
+    let total = usize::from(be16(orig_l3, field::LEN)).min(orig_l3.len());
+    let payload = total.checked_sub(hdr_len + doff).unwrap_or(0) as u32;
+    let seg_seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
+    let seg_ack = u32::from_be_bytes([th[8], th[9], th[10], th[11]]);
+    let (seq, ack, out_flags) = if flags & 0x10 != 0 {
+        (seg_ack, 0, 0x04)
+    } else {
+        let len = payload + u32::from(flags & 0x02 != 0) + u32::from(flags & 0x01 != 0);
+        (0, seg_seq.wrapping_add(len), 0x14)
+    };
+    let f = out.get_mut(..14 + 40)?;
+    f[0..6].copy_from_slice(&dst_mac.0);
+    f[6..12].copy_from_slice(&src_mac.0);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip = &mut f[14..];
+    ip[..20].copy_from_slice(&[
+        0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, PROTO_TCP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    ip[field::SRC..field::SRC + 4].copy_from_slice(&orig_l3[field::DST..field::DST + 4]);
+    ip[field::DST..field::DST + 4].copy_from_slice(&orig_l3[field::SRC..field::SRC + 4]);
+    fix_header_checksum(ip, 20);
+    let (src, dst) = (
+        [ip[12], ip[13], ip[14], ip[15]],
+        [ip[16], ip[17], ip[18], ip[19]],
+    );
+    let t = &mut ip[20..40];
+    t[0..2].copy_from_slice(&th[2..4]);
+    t[2..4].copy_from_slice(&th[0..2]);
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[8..12].copy_from_slice(&ack.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = out_flags;
+    t[14..20].fill(0);
+    // Pseudo-header: addresses, protocol, TCP length.
+    let mut acc = csum_add(0, &src);
+    acc = csum_add(acc, &dst);
+    acc = csum_add(acc, &[0, PROTO_TCP, 0, 20]);
+    acc = csum_add(acc, t);
+    let c = !csum_fold(acc);
+    t[16..18].copy_from_slice(&c.to_ne_bytes());
+    Some(54)
+}
+
 /// Turns an ICMP echo request frame addressed to us into the echo reply, in place: addresses
 /// swapped (IP and MAC, with `our_mac` as the source), type 0, TTL 64, checksums updated.
 /// `l3` is the frame's L3 offset. Returns `false` (frame untouched) if it is not a well-formed
@@ -399,6 +462,42 @@ impl Arp {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn tcp_rst_refuses_a_syn_like_linux() {
+        let mut f = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4([10, 244, 1, 2], [10, 96, 0, 10], 64)
+            .tcp(40000, 80, 1000, 64240)
+            .syn()
+            .write(&mut f, &[])
+            .unwrap();
+        let mut out = [0u8; 128];
+        let gw = MacAddr([2, 0, 0, 0, 0, 2]);
+        let pod = MacAddr([2, 0, 0, 0, 0, 1]);
+        let n = write_tcp_rst(&mut out, gw, pod, &f[14..], 20).unwrap();
+        let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
+        let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
+            panic!("not IPv4")
+        };
+        let Some(etherparse::TransportSlice::Tcp(t)) = &p.transport else {
+            panic!("not TCP")
+        };
+        assert_eq!(ip.header().source(), [10, 96, 0, 10]);
+        assert_eq!(ip.header().destination(), [10, 244, 1, 2]);
+        assert_eq!((t.source_port(), t.destination_port()), (80, 40000));
+        assert!(t.rst() && t.ack() && !t.syn());
+        assert_eq!((t.sequence_number(), t.acknowledgment_number()), (0, 1001));
+        let want = t
+            .to_header()
+            .calc_checksum_ipv4(&ip.header().to_header(), &[])
+            .unwrap();
+        assert_eq!(t.checksum(), want);
+        assert_eq!(checksum(&out[14..34]), 0);
+        // A reset is never answered with a reset.
+        assert!(write_tcp_rst(&mut [0u8; 128], pod, gw, &out[14..n], 20).is_none());
+    }
+
     use super::*;
     use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 
