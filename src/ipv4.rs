@@ -250,7 +250,7 @@ pub fn write_tcp_rst(
     }
     let doff = usize::from(th[12] >> 4) * 4;
     let total = usize::from(be16(orig_l3, field::LEN)).min(orig_l3.len());
-    let payload = total.checked_sub(hdr_len + doff).unwrap_or(0) as u32;
+    let payload = u32::try_from(total.saturating_sub(hdr_len + doff)).unwrap_or(0);
     let seg_seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
     let seg_ack = u32::from_be_bytes([th[8], th[9], th[10], th[11]]);
     let (seq, ack, out_flags) = if flags & 0x10 != 0 {
