@@ -512,3 +512,7 @@ pub fn rewrite_icmp_error(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "rewrite_tests.rs"]
+mod tests;

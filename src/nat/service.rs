@@ -312,10 +312,14 @@ struct SvcState {
     local: Box<[u32]>,
     /// (address, local) sorted by address, for membership tests.
     sorted: Box<[(SocketAddrV4, bool)]>,
-    /// Maglev over `eps` (algo Maglev, nonempty).
+    /// Maglev over all endpoints (algo Maglev, nonempty), built over them in address order so
+    /// the table does not depend on the order endpoints are listed in; indices into `sorted`.
     maglev: Option<Maglev>,
-    /// Maglev over `local` (algo Maglev, some but not all endpoints local).
+    /// Maglev over the local endpoints (some but not all endpoints local); indices into
+    /// `sorted_local`.
     maglev_local: Option<Maglev>,
+    /// The local endpoints' addresses, sorted.
+    sorted_local: Box<[SocketAddrV4]>,
 }
 
 impl SvcState {
@@ -336,14 +340,19 @@ impl SvcState {
         if n == 0 {
             return None;
         }
-        let i = match (self.spec.algo, local_only && !all_local) {
-            (LbAlgo::Maglev, false) => self.maglev.as_ref().map(|m| m.lookup(flow_hash)),
-            (LbAlgo::Maglev, true) => self.maglev_local.as_ref().map(|m| m.lookup(flow_hash)),
-            (LbAlgo::Random, _) => None,
+        let restricted = local_only && !all_local;
+        match (self.spec.algo, restricted, &self.maglev, &self.maglev_local) {
+            (LbAlgo::Maglev, false, Some(m), _) => {
+                return self.sorted.get(m.lookup(flow_hash)).map(|e| e.0)
+            }
+            (LbAlgo::Maglev, true, _, Some(m)) => {
+                return self.sorted_local.get(m.lookup(flow_hash)).copied()
+            }
+            _ => {}
         }
         // Lemire's multiply-shift: uniform within 2^-64 bias, no division.
-        .unwrap_or(((u128::from(rand) * n as u128) >> 64) as usize);
-        let i = if local_only && !all_local {
+        let i = ((u128::from(rand) * n as u128) >> 64) as usize;
+        let i = if restricted {
             *self.local.get(i)? as usize
         } else {
             i
@@ -625,8 +634,10 @@ fn build(
         .filter(|(_, e)| e.local)
         .map(|(i, _)| i as u32)
         .collect();
+    let sorted_local: Box<[SocketAddrV4]> = sorted.iter().filter(|e| e.1).map(|e| e.0).collect();
     let (mut maglev, mut maglev_local) = (None, None);
     if spec.algo == LbAlgo::Maglev && !eps.is_empty() {
+        let all: Vec<SocketAddrV4> = sorted.iter().map(|e| e.0).collect();
         let prev_size = |local: bool| {
             prev.and_then(|p| {
                 if local {
@@ -638,14 +649,10 @@ fn build(
             .map(|m| m.len() as u32)
         };
         let m = maglev::table_size_for_update(prev_size(false), eps.len());
-        maglev = Maglev::with_size(&eps, m);
+        maglev = Maglev::with_size(&all, m);
         if !local.is_empty() && local.len() < eps.len() {
-            let leps: Vec<SocketAddrV4> = local
-                .iter()
-                .filter_map(|&i| eps.get(i as usize).copied())
-                .collect();
-            let m = maglev::table_size_for_update(prev_size(true), leps.len());
-            maglev_local = Maglev::with_size(&leps, m);
+            let m = maglev::table_size_for_update(prev_size(true), sorted_local.len());
+            maglev_local = Maglev::with_size(&sorted_local, m);
         }
     }
     Ok(SvcState {
@@ -656,6 +663,7 @@ fn build(
         sorted: sorted.into_boxed_slice(),
         maglev,
         maglev_local,
+        sorted_local,
     })
 }
 
@@ -898,3 +906,7 @@ fn unlink(next: &mut Snapshot, p: &SvcState) {
         next.by_node_port.remove(&(np, s.proto));
     }
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;
