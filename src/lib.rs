@@ -24,6 +24,7 @@ pub mod ipv4;
 #[allow(unsafe_code)] // prefetch hints and a popcnt-enabled lookup, each with a SAFETY line
 pub mod lpm;
 pub mod mac;
+pub mod nat;
 pub mod neigh;
 pub mod offload;
 pub mod port;

@@ -1,0 +1,518 @@
+//! Packet rewrites for NAT: addresses, ports and ICMP identifiers changed in place, every
+//! checksum patched incrementally (RFC 1624), as Linux's `nf_nat_ipv4_manip_pkt`,
+//! `tcp_manip_pkt`, `udp_manip_pkt`, `icmp_manip_pkt` and `nf_nat_icmp_reply_translation`.
+//!
+//! # Contract
+//!
+//! * `l3` starts at the IPv4 header. The header is re-checked cheaply (version, IHL equal to
+//!   `hdr_len`, total length within `l3`); bytes past the total length (Ethernet padding) are
+//!   never read nor written. The IPv4 header checksum is *not* verified: a wrong one stays
+//!   exactly as wrong (that is what an incremental update does).
+//! * Every check is made before the first byte is written: on `Err` the packet is untouched.
+//! * Nothing panics on any input and nothing allocates.
+//! * Only the words that change are folded into a checksum, so a rewrite to the tuple the
+//!   packet already carries is a no-op, and rewriting to a new tuple and back restores the
+//!   original bytes exactly (a checksum is never produced as 0xffff by an incremental update
+//!   unless it was stored as 0xffff — the UDP "computed zero" case — so the round trip holds for
+//!   every packet whose checksums were computed by a standard implementation).
+//!
+//! # Checksum modes
+//!
+//! [`CsumMode::Full`]: the L4 checksum field holds a complete checksum; it is updated for the
+//! pseudo-header addresses and for the ports (TCP/UDP) or identifier (ICMP echo). A UDP checksum
+//! of 0 ("none", RFC 768) stays 0, and an update that yields 0 stores 0xffff (Linux's
+//! `CSUM_MANGLED_0`).
+//!
+//! [`CsumMode::Partial`]: the frame came from an offload TAP with `VIRTIO_NET_HDR_F_NEEDS_CSUM`:
+//! the TCP/UDP checksum field holds only the folded, *uncomplemented* pseudo-header sum and the
+//! device (or [`crate::offload::complete_checksum`]) sums the L4 bytes over it later. As Linux's
+//! `inet_proto_csum_replace4(.., pseudohdr = true)` under `CHECKSUM_PARTIAL`, only the
+//! address changes go into the field (`field = fold(field + ~old + new)`); port and identifier
+//! changes do not touch it, since the device will sum the new bytes. ICMP has no pseudo-header,
+//! so in this mode no ICMP checksum is touched (for an ICMP error, the outer ICMP checksum is the
+//! one left to the device; checksums *inside* the quoted packet are data and always updated in
+//! full).
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::stats::DropReason;
+use crate::tuple::{L4Kind, Tuple};
+
+/// How the L4 checksum field of the packet is to be read: see the [module docs](self).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CsumMode {
+    /// The field holds a complete checksum.
+    #[default]
+    Full,
+    /// The field holds the pseudo-header sum only (virtio `NEEDS_CSUM`); the device finishes it.
+    Partial,
+}
+
+/// Why a packet could not be rewritten. The packet is left untouched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RewriteError {
+    /// The IPv4 header is not what the caller said: version not 4, IHL not `hdr_len` or below
+    /// 20, total length shorter than the header or longer than the buffer.
+    BadIpHeader,
+    /// The L4 header is shorter than the fields to rewrite (TCP needs 20 bytes, UDP and ICMP 8;
+    /// in a quoted packet, the ports or identifier).
+    Truncated,
+    /// The new tuple's protocol is not the packet's (NAT never changes the protocol).
+    ProtoMismatch {
+        /// The packet's (or quoted packet's) protocol.
+        packet: u8,
+        /// The protocol of the tuple asked for.
+        new: u8,
+    },
+    /// `kind` does not describe this packet: TCP/UDP kind for another protocol, `IcmpEcho` for
+    /// another ICMP type, `Other` for TCP/UDP, or `IcmpError` given to [`rewrite`] (use
+    /// [`rewrite_icmp_error`]).
+    KindMismatch,
+    /// A fragment other than the first (or quoting one): it has no L4 header. Use
+    /// [`rewrite_addrs`] for it.
+    LaterFragment,
+    /// Not an ICMP error, or the quoted packet is malformed (not IPv4, bad IHL, quoted at an
+    /// offset other than right after the 8-byte ICMP header, or an ICMP error quoting an ICMP
+    /// error).
+    BadIcmpError,
+}
+
+impl RewriteError {
+    /// The drop reason to count when a packet is dropped for this error.
+    pub fn drop_reason(self) -> DropReason {
+        match self {
+            RewriteError::Truncated => DropReason::Truncated,
+            _ => DropReason::BadIpHeader,
+        }
+    }
+}
+
+impl fmt::Display for RewriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RewriteError::BadIpHeader => f.write_str("malformed IPv4 header"),
+            RewriteError::Truncated => f.write_str("L4 header truncated"),
+            RewriteError::ProtoMismatch { packet, new } => write!(
+                f,
+                "packet protocol {packet} differs from the new tuple's protocol {new}"
+            ),
+            RewriteError::KindMismatch => f.write_str("L4 kind does not match the packet"),
+            RewriteError::LaterFragment => f.write_str("later fragment has no L4 header"),
+            RewriteError::BadIcmpError => f.write_str("not a well-formed ICMP error"),
+        }
+    }
+}
+
+impl std::error::Error for RewriteError {}
+
+// ---------------------------------------------------------------------------
+// Ones-complement helpers (values in network order, as u16/u32 numbers).
+// ---------------------------------------------------------------------------
+
+/// Folds to 16 bits with end-around carry. A nonzero input gives 1..=0xffff.
+#[inline]
+fn fold(mut s: u64) -> u16 {
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// The sum of `~old + new` over the changed 16-bit words of a region (RFC 1624 eqn. 3).
+/// Unchanged words add nothing, so an empty delta leaves a checksum bit-for-bit alone.
+#[derive(Clone, Copy, Default, Debug)]
+struct Delta(u64);
+
+impl Delta {
+    #[inline]
+    fn word(&mut self, old: u16, new: u16) {
+        if old != new {
+            self.0 += u64::from(!old) + u64::from(new);
+        }
+    }
+    #[inline]
+    fn addr(&mut self, old: u32, new: u32) {
+        self.word((old >> 16) as u16, (new >> 16) as u16);
+        self.word(old as u16, new as u16);
+    }
+    #[inline]
+    fn add(&mut self, other: Delta) {
+        self.0 += other.0;
+    }
+    /// A complete checksum after the change: `~(~hc + delta)`.
+    #[inline]
+    fn apply_full(self, hc: u16) -> u16 {
+        if self.0 == 0 {
+            hc
+        } else {
+            !fold(u64::from(!hc) + self.0)
+        }
+    }
+    /// A partial (uncomplemented pseudo-header) sum after the change.
+    #[inline]
+    fn apply_partial(self, sum: u16) -> u16 {
+        if self.0 == 0 {
+            sum
+        } else {
+            fold(u64::from(sum) + self.0)
+        }
+    }
+}
+
+#[inline]
+fn rd16(b: &[u8], at: usize) -> Option<u16> {
+    let s: &[u8; 2] = b.get(at..)?.first_chunk()?;
+    Some(u16::from_be_bytes(*s))
+}
+
+#[inline]
+fn rd32(b: &[u8], at: usize) -> Option<u32> {
+    let s: &[u8; 4] = b.get(at..)?.first_chunk()?;
+    Some(u32::from_be_bytes(*s))
+}
+
+/// Writes a big-endian u16; a no-op out of bounds (callers have checked the bounds first).
+#[inline]
+fn wr16(b: &mut [u8], at: usize, v: u16) {
+    if let Some(s) = b.get_mut(at..).and_then(|s| s.first_chunk_mut::<2>()) {
+        *s = v.to_be_bytes();
+    }
+}
+
+#[inline]
+fn wr32(b: &mut [u8], at: usize, v: u32) {
+    if let Some(s) = b.get_mut(at..).and_then(|s| s.first_chunk_mut::<4>()) {
+        *s = v.to_be_bytes();
+    }
+}
+
+/// Writes `new` at `at` and records the change in `d`.
+#[inline]
+fn set16(b: &mut [u8], at: usize, new: u16, d: &mut Delta) {
+    if let Some(old) = rd16(b, at) {
+        d.word(old, new);
+        wr16(b, at, new);
+    }
+}
+
+const IP_CSUM: usize = 10;
+const IP_SRC: usize = 12;
+const IP_DST: usize = 16;
+const TCP_CSUM: usize = 16;
+const TCP_MIN: usize = 20;
+const UDP_CSUM: usize = 6;
+const UDP_LEN: usize = 8;
+const ICMP_CSUM: usize = 2;
+const ICMP_ID: usize = 4;
+const ICMP_HDR: usize = 8;
+
+/// Checks the IPv4 header at `l3` against `hdr_len` and returns the datagram's end.
+fn ip_end(l3: &[u8], hdr_len: usize) -> Result<usize, RewriteError> {
+    let b0 = *l3.first().ok_or(RewriteError::BadIpHeader)?;
+    let ihl = usize::from(b0 & 0x0f) * 4;
+    if b0 >> 4 != 4 || ihl < 20 || ihl != hdr_len {
+        return Err(RewriteError::BadIpHeader);
+    }
+    let total = usize::from(rd16(l3, 2).ok_or(RewriteError::BadIpHeader)?);
+    if total < ihl || total > l3.len() {
+        return Err(RewriteError::BadIpHeader);
+    }
+    Ok(total)
+}
+
+#[inline]
+fn frag_offset(l3: &[u8]) -> u16 {
+    rd16(l3, 6).unwrap_or(0) & 0x1fff
+}
+
+/// Rewrites the addresses of the IPv4 header at `ip` (bounds checked by the caller) and patches
+/// its header checksum. Returns the address delta (for a pseudo-header) and, in `outer`, the
+/// change of every header word (for an enclosing ICMP checksum).
+fn set_addrs(ip: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, outer: &mut Delta) -> Delta {
+    let (Some(os), Some(od)) = (rd32(ip, IP_SRC), rd32(ip, IP_DST)) else {
+        return Delta::default();
+    };
+    let (ns, nd) = (u32::from(src), u32::from(dst));
+    let mut d = Delta::default();
+    d.addr(os, ns);
+    d.addr(od, nd);
+    if d.0 == 0 {
+        return d;
+    }
+    wr32(ip, IP_SRC, ns);
+    wr32(ip, IP_DST, nd);
+    outer.add(d);
+    if let Some(hc) = rd16(ip, IP_CSUM) {
+        set16(ip, IP_CSUM, d.apply_full(hc), outer);
+    }
+    d
+}
+
+/// Rewrites only the IPv4 source and destination addresses of the packet at `l3` and patches
+/// the header checksum.
+///
+/// For packets without an L4 header to translate: fragments other than the first (the first
+/// carries the L4 header and goes through [`rewrite`]), and protocols whose checksum has no
+/// pseudo-header. On a whole TCP/UDP packet it would leave the L4 checksum wrong: use
+/// [`rewrite`] there.
+///
+/// # Errors
+/// [`RewriteError::BadIpHeader`] if the header is malformed; the packet is untouched.
+pub fn rewrite_addrs(l3: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr) -> Result<(), RewriteError> {
+    let hdr_len = usize::from(l3.first().copied().unwrap_or(0) & 0x0f) * 4;
+    ip_end(l3, hdr_len)?;
+    set_addrs(l3, src, dst, &mut Delta::default());
+    Ok(())
+}
+
+/// Where the L4 checksum and the translated fields of a packet are.
+#[derive(Clone, Copy)]
+enum L4Plan {
+    /// TCP or UDP: ports at `l4`, checksum at `l4 + csum`; `udp` for the zero rule.
+    Ports { l4: usize, csum: usize, udp: bool },
+    /// ICMP echo: identifier and checksum.
+    Echo { l4: usize },
+    /// Addresses only.
+    None,
+}
+
+/// Applies an [`L4Plan`] after the addresses changed by `addrs`. Every changed word of the L4
+/// header is recorded in `outer` (for an enclosing ICMP checksum).
+fn apply_l4(
+    pkt: &mut [u8],
+    plan: L4Plan,
+    addrs: Delta,
+    new: &Tuple,
+    mode: CsumMode,
+    with_csum: bool,
+    outer: &mut Delta,
+) {
+    match plan {
+        L4Plan::Ports { l4, csum, udp } => {
+            let mut ports = Delta::default();
+            set16(pkt, l4, new.sport, &mut ports);
+            set16(pkt, l4 + 2, new.dport, &mut ports);
+            outer.add(ports);
+            let at = l4 + csum;
+            let Some(old) = rd16(pkt, at).filter(|_| with_csum) else {
+                return;
+            };
+            if udp && old == 0 && mode == CsumMode::Full {
+                return; // No checksum (RFC 768): stays none.
+            }
+            let mut c = match mode {
+                CsumMode::Full => {
+                    let mut d = addrs;
+                    d.add(ports);
+                    d.apply_full(old)
+                }
+                CsumMode::Partial => addrs.apply_partial(old),
+            };
+            if udp && c == 0 {
+                c = 0xffff;
+            }
+            set16(pkt, at, c, outer);
+        }
+        L4Plan::Echo { l4 } => {
+            let mut id = Delta::default();
+            set16(pkt, l4 + ICMP_ID, new.sport, &mut id);
+            outer.add(id);
+            if mode == CsumMode::Full {
+                if let Some(old) = rd16(pkt, l4 + ICMP_CSUM) {
+                    set16(pkt, l4 + ICMP_CSUM, id.apply_full(old), outer);
+                }
+            }
+        }
+        L4Plan::None => {}
+    }
+}
+
+/// Translates the packet at `l3` in place so that it carries `new` (same protocol): IPv4
+/// addresses, TCP/UDP ports or the ICMP echo identifier (`new.sport`), and every checksum
+/// updated incrementally according to `mode` (see the [module docs](self)).
+///
+/// `hdr_len` is the IPv4 header length and `kind` the [`L4Kind`] [`Tuple::from_ipv4`] gave for
+/// this packet. A first fragment is rewritten like a whole packet (its L4 checksum covers the
+/// whole datagram, and the incremental update is still right for it). `new.zone` is ignored.
+/// [`L4Kind::Other`] rewrites addresses only (for ICMP types other than echo and for protocols
+/// without a pseudo-header checksum).
+///
+/// # Errors
+/// See [`RewriteError`]: [`RewriteError::LaterFragment`] for a non-first fragment of
+/// TCP/UDP/ICMP (use [`rewrite_addrs`]), [`RewriteError::KindMismatch`] for an ICMP error (use
+/// [`rewrite_icmp_error`]). On error the packet is untouched.
+pub fn rewrite(
+    l3: &mut [u8],
+    hdr_len: usize,
+    kind: L4Kind,
+    new: &Tuple,
+    mode: CsumMode,
+) -> Result<(), RewriteError> {
+    let end = ip_end(l3, hdr_len)?;
+    let proto = l3.get(9).copied().unwrap_or(0);
+    if proto != new.proto {
+        return Err(RewriteError::ProtoMismatch {
+            packet: proto,
+            new: new.proto,
+        });
+    }
+    let has_l4 = matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP);
+    if has_l4 && frag_offset(l3) != 0 {
+        return Err(RewriteError::LaterFragment);
+    }
+    let l4 = hdr_len;
+    let avail = end - l4;
+    let plan = match kind {
+        L4Kind::Tcp if proto == PROTO_TCP => {
+            if avail < TCP_MIN {
+                return Err(RewriteError::Truncated);
+            }
+            L4Plan::Ports {
+                l4,
+                csum: TCP_CSUM,
+                udp: false,
+            }
+        }
+        L4Kind::Udp if proto == PROTO_UDP => {
+            if avail < UDP_LEN {
+                return Err(RewriteError::Truncated);
+            }
+            L4Plan::Ports {
+                l4,
+                csum: UDP_CSUM,
+                udp: true,
+            }
+        }
+        L4Kind::IcmpEcho { .. } if proto == PROTO_ICMP => {
+            if avail < ICMP_HDR {
+                return Err(RewriteError::Truncated);
+            }
+            if !matches!(l3.get(l4), Some(0 | 8)) {
+                return Err(RewriteError::KindMismatch);
+            }
+            L4Plan::Echo { l4 }
+        }
+        L4Kind::Other if !matches!(proto, PROTO_TCP | PROTO_UDP) => L4Plan::None,
+        _ => return Err(RewriteError::KindMismatch),
+    };
+    let mut unused = Delta::default();
+    let addrs = set_addrs(l3, new.src, new.dst, &mut unused);
+    apply_l4(l3, plan, addrs, new, mode, true, &mut unused);
+    Ok(())
+}
+
+/// Translates an ICMP error about a NAT'd connection, as Linux's
+/// `nf_nat_icmp_reply_translation`: the *quoted* packet is rewritten to carry `new_inner`
+/// (inner addresses and inner IPv4 header checksum; inner TCP/UDP ports; the inner L4 checksum
+/// only when it lies inside the quoted bytes — TCP needs 20 quoted L4 bytes, as Linux's
+/// `tcp_manip_pkt`, UDP 8 and a nonzero checksum; the inner ICMP echo identifier and checksum),
+/// then the outer source and destination become `outer_src` / `outer_dst` (outer header
+/// checksum), and the outer ICMP checksum is updated for every changed word of the ICMP message
+/// (in [`CsumMode::Partial`] it is left for the device to compute).
+///
+/// `inner_l3` is the offset of the quoted header given by [`L4Kind::IcmpError`]; it must be
+/// `hdr_len + 8`. The inner checksums are updated incrementally whatever their state: a quoted
+/// checksum that covers bytes not quoted is still right for the original datagram.
+///
+/// # Errors
+/// [`RewriteError::BadIcmpError`] if the packet is not an ICMP error (types 3, 4, 5, 11, 12) or
+/// the quote is malformed, [`RewriteError::Truncated`] if the quoted L4 header lacks the ports
+/// (TCP/UDP: 4 bytes) or the echo header (8 bytes), [`RewriteError::ProtoMismatch`] if
+/// `new_inner.proto` is not the quoted protocol, [`RewriteError::LaterFragment`] if either the
+/// error or the quoted packet is a non-first fragment. The packet is untouched on error.
+pub fn rewrite_icmp_error(
+    l3: &mut [u8],
+    hdr_len: usize,
+    inner_l3: usize,
+    new_inner: &Tuple,
+    outer_src: Ipv4Addr,
+    outer_dst: Ipv4Addr,
+    mode: CsumMode,
+) -> Result<(), RewriteError> {
+    let end = ip_end(l3, hdr_len)?;
+    if l3.get(9) != Some(&PROTO_ICMP) {
+        return Err(RewriteError::BadIcmpError);
+    }
+    if frag_offset(l3) != 0 {
+        return Err(RewriteError::LaterFragment);
+    }
+    let icmp = hdr_len;
+    if end < icmp + ICMP_HDR {
+        return Err(RewriteError::Truncated);
+    }
+    if !matches!(l3.get(icmp), Some(3 | 4 | 5 | 11 | 12)) || inner_l3 != icmp + ICMP_HDR {
+        return Err(RewriteError::BadIcmpError);
+    }
+    // The quoted header. Work on the datagram only (no padding).
+    let pkt = l3.get_mut(..end).ok_or(RewriteError::BadIpHeader)?;
+    let b0 = *pkt.get(inner_l3).ok_or(RewriteError::BadIcmpError)?;
+    let ihl = usize::from(b0 & 0x0f) * 4;
+    if b0 >> 4 != 4 || ihl < 20 || inner_l3 + ihl > end {
+        return Err(RewriteError::BadIcmpError);
+    }
+    let iproto = pkt.get(inner_l3 + 9).copied().unwrap_or(0);
+    if iproto != new_inner.proto {
+        return Err(RewriteError::ProtoMismatch {
+            packet: iproto,
+            new: new_inner.proto,
+        });
+    }
+    let il4 = inner_l3 + ihl;
+    let avail = end - il4;
+    let has_l4 = matches!(iproto, PROTO_TCP | PROTO_UDP | PROTO_ICMP);
+    if has_l4 && frag_offset(&pkt[inner_l3..]) != 0 {
+        return Err(RewriteError::LaterFragment);
+    }
+    let (plan, with_csum) = match iproto {
+        PROTO_TCP | PROTO_UDP => {
+            if avail < 4 {
+                return Err(RewriteError::Truncated);
+            }
+            let udp = iproto == PROTO_UDP;
+            let (csum, need) = if udp {
+                (UDP_CSUM, UDP_LEN)
+            } else {
+                (TCP_CSUM, TCP_MIN)
+            };
+            (L4Plan::Ports { l4: il4, csum, udp }, avail >= need)
+        }
+        PROTO_ICMP => {
+            if avail < ICMP_HDR {
+                return Err(RewriteError::Truncated);
+            }
+            match pkt.get(il4) {
+                Some(0 | 8) => (L4Plan::Echo { l4: il4 }, true),
+                Some(3 | 4 | 5 | 11 | 12) => return Err(RewriteError::BadIcmpError),
+                _ => (L4Plan::None, false),
+            }
+        }
+        _ => (L4Plan::None, false),
+    };
+    // All checks done: mutate. `msg` collects every changed word of the ICMP message.
+    let mut msg = Delta::default();
+    let inner = &mut pkt[inner_l3..];
+    let addrs = set_addrs(inner, new_inner.src, new_inner.dst, &mut msg);
+    // Checksums inside the quote are data: always complete ones.
+    apply_l4(
+        pkt,
+        plan,
+        addrs,
+        new_inner,
+        CsumMode::Full,
+        with_csum,
+        &mut msg,
+    );
+    set_addrs(pkt, outer_src, outer_dst, &mut Delta::default());
+    if mode == CsumMode::Full {
+        if let Some(old) = rd16(pkt, icmp + ICMP_CSUM) {
+            wr16(pkt, icmp + ICMP_CSUM, msg.apply_full(old));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "rewrite_tests.rs"]
+mod tests;

@@ -1,0 +1,912 @@
+//! Services and endpoint choice, with kube-proxy's semantics.
+//!
+//! A [`ServiceSpec`] is a virtual IP and port (and optionally a node port) in front of a list
+//! of endpoints. [`Services`] holds them all and answers the datapath's two questions for a
+//! new connection: *is this destination a service* ([`Services::by_vip`],
+//! [`Services::by_node_port`]) and *which endpoint* ([`Services::select`]).
+//!
+//! # Threading
+//!
+//! The table is a read-copy-update snapshot in an [`arc_swap::ArcSwap`]: [`Services::upsert`]
+//! and [`Services::remove`] (serialised by a writer mutex) build a new snapshot and swap it in.
+//! Lookups never wait and never allocate; a [`ServiceRef`] is a reference-counted view of one
+//! version of one service, so a reader always sees a whole service, never a half-updated one,
+//! and keeps seeing that version for as long as it holds the reference.
+//!
+//! Session affinity (`ClientIP`) is a bounded, set-associative table: the (service, client)
+//! key hashes (keyed SipHash, so clients cannot aim at one set) to a set of 8 entries behind
+//! its own small mutex. [`Services::select`] takes that one lock, for a scan of 8 entries, and
+//! only for services with affinity: that is the only lock on the new-connection path
+//! (established flows are answered by conntrack and never call `select`). A full set evicts
+//! its expired entry if it has one, else the one closest to expiry (the least recently used
+//! when timeouts are equal). Nothing allocates after [`Services::new`].
+//!
+//! # Choice
+//!
+//! * [`LbAlgo::Random`] (kube-proxy's iptables mode, `-m statistic --mode random`): uniform
+//!   over the eligible endpoints from the caller's random value (see [`super::Rng`]).
+//! * [`LbAlgo::Maglev`]: Maglev consistent hashing of the caller's flow hash (see
+//!   [`super::maglev`]); the table is built on upsert. Endpoints eligible under `local_only`
+//!   get their own table.
+//! * With affinity, the client's previous endpoint wins while its entry lives (the timeout
+//!   runs from the client's last new connection, as iptables' `recent --rcheck --seconds`
+//!   with `--set` on each connection); an entry whose endpoint is gone (or not eligible) is
+//!   replaced.
+//!
+//! Every service has a [`ServiceId`], stable across upserts of the same name and never reused
+//! after removal, for conntrack to store with its flows (to flush them per service later).
+
+use std::fmt::{self, Write as _};
+use std::hash::BuildHasher;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+
+use super::maglev::{self, Maglev};
+use crate::ipv4::{PROTO_TCP, PROTO_UDP};
+use crate::time::Instant;
+
+/// IP protocol number of SCTP (Kubernetes services may use it).
+pub const PROTO_SCTP: u8 = 132;
+
+/// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`: 3 hours.
+pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10_800);
+
+/// The longest affinity timeout Kubernetes accepts: one day.
+pub const MAX_AFFINITY_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// Entries per affinity set.
+const WAYS: usize = 8;
+
+/// How new connections are spread over endpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LbAlgo {
+    /// Uniform random choice, as kube-proxy's iptables mode.
+    #[default]
+    Random,
+    /// Maglev consistent hashing of the flow hash.
+    Maglev,
+}
+
+/// One backend of a service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// Address and port traffic is sent to.
+    pub addr: SocketAddrV4,
+    /// True if the endpoint runs on this node (for `externalTrafficPolicy: Local`).
+    pub local: bool,
+}
+
+impl Endpoint {
+    /// An endpoint at `addr`.
+    pub fn new(addr: SocketAddrV4, local: bool) -> Endpoint {
+        Endpoint { addr, local }
+    }
+}
+
+/// A service as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// Unique name (`namespace/name:port` in Kubernetes terms); upserts are keyed by it.
+    pub name: String,
+    /// The cluster IP.
+    pub vip: Ipv4Addr,
+    /// The service port on the cluster IP (nonzero).
+    pub port: u16,
+    /// IP protocol: TCP (6), UDP (17) or SCTP (132).
+    pub proto: u8,
+    /// The node port, if the service is of type NodePort (nonzero, unique per protocol).
+    pub node_port: Option<u16>,
+    /// The backends (distinct addresses, nonzero ports). Empty: connections are rejected.
+    pub endpoints: Vec<Endpoint>,
+    /// `sessionAffinity: ClientIP` with its timeout (1 s ..= 1 day;
+    /// [`DEFAULT_AFFINITY_TIMEOUT`] in Kubernetes), or `None`.
+    pub affinity: Option<Duration>,
+    /// How endpoints are chosen.
+    pub algo: LbAlgo,
+    /// `externalTrafficPolicy: Local`: the datapath passes `local_only` to
+    /// [`Services::select`] for external traffic to the node port. Stored here for it.
+    pub external_local: bool,
+}
+
+impl ServiceSpec {
+    /// A service with no node port, no endpoints, no affinity, random choice.
+    pub fn new(name: impl Into<String>, vip: Ipv4Addr, port: u16, proto: u8) -> ServiceSpec {
+        ServiceSpec {
+            name: name.into(),
+            vip,
+            port,
+            proto,
+            node_port: None,
+            endpoints: Vec::new(),
+            affinity: None,
+            algo: LbAlgo::Random,
+            external_local: false,
+        }
+    }
+}
+
+/// A service's identifier: small, nonzero, stable across upserts of the same name, never
+/// reused after removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceId(u32);
+
+impl ServiceId {
+    /// The identifier with value `v`, `None` for 0.
+    pub fn new(v: u32) -> Option<ServiceId> {
+        (v != 0).then_some(ServiceId(v))
+    }
+    /// The value (nonzero; conntrack may use 0 for "no service").
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for ServiceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Why a service was refused. Each message names the service, the field and the value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceError {
+    /// The name is empty.
+    EmptyName,
+    /// A field that must be nonzero is zero (`port`, `node_port`).
+    ZeroPort {
+        /// The service.
+        service: String,
+        /// The field.
+        field: &'static str,
+    },
+    /// The VIP is 0.0.0.0, broadcast or multicast.
+    BadVip {
+        /// The service.
+        service: String,
+        /// The value.
+        vip: Ipv4Addr,
+    },
+    /// The protocol is not TCP, UDP or SCTP.
+    UnsupportedProto {
+        /// The service.
+        service: String,
+        /// The value.
+        proto: u8,
+    },
+    /// Another service already has this VIP, port and protocol.
+    DuplicateVip {
+        /// The service.
+        service: String,
+        /// The value of `vip`.
+        vip: Ipv4Addr,
+        /// The value of `port`.
+        port: u16,
+        /// The value of `proto`.
+        proto: u8,
+        /// The service that has it.
+        other: String,
+    },
+    /// Another service already has this node port and protocol.
+    DuplicateNodePort {
+        /// The service.
+        service: String,
+        /// The value of `node_port`.
+        node_port: u16,
+        /// The value of `proto`.
+        proto: u8,
+        /// The service that has it.
+        other: String,
+    },
+    /// An endpoint is listed twice.
+    DuplicateEndpoint {
+        /// The service.
+        service: String,
+        /// The value.
+        endpoint: SocketAddrV4,
+    },
+    /// An endpoint has port 0 or address 0.0.0.0.
+    BadEndpoint {
+        /// The service.
+        service: String,
+        /// The value.
+        endpoint: SocketAddrV4,
+    },
+    /// The affinity timeout is outside 1 s ..= 1 day.
+    BadAffinityTimeout {
+        /// The service.
+        service: String,
+        /// The value.
+        timeout: Duration,
+    },
+    /// More endpoints than [`maglev::MAX_BACKENDS`].
+    TooManyEndpoints {
+        /// The service.
+        service: String,
+        /// The number given.
+        count: usize,
+    },
+    /// Every service identifier has been used (2^32 - 1 services created).
+    IdsExhausted,
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        PROTO_TCP => "TCP",
+        PROTO_UDP => "UDP",
+        PROTO_SCTP => "SCTP",
+        _ => "?",
+    }
+}
+
+impl fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use ServiceError::*;
+        match self {
+            EmptyName => f.write_str("service name: empty"),
+            ZeroPort { service, field } => write!(f, "service {service:?}: {field} 0 not allowed"),
+            BadVip { service, vip } => {
+                write!(f, "service {service:?}: vip {vip} is not a unicast address")
+            }
+            UnsupportedProto { service, proto } => write!(
+                f,
+                "service {service:?}: proto {proto} not supported (TCP 6, UDP 17, SCTP 132)"
+            ),
+            DuplicateVip {
+                service,
+                vip,
+                port,
+                proto,
+                other,
+            } => write!(
+                f,
+                "service {service:?}: vip:port {vip}:{port}/{} already used by service {other:?}",
+                proto_name(*proto)
+            ),
+            DuplicateNodePort {
+                service,
+                node_port,
+                proto,
+                other,
+            } => write!(
+                f,
+                "service {service:?}: node_port {node_port}/{} already used by service {other:?}",
+                proto_name(*proto)
+            ),
+            DuplicateEndpoint { service, endpoint } => {
+                write!(f, "service {service:?}: endpoint {endpoint} listed twice")
+            }
+            BadEndpoint { service, endpoint } => write!(
+                f,
+                "service {service:?}: endpoint {endpoint} needs a nonzero address and port"
+            ),
+            BadAffinityTimeout { service, timeout } => write!(
+                f,
+                "service {service:?}: affinity timeout {}s outside 1..=86400 s",
+                timeout.as_secs_f64()
+            ),
+            TooManyEndpoints { service, count } => write!(
+                f,
+                "service {service:?}: {count} endpoints, at most {} allowed",
+                maglev::MAX_BACKENDS
+            ),
+            IdsExhausted => f.write_str("service ids exhausted"),
+        }
+    }
+}
+
+impl std::error::Error for ServiceError {}
+
+/// One version of one service, with everything `select` needs precomputed.
+#[derive(Debug)]
+struct SvcState {
+    id: ServiceId,
+    spec: ServiceSpec,
+    /// Endpoint addresses, in spec order.
+    eps: Box<[SocketAddrV4]>,
+    /// Indices (into `eps`) of the local endpoints.
+    local: Box<[u32]>,
+    /// (address, local) sorted by address, for membership tests.
+    sorted: Box<[(SocketAddrV4, bool)]>,
+    /// Maglev over all endpoints (algo Maglev, nonempty), built over them in address order so
+    /// the table does not depend on the order endpoints are listed in; indices into `sorted`.
+    maglev: Option<Maglev>,
+    /// Maglev over the local endpoints (some but not all endpoints local); indices into
+    /// `sorted_local`.
+    maglev_local: Option<Maglev>,
+    /// The local endpoints' addresses, sorted.
+    sorted_local: Box<[SocketAddrV4]>,
+}
+
+impl SvcState {
+    fn eligible(&self, ep: SocketAddrV4, local_only: bool) -> bool {
+        match self.sorted.binary_search_by_key(&ep, |e| e.0) {
+            Ok(i) => !local_only || self.sorted.get(i).is_some_and(|e| e.1),
+            Err(_) => false,
+        }
+    }
+
+    fn pick(&self, flow_hash: u64, rand: u64, local_only: bool) -> Option<SocketAddrV4> {
+        let all_local = self.local.len() == self.eps.len();
+        let n = if local_only {
+            self.local.len()
+        } else {
+            self.eps.len()
+        };
+        if n == 0 {
+            return None;
+        }
+        let restricted = local_only && !all_local;
+        match (self.spec.algo, restricted, &self.maglev, &self.maglev_local) {
+            (LbAlgo::Maglev, false, Some(m), _) => {
+                return self.sorted.get(m.lookup(flow_hash)).map(|e| e.0)
+            }
+            (LbAlgo::Maglev, true, _, Some(m)) => {
+                return self.sorted_local.get(m.lookup(flow_hash)).copied()
+            }
+            _ => {}
+        }
+        // Lemire's multiply-shift: uniform within 2^-64 bias, no division.
+        let i = ((u128::from(rand) * n as u128) >> 64) as usize;
+        let i = if restricted {
+            *self.local.get(i)? as usize
+        } else {
+            i
+        };
+        self.eps.get(i).copied()
+    }
+}
+
+/// A reference to one version of one service, from [`Services::by_vip`] or
+/// [`Services::by_node_port`]. Cheap to clone; keeps its version alive while held.
+#[derive(Clone, Debug)]
+pub struct ServiceRef(Arc<SvcState>);
+
+impl ServiceRef {
+    /// The service's identifier.
+    pub fn id(&self) -> ServiceId {
+        self.0.id
+    }
+    /// The service as configured.
+    pub fn spec(&self) -> &ServiceSpec {
+        &self.0.spec
+    }
+    /// The service's name.
+    pub fn name(&self) -> &str {
+        &self.0.spec.name
+    }
+    /// The endpoints.
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.0.spec.endpoints
+    }
+    /// True if `ep` is one of this version's endpoints (and local, with `local_only`).
+    pub fn has_endpoint(&self, ep: SocketAddrV4, local_only: bool) -> bool {
+        self.0.eligible(ep, local_only)
+    }
+}
+
+type VipKey = (u32, u16, u8);
+
+#[derive(Default, Debug)]
+struct Snapshot {
+    by_name: HashMap<String, Arc<SvcState>>,
+    by_vip: HashMap<VipKey, Arc<SvcState>>,
+    by_node_port: HashMap<(u16, u8), Arc<SvcState>>,
+}
+
+/// Counters and size of the affinity table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityStats {
+    /// Connections sent to the client's remembered endpoint.
+    pub hits: u64,
+    /// Connections from clients without an entry (a new entry was made).
+    pub misses: u64,
+    /// Entries found expired and replaced.
+    pub expired: u64,
+    /// Entries whose endpoint was gone (or not eligible) and were replaced.
+    pub stale: u64,
+    /// Live entries evicted to make room.
+    pub evictions: u64,
+    /// Entries in use (live or expired, not yet reused).
+    pub entries: u64,
+    /// The table's capacity (at most `max_affinity_entries`).
+    pub capacity: u64,
+}
+
+#[derive(Clone, Copy, Default, Debug)]
+struct Slot {
+    /// `service id << 32 | client`; 0 = empty (ids are nonzero).
+    key: u64,
+    ep_ip: u32,
+    ep_port: u16,
+    expires: Instant,
+}
+
+#[derive(Default, Debug)]
+struct Set {
+    slots: [Slot; WAYS],
+    stats: AffinityStats,
+}
+
+#[derive(Debug)]
+struct Affinity {
+    sets: Box<[Mutex<Set>]>,
+    ways: usize,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Affinity {
+    fn new(max: usize) -> Affinity {
+        let ways = max.min(WAYS);
+        let n = if ways == 0 { 0 } else { max / ways };
+        Affinity {
+            sets: (0..n).map(|_| Mutex::new(Set::default())).collect(),
+            ways,
+            hasher: Default::default(),
+        }
+    }
+
+    /// The remembered endpoint of `key` if live and `valid`, refreshed; otherwise `choose()`,
+    /// remembered. Without capacity, just `choose()`.
+    fn get_or_insert(
+        &self,
+        key: u64,
+        now: Instant,
+        timeout: Duration,
+        valid: impl Fn(SocketAddrV4) -> bool,
+        choose: impl FnOnce() -> Option<SocketAddrV4>,
+    ) -> Option<SocketAddrV4> {
+        let n = self.sets.len() as u64;
+        if n == 0 {
+            return choose();
+        }
+        let h = self.hasher.hash_one(key);
+        let Some(set) = self.sets.get((h % n) as usize) else {
+            return choose();
+        };
+        let mut set = set.lock();
+        let ways = self.ways.min(WAYS);
+        let set = &mut *set;
+        let slots = &mut set.slots[..ways];
+        let expires = now + timeout;
+        if let Some(s) = slots.iter_mut().find(|s| s.key == key) {
+            let ep = SocketAddrV4::new(Ipv4Addr::from(s.ep_ip), s.ep_port);
+            if now < s.expires && valid(ep) {
+                set.stats.hits += 1;
+                s.expires = expires;
+                return Some(ep);
+            }
+            if now < s.expires {
+                set.stats.stale += 1;
+            } else {
+                set.stats.expired += 1;
+            }
+            let ep = choose()?;
+            *s = Slot {
+                key,
+                ep_ip: u32::from(*ep.ip()),
+                ep_port: ep.port(),
+                expires,
+            };
+            return Some(ep);
+        }
+        set.stats.misses += 1;
+        let ep = choose()?;
+        // Victim: an empty slot, else an expired one, else the one closest to expiry.
+        let victim = slots
+            .iter_mut()
+            .min_by_key(|s| (s.key != 0, s.expires > now, s.expires));
+        if let Some(v) = victim {
+            if v.key != 0 {
+                if v.expires > now {
+                    set.stats.evictions += 1;
+                } else {
+                    set.stats.expired += 1;
+                }
+            }
+            *v = Slot {
+                key,
+                ep_ip: u32::from(*ep.ip()),
+                ep_port: ep.port(),
+                expires,
+            };
+        }
+        Some(ep)
+    }
+
+    fn stats(&self) -> AffinityStats {
+        let mut t = AffinityStats {
+            capacity: (self.sets.len() * self.ways) as u64,
+            ..Default::default()
+        };
+        for s in self.sets.iter() {
+            let s = s.lock();
+            t.hits += s.stats.hits;
+            t.misses += s.stats.misses;
+            t.expired += s.stats.expired;
+            t.stale += s.stats.stale;
+            t.evictions += s.stats.evictions;
+            t.entries += s.slots.iter().filter(|x| x.key != 0).count() as u64;
+        }
+        t
+    }
+}
+
+#[derive(Debug)]
+struct Writer {
+    next_id: u32,
+}
+
+/// All services of a node: lookups by VIP and node port, endpoint selection, session
+/// affinity. `Send + Sync`; see the [module docs](self) for the threading rules.
+pub struct Services {
+    snap: ArcSwap<Snapshot>,
+    writer: Mutex<Writer>,
+    affinity: Affinity,
+}
+
+impl fmt::Debug for Services {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Services")
+            .field("services", &self.snap.load().by_name.len())
+            .field("affinity", &self.affinity.stats())
+            .finish()
+    }
+}
+
+fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
+    let service = || spec.name.clone();
+    if spec.name.is_empty() {
+        return Err(ServiceError::EmptyName);
+    }
+    if spec.port == 0 {
+        return Err(ServiceError::ZeroPort {
+            service: service(),
+            field: "port",
+        });
+    }
+    if spec.node_port == Some(0) {
+        return Err(ServiceError::ZeroPort {
+            service: service(),
+            field: "node_port",
+        });
+    }
+    if spec.vip.is_unspecified() || spec.vip.is_broadcast() || spec.vip.is_multicast() {
+        return Err(ServiceError::BadVip {
+            service: service(),
+            vip: spec.vip,
+        });
+    }
+    if !matches!(spec.proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) {
+        return Err(ServiceError::UnsupportedProto {
+            service: service(),
+            proto: spec.proto,
+        });
+    }
+    if let Some(t) = spec.affinity {
+        if t < Duration::from_secs(1) || t > MAX_AFFINITY_TIMEOUT {
+            return Err(ServiceError::BadAffinityTimeout {
+                service: service(),
+                timeout: t,
+            });
+        }
+    }
+    if spec.endpoints.len() > maglev::MAX_BACKENDS {
+        return Err(ServiceError::TooManyEndpoints {
+            service: service(),
+            count: spec.endpoints.len(),
+        });
+    }
+    for e in &spec.endpoints {
+        if e.addr.port() == 0 || e.addr.ip().is_unspecified() {
+            return Err(ServiceError::BadEndpoint {
+                service: service(),
+                endpoint: e.addr,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn build(
+    id: ServiceId,
+    spec: ServiceSpec,
+    prev: Option<&SvcState>,
+) -> Result<SvcState, ServiceError> {
+    let eps: Box<[SocketAddrV4]> = spec.endpoints.iter().map(|e| e.addr).collect();
+    let mut sorted: Vec<(SocketAddrV4, bool)> =
+        spec.endpoints.iter().map(|e| (e.addr, e.local)).collect();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ServiceError::DuplicateEndpoint {
+            service: spec.name.clone(),
+            endpoint: w[0].0,
+        });
+    }
+    let local: Box<[u32]> = spec
+        .endpoints
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.local)
+        .map(|(i, _)| i as u32)
+        .collect();
+    let sorted_local: Box<[SocketAddrV4]> = sorted.iter().filter(|e| e.1).map(|e| e.0).collect();
+    let (mut maglev, mut maglev_local) = (None, None);
+    if spec.algo == LbAlgo::Maglev && !eps.is_empty() {
+        let all: Vec<SocketAddrV4> = sorted.iter().map(|e| e.0).collect();
+        let prev_size = |local: bool| {
+            prev.and_then(|p| {
+                if local {
+                    p.maglev_local.as_ref()
+                } else {
+                    p.maglev.as_ref()
+                }
+            })
+            .map(|m| m.len() as u32)
+        };
+        let m = maglev::table_size_for_update(prev_size(false), eps.len());
+        maglev = Maglev::with_size(&all, m);
+        if !local.is_empty() && local.len() < eps.len() {
+            let m = maglev::table_size_for_update(prev_size(true), sorted_local.len());
+            maglev_local = Maglev::with_size(&sorted_local, m);
+        }
+    }
+    Ok(SvcState {
+        id,
+        spec,
+        eps,
+        local,
+        sorted: sorted.into_boxed_slice(),
+        maglev,
+        maglev_local,
+        sorted_local,
+    })
+}
+
+impl Services {
+    /// An empty table whose affinity table holds at most `max_affinity_entries` entries
+    /// (rounded down to a multiple of 8 above 8; 0 disables affinity: every connection is
+    /// then balanced as without it).
+    pub fn new(max_affinity_entries: usize) -> Services {
+        Services {
+            snap: ArcSwap::from_pointee(Snapshot::default()),
+            writer: Mutex::new(Writer { next_id: 1 }),
+            affinity: Affinity::new(max_affinity_entries),
+        }
+    }
+
+    /// Adds the service, or replaces the one with the same name (keeping its [`ServiceId`]).
+    /// Readers see the old version or the new one, never a mix.
+    ///
+    /// # Errors
+    /// See [`ServiceError`]: invalid fields, or a VIP/port/protocol or node port/protocol that
+    /// another service has. Nothing changes on error.
+    pub fn upsert(&self, spec: ServiceSpec) -> Result<ServiceId, ServiceError> {
+        validate(&spec)?;
+        let mut w = self.writer.lock();
+        let cur = self.snap.load_full();
+        let vkey = (u32::from(spec.vip), spec.port, spec.proto);
+        if let Some(o) = cur.by_vip.get(&vkey).filter(|o| o.spec.name != spec.name) {
+            return Err(ServiceError::DuplicateVip {
+                service: spec.name.clone(),
+                vip: spec.vip,
+                port: spec.port,
+                proto: spec.proto,
+                other: o.spec.name.clone(),
+            });
+        }
+        if let Some(np) = spec.node_port {
+            if let Some(o) = cur
+                .by_node_port
+                .get(&(np, spec.proto))
+                .filter(|o| o.spec.name != spec.name)
+            {
+                return Err(ServiceError::DuplicateNodePort {
+                    service: spec.name.clone(),
+                    node_port: np,
+                    proto: spec.proto,
+                    other: o.spec.name.clone(),
+                });
+            }
+        }
+        let prev = cur.by_name.get(&spec.name).cloned();
+        let (id, fresh) = match &prev {
+            Some(p) => (p.id, false),
+            None => (
+                ServiceId::new(w.next_id).ok_or(ServiceError::IdsExhausted)?,
+                true,
+            ),
+        };
+        let state = Arc::new(build(id, spec, prev.as_deref())?);
+        let mut next = Snapshot {
+            by_name: cur.by_name.clone(),
+            by_vip: cur.by_vip.clone(),
+            by_node_port: cur.by_node_port.clone(),
+        };
+        if let Some(p) = &prev {
+            unlink(&mut next, p);
+        }
+        let s = &state.spec;
+        next.by_vip
+            .insert((u32::from(s.vip), s.port, s.proto), state.clone());
+        if let Some(np) = s.node_port {
+            next.by_node_port.insert((np, s.proto), state.clone());
+        }
+        next.by_name.insert(s.name.clone(), state.clone());
+        self.snap.store(Arc::new(next));
+        if fresh {
+            w.next_id = w.next_id.wrapping_add(1);
+        }
+        Ok(id)
+    }
+
+    /// Removes the service called `name` and returns its spec. Its [`ServiceId`] is not reused.
+    pub fn remove(&self, name: &str) -> Option<ServiceSpec> {
+        let _w = self.writer.lock();
+        let cur = self.snap.load_full();
+        let prev = cur.by_name.get(name)?.clone();
+        let mut next = Snapshot {
+            by_name: cur.by_name.clone(),
+            by_vip: cur.by_vip.clone(),
+            by_node_port: cur.by_node_port.clone(),
+        };
+        unlink(&mut next, &prev);
+        next.by_name.remove(name);
+        self.snap.store(Arc::new(next));
+        Some(prev.spec.clone())
+    }
+
+    /// The service at `dst:dport` for protocol `proto`. Lock-free; does not allocate.
+    #[inline]
+    pub fn by_vip(&self, dst: Ipv4Addr, dport: u16, proto: u8) -> Option<ServiceRef> {
+        let snap = self.snap.load();
+        snap.by_vip
+            .get(&(u32::from(dst), dport, proto))
+            .map(|s| ServiceRef(s.clone()))
+    }
+
+    /// The service with node port `dport` for protocol `proto` (the caller has checked that
+    /// the destination is one of the node's addresses). Lock-free; does not allocate.
+    #[inline]
+    pub fn by_node_port(&self, dport: u16, proto: u8) -> Option<ServiceRef> {
+        let snap = self.snap.load();
+        snap.by_node_port
+            .get(&(dport, proto))
+            .map(|s| ServiceRef(s.clone()))
+    }
+
+    /// The endpoint for a new connection from `client` to `svc`, or `None` when the service
+    /// has no eligible endpoint (the caller rejects the connection, as kube-proxy's REJECT
+    /// rule). `local_only` restricts the choice to endpoints on this node
+    /// (`externalTrafficPolicy: Local` for external traffic). `flow_hash` keys Maglev,
+    /// `rand` (from a per-worker [`super::Rng`]) drives random choice; `now` times affinity.
+    ///
+    /// Does not allocate. For services with affinity it takes one short per-set lock (see
+    /// the [module docs](self)); otherwise it takes none.
+    pub fn select(
+        &self,
+        svc: &ServiceRef,
+        client: Ipv4Addr,
+        flow_hash: u64,
+        rand: u64,
+        local_only: bool,
+        now: Instant,
+    ) -> Option<SocketAddrV4> {
+        let s = &*svc.0;
+        match s.spec.affinity {
+            None => s.pick(flow_hash, rand, local_only),
+            Some(timeout) => {
+                let key = u64::from(s.id.0) << 32 | u64::from(u32::from(client));
+                self.affinity.get_or_insert(
+                    key,
+                    now,
+                    timeout,
+                    |ep| s.eligible(ep, local_only),
+                    || s.pick(flow_hash, rand, local_only),
+                )
+            }
+        }
+    }
+
+    /// The affinity table's counters.
+    pub fn affinity_stats(&self) -> AffinityStats {
+        self.affinity.stats()
+    }
+
+    /// The number of services.
+    pub fn len(&self) -> usize {
+        self.snap.load().by_name.len()
+    }
+
+    /// True if there is no service.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The service called `name`.
+    pub fn get(&self, name: &str) -> Option<ServiceRef> {
+        self.snap
+            .load()
+            .by_name
+            .get(name)
+            .map(|s| ServiceRef(s.clone()))
+    }
+
+    /// Every service's spec, sorted by name.
+    pub fn list(&self) -> Vec<ServiceSpec> {
+        let snap = self.snap.load();
+        let mut v: Vec<ServiceSpec> = snap.by_name.values().map(|s| s.spec.clone()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// An `ipvsadm -Ln`-like listing, services sorted by name:
+    ///
+    /// ```text
+    /// Prot LocalAddress:Port Scheduler Flags
+    ///   -> RemoteAddress:Port           Local
+    /// TCP  10.96.0.10:53 rr persistent 10800 [id 1 kube-dns] nodeport 30053
+    ///   -> 10.244.1.5:53                yes
+    /// ```
+    ///
+    /// The scheduler is `rr` for random (as kube-proxy's IPVS default) and `mh` for Maglev
+    /// (IPVS's Maglev hashing scheduler).
+    pub fn fmt_services(&self) -> String {
+        let snap = self.snap.load();
+        let mut v: Vec<&Arc<SvcState>> = snap.by_name.values().collect();
+        v.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        let mut out = String::from(
+            "Prot LocalAddress:Port Scheduler Flags\n  -> RemoteAddress:Port           Local\n",
+        );
+        for s in v {
+            let sp = &s.spec;
+            let _ = write!(
+                out,
+                "{:<4} {}:{} {}",
+                proto_name(sp.proto),
+                sp.vip,
+                sp.port,
+                match sp.algo {
+                    LbAlgo::Random => "rr",
+                    LbAlgo::Maglev => "mh",
+                }
+            );
+            if let Some(t) = sp.affinity {
+                let _ = write!(out, " persistent {}", t.as_secs());
+            }
+            let _ = write!(out, " [id {} {}]", s.id, sp.name);
+            if let Some(np) = sp.node_port {
+                let _ = write!(out, " nodeport {np}");
+                if sp.external_local {
+                    out.push_str(" external-local");
+                }
+            }
+            out.push('\n');
+            for e in &sp.endpoints {
+                let _ = writeln!(
+                    out,
+                    "  -> {:<28} {}",
+                    e.addr.to_string(),
+                    if e.local { "yes" } else { "no" }
+                );
+            }
+        }
+        out
+    }
+}
+
+fn unlink(next: &mut Snapshot, p: &SvcState) {
+    let s = &p.spec;
+    next.by_vip.remove(&(u32::from(s.vip), s.port, s.proto));
+    if let Some(np) = s.node_port {
+        next.by_node_port.remove(&(np, s.proto));
+    }
+}
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

@@ -1,0 +1,488 @@
+use super::*;
+use crate::nat::Rng;
+use std::collections::{HashMap as StdMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 9, 9);
+
+fn ep(i: u8, port: u16, local: bool) -> Endpoint {
+    Endpoint::new(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, i), port), local)
+}
+
+fn spec(name: &str, n: u8) -> ServiceSpec {
+    let mut s = ServiceSpec::new(name, VIP, 80, PROTO_TCP);
+    s.endpoints = (1..=n).map(|i| ep(i, 8080, false)).collect();
+    s
+}
+
+#[test]
+fn lookup_by_vip_and_node_port() {
+    let s = Services::new(64);
+    let mut a = spec("web", 2);
+    a.node_port = Some(30080);
+    let id = s.upsert(a.clone()).unwrap();
+    assert_eq!(id.get(), 1);
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    assert_eq!((r.id(), r.name()), (id, "web"));
+    assert!(s.by_vip(VIP, 80, PROTO_UDP).is_none());
+    assert!(s.by_vip(VIP, 81, PROTO_TCP).is_none());
+    assert_eq!(s.by_node_port(30080, PROTO_TCP).unwrap().id(), id);
+    assert!(s.by_node_port(30080, PROTO_UDP).is_none());
+    // Same VIP:port over UDP is another service.
+    let mut d = spec("dns", 1);
+    d.proto = PROTO_UDP;
+    let id2 = s.upsert(d).unwrap();
+    assert_ne!(id2, id);
+    assert_eq!(s.by_vip(VIP, 80, PROTO_UDP).unwrap().id(), id2);
+    // Update keeps the id; moving the VIP unlinks the old one.
+    a.vip = Ipv4Addr::new(10, 96, 0, 11);
+    a.node_port = None;
+    assert_eq!(s.upsert(a).unwrap(), id);
+    assert!(s.by_vip(VIP, 80, PROTO_TCP).is_none());
+    assert!(s.by_node_port(30080, PROTO_TCP).is_none());
+    assert_eq!(
+        s.by_vip(Ipv4Addr::new(10, 96, 0, 11), 80, PROTO_TCP)
+            .unwrap()
+            .id(),
+        id
+    );
+    assert_eq!(s.len(), 2);
+    // Remove; ids are not reused.
+    assert_eq!(s.remove("web").unwrap().name, "web");
+    assert!(s.remove("web").is_none());
+    assert!(s
+        .by_vip(Ipv4Addr::new(10, 96, 0, 11), 80, PROTO_TCP)
+        .is_none());
+    assert_eq!(s.upsert(spec("web", 1)).unwrap().get(), 3);
+    let names: Vec<String> = s.list().into_iter().map(|x| x.name).collect();
+    assert_eq!(names, ["dns", "web"]);
+    let txt = s.fmt_services();
+    assert!(txt.contains("TCP  10.96.0.10:80 rr [id 3 web]"), "{txt}");
+    assert!(txt.contains("  -> 10.244.1.1:8080"), "{txt}");
+}
+
+#[test]
+fn validation_errors_name_field_and_value() {
+    let s = Services::new(0);
+    let mut a = spec("web", 1);
+    a.node_port = Some(30080);
+    s.upsert(a).unwrap();
+    let e = s.upsert(spec("web2", 1)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "service \"web2\": vip:port 10.96.0.10:80/TCP already used by service \"web\""
+    );
+    let mut b = spec("b", 1);
+    b.vip = Ipv4Addr::new(10, 96, 0, 99);
+    b.node_port = Some(30080);
+    let e = s.upsert(b.clone()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServiceError::DuplicateNodePort {
+                node_port: 30080,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("node_port 30080/TCP"));
+    b.node_port = Some(0);
+    assert!(s
+        .upsert(b.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("node_port 0"));
+    b.node_port = None;
+    b.port = 0;
+    assert!(s
+        .upsert(b.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("port 0"));
+    b.port = 80;
+    b.proto = 47;
+    assert!(s
+        .upsert(b.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("proto 47"));
+    b.proto = PROTO_TCP;
+    b.endpoints.push(b.endpoints[0]);
+    assert!(s
+        .upsert(b.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("10.244.1.1:8080 listed twice"));
+    b.endpoints = vec![ep(1, 0, false)];
+    assert!(matches!(
+        s.upsert(b.clone()),
+        Err(ServiceError::BadEndpoint { .. })
+    ));
+    b.endpoints.clear();
+    b.affinity = Some(Duration::ZERO);
+    assert!(matches!(
+        s.upsert(b.clone()),
+        Err(ServiceError::BadAffinityTimeout { .. })
+    ));
+    b.affinity = None;
+    b.vip = Ipv4Addr::UNSPECIFIED;
+    assert!(s
+        .upsert(b.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("vip 0.0.0.0"));
+    assert_eq!(
+        s.upsert(ServiceSpec::new("", VIP, 1, 6)),
+        Err(ServiceError::EmptyName)
+    );
+    assert_eq!(s.len(), 1);
+}
+
+#[test]
+fn empty_endpoints_none() {
+    let s = Services::new(64);
+    s.upsert(spec("web", 0)).unwrap();
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    assert_eq!(s.select(&r, CLIENT, 1, 2, false, Instant::ZERO), None);
+    let mut m = spec("web", 0);
+    m.algo = LbAlgo::Maglev;
+    m.affinity = Some(DEFAULT_AFFINITY_TIMEOUT);
+    s.upsert(m).unwrap();
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    assert_eq!(s.select(&r, CLIENT, 1, 2, false, Instant::ZERO), None);
+    assert_eq!(s.affinity_stats().entries, 0);
+}
+
+#[test]
+fn random_spread_two_endpoints() {
+    let s = Services::new(0);
+    s.upsert(spec("web", 2)).unwrap();
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    let mut rng = Rng::new(42);
+    let mut seen = HashSet::new();
+    for _ in 0..100 {
+        seen.insert(
+            s.select(&r, CLIENT, 0, rng.next_u64(), false, Instant::ZERO)
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen.len(), 2);
+    // And uniform over 5.
+    s.upsert(spec("web", 5)).unwrap();
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    let mut c: StdMap<SocketAddrV4, u32> = StdMap::new();
+    for _ in 0..50_000 {
+        *c.entry(
+            s.select(&r, CLIENT, 0, rng.next_u64(), false, Instant::ZERO)
+                .unwrap(),
+        )
+        .or_default() += 1;
+    }
+    assert_eq!(c.len(), 5);
+    assert!(c.values().all(|&n| (9_400..=10_600).contains(&n)), "{c:?}");
+}
+
+#[test]
+fn local_only() {
+    let s = Services::new(64);
+    for algo in [LbAlgo::Random, LbAlgo::Maglev] {
+        let mut a = spec("web", 0);
+        a.algo = algo;
+        a.node_port = Some(30080);
+        a.external_local = true;
+        a.endpoints = vec![
+            ep(1, 80, false),
+            ep(2, 80, true),
+            ep(3, 80, false),
+            ep(4, 80, true),
+        ];
+        s.upsert(a.clone()).unwrap();
+        let r = s.by_node_port(30080, PROTO_TCP).unwrap();
+        let mut rng = Rng::new(1);
+        let mut seen = HashSet::new();
+        for i in 0..400u64 {
+            let e = s
+                .select(&r, CLIENT, i, rng.next_u64(), true, Instant::ZERO)
+                .unwrap();
+            seen.insert(e);
+        }
+        let want: HashSet<_> = [ep(2, 80, true).addr, ep(4, 80, true).addr].into();
+        assert_eq!(seen, want, "{algo:?}");
+        // Without local_only, all four.
+        let all: HashSet<_> = (0..400u64)
+            .map(|i| {
+                s.select(&r, CLIENT, i, rng.next_u64(), false, Instant::ZERO)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(all.len(), 4);
+        // No local endpoint: None (the node drops external traffic, as kube-proxy).
+        a.endpoints = vec![ep(1, 80, false)];
+        s.upsert(a).unwrap();
+        let r = s.by_node_port(30080, PROTO_TCP).unwrap();
+        assert_eq!(s.select(&r, CLIENT, 0, 0, true, Instant::ZERO), None);
+        assert!(s.select(&r, CLIENT, 0, 0, false, Instant::ZERO).is_some());
+    }
+}
+
+#[test]
+fn affinity_hit_expiry_and_stale() {
+    let s = Services::new(1024);
+    let mut a = spec("web", 10);
+    a.affinity = Some(Duration::from_secs(100));
+    s.upsert(a.clone()).unwrap();
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    let mut rng = Rng::new(7);
+    let t0 = Instant::from_secs(1000);
+    let first = s.select(&r, CLIENT, 0, rng.next_u64(), false, t0).unwrap();
+    // Same client: same endpoint, each connection refreshing the timer.
+    for i in 1..=20u64 {
+        let now = t0 + Duration::from_secs(i * 90);
+        assert_eq!(
+            s.select(&r, CLIENT, 0, rng.next_u64(), false, now),
+            Some(first)
+        );
+    }
+    // Another client is spread independently.
+    let others: HashSet<_> = (0..50u8)
+        .map(|i| {
+            s.select(&r, Ipv4Addr::new(10, 0, 0, i), 0, rng.next_u64(), false, t0)
+                .unwrap()
+        })
+        .collect();
+    assert!(others.len() > 3);
+    // Idle longer than the timeout: chosen afresh (and spread: over 20 tries not always the
+    // same endpoint).
+    let mut now = t0 + Duration::from_secs(20 * 90);
+    let mut fresh = HashSet::new();
+    for _ in 0..20 {
+        now = now + Duration::from_secs(101);
+        fresh.insert(s.select(&r, CLIENT, 0, rng.next_u64(), false, now).unwrap());
+    }
+    assert!(fresh.len() > 1);
+    let st = s.affinity_stats();
+    assert_eq!(st.hits, 20);
+    assert_eq!(st.expired, 20);
+    assert_eq!(st.misses, 51);
+    // The remembered endpoint removed: the entry is ignored and replaced.
+    let remembered = s.select(&r, CLIENT, 0, rng.next_u64(), false, now).unwrap();
+    a.endpoints.retain(|e| e.addr != remembered);
+    s.upsert(a).unwrap();
+    let r2 = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    let e = s
+        .select(&r2, CLIENT, 0, rng.next_u64(), false, now)
+        .unwrap();
+    assert_ne!(e, remembered);
+    assert_eq!(
+        s.select(&r2, CLIENT, 0, rng.next_u64(), false, now),
+        Some(e)
+    );
+    assert_eq!(s.affinity_stats().stale, 1);
+    // A removed and re-added service has a new id: old entries do not apply.
+    let old = r2.id();
+    s.remove("web");
+    let mut b = spec("web", 10);
+    b.affinity = Some(Duration::from_secs(100));
+    assert_ne!(s.upsert(b).unwrap(), old);
+}
+
+#[test]
+fn affinity_table_bounded() {
+    let s = Services::new(100);
+    let mut a = spec("web", 4);
+    a.affinity = Some(DEFAULT_AFFINITY_TIMEOUT);
+    s.upsert(a).unwrap();
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    let mut rng = Rng::new(3);
+    let cap = s.affinity_stats().capacity;
+    assert!(cap <= 100 && cap >= 96, "{cap}");
+    for i in 0..10_000u32 {
+        let c = Ipv4Addr::from(0x0a00_0000 + i);
+        s.select(
+            &r,
+            c,
+            0,
+            rng.next_u64(),
+            false,
+            Instant::from_secs(u64::from(i)),
+        )
+        .unwrap();
+    }
+    let st = s.affinity_stats();
+    assert_eq!(st.entries, cap);
+    assert_eq!(st.misses, 10_000);
+    assert_eq!(st.evictions, 10_000 - cap);
+    // The most recent client of a set survives; the oldest were evicted.
+    let last = Ipv4Addr::from(0x0a00_0000 + 9_999);
+    let e = s
+        .select(
+            &r,
+            last,
+            0,
+            rng.next_u64(),
+            false,
+            Instant::from_secs(10_000),
+        )
+        .unwrap();
+    assert_eq!(s.affinity_stats().hits, 1);
+    for _ in 0..10 {
+        assert_eq!(
+            s.select(
+                &r,
+                last,
+                0,
+                rng.next_u64(),
+                false,
+                Instant::from_secs(10_000)
+            ),
+            Some(e)
+        );
+    }
+    // Capacity 0: no affinity, no panic.
+    let z = Services::new(0);
+    let mut a = spec("web", 4);
+    a.affinity = Some(DEFAULT_AFFINITY_TIMEOUT);
+    z.upsert(a).unwrap();
+    let r = z.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    assert!(z.select(&r, CLIENT, 0, 1, false, Instant::ZERO).is_some());
+    assert_eq!(z.affinity_stats().capacity, 0);
+    // Tiny capacity.
+    assert_eq!(Services::new(3).affinity_stats().capacity, 3);
+}
+
+fn maglev_map(s: &Services, keys: u64) -> Vec<SocketAddrV4> {
+    let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    (0..keys)
+        .map(|k| {
+            s.select(
+                &r,
+                CLIENT,
+                crate::nat::alloc::mix64(k),
+                0,
+                false,
+                Instant::ZERO,
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn maglev_disruption_and_balance() {
+    let s = Services::new(0);
+    let mut a = spec("web", 10);
+    a.algo = LbAlgo::Maglev;
+    s.upsert(a.clone()).unwrap();
+    const K: u64 = 100_000;
+    let before = maglev_map(&s, K);
+    // Balance: each of 10 endpoints within 5 % of 1/10 (slot shares differ by ≤ 1/102;
+    // the rest is sampling noise).
+    let mut c: StdMap<SocketAddrV4, u64> = StdMap::new();
+    for e in &before {
+        *c.entry(*e).or_default() += 1;
+    }
+    assert_eq!(c.len(), 10);
+    assert!(c.values().all(|&n| (9_500..=10_500).contains(&n)), "{c:?}");
+    // Remove one of ten: its keys move, most others stay.
+    let gone = a.endpoints.remove(3).addr;
+    s.upsert(a.clone()).unwrap();
+    let after = maglev_map(&s, K);
+    let kept = before.iter().zip(&after).filter(|(b, a)| b == a).count() as f64 / K as f64;
+    let kept_of_others = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, _)| **b != gone)
+        .filter(|(b, a)| b == a)
+        .count() as f64
+        / before.iter().filter(|b| **b != gone).count() as f64;
+    assert!(kept >= 0.85, "kept {kept}");
+    assert!(kept_of_others >= 0.93, "kept of others {kept_of_others}");
+    assert!(!after.contains(&gone));
+    // Add one (11 endpoints): about 1/11 of keys move.
+    a.endpoints.push(ep(200, 8080, false));
+    a.endpoints.push(ep(3 + 1, 8080, false));
+    a.endpoints.retain(|e| e.addr.ip().octets()[3] != 200);
+    s.upsert(a.clone()).unwrap(); // back to the original ten (other order)
+    let back = maglev_map(&s, K);
+    let same = before.iter().zip(&back).filter(|(b, a)| b == a).count();
+    assert_eq!(
+        same as u64, K,
+        "same endpoint set, same table, whatever the order"
+    );
+    a.endpoints.push(ep(200, 8080, false));
+    s.upsert(a).unwrap();
+    let grown = maglev_map(&s, K);
+    let moved = before.iter().zip(&grown).filter(|(b, a)| b != a).count() as f64 / K as f64;
+    assert!(moved < 0.15 && moved > 0.05, "moved {moved}");
+}
+
+#[test]
+fn update_while_reading() {
+    let s = Arc::new(Services::new(1024));
+    let v = |port: u16, n: u8| {
+        let mut a = spec("web", 0);
+        a.endpoints = (1..=n).map(|i| ep(i, port, false)).collect();
+        a.algo = if port % 2 == 0 {
+            LbAlgo::Maglev
+        } else {
+            LbAlgo::Random
+        };
+        a.affinity = (n % 2 == 0).then_some(Duration::from_secs(10));
+        a
+    };
+    s.upsert(v(1000, 3)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|t| {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(t);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = s
+                        .by_vip(VIP, 80, PROTO_TCP)
+                        .expect("never missing during updates");
+                    // One version: every endpoint has the same port, and the chosen one belongs.
+                    let port = r.endpoints()[0].addr.port();
+                    assert!(r.endpoints().iter().all(|e| e.addr.port() == port));
+                    let e = s
+                        .select(
+                            &r,
+                            Ipv4Addr::from(rng.next_u64() as u32),
+                            rng.next_u64(),
+                            rng.next_u64(),
+                            false,
+                            Instant::ZERO,
+                        )
+                        .unwrap();
+                    assert_eq!(e.port(), port);
+                    assert!(r.has_endpoint(e, false));
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for i in 0..2000u16 {
+        s.upsert(v(1000 + i, (i % 7 + 1) as u8)).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert_eq!(
+        s.by_vip(VIP, 80, PROTO_TCP).unwrap().endpoints()[0]
+            .addr
+            .port(),
+        2999
+    );
+}
+
+#[test]
+fn services_is_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Services>();
+    check::<ServiceRef>();
+}
