@@ -18,6 +18,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod buf;
+pub mod conntrack;
 pub mod datapath;
 pub mod fdb;
 pub mod ipv4;

@@ -1,0 +1,588 @@
+//! Connection tracking, as Linux's nf_conntrack: one entry per connection on a bounded,
+//! lock-free flow table.
+//!
+//! An entry holds the connection's ORIGINAL tuple (as its first packet travelled) and its REPLY
+//! tuple (what the other end's packets look like when they come back). Without NAT the reply
+//! tuple is `orig.invert()`; a NAT is expressed by a reply tuple that differs from it: a DNAT
+//! of `client -> ClusterIP:80` to `endpoint:8080` has the reply `endpoint:8080 -> client`. An
+//! entry is found from either tuple, and [`CtHit::dir`] says which direction matched.
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtState, CtTag, Dir, Pkt, Track};
+//! use tapyard::tuple::{L4Kind, Tuple};
+//! use tapyard::Instant;
+//!
+//! let ct = Conntrack::new(CtConfig::default()).unwrap();
+//! let orig = Tuple {
+//!     src: Ipv4Addr::new(10, 244, 1, 2), dst: Ipv4Addr::new(10, 96, 0, 10),
+//!     sport: 40000, dport: 80, proto: 6, zone: 0,
+//! };
+//! // DNAT to an endpoint: the reply comes from 10.244.1.3:8080.
+//! let reply = Tuple { src: Ipv4Addr::new(10, 244, 1, 3), sport: 8080, ..orig.invert() };
+//! let syn = Pkt { kind: L4Kind::Tcp, tcp_flags: flags::SYN, len: 60 };
+//! let now = Instant::from_secs(1);
+//! assert!(ct.lookup(&orig, now).is_none());
+//! let hit = ct.insert(orig, reply, CtTag::default(), &syn, now).unwrap();
+//! assert_eq!(hit.state, CtState::SynSent);
+//! // The endpoint's SYN-ACK is found from the reply side.
+//! let back = ct.lookup(&reply, now).unwrap();
+//! assert_eq!((back.id, back.dir), (hit.id, Dir::Reply));
+//! let synack = Pkt { tcp_flags: flags::SYN | flags::ACK, ..syn };
+//! assert_eq!(ct.track(&back, &synack, now), Track::Ok(CtState::SynRecv));
+//! ```
+//!
+//! # What is tracked
+//!
+//! * **TCP**: Linux's state table (`tcp_conntracks`, SYN_SENT2 included) is ported as is, see
+//!   [`tcp`]. An invalid transition is [`Track::Invalid`] (counted), an "ignore" cell is
+//!   [`Track::Ignored`]. RST moves to CLOSE (10 s); a RST before any reply deletes the entry
+//!   at once ([`Track::Closed`]), as Linux does. A SYN on a TIME_WAIT or CLOSE connection
+//!   deletes it and returns [`Track::Reopen`]: the caller inserts the new connection (Linux
+//!   re-creates it the same way; unlike Linux we do not first check that the close was seen).
+//!   A new connection needs a pure SYN; with [`CtConfig::liberal`] (Linux's
+//!   `nf_conntrack_tcp_loose`) a packet whose class is ACK (no SYN/FIN/RST) is picked up as
+//!   ESTABLISHED, exactly the packets Linux picks up. ASSURED is set when the connection
+//!   reaches ESTABLISHED from SYN_RECV or ESTABLISHED after a reply was seen (the handshake's
+//!   last ACK). **Window and sequence tracking is not done** (as if `nf_conntrack_tcp_be_liberal`
+//!   were set), nor the retransmission/unacknowledged-data timeouts.
+//! * **UDP**: 30 s until a packet follows the first reply, then 120 s and ASSURED (Linux's
+//!   `udp_packet`: the reply itself sets SEEN_REPLY and refreshes to 30 s).
+//! * **ICMP echo**: keyed by identifier, created by a request only, 30 s. Requests must travel
+//!   in the original direction and replies in the reply direction. An ICMP error for a tracked
+//!   connection is [`Track::Related`] and changes nothing.
+//! * **Other protocols**: 600 s.
+//!
+//! An entry's timeout is a function of its protocol, TCP state and status, counted from its
+//! last refresh. A packet that changes the state or status refreshes it exactly; other packets
+//! refresh it at most once per [`REFRESH`] (1 s), so an idle entry can expire up to 1 s before
+//! the timeout after its last packet (the shortest timeout is 10 s). Invalid and ignored packets
+//! neither refresh nor count.
+//!
+//! # Design
+//!
+//! * An **entry array** of `max_entries` entries, allocated once. An entry is a 64-byte line of
+//!   atomics (control word, both tuples, last refresh, mark/service, endpoint) read by lookups,
+//!   plus 32 bytes of per-direction packet/byte counters in a separate array, so that counting
+//!   packets does not dirty the line that lookups read.
+//! * An **index** of 64-byte buckets of eight `(signature, entry, direction)` words, holding
+//!   both tuples of every entry. A tuple hashes (seeded with a per-table random key, so a remote
+//!   peer cannot aim at a bucket) to two candidate buckets; there are four index words per
+//!   entry, so the index is at most half full. [`Conntrack::locate`] hashes once;
+//!   [`Conntrack::prefetch`] brings both buckets in before a batch's lookups.
+//! * Free entries are on a lock-free stack (a Treiber stack with a tagged head).
+//! * Memory: 64 + 32 bytes per entry plus 16 to 32 bytes of index per entry (bucket count
+//!   rounded up to a power of two): 128 bytes per connection at the default 262144; see
+//!   [`Conntrack::memory_bytes`].
+//!
+//! # Thread-safety contract and memory reclamation
+//!
+//! A [`Conntrack`] is shared by all workers through `&self`. **No operation takes a lock or
+//! waits for another thread**: lookups, tracking, inserts, removes, sweeps and dumps are
+//! made of atomic loads, stores and compare-and-swaps (CAS) only; a CAS that loses a race
+//! retries a bounded or progress-guaranteed number of times.
+//!
+//! * **Generations.** An entry's control word holds a 32-bit generation, its life stage
+//!   (FREE, BUSY, PENDING, LIVE, DYING, ABORTED), TCP state and status bits. Freeing an entry
+//!   bumps its generation. A [`CtId`] is (entry, generation), and every mutation through a
+//!   [`CtHit`] or [`CtId`] (state changes, removal) CASes the control word against the
+//!   generation it expects, so it can never change a reused entry. The counters and the
+//!   last-refresh word carry the generation's low 16 bits and are updated by CAS against them
+//!   too, so a late packet of a removed connection is not counted on the entry's next user.
+//! * **Seqlock reads.** A writer fills an entry while it is BUSY (after a release fence) and
+//!   publishes it with a release store of PENDING. A reader loads the control word (acquire),
+//!   the tuple words, an acquire fence, and the control word again: if the generation changed
+//!   or the entry is not LIVE, it was reused under the reader and the reader treats it as a
+//!   miss. Tuples are only written while an entry is BUSY, so a reader never returns a torn
+//!   mix of two connections' tuples. Index words hold only a 32-bit signature, so a reader
+//!   always compares the full tuple.
+//! * **Reclamation.** No memory is freed while the table lives: entries and index buckets are
+//!   preallocated and reused in place, so a reader holding a stale index word or [`CtHit`] reads
+//!   valid (if outdated) atomics, never freed memory, and the generation check turns staleness
+//!   into a miss or [`Track::Gone`]. No epoch or hazard scheme is needed.
+//! * **Insert** (lock-free): pop a free entry, fill it, mark it PENDING, CAS both index words
+//!   into empty slots (sequentially consistent), then scan both tuples' candidate buckets for
+//!   another PENDING or LIVE entry with an equal tuple. A LIVE one wins (the insert backs out
+//!   with [`InsertError::Clash`], returning the existing entry); between two PENDING inserts the
+//!   lower entry index wins, and the winner CASes the loser to ABORTED, which makes the loser's
+//!   final PENDING -> LIVE CAS fail. Because both publish before they scan (sequentially
+//!   consistent), at least one of two racing inserts sees the other, so at most one becomes
+//!   LIVE. Lookups ignore PENDING entries; [`Conntrack::tuple_in_use`] counts them as taken.
+//! * **Removal** (by id, expiry, sweep, early drop, [`Conntrack::retain`]): CAS LIVE -> DYING
+//!   (the winner owns the entry), clear its two index words, store FREE with the next
+//!   generation (release), push it on the free stack.
+//! * A refresh racing with an expiry of the same entry may lose: an entry idle for its whole
+//!   timeout can be reaped just as a late packet refreshes it (the next packet then finds no
+//!   entry, as it would a moment later in Linux).
+//!
+//! # Limits, expiry and early drop
+//!
+//! There are never more than `max_entries` live entries. Expired entries are misses at once;
+//! [`Conntrack::sweep`] frees them incrementally, at most `budget` entries per call, resuming
+//! where the previous call stopped. When no entry is free, an insert first reaps an expired
+//! entry among the entries indexed in its tuples' candidate buckets, then sweeps
+//! [`FULL_SWEEP_BUDGET`] entries, then **early-drops** an entry that is not ASSURED among those
+//! candidates (preferring one that never saw a reply, then the least recently refreshed),
+//! counted in [`CtCounters::early_drop`]. If none qualifies the insert fails with
+//! [`InsertError::Full`], counted in [`CtCounters::insert_failed`]. An insert whose two
+//! candidate buckets are both full (at most half-full index: practically never, and the seeded
+//! hash keeps attackers from arranging it) also fails with `Full`.
+//!
+//! Counters are kept in per-thread shards (one cache line each) and summed when read.
+
+mod table;
+pub mod tcp;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::tuple::{L4Kind, Tuple};
+
+pub use table::{Conntrack, CtLoc};
+pub use tcp::CtState;
+
+/// A non-state-changing packet refreshes its entry's timeout at most this often.
+pub const REFRESH: Duration = Duration::from_secs(1);
+
+/// Entries an insert sweeps when the table is full, before early-dropping.
+pub const FULL_SWEEP_BUDGET: usize = 16;
+
+/// Default limit on entries, as Linux's `nf_conntrack_max` on a large host.
+pub const DEFAULT_MAX_ENTRIES: usize = 262_144;
+
+/// Largest accepted `max_entries` (entry indices are 31 bits).
+pub const MAX_ENTRIES_LIMIT: usize = 1 << 30;
+
+/// Timeouts per protocol and TCP state; the defaults are Linux's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtTimeouts {
+    /// TCP SYN_SENT (and SYN_SENT2): 120 s.
+    pub tcp_syn_sent: Duration,
+    /// TCP SYN_RECV: 60 s.
+    pub tcp_syn_recv: Duration,
+    /// TCP ESTABLISHED: 5 days.
+    pub tcp_established: Duration,
+    /// TCP FIN_WAIT: 120 s.
+    pub tcp_fin_wait: Duration,
+    /// TCP CLOSE_WAIT: 60 s.
+    pub tcp_close_wait: Duration,
+    /// TCP LAST_ACK: 30 s.
+    pub tcp_last_ack: Duration,
+    /// TCP TIME_WAIT: 120 s.
+    pub tcp_time_wait: Duration,
+    /// TCP CLOSE: 10 s.
+    pub tcp_close: Duration,
+    /// UDP until assured: 30 s.
+    pub udp: Duration,
+    /// UDP once assured (seen both ways): 120 s.
+    pub udp_stream: Duration,
+    /// ICMP echo: 30 s.
+    pub icmp: Duration,
+    /// Any other protocol: 600 s.
+    pub generic: Duration,
+}
+
+impl Default for CtTimeouts {
+    fn default() -> Self {
+        let s = Duration::from_secs;
+        CtTimeouts {
+            tcp_syn_sent: s(120),
+            tcp_syn_recv: s(60),
+            tcp_established: s(432_000),
+            tcp_fin_wait: s(120),
+            tcp_close_wait: s(60),
+            tcp_last_ack: s(30),
+            tcp_time_wait: s(120),
+            tcp_close: s(10),
+            udp: s(30),
+            udp_stream: s(120),
+            icmp: s(30),
+            generic: s(600),
+        }
+    }
+}
+
+impl CtTimeouts {
+    /// Every timeout with its field name, for validation and display.
+    pub fn fields(&self) -> [(&'static str, Duration); 12] {
+        [
+            ("tcp_syn_sent", self.tcp_syn_sent),
+            ("tcp_syn_recv", self.tcp_syn_recv),
+            ("tcp_established", self.tcp_established),
+            ("tcp_fin_wait", self.tcp_fin_wait),
+            ("tcp_close_wait", self.tcp_close_wait),
+            ("tcp_last_ack", self.tcp_last_ack),
+            ("tcp_time_wait", self.tcp_time_wait),
+            ("tcp_close", self.tcp_close),
+            ("udp", self.udp),
+            ("udp_stream", self.udp_stream),
+            ("icmp", self.icmp),
+            ("generic", self.generic),
+        ]
+    }
+}
+
+/// Configuration of a [`Conntrack`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtConfig {
+    /// Most live entries (`nf_conntrack_max`); memory for them is allocated at creation.
+    pub max_entries: usize,
+    /// Pick up TCP connections mid-stream (`nf_conntrack_tcp_loose`).
+    pub liberal: bool,
+    /// Timeouts.
+    pub timeouts: CtTimeouts,
+}
+
+impl Default for CtConfig {
+    fn default() -> Self {
+        CtConfig {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            liberal: false,
+            timeouts: CtTimeouts::default(),
+        }
+    }
+}
+
+/// A configuration value that [`Conntrack::new`] refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CtConfigError {
+    /// The field, e.g. `max_entries` or `timeouts.udp`.
+    pub field: &'static str,
+    /// The refused value, as text.
+    pub value: String,
+    /// What the field must be.
+    pub expected: &'static str,
+}
+
+impl fmt::Display for CtConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "conntrack config: {} = {} (must be {})",
+            self.field, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for CtConfigError {}
+
+/// Which way a packet travels relative to its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Dir {
+    /// As the connection's first packet (matches the ORIGINAL tuple).
+    Original = 0,
+    /// Back from the other end (matches the REPLY tuple).
+    Reply = 1,
+}
+
+/// An entry's identity: its slot and the slot's generation. A stale id (the entry was removed
+/// and the slot reused) never matches the new entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CtId {
+    /// Entry slot.
+    pub slot: u32,
+    /// Generation of the slot when the id was taken.
+    pub gen: u32,
+}
+
+/// Status bits of an entry (Linux's `IPS_*` bit numbers).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CtStatus(pub u16);
+
+impl CtStatus {
+    /// A packet was seen in the reply direction.
+    pub const SEEN_REPLY: u16 = 1 << 1;
+    /// The connection is assured: not early-dropped when the table is full.
+    pub const ASSURED: u16 = 1 << 2;
+    /// The source is translated (reply destination differs from the original source).
+    pub const SRC_NAT: u16 = 1 << 4;
+    /// The destination is translated (reply source differs from the original destination).
+    pub const DST_NAT: u16 = 1 << 5;
+    /// The bits a [`CtTag`] may set.
+    pub const NAT_MASK: u16 = CtStatus::SRC_NAT | CtStatus::DST_NAT;
+
+    /// Whether all of `bits` are set.
+    pub fn has(self, bits: u16) -> bool {
+        self.0 & bits == bits
+    }
+    /// A reply was seen.
+    pub fn seen_reply(self) -> bool {
+        self.has(CtStatus::SEEN_REPLY)
+    }
+    /// The entry is assured.
+    pub fn assured(self) -> bool {
+        self.has(CtStatus::ASSURED)
+    }
+    /// Source NAT.
+    pub fn snat(self) -> bool {
+        self.has(CtStatus::SRC_NAT)
+    }
+    /// Destination NAT.
+    pub fn dnat(self) -> bool {
+        self.has(CtStatus::DST_NAT)
+    }
+}
+
+impl fmt::Debug for CtStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (CtStatus::SEEN_REPLY, "SEEN_REPLY"),
+            (CtStatus::ASSURED, "ASSURED"),
+            (CtStatus::SRC_NAT, "SRC_NAT"),
+            (CtStatus::DST_NAT, "DST_NAT"),
+        ];
+        let mut first = true;
+        write!(f, "CtStatus(")?;
+        for (b, n) in names {
+            if self.0 & b != 0 {
+                if !first {
+                    write!(f, "|")?;
+                }
+                write!(f, "{n}")?;
+                first = false;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+/// What the NAT layer attaches to a new entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CtTag {
+    /// Status bits to set; only [`CtStatus::NAT_MASK`] bits are taken (they are also derived
+    /// from the tuples: SRC_NAT/DST_NAT are set whenever the reply tuple says so).
+    pub status: CtStatus,
+    /// Connection mark (`ct mark`).
+    pub mark: u32,
+    /// Opaque service tag (0 = none), e.g. the kube-proxy service the entry was made for.
+    pub service: u32,
+    /// Opaque endpoint tag (0 = none), e.g. to flush a removed endpoint's flows.
+    pub endpoint: u32,
+}
+
+/// What [`Conntrack::track`] and [`Conntrack::insert`] need to know about a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pkt {
+    /// The L4 kind, as [`Tuple::from_ipv4`] returned it.
+    pub kind: L4Kind,
+    /// The TCP flags byte (ignored for other protocols); see [`tcp::flags`].
+    pub tcp_flags: u8,
+    /// Wire length (IP datagram), for the byte counters.
+    pub len: u32,
+}
+
+/// A found (or inserted) entry, as it was when read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtHit {
+    /// Identity, for [`Conntrack::track`] and [`Conntrack::remove`].
+    pub id: CtId,
+    /// Which of the entry's tuples matched.
+    pub dir: Dir,
+    /// The original tuple.
+    pub orig: Tuple,
+    /// The reply tuple.
+    pub reply: Tuple,
+    /// Status bits.
+    pub status: CtStatus,
+    /// Connection mark.
+    pub mark: u32,
+    /// Service tag (0 = none).
+    pub service: u32,
+    /// Endpoint tag (0 = none).
+    pub endpoint: u32,
+    /// TCP state ([`CtState::None`] for other protocols).
+    pub state: CtState,
+}
+
+/// Why a packet is invalid for conntrack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InvalidReason {
+    /// The original and reply tuples are of different protocols.
+    ProtoMismatch,
+    /// The packet's L4 kind does not fit the entry's protocol.
+    KindMismatch,
+    /// A new TCP connection whose first packet is not a pure SYN (or, liberal, not an ACK).
+    TcpNotSyn,
+    /// A TCP packet that is invalid in the connection's state (`sIV` in Linux's table).
+    TcpTransition,
+    /// A new ICMP "connection" that is not an echo request.
+    IcmpNotRequest,
+    /// An echo request in the reply direction or a reply in the original direction.
+    IcmpDirection,
+}
+
+/// Why [`Conntrack::insert`] did not insert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertError {
+    /// One of the tuples belongs to another entry (e.g. another thread inserted the same
+    /// connection first). `existing` is that entry when it was already live, with `dir` saying
+    /// which of its tuples equals the new ORIGINAL tuple (or `Original` if only the reply
+    /// clashed): track the packet on it.
+    Clash {
+        /// The entry that won, if live.
+        existing: Option<CtHit>,
+    },
+    /// No room: no free entry, nothing expired or early-droppable among the candidates.
+    Full,
+    /// The first packet cannot create a connection.
+    Invalid(InvalidReason),
+}
+
+impl fmt::Display for InsertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InsertError::Clash { .. } => write!(f, "conntrack: tuple already tracked"),
+            InsertError::Full => write!(f, "conntrack: table full"),
+            InsertError::Invalid(r) => write!(f, "conntrack: invalid first packet ({r:?})"),
+        }
+    }
+}
+
+impl std::error::Error for InsertError {}
+
+/// What [`Conntrack::track`] made of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Track {
+    /// Accepted and counted; the connection is now in this state.
+    Ok(CtState),
+    /// Accepted without changing the entry (Linux's `sIG`: may be a resync); not counted.
+    Ignored,
+    /// An ICMP error about the connection (RELATED): accepted, the entry is unchanged.
+    Related,
+    /// Invalid for the connection (counted in [`CtCounters::invalid`]); the entry is unchanged.
+    Invalid(InvalidReason),
+    /// A SYN for a closed (TIME_WAIT/CLOSE) connection: the old entry was deleted; insert the
+    /// new connection from this packet.
+    Reopen,
+    /// A RST before any reply: the entry was deleted (Linux kills it at once); accept the RST.
+    Closed,
+    /// The entry no longer exists (removed or expired, its slot maybe reused): look up again.
+    Gone,
+}
+
+/// Counters, summed over all threads by [`Conntrack::counters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtCounters {
+    /// Live entries now.
+    pub entries: usize,
+    /// Lookups that found a live entry.
+    pub found: u64,
+    /// Entries inserted.
+    pub new: u64,
+    /// Invalid packets (refused first packets and invalid transitions).
+    pub invalid: u64,
+    /// Inserts refused for lack of room.
+    pub insert_failed: u64,
+    /// Unassured entries evicted to make room.
+    pub early_drop: u64,
+    /// Inserts that lost to an entry with the same tuple.
+    pub clash: u64,
+    /// Expired entries freed (by sweeps, or by inserts needing room).
+    pub expired: u64,
+    /// Entries removed by [`Conntrack::remove`], [`Conntrack::retain`], a RST before any
+    /// reply, or a reopening SYN.
+    pub removed: u64,
+}
+
+/// A snapshot of an entry for display and JSON (`conntrack -L`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtView {
+    /// Identity.
+    pub id: CtId,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Protocol name as `conntrack -L` prints it (`tcp`, `udp`, `icmp`, `unknown`).
+    pub protocol: &'static str,
+    /// TCP state (None for other protocols).
+    pub state: Option<CtState>,
+    /// Seconds until the entry expires if nothing refreshes it.
+    pub timeout_secs: u64,
+    /// Original tuple.
+    pub orig: Tuple,
+    /// Reply tuple.
+    pub reply: Tuple,
+    /// Packets in the original direction.
+    pub orig_packets: u64,
+    /// Bytes in the original direction.
+    pub orig_bytes: u64,
+    /// Packets in the reply direction.
+    pub reply_packets: u64,
+    /// Bytes in the reply direction.
+    pub reply_bytes: u64,
+    /// ASSURED.
+    pub assured: bool,
+    /// No reply seen yet.
+    pub unreplied: bool,
+    /// All status bits.
+    pub status: CtStatus,
+    /// Connection mark.
+    pub mark: u32,
+    /// Service tag.
+    pub service: u32,
+    /// Endpoint tag.
+    pub endpoint: u32,
+}
+
+impl fmt::Display for CtView {
+    /// One `conntrack -L` line (without newline).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<8} {} {} ",
+            self.protocol, self.proto, self.timeout_secs
+        )?;
+        if let Some(s) = self.state {
+            write!(f, "{} ", s.name())?;
+        }
+        fmt_tuple(f, &self.orig, Dir::Original)?;
+        write!(
+            f,
+            " packets={} bytes={} ",
+            self.orig_packets, self.orig_bytes
+        )?;
+        if self.unreplied {
+            write!(f, "[UNREPLIED] ")?;
+        }
+        fmt_tuple(f, &self.reply, Dir::Reply)?;
+        write!(
+            f,
+            " packets={} bytes={} ",
+            self.reply_packets, self.reply_bytes
+        )?;
+        if self.assured {
+            write!(f, "[ASSURED] ")?;
+        }
+        write!(f, "mark={} use=1", self.mark)
+    }
+}
+
+/// A tuple as `conntrack -L` prints it: ICMP echo with `type= code= id=`.
+fn fmt_tuple(f: &mut fmt::Formatter<'_>, t: &Tuple, dir: Dir) -> fmt::Result {
+    if t.proto == crate::ipv4::PROTO_ICMP {
+        let ty = if dir == Dir::Original { 8 } else { 0 };
+        write!(
+            f,
+            "src={} dst={} type={ty} code=0 id={}",
+            t.src, t.dst, t.sport
+        )?;
+        if t.zone != 0 {
+            write!(f, " zone={}", t.zone)?;
+        }
+        Ok(())
+    } else {
+        fmt::Display::fmt(t, f)
+    }
+}
+
+/// The protocol name `conntrack -L` prints.
+pub(crate) fn proto_name(p: u8) -> &'static str {
+    match p {
+        6 => "tcp",
+        17 => "udp",
+        1 => "icmp",
+        _ => "unknown",
+    }
+}

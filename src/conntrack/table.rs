@@ -1,0 +1,1206 @@
+//! The lock-free table behind [`Conntrack`] (design and contract in the module docs).
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+
+use super::tcp::{self, flags, CtState, Next};
+use super::{
+    proto_name, CtConfig, CtConfigError, CtCounters, CtHit, CtId, CtStatus, CtTag, CtView, Dir,
+    InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
+};
+use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::time::Instant;
+use crate::tuple::{L4Kind, Tuple};
+
+// ---- control word -----------------------------------------------------------------------
+// bits 0..16 status, 16..20 TCP state, 20..23 life stage, 32..64 generation.
+
+const FREE: u64 = 0;
+const BUSY: u64 = 1;
+const PENDING: u64 = 2;
+const LIVE: u64 = 3;
+const DYING: u64 = 4;
+const ABORTED: u64 = 5;
+
+#[inline]
+fn life(c: u64) -> u64 {
+    (c >> 20) & 7
+}
+#[inline]
+fn gen_of(c: u64) -> u32 {
+    (c >> 32) as u32
+}
+#[inline]
+fn state_of(c: u64) -> CtState {
+    CtState::from_u8(((c >> 16) & 0xf) as u8)
+}
+#[inline]
+fn status_of(c: u64) -> CtStatus {
+    CtStatus(c as u16)
+}
+#[inline]
+fn ctl(gen: u32, life: u64, state: CtState, status: CtStatus) -> u64 {
+    (u64::from(gen) << 32) | (life << 20) | (u64::from(state as u8) << 16) | u64::from(status.0)
+}
+#[inline]
+fn with_life(c: u64, l: u64) -> u64 {
+    (c & !(7 << 20)) | (l << 20)
+}
+
+// ---- generation-tagged 48-bit words (counters, last refresh) -------------------------------
+
+const LOW48: u64 = (1 << 48) - 1;
+
+#[inline]
+fn tag16(gen: u32) -> u64 {
+    u64::from(gen as u16) << 48
+}
+
+/// Adds `d` to a generation-tagged counter if it still belongs to generation `gen`.
+#[inline]
+fn tagged_add(w: &AtomicU64, gen: u32, d: u64) {
+    let t = tag16(gen);
+    let mut cur = w.load(Ordering::Relaxed);
+    while cur & !LOW48 == t {
+        let new = t | (cur.wrapping_add(d) & LOW48);
+        match w.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(a) => cur = a,
+        }
+    }
+}
+
+// ---- layout ------------------------------------------------------------------------------
+
+/// The line lookups read. `words` = orig `to_words()`, reply `to_words()`.
+#[repr(align(64))]
+#[derive(Default)]
+struct Entry {
+    ctl: AtomicU64,
+    words: [AtomicU64; 4],
+    /// Generation tag (16 bits) | last refresh in milliseconds (48 bits).
+    last: AtomicU64,
+    /// mark << 32 | service.
+    tag: AtomicU64,
+    /// endpoint << 32 | free-stack link (next free slot + 1, 0 = none) while FREE.
+    aux: AtomicU64,
+}
+
+/// Per-direction counters: orig packets, orig bytes, reply packets, reply bytes, each
+/// generation-tagged.
+#[repr(align(32))]
+#[derive(Default)]
+struct Acct {
+    w: [AtomicU64; 4],
+}
+
+const WAYS: usize = 8;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Bucket {
+    slots: [AtomicU64; WAYS],
+}
+
+// Counter shards.
+const C_FOUND: usize = 0;
+const C_NEW: usize = 1;
+const C_INVALID: usize = 2;
+const C_INSERT_FAILED: usize = 3;
+const C_EARLY_DROP: usize = 4;
+const C_CLASH: usize = 5;
+const C_EXPIRED: usize = 6;
+const C_REMOVED: usize = 7;
+const SHARDS: usize = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Shard {
+    c: [AtomicU64; 8],
+}
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static MY_SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+}
+
+#[inline]
+fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// Where a tuple lives in a table: its packed words, signature and two candidate buckets,
+/// computed once by [`Conntrack::locate`] and reused for prefetching and lookups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtLoc {
+    w: [u64; 2],
+    sig: u32,
+    b1: u32,
+    b2: u32,
+}
+
+#[inline]
+fn slot_value(sig: u32, idx: usize, dir: Dir) -> u64 {
+    (u64::from(sig) << 32) | ((idx as u64) << 1) | dir as u64
+}
+
+#[inline]
+fn slot_entry(v: u64) -> (usize, Dir) {
+    let low = v as u32;
+    (
+        (low >> 1) as usize,
+        if low & 1 == 0 {
+            Dir::Original
+        } else {
+            Dir::Reply
+        },
+    )
+}
+
+/// A consistent read of an entry (seqlock-validated).
+#[derive(Clone, Copy)]
+struct Snap {
+    c: u64,
+    w: [u64; 4],
+    last: u64,
+    tag: u64,
+    aux: u64,
+}
+
+impl Snap {
+    #[inline]
+    fn tuple_words(&self, dir: Dir) -> [u64; 2] {
+        match dir {
+            Dir::Original => [self.w[0], self.w[1]],
+            Dir::Reply => [self.w[2], self.w[3]],
+        }
+    }
+    #[inline]
+    fn proto(&self) -> u8 {
+        (self.w[1] >> 16) as u8
+    }
+    #[inline]
+    fn last_ms(&self) -> u64 {
+        self.last & LOW48
+    }
+}
+
+enum Resolve {
+    Win,
+    Lose(Option<(usize, Dir, Snap)>),
+}
+
+/// Connection tracking table (see the [module docs](super)).
+pub struct Conntrack {
+    entries: Box<[Entry]>,
+    acct: Box<[Acct]>,
+    index: Box<[Bucket]>,
+    mask: usize,
+    seed: u64,
+    /// Free stack head: tag << 32 | (slot + 1), 0 in the low half = empty.
+    free_head: AtomicU64,
+    len: AtomicUsize,
+    cursor: AtomicUsize,
+    shards: Box<[Shard]>,
+    liberal: bool,
+    /// Timeouts in microseconds: TCP by state, then udp, udp_stream, icmp, generic.
+    tcp_to: [u64; 10],
+    udp_to: u64,
+    udp_stream_to: u64,
+    icmp_to: u64,
+    generic_to: u64,
+    cfg: CtConfig,
+}
+
+impl std::fmt::Debug for Conntrack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conntrack")
+            .field("max_entries", &self.entries.len())
+            .field("buckets", &self.index.len())
+            .field("counters", &self.counters())
+            .finish()
+    }
+}
+
+fn us(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Conntrack {
+    /// A table for at most `cfg.max_entries` connections, all memory allocated now.
+    pub fn new(cfg: CtConfig) -> Result<Conntrack, CtConfigError> {
+        if cfg.max_entries == 0 || cfg.max_entries > MAX_ENTRIES_LIMIT {
+            return Err(CtConfigError {
+                field: "max_entries",
+                value: cfg.max_entries.to_string(),
+                expected: "between 1 and 2^30",
+            });
+        }
+        for (name, d) in cfg.timeouts.fields() {
+            if d.is_zero() {
+                return Err(CtConfigError {
+                    field: match name {
+                        "tcp_syn_sent" => "timeouts.tcp_syn_sent",
+                        "tcp_syn_recv" => "timeouts.tcp_syn_recv",
+                        "tcp_established" => "timeouts.tcp_established",
+                        "tcp_fin_wait" => "timeouts.tcp_fin_wait",
+                        "tcp_close_wait" => "timeouts.tcp_close_wait",
+                        "tcp_last_ack" => "timeouts.tcp_last_ack",
+                        "tcp_time_wait" => "timeouts.tcp_time_wait",
+                        "tcp_close" => "timeouts.tcp_close",
+                        "udp" => "timeouts.udp",
+                        "udp_stream" => "timeouts.udp_stream",
+                        "icmp" => "timeouts.icmp",
+                        _ => "timeouts.generic",
+                    },
+                    value: format!("{d:?}"),
+                    expected: "a non-zero duration",
+                });
+            }
+        }
+        let n = cfg.max_entries;
+        // Two tuples per entry, at most half of the index words used.
+        let nbuckets = (n * 2 * 2).div_ceil(WAYS).next_power_of_two().max(2);
+        let entries: Box<[Entry]> = (0..n).map(|_| Entry::default()).collect();
+        // Free stack: 0 -> 1 -> ... -> n-1.
+        for (i, e) in entries.iter().enumerate() {
+            let next = if i + 1 < n { i as u64 + 2 } else { 0 };
+            e.aux.store(next, Ordering::Relaxed);
+        }
+        let t = &cfg.timeouts;
+        let tcp_to = [
+            us(t.tcp_close), // NONE: never stays there
+            us(t.tcp_syn_sent),
+            us(t.tcp_syn_recv),
+            us(t.tcp_established),
+            us(t.tcp_fin_wait),
+            us(t.tcp_close_wait),
+            us(t.tcp_last_ack),
+            us(t.tcp_time_wait),
+            us(t.tcp_close),
+            us(t.tcp_syn_sent),
+        ];
+        Ok(Conntrack {
+            acct: (0..n).map(|_| Acct::default()).collect(),
+            entries,
+            index: (0..nbuckets).map(|_| Bucket::default()).collect(),
+            mask: nbuckets - 1,
+            seed: RandomState::new().hash_one(0xc0_u64),
+            free_head: AtomicU64::new(1),
+            len: AtomicUsize::new(0),
+            cursor: AtomicUsize::new(0),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            liberal: cfg.liberal,
+            tcp_to,
+            udp_to: us(t.udp),
+            udp_stream_to: us(t.udp_stream),
+            icmp_to: us(t.icmp),
+            generic_to: us(t.generic),
+            cfg,
+        })
+    }
+
+    /// The configuration the table was made with.
+    pub fn config(&self) -> &CtConfig {
+        &self.cfg
+    }
+
+    /// Bytes of memory the table holds (fixed at creation).
+    pub fn memory_bytes(&self) -> usize {
+        self.entries.len() * std::mem::size_of::<Entry>()
+            + self.acct.len() * std::mem::size_of::<Acct>()
+            + self.index.len() * std::mem::size_of::<Bucket>()
+            + self.shards.len() * std::mem::size_of::<Shard>()
+    }
+
+    // ---- counters ------------------------------------------------------------------------
+
+    #[inline]
+    fn count(&self, which: usize, n: u64) {
+        let s = MY_SHARD.try_with(|s| *s).unwrap_or(0);
+        if let Some(sh) = self.shards.get(s) {
+            sh.c[which].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counters summed over all threads, and the number of live entries.
+    pub fn counters(&self) -> CtCounters {
+        let mut s = [0u64; 8];
+        for sh in self.shards.iter() {
+            for (a, c) in s.iter_mut().zip(sh.c.iter()) {
+                *a = a.wrapping_add(c.load(Ordering::Relaxed));
+            }
+        }
+        CtCounters {
+            entries: self.len(),
+            found: s[C_FOUND],
+            new: s[C_NEW],
+            invalid: s[C_INVALID],
+            insert_failed: s[C_INSERT_FAILED],
+            early_drop: s[C_EARLY_DROP],
+            clash: s[C_CLASH],
+            expired: s[C_EXPIRED],
+            removed: s[C_REMOVED],
+        }
+    }
+
+    /// Live entries (inserted and not yet removed or swept; expired entries not yet swept
+    /// are included).
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// True when no entry is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    // ---- hashing -------------------------------------------------------------------------
+
+    #[inline]
+    fn locate_words(&self, w: [u64; 2]) -> CtLoc {
+        let h = fmix64(w[0] ^ fmix64(w[1] ^ self.seed));
+        let b1 = (h as usize) & self.mask;
+        let mut b2 = (fmix64(h) as usize) & self.mask;
+        if b2 == b1 {
+            b2 = b1 ^ 1;
+        }
+        CtLoc {
+            w,
+            sig: ((h >> 32) as u32) | 1,
+            b1: b1 as u32,
+            b2: b2 as u32,
+        }
+    }
+
+    /// Hashes `t` once, for [`Conntrack::prefetch`] and [`Conntrack::lookup_loc`].
+    #[inline]
+    pub fn locate(&self, t: &Tuple) -> CtLoc {
+        self.locate_words(t.to_words())
+    }
+
+    /// Hints the CPU to fetch both candidate buckets of a located tuple (before a batch's
+    /// lookups).
+    #[inline]
+    pub fn prefetch(&self, l: &CtLoc) {
+        if let Some(b) = self.index.get(l.b1 as usize) {
+            crate::sys::prefetch(b);
+        }
+        if let Some(b) = self.index.get(l.b2 as usize) {
+            crate::sys::prefetch(b);
+        }
+    }
+
+    #[inline]
+    fn buckets(&self, l: &CtLoc) -> impl Iterator<Item = &Bucket> {
+        [l.b1, l.b2]
+            .into_iter()
+            .filter_map(|b| self.index.get(b as usize))
+    }
+
+    // ---- reading -------------------------------------------------------------------------
+
+    /// A seqlock-consistent snapshot of entry `idx` if its life stage passes `ok`.
+    #[inline]
+    fn snap(&self, idx: usize, ok: impl Fn(u64) -> bool) -> Option<Snap> {
+        let e = self.entries.get(idx)?;
+        let c1 = e.ctl.load(Ordering::Acquire);
+        if !ok(life(c1)) {
+            return None;
+        }
+        let w = [
+            e.words[0].load(Ordering::Relaxed),
+            e.words[1].load(Ordering::Relaxed),
+            e.words[2].load(Ordering::Relaxed),
+            e.words[3].load(Ordering::Relaxed),
+        ];
+        let last = e.last.load(Ordering::Relaxed);
+        let tag = e.tag.load(Ordering::Relaxed);
+        let aux = e.aux.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let c2 = e.ctl.load(Ordering::Relaxed);
+        if gen_of(c1) != gen_of(c2) || !ok(life(c2)) {
+            return None;
+        }
+        Some(Snap {
+            c: c2,
+            w,
+            last,
+            tag,
+            aux,
+        })
+    }
+
+    #[inline]
+    fn timeout_us(&self, proto: u8, c: u64) -> u64 {
+        match proto {
+            PROTO_TCP => self.tcp_to[state_of(c) as usize],
+            PROTO_UDP => {
+                if status_of(c).assured() {
+                    self.udp_stream_to
+                } else {
+                    self.udp_to
+                }
+            }
+            PROTO_ICMP => self.icmp_to,
+            _ => self.generic_to,
+        }
+    }
+
+    /// When the entry expires, in microseconds.
+    #[inline]
+    fn deadline(&self, s: &Snap) -> u64 {
+        s.last_ms()
+            .saturating_mul(1000)
+            .saturating_add(self.timeout_us(s.proto(), s.c))
+    }
+
+    #[inline]
+    fn expired(&self, s: &Snap, now_us: u64) -> bool {
+        now_us >= self.deadline(s)
+    }
+
+    fn hit_of(idx: usize, dir: Dir, s: &Snap) -> CtHit {
+        CtHit {
+            id: CtId {
+                slot: idx as u32,
+                gen: gen_of(s.c),
+            },
+            dir,
+            orig: Tuple::from_words([s.w[0], s.w[1]]),
+            reply: Tuple::from_words([s.w[2], s.w[3]]),
+            status: status_of(s.c),
+            mark: (s.tag >> 32) as u32,
+            service: s.tag as u32,
+            endpoint: (s.aux >> 32) as u32,
+            state: state_of(s.c),
+        }
+    }
+
+    /// Finds the entry holding tuple `l` whose life stage passes `ok` and that has not
+    /// expired at `now_us`.
+    #[inline]
+    fn find(
+        &self,
+        l: &CtLoc,
+        now_us: u64,
+        ok: impl Fn(u64) -> bool + Copy,
+    ) -> Option<(usize, Dir, Snap)> {
+        let sig = u64::from(l.sig);
+        for b in self.buckets(l) {
+            for s in &b.slots {
+                let v = s.load(Ordering::Acquire);
+                if v >> 32 != sig {
+                    continue;
+                }
+                let (idx, dir) = slot_entry(v);
+                let Some(sn) = self.snap(idx, ok) else {
+                    continue;
+                };
+                if sn.tuple_words(dir) == l.w && (life(sn.c) != LIVE || !self.expired(&sn, now_us))
+                {
+                    return Some((idx, dir, sn));
+                }
+            }
+        }
+        None
+    }
+
+    /// The live entry with `t` as its original or reply tuple. Lock-free, no writes except a
+    /// per-thread counter; an expired entry is a miss.
+    #[inline]
+    pub fn lookup(&self, t: &Tuple, now: Instant) -> Option<CtHit> {
+        self.lookup_loc(&self.locate(t), now)
+    }
+
+    /// [`Conntrack::lookup`] for a tuple already located with [`Conntrack::locate`].
+    #[inline]
+    pub fn lookup_loc(&self, l: &CtLoc, now: Instant) -> Option<CtHit> {
+        let (idx, dir, s) = self.find(l, now.micros(), |x| x == LIVE)?;
+        self.count(C_FOUND, 1);
+        Some(Self::hit_of(idx, dir, &s))
+    }
+
+    /// Whether `t` is the original or reply tuple of a live (or being inserted) entry: for a
+    /// NAT port allocator choosing a free reply tuple.
+    pub fn tuple_in_use(&self, t: &Tuple, now: Instant) -> bool {
+        self.find(&self.locate(t), now.micros(), |x| x == LIVE || x == PENDING)
+            .is_some()
+    }
+
+    // ---- free stack ----------------------------------------------------------------------
+
+    fn pop(&self) -> Option<usize> {
+        let mut h = self.free_head.load(Ordering::Acquire);
+        loop {
+            let top = h as u32;
+            if top == 0 {
+                return None;
+            }
+            let idx = (top - 1) as usize;
+            let next = self.entries.get(idx)?.aux.load(Ordering::Relaxed) as u32;
+            let new = ((h >> 32).wrapping_add(1) << 32) | u64::from(next);
+            match self
+                .free_head
+                .compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(idx),
+                Err(a) => h = a,
+            }
+        }
+    }
+
+    fn push(&self, idx: usize) {
+        let Some(e) = self.entries.get(idx) else {
+            return;
+        };
+        let mut h = self.free_head.load(Ordering::Relaxed);
+        loop {
+            e.aux.store(u64::from(h as u32), Ordering::Relaxed);
+            let new = ((h >> 32).wrapping_add(1) << 32) | (idx as u64 + 1);
+            match self
+                .free_head
+                .compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(a) => h = a,
+            }
+        }
+    }
+
+    // ---- index ---------------------------------------------------------------------------
+
+    fn publish(&self, l: &CtLoc, v: u64) -> bool {
+        for _ in 0..64 {
+            let empties = |b: &Bucket| {
+                b.slots
+                    .iter()
+                    .filter(|s| s.load(Ordering::Relaxed) == 0)
+                    .count()
+            };
+            let (Some(b1), Some(b2)) =
+                (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
+            else {
+                return false;
+            };
+            let (e1, e2) = (empties(b1), empties(b2));
+            if e1 == 0 && e2 == 0 {
+                return false;
+            }
+            let b = if e1 >= e2 { b1 } else { b2 };
+            for s in &b.slots {
+                if s.load(Ordering::Relaxed) == 0
+                    && s.compare_exchange(0, v, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn unpublish(&self, l: &CtLoc, v: u64) {
+        for b in self.buckets(l) {
+            for s in &b.slots {
+                if s.load(Ordering::Relaxed) == v {
+                    let _ = s.compare_exchange(v, 0, Ordering::Release, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    // ---- removal -------------------------------------------------------------------------
+
+    /// Frees entry `idx` if its control word is still `expect` (LIVE or ABORTED-by-owner).
+    /// Returns whether this call freed it.
+    fn kill(&self, idx: usize, expect: u64) -> bool {
+        let Some(e) = self.entries.get(idx) else {
+            return false;
+        };
+        if e.ctl
+            .compare_exchange(
+                expect,
+                with_life(expect, DYING),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        self.release(idx, gen_of(expect));
+        if life(expect) == LIVE {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Unlinks an entry this thread owns (DYING, or its own PENDING/ABORTED insert) from the
+    /// index and frees it with the next generation.
+    fn release(&self, idx: usize, gen: u32) {
+        let Some(e) = self.entries.get(idx) else {
+            return;
+        };
+        let w = [
+            e.words[0].load(Ordering::Relaxed),
+            e.words[1].load(Ordering::Relaxed),
+            e.words[2].load(Ordering::Relaxed),
+            e.words[3].load(Ordering::Relaxed),
+        ];
+        let lo = self.locate_words([w[0], w[1]]);
+        let lr = self.locate_words([w[2], w[3]]);
+        self.unpublish(&lo, slot_value(lo.sig, idx, Dir::Original));
+        self.unpublish(&lr, slot_value(lr.sig, idx, Dir::Reply));
+        e.ctl.store(
+            ctl(gen.wrapping_add(1), FREE, CtState::None, CtStatus(0)),
+            Ordering::Release,
+        );
+        self.push(idx);
+    }
+
+    /// Removes the entry `id` (if it still exists). Returns whether it did.
+    pub fn remove(&self, id: CtId) -> bool {
+        let Some(e) = self.entries.get(id.slot as usize) else {
+            return false;
+        };
+        loop {
+            let c = e.ctl.load(Ordering::Acquire);
+            if gen_of(c) != id.gen || life(c) != LIVE {
+                return false;
+            }
+            if self.kill(id.slot as usize, c) {
+                self.count(C_REMOVED, 1);
+                return true;
+            }
+        }
+    }
+
+    // ---- insert --------------------------------------------------------------------------
+
+    fn initial(&self, orig: &Tuple, reply: &Tuple, p: &Pkt) -> Result<CtState, InvalidReason> {
+        if orig.proto != reply.proto {
+            return Err(InvalidReason::ProtoMismatch);
+        }
+        match (orig.proto, p.kind) {
+            (PROTO_TCP, L4Kind::Tcp) => {
+                match tcp::next(Dir::Original, p.tcp_flags, CtState::None) {
+                    Next::To(CtState::SynSent) => Ok(CtState::SynSent),
+                    Next::To(s) if self.liberal => Ok(s),
+                    _ => Err(InvalidReason::TcpNotSyn),
+                }
+            }
+            (PROTO_UDP, L4Kind::Udp) => Ok(CtState::None),
+            (PROTO_ICMP, L4Kind::IcmpEcho { request: true }) => Ok(CtState::None),
+            (PROTO_ICMP, _) => Err(InvalidReason::IcmpNotRequest),
+            (PROTO_TCP | PROTO_UDP, _) => Err(InvalidReason::KindMismatch),
+            (_, L4Kind::Other) => Ok(CtState::None),
+            _ => Err(InvalidReason::KindMismatch),
+        }
+    }
+
+    /// Inserts a new connection: `orig` as its first packet `first` travels, `reply` as the
+    /// other end's packets will look (`orig.invert()` without NAT). The first packet is
+    /// counted and run through the state machine. Lock-free; see the module docs for what
+    /// happens when the table is full.
+    ///
+    /// Fails with [`InsertError::Invalid`] when `first` cannot open a connection (counted in
+    /// [`CtCounters::invalid`]), [`InsertError::Clash`] when either tuple already belongs to an
+    /// entry, and [`InsertError::Full`].
+    pub fn insert(
+        &self,
+        orig: Tuple,
+        reply: Tuple,
+        tag: CtTag,
+        first: &Pkt,
+        now: Instant,
+    ) -> Result<CtHit, InsertError> {
+        let state = match self.initial(&orig, &reply, first) {
+            Ok(s) => s,
+            Err(r) => {
+                self.count(C_INVALID, 1);
+                return Err(InsertError::Invalid(r));
+            }
+        };
+        let mut status = tag.status.0 & CtStatus::NAT_MASK;
+        if (reply.src, reply.sport) != (orig.dst, orig.dport) {
+            status |= CtStatus::DST_NAT;
+        }
+        if (reply.dst, reply.dport) != (orig.src, orig.sport) {
+            status |= CtStatus::SRC_NAT;
+        }
+        let status = CtStatus(status);
+        let lo = self.locate(&orig);
+        let lr = self.locate(&reply);
+        self.prefetch(&lo);
+        self.prefetch(&lr);
+        let now_us = now.micros();
+        let idx = self.alloc(&lo, &lr, now_us)?;
+        let Some(e) = self.entries.get(idx) else {
+            return Err(InsertError::Full);
+        };
+        let Some(a) = self.acct.get(idx) else {
+            return Err(InsertError::Full);
+        };
+        // Fill the entry while it is BUSY (seqlock "odd" state).
+        let gen = gen_of(e.ctl.load(Ordering::Relaxed));
+        e.ctl.store(
+            ctl(gen, BUSY, CtState::None, CtStatus(0)),
+            Ordering::Relaxed,
+        );
+        fence(Ordering::Release);
+        let t = tag16(gen);
+        for (slot, v) in e.words.iter().zip([lo.w[0], lo.w[1], lr.w[0], lr.w[1]]) {
+            slot.store(v, Ordering::Relaxed);
+        }
+        e.last
+            .store(t | ((now_us / 1000) & LOW48), Ordering::Relaxed);
+        e.tag.store(
+            (u64::from(tag.mark) << 32) | u64::from(tag.service),
+            Ordering::Relaxed,
+        );
+        e.aux
+            .store(u64::from(tag.endpoint) << 32, Ordering::Relaxed);
+        a.w[0].store(t | 1, Ordering::Relaxed);
+        a.w[1].store(t | (u64::from(first.len) & LOW48), Ordering::Relaxed);
+        a.w[2].store(t, Ordering::Relaxed);
+        a.w[3].store(t, Ordering::Relaxed);
+        let pending = ctl(gen, PENDING, state, status);
+        e.ctl.store(pending, Ordering::Release);
+
+        let vo = slot_value(lo.sig, idx, Dir::Original);
+        let vr = slot_value(lr.sig, idx, Dir::Reply);
+        if !self.publish(&lo, vo) {
+            self.release(idx, gen);
+            self.count(C_INSERT_FAILED, 1);
+            return Err(InsertError::Full);
+        }
+        if !self.publish(&lr, vr) {
+            self.release(idx, gen);
+            self.count(C_INSERT_FAILED, 1);
+            return Err(InsertError::Full);
+        }
+        let lost = match self.resolve(idx, &lo, &lr, now_us) {
+            Resolve::Win => {
+                match e.ctl.compare_exchange(
+                    pending,
+                    with_life(pending, LIVE),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => None,
+                    // Aborted by a racing insert of the same tuple with a lower slot.
+                    Err(_) => Some(self.find(&lo, now_us, |x| x == LIVE)),
+                }
+            }
+            Resolve::Lose(existing) => Some(existing),
+        };
+        if let Some(existing) = lost {
+            self.release(idx, gen);
+            self.count(C_CLASH, 1);
+            let existing = existing.map(|(i, _, s)| {
+                let dir = if s.tuple_words(Dir::Reply) == lo.w {
+                    Dir::Reply
+                } else {
+                    Dir::Original
+                };
+                Self::hit_of(i, dir, &s)
+            });
+            return Err(InsertError::Clash { existing });
+        }
+        self.len.fetch_add(1, Ordering::Relaxed);
+        self.count(C_NEW, 1);
+        Ok(CtHit {
+            id: CtId {
+                slot: idx as u32,
+                gen,
+            },
+            dir: Dir::Original,
+            orig,
+            reply,
+            status,
+            mark: tag.mark,
+            service: tag.service,
+            endpoint: tag.endpoint,
+            state,
+        })
+    }
+
+    /// After publishing entry `idx` (PENDING), decides whether it may become LIVE: it loses
+    /// to a LIVE entry with an equal tuple, or to a PENDING one in a lower slot; it aborts
+    /// PENDING ones in higher slots and frees expired ones.
+    fn resolve(&self, idx: usize, lo: &CtLoc, lr: &CtLoc, now_us: u64) -> Resolve {
+        for l in [lo, lr] {
+            let sig = u64::from(l.sig);
+            for b in self.buckets(l) {
+                for s in &b.slots {
+                    let v = s.load(Ordering::SeqCst);
+                    if v >> 32 != sig {
+                        continue;
+                    }
+                    let (oidx, odir) = slot_entry(v);
+                    if oidx == idx {
+                        continue;
+                    }
+                    // Retry when the other entry moves on under us (bounded: it can only go
+                    // PENDING -> LIVE/ABORTED and LIVE -> DYING once per generation).
+                    for _ in 0..4 {
+                        let Some(sn) = self.snap(oidx, |x| x == LIVE || x == PENDING) else {
+                            break;
+                        };
+                        if sn.tuple_words(odir) != l.w {
+                            break;
+                        }
+                        if life(sn.c) == LIVE {
+                            if self.expired(&sn, now_us) {
+                                if self.kill(oidx, sn.c) {
+                                    self.count(C_EXPIRED, 1);
+                                }
+                                continue;
+                            }
+                            return Resolve::Lose(Some((oidx, odir, sn)));
+                        }
+                        // PENDING.
+                        if oidx < idx {
+                            return Resolve::Lose(None);
+                        }
+                        let Some(oe) = self.entries.get(oidx) else {
+                            break;
+                        };
+                        if oe
+                            .ctl
+                            .compare_exchange(
+                                sn.c,
+                                with_life(sn.c, ABORTED),
+                                Ordering::AcqRel,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Resolve::Win
+    }
+
+    /// A free slot, making room when there is none (see the module docs).
+    fn alloc(&self, lo: &CtLoc, lr: &CtLoc, now_us: u64) -> Result<usize, InsertError> {
+        for _ in 0..4 {
+            if let Some(i) = self.pop() {
+                return Ok(i);
+            }
+            if !self.make_room(lo, lr, now_us) {
+                break;
+            }
+        }
+        self.count(C_INSERT_FAILED, 1);
+        Err(InsertError::Full)
+    }
+
+    /// Frees one entry: an expired candidate, else whatever a short sweep finds, else an
+    /// unassured candidate (early drop). Returns false if nothing could be freed.
+    fn make_room(&self, lo: &CtLoc, lr: &CtLoc, now_us: u64) -> bool {
+        // (unreplied first, then oldest) victim among unassured candidates
+        let mut victim: Option<(usize, u64, (bool, u64))> = None;
+        for l in [lo, lr] {
+            for b in self.buckets(l) {
+                for s in &b.slots {
+                    let v = s.load(Ordering::Acquire);
+                    if v == 0 {
+                        continue;
+                    }
+                    let (idx, _) = slot_entry(v);
+                    let Some(sn) = self.snap(idx, |x| x == LIVE) else {
+                        continue;
+                    };
+                    if self.expired(&sn, now_us) {
+                        if self.kill(idx, sn.c) {
+                            self.count(C_EXPIRED, 1);
+                            return true;
+                        }
+                        continue;
+                    }
+                    let st = status_of(sn.c);
+                    if st.assured() {
+                        continue;
+                    }
+                    let rank = (st.seen_reply(), sn.last_ms());
+                    if victim.is_none_or(|(_, _, r)| rank < r) {
+                        victim = Some((idx, sn.c, rank));
+                    }
+                }
+            }
+        }
+        if self.sweep_us(now_us, FULL_SWEEP_BUDGET) > 0 {
+            return true;
+        }
+        if let Some((idx, c, _)) = victim {
+            if self.kill(idx, c) {
+                self.count(C_EARLY_DROP, 1);
+                return true;
+            }
+            // It changed under us; let the caller retry.
+            return true;
+        }
+        false
+    }
+
+    // ---- tracking ------------------------------------------------------------------------
+
+    /// Runs a packet travelling in `hit.dir` through its connection's state machine: updates
+    /// the state and status, refreshes the timeout, and counts the packet and its bytes in
+    /// that direction. Lock-free. See [`Track`] for the outcomes; an entry removed since the
+    /// lookup (or whose slot was reused) is [`Track::Gone`] and is never touched.
+    pub fn track(&self, hit: &CtHit, pkt: &Pkt, now: Instant) -> Track {
+        let slot = hit.id.slot as usize;
+        let (Some(e), Some(a)) = (self.entries.get(slot), self.acct.get(slot)) else {
+            return Track::Gone;
+        };
+        let dir = hit.dir;
+        let proto = hit.orig.proto;
+        let now_ms = (now.micros() / 1000) & LOW48;
+        let mut c = e.ctl.load(Ordering::Acquire);
+        let changed;
+        let new_state;
+        loop {
+            if gen_of(c) != hit.id.gen || life(c) != LIVE {
+                return Track::Gone;
+            }
+            let old = state_of(c);
+            let st = status_of(c);
+            let mut ns = st.0;
+            let mut state = old;
+            match (proto, pkt.kind) {
+                (_, L4Kind::IcmpError { .. }) => return Track::Related,
+                (PROTO_TCP, L4Kind::Tcp) => match tcp::next(dir, pkt.tcp_flags, old) {
+                    Next::Invalid => {
+                        self.count(C_INVALID, 1);
+                        return Track::Invalid(InvalidReason::TcpTransition);
+                    }
+                    Next::Ignore => return Track::Ignored,
+                    Next::To(s) => {
+                        if (s == CtState::SynSent || s == CtState::SynSent2)
+                            && matches!(old, CtState::TimeWait | CtState::Close)
+                        {
+                            if self.kill(slot, c) {
+                                self.count(C_REMOVED, 1);
+                                return Track::Reopen;
+                            }
+                            c = e.ctl.load(Ordering::Acquire);
+                            continue;
+                        }
+                        if pkt.tcp_flags & flags::RST != 0 && !st.seen_reply() {
+                            if self.kill(slot, c) {
+                                self.count(C_REMOVED, 1);
+                                return Track::Closed;
+                            }
+                            c = e.ctl.load(Ordering::Acquire);
+                            continue;
+                        }
+                        if st.seen_reply()
+                            && !st.assured()
+                            && matches!(old, CtState::SynRecv | CtState::Established)
+                            && s == CtState::Established
+                        {
+                            ns |= CtStatus::ASSURED;
+                        }
+                        state = s;
+                    }
+                },
+                (PROTO_UDP, L4Kind::Udp) => {
+                    if st.seen_reply() {
+                        ns |= CtStatus::ASSURED;
+                    }
+                }
+                (PROTO_ICMP, L4Kind::IcmpEcho { request }) => {
+                    if request != (dir == Dir::Original) {
+                        self.count(C_INVALID, 1);
+                        return Track::Invalid(InvalidReason::IcmpDirection);
+                    }
+                }
+                (PROTO_TCP | PROTO_UDP | PROTO_ICMP, _) | (_, L4Kind::Tcp | L4Kind::Udp) => {
+                    self.count(C_INVALID, 1);
+                    return Track::Invalid(InvalidReason::KindMismatch);
+                }
+                _ => {}
+            }
+            if dir == Dir::Reply {
+                ns |= CtStatus::SEEN_REPLY;
+            }
+            let nc = ctl(gen_of(c), LIVE, state, CtStatus(ns));
+            if nc == c {
+                changed = false;
+                new_state = state;
+                break;
+            }
+            match e
+                .ctl
+                .compare_exchange(c, nc, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    changed = true;
+                    new_state = state;
+                    break;
+                }
+                Err(x) => c = x,
+            }
+        }
+        // Refresh: exactly on a change, else at most once per REFRESH.
+        let gen = hit.id.gen;
+        let t = tag16(gen);
+        let mut l = e.last.load(Ordering::Relaxed);
+        let refresh_ms = REFRESH.as_millis() as u64;
+        if changed || now_ms.saturating_sub(l & LOW48) >= refresh_ms {
+            while l & !LOW48 == t && (l & LOW48) < now_ms {
+                match e.last.compare_exchange_weak(
+                    l,
+                    t | now_ms,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(x) => l = x,
+                }
+            }
+        }
+        let d = dir as usize * 2;
+        tagged_add(&a.w[d], gen, 1);
+        tagged_add(&a.w[d + 1], gen, u64::from(pkt.len));
+        Track::Ok(new_state)
+    }
+
+    // ---- expiry and bulk operations --------------------------------------------------------
+
+    /// Frees expired entries among the next `budget` slots (resuming where the previous call
+    /// stopped, wrapping around). Returns how many it freed. Never scans more than `budget`
+    /// slots; call it from a timer with a budget sized to cover the table within the shortest
+    /// timeout you care about.
+    pub fn sweep(&self, now: Instant, budget: usize) -> usize {
+        self.sweep_us(now.micros(), budget)
+    }
+
+    fn sweep_us(&self, now_us: u64, budget: usize) -> usize {
+        let n = self.entries.len();
+        let budget = budget.min(n);
+        if budget == 0 {
+            return 0;
+        }
+        let start = self.cursor.fetch_add(budget, Ordering::Relaxed) % n;
+        let mut freed = 0;
+        for i in 0..budget {
+            let idx = (start + i) % n;
+            let Some(sn) = self.snap(idx, |x| x == LIVE) else {
+                continue;
+            };
+            if self.expired(&sn, now_us) && self.kill(idx, sn.c) {
+                freed += 1;
+            }
+        }
+        if freed > 0 {
+            self.count(C_EXPIRED, freed as u64);
+        }
+        freed
+    }
+
+    fn view_of(&self, idx: usize, s: &Snap, now_us: u64) -> CtView {
+        let h = Self::hit_of(idx, Dir::Original, s);
+        let g = tag16(gen_of(s.c));
+        let ctr = |i: usize| {
+            let v = self
+                .acct
+                .get(idx)
+                .map_or(0, |a| a.w[i].load(Ordering::Relaxed));
+            if v & !LOW48 == g {
+                v & LOW48
+            } else {
+                0
+            }
+        };
+        let proto = h.orig.proto;
+        CtView {
+            id: h.id,
+            proto,
+            protocol: proto_name(proto),
+            state: (proto == PROTO_TCP).then_some(h.state),
+            timeout_secs: self.deadline(s).saturating_sub(now_us) / 1_000_000,
+            orig: h.orig,
+            reply: h.reply,
+            orig_packets: ctr(0),
+            orig_bytes: ctr(1),
+            reply_packets: ctr(2),
+            reply_bytes: ctr(3),
+            assured: h.status.assured(),
+            unreplied: !h.status.seen_reply(),
+            status: h.status,
+            mark: h.mark,
+            service: h.service,
+            endpoint: h.endpoint,
+        }
+    }
+
+    /// Removes every live entry for which `keep` returns false (e.g. UDP flows to a removed
+    /// endpoint), and frees expired entries on the way. Returns how many `keep` removed.
+    /// O(table size); lock-free like everything else.
+    pub fn retain(&self, now: Instant, mut keep: impl FnMut(&CtView) -> bool) -> usize {
+        let now_us = now.micros();
+        let mut removed = 0;
+        let mut expired = 0;
+        for idx in 0..self.entries.len() {
+            let Some(sn) = self.snap(idx, |x| x == LIVE) else {
+                continue;
+            };
+            if self.expired(&sn, now_us) {
+                if self.kill(idx, sn.c) {
+                    expired += 1;
+                }
+                continue;
+            }
+            if !keep(&self.view_of(idx, &sn, now_us)) && self.kill(idx, sn.c) {
+                removed += 1;
+            }
+        }
+        self.count(C_EXPIRED, expired);
+        self.count(C_REMOVED, removed as u64);
+        removed
+    }
+
+    /// Every live entry at `now`, sorted by protocol and original tuple.
+    pub fn dump(&self, now: Instant) -> Vec<CtView> {
+        let now_us = now.micros();
+        let mut v: Vec<CtView> = (0..self.entries.len())
+            .filter_map(|idx| {
+                let sn = self.snap(idx, |x| x == LIVE)?;
+                (!self.expired(&sn, now_us)).then(|| self.view_of(idx, &sn, now_us))
+            })
+            .collect();
+        v.sort_by_key(|e| (e.proto, e.orig));
+        v
+    }
+
+    /// [`Conntrack::dump`] as `conntrack -L` prints it, one line per entry.
+    pub fn fmt_dump(&self, now: Instant) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        for e in self.dump(now) {
+            let _ = writeln!(s, "{e}");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn entry_sizes() -> (usize, usize, usize) {
+    (
+        std::mem::size_of::<Entry>(),
+        std::mem::size_of::<Acct>(),
+        std::mem::size_of::<Bucket>(),
+    )
+}
