@@ -54,6 +54,11 @@ use crate::wire::EthMeta;
 /// released from ARP queues); more are dropped and counted.
 pub const MAX_EXTRA: usize = 256;
 
+/// Conntrack slots examined for expiry per [`Datapath::poll`] call (every 100 ms with a
+/// router): 40960 slots a second, so a table of 262144 is swept in under 7 s, while expired
+/// entries are treated as absent at once anyway.
+const CT_SWEEP_BUDGET: usize = 4096;
+
 /// A port's index in its datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct PortId(pub u16);
@@ -272,6 +277,7 @@ pub struct DatapathBuilder {
     bridges: Vec<Bridge>,
     ifaces: Vec<Iface>,
     neigh: NeighConfig,
+    nf: Option<crate::netfilter::Netfilter>,
 }
 
 impl fmt::Debug for DatapathBuilder {
@@ -437,10 +443,25 @@ impl DatapathBuilder {
         Ok(())
     }
 
+    /// Turns on connection tracking and NAT (Services, masquerade, SNAT) on routed packets,
+    /// and reverse NAT on bridged IPv4 (see [`crate::netfilter`]). Needs a router interface.
+    /// Errors name the bad conntrack setting.
+    pub fn netfilter(&mut self, cfg: crate::netfilter::NatConfig) -> Result<(), ConfigError> {
+        let nf = crate::netfilter::Netfilter::new(cfg).map_err(|e| ConfigError::OutOfRange {
+            field: e.field,
+            value: e.value,
+            expected: e.expected,
+        })?;
+        self.nf = Some(nf);
+        Ok(())
+    }
+
     /// Finishes the datapath.
     pub fn build(self) -> Datapath {
+        let nf = self.nf;
         let router = (!self.ifaces.is_empty()).then(|| {
-            let r = Router::new(self.ifaces, NeighTable::new(self.neigh));
+            let mut r = Router::new(self.ifaces, NeighTable::new(self.neigh));
+            r.nf = nf;
             for (i, iface) in r.ifaces.iter().enumerate() {
                 let c = &iface.cfg;
                 // Two interfaces in one subnet: the first one's connected route wins, as the
@@ -529,6 +550,8 @@ pub struct Worker {
     pub pool: BufPool,
     /// Frames the router made while processing a batch, with their egress interface.
     extra: Vec<(PacketBuf, IfaceId)>,
+    /// Random source for endpoint choice.
+    rng: crate::nat::Rng,
 }
 
 impl fmt::Debug for Worker {
@@ -553,10 +576,12 @@ impl Datapath {
     pub fn worker_with_pool(&self, pool: BufPool) -> Worker {
         let shard = Arc::new(Shard::new(self.ports.len()));
         self.shards.lock().push(shard.clone());
+        let seed = std::collections::hash_map::RandomState::new();
         Worker {
             shard,
             pool,
             extra: Vec::with_capacity(MAX_EXTRA),
+            rng: crate::nat::Rng::new(std::hash::BuildHasher::hash_one(&seed, 0x5eed_u64)),
         }
     }
 
@@ -635,7 +660,10 @@ impl Datapath {
         flush(&w.shard, run_port, run_pkts, run_bytes);
         // Pass 2: learn, decide, route.
         let Worker {
-            shard, pool, extra, ..
+            shard,
+            pool,
+            extra,
+            rng,
         } = w;
         let mut sink = PoolSink {
             pool,
@@ -646,7 +674,7 @@ impl Datapath {
         let mut l3 = self
             .router
             .as_ref()
-            .map(|r| L3Batch::new(r.routes.reader()));
+            .map(|r| L3Batch::new(r.routes.reader(), rng.clone()));
         let mut tally = [0u64; 4];
         for (i, (b, p)) in batch.bufs[..n].iter_mut().zip(pre.iter()).enumerate() {
             let v = self.decide(b, p, &src_loc[i], &dst_loc[i], now, l3.as_mut(), &mut sink);
@@ -667,6 +695,9 @@ impl Datapath {
         for _ in n..batch.bufs.len() {
             batch.verdicts.push(Verdict::Drop(DropReason::Oversize));
             shard.count_drop(DropReason::Oversize);
+        }
+        if let Some(l3) = l3 {
+            *rng = l3.rng;
         }
         let overflow = sink.overflow;
         self.append_extra(shard, extra, overflow, batch, now);
@@ -806,14 +837,27 @@ impl Datapath {
             }
             return flood;
         }
-        match br.fdb.lookup_loc(dst, now) {
-            Some(p) if p == in_port => Verdict::Drop(DropReason::SamePort),
+        let v = match br.fdb.lookup_loc(dst, now) {
+            Some(p) if p == in_port => return Verdict::Drop(DropReason::SamePort),
             Some(p) => match br.router {
-                Some((iface, rp)) if rp == p => self.route(b, &meta, iface, now, l3, sink),
+                Some((iface, rp)) if rp == p => return self.route(b, &meta, iface, now, l3, sink),
                 _ => Verdict::Output(p),
             },
             None => flood,
+        };
+        // br_netfilter: switched IPv4 of a NAT'd connection is translated here.
+        if meta.ether_type == 0x0800 && !meta.tagged {
+            if let Some(nf) = self.router.as_ref().and_then(|r| r.nf.as_ref()) {
+                match nf.bridged(b, usize::from(meta.l3), now) {
+                    crate::netfilter::Hook::Accept => {}
+                    crate::netfilter::Hook::Drop(r) => return Verdict::Drop(r),
+                    crate::netfilter::Hook::Reject { .. } => {
+                        return Verdict::Drop(DropReason::NoEndpoint)
+                    }
+                }
+            }
         }
+        v
     }
 
     /// Hands a frame addressed to router interface `iface` to the router.
@@ -970,6 +1014,9 @@ impl Datapath {
             }
         }
         let Some(r) = &self.router else { return };
+        if let Some(nf) = &r.nf {
+            nf.sweep(now, CT_SWEEP_BUDGET);
+        }
         let Worker {
             shard, pool, extra, ..
         } = w;
@@ -996,6 +1043,11 @@ impl Datapath {
     /// The router, if the datapath has router interfaces.
     pub fn router(&self) -> Option<&Router> {
         self.router.as_ref()
+    }
+
+    /// Conntrack and NAT, if the datapath was built with [`DatapathBuilder::netfilter`].
+    pub fn netfilter(&self) -> Option<&crate::netfilter::Netfilter> {
+        self.router.as_ref().and_then(|r| r.nf.as_ref())
     }
 
     /// The routing table, if the datapath has a router.

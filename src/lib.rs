@@ -27,6 +27,7 @@ pub mod lpm;
 pub mod mac;
 pub mod nat;
 pub mod neigh;
+pub mod netfilter;
 pub mod offload;
 pub mod port;
 pub mod route;

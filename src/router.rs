@@ -23,6 +23,7 @@ use crate::datapath::{BridgeId, PortId};
 use crate::ipv4::{self, icmp, Arp, Ipv4Info};
 use crate::mac::MacAddr;
 use crate::neigh::{Enqueue, NeighTable, Refusal};
+use crate::netfilter::Hook;
 use crate::route::{mask, IfaceId, NextHop, RouteReader, RouteTable};
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -174,6 +175,8 @@ pub struct Router {
     pub(crate) routes: RouteTable,
     pub(crate) neigh: NeighTable,
     icmp: IcmpLimiter,
+    /// Conntrack and NAT, when the datapath was built with them.
+    pub(crate) nf: Option<crate::netfilter::Netfilter>,
     /// Event counters.
     pub counters: RouterCounters,
 }
@@ -188,14 +191,17 @@ pub(crate) struct L3Batch<'a> {
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
     /// The datapath's memo of the last egress decision: (interface, destination MAC, port).
     pub(crate) egress: Option<(IfaceId, MacAddr, crate::PortId)>,
+    /// The worker's random source (endpoint choice).
+    pub(crate) rng: crate::nat::Rng,
 }
 
 impl<'a> L3Batch<'a> {
-    pub(crate) fn new(routes: RouteReader<'a>) -> L3Batch<'a> {
+    pub(crate) fn new(routes: RouteReader<'a>, rng: crate::nat::Rng) -> L3Batch<'a> {
         L3Batch {
             routes,
             memo: None,
             egress: None,
+            rng,
         }
     }
 }
@@ -211,6 +217,7 @@ impl Router {
             routes: RouteTable::new(),
             neigh,
             icmp: IcmpLimiter::new(),
+            nf: None,
             counters: RouterCounters::default(),
         }
     }
@@ -357,12 +364,22 @@ impl Router {
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
-        let info = match ipv4::check_header(b.frame().get(l3..).unwrap_or(&[])) {
+        let mut info = match ipv4::check_header(b.frame().get(l3..).unwrap_or(&[])) {
             Ok(i) => i,
             Err(r) => return L3::Drop(r),
         };
         // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
         b.set_len(l3 + info.total_len);
+        if let Some(nf) = &self.nf {
+            match nf.prerouting(self, b, l3, &mut info, ctx, now) {
+                Hook::Accept => {}
+                Hook::Drop(r) => return L3::Drop(r),
+                Hook::Reject { tcp } => {
+                    self.reject(b.frame(), l3, &info, in_if, tcp, now, sink);
+                    return L3::Drop(DropReason::NoEndpoint);
+                }
+            }
+        }
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
         let memo = ctx.memo.filter(|m| m.0 == info.dst);
         if memo.is_none() {
@@ -605,6 +622,45 @@ impl Router {
             );
         }
         L3::Drop(DropReason::LocalNoService)
+    }
+
+    /// Refuses a connection as kube-proxy's REJECT rule: a TCP reset for TCP, ICMP port
+    /// unreachable otherwise, sent back the way the packet came.
+    #[allow(clippy::too_many_arguments)]
+    fn reject(
+        &self,
+        frame: &[u8],
+        l3: usize,
+        info: &Ipv4Info,
+        in_if: IfaceId,
+        tcp: bool,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) {
+        if !tcp {
+            self.icmp_error(
+                frame,
+                l3,
+                info,
+                in_if,
+                icmp::DEST_UNREACH,
+                icmp::PORT_UNREACH,
+                0,
+                now,
+                sink,
+            );
+            return;
+        }
+        let (Some(iface), Some(src)) = (self.iface(in_if), frame.get(6..12)) else {
+            return;
+        };
+        let Some(orig) = frame.get(l3..l3 + info.total_len) else {
+            return;
+        };
+        let (ours, peer) = (iface.cfg.mac, MacAddr::from_slice(src));
+        sink.emit(in_if, &mut |out| {
+            ipv4::write_tcp_rst(out, ours, peer, orig, info.hdr_len)
+        });
     }
 
     /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed and

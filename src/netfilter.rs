@@ -1,0 +1,647 @@
+//! Connection tracking and NAT in the packet's path: what netfilter and kube-proxy's iptables
+//! rules do on a Kubernetes node, as hooks the router and the bridge call.
+//!
+//! # Where the hooks sit (the netfilter order)
+//!
+//! * **Routed packets** (frames addressed to a router interface) pass [`Netfilter::prerouting`]
+//!   right after the IPv4 header check, before the local-address check and the route lookup,
+//!   as `nf_conntrack_in` and the nat table's PREROUTING do. A packet of a known connection is
+//!   tracked (TCP state machine, timeouts, counters) and translated at once, both halves: the
+//!   destination (DNAT, or un-SNAT of a reply) and the source (SNAT/MASQUERADE, or un-DNAT of
+//!   a reply). Linux does the source half at POSTROUTING; only the destination decides the
+//!   route, so doing both before routing forwards identically. The first packet of a new
+//!   connection goes through the Service table (KUBE-SERVICES / KUBE-NODEPORTS: DNAT to an
+//!   endpoint), then the route lookup of the translated destination tells the egress interface,
+//!   then the masquerade rules (KUBE-POSTROUTING for packets kube-proxy marks 0x4000, and the
+//!   node's "pod traffic leaving the cluster" rule) pick the source; the entry is inserted with
+//!   the reply tuple that results, and the packet rewritten.
+//! * **Bridged IPv4 frames** (pod to pod on one bridge) pass [`Netfilter::bridged`] when NAT is
+//!   configured, as `br_netfilter` (`bridge-nf-call-iptables = 1`) makes them pass conntrack on
+//!   Linux: a reply from an endpoint to a client on the same bridge is translated back
+//!   (un-DNAT) there. Unlike Linux, a bridged frame never *creates* an entry: only frames of
+//!   connections the router already tracks are looked at, so plain pod-to-pod switching stays
+//!   cheap.
+//! * **ICMP errors** (destination unreachable, time exceeded, fragmentation needed) are RELATED
+//!   to the connection whose packet they quote: found through the quoted tuple, they are
+//!   translated with it, the quoted header and every checksum included
+//!   (`nf_nat_icmp_reply_translation`). An ICMP error about no known connection is INVALID.
+//!
+//! # How each Kubernetes rule maps
+//!
+//! | kube-proxy (iptables mode) | tapyard |
+//! |---|---|
+//! | `KUBE-SERVICES`: ClusterIP:port → `KUBE-SVC-*` → random `KUBE-SEP-*` DNAT | [`crate::nat::Services::by_vip`] + `select` (random, client-IP affinity, or Maglev) |
+//! | `KUBE-NODEPORTS`: node address:nodePort → the Service's endpoints | `by_node_port` when the destination is a router interface address |
+//! | `KUBE-MARK-MASQ` for sources outside `--cluster-cidr` | masquerade when the client is outside `cluster_cidr` |
+//! | `KUBE-MARK-MASQ` for NodePort with `externalTrafficPolicy: Cluster` | masquerade; `Local` keeps the client address and uses local endpoints only |
+//! | `KUBE-SEP-*`: `-s <endpoint> -j KUBE-MARK-MASQ` (hairpin) | masquerade when the endpoint is the client itself |
+//! | `KUBE-POSTROUTING`: `MASQUERADE` marked packets | source := egress interface address, port kept when free |
+//! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once |
+//! | CNI `ipMasq`: pod traffic leaving the cluster CIDR masqueraded | [`MasqueradeRule`] |
+//! | `--ctstate INVALID -j DROP` | [`DropReason::CtInvalid`], unless conntrack is liberal |
+//!
+//! # Known differences
+//!
+//! Fragments are not reassembled (Linux's conntrack defragments first): a non-first fragment
+//! carries no ports, so it is forwarded untracked and untranslated (counted as `untracked`).
+//! TCP windows are not tracked (see [`crate::conntrack`]). Connections are tracked only when
+//! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use arc_swap::ArcSwap;
+
+use crate::buf::PacketBuf;
+use crate::conntrack::{
+    Conntrack, CtConfig, CtConfigError, CtHit, CtTag, Dir, InsertError, Pkt, Track,
+};
+use crate::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
+use crate::nat::{self, CsumMode, PortRange, Services};
+use crate::route::{IfaceId, NextHop};
+use crate::router::{L3Batch, Router};
+use crate::stats::DropReason;
+use crate::time::Instant;
+use crate::tuple::{L4Kind, Tuple};
+
+/// An IPv4 prefix, `addr/len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix {
+    /// The network address (host bits are ignored).
+    pub addr: Ipv4Addr,
+    /// The prefix length, 0 to 32.
+    pub len: u8,
+}
+
+impl Prefix {
+    /// `addr/len`.
+    pub fn new(addr: Ipv4Addr, len: u8) -> Prefix {
+        Prefix {
+            addr,
+            len: len.min(32),
+        }
+    }
+
+    /// Whether `a` is inside the prefix.
+    #[inline]
+    pub fn contains(&self, a: Ipv4Addr) -> bool {
+        self.len == 0 || (u32::from(a) ^ u32::from(self.addr)) >> (32 - u32::from(self.len)) == 0
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// Masquerade pod traffic that leaves through an interface (CNI `ipMasq`, or the node's
+/// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`): a new
+/// connection whose egress interface is `out`, whose source is inside `src` and whose
+/// destination is outside `except_dst` takes `out`'s address as its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MasqueradeRule {
+    /// The egress interface.
+    pub out: IfaceId,
+    /// Sources it applies to (`None`: any).
+    pub src: Option<Prefix>,
+    /// Destinations it does not apply to (`None`: none excepted).
+    pub except_dst: Option<Prefix>,
+}
+
+/// Source NAT to a fixed address: a new connection from `src` leaving through `out` (or any
+/// interface) takes `to` as its source, with a port from `ports`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnatRule {
+    /// The egress interface (`None`: any).
+    pub out: Option<IfaceId>,
+    /// Sources it applies to.
+    pub src: Prefix,
+    /// The new source address.
+    pub to: Ipv4Addr,
+    /// Source ports to use.
+    pub ports: PortRange,
+}
+
+/// The rules besides Services, replaced as a whole by [`Netfilter::set_rules`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NatRules {
+    /// Every pod address in the cluster (kube-proxy's `--cluster-cidr`): Service traffic from
+    /// outside it is masqueraded. `None`: no source is "outside".
+    pub cluster_cidr: Option<Prefix>,
+    /// Masquerade rules, first match wins (checked after Service marks).
+    pub masquerade: Vec<MasqueradeRule>,
+    /// SNAT rules, first match wins (checked after masquerade rules).
+    pub snat: Vec<SnatRule>,
+    /// Ports MASQUERADE remaps a source port into when the original is taken (default
+    /// as Linux: the source port is kept when free; otherwise 1024-65535, or 1-1023 for a
+    /// privileged source port).
+    pub masquerade_ports: Option<PortRange>,
+    /// Choose every masqueraded source port at random (`--random-fully`, as kube-proxy
+    /// uses) instead of keeping the original one when it is free.
+    pub random_fully: bool,
+}
+
+/// Settings of the NAT engine, given to [`crate::datapath::DatapathBuilder::netfilter`].
+#[derive(Clone, Debug, Default)]
+pub struct NatConfig {
+    /// The connection table.
+    pub conntrack: CtConfig,
+    /// Limit of the Services' client-IP affinity table (default 65536).
+    pub max_affinity_entries: Option<usize>,
+    /// Initial rules.
+    pub rules: NatRules,
+}
+
+/// Counters of the NAT engine (connection-level; per-packet drops are in the datapath's
+/// drop reasons).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfCounters {
+    /// New connections inserted.
+    pub new: u64,
+    /// New connections DNAT'd to a Service endpoint (ClusterIP or NodePort).
+    pub dnat: u64,
+    /// New connections whose source was translated (masquerade, hairpin, SNAT).
+    pub snat: u64,
+    /// Of those, hairpin connections (the endpoint was the client).
+    pub hairpin: u64,
+    /// Connections to a Service without endpoints, rejected.
+    pub rejected: u64,
+    /// ICMP errors translated as RELATED to a connection.
+    pub related: u64,
+    /// Packets let through untracked (non-first fragments, protocols without a tuple).
+    pub untracked: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    new: AtomicU64,
+    dnat: AtomicU64,
+    snat: AtomicU64,
+    hairpin: AtomicU64,
+    rejected: AtomicU64,
+    related: AtomicU64,
+    untracked: AtomicU64,
+}
+
+/// What a hook decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hook {
+    /// Go on (the packet may have been translated; the header facts were updated).
+    Accept,
+    /// Drop, counted under the reason.
+    Drop(DropReason),
+    /// Refuse the connection: answer with a TCP RST (`tcp`) or ICMP port unreachable, and drop.
+    Reject {
+        /// Answer with a TCP reset rather than an ICMP error.
+        tcp: bool,
+    },
+}
+
+/// The conntrack + NAT engine of one datapath (see the module docs).
+pub struct Netfilter {
+    ct: Conntrack,
+    services: Services,
+    rules: ArcSwap<NatRules>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Netfilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Netfilter")
+            .field("connections", &self.ct.len())
+            .field("services", &self.services.len())
+            .finish()
+    }
+}
+
+/// The translation a connection applies to a packet travelling in `dir`: the tuple the packet
+/// must carry after NAT.
+#[inline]
+fn target(hit: &CtHit) -> Tuple {
+    match hit.dir {
+        Dir::Original => hit.reply.invert(),
+        Dir::Reply => hit.orig.invert(),
+    }
+}
+
+#[inline]
+fn is_natted(hit: &CtHit) -> bool {
+    hit.orig.invert() != hit.reply
+}
+
+fn tcp_flags(l3: &[u8], info: &Ipv4Info, kind: L4Kind) -> u8 {
+    match kind {
+        L4Kind::Tcp => l3.get(info.hdr_len + 13).copied().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn csum_mode(b: &PacketBuf) -> CsumMode {
+    if b.offload.needs_csum() {
+        CsumMode::Partial
+    } else {
+        CsumMode::Full
+    }
+}
+
+impl Netfilter {
+    /// A NAT engine with `cfg`; errors name the bad field and value.
+    pub fn new(cfg: NatConfig) -> Result<Netfilter, CtConfigError> {
+        Ok(Netfilter {
+            ct: Conntrack::new(cfg.conntrack)?,
+            services: Services::new(cfg.max_affinity_entries.unwrap_or(65_536)),
+            rules: ArcSwap::from_pointee(cfg.rules),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The connection table (lookups, dump like `conntrack -L`, flushes).
+    pub fn conntrack(&self) -> &Conntrack {
+        &self.ct
+    }
+
+    /// The Services: add, change and remove them while traffic flows.
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
+    /// The rules besides Services.
+    pub fn rules(&self) -> arc_swap::Guard<std::sync::Arc<NatRules>> {
+        self.rules.load()
+    }
+
+    /// Replaces the rules; new connections use them at once, established ones keep their
+    /// translation.
+    pub fn set_rules(&self, rules: NatRules) {
+        self.rules.store(std::sync::Arc::new(rules));
+    }
+
+    /// Adds or changes a Service (by name). When its endpoint list shrinks, UDP flows to
+    /// removed endpoints are flushed, as kube-proxy does (`conntrack -D --orig-dst <vip>
+    /// --reply-src <endpoint> -p udp`); TCP connections to them are left to finish or time out.
+    pub fn upsert_service(
+        &self,
+        spec: nat::ServiceSpec,
+        now: Instant,
+    ) -> Result<nat::ServiceId, nat::ServiceError> {
+        let old = self.services.get(&spec.name).map(|s| s.spec().clone());
+        let id = self.services.upsert(spec.clone())?;
+        if let Some(old) = old {
+            let gone: Vec<_> = old
+                .endpoints
+                .iter()
+                .filter(|e| !spec.endpoints.iter().any(|n| n.addr == e.addr))
+                .map(|e| e.addr)
+                .collect();
+            if !gone.is_empty() || old.vip != spec.vip || old.port != spec.port {
+                self.flush_udp(
+                    id.get(),
+                    &gone,
+                    old.vip != spec.vip || old.port != spec.port,
+                    now,
+                );
+            }
+        }
+        Ok(id)
+    }
+
+    /// Removes a Service; its UDP flows are flushed, TCP connections finish on their own.
+    pub fn remove_service(&self, name: &str, now: Instant) -> Option<nat::ServiceSpec> {
+        let id = self.services.get(name).map(|s| s.id().get());
+        let spec = self.services.remove(name)?;
+        if let Some(id) = id {
+            self.flush_udp(id, &[], true, now);
+        }
+        Some(spec)
+    }
+
+    fn flush_udp(&self, service: u32, gone: &[std::net::SocketAddrV4], all: bool, now: Instant) {
+        self.ct.retain(now, |v| {
+            if v.service != service || v.orig.proto != PROTO_UDP {
+                return true;
+            }
+            if all {
+                return false;
+            }
+            !gone
+                .iter()
+                .any(|g| *g.ip() == v.reply.src && g.port() == v.reply.sport)
+        });
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> NfCounters {
+        let c = &self.counters;
+        NfCounters {
+            new: c.new.load(Relaxed),
+            dnat: c.dnat.load(Relaxed),
+            snat: c.snat.load(Relaxed),
+            hairpin: c.hairpin.load(Relaxed),
+            rejected: c.rejected.load(Relaxed),
+            related: c.related.load(Relaxed),
+            untracked: c.untracked.load(Relaxed),
+        }
+    }
+
+    /// Expires connections incrementally (at most `budget` slots per call).
+    pub(crate) fn sweep(&self, now: Instant, budget: usize) {
+        self.ct.sweep(now, budget);
+    }
+
+    /// The PREROUTING hook for a packet the router received on `in_if` (see the module docs).
+    /// `l3` is the IPv4 header's offset in the frame and `info` its checked facts, updated when
+    /// the packet is translated.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn prerouting(
+        &self,
+        router: &Router,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv4Info,
+        ctx: &mut L3Batch<'_>,
+        now: Instant,
+    ) -> Hook {
+        let mode = csum_mode(b);
+        let end = l3 + info.total_len;
+        let Some(ip) = b.frame_mut().get_mut(l3..end) else {
+            return Hook::Drop(DropReason::Truncated);
+        };
+        let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
+            self.counters.untracked.fetch_add(1, Relaxed);
+            return Hook::Accept;
+        };
+        if let L4Kind::IcmpError { inner_l3 } = kind {
+            return self.related(ip, info, t, usize::from(inner_l3), mode, now);
+        }
+        let pkt = Pkt {
+            kind,
+            tcp_flags: tcp_flags(ip, info, kind),
+            len: info.total_len as u32,
+        };
+        if let Some(hit) = self.ct.lookup(&t, now) {
+            match self.ct.track(&hit, &pkt, now) {
+                Track::Ok(_) | Track::Ignored | Track::Related | Track::Closed => {
+                    return self.apply(ip, info, &t, kind, &target(&hit), mode);
+                }
+                Track::Invalid(_) if self.ct.config().liberal => {
+                    return self.apply(ip, info, &t, kind, &target(&hit), mode);
+                }
+                Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
+                // The old connection is gone: this packet opens a new one.
+                Track::Reopen | Track::Gone => {}
+            }
+        }
+        self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+    }
+
+    /// Translates a packet of a known connection to `to` (a no-op when it already carries it).
+    fn apply(
+        &self,
+        ip: &mut [u8],
+        info: &mut Ipv4Info,
+        from: &Tuple,
+        kind: L4Kind,
+        to: &Tuple,
+        mode: CsumMode,
+    ) -> Hook {
+        if to.src == from.src
+            && to.dst == from.dst
+            && to.sport == from.sport
+            && to.dport == from.dport
+        {
+            return Hook::Accept;
+        }
+        match nat::rewrite(ip, info.hdr_len, kind, to, mode) {
+            Ok(()) => {
+                info.src = to.src;
+                info.dst = to.dst;
+                Hook::Accept
+            }
+            Err(_) => Hook::Drop(DropReason::NatUntranslatable),
+        }
+    }
+
+    /// An ICMP error quoting a packet with tuple `q`: RELATED to `q`'s connection.
+    fn related(
+        &self,
+        ip: &mut [u8],
+        info: &mut Ipv4Info,
+        q: Tuple,
+        inner_l3: usize,
+        mode: CsumMode,
+        now: Instant,
+    ) -> Hook {
+        // The error travels against the quoted packet: look its inverse up.
+        let Some(hit) = self.ct.lookup(&q.invert(), now) else {
+            return Hook::Drop(DropReason::CtInvalid);
+        };
+        self.counters.related.fetch_add(1, Relaxed);
+        if !is_natted(&hit) {
+            return Hook::Accept;
+        }
+        // The quoted packet travelled the other way; restore it as its sender sent it.
+        let (this_dir, quoted_was) = match hit.dir {
+            Dir::Reply => (hit.reply, hit.orig),
+            Dir::Original => (hit.orig, hit.reply),
+        };
+        let t = target(&hit);
+        // The outer destination is ours (translated); the outer source is changed only when
+        // it is the connection's own peer (an intermediate router keeps its address).
+        let outer_src = if info.src == this_dir.src {
+            t.src
+        } else {
+            info.src
+        };
+        let outer_dst = t.dst;
+        match nat::rewrite_icmp_error(
+            ip,
+            info.hdr_len,
+            inner_l3,
+            &quoted_was,
+            outer_src,
+            outer_dst,
+            mode,
+        ) {
+            Ok(()) => {
+                info.src = outer_src;
+                info.dst = outer_dst;
+                Hook::Accept
+            }
+            Err(_) => Hook::Drop(DropReason::NatUntranslatable),
+        }
+    }
+
+    /// The first packet of a connection: Services (DNAT), routing, masquerade/SNAT, insert.
+    #[allow(clippy::too_many_arguments)]
+    fn new_connection(
+        &self,
+        router: &Router,
+        ip: &mut [u8],
+        info: &mut Ipv4Info,
+        t: Tuple,
+        kind: L4Kind,
+        pkt: &Pkt,
+        ctx: &mut L3Batch<'_>,
+        now: Instant,
+        mode: CsumMode,
+    ) -> Hook {
+        let rules = self.rules.load();
+        let outside = |a: Ipv4Addr| rules.cluster_cidr.is_some_and(|c| !c.contains(a));
+        let hash = flow_hash(&t);
+        let mut tag = CtTag::default();
+        let mut masq = false;
+        let mut after = t;
+        let mut hairpin = false;
+        if matches!(kind, L4Kind::Tcp | L4Kind::Udp) {
+            let (svc, node_port) = match self.services.by_vip(t.dst, t.dport, t.proto) {
+                Some(s) => (Some(s), false),
+                None if router.local_iface(t.dst).is_some() => {
+                    (self.services.by_node_port(t.dport, t.proto), true)
+                }
+                None => (None, false),
+            };
+            if let Some(svc) = svc {
+                let local_only = node_port && svc.spec().external_local;
+                let r = ctx.rng.next_u64();
+                let Some(ep) = self.services.select(&svc, t.src, hash, r, local_only, now) else {
+                    self.counters.rejected.fetch_add(1, Relaxed);
+                    // No endpoint: REJECT (Cluster) or DROP (Local without local endpoints),
+                    // as kube-proxy.
+                    return if local_only && !svc.endpoints().is_empty() {
+                        Hook::Drop(DropReason::NoEndpoint)
+                    } else {
+                        Hook::Reject {
+                            tcp: t.proto == PROTO_TCP,
+                        }
+                    };
+                };
+                after.dst = *ep.ip();
+                after.dport = ep.port();
+                tag.service = svc.id().get();
+                tag.endpoint = u32::from(*ep.ip());
+                // KUBE-MARK-MASQ: from outside the cluster, NodePort with policy Cluster,
+                // and hairpin (the endpoint is the client).
+                hairpin = after.dst == t.src;
+                masq = outside(t.src) || (node_port && !local_only) || hairpin;
+            }
+        }
+        // Route the translated destination to learn the egress interface.
+        let out_if = match ctx.routes.lookup(after.dst) {
+            Some(NextHop::Link(i)) | Some(NextHop::Via(i, _)) => Some(i),
+            _ => None,
+        };
+        let mut snat: Option<(Ipv4Addr, Option<PortRange>)> = None;
+        if let Some(out) = out_if.and_then(|i| router.iface(i).map(|f| (i, f.cfg.addr))) {
+            if masq {
+                snat = Some((out.1, rules.masquerade_ports));
+            } else if let Some(_r) = rules.masquerade.iter().find(|r| {
+                r.out == out.0
+                    && r.src.is_none_or(|p| p.contains(t.src))
+                    && r.except_dst.is_none_or(|p| !p.contains(after.dst))
+            }) {
+                snat = Some((out.1, rules.masquerade_ports));
+            } else if let Some(r) = rules
+                .snat
+                .iter()
+                .find(|r| r.out.is_none_or(|o| o == out.0) && r.src.contains(t.src))
+            {
+                snat = Some((r.to, Some(r.ports)));
+            }
+        }
+        let fin = match snat {
+            None => after,
+            Some((addr, ports)) => {
+                let range = ports.unwrap_or_else(|| PortRange::linux_default(after.sport));
+                let in_use = |c: &Tuple| self.ct.tuple_in_use(c, now);
+                let chosen = if rules.random_fully {
+                    nat::alloc_source_random_fully(&after, addr, range, hash, in_use)
+                } else {
+                    nat::alloc_source(&after, addr, range, hash, in_use)
+                };
+                match chosen {
+                    Some(c) => c,
+                    None => return Hook::Drop(DropReason::NatExhausted),
+                }
+            }
+        };
+        let hit = match self.ct.insert(t, fin.invert(), tag, pkt, now) {
+            Ok(h) => h,
+            Err(InsertError::Clash {
+                existing: Some(h), ..
+            }) => {
+                // Another worker inserted this connection first: follow its choice.
+                let _ = self.ct.track(&h, pkt, now);
+                return self.apply(ip, info, &t, kind, &target(&h), mode);
+            }
+            Err(InsertError::Clash { existing: None }) => {
+                return Hook::Drop(DropReason::NatExhausted)
+            }
+            Err(InsertError::Full) => return Hook::Drop(DropReason::CtFull),
+            Err(InsertError::Invalid(_)) if self.ct.config().liberal => return Hook::Accept,
+            Err(InsertError::Invalid(_)) => return Hook::Drop(DropReason::CtInvalid),
+        };
+        let c = &self.counters;
+        c.new.fetch_add(1, Relaxed);
+        if after != t {
+            c.dnat.fetch_add(1, Relaxed);
+        }
+        if fin.src != t.src || fin.sport != t.sport {
+            c.snat.fetch_add(1, Relaxed);
+        }
+        if hairpin {
+            c.hairpin.fetch_add(1, Relaxed);
+        }
+        self.apply(ip, info, &t, kind, &target(&hit), mode)
+    }
+
+    /// The hook for an IPv4 frame switched between two ports of one bridge (`br_netfilter`):
+    /// a packet of a NAT'd connection the router tracks is tracked and translated; anything
+    /// else passes untouched. `l3` is the IPv4 header's offset.
+    pub(crate) fn bridged(&self, b: &mut PacketBuf, l3: usize, now: Instant) -> Hook {
+        if self.ct.is_empty() {
+            return Hook::Accept;
+        }
+        let mode = csum_mode(b);
+        let Ok(mut info) = ipv4::check_header(b.frame().get(l3..).unwrap_or(&[])) else {
+            return Hook::Accept;
+        };
+        let end = l3 + info.total_len;
+        let Some(ip) = b.frame_mut().get_mut(l3..end) else {
+            return Hook::Accept;
+        };
+        let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
+            return Hook::Accept;
+        };
+        if let L4Kind::IcmpError { inner_l3 } = kind {
+            let Some(hit) = self.ct.lookup(&t.invert(), now) else {
+                return Hook::Accept;
+            };
+            if !is_natted(&hit) {
+                return Hook::Accept;
+            }
+            return self.related(ip, &mut info, t, usize::from(inner_l3), mode, now);
+        }
+        let Some(hit) = self.ct.lookup(&t, now) else {
+            return Hook::Accept;
+        };
+        let pkt = Pkt {
+            kind,
+            tcp_flags: tcp_flags(ip, &info, kind),
+            len: info.total_len as u32,
+        };
+        match self.ct.track(&hit, &pkt, now) {
+            Track::Invalid(_) if !self.ct.config().liberal => Hook::Drop(DropReason::CtInvalid),
+            _ if !is_natted(&hit) => Hook::Accept,
+            _ => self.apply(ip, &mut info, &t, kind, &target(&hit), mode),
+        }
+    }
+}
+
+/// A hash of the connection's original tuple, for Maglev and port allocation.
+#[inline]
+fn flow_hash(t: &Tuple) -> u64 {
+    let [a, b] = t.to_words();
+    let h = (a ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (h ^ b ^ (h >> 29)).wrapping_mul(0x94d0_49bb_1331_11eb) ^ (b >> 17)
+}
