@@ -523,7 +523,13 @@ impl Netfilter {
                 // KUBE-MARK-MASQ: from outside the cluster, NodePort with policy Cluster,
                 // and hairpin (the endpoint is the client).
                 hairpin = after.dst == t.src;
-                masq = outside(t.src) || (node_port && !local_only) || hairpin;
+                masq = if node_port {
+                    // KUBE-EXT-*: policy Cluster masquerades; Local keeps the client address.
+                    !local_only
+                } else {
+                    // KUBE-SVC-*: `! -s <cluster-cidr> -d <cluster-ip>`.
+                    outside(t.src)
+                } || hairpin;
             }
         }
         // Route the translated destination to learn the egress interface.
