@@ -1,0 +1,280 @@
+//! A Kubernetes-like node with conntrack, Services (ClusterIP, NodePort, hairpin, no
+//! endpoints) and masquerade, fed arbitrary frame sequences on its pod ports and its uplink,
+//! time moving forward by arbitrary steps: never panics; the conntrack table stays within its
+//! limit; every frame is accounted for; every IPv4 packet that leaves has valid IP and L4
+//! checksums when it entered with valid ones; and translations are reversible: a forwarded
+//! packet carries exactly the translation its connection records, and the reply to what left
+//! maps back to the same connection.
+//!
+//! Input: records `[port: u8][dt: u8][len_hi: u8][len_lo: u8][bytes]`. A record whose first
+//! byte is even becomes a well-formed TCP, UDP, ICMP echo or ICMP error packet between
+//! addresses and ports drawn from a small set (pods, Service addresses, the node, outside), so
+//! connections really form; odd ones are sent raw.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+use tapyard::conntrack::{CtConfig, Dir};
+use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::route::{NextHop, Route, RouteProto};
+use tapyard::router::IfaceConfig;
+use tapyard::tuple::{L4Kind, Tuple};
+use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
+
+const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
+const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
+const MAX_CT: usize = 64;
+
+const ADDRS: [[u8; 4]; 8] = [
+    [10, 244, 1, 2],
+    [10, 244, 1, 3],
+    [10, 244, 2, 2],
+    [10, 96, 0, 10],
+    [10, 96, 0, 11],
+    [10, 96, 0, 99],
+    [172, 18, 0, 2],
+    [192, 0, 2, 9],
+];
+const PORTS: [u16; 6] = [80, 8080, 30080, 53, 40000, 40001];
+
+fn sum16(b: &[u8]) -> u32 {
+    let mut s: u32 = 0;
+    for c in b.chunks(2) {
+        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    s
+}
+
+fn fold(mut s: u32) -> u32 {
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s
+}
+
+/// IP header, and TCP/UDP/ICMP checksums of a whole (unfragmented) IPv4 packet.
+fn checksums_ok(ip: &[u8]) -> bool {
+    let hl = usize::from(ip[0] & 15) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    if fold(sum16(&ip[..hl])) != 0xffff {
+        return false;
+    }
+    let l4 = &ip[hl..total];
+    let pseudo = || {
+        sum16(&ip[12..20]) + u32::from(ip[9]) + l4.len() as u32
+    };
+    match ip[9] {
+        6 => fold(pseudo() + sum16(l4)) == 0xffff,
+        17 => {
+            l4.len() < 8 || (l4[6] == 0 && l4[7] == 0) || fold(pseudo() + sum16(l4)) == 0xffff
+        }
+        1 => fold(sum16(l4)) == 0xffff,
+        _ => true,
+    }
+}
+
+fn packet(r: &[u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let src = ADDRS[usize::from(g(1)) % ADDRS.len()];
+    let dst = ADDRS[usize::from(g(2)) % ADDRS.len()];
+    let sport = PORTS[usize::from(g(3)) % PORTS.len()];
+    let dport = PORTS[usize::from(g(4)) % PORTS.len()];
+    let payload = vec![g(6); usize::from(g(7) % 32)];
+    let mut f = Vec::new();
+    let b = etherparse::PacketBuilder::ethernet2(src_mac, dst_mac).ipv4(src, dst, 64);
+    let _ = match g(5) % 5 {
+        0 => {
+            let mut t = b.tcp(sport, dport, u32::from(g(8)), 1000);
+            let fl = g(9);
+            if fl & 1 != 0 {
+                t = t.syn();
+            }
+            if fl & 2 != 0 {
+                t = t.ack(7);
+            }
+            if fl & 4 != 0 {
+                t = t.fin();
+            }
+            if fl & 8 != 0 {
+                t = t.rst();
+            }
+            t.write(&mut f, &payload)
+        }
+        1 => b.udp(sport, dport).write(&mut f, &payload),
+        2 => b
+            .icmpv4_echo_request(sport, 1)
+            .write(&mut f, &payload),
+        3 => b.icmpv4_echo_reply(sport, 1).write(&mut f, &payload),
+        _ => {
+            // An ICMP error quoting a UDP or TCP packet between drawn addresses.
+            let mut q = Vec::new();
+            let qb = etherparse::PacketBuilder::ipv4(
+                ADDRS[usize::from(g(10)) % ADDRS.len()],
+                ADDRS[usize::from(g(11)) % ADDRS.len()],
+                64,
+            );
+            let _ = if g(12) & 1 == 0 {
+                qb.udp(dport, sport).write(&mut q, &payload)
+            } else {
+                qb.tcp(dport, sport, 1, 1000).write(&mut q, &payload)
+            };
+            q.truncate(20 + 8 + usize::from(g(13) % 24));
+            b.icmpv4(etherparse::Icmpv4Type::DestinationUnreachable(
+                etherparse::icmpv4::DestUnreachableHeader::Port,
+            ))
+            .write(&mut f, &q)
+        }
+    };
+    f
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut b = Datapath::builder();
+    let mut bc = BridgeConfig::new("cni0");
+    bc.fdb_max_entries = 16;
+    let br = b.add_bridge(bc).unwrap();
+    for i in 0..2 {
+        b.add_port(format!("pod{i}"), Some(br)).unwrap();
+    }
+    let (cni0, _) = b
+        .add_router_iface(IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24), Some(br))
+        .unwrap();
+    let (eth0, _) = b
+        .add_router_iface(IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24), None)
+        .unwrap();
+    let cluster = Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16);
+    b.netfilter(NatConfig {
+        conntrack: CtConfig {
+            max_entries: MAX_CT,
+            ..CtConfig::default()
+        },
+        max_affinity_entries: Some(16),
+        rules: NatRules {
+            cluster_cidr: Some(cluster),
+            masquerade: vec![MasqueradeRule {
+                out: eth0,
+                src: Some(cluster),
+                except_dst: Some(cluster),
+            }],
+            ..NatRules::default()
+        },
+        ..NatConfig::default()
+    })
+    .unwrap();
+    let dp = b.build();
+    let mut now = Instant::from_secs(1);
+    let route = |p: [u8; 4], len, nh| Route {
+        prefix: Ipv4Addr::from(p),
+        len,
+        next_hop: nh,
+        metric: 0,
+        proto: RouteProto::Static,
+        src: None,
+    };
+    dp.add_route(route([10, 244, 2, 0], 24, NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3))))
+        .unwrap();
+    dp.add_route(route([0, 0, 0, 0], 0, NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1))))
+        .unwrap();
+    for (i, ip, m) in [
+        (cni0, [10, 244, 1, 2], 2u8),
+        (cni0, [10, 244, 1, 3], 3),
+        (eth0, [172, 18, 0, 3], 4),
+        (eth0, [172, 18, 0, 1], 5),
+    ] {
+        dp.add_static_neigh(i, ip.into(), MacAddr([2, 0, 0, 0, 1, m]), now)
+            .unwrap();
+    }
+    let nf = dp.netfilter().unwrap();
+    let ep = |ip: [u8; 4], port| Endpoint::new(SocketAddrV4::new(ip.into(), port), true);
+    let mut web = ServiceSpec::new("web", [10, 96, 0, 10].into(), 80, 6);
+    web.node_port = Some(30080);
+    web.endpoints = vec![ep([10, 244, 1, 3], 8080), ep([10, 244, 2, 2], 8080)];
+    nf.upsert_service(web, now).unwrap();
+    let mut udp = ServiceSpec::new("dns", [10, 96, 0, 10].into(), 53, 17);
+    udp.endpoints = vec![ep([10, 244, 1, 3], 53)];
+    nf.upsert_service(udp, now).unwrap();
+    let mut me = ServiceSpec::new("self", [10, 96, 0, 11].into(), 80, 6);
+    me.endpoints = vec![ep([10, 244, 1, 2], 8080)];
+    nf.upsert_service(me, now).unwrap();
+    nf.upsert_service(ServiceSpec::new("empty", [10, 96, 0, 99].into(), 80, 6), now)
+        .unwrap();
+    let mut w = dp.worker_with_pool(tapyard::BufPool::new(2048, 128));
+    let mut batch = Batch::new();
+    let mut rest = data;
+    let mut received = 0u64;
+    // Per batch entry: the tuple and kind of a generated (valid) packet, before processing.
+    let mut gen: Vec<Option<(Tuple, L4Kind)>> = Vec::new();
+    while rest.len() >= 4 {
+        let (port, dt) = (rest[0], rest[1]);
+        let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]) % 1024);
+        rest = &rest[4..];
+        let len = len.min(rest.len());
+        let raw = &rest[..len];
+        rest = &rest[len..];
+        let port = PortId(u16::from(port % 4)); // 0, 1 pods; 2 cni0's virtual port; 3 eth0
+        let src_mac = [2, 0, 0, 0, 1, 2 + raw.get(1).copied().unwrap_or(0) % 4];
+        let dst_mac = if port.0 == 3 { UP.0 } else if raw.get(14).is_some_and(|b| b & 1 == 1) {
+            [2, 0, 0, 0, 1, 2 + raw.get(15).copied().unwrap_or(0) % 2]
+        } else {
+            GW.0
+        };
+        let (frame, info) = if raw.first().is_some_and(|b| b & 1 == 0) {
+            let f = packet(raw, src_mac, dst_mac);
+            let t = (f.len() > 34)
+                .then(|| Tuple::from_ipv4(&f[14..], usize::from(f[14] & 15) * 4, f.len() - 14))
+                .flatten();
+            (f, t)
+        } else {
+            (raw.to_vec(), None)
+        };
+        now = now + Duration::from_millis(u64::from(dt) * 250);
+        let mut pb = PacketBuf::from_frame(&frame);
+        pb.port = port;
+        if batch.push(pb).is_ok() {
+            gen.push(info);
+        }
+        received += 1;
+        if batch.is_full() || rest.len() < 4 {
+            dp.process(&mut w, now, &mut batch);
+            let ct = nf.conntrack();
+            for (i, (buf, v)) in batch.bufs().iter().zip(batch.verdicts()).enumerate() {
+                let f = buf.frame();
+                let fwd = matches!(v, Verdict::Output(_) | Verdict::Flood(_));
+                if fwd && f.len() >= 34 && f[12..14] == [8, 0] && gen.get(i).is_some_and(|g| g.is_some()) {
+                    assert!(checksums_ok(&f[14..]), "bad checksum after NAT: {f:?}");
+                }
+                // Reversibility: what left carries the translation its connection records,
+                // and the reply to it belongs to the same connection.
+                if let (true, Some(Some((t_in, kind)))) = (fwd, gen.get(i)) {
+                    if matches!(kind, L4Kind::Tcp | L4Kind::Udp) && f.len() >= 34 {
+                        let hl = usize::from(f[14] & 15) * 4;
+                        if let Some((t_out, _)) = Tuple::from_ipv4(&f[14..], hl, f.len() - 14) {
+                            if let Some(hit) = ct.lookup(t_in, now) {
+                                let want = match hit.dir {
+                                    Dir::Original => hit.reply.invert(),
+                                    Dir::Reply => hit.orig.invert(),
+                                };
+                                assert_eq!(t_out, want, "translation differs from conntrack");
+                                let back = ct.lookup(&t_out.invert(), now).expect("reply unknown");
+                                assert_eq!(back.id, hit.id, "reply maps to another connection");
+                            }
+                        }
+                    }
+                }
+            }
+            dp.dispatch(&mut w, &batch, |p, _| {
+                assert!(p.0 < 4 && p.0 != 2, "sent to {p:?}");
+                Ok(())
+            });
+            batch.recycle(&mut w.pool);
+            gen.clear();
+            dp.poll(&mut w, now, &mut batch);
+            dp.dispatch(&mut w, &batch, |_, _| Ok(()));
+            batch.recycle(&mut w.pool);
+            assert!(ct.len() <= MAX_CT, "conntrack over its limit: {}", ct.len());
+        }
+    }
+    let s = dp.stats();
+    assert_eq!(s.accounted(), received, "{s}");
+});
