@@ -1,0 +1,359 @@
+//! Conntrack and NAT through the whole datapath, each beside a baseline in the same run.
+//!
+//! * `datapath_dnat`: established TCP connections to a Service (ClusterIP DNAT'd to one of 4
+//!   endpoints), 64-byte segments from 4 client ports on br0 through the router to the
+//!   endpoints on br1, in-memory ports, one pump round per iteration (receive, bridge, conntrack
+//!   lookup + state machine + DNAT rewrite, route, neighbour, far bridge, copy out). Every
+//!   batch holds 32 different connections, so no per-batch memo helps. Beside it: the same
+//!   packets routed by a datapath without NAT (to the endpoints directly).
+//! * `new_connections`: SYNs to the Service through `Datapath::process` with the conntrack
+//!   table holding 1 M connections: per packet, the table miss, the Service lookup, the random
+//!   endpoint choice, the route of the endpoint, the insert and the rewrite. Beside it: the
+//!   same SYNs through a datapath without NAT.
+//!
+//! `cargo bench --bench nat`
+
+use std::hint::black_box;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::{Duration, Instant as StdInstant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use tapyard::conntrack::{CtConfig, CtTag, Pkt};
+use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::netfilter::NatConfig;
+use tapyard::port::{mem_pair, MemPort, Port};
+use tapyard::router::IfaceConfig;
+use tapyard::runtime::Pump;
+use tapyard::tuple::{L4Kind, Tuple};
+use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, BATCH_SIZE};
+
+const PORTS: usize = 4;
+const VIP: [u8; 4] = [10, 96, 0, 1];
+
+fn client_ip(i: usize) -> [u8; 4] {
+    [10, 0, 0, 10 + i as u8]
+}
+fn server_ip(i: usize) -> [u8; 4] {
+    [10, 0, 1, 10 + i as u8]
+}
+fn client_mac(i: usize) -> MacAddr {
+    MacAddr::local(0x100 + i as u32)
+}
+fn server_mac(i: usize) -> MacAddr {
+    MacAddr::local(0x200 + i as u32)
+}
+const GW0: MacAddr = MacAddr([0x02, 0, 0, 0, 0xfe, 0]);
+const GW1: MacAddr = MacAddr([0x02, 0, 0, 0, 0xfe, 1]);
+
+fn tcp(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: [u8; 4],
+    sport: u16,
+    dst: [u8; 4],
+    dport: u16,
+    flags: u8,
+) -> Vec<u8> {
+    let mut f = Vec::new();
+    let mut b = etherparse::PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
+        .ipv4(src, dst, 64)
+        .tcp(sport, dport, 1, 64240);
+    if flags & 2 != 0 {
+        b = b.syn();
+    }
+    if flags & 0x10 != 0 {
+        b = b.ack(1);
+    }
+    let payload = if flags & 2 != 0 { 0 } else { 10 };
+    b.write(&mut f, &vec![0u8; payload]).unwrap();
+    f
+}
+
+/// Two bridges with a router between them, clients on br0 and servers on br1, neighbours
+/// resolved; with or without NAT and a Service at `VIP:80` over the 4 servers.
+struct Rig {
+    dp: Arc<Datapath>,
+    ports: Vec<(PortId, Arc<dyn Port>)>,
+    clients: Vec<MemPort>,
+    servers: Vec<MemPort>,
+    now: Instant,
+}
+
+fn rig(nat: bool, ct_max: usize) -> Rig {
+    let mut b = Datapath::builder();
+    let br0 = b.add_bridge(BridgeConfig::new("br0")).unwrap();
+    let br1 = b.add_bridge(BridgeConfig::new("br1")).unwrap();
+    let (if0, _) = b
+        .add_router_iface(
+            IfaceConfig::new("gw0", GW0, Ipv4Addr::new(10, 0, 0, 254), 24),
+            Some(br0),
+        )
+        .unwrap();
+    let (if1, _) = b
+        .add_router_iface(
+            IfaceConfig::new("gw1", GW1, Ipv4Addr::new(10, 0, 1, 254), 24),
+            Some(br1),
+        )
+        .unwrap();
+    if nat {
+        b.netfilter(NatConfig {
+            conntrack: CtConfig {
+                max_entries: ct_max,
+                ..CtConfig::default()
+            },
+            ..NatConfig::default()
+        })
+        .unwrap();
+    }
+    let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
+    let (mut clients, mut servers) = (Vec::new(), Vec::new());
+    for i in 0..PORTS {
+        let (a, h) = mem_pair(&format!("c{i}"), "h", 4 * BATCH_SIZE);
+        ports.push((b.add_port(format!("c{i}"), Some(br0)).unwrap(), Arc::new(a)));
+        clients.push(h);
+        let (a, h) = mem_pair(&format!("s{i}"), "h", 64 * BATCH_SIZE);
+        ports.push((b.add_port(format!("s{i}"), Some(br1)).unwrap(), Arc::new(a)));
+        servers.push(h);
+    }
+    let dp = Arc::new(b.build());
+    let now = Instant::from_secs(1);
+    for i in 0..PORTS {
+        dp.add_static_neigh(if0, client_ip(i).into(), client_mac(i), now)
+            .unwrap();
+        dp.add_static_neigh(if1, server_ip(i).into(), server_mac(i), now)
+            .unwrap();
+    }
+    if let Some(nf) = dp.netfilter() {
+        let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
+        s.endpoints = (0..PORTS)
+            .map(|i| Endpoint::new(SocketAddrV4::new(server_ip(i).into(), 8080), true))
+            .collect();
+        nf.upsert_service(s, now).unwrap();
+    }
+    Rig {
+        dp,
+        ports,
+        clients,
+        servers,
+        now,
+    }
+}
+
+impl Rig {
+    fn drain(&self) {
+        for h in self.clients.iter().chain(&self.servers) {
+            while let Some(b) = h.recv_frame() {
+                h.recycle(b);
+            }
+        }
+    }
+    /// Every station announces itself so both bridges know their ports.
+    fn announce(&self, pump: &mut Pump) {
+        for (i, h) in self.clients.iter().enumerate() {
+            h.send_frame(
+                &tcp(client_mac(i), MacAddr::BROADCAST, [0; 4], 0, [0; 4], 0, 0)[..60].to_vec(),
+            )
+            .unwrap();
+        }
+        for (i, h) in self.servers.iter().enumerate() {
+            h.send_frame(
+                &tcp(server_mac(i), MacAddr::BROADCAST, [0; 4], 0, [0; 4], 0, 0)[..60].to_vec(),
+            )
+            .unwrap();
+        }
+        pump.drain(self.now, 8);
+        self.drain();
+    }
+}
+
+fn established(c: &mut Criterion) {
+    let mut g = c.benchmark_group("datapath_dnat");
+    g.throughput(Throughput::Elements((PORTS * BATCH_SIZE) as u64));
+    for nat in [true, false] {
+        let r = rig(nat, 65_536);
+        let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
+        r.announce(&mut pump);
+        // 32 connections per client: SYN, SYN-ACK from the chosen endpoint, ACK.
+        let sport = |k: usize| 10_000 + k as u16;
+        let mut data: Vec<Vec<Vec<u8>>> = vec![Vec::new(); PORTS];
+        for (i, h) in r.clients.iter().enumerate() {
+            for k in 0..BATCH_SIZE {
+                let dst = if nat { VIP } else { server_ip((i + k) % PORTS) };
+                let dport = if nat { 80 } else { 8080 };
+                h.send_frame(&tcp(
+                    client_mac(i),
+                    GW0,
+                    client_ip(i),
+                    sport(k),
+                    dst,
+                    dport,
+                    2,
+                ))
+                .unwrap();
+                data[i].push(tcp(
+                    client_mac(i),
+                    GW0,
+                    client_ip(i),
+                    sport(k),
+                    dst,
+                    dport,
+                    0x10,
+                ));
+            }
+        }
+        pump.drain(r.now, 8);
+        // Each server answers the SYNs it got.
+        for (j, s) in r.servers.iter().enumerate() {
+            let mut answers = Vec::new();
+            while let Some(b) = s.recv_frame() {
+                let f = b.frame();
+                let (src, sp) = (
+                    [f[26], f[27], f[28], f[29]],
+                    u16::from_be_bytes([f[34], f[35]]),
+                );
+                answers.push(tcp(server_mac(j), GW1, server_ip(j), 8080, src, sp, 0x12));
+                s.recycle(b);
+            }
+            for a in answers {
+                s.send_frame(&a).unwrap();
+            }
+        }
+        pump.drain(r.now, 8);
+        r.drain();
+        let inject = || {
+            for (h, fs) in r.clients.iter().zip(&data) {
+                for f in fs {
+                    h.send_frame(f).unwrap();
+                }
+            }
+        };
+        inject();
+        pump.drain(r.now, 8);
+        let before = r.dp.stats().forwarded;
+        r.drain();
+        let name = if nat {
+            "tapyard_dnat_established"
+        } else {
+            "tapyard_routed_no_nat"
+        };
+        g.bench_function(name, |bch| {
+            bch.iter_batched(
+                || {
+                    r.drain();
+                    inject();
+                },
+                |()| black_box(pump.poll(r.now).unwrap()),
+                BatchSize::PerIteration,
+            )
+        });
+        let s = r.dp.stats();
+        assert!(s.forwarded >= before, "{s}");
+        assert_eq!(s.rx_drops(), 0, "{s}");
+        if let Some(nf) = r.dp.netfilter() {
+            let est = nf
+                .conntrack()
+                .dump(r.now)
+                .iter()
+                .filter(|v| v.assured)
+                .count();
+            assert_eq!(est, PORTS * BATCH_SIZE, "every connection established");
+        }
+    }
+    g.finish();
+}
+
+fn new_connections(c: &mut Criterion) {
+    let mut g = c.benchmark_group("new_connections");
+    g.throughput(Throughput::Elements(BATCH_SIZE as u64));
+    g.sample_size(20);
+    g.measurement_time(Duration::from_secs(4));
+    for nat in [true, false] {
+        let r = rig(nat, 2 << 20);
+        let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
+        r.announce(&mut pump);
+        if let Some(nf) = r.dp.netfilter() {
+            // Fill the table with 1 M connections (UDP between other addresses).
+            let ct = nf.conntrack();
+            for k in 0..1u32 << 20 {
+                let t = Tuple {
+                    src: Ipv4Addr::from(0x0a05_0000 | k >> 8),
+                    dst: Ipv4Addr::new(10, 6, 0, 1),
+                    sport: 1000 + (k & 0xff) as u16,
+                    dport: 53,
+                    proto: 17,
+                    zone: 0,
+                };
+                let p = Pkt {
+                    kind: L4Kind::Udp,
+                    tcp_flags: 0,
+                    len: 64,
+                };
+                ct.insert(t, t.invert(), CtTag::default(), &p, r.now)
+                    .unwrap();
+            }
+            assert_eq!(ct.len(), 1 << 20);
+        }
+        let mut w = r.dp.worker();
+        let mut next: u32 = 0;
+        let c0 = r.ports[0].0;
+        let mut make = || {
+            let mut b = Batch::new();
+            for _ in 0..BATCH_SIZE {
+                next = next.wrapping_add(1);
+                // Unique (source address, port) pairs from 10.0.0.0/24's client on port c0.
+                let src = [10, 0, 0, 10];
+                let sport = 1024 + (next % 60_000) as u16;
+                let src = if next / 60_000 == 0 {
+                    src
+                } else {
+                    [10, 0, 0, 10 + (next / 60_000 % 200) as u8]
+                };
+                let (dst, dport) = if nat {
+                    (VIP, 80)
+                } else {
+                    (server_ip(next as usize % PORTS), 8080)
+                };
+                let mut pb =
+                    PacketBuf::from_frame(&tcp(client_mac(0), GW0, src, sport, dst, dport, 2));
+                pb.port = c0;
+                b.push(pb).unwrap();
+            }
+            b
+        };
+        let name = if nat {
+            "tapyard_service_1M_table"
+        } else {
+            "tapyard_routed_no_nat"
+        };
+        let nf = r.dp.netfilter();
+        g.bench_function(name, |bch| {
+            bch.iter_custom(|iters| {
+                let mut t = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut b = make();
+                    let s = StdInstant::now();
+                    r.dp.process(&mut w, r.now, &mut b);
+                    t += s.elapsed();
+                    black_box(b.verdicts());
+                    b.recycle(&mut w.pool);
+                }
+                // Keep the table at about 1 M: drop what the bench made (untimed).
+                if let Some(nf) = nf {
+                    if nf.conntrack().len() > (1 << 20) + (1 << 18) {
+                        nf.conntrack().retain(r.now, |v| v.service == 0);
+                    }
+                }
+                t
+            })
+        });
+        if let Some(nf) = nf {
+            let c = nf.counters();
+            assert!(c.dnat > 0, "{c:?}");
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, established, new_connections);
+criterion_main!(benches);
