@@ -8,8 +8,11 @@
 //! forwards unicast frames to one port only. Then A does the same with host D, on another
 //! bridge and subnet, through tapyard's router: A ARPs for its gateway, the router answers,
 //! routes the packets (TTL decremented), ARPs for D and queues the first packet until D answers.
-//! The demo prints the first frames each port sent, the learned table (`bridge fdb show`), the
-//! routes (`ip route`), the neighbours (`ip neigh`) and the counters.
+//! Last, A reaches a Service: the ClusterIP 10.96.0.7:7 is DNAT'd by tapyard's conntrack to one
+//! of its endpoints (b:7 or d:7), chosen at random per connection; replies come back from the
+//! ClusterIP. The demo prints the first frames each port sent, the learned table (`bridge fdb
+//! show`), the routes (`ip route`), the neighbours (`ip neigh`), the connections (`conntrack
+//! -L`), the Services and the counters.
 
 use std::sync::Arc;
 
@@ -18,6 +21,8 @@ use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{IpAddress, IpCidr, IpEndpoint, Ipv4Address};
 use std::net::Ipv4Addr;
 
+use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::netfilter::{NatConfig, NatRules, Prefix};
 use tapyard::port::{mem_pair, Port, SmolHost};
 use tapyard::router::IfaceConfig;
 use tapyard::runtime::Pump;
@@ -93,7 +98,33 @@ fn main() {
         Some(br1),
     )
     .expect("router interface");
+    // Conntrack and NAT, with the hosts' subnets as the "cluster".
+    b.netfilter(NatConfig {
+        rules: NatRules {
+            cluster_cidr: Some(Prefix::new(Ipv4Addr::new(10, 0, 0, 0), 16)),
+            ..NatRules::default()
+        },
+        ..NatConfig::default()
+    })
+    .expect("netfilter");
     let dp = Arc::new(b.build());
+    // A Service: ClusterIP 10.96.0.7:7/tcp over the echo servers on b and d.
+    let vip = Ipv4Addr::new(10, 96, 0, 7);
+    let mut svc = ServiceSpec::new("echo", vip, 7, 6);
+    svc.endpoints = vec![
+        Endpoint::new(
+            std::net::SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 7),
+            true,
+        ),
+        Endpoint::new(
+            std::net::SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 2), 7),
+            true,
+        ),
+    ];
+    dp.netfilter()
+        .expect("netfilter")
+        .upsert_service(svc, Instant::ZERO)
+        .expect("service");
 
     // Four hosts, each on an in-memory pair whose other end is a bridge port.
     let mut now = Instant::ZERO;
@@ -120,23 +151,23 @@ fn main() {
     println!("first frames out of each bridge port:");
 
     // Bridged: A sends PAYLOAD bytes to B's echo service; routed: the same to D.
-    let steps = tcp_echo(
+    let (steps, _) = tcp_echo(
         &mut hosts,
         &mut pump,
         &mut now,
         0,
-        1,
+        &[1],
         Ipv4Address::new(10, 0, 0, 2),
     );
     println!(
         "\nTCP (bridged): a sent {PAYLOAD} bytes to b:7 and got them back intact ({steps} ms simulated)"
     );
-    let steps = tcp_echo(
+    let (steps, _) = tcp_echo(
         &mut hosts,
         &mut pump,
         &mut now,
         0,
-        3,
+        &[3],
         Ipv4Address::new(10, 0, 1, 2),
     );
     println!(
@@ -187,6 +218,15 @@ fn main() {
         );
     }
 
+    // Through the Service: each connection goes to b or d; a sees only the ClusterIP.
+    for _ in 0..4 {
+        let (steps, by) = tcp_echo(&mut hosts, &mut pump, &mut now, 0, &[1, 3], vip.into());
+        println!(
+            "TCP (Service): a sent {PAYLOAD} bytes to {vip}:7, served by {} ({steps} ms)",
+            names[by]
+        );
+    }
+
     println!("\nbridge fdb show:");
     let mut fdb = String::new();
     dp.fmt_fdb(now, &mut fdb).expect("format");
@@ -199,36 +239,47 @@ fn main() {
     let mut neigh = String::new();
     dp.fmt_neigh(now, &mut neigh).expect("format");
     print!("{neigh}");
+    let nf = dp.netfilter().expect("netfilter");
+    println!("\nconntrack -L:");
+    print!("{}", nf.conntrack().fmt_dump(now));
+    println!("\nservices:");
+    print!("{}", nf.services().fmt_services());
     println!("\ncounters:");
     print!("{}", dp.stats());
 }
 
-/// Host `from` connects to `to_ip:7` (host `to` echoes), sends PAYLOAD bytes and checks
-/// they come back intact. Returns the simulated milliseconds it took.
+/// Host `from` connects to `to_ip:7` (each host in `to` listens and echoes), sends PAYLOAD
+/// bytes and checks they come back intact. Returns the simulated milliseconds it took and the
+/// host that served the connection.
 fn tcp_echo(
     hosts: &mut [SmolHost],
     pump: &mut Pump,
     now: &mut Instant,
     from: usize,
-    to: usize,
+    to: &[usize],
     to_ip: Ipv4Address,
-) -> u32 {
-    let server = hosts[to].sockets.add(tcp_socket());
+) -> (u32, usize) {
+    let servers: Vec<(usize, SocketHandle)> = to
+        .iter()
+        .map(|&t| {
+            let mut s = tcp_socket();
+            s.listen(7).expect("listen");
+            (t, hosts[t].sockets.add(s))
+        })
+        .collect();
     let client = hosts[from].sockets.add(tcp_socket());
-    hosts[to]
-        .sockets
-        .get_mut::<tcp::Socket>(server)
-        .listen(7)
-        .expect("listen");
     {
         let h = &mut hosts[from];
+        static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(49152);
+        let port = NEXT_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         h.sockets
             .get_mut::<tcp::Socket>(client)
-            .connect(h.iface.context(), (to_ip, 7), 49152 + to as u16)
+            .connect(h.iface.context(), (to_ip, 7), port)
             .expect("connect");
     }
     let sent: Vec<u8> = (0..PAYLOAD).map(|i| (i * 7 % 251) as u8).collect();
     let (mut off, mut echoed) = (0usize, Vec::with_capacity(PAYLOAD));
+    let mut served = vec![0usize; servers.len()];
     let mut steps = 0u32;
     while echoed.len() < PAYLOAD && steps < 100_000 {
         steps += 1;
@@ -248,22 +299,47 @@ fn tcp_echo(
                 (d.len(), ())
             });
         }
-        echo(&mut hosts[to], server);
+        for (k, (t, s)) in servers.iter().enumerate() {
+            served[k] += echo(&mut hosts[*t], *s);
+        }
     }
     assert_eq!(echoed, sent, "the echoed bytes differ from what was sent");
     hosts[from].sockets.get_mut::<tcp::Socket>(client).abort();
-    steps
+    for (t, s) in &servers {
+        hosts[*t].sockets.get_mut::<tcp::Socket>(*s).abort();
+    }
+    // Let the resets go out.
+    for _ in 0..3 {
+        *now = *now + std::time::Duration::from_millis(1);
+        for h in hosts.iter_mut() {
+            h.poll(*now);
+        }
+        pump.drain(*now, 8);
+    }
+    for (t, s) in &servers {
+        hosts[*t].sockets.remove(*s);
+    }
+    hosts[from].sockets.remove(client);
+    let by = served
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, n)| **n)
+        .map_or(to[0], |(k, _)| servers[k].0);
+    (steps, by)
 }
 
-fn echo(host: &mut SmolHost, server: SocketHandle) {
+/// Echoes what `server` received; returns the bytes echoed.
+fn echo(host: &mut SmolHost, server: SocketHandle) -> usize {
     let s = host.sockets.get_mut::<tcp::Socket>(server);
     let mut tmp = [0u8; 4096];
+    let mut total = 0;
     while s.can_recv() && s.can_send() {
         let room = s.send_capacity() - s.send_queue();
         let n = s.recv_slice(&mut tmp[..room.min(4096)]).unwrap_or(0);
         if n == 0 {
             break;
         }
-        let _ = s.send_slice(&tmp[..n]);
+        total += s.send_slice(&tmp[..n]).unwrap_or(0);
     }
+    total
 }
