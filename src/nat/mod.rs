@@ -4,7 +4,7 @@
 //! datapath (with conntrack) decides *when* to translate; this module says *to what* and does
 //! the bytes.
 //!
-//! * [`rewrite`]: translate a packet in place to a new [`Tuple`] — addresses, ports or ICMP
+//! * [`rewrite()`]: translate a packet in place to a new [`Tuple`] — addresses, ports or ICMP
 //!   identifier, ICMP errors and their quoted packet — with incremental checksum updates, full
 //!   or virtio-partial. No allocation, no panic, errors as values, packet untouched on error.
 //! * [`alloc`]: choose a free source port for SNAT / MASQUERADE, as Linux's

@@ -442,7 +442,7 @@ struct Affinity {
 impl Affinity {
     fn new(max: usize) -> Affinity {
         let ways = max.min(WAYS);
-        let n = if ways == 0 { 0 } else { max / ways };
+        let n = max.checked_div(ways).unwrap_or(0);
         Affinity {
             sets: (0..n).map(|_| Mutex::new(Set::default())).collect(),
             ways,

@@ -297,7 +297,7 @@ fn affinity_table_bounded() {
     let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
     let mut rng = Rng::new(3);
     let cap = s.affinity_stats().capacity;
-    assert!(cap <= 100 && cap >= 96, "{cap}");
+    assert!((96..=100).contains(&cap), "{cap}");
     for i in 0..10_000u32 {
         let c = Ipv4Addr::from(0x0a00_0000 + i);
         s.select(
@@ -377,15 +377,16 @@ fn maglev_disruption_and_balance() {
     s.upsert(a.clone()).unwrap();
     const K: u64 = 100_000;
     let before = maglev_map(&s, K);
-    // Balance: each of 10 endpoints within 5 % of 1/10 (slot shares differ by ≤ 1/102;
-    // the rest is sampling noise).
+    // Balance: each of 10 endpoints within 5 % of 1/10 (slot shares differ by at most one
+    // slot of 4093; the rest is sampling noise). Hashes are fixed: the figures are
+    // deterministic (kept 0.890, kept of others 0.988, moved on adding 0.103).
     let mut c: StdMap<SocketAddrV4, u64> = StdMap::new();
     for e in &before {
         *c.entry(*e).or_default() += 1;
     }
     assert_eq!(c.len(), 10);
     assert!(c.values().all(|&n| (9_500..=10_500).contains(&n)), "{c:?}");
-    // Remove one of ten: its keys move, most others stay.
+    // Remove one of ten: its keys move (10 %), few others do.
     let gone = a.endpoints.remove(3).addr;
     s.upsert(a.clone()).unwrap();
     let after = maglev_map(&s, K);
@@ -397,8 +398,13 @@ fn maglev_disruption_and_balance() {
         .filter(|(b, a)| b == a)
         .count() as f64
         / before.iter().filter(|b| **b != gone).count() as f64;
-    assert!(kept >= 0.85, "kept {kept}");
-    assert!(kept_of_others >= 0.93, "kept of others {kept_of_others}");
+    eprintln!("maglev remove 1 of 10: kept {kept:.4}, kept of others {kept_of_others:.4}");
+    eprintln!(
+        "maglev balance over 10: {:?}",
+        c.values().collect::<Vec<_>>()
+    );
+    assert!(kept >= 0.88, "kept {kept}");
+    assert!(kept_of_others >= 0.98, "kept of others {kept_of_others}");
     assert!(!after.contains(&gone));
     // Add one (11 endpoints): about 1/11 of keys move.
     a.endpoints.push(ep(200, 8080, false));
@@ -415,7 +421,8 @@ fn maglev_disruption_and_balance() {
     s.upsert(a).unwrap();
     let grown = maglev_map(&s, K);
     let moved = before.iter().zip(&grown).filter(|(b, a)| b != a).count() as f64 / K as f64;
-    assert!(moved < 0.15 && moved > 0.05, "moved {moved}");
+    eprintln!("maglev add 11th: moved {moved:.4}");
+    assert!(moved < 0.12 && moved > 0.08, "moved {moved}");
 }
 
 #[test]
