@@ -16,6 +16,24 @@
 //!
 //! Time is always passed in ([`crate::Instant`]); nothing here reads a clock.
 //!
+//! # Putting it together (for the datapath)
+//!
+//! A packet that misses conntrack, with tuple `t` from [`Tuple::from_ipv4`]:
+//!
+//! 1. DNAT: [`Services::by_vip`]`(t.dst, t.dport, t.proto)` (or [`Services::by_node_port`]
+//!    when `t.dst` is a node address), then [`Services::select`]; `None` → reject (kube-proxy
+//!    answers ICMP port unreachable / TCP RST). The translated tuple is
+//!    `Tuple { dst: ep.ip, dport: ep.port, ..t }`; store the [`ServiceId`] with the flow.
+//! 2. SNAT / MASQUERADE (hairpin, or leaving the node): [`alloc_source`] on the DNAT'd tuple,
+//!    with `in_use` asking conntrack whether a reply tuple is taken.
+//! 3. Conntrack records original = `t`, reply = `translated.invert()`; every packet of the
+//!    flow is then translated with [`rewrite()`] to the tuple conntrack gives for its
+//!    direction (later fragments: [`rewrite_addrs`]).
+//! 4. An ICMP error whose quoted tuple matches a NAT'd flow: [`rewrite_icmp_error`] with
+//!    `new_inner` = the quoted packet's tuple before translation (the conntrack tuple of the
+//!    direction it travelled) and the outer addresses translated as a packet of the opposite
+//!    direction.
+//!
 //! ```
 //! use std::net::{Ipv4Addr, SocketAddrV4};
 //! use tapyard::nat::{Endpoint, Rng, ServiceSpec, Services};
