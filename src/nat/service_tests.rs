@@ -493,3 +493,96 @@ fn services_is_send_sync() {
     check::<Services>();
     check::<ServiceRef>();
 }
+
+#[derive(Clone, Debug)]
+enum Op {
+    Upsert {
+        name: u8,
+        vip: u8,
+        port: u16,
+        udp: bool,
+        node_port: Option<u16>,
+    },
+    Remove(u8),
+}
+
+fn arb_op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0u8..6, 0u8..3, 1u16..3, any::<bool>(), proptest::option::of(30000u16..30003)).prop_map(
+            |(name, vip, port, udp, node_port)| Op::Upsert { name, vip, port, udp, node_port }
+        ),
+        1 => (0u8..6).prop_map(Op::Remove),
+    ]
+}
+
+proptest::proptest! {
+    /// Services against a plain model: lookups, conflicts and ids agree after every change.
+    #[test]
+    fn prop_services_match_model(ops in proptest::collection::vec(arb_op(), 1..60)) {
+        let s = Services::new(16);
+        let mut model: StdMap<String, (ServiceSpec, ServiceId)> = StdMap::new();
+        let mut ids_seen = HashSet::new();
+        for op in ops {
+            match op {
+                Op::Upsert { name, vip, port, udp, node_port } => {
+                    let mut sp = spec(&format!("s{name}"), 1);
+                    sp.vip = Ipv4Addr::new(10, 96, 0, vip + 1);
+                    sp.port = port;
+                    sp.proto = if udp { PROTO_UDP } else { PROTO_TCP };
+                    sp.node_port = node_port;
+                    let clash = model.values().any(|(o, _)| {
+                        o.name != sp.name
+                            && o.proto == sp.proto
+                            && ((o.vip, o.port) == (sp.vip, sp.port)
+                                || (o.node_port.is_some() && o.node_port == sp.node_port))
+                    });
+                    match s.upsert(sp.clone()) {
+                        Ok(id) => {
+                            proptest::prop_assert!(!clash);
+                            if let Some((_, old)) = model.get(&sp.name) {
+                                proptest::prop_assert_eq!(*old, id);
+                            } else {
+                                proptest::prop_assert!(ids_seen.insert(id), "id reused");
+                            }
+                            model.insert(sp.name.clone(), (sp, id));
+                        }
+                        Err(e) => proptest::prop_assert!(clash, "{}", e),
+                    }
+                }
+                Op::Remove(name) => {
+                    let n = format!("s{name}");
+                    proptest::prop_assert_eq!(s.remove(&n).map(|x| x.name), model.remove(&n).map(|x| x.0.name));
+                }
+            }
+            for vip in 1..=3u8 {
+                for port in 1..3u16 {
+                    for proto in [PROTO_TCP, PROTO_UDP] {
+                        let ip = Ipv4Addr::new(10, 96, 0, vip);
+                        let want = model
+                            .values()
+                            .find(|(o, _)| (o.vip, o.port, o.proto) == (ip, port, proto))
+                            .map(|(o, id)| (o.name.clone(), *id));
+                        let got = s.by_vip(ip, port, proto).map(|r| (r.name().to_string(), r.id()));
+                        proptest::prop_assert_eq!(got, want);
+                    }
+                }
+            }
+            for np in 30000..30003u16 {
+                for proto in [PROTO_TCP, PROTO_UDP] {
+                    let want = model
+                        .values()
+                        .find(|(o, _)| o.node_port == Some(np) && o.proto == proto)
+                        .map(|(o, _)| o.name.clone());
+                    let got = s.by_node_port(np, proto).map(|r| r.name().to_string());
+                    proptest::prop_assert_eq!(got, want);
+                }
+            }
+            proptest::prop_assert_eq!(s.len(), model.len());
+            let listed: Vec<ServiceSpec> = s.list();
+            let mut want: Vec<ServiceSpec> = model.values().map(|x| x.0.clone()).collect();
+            want.sort_by(|a, b| a.name.cmp(&b.name));
+            proptest::prop_assert_eq!(listed, want);
+        }
+    }
+}
