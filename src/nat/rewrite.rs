@@ -12,9 +12,12 @@
 //! * Nothing panics on any input and nothing allocates.
 //! * Only the words that change are folded into a checksum, so a rewrite to the tuple the
 //!   packet already carries is a no-op, and rewriting to a new tuple and back restores the
-//!   original bytes exactly (a checksum is never produced as 0xffff by an incremental update
-//!   unless it was stored as 0xffff — the UDP "computed zero" case — so the round trip holds for
-//!   every packet whose checksums were computed by a standard implementation).
+//!   original bytes exactly. (A full-mode update never yields 0xffff — `!fold(x)` with `x`
+//!   nonzero — except for UDP, where a 0 result is stored as 0xffff; and an update from 0xffff
+//!   lands on the same ones-complement value, so the round trip holds for every packet whose
+//!   checksums a standard implementation computed, the UDP 0xffff case included. A stored
+//!   0xffff in a TCP, ICMP or IPv4 header checksum — never computed, since those sums are
+//!   never zero — may come back as 0x0000, which is the same checksum.)
 //!
 //! # Checksum modes
 //!
