@@ -20,6 +20,28 @@
 //! * Protocols without ports (anything but TCP, UDP, ICMP): the address only; `in_use` is
 //!   asked once.
 //! * `None` when every try is taken: the caller counts the failure and drops the packet.
+//!
+//! # Example
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use tapyard::nat::{alloc_source, PortRange, Tuple};
+//!
+//! let orig = Tuple {
+//!     src: Ipv4Addr::new(10, 244, 1, 5),
+//!     dst: Ipv4Addr::new(93, 184, 216, 34),
+//!     sport: 40000,
+//!     dport: 443,
+//!     proto: 6,
+//!     zone: 0,
+//! };
+//! let node = Ipv4Addr::new(192, 168, 0, 10);
+//! // Port 40000 is already used towards that server by another pod's connection.
+//! let taken = |reply: &Tuple| reply.dst == node && reply.dport == 40000;
+//! let t = alloc_source(&orig, node, PortRange::MASQUERADE, 0x5eed, taken).unwrap();
+//! assert_eq!((t.src, t.dst, t.dport), (node, orig.dst, 443));
+//! assert_ne!(t.sport, 40000);
+//! ```
 
 use std::net::Ipv4Addr;
 

@@ -4,7 +4,7 @@
 //! datapath (with conntrack) decides *when* to translate; this module says *to what* and does
 //! the bytes.
 //!
-//! * [`rewrite`]: translate a packet in place to a new [`Tuple`] — addresses, ports or ICMP
+//! * [`rewrite()`]: translate a packet in place to a new [`Tuple`] — addresses, ports or ICMP
 //!   identifier, ICMP errors and their quoted packet — with incremental checksum updates, full
 //!   or virtio-partial. No allocation, no panic, errors as values, packet untouched on error.
 //! * [`alloc`]: choose a free source port for SNAT / MASQUERADE, as Linux's
@@ -15,6 +15,24 @@
 //! * [`Rng`]: a tiny per-worker PRNG for the random choices (no shared RNG, no lock).
 //!
 //! Time is always passed in ([`crate::Instant`]); nothing here reads a clock.
+//!
+//! # Putting it together (for the datapath)
+//!
+//! A packet that misses conntrack, with tuple `t` from [`Tuple::from_ipv4`]:
+//!
+//! 1. DNAT: [`Services::by_vip`]`(t.dst, t.dport, t.proto)` (or [`Services::by_node_port`]
+//!    when `t.dst` is a node address), then [`Services::select`]; `None` → reject (kube-proxy
+//!    answers ICMP port unreachable / TCP RST). The translated tuple is
+//!    `Tuple { dst: ep.ip, dport: ep.port, ..t }`; store the [`ServiceId`] with the flow.
+//! 2. SNAT / MASQUERADE (hairpin, or leaving the node): [`alloc_source`] on the DNAT'd tuple,
+//!    with `in_use` asking conntrack whether a reply tuple is taken.
+//! 3. Conntrack records original = `t`, reply = `translated.invert()`; every packet of the
+//!    flow is then translated with [`rewrite()`] to the tuple conntrack gives for its
+//!    direction (later fragments: [`rewrite_addrs`]).
+//! 4. An ICMP error whose quoted tuple matches a NAT'd flow: [`rewrite_icmp_error`] with
+//!    `new_inner` = the quoted packet's tuple before translation (the conntrack tuple of the
+//!    direction it travelled) and the outer addresses translated as a packet of the opposite
+//!    direction.
 //!
 //! ```
 //! use std::net::{Ipv4Addr, SocketAddrV4};
@@ -91,5 +109,125 @@ mod tests {
         }
         assert_ne!(Rng::new(1).next_u64(), Rng::new(2).next_u64());
         assert_eq!(r.below(0), 0);
+    }
+}
+
+/// Rough per-operation costs, printed with
+/// `cargo test --lib nat::figures -- --ignored --nocapture` (optimised test profile).
+#[cfg(test)]
+mod figures {
+    use super::*;
+    use crate::ipv4::PROTO_TCP;
+    use std::hint::black_box;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::time::Instant as Clock;
+
+    fn per_op(name: &str, n: u32, mut f: impl FnMut(u32)) {
+        let t = Clock::now();
+        for i in 0..n {
+            f(i);
+        }
+        eprintln!(
+            "{name}: {:.1} ns/op",
+            t.elapsed().as_nanos() as f64 / f64::from(n)
+        );
+    }
+
+    #[test]
+    #[ignore]
+    fn figures() {
+        // A 60-byte TCP packet: 20 IP + 20 TCP + 20 payload, checksums valid.
+        let mut p = vec![0u8; 60];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&60u16.to_be_bytes());
+        p[9] = PROTO_TCP;
+        p[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 96, 0, 10]);
+        p[20..24].copy_from_slice(&[0x9c, 0x40, 0, 80]);
+        p[32] = 0x50;
+        crate::ipv4::fix_header_checksum(&mut p, 20);
+        let (t0, kind) = Tuple::from_ipv4(&p, 20, 60).unwrap();
+        let mut t1 = t0;
+        per_op(
+            "rewrite TCP (addresses + ports, full checksums)",
+            10_000_000,
+            |i| {
+                t1.dst = Ipv4Addr::from(0x0af4_0000 | (i & 0xff));
+                t1.dport = i as u16;
+                black_box(rewrite(black_box(&mut p), 20, kind, &t1, CsumMode::Full)).ok();
+            },
+        );
+        let mut taken = 0u64;
+        per_op("alloc_source, original port taken", 1_000_000, |i| {
+            let r = alloc_source(
+                &t0,
+                Ipv4Addr::new(192, 168, 0, 1),
+                PortRange::MASQUERADE,
+                u64::from(i),
+                |r| r.dport == t0.sport,
+            );
+            taken += u64::from(r.is_some());
+        });
+        black_box(taken);
+        let s = Services::new(1 << 16);
+        for k in 0..1000u32 {
+            let mut spec = ServiceSpec::new(
+                format!("svc{k}"),
+                Ipv4Addr::from(0x0a60_0000 + k),
+                80,
+                PROTO_TCP,
+            );
+            spec.endpoints = (1..=10u8)
+                .map(|e| {
+                    Endpoint::new(
+                        SocketAddrV4::new(Ipv4Addr::new(10, 244, e, (k % 250) as u8 + 1), 8080),
+                        false,
+                    )
+                })
+                .collect();
+            spec.algo = if k % 2 == 0 {
+                LbAlgo::Maglev
+            } else {
+                LbAlgo::Random
+            };
+            spec.affinity = (k % 4 == 1).then_some(DEFAULT_AFFINITY_TIMEOUT);
+            s.upsert(spec).unwrap();
+        }
+        let mut rng = Rng::new(9);
+        // Services k % 4 == 3: Random; k % 4 == 1: Random + affinity; even k: Maglev.
+        for (name, step, offset) in [
+            ("Random", 4, 3),
+            ("Maglev", 2, 0),
+            ("Random + ClientIP affinity, 65536 clients", 4, 1),
+        ] {
+            per_op(
+                &format!("by_vip + select, 250-500 services ({name})"),
+                1_000_000,
+                |i| {
+                    let k = (i % (1000 / step)) * step + offset;
+                    let svc = s
+                        .by_vip(Ipv4Addr::from(0x0a60_0000 + k), 80, PROTO_TCP)
+                        .unwrap();
+                    let r = rng.next_u64();
+                    let client = Ipv4Addr::from(r as u32 & 0xffff);
+                    black_box(s.select(&svc, client, r, r, false, crate::Instant::ZERO));
+                },
+            );
+        }
+        let t = Clock::now();
+        let mut spec = ServiceSpec::new("big", Ipv4Addr::new(10, 97, 0, 1), 80, PROTO_TCP);
+        spec.algo = LbAlgo::Maglev;
+        spec.endpoints = (0..1000u32)
+            .map(|e| {
+                Endpoint::new(
+                    SocketAddrV4::new(Ipv4Addr::from(0x0af5_0000 + e), 8080),
+                    false,
+                )
+            })
+            .collect();
+        s.upsert(spec).unwrap();
+        eprintln!(
+            "upsert of a 1000-endpoint Maglev service (65537 slots) among 1000: {:?}",
+            t.elapsed()
+        );
     }
 }

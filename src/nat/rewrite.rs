@@ -12,9 +12,12 @@
 //! * Nothing panics on any input and nothing allocates.
 //! * Only the words that change are folded into a checksum, so a rewrite to the tuple the
 //!   packet already carries is a no-op, and rewriting to a new tuple and back restores the
-//!   original bytes exactly (a checksum is never produced as 0xffff by an incremental update
-//!   unless it was stored as 0xffff — the UDP "computed zero" case — so the round trip holds for
-//!   every packet whose checksums were computed by a standard implementation).
+//!   original bytes exactly. (A full-mode update never yields 0xffff — `!fold(x)` with `x`
+//!   nonzero — except for UDP, where a 0 result is stored as 0xffff; and an update from 0xffff
+//!   lands on the same ones-complement value, so the round trip holds for every packet whose
+//!   checksums a standard implementation computed, the UDP 0xffff case included. A stored
+//!   0xffff in a TCP, ICMP or IPv4 header checksum — never computed, since those sums are
+//!   never zero — may come back as 0x0000, which is the same checksum.)
 //!
 //! # Checksum modes
 //!
@@ -32,6 +35,28 @@
 //! so in this mode no ICMP checksum is touched (for an ICMP error, the outer ICMP checksum is the
 //! one left to the device; checksums *inside* the quoted packet are data and always updated in
 //! full).
+//!
+//! # Example
+//!
+//! DNAT of a UDP packet from a cluster IP to an endpoint:
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use tapyard::nat::{rewrite, CsumMode, Tuple};
+//!
+//! // 10.244.1.5:5000 -> 10.96.0.10:53, 1 byte of payload, header checksum 0 for now.
+//! let mut p = vec![
+//!     0x45, 0, 0, 29, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 244, 1, 5, 10, 96, 0, 10, // IPv4
+//!     0x13, 0x88, 0, 53, 0, 9, 0, 0, b'x', // UDP, checksum 0 ("none")
+//! ];
+//! tapyard::ipv4::fix_header_checksum(&mut p, 20);
+//! let (t, kind) = Tuple::from_ipv4(&p, 20, p.len()).unwrap();
+//! let new = Tuple { dst: Ipv4Addr::new(10, 244, 2, 7), dport: 5353, ..t };
+//! rewrite(&mut p, 20, kind, &new, CsumMode::Full).unwrap();
+//! assert_eq!(Tuple::from_ipv4(&p, 20, p.len()).unwrap().0, new);
+//! assert_eq!(tapyard::ipv4::checksum(&p[..20]), 0); // header checksum still valid
+//! assert_eq!(&p[26..28], &[0, 0]); // no UDP checksum stays none
+//! ```
 
 use std::fmt;
 use std::net::Ipv4Addr;

@@ -50,9 +50,6 @@ use super::maglev::{self, Maglev};
 use crate::ipv4::{PROTO_TCP, PROTO_UDP};
 use crate::time::Instant;
 
-/// IP protocol number of SCTP (Kubernetes services may use it).
-pub const PROTO_SCTP: u8 = 132;
-
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`: 3 hours.
 pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10_800);
 
@@ -97,7 +94,8 @@ pub struct ServiceSpec {
     pub vip: Ipv4Addr,
     /// The service port on the cluster IP (nonzero).
     pub port: u16,
-    /// IP protocol: TCP (6), UDP (17) or SCTP (132).
+    /// IP protocol: TCP (6) or UDP (17). (SCTP services are not supported: the tuple and
+    /// the rewrites carry no SCTP ports, and SCTP's CRC32c cannot be patched incrementally.)
     pub proto: u8,
     /// The node port, if the service is of type NodePort (nonzero, unique per protocol).
     pub node_port: Option<u16>,
@@ -146,6 +144,12 @@ impl ServiceId {
     }
 }
 
+impl From<ServiceId> for u32 {
+    fn from(id: ServiceId) -> u32 {
+        id.0
+    }
+}
+
 impl fmt::Display for ServiceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
@@ -171,7 +175,7 @@ pub enum ServiceError {
         /// The value.
         vip: Ipv4Addr,
     },
-    /// The protocol is not TCP, UDP or SCTP.
+    /// The protocol is not TCP or UDP.
     UnsupportedProto {
         /// The service.
         service: String,
@@ -238,7 +242,6 @@ fn proto_name(p: u8) -> &'static str {
     match p {
         PROTO_TCP => "TCP",
         PROTO_UDP => "UDP",
-        PROTO_SCTP => "SCTP",
         _ => "?",
     }
 }
@@ -254,7 +257,7 @@ impl fmt::Display for ServiceError {
             }
             UnsupportedProto { service, proto } => write!(
                 f,
-                "service {service:?}: proto {proto} not supported (TCP 6, UDP 17, SCTP 132)"
+                "service {service:?}: proto {proto} not supported (TCP 6, UDP 17)"
             ),
             DuplicateVip {
                 service,
@@ -442,7 +445,7 @@ struct Affinity {
 impl Affinity {
     fn new(max: usize) -> Affinity {
         let ways = max.min(WAYS);
-        let n = if ways == 0 { 0 } else { max / ways };
+        let n = max.checked_div(ways).unwrap_or(0);
         Affinity {
             sets: (0..n).map(|_| Mutex::new(Set::default())).collect(),
             ways,
@@ -581,7 +584,7 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             vip: spec.vip,
         });
     }
-    if !matches!(spec.proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) {
+    if !matches!(spec.proto, PROTO_TCP | PROTO_UDP) {
         return Err(ServiceError::UnsupportedProto {
             service: service(),
             proto: spec.proto,

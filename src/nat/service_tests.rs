@@ -297,7 +297,7 @@ fn affinity_table_bounded() {
     let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
     let mut rng = Rng::new(3);
     let cap = s.affinity_stats().capacity;
-    assert!(cap <= 100 && cap >= 96, "{cap}");
+    assert!((96..=100).contains(&cap), "{cap}");
     for i in 0..10_000u32 {
         let c = Ipv4Addr::from(0x0a00_0000 + i);
         s.select(
@@ -377,15 +377,16 @@ fn maglev_disruption_and_balance() {
     s.upsert(a.clone()).unwrap();
     const K: u64 = 100_000;
     let before = maglev_map(&s, K);
-    // Balance: each of 10 endpoints within 5 % of 1/10 (slot shares differ by ≤ 1/102;
-    // the rest is sampling noise).
+    // Balance: each of 10 endpoints within 5 % of 1/10 (slot shares differ by at most one
+    // slot of 4093; the rest is sampling noise). Hashes are fixed: the figures are
+    // deterministic (kept 0.890, kept of others 0.988, moved on adding 0.103).
     let mut c: StdMap<SocketAddrV4, u64> = StdMap::new();
     for e in &before {
         *c.entry(*e).or_default() += 1;
     }
     assert_eq!(c.len(), 10);
     assert!(c.values().all(|&n| (9_500..=10_500).contains(&n)), "{c:?}");
-    // Remove one of ten: its keys move, most others stay.
+    // Remove one of ten: its keys move (10 %), few others do.
     let gone = a.endpoints.remove(3).addr;
     s.upsert(a.clone()).unwrap();
     let after = maglev_map(&s, K);
@@ -397,8 +398,13 @@ fn maglev_disruption_and_balance() {
         .filter(|(b, a)| b == a)
         .count() as f64
         / before.iter().filter(|b| **b != gone).count() as f64;
-    assert!(kept >= 0.85, "kept {kept}");
-    assert!(kept_of_others >= 0.93, "kept of others {kept_of_others}");
+    eprintln!("maglev remove 1 of 10: kept {kept:.4}, kept of others {kept_of_others:.4}");
+    eprintln!(
+        "maglev balance over 10: {:?}",
+        c.values().collect::<Vec<_>>()
+    );
+    assert!(kept >= 0.88, "kept {kept}");
+    assert!(kept_of_others >= 0.98, "kept of others {kept_of_others}");
     assert!(!after.contains(&gone));
     // Add one (11 endpoints): about 1/11 of keys move.
     a.endpoints.push(ep(200, 8080, false));
@@ -415,7 +421,8 @@ fn maglev_disruption_and_balance() {
     s.upsert(a).unwrap();
     let grown = maglev_map(&s, K);
     let moved = before.iter().zip(&grown).filter(|(b, a)| b != a).count() as f64 / K as f64;
-    assert!(moved < 0.15 && moved > 0.05, "moved {moved}");
+    eprintln!("maglev add 11th: moved {moved:.4}");
+    assert!(moved < 0.12 && moved > 0.08, "moved {moved}");
 }
 
 #[test]
@@ -485,4 +492,97 @@ fn services_is_send_sync() {
     fn check<T: Send + Sync>() {}
     check::<Services>();
     check::<ServiceRef>();
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Upsert {
+        name: u8,
+        vip: u8,
+        port: u16,
+        udp: bool,
+        node_port: Option<u16>,
+    },
+    Remove(u8),
+}
+
+fn arb_op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0u8..6, 0u8..3, 1u16..3, any::<bool>(), proptest::option::of(30000u16..30003)).prop_map(
+            |(name, vip, port, udp, node_port)| Op::Upsert { name, vip, port, udp, node_port }
+        ),
+        1 => (0u8..6).prop_map(Op::Remove),
+    ]
+}
+
+proptest::proptest! {
+    /// Services against a plain model: lookups, conflicts and ids agree after every change.
+    #[test]
+    fn prop_services_match_model(ops in proptest::collection::vec(arb_op(), 1..60)) {
+        let s = Services::new(16);
+        let mut model: StdMap<String, (ServiceSpec, ServiceId)> = StdMap::new();
+        let mut ids_seen = HashSet::new();
+        for op in ops {
+            match op {
+                Op::Upsert { name, vip, port, udp, node_port } => {
+                    let mut sp = spec(&format!("s{name}"), 1);
+                    sp.vip = Ipv4Addr::new(10, 96, 0, vip + 1);
+                    sp.port = port;
+                    sp.proto = if udp { PROTO_UDP } else { PROTO_TCP };
+                    sp.node_port = node_port;
+                    let clash = model.values().any(|(o, _)| {
+                        o.name != sp.name
+                            && o.proto == sp.proto
+                            && ((o.vip, o.port) == (sp.vip, sp.port)
+                                || (o.node_port.is_some() && o.node_port == sp.node_port))
+                    });
+                    match s.upsert(sp.clone()) {
+                        Ok(id) => {
+                            proptest::prop_assert!(!clash);
+                            if let Some((_, old)) = model.get(&sp.name) {
+                                proptest::prop_assert_eq!(*old, id);
+                            } else {
+                                proptest::prop_assert!(ids_seen.insert(id), "id reused");
+                            }
+                            model.insert(sp.name.clone(), (sp, id));
+                        }
+                        Err(e) => proptest::prop_assert!(clash, "{}", e),
+                    }
+                }
+                Op::Remove(name) => {
+                    let n = format!("s{name}");
+                    proptest::prop_assert_eq!(s.remove(&n).map(|x| x.name), model.remove(&n).map(|x| x.0.name));
+                }
+            }
+            for vip in 1..=3u8 {
+                for port in 1..3u16 {
+                    for proto in [PROTO_TCP, PROTO_UDP] {
+                        let ip = Ipv4Addr::new(10, 96, 0, vip);
+                        let want = model
+                            .values()
+                            .find(|(o, _)| (o.vip, o.port, o.proto) == (ip, port, proto))
+                            .map(|(o, id)| (o.name.clone(), *id));
+                        let got = s.by_vip(ip, port, proto).map(|r| (r.name().to_string(), r.id()));
+                        proptest::prop_assert_eq!(got, want);
+                    }
+                }
+            }
+            for np in 30000..30003u16 {
+                for proto in [PROTO_TCP, PROTO_UDP] {
+                    let want = model
+                        .values()
+                        .find(|(o, _)| o.node_port == Some(np) && o.proto == proto)
+                        .map(|(o, _)| o.name.clone());
+                    let got = s.by_node_port(np, proto).map(|r| r.name().to_string());
+                    proptest::prop_assert_eq!(got, want);
+                }
+            }
+            proptest::prop_assert_eq!(s.len(), model.len());
+            let listed: Vec<ServiceSpec> = s.list();
+            let mut want: Vec<ServiceSpec> = model.values().map(|x| x.0.clone()).collect();
+            want.sort_by(|a, b| a.name.cmp(&b.name));
+            proptest::prop_assert_eq!(listed, want);
+        }
+    }
 }
