@@ -1,0 +1,825 @@
+//! End-to-end tests of conntrack NAT on real TAP devices: a Kubernetes-like node driven
+//! in-process by a [`Runtime`], the kernel's own TCP/UDP stacks in network namespaces as pods,
+//! a second node and an outside host, and the Services kube-proxy's iptables rules would make.
+//!
+//! ```text
+//!  pod A 10.217.1.2/24 ── TAP ─┐
+//!  pod B 10.217.1.3/24 ── TAP ─┤ cni0 (router iface 10.217.1.1/24)   tapyard node
+//!                              └ router ── eth0 172.19.0.2/24 ── TAP ─┐
+//!  "wire" namespace: Linux bridge br0 joining the uplink TAP and two veths ┘
+//!    ├─ node2   172.19.0.3/24, pod address 10.217.2.2 on lo, 10.217.1.0/24 via 172.19.0.2
+//!    └─ outside 172.19.0.9/24, 198.18.0.1 on lo, NO route to 10.217.0.0/16
+//!  tapyard routes: 10.217.2.0/24 via 172.19.0.3, default via 172.19.0.9
+//!  NAT: cluster CIDR 10.217.0.0/16; masquerade out eth0 from the cluster to outside it
+//!  Services:
+//!    web       10.97.0.10:80/tcp  -> 10.217.1.3:8080 (local), 10.217.2.2:8080; NodePort 30080
+//!    web-local 10.97.0.12:80/tcp  -> same, NodePort 30081, externalTrafficPolicy Local
+//!    self      10.97.0.11:80/tcp  -> 10.217.1.2:8080 (pod A itself: hairpin)
+//!    dns       10.97.0.53:53/udp  -> 10.217.1.3:5353
+//!    dead      10.97.0.54:53/udp  -> 10.217.1.3:5999 (nothing listens)
+//!    dead-far  10.97.0.55:53/udp  -> 10.217.2.2:5999 (nothing listens, on node2)
+//!    empty     10.97.0.99:80/tcp and :53/udp, no endpoints
+//! ```
+//!
+//! Checked, one named step each (see `nat_node`): (1, 2) ClusterIP connections from pod A
+//! spread over the local and the remote endpoint, which both see pod A's own address, plus
+//! content-checked 4 MiB transfers; (3) hairpin, the endpoint sees the gateway address;
+//! (4) NodePort from outside: Cluster policy masquerades (pod B sees 10.217.1.1, node2 sees
+//! 172.19.0.2), Local policy only uses pod B and keeps the client address; (5) pod to outside
+//! is masqueraded to 172.19.0.2; (6) a UDP Service answers from the ClusterIP on a connected
+//! socket; (7) Services without endpoints refuse at once (TCP RST, ICMP port unreachable);
+//! (8) an endpoint's ICMP port unreachable is translated back to the ClusterIP tuple (local
+//! endpoint: bridged path; remote: routed path); (9) the `conntrack -L` dump, the NAT
+//! counters and the datapath's drop counters.
+//!
+//! Needs root (TAP devices and namespaces), `ip`, `ping` and `python3`; without them the test
+//! prints why and passes (with `CI=true` it fails instead). Names carry the process id; a
+//! guard removes everything on success and failure alike. Traffic only goes to addresses
+//! inside the namespaces created here.
+//!
+//! Run with `sudo -E cargo test --test netns_nat -- --nocapture --test-threads=1`; set
+//! `TAPYARD_E2E_VERBOSE=1` to see the servers' logs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::{name_tag, open_tap, route, run_output, skip, skip_reason, Guard, Ns, TapKind};
+use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, NfCounters, Prefix};
+use tapyard::route::NextHop;
+use tapyard::router::IfaceConfig;
+use tapyard::runtime::{Runtime, RuntimeConfig};
+use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
+
+const GW: &str = "10.217.1.1";
+const POD_A: &str = "10.217.1.2";
+const POD_B: &str = "10.217.1.3";
+const NODE: &str = "172.19.0.2";
+const NODE2: &str = "172.19.0.3";
+const NODE2_POD: &str = "10.217.2.2";
+const OUTSIDE: &str = "172.19.0.9";
+/// A server address outside the cluster, reached through tapyard's default route.
+const OUTSIDE_SRV: &str = "198.18.0.1";
+
+const WEB: &str = "10.97.0.10";
+const SELF_SVC: &str = "10.97.0.11";
+const WEB_LOCAL: &str = "10.97.0.12";
+const DNS: &str = "10.97.0.53";
+const DEAD: &str = "10.97.0.54";
+const DEAD_FAR: &str = "10.97.0.55";
+const EMPTY: &str = "10.97.0.99";
+
+const NODE_PORT: u16 = 30080;
+const NODE_PORT_LOCAL: u16 = 30081;
+/// The endpoints' TCP port (every server listens on it).
+const SRV_PORT: u16 = 8080;
+/// Pod B's UDP server.
+const DNS_PORT: u16 = 5353;
+/// Nothing listens there.
+const DEAD_PORT: u16 = 5999;
+
+/// Short connections per ClusterIP / NodePort check.
+const SHORT_CONNS: usize = 20;
+/// Bytes of each checked transfer through the ClusterIP.
+const BIG: usize = 4 << 20;
+/// Frames sent towards a TAP before its interface is up are refused (`EIO`, `tx_error`).
+const MAX_EARLY_TX_ERRORS: u64 = 50;
+
+/// A server: TCP on `argv[2]` (every connection in its own thread: reads to EOF, answers
+/// `<ident> <peer address> <bytes> <sha256>\n` followed by the bytes received, and closes), and if `argv[3]` is given, UDP there
+/// (answers each datagram with `<ident> <peer address> <datagram>`). Prints `ready` first.
+const SERVER_PY: &str = r#"
+import hashlib, socket, sys, threading
+ident, tport = sys.argv[1], int(sys.argv[2])
+uport = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+def handle(c, peer):
+    n = 0
+    try:
+        c.settimeout(15)
+        h = hashlib.sha256()
+        got = []
+        while True:
+            d = c.recv(1 << 16)
+            if not d:
+                break
+            h.update(d)
+            got.append(d)
+            n += len(d)
+        c.sendall(("%s %s %d %s\n" % (ident, peer[0], n, h.hexdigest())).encode())
+        for d in got:
+            c.sendall(d)
+    except OSError as e:
+        print("tcp error from %s: %s" % (peer, e), flush=True)
+    finally:
+        c.close()
+    print("tcp %s:%d %d bytes" % (peer[0], peer[1], n), flush=True)
+def tcp(s):
+    while True:
+        c, peer = s.accept()
+        threading.Thread(target=handle, args=(c, peer), daemon=True).start()
+def udp(u):
+    while True:
+        d, peer = u.recvfrom(2048)
+        u.sendto(("%s %s %s" % (ident, peer[0], d.decode())).encode(), peer)
+        print("udp %s:%d" % peer, flush=True)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", tport))
+s.listen(128)
+threads = [threading.Thread(target=tcp, args=(s,), daemon=True)]
+if uport:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("0.0.0.0", uport))
+    threads.append(threading.Thread(target=udp, args=(u,), daemon=True))
+for t in threads:
+    t.start()
+print("ready", flush=True)
+for t in threads:
+    t.join()
+"#;
+
+/// `<addr> <port> <count> <bytes>`: `count` connections one after another, each sending
+/// `bytes` deterministic bytes then reading the server's report and echo to EOF; one line
+/// each: `<peer addr:port of the connected socket> <sha256 sent> <seconds> <report>
+/// <sha256 of the echo>`.
+const CLIENT_PY: &str = r#"
+import hashlib, random, socket, sys, time
+addr, port, count, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+data = random.Random(n).getrandbits(8 * n).to_bytes(n, "little")
+digest = hashlib.sha256(data).hexdigest()
+for i in range(count):
+    t = time.monotonic()
+    c = socket.create_connection((addr, port), timeout=10)
+    peer = c.getpeername()
+    c.sendall(data)
+    c.shutdown(socket.SHUT_WR)
+    got = []
+    while True:
+        d = c.recv(1 << 16)
+        if not d:
+            break
+        got.append(d)
+    c.close()
+    report, _, echo = b"".join(got).partition(b"\n")
+    echo_digest = hashlib.sha256(echo).hexdigest()
+    print("%s:%d %s %.3f %s %s" % (peer[0], peer[1], digest, time.monotonic() - t, report.decode(), echo_digest), flush=True)
+"#;
+
+/// `tcp <addr> <port>` or `udp <addr> <port> <payload>`: one attempt, printing
+/// `<outcome> <seconds> [detail]`; outcome is `connected`, `answer` (detail: the source
+/// address and the datagram), `refused`, `timeout` or `error` (detail: errno name).
+const PROBE_PY: &str = r#"
+import errno, socket, sys, time
+mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+t = time.monotonic()
+def done(outcome, detail=""):
+    print("%s %.3f %s" % (outcome, time.monotonic() - t, detail), flush=True)
+    sys.exit(0)
+try:
+    if mode == "tcp":
+        c = socket.socket()
+        c.settimeout(5)
+        c.connect((addr, port))
+        done("connected", "%s:%d" % c.getpeername())
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(3)
+    u.connect((addr, port))
+    u.send(sys.argv[4].encode())
+    d, src = u.recvfrom(2048)
+    done("answer", "%s:%d %s" % (src[0], src[1], d.decode()))
+except ConnectionRefusedError:
+    done("refused")
+except socket.timeout:
+    done("timeout")
+except OSError as e:
+    done("error", errno.errorcode.get(e.errno, str(e.errno)))
+"#;
+
+/// One connection made by [`CLIENT_PY`], as the client and the server saw it.
+#[derive(Debug)]
+struct Conn {
+    /// The address the client's connected socket talks to.
+    peer: String,
+    /// Who answered.
+    server: String,
+    /// The client address the server saw.
+    seen: String,
+    secs: f64,
+}
+
+/// Runs [`CLIENT_PY`] in `ns`: `count` connections to `addr:port` each sending `bytes`; checks
+/// that every connection's bytes arrived intact, both ways, and returns what each saw.
+fn tcp_conns(ns: &Ns, addr: &str, port: u16, count: usize, bytes: usize) -> Vec<Conn> {
+    let out = run_output(&ns.exec(&[
+        "python3",
+        "-c",
+        CLIENT_PY,
+        addr,
+        &port.to_string(),
+        &count.to_string(),
+        &bytes.to_string(),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "TCP client {} -> {addr}:{port} failed ({}):\n{text}{}",
+        ns.name,
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    );
+    let conns: Vec<Conn> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 8, "bad client line {l:?}");
+            assert_eq!(f[5], bytes.to_string(), "byte count differs: {l}");
+            assert_eq!(f[6], f[1], "sha256 differs (sent vs received): {l}");
+            assert_eq!(f[7], f[1], "sha256 differs (sent vs echoed back): {l}");
+            Conn {
+                peer: f[0].to_string(),
+                secs: f[2].parse().unwrap_or(0.0),
+                server: f[3].to_string(),
+                seen: f[4].to_string(),
+            }
+        })
+        .collect();
+    assert_eq!(conns.len(), count, "connections reported:\n{text}");
+    report_slow(&conns);
+    conns
+}
+
+/// Prints the connections that took long enough to have needed a retransmitted SYN (the
+/// kernel's initial RTO is 1 s): a lost handshake packet.
+fn report_slow(conns: &[Conn]) -> usize {
+    let slow: Vec<_> = conns
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.secs >= 0.9)
+        .collect();
+    for (i, c) in &slow {
+        println!("  warning: connection {i} took {:.3}s: {c:?}", c.secs);
+    }
+    slow.len()
+}
+
+/// `(server, client address seen)` → number of connections.
+fn tally(conns: &[Conn]) -> BTreeMap<(String, String), usize> {
+    let mut m = BTreeMap::new();
+    for c in conns {
+        *m.entry((c.server.clone(), c.seen.clone())).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Runs [`PROBE_PY`] in `ns`; returns `(outcome, seconds, detail)`.
+fn probe(ns: &Ns, args: &[&str]) -> (String, f64, String) {
+    let mut v = ns.exec(&["python3", "-c", PROBE_PY]);
+    v.extend_from_slice(args);
+    let out = run_output(&v);
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success(),
+        "probe {} {args:?} failed ({}): {text}{}",
+        ns.name,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut it = text.splitn(3, ' ');
+    let outcome = it.next().unwrap_or("").to_string();
+    let secs = it.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN);
+    let detail = it.next().unwrap_or("").trim().to_string();
+    (outcome, secs, detail)
+}
+
+/// The one line of `dump` containing every part of `parts`, in order.
+fn ct_line<'a>(dump: &'a str, parts: &[&str]) -> &'a str {
+    dump.lines()
+        .find(|l| {
+            let mut rest = *l;
+            parts.iter().all(|p| match rest.find(p) {
+                Some(i) => {
+                    rest = &rest[i + p.len()..];
+                    true
+                }
+                None => false,
+            })
+        })
+        .unwrap_or_else(|| panic!("no conntrack entry with {parts:?} in:\n{dump}"))
+}
+
+fn delta(after: NfCounters, before: NfCounters) -> NfCounters {
+    NfCounters {
+        new: after.new - before.new,
+        dnat: after.dnat - before.dnat,
+        snat: after.snat - before.snat,
+        hairpin: after.hairpin - before.hairpin,
+        rejected: after.rejected - before.rejected,
+        related: after.related - before.related,
+        untracked: after.untracked - before.untracked,
+    }
+}
+
+fn ip4(s: &str) -> Ipv4Addr {
+    s.parse().expect("address")
+}
+
+fn ep(addr: &str, port: u16, local: bool) -> Endpoint {
+    Endpoint::new(SocketAddrV4::new(ip4(addr), port), local)
+}
+
+/// A step's name and start, printed when it begins and ends.
+struct Step(&'static str, Instant);
+
+fn step(name: &'static str) -> Step {
+    println!("--- {name}");
+    Step(name, Instant::now())
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            println!(
+                "--- {}: ok in {:.2}s",
+                self.0,
+                self.1.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+#[test]
+fn kubernetes_services_with_offload_taps() {
+    nat_node("tyn", TapKind::Offload);
+}
+
+/// Builds the node of the module docs with TAPs of `kind`; `prefix` (3 bytes) keeps the names
+/// of concurrently running tests apart.
+fn nat_node(prefix: &str, kind: TapKind) {
+    if let Some(why) = skip_reason(&[("ping", "-V"), ("python3", "-V")]) {
+        skip(&why);
+        return;
+    }
+    let started = Instant::now();
+    let (pid, tag) = name_tag();
+    let tap_a = format!("{prefix}{pid}a"); // at most 3 + 7 + 1 = 11 bytes
+    let tap_b = format!("{prefix}{pid}b");
+    let tap_up = format!("{prefix}{pid}u");
+    let ns_name = |what: &str| format!("{prefix}-{what}-{pid}-{tag}");
+
+    // The node: cni0 with its gateway, the uplink, NAT.
+    let mut builder = Datapath::builder();
+    let cni0 = builder.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    let id_a = builder.add_port(tap_a.clone(), Some(cni0)).unwrap();
+    let id_b = builder.add_port(tap_b.clone(), Some(cni0)).unwrap();
+    builder
+        .add_router_iface(
+            IfaceConfig::new("cni0", MacAddr::local(0x0217_0101), ip4(GW), 24),
+            Some(cni0),
+        )
+        .unwrap();
+    let (eth0, id_up) = builder
+        .add_router_iface(
+            IfaceConfig::new("eth0", MacAddr::local(0x0217_1302), ip4(NODE), 24),
+            None,
+        )
+        .unwrap();
+    let cluster = Prefix::new(Ipv4Addr::new(10, 217, 0, 0), 16);
+    builder
+        .netfilter(NatConfig {
+            rules: NatRules {
+                cluster_cidr: Some(cluster),
+                masquerade: vec![MasqueradeRule {
+                    out: eth0,
+                    src: Some(cluster),
+                    except_dst: Some(cluster),
+                }],
+                ..NatRules::default()
+            },
+            ..NatConfig::default()
+        })
+        .unwrap();
+    let dp = Arc::new(builder.build());
+    dp.add_route(route("10.217.2.0", 24, NextHop::Via(eth0, ip4(NODE2))))
+        .unwrap();
+    dp.add_route(route("0.0.0.0", 0, NextHop::Via(eth0, ip4(OUTSIDE))))
+        .unwrap();
+    let mut routes = String::new();
+    dp.fmt_routes(&mut routes).unwrap();
+    println!("{prefix}: {kind:?} TAPs; routes:\n{routes}");
+
+    let mut guard = Guard::default();
+    for (tap, id) in [(&tap_a, id_a), (&tap_b, id_b), (&tap_up, id_up)] {
+        match open_tap(kind, tap) {
+            Ok(p) => guard.ports.push((id, Arc::new(p))),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                skip(&format!(
+                    "skipping: cannot create TAP {tap} ({e}): no CAP_NET_ADMIN"
+                ));
+                return;
+            }
+            Err(e) => panic!("cannot open TAP {tap}: {e}"),
+        }
+    }
+    let rt = Runtime::start(
+        dp.clone(),
+        guard.ports.clone(),
+        RuntimeConfig {
+            workers: 2,
+            ..Default::default()
+        },
+    )
+    .expect("start runtime");
+    let now = rt.now();
+    guard.rt = Some(rt);
+
+    // The Services, as kube-proxy would program them.
+    let nf = dp.netfilter().expect("netfilter");
+    let (tcp, udp) = (6, 17);
+    let web_eps = vec![ep(POD_B, SRV_PORT, true), ep(NODE2_POD, SRV_PORT, false)];
+    let mut web = ServiceSpec::new("web", ip4(WEB), 80, tcp);
+    web.node_port = Some(NODE_PORT);
+    web.endpoints = web_eps.clone();
+    let mut local = ServiceSpec::new("web-local", ip4(WEB_LOCAL), 80, tcp);
+    local.node_port = Some(NODE_PORT_LOCAL);
+    local.external_local = true;
+    local.endpoints = web_eps;
+    let mut me = ServiceSpec::new("self", ip4(SELF_SVC), 80, tcp);
+    me.endpoints = vec![ep(POD_A, SRV_PORT, true)];
+    let mut dns = ServiceSpec::new("dns", ip4(DNS), 53, udp);
+    dns.endpoints = vec![ep(POD_B, DNS_PORT, true)];
+    let mut dead = ServiceSpec::new("dead", ip4(DEAD), 53, udp);
+    dead.endpoints = vec![ep(POD_B, DEAD_PORT, true)];
+    let mut dead_far = ServiceSpec::new("dead-far", ip4(DEAD_FAR), 53, udp);
+    dead_far.endpoints = vec![ep(NODE2_POD, DEAD_PORT, false)];
+    for s in [
+        web,
+        local,
+        me,
+        dns,
+        dead,
+        dead_far,
+        ServiceSpec::new("empty", ip4(EMPTY), 80, tcp),
+        ServiceSpec::new("empty-udp", ip4(EMPTY), 53, udp),
+    ] {
+        nf.upsert_service(s, now).expect("upsert service");
+    }
+    println!("{prefix}: services:\n{}", nf.services().fmt_services());
+
+    // The namespaces.
+    let setup = step("setup: namespaces, wire bridge, servers");
+    let pa = guard.add_namespace(&ns_name("poda"));
+    let pb = guard.add_namespace(&ns_name("podb"));
+    let node2 = guard.add_namespace(&ns_name("node2"));
+    let out = guard.add_namespace(&ns_name("out"));
+    let wire = guard.add_namespace(&ns_name("wire"));
+    pa.take_link(&tap_a, Some(&format!("{POD_A}/24")));
+    pa.route("default", GW);
+    pb.take_link(&tap_b, Some(&format!("{POD_B}/24")));
+    pb.route("default", GW);
+    wire.take_link(&tap_up, None);
+    wire.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
+    wire.ip(&["link", "set", &tap_up, "master", "br0"]);
+    wire.ip(&["link", "set", "br0", "up"]);
+    for (peer, veth, addr) in [(&node2, "vnode2", NODE2), (&out, "vout", OUTSIDE)] {
+        wire.ip(&[
+            "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", &peer.name,
+        ]);
+        wire.ip(&["link", "set", veth, "master", "br0"]);
+        wire.ip(&["link", "set", veth, "up"]);
+        peer.ip(&["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+        peer.ip(&["link", "set", "eth0", "up"]);
+    }
+    node2.ip(&["addr", "add", &format!("{NODE2_POD}/32"), "dev", "lo"]);
+    node2.route("10.217.1.0/24", NODE);
+    out.ip(&["addr", "add", &format!("{OUTSIDE_SRV}/32"), "dev", "lo"]);
+    // The outside host must not know the cluster: masquerade is really needed.
+    let r = out.ip_output(&["route", "get", POD_A]);
+    assert!(
+        !r.status.success(),
+        "the outside namespace must have no route to {POD_A}: {}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+
+    let srv = |ns: &Ns, ident: &'static str, udp: Option<u16>| {
+        let mut v: Vec<String> = ["ip", "netns", "exec", &ns.name, "python3", "-c", SERVER_PY]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(ident.into());
+        v.push(SRV_PORT.to_string());
+        if let Some(u) = udp {
+            v.push(u.to_string());
+        }
+        v
+    };
+    for (ns, ident, udp) in [
+        (&pa, "podA", None),
+        (&pb, "podB", Some(DNS_PORT)),
+        (&node2, "node2", None),
+        (&out, "outside", None),
+    ] {
+        let args = srv(ns, ident, udp);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        guard.spawn_server(ident, &args);
+    }
+    // Resolve the neighbours (and check plain routing) before timing anything.
+    pa.ping_ok(GW);
+    pa.ping_ok(POD_B);
+    pa.ping_ok(NODE2_POD);
+    out.ping_ok(NODE);
+    drop(setup);
+
+    let c0 = nf.counters();
+    let big: u64;
+    {
+        let _s = step("1+2. pod A -> ClusterIP web: spread over pod B and node2, no masquerade");
+        let conns = tcp_conns(&pa, WEB, 80, SHORT_CONNS, 64);
+        let t = tally(&conns);
+        println!("  {SHORT_CONNS} connections to {WEB}:80: {t:?}");
+        let want_peer = format!("{WEB}:80");
+        for c in &conns {
+            assert_eq!(
+                c.peer, want_peer,
+                "the client talks to the ClusterIP: {c:?}"
+            );
+            assert_eq!(c.seen, POD_A, "endpoints see pod A's own address: {c:?}");
+            assert!(c.server == "podB" || c.server == "node2", "{c:?}");
+        }
+        let on_b = conns.iter().filter(|c| c.server == "podB").count();
+        assert!(
+            on_b > 0 && on_b < SHORT_CONNS,
+            "both endpoints must get connections (pod B got {on_b} of {SHORT_CONNS})"
+        );
+        // Checked transfers both ways until each endpoint had one: the local endpoint's
+        // replies are switched on cni0 (bridged reverse NAT), node2's come back routed.
+        let mut big_to = BTreeMap::new();
+        for _ in 0..8 {
+            let c = tcp_conns(&pa, WEB, 80, 1, BIG).remove(0);
+            assert_eq!(
+                (c.peer.as_str(), c.seen.as_str()),
+                (want_peer.as_str(), POD_A)
+            );
+            println!(
+                "  {BIG} bytes each way via {WEB}:80 to {} in {:.3}s ({:.0} Mbit/s), sha256s match",
+                c.server,
+                c.secs,
+                2.0 * BIG as f64 * 8.0 / c.secs.max(1e-6) / 1e6
+            );
+            *big_to.entry(c.server).or_insert(0u64) += 1;
+            if big_to.len() == 2 {
+                break;
+            }
+        }
+        big = big_to.values().sum();
+        assert_eq!(big_to.len(), 2, "8 transfers all went to {big_to:?}");
+        // Direct pod-to-pod across nodes keeps the address too (masquerade's except_dst).
+        let direct = tcp_conns(&pa, NODE2_POD, SRV_PORT, 1, 64);
+        assert_eq!(direct[0].seen, POD_A, "{direct:?}");
+    }
+    let c1 = nf.counters();
+    let d = delta(c1, c0);
+    println!("  counters: {d:?}");
+    assert_eq!(d.dnat, SHORT_CONNS as u64 + big, "one DNAT per connection");
+    assert_eq!(d.snat, 0, "nothing masqueraded inside the cluster");
+
+    {
+        let _s = step("3. hairpin: pod A -> 10.97.0.11 reaches itself, sees the gateway");
+        let conns = tcp_conns(&pa, SELF_SVC, 80, 3, 64);
+        for c in &conns {
+            assert_eq!(c.peer, format!("{SELF_SVC}:80"), "{c:?}");
+            assert_eq!((c.server.as_str(), c.seen.as_str()), ("podA", GW), "{c:?}");
+        }
+    }
+    let c2 = nf.counters();
+    let d = delta(c2, c1);
+    println!("  counters: {d:?}");
+    assert_eq!((d.dnat, d.snat, d.hairpin), (3, 3, 3), "{d:?}");
+
+    {
+        let _s = step("4. NodePort from outside: Cluster masquerades, Local keeps the client");
+        let conns = tcp_conns(&out, NODE, NODE_PORT, SHORT_CONNS, 64);
+        let t = tally(&conns);
+        println!("  {SHORT_CONNS} connections to {NODE}:{NODE_PORT}: {t:?}");
+        for c in &conns {
+            assert_eq!(c.peer, format!("{NODE}:{NODE_PORT}"), "{c:?}");
+            match c.server.as_str() {
+                "podB" => assert_eq!(c.seen, GW, "pod B sees cni0's address: {c:?}"),
+                "node2" => assert_eq!(c.seen, NODE, "node2 sees eth0's address: {c:?}"),
+                _ => panic!("unexpected server: {c:?}"),
+            }
+        }
+        assert_eq!(t.len(), 2, "both endpoints must answer: {t:?}");
+        let conns = tcp_conns(&out, NODE, NODE_PORT_LOCAL, 10, 64);
+        let t = tally(&conns);
+        println!("  10 connections to {NODE}:{NODE_PORT_LOCAL} (Local): {t:?}");
+        for c in &conns {
+            assert_eq!(c.peer, format!("{NODE}:{NODE_PORT_LOCAL}"), "{c:?}");
+            assert_eq!(
+                (c.server.as_str(), c.seen.as_str()),
+                ("podB", OUTSIDE),
+                "Local: only pod B, which sees the client's address: {c:?}"
+            );
+        }
+    }
+    let c3 = nf.counters();
+    let d = delta(c3, c2);
+    println!("  counters: {d:?}");
+    assert_eq!(d.dnat, SHORT_CONNS as u64 + 10, "{d:?}");
+    assert_eq!(
+        d.snat, SHORT_CONNS as u64,
+        "only the Cluster NodePort: {d:?}"
+    );
+
+    {
+        let _s = step("5. pod A -> outside server: masqueraded to eth0's address");
+        let conns = tcp_conns(&pa, OUTSIDE_SRV, SRV_PORT, 3, 64);
+        for c in &conns {
+            assert_eq!(c.peer, format!("{OUTSIDE_SRV}:{SRV_PORT}"), "{c:?}");
+            assert_eq!(
+                (c.server.as_str(), c.seen.as_str()),
+                ("outside", NODE),
+                "{c:?}"
+            );
+        }
+    }
+    let c4 = nf.counters();
+    let d = delta(c4, c3);
+    println!("  counters: {d:?}");
+    assert_eq!((d.dnat, d.snat), (0, 3), "{d:?}");
+
+    {
+        let _s = step("6. UDP Service: a connected socket gets the answer from the ClusterIP");
+        for i in 0..3 {
+            let q = format!("query-{i}");
+            let (outcome, secs, detail) = probe(&pa, &["udp", DNS, "53", &q]);
+            println!("  {DNS}:53 {q}: {outcome} in {secs:.3}s: {detail}");
+            assert_eq!(outcome, "answer", "{detail}");
+            assert_eq!(detail, format!("{DNS}:53 podB {POD_A} {q}"));
+        }
+    }
+    let c5 = nf.counters();
+    let d = delta(c5, c4);
+    assert_eq!(d.dnat, 3, "one UDP flow per socket: {d:?}");
+
+    {
+        let _s = step("7. no endpoints: TCP refused at once, UDP gets port unreachable");
+        let (outcome, secs, detail) = probe(&pa, &["tcp", EMPTY, "80"]);
+        println!("  tcp {EMPTY}:80: {outcome} in {secs:.3}s {detail}");
+        assert_eq!(outcome, "refused", "{detail}");
+        assert!(secs < 0.5, "the RST must come at once, took {secs:.3}s");
+        let (outcome, secs, detail) = probe(&pa, &["udp", EMPTY, "53", "nobody"]);
+        println!("  udp {EMPTY}:53: {outcome} in {secs:.3}s {detail}");
+        assert_eq!(outcome, "refused", "{detail}");
+        assert!(
+            secs < 0.5,
+            "the ICMP error must come at once, took {secs:.3}s"
+        );
+    }
+    let c6 = nf.counters();
+    let d = delta(c6, c5);
+    println!("  counters: {d:?}");
+    assert_eq!((d.rejected, d.new, d.dnat), (2, 0, 0), "{d:?}");
+
+    {
+        let _s = step("8. an endpoint's ICMP port unreachable comes back about the ClusterIP");
+        for (svc, where_) in [(DEAD, "pod B, bridged"), (DEAD_FAR, "node2, routed")] {
+            let before = nf.counters().related;
+            let (outcome, secs, detail) = probe(&pa, &["udp", svc, "53", "anyone"]);
+            println!("  udp {svc}:53 ({where_}): {outcome} in {secs:.3}s {detail}");
+            assert_eq!(
+                outcome, "refused",
+                "the endpoint's port unreachable must reach the connected socket ({where_}): \
+                 {detail}"
+            );
+            let related = nf.counters().related - before;
+            assert!(related >= 1, "a RELATED ICMP error must be counted");
+        }
+    }
+
+    {
+        let _s = step("9. conntrack dump, NAT and drop counters");
+        let rt = guard.rt.as_ref().expect("runtime");
+        let dump = nf.conntrack().fmt_dump(rt.now());
+        println!("  {} entries", dump.lines().count());
+        if std::env::var_os("TAPYARD_E2E_VERBOSE").is_some() {
+            println!("{dump}");
+        }
+        let assured = |parts: &[&str]| {
+            let l = ct_line(&dump, parts);
+            assert!(l.contains("[ASSURED]"), "not ASSURED: {l}");
+            println!("  {l}");
+        };
+        // ClusterIP to each endpoint: the reply tuple is the endpoint's.
+        for e in [POD_B, NODE2_POD] {
+            assured(&[
+                &format!("src={POD_A} dst={WEB} "),
+                "dport=80 ",
+                &format!("src={e} dst={POD_A} sport={SRV_PORT} "),
+            ]);
+        }
+        // Hairpin: the reply goes to the gateway.
+        assured(&[
+            &format!("src={POD_A} dst={SELF_SVC} "),
+            &format!("src={POD_A} dst={GW} sport={SRV_PORT} "),
+        ]);
+        // NodePort, Cluster: DNAT and masquerade; Local: DNAT only.
+        assured(&[
+            &format!("src={OUTSIDE} dst={NODE} "),
+            &format!("dport={NODE_PORT} "),
+            &format!("src={POD_B} dst={GW} sport={SRV_PORT} "),
+        ]);
+        assured(&[
+            &format!("src={OUTSIDE} dst={NODE} "),
+            &format!("dport={NODE_PORT} "),
+            &format!("src={NODE2_POD} dst={NODE} sport={SRV_PORT} "),
+        ]);
+        assured(&[
+            &format!("src={OUTSIDE} dst={NODE} "),
+            &format!("dport={NODE_PORT_LOCAL} "),
+            &format!("src={POD_B} dst={OUTSIDE} sport={SRV_PORT} "),
+        ]);
+        // Masquerade to the outside.
+        assured(&[
+            &format!("src={POD_A} dst={OUTSIDE_SRV} "),
+            &format!("src={OUTSIDE_SRV} dst={NODE} sport={SRV_PORT} "),
+        ]);
+        // The UDP Service: replied, reply tuple from pod B's server.
+        let l = ct_line(
+            &dump,
+            &[
+                "udp ",
+                &format!("src={POD_A} dst={DNS} "),
+                "dport=53 ",
+                &format!("src={POD_B} dst={POD_A} sport={DNS_PORT} "),
+            ],
+        );
+        assert!(!l.contains("[UNREPLIED]"), "{l}");
+        println!("  {l}");
+        // Nothing for the Service without endpoints (rejected before insertion).
+        assert!(
+            !dump.contains(&format!("dst={EMPTY} ")),
+            "a rejected connection must not be tracked:\n{dump}"
+        );
+
+        let c = nf.counters();
+        println!("  NAT counters: {c:?}");
+        let d = delta(c, c0);
+        // Steps 1 to 8: ClusterIP, hairpin, NodePorts, UDP, the two dead endpoints.
+        let conns = SHORT_CONNS as u64;
+        assert_eq!(d.dnat, conns + big + 3 + conns + 10 + 3 + 2, "{d:?}");
+        // Hairpin, NodePort Cluster, pod to outside.
+        assert_eq!(d.snat, 3 + conns + 3, "{d:?}");
+        assert_eq!((d.hairpin, d.rejected), (3, 2), "{d:?}");
+        assert_eq!(d.related, 2, "one per dead endpoint: {d:?}");
+    }
+
+    // Counters, final once the workers stopped.
+    if let Some(rt) = guard.rt.take() {
+        rt.stop();
+    }
+    let st = dp.stats();
+    println!("{prefix}: datapath counters:\n{st}");
+    let rx_total: u64 = st.ports.iter().map(|p| p.rx_packets).sum();
+    assert_eq!(
+        rx_total,
+        st.accounted(),
+        "every received frame must be forwarded, flooded, local, queued or dropped once:\n{st}"
+    );
+    assert_eq!(
+        st.drop_count(DropReason::NoEndpoint),
+        2,
+        "the two rejected probes:\n{st}"
+    );
+    for r in [
+        DropReason::BadIpHeader,
+        DropReason::BadIpChecksum,
+        DropReason::BadOffload,
+        DropReason::FragNeeded,
+        DropReason::NoRoute,
+        DropReason::NeighFailed,
+        DropReason::NeighQueueOverflow,
+        DropReason::NeighTableFull,
+        DropReason::TxQueueFull,
+        DropReason::Oversize,
+        DropReason::CtFull,
+        DropReason::NatExhausted,
+        DropReason::NatUntranslatable,
+    ] {
+        assert_eq!(st.drop_count(r), 0, "unexpected {r} drops:\n{st}");
+    }
+    assert_eq!(st.generated_lost, 0, "router frames lost:\n{st}");
+    let tx_err = st.drop_count(DropReason::TxError);
+    assert!(
+        tx_err <= MAX_EARLY_TX_ERRORS,
+        "{tx_err} tx errors (more than the few expected before the links came up):\n{st}"
+    );
+    let invalid = st.drop_count(DropReason::CtInvalid);
+    println!("{prefix}: ct_invalid drops: {invalid}");
+
+    drop(guard);
+    println!("{prefix}: done in {:.1}s", started.elapsed().as_secs_f64());
+}
