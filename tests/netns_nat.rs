@@ -67,6 +67,9 @@ const OUTSIDE_SRV: &str = "198.18.0.1";
 
 const WEB: &str = "10.97.0.10";
 const SELF_SVC: &str = "10.97.0.11";
+/// A Service whose only endpoint is pod B: the first connection to it is the first packet the
+/// router sends to pod B (its neighbour entry is not resolved yet).
+const ONLY_B: &str = "10.97.0.13";
 const WEB_LOCAL: &str = "10.97.0.12";
 const DNS: &str = "10.97.0.53";
 const DEAD: &str = "10.97.0.54";
@@ -86,6 +89,13 @@ const DEAD_PORT: u16 = 5999;
 const SHORT_CONNS: usize = 20;
 /// Bytes of each checked transfer through the ClusterIP.
 const BIG: usize = 4 << 20;
+/// Known datapath bug (see `first_packet_queued_on_arp`): a frame the router queues while it
+/// resolves the next hop loses its offload metadata (the virtio-net header's NEEDS_CSUM), so a
+/// TCP/UDP packet from an offload TAP leaves with a partial checksum and the receiver drops it;
+/// the connection recovers only when the SYN is retransmitted 1 s later. While `true`, the
+/// checks that catch it print `KNOWN BUG` instead of failing (set `TAPYARD_E2E_STRICT=1` to make
+/// them fail anyway). Set to `false` once fixed.
+const KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD: bool = true;
 /// Frames sent towards a TAP before its interface is up are refused (`EIO`, `tx_error`).
 const MAX_EARLY_TX_ERRORS: u64 = 50;
 
@@ -264,6 +274,50 @@ fn report_slow(conns: &[Conn]) -> usize {
         println!("  warning: connection {i} took {:.3}s: {c:?}", c.secs);
     }
     slow.len()
+}
+
+/// Fails, or prints `KNOWN BUG` while `known` (and `TAPYARD_E2E_STRICT` is unset).
+fn check_known(ok: bool, known: bool, what: &str) {
+    if ok {
+        return;
+    }
+    let strict = std::env::var_os("TAPYARD_E2E_STRICT").is_some();
+    assert!(known && !strict, "{what}");
+    println!("  KNOWN BUG (not failing the test): {what}");
+}
+
+/// The kernel's checksum error counters in `ns` (`/proc/net/snmp`): `(group, count)` for the
+/// Ip, Icmp, Tcp and Udp groups' `InCsumErrors` (Ip: `InHdrErrors`).
+fn csum_errors(ns: &Ns) -> Vec<(String, u64)> {
+    let snmp = common::run(&ns.exec(&["cat", "/proc/net/snmp"]));
+    let lines: Vec<&str> = snmp.lines().collect();
+    let mut v = Vec::new();
+    for pair in lines.chunks(2) {
+        let [names, values] = pair else { continue };
+        let group = names.split(':').next().unwrap_or("");
+        let want = if group == "Ip" {
+            "InHdrErrors"
+        } else {
+            "InCsumErrors"
+        };
+        let names: Vec<&str> = names.split_whitespace().collect();
+        let values: Vec<&str> = values.split_whitespace().collect();
+        if let Some(i) = names.iter().position(|n| *n == want) {
+            let n = values.get(i).and_then(|x| x.parse().ok()).unwrap_or(0);
+            v.push((format!("{group}{want}"), n));
+        }
+    }
+    v
+}
+
+/// The nonzero counters of [`csum_errors`], as `name=count` words.
+fn nonzero_csum_errors(ns: &Ns) -> String {
+    csum_errors(ns)
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(g, n)| format!("{g}={n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `(server, client address seen)` → number of connections.
@@ -449,6 +503,8 @@ fn nat_node(prefix: &str, kind: TapKind) {
     local.endpoints = web_eps;
     let mut me = ServiceSpec::new("self", ip4(SELF_SVC), 80, tcp);
     me.endpoints = vec![ep(POD_A, SRV_PORT, true)];
+    let mut only_b = ServiceSpec::new("only-b", ip4(ONLY_B), 80, tcp);
+    only_b.endpoints = vec![ep(POD_B, SRV_PORT, true)];
     let mut dns = ServiceSpec::new("dns", ip4(DNS), 53, udp);
     dns.endpoints = vec![ep(POD_B, DNS_PORT, true)];
     let mut dead = ServiceSpec::new("dead", ip4(DEAD), 53, udp);
@@ -459,6 +515,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         web,
         local,
         me,
+        only_b,
         dns,
         dead,
         dead_far,
@@ -526,6 +583,36 @@ fn nat_node(prefix: &str, kind: TapKind) {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         guard.spawn_server(ident, &args);
     }
+    drop(setup);
+
+    {
+        let _s = step("0. first packet to an unresolved neighbour (queued on ARP), through NAT");
+        // Nothing has been routed to pod B yet: the router queues the DNAT'd SYN while it
+        // resolves 10.217.1.3, then sends it. Linux keeps the queued skb's offload state, so
+        // the connection opens at once.
+        let (outcome, secs, detail) = probe(&pa, &["tcp", ONLY_B, "80"]);
+        println!("  tcp {ONLY_B}:80 (pod B): {outcome} in {secs:.3}s {detail}");
+        assert_eq!(outcome, "connected", "{detail}");
+        assert_eq!(detail, format!("{ONLY_B}:80"));
+        let errs = nonzero_csum_errors(&pb);
+        if !errs.is_empty() {
+            println!("  pod B's kernel counted checksum errors: {errs}");
+        }
+        check_known(
+            secs < 0.5 && errs.is_empty(),
+            kind == TapKind::Offload && KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD,
+            &format!(
+                "the first SYN to pod B was lost (connected in {secs:.3}s; pod B: {errs:?}): the \
+                 frame queued for ARP left without its NEEDS_CSUM offload flag"
+            ),
+        );
+    }
+
+    // Every checksum error counter from here on must stay as it is.
+    let namespaces = [&pa, &pb, &node2, &out];
+    let csum_before: Vec<_> = namespaces.iter().map(|ns| csum_errors(ns)).collect();
+
+    let setup = step("setup: warm up neighbours");
     // Resolve the neighbours (and check plain routing) before timing anything.
     pa.ping_ok(GW);
     pa.ping_ok(POD_B);
@@ -775,6 +862,18 @@ fn nat_node(prefix: &str, kind: TapKind) {
         assert_eq!(d.snat, 3 + conns + 3, "{d:?}");
         assert_eq!((d.hairpin, d.rejected), (3, 2), "{d:?}");
         assert_eq!(d.related, 2, "one per dead endpoint: {d:?}");
+    }
+
+    {
+        let _s = step("10. no checksum errors in any namespace's kernel");
+        for (ns, before) in namespaces.iter().zip(&csum_before) {
+            let after = csum_errors(ns);
+            assert_eq!(
+                &after, before,
+                "{}: the kernel counted checksum errors (before steps 1-9 / after)",
+                ns.name
+            );
+        }
     }
 
     // Counters, final once the workers stopped.
