@@ -21,16 +21,21 @@
 //!    empty     10.97.0.99:80/tcp and :53/udp, no endpoints
 //! ```
 //!
-//! Checked, one named step each (see `nat_node`): (1, 2) ClusterIP connections from pod A
-//! spread over the local and the remote endpoint, which both see pod A's own address, plus
-//! content-checked 4 MiB transfers; (3) hairpin, the endpoint sees the gateway address;
-//! (4) NodePort from outside: Cluster policy masquerades (pod B sees 10.217.1.1, node2 sees
-//! 172.19.0.2), Local policy only uses pod B and keeps the client address; (5) pod to outside
-//! is masqueraded to 172.19.0.2; (6) a UDP Service answers from the ClusterIP on a connected
-//! socket; (7) Services without endpoints refuse at once (TCP RST, ICMP port unreachable);
-//! (8) an endpoint's ICMP port unreachable is translated back to the ClusterIP tuple (local
-//! endpoint: bridged path; remote: routed path); (9) the `conntrack -L` dump, the NAT
-//! counters and the datapath's drop counters.
+//! Checked, one named step each (see `nat_node`): (0) the first packet to a neighbour the
+//! router has not resolved yet, DNAT'd and queued on ARP, arrives intact (known bug on offload
+//! TAPs, see [`KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD`]); (1, 2) ClusterIP connections from pod
+//! A spread over the local and the remote endpoint, which both see pod A's own address, plus
+//! content-checked 4 MiB transfers both ways to each endpoint; (3) hairpin, the endpoint sees
+//! the gateway address; (4) NodePort from outside: Cluster policy masquerades (pod B sees
+//! 10.217.1.1, node2 sees 172.19.0.2), Local policy only uses pod B and keeps the client
+//! address; (5) pod to outside is masqueraded to 172.19.0.2; (6) a UDP Service answers from
+//! the ClusterIP on a connected socket; (7) Services without endpoints refuse at once (TCP
+//! RST, ICMP port unreachable); (8) an endpoint's ICMP port unreachable is translated back to
+//! the ClusterIP tuple (local endpoint: bridged path; remote: routed path); (9) the
+//! `conntrack -L` dump (ASSURED entries with their translated reply tuples) and exact NAT
+//! counters; (10) ClientIP session affinity; (11) an endpoint removed while traffic flows;
+//! (12) no kernel counted a checksum error; then the datapath's drop counters. Variants:
+//! offload TAPs (virtio-net header, TSO: the production default) and plain TAPs.
 //!
 //! Needs root (TAP devices and namespaces), `ip`, `ping` and `python3`; without them the test
 //! prints why and passes (with `CI=true` it fails instead). Names carry the process id; a
@@ -70,6 +75,8 @@ const SELF_SVC: &str = "10.97.0.11";
 /// A Service whose only endpoint is pod B: the first connection to it is the first packet the
 /// router sends to pod B (its neighbour entry is not resolved yet).
 const ONLY_B: &str = "10.97.0.13";
+/// Like `web`, with `sessionAffinity: ClientIP`.
+const STICKY: &str = "10.97.0.14";
 const WEB_LOCAL: &str = "10.97.0.12";
 const DNS: &str = "10.97.0.53";
 const DEAD: &str = "10.97.0.54";
@@ -410,6 +417,12 @@ fn kubernetes_services_with_offload_taps() {
     nat_node("tyn", TapKind::Offload);
 }
 
+/// The same on plain TAPs: the pods' kernels segment and checksum everything.
+#[test]
+fn kubernetes_services_with_plain_taps() {
+    nat_node("tyq", TapKind::Plain);
+}
+
 /// Builds the node of the module docs with TAPs of `kind`; `prefix` (3 bytes) keeps the names
 /// of concurrently running tests apart.
 fn nat_node(prefix: &str, kind: TapKind) {
@@ -500,11 +513,14 @@ fn nat_node(prefix: &str, kind: TapKind) {
     let mut local = ServiceSpec::new("web-local", ip4(WEB_LOCAL), 80, tcp);
     local.node_port = Some(NODE_PORT_LOCAL);
     local.external_local = true;
-    local.endpoints = web_eps;
+    local.endpoints = web_eps.clone();
     let mut me = ServiceSpec::new("self", ip4(SELF_SVC), 80, tcp);
     me.endpoints = vec![ep(POD_A, SRV_PORT, true)];
     let mut only_b = ServiceSpec::new("only-b", ip4(ONLY_B), 80, tcp);
     only_b.endpoints = vec![ep(POD_B, SRV_PORT, true)];
+    let mut sticky = ServiceSpec::new("sticky", ip4(STICKY), 80, tcp);
+    sticky.endpoints = web_eps.clone();
+    sticky.affinity = Some(std::time::Duration::from_secs(10_800));
     let mut dns = ServiceSpec::new("dns", ip4(DNS), 53, udp);
     dns.endpoints = vec![ep(POD_B, DNS_PORT, true)];
     let mut dead = ServiceSpec::new("dead", ip4(DEAD), 53, udp);
@@ -516,6 +532,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         local,
         me,
         only_b,
+        sticky,
         dns,
         dead,
         dead_far,
@@ -533,6 +550,9 @@ fn nat_node(prefix: &str, kind: TapKind) {
     let node2 = guard.add_namespace(&ns_name("node2"));
     let out = guard.add_namespace(&ns_name("out"));
     let wire = guard.add_namespace(&ns_name("wire"));
+    for ns in [&pa, &pb, &node2, &out, &wire] {
+        ns.disable_ipv6();
+    }
     pa.take_link(&tap_a, Some(&format!("{POD_A}/24")));
     pa.route("default", GW);
     pb.take_link(&tap_b, Some(&format!("{POD_B}/24")));
@@ -865,12 +885,38 @@ fn nat_node(prefix: &str, kind: TapKind) {
     }
 
     {
-        let _s = step("10. no checksum errors in any namespace's kernel");
+        let _s = step("10. session affinity (ClientIP): every connection to the same endpoint");
+        let conns = tcp_conns(&pa, STICKY, 80, 10, 64);
+        let t = tally(&conns);
+        println!("  10 connections to {STICKY}:80: {t:?}");
+        assert_eq!(t.len(), 1, "affinity must keep one endpoint: {t:?}");
+        assert!(conns
+            .iter()
+            .all(|c| c.peer == format!("{STICKY}:80") && c.seen == POD_A));
+    }
+
+    {
+        let _s = step("11. endpoint removed: new connections only go to the one left");
+        let rt = guard.rt.as_ref().expect("runtime");
+        let mut web = nf.services().get("web").expect("web").spec().clone();
+        web.endpoints.retain(|e| *e.addr.ip() != ip4(POD_B));
+        nf.upsert_service(web, rt.now()).expect("upsert web");
+        let conns = tcp_conns(&pa, WEB, 80, 10, 64);
+        let t = tally(&conns);
+        println!("  10 connections to {WEB}:80 with node2 only: {t:?}");
+        assert!(
+            conns.iter().all(|c| c.server == "node2" && c.seen == POD_A),
+            "{t:?}"
+        );
+    }
+
+    {
+        let _s = step("12. no checksum errors in any namespace's kernel");
         for (ns, before) in namespaces.iter().zip(&csum_before) {
             let after = csum_errors(ns);
             assert_eq!(
                 &after, before,
-                "{}: the kernel counted checksum errors (before steps 1-9 / after)",
+                "{}: the kernel counted checksum errors (after step 0 / now)",
                 ns.name
             );
         }
@@ -907,6 +953,10 @@ fn nat_node(prefix: &str, kind: TapKind) {
         DropReason::CtFull,
         DropReason::NatExhausted,
         DropReason::NatUntranslatable,
+        // IPv6 is off in every namespace: nothing but IPv4 and ARP reaches the router.
+        DropReason::UnsupportedProtocol,
+        // Every packet of these connections is valid for a Linux-like tracker.
+        DropReason::CtInvalid,
     ] {
         assert_eq!(st.drop_count(r), 0, "unexpected {r} drops:\n{st}");
     }
@@ -916,8 +966,6 @@ fn nat_node(prefix: &str, kind: TapKind) {
         tx_err <= MAX_EARLY_TX_ERRORS,
         "{tx_err} tx errors (more than the few expected before the links came up):\n{st}"
     );
-    let invalid = st.drop_count(DropReason::CtInvalid);
-    println!("{prefix}: ct_invalid drops: {invalid}");
 
     drop(guard);
     println!("{prefix}: done in {:.1}s", started.elapsed().as_secs_f64());

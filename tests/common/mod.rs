@@ -265,6 +265,18 @@ impl Ns {
         self.ip(&["link", "set", dev, "up"]);
     }
 
+    /// `sysctl -w key=value` inside the namespace.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        run(&self.exec(&["sysctl", "-qw", &format!("{key}={value}")]));
+    }
+
+    /// Turns IPv6 off for every interface (those moved in later too), so that no router
+    /// solicitations, MLD reports or DAD probes add to the traffic under test.
+    pub fn disable_ipv6(&self) {
+        self.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+        self.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+    }
+
     /// `ip route add <dst> via <via>`.
     pub fn route(&self, dst: &str, via: &str) {
         self.ip(&["route", "add", dst, "via", via]);
