@@ -145,12 +145,17 @@ impl Pump {
 
     fn transmit(&mut self) {
         let ports = &self.ports;
-        self.dp.dispatch(&mut self.worker, &self.batch, |p, b| {
-            match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
-                Some(port) => port.send(b),
-                None => Err(DropReason::TxError),
-            }
-        });
+        self.dp
+            .dispatch_runs(&mut self.worker, &self.batch, |p, run, done| {
+                match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
+                    Some(port) => port.send_batch(run, done),
+                    None => {
+                        for i in 0..run.len() {
+                            done(i, Err(DropReason::TxError));
+                        }
+                    }
+                }
+            });
         self.batch.recycle(&mut self.worker.pool);
     }
 

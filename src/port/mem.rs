@@ -39,6 +39,14 @@ impl Pipe {
             return Err(DropReason::Oversize);
         }
         let mut q = self.q.lock();
+        self.push_locked(&mut q, frame)
+    }
+
+    #[inline]
+    fn push_locked(&self, q: &mut Queue, frame: &[u8]) -> Result<(), DropReason> {
+        if frame.len() > self.room {
+            return Err(DropReason::Oversize);
+        }
         if q.frames.len() >= self.capacity {
             return Err(DropReason::TxQueueFull);
         }
@@ -151,6 +159,19 @@ impl Port for MemPort {
             return crate::offload::send_completed(buf, &mut |f| self.tx.push(f));
         }
         self.tx.push(buf.frame())
+    }
+
+    fn send_batch(&self, bufs: &[&PacketBuf], done: &mut dyn FnMut(usize, Result<(), DropReason>)) {
+        // One lock for the run; frames with offload work take the general path.
+        let mut q = self.tx.q.lock();
+        for (i, b) in bufs.iter().enumerate() {
+            let r = if b.offload.is_none() {
+                self.tx.push_locked(&mut q, b.frame())
+            } else {
+                crate::offload::send_completed(b, &mut |f| self.tx.push_locked(&mut q, f))
+            };
+            done(i, r);
+        }
     }
 }
 

@@ -37,6 +37,15 @@ pub trait Port: Send + Sync {
     /// [`crate::Offload`] work are completed in software by ports without offload support.
     fn send(&self, buf: &PacketBuf) -> Result<(), DropReason>;
 
+    /// Transmits a run of frames, in order, calling `done(i, result)` for each (`i` indexes
+    /// `bufs`). The default sends them one by one; ports that can do better (one lock, one
+    /// system call) override it.
+    fn send_batch(&self, bufs: &[&PacketBuf], done: &mut dyn FnMut(usize, Result<(), DropReason>)) {
+        for (i, b) in bufs.iter().enumerate() {
+            done(i, self.send(b));
+        }
+    }
+
     /// A file descriptor that polls readable when frames may be waiting, if the port has one.
     /// Ports without one are polled on a short timer by the runtime.
     fn rx_fd(&self) -> Option<RawFd> {
