@@ -11,163 +11,26 @@
 //!
 //! Run with `sudo -E cargo test --test netns_bridge -- --nocapture` to see the figures.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tapyard::port::{Port, TapPort};
+use common::{have, open_tap, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
+use tapyard::port::TapPort;
 use tapyard::runtime::{Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr, PortId};
+use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 /// Bytes sent over TCP from pod A to pod B (at least 10 MB).
 const TCP_BYTES: usize = 16 << 20;
 /// Port of the TCP listener inside namespace B.
 const TCP_PORT: u16 = 42213;
-/// Upper bound on each external command (ping, the TCP client and server).
-const CMD_TIMEOUT: Duration = Duration::from_secs(20);
 /// Frames flooded towards a TAP before its interface is up are refused (`EIO`, counted as
 /// `tx_error`): IPv6 router solicitations, MLD reports and the like. Allow a few of them.
 const MAX_EARLY_TX_ERRORS: u64 = 50;
-
-/// The effective uid, from `/proc/self/status` (no `unsafe` needed).
-fn euid() -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Why this machine cannot run the root tests, if it cannot.
-fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("skipping: needs root to create TAP devices and network namespaces".into());
-    }
-    if !have("ip", "-V") {
-        return Some("skipping: `ip` (iproute2) is not installed".into());
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("skipping: /dev/net/tun does not exist".into());
-    }
-    None
-}
-
-fn describe(args: &[&str]) -> String {
-    args.join(" ")
-}
-
-/// Runs `args` to completion (at most [`CMD_TIMEOUT`]); returns its output whatever the status.
-fn run_output(args: &[&str]) -> Output {
-    let child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", describe(args)));
-    wait_with_timeout(child, CMD_TIMEOUT, &describe(args))
-}
-
-/// Runs `args` and panics with its stderr unless it succeeds; returns its stdout.
-fn run(args: &[&str]) -> String {
-    let out = run_output(args);
-    assert!(
-        out.status.success(),
-        "`{}` failed ({}):\nstdout: {}\nstderr: {}",
-        describe(args),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Waits for `child`, killing it and panicking after `timeout`.
-fn wait_with_timeout(mut child: Child, timeout: Duration, what: &str) -> Output {
-    // Drain the pipes in threads so a chatty child cannot block on a full pipe.
-    let stdout = child.stdout.take().map(|mut s| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut s, &mut v);
-            v
-        })
-    });
-    let stderr = child.stderr.take().map(|mut s| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut s, &mut v);
-            v
-        })
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("`{what}` did not finish within {timeout:?}");
-            }
-            Err(e) => panic!("waiting for `{what}`: {e}"),
-        }
-    };
-    Output {
-        status,
-        stdout: stdout.map_or_else(Vec::new, |t| t.join().unwrap_or_default()),
-        stderr: stderr.map_or_else(Vec::new, |t| t.join().unwrap_or_default()),
-    }
-}
-
-/// Owns everything the test creates and removes it on drop, in order: child processes, the
-/// runtime (joining its workers), the TAP ports (closing the fds deletes the devices), then the
-/// namespaces. Never panics.
-struct Guard {
-    children: Vec<Child>,
-    rt: Option<Runtime>,
-    ports: Vec<(PortId, Arc<dyn Port>)>,
-    namespaces: Vec<String>,
-}
-
-impl Guard {
-    fn add_namespace(&mut self, ns: &str) {
-        run(&["ip", "netns", "add", ns]);
-        self.namespaces.push(ns.to_string());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(rt) = self.rt.take() {
-            rt.stop();
-        }
-        self.ports.clear();
-        for ns in &self.namespaces {
-            let ok = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                eprintln!("warning: could not delete network namespace {ns}; `ip netns del {ns}`");
-            }
-        }
-    }
-}
 
 /// One side of the bridge: a namespace holding a TAP with an address.
 struct Pod {
@@ -318,22 +181,6 @@ fn tcp_transfer(guard: &mut Guard, a: &Pod, b: &Pod) {
     );
 }
 
-/// How a test opens a TAP port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TapKind {
-    /// [`TapPort::open`]: plain frames; the pod's kernel checksums and segments in software.
-    Plain,
-    /// [`TapPort::open_offload`]: virtio-net header, checksum and TSO offloads.
-    Offload,
-}
-
-fn open_tap(kind: TapKind, name: &str) -> std::io::Result<TapPort> {
-    match kind {
-        TapKind::Plain => TapPort::open(name),
-        TapKind::Offload => TapPort::open_offload(name),
-    }
-}
-
 #[test]
 fn two_namespaces_bridged_by_plain_taps() {
     bridge_two_pods("tyb", TapKind::Plain, TapKind::Plain);
@@ -354,7 +201,7 @@ fn offload_tap_to_plain_tap() {
 /// Two pods on TAPs of the given kinds (A sends the TCP data to B); `prefix` (3 bytes) keeps
 /// the names of concurrently running tests apart.
 fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = skip_reason(&[]) {
         // CI runs as root with the tools installed by .ci/run: a skip there is a failure.
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),

@@ -29,17 +29,19 @@
 //!
 //! Run with `sudo -E cargo test --test netns_router -- --nocapture` to see the details.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tapyard::port::{Port, TapPort};
-use tapyard::route::{mask, NextHop, Route, RouteProto};
+use common::{have, open_tap, route, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
+use tapyard::route::NextHop;
 use tapyard::router::IfaceConfig;
 use tapyard::runtime::{Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr, PortId};
+use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 /// Bytes sent over TCP from pod A to pod B (at least 10 MB).
 const TCP_BYTES: usize = 16 << 20;
@@ -47,8 +49,6 @@ const TCP_BYTES: usize = 16 << 20;
 const TCP_BYTES_NODE: usize = 4 << 20;
 /// Port of the TCP listeners.
 const TCP_PORT: u16 = 42215;
-/// Upper bound on each external command.
-const CMD_TIMEOUT: Duration = Duration::from_secs(20);
 /// Frames sent towards a TAP before its interface is up are refused (`EIO`, `tx_error`).
 const MAX_EARLY_TX_ERRORS: u64 = 50;
 
@@ -65,148 +65,6 @@ const BLACKHOLED: &str = "10.215.9.1";
 const UNREACHABLE_ROUTE: &str = "10.215.8.1";
 /// On br-b's subnet, but nobody has it: ARP fails, host unreachable.
 const ABSENT: &str = "10.215.2.99";
-
-fn euid() -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Why this machine cannot run the root tests, if it cannot.
-fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("skipping: needs root to create TAP devices and network namespaces".into());
-    }
-    if !have("ip", "-V") {
-        return Some("skipping: `ip` (iproute2) is not installed".into());
-    }
-    if !have("ping", "-V") {
-        return Some("skipping: `ping` (iputils) is not installed".into());
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("skipping: /dev/net/tun does not exist".into());
-    }
-    None
-}
-
-/// Runs `args` to completion (at most [`CMD_TIMEOUT`]); returns its output whatever the status.
-fn run_output(args: &[&str]) -> Output {
-    let child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")));
-    wait_with_timeout(child, CMD_TIMEOUT, &args.join(" "))
-}
-
-/// Runs `args` and panics with its output unless it succeeds; returns its stdout.
-fn run(args: &[&str]) -> String {
-    let out = run_output(args);
-    assert!(
-        out.status.success(),
-        "`{}` failed ({}):\nstdout: {}\nstderr: {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Waits for `child`, killing it and panicking after `timeout`.
-fn wait_with_timeout(mut child: Child, timeout: Duration, what: &str) -> Output {
-    let drain = |s: Option<Box<dyn std::io::Read + Send>>| {
-        s.map(|mut s| {
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = s.read_to_end(&mut v);
-                v
-            })
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-    );
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("`{what}` did not finish within {timeout:?}");
-            }
-            Err(e) => panic!("waiting for `{what}`: {e}"),
-        }
-    };
-    Output {
-        status,
-        stdout: stdout.map_or_else(Vec::new, |t| t.join().unwrap_or_default()),
-        stderr: stderr.map_or_else(Vec::new, |t| t.join().unwrap_or_default()),
-    }
-}
-
-/// Owns everything a test creates and removes it on drop, in order: child processes, the
-/// runtime (joining its workers), the TAP ports (closing the fds deletes the devices), then the
-/// namespaces. Never panics.
-struct Guard {
-    children: Vec<Child>,
-    rt: Option<Runtime>,
-    ports: Vec<(PortId, Arc<dyn Port>)>,
-    namespaces: Vec<String>,
-}
-
-impl Guard {
-    fn add_namespace(&mut self, ns: &str) {
-        run(&["ip", "netns", "add", ns]);
-        self.namespaces.push(ns.to_string());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(rt) = self.rt.take() {
-            rt.stop();
-        }
-        self.ports.clear();
-        for ns in &self.namespaces {
-            let ok = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                eprintln!("warning: could not delete network namespace {ns}; `ip netns del {ns}`");
-            }
-        }
-    }
-}
 
 /// A namespace holding one TAP with an address.
 struct Host {
@@ -433,33 +291,6 @@ fn traceroute(from: &Host, to: &str) -> Vec<String> {
         .collect()
 }
 
-/// How a test opens its TAP ports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TapKind {
-    Plain,
-    Offload,
-}
-
-fn open_tap(kind: TapKind, name: &str) -> std::io::Result<TapPort> {
-    match kind {
-        TapKind::Plain => TapPort::open(name),
-        TapKind::Offload => TapPort::open_offload(name),
-    }
-}
-
-fn route(dst: &str, len: u8, next_hop: NextHop) -> Route {
-    let prefix = dst.parse().expect("prefix");
-    assert_eq!(mask(prefix, len), prefix);
-    Route {
-        prefix,
-        len,
-        next_hop,
-        metric: 0,
-        proto: RouteProto::Static,
-        src: None,
-    }
-}
-
 #[test]
 fn routed_node_with_offload_taps() {
     routed_node("tyr", TapKind::Offload, true);
@@ -474,7 +305,7 @@ fn routed_node_with_plain_taps() {
 /// Builds the node (see the module docs) with TAPs of `kind`; `prefix` (3 bytes) keeps the
 /// names of concurrently running tests apart; `errors` runs the ICMP error cases as well.
 fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = skip_reason(&[("ping", "-V")]) {
         // CI runs as root with the tools installed by .ci/run: a skip there is a failure.
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
