@@ -476,6 +476,14 @@ impl Router {
         }
         ipv4::decrement_ttl(&mut b.frame_mut()[l3..]);
         if wire_len > mtu {
+            // Fragments are built from the datagram's bytes: finish a partial checksum first.
+            if b.offload.needs_csum() {
+                let hdr = b.offload;
+                if crate::offload::complete_checksum(b.frame_mut(), &hdr).is_err() {
+                    return L3::Drop(DropReason::BadOffload);
+                }
+                b.offload = crate::Offload::default();
+            }
             // Fragment into new frames; the original is consumed.
             let info = Ipv4Info {
                 ttl: info.ttl - 1,
@@ -514,7 +522,20 @@ impl Router {
                 ctx.memo = Some((info.dst, out_if, nh_ip, m));
                 L3::Forward(out_if)
             }
-            None => self.resolve_later(out_if, nh_ip, b.frame(), now, sink),
+            None if b.offload.is_none() => self.resolve_later(out_if, nh_ip, b.frame(), now, sink),
+            None => {
+                // The neighbour queue holds plain frames: finish the offload work (partial
+                // checksum, TSO segmentation) before queueing, or it would be lost.
+                let mut last = L3::Queued;
+                let r = crate::offload::send_completed(b, &mut |f| {
+                    last = self.resolve_later(out_if, nh_ip, f, now, sink);
+                    Ok(())
+                });
+                match r {
+                    Ok(()) => last,
+                    Err(reason) => L3::Drop(reason),
+                }
+            }
         }
     }
 
