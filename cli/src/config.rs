@@ -1153,17 +1153,16 @@ impl Parser<'_> {
         let has_type = t.contains_key("type");
         let line = s.lines.table;
         let ctx = s.ctx.clone();
-        match (via.is_some() || dev.is_some(), kind) {
-            (true, Some(RouteType::Blackhole | RouteType::Unreachable)) => {
+        let has_hop = t.contains_key("via") || t.contains_key("dev");
+        match kind {
+            Some(RouteType::Blackhole | RouteType::Unreachable) if has_hop => {
                 let l = s.lines.of("type");
                 self.err(l, format!("{ctx}: give either `via`/`dev` or `type = \"blackhole\"`/`\"unreachable\"`, not both"));
                 s.ok = false;
             }
-            (false, None | Some(RouteType::Unicast)) if !has_type || kind.is_some() => {
-                if t.get("via").is_none() && t.get("dev").is_none() {
-                    self.err(line, format!("{ctx}: needs `via` (a gateway), `dev` (an interface) or `type = \"blackhole\"`/`\"unreachable\"`"));
-                    s.ok = false;
-                }
+            None | Some(RouteType::Unicast) if !has_hop && (!has_type || kind.is_some()) => {
+                self.err(line, format!("{ctx}: needs `via` (a gateway), `dev` (an interface) or `type = \"blackhole\"`/`\"unreachable\"`"));
+                s.ok = false;
             }
             _ => {}
         }

@@ -533,7 +533,6 @@ mod tests {
             "[]",
             r#"{"cmd":"rm"}"#,
             r#"{"cmd":"show"}"#,
-            r#"{"cmd":"reload","x":1}"#,
             "\u{0}",
         ] {
             assert!(
