@@ -145,9 +145,9 @@ fn reply(s: &mut UnixStream, v: &Value) -> io::Result<()> {
 fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut line = String::new();
-    BufReader::new((&s).take(MAX_REQUEST)).read_line(&mut line)?;
-    let req = match parse_request(&line) {
+    let mut raw = Vec::new();
+    BufReader::new((&s).take(MAX_REQUEST)).read_until(b'\n', &mut raw)?;
+    let req = match parse_request(&String::from_utf8_lossy(&raw)) {
         Ok(r) => r,
         Err(e) => return reply(&mut s, &json!({"ok": false, "error": e})),
     };

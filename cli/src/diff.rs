@@ -58,32 +58,32 @@ fn bridge_changes(old: &[BridgeCfg], new: &[BridgeCfg], out: &mut Vec<String>) {
     changed_fields("bridge", old, new, |b| &b.name, &mut v);
     for line in v {
         // Name the fields of a changed bridge.
-        let detail = old.iter().zip(new.iter()).find_map(|(o, n)| {
-            (o.name == n.name && o != n && line.contains(&format!("{:?} changed", o.name))).then(
-                || {
-                    let mut f = Vec::new();
-                    if o.address != n.address {
-                        f.push(format!(
-                            "address {} -> {}",
-                            opt(&o.address),
-                            opt(&n.address)
-                        ));
-                    }
-                    if o.ports != n.ports {
-                        f.push(format!("ports {:?} -> {:?}", o.ports, n.ports));
-                    }
-                    if o.mac != n.mac {
-                        f.push("mac".into());
-                    }
-                    if o.mtu != n.mtu {
-                        f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
-                    }
-                    if o.fdb_max_entries != n.fdb_max_entries || o.fdb_aging != n.fdb_aging {
-                        f.push("fdb settings".into());
-                    }
-                    f.join(", ")
-                },
-            )
+        let detail = old.iter().find_map(|o| {
+            let n = new.iter().find(|n| n.name == o.name)?;
+            if o == n || !line.contains(&format!("{:?} changed", o.name)) {
+                return None;
+            }
+            let mut f = Vec::new();
+            if o.address != n.address {
+                f.push(format!(
+                    "address {} -> {}",
+                    opt(&o.address),
+                    opt(&n.address)
+                ));
+            }
+            if o.ports != n.ports {
+                f.push(format!("ports {:?} -> {:?}", o.ports, n.ports));
+            }
+            if o.mac != n.mac {
+                f.push("mac".into());
+            }
+            if o.mtu != n.mtu {
+                f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
+            }
+            if o.fdb_max_entries != n.fdb_max_entries || o.fdb_aging != n.fdb_aging {
+                f.push("fdb settings".into());
+            }
+            Some(f.join(", "))
         });
         match detail {
             Some(d) if !d.is_empty() => out.push(format!("{line} ({d})")),

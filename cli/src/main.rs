@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! tapyard check <config>                       validate, touching nothing (exit 1 if invalid)
-//! tapyard run <config> [--socket PATH]         run the node in the foreground until SIGINT/SIGTERM;
-//!                                              SIGHUP reloads the config
+//! tapyard run <config> [--socket PATH] [--metrics ADDR:PORT]
+//!                                              run the node in the foreground until SIGINT/SIGTERM;
+//!                                              SIGHUP reloads the config; --metrics serves
+//!                                              Prometheus text at http://ADDR:PORT/metrics
+//! tapyard status [--json]                      the running node's name, config, ports, interfaces
 //! tapyard show fdb|neigh|routes|conntrack|services|stats [--json]
 //! tapyard capture <port> -w <file.pcap> [-c N] write a port's frames (both directions) to pcap
 //! tapyard reload                               re-read the config of the running node
@@ -18,6 +21,7 @@ mod capture;
 mod config;
 mod control;
 mod diff;
+mod metrics;
 mod node;
 
 use std::io::Read;
@@ -31,7 +35,8 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "usage:
   tapyard check <config>
-  tapyard run <config> [--socket PATH]
+  tapyard run <config> [--socket PATH] [--metrics ADDR:PORT]
+  tapyard status [--json] [--socket PATH | --config FILE]
   tapyard show fdb|neigh|routes|conntrack|services|stats [--json] [--socket PATH | --config FILE]
   tapyard capture <port> -w <file.pcap> [-c N] [--socket PATH | --config FILE]
   tapyard reload [--socket PATH | --config FILE]";
@@ -100,6 +105,7 @@ struct Args {
     json: bool,
     write: Option<PathBuf>,
     count: Option<u64>,
+    metrics: Option<String>,
 }
 
 fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, Fail> {
@@ -122,6 +128,7 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, Fail> {
         match flag.as_str() {
             "--socket" | "-s" => a.socket = Some(value(&flag)?.into()),
             "--config" => a.config = Some(value(&flag)?.into()),
+            "--metrics" => a.metrics = Some(value(&flag)?),
             "-w" | "--write" => a.write = Some(value(&flag)?.into()),
             "-c" | "--count" => {
                 let v = value(&flag)?;
@@ -198,6 +205,16 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
     };
     let socket = a.socket.clone().unwrap_or_else(|| cfg.node.socket_path());
     control::claim_socket(&socket).map_err(|e| Fail(2, e))?;
+    let metrics = match &a.metrics {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr.as_str())
+                .map_err(|e| Fail(2, format!("--metrics {addr}: cannot listen: {e}")))?;
+            l.set_nonblocking(true)
+                .map_err(|e| Fail(2, format!("--metrics {addr}: {e}")))?;
+            Some(l)
+        }
+        None => None,
+    };
     let listener = control::bind(&socket).map_err(|e| Fail(2, e))?;
     let remove_socket = || {
         let _ = std::fs::remove_file(&socket);
@@ -225,6 +242,23 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
             .name("tapyard-control".into())
             .spawn(move || control::serve(listener, node, ctl_stop))
             .map_err(|e| Fail(2, format!("cannot start the control thread: {e}")))?
+    };
+    let metrics = match metrics {
+        Some(l) => {
+            log::info!(
+                "metrics at http://{}/metrics",
+                l.local_addr()
+                    .map_or_else(|_| "?".into(), |a| a.to_string())
+            );
+            let (node, ctl_stop) = (node.clone(), ctl_stop.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("tapyard-metrics".into())
+                    .spawn(move || metrics::serve(l, node, ctl_stop))
+                    .map_err(|e| Fail(2, format!("cannot start the metrics thread: {e}")))?,
+            )
+        }
+        None => None,
     };
     for (n, mac, addr) in &node.ifaces {
         log::info!("interface {n} {addr} mac {mac}");
@@ -254,6 +288,9 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
     log::info!("stopping");
     ctl_stop.store(true, Ordering::Relaxed);
     let _ = ctl.join();
+    if let Some(m) = metrics {
+        let _ = m.join();
+    }
     remove_socket();
     node.stop();
     let s = node.dp.stats();
@@ -303,6 +340,39 @@ fn cmd_show(a: &Args) -> Result<(), Fail> {
             "{}",
             serde_json::to_string_pretty(&data).unwrap_or_default()
         );
+    }
+    Ok(())
+}
+
+fn cmd_status(a: &Args) -> Result<(), Fail> {
+    let sock = client_socket(a)?;
+    let (v, _) = control::request(&sock, &json!({"cmd": "status"}))?;
+    if v.get("ok") != Some(&Value::Bool(true)) {
+        return Err(fail_reply(&v));
+    }
+    let d = v.get("data").cloned().unwrap_or(Value::Null);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
+        return Ok(());
+    }
+    let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    println!(
+        "node {}  config {}  workers {}  socket {}",
+        s(&d["node"]),
+        s(&d["config"]),
+        d["workers"],
+        sock.display()
+    );
+    for i in d["interfaces"].as_array().into_iter().flatten() {
+        println!(
+            "interface {} {} mac {}",
+            s(&i["name"]),
+            s(&i["address"]),
+            s(&i["mac"])
+        );
+    }
+    for p in d["ports"].as_array().into_iter().flatten() {
+        println!("port {} (TAP {})", s(&p["name"]), s(&p["tap"]));
     }
     Ok(())
 }
@@ -427,6 +497,7 @@ fn main() -> ExitCode {
         "run" => cmd_run(&a),
         "show" => cmd_show(&a),
         "reload" => cmd_reload(&a),
+        "status" => cmd_status(&a),
         "capture" => cmd_capture(&a),
         "help" | "-h" | "--help" => Err(Fail(0, USAGE.into())),
         "--version" | "version" => {

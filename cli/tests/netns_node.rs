@@ -14,10 +14,11 @@
 //!
 //! Checked: pod-to-pod ping, pod to node-b's pod (a configured route), pod to the outside
 //! host (the default route); `tapyard show fdb|neigh|routes|stats` list what the traffic
-//! created and `--json` parses; `tapyard capture` writes a pcap that `tcpdump -r` reads; a
-//! second `run` on the same control socket is refused; `tapyard reload` adds a route that
-//! makes node-b's second pod CIDR reachable; SIGTERM stops the node with exit 0 and removes
-//! the socket. Services and NodePorts get their cases in [`services`] once NAT is wired.
+//! created and `--json` parses; `tapyard status` names the node; `--metrics` serves the
+//! counters; `tapyard capture` writes a pcap that `tcpdump -r` reads; a second `run` on the
+//! same control socket is refused; `tapyard reload` adds a route that makes node-b's second
+//! pod CIDR reachable, and refuses a change that needs a restart and an invalid file;
+//! SIGTERM stops the node with exit 0 and removes the socket. Services and NodePorts get their cases in [`services`] once NAT is wired.
 //!
 //! Needs root, `ip` and `ping` (and `tcpdump` for the pcap check, else the file is read
 //! with pcap-file); without them the test prints why and passes, except with `CI=true`,
@@ -420,6 +421,7 @@ fn node_from_config_file() {
         Command::new(BIN)
             .arg("run")
             .arg(&n.config)
+            .args(["--metrics", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -446,6 +448,7 @@ fn node_from_config_file() {
 
     connectivity(&n);
     tables(&n);
+    metrics(&g);
     capture(&n, &mut g);
     reload(&n);
     services(&n);
@@ -542,6 +545,29 @@ fn tables(n: &Names) {
     let ct = tapyard(n, &["show", "conntrack"]);
     assert!(!ct.status.success());
     assert!(String::from_utf8_lossy(&ct.stderr).contains("not available yet"));
+}
+
+/// `--metrics 127.0.0.1:0`: the address is in the log; the counters show the pings.
+fn metrics(g: &Guard) {
+    use std::io::Read;
+    let log = std::fs::read_to_string(&g.log).unwrap();
+    let addr = log
+        .split("metrics at http://")
+        .nth(1)
+        .and_then(|r| r.split("/metrics").next())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    let echo = body
+        .lines()
+        .find(|l| l.starts_with("tapyard_router_events_total{event=\"echo_replies\"}"))
+        .unwrap_or_else(|| panic!("no echo_replies in:\n{body}"));
+    assert_ne!(echo.rsplit(' ').next(), Some("0"), "{echo}");
 }
 
 fn capture(n: &Names, g: &mut Guard) {
