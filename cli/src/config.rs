@@ -2001,6 +2001,31 @@ mod tests {
     }
 
     #[test]
+    fn no_panic_on_truncated_or_mangled_files() {
+        for (i, _) in EXAMPLE.char_indices() {
+            let _ = check_str(&EXAMPLE[..i]);
+        }
+        let lines: Vec<&str> = EXAMPLE.lines().collect();
+        for junk in [
+            "= =",
+            "[[",
+            "x = [1, \"a\"]",
+            "ports = 3",
+            "port = -1",
+            "port = 99999999999999999999",
+            "[node.x]",
+            "\u{0}",
+        ] {
+            for i in 0..lines.len() {
+                let mut l = lines.clone();
+                l[i] = junk;
+                let ch = check_str(&l.join("\n"));
+                assert!(ch.config.is_none() || ch.errors().count() == 0);
+            }
+        }
+    }
+
+    #[test]
     fn cidr_relations() {
         let a: Cidr = "10.244.0.0/16".parse().unwrap();
         let b: Cidr = "10.244.1.1/24".parse().unwrap();

@@ -450,6 +450,7 @@ fn node_from_config_file() {
     tables(&n);
     metrics(&g);
     capture(&n, &mut g);
+    bad_requests(&n);
     reload(&n);
     services(&n);
 
@@ -612,9 +613,86 @@ fn capture(n: &Names, g: &mut Guard) {
         }
         assert_eq!(frames, 6);
     }
-    // The capture is over: a new one can start on the same port.
     let again = tapyard(n, &["capture", "nope", "-w", "/dev/null"]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("no port named \"nope\""));
+
+    // Without -c: until Ctrl-C, then the file is complete and the port free for the next one.
+    let pcap2 = g.dir.join("uplink.pcap");
+    let child = Command::new(BIN)
+        .args(["capture", &n.uplink, "-w", &pcap2.display().to_string()])
+        .arg("--socket")
+        .arg(&n.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    ping_ok(&n.ns_a, NODE_B_POD);
+    std::thread::sleep(Duration::from_millis(300));
+    run(&["kill", "-INT", &child.id().to_string()]);
+    let out = wait_output(child, CMD_TIMEOUT, "tapyard capture until SIGINT");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "capture after SIGINT: {err}");
+    let frames: u64 = err
+        .lines()
+        .find_map(|l| l.strip_suffix(&format!(" frames written to {}", pcap2.display())))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no frame count in: {err}"));
+    assert!(frames >= 6, "{err}");
+    if have("tcpdump", "--version") {
+        let text = run(&["tcpdump", "-n", "-r", &pcap2.display().to_string()]);
+        assert!(
+            text.contains(&format!("{POD_A} > {NODE_B_POD}: ICMP echo request")),
+            "{text}"
+        );
+    }
+    // The server noticed the client left: the uplink can be captured again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut child = Command::new(BIN)
+            .args(["capture", &n.uplink, "-w", "/dev/null", "-c", "1"])
+            .arg("--socket")
+            .arg(&n.socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        if child.try_wait().unwrap().is_none() {
+            ping_ok(&n.ns_a, NODE_B_POD);
+            let out = wait_output(child, CMD_TIMEOUT, "second capture on the uplink");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            break;
+        }
+        let out = child.wait_with_output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(e.contains("already running"), "{e}");
+        assert!(Instant::now() < deadline, "capture never released: {e}");
+    }
+}
+
+/// Garbage on the control socket gets an error reply, and the node goes on.
+fn bad_requests(n: &Names) {
+    use std::io::{BufRead, BufReader};
+    for req in [
+        &b"not json\n"[..],
+        b"\xff\xfe\n",
+        b"{\"cmd\":\"show\",\"what\":\"x\"}\n",
+        b"{}\n",
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(&n.socket).unwrap();
+        s.write_all(req).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ok"], false, "{line}");
+        assert!(v["error"].is_string(), "{line}");
+    }
+    tapyard_ok(n, &["show", "routes"]);
 }
 
 fn reload(n: &Names) {
