@@ -39,6 +39,13 @@ impl Lines {
     }
 }
 
+impl Lines {
+    /// True when `field` was given in the file.
+    pub fn has(&self, field: &str) -> bool {
+        self.fields.iter().any(|(f, _)| *f == field)
+    }
+}
+
 impl PartialEq for Lines {
     fn eq(&self, _: &Lines) -> bool {
         true
@@ -1885,6 +1892,29 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     ),
                 );
             }
+        }
+        if s.session_affinity == SessionAffinity::None && s.lines.has("session_affinity_timeout") {
+            warnings.push(Diag {
+                line: s.lines.of("session_affinity_timeout"),
+                warning: true,
+                msg: format!("{ctx}: session_affinity_timeout has no effect without session_affinity = \"client-ip\""),
+            });
+        }
+        let local = |ip: Ipv4Addr| {
+            c.bridges
+                .iter()
+                .any(|b| b.address.is_some_and(|a| a.contains(ip)))
+        };
+        if s.external_traffic_policy == TrafficPolicy::Local
+            && s.node_port.is_some()
+            && !s.endpoints.is_empty()
+            && !s.endpoints.iter().any(|e| local(*e.ip()))
+        {
+            warnings.push(Diag {
+                line: s.lines.of("external_traffic_policy"),
+                warning: true,
+                msg: format!("{ctx}: external_traffic_policy = \"local\" but no endpoint is on this node's bridges: node-port traffic to this node will be dropped"),
+            });
         }
         if s.endpoints.is_empty() {
             warnings.push(Diag {

@@ -279,6 +279,24 @@ fn masquerade_workers_and_cluster_cidr() {
 }
 
 #[test]
+fn warnings_do_not_fail_the_check() {
+    let text = BASE.replace(
+        "node_port = 30080\n",
+        "node_port = 30080\nexternal_traffic_policy = \"local\"\nsession_affinity_timeout = 60\n",
+    ).replace("\"10.244.1.2:8080\", ", "");
+    let (o, file) = check_file("warnings.toml", &text);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains(&format!("{file}:24: warning: service \"web\": external_traffic_policy = \"local\" but no endpoint is on this node's bridges")), "{}", o.stderr);
+    assert!(
+        o.stderr.contains(&format!(
+            "{file}:25: warning: service \"web\": session_affinity_timeout has no effect"
+        )),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
 fn missing_required_fields_and_wrong_types() {
     let text = BASE
         .replace("name = \"node-a\"\n", "")
