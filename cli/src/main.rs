@@ -186,6 +186,15 @@ fn cmd_check(a: &Args) -> Result<(), Fail> {
     }
 }
 
+/// Removes the control socket this process bound, whichever way `run` returns.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn cmd_run(a: &Args) -> Result<(), Fail> {
     let file = one_positional(a, "config file")?;
     let path = PathBuf::from(&file);
@@ -215,18 +224,8 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
         }
         None => None,
     };
-    let listener = control::bind(&socket).map_err(|e| Fail(2, e))?;
-    let remove_socket = || {
-        let _ = std::fs::remove_file(&socket);
-    };
-    let name = cfg.node.name.clone();
-    let node = match node::Node::start(cfg, path) {
-        Ok(n) => Arc::new(n),
-        Err(e) => {
-            remove_socket();
-            return Err(Fail(2, e));
-        }
-    };
+    // Signals are caught from here on: a SIGINT while the TAPs are being created stops the
+    // node as soon as it runs, with the socket removed.
     let stop = Arc::new(AtomicBool::new(false));
     let hup = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -235,6 +234,10 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
     }
     signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
         .map_err(|e| Fail(2, format!("signal: {e}")))?;
+    let listener = control::bind(&socket).map_err(|e| Fail(2, e))?;
+    let _socket_file = SocketFile(socket.clone());
+    let name = cfg.node.name.clone();
+    let node = Arc::new(node::Node::start(cfg, path).map_err(|e| Fail(2, e))?);
     let ctl_stop = Arc::new(AtomicBool::new(false));
     let ctl = {
         let (node, ctl_stop) = (node.clone(), ctl_stop.clone());
@@ -291,7 +294,6 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
     if let Some(m) = metrics {
         let _ = m.join();
     }
-    remove_socket();
     node.stop();
     let s = node.dp.stats();
     log::info!(

@@ -87,6 +87,18 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
     })
 }
 
+/// Why a TAP could not be opened, with the likely cause when a device of another kind has
+/// its name.
+fn tap_error(tap: &str, e: &std::io::Error) -> String {
+    let sys = std::path::Path::new("/sys/class/net").join(tap);
+    if sys.exists() && !sys.join("tun_flags").exists() {
+        return format!(
+            "cannot open TAP {tap:?}: an interface {tap:?} that is not a TAP exists in this network namespace ({e}); rename the TAP (`tap = \"...\"` for an uplink) or run tapyard in a namespace of its own"
+        );
+    }
+    format!("cannot open TAP {tap:?}: {e}")
+}
+
 fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), String> {
     let iface = dp
         .iface_by_name(&n.dev)
@@ -184,7 +196,7 @@ impl Node {
             } else {
                 TapPort::open(tap)
             }
-            .map_err(|e| format!("cannot open TAP {tap:?}: {e}"))?;
+            .map_err(|e| tap_error(tap, &e))?;
             let ct = Arc::new(CaptureTap::default());
             captures.push((name.clone(), tap.clone(), ct.clone()));
             ports.push((*id, Arc::new(CapturePort::new(Arc::new(p), ct))));
