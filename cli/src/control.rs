@@ -96,6 +96,7 @@ pub fn claim_socket(path: &Path) -> Result<(), String> {
 }
 
 /// Binds the socket with mode 0600 (no window where it is open to others).
+#[allow(unsafe_code)] // umask(2), with a SAFETY line
 pub fn bind(path: &Path) -> Result<UnixListener, String> {
     // SAFETY: umask only changes this process's file-creation mask; restored right after.
     let old = unsafe { libc::umask(0o177) };
@@ -201,6 +202,7 @@ pub fn log_changes(changes: &[String]) {
     }
 }
 
+#[allow(unsafe_code)] // poll(2) on one descriptor, with a SAFETY line
 fn client_gone(s: &UnixStream) -> bool {
     let mut p = libc::pollfd {
         fd: s.as_raw_fd(),

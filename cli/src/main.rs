@@ -17,6 +17,8 @@
 //! only socket in `/run/tapyard`. Logs go to stderr; `RUST_LOG=debug|info|warn|error` sets
 //! the level (default info).
 
+#![deny(unsafe_code)]
+
 mod capture;
 mod config;
 mod control;
