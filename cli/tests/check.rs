@@ -40,12 +40,13 @@ struct Out {
 }
 
 fn check_file(name: &str, text: &str) -> (Out, String) {
-    let dir = std::env::temp_dir().join(format!("tapyard-check-{}", std::process::id()));
+    // One directory per case: the cases run in parallel and each removes its own.
+    let dir = std::env::temp_dir().join(format!("tapyard-check-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path: PathBuf = dir.join(name);
     std::fs::write(&path, text).unwrap();
     let o = Command::new(BIN).arg("check").arg(&path).output().unwrap();
-    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
     (
         Out {
             code: o.status.code().unwrap_or(-1),
