@@ -1,0 +1,563 @@
+//! The control socket: a Unix socket (mode 0600) with a line-delimited JSON protocol.
+//!
+//! A client sends one request line and reads one reply line:
+//!
+//! ```text
+//! {"cmd":"show","what":"fdb","json":false}   -> {"ok":true,"text":"02:.. dev pod-a master cni0 age 1.2s\n"}
+//! {"cmd":"show","what":"routes","json":true} -> {"ok":true,"data":[{"dst":"10.244.2.0/24",...}]}
+//! {"cmd":"reload"}                           -> {"ok":true,"changes":["route added: ..."]}
+//! {"cmd":"capture","port":"pod-a","count":10} -> {"ok":true,...} then binary records (capture.rs)
+//! {"cmd":"status"}                           -> {"ok":true,"data":{"node":"node-a",...}}
+//! anything else                              -> {"ok":false,"error":"..."}
+//! ```
+//!
+//! Each connection is served by its own thread, so a capture in progress does not hold up
+//! other requests.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::capture::{self, KIND_END};
+use crate::node::Node;
+
+/// The longest request line accepted.
+pub const MAX_REQUEST: u64 = 64 * 1024;
+
+/// A request on the control socket.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    /// A table or the counters.
+    Show {
+        /// fdb, neigh, routes, conntrack, services or stats.
+        what: String,
+        /// Structured data instead of text.
+        #[serde(default)]
+        json: bool,
+    },
+    /// Re-read the configuration file.
+    Reload,
+    /// Stream a port's frames.
+    Capture {
+        /// The port (TAP) name.
+        port: String,
+        /// Stop after this many frames (0: until the client goes away).
+        #[serde(default)]
+        count: u64,
+    },
+    /// The node's name, config file and interfaces.
+    Status,
+}
+
+/// Parses a request line; the error is the reply's message.
+pub fn parse_request(line: &str) -> Result<Request, String> {
+    serde_json::from_str(line.trim()).map_err(|e| format!("bad request: {e}"))
+}
+
+/// Prepares `path` for a new server: refuses when a live server answers there, removes a
+/// stale socket, creates the parent directory.
+pub fn claim_socket(path: &Path) -> Result<(), String> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "control socket {}: a file that is not a socket is in the way",
+                path.display()
+            ));
+        }
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(format!(
+                    "another tapyard is already running with control socket {} (stop it, or give this one --socket PATH)",
+                    path.display()
+                ))
+            }
+            Err(_) => {
+                log::info!("removing stale control socket {}", path.display());
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+            }
+        }
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Binds the socket with mode 0600 (no window where it is open to others).
+#[allow(unsafe_code)] // umask(2), with a SAFETY line
+pub fn bind(path: &Path) -> Result<UnixListener, String> {
+    // SAFETY: umask only changes this process's file-creation mask; restored right after.
+    let old = unsafe { libc::umask(0o177) };
+    let l = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let l = l.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+    l.set_nonblocking(true)
+        .map_err(|e| format!("control socket: {e}"))?;
+    Ok(l)
+}
+
+/// Serves the socket until `stop` is set.
+pub fn serve(listener: UnixListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let node = node.clone();
+                let stop = stop.clone();
+                let _ = std::thread::Builder::new()
+                    .name("tapyard-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = handle(s, &node, &stop) {
+                            log::debug!("control connection: {e}");
+                        }
+                    });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                log::warn!("control socket accept: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+fn reply(s: &mut UnixStream, v: &Value) -> io::Result<()> {
+    let mut line = v.to_string();
+    line.push('\n');
+    s.write_all(line.as_bytes())
+}
+
+fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut raw = Vec::new();
+    BufReader::new((&s).take(MAX_REQUEST)).read_until(b'\n', &mut raw)?;
+    let req = match parse_request(&String::from_utf8_lossy(&raw)) {
+        Ok(r) => r,
+        Err(e) => return reply(&mut s, &json!({"ok": false, "error": e})),
+    };
+    match req {
+        Request::Show { what, json } => {
+            let v = match show(node, &what, json) {
+                Ok(Value::String(text)) => json!({"ok": true, "text": text}),
+                Ok(data) => json!({"ok": true, "data": data}),
+                Err(e) => json!({"ok": false, "error": e}),
+            };
+            reply(&mut s, &v)
+        }
+        Request::Reload => {
+            let v = match node.reload() {
+                Ok(changes) => {
+                    log_changes(&changes);
+                    json!({"ok": true, "changes": changes})
+                }
+                Err(errors) => {
+                    for e in &errors {
+                        log::error!("reload refused: {e}");
+                    }
+                    json!({"ok": false, "error": "reload refused; the running configuration is unchanged", "errors": errors})
+                }
+            };
+            reply(&mut s, &v)
+        }
+        Request::Status => {
+            let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+            let v = json!({"ok": true, "data": {
+                "node": cur.node.name,
+                "config": node.config_path.display().to_string(),
+                "workers": node.workers,
+                "ports": node.captures.iter().map(|(n, t, _)| json!({"name": n, "tap": t})).collect::<Vec<_>>(),
+                "interfaces": node.ifaces.iter().map(|(n, m, a)| json!({"name": n, "mac": m.to_string(), "address": a.to_string()})).collect::<Vec<_>>(),
+            }});
+            drop(cur);
+            reply(&mut s, &v)
+        }
+        Request::Capture { port, count } => stream_capture(s, node, &port, count, stop),
+    }
+}
+
+/// Logs the changes a reload made.
+pub fn log_changes(changes: &[String]) {
+    if changes.is_empty() {
+        log::info!("reload: nothing changed");
+    }
+    for c in changes {
+        log::info!("reload: {c}");
+    }
+}
+
+#[allow(unsafe_code)] // poll(2) on one descriptor, with a SAFETY line
+fn client_gone(s: &UnixStream) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    // The client sends nothing after its request: readable means closed.
+    n > 0 && p.revents != 0
+}
+
+fn stream_capture(
+    mut s: UnixStream,
+    node: &Node,
+    port: &str,
+    count: u64,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    let Some(tap) = node.capture_tap(port) else {
+        let names: Vec<&str> = node.captures.iter().map(|(n, _, _)| n.as_str()).collect();
+        let e = format!(
+            "no port named {port:?} (ports: {}; a bridge's gateway has no TAP to capture)",
+            names.join(", ")
+        );
+        return reply(&mut s, &json!({"ok": false, "error": e}));
+    };
+    let Some(rx) = tap.start() else {
+        return reply(
+            &mut s,
+            &json!({"ok": false, "error": format!("a capture is already running on {port:?}")}),
+        );
+    };
+    log::info!("capture on {port} started");
+    let result = (|| {
+        reply(
+            &mut s,
+            &json!({"ok": true, "port": port, "linktype": "ethernet"}),
+        )?;
+        let mut n = 0u64;
+        let mut buf = Vec::with_capacity(64 * 1024);
+        while !stop.load(Ordering::Relaxed) && (count == 0 || n < count) {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(c) => {
+                    buf.clear();
+                    c.encode(&mut buf);
+                    n += 1;
+                    // Batch what is already queued.
+                    while count == 0 || n < count {
+                        match rx.try_recv() {
+                            Ok(c) => {
+                                c.encode(&mut buf);
+                                n += 1;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    s.write_all(&buf)?;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if client_gone(&s) {
+                        return Ok(n);
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        Ok::<u64, io::Error>(n)
+    })();
+    let dropped = tap.stop();
+    let mut end = Vec::new();
+    capture::encode(&mut end, KIND_END, dropped, &[]);
+    let _ = s.write_all(&end);
+    match &result {
+        Ok(n) => log::info!("capture on {port} ended: {n} frames, {dropped} dropped"),
+        Err(e) => log::info!("capture on {port} ended: {e}"),
+    }
+    result.map(|_| ())
+}
+
+/// The answer to `show WHAT`: text (a JSON string) or structured data.
+pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
+    let dp = &node.dp;
+    let now = node.now();
+    let mut text = String::new();
+    match what {
+        "fdb" => {
+            if !as_json {
+                let _ = dp.fmt_fdb(now, &mut text);
+                return Ok(Value::String(text));
+            }
+            let mut rows = Vec::new();
+            for (i, b) in dp.bridges().iter().enumerate() {
+                for e in dp.fdb_dump(tapyard::BridgeId(i as u16), now) {
+                    rows.push(json!({
+                        "mac": e.mac.to_string(),
+                        "dev": dp.port_name(e.port).unwrap_or("?"),
+                        "master": b.name(),
+                        "static": e.is_static(),
+                        "age_secs": e.age.map(|a| a.as_secs_f64()),
+                    }));
+                }
+            }
+            Ok(Value::Array(rows))
+        }
+        "neigh" => {
+            if !as_json {
+                let _ = dp.fmt_neigh(now, &mut text);
+                return Ok(Value::String(text));
+            }
+            let rows = dp.router().map_or_else(Vec::new, |r| {
+                r.neigh()
+                    .dump(now)
+                    .into_iter()
+                    .map(|e| {
+                        json!({
+                            "dst": e.ip.to_string(),
+                            "dev": dp.iface_name(tapyard::route::IfaceId(e.iface)).unwrap_or("?"),
+                            "lladdr": e.mac.map(|m| m.to_string()),
+                            "state": e.state.name(),
+                            "confirmed_ago_secs": e.confirmed_ago.map(|d| d.as_secs_f64()),
+                            "updated_ago_secs": e.updated_ago.as_secs_f64(),
+                            "queued": e.queued,
+                        })
+                    })
+                    .collect()
+            });
+            Ok(Value::Array(rows))
+        }
+        "routes" => {
+            if !as_json {
+                let _ = dp.fmt_routes(&mut text);
+                return Ok(Value::String(text));
+            }
+            use tapyard::route::{NextHop, RouteProto};
+            let rows = dp.routes().map_or_else(Vec::new, |t| {
+                t.routes()
+                    .into_iter()
+                    .map(|r| {
+                        let (kind, gw, dev) = match r.next_hop {
+                            NextHop::Link(i) => ("unicast", None, dp.iface_name(i)),
+                            NextHop::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
+                            NextHop::Blackhole => ("blackhole", None, None),
+                            NextHop::Unreachable => ("unreachable", None, None),
+                        };
+                        json!({
+                            "dst": format!("{}/{}", r.prefix, r.len),
+                            "type": kind,
+                            "gateway": gw,
+                            "dev": dev,
+                            "metric": r.metric,
+                            "protocol": match r.proto { RouteProto::Kernel => "kernel", RouteProto::Static => "static" },
+                            "prefsrc": r.src.map(|s| s.to_string()),
+                        })
+                    })
+                    .collect()
+            });
+            Ok(Value::Array(rows))
+        }
+        "stats" => {
+            let s = dp.stats();
+            let counters = dp.router().map(|r| {
+                let c = &r.counters;
+                let g = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+                [
+                    ("arp_replies", g(&c.arp_replies)),
+                    ("arp_requests", g(&c.arp_requests)),
+                    ("echo_replies", g(&c.echo_replies)),
+                    ("icmp_errors", g(&c.icmp_errors)),
+                    ("icmp_rate_limited", g(&c.icmp_rate_limited)),
+                    ("released", g(&c.released)),
+                    ("neigh_failed", g(&c.neigh_failed)),
+                ]
+            });
+            if !as_json {
+                text = s.to_string();
+                if let Some(c) = counters {
+                    text.push_str("router:");
+                    for (k, v) in c {
+                        text.push_str(&format!(" {k} {v}"));
+                    }
+                    text.push('\n');
+                }
+                for b in dp.bridges() {
+                    let f = b.fdb().counters();
+                    text.push_str(&format!(
+                        "fdb {}: entries {}  learned {}  moved {}  evicted {}  aged {}\n",
+                        b.name(),
+                        f.entries,
+                        f.learned,
+                        f.moved,
+                        f.evicted,
+                        f.aged
+                    ));
+                }
+                return Ok(Value::String(text));
+            }
+            let drops: serde_json::Map<String, Value> = s
+                .drops
+                .iter()
+                .map(|(r, n)| (r.name().to_string(), json!(n)))
+                .collect();
+            let fdb: Vec<Value> = dp
+                .bridges()
+                .iter()
+                .map(|b| {
+                    let f = b.fdb().counters();
+                    json!({"bridge": b.name(), "entries": f.entries, "learned": f.learned, "moved": f.moved, "evicted": f.evicted, "aged": f.aged, "learn_failed": f.learn_failed})
+                })
+                .collect();
+            let neigh = dp.router().map(|r| {
+                let c = r.neigh().counters();
+                json!({"entries": c.entries, "queued_now": c.queued_now, "created": c.created, "failed": c.failed, "requests": c.requests, "queued": c.queued, "released": c.released, "queue_overflow": c.queue_overflow})
+            });
+            Ok(json!({
+                "ports": s.ports.iter().map(|p| json!({
+                    "name": p.name, "rx_packets": p.rx_packets, "rx_bytes": p.rx_bytes,
+                    "tx_packets": p.tx_packets, "tx_bytes": p.tx_bytes, "tx_dropped": p.tx_dropped,
+                })).collect::<Vec<_>>(),
+                "forwarded": s.forwarded,
+                "flooded": s.flooded,
+                "local": s.local,
+                "queued": s.queued,
+                "generated": s.generated,
+                "generated_lost": s.generated_lost,
+                "deferred_drops": s.deferred_drops,
+                "drops": drops,
+                "router": counters.map(|c| c.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>()),
+                "fdb": fdb,
+                "neigh": neigh,
+            }))
+        }
+        "conntrack" | "services" => Err(nat_show(what)),
+        other => Err(format!(
+            "cannot show {other:?}: expected fdb, neigh, routes, conntrack, services or stats"
+        )),
+    }
+}
+
+/// `show conntrack` and `show services`: the one place to wire to the NAT's dumps.
+fn nat_show(what: &str) -> String {
+    format!("{what}: not available yet (NAT is not wired)")
+}
+
+/// Finds the control socket for a client command: `--socket`, else the one named by
+/// `--config`, else the only socket in `/run/tapyard`.
+pub fn resolve_socket(socket: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(s) = socket {
+        return Ok(s);
+    }
+    if let Some(c) = config {
+        let ch = crate::config::load(c);
+        return match ch.config {
+            Some(cfg) => Ok(cfg.node.socket_path()),
+            None => Err(format!(
+                "{} is not a valid config (run `tapyard check {}`)",
+                c.display(),
+                c.display()
+            )),
+        };
+    }
+    let dir = Path::new("/run/tapyard");
+    let socks: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    match socks.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err("no control socket found in /run/tapyard: is `tapyard run` running? (or give --socket PATH or --config FILE)".into()),
+        many => Err(format!(
+            "several control sockets in /run/tapyard ({}): pick one with --socket PATH",
+            many.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+/// Connects, sends one request and returns the stream positioned after the reply line, with
+/// the reply.
+pub fn request(path: &Path, req: &Value) -> Result<(Value, BufReader<UnixStream>), String> {
+    let s = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "cannot connect to {}: {e} (is `tapyard run` running?)",
+            path.display()
+        )
+    })?;
+    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    let mut line = req.to_string();
+    line.push('\n');
+    w.write_all(line.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut r = BufReader::new(s);
+    let mut resp = String::new();
+    r.read_line(&mut resp)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&resp)
+        .map_err(|e| format!("{}: bad reply {resp:?}: {e}", path.display()))?;
+    Ok((v, r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_bad_ones_are_errors() {
+        assert_eq!(
+            parse_request(r#"{"cmd":"show","what":"fdb"}"#).unwrap(),
+            Request::Show {
+                what: "fdb".into(),
+                json: false
+            }
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"reload"}"#).unwrap(),
+            Request::Reload
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"capture","port":"pod-a","count":3}"#).unwrap(),
+            Request::Capture {
+                port: "pod-a".into(),
+                count: 3
+            }
+        );
+        for bad in [
+            "",
+            "{",
+            "[]",
+            r#"{"cmd":"rm"}"#,
+            r#"{"cmd":"show"}"#,
+            "\u{0}",
+        ] {
+            assert!(
+                parse_request(bad).unwrap_err().starts_with("bad request"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_live_socket_is_refused_and_a_stale_one_removed() {
+        let dir = std::env::temp_dir().join(format!("tapyard-ctl-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("x.sock");
+        let _ = std::fs::remove_file(&path);
+        claim_socket(&path).unwrap();
+        let l = bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(claim_socket(&path).unwrap_err().contains("already running"));
+        drop(l);
+        claim_socket(&path).unwrap();
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

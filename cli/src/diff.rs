@@ -1,0 +1,317 @@
+//! What a reload changes: a pure comparison of the running configuration with the new one.
+//!
+//! Routes, static neighbours and Services are applied live; everything else (the node's
+//! identity and threads, bridges, ports, uplinks, addresses, NAT and table limits) needs a
+//! restart, and a reload that changes any of it is refused as a whole, naming each change.
+
+use crate::config::{BridgeCfg, Config, NeighborCfg, RouteCfg, ServiceCfg, UplinkCfg};
+
+/// The live changes of a reload.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diff {
+    /// Routes to remove (before the additions).
+    pub routes_removed: Vec<RouteCfg>,
+    /// Routes to add.
+    pub routes_added: Vec<RouteCfg>,
+    /// Static neighbours to remove.
+    pub neighbors_removed: Vec<NeighborCfg>,
+    /// Static neighbours to add.
+    pub neighbors_added: Vec<NeighborCfg>,
+    /// The new Service list, when any Service changed.
+    pub services: Option<Vec<ServiceCfg>>,
+    /// One line per change, for the log and the `reload` reply.
+    pub summary: Vec<String>,
+}
+
+impl Diff {
+    /// True when the reload changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.summary.is_empty()
+    }
+}
+
+fn route_key(r: &RouteCfg) -> (crate::config::Cidr, u32) {
+    (r.to, r.metric)
+}
+
+fn changed_fields<T, F>(what: &str, old: &[T], new: &[T], name: F, out: &mut Vec<String>)
+where
+    T: PartialEq + std::fmt::Debug,
+    F: Fn(&T) -> &str,
+{
+    for o in old {
+        match new.iter().find(|n| name(n) == name(o)) {
+            None => out.push(format!("{what} {:?} was removed", name(o))),
+            Some(n) if n != o => out.push(format!("{what} {:?} changed", name(o))),
+            Some(_) => {}
+        }
+    }
+    for n in new {
+        if !old.iter().any(|o| name(o) == name(n)) {
+            out.push(format!("{what} {:?} was added", name(n)));
+        }
+    }
+}
+
+fn bridge_changes(old: &[BridgeCfg], new: &[BridgeCfg], out: &mut Vec<String>) {
+    let mut v = Vec::new();
+    changed_fields("bridge", old, new, |b| &b.name, &mut v);
+    for line in v {
+        // Name the fields of a changed bridge.
+        let detail = old.iter().find_map(|o| {
+            let n = new.iter().find(|n| n.name == o.name)?;
+            if o == n || !line.contains(&format!("{:?} changed", o.name)) {
+                return None;
+            }
+            let mut f = Vec::new();
+            if o.address != n.address {
+                f.push(format!(
+                    "address {} -> {}",
+                    opt(&o.address),
+                    opt(&n.address)
+                ));
+            }
+            if o.ports != n.ports {
+                f.push(format!("ports {:?} -> {:?}", o.ports, n.ports));
+            }
+            if o.mac != n.mac {
+                f.push("mac".into());
+            }
+            if o.mtu != n.mtu {
+                f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
+            }
+            if o.fdb_max_entries != n.fdb_max_entries || o.fdb_aging != n.fdb_aging {
+                f.push("fdb settings".into());
+            }
+            Some(f.join(", "))
+        });
+        match detail {
+            Some(d) if !d.is_empty() => out.push(format!("{line} ({d})")),
+            _ => out.push(line),
+        }
+    }
+}
+
+fn uplink_changes(old: &[UplinkCfg], new: &[UplinkCfg], out: &mut Vec<String>) {
+    let mut v = Vec::new();
+    changed_fields("uplink", old, new, |u| &u.name, &mut v);
+    for line in v {
+        let detail = old.iter().find_map(|o| {
+            let n = new.iter().find(|n| n.name == o.name)?;
+            (o != n && o.address != n.address)
+                .then(|| format!(" (address {} -> {})", o.address, n.address))
+        });
+        out.push(format!("{line}{}", detail.unwrap_or_default()));
+    }
+}
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or("none".into(), |x| x.to_string())
+}
+
+/// Compares the running configuration with a new, valid one: the live changes, or every
+/// change that needs a restart.
+pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
+    let mut restart = Vec::new();
+    let (on, nn) = (&old.node, &new.node);
+    if on.name != nn.name {
+        restart.push(format!(
+            "node.name changed ({:?} -> {:?})",
+            on.name, nn.name
+        ));
+    }
+    if on.cluster_cidr != nn.cluster_cidr {
+        restart.push(format!(
+            "node.cluster_cidr changed ({} -> {})",
+            on.cluster_cidr, nn.cluster_cidr
+        ));
+    }
+    if on.workers != nn.workers {
+        restart.push("node.workers changed".into());
+    }
+    if on.socket != nn.socket {
+        restart.push("node.socket changed".into());
+    }
+    if on.offload != nn.offload {
+        restart.push("node.offload changed".into());
+    }
+    bridge_changes(&old.bridges, &new.bridges, &mut restart);
+    uplink_changes(&old.uplinks, &new.uplinks, &mut restart);
+    if old.masquerade != new.masquerade {
+        restart.push("[masquerade] changed".into());
+    }
+    if old.conntrack != new.conntrack {
+        restart.push("[conntrack] changed".into());
+    }
+    if old.neigh != new.neigh {
+        restart.push("[neigh] changed".into());
+    }
+    if !restart.is_empty() {
+        return Err(restart
+            .into_iter()
+            .map(|c| format!("{c}: this needs a restart of tapyard"))
+            .collect());
+    }
+    let mut d = Diff::default();
+    for o in &old.routes {
+        match new.routes.iter().find(|n| route_key(n) == route_key(o)) {
+            Some(n) if n == o => {}
+            Some(n) => {
+                d.summary
+                    .push(format!("route {} -> {}", o.describe(), n.describe()));
+                d.routes_removed.push(o.clone());
+                d.routes_added.push(n.clone());
+            }
+            None => {
+                d.summary.push(format!("route removed: {}", o.describe()));
+                d.routes_removed.push(o.clone());
+            }
+        }
+    }
+    for n in &new.routes {
+        if !old.routes.iter().any(|o| route_key(o) == route_key(n)) {
+            d.summary.push(format!("route added: {}", n.describe()));
+            d.routes_added.push(n.clone());
+        }
+    }
+    let nkey = |n: &NeighborCfg| (n.dev.clone(), n.ip);
+    for o in &old.neighbors {
+        match new.neighbors.iter().find(|n| nkey(n) == nkey(o)) {
+            Some(n) if n == o => {}
+            found => {
+                d.summary.push(format!(
+                    "neighbor {} dev {} removed{}",
+                    o.ip,
+                    o.dev,
+                    if found.is_some() {
+                        " (MAC changed)"
+                    } else {
+                        ""
+                    }
+                ));
+                d.neighbors_removed.push(o.clone());
+                if let Some(n) = found {
+                    d.neighbors_added.push(n.clone());
+                }
+            }
+        }
+    }
+    for n in &new.neighbors {
+        if !old.neighbors.iter().any(|o| nkey(o) == nkey(n)) {
+            d.summary.push(format!(
+                "neighbor {} lladdr {} dev {} added",
+                n.ip, n.mac, n.dev
+            ));
+            d.neighbors_added.push(n.clone());
+        }
+    }
+    if old.services != new.services {
+        let mut v = Vec::new();
+        changed_fields("service", &old.services, &new.services, |s| &s.name, &mut v);
+        d.summary.extend(v);
+        d.services = Some(new.services.clone());
+    }
+    if old.node.node_port_range != new.node.node_port_range {
+        d.summary.push(format!(
+            "node.node_port_range {}-{} -> {}-{}",
+            old.node.node_port_range.0,
+            old.node.node_port_range.1,
+            new.node.node_port_range.0,
+            new.node.node_port_range.1
+        ));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::check_str;
+
+    const EXAMPLE: &str = include_str!("../../examples/node.toml");
+
+    fn cfg(src: &str) -> Config {
+        let c = check_str(src);
+        c.config.unwrap_or_else(|| panic!("{:?}", c.diags))
+    }
+
+    #[test]
+    fn identical_configs_differ_in_nothing_even_when_laid_out_differently() {
+        let a = cfg(EXAMPLE);
+        let b = cfg(&format!("\n\n# moved down\n{EXAMPLE}"));
+        assert!(diff(&a, &b).unwrap().is_empty());
+    }
+
+    #[test]
+    fn routes_added_removed_and_changed() {
+        let a = cfg(EXAMPLE);
+        let src = EXAMPLE
+            .replace("to = \"10.244.2.0/24\"                 # node B's pods\nvia = \"172.18.0.3\"", "to = \"10.244.2.0/24\"\nvia = \"172.18.0.4\"")
+            .replace("to = \"0.0.0.0/0\"\nvia = \"172.18.0.1\"\n", "to = \"10.244.3.0/24\"\nvia = \"172.18.0.5\"\n\n[[route]]\nto = \"10.244.9.0/24\"\ntype = \"blackhole\"\n");
+        let b = cfg(&src);
+        let d = diff(&a, &b).unwrap();
+        let added: Vec<String> = d.routes_added.iter().map(|r| r.describe()).collect();
+        let removed: Vec<String> = d.routes_removed.iter().map(|r| r.describe()).collect();
+        assert_eq!(
+            removed,
+            ["10.244.2.0/24 via 172.18.0.3", "0.0.0.0/0 via 172.18.0.1"]
+        );
+        assert_eq!(
+            added,
+            [
+                "10.244.2.0/24 via 172.18.0.4",
+                "10.244.3.0/24 via 172.18.0.5",
+                "blackhole 10.244.9.0/24"
+            ]
+        );
+        assert!(d.services.is_none());
+        assert_eq!(d.summary.len(), 4, "{:?}", d.summary);
+    }
+
+    #[test]
+    fn neighbours_and_services() {
+        let a = cfg(EXAMPLE);
+        let src = format!(
+            "{}\n[[neighbor]]\nip = \"172.18.0.9\"\nmac = \"02:00:00:00:00:09\"\ndev = \"eth0\"\n",
+            EXAMPLE.replace("\"10.244.1.3:5353\"", "\"10.244.1.4:5353\"")
+        );
+        let b = cfg(&src);
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(d.neighbors_added.len(), 1);
+        assert!(d.neighbors_removed.is_empty());
+        assert_eq!(
+            d.services.as_ref().unwrap()[1].endpoints[0].to_string(),
+            "10.244.1.4:5353"
+        );
+        assert!(
+            d.summary.contains(&"service \"dns\" changed".to_string()),
+            "{:?}",
+            d.summary
+        );
+        // And back: the neighbour is removed.
+        let back = diff(&b, &a).unwrap();
+        assert_eq!(back.neighbors_removed.len(), 1);
+    }
+
+    #[test]
+    fn topology_changes_are_refused_and_named() {
+        let a = cfg(EXAMPLE);
+        let b = cfg(&EXAMPLE
+            .replace("10.244.1.1/24", "10.244.1.254/24")
+            .replace("ports = [\"pod-a\", \"pod-b\"]", "ports = [\"pod-a\"]")
+            .replace("172.18.0.2/24", "172.18.0.7/24"));
+        let e = diff(&a, &b).unwrap_err();
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with(
+                "bridge \"cni0\" changed (address 10.244.1.1/24 -> 10.244.1.254/24, ports"
+            ),
+            "{e:?}"
+        );
+        assert!(e[0].ends_with("needs a restart of tapyard"));
+        assert!(
+            e[1].contains("uplink \"eth0\" changed (address 172.18.0.2/24 -> 172.18.0.7/24)"),
+            "{e:?}"
+        );
+    }
+}

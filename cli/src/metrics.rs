@@ -1,0 +1,215 @@
+//! `tapyard run --metrics ADDR`: the node's counters in Prometheus' text format, served over
+//! plain HTTP at `/metrics` (one request per connection).
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tapyard::Datapath;
+
+use crate::node::Node;
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The exposition text for a datapath's counters.
+pub fn render(dp: &Datapath) -> String {
+    let s = dp.stats();
+    let mut o = String::new();
+    let family = |o: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(
+            o,
+            "# HELP tapyard_{name} {help}\n# TYPE tapyard_{name} {kind}"
+        );
+    };
+    type Field = fn(&tapyard::stats::PortStats) -> u64;
+    let per_port: [(&str, &str, Field); 5] = [
+        ("port_rx_packets_total", "Frames received on a port.", |p| {
+            p.rx_packets
+        }),
+        ("port_rx_bytes_total", "Bytes received on a port.", |p| {
+            p.rx_bytes
+        }),
+        ("port_tx_packets_total", "Frames sent out of a port.", |p| {
+            p.tx_packets
+        }),
+        ("port_tx_bytes_total", "Bytes sent out of a port.", |p| {
+            p.tx_bytes
+        }),
+        (
+            "port_tx_dropped_total",
+            "Frames a port refused to send.",
+            |p| p.tx_dropped,
+        ),
+    ];
+    for (name, help, f) in per_port {
+        family(&mut o, name, "counter", help);
+        for p in &s.ports {
+            let _ = writeln!(o, "tapyard_{name}{{port=\"{}\"}} {}", label(&p.name), f(p));
+        }
+    }
+    for (name, v, help) in [
+        (
+            "forwarded_total",
+            s.forwarded,
+            "Received frames sent to one port.",
+        ),
+        (
+            "flooded_total",
+            s.flooded,
+            "Received frames flooded on their bridge.",
+        ),
+        (
+            "local_total",
+            s.local,
+            "Received frames consumed by the router.",
+        ),
+        (
+            "queued_total",
+            s.queued,
+            "Received frames queued for ARP resolution.",
+        ),
+        ("generated_total", s.generated, "Frames the router made."),
+        (
+            "generated_lost_total",
+            s.generated_lost,
+            "Frames the router could not make.",
+        ),
+    ] {
+        family(&mut o, name, "counter", help);
+        let _ = writeln!(o, "tapyard_{name} {v}");
+    }
+    family(
+        &mut o,
+        "drops_total",
+        "counter",
+        "Frames dropped, by reason.",
+    );
+    for (r, n) in &s.drops {
+        let _ = writeln!(o, "tapyard_drops_total{{reason=\"{}\"}} {n}", r.name());
+    }
+    family(&mut o, "fdb_entries", "gauge", "Entries in a bridge's FDB.");
+    for b in dp.bridges() {
+        let _ = writeln!(
+            o,
+            "tapyard_fdb_entries{{bridge=\"{}\"}} {}",
+            label(b.name()),
+            b.fdb().counters().entries
+        );
+    }
+    if let Some(r) = dp.router() {
+        let c = r.neigh().counters();
+        family(
+            &mut o,
+            "neigh_entries",
+            "gauge",
+            "Entries in the ARP table.",
+        );
+        let _ = writeln!(o, "tapyard_neigh_entries {}", c.entries);
+        let rc = &r.counters;
+        let g = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+        family(
+            &mut o,
+            "router_events_total",
+            "counter",
+            "Router events, by kind.",
+        );
+        for (k, v) in [
+            ("arp_replies", g(&rc.arp_replies)),
+            ("arp_requests", g(&rc.arp_requests)),
+            ("echo_replies", g(&rc.echo_replies)),
+            ("icmp_errors", g(&rc.icmp_errors)),
+            ("icmp_rate_limited", g(&rc.icmp_rate_limited)),
+            ("released", g(&rc.released)),
+            ("neigh_failed", g(&rc.neigh_failed)),
+        ] {
+            let _ = writeln!(o, "tapyard_router_events_total{{event=\"{k}\"}} {v}");
+        }
+    }
+    o
+}
+
+fn answer(mut s: TcpStream, node: &Node) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut head = [0u8; 2048];
+    let n = s.read(&mut head)?;
+    let req = String::from_utf8_lossy(&head[..n]);
+    let path = req.split_whitespace().nth(1).unwrap_or("");
+    let (status, ctype, body) = if req.starts_with("GET ") && (path == "/metrics" || path == "/") {
+        ("200 OK", "text/plain; version=0.0.4", render(&node.dp))
+    } else {
+        (
+            "404 Not Found",
+            "text/plain",
+            "only GET /metrics\n".to_string(),
+        )
+    };
+    write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Serves `/metrics` until `stop` is set.
+pub fn serve(listener: TcpListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                if let Err(e) = answer(s, &node) {
+                    log::debug!("metrics connection: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => {
+                log::warn!("metrics accept: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tapyard::BridgeConfig;
+
+    #[test]
+    fn exposition_has_every_family_once_with_labels() {
+        let mut b = Datapath::builder();
+        let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+        b.add_port("pod-a", Some(br)).unwrap();
+        let dp = b.build();
+        let t = render(&dp);
+        assert!(
+            t.contains("tapyard_port_rx_packets_total{port=\"pod-a\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("tapyard_drops_total{reason=\"truncated\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("tapyard_fdb_entries{bridge=\"cni0\"} 0\n"),
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("# TYPE tapyard_forwarded_total counter").count(),
+            1
+        );
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<u64>().is_ok(), "{line}");
+        }
+        assert_eq!(label("a\"b"), "a\\\"b");
+    }
+}
