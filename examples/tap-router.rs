@@ -24,7 +24,24 @@
 //!   --workers N                  worker threads (default: one per TAP, at most the CPU count)
 //!   --stats-every S              print counters to stderr every S seconds (default: only at exit)
 //!   --no-offload                 plain TAPs: no virtio-net header, no checksum/TSO offload
+//!   --cluster-cidr CIDR          every pod address in the cluster (kube-proxy's --cluster-cidr):
+//!                                Service traffic from outside it is masqueraded
+//!   --service NAME=VIP:PORT/PROTO=EP:PORT[,EP:PORT...][;nodeport=N][;affinity][;maglev]
+//!                                a Service (PROTO tcp or udp): VIP:PORT, and with nodeport=N
+//!                                also any router interface address:N, DNAT'd to one of the
+//!                                endpoints (all on this node; none: connections are rejected),
+//!                                chosen at random, by client IP for 10800 s with `affinity`
+//!                                (sessionAffinity: ClientIP), by Maglev hashing with `maglev`.
+//!                                Repeatable.
+//!   --masquerade IFACE[=SRC_CIDR]
+//!                                masquerade new connections leaving through router interface
+//!                                IFACE from SRC_CIDR (default: the cluster CIDR) to anywhere
+//!                                but the cluster CIDR (CNI ipMasq). Repeatable.
 //! ```
+//!
+//! Any of the last three turns on connection tracking and NAT (see `tapyard::netfilter`):
+//! kube-proxy's iptables rules (ClusterIP and NodePort DNAT, KUBE-MARK-MASQ, hairpin) for the
+//! Services given.
 //!
 //! For example, a node with pods on cni0 and a route to another node's pod CIDR:
 //!
@@ -34,6 +51,15 @@
 //!     --route 10.244.9.0/24=blackhole --route 10.244.8.0/24=unreachable
 //! ```
 //!
+//! and with a Service of two pods, a NodePort, and pod traffic to the outside masqueraded:
+//!
+//! ```text
+//! tap-router --bridge cni0=10.244.1.1/24 --port cni0:tapA --port cni0:tapB --port cni0:tapC \
+//!     --uplink eth0=172.18.0.2/24:tapU --route default=via:172.18.0.1 \
+//!     --cluster-cidr 10.244.0.0/16 --masquerade eth0 \
+//!     --service 'web=10.96.0.10:80/tcp=10.244.1.3:8080,10.244.1.4:8080;nodeport=30080'
+//! ```
+//!
 //! The TAP devices are created (or attached to when they exist); move them into namespaces with
 //! `ip link set <TAP> netns <ns>` at any time, and give each pod a default route via its
 //! bridge's address. In the datapath a router interface on a bridge is a virtual port of that
@@ -41,20 +67,23 @@
 //! the TAP), so counters show `eth0` for the TAP given to `--uplink eth0=...:tapU`.
 //!
 //! Exits 0 after a signal, printing per-port counters, drops by reason, the router's event
-//! counters, the routes (as `ip route`), the neighbours (as `ip neigh`) and the FDB; exits 2
+//! counters, the routes (as `ip route`), the neighbours (as `ip neigh`) and the FDB, and with
+//! NAT the NAT and conntrack counters, the connections by state and the Services; exits 2
 //! with a one-line error naming the argument for a bad argument, a route the router refuses or
 //! a TAP that cannot be opened.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
-use tapyard::route::{mask, NextHop, Route, RouteProto};
+use tapyard::route::{mask, IfaceId, NextHop, Route, RouteProto};
 use tapyard::router::IfaceConfig;
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
@@ -89,6 +118,19 @@ struct RouteArg {
     metric: u32,
 }
 
+/// `--service NAME=VIP:PORT/PROTO=EP:PORT[,EP:PORT...][;nodeport=N][;affinity][;maglev]`,
+/// with the argument kept for error messages.
+struct ServiceArg {
+    text: String,
+    spec: ServiceSpec,
+}
+
+/// `--masquerade IFACE[=SRC_CIDR]`.
+struct MasqArg {
+    iface: String,
+    src: Option<(Ipv4Addr, u8)>,
+}
+
 struct Args {
     bridges: Vec<BridgeArg>,
     ports: Vec<(String, String)>,
@@ -101,13 +143,18 @@ struct Args {
     workers: Option<usize>,
     stats_every: Option<u64>,
     offload: bool,
+    cluster_cidr: Option<(Ipv4Addr, u8)>,
+    services: Vec<ServiceArg>,
+    masquerade: Vec<MasqArg>,
 }
 
 fn usage() -> &'static str {
     "usage: tap-router --bridge NAME[=ADDR/LEN]... --port BRIDGE:TAP... \
      [--uplink NAME=ADDR/LEN:TAP]... [--route DST=via:GW[@IFACE]|dev:IFACE|blackhole|unreachable[,metric=N]]... \
      [--mac IFACE=MAC]... [--mtu IFACE=N]... [--fdb-max N] [--aging SECS] [--workers N] \
-     [--stats-every SECS] [--no-offload]"
+     [--stats-every SECS] [--no-offload] [--cluster-cidr CIDR] \
+     [--service NAME=VIP:PORT/tcp|udp=EP:PORT[,EP:PORT...][;nodeport=N][;affinity][;maglev]]... \
+     [--masquerade IFACE[=SRC_CIDR]]..."
 }
 
 fn value(flag: &str, v: Option<String>) -> Result<String, String> {
@@ -238,6 +285,90 @@ fn parse_mtu(s: &str) -> Result<(String, u16), String> {
     Ok((n.to_string(), mtu))
 }
 
+/// A CIDR whose host bits must be clear.
+fn parse_net(flag: &str, whole: &str, s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (addr, len) = parse_cidr(flag, whole, s)?;
+    if mask(addr, len) != addr {
+        return Err(format!(
+            "{flag} {whole:?}: {addr}/{len} has host bits set (expected {}/{len})",
+            mask(addr, len)
+        ));
+    }
+    Ok((addr, len))
+}
+
+/// `ADDR:PORT` with a nonzero port.
+fn parse_sockaddr(whole: &str, what: &str, s: &str) -> Result<SocketAddrV4, String> {
+    s.parse::<SocketAddrV4>()
+        .ok()
+        .filter(|a| a.port() != 0)
+        .ok_or_else(|| {
+            format!("--service {whole:?}: {what} {s:?} is not ADDRESS:PORT with a nonzero port")
+        })
+}
+
+fn parse_service(s: &str) -> Result<ServiceArg, String> {
+    let bad = || format!("--service {s:?}: expected NAME=VIP:PORT/PROTO=EP:PORT[,EP:PORT...]");
+    let mut opts = s.split(';');
+    let (name, rest) = opts.next().unwrap_or("").split_once('=').ok_or_else(bad)?;
+    let (front, eps) = rest.split_once('=').ok_or_else(bad)?;
+    if name.is_empty() {
+        return Err(format!("--service {s:?}: empty Service name"));
+    }
+    let (vip, proto) = front
+        .split_once('/')
+        .ok_or_else(|| format!("--service {s:?}: {front:?} is not VIP:PORT/PROTO"))?;
+    let vip = parse_sockaddr(s, "VIP", vip)?;
+    let proto = match proto {
+        "tcp" | "TCP" => 6,
+        "udp" | "UDP" => 17,
+        _ => {
+            return Err(format!(
+                "--service {s:?}: protocol {proto:?} is not tcp or udp"
+            ))
+        }
+    };
+    let mut spec = ServiceSpec::new(name, *vip.ip(), vip.port(), proto);
+    for ep in eps.split(',').filter(|e| !e.is_empty()) {
+        spec.endpoints
+            .push(Endpoint::new(parse_sockaddr(s, "endpoint", ep)?, true));
+    }
+    for o in opts {
+        if let Some(n) = o.strip_prefix("nodeport=") {
+            spec.node_port =
+                Some(n.parse().ok().filter(|n| *n != 0).ok_or_else(|| {
+                    format!("--service {s:?}: node port {n:?} is not 1 to 65535")
+                })?);
+        } else if o == "affinity" {
+            spec.affinity = Some(Duration::from_secs(10_800));
+        } else if o == "maglev" {
+            spec.algo = LbAlgo::Maglev;
+        } else {
+            return Err(format!(
+                "--service {s:?}: option {o:?} is not nodeport=N, affinity or maglev"
+            ));
+        }
+    }
+    Ok(ServiceArg {
+        text: s.to_string(),
+        spec,
+    })
+}
+
+fn parse_masquerade(s: &str) -> Result<MasqArg, String> {
+    let (iface, src) = match s.split_once('=') {
+        Some((i, c)) => (i, Some(parse_net("--masquerade", s, c)?)),
+        None => (s, None),
+    };
+    if iface.is_empty() {
+        return Err(format!("--masquerade {s:?}: empty interface name"));
+    }
+    Ok(MasqArg {
+        iface: iface.to_string(),
+        src,
+    })
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         bridges: Vec::new(),
@@ -251,6 +382,9 @@ fn parse_args() -> Result<Args, String> {
         workers: None,
         stats_every: None,
         offload: true,
+        cluster_cidr: None,
+        services: Vec::new(),
+        masquerade: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -272,6 +406,12 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => a.workers = Some(parse_num(&flag, next())?),
             "--stats-every" => a.stats_every = Some(parse_num(&flag, next())?),
             "--no-offload" if inline.is_none() => a.offload = false,
+            "--cluster-cidr" => {
+                let v = value(&flag, next())?;
+                a.cluster_cidr = Some(parse_net(&flag, &v, &v)?);
+            }
+            "--service" => a.services.push(parse_service(&value(&flag, next())?)?),
+            "--masquerade" => a.masquerade.push(parse_masquerade(&value(&flag, next())?)?),
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -369,7 +509,59 @@ fn run(a: Args) -> Result<(), String> {
             return Err(format!("{flag} {n}: no router interface named {n:?}"));
         }
     }
+    let nat = a.cluster_cidr.is_some() || !a.services.is_empty() || !a.masquerade.is_empty();
+    if nat {
+        if ifaces.is_empty() {
+            return Err(
+                "--cluster-cidr, --service and --masquerade need a router interface \
+                 (--bridge NAME=ADDR/LEN or --uplink)"
+                    .into(),
+            );
+        }
+        let cluster = a.cluster_cidr.map(|(addr, len)| Prefix::new(addr, len));
+        let mut masquerade = Vec::new();
+        for m in &a.masquerade {
+            let out = ifaces
+                .iter()
+                .position(|i| i.0 == m.iface)
+                .map(|i| IfaceId(i as u16))
+                .ok_or_else(|| {
+                    format!(
+                        "--masquerade {}: no router interface named {:?}",
+                        m.iface, m.iface
+                    )
+                })?;
+            let src = m.src.map(|(addr, len)| Prefix::new(addr, len)).or(cluster);
+            if src.is_none() {
+                return Err(format!(
+                    "--masquerade {}: no source CIDR (give {}=SRC_CIDR or --cluster-cidr)",
+                    m.iface, m.iface
+                ));
+            }
+            masquerade.push(MasqueradeRule {
+                out,
+                src,
+                except_dst: cluster,
+            });
+        }
+        b.netfilter(NatConfig {
+            rules: NatRules {
+                cluster_cidr: cluster,
+                masquerade,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .map_err(|e| format!("NAT: {e}"))?;
+    }
     let dp = Arc::new(b.build());
+    if let Some(nf) = dp.netfilter() {
+        // The runtime's clock starts at zero when it starts, below; no connection exists yet.
+        for s in &a.services {
+            nf.upsert_service(s.spec.clone(), tapyard::Instant::ZERO)
+                .map_err(|e| format!("--service {:?}: {e}", s.text))?;
+        }
+    }
     for r in &a.routes {
         let iface = |name: &str| {
             dp.iface_by_name(name)
@@ -441,6 +633,9 @@ fn run(a: Args) -> Result<(), String> {
     let mut routes = String::new();
     let _ = dp.fmt_routes(&mut routes);
     eprint!("tap-router: routes:\n{routes}");
+    if let Some(nf) = dp.netfilter() {
+        eprint!("tap-router: services:\n{}", nf.services().fmt_services());
+    }
     eprintln!(
         "tap-router: {} TAP(s) ({}) with {workers} worker(s); SIGINT or SIGTERM to stop",
         taps.len(),
@@ -485,7 +680,45 @@ fn run(a: Args) -> Result<(), String> {
     s.clear();
     let _ = dp.fmt_fdb(now, &mut s);
     print!("fdb:\n{s}");
+    if let Some(nf) = dp.netfilter() {
+        print_nat(nf, now);
+    }
     Ok(())
+}
+
+/// The NAT engine's counters, the connection table's counters, the live connections by
+/// protocol and TCP state, and the Services.
+fn print_nat(nf: &tapyard::netfilter::Netfilter, now: tapyard::Instant) {
+    let n = nf.counters();
+    println!(
+        "nat: new {}  dnat {}  snat {}  hairpin {}  rejected {}  related {}  untracked {}",
+        n.new, n.dnat, n.snat, n.hairpin, n.rejected, n.related, n.untracked
+    );
+    let c = nf.conntrack().counters();
+    println!(
+        "conntrack: entries {}  found {}  new {}  invalid {}  insert_failed {}  early_drop {}  clash {}  expired {}  removed {}",
+        c.entries, c.found, c.new, c.invalid, c.insert_failed, c.early_drop, c.clash, c.expired, c.removed
+    );
+    let mut by_state: Vec<(String, usize)> = Vec::new();
+    let dump = nf.conntrack().dump(now);
+    for e in &dump {
+        let k = match e.state {
+            Some(st) => format!("{} {}", e.protocol, st.name()),
+            None => e.protocol.to_string(),
+        };
+        match by_state.iter_mut().find(|(n, _)| *n == k) {
+            Some((_, c)) => *c += 1,
+            None => by_state.push((k, 1)),
+        }
+    }
+    by_state.sort();
+    let states: Vec<String> = by_state.iter().map(|(k, c)| format!("{k} {c}")).collect();
+    if states.is_empty() {
+        println!("connections: 0");
+    } else {
+        println!("connections: {} ({})", dump.len(), states.join(", "));
+    }
+    print!("services:\n{}", nf.services().fmt_services());
 }
 
 fn main() -> ExitCode {
