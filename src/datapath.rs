@@ -1142,6 +1142,36 @@ impl Datapath {
         let Some(router) = &self.router else {
             return Err(crate::route::RouteError::NoInterface(0));
         };
+        self.check_route(router, &r)?;
+        router.routes.add(r)
+    }
+
+    /// Removes the route to `prefix/len` with `metric` (the best one if `None`), as `ip route
+    /// del`.
+    pub fn remove_route(
+        &self,
+        prefix: std::net::Ipv4Addr,
+        len: u8,
+        metric: Option<u32>,
+    ) -> Result<Route, crate::route::RouteError> {
+        let Some(router) = &self.router else {
+            return Err(crate::route::RouteError::NotFound(prefix, len));
+        };
+        router.routes.remove(prefix, len, metric)
+    }
+
+    /// Adds a route or replaces the one with the same prefix, length and metric in one
+    /// update (`ip route replace`), checked as [`Datapath::add_route`]. Returns the route
+    /// replaced.
+    pub fn replace_route(&self, r: Route) -> Result<Option<Route>, crate::route::RouteError> {
+        let Some(router) = &self.router else {
+            return Err(crate::route::RouteError::NoInterface(0));
+        };
+        self.check_route(router, &r)?;
+        router.routes.replace(r)
+    }
+
+    fn check_route(&self, router: &Router, r: &Route) -> Result<(), crate::route::RouteError> {
         if let Some(i) = r.next_hop.iface() {
             if router.iface(i).is_none() {
                 return Err(crate::route::RouteError::NoInterface(i.0));
@@ -1153,7 +1183,17 @@ impl Datapath {
                 return Err(crate::route::RouteError::GatewayNotOnLink(gw));
             }
         }
-        router.routes.add(r)
+        Ok(())
+    }
+
+    /// Removes a permanent neighbour entry (`ip neigh del IP dev IFACE`); `false` when there
+    /// was no permanent entry for `ip` on `iface` (dynamic entries are left alone).
+    pub fn remove_static_neigh(&self, iface: IfaceId, ip: std::net::Ipv4Addr) -> bool {
+        let Some(r) = &self.router else { return false };
+        let permanent = r.neigh.dump(Instant::ZERO).iter().any(|e| {
+            e.iface == iface.0 && e.ip == ip && e.state == crate::neigh::NeighState::Permanent
+        });
+        permanent && r.neigh.remove(iface.0, ip)
     }
 
     /// Adds a permanent neighbour entry (`ip neigh add IP lladdr MAC dev IFACE nud permanent`).

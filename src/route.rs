@@ -283,6 +283,42 @@ impl RouteTable {
         self.publish(&mut w, key)
     }
 
+    /// Adds `r`, or replaces the route with the same prefix, length and metric in one update
+    /// (`ip route replace`): readers see the old route or the new one, never neither. Returns
+    /// the route replaced, if any.
+    pub fn replace(&self, r: Route) -> Result<Option<Route>, RouteError> {
+        if r.len > 32 {
+            return Err(RouteError::BadLength(r.len));
+        }
+        if mask(r.prefix, r.len) != r.prefix {
+            return Err(RouteError::HostBitsSet(r.prefix, r.len));
+        }
+        let mut w = self.writer.lock();
+        let key = (u32::from(r.prefix), r.len);
+        let v = w.rib.entry(key).or_default();
+        let old = v
+            .iter()
+            .position(|x| x.metric == r.metric)
+            .map(|at| v.remove(at));
+        let at = v.partition_point(|x| x.metric <= r.metric);
+        v.insert(at, r);
+        match self.publish(&mut w, key) {
+            Ok(()) => Ok(old),
+            Err(e) => {
+                // Undo, so a refused replacement changes nothing.
+                if let Some(v) = w.rib.get_mut(&key) {
+                    v.retain(|x| x.metric != r.metric);
+                    if let Some(o) = old {
+                        let at = v.partition_point(|x| x.metric <= o.metric);
+                        v.insert(at, o);
+                    }
+                }
+                let _ = self.publish(&mut w, key);
+                Err(e)
+            }
+        }
+    }
+
     /// Removes the route to `prefix/len` with `metric` (any metric if `None`: the best one).
     pub fn remove(
         &self,

@@ -109,6 +109,40 @@ pub struct RouterCounters {
     pub neigh_failed: AtomicU64,
 }
 
+/// A copy of [`RouterCounters`] as plain numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterCountersSnapshot {
+    /// ARP requests answered.
+    pub arp_replies: u64,
+    /// ARP requests sent to resolve next hops.
+    pub arp_requests: u64,
+    /// ICMP echo requests answered.
+    pub echo_replies: u64,
+    /// ICMP errors sent.
+    pub icmp_errors: u64,
+    /// ICMP errors not sent because of the rate limit.
+    pub icmp_rate_limited: u64,
+    /// Packets released from ARP queues and sent.
+    pub released: u64,
+    /// Packets dropped after waiting for a next hop that never answered.
+    pub neigh_failed: u64,
+}
+
+impl RouterCounters {
+    /// The counters now.
+    pub fn snapshot(&self) -> RouterCountersSnapshot {
+        RouterCountersSnapshot {
+            arp_replies: self.arp_replies.load(Relaxed),
+            arp_requests: self.arp_requests.load(Relaxed),
+            echo_replies: self.echo_replies.load(Relaxed),
+            icmp_errors: self.icmp_errors.load(Relaxed),
+            icmp_rate_limited: self.icmp_rate_limited.load(Relaxed),
+            released: self.released.load(Relaxed),
+            neigh_failed: self.neigh_failed.load(Relaxed),
+        }
+    }
+}
+
 /// A token bucket per ICMP destination (Linux's `icmp_ratelimit`: one per second, burst 6) and
 /// a global one (`icmp_msgs_per_sec` 1000, `icmp_msgs_burst` 50). ICMP errors are a slow
 /// path, so a small mutex-protected table is enough; it holds at most 1024 destinations and

@@ -246,6 +246,12 @@ impl Runtime {
         &self.dp
     }
 
+    /// A copy of the runtime's clock, for threads that need the datapath's time (dumps,
+    /// control requests) without holding the runtime.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
     /// The runtime's clock (the time base of its datapath's timestamps).
     pub fn now(&self) -> Instant {
         self.clock.now()
