@@ -1015,17 +1015,19 @@ impl Conntrack {
                         state = s;
                     }
                 },
+                // Linux's udp_packet: traffic after the first reply makes a stream.
                 (PROTO_UDP, L4Kind::Udp) => {
-                    if st.seen_reply() {
-                        ns |= CtStatus::ASSURED;
+                    ns |= if st.seen_reply() {
+                        CtStatus::ASSURED
+                    } else {
+                        0
                     }
                 }
-                (PROTO_ICMP, L4Kind::IcmpEcho { request }) => {
-                    if request != (dir == Dir::Original) {
-                        self.count(C_INVALID, 1);
-                        return Track::Invalid(InvalidReason::IcmpDirection);
-                    }
+                (PROTO_ICMP, L4Kind::IcmpEcho { request }) if request != (dir == Dir::Original) => {
+                    self.count(C_INVALID, 1);
+                    return Track::Invalid(InvalidReason::IcmpDirection);
                 }
+                (PROTO_ICMP, L4Kind::IcmpEcho { .. }) => {}
                 (PROTO_TCP | PROTO_UDP | PROTO_ICMP, _) | (_, L4Kind::Tcp | L4Kind::Udp) => {
                     self.count(C_INVALID, 1);
                     return Track::Invalid(InvalidReason::KindMismatch);
