@@ -575,24 +575,36 @@ impl Conntrack {
 
     // ---- index ---------------------------------------------------------------------------
 
+    /// Puts index word `v` into an empty slot of the tuple's first bucket while it has at
+    /// least two free slots (so most lookups read one bucket), else of the emptier of its two
+    /// buckets (two-choice balancing, so both are rarely full). False when both are full.
     fn publish(&self, l: &CtLoc, v: u64) -> bool {
-        for _ in 0..64 {
-            let empties = |b: &Bucket| {
-                b.slots
-                    .iter()
-                    .filter(|s| s.load(Ordering::Relaxed) == 0)
-                    .count()
+        let (Some(b1), Some(b2)) = (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
+        else {
+            return false;
+        };
+        let empties = |b: &Bucket| {
+            b.slots
+                .iter()
+                .filter(|s| s.load(Ordering::Relaxed) == 0)
+                .count()
+        };
+        // Bounded: each failed CAS means another insert took a slot.
+        for _ in 0..2 * WAYS {
+            let e1 = empties(b1);
+            let b = if e1 >= 2 {
+                b1
+            } else {
+                let e2 = empties(b2);
+                if e1 == 0 && e2 == 0 {
+                    return false;
+                }
+                if e1 >= e2 {
+                    b1
+                } else {
+                    b2
+                }
             };
-            let (Some(b1), Some(b2)) =
-                (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
-            else {
-                return false;
-            };
-            let (e1, e2) = (empties(b1), empties(b2));
-            if e1 == 0 && e2 == 0 {
-                return false;
-            }
-            let b = if e1 >= e2 { b1 } else { b2 };
             for s in &b.slots {
                 if s.load(Ordering::Relaxed) == 0
                     && s.compare_exchange(0, v, Ordering::SeqCst, Ordering::Relaxed)

@@ -940,3 +940,22 @@ fn hashmap_model_sanity() {
     }
     assert_eq!(ct.len() * 2, m.len());
 }
+
+#[test]
+fn filling_to_max_never_overflows_the_index() {
+    // Two-choice placement keeps both candidate buckets of a tuple from being full, even with
+    // every entry live (the index is then exactly half full).
+    for round in 0..3u32 {
+        let max = 65_536;
+        let ct = table(max);
+        for i in 0..max as u32 {
+            let (o, r) = pair(i ^ (round << 20));
+            assert!(
+                ct.insert(o, r, CtTag::default(), &UDP, s(0)).is_ok(),
+                "insert {i} of round {round}"
+            );
+        }
+        assert_eq!(ct.len(), max);
+        assert_eq!(ct.counters().insert_failed, 0);
+    }
+}
