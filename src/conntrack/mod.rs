@@ -67,8 +67,8 @@
 //!   packets does not dirty the line that lookups read.
 //! * An **index** of 64-byte buckets of eight `(signature, entry, direction)` words, holding
 //!   both tuples of every entry. A tuple hashes (seeded with a per-table random key, so a remote
-//!   peer cannot aim at a bucket) to two candidate buckets. It goes into the first while that
-//!   has two free slots, else into the emptier of the two; there are four index words per
+//!   peer cannot aim at a bucket) to two candidate buckets. It goes into the first while half
+//!   of that is free, else into the emptier of the two; there are four index words per
 //!   entry, so the index is at most half full, and a hit usually costs one bucket line and one
 //!   entry line. [`Conntrack::locate`] hashes once;
 //!   [`Conntrack::prefetch`] brings both buckets in before a batch's lookups.

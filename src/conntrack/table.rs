@@ -575,8 +575,8 @@ impl Conntrack {
 
     // ---- index ---------------------------------------------------------------------------
 
-    /// Puts index word `v` into an empty slot of the tuple's first bucket while it has at
-    /// least two free slots (so most lookups read one bucket), else of the emptier of its two
+    /// Puts index word `v` into an empty slot of the tuple's first bucket while at least half
+    /// of its slots are free (so most lookups read one bucket), else of the emptier of its two
     /// buckets (two-choice balancing, so both are rarely full). False when both are full.
     fn publish(&self, l: &CtLoc, v: u64) -> bool {
         let (Some(b1), Some(b2)) = (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
@@ -592,7 +592,7 @@ impl Conntrack {
         // Bounded: each failed CAS means another insert took a slot.
         for _ in 0..2 * WAYS {
             let e1 = empties(b1);
-            let b = if e1 >= 2 {
+            let b = if e1 >= WAYS / 2 {
                 b1
             } else {
                 let e2 = empties(b2);
