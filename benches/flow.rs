@@ -1,5 +1,5 @@
 //! Connection tracking: lookups of existing connections with 1 and 2 threads on a table of
-//! 100 k connections (tapyard's lock-free `Conntrack`, one at a time and in prefetched batches
+//! 10 k and 100 k connections (tapyard's lock-free `Conntrack`, one at a time and in prefetched batches
 //! of 32), beside `parking_lot::Mutex<HashMap>` and `DashMap` holding the same tuples; and the
 //! new-connection insert rate into a table pre-filled with 1 M connections, beside a
 //! `HashMap` insert of the same two tuples per connection.
@@ -86,6 +86,12 @@ fn par(threads: usize, iters: u64, f: &(impl Fn(usize, u64) + Sync)) -> Duration
 }
 
 fn lookups(c: &mut Criterion) {
+    // 10 k connections fit in cache (compute-bound); 100 k do not (memory-bound).
+    lookups_n(c, 10_000);
+    lookups_n(c, CONNS);
+}
+
+fn lookups_n(c: &mut Criterion, conns: u32) {
     let now = Instant::from_secs(1);
     let ct = Conntrack::new(CtConfig {
         max_entries: 262_144,
@@ -94,8 +100,8 @@ fn lookups(c: &mut Criterion) {
     .unwrap();
     let mutex: Mutex<HashMap<Tuple, Val>> = Mutex::new(HashMap::new());
     let dash: DashMap<Tuple, Val> = DashMap::new();
-    let mut keys = Vec::with_capacity(CONNS as usize);
-    for i in 0..CONNS {
+    let mut keys = Vec::with_capacity(conns as usize);
+    for i in 0..conns {
         let (o, r) = conn(i);
         ct.insert(o, r, CtTag::default(), &SYN, now).unwrap();
         let v = Val {
@@ -115,7 +121,7 @@ fn lookups(c: &mut Criterion) {
         .map(|_| {
             (0..(1 << 18))
                 .map(|_| {
-                    let i = (rng.next() % u64::from(CONNS)) as u32;
+                    let i = (rng.next() % u64::from(conns)) as u32;
                     let (o, r) = conn(i);
                     if rng.next() & 1 == 0 {
                         o
@@ -128,7 +134,7 @@ fn lookups(c: &mut Criterion) {
         .collect();
     let mask = (1usize << 18) - 1;
 
-    let mut g = c.benchmark_group("ct_lookup_100k");
+    let mut g = c.benchmark_group(format!("ct_lookup_{}k", conns / 1000));
     g.sample_size(10);
     for threads in [1usize, 2] {
         g.throughput(Throughput::Elements((threads * CHUNK) as u64));

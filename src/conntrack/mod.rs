@@ -73,9 +73,9 @@
 //!   entry line. [`Conntrack::locate`] hashes once;
 //!   [`Conntrack::prefetch`] brings both buckets in before a batch's lookups.
 //! * Free entries are on a lock-free stack (a Treiber stack with a tagged head).
-//! * Memory: 64 + 32 bytes per entry plus 16 to 32 bytes of index per entry (bucket count
-//!   rounded up to a power of two): 128 bytes per connection at the default 262144; see
-//!   [`Conntrack::memory_bytes`].
+//! * Memory: 64 + 32 bytes per entry plus 32 to 64 bytes of index per entry (the bucket count
+//!   is rounded up to a power of two): 128 bytes per connection when `max_entries` is a power
+//!   of two, as the default 262144 is (32 MiB); see [`Conntrack::memory_bytes`].
 //!
 //! # Thread-safety contract and memory reclamation
 //!
