@@ -959,3 +959,9 @@ fn filling_to_max_never_overflows_the_index() {
         assert_eq!(ct.counters().insert_failed, 0);
     }
 }
+
+#[test]
+fn conntrack_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Conntrack>();
+}
