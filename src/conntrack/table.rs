@@ -799,6 +799,9 @@ impl Conntrack {
         }
         let lost = match self.resolve(idx, &lo, &lr, now_us) {
             Resolve::Win => {
+                // Count the entry before it becomes LIVE, so that a remove racing right after
+                // the CAS never takes `len` below zero.
+                self.len.fetch_add(1, Ordering::Relaxed);
                 match e.ctl.compare_exchange(
                     pending,
                     with_life(pending, LIVE),
@@ -807,7 +810,10 @@ impl Conntrack {
                 ) {
                     Ok(_) => None,
                     // Aborted by a racing insert of the same tuple with a lower slot.
-                    Err(_) => Some(self.find(&lo, now_us, |x| x == LIVE)),
+                    Err(_) => {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                        Some(self.find(&lo, now_us, |x| x == LIVE))
+                    }
                 }
             }
             Resolve::Lose(existing) => Some(existing),
@@ -825,7 +831,6 @@ impl Conntrack {
             });
             return Err(InsertError::Clash { existing });
         }
-        self.len.fetch_add(1, Ordering::Relaxed);
         self.count(C_NEW, 1);
         Ok(CtHit {
             id: CtId {
