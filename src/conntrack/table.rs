@@ -732,6 +732,14 @@ impl Conntrack {
         first: &Pkt,
         now: Instant,
     ) -> Result<CtHit, InsertError> {
+        // The entry we are about to pop: fetch its lines while we hash.
+        let top = self.free_head.load(Ordering::Relaxed) as u32;
+        if let Some(i) = (top as usize).checked_sub(1) {
+            if let (Some(e), Some(a)) = (self.entries.get(i), self.acct.get(i)) {
+                crate::sys::prefetch(e);
+                crate::sys::prefetch(a);
+            }
+        }
         let state = match self.initial(&orig, &reply, first) {
             Ok(s) => s,
             Err(r) => {
