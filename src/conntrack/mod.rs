@@ -67,13 +67,15 @@
 //!   packets does not dirty the line that lookups read.
 //! * An **index** of 64-byte buckets of eight `(signature, entry, direction)` words, holding
 //!   both tuples of every entry. A tuple hashes (seeded with a per-table random key, so a remote
-//!   peer cannot aim at a bucket) to two candidate buckets; there are four index words per
-//!   entry, so the index is at most half full. [`Conntrack::locate`] hashes once;
+//!   peer cannot aim at a bucket) to two candidate buckets. It goes into the first while half
+//!   of that is free, else into the emptier of the two; there are four index words per
+//!   entry, so the index is at most half full, and a hit usually costs one bucket line and one
+//!   entry line. [`Conntrack::locate`] hashes once;
 //!   [`Conntrack::prefetch`] brings both buckets in before a batch's lookups.
 //! * Free entries are on a lock-free stack (a Treiber stack with a tagged head).
-//! * Memory: 64 + 32 bytes per entry plus 16 to 32 bytes of index per entry (bucket count
-//!   rounded up to a power of two): 128 bytes per connection at the default 262144; see
-//!   [`Conntrack::memory_bytes`].
+//! * Memory: 64 + 32 bytes per entry plus 32 to 64 bytes of index per entry (the bucket count
+//!   is rounded up to a power of two): 128 bytes per connection when `max_entries` is a power
+//!   of two, as the default 262144 is (32 MiB); see [`Conntrack::memory_bytes`].
 //!
 //! # Thread-safety contract and memory reclamation
 //!

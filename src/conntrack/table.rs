@@ -575,24 +575,36 @@ impl Conntrack {
 
     // ---- index ---------------------------------------------------------------------------
 
+    /// Puts index word `v` into an empty slot of the tuple's first bucket while at least half
+    /// of its slots are free (so most lookups read one bucket), else of the emptier of its two
+    /// buckets (two-choice balancing, so both are rarely full). False when both are full.
     fn publish(&self, l: &CtLoc, v: u64) -> bool {
-        for _ in 0..64 {
-            let empties = |b: &Bucket| {
-                b.slots
-                    .iter()
-                    .filter(|s| s.load(Ordering::Relaxed) == 0)
-                    .count()
+        let (Some(b1), Some(b2)) = (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
+        else {
+            return false;
+        };
+        let empties = |b: &Bucket| {
+            b.slots
+                .iter()
+                .filter(|s| s.load(Ordering::Relaxed) == 0)
+                .count()
+        };
+        // Bounded: each failed CAS means another insert took a slot.
+        for _ in 0..2 * WAYS {
+            let e1 = empties(b1);
+            let b = if e1 >= WAYS / 2 {
+                b1
+            } else {
+                let e2 = empties(b2);
+                if e1 == 0 && e2 == 0 {
+                    return false;
+                }
+                if e1 >= e2 {
+                    b1
+                } else {
+                    b2
+                }
             };
-            let (Some(b1), Some(b2)) =
-                (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
-            else {
-                return false;
-            };
-            let (e1, e2) = (empties(b1), empties(b2));
-            if e1 == 0 && e2 == 0 {
-                return false;
-            }
-            let b = if e1 >= e2 { b1 } else { b2 };
             for s in &b.slots {
                 if s.load(Ordering::Relaxed) == 0
                     && s.compare_exchange(0, v, Ordering::SeqCst, Ordering::Relaxed)
@@ -720,6 +732,14 @@ impl Conntrack {
         first: &Pkt,
         now: Instant,
     ) -> Result<CtHit, InsertError> {
+        // The entry we are about to pop: fetch its lines while we hash.
+        let top = self.free_head.load(Ordering::Relaxed) as u32;
+        if let Some(i) = (top as usize).checked_sub(1) {
+            if let (Some(e), Some(a)) = (self.entries.get(i), self.acct.get(i)) {
+                crate::sys::prefetch(e);
+                crate::sys::prefetch(a);
+            }
+        }
         let state = match self.initial(&orig, &reply, first) {
             Ok(s) => s,
             Err(r) => {
@@ -787,6 +807,9 @@ impl Conntrack {
         }
         let lost = match self.resolve(idx, &lo, &lr, now_us) {
             Resolve::Win => {
+                // Count the entry before it becomes LIVE, so that a remove racing right after
+                // the CAS never takes `len` below zero.
+                self.len.fetch_add(1, Ordering::Relaxed);
                 match e.ctl.compare_exchange(
                     pending,
                     with_life(pending, LIVE),
@@ -795,7 +818,10 @@ impl Conntrack {
                 ) {
                     Ok(_) => None,
                     // Aborted by a racing insert of the same tuple with a lower slot.
-                    Err(_) => Some(self.find(&lo, now_us, |x| x == LIVE)),
+                    Err(_) => {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                        Some(self.find(&lo, now_us, |x| x == LIVE))
+                    }
                 }
             }
             Resolve::Lose(existing) => Some(existing),
@@ -813,7 +839,6 @@ impl Conntrack {
             });
             return Err(InsertError::Clash { existing });
         }
-        self.len.fetch_add(1, Ordering::Relaxed);
         self.count(C_NEW, 1);
         Ok(CtHit {
             id: CtId {
@@ -1015,17 +1040,19 @@ impl Conntrack {
                         state = s;
                     }
                 },
+                // Linux's udp_packet: traffic after the first reply makes a stream.
                 (PROTO_UDP, L4Kind::Udp) => {
-                    if st.seen_reply() {
-                        ns |= CtStatus::ASSURED;
+                    ns |= if st.seen_reply() {
+                        CtStatus::ASSURED
+                    } else {
+                        0
                     }
                 }
-                (PROTO_ICMP, L4Kind::IcmpEcho { request }) => {
-                    if request != (dir == Dir::Original) {
-                        self.count(C_INVALID, 1);
-                        return Track::Invalid(InvalidReason::IcmpDirection);
-                    }
+                (PROTO_ICMP, L4Kind::IcmpEcho { request }) if request != (dir == Dir::Original) => {
+                    self.count(C_INVALID, 1);
+                    return Track::Invalid(InvalidReason::IcmpDirection);
                 }
+                (PROTO_ICMP, L4Kind::IcmpEcho { .. }) => {}
                 (PROTO_TCP | PROTO_UDP | PROTO_ICMP, _) | (_, L4Kind::Tcp | L4Kind::Udp) => {
                     self.count(C_INVALID, 1);
                     return Track::Invalid(InvalidReason::KindMismatch);

@@ -940,3 +940,78 @@ fn hashmap_model_sanity() {
     }
     assert_eq!(ct.len() * 2, m.len());
 }
+
+#[test]
+fn filling_to_max_never_overflows_the_index() {
+    // Two-choice placement keeps both candidate buckets of a tuple from being full, even with
+    // every entry live (the index is then exactly half full).
+    for round in 0..3u32 {
+        let max = 65_536;
+        let ct = table(max);
+        for i in 0..max as u32 {
+            let (o, r) = pair(i ^ (round << 20));
+            assert!(
+                ct.insert(o, r, CtTag::default(), &UDP, s(0)).is_ok(),
+                "insert {i} of round {round}"
+            );
+        }
+        assert_eq!(ct.len(), max);
+        assert_eq!(ct.counters().insert_failed, 0);
+    }
+}
+
+#[test]
+fn conntrack_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Conntrack>();
+}
+
+#[test]
+fn concurrent_insert_remove_keeps_len_exact_and_bounded() {
+    const MAX: usize = 256;
+    let ct = Arc::new(table(MAX));
+    let stop = Arc::new(AtomicBool::new(false));
+    let monitor = {
+        let ct = ct.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                assert!(ct.len() <= MAX, "len {}", ct.len());
+            }
+        })
+    };
+    let workers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let ct = ct.clone();
+            std::thread::spawn(move || {
+                for round in 0..50_000u32 {
+                    let k = (round.wrapping_mul(2_654_435_761) >> 8) % 1024;
+                    let (o, r) = pair(k);
+                    match ct.insert(o, r, CtTag::default(), &UDP, s(0)) {
+                        Ok(h) if (round + w) % 3 == 0 => {
+                            ct.remove(h.id);
+                        }
+                        Err(InsertError::Clash { existing: Some(h) }) => {
+                            ct.remove(h.id);
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in workers {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    monitor.join().unwrap();
+    let d = ct.dump(s(0));
+    assert_eq!(ct.len(), d.len());
+    let mut origs: Vec<_> = d.iter().map(|v| v.orig).collect();
+    origs.sort();
+    origs.dedup();
+    assert_eq!(origs.len(), d.len(), "no duplicate entries");
+    for v in &d {
+        assert_eq!(ct.lookup(&v.reply, s(0)).map(|h| h.id), Some(v.id));
+    }
+}
