@@ -184,6 +184,12 @@ struct Counters {
     untracked: AtomicU64,
 }
 
+/// Per-batch state of the hooks, kept in the router's batch context (empty for now: a place
+/// for a memo of the last connection seen, so a run of one flow's packets in a batch can skip
+/// repeated work).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FlowMemo {}
+
 /// What a hook decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Hook {

@@ -227,6 +227,8 @@ pub(crate) struct L3Batch<'a> {
     pub(crate) egress: Option<(IfaceId, MacAddr, crate::PortId)>,
     /// The worker's random source (endpoint choice).
     pub(crate) rng: crate::nat::Rng,
+    /// The NAT hook's per-batch state (see [`crate::netfilter::FlowMemo`]).
+    pub(crate) nf_memo: crate::netfilter::FlowMemo,
 }
 
 impl<'a> L3Batch<'a> {
@@ -236,6 +238,7 @@ impl<'a> L3Batch<'a> {
             memo: None,
             egress: None,
             rng,
+            nf_memo: crate::netfilter::FlowMemo::default(),
         }
     }
 }
