@@ -34,8 +34,11 @@
 //! RST, ICMP port unreachable); (8) an endpoint's ICMP port unreachable is translated back to
 //! the ClusterIP tuple (local endpoint: bridged path; remote: routed path); (9) the
 //! `conntrack -L` dump (ASSURED entries with their translated reply tuples) and exact NAT
-//! counters; (10) ClientIP session affinity; (11) an endpoint removed while traffic flows;
-//! (12) no kernel counted a checksum error; then the datapath's drop counters. Variants:
+//! counters; (10) NodePort from a pod, on the uplink's and on cni0's address: Cluster policy
+//! masquerades, Local policy keeps the pod's address (and, as kube-proxy, should use every
+//! endpoint: known divergence, see [`KNOWN_BUG_POD_TO_LOCAL_NODE_PORT`]); (11) ClientIP session
+//! affinity; (12) an endpoint removed while traffic flows; (13) no kernel counted a checksum
+//! error; then the datapath's drop counters. Variants:
 //! offload TAPs (virtio-net header, TSO: the production default) and plain TAPs.
 //!
 //! Needs root (TAP devices and namespaces), `ip`, `ping` and `python3`; without them the test
@@ -106,6 +109,13 @@ const BIG: usize = 4 << 20;
 /// the checks that catch it print `KNOWN BUG` instead of failing (unless `TAPYARD_E2E_STRICT`
 /// is set); it is `false` now that the bug is fixed: set it back if it must be tolerated again.
 const KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD: bool = false;
+/// Known divergence from kube-proxy found by step 10: pod traffic to a NodePort whose policy
+/// is Local. kube-proxy's KUBE-EXT chain sends sources inside the cluster CIDR to KUBE-SVC
+/// ("pod traffic for <svc> external destinations"), so every endpoint is used and the pod's
+/// address is kept; tapyard applies the Local policy to it (local endpoints only; the address
+/// is kept). While `true`, step 10 prints `KNOWN BUG` for the endpoint spread instead of
+/// failing (unless `TAPYARD_E2E_STRICT` is set); set it to `false` once fixed.
+const KNOWN_BUG_POD_TO_LOCAL_NODE_PORT: bool = true;
 /// Frames sent towards a TAP before its interface is up are refused (`EIO`, `tx_error`).
 const MAX_EARLY_TX_ERRORS: u64 = 50;
 
@@ -940,7 +950,44 @@ fn nat_node(prefix: &str, kind: TapKind) {
     }
 
     {
-        let _s = step("10. session affinity (ClientIP): every connection to the same endpoint");
+        let _s = step("10. NodePort from a pod (node addresses are local: KUBE-NODEPORTS)");
+        for node_addr in [NODE, GW] {
+            // Cluster policy: KUBE-EXT marks every connection for masquerade.
+            let conns = tcp_conns(&pa, node_addr, NODE_PORT, SHORT_CONNS, 64);
+            let t = tally(&conns);
+            println!("  {SHORT_CONNS} connections to {node_addr}:{NODE_PORT}: {t:?}");
+            for c in &conns {
+                assert_eq!(c.peer, format!("{node_addr}:{NODE_PORT}"), "{c:?}");
+                match c.server.as_str() {
+                    "podB" => assert_eq!(c.seen, GW, "masqueraded to cni0's address: {c:?}"),
+                    "node2" => assert_eq!(c.seen, NODE, "masqueraded to eth0's address: {c:?}"),
+                    _ => panic!("unexpected server: {c:?}"),
+                }
+            }
+            assert_eq!(t.len(), 2, "both endpoints must answer: {t:?}");
+        }
+        // Local policy, from a pod: kube-proxy sends pod traffic (`-s <cluster-cidr>`) in
+        // KUBE-EXT/KUBE-XLB straight to KUBE-SVC: every endpoint, no masquerade.
+        let conns = tcp_conns(&pa, NODE, NODE_PORT_LOCAL, SHORT_CONNS, 64);
+        let t = tally(&conns);
+        println!("  {SHORT_CONNS} connections to {NODE}:{NODE_PORT_LOCAL} (Local): {t:?}");
+        for c in &conns {
+            assert_eq!(c.peer, format!("{NODE}:{NODE_PORT_LOCAL}"), "{c:?}");
+            assert_eq!(c.seen, POD_A, "pod traffic is not masqueraded: {c:?}");
+        }
+        check_known(
+            t.len() == 2,
+            KNOWN_BUG_POD_TO_LOCAL_NODE_PORT,
+            &format!(
+                "pod -> NodePort with externalTrafficPolicy Local: kube-proxy sends pod traffic \
+                 to every endpoint (KUBE-EXT `-s <cluster-cidr> -j KUBE-SVC`), but only the \
+                 local one answered: {t:?}"
+            ),
+        );
+    }
+
+    {
+        let _s = step("11. session affinity (ClientIP): every connection to the same endpoint");
         let conns = tcp_conns(&pa, STICKY, 80, 10, 64);
         let t = tally(&conns);
         println!("  10 connections to {STICKY}:80: {t:?}");
@@ -951,7 +998,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
     }
 
     {
-        let _s = step("11. endpoint removed: new connections only go to the one left");
+        let _s = step("12. endpoint removed: new connections only go to the one left");
         let rt = guard.rt.as_ref().expect("runtime");
         let mut web = nf.services().get("web").expect("web").spec().clone();
         web.endpoints.retain(|e| *e.addr.ip() != ip4(POD_B));
@@ -966,7 +1013,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
     }
 
     {
-        let _s = step("12. no checksum errors in any namespace's kernel");
+        let _s = step("13. no checksum errors in any namespace's kernel");
         for (ns, before) in namespaces.iter().zip(&csum_before) {
             let after = csum_errors(ns);
             assert_eq!(
