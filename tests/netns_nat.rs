@@ -644,8 +644,9 @@ fn nat_node(prefix: &str, kind: TapKind) {
             if !errs.is_empty() {
                 println!("  {}'s kernel counted checksum errors: {errs}", server.name);
             }
+            // A lost SYN shows as a connect of 1 s or more (the kernel's initial RTO).
             check_known(
-                secs < 0.5 && errs.is_empty(),
+                secs < 0.9 && errs.is_empty(),
                 kind == TapKind::Offload && KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD,
                 &format!(
                     "{what}: the first SYN was lost (connected in {secs:.3}s; receiver's kernel: \
@@ -729,7 +730,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         // Checked transfers both ways until each endpoint had one: the local endpoint's
         // replies are switched on cni0 (bridged reverse NAT), node2's come back routed.
         let mut big_to = BTreeMap::new();
-        for _ in 0..8 {
+        for _ in 0..16 {
             let c = tcp_conns(&pa, WEB, 80, 1, BIG).remove(0);
             assert_eq!(
                 (c.peer.as_str(), c.seen.as_str()),
@@ -747,7 +748,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
             }
         }
         big = big_to.values().sum();
-        assert_eq!(big_to.len(), 2, "8 transfers all went to {big_to:?}");
+        assert_eq!(big_to.len(), 2, "16 transfers all went to {big_to:?}");
         // Direct pod-to-pod across nodes keeps the address too (masquerade's except_dst).
         let direct = tcp_conns(&pa, NODE2_POD, SRV_PORT, 1, 64);
         assert_eq!(direct[0].seen, POD_A, "{direct:?}");
