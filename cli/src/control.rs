@@ -365,23 +365,30 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
         "stats" => {
             let s = dp.stats();
             let counters = dp.router().map(|r| {
-                let c = &r.counters;
-                let g = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+                let c = r.counters.snapshot();
                 [
-                    ("arp_replies", g(&c.arp_replies)),
-                    ("arp_requests", g(&c.arp_requests)),
-                    ("echo_replies", g(&c.echo_replies)),
-                    ("icmp_errors", g(&c.icmp_errors)),
-                    ("icmp_rate_limited", g(&c.icmp_rate_limited)),
-                    ("released", g(&c.released)),
-                    ("neigh_failed", g(&c.neigh_failed)),
+                    ("arp_replies", c.arp_replies),
+                    ("arp_requests", c.arp_requests),
+                    ("echo_replies", c.echo_replies),
+                    ("icmp_errors", c.icmp_errors),
+                    ("icmp_rate_limited", c.icmp_rate_limited),
+                    ("released", c.released),
+                    ("neigh_failed", c.neigh_failed),
                 ]
             });
+            let nat = dp.netfilter().map(nat_counters);
             if !as_json {
                 text = s.to_string();
                 if let Some(c) = counters {
                     text.push_str("router:");
                     for (k, v) in c {
+                        text.push_str(&format!(" {k} {v}"));
+                    }
+                    text.push('\n');
+                }
+                if let Some(n) = &nat {
+                    text.push_str("nat:");
+                    for (k, v) in n {
                         text.push_str(&format!(" {k} {v}"));
                     }
                     text.push('\n');
@@ -433,18 +440,121 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 "router": counters.map(|c| c.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>()),
                 "fdb": fdb,
                 "neigh": neigh,
+                "nat": nat.map(|c| c.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>()),
             }))
         }
-        "conntrack" | "services" => Err(nat_show(what)),
+        "conntrack" | "services" => nat_show(node, what, as_json, now),
         other => Err(format!(
             "cannot show {other:?}: expected fdb, neigh, routes, conntrack, services or stats"
         )),
     }
 }
 
-/// `show conntrack` and `show services`: the one place to wire to the NAT's dumps.
-fn nat_show(what: &str) -> String {
-    format!("{what}: not available yet (NAT is not wired)")
+/// The NAT's counters by name, for `show stats` and the metrics: the connection table's
+/// (`connections` is a gauge) and the engine's.
+pub fn nat_counters(nf: &tapyard::netfilter::Netfilter) -> [(&'static str, u64); 14] {
+    let c = nf.counters();
+    let t = nf.conntrack().counters();
+    [
+        ("connections", t.entries as u64),
+        ("new", c.new),
+        ("dnat", c.dnat),
+        ("snat", c.snat),
+        ("hairpin", c.hairpin),
+        ("rejected", c.rejected),
+        ("related", c.related),
+        ("untracked", c.untracked),
+        ("ct_invalid", t.invalid),
+        ("ct_insert_failed", t.insert_failed),
+        ("ct_early_drop", t.early_drop),
+        ("ct_clash", t.clash),
+        ("ct_expired", t.expired),
+        ("ct_removed", t.removed),
+    ]
+}
+
+fn tuple_json(t: &tapyard::tuple::Tuple) -> Value {
+    json!({"src": t.src.to_string(), "dst": t.dst.to_string(), "sport": t.sport, "dport": t.dport})
+}
+
+/// `show conntrack` (the library's `conntrack -L` text, or the entries' fields) and `show
+/// services` (an `ipvsadm -Ln`-like listing, or each Service's settings).
+fn nat_show(
+    node: &Node,
+    what: &str,
+    as_json: bool,
+    now: tapyard::Instant,
+) -> Result<Value, String> {
+    let Some(nf) = node.dp.netfilter() else {
+        return Err(format!(
+            "{what}: this node has no NAT (it needs a router interface: a bridge with an address or an uplink)"
+        ));
+    };
+    if what == "conntrack" {
+        if !as_json {
+            return Ok(Value::String(nf.conntrack().fmt_dump(now)));
+        }
+        let names: std::collections::HashMap<u32, String> = nf
+            .services()
+            .list()
+            .into_iter()
+            .filter_map(|s| Some((nf.services().get(&s.name)?.id().get(), s.name)))
+            .collect();
+        let rows = nf
+            .conntrack()
+            .dump(now)
+            .into_iter()
+            .map(|v| {
+                json!({
+                    "protocol": v.protocol,
+                    "proto": v.proto,
+                    "state": v.state.map(|s| s.name()),
+                    "timeout_secs": v.timeout_secs,
+                    "orig": tuple_json(&v.orig),
+                    "reply": tuple_json(&v.reply),
+                    "orig_packets": v.orig_packets,
+                    "orig_bytes": v.orig_bytes,
+                    "reply_packets": v.reply_packets,
+                    "reply_bytes": v.reply_bytes,
+                    "assured": v.assured,
+                    "unreplied": v.unreplied,
+                    "snat": v.status.snat(),
+                    "dnat": v.status.dnat(),
+                    "mark": v.mark,
+                    "service": names.get(&v.service),
+                    "service_id": v.service,
+                    "zone": v.orig.zone,
+                })
+            })
+            .collect();
+        return Ok(Value::Array(rows));
+    }
+    if !as_json {
+        return Ok(Value::String(nf.services().fmt_services()));
+    }
+    use tapyard::nat::LbAlgo;
+    let rows = nf
+        .services()
+        .list()
+        .into_iter()
+        .map(|s| {
+            let id = nf.services().get(&s.name).map(|r| r.id().get());
+            json!({
+                "name": s.name,
+                "id": id,
+                "cluster_ip": s.vip.to_string(),
+                "protocol": match s.proto { 6 => "tcp", 17 => "udp", _ => "?" },
+                "port": s.port,
+                "node_port": s.node_port,
+                "endpoints": s.endpoints.iter().map(|e| json!({"address": e.addr.to_string(), "local": e.local})).collect::<Vec<_>>(),
+                "session_affinity": if s.affinity.is_some() { "client-ip" } else { "none" },
+                "affinity_timeout_secs": s.affinity.map(|d| d.as_secs()),
+                "algorithm": match s.algo { LbAlgo::Random => "random", LbAlgo::Maglev => "maglev" },
+                "external_traffic_policy": if s.external_local { "local" } else { "cluster" },
+            })
+        })
+        .collect();
+    Ok(Value::Array(rows))
 }
 
 /// Finds the control socket for a client command: `--socket`, else the one named by

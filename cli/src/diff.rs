@@ -1,8 +1,9 @@
 //! What a reload changes: a pure comparison of the running configuration with the new one.
 //!
-//! Routes, static neighbours and Services are applied live; everything else (the node's
-//! identity and threads, bridges, ports, uplinks, addresses, NAT and table limits) needs a
-//! restart, and a reload that changes any of it is refused as a whole, naming each change.
+//! Routes, static neighbours, Services, `[masquerade]` and `node.cluster_cidr` (the NAT rules)
+//! are applied live; everything else (the node's identity and threads, bridges, ports,
+//! uplinks, addresses, `[conntrack]` and `[neigh]` table limits) needs a restart, and a reload
+//! that changes any of it is refused as a whole, naming each change.
 
 use crate::config::{BridgeCfg, Config, NeighborCfg, RouteCfg, ServiceCfg, UplinkCfg};
 
@@ -19,6 +20,8 @@ pub struct Diff {
     pub neighbors_added: Vec<NeighborCfg>,
     /// The new Service list, when any Service changed.
     pub services: Option<Vec<ServiceCfg>>,
+    /// The NAT rules changed (`[masquerade]` or `node.cluster_cidr`): set them anew.
+    pub nat_rules: bool,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
 }
@@ -120,12 +123,6 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
             on.name, nn.name
         ));
     }
-    if on.cluster_cidr != nn.cluster_cidr {
-        restart.push(format!(
-            "node.cluster_cidr changed ({} -> {})",
-            on.cluster_cidr, nn.cluster_cidr
-        ));
-    }
     if on.workers != nn.workers {
         restart.push("node.workers changed".into());
     }
@@ -137,9 +134,6 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     }
     bridge_changes(&old.bridges, &new.bridges, &mut restart);
     uplink_changes(&old.uplinks, &new.uplinks, &mut restart);
-    if old.masquerade != new.masquerade {
-        restart.push("[masquerade] changed".into());
-    }
     if old.conntrack != new.conntrack {
         restart.push("[conntrack] changed".into());
     }
@@ -210,6 +204,25 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         changed_fields("service", &old.services, &new.services, |s| &s.name, &mut v);
         d.summary.extend(v);
         d.services = Some(new.services.clone());
+    }
+    if old.node.cluster_cidr != new.node.cluster_cidr {
+        d.summary.push(format!(
+            "node.cluster_cidr {} -> {}",
+            old.node.cluster_cidr, new.node.cluster_cidr
+        ));
+        d.nat_rules = true;
+    }
+    if old.masquerade != new.masquerade {
+        let out = |m: &Option<crate::config::MasqueradeCfg>| {
+            m.as_ref()
+                .map_or("none".to_string(), |m| format!("out {}", m.out))
+        };
+        d.summary.push(format!(
+            "masquerade {} -> {}",
+            out(&old.masquerade),
+            out(&new.masquerade)
+        ));
+        d.nat_rules = true;
     }
     if old.node.node_port_range != new.node.node_port_range {
         d.summary.push(format!(
@@ -291,6 +304,55 @@ mod tests {
         // And back: the neighbour is removed.
         let back = diff(&b, &a).unwrap();
         assert_eq!(back.neighbors_removed.len(), 1);
+    }
+
+    #[test]
+    fn masquerade_and_cluster_cidr_are_live_and_conntrack_needs_a_restart() {
+        let a = cfg(EXAMPLE);
+        let no_masq = cfg(&EXAMPLE.replace("[masquerade]\nout = \"eth0\"", "# no masquerade"));
+        let d = diff(&a, &no_masq).unwrap();
+        assert!(d.nat_rules);
+        assert!(d.services.is_none());
+        assert_eq!(d.summary, ["masquerade out eth0 -> none"]);
+        let back = diff(&no_masq, &a).unwrap();
+        assert_eq!(back.summary, ["masquerade none -> out eth0"]);
+        let wider = cfg(&EXAMPLE.replace("10.244.0.0/16", "10.240.0.0/12"));
+        let d = diff(&a, &wider).unwrap();
+        assert!(d.nat_rules);
+        assert_eq!(
+            d.summary,
+            ["node.cluster_cidr 10.244.0.0/16 -> 10.240.0.0/12"]
+        );
+        assert!(!diff(&a, &a).unwrap().nat_rules);
+        let ct = cfg(&format!("{EXAMPLE}\n[conntrack]\nmax_entries = 1024\n"));
+        let e = diff(&a, &ct).unwrap_err();
+        assert_eq!(e, ["[conntrack] changed: this needs a restart of tapyard"]);
+    }
+
+    #[test]
+    fn services_removed_added_and_endpoints_changed() {
+        let a = cfg(EXAMPLE);
+        let src = EXAMPLE
+            .replace(
+                "endpoints = [\"10.244.1.2:8080\", \"10.244.2.2:8080\"]",
+                "endpoints = [\"10.244.2.2:8080\", \"10.244.2.3:8080\"]",
+            )
+            .replace("name = \"dns\"", "name = \"dns2\"");
+        let b = cfg(&src);
+        let d = diff(&a, &b).unwrap();
+        assert!(!d.nat_rules);
+        let s = d.services.as_ref().unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].endpoints.len(), 2);
+        assert_eq!(s[0].endpoints[1].to_string(), "10.244.2.3:8080");
+        assert_eq!(
+            d.summary,
+            [
+                "service \"web\" changed",
+                "service \"dns\" was removed",
+                "service \"dns2\" was added"
+            ]
+        );
     }
 
     #[test]

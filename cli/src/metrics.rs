@@ -112,8 +112,7 @@ pub fn render(dp: &Datapath) -> String {
             "Entries in the ARP table.",
         );
         let _ = writeln!(o, "tapyard_neigh_entries {}", c.entries);
-        let rc = &r.counters;
-        let g = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+        let rc = r.counters.snapshot();
         family(
             &mut o,
             "router_events_total",
@@ -121,16 +120,79 @@ pub fn render(dp: &Datapath) -> String {
             "Router events, by kind.",
         );
         for (k, v) in [
-            ("arp_replies", g(&rc.arp_replies)),
-            ("arp_requests", g(&rc.arp_requests)),
-            ("echo_replies", g(&rc.echo_replies)),
-            ("icmp_errors", g(&rc.icmp_errors)),
-            ("icmp_rate_limited", g(&rc.icmp_rate_limited)),
-            ("released", g(&rc.released)),
-            ("neigh_failed", g(&rc.neigh_failed)),
+            ("arp_replies", rc.arp_replies),
+            ("arp_requests", rc.arp_requests),
+            ("echo_replies", rc.echo_replies),
+            ("icmp_errors", rc.icmp_errors),
+            ("icmp_rate_limited", rc.icmp_rate_limited),
+            ("released", rc.released),
+            ("neigh_failed", rc.neigh_failed),
         ] {
             let _ = writeln!(o, "tapyard_router_events_total{{event=\"{k}\"}} {v}");
         }
+    }
+    if let Some(nf) = dp.netfilter() {
+        for (k, v) in crate::control::nat_counters(nf) {
+            let (name, kind, help) = match k {
+                "connections" => (
+                    "nat_connections".to_string(),
+                    "gauge",
+                    "Connections in the conntrack table.".to_string(),
+                ),
+                "new" => (
+                    "nat_connections_total".to_string(),
+                    "counter",
+                    "New connections tracked.".to_string(),
+                ),
+                "dnat" => (
+                    "nat_dnat_total".into(),
+                    "counter",
+                    "New connections DNAT'd to a Service endpoint.".into(),
+                ),
+                "snat" => (
+                    "nat_snat_total".into(),
+                    "counter",
+                    "New connections whose source was translated (masquerade, hairpin).".into(),
+                ),
+                "hairpin" => (
+                    "nat_hairpin_total".into(),
+                    "counter",
+                    "Hairpin connections (the endpoint was the client).".into(),
+                ),
+                "rejected" => (
+                    "nat_rejected_total".into(),
+                    "counter",
+                    "Connections to a Service without endpoints, rejected.".into(),
+                ),
+                "related" => (
+                    "nat_related_total".into(),
+                    "counter",
+                    "ICMP errors translated as related to a connection.".into(),
+                ),
+                "untracked" => (
+                    "nat_untracked_total".into(),
+                    "counter",
+                    "Packets let through untracked.".into(),
+                ),
+                other => {
+                    let n = other.trim_start_matches("ct_");
+                    (
+                        format!("conntrack_{n}_total"),
+                        "counter",
+                        format!("Conntrack table events: {}.", n.replace('_', " ")),
+                    )
+                }
+            };
+            family(&mut o, &name, kind, &help);
+            let _ = writeln!(o, "tapyard_{name} {v}");
+        }
+        family(
+            &mut o,
+            "nat_services",
+            "gauge",
+            "Services in the NAT table.",
+        );
+        let _ = writeln!(o, "tapyard_nat_services {}", nf.services().len());
     }
     o
 }
@@ -182,6 +244,41 @@ pub fn serve(listener: TcpListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
 mod tests {
     use super::*;
     use tapyard::BridgeConfig;
+
+    #[test]
+    fn nat_counters_are_exposed_with_a_router() {
+        use tapyard::netfilter::NatConfig;
+        use tapyard::router::IfaceConfig;
+        let mut b = Datapath::builder();
+        b.add_router_iface(
+            IfaceConfig::new(
+                "eth0",
+                tapyard::MacAddr([2, 0, 0, 0, 0, 1]),
+                std::net::Ipv4Addr::new(172, 18, 0, 2),
+                24,
+            ),
+            None,
+        )
+        .unwrap();
+        b.netfilter(NatConfig::default()).unwrap();
+        let dp = b.build();
+        let t = render(&dp);
+        for f in [
+            "tapyard_nat_connections 0\n",
+            "tapyard_nat_connections_total 0\n",
+            "tapyard_nat_dnat_total 0\n",
+            "tapyard_nat_snat_total 0\n",
+            "tapyard_nat_rejected_total 0\n",
+            "tapyard_conntrack_invalid_total 0\n",
+            "tapyard_nat_services 0\n",
+            "# TYPE tapyard_nat_connections gauge\n",
+        ] {
+            assert!(t.contains(f), "{f} missing:\n{t}");
+        }
+        for line in t.lines().filter(|l| l.starts_with("# TYPE")) {
+            assert_eq!(t.matches(&format!("{line}\n")).count(), 1, "{line}");
+        }
+    }
 
     #[test]
     fn exposition_has_every_family_once_with_labels() {

@@ -7,14 +7,20 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tapyard::conntrack::{CtConfig, CtTimeouts};
+use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
-use tapyard::route::{NextHop, Route, RouteProto};
+use tapyard::route::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::router::IfaceConfig;
 use tapyard::runtime::{Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, BridgeId, Datapath, Instant, MacAddr, PortId};
+use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
 
 use crate::capture::{CapturePort, CaptureTap};
-use crate::config::{self, Config, NeighborCfg, RouteCfg, RouteType, ServiceCfg};
+use crate::config::{
+    self, Algorithm, Config, ConntrackCfg, NeighborCfg, Protocol, RouteCfg, RouteType, ServiceCfg,
+    SessionAffinity, TrafficPolicy,
+};
 use crate::diff::{self, Diff};
 
 /// A node's running dataplane.
@@ -31,6 +37,7 @@ pub struct Node {
     pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
     /// Worker threads in use.
     pub workers: usize,
+    clock: Clock,
     rt: Mutex<Option<Runtime>>,
 }
 
@@ -108,36 +115,179 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
 }
 
 fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
-    let (Some(iface), Some(r)) = (dp.iface_by_name(&n.dev), dp.router()) else {
+    let Some(iface) = dp.iface_by_name(&n.dev) else {
         return Err(format!(
             "neighbor {}: no router interface {:?}",
             n.ip, n.dev
         ));
     };
-    r.neigh().remove(iface.0, n.ip);
-    Ok(())
-}
-
-/// Applies the Services to the node's NAT.
-///
-/// **Not wired yet**: the library's conntrack/NAT API is being built. This is the one place
-/// where Services (ClusterIP, NodePort, endpoints, affinity, traffic policy, algorithm) will
-/// be turned into NAT rules, at start and on every reload that changes them; until then it
-/// logs a warning and succeeds so the rest of the node runs.
-pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<(), String> {
-    let _ = &node.dp;
-    if !services.is_empty() {
+    if !dp.remove_static_neigh(iface, n.ip) {
         log::warn!(
-            "Services are not applied yet: NAT is not wired ({} configured: {})",
-            services.len(),
-            services
-                .iter()
-                .map(|s| format!("{} {}:{}/{}", s.name, s.cluster_ip, s.port, s.protocol))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "neighbor {} dev {}: no permanent entry to remove",
+            n.ip,
+            n.dev
         );
     }
     Ok(())
+}
+
+/// The library's Service for a configured one. An endpoint is local when it is inside one
+/// of this node's bridge subnets (a pod on this node).
+pub fn to_service_spec(cfg: &Config, s: &ServiceCfg) -> ServiceSpec {
+    let mut spec = ServiceSpec::new(
+        s.name.clone(),
+        s.cluster_ip,
+        s.port,
+        match s.protocol {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+        },
+    );
+    spec.node_port = s.node_port;
+    spec.endpoints = s
+        .endpoints
+        .iter()
+        .map(|e| {
+            let local = cfg
+                .bridges
+                .iter()
+                .filter_map(|b| b.address)
+                .any(|a| a.contains(*e.ip()));
+            Endpoint::new(*e, local)
+        })
+        .collect();
+    spec.affinity = match s.session_affinity {
+        SessionAffinity::None => None,
+        SessionAffinity::ClientIp => Some(s.session_affinity_timeout),
+    };
+    spec.algo = match s.algorithm {
+        Algorithm::Random => LbAlgo::Random,
+        Algorithm::Maglev => LbAlgo::Maglev,
+    };
+    spec.external_local = s.external_traffic_policy == TrafficPolicy::Local;
+    spec
+}
+
+/// The library's conntrack settings for `[conntrack]`. A timeout that stands for several of
+/// the library's (closing states, opening states) sets them all when it is given in the file,
+/// else only the one whose Linux default it has, so that an absent section means Linux's
+/// defaults (with kube-proxy's established timeout and limit).
+pub fn to_ct_config(c: &ConntrackCfg) -> CtConfig {
+    let mut t = CtTimeouts {
+        tcp_established: c.tcp_established_timeout,
+        tcp_close_wait: c.tcp_close_wait_timeout,
+        tcp_time_wait: c.tcp_time_wait_timeout,
+        tcp_fin_wait: c.tcp_time_wait_timeout,
+        tcp_syn_sent: c.tcp_syn_timeout,
+        udp: c.udp_timeout,
+        udp_stream: c.udp_stream_timeout,
+        icmp: c.icmp_timeout,
+        ..CtTimeouts::default()
+    };
+    if c.lines.has("tcp_syn_timeout") {
+        t.tcp_syn_recv = c.tcp_syn_timeout;
+    }
+    if c.lines.has("tcp_time_wait_timeout") {
+        t.tcp_last_ack = c.tcp_time_wait_timeout;
+        t.tcp_close = c.tcp_time_wait_timeout;
+    }
+    CtConfig {
+        max_entries: c.max_entries,
+        liberal: false,
+        timeouts: t,
+    }
+}
+
+/// The NAT rules besides Services: `node.cluster_cidr` (kube-proxy's `--cluster-cidr`:
+/// Service traffic from outside it is masqueraded) and `[masquerade]` (pod traffic leaving
+/// the cluster CIDR through `out` takes `out`'s address). `iface` resolves interface names.
+pub fn to_nat_rules(
+    cfg: &Config,
+    iface: impl Fn(&str) -> Option<IfaceId>,
+) -> Result<NatRules, String> {
+    let cluster = Prefix::new(cfg.node.cluster_cidr.network(), cfg.node.cluster_cidr.len);
+    let mut rules = NatRules {
+        cluster_cidr: Some(cluster),
+        ..NatRules::default()
+    };
+    if let Some(m) = &cfg.masquerade {
+        let out = iface(&m.out)
+            .ok_or_else(|| format!("[masquerade]: out = {:?}: no router interface", m.out))?;
+        rules.masquerade.push(MasqueradeRule {
+            out,
+            src: Some(cluster),
+            except_dst: Some(cluster),
+        });
+    }
+    Ok(rules)
+}
+
+/// Applies the Services to the node's NAT: every Service of `services` is added or changed
+/// (by name; a changed endpoint list takes effect for new connections, established TCP
+/// connections keep their endpoint, UDP flows to removed endpoints are flushed as kube-proxy
+/// does), and every Service the NAT has that `services` lacks is removed. Each refusal names
+/// the Service and the field; the others are still applied.
+pub fn apply_services(
+    node: &Node,
+    cfg: &Config,
+    services: &[ServiceCfg],
+) -> Result<Vec<String>, Vec<String>> {
+    let Some(nf) = node.dp.netfilter() else {
+        if services.is_empty() {
+            return Ok(Vec::new());
+        }
+        return Err(vec![
+            "Services need a router interface (a bridge with an address or an uplink)".into(),
+        ]);
+    };
+    let now = node.now();
+    let mut errors = Vec::new();
+    let mut done = Vec::new();
+    for old in nf.services().list() {
+        if !services.iter().any(|s| s.name == old.name) {
+            nf.remove_service(&old.name, now);
+            done.push(format!("service {:?} removed", old.name));
+        }
+    }
+    // A Service may take a frontend (address:port, node port) another one gives up in the
+    // same reload: what is refused in the first round is retried once the others are in.
+    let mut pending: Vec<&ServiceCfg> = services.iter().collect();
+    for round in 0..2 {
+        let mut refused = Vec::new();
+        for s in pending {
+            let spec = to_service_spec(cfg, s);
+            if nf
+                .services()
+                .get(&s.name)
+                .is_some_and(|r| *r.spec() == spec)
+            {
+                continue;
+            }
+            match nf.upsert_service(spec, now) {
+                Ok(id) => done.push(format!(
+                    "service {:?} applied (id {id}): {}:{}/{}{} -> {} endpoint(s)",
+                    s.name,
+                    s.cluster_ip,
+                    s.port,
+                    s.protocol,
+                    s.node_port
+                        .map_or(String::new(), |p| format!(" node port {p}")),
+                    s.endpoints.len()
+                )),
+                Err(_) if round == 0 => refused.push(s),
+                Err(e) => errors.push(format!("{e}")),
+            }
+        }
+        pending = refused;
+        if pending.is_empty() {
+            break;
+        }
+    }
+    if errors.is_empty() {
+        Ok(done)
+    } else {
+        Err(errors)
+    }
 }
 
 impl Node {
@@ -149,6 +299,8 @@ impl Node {
             .map_err(|e| format!("[neigh]: {e}"))?;
         let rs = RandomState::new();
         let mut ifaces = Vec::new();
+        // Router interface name -> id, for the masquerade rules.
+        let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
         let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
             let mac = mac.unwrap_or_else(|| random_mac(&rs, ifaces.len()));
             ifaces.push((name.to_string(), mac, addr));
@@ -166,8 +318,10 @@ impl Node {
                 .add_bridge(bc)
                 .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
             if let Some(a) = br.address {
-                b.add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
+                let (iid, _) = b
+                    .add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
                     .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
+                iface_ids.push((br.name.clone(), iid));
             }
             for p in &br.ports {
                 let pid = b
@@ -177,10 +331,30 @@ impl Node {
             }
         }
         for u in &cfg.uplinks {
-            let (_, pid) = b
+            let (iid, pid) = b
                 .add_router_iface(iface_cfg(&u.name, u.address, u.mac, u.mtu), None)
                 .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
+            iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone()));
+        }
+        // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
+        // conntrack sees every routed packet): Services and masquerade can then be added by
+        // a reload without a restart.
+        if !iface_ids.is_empty() {
+            let rules = to_nat_rules(&cfg, |n| {
+                iface_ids.iter().find(|(m, _)| m == n).map(|(_, i)| *i)
+            })?;
+            b.netfilter(NatConfig {
+                conntrack: to_ct_config(&cfg.conntrack),
+                max_affinity_entries: None,
+                rules,
+            })
+            .map_err(|e| format!("[conntrack]: {e}"))?;
+        } else if !cfg.services.is_empty() || cfg.masquerade.is_some() {
+            return Err(
+                "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"
+                    .into(),
+            );
         }
         let dp = Arc::new(b.build());
         for r in &cfg.routes {
@@ -216,31 +390,43 @@ impl Node {
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
-        let now = rt.now();
+        let clock = rt.clock();
+        let now = clock.now();
         for n in &cfg.neighbors {
             add_neighbor(&dp, n, now)?;
         }
-        let services = cfg.services.clone();
         let node = Node {
             dp,
             config_path,
-            current: Mutex::new(cfg),
+            current: Mutex::new(cfg.clone()),
             captures,
             ifaces,
             workers,
+            clock,
             rt: Mutex::new(Some(rt)),
         };
-        apply_services(&node, &services)?;
+        match apply_services(&node, &cfg, &cfg.services) {
+            Ok(done) => {
+                for d in done {
+                    log::info!("{d}");
+                }
+            }
+            Err(errors) => return Err(errors.join("; ")),
+        }
+        if let Some(m) = &cfg.masquerade {
+            log::info!(
+                "masquerade: pod traffic from {} leaving through {} to outside it takes {}'s address",
+                cfg.node.cluster_cidr,
+                m.out,
+                m.out
+            );
+        }
         Ok(node)
     }
 
     /// The datapath's current time (the workers' clock).
     pub fn now(&self) -> Instant {
-        self.rt
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(Instant::ZERO, |r| r.now())
+        self.clock.now()
     }
 
     /// Stops the workers (after the batch each has in hand). Idempotent.
@@ -285,18 +471,28 @@ impl Node {
     /// Applies a diff: removals first, then additions; returns what the library refused.
     fn apply(&self, d: &Diff, new: &Config) -> Vec<String> {
         let mut errors = Vec::new();
-        if let Some(t) = self.dp.routes() {
-            for r in &d.routes_removed {
-                if let Err(e) = t.remove(r.to.network(), r.to.len, Some(r.metric)) {
-                    errors.push(format!("route {}: {e}", r.describe()));
-                }
+        let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
+        for r in &d.routes_removed {
+            // A changed route is replaced in one update below: no window without it.
+            if d.routes_added.iter().any(|n| same_key(n, r)) {
+                continue;
+            }
+            if let Err(e) = self
+                .dp
+                .remove_route(r.to.network(), r.to.len, Some(r.metric))
+            {
+                errors.push(format!("route {}: {e}", r.describe()));
             }
         }
         for r in &d.routes_added {
+            let replace = d.routes_removed.iter().any(|o| same_key(o, r));
             if let Err(e) = to_route(&self.dp, new, r).and_then(|route| {
-                self.dp
-                    .add_route(route)
-                    .map_err(|e| format!("route {}: {e}", r.describe()))
+                if replace {
+                    self.dp.replace_route(route).map(|_| ())
+                } else {
+                    self.dp.add_route(route)
+                }
+                .map_err(|e| format!("route {}: {e}", r.describe()))
             }) {
                 errors.push(e);
             }
@@ -312,9 +508,22 @@ impl Node {
                 errors.push(e);
             }
         }
+        if d.nat_rules {
+            if let Some(nf) = self.dp.netfilter() {
+                match to_nat_rules(new, |n| self.dp.iface_by_name(n)) {
+                    Ok(rules) => nf.set_rules(rules),
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
         if let Some(s) = &d.services {
-            if let Err(e) = apply_services(self, s) {
-                errors.push(format!("services: {e}"));
+            match apply_services(self, new, s) {
+                Ok(done) => {
+                    for line in done {
+                        log::debug!("{line}");
+                    }
+                }
+                Err(e) => errors.extend(e),
             }
         }
         errors
