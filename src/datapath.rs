@@ -70,30 +70,59 @@ pub struct PortId(pub u16);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct BridgeId(pub u16);
 
-/// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]). Kept
-/// small: the FDB locations of a bridged frame's addresses live in arrays beside it.
+/// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]), packed
+/// in 8 bytes so that storing and reading it back costs one move; the FDB locations of a
+/// bridged frame's addresses live in arrays beside it.
 #[derive(Clone, Copy)]
-enum Pre {
-    Drop(DropReason),
-    /// A frame on a router interface's own (uplink) port; `ours`: sent to the interface's MAC.
-    Routed {
-        iface: IfaceId,
-        meta: L3Hint,
-        ours: bool,
-        group: bool,
-    },
-    /// A frame on a bridge port; flags are `GROUP_DST` and `LINK_LOCAL`.
-    Bridge {
-        meta: L3Hint,
-        br: BridgeId,
-        flags: u8,
-    },
+struct Pre {
+    kind: u8,
+    /// `GROUP_DST`, `LINK_LOCAL`, `OURS`.
+    flags: u8,
+    /// The bridge (`BRIDGE`) or the router interface (`ROUTED`).
+    id: u16,
+    /// The drop reason (`DROP`).
+    reason: DropReason,
+    /// Offset of the L3 header; 0xff marks a VLAN-tagged frame.
+    l3: u8,
+    ether_type: u16,
 }
+
+/// `Pre::kind`: dropped in pass 1, under `reason`.
+const DROP: u8 = 0;
+/// `Pre::kind`: a frame on a router interface's own (uplink) port.
+const ROUTED: u8 = 1;
+/// `Pre::kind`: a frame on a bridge port.
+const BRIDGE: u8 = 2;
 
 /// The destination is a group (multicast or broadcast) address.
 const GROUP_DST: u8 = 1;
 /// The destination is in the 802.1D reserved range a bridge does not forward.
 const LINK_LOCAL: u8 = 2;
+/// (Routed) the destination is the router interface's own MAC.
+const OURS: u8 = 4;
+
+impl Pre {
+    #[inline]
+    fn drop(reason: DropReason) -> Pre {
+        Pre {
+            kind: DROP,
+            flags: 0,
+            id: 0,
+            reason,
+            l3: 0,
+            ether_type: 0,
+        }
+    }
+
+    #[inline]
+    fn meta(&self) -> L3Hint {
+        L3Hint {
+            l3: u16::from(self.l3),
+            ether_type: self.ether_type,
+            tagged: self.l3 != 14,
+        }
+    }
+}
 
 /// What the router needs from the L2 parse: where L3 starts and what it is.
 #[derive(Clone, Copy)]
@@ -101,17 +130,6 @@ struct L3Hint {
     l3: u16,
     ether_type: u16,
     tagged: bool,
-}
-
-impl L3Hint {
-    #[inline]
-    fn of(m: &EthMeta) -> L3Hint {
-        L3Hint {
-            l3: m.l3,
-            ether_type: m.ether_type.0,
-            tagged: m.vlan.is_some(),
-        }
-    }
 }
 
 /// What the datapath decided for one frame.
@@ -640,7 +658,7 @@ impl Datapath {
         let n = batch.bufs.len().min(BATCH_SIZE);
         // Pass 1: count, parse, locate source and destination in the FDB and prefetch their
         // buckets, so pass 2's table accesses overlap their cache misses.
-        let mut pre: [Pre; BATCH_SIZE] = [Pre::Drop(DropReason::Truncated); BATCH_SIZE];
+        let mut pre: [Pre; BATCH_SIZE] = [Pre::drop(DropReason::Truncated); BATCH_SIZE];
         let mut src_loc = [Loc::default(); BATCH_SIZE];
         let mut dst_loc = [Loc::default(); BATCH_SIZE];
         // rx counters are summed per run of frames from one port and stored once per run.
@@ -730,22 +748,33 @@ impl Datapath {
     #[inline]
     fn classify(&self, b: &PacketBuf, src: &mut Loc, dst: &mut Loc) -> Pre {
         let Some(port) = self.ports.get(usize::from(b.port.0)) else {
-            return Pre::Drop(DropReason::UnknownPort);
+            return Pre::drop(DropReason::UnknownPort);
         };
         if b.oversize {
-            return Pre::Drop(DropReason::Oversize);
+            return Pre::drop(DropReason::Oversize);
         }
         let m = match EthMeta::parse(b.frame()) {
             Ok(m) => m,
-            Err(r) => return Pre::Drop(r),
+            Err(r) => return Pre::drop(r),
         };
         if m.src.is_multicast() {
-            return Pre::Drop(DropReason::MulticastSource);
+            return Pre::drop(DropReason::MulticastSource);
         }
         if m.src.is_zero() {
-            return Pre::Drop(DropReason::ZeroSource);
+            return Pre::drop(DropReason::ZeroSource);
         }
-        let group = m.dst.is_multicast();
+        let mut p = Pre {
+            kind: BRIDGE,
+            flags: 0,
+            id: 0,
+            reason: DropReason::Truncated,
+            // 14, 18 or 22; anything tagged reads as "tagged" in `meta`.
+            l3: m.l3 as u8,
+            ether_type: m.ether_type.0,
+        };
+        if m.dst.is_multicast() {
+            p.flags |= GROUP_DST;
+        }
         match port.kind {
             PortKind::External => {}
             PortKind::Routed(iface) => {
@@ -754,39 +783,34 @@ impl Datapath {
                     .as_ref()
                     .and_then(|r| r.iface(iface))
                     .is_some_and(|i| i.cfg.mac == m.dst);
-                return Pre::Routed {
-                    iface,
-                    meta: L3Hint::of(&m),
-                    ours,
-                    group,
-                };
+                p.kind = ROUTED;
+                p.id = iface.0;
+                if ours {
+                    p.flags |= OURS;
+                }
+                return p;
             }
             // A router interface's virtual port has no driver: nothing is received on it.
-            PortKind::RouterVirtual(_) => return Pre::Drop(DropReason::UnknownPort),
+            PortKind::RouterVirtual(_) => return Pre::drop(DropReason::UnknownPort),
         }
         let Some(br) = port.bridge else {
-            return Pre::Drop(DropReason::NoBridge);
+            return Pre::drop(DropReason::NoBridge);
         };
+        p.id = br.0;
         let fdb = &self.bridges[usize::from(br.0)].fdb;
         *src = fdb.locate(m.src);
         fdb.prefetch_loc(src);
-        let mut flags = 0;
-        if group {
-            flags |= GROUP_DST;
+        if p.flags & GROUP_DST != 0 {
             // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux
             // does; the rest of the 802.1D reserved range stays on the link.
             if m.dst.is_link_local() && m.dst.0[5] != 0 {
-                flags |= LINK_LOCAL;
+                p.flags |= LINK_LOCAL;
             }
         } else {
             *dst = fdb.locate(m.dst);
             fdb.prefetch_loc(dst);
         }
-        Pre::Bridge {
-            meta: L3Hint::of(&m),
-            br,
-            flags,
-        }
+        p
     }
 
     #[inline]
@@ -801,21 +825,19 @@ impl Datapath {
         l3: Option<&mut L3Batch<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
-        let (meta, bid, flags) = match *pre {
-            Pre::Drop(r) => return Verdict::Drop(r),
-            Pre::Routed {
-                iface,
-                meta,
-                ours,
-                group,
-            } => {
-                if !ours && !group {
+        let p = *pre;
+        let meta = p.meta();
+        match p.kind {
+            BRIDGE => {}
+            ROUTED => {
+                if p.flags & (OURS | GROUP_DST) == 0 {
                     return Verdict::Drop(DropReason::NotForRouter);
                 }
-                return self.route(b, &meta, iface, now, l3, sink);
+                return self.route(b, &meta, IfaceId(p.id), now, l3, sink);
             }
-            Pre::Bridge { meta, br, flags } => (meta, br, flags),
-        };
+            _ => return Verdict::Drop(p.reason),
+        }
+        let (bid, flags) = (BridgeId(p.id), p.flags);
         let in_port = b.port;
         let br = &self.bridges[usize::from(bid.0)];
         br.fdb.learn_loc(src, in_port, now);
