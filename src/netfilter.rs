@@ -184,11 +184,66 @@ struct Counters {
     untracked: AtomicU64,
 }
 
-/// Per-batch state of the hooks, kept in the router's batch context (empty for now: a place
-/// for a memo of the last connection seen, so a run of one flow's packets in a batch can skip
-/// repeated work).
+/// Per-batch state of the hooks, kept in the router's batch context: a memo of the last
+/// connection [`Netfilter::prerouting`] found, so that a run of one flow's packets in a batch
+/// skips the table lookup and the preparation of the rewrite (see the module docs).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct FlowMemo {}
+pub(crate) struct FlowMemo {
+    last: Option<Memo>,
+}
+
+/// The last connection found: the packet tuple it was found for (as words), the instant of
+/// the batch, the hit, and the translation prepared for that tuple.
+#[derive(Clone, Copy, Debug)]
+struct Memo {
+    key: [u64; 2],
+    now: u64,
+    hit: CtHit,
+    xlat: Xlat,
+}
+
+/// A translation prepared for one packet tuple.
+#[derive(Clone, Copy, Debug)]
+enum Xlat {
+    /// The packet keeps its tuple.
+    Keep,
+    /// Rewrite it; the new source and destination addresses.
+    Rewrite(nat::rewrite::Prepared, Ipv4Addr, Ipv4Addr),
+    /// The rewrite is impossible (protocol change or kind mismatch).
+    Refuse,
+}
+
+/// Prepares the translation of a packet carrying `from` (of kind `kind`) to `to`.
+#[inline]
+fn xlat(from: &Tuple, kind: L4Kind, to: &Tuple) -> Xlat {
+    if to.src == from.src && to.dst == from.dst && to.sport == from.sport && to.dport == from.dport
+    {
+        return Xlat::Keep;
+    }
+    match nat::rewrite::prepare(from, kind, to) {
+        Some(p) => Xlat::Rewrite(p, to.src, to.dst),
+        None => Xlat::Refuse,
+    }
+}
+
+/// Applies a prepared translation to the packet it was prepared for (`ip` exactly the
+/// datagram, its header checked).
+#[inline]
+fn apply_xlat(ip: &mut [u8], info: &mut Ipv4Info, x: &Xlat, mode: CsumMode) -> Hook {
+    match x {
+        Xlat::Keep => Hook::Accept,
+        Xlat::Rewrite(p, src, dst) => match nat::rewrite::apply_prepared(ip, info.hdr_len, p, mode)
+        {
+            Ok(()) => {
+                info.src = *src;
+                info.dst = *dst;
+                Hook::Accept
+            }
+            Err(_) => Hook::Drop(DropReason::NatUntranslatable),
+        },
+        Xlat::Refuse => Hook::Drop(DropReason::NatUntranslatable),
+    }
+}
 
 /// What a hook decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,18 +440,50 @@ impl Netfilter {
             tcp_flags: tcp_flags(ip, info, kind),
             len: info.total_len as u32,
         };
+        let key = t.to_words();
+        let now_us = now.micros();
+        // The batch's last connection: no lookup, the translation already prepared. The
+        // packet is still tracked against the entry's current control word, so a FIN, RST,
+        // invalid packet or removal is seen exactly as without the memo.
+        if let Some(m) = &ctx.nf_memo.last {
+            if m.key == key && m.now == now_us {
+                match self.ct.track(&m.hit, &pkt, now) {
+                    Track::Ok(_) | Track::Ignored | Track::Related => {
+                        return apply_xlat(ip, info, &m.xlat, mode);
+                    }
+                    Track::Closed => {
+                        let h = apply_xlat(ip, info, &m.xlat, mode);
+                        ctx.nf_memo.last = None;
+                        return h;
+                    }
+                    Track::Invalid(_) if self.ct.config().liberal => {
+                        return apply_xlat(ip, info, &m.xlat, mode);
+                    }
+                    Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
+                    // Removed or closed since: look it up again.
+                    Track::Reopen | Track::Gone => ctx.nf_memo.last = None,
+                }
+            }
+        }
         if let Some(hit) = self.ct.lookup(&t, now) {
-            match self.ct.track(&hit, &pkt, now) {
-                Track::Ok(_) | Track::Ignored | Track::Related | Track::Closed => {
-                    return self.apply(ip, info, &t, kind, &target(&hit), mode);
-                }
-                Track::Invalid(_) if self.ct.config().liberal => {
-                    return self.apply(ip, info, &t, kind, &target(&hit), mode);
-                }
+            let x = xlat(&t, kind, &target(&hit));
+            let keep = match self.ct.track(&hit, &pkt, now) {
+                Track::Ok(_) | Track::Ignored | Track::Related => true,
+                Track::Invalid(_) if self.ct.config().liberal => true,
+                Track::Closed => false,
                 Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
                 // The old connection is gone: this packet opens a new one.
-                Track::Reopen | Track::Gone => {}
-            }
+                Track::Reopen | Track::Gone => {
+                    return self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+                }
+            };
+            ctx.nf_memo.last = keep.then_some(Memo {
+                key,
+                now: now_us,
+                hit,
+                xlat: x,
+            });
+            return apply_xlat(ip, info, &x, mode);
         }
         self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
     }
@@ -411,21 +498,7 @@ impl Netfilter {
         to: &Tuple,
         mode: CsumMode,
     ) -> Hook {
-        if to.src == from.src
-            && to.dst == from.dst
-            && to.sport == from.sport
-            && to.dport == from.dport
-        {
-            return Hook::Accept;
-        }
-        match nat::rewrite(ip, info.hdr_len, kind, to, mode) {
-            Ok(()) => {
-                info.src = to.src;
-                info.dst = to.dst;
-                Hook::Accept
-            }
-            Err(_) => Hook::Drop(DropReason::NatUntranslatable),
-        }
+        apply_xlat(ip, info, &xlat(from, kind, to), mode)
     }
 
     /// An ICMP error quoting a packet with tuple `q`: RELATED to `q`'s connection.
@@ -508,7 +581,11 @@ impl Netfilter {
                 None => (None, false),
             };
             if let Some(svc) = svc {
-                let local_only = node_port && svc.spec().external_local;
+                // KUBE-EXT-*: traffic from inside the cluster CIDR to a node port goes to every
+                // endpoint, unmasqueraded, whatever the policy ("pod traffic for external
+                // destinations"); only external clients get the Local policy.
+                let from_pod = rules.cluster_cidr.is_some_and(|c| c.contains(t.src));
+                let local_only = node_port && svc.spec().external_local && !from_pod;
                 let r = ctx.rng.next_u64();
                 let Some(ep) = self.services.select(&svc, t.src, hash, r, local_only, now) else {
                     self.counters.rejected.fetch_add(1, Relaxed);
@@ -530,8 +607,9 @@ impl Netfilter {
                 // and hairpin (the endpoint is the client).
                 hairpin = after.dst == t.src;
                 masq = if node_port {
-                    // KUBE-EXT-*: policy Cluster masquerades; Local keeps the client address.
-                    !local_only
+                    // KUBE-EXT-*: policy Cluster masquerades every client (pods too); Local
+                    // keeps the client's address.
+                    !svc.spec().external_local
                 } else {
                     // KUBE-SVC-*: `! -s <cluster-cidr> -d <cluster-ip>`.
                     outside(t.src)

@@ -115,7 +115,7 @@ const KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD: bool = false;
 /// address is kept; tapyard applies the Local policy to it (local endpoints only; the address
 /// is kept). While `true`, step 10 prints `KNOWN BUG` for the endpoint spread instead of
 /// failing (unless `TAPYARD_E2E_STRICT` is set); set it to `false` once fixed.
-const KNOWN_BUG_POD_TO_LOCAL_NODE_PORT: bool = true;
+const KNOWN_BUG_POD_TO_LOCAL_NODE_PORT: bool = false;
 /// Frames sent towards a TAP before its interface is up are refused (`EIO`, `tx_error`).
 const MAX_EARLY_TX_ERRORS: u64 = 50;
 
