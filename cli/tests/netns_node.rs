@@ -42,6 +42,15 @@ const NODE_B_POD: &str = "10.217.2.2";
 /// On node-b, behind a route that only the reload adds.
 const NODE_B_POD2: &str = "10.217.3.2";
 const OUTSIDE: &str = "10.218.0.1";
+/// The node's uplink address: what masqueraded traffic comes from.
+const UPLINK: &str = "10.218.0.2";
+const WEB_VIP: &str = "10.96.0.10";
+const DNS_VIP: &str = "10.96.0.53";
+/// A Service for iperf3, whose endpoint list the reload changes mid-transfer.
+const BULK_VIP: &str = "10.96.0.20";
+const BULK_PORT: u16 = 5201;
+/// The outside host's TCP server (for the masquerade check).
+const OUTSIDE_PORT: u16 = 9000;
 
 fn euid() -> Option<u32> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -68,6 +77,9 @@ fn skip_reason() -> Option<String> {
     }
     if !have("ping", "-V") {
         return Some("`ping` (iputils) is not installed".into());
+    }
+    if !have("python3", "-V") {
+        return Some("`python3` (the Services' servers and clients) is not installed".into());
     }
     if !Path::new("/dev/net/tun").exists() {
         return Some("/dev/net/tun does not exist".into());
@@ -202,6 +214,16 @@ impl Names {
 
     /// A config like examples/node.toml with this run's names.
     fn config(&self, extra: &str) -> String {
+        self.config_with(extra, &format!("{NODE_B_POD}:{BULK_PORT}"), true)
+    }
+
+    /// The config with `bulk`'s endpoint list and with or without `[masquerade]`.
+    fn config_with(&self, extra: &str, bulk_endpoints: &str, masquerade: bool) -> String {
+        let masq = if masquerade {
+            format!("[masquerade]\nout = \"{}\"\n", self.uplink)
+        } else {
+            String::new()
+        };
         format!(
             r#"[node]
 name = "e2e"
@@ -234,9 +256,21 @@ port = 80
 node_port = 30080
 endpoints = ["{POD_A}:8080", "{NODE_B_POD}:8080"]
 
-[masquerade]
-out = "{up}"
-{extra}"#,
+[[service]]
+name = "dns"
+cluster_ip = "{DNS_VIP}"
+protocol = "udp"
+port = 53
+endpoints = ["{POD_B}:5353"]
+
+[[service]]
+name = "bulk"
+cluster_ip = "{BULK_VIP}"
+protocol = "tcp"
+port = {BULK_PORT}
+endpoints = ["{bulk_endpoints}"]
+
+{masq}{extra}"#,
             socket = self.socket.display(),
             bridge = self.bridge,
             a = self.tap_a,
@@ -452,7 +486,7 @@ fn node_from_config_file() {
     capture(&n, &mut g);
     bad_requests(&n);
     reload(&n);
-    services(&n);
+    services(&n, &mut g);
 
     // SIGTERM: a clean stop, exit 0, the socket removed.
     let mut node = g.node.take().unwrap();
@@ -468,10 +502,7 @@ fn node_from_config_file() {
     assert!(status.success(), "exit status after SIGTERM: {status}");
     assert!(!n.socket.exists(), "the control socket was left behind");
     let log = std::fs::read_to_string(&g.log).unwrap();
-    assert!(
-        log.contains("Services are not applied yet: NAT is not wired"),
-        "{log}"
-    );
+    assert!(log.contains("service \"web\" applied"), "{log}");
     assert!(log.contains("stopped"), "{log}");
 }
 
@@ -542,14 +573,35 @@ fn tables(n: &Names) {
         stats["router"]["echo_replies"].as_u64().unwrap() > 0,
         "{stats}"
     );
-    // NAT tables are not there yet: a clear answer, non-zero exit.
-    let ct = tapyard(n, &["show", "conntrack"]);
-    assert!(!ct.status.success());
-    assert!(String::from_utf8_lossy(&ct.stderr).contains("not available yet"));
+    // The pings to the outside host left through the uplink masqueraded.
+    let ct = tapyard_ok(n, &["show", "conntrack"]);
+    assert!(
+        ct.lines().any(|l| l.starts_with("icmp ")
+            && l.contains(&format!("src={POD_A} dst={OUTSIDE}"))
+            && l.contains(&format!("src={OUTSIDE} dst={UPLINK}"))),
+        "{ct}"
+    );
 }
 
 /// `--metrics 127.0.0.1:0`: the address is in the log; the counters show the pings.
 fn metrics(g: &Guard) {
+    let body = metrics_body(g);
+    let echo = body
+        .lines()
+        .find(|l| l.starts_with("tapyard_router_events_total{event=\"echo_replies\"}"))
+        .unwrap_or_else(|| panic!("no echo_replies in:\n{body}"));
+    assert_ne!(echo.rsplit(' ').next(), Some("0"), "{echo}");
+}
+
+/// The value of the metric line starting with `name ` in `body`.
+fn metric(body: &str, name: &str) -> u64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+}
+
+fn metrics_body(g: &Guard) -> String {
     use std::io::Read;
     let log = std::fs::read_to_string(&g.log).unwrap();
     let addr = log
@@ -564,11 +616,7 @@ fn metrics(g: &Guard) {
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
-    let echo = body
-        .lines()
-        .find(|l| l.starts_with("tapyard_router_events_total{event=\"echo_replies\"}"))
-        .unwrap_or_else(|| panic!("no echo_replies in:\n{body}"));
-    assert_ne!(echo.rsplit(' ').next(), Some("0"), "{echo}");
+    body
 }
 
 fn capture(n: &Names, g: &mut Guard) {
@@ -728,10 +776,383 @@ fn reload(n: &Names) {
     std::fs::write(&n.config, n.config(&extra)).unwrap();
 }
 
-/// Services and NodePorts: the config carries `web` (ClusterIP 10.96.0.10:80, NodePort 30080,
-/// endpoints on pod-a and node-b's pod). Add the NAT cases here once `apply_services` is
-/// wired: ClusterIP from pod-b, NodePort from the outside host, affinity, masquerade.
-fn services(n: &Names) {
-    let out = tapyard(n, &["show", "services"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+/// A server: TCP on `argv[2]` (each connection gets `<ident> <peer address>\n`, then is
+/// closed) unless 0, and UDP on `argv[3]` (each datagram is answered with `<ident> <peer
+/// address>`) unless 0.
+const SERVER_PY: &str = r#"
+import socket, sys, threading
+ident, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def tcp():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", tport))
+    s.listen(128)
+    while True:
+        c, peer = s.accept()
+        try:
+            c.sendall(("%s %s\n" % (ident, peer[0])).encode())
+        except OSError:
+            pass
+        c.close()
+def udp():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("0.0.0.0", uport))
+    while True:
+        d, peer = u.recvfrom(2048)
+        u.sendto(("%s %s" % (ident, peer[0])).encode(), peer)
+ts = [threading.Thread(target=f, daemon=True) for f, p in ((tcp, tport), (udp, uport)) if p]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// `tcp|udp <addr> <port> <count>`: `count` exchanges, one line each: the server's answer
+/// (`<ident> <client address it saw>`), or `error <why>` after 5 s of retries (a server that
+/// is still starting refuses).
+const CLIENT_PY: &str = r#"
+import socket, sys, time
+mode, addr, port, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for i in range(count):
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            if mode == "tcp":
+                c = socket.create_connection((addr, port), timeout=3)
+                data = b""
+                while not data.endswith(b"\n"):
+                    d = c.recv(256)
+                    if not d:
+                        break
+                    data += d
+                c.close()
+            else:
+                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                u.settimeout(2)
+                u.connect((addr, port))
+                u.send(b"q")
+                data = u.recv(2048)
+                u.close()
+            print(data.decode().strip(), flush=True)
+            break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                print("error %s" % e, flush=True)
+                break
+            time.sleep(0.2)
+"#;
+
+/// Starts a long-running process in `ns` (killed by the guard).
+fn spawn_in(g: &mut Guard, ns: &str, args: &[&str]) {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"));
+    g.children.push(child);
+}
+
+/// Runs [`CLIENT_PY`] in `ns`: `(server ident, client address it saw)` of each exchange.
+fn exchange(ns: &str, mode: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
+    let port = port.to_string();
+    let count_s = count.to_string();
+    let out = run(&[
+        "ip", "netns", "exec", ns, "python3", "-c", CLIENT_PY, mode, addr, &port, &count_s,
+    ]);
+    let v: Vec<(String, String)> = out
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap_or((l, ""));
+            (a.to_string(), b.to_string())
+        })
+        .collect();
+    assert_eq!(v.len(), count, "{mode} {ns} -> {addr}:{port}: {out}");
+    for (who, seen) in &v {
+        assert_ne!(who, "error", "{mode} {ns} -> {addr}:{port}: {seen}");
+    }
+    println!("{mode} {ns} -> {addr}:{port}: {v:?}");
+    v
+}
+
+/// Waits for a TCP listener on `port` in `ns` (`ss -ltn`), else a short pause.
+fn wait_listening(ns: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let out = run_output(&["ip", "netns", "exec", ns, "ss", "-ltnH"]);
+        if !out.status.success() {
+            std::thread::sleep(Duration::from_millis(500));
+            return;
+        }
+        if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("nothing listens on port {port} in {ns}");
+}
+
+/// Services, NodePorts and masquerade through the built binary: pod-b to `web` (spread over
+/// pod-a and node-b's pod, the client address kept), pod-a to `dns` over UDP, the outside
+/// host to the NodePort, pod-a to the outside host masqueraded to the uplink address;
+/// `show conntrack|services [--json]`, the NAT counters in `show stats` and the metrics; a
+/// reload that drops `[masquerade]` (live) and brings it back; and a reload that moves
+/// `bulk`'s endpoint while an iperf3 transfer through it runs (it completes without a reset;
+/// the next connection goes to the new endpoint).
+fn services(n: &Names, g: &mut Guard) {
+    let web = "8080";
+    spawn_in(g, &n.ns_a, &["python3", "-c", SERVER_PY, "pod-a", web, "0"]);
+    spawn_in(
+        g,
+        &n.ns_node,
+        &["python3", "-c", SERVER_PY, "node-b", web, "0"],
+    );
+    spawn_in(
+        g,
+        &n.ns_b,
+        &["python3", "-c", SERVER_PY, "pod-b", "0", "5353"],
+    );
+    let out_port = OUTSIDE_PORT.to_string();
+    spawn_in(
+        g,
+        &n.ns_out,
+        &["python3", "-c", SERVER_PY, "outside", &out_port, "0"],
+    );
+    wait_listening(&n.ns_a, 8080);
+    wait_listening(&n.ns_node, 8080);
+    wait_listening(&n.ns_out, OUTSIDE_PORT);
+
+    // ClusterIP over TCP, from a pod: both endpoints serve, the client address is kept.
+    let got = exchange(&n.ns_b, "tcp", WEB_VIP, 80, 24);
+    for ident in ["pod-a", "node-b"] {
+        assert!(
+            got.iter().any(|(w, _)| w == ident),
+            "no connection reached {ident}: {got:?}"
+        );
+    }
+    assert!(got.iter().all(|(_, seen)| seen == POD_B), "{got:?}");
+    // ClusterIP over UDP.
+    let got = exchange(&n.ns_a, "udp", DNS_VIP, 53, 3);
+    assert!(
+        got.iter().all(|(w, seen)| w == "pod-b" && seen == POD_A),
+        "{got:?}"
+    );
+    // NodePort from outside the cluster: answered by an endpoint, the client masqueraded
+    // (externalTrafficPolicy cluster) to the node's address towards the endpoint.
+    let got = exchange(&n.ns_out, "tcp", UPLINK, 30080, 12);
+    for (w, seen) in &got {
+        match w.as_str() {
+            "pod-a" => assert_eq!(seen, GW, "{got:?}"),
+            "node-b" => assert_eq!(seen, UPLINK, "{got:?}"),
+            _ => panic!("{got:?}"),
+        }
+    }
+    // Pod traffic leaving the cluster: masqueraded to the uplink address.
+    let got = exchange(&n.ns_a, "tcp", OUTSIDE, OUTSIDE_PORT, 2);
+    assert!(
+        got.iter().all(|(w, seen)| w == "outside" && seen == UPLINK),
+        "{got:?}"
+    );
+
+    // What the traffic created.
+    let ct = tapyard_ok(n, &["show", "conntrack"]);
+    println!("show conntrack:\n{ct}");
+    let has = |parts: &[&str]| ct.lines().any(|l| parts.iter().all(|p| l.contains(p)));
+    assert!(
+        has(&["tcp ", &format!("src={POD_B} dst={WEB_VIP} "), "dport=80 "]),
+        "{ct}"
+    );
+    assert!(
+        has(&[
+            "udp ",
+            &format!("src={POD_A} dst={DNS_VIP} "),
+            &format!("src={POD_B} dst={POD_A} sport=5353")
+        ]),
+        "{ct}"
+    );
+    assert!(
+        has(&[&format!("src={OUTSIDE} dst={UPLINK} "), "dport=30080 "]),
+        "{ct}"
+    );
+    assert!(
+        has(&[
+            &format!("src={POD_A} dst={OUTSIDE} "),
+            &format!("src={OUTSIDE} dst={UPLINK} sport={OUTSIDE_PORT} ")
+        ]),
+        "{ct}"
+    );
+    let ctj = json(n, "conntrack");
+    let rows = ctj.as_array().unwrap();
+    assert!(
+        rows.iter().any(|r| r["protocol"] == "tcp"
+            && r["orig"]["dst"] == WEB_VIP
+            && r["orig"]["dport"] == 80
+            && r["dnat"] == true
+            && r["service"] == "web"),
+        "{ctj}"
+    );
+    assert!(
+        rows.iter().any(|r| r["orig"]["dst"] == OUTSIDE
+            && r["reply"]["dst"] == UPLINK
+            && r["snat"] == true),
+        "{ctj}"
+    );
+    let svc = tapyard_ok(n, &["show", "services"]);
+    println!("show services:\n{svc}");
+    assert!(
+        svc.contains(&format!("TCP  {WEB_VIP}:80 rr"))
+            && svc.contains("nodeport 30080")
+            && svc.contains(&format!("-> {POD_A}:8080"))
+            && svc.contains(&format!("UDP  {DNS_VIP}:53")),
+        "{svc}"
+    );
+    let sj = json(n, "services");
+    let web_j = sj
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "web")
+        .unwrap_or_else(|| panic!("{sj}"));
+    assert_eq!(web_j["cluster_ip"], WEB_VIP);
+    assert_eq!(web_j["protocol"], "tcp");
+    assert_eq!(web_j["port"], 80);
+    assert_eq!(web_j["node_port"], 30080);
+    assert_eq!(web_j["algorithm"], "random");
+    assert_eq!(web_j["session_affinity"], "none");
+    assert_eq!(web_j["external_traffic_policy"], "cluster");
+    let eps = web_j["endpoints"].as_array().unwrap();
+    assert_eq!(eps.len(), 2, "{web_j}");
+    assert!(eps
+        .iter()
+        .any(|e| e["address"] == format!("{POD_A}:8080") && e["local"] == true));
+    assert!(eps
+        .iter()
+        .any(|e| e["address"] == format!("{NODE_B_POD}:8080") && e["local"] == false));
+    let stats = tapyard_ok(n, &["show", "stats"]);
+    assert!(stats.contains("nat: connections "), "{stats}");
+    let sj = json(n, "stats");
+    assert!(sj["nat"]["dnat"].as_u64().unwrap() >= 24 + 3 + 12, "{sj}");
+    assert!(sj["nat"]["snat"].as_u64().unwrap() >= 12 + 2, "{sj}");
+    let body = metrics_body(g);
+    assert!(metric(&body, "tapyard_nat_dnat_total") >= 39, "{body}");
+    assert!(metric(&body, "tapyard_nat_connections") > 0, "{body}");
+    assert_eq!(metric(&body, "tapyard_nat_services"), 3, "{body}");
+
+    // [masquerade] is applied live: without it the outside host sees the pod's address
+    // (it has a route back to the cluster), with it again the uplink's.
+    let extra = format!("\n[[route]]\nto = \"10.217.3.0/24\"\nvia = \"{NODE_B}\"\n");
+    let bulk_old = format!("{NODE_B_POD}:{BULK_PORT}");
+    std::fs::write(&n.config, n.config_with(&extra, &bulk_old, false)).unwrap();
+    let out = tapyard_ok(n, &["reload"]);
+    assert!(out.contains("masquerade out "), "{out}");
+    let got = exchange(&n.ns_a, "tcp", OUTSIDE, OUTSIDE_PORT, 1);
+    assert_eq!(got[0].1, POD_A, "{got:?}");
+    std::fs::write(&n.config, n.config_with(&extra, &bulk_old, true)).unwrap();
+    tapyard_ok(n, &["reload"]);
+    let got = exchange(&n.ns_a, "tcp", OUTSIDE, OUTSIDE_PORT, 1);
+    assert_eq!(got[0].1, UPLINK, "{got:?}");
+
+    if have("iperf3", "--version") {
+        iperf_through_reload(n, g, &extra);
+    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true and iperf3 is not installed: the reload-under-load check cannot run");
+    } else {
+        println!("iperf3 is not installed: skipping the reload-under-load check");
+    }
+}
+
+/// `bulk` (one endpoint, node-b's pod) carries an 8 s iperf3 transfer from pod-a; halfway,
+/// the config moves `bulk` to pod-b and the node reloads. The established connections keep
+/// their endpoint (the conntrack entry pins it): iperf3 finishes its full duration with exit
+/// 0. The next transfer goes to pod-b.
+fn iperf_through_reload(n: &Names, g: &mut Guard, extra: &str) {
+    let port = BULK_PORT.to_string();
+    for ns in [&n.ns_node, &n.ns_b] {
+        spawn_in(g, ns, &["iperf3", "-s", "-p", &port]);
+        wait_listening(ns, BULK_PORT);
+    }
+    let client = |secs: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", &n.ns_a, "iperf3", "-c", BULK_VIP, "-p"])
+            .args([port.as_str(), "-t", secs, "-b", "200M", "-J"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start iperf3 -c")
+    };
+    let started = Instant::now();
+    let transfer = client("8");
+    std::thread::sleep(Duration::from_secs(3));
+    let ct = json(n, "conntrack");
+    assert!(
+        ct.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["orig"]["dst"] == BULK_VIP
+                && r["reply"]["src"] == NODE_B_POD
+                && r["state"] == "ESTABLISHED"),
+        "no established iperf3 connection to {NODE_B_POD}: {ct}"
+    );
+    std::fs::write(
+        &n.config,
+        n.config_with(extra, &format!("{POD_B}:{BULK_PORT}"), true),
+    )
+    .unwrap();
+    let out = tapyard_ok(n, &["reload"]);
+    assert!(out.contains("service \"bulk\" changed"), "{out}");
+    let svc = tapyard_ok(n, &["show", "services"]);
+    assert!(
+        svc.contains(&format!("-> {POD_B}:{BULK_PORT}"))
+            && !svc.contains(&format!("-> {NODE_B_POD}:{BULK_PORT}")),
+        "{svc}"
+    );
+    let out = wait_output(
+        transfer,
+        Duration::from_secs(30),
+        "iperf3 -c through the reload",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "iperf3 failed across the reload ({}): {text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("iperf3 -J: {e}: {text}"));
+    assert!(r.get("error").is_none(), "{r}");
+    let secs = r["end"]["sum_received"]["seconds"].as_f64().unwrap_or(0.0);
+    let bytes = r["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    assert!(secs >= 7.9, "the transfer stopped early: {secs} s: {text}");
+    assert!(bytes > 0, "{text}");
+    assert!(started.elapsed() >= Duration::from_secs(8));
+    println!(
+        "iperf3 through the reload: {bytes} bytes in {secs:.2} s ({:.0} Mbit/s)",
+        bytes as f64 * 8.0 / secs / 1e6
+    );
+    // A new connection goes to the new endpoint list.
+    let again = wait_output(
+        client("1"),
+        Duration::from_secs(20),
+        "iperf3 -c after the reload",
+    );
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    let ct = json(n, "conntrack");
+    let to_bulk: Vec<&serde_json::Value> = ct
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["orig"]["dst"] == BULK_VIP)
+        .collect();
+    assert!(
+        to_bulk.iter().any(|r| r["reply"]["src"] == POD_B),
+        "no connection to the new endpoint: {to_bulk:?}"
+    );
 }
