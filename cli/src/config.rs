@@ -322,7 +322,8 @@ pub struct MasqueradeCfg {
     pub lines: Lines,
 }
 
-/// `[conntrack]`: limits and timeouts (parsed and checked; applied once NAT is wired).
+/// `[conntrack]`: limits and timeouts of the connection table (see `node::to_ct_config` for
+/// how each maps to the library's timeouts).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConntrackCfg {
     /// Entry limit (`nf_conntrack_max`).

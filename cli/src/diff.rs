@@ -108,6 +108,46 @@ fn uplink_changes(old: &[UplinkCfg], new: &[UplinkCfg], out: &mut Vec<String>) {
     }
 }
 
+/// A changed Service's line with its endpoint changes: `(endpoints +A -B)`.
+fn service_detail(old: &[ServiceCfg], new: &[ServiceCfg], line: String) -> String {
+    let Some((o, n)) = old.iter().find_map(|o| {
+        let n = new.iter().find(|n| n.name == o.name)?;
+        (o != n && line == format!("service {:?} changed", o.name)).then_some((o, n))
+    }) else {
+        return line;
+    };
+    let mut f: Vec<String> = n
+        .endpoints
+        .iter()
+        .filter(|e| !o.endpoints.contains(e))
+        .map(|e| format!("+{e}"))
+        .chain(
+            o.endpoints
+                .iter()
+                .filter(|e| !n.endpoints.contains(e))
+                .map(|e| format!("-{e}")),
+        )
+        .collect();
+    if !f.is_empty() {
+        f.insert(0, "endpoints".into());
+    }
+    let other = ServiceCfg {
+        endpoints: o.endpoints.clone(),
+        ..n.clone()
+    };
+    if other != *o {
+        f.push(
+            if f.is_empty() {
+                "settings"
+            } else {
+                "and settings"
+            }
+            .into(),
+        );
+    }
+    format!("{line} ({})", f.join(" "))
+}
+
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or("none".into(), |x| x.to_string())
 }
@@ -202,7 +242,10 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     if old.services != new.services {
         let mut v = Vec::new();
         changed_fields("service", &old.services, &new.services, |s| &s.name, &mut v);
-        d.summary.extend(v);
+        for line in v {
+            d.summary
+                .push(service_detail(&old.services, &new.services, line));
+        }
         d.services = Some(new.services.clone());
     }
     if old.node.cluster_cidr != new.node.cluster_cidr {
@@ -297,7 +340,10 @@ mod tests {
             "10.244.1.4:5353"
         );
         assert!(
-            d.summary.contains(&"service \"dns\" changed".to_string()),
+            d.summary.contains(
+                &"service \"dns\" changed (endpoints +10.244.1.4:5353 -10.244.1.3:5353)"
+                    .to_string()
+            ),
             "{:?}",
             d.summary
         );
@@ -348,10 +394,25 @@ mod tests {
         assert_eq!(
             d.summary,
             [
-                "service \"web\" changed",
+                "service \"web\" changed (endpoints +10.244.2.3:8080 -10.244.1.2:8080)",
                 "service \"dns\" was removed",
                 "service \"dns2\" was added"
             ]
+        );
+    }
+
+    #[test]
+    fn a_service_setting_change_is_named() {
+        let a = cfg(EXAMPLE);
+        let b = cfg(&EXAMPLE.replace(
+            "session_affinity = \"none\"",
+            "session_affinity = \"client-ip\"",
+        ));
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(d.summary, ["service \"web\" changed (settings)"]);
+        assert_eq!(
+            d.services.unwrap()[0].session_affinity,
+            crate::config::SessionAffinity::ClientIp
         );
     }
 

@@ -18,11 +18,18 @@
 //! counters; `tapyard capture` writes a pcap that `tcpdump -r` reads; a second `run` on the
 //! same control socket is refused; `tapyard reload` adds a route that makes node-b's second
 //! pod CIDR reachable, and refuses a change that needs a restart and an invalid file;
-//! SIGTERM stops the node with exit 0 and removes the socket. Services and NodePorts get their cases in [`services`] once NAT is wired.
+//! SIGTERM stops the node with exit 0 and removes the socket. Services ([`services`]): pod-b
+//! to `web` (ClusterIP, TCP) reaches both endpoints (pod-a, node-b's pod) with its address
+//! kept; pod-a to `dns` (UDP) reaches pod-b; the outside host reaches the NodePort 30080
+//! (masqueraded); pod-a to the outside host is masqueraded to the uplink address; `show
+//! conntrack|services [--json]`, the NAT counters in `show stats` and the metrics; a reload
+//! drops `[masquerade]` live and brings it back; an 8 s iperf3 transfer through `bulk` runs
+//! while a reload replaces its only endpoint, completes with exit 0 and its full duration, and
+//! the next connection goes to the new endpoint.
 //!
-//! Needs root, `ip` and `ping` (and `tcpdump` for the pcap check, else the file is read
-//! with pcap-file); without them the test prints why and passes, except with `CI=true`,
-//! where it fails. Names carry the process id; a guard kills the node and deletes the
+//! Needs root, `ip`, `ping` and `python3` (`tcpdump` for the pcap check, else the file is
+//! read with pcap-file; `iperf3` for the reload under load); without them the test prints
+//! why and passes, except with `CI=true`, where it fails. Names carry the process id; a guard kills the node and deletes the
 //! namespaces on success and failure alike. Traffic goes only to addresses in namespaces the
 //! test creates (10.217.x.y, 10.218.0.x).
 
