@@ -519,3 +519,64 @@ fn a_first_packet_without_syn_is_invalid() {
     assert_eq!(s.drop_count(DropReason::CtInvalid), 1, "{s}");
     let _ = IfaceId(0);
 }
+
+#[test]
+fn masquerade_never_reuses_a_tuple_and_snat_counts_exhaustion() {
+    let mut n = node();
+    // Two pods, one source port, one outside server: the second gets another port.
+    let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 47000, OUTSIDE, 80, SYN));
+    assert_eq!(
+        flow(one(&out).1),
+        (NODE, 47000, OUTSIDE, 80),
+        "port kept when free"
+    );
+    let (_, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 47000, OUTSIDE, 80, SYN));
+    let (src, sport, dst, dport) = flow(one(&out).1);
+    assert_eq!((src, dst, dport), (NODE, OUTSIDE, 80));
+    assert_ne!(sport, 47000, "the taken tuple is not handed out again");
+    assert!(sport >= 1024);
+    // Replies reach the right pod.
+    let (v, _) = send(
+        &mut n,
+        ETH0,
+        &tcp(OUTGW, UP_MAC, OUTSIDE, 80, NODE, sport, SYNACK),
+    );
+    assert_eq!(v, Verdict::Output(PB));
+    let (v, _) = send(
+        &mut n,
+        ETH0,
+        &tcp(OUTGW, UP_MAC, OUTSIDE, 80, NODE, 47000, SYNACK),
+    );
+    assert_eq!(v, Verdict::Output(PA));
+
+    // SNAT to a fixed address with a range of two ports, replacing the masquerade rule.
+    let nf = n.dp.netfilter().unwrap();
+    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    nf.set_rules(NatRules {
+        cluster_cidr: Some(Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16)),
+        snat: vec![tapyard::netfilter::SnatRule {
+            out: Some(eth0),
+            src: Prefix::new(Ipv4Addr::new(10, 244, 1, 0), 24),
+            to: Ipv4Addr::new(172, 18, 0, 50),
+            ports: tapyard::nat::PortRange { lo: 5000, hi: 5001 },
+        }],
+        ..NatRules::default()
+    });
+    let mut ports = Vec::new();
+    for sport in [48000u16, 48001] {
+        let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, sport, OUTSIDE, 443, SYN));
+        let (src, p, _, _) = flow(one(&out).1);
+        assert_eq!(src, [172, 18, 0, 50]);
+        ports.push(p);
+    }
+    ports.sort();
+    assert_eq!(ports, vec![5000, 5001]);
+    // The range is used up: the next new connection is dropped and counted.
+    let (v, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 48002, OUTSIDE, 443, SYN));
+    assert_eq!(v, Verdict::Drop(DropReason::NatExhausted));
+    assert!(out.is_empty());
+    assert_eq!(n.dp.stats().drop_count(DropReason::NatExhausted), 1);
+    // Established connections made under the old rules keep their translation.
+    let (_, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 47000, OUTSIDE, 80, ACK));
+    assert_eq!(flow(one(&out).1), (NODE, sport, OUTSIDE, 80));
+}
