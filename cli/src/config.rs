@@ -342,12 +342,18 @@ pub struct ConntrackCfg {
     pub udp_stream_timeout: Duration,
     /// ICMP.
     pub icmp_timeout: Duration,
+    /// Pick up TCP connections mid-stream (after a restart, or an idle expiry) and let
+    /// packets conntrack finds invalid through instead of dropping them (the library's
+    /// `CtConfig::liberal`: Linux's `nf_conntrack_tcp_loose` together with kube-proxy's
+    /// `--conntrack-tcp-be-liberal`, which omits its `--ctstate INVALID -j DROP`).
+    pub liberal: bool,
     /// Where each field was.
     pub lines: Lines,
 }
 
 impl Default for ConntrackCfg {
-    /// Linux's defaults, with kube-proxy's established timeout (24 h) and limit.
+    /// Linux's defaults, with kube-proxy's established (24 h) and close-wait (1 h) timeouts
+    /// and limit.
     fn default() -> Self {
         ConntrackCfg {
             max_entries: 262_144,
@@ -358,6 +364,7 @@ impl Default for ConntrackCfg {
             udp_timeout: Duration::from_secs(30),
             udp_stream_timeout: Duration::from_secs(120),
             icmp_timeout: Duration::from_secs(30),
+            liberal: false,
             lines: Lines::default(),
         }
     }
@@ -1365,6 +1372,7 @@ impl Parser<'_> {
                 "udp_timeout",
                 "udp_stream_timeout",
                 "icmp_timeout",
+                "liberal",
             ],
         );
         let d = ConntrackCfg::default();
@@ -1404,6 +1412,7 @@ impl Parser<'_> {
                 d.udp_stream_timeout,
             ),
             icmp_timeout: self.opt_secs(&mut s, "icmp_timeout", 1, DAY30, d.icmp_timeout),
+            liberal: self.opt_bool(&mut s, "liberal").unwrap_or(d.liberal),
             lines: Lines::default(),
         };
         Some(ConntrackCfg {

@@ -171,7 +171,7 @@ pub fn to_service_spec(cfg: &Config, s: &ServiceCfg) -> ServiceSpec {
 /// The library's conntrack settings for `[conntrack]`. A timeout that stands for several of
 /// the library's (closing states, opening states) sets them all when it is given in the file,
 /// else only the one whose Linux default it has, so that an absent section means Linux's
-/// defaults (with kube-proxy's established timeout and limit).
+/// defaults (with kube-proxy's established and close-wait timeouts and limit).
 pub fn to_ct_config(c: &ConntrackCfg) -> CtConfig {
     let mut t = CtTimeouts {
         tcp_established: c.tcp_established_timeout,
@@ -193,7 +193,7 @@ pub fn to_ct_config(c: &ConntrackCfg) -> CtConfig {
     }
     CtConfig {
         max_entries: c.max_entries,
-        liberal: false,
+        liberal: c.liberal,
         timeouts: t,
     }
 }
@@ -538,3 +538,133 @@ impl Drop for Node {
 
 /// How long the main loop sleeps between checks of the signal flags.
 pub const TICK: Duration = Duration::from_millis(100);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::check_str;
+
+    const EXAMPLE: &str = include_str!("../../examples/node.toml");
+
+    fn cfg(src: &str) -> Config {
+        let c = check_str(src);
+        c.config.unwrap_or_else(|| panic!("{:?}", c.diags))
+    }
+
+    #[test]
+    fn services_map_to_the_library() {
+        let c = cfg(&EXAMPLE
+            .replace("session_affinity = \"none\"", "session_affinity = \"client-ip\"\nsession_affinity_timeout = 600\nalgorithm = \"maglev\"")
+            .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
+        let web = to_service_spec(&c, &c.services[0]);
+        assert_eq!(web.name, "web");
+        assert_eq!(web.vip.to_string(), "10.96.0.10");
+        assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
+        let eps: Vec<(String, bool)> = web
+            .endpoints
+            .iter()
+            .map(|e| (e.addr.to_string(), e.local))
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                ("10.244.1.2:8080".to_string(), true),
+                ("10.244.2.2:8080".to_string(), false)
+            ]
+        );
+        assert_eq!(web.affinity, Some(Duration::from_secs(600)));
+        assert_eq!(web.algo, LbAlgo::Maglev);
+        assert!(web.external_local);
+        let dns = to_service_spec(&c, &c.services[1]);
+        assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
+        assert_eq!(dns.affinity, None);
+        assert_eq!(dns.algo, LbAlgo::Random);
+        assert!(!dns.external_local);
+        assert!(dns.endpoints[0].local);
+    }
+
+    #[test]
+    fn conntrack_settings_map_to_the_library() {
+        let d = to_ct_config(&cfg(EXAMPLE).conntrack);
+        let linux = CtTimeouts::default();
+        assert_eq!(d.max_entries, 262_144);
+        assert!(!d.liberal);
+        // kube-proxy's --conntrack-tcp-timeout-established and -close-wait.
+        assert_eq!(d.timeouts.tcp_established, Duration::from_secs(86_400));
+        assert_eq!(d.timeouts.tcp_close_wait, Duration::from_secs(3_600));
+        // Absent: Linux's defaults for the states a key stands for.
+        assert_eq!(d.timeouts.tcp_syn_recv, linux.tcp_syn_recv);
+        assert_eq!(d.timeouts.tcp_last_ack, linux.tcp_last_ack);
+        assert_eq!(d.timeouts.tcp_close, linux.tcp_close);
+        assert_eq!(
+            CtTimeouts {
+                tcp_established: linux.tcp_established,
+                tcp_close_wait: linux.tcp_close_wait,
+                ..d.timeouts
+            },
+            linux
+        );
+        let c = cfg(&format!(
+            "{EXAMPLE}\n[conntrack]\nmax_entries = 1000\ntcp_syn_timeout = 20\ntcp_time_wait_timeout = 5\nudp_timeout = 7\nudp_stream_timeout = 8\nicmp_timeout = 9\ntcp_close_wait_timeout = 11\nliberal = true\n"
+        ));
+        let t = to_ct_config(&c.conntrack);
+        assert_eq!(t.max_entries, 1000);
+        assert!(t.liberal);
+        let s = Duration::from_secs;
+        assert_eq!(
+            (t.timeouts.tcp_syn_sent, t.timeouts.tcp_syn_recv),
+            (s(20), s(20))
+        );
+        assert_eq!(
+            [
+                t.timeouts.tcp_time_wait,
+                t.timeouts.tcp_fin_wait,
+                t.timeouts.tcp_last_ack,
+                t.timeouts.tcp_close
+            ],
+            [s(5); 4]
+        );
+        assert_eq!(
+            (
+                t.timeouts.udp,
+                t.timeouts.udp_stream,
+                t.timeouts.icmp,
+                t.timeouts.tcp_close_wait
+            ),
+            (s(7), s(8), s(9), s(11))
+        );
+        tapyard::netfilter::Netfilter::new(NatConfig {
+            conntrack: t,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn nat_rules_from_cluster_cidr_and_masquerade() {
+        let c = cfg(EXAMPLE);
+        let ids = |n: &str| match n {
+            "cni0" => Some(IfaceId(0)),
+            "eth0" => Some(IfaceId(1)),
+            _ => None,
+        };
+        let r = to_nat_rules(&c, ids).unwrap();
+        let cluster = Prefix::new(std::net::Ipv4Addr::new(10, 244, 0, 0), 16);
+        assert_eq!(r.cluster_cidr, Some(cluster));
+        assert_eq!(
+            r.masquerade,
+            [MasqueradeRule {
+                out: IfaceId(1),
+                src: Some(cluster),
+                except_dst: Some(cluster)
+            }]
+        );
+        assert!(r.snat.is_empty() && !r.random_fully);
+        assert!(to_nat_rules(&c, |_| None)
+            .unwrap_err()
+            .contains("[masquerade]: out = \"eth0\""));
+        let mut none = c.clone();
+        none.masquerade = None;
+        assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    }
+}
