@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tapyard::conntrack::{CtConfig, CtTimeouts};
-use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::nat::{Endpoint, LbAlgo, ServiceError, ServiceSpec};
 use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
 use tapyard::route::{IfaceId, NextHop, Route, RouteProto};
@@ -275,7 +275,7 @@ pub fn apply_services(
                     s.endpoints.len()
                 )),
                 Err(_) if round == 0 => refused.push(s),
-                Err(e) => errors.push(format!("{e}")),
+                Err(e) => errors.push(service_error(&node.config_path, s, &e)),
             }
         }
         pending = refused;
@@ -288,6 +288,29 @@ pub fn apply_services(
     } else {
         Err(errors)
     }
+}
+
+/// A Service the library refused: `FILE:LINE: <the library's message, which names the Service,
+/// the field and the value> (config key KEY)`, the line being the key's in the file.
+pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -> String {
+    use ServiceError as E;
+    let key = match e {
+        E::ZeroPort { field, .. } if *field == "node_port" => "node_port".to_string(),
+        E::ZeroPort { .. } => "port".into(),
+        E::BadVip { .. } | E::DuplicateVip { .. } => "cluster_ip".into(),
+        E::UnsupportedProto { .. } => "protocol".into(),
+        E::DuplicateNodePort { .. } => "node_port".into(),
+        E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => s
+            .endpoints
+            .iter()
+            .rposition(|x| x == endpoint)
+            .map_or("endpoints".into(), |i| format!("endpoints.{i}")),
+        E::BadAffinityTimeout { .. } => "session_affinity_timeout".into(),
+        _ => "name".into(),
+    };
+    let line = s.lines.of(&key);
+    let key = key.split('.').next().unwrap_or_default().to_string();
+    format!("{}:{line}: {e} (config key {key})", file.display())
 }
 
 impl Node {
@@ -581,6 +604,53 @@ mod tests {
         assert_eq!(dns.algo, LbAlgo::Random);
         assert!(!dns.external_local);
         assert!(dns.endpoints[0].local);
+    }
+
+    #[test]
+    fn a_refused_service_names_the_file_line_and_key() {
+        let c = cfg(EXAMPLE);
+        let web = &c.services[0];
+        let line = |key: &str| {
+            EXAMPLE
+                .lines()
+                .position(|l| l.starts_with(&format!("{key} =")))
+                .unwrap()
+                + 1
+        };
+        let e = ServiceError::DuplicateNodePort {
+            service: "web".into(),
+            node_port: 30080,
+            proto: 6,
+            other: "other".into(),
+        };
+        let msg = service_error(std::path::Path::new("node.toml"), web, &e);
+        assert_eq!(
+            msg,
+            format!(
+                "node.toml:{}: service \"web\": node_port 30080/TCP already used by service \"other\" (config key node_port)",
+                line("node_port")
+            )
+        );
+        let e = ServiceError::DuplicateVip {
+            service: "web".into(),
+            vip: web.cluster_ip,
+            port: 80,
+            proto: 6,
+            other: "x".into(),
+        };
+        let msg = service_error(std::path::Path::new("node.toml"), web, &e);
+        let cluster_ip_line = EXAMPLE
+            .lines()
+            .position(|l| l.starts_with("cluster_ip = \"10.96.0.10\""))
+            .unwrap()
+            + 1;
+        assert!(
+            msg.starts_with(&format!(
+                "node.toml:{cluster_ip_line}: service \"web\": vip:port"
+            )),
+            "{msg}"
+        );
+        assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
     }
 
     #[test]
