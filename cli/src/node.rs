@@ -436,6 +436,15 @@ impl Node {
             }
             Err(errors) => return Err(errors.join("; ")),
         }
+        if let Some(nf) = node.dp.netfilter() {
+            let ct = nf.conntrack();
+            log::info!(
+                "conntrack: at most {} connections ({} MiB reserved){}",
+                ct.config().max_entries,
+                ct.memory_bytes() >> 20,
+                if ct.config().liberal { ", liberal" } else { "" }
+            );
+        }
         if let Some(m) = &cfg.masquerade {
             log::info!(
                 "masquerade: pod traffic from {} leaving through {} to outside it takes {}'s address",

@@ -20,7 +20,7 @@
 //! pod CIDR reachable, and refuses a change that needs a restart and an invalid file;
 //! SIGTERM stops the node with exit 0 and removes the socket. Services ([`services`]): pod-b
 //! to `web` (ClusterIP, TCP) reaches both endpoints (pod-a, node-b's pod) with its address
-//! kept; pod-a to `dns` (UDP) reaches pod-b; the outside host reaches the NodePort 30080
+//! kept; pod-a to `web` reaching itself is masqueraded to the gateway (hairpin); pod-a to `dns` (UDP) reaches pod-b; the outside host reaches the NodePort 30080
 //! (masqueraded); pod-a to the outside host is masqueraded to the uplink address; `show
 //! conntrack|services [--json]`, the NAT counters in `show stats` and the metrics; a reload
 //! drops `[masquerade]` live and brings it back; an 8 s iperf3 transfer through `bulk` runs
@@ -940,6 +940,17 @@ fn services(n: &Names, g: &mut Guard) {
         );
     }
     assert!(got.iter().all(|(_, seen)| seen == POD_B), "{got:?}");
+    // From pod-a, an endpoint itself: a connection that comes back to it is masqueraded to
+    // the gateway (hairpin), the others keep pod-a's address.
+    let got = exchange(&n.ns_a, "tcp", WEB_VIP, 80, 16);
+    for (w, seen) in &got {
+        match w.as_str() {
+            "pod-a" => assert_eq!(seen, GW, "hairpin: {got:?}"),
+            "node-b" => assert_eq!(seen, POD_A, "{got:?}"),
+            _ => panic!("{got:?}"),
+        }
+    }
+    let hairpins = got.iter().filter(|(w, _)| w == "pod-a").count() as u64;
     // ClusterIP over UDP.
     let got = exchange(&n.ns_a, "udp", DNS_VIP, 53, 3);
     assert!(
@@ -1040,10 +1051,18 @@ fn services(n: &Names, g: &mut Guard) {
     let stats = tapyard_ok(n, &["show", "stats"]);
     assert!(stats.contains("nat: connections "), "{stats}");
     let sj = json(n, "stats");
-    assert!(sj["nat"]["dnat"].as_u64().unwrap() >= 24 + 3 + 12, "{sj}");
+    assert!(
+        sj["nat"]["dnat"].as_u64().unwrap() >= 24 + 16 + 3 + 12,
+        "{sj}"
+    );
+    assert!(sj["nat"]["hairpin"].as_u64().unwrap() >= hairpins, "{sj}");
     assert!(sj["nat"]["snat"].as_u64().unwrap() >= 12 + 2, "{sj}");
     let body = metrics_body(g);
-    assert!(metric(&body, "tapyard_nat_dnat_total") >= 39, "{body}");
+    assert!(metric(&body, "tapyard_nat_dnat_total") >= 55, "{body}");
+    assert!(
+        metric(&body, "tapyard_nat_hairpin_total") >= hairpins,
+        "{body}"
+    );
     assert!(metric(&body, "tapyard_nat_connections") > 0, "{body}");
     assert_eq!(metric(&body, "tapyard_nat_services"), 3, "{body}");
 
