@@ -25,7 +25,8 @@
 //! conntrack|services [--json]`, the NAT counters in `show stats` and the metrics; a reload
 //! drops `[masquerade]` live and brings it back; an 8 s iperf3 transfer through `bulk` runs
 //! while a reload replaces its only endpoint, completes with exit 0 and its full duration, and
-//! the next connection goes to the new endpoint.
+//! the next connection goes to the new endpoint; with no endpoints left, `bulk` refuses
+//! connections at once.
 //!
 //! Needs root, `ip`, `ping` and `python3` (`tcpdump` for the pcap check, else the file is
 //! read with pcap-file; `iperf3` for the reload under load); without them the test prints
@@ -224,8 +225,13 @@ impl Names {
         self.config_with(extra, &format!("{NODE_B_POD}:{BULK_PORT}"), true)
     }
 
-    /// The config with `bulk`'s endpoint list and with or without `[masquerade]`.
-    fn config_with(&self, extra: &str, bulk_endpoints: &str, masquerade: bool) -> String {
+    /// The config with `bulk`'s endpoint (none if empty) and with or without `[masquerade]`.
+    fn config_with(&self, extra: &str, bulk_endpoint: &str, masquerade: bool) -> String {
+        let bulk_endpoints = if bulk_endpoint.is_empty() {
+            String::new()
+        } else {
+            format!("\"{bulk_endpoint}\"")
+        };
         let masq = if masquerade {
             format!("[masquerade]\nout = \"{}\"\n", self.uplink)
         } else {
@@ -275,7 +281,7 @@ name = "bulk"
 cluster_ip = "{BULK_VIP}"
 protocol = "tcp"
 port = {BULK_PORT}
-endpoints = ["{bulk_endpoints}"]
+endpoints = [{bulk_endpoints}]
 
 {masq}{extra}"#,
             socket = self.socket.display(),
@@ -1087,6 +1093,30 @@ fn services(n: &Names, g: &mut Guard) {
     } else {
         println!("iperf3 is not installed: skipping the reload-under-load check");
     }
+
+    // A Service whose endpoints are all removed refuses new connections at once (kube-proxy's
+    // REJECT), counted as rejected.
+    let before = json(n, "stats")["nat"]["rejected"].as_u64().unwrap();
+    std::fs::write(&n.config, n.config_with(&extra, "", true)).unwrap();
+    let out = tapyard_ok(n, &["reload"]);
+    assert!(
+        out.contains("service \"bulk\" changed (endpoints -"),
+        "{out}"
+    );
+    let probe = format!(
+        "import socket, time\nt = time.monotonic()\ntry:\n    socket.create_connection(('{BULK_VIP}', {BULK_PORT}), timeout=3)\n    print('connected')\nexcept ConnectionRefusedError:\n    print('refused %.3f' % (time.monotonic() - t))\nexcept OSError as e:\n    print('error %s' % e)\n"
+    );
+    let got = run(&["ip", "netns", "exec", &n.ns_a, "python3", "-c", &probe]);
+    let secs: f64 = got
+        .trim()
+        .strip_prefix("refused ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a Service without endpoints must refuse: {got}"));
+    assert!(secs < 1.0, "refused only after {secs} s");
+    let after = json(n, "stats")["nat"]["rejected"].as_u64().unwrap();
+    assert!(after > before, "rejected {before} -> {after}");
+    std::fs::write(&n.config, n.config(&extra)).unwrap();
+    tapyard_ok(n, &["reload"]);
 }
 
 /// `bulk` (one endpoint, node-b's pod) carries an 8 s iperf3 transfer from pod-a; halfway,
