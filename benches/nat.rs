@@ -4,8 +4,10 @@
 //!   endpoints), 64-byte segments from 4 client ports on br0 through the router to the
 //!   endpoints on br1, in-memory ports, one pump round per iteration (receive, bridge, conntrack
 //!   lookup + state machine + DNAT rewrite, route, neighbour, far bridge, copy out). Every
-//!   batch holds 32 different connections, so no per-batch memo helps. Beside it: the same
-//!   packets routed by a datapath without NAT (to the endpoints directly).
+//!   batch holds 32 different connections per port, so no per-batch memo helps. Beside it: the same
+//!   packets routed by a datapath without NAT (to the endpoints directly). The `_one_flow`
+//!   variants send 32 segments of ONE established connection per client port per batch (an
+//!   established, DNAT'd TCP flow: what a per-batch memo can speed up).
 //! * `new_connections`: SYNs to the Service through `Datapath::process` with the conntrack
 //!   table holding 1 M connections: per packet, the table miss, the Service lookup, the random
 //!   endpoint choice, the route of the endpoint, the insert and the rewrite. Beside it: the
@@ -151,16 +153,12 @@ impl Rig {
     /// Every station announces itself so both bridges know their ports.
     fn announce(&self, pump: &mut Pump) {
         for (i, h) in self.clients.iter().enumerate() {
-            h.send_frame(
-                &tcp(client_mac(i), MacAddr::BROADCAST, [0; 4], 0, [0; 4], 0, 0)[..60].to_vec(),
-            )
-            .unwrap();
+            h.send_frame(&tcp(client_mac(i), MacAddr::BROADCAST, [0; 4], 0, [0; 4], 0, 0)[..60])
+                .unwrap();
         }
         for (i, h) in self.servers.iter().enumerate() {
-            h.send_frame(
-                &tcp(server_mac(i), MacAddr::BROADCAST, [0; 4], 0, [0; 4], 0, 0)[..60].to_vec(),
-            )
-            .unwrap();
+            h.send_frame(&tcp(server_mac(i), MacAddr::BROADCAST, [0; 4], 0, [0; 4], 0, 0)[..60])
+                .unwrap();
         }
         pump.drain(self.now, 8);
         self.drain();
@@ -232,21 +230,35 @@ fn established(c: &mut Criterion) {
         pump.drain(r.now, 8);
         let before = r.dp.stats().forwarded;
         r.drain();
-        let name = if nat {
-            "tapyard_dnat_established"
-        } else {
-            "tapyard_routed_no_nat"
-        };
-        g.bench_function(name, |bch| {
-            bch.iter_batched(
-                || {
-                    r.drain();
-                    inject();
-                },
-                |()| black_box(pump.poll(r.now).unwrap()),
-                BatchSize::PerIteration,
-            )
-        });
+        // One established connection per client port: 32 segments of it per batch.
+        let one_flow: Vec<Vec<Vec<u8>>> = data
+            .iter()
+            .map(|fs| vec![fs[0].clone(); BATCH_SIZE])
+            .collect();
+        for (variant, frames) in [("", &data), ("_one_flow", &one_flow)] {
+            let inject = || {
+                for (h, fs) in r.clients.iter().zip(frames) {
+                    for f in fs {
+                        h.send_frame(f).unwrap();
+                    }
+                }
+            };
+            let name = if nat {
+                format!("tapyard_dnat_established{variant}")
+            } else {
+                format!("tapyard_routed_no_nat{variant}")
+            };
+            g.bench_function(name, |bch| {
+                bch.iter_batched(
+                    || {
+                        r.drain();
+                        inject();
+                    },
+                    |()| black_box(pump.poll(r.now).unwrap()),
+                    BatchSize::PerIteration,
+                )
+            });
+        }
         let s = r.dp.stats();
         assert!(s.forwarded >= before, "{s}");
         assert_eq!(s.rx_drops(), 0, "{s}");

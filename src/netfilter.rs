@@ -26,6 +26,23 @@
 //!   translated with it, the quoted header and every checksum included
 //!   (`nf_nat_icmp_reply_translation`). An ICMP error about no known connection is INVALID.
 //!
+//! # The fast path of an established connection
+//!
+//! A packet of a known connection costs: its tuple, a table lookup, the state machine
+//! ([`Conntrack::track`], whose common case — an ACK-class segment of an ESTABLISHED, ASSURED
+//! TCP connection — is a load and a compare, no CAS, then the rare refresh and the counters),
+//! and a rewrite prepared from the two tuples (`nat::rewrite::prepare`: the new address and
+//! port bytes and the folded checksum adjustments, so the rewrite itself is a few stores and
+//! two ones-complement additions, bit-for-bit what [`nat::rewrite()`] writes).
+//!
+//! The router's per-batch context keeps a [`FlowMemo`]: the last connection found (its
+//! [`CtHit`] and prepared translation, keyed by the packet tuple and the batch's instant). A
+//! run of one flow's packets in a batch skips the lookup and the preparation; each packet is
+//! still tracked against the entry's *current* control word, so a FIN, RST, invalid packet,
+//! removal or reuse of the entry is seen exactly as without the memo (a removed entry is
+//! [`Track::Gone`] and the packet is looked up again). The memo dies with the batch; it
+//! skips the lookup's `found` counter.
+//!
 //! # How each Kubernetes rule maps
 //!
 //! | kube-proxy (iptables mode) | tapyard |
@@ -734,4 +751,191 @@ fn flow_hash(t: &Tuple) -> u64 {
     let [a, b] = t.to_words();
     let h = (a ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     (h ^ b ^ (h >> 29)).wrapping_mul(0x94d0_49bb_1331_11eb) ^ (b >> 17)
+}
+
+#[cfg(test)]
+mod memo_tests {
+    //! The per-batch memo changes no outcome: the same frames give the same verdicts, bytes
+    //! and connection states whether they come in one batch or one per batch.
+
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    use super::NatConfig;
+    use crate::conntrack::tcp::flags::{ACK, FIN, RST, SYN};
+    use crate::nat::{Endpoint, ServiceSpec};
+    use crate::router::IfaceConfig;
+    use crate::{
+        Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
+    };
+
+    const GW0: MacAddr = MacAddr([2, 0, 0, 0, 0xfe, 0]);
+    const GW1: MacAddr = MacAddr([2, 0, 0, 0, 0xfe, 1]);
+    const CM: MacAddr = MacAddr([2, 0, 0, 0, 1, 1]);
+    const SM: MacAddr = MacAddr([2, 0, 0, 0, 2, 1]);
+    const C: [u8; 4] = [10, 0, 0, 10];
+    const S: [u8; 4] = [10, 0, 1, 10];
+    const VIP: [u8; 4] = [10, 96, 0, 1];
+    const PC: PortId = PortId(0);
+    const PS: PortId = PortId(1);
+
+    fn node() -> (Datapath, Worker, Instant) {
+        let mut b = Datapath::builder();
+        let br0 = b.add_bridge(BridgeConfig::new("br0")).unwrap();
+        let br1 = b.add_bridge(BridgeConfig::new("br1")).unwrap();
+        assert_eq!(b.add_port("c", Some(br0)).unwrap(), PC);
+        assert_eq!(b.add_port("s", Some(br1)).unwrap(), PS);
+        let (if0, _) = b
+            .add_router_iface(
+                IfaceConfig::new("gw0", GW0, Ipv4Addr::new(10, 0, 0, 254), 24),
+                Some(br0),
+            )
+            .unwrap();
+        let (if1, _) = b
+            .add_router_iface(
+                IfaceConfig::new("gw1", GW1, Ipv4Addr::new(10, 0, 1, 254), 24),
+                Some(br1),
+            )
+            .unwrap();
+        b.netfilter(NatConfig::default()).unwrap();
+        let dp = b.build();
+        let now = Instant::from_secs(1);
+        dp.add_static_neigh(if0, C.into(), CM, now).unwrap();
+        dp.add_static_neigh(if1, S.into(), SM, now).unwrap();
+        let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
+        s.endpoints = vec![Endpoint::new(SocketAddrV4::new(S.into(), 8080), true)];
+        dp.netfilter().unwrap().upsert_service(s, now).unwrap();
+        let mut w = dp.worker();
+        for (p, mac) in [(PC, CM), (PS, SM)] {
+            let mut f = vec![0xff; 6];
+            f.extend_from_slice(&mac.0);
+            f.extend_from_slice(&[0x88, 0xb5]);
+            f.resize(60, 0);
+            run(&dp, &mut w, now, &[(p, f)]);
+        }
+        (dp, w, now)
+    }
+
+    /// A segment of connection `sport` from the client (`up`) or back from the endpoint.
+    fn seg(sport: u16, up: bool, fl: u8) -> (PortId, Vec<u8>) {
+        let (sm, dm, src, sp, dst, dp) = if up {
+            (CM, GW0, C, sport, VIP, 80)
+        } else {
+            (SM, GW1, S, 8080, C, sport)
+        };
+        let mut b = etherparse::PacketBuilder::ethernet2(sm.0, dm.0)
+            .ipv4(src, dst, 64)
+            .tcp(sp, dp, 1000, 64240);
+        if fl & SYN != 0 {
+            b = b.syn();
+        }
+        if fl & ACK != 0 {
+            b = b.ack(5000);
+        }
+        if fl & FIN != 0 {
+            b = b.fin();
+        }
+        if fl & RST != 0 {
+            b = b.rst();
+        }
+        let mut f = Vec::new();
+        b.write(&mut f, b"data").unwrap();
+        (if up { PC } else { PS }, f)
+    }
+
+    type Out = (Vec<Verdict>, Vec<(PortId, Vec<u8>)>);
+
+    fn run(dp: &Datapath, w: &mut Worker, now: Instant, frames: &[(PortId, Vec<u8>)]) -> Out {
+        let mut batch = Batch::new();
+        for (p, f) in frames {
+            let mut b = PacketBuf::from_frame(f);
+            b.port = *p;
+            batch.push(b).unwrap();
+        }
+        dp.process(w, now, &mut batch);
+        let v = batch.verdicts().to_vec();
+        let mut out = Vec::new();
+        dp.dispatch(w, &batch, |p, b| {
+            out.push((p, b.frame().to_vec()));
+            Ok(())
+        });
+        batch.recycle(&mut w.pool);
+        (v, out)
+    }
+
+    #[test]
+    fn one_batch_equals_one_packet_per_batch() {
+        let script: Vec<Vec<(PortId, Vec<u8>)>> = vec![
+            vec![
+                seg(1000, true, SYN),
+                seg(2000, true, SYN),
+                seg(3000, true, SYN),
+            ],
+            vec![
+                seg(1000, false, SYN | ACK),
+                seg(2000, false, SYN | ACK),
+                seg(1000, true, ACK),
+                seg(1000, true, ACK),
+                seg(1000, false, ACK),
+            ],
+            vec![
+                seg(1000, true, ACK),
+                seg(1000, true, ACK),
+                seg(1000, true, ACK),
+                seg(1000, true, FIN | ACK),
+                seg(1000, true, ACK),
+                seg(1000, true, SYN | ACK),
+                seg(1000, false, FIN | ACK),
+                seg(1000, false, FIN | ACK),
+                seg(1000, true, ACK),
+                seg(1000, true, ACK),
+                seg(1000, true, SYN),
+                seg(1000, true, ACK),
+                seg(2000, true, ACK),
+                seg(2000, true, ACK),
+                seg(2000, true, RST),
+                seg(2000, true, ACK),
+                seg(2000, true, ACK),
+                seg(3000, true, RST),
+                seg(3000, true, ACK),
+                seg(3000, true, SYN),
+                seg(3000, true, SYN),
+                seg(3000, true, 0),
+            ],
+        ];
+        let (dp1, mut w1, now) = node();
+        let (dp2, mut w2, _) = node();
+        for step in &script {
+            let a = run(&dp1, &mut w1, now, step);
+            let mut b: Out = (Vec::new(), Vec::new());
+            for f in step {
+                let (v, o) = run(&dp2, &mut w2, now, std::slice::from_ref(f));
+                b.0.extend(v);
+                b.1.extend(o);
+            }
+            assert_eq!(a, b);
+            let dump = |dp: &Datapath| {
+                let mut d: Vec<_> = dp
+                    .netfilter()
+                    .unwrap()
+                    .conntrack()
+                    .dump(now)
+                    .into_iter()
+                    .map(|mut v| {
+                        v.id.slot = 0;
+                        v.id.gen = 0;
+                        v
+                    })
+                    .collect();
+                d.sort_by_key(|v| v.orig.sport);
+                d
+            };
+            assert_eq!(dump(&dp1), dump(&dp2));
+        }
+        let c = |dp: &Datapath| {
+            let mut c = dp.netfilter().unwrap().conntrack().counters();
+            c.found = 0;
+            c
+        };
+        assert_eq!(c(&dp1), c(&dp2));
+    }
 }

@@ -993,6 +993,20 @@ impl Conntrack {
         let proto = hit.orig.proto;
         let now_ms = (now.micros() / 1000) & LOW48;
         let mut c = e.ctl.load(Ordering::Acquire);
+        // The common case first: an ACK-class segment (no SYN, FIN or RST) of an ESTABLISHED,
+        // ASSURED connection that has seen a reply changes neither state nor status (the
+        // table's ES/ack cell is ES both ways), so it needs no CAS on the control word.
+        const SEEN: u64 = (CtStatus::ASSURED | CtStatus::SEEN_REPLY) as u64;
+        const EST: u64 = (LIVE << 20) | ((CtState::Established as u64) << 16);
+        if proto == PROTO_TCP
+            && matches!(pkt.kind, L4Kind::Tcp)
+            && pkt.tcp_flags & (flags::SYN | flags::FIN | flags::RST | flags::ACK) == flags::ACK
+            && gen_of(c) == hit.id.gen
+            && c & ((7 << 20) | (0xf << 16) | SEEN) == EST | SEEN
+        {
+            self.refresh_count(e, a, hit.id.gen, dir, pkt.len, now_ms, false);
+            return Track::Ok(CtState::Established);
+        }
         let changed;
         let new_state;
         loop {
@@ -1080,8 +1094,25 @@ impl Conntrack {
                 Err(x) => c = x,
             }
         }
-        // Refresh: exactly on a change, else at most once per REFRESH.
-        let gen = hit.id.gen;
+        self.refresh_count(e, a, hit.id.gen, dir, pkt.len, now_ms, changed);
+        Track::Ok(new_state)
+    }
+
+    /// Refreshes the entry's timeout (exactly on a change, else at most once per
+    /// [`REFRESH`]) and counts a packet of `len` bytes in `dir`, both only while the entry is
+    /// still of generation `gen`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn refresh_count(
+        &self,
+        e: &Entry,
+        a: &Acct,
+        gen: u32,
+        dir: Dir,
+        len: u32,
+        now_ms: u64,
+        changed: bool,
+    ) {
         let t = tag16(gen);
         let mut l = e.last.load(Ordering::Relaxed);
         let refresh_ms = REFRESH.as_millis() as u64;
@@ -1100,8 +1131,7 @@ impl Conntrack {
         }
         let d = dir as usize * 2;
         tagged_add(&a.w[d], gen, 1);
-        tagged_add(&a.w[d + 1], gen, u64::from(pkt.len));
-        Track::Ok(new_state)
+        tagged_add(&a.w[d + 1], gen, u64::from(len));
     }
 
     // ---- expiry and bulk operations --------------------------------------------------------

@@ -263,7 +263,7 @@ fn set_addrs(ip: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, outer: &mut Delta) -> 
     let mut d = Delta::default();
     d.addr(os, ns);
     d.addr(od, nd);
-    if d.0 == 0 {
+    if os == ns && od == nd {
         return d;
     }
     wr32(ip, IP_SRC, ns);
@@ -426,6 +426,190 @@ pub fn rewrite(
     let addrs = set_addrs(l3, new.src, new.dst, &mut unused);
     apply_l4(l3, plan, addrs, new, mode, true, &mut unused);
     Ok(())
+}
+
+/// Which L4 fields a [`Prepared`] translation touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fast {
+    Tcp,
+    Udp,
+    Echo,
+    Addrs,
+}
+
+/// A translation from one tuple to another, prepared once ([`prepare`]) so that every packet
+/// carrying the first tuple is translated by [`apply_prepared`] with a few stores and constant
+/// checksum adjustments: the ones-complement sums of the changed address words, and of the
+/// changed address and port (or identifier) words, folded ahead. The result is bit-for-bit
+/// what [`rewrite`] writes (same zero rules, same modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Prepared {
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: [u8; 2],
+    dport: [u8; 2],
+    /// Folded sum of the address changes (0: none), for the IPv4 header and pseudo-header.
+    addrs: u16,
+    /// Folded sum of the address and port (identifier) changes (0: none).
+    all: u16,
+    /// Folded sum of the port (identifier) changes alone (0: none).
+    l4: u16,
+    /// Whether an address changes (its words may sum to 0 all the same: 0xffff -> 0).
+    addr_change: bool,
+    fast: Fast,
+}
+
+/// Folds a sum of 16-bit words to a nonzero ones-complement value, 0 staying 0 ("no change").
+#[inline]
+fn fold32(mut s: u32) -> u16 {
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s as u16
+}
+
+#[inline]
+fn wsum(old: u16, new: u16) -> u32 {
+    if old != new {
+        u32::from(!old) + u32::from(new)
+    } else {
+        0
+    }
+}
+
+#[inline]
+fn asum(old: Ipv4Addr, new: Ipv4Addr) -> u32 {
+    let (o, n) = (u32::from(old), u32::from(new));
+    wsum((o >> 16) as u16, (n >> 16) as u16) + wsum(o as u16, n as u16)
+}
+
+/// Prepares the translation of packets that carry `from` (of kind `kind`, as
+/// [`Tuple::from_ipv4`] gave it) to `to`. `None` when [`rewrite`] would refuse it whatever the
+/// packet (protocol change, ICMP error, kind that does not fit the protocol).
+pub(crate) fn prepare(from: &Tuple, kind: L4Kind, to: &Tuple) -> Option<Prepared> {
+    if from.proto != to.proto {
+        return None;
+    }
+    let fast = match kind {
+        L4Kind::Tcp if from.proto == PROTO_TCP => Fast::Tcp,
+        L4Kind::Udp if from.proto == PROTO_UDP => Fast::Udp,
+        L4Kind::IcmpEcho { .. } if from.proto == PROTO_ICMP => Fast::Echo,
+        L4Kind::Other if !matches!(from.proto, PROTO_TCP | PROTO_UDP) => Fast::Addrs,
+        _ => return None,
+    };
+    let addrs = asum(from.src, to.src) + asum(from.dst, to.dst);
+    let l4 = match fast {
+        Fast::Tcp | Fast::Udp => wsum(from.sport, to.sport) + wsum(from.dport, to.dport),
+        Fast::Echo => wsum(from.sport, to.sport),
+        Fast::Addrs => 0,
+    };
+    Some(Prepared {
+        src: to.src.octets(),
+        dst: to.dst.octets(),
+        sport: to.sport.to_be_bytes(),
+        dport: to.dport.to_be_bytes(),
+        addrs: fold32(addrs),
+        all: fold32(addrs + l4),
+        l4: fold32(l4),
+        addr_change: from.src != to.src || from.dst != to.dst,
+        fast,
+    })
+}
+
+/// `~(~hc + d)` with a prefolded nonzero `d`; `hc` itself when `d` is 0.
+#[inline]
+fn full(hc: u16, d: u16) -> u16 {
+    if d == 0 {
+        hc
+    } else {
+        !fold32(u32::from(!hc) + u32::from(d))
+    }
+}
+
+/// Translates a packet whose tuple (from [`Tuple::from_ipv4`] on this very packet) is the
+/// `from` of [`prepare`]: the caller guarantees it, and that `l3` is exactly the datagram
+/// (`l3.len()` its total length) with a checked IPv4 header of `hdr_len` bytes. The L4
+/// header length is checked here. Same result as [`rewrite`] to the prepared `to`.
+///
+/// # Errors
+/// [`RewriteError::Truncated`] if the L4 header is too short; the packet is untouched.
+#[inline]
+pub(crate) fn apply_prepared(
+    l3: &mut [u8],
+    hdr_len: usize,
+    p: &Prepared,
+    mode: CsumMode,
+) -> Result<(), RewriteError> {
+    if hdr_len > l3.len() {
+        return Err(RewriteError::Truncated);
+    }
+    let (ip, l4) = l3.split_at_mut(hdr_len);
+    let ip: &mut [u8; 20] = ip.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+    // Fixed-size views: every index below is checked at compile time. The L4 header is
+    // checked before the first write.
+    match p.fast {
+        Fast::Tcp => {
+            let h: &mut [u8; TCP_MIN] = l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+            set_ip(ip, p);
+            h[0..2].copy_from_slice(&p.sport);
+            h[2..4].copy_from_slice(&p.dport);
+            let old = u16::from_be_bytes([h[TCP_CSUM], h[TCP_CSUM + 1]]);
+            let c = match mode {
+                CsumMode::Full => full(old, p.all),
+                CsumMode::Partial => partial(old, p.addrs),
+            };
+            h[TCP_CSUM..TCP_CSUM + 2].copy_from_slice(&c.to_be_bytes());
+        }
+        Fast::Udp => {
+            let h: &mut [u8; UDP_LEN] = l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+            set_ip(ip, p);
+            h[0..2].copy_from_slice(&p.sport);
+            h[2..4].copy_from_slice(&p.dport);
+            let old = u16::from_be_bytes([h[UDP_CSUM], h[UDP_CSUM + 1]]);
+            let mut c = match mode {
+                // No checksum (RFC 768): stays none.
+                CsumMode::Full if old == 0 => return Ok(()),
+                CsumMode::Full => full(old, p.all),
+                CsumMode::Partial => partial(old, p.addrs),
+            };
+            if c == 0 {
+                c = 0xffff;
+            }
+            h[UDP_CSUM..UDP_CSUM + 2].copy_from_slice(&c.to_be_bytes());
+        }
+        Fast::Echo => {
+            let h: &mut [u8; ICMP_HDR] = l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+            set_ip(ip, p);
+            h[ICMP_ID..ICMP_ID + 2].copy_from_slice(&p.sport);
+            if mode == CsumMode::Full {
+                // No pseudo-header: the identifier change alone.
+                let old = u16::from_be_bytes([h[ICMP_CSUM], h[ICMP_CSUM + 1]]);
+                h[ICMP_CSUM..ICMP_CSUM + 2].copy_from_slice(&full(old, p.l4).to_be_bytes());
+            }
+        }
+        Fast::Addrs => set_ip(ip, p),
+    }
+    Ok(())
+}
+
+/// The addresses and header checksum of a prepared translation.
+#[inline(always)]
+fn set_ip(ip: &mut [u8; 20], p: &Prepared) {
+    if p.addr_change {
+        ip[IP_SRC..IP_SRC + 4].copy_from_slice(&p.src);
+        ip[IP_DST..IP_DST + 4].copy_from_slice(&p.dst);
+        let hc = u16::from_be_bytes([ip[IP_CSUM], ip[IP_CSUM + 1]]);
+        ip[IP_CSUM..IP_CSUM + 2].copy_from_slice(&full(hc, p.addrs).to_be_bytes());
+    }
+}
+
+/// A partial (pseudo-header) sum after the prefolded address change `d`.
+#[inline(always)]
+fn partial(sum: u16, d: u16) -> u16 {
+    if d == 0 {
+        sum
+    } else {
+        fold32(u32::from(sum) + u32::from(d))
+    }
 }
 
 /// Translates an ICMP error about a NAT'd connection, as Linux's
