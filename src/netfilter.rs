@@ -71,7 +71,7 @@ use arc_swap::ArcSwap;
 
 use crate::buf::PacketBuf;
 use crate::conntrack::{
-    Conntrack, CtConfig, CtConfigError, CtHit, CtTag, Dir, InsertError, Pkt, Track,
+    Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
 use crate::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
 use crate::nat::{self, CsumMode, PortRange, Services};
@@ -210,12 +210,15 @@ pub(crate) struct FlowMemo {
 }
 
 /// The last connection found: the packet tuple it was found for (as words), the instant of
-/// the batch, the hit, and the translation prepared for that tuple.
+/// the batch, what tracking needs of the hit (entry id, direction, protocol), and the
+/// translation prepared for that tuple.
 #[derive(Clone, Copy, Debug)]
 struct Memo {
     key: [u64; 2],
     now: u64,
-    hit: CtHit,
+    id: CtId,
+    dir: Dir,
+    proto: u8,
     xlat: Xlat,
 }
 
@@ -224,8 +227,8 @@ struct Memo {
 enum Xlat {
     /// The packet keeps its tuple.
     Keep,
-    /// Rewrite it; the new source and destination addresses.
-    Rewrite(nat::rewrite::Prepared, Ipv4Addr, Ipv4Addr),
+    /// Rewrite it.
+    Rewrite(nat::rewrite::Prepared),
     /// The rewrite is impossible (protocol change or kind mismatch).
     Refuse,
 }
@@ -238,7 +241,7 @@ fn xlat(from: &Tuple, kind: L4Kind, to: &Tuple) -> Xlat {
         return Xlat::Keep;
     }
     match nat::rewrite::prepare(from, kind, to) {
-        Some(p) => Xlat::Rewrite(p, to.src, to.dst),
+        Some(p) => Xlat::Rewrite(p),
         None => Xlat::Refuse,
     }
 }
@@ -249,11 +252,10 @@ fn xlat(from: &Tuple, kind: L4Kind, to: &Tuple) -> Xlat {
 fn apply_xlat(ip: &mut [u8], info: &mut Ipv4Info, x: &Xlat, mode: CsumMode) -> Hook {
     match x {
         Xlat::Keep => Hook::Accept,
-        Xlat::Rewrite(p, src, dst) => match nat::rewrite::apply_prepared(ip, info.hdr_len, p, mode)
-        {
+        Xlat::Rewrite(p) => match nat::rewrite::apply_prepared(ip, info.hdr_len, p, mode) {
             Ok(()) => {
-                info.src = *src;
-                info.dst = *dst;
+                info.src = p.new_src();
+                info.dst = p.new_dst();
                 Hook::Accept
             }
             Err(_) => Hook::Drop(DropReason::NatUntranslatable),
@@ -464,7 +466,7 @@ impl Netfilter {
         // invalid packet or removal is seen exactly as without the memo.
         if let Some(m) = &ctx.nf_memo.last {
             if m.key == key && m.now == now_us {
-                match self.ct.track(&m.hit, &pkt, now) {
+                match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
                     Track::Ok(_) | Track::Ignored | Track::Related => {
                         return apply_xlat(ip, info, &m.xlat, mode);
                     }
@@ -497,7 +499,9 @@ impl Netfilter {
             ctx.nf_memo.last = keep.then_some(Memo {
                 key,
                 now: now_us,
-                hit,
+                id: hit.id,
+                dir: hit.dir,
+                proto: hit.orig.proto,
                 xlat: x,
             });
             return apply_xlat(ip, info, &x, mode);

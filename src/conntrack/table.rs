@@ -984,13 +984,18 @@ impl Conntrack {
     /// the state and status, refreshes the timeout, and counts the packet and its bytes in
     /// that direction. Lock-free. See [`Track`] for the outcomes; an entry removed since the
     /// lookup (or whose slot was reused) is [`Track::Gone`] and is never touched.
+    #[inline]
     pub fn track(&self, hit: &CtHit, pkt: &Pkt, now: Instant) -> Track {
-        let slot = hit.id.slot as usize;
+        self.track_id(hit.id, hit.dir, hit.orig.proto, pkt, now)
+    }
+
+    /// [`Conntrack::track`] from the parts of a hit it needs: the entry's id, the direction
+    /// and the connection's protocol (for a caller that keeps only these, e.g. a memo).
+    pub(crate) fn track_id(&self, id: CtId, dir: Dir, proto: u8, pkt: &Pkt, now: Instant) -> Track {
+        let slot = id.slot as usize;
         let (Some(e), Some(a)) = (self.entries.get(slot), self.acct.get(slot)) else {
             return Track::Gone;
         };
-        let dir = hit.dir;
-        let proto = hit.orig.proto;
         let now_ms = (now.micros() / 1000) & LOW48;
         let mut c = e.ctl.load(Ordering::Acquire);
         // The common case first: an ACK-class segment (no SYN, FIN or RST) of an ESTABLISHED,
@@ -1001,16 +1006,16 @@ impl Conntrack {
         if proto == PROTO_TCP
             && matches!(pkt.kind, L4Kind::Tcp)
             && pkt.tcp_flags & (flags::SYN | flags::FIN | flags::RST | flags::ACK) == flags::ACK
-            && gen_of(c) == hit.id.gen
+            && gen_of(c) == id.gen
             && c & ((7 << 20) | (0xf << 16) | SEEN) == EST | SEEN
         {
-            self.refresh_count(e, a, hit.id.gen, dir, pkt.len, now_ms, false);
+            self.refresh_count(e, a, id.gen, dir, pkt.len, now_ms, false);
             return Track::Ok(CtState::Established);
         }
         let changed;
         let new_state;
         loop {
-            if gen_of(c) != hit.id.gen || life(c) != LIVE {
+            if gen_of(c) != id.gen || life(c) != LIVE {
                 return Track::Gone;
             }
             let old = state_of(c);
@@ -1094,7 +1099,7 @@ impl Conntrack {
                 Err(x) => c = x,
             }
         }
-        self.refresh_count(e, a, hit.id.gen, dir, pkt.len, now_ms, changed);
+        self.refresh_count(e, a, id.gen, dir, pkt.len, now_ms, changed);
         Track::Ok(new_state)
     }
 

@@ -467,19 +467,15 @@ fn fold32(mut s: u32) -> u16 {
     s as u16
 }
 
-#[inline]
-fn wsum(old: u16, new: u16) -> u32 {
-    if old != new {
-        u32::from(!old) + u32::from(new)
-    } else {
-        0
-    }
-}
-
-#[inline]
-fn asum(old: Ipv4Addr, new: Ipv4Addr) -> u32 {
-    let (o, n) = (u32::from(old), u32::from(new));
-    wsum((o >> 16) as u16, (n >> 16) as u16) + wsum(o as u16, n as u16)
+/// The sum of `~old + new` over the two 16-bit halves of `old` and `new` that differ
+/// (branch-free: every half is summed, then 0xffff taken back for each unchanged half, which
+/// contributed exactly that).
+#[inline(always)]
+fn sum32(old: u32, new: u32) -> u32 {
+    let x = !old;
+    let d = old ^ new;
+    let same = u32::from(d >> 16 == 0) + u32::from(d & 0xffff == 0);
+    (x >> 16) + (x & 0xffff) + (new >> 16) + (new & 0xffff) - 0xffff * same
 }
 
 /// Prepares the translation of packets that carry `from` (of kind `kind`, as
@@ -496,10 +492,12 @@ pub(crate) fn prepare(from: &Tuple, kind: L4Kind, to: &Tuple) -> Option<Prepared
         L4Kind::Other if !matches!(from.proto, PROTO_TCP | PROTO_UDP) => Fast::Addrs,
         _ => return None,
     };
-    let addrs = asum(from.src, to.src) + asum(from.dst, to.dst);
+    let addrs = sum32(from.src.into(), to.src.into()) + sum32(from.dst.into(), to.dst.into());
+    let ports = |t: &Tuple| u32::from(t.sport) << 16 | u32::from(t.dport);
     let l4 = match fast {
-        Fast::Tcp | Fast::Udp => wsum(from.sport, to.sport) + wsum(from.dport, to.dport),
-        Fast::Echo => wsum(from.sport, to.sport),
+        Fast::Tcp | Fast::Udp => sum32(ports(from), ports(to)),
+        // The identifier only (`sport`; the low half compares equal to itself).
+        Fast::Echo => sum32(u32::from(from.sport) << 16, u32::from(to.sport) << 16),
         Fast::Addrs => 0,
     };
     Some(Prepared {
@@ -513,6 +511,19 @@ pub(crate) fn prepare(from: &Tuple, kind: L4Kind, to: &Tuple) -> Option<Prepared
         addr_change: from.src != to.src || from.dst != to.dst,
         fast,
     })
+}
+
+impl Prepared {
+    /// The source address after the translation.
+    #[inline]
+    pub(crate) fn new_src(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.src)
+    }
+    /// The destination address after the translation.
+    #[inline]
+    pub(crate) fn new_dst(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.dst)
+    }
 }
 
 /// `~(~hc + d)` with a prefolded nonzero `d`; `hc` itself when `d` is 0.
