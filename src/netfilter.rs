@@ -36,8 +36,9 @@
 //! two ones-complement additions, bit-for-bit what [`nat::rewrite()`] writes).
 //!
 //! The router's per-batch context keeps a [`FlowMemo`]: the last connection found (its
-//! [`CtHit`] and prepared translation, keyed by the packet tuple and the batch's instant). A
-//! run of one flow's packets in a batch skips the lookup and the preparation; each packet is
+//! entry id and prepared translation, keyed by the packet tuple and the batch's instant). A
+//! run of one TCP or UDP flow's packets in a batch skips the tuple extraction (the key is read
+//! straight from the header), the lookup and the preparation; each packet is
 //! still tracked against the entry's *current* control word, so a FIN, RST, invalid packet,
 //! removal or reuse of the entry is seen exactly as without the memo (a removed entry is
 //! [`Track::Gone`] and the packet is looked up again). The memo dies with the batch; it
@@ -203,7 +204,8 @@ struct Counters {
 
 /// Per-batch state of the hooks, kept in the router's batch context: a memo of the last
 /// connection [`Netfilter::prerouting`] found, so that a run of one flow's packets in a batch
-/// skips the table lookup and the preparation of the rewrite (see the module docs).
+/// skips the tuple extraction, the table lookup and the preparation of the rewrite (see the
+/// module docs).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FlowMemo {
     last: Option<Memo>,
@@ -447,6 +449,9 @@ impl Netfilter {
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Drop(DropReason::Truncated);
         };
+        if let Some(h) = self.memo_hit(ip, info, ctx, now, mode) {
+            return h;
+        }
         let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
             self.counters.untracked.fetch_add(1, Relaxed);
             return Hook::Accept;
@@ -461,29 +466,6 @@ impl Netfilter {
         };
         let key = t.to_words();
         let now_us = now.micros();
-        // The batch's last connection: no lookup, the translation already prepared. The
-        // packet is still tracked against the entry's current control word, so a FIN, RST,
-        // invalid packet or removal is seen exactly as without the memo.
-        if let Some(m) = &ctx.nf_memo.last {
-            if m.key == key && m.now == now_us {
-                match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
-                    Track::Ok(_) | Track::Ignored | Track::Related => {
-                        return apply_xlat(ip, info, &m.xlat, mode);
-                    }
-                    Track::Closed => {
-                        let h = apply_xlat(ip, info, &m.xlat, mode);
-                        ctx.nf_memo.last = None;
-                        return h;
-                    }
-                    Track::Invalid(_) if self.ct.config().liberal => {
-                        return apply_xlat(ip, info, &m.xlat, mode);
-                    }
-                    Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
-                    // Removed or closed since: look it up again.
-                    Track::Reopen | Track::Gone => ctx.nf_memo.last = None,
-                }
-            }
-        }
         if let Some(hit) = self.ct.lookup(&t, now) {
             let x = xlat(&t, kind, &target(&hit));
             let keep = match self.ct.track(&hit, &pkt, now) {
@@ -507,6 +489,65 @@ impl Netfilter {
             return apply_xlat(ip, info, &x, mode);
         }
         self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+    }
+
+    /// A TCP or UDP packet of the batch's last connection (see [`FlowMemo`]): its tuple words
+    /// are read straight from the header and compared with the memo's, and on a match the
+    /// packet is tracked and translated without a lookup. `None`: not the memo's connection
+    /// (or the connection is gone): take the full path.
+    #[inline]
+    fn memo_hit(
+        &self,
+        ip: &mut [u8],
+        info: &mut Ipv4Info,
+        ctx: &mut L3Batch<'_>,
+        now: Instant,
+        mode: CsumMode,
+    ) -> Option<Hook> {
+        let m = ctx.nf_memo.last.as_ref()?;
+        let hl = info.hdr_len;
+        let h: &[u8; 20] = ip.first_chunk()?;
+        let kind = match h[9] {
+            PROTO_TCP => L4Kind::Tcp,
+            PROTO_UDP => L4Kind::Udp,
+            _ => return None,
+        };
+        // Tuple::from_ipv4 gives no tuple for a later fragment or without both ports.
+        if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+            return None;
+        }
+        let ports: &[u8; 4] = ip.get(hl..)?.first_chunk()?;
+        // As Tuple::to_words (zone 0).
+        let key = [
+            u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])) << 32
+                | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
+            u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
+        ];
+        if m.key != key || m.now != now.micros() {
+            return None;
+        }
+        let pkt = Pkt {
+            kind,
+            tcp_flags: tcp_flags(ip, info, kind),
+            len: info.total_len as u32,
+        };
+        // Tracked against the entry's current control word: a FIN, RST, invalid packet or
+        // removal is seen exactly as without the memo.
+        Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
+            Track::Ok(_) | Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
+            Track::Closed => {
+                let h = apply_xlat(ip, info, &m.xlat, mode);
+                ctx.nf_memo.last = None;
+                h
+            }
+            Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
+            Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
+            // Removed or closed since: look it up again.
+            Track::Reopen | Track::Gone => {
+                ctx.nf_memo.last = None;
+                return None;
+            }
+        })
     }
 
     /// Translates a packet of a known connection to `to` (a no-op when it already carries it).
