@@ -220,7 +220,7 @@ fn main() {
 
     // Through the Service: each connection goes to b or d; a sees only the ClusterIP.
     for _ in 0..4 {
-        let (steps, by) = tcp_echo(&mut hosts, &mut pump, &mut now, 0, &[1, 3], vip.into());
+        let (steps, by) = tcp_echo(&mut hosts, &mut pump, &mut now, 0, &[1, 3], vip);
         println!(
             "TCP (Service): a sent {PAYLOAD} bytes to {vip}:7, served by {} ({steps} ms)",
             names[by]

@@ -3,7 +3,7 @@
 //!
 //! # Where the hooks sit (the netfilter order)
 //!
-//! * **Routed packets** (frames addressed to a router interface) pass [`Netfilter::prerouting`]
+//! * **Routed packets** (frames addressed to a router interface) pass `Netfilter::prerouting`
 //!   right after the IPv4 header check, before the local-address check and the route lookup,
 //!   as `nf_conntrack_in` and the nat table's PREROUTING do. A packet of a known connection is
 //!   tracked (TCP state machine, timeouts, counters) and translated at once, both halves: the
@@ -15,7 +15,7 @@
 //!   then the masquerade rules (KUBE-POSTROUTING for packets kube-proxy marks 0x4000, and the
 //!   node's "pod traffic leaving the cluster" rule) pick the source; the entry is inserted with
 //!   the reply tuple that results, and the packet rewritten.
-//! * **Bridged IPv4 frames** (pod to pod on one bridge) pass [`Netfilter::bridged`] when NAT is
+//! * **Bridged IPv4 frames** (pod to pod on one bridge) pass `Netfilter::bridged` when NAT is
 //!   configured, as `br_netfilter` (`bridge-nf-call-iptables = 1`) makes them pass conntrack on
 //!   Linux: a reply from an endpoint to a client on the same bridge is translated back
 //!   (un-DNAT) there. Unlike Linux, a bridged frame never *creates* an entry: only frames of
@@ -35,7 +35,7 @@
 //! port bytes and the folded checksum adjustments, so the rewrite itself is a few stores and
 //! two ones-complement additions, bit-for-bit what [`nat::rewrite()`] writes).
 //!
-//! The router's per-batch context keeps a [`FlowMemo`]: the last connection found (its
+//! The router's per-batch context keeps a `FlowMemo`: the last connection found (its
 //! entry id and prepared translation, keyed by the packet tuple and the batch's instant). A
 //! run of one TCP or UDP flow's packets in a batch skips the tuple extraction (the key is read
 //! straight from the header), the lookup and the preparation; each packet is
@@ -203,7 +203,7 @@ struct Counters {
 }
 
 /// Per-batch state of the hooks, kept in the router's batch context: a memo of the last
-/// connection [`Netfilter::prerouting`] found, so that a run of one flow's packets in a batch
+/// connection `Netfilter::prerouting` found, so that a run of one flow's packets in a batch
 /// skips the tuple extraction, the table lookup and the preparation of the rewrite (see the
 /// module docs).
 #[derive(Clone, Debug, Default)]
@@ -491,7 +491,7 @@ impl Netfilter {
         self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
     }
 
-    /// A TCP or UDP packet of the batch's last connection (see [`FlowMemo`]): its tuple words
+    /// A TCP or UDP packet of the batch's last connection (see `FlowMemo`): its tuple words
     /// are read straight from the header and compared with the memo's, and on a match the
     /// packet is tracked and translated without a lookup. `None`: not the memo's connection
     /// (or the connection is gone): take the full path.
