@@ -22,7 +22,9 @@ pub mod conntrack;
 pub mod datapath;
 pub mod fdb;
 pub mod ipv4;
-#[allow(unsafe_code)] // prefetch hints and a popcnt-enabled lookup, each with a SAFETY line
+// Calls into lookups compiled with POPCNT after a run-time CPU check (a `#[target_feature]`
+// function is unsafe to call); each call has a SAFETY line. All other unsafe is in `sys`.
+#[allow(unsafe_code)]
 pub mod lpm;
 pub mod mac;
 pub mod nat;

@@ -74,19 +74,24 @@ pub(crate) fn pollfd(fd: RawFd) -> libc::pollfd {
     }
 }
 
+/// Hints the CPU to bring the cache line at `p` into cache. `p` may be any address, even one
+/// past a table's end (as the LPM's look-ahead computes): a prefetch never faults.
+#[inline(always)]
+pub(crate) fn prefetch_ptr<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it never faults and never dereferences, whatever the
+    // address, and it changes no memory or program state.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Hints the CPU to bring `*r` into cache; no effect on memory or program state.
 #[inline(always)]
 pub(crate) fn prefetch<T>(r: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a pure hint; `r` is a valid reference so its address is in bounds.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(
-            (r as *const T).cast::<i8>(),
-            std::arch::x86_64::_MM_HINT_T0,
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = r;
+    prefetch_ptr(r as *const T);
 }
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;

@@ -58,17 +58,7 @@ fn public(v: u32) -> u32 {
     }
 }
 
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
-    #[allow(unused_unsafe)]
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
+use crate::sys::prefetch_ptr as prefetch;
 
 /// An immutable longest-prefix-match table: a compiled snapshot of a route set.
 ///
@@ -187,6 +177,9 @@ impl<A: Address> Lpm<A> {
 
     /// [`Lpm::lookup_batch`] compiled with the POPCNT instruction (not in the x86-64
     /// baseline; without it `count_ones` is a dozen instructions).
+    ///
+    /// # Safety
+    /// The CPU must support POPCNT (callers check `is_x86_feature_detected!("popcnt")`).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "popcnt")]
     unsafe fn lookup_batch_popcnt(&self, addrs: &[A], out: &mut [u32]) {
@@ -274,6 +267,9 @@ impl<A: Address> Lpm<A> {
     }
 
     /// [`Lpm::lookup_raw`] compiled with POPCNT.
+    ///
+    /// # Safety
+    /// The CPU must support POPCNT (callers check `is_x86_feature_detected!("popcnt")`).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "popcnt")]
     unsafe fn lookup_raw_popcnt(&self, addr: A) -> u32 {

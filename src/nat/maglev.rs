@@ -190,8 +190,10 @@ mod tests {
 mod measure {
     use super::*;
     use std::net::Ipv4Addr;
+    // A measurement for choosing the table size (figures quoted in the module docs), not a
+    // check: `cargo test --lib nat::maglev::measure -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "prints disruption per table size; run by hand with --ignored --nocapture"]
     fn disruption_by_size() {
         let b: Vec<SocketAddrV4> = (1..=10u8)
             .map(|i| SocketAddrV4::new(Ipv4Addr::new(10, 1, 0, i), 8080))
