@@ -1045,37 +1045,11 @@ impl Datapath {
     where
         F: FnMut(PortId, &PacketBuf) -> Result<(), DropReason>,
     {
-        let shard = &w.shard;
-        let mut send = |p: PortId, b: &PacketBuf| {
-            let Some(c) = shard.ports.get(usize::from(p.0)) else {
-                return;
-            };
-            match tx(p, b) {
-                Ok(()) => {
-                    c.tx_packets.add(1);
-                    c.tx_bytes.add(b.len() as u64);
-                }
-                Err(r) => {
-                    c.tx_dropped.add(1);
-                    shard.count_drop(r);
-                }
+        self.dispatch_runs(w, batch, |p, run, done| {
+            for (i, b) in run.iter().enumerate() {
+                done(i, tx(p, b));
             }
-        };
-        for (b, v) in batch.bufs.iter().zip(batch.verdicts.iter()) {
-            match *v {
-                Verdict::Output(p) => send(p, b),
-                Verdict::Flood(bid) => {
-                    if let Some(br) = self.bridge(bid) {
-                        for &p in br.ports.iter() {
-                            if p != b.port && !self.is_virtual(p) {
-                                send(p, b);
-                            }
-                        }
-                    }
-                }
-                Verdict::Drop(_) | Verdict::Local | Verdict::Queued => {}
-            }
-        }
+        });
     }
 
     #[inline]
