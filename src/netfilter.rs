@@ -51,7 +51,7 @@
 //! | `KUBE-SERVICES`: ClusterIP:port → `KUBE-SVC-*` → random `KUBE-SEP-*` DNAT | [`crate::nat::Services::by_vip`] + `select` (random, client-IP affinity, or Maglev) |
 //! | `KUBE-NODEPORTS`: node address:nodePort → the Service's endpoints | `by_node_port` when the destination is a router interface address |
 //! | `KUBE-MARK-MASQ` for sources outside `--cluster-cidr` | masquerade when the client is outside `cluster_cidr` |
-//! | `KUBE-MARK-MASQ` for NodePort with `externalTrafficPolicy: Cluster` | masquerade; `Local` keeps the client address and uses local endpoints only |
+//! | `KUBE-EXT-*` for NodePort with `externalTrafficPolicy: Cluster` | masquerade; `Local` keeps the client address and uses local endpoints only (pods inside the cluster CIDR get every endpoint, unmasqueraded) |
 //! | `KUBE-SEP-*`: `-s <endpoint> -j KUBE-MARK-MASQ` (hairpin) | masquerade when the endpoint is the client itself |
 //! | `KUBE-POSTROUTING`: `MASQUERADE` marked packets | source := egress interface address, port kept when free |
 //! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once |
@@ -211,13 +211,12 @@ pub(crate) struct FlowMemo {
     last: Option<Memo>,
 }
 
-/// The last connection found: the packet tuple it was found for (as words), the instant of
-/// the batch, what tracking needs of the hit (entry id, direction, protocol), and the
+/// The last connection found: the packet tuple it was found for (as words), what tracking
+/// needs of the hit (entry id, direction, protocol), and the
 /// translation prepared for that tuple.
 #[derive(Clone, Copy, Debug)]
 struct Memo {
     key: [u64; 2],
-    now: u64,
     id: CtId,
     dir: Dir,
     proto: u8,
@@ -265,6 +264,9 @@ fn apply_xlat(ip: &mut [u8], info: &mut Ipv4Info, x: &Xlat, mode: CsumMode) -> H
         Xlat::Refuse => Hook::Drop(DropReason::NatUntranslatable),
     }
 }
+
+/// An ICMP error about no tracked connection, on the routed path.
+const INVALID: Hook = Hook::Drop(DropReason::CtInvalid);
 
 /// What a hook decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,7 +459,7 @@ impl Netfilter {
             return Hook::Accept;
         };
         if let L4Kind::IcmpError { inner_l3 } = kind {
-            return self.related(ip, info, t, usize::from(inner_l3), mode, now);
+            return self.related(ip, info, t, usize::from(inner_l3), mode, now, INVALID);
         }
         let pkt = Pkt {
             kind,
@@ -465,7 +467,6 @@ impl Netfilter {
             len: info.total_len as u32,
         };
         let key = t.to_words();
-        let now_us = now.micros();
         if let Some(hit) = self.ct.lookup(&t, now) {
             let x = xlat(&t, kind, &target(&hit));
             let keep = match self.ct.track(&hit, &pkt, now) {
@@ -480,7 +481,6 @@ impl Netfilter {
             };
             ctx.nf_memo.last = keep.then_some(Memo {
                 key,
-                now: now_us,
                 id: hit.id,
                 dir: hit.dir,
                 proto: hit.orig.proto,
@@ -523,7 +523,8 @@ impl Netfilter {
                 | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
             u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
         ];
-        if m.key != key || m.now != now.micros() {
+        // The memo lives in the batch's context, so it never outlives the batch's instant.
+        if m.key != key {
             return None;
         }
         let pkt = Pkt {
@@ -563,7 +564,9 @@ impl Netfilter {
         apply_xlat(ip, info, &xlat(from, kind, to), mode)
     }
 
-    /// An ICMP error quoting a packet with tuple `q`: RELATED to `q`'s connection.
+    /// An ICMP error quoting a packet with tuple `q`: RELATED to `q`'s connection; `on_miss`
+    /// when there is none.
+    #[allow(clippy::too_many_arguments)]
     fn related(
         &self,
         ip: &mut [u8],
@@ -572,10 +575,11 @@ impl Netfilter {
         inner_l3: usize,
         mode: CsumMode,
         now: Instant,
+        on_miss: Hook,
     ) -> Hook {
         // The error travels against the quoted packet: look its inverse up.
         let Some(hit) = self.ct.lookup(&q.invert(), now) else {
-            return Hook::Drop(DropReason::CtInvalid);
+            return on_miss;
         };
         self.counters.related.fetch_add(1, Relaxed);
         if !is_natted(&hit) {
@@ -766,13 +770,9 @@ impl Netfilter {
             return Hook::Accept;
         };
         if let L4Kind::IcmpError { inner_l3 } = kind {
-            let Some(hit) = self.ct.lookup(&t.invert(), now) else {
-                return Hook::Accept;
-            };
-            if !is_natted(&hit) {
-                return Hook::Accept;
-            }
-            return self.related(ip, &mut info, t, usize::from(inner_l3), mode, now);
+            // An error about a connection the router does not track is switched untouched.
+            let inner = usize::from(inner_l3);
+            return self.related(ip, &mut info, t, inner, mode, now, Hook::Accept);
         }
         let Some(hit) = self.ct.lookup(&t, now) else {
             return Hook::Accept;
