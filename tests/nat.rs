@@ -4,6 +4,8 @@
 //! comes out is checked as kube-proxy's rules on a Linux node would make it, every checksum
 //! recomputed.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
@@ -11,9 +13,7 @@ use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
 use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::route::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::router::IfaceConfig;
-use tapyard::{
-    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
-};
+use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -144,19 +144,7 @@ fn node() -> Node {
 
 /// Processes one frame received on `port`; returns its verdict and every frame sent.
 fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    let mut batch = Batch::new();
-    let mut b = PacketBuf::from_frame(frame);
-    b.port = port;
-    batch.push(b).unwrap();
-    n.dp.process(&mut n.w, n.now, &mut batch);
-    let v = batch.verdicts()[0];
-    let mut out = Vec::new();
-    n.dp.dispatch(&mut n.w, &batch, |p, b| {
-        out.push((p, b.frame().to_vec()));
-        Ok(())
-    });
-    batch.recycle(&mut n.w.pool);
-    (v, out)
+    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -28,9 +28,6 @@ use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 const TCP_BYTES: usize = 16 << 20;
 /// Port of the TCP listener inside namespace B.
 const TCP_PORT: u16 = 42213;
-/// Frames flooded towards a TAP before its interface is up are refused (`EIO`, counted as
-/// `tx_error`): IPv6 router solicitations, MLD reports and the like. Allow a few of them.
-const MAX_EARLY_TX_ERRORS: u64 = 50;
 
 /// One side of the bridge: a namespace holding a TAP with an address.
 struct Pod {
@@ -361,11 +358,8 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
         0,
         "TAP transmit queue overflowed:\n{st}"
     );
+    common::assert_no_drops(&st, &[]);
     let tx_err = st.drop_count(DropReason::TxError);
-    assert!(
-        tx_err <= MAX_EARLY_TX_ERRORS,
-        "{tx_err} tx errors (more than the few expected before the links came up):\n{st}"
-    );
     let tx_dropped: u64 = st.ports.iter().map(|p| p.tx_dropped).sum();
     assert_eq!(
         tx_dropped, tx_err,

@@ -116,8 +116,6 @@ const KNOWN_BUG_QUEUED_FRAME_LOSES_OFFLOAD: bool = false;
 /// is kept). While `true`, step 10 prints `KNOWN BUG` for the endpoint spread instead of
 /// failing (unless `TAPYARD_E2E_STRICT` is set); set it to `false` once fixed.
 const KNOWN_BUG_POD_TO_LOCAL_NODE_PORT: bool = false;
-/// Frames sent towards a TAP before its interface is up are refused (`EIO`, `tx_error`).
-const MAX_EARLY_TX_ERRORS: u64 = 50;
 
 /// A server: TCP on `argv[2]` (every connection in its own thread: reads to EOF, answers
 /// `<ident> <peer address> <bytes> <sha256>\n` followed by the bytes received, and closes), and
@@ -1042,33 +1040,29 @@ fn nat_node(prefix: &str, kind: TapKind) {
         2,
         "the two rejected probes:\n{st}"
     );
-    for r in [
-        DropReason::BadIpHeader,
-        DropReason::BadIpChecksum,
-        DropReason::BadOffload,
-        DropReason::FragNeeded,
-        DropReason::NoRoute,
-        DropReason::NeighFailed,
-        DropReason::NeighQueueOverflow,
-        DropReason::NeighTableFull,
-        DropReason::TxQueueFull,
-        DropReason::Oversize,
-        DropReason::CtFull,
-        DropReason::NatExhausted,
-        DropReason::NatUntranslatable,
-        // IPv6 is off in every namespace: nothing but IPv4 and ARP reaches the router.
-        DropReason::UnsupportedProtocol,
-        // Every packet of these connections is valid for a Linux-like tracker.
-        DropReason::CtInvalid,
-    ] {
-        assert_eq!(st.drop_count(r), 0, "unexpected {r} drops:\n{st}");
-    }
-    assert_eq!(st.generated_lost, 0, "router frames lost:\n{st}");
-    let tx_err = st.drop_count(DropReason::TxError);
-    assert!(
-        tx_err <= MAX_EARLY_TX_ERRORS,
-        "{tx_err} tx errors (more than the few expected before the links came up):\n{st}"
+    common::assert_no_drops(
+        &st,
+        &[
+            DropReason::BadIpHeader,
+            DropReason::BadIpChecksum,
+            DropReason::BadOffload,
+            DropReason::FragNeeded,
+            DropReason::NoRoute,
+            DropReason::NeighFailed,
+            DropReason::NeighQueueOverflow,
+            DropReason::NeighTableFull,
+            DropReason::TxQueueFull,
+            DropReason::Oversize,
+            DropReason::CtFull,
+            DropReason::NatExhausted,
+            DropReason::NatUntranslatable,
+            // IPv6 is off in every namespace: nothing but IPv4 and ARP reaches the router.
+            DropReason::UnsupportedProtocol,
+            // Every packet of these connections is valid for a Linux-like tracker.
+            DropReason::CtInvalid,
+        ],
     );
+    assert_eq!(st.generated_lost, 0, "router frames lost:\n{st}");
 
     drop(guard);
     println!("{prefix}: done in {:.1}s", started.elapsed().as_secs_f64());

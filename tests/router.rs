@@ -2,6 +2,8 @@
 //! pods' side, gateway 10.244.1.1 on cni0) and an uplink (eth0, 172.18.0.2), and what comes out
 //! is checked as a Linux router would behave.
 
+mod common;
+
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -82,19 +84,7 @@ fn node() -> Node {
 
 /// What came out: (port, frame) for every output, expanded like `dispatch`.
 fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    let mut batch = Batch::new();
-    let mut b = PacketBuf::from_frame(frame);
-    b.port = port;
-    batch.push(b).unwrap();
-    n.dp.process(&mut n.w, n.now, &mut batch);
-    let v = batch.verdicts()[0];
-    let mut out = Vec::new();
-    n.dp.dispatch(&mut n.w, &batch, |p, b| {
-        out.push((p, b.frame().to_vec()));
-        Ok(())
-    });
-    batch.recycle(&mut n.w.pool);
-    (v, out)
+    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
 }
 
 fn tick(n: &mut Node, d: Duration) -> Vec<(PortId, Vec<u8>)> {

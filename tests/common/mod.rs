@@ -343,3 +343,44 @@ pub fn name_tag() -> (u32, u64) {
         .map_or(0, |d| d.as_secs() % 100_000);
     (pid, tag)
 }
+
+/// Frames flooded towards a TAP before its interface is up are refused (`EIO`, counted as
+/// `tx_error`): IPv6 router solicitations, MLD reports and the like. Allow a few of them.
+pub const MAX_EARLY_TX_ERRORS: u64 = 50;
+
+/// Panics, printing the counters, if any of `reasons` counted a drop or if there were more
+/// transmit errors than the few expected before the links came up.
+pub fn assert_no_drops(st: &tapyard::StatsSnapshot, reasons: &[tapyard::DropReason]) {
+    for &r in reasons {
+        assert_eq!(st.drop_count(r), 0, "unexpected {r} drops:\n{st}");
+    }
+    let tx_err = st.drop_count(tapyard::DropReason::TxError);
+    assert!(
+        tx_err <= MAX_EARLY_TX_ERRORS,
+        "{tx_err} tx errors (more than the few expected before the links came up):\n{st}"
+    );
+}
+
+/// Processes one frame received on `port` through `dp` at `now` (no root needed); returns its
+/// verdict and every frame sent, as `(port, bytes)`, expanded as `dispatch` does.
+pub fn send_one(
+    dp: &tapyard::Datapath,
+    w: &mut tapyard::Worker,
+    now: tapyard::Instant,
+    port: PortId,
+    frame: &[u8],
+) -> (tapyard::Verdict, Vec<(PortId, Vec<u8>)>) {
+    let mut batch = tapyard::Batch::new();
+    let mut b = tapyard::PacketBuf::from_frame(frame);
+    b.port = port;
+    batch.push(b).expect("an empty batch has room");
+    dp.process(w, now, &mut batch);
+    let v = batch.verdicts()[0];
+    let mut out = Vec::new();
+    dp.dispatch(w, &batch, |p, b| {
+        out.push((p, b.frame().to_vec()));
+        Ok(())
+    });
+    batch.recycle(&mut w.pool);
+    (v, out)
+}
