@@ -141,18 +141,9 @@ fn lookups_n(c: &mut Criterion, conns: u32) {
         g.bench_function(BenchmarkId::new("tapyard", threads), |b| {
             b.iter_custom(|iters| {
                 par(threads, iters, &|th, iters| {
-                    let seq = &seqs[th];
-                    let mut k = th * 7919;
-                    let mut n = 0u32;
-                    for _ in 0..iters {
-                        for _ in 0..CHUNK {
-                            k = (k + 1) & mask;
-                            if let Some(h) = ct.lookup(&seq[k], now) {
-                                n = n.wrapping_add(h.id.slot);
-                            }
-                        }
-                    }
-                    black_box(n);
+                    walk(&seqs[th], mask, th, iters, |t| {
+                        ct.lookup(t, now).map(|h| h.id.slot)
+                    })
                 })
             })
         });
@@ -184,42 +175,39 @@ fn lookups_n(c: &mut Criterion, conns: u32) {
         g.bench_function(BenchmarkId::new("mutex_hashmap", threads), |b| {
             b.iter_custom(|iters| {
                 par(threads, iters, &|th, iters| {
-                    let seq = &seqs[th];
-                    let mut k = th * 7919;
-                    let mut n = 0u32;
-                    for _ in 0..iters {
-                        for _ in 0..CHUNK {
-                            k = (k + 1) & mask;
-                            if let Some(v) = mutex.lock().get(&seq[k]).copied() {
-                                n = n.wrapping_add(v.id);
-                            }
-                        }
-                    }
-                    black_box(n);
+                    walk(&seqs[th], mask, th, iters, |t| {
+                        mutex.lock().get(t).map(|v| v.id)
+                    })
                 })
             })
         });
         g.bench_function(BenchmarkId::new("dashmap", threads), |b| {
             b.iter_custom(|iters| {
                 par(threads, iters, &|th, iters| {
-                    let seq = &seqs[th];
-                    let mut k = th * 7919;
-                    let mut n = 0u32;
-                    for _ in 0..iters {
-                        for _ in 0..CHUNK {
-                            k = (k + 1) & mask;
-                            if let Some(v) = dash.get(&seq[k]).map(|v| *v) {
-                                n = n.wrapping_add(v.id);
-                            }
-                        }
-                    }
-                    black_box(n);
+                    walk(&seqs[th], mask, th, iters, |t| dash.get(t).map(|v| v.id))
                 })
             })
         });
     }
     g.finish();
     black_box(&keys);
+}
+
+/// One thread's share of a lookup bench: `iters` chunks of `CHUNK` lookups walking `seq` from a
+/// per-thread offset; `lookup` returns an id to fold in (so the work is not optimised away).
+#[inline(always)]
+fn walk(seq: &[Tuple], mask: usize, th: usize, iters: u64, lookup: impl Fn(&Tuple) -> Option<u32>) {
+    let mut k = th * 7919;
+    let mut n = 0u32;
+    for _ in 0..iters {
+        for _ in 0..CHUNK {
+            k = (k + 1) & mask;
+            if let Some(id) = lookup(&seq[k]) {
+                n = n.wrapping_add(id);
+            }
+        }
+    }
+    black_box(n);
 }
 
 fn inserts(c: &mut Criterion) {
