@@ -646,10 +646,12 @@ impl Conntrack {
         {
             return false;
         }
-        self.release(idx, gen_of(expect));
+        // Uncount before the slot is freed: `len` then never counts more entries than hold a
+        // slot, so it never reads above `max_entries` even while an insert reuses this slot.
         if life(expect) == LIVE {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
+        self.release(idx, gen_of(expect));
         true
     }
 
