@@ -48,7 +48,7 @@ use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteTable};
 use crate::router::{Iface, IfaceConfig, L3Batch, Router, Sink, L3};
 use crate::stats::{DropReason, Shard, StatsSnapshot};
 use crate::time::Instant;
-use crate::wire::EthMeta;
+use crate::wire::{is_vlan_type, EthMeta};
 
 /// The most frames the router may make while processing one batch (ARP replies, ICMP, packets
 /// released from ARP queues); more are dropped and counted.
@@ -62,6 +62,9 @@ const CT_SWEEP_BUDGET: usize = 4096;
 /// The longest run [`Datapath::dispatch_runs`] hands over at once.
 const RUN_MAX: usize = 64;
 
+/// The low 48 bits: a MAC address read as a little-endian word.
+const MAC48: u64 = (1 << 48) - 1;
+
 /// A port's index in its datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct PortId(pub u16);
@@ -71,20 +74,16 @@ pub struct PortId(pub u16);
 pub struct BridgeId(pub u16);
 
 /// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]), packed
-/// in 8 bytes so that storing and reading it back costs one move; the FDB locations of a
-/// bridged frame's addresses live in arrays beside it.
+/// small so that storing and reading it back is cheap; the FDB locations of a bridged frame's
+/// addresses live in arrays beside it, and the L3 offset and EtherType are read again (with
+/// [`L3Hint::of`]) only by the frames that need them.
 #[derive(Clone, Copy)]
 struct Pre {
     kind: u8,
-    /// `GROUP_DST`, `LINK_LOCAL`, `OURS`.
+    /// `GROUP_DST`, `LINK_LOCAL`, `OURS`; for `DROP`, the drop reason's discriminant.
     flags: u8,
     /// The bridge (`BRIDGE`) or the router interface (`ROUTED`).
     id: u16,
-    /// The drop reason (`DROP`).
-    reason: DropReason,
-    /// Offset of the L3 header; 0xff marks a VLAN-tagged frame.
-    l3: u8,
-    ether_type: u16,
 }
 
 /// `Pre::kind`: dropped in pass 1, under `reason`.
@@ -106,21 +105,18 @@ impl Pre {
     fn drop(reason: DropReason) -> Pre {
         Pre {
             kind: DROP,
-            flags: 0,
+            flags: reason as u8,
             id: 0,
-            reason,
-            l3: 0,
-            ether_type: 0,
         }
     }
 
+    /// The drop reason of a `DROP`.
     #[inline]
-    fn meta(&self) -> L3Hint {
-        L3Hint {
-            l3: u16::from(self.l3),
-            ether_type: self.ether_type,
-            tagged: self.l3 != 14,
-        }
+    fn reason(&self) -> DropReason {
+        DropReason::ALL
+            .get(usize::from(self.flags))
+            .copied()
+            .unwrap_or(DropReason::Truncated)
     }
 }
 
@@ -130,6 +126,26 @@ struct L3Hint {
     l3: u16,
     ether_type: u16,
     tagged: bool,
+}
+
+impl L3Hint {
+    /// Reads a frame's L3 offset and EtherType again (pass 1 has checked that it parses; a
+    /// frame that does not reads as tagged, which every user drops).
+    #[inline]
+    fn of(b: &PacketBuf) -> L3Hint {
+        match EthMeta::parse(b.frame()) {
+            Ok(m) => L3Hint {
+                l3: m.l3,
+                ether_type: m.ether_type.0,
+                tagged: m.vlan.is_some(),
+            },
+            Err(_) => L3Hint {
+                l3: 0,
+                ether_type: 0,
+                tagged: true,
+            },
+        }
+    }
 }
 
 /// What the datapath decided for one frame.
@@ -669,16 +685,21 @@ impl Datapath {
                 c.rx_bytes.add(bytes);
             }
         };
-        for (i, b) in batch.bufs[..n].iter().enumerate() {
+        for b in &batch.bufs[..n] {
             if b.port != run_port {
                 flush(&w.shard, run_port, run_pkts, run_bytes);
                 (run_port, run_pkts, run_bytes) = (b.port, 0, 0);
             }
             run_pkts += 1;
             run_bytes += b.len() as u64;
-            pre[i] = self.classify(b, &mut src_loc[i], &mut dst_loc[i]);
         }
         flush(&w.shard, run_port, run_pkts, run_bytes);
+        let slots = pre
+            .iter_mut()
+            .zip(src_loc.iter_mut().zip(dst_loc.iter_mut()));
+        for (b, (p, (s, d))) in batch.bufs[..n].iter().zip(slots) {
+            *p = self.classify(b, s, d);
+        }
         // Pass 2: learn, decide, route.
         let Worker {
             shard,
@@ -696,9 +717,17 @@ impl Datapath {
             .router
             .as_ref()
             .map(|r| L3Batch::new(r.routes.reader(), rng.clone()));
+        let nf = self.router.as_ref().and_then(|r| r.nf.as_ref());
+        let mut out = [Verdict::Local; BATCH_SIZE];
         let mut tally = [0u64; 4];
-        for (i, (b, p)) in batch.bufs[..n].iter_mut().zip(pre.iter()).enumerate() {
-            let v = self.decide(b, p, &src_loc[i], &dst_loc[i], now, l3.as_mut(), &mut sink);
+        let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
+        for ((b, (p, (s, d))), o) in batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut()) {
+            let v = if p.kind == BRIDGE {
+                self.bridged(b, *p, s, d, now, nf, &mut l3, &mut sink)
+            } else {
+                self.decide(b, p, now, &mut l3, &mut sink)
+            };
+            *o = v;
             match v {
                 Verdict::Drop(r) => shard.count_drop(r),
                 Verdict::Output(_) => tally[0] += 1,
@@ -706,8 +735,8 @@ impl Datapath {
                 Verdict::Local => tally[2] += 1,
                 Verdict::Queued => tally[3] += 1,
             }
-            batch.verdicts.push(v);
         }
+        batch.verdicts.extend_from_slice(&out[..n]);
         shard.forwarded.add(tally[0]);
         shard.flooded.add(tally[1]);
         shard.local.add(tally[2]);
@@ -753,26 +782,36 @@ impl Datapath {
         if b.oversize {
             return Pre::drop(DropReason::Oversize);
         }
-        let m = match EthMeta::parse(b.frame()) {
-            Ok(m) => m,
-            Err(r) => return Pre::drop(r),
+        let f = b.frame();
+        let Some(h) = f.first_chunk::<14>() else {
+            return Pre::drop(DropReason::Truncated);
         };
-        if m.src.is_multicast() {
+        // Both addresses as 48-bit words with one 8-byte load each (the FDB's key form): the
+        // group bit is bit 0 of the first byte, so bit 0 of the word.
+        let (Some(d8), Some(s8)) = (h.first_chunk::<8>(), h.last_chunk::<8>()) else {
+            return Pre::drop(DropReason::Truncated);
+        };
+        let dst_w = u64::from_le_bytes(*d8) & MAC48;
+        let src_w = u64::from_le_bytes(*s8);
+        let src_w = src_w & MAC48;
+        if src_w & 1 != 0 {
             return Pre::drop(DropReason::MulticastSource);
         }
-        if m.src.is_zero() {
+        if src_w == 0 {
             return Pre::drop(DropReason::ZeroSource);
         }
         let mut p = Pre {
             kind: BRIDGE,
             flags: 0,
             id: 0,
-            reason: DropReason::Truncated,
-            // 14, 18 or 22; anything tagged reads as "tagged" in `meta`.
-            l3: m.l3 as u8,
-            ether_type: m.ether_type.0,
         };
-        if m.dst.is_multicast() {
+        // A tagged frame must carry its whole tags.
+        if is_vlan_type(u16::from_be_bytes([h[12], h[13]])) {
+            if let Err(r) = EthMeta::parse(f) {
+                return Pre::drop(r);
+            }
+        }
+        if dst_w & 1 != 0 {
             p.flags |= GROUP_DST;
         }
         match port.kind {
@@ -782,7 +821,7 @@ impl Datapath {
                     .router
                     .as_ref()
                     .and_then(|r| r.iface(iface))
-                    .is_some_and(|i| i.cfg.mac == m.dst);
+                    .is_some_and(|i| crate::fdb::word(i.cfg.mac) == dst_w);
                 p.kind = ROUTED;
                 p.id = iface.0;
                 if ours {
@@ -798,81 +837,80 @@ impl Datapath {
         };
         p.id = br.0;
         let fdb = &self.bridges[usize::from(br.0)].fdb;
-        *src = fdb.locate(m.src);
+        *src = fdb.locate_word(src_w);
         fdb.prefetch_loc(src);
         if p.flags & GROUP_DST != 0 {
             // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux
             // does; the rest of the 802.1D reserved range stays on the link.
-            if m.dst.is_link_local() && m.dst.0[5] != 0 {
+            let d = crate::mac::MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
+            if d.is_link_local() && d.0[5] != 0 {
                 p.flags |= LINK_LOCAL;
             }
         } else {
-            *dst = fdb.locate(m.dst);
+            *dst = fdb.locate_word(dst_w);
             fdb.prefetch_loc(dst);
         }
         p
     }
 
+    /// The verdict for a frame that is not bridged: routed (on a router's own port) or
+    /// dropped in pass 1.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         b: &mut PacketBuf,
         pre: &Pre,
-        src: &Loc,
-        dst: &Loc,
         now: Instant,
-        l3: Option<&mut L3Batch<'_>>,
+        l3: &mut Option<L3Batch<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
         let p = *pre;
-        let meta = p.meta();
-        match p.kind {
-            BRIDGE => {}
-            ROUTED => {
-                if p.flags & (OURS | GROUP_DST) == 0 {
-                    return Verdict::Drop(DropReason::NotForRouter);
-                }
-                return self.route(b, &meta, IfaceId(p.id), now, l3, sink);
-            }
-            _ => return Verdict::Drop(p.reason),
+        if p.kind != ROUTED {
+            return Verdict::Drop(p.reason());
         }
-        let (bid, flags) = (BridgeId(p.id), p.flags);
-        let in_port = b.port;
-        let br = &self.bridges[usize::from(bid.0)];
-        br.fdb.learn_loc(src, in_port, now);
-        if flags & LINK_LOCAL != 0 {
-            return Verdict::Drop(DropReason::LinkLocal);
+        if p.flags & (OURS | GROUP_DST) == 0 {
+            return Verdict::Drop(DropReason::NotForRouter);
         }
-        let flood = if br.ports.len() > 1 {
-            Verdict::Flood(bid)
-        } else {
-            Verdict::Drop(DropReason::NoOtherPort)
+        self.route(b, &L3Hint::of(b), IfaceId(p.id), now, l3.as_mut(), sink)
+    }
+
+    /// The verdict for a frame received on a port of bridge `pre.id`: learn its source, then
+    /// forward to the learned port, flood, or hand it to the bridge's router interface.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn bridged(
+        &self,
+        b: &mut PacketBuf,
+        p: Pre,
+        src: &Loc,
+        dst: &Loc,
+        now: Instant,
+        nf: Option<&crate::netfilter::Netfilter>,
+        l3: &mut Option<L3Batch<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let Some(br) = self.bridges.get(usize::from(p.id)) else {
+            return Verdict::Drop(DropReason::NoBridge);
         };
-        if flags & GROUP_DST != 0 {
-            if let (Some((iface, _)), Some(r)) = (br.router, &self.router) {
-                r.observe(
-                    b.frame(),
-                    usize::from(meta.l3),
-                    meta.ether_type,
-                    iface,
-                    now,
-                    sink,
-                );
-            }
-            return flood;
+        let in_port = b.port;
+        br.fdb.learn_loc(src, in_port, now);
+        if p.flags != 0 {
+            return self.bridged_group(br, b, p, now, sink);
         }
         let v = match br.fdb.lookup_loc(dst, now) {
-            Some(p) if p == in_port => return Verdict::Drop(DropReason::SamePort),
-            Some(p) => match br.router {
-                Some((iface, rp)) if rp == p => return self.route(b, &meta, iface, now, l3, sink),
-                _ => Verdict::Output(p),
+            Some(o) if o == in_port => return Verdict::Drop(DropReason::SamePort),
+            Some(o) => match br.router {
+                Some((iface, rp)) if rp == o => {
+                    return self.route(b, &L3Hint::of(b), iface, now, l3.as_mut(), sink)
+                }
+                _ => Verdict::Output(o),
             },
-            None => flood,
+            None => Self::flood(br, BridgeId(p.id)),
         };
         // br_netfilter: switched IPv4 of a NAT'd connection is translated here.
-        if meta.ether_type == 0x0800 && !meta.tagged {
-            if let Some(nf) = self.router.as_ref().and_then(|r| r.nf.as_ref()) {
+        if let Some(nf) = nf {
+            let meta = L3Hint::of(b);
+            if meta.ether_type == 0x0800 && !meta.tagged {
                 match nf.bridged(b, usize::from(meta.l3), now) {
                     crate::netfilter::Hook::Accept => {}
                     crate::netfilter::Hook::Drop(r) => return Verdict::Drop(r),
@@ -883,6 +921,45 @@ impl Datapath {
             }
         }
         v
+    }
+
+    /// A bridge floods to its other ports; with none, the frame has nowhere to go.
+    #[inline]
+    fn flood(br: &Bridge, bid: BridgeId) -> Verdict {
+        if br.ports.len() > 1 {
+            Verdict::Flood(bid)
+        } else {
+            Verdict::Drop(DropReason::NoOtherPort)
+        }
+    }
+
+    /// [`Datapath::bridged`] for a group destination (source already learned): reserved
+    /// link-local groups stay on the link; the rest is flooded, and the bridge's router
+    /// interface sees it too (ARP requests, broadcasts).
+    #[inline(never)]
+    fn bridged_group(
+        &self,
+        br: &Bridge,
+        b: &mut PacketBuf,
+        p: Pre,
+        now: Instant,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        if p.flags & LINK_LOCAL != 0 {
+            return Verdict::Drop(DropReason::LinkLocal);
+        }
+        if let (Some((iface, _)), Some(r)) = (br.router, &self.router) {
+            let meta = L3Hint::of(b);
+            r.observe(
+                b.frame(),
+                usize::from(meta.l3),
+                meta.ether_type,
+                iface,
+                now,
+                sink,
+            );
+        }
+        Self::flood(br, BridgeId(p.id))
     }
 
     /// Hands a frame addressed to router interface `iface` to the router.
@@ -1321,6 +1398,13 @@ mod tests {
         assert_eq!(s.port("a0").unwrap().rx_packets, 3);
         assert_eq!(s.port("a1").unwrap().tx_packets, 3);
         assert_eq!(s.forwarded + s.flooded + s.rx_drops(), 6);
+    }
+
+    #[test]
+    fn every_drop_reason_survives_pass_one() {
+        for r in DropReason::ALL {
+            assert_eq!(Pre::drop(r).reason(), r);
+        }
     }
 
     #[test]

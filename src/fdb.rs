@@ -103,8 +103,8 @@ pub struct FdbCounters {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Loc {
     mac: u64,
-    b1: u32,
-    b2: u32,
+    /// The seeded hash: its low bits pick the first bucket, its high half the second.
+    h: u64,
 }
 
 /// One row of [`Fdb::dump`], like a line of `bridge fdb show`.
@@ -149,6 +149,20 @@ impl std::fmt::Debug for Fdb {
             .field("counters", &self.counters())
             .finish()
     }
+}
+
+/// A MAC as the table's 48-bit word: its six bytes little-endian, as one 8-byte load from a
+/// frame gives them (see [`Fdb::locate_word`]).
+#[inline]
+pub(crate) fn word(mac: MacAddr) -> u64 {
+    let b = mac.0;
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], 0, 0])
+}
+
+#[inline]
+fn unword(w: u64) -> MacAddr {
+    let b = w.to_le_bytes();
+    MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]])
 }
 
 #[inline]
@@ -201,28 +215,46 @@ impl Fdb {
     #[inline]
     fn candidates(&self, mac: u64) -> (usize, usize) {
         let l = self.locate_u64(mac);
-        (l.b1 as usize, l.b2 as usize)
+        (self.b1(&l), self.b2(&l))
     }
 
     #[inline]
-    pub(crate) fn locate_u64(&self, mac: u64) -> Loc {
-        let h = mum(mac ^ self.seed, self.mult);
-        let b1 = (h as usize) & self.mask;
-        let mut b2 = ((h >> 32) as usize) & self.mask;
-        if b2 == b1 {
-            b2 = (b1 + 1) & self.mask;
-        }
+    fn locate_u64(&self, mac: u64) -> Loc {
         Loc {
             mac,
-            b1: b1 as u32,
-            b2: b2 as u32,
+            h: mum(mac ^ self.seed, self.mult),
+        }
+    }
+
+    /// The first candidate bucket of a located MAC.
+    #[inline]
+    fn b1(&self, l: &Loc) -> usize {
+        (l.h as usize) & self.mask
+    }
+
+    /// The second candidate bucket (never the first), needed only when the first misses.
+    #[inline]
+    fn b2(&self, l: &Loc) -> usize {
+        let b1 = self.b1(l);
+        let b2 = ((l.h >> 32) as usize) & self.mask;
+        if b2 == b1 {
+            (b1 + 1) & self.mask
+        } else {
+            b2
         }
     }
 
     /// Hashes `mac` once, for [`Fdb::prefetch_loc`], [`Fdb::lookup_loc`] and [`Fdb::learn_loc`].
     #[inline]
     pub fn locate(&self, mac: MacAddr) -> Loc {
-        self.locate_u64(mac.to_u64())
+        self.locate_u64(word(mac))
+    }
+
+    /// [`Fdb::locate`] for a MAC already read as a word (six bytes little-endian, the top
+    /// two bytes zero), as the datapath reads it from a frame header.
+    #[inline]
+    pub(crate) fn locate_word(&self, w: u64) -> Loc {
+        self.locate_u64(w)
     }
 
     #[inline]
@@ -242,15 +274,16 @@ impl Fdb {
             return None;
         }
         // `mask` bounds both indices; `get` keeps this free of panics all the same.
-        for b in [l.b1, l.b2] {
-            let Some(bucket) = self.buckets.get(b as usize) else {
-                continue;
-            };
-            for s in &bucket.slots {
-                let k = s.key.load(Ordering::Acquire);
-                if k >> 16 == l.mac {
-                    return Some((s, k));
-                }
+        self.find_in(self.b1(l), l.mac)
+            .or_else(|| self.find_in(self.b2(l), l.mac))
+    }
+
+    #[inline]
+    fn find_in(&self, b: usize, mac: u64) -> Option<(&Slot, u64)> {
+        for s in &self.buckets.get(b)?.slots {
+            let k = s.key.load(Ordering::Acquire);
+            if k >> 16 == mac {
+                return Some((s, k));
             }
         }
         None
@@ -259,7 +292,7 @@ impl Fdb {
     /// Hints the CPU to fetch the first candidate bucket of a located MAC.
     #[inline]
     pub fn prefetch_loc(&self, l: &Loc) {
-        if let Some(b) = self.buckets.get(l.b1 as usize) {
+        if let Some(b) = self.buckets.get(self.b1(l)) {
             crate::sys::prefetch(b);
         }
     }
@@ -267,7 +300,7 @@ impl Fdb {
     /// Hints the CPU to fetch the first candidate bucket of `mac` (used before a batch's lookups).
     #[inline]
     pub fn prefetch(&self, mac: MacAddr) {
-        let (b1, _) = self.candidates(mac.to_u64());
+        let (b1, _) = self.candidates(word(mac));
         crate::sys::prefetch(&self.buckets[b1]);
     }
 
@@ -301,6 +334,29 @@ impl Fdb {
     pub fn learn_loc(&self, l: &Loc, port: PortId, now: Instant) -> Learned {
         let m = l.mac;
         let now_us = now.micros();
+        // The common case first: the station is known on this port, in its first bucket.
+        let key = key_of(m, port);
+        if let (Some(bucket), true) = (self.buckets.get(self.b1(l)), m != 0) {
+            for s in &bucket.slots {
+                if s.key.load(Ordering::Acquire) == key {
+                    let seen = s.seen.load(Ordering::Relaxed);
+                    if seen != STATIC
+                        && now_us.saturating_sub(seen) >= REFRESH_INTERVAL.as_micros() as u64
+                    {
+                        s.seen.store(now_us, Ordering::Relaxed);
+                    }
+                    return Learned::Known;
+                }
+            }
+        }
+        self.learn_other(l, port, now_us)
+    }
+
+    /// [`Fdb::learn_loc`] past its common case: the station is in its second bucket, on
+    /// another port, static, or new.
+    #[inline(never)]
+    fn learn_other(&self, l: &Loc, port: PortId, now_us: u64) -> Learned {
+        let m = l.mac;
         if let Some((s, k)) = self.find_loc(l) {
             let seen = s.seen.load(Ordering::Relaxed);
             if k == key_of(m, port) {
@@ -404,7 +460,7 @@ impl Fdb {
     /// until [`Fdb::remove`]. Fails with `false` when the table has no room for it (all eight
     /// candidate slots hold static entries).
     pub fn add_static(&self, mac: MacAddr, port: PortId) -> bool {
-        let m = mac.to_u64();
+        let m = word(mac);
         if m == 0 {
             return false;
         }
@@ -428,7 +484,7 @@ impl Fdb {
     /// Removes the entry for `mac`, static or learned. Returns whether there was one.
     pub fn remove(&self, mac: MacAddr) -> bool {
         let mut w = self.writer.lock();
-        if let Some((s, _)) = self.find(mac.to_u64()) {
+        if let Some((s, _)) = self.find(word(mac)) {
             s.key.store(0, Ordering::Release);
             w.entries -= 1;
             w.counters.entries = w.entries;
@@ -485,7 +541,7 @@ impl Fdb {
                     continue;
                 }
                 v.push(FdbEntry {
-                    mac: MacAddr::from_u64(k >> 16),
+                    mac: unword(k >> 16),
                     port: PortId(k as u16),
                     age: (seen != STATIC)
                         .then(|| Duration::from_micros(now_us.saturating_sub(seen))),

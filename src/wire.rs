@@ -38,9 +38,15 @@ pub struct EthMeta {
 }
 
 fn is_vlan(t: EtherType) -> bool {
-    t == EtherType::VLAN_TAGGED_FRAME
-        || t == EtherType::PROVIDER_BRIDGING
-        || t == EtherType::VLAN_DOUBLE_TAGGED_FRAME
+    is_vlan_type(t.0)
+}
+
+/// Whether an EtherType is a VLAN tag (802.1Q, 802.1ad, or the old QinQ 0x9100).
+#[inline]
+pub(crate) fn is_vlan_type(t: u16) -> bool {
+    t == EtherType::VLAN_TAGGED_FRAME.0
+        || t == EtherType::PROVIDER_BRIDGING.0
+        || t == EtherType::VLAN_DOUBLE_TAGGED_FRAME.0
 }
 
 impl EthMeta {
@@ -50,7 +56,7 @@ impl EthMeta {
         // Fast path: an untagged frame needs only its first 14 bytes.
         if let Some(h) = frame.first_chunk::<14>() {
             let ether_type = EtherType(u16::from_be_bytes([h[12], h[13]]));
-            if !is_vlan(ether_type) {
+            if ether_type == EtherType::IPV4 || !is_vlan(ether_type) {
                 let mut dst = [0u8; 6];
                 let mut src = [0u8; 6];
                 dst.copy_from_slice(&h[..6]);
