@@ -433,6 +433,43 @@ impl Netfilter {
         self.ct.sweep(now, budget);
     }
 
+    /// Hints the CPU to fetch the conntrack buckets of an IPv4 packet's tuple (TCP or UDP,
+    /// unfragmented; `ip` from the IPv4 header on), so that pass 2's lookup overlaps its cache
+    /// misses with the batch's other packets. `last` holds the words of the last tuple
+    /// prefetched; the same tuple again is skipped.
+    #[inline]
+    pub(crate) fn prefetch_ipv4(&self, ip: &[u8], last: &mut [u32; 3]) {
+        let Some(h) = ip.first_chunk::<20>() else {
+            return;
+        };
+        let ihl = usize::from(h[0] & 0x0f) * 4;
+        let frag = u16::from_be_bytes([h[6], h[7]]) & 0x1fff;
+        if h[0] >> 4 != 4 || ihl < 20 || frag != 0 || !matches!(h[9], PROTO_TCP | PROTO_UDP) {
+            return;
+        }
+        let Some(p) = ip.get(ihl..ihl + 4) else {
+            return;
+        };
+        let words = [
+            u32::from_be_bytes([h[12], h[13], h[14], h[15]]),
+            u32::from_be_bytes([h[16], h[17], h[18], h[19]]),
+            u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
+        ];
+        if words == *last {
+            return;
+        }
+        *last = words;
+        let t = Tuple {
+            src: Ipv4Addr::from(words[0]),
+            dst: Ipv4Addr::from(words[1]),
+            sport: (words[2] >> 16) as u16,
+            dport: words[2] as u16,
+            proto: h[9],
+            zone: 0,
+        };
+        self.ct.prefetch(&self.ct.locate(&t));
+    }
+
     /// The PREROUTING hook for a packet the router received on `in_if` (see the module docs).
     /// `l3` is the IPv4 header's offset in the frame and `info` its checked facts, updated when
     /// the packet is translated.
@@ -905,6 +942,30 @@ mod memo_tests {
         });
         batch.recycle(&mut w.pool);
         (v, out)
+    }
+
+    #[test]
+    fn prefetch_takes_any_bytes_and_skips_a_repeated_tuple() {
+        let (dp, _, _) = node();
+        let nf = dp.netfilter().unwrap();
+        let (_, seg) = seg(40_000, true, 0x10);
+        let ip = &seg[14..];
+        let mut last = [0u32; 3];
+        for cut in 0..24 {
+            nf.prefetch_ipv4(&ip[..cut], &mut last);
+        }
+        assert_eq!(last, [0; 3], "nothing short of the ports is prefetched");
+        nf.prefetch_ipv4(ip, &mut last);
+        assert_eq!(
+            last[1],
+            u32::from_be_bytes(VIP),
+            "the tuple's words are kept"
+        );
+        let mut odd = ip.to_vec();
+        odd[0] = 0x4f; // a 60-byte header claimed, longer than the packet's ports
+        let before = last;
+        nf.prefetch_ipv4(&odd[..30], &mut last);
+        assert_eq!(last, before);
     }
 
     #[test]
