@@ -615,6 +615,8 @@ pub struct Worker {
     extra: Vec<(PacketBuf, IfaceId)>,
     /// Random source for endpoint choice.
     rng: crate::nat::Rng,
+    /// The NAT hook's cache of recently seen connections (see `netfilter::FlowMemo`).
+    flows: crate::netfilter::FlowMemo,
 }
 
 impl fmt::Debug for Worker {
@@ -645,6 +647,7 @@ impl Datapath {
             pool,
             extra: Vec::with_capacity(MAX_EXTRA),
             rng: crate::nat::Rng::new(std::hash::BuildHasher::hash_one(&seed, 0x5eed_u64)),
+            flows: crate::netfilter::FlowMemo::default(),
         }
     }
 
@@ -733,6 +736,7 @@ impl Datapath {
             pool,
             extra,
             rng,
+            flows,
         } = w;
         let mut sink = PoolSink {
             pool,
@@ -743,7 +747,7 @@ impl Datapath {
         let mut l3 = self
             .router
             .as_ref()
-            .map(|r| L3Batch::new(r.routes.reader(), rng.clone()));
+            .map(|r| L3Batch::new(r.routes.reader(), rng.clone(), std::mem::take(flows)));
         let nf = self.router.as_ref().and_then(|r| r.nf.as_ref());
         let mut out = [Verdict::Local; BATCH_SIZE];
         let mut tally = [0u64; 4];
@@ -775,6 +779,7 @@ impl Datapath {
         }
         if let Some(l3) = l3 {
             *rng = l3.rng;
+            *flows = l3.nf_memo;
         }
         let overflow = sink.overflow;
         self.append_extra(shard, extra, overflow, batch, now);

@@ -35,14 +35,16 @@
 //! port bytes and the folded checksum adjustments, so the rewrite itself is a few stores and
 //! two ones-complement additions, bit-for-bit what [`nat::rewrite()`] writes).
 //!
-//! The router's per-batch context keeps a `FlowMemo`: the last connection found (its
-//! entry id and prepared translation, keyed by the packet tuple and the batch's instant). A
-//! run of one TCP or UDP flow's packets in a batch skips the tuple extraction (the key is read
-//! straight from the header), the lookup and the preparation; each packet is
-//! still tracked against the entry's *current* control word, so a FIN, RST, invalid packet,
-//! removal or reuse of the entry is seen exactly as without the memo (a removed entry is
-//! [`Track::Gone`] and the packet is looked up again). The memo dies with the batch; it
-//! skips the lookup's `found` counter.
+//! Each worker keeps a `FlowMemo` (as Open vSwitch's exact-match cache): 1024 direct-mapped
+//! slots of recently found connections (entry id and prepared translation, keyed by the
+//! packet tuple), lent to the router's batch context. A packet of a memoized TCP or UDP flow
+//! skips the tuple extraction (the key is read straight from the header), the lookup and the
+//! preparation; it is still tracked against the entry's *current* control word, so a FIN,
+//! RST, invalid packet, removal or reuse of the entry is seen exactly as without the memo (a
+//! removed entry is [`Track::Gone`] and the packet is looked up again). Only a packet that
+//! refreshed the entry's timeout stamps a memo, and a memo is trusted for at most 100 ms after
+//! (less than the shortest configured timeout minus the 1 s refresh granularity), so an entry
+//! cannot expire unseen while memoized. A memo hit skips the lookup's `found` counter.
 //!
 //! # How each Kubernetes rule maps
 //!
@@ -202,18 +204,62 @@ struct Counters {
     untracked: AtomicU64,
 }
 
-/// Per-batch state of the hooks, kept in the router's batch context: a memo of the last
-/// connection `Netfilter::prerouting` found, so that a run of one flow's packets in a batch
-/// skips the tuple extraction, the table lookup and the preparation of the rewrite (see the
-/// module docs).
+/// A worker's cache of the connections `Netfilter::prerouting` found recently (as Open
+/// vSwitch's exact-match cache): direct-mapped by packet tuple, so that the packets of a
+/// flow seen moments ago skip the tuple extraction, the table lookup and the preparation of
+/// the rewrite (see the module docs). Allocated on first use, once per worker.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FlowMemo {
-    last: Option<Memo>,
+    slots: Vec<Option<Memo>>,
 }
 
-/// The last connection found: the packet tuple it was found for (as words), what tracking
-/// needs of the hit (entry id, direction, protocol), and the
-/// translation prepared for that tuple.
+/// Slots of a [`FlowMemo`] (a power of two).
+const MEMO_SLOTS: usize = 1024;
+
+/// The longest a memo is trusted after its connection was last seen live: well inside any
+/// timeout (so an entry cannot expire unseen while memoized) and short enough that a memo
+/// never outlives a quiet moment.
+const MEMO_WINDOW_MAX_US: u64 = 100_000;
+
+impl FlowMemo {
+    #[inline]
+    fn slot(key: &[u64; 2]) -> usize {
+        let h = (key[0] ^ key[1].rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> 32) as usize & (MEMO_SLOTS - 1)
+    }
+
+    #[inline]
+    fn get(&self, key: &[u64; 2]) -> Option<&Memo> {
+        self.slots.get(Self::slot(key))?.as_ref()
+    }
+
+    fn put(&mut self, m: Memo) {
+        if self.slots.is_empty() {
+            self.slots = vec![None; MEMO_SLOTS];
+        }
+        if let Some(s) = self.slots.get_mut(Self::slot(&m.key)) {
+            *s = Some(m);
+        }
+    }
+
+    #[inline]
+    fn forget(&mut self, key: &[u64; 2]) {
+        if let Some(s) = self.slots.get_mut(Self::slot(key)) {
+            *s = None;
+        }
+    }
+
+    #[inline]
+    fn touch(&mut self, key: &[u64; 2], now_us: u64) {
+        if let Some(Some(m)) = self.slots.get_mut(Self::slot(key)) {
+            m.seen_us = now_us;
+        }
+    }
+}
+
+/// A connection found: the packet tuple it was found for (as words), what tracking needs of
+/// the hit (entry id, direction, protocol), the translation prepared for that tuple, and when
+/// the connection was last seen live.
 #[derive(Clone, Copy, Debug)]
 struct Memo {
     key: [u64; 2],
@@ -221,6 +267,7 @@ struct Memo {
     dir: Dir,
     proto: u8,
     xlat: Xlat,
+    seen_us: u64,
 }
 
 /// A translation prepared for one packet tuple.
@@ -288,6 +335,9 @@ pub struct Netfilter {
     services: Services,
     rules: ArcSwap<NatRules>,
     counters: Counters,
+    /// How long a `FlowMemo` entry is trusted after its connection was last seen live: below
+    /// the shortest timeout less the refresh granularity, at most `MEMO_WINDOW_MAX_US`.
+    memo_window_us: u64,
 }
 
 impl std::fmt::Debug for Netfilter {
@@ -332,11 +382,26 @@ fn csum_mode(b: &PacketBuf) -> CsumMode {
 impl Netfilter {
     /// A NAT engine with `cfg`; errors name the bad field and value.
     pub fn new(cfg: NatConfig) -> Result<Netfilter, CtConfigError> {
+        // A memoized connection was seen live (and refreshed, to within REFRESH) at its
+        // stamp, so it cannot expire before the shortest timeout less REFRESH has passed.
+        let shortest = cfg
+            .conntrack
+            .timeouts
+            .fields()
+            .iter()
+            .map(|(_, d)| *d)
+            .min()
+            .unwrap_or_default();
+        let margin = crate::conntrack::REFRESH + std::time::Duration::from_millis(1);
+        let memo_window_us = u64::try_from(shortest.saturating_sub(margin).as_micros())
+            .unwrap_or(u64::MAX)
+            .min(MEMO_WINDOW_MAX_US);
         Ok(Netfilter {
             ct: Conntrack::new(cfg.conntrack)?,
             services: Services::new(cfg.max_affinity_entries.unwrap_or(65_536)),
             rules: ArcSwap::from_pointee(cfg.rules),
             counters: Counters::default(),
+            memo_window_us,
         })
     }
 
@@ -506,29 +571,36 @@ impl Netfilter {
         let key = t.to_words();
         if let Some(hit) = self.ct.lookup(&t, now) {
             let x = xlat(&t, kind, &target(&hit));
+            // Only a packet that refreshed the entry's timeout (`Ok`) stamps a memo: that is
+            // what bounds how soon the entry can expire.
             let keep = match self.ct.track(&hit, &pkt, now) {
-                Track::Ok(_) | Track::Ignored | Track::Related => true,
-                Track::Invalid(_) if self.ct.config().liberal => true,
-                Track::Closed => false,
+                Track::Ok(_) => true,
+                Track::Ignored | Track::Related | Track::Closed => false,
+                Track::Invalid(_) if self.ct.config().liberal => false,
                 Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
                 // The old connection is gone: this packet opens a new one.
                 Track::Reopen | Track::Gone => {
                     return self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
                 }
             };
-            ctx.nf_memo.last = keep.then_some(Memo {
-                key,
-                id: hit.id,
-                dir: hit.dir,
-                proto: hit.orig.proto,
-                xlat: x,
-            });
+            if keep {
+                ctx.nf_memo.put(Memo {
+                    key,
+                    id: hit.id,
+                    dir: hit.dir,
+                    proto: hit.orig.proto,
+                    xlat: x,
+                    seen_us: now.micros(),
+                });
+            } else {
+                ctx.nf_memo.forget(&key);
+            }
             return apply_xlat(ip, info, &x, mode);
         }
         self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
     }
 
-    /// A TCP or UDP packet of the batch's last connection (see `FlowMemo`): its tuple words
+    /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
     /// are read straight from the header and compared with the memo's, and on a match the
     /// packet is tracked and translated without a lookup. `None`: not the memo's connection
     /// (or the connection is gone): take the full path.
@@ -541,7 +613,9 @@ impl Netfilter {
         now: Instant,
         mode: CsumMode,
     ) -> Option<Hook> {
-        let m = ctx.nf_memo.last.as_ref()?;
+        if ctx.nf_memo.slots.is_empty() {
+            return None;
+        }
         let hl = info.hdr_len;
         let h: &[u8; 20] = ip.first_chunk()?;
         let kind = match h[9] {
@@ -560,8 +634,10 @@ impl Netfilter {
                 | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
             u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
         ];
-        // The memo lives in the batch's context, so it never outlives the batch's instant.
-        if m.key != key {
+        let now_us = now.micros();
+        let m = *ctx.nf_memo.get(&key)?;
+        // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
+        if m.key != key || now_us.saturating_sub(m.seen_us) > self.memo_window_us {
             return None;
         }
         let pkt = Pkt {
@@ -572,17 +648,21 @@ impl Netfilter {
         // Tracked against the entry's current control word: a FIN, RST, invalid packet or
         // removal is seen exactly as without the memo.
         Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
-            Track::Ok(_) | Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
+            Track::Ok(_) => {
+                ctx.nf_memo.touch(&key, now_us);
+                apply_xlat(ip, info, &m.xlat, mode)
+            }
+            Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
             Track::Closed => {
                 let h = apply_xlat(ip, info, &m.xlat, mode);
-                ctx.nf_memo.last = None;
+                ctx.nf_memo.forget(&key);
                 h
             }
             Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
             Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
             // Removed or closed since: look it up again.
             Track::Reopen | Track::Gone => {
-                ctx.nf_memo.last = None;
+                ctx.nf_memo.forget(&key);
                 return None;
             }
         })
@@ -966,6 +1046,28 @@ mod memo_tests {
         let before = last;
         nf.prefetch_ipv4(&odd[..30], &mut last);
         assert_eq!(last, before);
+    }
+
+    #[test]
+    fn the_memo_spans_batches_for_a_moment_only() {
+        let (dp, mut w, now) = node();
+        let found = |dp: &Datapath| dp.netfilter().unwrap().conntrack().counters().found;
+        run(&dp, &mut w, now, &[seg(1000, true, SYN)]);
+        run(&dp, &mut w, now, &[seg(1000, false, SYN | ACK)]);
+        run(&dp, &mut w, now, &[seg(1000, true, ACK)]);
+        let f0 = found(&dp);
+        // Moments later, in another batch: the worker's memo answers, no lookup.
+        let soon = now + std::time::Duration::from_millis(50);
+        let (v, out) = run(&dp, &mut w, soon, &[seg(1000, true, ACK)]);
+        assert!(matches!(v[..], [Verdict::Output(_)]), "{v:?}");
+        assert_eq!(out.len(), 1);
+        assert_eq!(found(&dp), f0, "a memo hit");
+        // Past the memo's window the table is asked again (and the memo renewed).
+        let later = soon + std::time::Duration::from_millis(150);
+        run(&dp, &mut w, later, &[seg(1000, true, ACK)]);
+        assert_eq!(found(&dp), f0 + 1, "looked up again");
+        run(&dp, &mut w, later, &[seg(1000, true, ACK)]);
+        assert_eq!(found(&dp), f0 + 1);
     }
 
     #[test]

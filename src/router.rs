@@ -227,18 +227,23 @@ pub(crate) struct L3Batch<'a> {
     pub(crate) egress: Option<(IfaceId, MacAddr, crate::PortId)>,
     /// The worker's random source (endpoint choice).
     pub(crate) rng: crate::nat::Rng,
-    /// The NAT hook's per-batch state (see [`crate::netfilter::FlowMemo`]).
+    /// The NAT hook's cache of recent connections, lent by the worker for the batch (see
+    /// [`crate::netfilter::FlowMemo`]).
     pub(crate) nf_memo: crate::netfilter::FlowMemo,
 }
 
 impl<'a> L3Batch<'a> {
-    pub(crate) fn new(routes: RouteReader<'a>, rng: crate::nat::Rng) -> L3Batch<'a> {
+    pub(crate) fn new(
+        routes: RouteReader<'a>,
+        rng: crate::nat::Rng,
+        nf_memo: crate::netfilter::FlowMemo,
+    ) -> L3Batch<'a> {
         L3Batch {
             routes,
             memo: None,
             egress: None,
             rng,
-            nf_memo: crate::netfilter::FlowMemo::default(),
+            nf_memo,
         }
     }
 }
