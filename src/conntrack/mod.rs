@@ -75,7 +75,12 @@
 //! * Free entries are on a lock-free stack (a Treiber stack with a tagged head).
 //! * Memory: 64 + 32 bytes per entry plus 32 to 64 bytes of index per entry (the bucket count
 //!   is rounded up to a power of two): 128 bytes per connection when `max_entries` is a power
-//!   of two, as the default 262144 is (32 MiB); see [`Conntrack::memory_bytes`].
+//!   of two, as the default 262144 is (32 MiB); see [`Conntrack::memory_bytes`]. Each of the
+//!   three arrays that takes 2 MiB or more is allocated on a 2 MiB boundary (its size rounded
+//!   up to a multiple of 2 MiB) and advised `MADV_HUGEPAGE` before it is first written, so with
+//!   transparent huge pages enabled (`always` or `madvise`) the kernel backs it with 2 MiB
+//!   pages: the default table is 16 huge pages instead of 8192 small ones, so lookups at random
+//!   in it need few TLB entries (without THP the allocation is an ordinary one).
 //!
 //! # Thread-safety contract and memory reclamation
 //!

@@ -10,6 +10,7 @@ use super::{
     InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
 };
 use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::sys::BigSlice;
 use crate::time::Instant;
 use crate::tuple::{L4Kind, Tuple};
 
@@ -197,9 +198,9 @@ enum Resolve {
 
 /// Connection tracking table (see the [module docs](super)).
 pub struct Conntrack {
-    entries: Box<[Entry]>,
-    acct: Box<[Acct]>,
-    index: Box<[Bucket]>,
+    entries: BigSlice<Entry>,
+    acct: BigSlice<Acct>,
+    index: BigSlice<Bucket>,
     mask: usize,
     seed: u64,
     /// Free stack head: tag << 32 | (slot + 1), 0 in the low half = empty.
@@ -266,12 +267,11 @@ impl Conntrack {
         let n = cfg.max_entries;
         // Two tuples per entry, at most half of the index words used.
         let nbuckets = (n * 2 * 2).div_ceil(WAYS).next_power_of_two().max(2);
-        let entries: Box<[Entry]> = (0..n).map(|_| Entry::default()).collect();
         // Free stack: 0 -> 1 -> ... -> n-1.
-        for (i, e) in entries.iter().enumerate() {
-            let next = if i + 1 < n { i as u64 + 2 } else { 0 };
-            e.aux.store(next, Ordering::Relaxed);
-        }
+        let entries = BigSlice::from_fn(n, |i| Entry {
+            aux: AtomicU64::new(if i + 1 < n { i as u64 + 2 } else { 0 }),
+            ..Entry::default()
+        });
         let t = &cfg.timeouts;
         let tcp_to = [
             us(t.tcp_close), // NONE: never stays there
@@ -286,9 +286,9 @@ impl Conntrack {
             us(t.tcp_syn_sent),
         ];
         Ok(Conntrack {
-            acct: (0..n).map(|_| Acct::default()).collect(),
+            acct: BigSlice::from_fn(n, |_| Acct::default()),
             entries,
-            index: (0..nbuckets).map(|_| Bucket::default()).collect(),
+            index: BigSlice::from_fn(nbuckets, |_| Bucket::default()),
             mask: nbuckets - 1,
             seed: RandomState::new().hash_one(0xc0_u64),
             free_head: AtomicU64::new(1),
@@ -310,11 +310,12 @@ impl Conntrack {
         &self.cfg
     }
 
-    /// Bytes of memory the table holds (fixed at creation).
+    /// Bytes of memory the table holds (fixed at creation; arrays backed by huge pages count
+    /// their size rounded up to 2 MiB).
     pub fn memory_bytes(&self) -> usize {
-        self.entries.len() * std::mem::size_of::<Entry>()
-            + self.acct.len() * std::mem::size_of::<Acct>()
-            + self.index.len() * std::mem::size_of::<Bucket>()
+        self.entries.alloc_bytes()
+            + self.acct.alloc_bytes()
+            + self.index.alloc_bytes()
             + self.shards.len() * std::mem::size_of::<Shard>()
     }
 
