@@ -135,7 +135,11 @@
 //! candidate buckets are both full (at most half-full index: practically never, and the seeded
 //! hash keeps attackers from arranging it) also fails with `Full`.
 //!
-//! Counters are kept in per-thread shards (one cache line each) and summed when read.
+//! Counters are kept in per-thread shards (one cache line each) and summed when read. A thread
+//! owns one of 16 shards while it lives and counts there with a plain load and store (no
+//! locked instruction on the lookup path: on x86 that is a full barrier, waiting for the
+//! lookup's cache misses); threads beyond 16 share a 17th shard and count there with atomic
+//! adds.
 
 mod table;
 pub mod tcp;

@@ -2,7 +2,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::tcp::{self, flags, CtState, Next};
 use super::{
@@ -113,6 +113,7 @@ const C_EARLY_DROP: usize = 4;
 const C_CLASH: usize = 5;
 const C_EXPIRED: usize = 6;
 const C_REMOVED: usize = 7;
+/// Shards a thread can own; one more, shared, serves threads beyond them.
 const SHARDS: usize = 16;
 
 #[repr(align(64))]
@@ -121,9 +122,48 @@ struct Shard {
     c: [AtomicU64; 8],
 }
 
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+/// Which of the [`SHARDS`] owned shards are taken by a live thread (bit i = shard i).
+static SHARD_OWNERS: AtomicU32 = AtomicU32::new(0);
+
+/// A thread's counter shard: an owned one (`< SHARDS`), released when the thread exits, or the
+/// shared one (`SHARDS`). Only the owner writes an owned shard, so it counts with a plain load
+/// and store: no locked read-modify-write (on x86 a full barrier, which waits for the
+/// lookup's cache misses before later loads may complete).
+struct ShardClaim(usize);
+
+impl ShardClaim {
+    fn claim() -> ShardClaim {
+        let mut cur = SHARD_OWNERS.load(Ordering::Relaxed);
+        loop {
+            let free = !cur & ((1 << SHARDS) - 1);
+            if free == 0 {
+                return ShardClaim(SHARDS);
+            }
+            let i = free.trailing_zeros();
+            // Acquire: the previous owner's counts (released below) happen before ours.
+            match SHARD_OWNERS.compare_exchange_weak(
+                cur,
+                cur | 1 << i,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return ShardClaim(i as usize),
+                Err(x) => cur = x,
+            }
+        }
+    }
+}
+
+impl Drop for ShardClaim {
+    fn drop(&mut self) {
+        if self.0 < SHARDS {
+            SHARD_OWNERS.fetch_and(!(1 << self.0), Ordering::Release);
+        }
+    }
+}
+
 thread_local! {
-    static MY_SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    static MY_SHARD: ShardClaim = ShardClaim::claim();
 }
 
 #[inline]
@@ -294,7 +334,7 @@ impl Conntrack {
             free_head: AtomicU64::new(1),
             len: AtomicUsize::new(0),
             cursor: AtomicUsize::new(0),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..=SHARDS).map(|_| Shard::default()).collect(),
             liberal: cfg.liberal,
             tcp_to,
             udp_to: us(t.udp),
@@ -323,9 +363,17 @@ impl Conntrack {
 
     #[inline]
     fn count(&self, which: usize, n: u64) {
-        let s = MY_SHARD.try_with(|s| *s).unwrap_or(0);
-        if let Some(sh) = self.shards.get(s) {
-            sh.c[which].fetch_add(n, Ordering::Relaxed);
+        // While the thread is being torn down its claim may be gone: use the shared shard.
+        let s = MY_SHARD.try_with(|s| s.0).unwrap_or(SHARDS);
+        let Some(sh) = self.shards.get(s) else {
+            return;
+        };
+        let c = &sh.c[which];
+        if s < SHARDS {
+            // Single writer (see ShardClaim).
+            c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        } else {
+            c.fetch_add(n, Ordering::Relaxed);
         }
     }
 
