@@ -70,8 +70,10 @@
 //!   peer cannot aim at a bucket) to two candidate buckets. It goes into the first while half
 //!   of that is free, else into the emptier of the two; there are four index words per
 //!   entry, so the index is at most half full, and a hit usually costs one bucket line and one
-//!   entry line. [`Conntrack::locate`] hashes once;
-//!   [`Conntrack::prefetch`] brings both buckets in before a batch's lookups.
+//!   entry line. [`Conntrack::locate`] hashes once; a batch is looked up in three passes,
+//!   as DPDK's bulk lookup does: [`Conntrack::prefetch`] brings both buckets of every tuple in,
+//!   [`Conntrack::prefetch_entry`] then reads the signatures there and brings their entries in,
+//!   and [`Conntrack::lookup_loc`] finds both lines in cache.
 //! * Free entries are on a lock-free stack (a Treiber stack with a tagged head).
 //! * Memory: 64 + 32 bytes per entry plus 32 to 64 bytes of index per entry (the bucket count
 //!   is rounded up to a power of two): 128 bytes per connection when `max_entries` is a power

@@ -104,6 +104,22 @@ struct Bucket {
     slots: [AtomicU64; WAYS],
 }
 
+impl Bucket {
+    /// The slots (acquire loads) and a mask of those holding signature `sig` (bit i = slot
+    /// i), computed without a branch per slot: a lookup's only data-dependent branch on the
+    /// bucket is then "any candidate?", not one mispredicted exit per slot.
+    #[inline(always)]
+    fn matches(&self, sig: u64) -> (u32, [u64; WAYS]) {
+        let mut v = [0u64; WAYS];
+        let mut m = 0u32;
+        for (i, (s, x)) in self.slots.iter().zip(v.iter_mut()).enumerate() {
+            *x = s.load(Ordering::Acquire);
+            m |= u32::from(*x >> 32 == sig) << i;
+        }
+        (m, v)
+    }
+}
+
 // Counter shards.
 const C_FOUND: usize = 0;
 const C_NEW: usize = 1;
@@ -216,10 +232,9 @@ struct Snap {
 impl Snap {
     #[inline]
     fn tuple_words(&self, dir: Dir) -> [u64; 2] {
-        match dir {
-            Dir::Original => [self.w[0], self.w[1]],
-            Dir::Reply => [self.w[2], self.w[3]],
-        }
+        // Indexed rather than matched: the direction of a hit is as random as the traffic.
+        let d = (dir as usize & 1) * 2;
+        [self.w[d], self.w[d + 1]]
     }
     #[inline]
     fn proto(&self) -> u8 {
@@ -445,6 +460,29 @@ impl Conntrack {
         }
     }
 
+    /// The second stage of a batch (DPDK's `rte_hash` bulk lookup does the same): once the
+    /// buckets [`Conntrack::prefetch`] asked for are in cache, reads the tuple's signature
+    /// matches there and hints the CPU to fetch their entries, so that the
+    /// [`Conntrack::lookup_loc`] that follows finds both of its lines in cache. Call it on a
+    /// whole batch after prefetching the whole batch's buckets, then look the batch up.
+    #[inline]
+    pub fn prefetch_entry(&self, l: &CtLoc) {
+        let sig = u64::from(l.sig);
+        for b in self.buckets(l) {
+            let (mut m, v) = b.matches(sig);
+            if m == 0 {
+                continue;
+            }
+            while m != 0 {
+                let (idx, _) = slot_entry(v[m.trailing_zeros() as usize % WAYS]);
+                m &= m - 1;
+                // Any address will do for a prefetch; no bounds check needed.
+                crate::sys::prefetch_ptr(self.entries.as_ptr().wrapping_add(idx));
+            }
+            return;
+        }
+    }
+
     #[inline]
     fn buckets(&self, l: &CtLoc) -> impl Iterator<Item = &Bucket> {
         [l.b1, l.b2]
@@ -542,12 +580,11 @@ impl Conntrack {
     ) -> Option<(usize, Dir, Snap)> {
         let sig = u64::from(l.sig);
         for b in self.buckets(l) {
-            for s in &b.slots {
-                let v = s.load(Ordering::Acquire);
-                if v >> 32 != sig {
-                    continue;
-                }
-                let (idx, dir) = slot_entry(v);
+            let (mut m, v) = b.matches(sig);
+            while m != 0 {
+                let i = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let (idx, dir) = slot_entry(v[i % WAYS]);
                 let Some(sn) = self.snap(idx, ok) else {
                     continue;
                 };

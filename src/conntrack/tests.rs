@@ -1050,3 +1050,22 @@ fn counters_stay_exact_with_more_threads_than_owned_shards() {
     let n: u64 = (0..40).map(|i| 1000 + i + 100).sum();
     assert_eq!(ct.counters().found - before, n);
 }
+
+#[test]
+fn prefetch_entry_then_lookup_loc_matches_lookup() {
+    let ct = table(1024);
+    for i in 0..500 {
+        let (o, r) = pair(i);
+        ct.insert(o, r, CtTag::default(), &UDP, s(0)).unwrap();
+    }
+    for i in 0..600 {
+        let (o, r) = pair(i);
+        for t in [o, r] {
+            let l = ct.locate(&t);
+            ct.prefetch(&l);
+            ct.prefetch_entry(&l);
+            assert_eq!(ct.lookup_loc(&l, s(0)), ct.lookup(&t, s(0)));
+            assert_eq!(ct.lookup(&t, s(0)).is_some(), i < 500);
+        }
+    }
+}
