@@ -128,44 +128,41 @@ impl<T> BigSlice<T> {
         let bytes = std::mem::size_of::<T>()
             .checked_mul(len)
             .expect("BigSlice: size overflow");
-        if bytes == 0 {
-            // Zero-sized: no allocation, a dangling (well-aligned) pointer as Vec uses.
-            return BigSlice {
-                ptr: std::ptr::NonNull::dangling(),
-                len,
-                layout: None,
-                _owns: std::marker::PhantomData,
-            };
-        }
-        let huge = bytes >= HUGE_PAGE;
-        let layout = if huge {
-            let size = bytes
-                .checked_next_multiple_of(HUGE_PAGE)
-                .expect("BigSlice: size overflow");
-            Layout::from_size_align(size, HUGE_PAGE.max(std::mem::align_of::<T>()))
+        let (ptr, layout) = if bytes == 0 {
+            // Nothing to allocate: a dangling, well-aligned pointer, as Vec uses.
+            (std::ptr::NonNull::dangling(), None)
         } else {
-            Layout::array::<T>(len)
-        }
-        .expect("BigSlice: size overflow");
-        // SAFETY: `layout` has a non-zero size (bytes > 0 and size >= bytes).
-        let raw = unsafe { alloc(layout) };
-        let Some(ptr) = std::ptr::NonNull::new(raw.cast::<T>()) else {
-            handle_alloc_error(layout);
+            let huge = bytes >= HUGE_PAGE;
+            let layout = if huge {
+                let size = bytes
+                    .checked_next_multiple_of(HUGE_PAGE)
+                    .expect("BigSlice: size overflow");
+                Layout::from_size_align(size, HUGE_PAGE.max(std::mem::align_of::<T>()))
+            } else {
+                Layout::array::<T>(len)
+            }
+            .expect("BigSlice: size overflow");
+            // SAFETY: `layout` has a non-zero size (bytes > 0 and size >= bytes).
+            let raw = unsafe { alloc(layout) };
+            let Some(ptr) = std::ptr::NonNull::new(raw.cast::<T>()) else {
+                handle_alloc_error(layout);
+            };
+            if huge {
+                advise_huge(raw, layout.size());
+            }
+            (ptr, Some(layout))
         };
-        if huge {
-            advise_huge(raw, layout.size());
-        }
         for i in 0..len {
             let v = f(i);
             // SAFETY: `i < len`, so the element lies inside the allocation (of at least
-            // `len * size_of::<T>()` bytes, aligned for T); it is uninitialised, and `write`
-            // does not drop the old value.
+            // `len * size_of::<T>()` bytes, aligned for T), or T is zero-sized and any aligned
+            // pointer will do; it is uninitialised, and `write` does not drop the old value.
             unsafe { ptr.as_ptr().add(i).write(v) };
         }
         BigSlice {
             ptr,
             len,
-            layout: Some(layout),
+            layout,
             _owns: std::marker::PhantomData,
         }
     }
