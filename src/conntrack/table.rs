@@ -106,8 +106,7 @@ struct Bucket {
 
 impl Bucket {
     /// The slots (acquire loads) and a mask of those holding signature `sig` (bit i = slot
-    /// i), computed without a branch per slot: a lookup's only data-dependent branch on the
-    /// bucket is then "any candidate?", not one mispredicted exit per slot.
+    /// i), computed without a branch per slot.
     #[inline(always)]
     fn matches(&self, sig: u64) -> (u32, [u64; WAYS]) {
         let mut v = [0u64; WAYS];
@@ -232,9 +231,10 @@ struct Snap {
 impl Snap {
     #[inline]
     fn tuple_words(&self, dir: Dir) -> [u64; 2] {
-        // Indexed rather than matched: the direction of a hit is as random as the traffic.
-        let d = (dir as usize & 1) * 2;
-        [self.w[d], self.w[d + 1]]
+        match dir {
+            Dir::Original => [self.w[0], self.w[1]],
+            Dir::Reply => [self.w[2], self.w[3]],
+        }
     }
     #[inline]
     fn proto(&self) -> u8 {
@@ -580,11 +580,12 @@ impl Conntrack {
     ) -> Option<(usize, Dir, Snap)> {
         let sig = u64::from(l.sig);
         for b in self.buckets(l) {
-            let (mut m, v) = b.matches(sig);
-            while m != 0 {
-                let i = m.trailing_zeros() as usize;
-                m &= m - 1;
-                let (idx, dir) = slot_entry(v[i % WAYS]);
+            for s in &b.slots {
+                let v = s.load(Ordering::Acquire);
+                if v >> 32 != sig {
+                    continue;
+                }
+                let (idx, dir) = slot_entry(v);
                 let Some(sn) = self.snap(idx, ok) else {
                     continue;
                 };
