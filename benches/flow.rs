@@ -1,6 +1,6 @@
 //! Connection tracking: lookups of existing connections with 1 and 2 threads on a table of
-//! 10 k and 100 k connections (tapyard's lock-free `Conntrack`, one at a time and in prefetched batches
-//! of 32), beside `parking_lot::Mutex<HashMap>` and `DashMap` holding the same tuples; and the
+//! 10 k and 100 k connections (tapyard's lock-free `Conntrack`, one at a time and in batches of 32
+//! prefetched in two stages, buckets then entries), beside `parking_lot::Mutex<HashMap>` and `DashMap` holding the same tuples; and the
 //! new-connection insert rate into a table pre-filled with 1 M connections, beside a
 //! `HashMap` insert of the same two tuples per connection.
 //!
@@ -160,6 +160,9 @@ fn lookups_n(c: &mut Criterion, conns: u32) {
                                 k = (k + 1) & mask;
                                 *l = ct.locate(&seq[k]);
                                 ct.prefetch(l);
+                            }
+                            for l in &locs {
+                                ct.prefetch_entry(l);
                             }
                             for l in &locs {
                                 if let Some(h) = ct.lookup_loc(l, now) {

@@ -1,4 +1,5 @@
-//! The few raw syscalls the port drivers and the runtime need, each wrapped safely.
+//! The few raw syscalls the port drivers and the runtime need, and the huge-page-backed array
+//! the big tables use ([`BigSlice`]), each wrapped safely.
 //! This is the crate's only module with `unsafe` code.
 #![allow(unsafe_code)]
 
@@ -94,6 +95,139 @@ pub(crate) fn prefetch<T>(r: &T) {
     prefetch_ptr(r as *const T);
 }
 
+/// Arrays of at least this many bytes are allocated on 2 MiB boundaries, rounded up to a
+/// multiple of it, and advised for transparent huge pages (see [`BigSlice`]).
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
+/// A fixed-length, heap-allocated array, like `Box<[T]>`, for big lookup tables that are read at
+/// random: when it takes at least [`HUGE_PAGE`] bytes it is allocated 2 MiB-aligned (its size
+/// rounded up to a multiple of 2 MiB) and advised `MADV_HUGEPAGE` before its first touch, so that
+/// with transparent huge pages in `madvise` (or `always`) mode the kernel backs it with 2 MiB
+/// pages and a random lookup costs no TLB miss, or a short page walk. Without THP (or on
+/// another OS) it is an ordinary allocation; the advice is only a hint and its failure is
+/// ignored. Smaller arrays are plain allocations (a huge page would cost 2 MiB of memory).
+pub(crate) struct BigSlice<T> {
+    ptr: std::ptr::NonNull<T>,
+    len: usize,
+    /// The layout it was allocated with; `None` for a zero-sized allocation (dangling `ptr`).
+    layout: Option<std::alloc::Layout>,
+    _owns: std::marker::PhantomData<T>,
+}
+
+// SAFETY: a BigSlice owns its elements exactly as a Box<[T]> does (unique pointer, no shared
+// state), so it may be sent when T may be sent.
+unsafe impl<T: Send> Send for BigSlice<T> {}
+// SAFETY: `&BigSlice<T>` only hands out `&[T]`, so sharing it is sharing `&T`.
+unsafe impl<T: Sync> Sync for BigSlice<T> {}
+
+impl<T> BigSlice<T> {
+    /// `len` elements, element `i` being `f(i)`. Aborts on allocation failure, panics when the
+    /// size overflows, like `Vec`. A panic in `f` leaks the allocation (never unsound).
+    pub(crate) fn from_fn(len: usize, mut f: impl FnMut(usize) -> T) -> BigSlice<T> {
+        use std::alloc::{alloc, handle_alloc_error, Layout};
+        let bytes = std::mem::size_of::<T>()
+            .checked_mul(len)
+            .expect("BigSlice: size overflow");
+        let (ptr, layout) = if bytes == 0 {
+            // Nothing to allocate: a dangling, well-aligned pointer, as Vec uses.
+            (std::ptr::NonNull::dangling(), None)
+        } else {
+            let huge = bytes >= HUGE_PAGE;
+            let layout = if huge {
+                let size = bytes
+                    .checked_next_multiple_of(HUGE_PAGE)
+                    .expect("BigSlice: size overflow");
+                Layout::from_size_align(size, HUGE_PAGE.max(std::mem::align_of::<T>()))
+            } else {
+                Layout::array::<T>(len)
+            }
+            .expect("BigSlice: size overflow");
+            // SAFETY: `layout` has a non-zero size (bytes > 0 and size >= bytes).
+            let raw = unsafe { alloc(layout) };
+            let Some(ptr) = std::ptr::NonNull::new(raw.cast::<T>()) else {
+                handle_alloc_error(layout);
+            };
+            if huge {
+                advise_huge(raw, layout.size());
+            }
+            (ptr, Some(layout))
+        };
+        for i in 0..len {
+            let v = f(i);
+            // SAFETY: `i < len`, so the element lies inside the allocation (of at least
+            // `len * size_of::<T>()` bytes, aligned for T), or T is zero-sized and any aligned
+            // pointer will do; it is uninitialised, and `write` does not drop the old value.
+            unsafe { ptr.as_ptr().add(i).write(v) };
+        }
+        BigSlice {
+            ptr,
+            len,
+            layout,
+            _owns: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> BigSlice<T> {
+    /// Bytes allocated (the elements' size, rounded up to 2 MiB when advised huge).
+    pub(crate) fn alloc_bytes(&self) -> usize {
+        self.layout.map_or(0, |l| l.size())
+    }
+}
+
+/// Advises the kernel to back `len` bytes at `p` (2 MiB-aligned, allocated, not yet touched)
+/// with transparent huge pages. Only a hint: errors (no THP, another OS) are ignored.
+fn advise_huge(p: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: madvise(MADV_HUGEPAGE) only changes how the kernel backs the range, never its
+    // contents or validity; the range is part of an allocation we own.
+    unsafe {
+        libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, len);
+}
+
+impl<T> std::ops::Deref for BigSlice<T> {
+    type Target = [T];
+    #[inline(always)]
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` points at `len` initialised elements (or is dangling and aligned with
+        // a zero-sized total), owned by self and alive for as long as the borrow of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> std::ops::DerefMut for BigSlice<T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for BigSlice<T> {
+    fn drop(&mut self) {
+        // SAFETY: the `len` elements are initialised and dropped exactly once, here; the memory
+        // is then freed with the layout it was allocated with (if it was allocated at all).
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ));
+            if let Some(layout) = self.layout {
+                std::alloc::dealloc(self.ptr.as_ptr().cast(), layout);
+            }
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for BigSlice<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
@@ -165,4 +299,50 @@ pub(crate) fn file_from_owned_fd(fd: RawFd) -> std::fs::File {
     use std::os::fd::FromRawFd;
     // SAFETY: callers pass an fd from `into_raw_fd`, so it is open and owned by no one else.
     unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn big_slice_small_huge_and_empty() {
+        for len in [0usize, 1, 3, 1000, (HUGE_PAGE / 8) + 5, 3 * HUGE_PAGE / 8] {
+            let mut s = BigSlice::from_fn(len, |i| i as u64);
+            assert_eq!(s.len(), len);
+            assert!(s.iter().enumerate().all(|(i, &v)| v == i as u64));
+            if len * 8 >= HUGE_PAGE {
+                assert_eq!(s.as_ptr() as usize % HUGE_PAGE, 0);
+                assert_eq!(s.alloc_bytes(), (len * 8).next_multiple_of(HUGE_PAGE));
+            } else {
+                assert_eq!(s.alloc_bytes(), len * 8);
+            }
+            if let Some(x) = s.last_mut() {
+                *x = 7;
+            }
+        }
+        // Over-aligned elements and zero-sized ones.
+        #[repr(align(64))]
+        struct Line([u64; 8]);
+        let s = BigSlice::from_fn(HUGE_PAGE / 64 + 1, |i| Line([i as u64; 8]));
+        assert_eq!(s[HUGE_PAGE / 64].0[7], (HUGE_PAGE / 64) as u64);
+        assert_eq!(s.as_ptr() as usize % HUGE_PAGE, 0);
+        let z = BigSlice::from_fn(5, |_| ());
+        assert_eq!(z.len(), 5);
+    }
+
+    #[test]
+    fn big_slice_drops_each_element_once() {
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct D;
+        impl Drop for D {
+            fn drop(&mut self) {
+                DROPS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(BigSlice::from_fn(10, |_| D));
+        drop(BigSlice::from_fn(HUGE_PAGE, |_| D)); // zero-sized elements
+        assert_eq!(DROPS.load(Ordering::Relaxed), 10 + HUGE_PAGE);
+    }
 }

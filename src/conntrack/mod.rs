@@ -70,12 +70,19 @@
 //!   peer cannot aim at a bucket) to two candidate buckets. It goes into the first while half
 //!   of that is free, else into the emptier of the two; there are four index words per
 //!   entry, so the index is at most half full, and a hit usually costs one bucket line and one
-//!   entry line. [`Conntrack::locate`] hashes once;
-//!   [`Conntrack::prefetch`] brings both buckets in before a batch's lookups.
+//!   entry line. [`Conntrack::locate`] hashes once; a batch is looked up in three passes,
+//!   as DPDK's bulk lookup does: [`Conntrack::prefetch`] brings both buckets of every tuple in,
+//!   [`Conntrack::prefetch_entry`] then reads the signatures there and brings their entries in,
+//!   and [`Conntrack::lookup_loc`] finds both lines in cache.
 //! * Free entries are on a lock-free stack (a Treiber stack with a tagged head).
 //! * Memory: 64 + 32 bytes per entry plus 32 to 64 bytes of index per entry (the bucket count
 //!   is rounded up to a power of two): 128 bytes per connection when `max_entries` is a power
-//!   of two, as the default 262144 is (32 MiB); see [`Conntrack::memory_bytes`].
+//!   of two, as the default 262144 is (32 MiB); see [`Conntrack::memory_bytes`]. Each of the
+//!   three arrays that takes 2 MiB or more is allocated on a 2 MiB boundary (its size rounded
+//!   up to a multiple of 2 MiB) and advised `MADV_HUGEPAGE` before it is first written, so with
+//!   transparent huge pages enabled (`always` or `madvise`) the kernel backs it with 2 MiB
+//!   pages: the default table is 16 huge pages instead of 8192 small ones, so lookups at random
+//!   in it need few TLB entries (without THP the allocation is an ordinary one).
 //!
 //! # Thread-safety contract and memory reclamation
 //!
@@ -130,7 +137,11 @@
 //! candidate buckets are both full (at most half-full index: practically never, and the seeded
 //! hash keeps attackers from arranging it) also fails with `Full`.
 //!
-//! Counters are kept in per-thread shards (one cache line each) and summed when read.
+//! Counters are kept in per-thread shards (one cache line each) and summed when read. A thread
+//! owns one of 16 shards while it lives and counts there with a plain load and store (no
+//! locked instruction on the lookup path: on x86 that is a full barrier, waiting for the
+//! lookup's cache misses); threads beyond 16 share a 17th shard and count there with atomic
+//! adds.
 
 mod table;
 pub mod tcp;

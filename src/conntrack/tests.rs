@@ -1015,3 +1015,57 @@ fn concurrent_insert_remove_keeps_len_exact_and_bounded() {
         assert_eq!(ct.lookup(&v.reply, s(0)).map(|h| h.id), Some(v.id));
     }
 }
+
+#[test]
+fn counters_stay_exact_with_more_threads_than_owned_shards() {
+    // 40 threads at once: 16 at most own a shard (plain load + store), the others share one
+    // (atomic adds); threads exiting hand their shard to later ones. No count may be lost.
+    let ct = Arc::new(table(64));
+    let (o, r) = pair(1);
+    ct.insert(o, r, CtTag::default(), &UDP, s(0)).unwrap();
+    let before = ct.counters().found;
+    let start = Arc::new(std::sync::Barrier::new(40));
+    let threads: Vec<_> = (0..40u64)
+        .map(|i| {
+            let (ct, start) = (ct.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..1000 + i {
+                    assert!(ct.lookup(&o, s(0)).is_some());
+                }
+                // A second wave on fresh threads reuses the shards released above.
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        assert!(ct.lookup(&r, s(0)).is_some());
+                    }
+                })
+                .join()
+                .unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let n: u64 = (0..40).map(|i| 1000 + i + 100).sum();
+    assert_eq!(ct.counters().found - before, n);
+}
+
+#[test]
+fn prefetch_entry_then_lookup_loc_matches_lookup() {
+    let ct = table(1024);
+    for i in 0..500 {
+        let (o, r) = pair(i);
+        ct.insert(o, r, CtTag::default(), &UDP, s(0)).unwrap();
+    }
+    for i in 0..600 {
+        let (o, r) = pair(i);
+        for t in [o, r] {
+            let l = ct.locate(&t);
+            ct.prefetch(&l);
+            ct.prefetch_entry(&l);
+            assert_eq!(ct.lookup_loc(&l, s(0)), ct.lookup(&t, s(0)));
+            assert_eq!(ct.lookup(&t, s(0)).is_some(), i < 500);
+        }
+    }
+}
