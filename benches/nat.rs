@@ -4,10 +4,15 @@
 //!   endpoints), 64-byte segments from 4 client ports on br0 through the router to the
 //!   endpoints on br1, in-memory ports, one pump round per iteration (receive, bridge, conntrack
 //!   lookup + state machine + DNAT rewrite, route, neighbour, far bridge, copy out). Every
-//!   batch holds 32 different connections per port, so no per-batch memo helps. Beside it: the same
-//!   packets routed by a datapath without NAT (to the endpoints directly). The `_one_flow`
-//!   variants send 32 segments of ONE established connection per client port per batch (an
-//!   established, DNAT'd TCP flow: what a per-batch memo can speed up).
+//!   batch holds 32 different connections per port (128 in all), so the router's per-batch
+//!   memo of the last route does not help; the worker's flow memo (1024 slots) does hold all
+//!   128, as it would on a node with up to several hundred busy connections per worker (with
+//!   many thousands, more packets take the full lookup). Beside it: the same packets routed
+//!   by a datapath without NAT (to the endpoints directly). The `_one_flow` variants send 32
+//!   segments of ONE established connection per client port per batch.
+//! * `nat_parts`: an incremental rewrite, the source-port allocator when the original port is
+//!   taken, a Service lookup and endpoint choice among 1000 Services (random, Maglev, random
+//!   with ClientIP affinity), and replacing a 1000-endpoint Maglev Service.
 //! * `new_connections`: SYNs to the Service through `Datapath::process` with the conntrack
 //!   table holding 1 M connections: per packet, the table miss, the Service lookup, the random
 //!   endpoint choice, the route of the endpoint, the insert and the rewrite. Beside it: the
@@ -22,7 +27,10 @@ use std::time::{Duration, Instant as StdInstant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use tapyard::conntrack::{CtConfig, CtTag, Pkt};
-use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::nat::{
+    alloc_source, rewrite, CsumMode, Endpoint, LbAlgo, PortRange, Rng, ServiceSpec, Services,
+    DEFAULT_AFFINITY_TIMEOUT,
+};
 use tapyard::netfilter::NatConfig;
 use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::router::IfaceConfig;
@@ -339,7 +347,9 @@ fn new_connections(c: &mut Criterion) {
             "tapyard_routed_no_nat"
         };
         let nf = r.dp.netfilter();
+        let mut ran = false;
         g.bench_function(name, |bch| {
+            ran = true;
             bch.iter_custom(|iters| {
                 let mut t = Duration::ZERO;
                 for _ in 0..iters {
@@ -359,7 +369,7 @@ fn new_connections(c: &mut Criterion) {
                 t
             })
         });
-        if let Some(nf) = nf {
+        if let (Some(nf), true) = (nf, ran) {
             let c = nf.counters();
             assert!(c.dnat > 0, "{c:?}");
         }
@@ -367,5 +377,91 @@ fn new_connections(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_connections);
+/// The parts of a new connection's cost on their own: an incremental rewrite, the source-port
+/// allocator when the original port is taken, a Service lookup and endpoint choice among 1000
+/// Services, and replacing a 1000-endpoint Maglev Service.
+fn parts(c: &mut Criterion) {
+    let mut g = c.benchmark_group("nat_parts");
+    // A 60-byte TCP packet: 20 IP + 20 TCP + 20 payload, checksums valid.
+    let mut p = vec![0u8; 60];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&60u16.to_be_bytes());
+    p[9] = 6;
+    p[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 96, 0, 10]);
+    p[20..24].copy_from_slice(&[0x9c, 0x40, 0, 80]);
+    p[32] = 0x50;
+    tapyard::ipv4::fix_header_checksum(&mut p, 20);
+    let (t0, kind) = Tuple::from_ipv4(&p, 20, 60).unwrap();
+    let mut i = 0u32;
+    g.bench_function("rewrite_tcp_full_checksums", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            let mut t1 = t0;
+            t1.dst = Ipv4Addr::from(0x0af4_0000 | (i & 0xff));
+            t1.dport = i as u16;
+            black_box(rewrite(black_box(&mut p), 20, kind, &t1, CsumMode::Full)).ok()
+        })
+    });
+    g.bench_function("alloc_source_original_port_taken", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            alloc_source(
+                &t0,
+                Ipv4Addr::new(192, 168, 0, 1),
+                PortRange::MASQUERADE,
+                u64::from(i),
+                |r| r.dport == t0.sport,
+            )
+        })
+    });
+    let s = Services::new(1 << 16);
+    let spec = |k: u32, n: u32, algo: LbAlgo| {
+        let mut spec = ServiceSpec::new(format!("svc{k}"), Ipv4Addr::from(0x0a60_0000 + k), 80, 6);
+        spec.endpoints = (0..n)
+            .map(|e| {
+                Endpoint::new(
+                    SocketAddrV4::new(Ipv4Addr::from(0x0af4_0000 + e), 8080),
+                    false,
+                )
+            })
+            .collect();
+        spec.algo = algo;
+        spec
+    };
+    for k in 0..1000u32 {
+        let algo = if k % 2 == 0 {
+            LbAlgo::Maglev
+        } else {
+            LbAlgo::Random
+        };
+        let mut sp = spec(k, 10, algo);
+        sp.affinity = (k % 4 == 1).then_some(DEFAULT_AFFINITY_TIMEOUT);
+        s.upsert(sp).unwrap();
+    }
+    let mut rng = Rng::new(9);
+    // Services k % 4 == 3: Random; k % 4 == 1: Random + affinity; even k: Maglev.
+    for (name, step, offset) in [
+        ("select_random", 4, 3),
+        ("select_maglev", 2, 0),
+        ("select_random_affinity_65536_clients", 4, 1),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                let k = (i % (1000 / step)) * step + offset;
+                let svc = s.by_vip(Ipv4Addr::from(0x0a60_0000 + k), 80, 6).unwrap();
+                let r = rng.next_u64();
+                let client = Ipv4Addr::from(r as u32 & 0xffff);
+                black_box(s.select(&svc, client, r, r, false, Instant::ZERO));
+            })
+        });
+    }
+    g.sample_size(10);
+    g.bench_function("upsert_maglev_1000_endpoints", |b| {
+        b.iter(|| s.upsert(spec(5000, 1000, LbAlgo::Maglev)).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, established, new_connections, parts);
 criterion_main!(benches);
