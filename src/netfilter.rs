@@ -228,9 +228,10 @@ impl FlowMemo {
         (h >> 32) as usize & (MEMO_SLOTS - 1)
     }
 
+    /// The memo in slot `i`, if it is `key`'s.
     #[inline]
-    fn get(&self, key: &[u64; 2]) -> Option<&Memo> {
-        self.slots.get(Self::slot(key))?.as_ref()
+    fn get(&self, i: usize, key: &[u64; 2]) -> Option<Memo> {
+        self.slots.get(i)?.filter(|m| m.key == *key)
     }
 
     fn put(&mut self, m: Memo) {
@@ -242,16 +243,18 @@ impl FlowMemo {
         }
     }
 
+    /// Empties slot `i`.
     #[inline]
-    fn forget(&mut self, key: &[u64; 2]) {
-        if let Some(s) = self.slots.get_mut(Self::slot(key)) {
+    fn forget(&mut self, i: usize) {
+        if let Some(s) = self.slots.get_mut(i) {
             *s = None;
         }
     }
 
+    /// Restamps the memo in slot `i`.
     #[inline]
-    fn touch(&mut self, key: &[u64; 2], now_us: u64) {
-        if let Some(Some(m)) = self.slots.get_mut(Self::slot(key)) {
+    fn touch(&mut self, i: usize, now_us: u64) {
+        if let Some(Some(m)) = self.slots.get_mut(i) {
             m.seen_us = now_us;
         }
     }
@@ -593,7 +596,7 @@ impl Netfilter {
                     seen_us: now.micros(),
                 });
             } else {
-                ctx.nf_memo.forget(&key);
+                ctx.nf_memo.forget(FlowMemo::slot(&key));
             }
             return apply_xlat(ip, info, &x, mode);
         }
@@ -635,9 +638,10 @@ impl Netfilter {
             u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
         ];
         let now_us = now.micros();
-        let m = *ctx.nf_memo.get(&key)?;
+        let slot = FlowMemo::slot(&key);
+        let m = ctx.nf_memo.get(slot, &key)?;
         // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
-        if m.key != key || now_us.saturating_sub(m.seen_us) > self.memo_window_us {
+        if now_us.saturating_sub(m.seen_us) > self.memo_window_us {
             return None;
         }
         let pkt = Pkt {
@@ -649,20 +653,20 @@ impl Netfilter {
         // removal is seen exactly as without the memo.
         Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
             Track::Ok(_) => {
-                ctx.nf_memo.touch(&key, now_us);
+                ctx.nf_memo.touch(slot, now_us);
                 apply_xlat(ip, info, &m.xlat, mode)
             }
             Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
             Track::Closed => {
                 let h = apply_xlat(ip, info, &m.xlat, mode);
-                ctx.nf_memo.forget(&key);
+                ctx.nf_memo.forget(slot);
                 h
             }
             Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
             Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
             // Removed or closed since: look it up again.
             Track::Reopen | Track::Gone => {
-                ctx.nf_memo.forget(&key);
+                ctx.nf_memo.forget(slot);
                 return None;
             }
         })
