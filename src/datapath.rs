@@ -63,11 +63,11 @@ const CT_SWEEP_BUDGET: usize = 4096;
 /// many connections (about where its index outgrows a core's L2 cache).
 const CT_PREFETCH_MIN: usize = 16_384;
 
-/// Pass 1's conntrack prefetcher: the packet words of the last tuple it prefetched, so a run of
+/// Pass 1's conntrack prefetcher: the key of the last tuple it prefetched, so a run of
 /// one flow's packets is prefetched once.
 struct CtPrefetch<'a> {
     nf: &'a crate::netfilter::Netfilter,
-    last: [u32; 3],
+    last: [u64; 2],
 }
 
 impl CtPrefetch<'_> {
@@ -808,7 +808,7 @@ impl Datapath {
     #[inline]
     fn ct_prefetch(&self) -> Option<CtPrefetch<'_>> {
         let nf = self.router.as_ref()?.nf.as_ref()?;
-        (nf.conntrack().len() >= CT_PREFETCH_MIN).then_some(CtPrefetch { nf, last: [0; 3] })
+        (nf.conntrack().len() >= CT_PREFETCH_MIN).then_some(CtPrefetch { nf, last: [0; 2] })
     }
 
     /// Everything about a frame that needs no table access; for a bridged frame, also where

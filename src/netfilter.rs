@@ -315,6 +315,29 @@ fn apply_xlat(ip: &mut [u8], info: &mut Ipv4Info, x: &Xlat, mode: CsumMode) -> H
     }
 }
 
+/// The conntrack key ([`Tuple::to_words`], zone 0) of an unfragmented TCP or UDP packet,
+/// read straight from its header (`hdr_len` bytes, at least 20), and its kind; `None` for
+/// anything [`Tuple::from_ipv4`] would not give both ports for.
+#[inline]
+fn tcp_udp_key(ip: &[u8], hdr_len: usize) -> Option<([u64; 2], L4Kind)> {
+    let h: &[u8; 20] = ip.first_chunk()?;
+    let kind = match h[9] {
+        PROTO_TCP => L4Kind::Tcp,
+        PROTO_UDP => L4Kind::Udp,
+        _ => return None,
+    };
+    if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+        return None;
+    }
+    let ports: &[u8; 4] = ip.get(hdr_len..)?.first_chunk()?;
+    let key = [
+        u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])) << 32
+            | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
+        u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
+    ];
+    Some((key, kind))
+}
+
 /// An ICMP error about no tracked connection, on the routed path.
 const INVALID: Hook = Hook::Drop(DropReason::CtInvalid);
 
@@ -506,36 +529,22 @@ impl Netfilter {
     /// misses with the batch's other packets. `last` holds the words of the last tuple
     /// prefetched; the same tuple again is skipped.
     #[inline]
-    pub(crate) fn prefetch_ipv4(&self, ip: &[u8], last: &mut [u32; 3]) {
-        let Some(h) = ip.first_chunk::<20>() else {
+    pub(crate) fn prefetch_ipv4(&self, ip: &[u8], last: &mut [u64; 2]) {
+        let Some(&v) = ip.first() else {
             return;
         };
-        let ihl = usize::from(h[0] & 0x0f) * 4;
-        let frag = u16::from_be_bytes([h[6], h[7]]) & 0x1fff;
-        if h[0] >> 4 != 4 || ihl < 20 || frag != 0 || !matches!(h[9], PROTO_TCP | PROTO_UDP) {
+        let ihl = usize::from(v & 0x0f) * 4;
+        if v >> 4 != 4 || ihl < 20 {
             return;
         }
-        let Some(p) = ip.get(ihl..ihl + 4) else {
+        let Some((key, _)) = tcp_udp_key(ip, ihl) else {
             return;
         };
-        let words = [
-            u32::from_be_bytes([h[12], h[13], h[14], h[15]]),
-            u32::from_be_bytes([h[16], h[17], h[18], h[19]]),
-            u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
-        ];
-        if words == *last {
+        if key == *last {
             return;
         }
-        *last = words;
-        let t = Tuple {
-            src: Ipv4Addr::from(words[0]),
-            dst: Ipv4Addr::from(words[1]),
-            sport: (words[2] >> 16) as u16,
-            dport: words[2] as u16,
-            proto: h[9],
-            zone: 0,
-        };
-        self.ct.prefetch(&self.ct.locate(&t));
+        *last = key;
+        self.ct.prefetch(&self.ct.locate(&Tuple::from_words(key)));
     }
 
     /// The PREROUTING hook for a packet the router received on `in_if` (see the module docs).
@@ -619,24 +628,7 @@ impl Netfilter {
         if ctx.nf_memo.slots.is_empty() {
             return None;
         }
-        let hl = info.hdr_len;
-        let h: &[u8; 20] = ip.first_chunk()?;
-        let kind = match h[9] {
-            PROTO_TCP => L4Kind::Tcp,
-            PROTO_UDP => L4Kind::Udp,
-            _ => return None,
-        };
-        // Tuple::from_ipv4 gives no tuple for a later fragment or without both ports.
-        if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
-            return None;
-        }
-        let ports: &[u8; 4] = ip.get(hl..)?.first_chunk()?;
-        // As Tuple::to_words (zone 0).
-        let key = [
-            u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])) << 32
-                | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
-            u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
-        ];
+        let (key, kind) = tcp_udp_key(ip, info.hdr_len)?;
         let now_us = now.micros();
         let slot = FlowMemo::slot(&key);
         let m = ctx.nf_memo.get(slot, &key)?;
@@ -1034,14 +1026,14 @@ mod memo_tests {
         let nf = dp.netfilter().unwrap();
         let (_, seg) = seg(40_000, true, 0x10);
         let ip = &seg[14..];
-        let mut last = [0u32; 3];
+        let mut last = [0u64; 2];
         for cut in 0..24 {
             nf.prefetch_ipv4(&ip[..cut], &mut last);
         }
-        assert_eq!(last, [0; 3], "nothing short of the ports is prefetched");
+        assert_eq!(last, [0; 2], "nothing short of the ports is prefetched");
         nf.prefetch_ipv4(ip, &mut last);
         assert_eq!(
-            last[1],
+            last[0] as u32,
             u32::from_be_bytes(VIP),
             "the tuple's words are kept"
         );
