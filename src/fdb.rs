@@ -180,6 +180,15 @@ fn unword(w: u64) -> MacAddr {
     MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]])
 }
 
+/// A known station's time, stored at most once per [`REFRESH_INTERVAL`] (never for a static
+/// entry), so workers do not bounce the line.
+#[inline]
+fn refresh(s: &Slot, seen: u64, now_us: u64) {
+    if seen != STATIC && now_us.saturating_sub(seen) >= REFRESH_INTERVAL.as_micros() as u64 {
+        s.seen.store(now_us, Ordering::Relaxed);
+    }
+}
+
 #[inline]
 fn key_of(mac: u64, port: PortId) -> u64 {
     (mac << 16) | u64::from(port.0)
@@ -358,12 +367,7 @@ impl Fdb {
         if let (Some(bucket), true) = (self.buckets.get(self.b1(l)), m != 0) {
             for s in &bucket.slots {
                 if s.key.load(Ordering::Acquire) == key {
-                    let seen = s.seen.load(Ordering::Relaxed);
-                    if seen != STATIC
-                        && now_us.saturating_sub(seen) >= REFRESH_INTERVAL.as_micros() as u64
-                    {
-                        s.seen.store(now_us, Ordering::Relaxed);
-                    }
+                    refresh(s, s.seen.load(Ordering::Relaxed), now_us);
                     return Learned::Known;
                 }
             }
@@ -379,11 +383,7 @@ impl Fdb {
         if let Some((s, k)) = self.find_loc(l) {
             let seen = s.seen.load(Ordering::Relaxed);
             if k == key_of(m, port) {
-                if seen != STATIC
-                    && now_us.saturating_sub(seen) >= REFRESH_INTERVAL.as_micros() as u64
-                {
-                    s.seen.store(now_us, Ordering::Relaxed);
-                }
+                refresh(s, seen, now_us);
                 return Learned::Known;
             }
             if seen == STATIC {
