@@ -19,7 +19,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtHit, CtTag, Pkt};
-use tapyard::tuple::{L4Kind, Tuple};
+use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::Instant;
 
 #[path = "common.rs"]

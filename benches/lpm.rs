@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use ip_network_table_deps_treebitmap::IpLookupTable;
 use prefix_trie::PrefixMap;
-use tapyard::lpm::{Fib, Lpm, Route};
+use tapyard::l3::lpm::{Fib, Lpm, Route};
 
 /// Counts live heap bytes, to measure each structure's memory the same way.
 struct Counting;
@@ -137,7 +137,7 @@ fn bench_chunks<A: Copy>(
     });
 }
 
-fn sum_batch<A: tapyard::lpm::Address>(lpm: &Lpm<A>, chunk: &[A], out: &mut [u32]) -> u32 {
+fn sum_batch<A: tapyard::l3::lpm::Address>(lpm: &Lpm<A>, chunk: &[A], out: &mut [u32]) -> u32 {
     lpm.lookup_batch(chunk, out);
     out.iter().fold(0u32, |s, &x| s.wrapping_add(x))
 }
@@ -252,7 +252,7 @@ fn ipv4(c: &mut Criterion) {
 /// no reader holding the previous version (patched in place) and while one holds it (the
 /// writer must copy the table), and one batch of 10,000 changes. `before`: live heap bytes
 /// before the FIB was built.
-fn updates<A: tapyard::lpm::Address>(fib: &Fib<A>, routes: &[Route<A>], before: usize) {
+fn updates<A: tapyard::l3::lpm::Address>(fib: &Fib<A>, routes: &[Route<A>], before: usize) {
     let mut rng = Rng(3);
     let mut pick = || routes[(rng.next_u64() % routes.len() as u64) as usize];
     let mut change = |fib: &Fib<A>| {
@@ -284,7 +284,7 @@ fn updates<A: tapyard::lpm::Address>(fib: &Fib<A>, routes: &[Route<A>], before: 
                 b.insert(r.prefix, r.len, r.next_hop)?;
             }
         }
-        Ok::<_, tapyard::lpm::LpmError>(())
+        Ok::<_, tapyard::l3::lpm::LpmError>(())
     })
     .unwrap();
     let batch = t.elapsed();
@@ -293,7 +293,7 @@ fn updates<A: tapyard::lpm::Address>(fib: &Fib<A>, routes: &[Route<A>], before: 
         for r in routes {
             b.insert(r.prefix, r.len, r.next_hop)?;
         }
-        Ok::<_, tapyard::lpm::LpmError>(())
+        Ok::<_, tapyard::l3::lpm::LpmError>(())
     })
     .unwrap();
     assert_eq!(fib.len(), routes.len());

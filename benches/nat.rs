@@ -27,15 +27,15 @@ use std::time::{Duration, Instant as StdInstant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use tapyard::conntrack::{CtConfig, CtTag, Pkt};
+use tapyard::l3::router::IfaceConfig;
+use tapyard::nat::netfilter::NatConfig;
 use tapyard::nat::{
     alloc_source, rewrite, CsumMode, Endpoint, LbAlgo, PortRange, Rng, ServiceSpec, Services,
     DEFAULT_AFFINITY_TIMEOUT,
 };
-use tapyard::netfilter::NatConfig;
 use tapyard::port::{mem_pair, MemPort, Port};
-use tapyard::router::IfaceConfig;
 use tapyard::runtime::Pump;
-use tapyard::tuple::{L4Kind, Tuple};
+use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, BATCH_SIZE};
 
 const PORTS: usize = 4;
@@ -390,7 +390,7 @@ fn parts(c: &mut Criterion) {
     p[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 96, 0, 10]);
     p[20..24].copy_from_slice(&[0x9c, 0x40, 0, 80]);
     p[32] = 0x50;
-    tapyard::ipv4::fix_header_checksum(&mut p, 20);
+    tapyard::wire::ipv4::fix_header_checksum(&mut p, 20);
     let (t0, kind) = Tuple::from_ipv4(&p, 20, 60).unwrap();
     let mut i = 0u32;
     g.bench_function("rewrite_tcp_full_checksums", |b| {

@@ -21,10 +21,10 @@ use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{IpAddress, IpCidr, IpEndpoint, Ipv4Address};
 use std::net::Ipv4Addr;
 
+use tapyard::l3::router::IfaceConfig;
+use tapyard::nat::netfilter::{NatConfig, NatRules, Prefix};
 use tapyard::nat::{Endpoint, ServiceSpec};
-use tapyard::netfilter::{NatConfig, NatRules, Prefix};
 use tapyard::port::{mem_pair, Port, SmolHost};
-use tapyard::router::IfaceConfig;
 use tapyard::runtime::Pump;
 use tapyard::wire::Summary;
 use tapyard::{BridgeConfig, Datapath, Instant, MacAddr, PortId};

@@ -39,7 +39,7 @@
 //!                                but the cluster CIDR (CNI ipMasq). Repeatable.
 //! ```
 //!
-//! Any of the last three turns on connection tracking and NAT (see `tapyard::netfilter`):
+//! Any of the last three turns on connection tracking and NAT (see `tapyard::nat::netfilter`):
 //! kube-proxy's iptables rules (ClusterIP and NodePort DNAT, KUBE-MARK-MASQ, hairpin) for the
 //! Services given.
 //!
@@ -80,11 +80,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tapyard::l3::route::{mask, IfaceId, NextHop, Route, RouteProto};
+use tapyard::l3::router::IfaceConfig;
+use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
-use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
-use tapyard::route::{mask, IfaceId, NextHop, Route, RouteProto};
-use tapyard::router::IfaceConfig;
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
 
@@ -688,7 +688,7 @@ fn run(a: Args) -> Result<(), String> {
 
 /// The NAT engine's counters, the connection table's counters, the live connections by
 /// protocol and TCP state, and the Services.
-fn print_nat(nf: &tapyard::netfilter::Netfilter, now: tapyard::Instant) {
+fn print_nat(nf: &tapyard::nat::netfilter::Netfilter, now: tapyard::Instant) {
     let n = nf.counters();
     println!(
         "nat: new {}  dnat {}  snat {}  hairpin {}  rejected {}  related {}  untracked {}",

@@ -11,7 +11,7 @@
 //! * [`runtime`]: worker threads that receive batches from ports, run the datapath and transmit.
 //! * [`Datapath`]: the sans-IO core. Frames in, verdicts out, time passed in; shared by all
 //!   workers through `&self`, with per-worker [`Worker`] contexts.
-//! * Tables: [`fdb::Fdb`] (per bridge, lock-free lookups).
+//! * Tables: [`l2::fdb::Fdb`] (per bridge, lock-free lookups).
 //!
 //! See `ARCHITECTURE.md` for a frame's path and the threading model.
 #![deny(unsafe_code)]
@@ -20,29 +20,18 @@
 pub mod buf;
 pub mod conntrack;
 pub mod datapath;
-pub mod fdb;
-pub mod ipv4;
-// Calls into lookups compiled with POPCNT after a run-time CPU check (a `#[target_feature]`
-// function is unsafe to call); each call has a SAFETY line. All other unsafe is in `sys`.
-#[allow(unsafe_code)]
-pub mod lpm;
-pub mod mac;
+pub mod l2;
+pub mod l3;
 pub mod nat;
-pub mod neigh;
-pub mod netfilter;
-pub mod offload;
 pub mod port;
-pub mod route;
-pub mod router;
 pub mod runtime;
 pub mod stats;
 mod sys;
 pub mod time;
-pub mod tuple;
 pub mod wire;
 
 pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE};
 pub use datapath::{BridgeConfig, BridgeId, ConfigError, Datapath, PortId, Verdict, Worker};
-pub use mac::MacAddr;
 pub use stats::{DropReason, StatsSnapshot};
 pub use time::{Clock, Instant};
+pub use wire::mac::MacAddr;

@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 
 use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtTag, Dir, Pkt};
-use tapyard::tuple::{L4Kind, Tuple};
+use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::Instant;
 
 #[test]

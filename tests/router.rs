@@ -8,9 +8,9 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use etherparse::{icmpv4, Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
-use tapyard::ipv4::Arp;
-use tapyard::route::{IfaceId, NextHop, Route, RouteProto};
-use tapyard::router::IfaceConfig;
+use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
+use tapyard::l3::router::IfaceConfig;
+use tapyard::wire::ipv4::Arp;
 use tapyard::{
     Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
 };
@@ -235,7 +235,7 @@ fn routes_to_another_node_after_resolving_the_gateway() {
     assert_eq!(&f[0..6], &PEER.0);
     assert_eq!(&f[6..12], &UP_MAC.0);
     assert_eq!(f[14 + 8], 63);
-    assert_eq!(tapyard::ipv4::check_header(&f[14..]).unwrap().ttl, 63);
+    assert_eq!(tapyard::wire::ipv4::check_header(&f[14..]).unwrap().ttl, 63);
     assert_eq!(&f[34..], &pkt[34..], "payload untouched");
     // Later packets go straight through.
     let (v, out) = send(&mut n, PA, &pkt);
@@ -420,7 +420,7 @@ fn tso_super_frames_are_checked_by_segment_size() {
     let mut batch = Batch::new();
     let mut b = PacketBuf::from_frame(&f);
     b.port = PA;
-    b.offload.gso_type = tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV4;
+    b.offload.gso_type = tapyard::port::offload::VIRTIO_NET_HDR_GSO_TCPV4;
     b.offload.gso_size = 1448;
     batch.push(b).unwrap();
     n.dp.process(&mut n.w, n.now, &mut batch);
@@ -500,7 +500,7 @@ fn a_flow_in_one_batch_is_judged_packet_by_packet() {
     // Set DF on the big one and fix its header checksum.
     big[14 + 6] |= 0x40;
     let hl = 20;
-    tapyard::ipv4::fix_header_checksum(&mut big[14..], hl);
+    tapyard::wire::ipv4::fix_header_checksum(&mut big[14..], hl);
     let local = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 1, 1], 64, 10);
     let mut batch = Batch::new();
     for f in [&ok, &expiring, &ok, &big, &ok, &local, &ok] {

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tapyard::route::mask;
+use tapyard::l3::route::mask;
 use tapyard::MacAddr;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
@@ -389,7 +389,7 @@ pub struct NeighCfg {
 
 impl Default for NeighCfg {
     fn default() -> Self {
-        let d = tapyard::neigh::NeighConfig::default();
+        let d = tapyard::l3::neigh::NeighConfig::default();
         NeighCfg {
             gc_thresh1: d.gc_thresh1,
             gc_thresh2: d.gc_thresh2,
@@ -403,8 +403,8 @@ impl Default for NeighCfg {
 
 impl NeighCfg {
     /// The library's neighbour configuration with these limits.
-    pub fn to_library(&self) -> tapyard::neigh::NeighConfig {
-        tapyard::neigh::NeighConfig {
+    pub fn to_library(&self) -> tapyard::l3::neigh::NeighConfig {
+        tapyard::l3::neigh::NeighConfig {
             gc_thresh1: self.gc_thresh1,
             gc_thresh2: self.gc_thresh2,
             gc_thresh3: self.gc_thresh3,
@@ -1435,7 +1435,7 @@ impl Parser<'_> {
             ],
         );
         let d = NeighCfg::default();
-        let limit = tapyard::neigh::MAX_ENTRIES as i64;
+        let limit = tapyard::l3::neigh::MAX_ENTRIES as i64;
         let c = NeighCfg {
             gc_thresh1: self
                 .opt_int(&mut s, "gc_thresh1", 0, limit)

@@ -320,7 +320,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                     .map(|e| {
                         json!({
                             "dst": e.ip.to_string(),
-                            "dev": dp.iface_name(tapyard::route::IfaceId(e.iface)).unwrap_or("?"),
+                            "dev": dp.iface_name(tapyard::l3::route::IfaceId(e.iface)).unwrap_or("?"),
                             "lladdr": e.mac.map(|m| m.to_string()),
                             "state": e.state.name(),
                             "confirmed_ago_secs": e.confirmed_ago.map(|d| d.as_secs_f64()),
@@ -337,7 +337,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 let _ = dp.fmt_routes(&mut text);
                 return Ok(Value::String(text));
             }
-            use tapyard::route::{NextHop, RouteProto};
+            use tapyard::l3::route::{NextHop, RouteProto};
             let rows = dp.routes().map_or_else(Vec::new, |t| {
                 t.routes()
                     .into_iter()
@@ -452,7 +452,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
 
 /// The NAT's counters by name, for `show stats` and the metrics: the connection table's
 /// (`connections` is a gauge) and the engine's.
-pub fn nat_counters(nf: &tapyard::netfilter::Netfilter) -> [(&'static str, u64); 14] {
+pub fn nat_counters(nf: &tapyard::nat::netfilter::Netfilter) -> [(&'static str, u64); 14] {
     let c = nf.counters();
     let t = nf.conntrack().counters();
     [
@@ -473,7 +473,7 @@ pub fn nat_counters(nf: &tapyard::netfilter::Netfilter) -> [(&'static str, u64);
     ]
 }
 
-fn tuple_json(t: &tapyard::tuple::Tuple) -> Value {
+fn tuple_json(t: &tapyard::wire::tuple::Tuple) -> Value {
     json!({"src": t.src.to_string(), "dst": t.dst.to_string(), "sport": t.sport, "dport": t.dport})
 }
 

@@ -247,8 +247,8 @@ mod tests {
 
     #[test]
     fn nat_counters_are_exposed_with_a_router() {
-        use tapyard::netfilter::NatConfig;
-        use tapyard::router::IfaceConfig;
+        use tapyard::l3::router::IfaceConfig;
+        use tapyard::nat::netfilter::NatConfig;
         let mut b = Datapath::builder();
         b.add_router_iface(
             IfaceConfig::new(

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tapyard::conntrack::{CtConfig, CtTimeouts};
+use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
+use tapyard::l3::router::IfaceConfig;
+use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceError, ServiceSpec};
-use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
-use tapyard::route::{IfaceId, NextHop, Route, RouteProto};
-use tapyard::router::IfaceConfig;
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
 
@@ -712,7 +712,7 @@ mod tests {
             ),
             (s(7), s(8), s(9), s(11))
         );
-        tapyard::netfilter::Netfilter::new(NatConfig {
+        tapyard::nat::netfilter::Netfilter::new(NatConfig {
             conntrack: t,
             ..Default::default()
         })

@@ -16,10 +16,10 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::nat::{Endpoint, ServiceSpec};
-use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
-use tapyard::route::{NextHop, Route, RouteProto};
-use tapyard::router::IfaceConfig;
-use tapyard::tuple::{L4Kind, Tuple};
+use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::l3::route::{NextHop, Route, RouteProto};
+use tapyard::l3::router::IfaceConfig;
+use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);

@@ -11,8 +11,8 @@
 use libfuzzer_sys::fuzz_target;
 use std::net::Ipv4Addr;
 use std::time::Duration;
-use tapyard::route::{NextHop, Route, RouteProto};
-use tapyard::router::IfaceConfig;
+use tapyard::l3::route::{NextHop, Route, RouteProto};
+use tapyard::l3::router::IfaceConfig;
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
@@ -68,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
     let mut up = IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24);
     up.mtu = 576;
     let (eth0, _) = b.add_router_iface(up, None).unwrap();
-    let mut nc = tapyard::neigh::NeighConfig::default();
+    let mut nc = tapyard::l3::neigh::NeighConfig::default();
     nc.gc_thresh1 = 2;
     nc.gc_thresh2 = 4;
     nc.gc_thresh3 = 8;

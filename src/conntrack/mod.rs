@@ -10,7 +10,7 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtState, CtTag, Dir, Pkt, Track};
-//! use tapyard::tuple::{L4Kind, Tuple};
+//! use tapyard::wire::tuple::{L4Kind, Tuple};
 //! use tapyard::Instant;
 //!
 //! let ct = Conntrack::new(CtConfig::default()).unwrap();
@@ -151,7 +151,7 @@ mod tests;
 use std::fmt;
 use std::time::Duration;
 
-use crate::tuple::{L4Kind, Tuple};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 pub use table::{Conntrack, CtLoc};
 pub use tcp::CtState;
@@ -574,7 +574,7 @@ impl fmt::Display for CtView {
 
 /// A tuple as `conntrack -L` prints it: ICMP echo with `type= code= id=`.
 fn fmt_tuple(f: &mut fmt::Formatter<'_>, t: &Tuple, dir: Dir) -> fmt::Result {
-    if t.proto == crate::ipv4::PROTO_ICMP {
+    if t.proto == crate::wire::ipv4::PROTO_ICMP {
         let ty = if dir == Dir::Original { 8 } else { 0 };
         write!(
             f,

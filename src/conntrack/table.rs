@@ -9,10 +9,10 @@ use super::{
     proto_name, CtConfig, CtConfigError, CtCounters, CtHit, CtId, CtStatus, CtTag, CtView, Dir,
     InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
 };
-use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::sys::BigSlice;
 use crate::time::Instant;
-use crate::tuple::{L4Kind, Tuple};
+use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 // ---- control word -----------------------------------------------------------------------
 // bits 0..16 status, 16..20 TCP state, 20..23 life stage, 32..64 generation.

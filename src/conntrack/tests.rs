@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use super::tcp::flags::*;
 use super::*;
 use crate::time::Instant;
-use crate::tuple::{L4Kind, Tuple};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 fn ip(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, d)

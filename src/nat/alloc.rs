@@ -45,8 +45,8 @@
 
 use std::net::Ipv4Addr;
 
-use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
-use crate::tuple::Tuple;
+use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::tuple::Tuple;
 
 /// Tries in the first round (Linux's `NF_NAT_MAX_ATTEMPTS`).
 pub const MAX_ATTEMPTS: u32 = 128;

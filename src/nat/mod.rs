@@ -53,6 +53,7 @@
 
 pub mod alloc;
 pub mod maglev;
+pub mod netfilter;
 pub mod rewrite;
 pub mod service;
 
@@ -64,7 +65,7 @@ pub use service::{
 };
 
 #[doc(no_inline)]
-pub use crate::tuple::{L4Kind, Tuple};
+pub use crate::wire::tuple::{L4Kind, Tuple};
 
 /// A small, fast, non-cryptographic PRNG (wyrand), one per worker thread: random endpoint
 /// choice without a shared generator or lock. Seed each worker differently (e.g. from its

@@ -28,7 +28,7 @@
 //!
 //! [`CsumMode::Partial`]: the frame came from an offload TAP with `VIRTIO_NET_HDR_F_NEEDS_CSUM`:
 //! the TCP/UDP checksum field holds only the folded, *uncomplemented* pseudo-header sum and the
-//! device (or [`crate::offload::complete_checksum`]) sums the L4 bytes over it later. As Linux's
+//! device (or [`crate::port::offload::complete_checksum`]) sums the L4 bytes over it later. As Linux's
 //! `inet_proto_csum_replace4(.., pseudohdr = true)` under `CHECKSUM_PARTIAL`, only the
 //! address changes go into the field (`field = fold(field + ~old + new)`); port and identifier
 //! changes do not touch it, since the device will sum the new bytes. ICMP has no pseudo-header,
@@ -49,21 +49,21 @@
 //!     0x45, 0, 0, 29, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 244, 1, 5, 10, 96, 0, 10, // IPv4
 //!     0x13, 0x88, 0, 53, 0, 9, 0, 0, b'x', // UDP, checksum 0 ("none")
 //! ];
-//! tapyard::ipv4::fix_header_checksum(&mut p, 20);
+//! tapyard::wire::ipv4::fix_header_checksum(&mut p, 20);
 //! let (t, kind) = Tuple::from_ipv4(&p, 20, p.len()).unwrap();
 //! let new = Tuple { dst: Ipv4Addr::new(10, 244, 2, 7), dport: 5353, ..t };
 //! rewrite(&mut p, 20, kind, &new, CsumMode::Full).unwrap();
 //! assert_eq!(Tuple::from_ipv4(&p, 20, p.len()).unwrap().0, new);
-//! assert_eq!(tapyard::ipv4::checksum(&p[..20]), 0); // header checksum still valid
+//! assert_eq!(tapyard::wire::ipv4::checksum(&p[..20]), 0); // header checksum still valid
 //! assert_eq!(&p[26..28], &[0, 0]); // no UDP checksum stays none
 //! ```
 
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::stats::DropReason;
-use crate::tuple::{L4Kind, Tuple};
+use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 /// How the L4 checksum field of the packet is to be read: see the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

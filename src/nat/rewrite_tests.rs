@@ -2,8 +2,8 @@
 //! full recomputation after the rewrite.
 
 use super::*;
-use crate::ipv4::{checksum, ICMP_ERROR_MAX};
-use crate::offload::{complete_checksum, csum_add, csum_fold, VirtioNetHdr};
+use crate::port::offload::{complete_checksum, csum_add, csum_fold, VirtioNetHdr};
+use crate::wire::ipv4::{checksum, ICMP_ERROR_MAX};
 use etherparse::{
     icmpv4::{DestUnreachableHeader, TimeExceededCode},
     IcmpEchoHeader, Icmpv4Header, Icmpv4Type, IpNumber, Ipv4Header, TcpHeader, UdpHeader,
@@ -363,7 +363,7 @@ fn make_partial(p: &mut [u8]) -> VirtioNetHdr {
     let sum = !checksum(&ph); // folded, not complemented
     p[h + off..h + off + 2].copy_from_slice(&sum.to_be_bytes());
     VirtioNetHdr {
-        flags: crate::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        flags: crate::port::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
         csum_start: h as u16,
         csum_offset: off as u16,
         ..VirtioNetHdr::NONE
@@ -605,7 +605,7 @@ fn truncated_never_panics() {
                 if fix_len && n >= 20 {
                     q[2..4].copy_from_slice(&(n as u16).to_be_bytes());
                     let h = hlen(&q).min(n);
-                    crate::ipv4::fix_header_checksum(&mut q, h);
+                    crate::wire::ipv4::fix_header_checksum(&mut q, h);
                 }
                 for hdr_len in [0, 20, 24, 60] {
                     for k in kinds {

@@ -47,8 +47,8 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::maglev::{self, Maglev};
-use crate::ipv4::{PROTO_TCP, PROTO_UDP};
 use crate::time::Instant;
+use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`: 3 hours.
 pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10_800);

@@ -15,6 +15,7 @@ use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
 use crate::stats::DropReason;
 
 mod mem;
+pub mod offload;
 mod smol;
 mod tap;
 

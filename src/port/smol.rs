@@ -6,8 +6,8 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr, Ipv4Address};
 
 use super::MemPort;
 use crate::buf::{PacketBuf, DEFAULT_FRAME_ROOM};
-use crate::mac::MacAddr;
 use crate::time::Instant;
+use crate::wire::mac::MacAddr;
 
 /// Adapts one end of an in-memory pair to smoltcp's `Device`.
 struct MemDevice {

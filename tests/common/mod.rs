@@ -11,8 +11,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tapyard::l3::route::{mask, NextHop, Route, RouteProto};
 use tapyard::port::{Port, TapPort};
-use tapyard::route::{mask, NextHop, Route, RouteProto};
 use tapyard::runtime::Runtime;
 use tapyard::PortId;
 

@@ -7,9 +7,9 @@
 
 use std::net::Ipv4Addr;
 
-use crate::mac::MacAddr;
-use crate::offload::{csum_add, csum_fold};
+use crate::port::offload::{csum_add, csum_fold};
 use crate::stats::DropReason;
+use crate::wire::mac::MacAddr;
 
 mod field {
     pub const VER_IHL: usize = 0;

@@ -20,13 +20,13 @@ use parking_lot::Mutex;
 
 use crate::buf::PacketBuf;
 use crate::datapath::{BridgeId, PortId};
-use crate::ipv4::{self, icmp, Arp, Ipv4Info};
-use crate::mac::MacAddr;
-use crate::neigh::{Enqueue, NeighTable, Refusal};
-use crate::netfilter::Hook;
-use crate::route::{mask, IfaceId, NextHop, RouteReader, RouteTable};
+use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
+use crate::l3::route::{mask, IfaceId, NextHop, RouteReader, RouteTable};
+use crate::nat::netfilter::Hook;
 use crate::stats::DropReason;
 use crate::time::Instant;
+use crate::wire::ipv4::{self, icmp, Arp, Ipv4Info};
+use crate::wire::mac::MacAddr;
 
 /// Settings of one router interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -210,7 +210,7 @@ pub struct Router {
     pub(crate) neigh: NeighTable,
     icmp: IcmpLimiter,
     /// Conntrack and NAT, when the datapath was built with them.
-    pub(crate) nf: Option<crate::netfilter::Netfilter>,
+    pub(crate) nf: Option<crate::nat::netfilter::Netfilter>,
     /// Event counters.
     pub counters: RouterCounters,
 }
@@ -228,15 +228,15 @@ pub(crate) struct L3Batch<'a> {
     /// The worker's random source (endpoint choice).
     pub(crate) rng: crate::nat::Rng,
     /// The NAT hook's cache of recent connections, lent by the worker for the batch (see
-    /// [`crate::netfilter::FlowMemo`]).
-    pub(crate) nf_memo: crate::netfilter::FlowMemo,
+    /// [`crate::nat::netfilter::FlowMemo`]).
+    pub(crate) nf_memo: crate::nat::netfilter::FlowMemo,
 }
 
 impl<'a> L3Batch<'a> {
     pub(crate) fn new(
         routes: RouteReader<'a>,
         rng: crate::nat::Rng,
-        nf_memo: crate::netfilter::FlowMemo,
+        nf_memo: crate::nat::netfilter::FlowMemo,
     ) -> L3Batch<'a> {
         L3Batch {
             routes,
@@ -521,7 +521,7 @@ impl Router {
             // Fragments are built from the datagram's bytes: finish a partial checksum first.
             if b.offload.needs_csum() {
                 let hdr = b.offload;
-                if crate::offload::complete_checksum(b.frame_mut(), &hdr).is_err() {
+                if crate::port::offload::complete_checksum(b.frame_mut(), &hdr).is_err() {
                     return L3::Drop(DropReason::BadOffload);
                 }
                 b.offload = crate::Offload::default();
@@ -569,7 +569,7 @@ impl Router {
                 // The neighbour queue holds plain frames: finish the offload work (partial
                 // checksum, TSO segmentation) before queueing, or it would be lost.
                 let mut last = L3::Queued;
-                let r = crate::offload::send_completed(b, &mut |f| {
+                let r = crate::port::offload::send_completed(b, &mut |f| {
                     last = self.resolve_later(out_if, nh_ip, f, now, sink);
                     Ok(())
                 });
@@ -779,10 +779,10 @@ impl Router {
     /// for packets whose next hop failed to resolve. Returns the number of packets dropped.
     pub(crate) fn poll(&self, now: Instant, sink: &mut dyn Sink) {
         self.neigh.poll(now, &mut |ev| match ev {
-            crate::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
+            crate::l3::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
                 self.send_arp_request(IfaceId(iface), ip, unicast, sink);
             }
-            crate::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
+            crate::l3::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
                 sink.dropped(DropReason::NeighFailed);
                 bump(&self.counters.neigh_failed);
                 let l3 = 14;

@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::mac::MacAddr;
 use crate::time::Instant;
+use crate::wire::mac::MacAddr;
 use crate::PortId;
 
 /// A known station's time is refreshed at most this often (per station), to keep readers'

@@ -11,7 +11,7 @@
 //! `&self`. Each thread owns a [`Worker`]: its buffer pool and its own counter shard, so the
 //! fast path takes no lock and shares no written cache line except table entries that change.
 //! FDB lookups are lock-free; learning a *new* station takes the bridge table's writer lock
-//! (see [`crate::fdb`]). The topology is fixed when the datapath is built.
+//! (see [`crate::l2::fdb`]). The topology is fixed when the datapath is built.
 //!
 //! # Example
 //! ```
@@ -42,10 +42,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
-use crate::fdb::{Fdb, FdbEntry, Loc, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
-use crate::neigh::{NeighConfig, NeighTable};
-use crate::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteTable};
-use crate::router::{Iface, IfaceConfig, L3Batch, Router, Sink, L3};
+use crate::l2::fdb::{Fdb, FdbEntry, Loc, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
+use crate::l3::neigh::{NeighConfig, NeighTable};
+use crate::l3::route::{mask, IfaceId, NextHop, Route, RouteProto, RouteTable};
+use crate::l3::router::{Iface, IfaceConfig, L3Batch, Router, Sink, L3};
 use crate::stats::{DropReason, Shard, StatsSnapshot};
 use crate::time::Instant;
 use crate::wire::{is_vlan_type, EthMeta};
@@ -66,7 +66,7 @@ const CT_PREFETCH_MIN: usize = 16_384;
 /// Pass 1's conntrack prefetcher: the key of the last tuple it prefetched, so a run of
 /// one flow's packets is prefetched once.
 struct CtPrefetch<'a> {
-    nf: &'a crate::netfilter::Netfilter,
+    nf: &'a crate::nat::netfilter::Netfilter,
     last: [u64; 2],
 }
 
@@ -338,7 +338,7 @@ pub struct DatapathBuilder {
     bridges: Vec<Bridge>,
     ifaces: Vec<Iface>,
     neigh: NeighConfig,
-    nf: Option<crate::netfilter::Netfilter>,
+    nf: Option<crate::nat::netfilter::Netfilter>,
 }
 
 impl fmt::Debug for DatapathBuilder {
@@ -484,7 +484,7 @@ impl DatapathBuilder {
         if let Some(b) = on {
             let br = &mut self.bridges[usize::from(b.0)];
             br.router = Some((id, port));
-            br.router_mac = crate::fdb::word(cfg.mac);
+            br.router_mac = crate::l2::fdb::word(cfg.mac);
             br.fdb.add_static(cfg.mac, port);
         }
         self.ifaces.push(Iface {
@@ -507,14 +507,15 @@ impl DatapathBuilder {
     }
 
     /// Turns on connection tracking and NAT (Services, masquerade, SNAT) on routed packets,
-    /// and reverse NAT on bridged IPv4 (see [`crate::netfilter`]). Needs a router interface.
+    /// and reverse NAT on bridged IPv4 (see [`crate::nat::netfilter`]). Needs a router interface.
     /// Errors name the bad conntrack setting.
-    pub fn netfilter(&mut self, cfg: crate::netfilter::NatConfig) -> Result<(), ConfigError> {
-        let nf = crate::netfilter::Netfilter::new(cfg).map_err(|e| ConfigError::OutOfRange {
-            field: e.field,
-            value: e.value,
-            expected: e.expected,
-        })?;
+    pub fn netfilter(&mut self, cfg: crate::nat::netfilter::NatConfig) -> Result<(), ConfigError> {
+        let nf =
+            crate::nat::netfilter::Netfilter::new(cfg).map_err(|e| ConfigError::OutOfRange {
+                field: e.field,
+                value: e.value,
+                expected: e.expected,
+            })?;
         self.nf = Some(nf);
         Ok(())
     }
@@ -616,7 +617,7 @@ pub struct Worker {
     /// Random source for endpoint choice.
     rng: crate::nat::Rng,
     /// The NAT hook's cache of recently seen connections (see `netfilter::FlowMemo`).
-    flows: crate::netfilter::FlowMemo,
+    flows: crate::nat::netfilter::FlowMemo,
 }
 
 impl fmt::Debug for Worker {
@@ -647,7 +648,7 @@ impl Datapath {
             pool,
             extra: Vec::with_capacity(MAX_EXTRA),
             rng: crate::nat::Rng::new(std::hash::BuildHasher::hash_one(&seed, 0x5eed_u64)),
-            flows: crate::netfilter::FlowMemo::default(),
+            flows: crate::nat::netfilter::FlowMemo::default(),
         }
     }
 
@@ -867,7 +868,7 @@ impl Datapath {
                     .router
                     .as_ref()
                     .and_then(|r| r.iface(iface))
-                    .is_some_and(|i| crate::fdb::word(i.cfg.mac) == dst_w);
+                    .is_some_and(|i| crate::l2::fdb::word(i.cfg.mac) == dst_w);
                 p.kind = ROUTED;
                 p.id = iface.0;
                 if ours {
@@ -892,7 +893,7 @@ impl Datapath {
         if p.flags & GROUP_DST != 0 {
             // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux
             // does; the rest of the 802.1D reserved range stays on the link.
-            let d = crate::mac::MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
+            let d = crate::wire::mac::MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
             if d.is_link_local() && d.0[5] != 0 {
                 p.flags |= LINK_LOCAL;
             }
@@ -938,7 +939,7 @@ impl Datapath {
         src: &Loc,
         dst: &Loc,
         now: Instant,
-        nf: Option<&crate::netfilter::Netfilter>,
+        nf: Option<&crate::nat::netfilter::Netfilter>,
         l3: &mut Option<L3Batch<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
@@ -965,9 +966,9 @@ impl Datapath {
             let meta = L3Hint::of(b);
             if meta.ether_type == 0x0800 && !meta.tagged {
                 match nf.bridged(b, usize::from(meta.l3), now) {
-                    crate::netfilter::Hook::Accept => {}
-                    crate::netfilter::Hook::Drop(r) => return Verdict::Drop(r),
-                    crate::netfilter::Hook::Reject { .. } => {
+                    crate::nat::netfilter::Hook::Accept => {}
+                    crate::nat::netfilter::Hook::Drop(r) => return Verdict::Drop(r),
+                    crate::nat::netfilter::Hook::Reject { .. } => {
                         return Verdict::Drop(DropReason::NoEndpoint)
                     }
                 }
@@ -1056,10 +1057,10 @@ impl Datapath {
         via: IfaceId,
         b: &mut PacketBuf,
         now: Instant,
-        memo: &mut Option<(IfaceId, crate::mac::MacAddr, PortId)>,
+        memo: &mut Option<(IfaceId, crate::wire::mac::MacAddr, PortId)>,
     ) -> Verdict {
         let dst = match b.frame().get(..6) {
-            Some(d) => crate::mac::MacAddr::from_slice(d),
+            Some(d) => crate::wire::mac::MacAddr::from_slice(d),
             None => return Verdict::Drop(DropReason::Truncated),
         };
         if let Some((i, m, p)) = *memo {
@@ -1089,7 +1090,7 @@ impl Datapath {
         };
         let br = &self.bridges[usize::from(bid.0)];
         let dst = match b.frame().get(..6) {
-            Some(d) => crate::mac::MacAddr::from_slice(d),
+            Some(d) => crate::wire::mac::MacAddr::from_slice(d),
             None => return Verdict::Drop(DropReason::Truncated),
         };
         if dst.is_multicast() {
@@ -1239,7 +1240,7 @@ impl Datapath {
     }
 
     /// Conntrack and NAT, if the datapath was built with [`DatapathBuilder::netfilter`].
-    pub fn netfilter(&self) -> Option<&crate::netfilter::Netfilter> {
+    pub fn netfilter(&self) -> Option<&crate::nat::netfilter::Netfilter> {
         self.router.as_ref().and_then(|r| r.nf.as_ref())
     }
 
@@ -1264,9 +1265,9 @@ impl Datapath {
 
     /// Adds a route, checking it against the interfaces: the interface must exist, and a
     /// gateway must be on a connected subnet (as Linux's "Nexthop has invalid gateway").
-    pub fn add_route(&self, r: Route) -> Result<(), crate::route::RouteError> {
+    pub fn add_route(&self, r: Route) -> Result<(), crate::l3::route::RouteError> {
         let Some(router) = &self.router else {
-            return Err(crate::route::RouteError::NoInterface(0));
+            return Err(crate::l3::route::RouteError::NoInterface(0));
         };
         self.check_route(router, &r)?;
         router.routes.add(r)
@@ -1279,9 +1280,9 @@ impl Datapath {
         prefix: std::net::Ipv4Addr,
         len: u8,
         metric: Option<u32>,
-    ) -> Result<Route, crate::route::RouteError> {
+    ) -> Result<Route, crate::l3::route::RouteError> {
         let Some(router) = &self.router else {
-            return Err(crate::route::RouteError::NotFound(prefix, len));
+            return Err(crate::l3::route::RouteError::NotFound(prefix, len));
         };
         router.routes.remove(prefix, len, metric)
     }
@@ -1289,24 +1290,24 @@ impl Datapath {
     /// Adds a route or replaces the one with the same prefix, length and metric in one
     /// update (`ip route replace`), checked as [`Datapath::add_route`]. Returns the route
     /// replaced.
-    pub fn replace_route(&self, r: Route) -> Result<Option<Route>, crate::route::RouteError> {
+    pub fn replace_route(&self, r: Route) -> Result<Option<Route>, crate::l3::route::RouteError> {
         let Some(router) = &self.router else {
-            return Err(crate::route::RouteError::NoInterface(0));
+            return Err(crate::l3::route::RouteError::NoInterface(0));
         };
         self.check_route(router, &r)?;
         router.routes.replace(r)
     }
 
-    fn check_route(&self, router: &Router, r: &Route) -> Result<(), crate::route::RouteError> {
+    fn check_route(&self, router: &Router, r: &Route) -> Result<(), crate::l3::route::RouteError> {
         if let Some(i) = r.next_hop.iface() {
             if router.iface(i).is_none() {
-                return Err(crate::route::RouteError::NoInterface(i.0));
+                return Err(crate::l3::route::RouteError::NoInterface(i.0));
             }
         }
         if let NextHop::Via(i, gw) = r.next_hop {
             let on_link = matches!(router.routes.lookup(gw), Some(NextHop::Link(j)) if j == i);
             if !on_link {
-                return Err(crate::route::RouteError::GatewayNotOnLink(gw));
+                return Err(crate::l3::route::RouteError::GatewayNotOnLink(gw));
             }
         }
         Ok(())
@@ -1317,7 +1318,7 @@ impl Datapath {
     pub fn remove_static_neigh(&self, iface: IfaceId, ip: std::net::Ipv4Addr) -> bool {
         let Some(r) = &self.router else { return false };
         let permanent = r.neigh.dump(Instant::ZERO).iter().any(|e| {
-            e.iface == iface.0 && e.ip == ip && e.state == crate::neigh::NeighState::Permanent
+            e.iface == iface.0 && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
         });
         permanent && r.neigh.remove(iface.0, ip)
     }
@@ -1329,11 +1330,11 @@ impl Datapath {
         &self,
         iface: IfaceId,
         ip: std::net::Ipv4Addr,
-        mac: crate::mac::MacAddr,
+        mac: crate::wire::mac::MacAddr,
         now: Instant,
-    ) -> Result<(), crate::neigh::NeighError> {
+    ) -> Result<(), crate::l3::neigh::NeighError> {
         let Some(r) = &self.router else {
-            return Err(crate::neigh::NeighError::BadAddress(ip));
+            return Err(crate::l3::neigh::NeighError::BadAddress(ip));
         };
         r.neigh.add_static(iface.0, ip, mac, now).map(|_| ())
     }
@@ -1390,7 +1391,7 @@ impl Datapath {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mac::MacAddr;
+    use crate::wire::mac::MacAddr;
     use proptest::prelude::*;
     use std::collections::HashMap;
 

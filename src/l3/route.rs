@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::lpm::Fib4;
+use crate::l3::lpm::Fib4;
 
 /// An interface id of the router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -161,7 +161,7 @@ struct Writer {
 
 /// One FIB version and the next-hop array, for a batch of look-ups ([`RouteTable::reader`]).
 pub struct RouteReader<'a> {
-    lpm: arc_swap::Guard<std::sync::Arc<crate::lpm::Lpm4>>,
+    lpm: arc_swap::Guard<std::sync::Arc<crate::l3::lpm::Lpm4>>,
     next_hops: &'a [AtomicU64],
 }
 

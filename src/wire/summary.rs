@@ -16,8 +16,8 @@ use etherparse::{
     TransportSlice,
 };
 
-use crate::mac::MacAddr;
 use crate::stats::DropReason;
+use crate::wire::mac::MacAddr;
 
 /// Length of an Ethernet II header.
 pub const ETH_HDR_LEN: usize = 14;

@@ -76,13 +76,13 @@ use crate::buf::PacketBuf;
 use crate::conntrack::{
     Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
-use crate::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
+use crate::l3::route::{IfaceId, NextHop};
+use crate::l3::router::{L3Batch, Router};
 use crate::nat::{self, CsumMode, PortRange, Services};
-use crate::route::{IfaceId, NextHop};
-use crate::router::{L3Batch, Router};
 use crate::stats::DropReason;
 use crate::time::Instant;
-use crate::tuple::{L4Kind, Tuple};
+use crate::wire::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 /// An IPv4 prefix, `addr/len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -920,8 +920,8 @@ mod memo_tests {
 
     use super::NatConfig;
     use crate::conntrack::tcp::flags::{ACK, FIN, RST, SYN};
+    use crate::l3::router::IfaceConfig;
     use crate::nat::{Endpoint, ServiceSpec};
-    use crate::router::IfaceConfig;
     use crate::{
         Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
     };

@@ -57,7 +57,7 @@
 //!
 //! # Design and thread-safety contract
 //!
-//! [`NeighTable`] is `Send + Sync`. The layout follows [`crate::fdb`]: a fixed array of 64-byte
+//! [`NeighTable`] is `Send + Sync`. The layout follows [`crate::l2::fdb`]: a fixed array of 64-byte
 //! buckets of four slots, allocated once at creation with room for four times
 //! `gc_thresh3` slots (at most 25% load), every key hashed with a per-table random seed to two
 //! candidate buckets (a new entry goes into the emptier one). A slot is two atomics:
@@ -120,7 +120,7 @@
 //!
 //! ```
 //! use std::net::Ipv4Addr;
-//! use tapyard::neigh::{ArpOp, Enqueue, NeighConfig, NeighEvent, NeighTable};
+//! use tapyard::l3::neigh::{ArpOp, Enqueue, NeighConfig, NeighEvent, NeighTable};
 //! use tapyard::{Instant, MacAddr};
 //!
 //! let table = NeighTable::new(NeighConfig::default());
@@ -161,8 +161,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::mac::MacAddr;
 use crate::time::Instant;
+use crate::wire::mac::MacAddr;
 
 /// Largest accepted `gc_thresh3` (slot indices and the marked bitmap stay small).
 pub const MAX_ENTRIES: usize = 1 << 20;

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use crate::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 
 /// One direction of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,7 +73,7 @@ impl Tuple {
     }
 
     /// Extracts the tuple of the IPv4 packet starting at `l3` (its header already checked by
-    /// [`crate::ipv4::check_header`], `hdr_len` its length, `total_len` the datagram length).
+    /// [`crate::wire::ipv4::check_header`], `hdr_len` its length, `total_len` the datagram length).
     /// Returns `None` when the L4 header the tuple needs is truncated, or for a non-first
     /// fragment of TCP/UDP/ICMP (it has no L4 header).
     pub fn from_ipv4(l3: &[u8], hdr_len: usize, total_len: usize) -> Option<(Tuple, L4Kind)> {

@@ -108,7 +108,7 @@
 //!
 //! ```
 //! use std::net::Ipv4Addr;
-//! use tapyard::lpm::Fib4;
+//! use tapyard::l3::lpm::Fib4;
 //!
 //! let fib = Fib4::new();
 //! fib.insert(u32::from(Ipv4Addr::new(10, 0, 0, 0)), 8, 1).unwrap();

@@ -1,0 +1,3 @@
+//! Layer 2: the learning bridge's forwarding database.
+
+pub mod fdb;
