@@ -11,8 +11,7 @@
 //! A [`Batch`] holds up to [`BATCH_SIZE`] buffers and one [`Verdict`] per buffer; the
 //! datapath processes whole batches.
 
-use crate::datapath::Verdict;
-use crate::PortId;
+use crate::base::{PortId, Verdict};
 
 /// Bytes reserved in front of every received frame.
 pub const HEADROOM: usize = 128;

@@ -17,6 +17,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod base;
 pub mod buf;
 pub mod conntrack;
 pub mod datapath;

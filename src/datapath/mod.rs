@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+pub use crate::base::{BridgeId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::{Fdb, FdbEntry, Loc, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighTable};
@@ -85,14 +86,6 @@ const RUN_MAX: usize = 64;
 
 /// The low 48 bits: a MAC address read as a little-endian word.
 const MAC48: u64 = (1 << 48) - 1;
-
-/// A port's index in its datapath.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct PortId(pub u16);
-
-/// A bridge's index in its datapath.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct BridgeId(pub u16);
 
 /// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]), packed
 /// small so that storing and reading it back is cheap; the FDB locations of a bridged frame's
@@ -167,21 +160,6 @@ impl L3Hint {
             },
         }
     }
-}
-
-/// What the datapath decided for one frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Send on this port.
-    Output(PortId),
-    /// Send on every port of this bridge except the one it came in on.
-    Flood(BridgeId),
-    /// Do not send; counted under this reason.
-    Drop(DropReason),
-    /// Consumed by the router: answered (ARP, ICMP echo) or turned into other frames.
-    Local,
-    /// Held by the router until its next hop resolves (ARP); sent later or dropped then.
-    Queued,
 }
 
 /// Settings of one bridge.

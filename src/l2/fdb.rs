@@ -43,9 +43,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::base::PortId;
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
-use crate::PortId;
 
 /// A known station's time is refreshed at most this often (per station), to keep readers'
 /// cache lines clean.

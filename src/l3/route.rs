@@ -23,9 +23,7 @@ use parking_lot::Mutex;
 
 use crate::l3::lpm::Fib4;
 
-/// An interface id of the router.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct IfaceId(pub u16);
+pub use crate::base::IfaceId;
 
 /// Distinct next hops a table can hold.
 pub const MAX_NEXT_HOPS: usize = 1 << 16;

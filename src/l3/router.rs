@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
+use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
-use crate::datapath::{BridgeId, PortId};
 use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
-use crate::l3::route::{mask, IfaceId, NextHop, RouteReader, RouteTable};
+use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
 use crate::nat::netfilter::Hook;
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -224,7 +224,7 @@ pub(crate) struct L3Batch<'a> {
     /// (destination, egress interface, next hop address, next hop MAC).
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
     /// The datapath's memo of the last egress decision: (interface, destination MAC, port).
-    pub(crate) egress: Option<(IfaceId, MacAddr, crate::PortId)>,
+    pub(crate) egress: Option<(IfaceId, MacAddr, PortId)>,
     /// The worker's random source (endpoint choice).
     pub(crate) rng: crate::nat::Rng,
     /// The NAT hook's cache of recent connections, lent by the worker for the batch (see

@@ -72,11 +72,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
 
+use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::conntrack::{
     Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
-use crate::l3::route::{IfaceId, NextHop};
+use crate::l3::route::NextHop;
 use crate::l3::router::{L3Batch, Router};
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::DropReason;

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::base::PortId;
 use crate::buf::{Batch, BufPool};
-use crate::datapath::{Datapath, PortId, Worker};
+use crate::datapath::{Datapath, Worker};
 use crate::port::Port;
 use crate::stats::DropReason;
 use crate::sys::{self, EventFd};
