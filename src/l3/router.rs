@@ -22,7 +22,6 @@ use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
-use crate::nat::netfilter::Hook;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ipv4::{self, icmp, Arp, Ipv4Info};
@@ -209,8 +208,6 @@ pub struct Router {
     pub(crate) routes: RouteTable,
     pub(crate) neigh: NeighTable,
     icmp: IcmpLimiter,
-    /// Conntrack and NAT, when the datapath was built with them.
-    pub(crate) nf: Option<crate::nat::netfilter::Netfilter>,
     /// Event counters.
     pub counters: RouterCounters,
 }
@@ -223,27 +220,105 @@ pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
     /// (destination, egress interface, next hop address, next hop MAC).
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
-    /// The datapath's memo of the last egress decision: (interface, destination MAC, port).
-    pub(crate) egress: Option<(IfaceId, MacAddr, PortId)>,
-    /// The worker's random source (endpoint choice).
-    pub(crate) rng: crate::nat::Rng,
-    /// The NAT hook's cache of recent connections, lent by the worker for the batch (see
-    /// [`crate::nat::netfilter::FlowMemo`]).
-    pub(crate) nf_memo: crate::nat::netfilter::FlowMemo,
 }
 
 impl<'a> L3Batch<'a> {
-    pub(crate) fn new(
-        routes: RouteReader<'a>,
-        rng: crate::nat::Rng,
-        nf_memo: crate::nat::netfilter::FlowMemo,
-    ) -> L3Batch<'a> {
-        L3Batch {
-            routes,
-            memo: None,
-            egress: None,
-            rng,
-            nf_memo,
+    pub(crate) fn new(routes: RouteReader<'a>) -> L3Batch<'a> {
+        L3Batch { routes, memo: None }
+    }
+}
+
+/// An ICMP error the router sends about a packet it did not deliver, as Linux's
+/// `icmp_send` callers do (RFC 792, RFC 1191 for the MTU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IcmpError {
+    /// Time exceeded: the TTL ran out in transit.
+    TtlExceeded,
+    /// Destination unreachable, net: no route.
+    NetUnreachable,
+    /// Destination unreachable, host: an unreachable route, or a next hop that did not
+    /// answer ARP.
+    HostUnreachable,
+    /// Destination unreachable, port: nothing serves it on the router's own address.
+    PortUnreachable,
+    /// Destination unreachable, fragmentation needed: too big with DF set, with the
+    /// next-hop MTU.
+    FragNeeded {
+        /// The egress interface's MTU.
+        mtu: u16,
+    },
+}
+
+impl IcmpError {
+    /// The ICMP type, code and the 32-bit field after the checksum.
+    fn type_code_rest(self) -> (u8, u8, u32) {
+        match self {
+            IcmpError::TtlExceeded => (icmp::TIME_EXCEEDED, icmp::TTL_EXCEEDED, 0),
+            IcmpError::NetUnreachable => (icmp::DEST_UNREACH, icmp::NET_UNREACH, 0),
+            IcmpError::HostUnreachable => (icmp::DEST_UNREACH, icmp::HOST_UNREACH, 0),
+            IcmpError::PortUnreachable => (icmp::DEST_UNREACH, icmp::PORT_UNREACH, 0),
+            IcmpError::FragNeeded { mtu } => {
+                (icmp::DEST_UNREACH, icmp::FRAG_NEEDED, u32::from(mtu))
+            }
+        }
+    }
+}
+
+/// The packet an ICMP error is about: its frame, where its IPv4 header starts, that header's
+/// checked facts, and the interface it came in on.
+#[derive(Clone, Copy)]
+pub(crate) struct Offending<'a> {
+    pub(crate) frame: &'a [u8],
+    pub(crate) l3: usize,
+    pub(crate) info: &'a Ipv4Info,
+    pub(crate) in_if: IfaceId,
+}
+
+/// What a hook decided about a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hook {
+    /// Go on (the packet may have been translated; the header facts were updated).
+    Accept,
+    /// Drop, counted under the reason.
+    Drop(DropReason),
+    /// Refuse the connection: answer with a TCP RST (`tcp`) or ICMP port unreachable, and drop.
+    Reject {
+        /// Answer with a TCP reset rather than an ICMP error.
+        tcp: bool,
+    },
+}
+
+/// The hook the router calls between its header checks and its routing decision, as the IP
+/// stack calls netfilter's PREROUTING: conntrack and NAT plug in here without the router
+/// knowing them. `info` is updated when the hook translates the packet.
+pub(crate) trait Prerouting {
+    /// Looks at (and may translate) the IPv4 packet at offset `l3` of `b`.
+    fn prerouting(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv4Info,
+        now: Instant,
+    ) -> Hook;
+}
+
+/// An optional hook: none accepts every packet.
+impl<H: Prerouting> Prerouting for Option<H> {
+    #[inline(always)]
+    fn prerouting(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv4Info,
+        now: Instant,
+    ) -> Hook {
+        match self {
+            Some(h) => h.prerouting(router, routes, b, l3, info, now),
+            None => Hook::Accept,
         }
     }
 }
@@ -259,7 +334,6 @@ impl Router {
             routes: RouteTable::new(),
             neigh,
             icmp: IcmpLimiter::new(),
-            nf: None,
             counters: RouterCounters::default(),
         }
     }
@@ -297,6 +371,7 @@ impl Router {
         ether_type: u16,
         in_if: IfaceId,
         ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -307,7 +382,7 @@ impl Router {
                 L3::Local
             }
             0x0800 if group => L3::Drop(DropReason::L3Multicast),
-            0x0800 => self.ip_input(b, l3, in_if, ctx, now, sink),
+            0x0800 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
@@ -397,12 +472,14 @@ impl Router {
         sink.emit(in_if, &mut |out| reply.write_frame(src, a.sha, out));
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn ip_input(
         &self,
         b: &mut PacketBuf,
         l3: usize,
         in_if: IfaceId,
         ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -412,14 +489,12 @@ impl Router {
         };
         // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
         b.set_len(l3 + info.total_len);
-        if let Some(nf) = &self.nf {
-            match nf.prerouting(self, b, l3, &mut info, ctx, now) {
-                Hook::Accept => {}
-                Hook::Drop(r) => return L3::Drop(r),
-                Hook::Reject { tcp } => {
-                    self.reject(b.frame(), l3, &info, in_if, tcp, now, sink);
-                    return L3::Drop(DropReason::NoEndpoint);
-                }
+        match hook.prerouting(self, &ctx.routes, b, l3, &mut info, now) {
+            Hook::Accept => {}
+            Hook::Drop(r) => return L3::Drop(r),
+            Hook::Reject { tcp } => {
+                self.reject(b.frame(), l3, &info, in_if, tcp, now, sink);
+                return L3::Drop(DropReason::NoEndpoint);
             }
         }
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
@@ -437,13 +512,13 @@ impl Router {
         }
         if info.ttl <= 1 {
             self.icmp_error(
-                b.frame(),
-                l3,
-                &info,
-                in_if,
-                icmp::TIME_EXCEEDED,
-                icmp::TTL_EXCEEDED,
-                0,
+                Offending {
+                    frame: b.frame(),
+                    l3,
+                    info: &info,
+                    in_if,
+                },
+                IcmpError::TtlExceeded,
                 now,
                 sink,
             );
@@ -454,13 +529,13 @@ impl Router {
             None => match ctx.routes.lookup(info.dst) {
                 None => {
                     self.icmp_error(
-                        b.frame(),
-                        l3,
-                        &info,
-                        in_if,
-                        icmp::DEST_UNREACH,
-                        icmp::NET_UNREACH,
-                        0,
+                        Offending {
+                            frame: b.frame(),
+                            l3,
+                            info: &info,
+                            in_if,
+                        },
+                        IcmpError::NetUnreachable,
                         now,
                         sink,
                     );
@@ -470,13 +545,13 @@ impl Router {
                 Some(NextHop::Unreachable) => {
                     // Linux's `unreachable` route type answers with host unreachable.
                     self.icmp_error(
-                        b.frame(),
-                        l3,
-                        &info,
-                        in_if,
-                        icmp::DEST_UNREACH,
-                        icmp::HOST_UNREACH,
-                        0,
+                        Offending {
+                            frame: b.frame(),
+                            l3,
+                            info: &info,
+                            in_if,
+                        },
+                        IcmpError::HostUnreachable,
                         now,
                         sink,
                     );
@@ -504,13 +579,15 @@ impl Router {
         };
         if wire_len > mtu && (info.dont_fragment() || gso) {
             self.icmp_error(
-                b.frame(),
-                l3,
-                &info,
-                in_if,
-                icmp::DEST_UNREACH,
-                icmp::FRAG_NEEDED,
-                u32::from(egress.cfg.mtu),
+                Offending {
+                    frame: b.frame(),
+                    l3,
+                    info: &info,
+                    in_if,
+                },
+                IcmpError::FragNeeded {
+                    mtu: egress.cfg.mtu,
+                },
                 now,
                 sink,
             );
@@ -673,13 +750,13 @@ impl Router {
         }
         if info.proto == ipv4::PROTO_UDP {
             self.icmp_error(
-                b.frame(),
-                l3,
-                info,
-                in_if,
-                icmp::DEST_UNREACH,
-                icmp::PORT_UNREACH,
-                0,
+                Offending {
+                    frame: b.frame(),
+                    l3,
+                    info,
+                    in_if,
+                },
+                IcmpError::PortUnreachable,
                 now,
                 sink,
             );
@@ -702,13 +779,13 @@ impl Router {
     ) {
         if !tcp {
             self.icmp_error(
-                frame,
-                l3,
-                info,
-                in_if,
-                icmp::DEST_UNREACH,
-                icmp::PORT_UNREACH,
-                0,
+                Offending {
+                    frame,
+                    l3,
+                    info,
+                    in_if,
+                },
+                IcmpError::PortUnreachable,
                 now,
                 sink,
             );
@@ -732,16 +809,18 @@ impl Router {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn icmp_error(
         &self,
-        frame: &[u8],
-        l3: usize,
-        info: &Ipv4Info,
-        in_if: IfaceId,
-        ty: u8,
-        code: u8,
-        rest: u32,
+        about: Offending<'_>,
+        err: IcmpError,
         now: Instant,
         sink: &mut dyn Sink,
     ) {
+        let Offending {
+            frame,
+            l3,
+            info,
+            in_if,
+        } = about;
+        let (ty, code, rest) = err.type_code_rest();
         let group = frame.first().is_some_and(|d| d & 1 == 1);
         let Some(orig) = frame.get(l3..l3 + info.total_len) else {
             return;
@@ -789,13 +868,13 @@ impl Router {
                 if let Ok(info) = ipv4::check_header(frame.get(l3..).unwrap_or(&[])) {
                     // The packet's TTL was already decremented; Linux quotes it that way too.
                     self.icmp_error(
-                        &frame,
-                        l3,
-                        &info,
-                        IfaceId(iface),
-                        icmp::DEST_UNREACH,
-                        icmp::HOST_UNREACH,
-                        0,
+                        Offending {
+                            frame: &frame,
+                            l3,
+                            info: &info,
+                            in_if: IfaceId(iface),
+                        },
+                        IcmpError::HostUnreachable,
                         now,
                         sink,
                     );

@@ -77,8 +77,7 @@ use crate::buf::PacketBuf;
 use crate::conntrack::{
     Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
-use crate::l3::route::NextHop;
-use crate::l3::router::{L3Batch, Router};
+use crate::l3::router::Hook;
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -342,18 +341,35 @@ fn tcp_udp_key(ip: &[u8], hdr_len: usize) -> Option<([u64; 2], L4Kind)> {
 /// An ICMP error about no tracked connection, on the routed path.
 const INVALID: Hook = Hook::Drop(DropReason::CtInvalid);
 
-/// What a hook decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Hook {
-    /// Go on (the packet may have been translated; the header facts were updated).
-    Accept,
-    /// Drop, counted under the reason.
-    Drop(DropReason),
-    /// Refuse the connection: answer with a TCP RST (`tcp`) or ICMP port unreachable, and drop.
-    Reject {
-        /// Answer with a TCP reset rather than an ICMP error.
-        tcp: bool,
-    },
+/// What the NAT engine needs to know of routing: whether an address is the node's own, and
+/// by which interface (with that interface's address) a destination leaves. The pipeline
+/// lends the router's view for one packet; the engine knows nothing else of the router.
+pub(crate) trait Routing {
+    /// Whether `addr` is one of the node's own interface addresses.
+    fn is_local(&self, addr: Ipv4Addr) -> bool;
+    /// The interface a packet to `dst` leaves by, and that interface's address; `None` when
+    /// no route delivers it (none, blackhole, unreachable).
+    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)>;
+}
+
+/// A worker's own NAT state, lent to the hook for a batch: its random source (endpoint
+/// choice) and its cache of recent connections (see `FlowMemo`).
+#[derive(Debug)]
+pub(crate) struct NatCtx {
+    /// The worker's random source.
+    pub(crate) rng: nat::Rng,
+    /// The worker's exact-match cache of recent connections.
+    pub(crate) memo: FlowMemo,
+}
+
+impl NatCtx {
+    /// A worker's NAT state, its random source seeded with `seed`.
+    pub(crate) fn new(seed: u64) -> NatCtx {
+        NatCtx {
+            rng: nat::Rng::new(seed),
+            memo: FlowMemo::default(),
+        }
+    }
 }
 
 /// The conntrack + NAT engine of one datapath (see the module docs).
@@ -554,11 +570,11 @@ impl Netfilter {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn prerouting(
         &self,
-        router: &Router,
+        routing: &impl Routing,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv4Info,
-        ctx: &mut L3Batch<'_>,
+        cx: &mut NatCtx,
         now: Instant,
     ) -> Hook {
         let mode = csum_mode(b);
@@ -566,7 +582,7 @@ impl Netfilter {
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Drop(DropReason::Truncated);
         };
-        if let Some(h) = self.memo_hit(ip, info, ctx, now, mode) {
+        if let Some(h) = self.memo_hit(ip, info, &mut cx.memo, now, mode) {
             return h;
         }
         let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
@@ -593,11 +609,11 @@ impl Netfilter {
                 Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
                 // The old connection is gone: this packet opens a new one.
                 Track::Reopen | Track::Gone => {
-                    return self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+                    return self.new_connection(routing, ip, info, t, kind, &pkt, cx, now, mode)
                 }
             };
             if keep {
-                ctx.nf_memo.put(Memo {
+                cx.memo.put(Memo {
                     key,
                     id: hit.id,
                     dir: hit.dir,
@@ -606,11 +622,11 @@ impl Netfilter {
                     seen_us: now.micros(),
                 });
             } else {
-                ctx.nf_memo.forget(FlowMemo::slot(&key));
+                cx.memo.forget(FlowMemo::slot(&key));
             }
             return apply_xlat(ip, info, &x, mode);
         }
-        self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+        self.new_connection(routing, ip, info, t, kind, &pkt, cx, now, mode)
     }
 
     /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
@@ -622,17 +638,17 @@ impl Netfilter {
         &self,
         ip: &mut [u8],
         info: &mut Ipv4Info,
-        ctx: &mut L3Batch<'_>,
+        memo: &mut FlowMemo,
         now: Instant,
         mode: CsumMode,
     ) -> Option<Hook> {
-        if ctx.nf_memo.slots.is_empty() {
+        if memo.slots.is_empty() {
             return None;
         }
         let (key, kind) = tcp_udp_key(ip, info.hdr_len)?;
         let now_us = now.micros();
         let slot = FlowMemo::slot(&key);
-        let m = ctx.nf_memo.get(slot, &key)?;
+        let m = memo.get(slot, &key)?;
         // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
         if now_us.saturating_sub(m.seen_us) > self.memo_window_us {
             return None;
@@ -646,20 +662,20 @@ impl Netfilter {
         // removal is seen exactly as without the memo.
         Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
             Track::Ok(_) => {
-                ctx.nf_memo.touch(slot, now_us);
+                memo.touch(slot, now_us);
                 apply_xlat(ip, info, &m.xlat, mode)
             }
             Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
             Track::Closed => {
                 let h = apply_xlat(ip, info, &m.xlat, mode);
-                ctx.nf_memo.forget(slot);
+                memo.forget(slot);
                 h
             }
             Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
             Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
             // Removed or closed since: look it up again.
             Track::Reopen | Track::Gone => {
-                ctx.nf_memo.forget(slot);
+                memo.forget(slot);
                 return None;
             }
         })
@@ -735,13 +751,13 @@ impl Netfilter {
     #[allow(clippy::too_many_arguments)]
     fn new_connection(
         &self,
-        router: &Router,
+        routing: &impl Routing,
         ip: &mut [u8],
         info: &mut Ipv4Info,
         t: Tuple,
         kind: L4Kind,
         pkt: &Pkt,
-        ctx: &mut L3Batch<'_>,
+        cx: &mut NatCtx,
         now: Instant,
         mode: CsumMode,
     ) -> Hook {
@@ -755,7 +771,7 @@ impl Netfilter {
         if matches!(kind, L4Kind::Tcp | L4Kind::Udp) {
             let (svc, node_port) = match self.services.by_vip(t.dst, t.dport, t.proto) {
                 Some(s) => (Some(s), false),
-                None if router.local_iface(t.dst).is_some() => {
+                None if routing.is_local(t.dst) => {
                     (self.services.by_node_port(t.dport, t.proto), true)
                 }
                 None => (None, false),
@@ -766,7 +782,7 @@ impl Netfilter {
                 // destinations"); only external clients get the Local policy.
                 let from_pod = rules.cluster_cidr.is_some_and(|c| c.contains(t.src));
                 let local_only = node_port && svc.spec().external_local && !from_pod;
-                let r = ctx.rng.next_u64();
+                let r = cx.rng.next_u64();
                 let Some(ep) = self.services.select(&svc, t.src, hash, r, local_only, now) else {
                     self.counters.rejected.fetch_add(1, Relaxed);
                     // No endpoint: REJECT (Cluster) or DROP (Local without local endpoints),
@@ -797,12 +813,8 @@ impl Netfilter {
             }
         }
         // Route the translated destination to learn the egress interface.
-        let out_if = match ctx.routes.lookup(after.dst) {
-            Some(NextHop::Link(i)) | Some(NextHop::Via(i, _)) => Some(i),
-            _ => None,
-        };
         let mut snat: Option<(Ipv4Addr, Option<PortRange>)> = None;
-        if let Some(out) = out_if.and_then(|i| router.iface(i).map(|f| (i, f.cfg.addr))) {
+        if let Some(out) = routing.egress(after.dst) {
             if masq {
                 snat = Some((out.1, rules.masquerade_ports));
             } else if let Some(_r) = rules.masquerade.iter().find(|r| {
