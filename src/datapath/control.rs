@@ -59,7 +59,7 @@ impl Datapath {
         self.router.as_ref()
     }
 
-    /// Conntrack and NAT, if the datapath was built with [`DatapathBuilder::netfilter`].
+    /// Conntrack and NAT, if the datapath was built with [`DatapathBuilder::netfilter`](super::DatapathBuilder::netfilter).
     pub fn netfilter(&self) -> Option<&Netfilter> {
         self.nf.as_ref()
     }

@@ -2,7 +2,7 @@
 //!
 //! A [`Datapath`] holds the topology (ports, bridges) and the shared tables (one [`Fdb`] per
 //! bridge). It performs no I/O and reads no clock: the caller receives frames on a port into a
-//! [`Batch`], calls [`Datapath::process`] with the current [`Instant`], then
+//! [`Batch`](crate::buf::Batch), calls [`Datapath::process`] with the current [`Instant`](crate::time::Instant), then
 //! [`Datapath::dispatch`] hands each frame to a transmit closure once per output port.
 //!
 //! # Threading
