@@ -164,7 +164,7 @@ impl DatapathBuilder {
     }
 
     /// Adds a port, attached to `bridge` or to none (its frames are then dropped as
-    /// [`DropReason::NoBridge`]).
+    /// [`DropReason::NoBridge`](crate::stats::DropReason::NoBridge)).
     pub fn add_port(
         &mut self,
         name: impl Into<String>,
