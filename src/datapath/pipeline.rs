@@ -216,7 +216,7 @@ impl Sink for PoolSink<'_> {
 
     fn dropped(&mut self, reason: DropReason) {
         self.shard.count_drop(reason);
-        self.shard.deferred_drops.add(1);
+        self.shard.totals.deferred_drops.add(1);
     }
 }
 
@@ -297,10 +297,10 @@ impl Datapath {
             }
         }
         batch.verdicts.extend_from_slice(&out[..n]);
-        shard.forwarded.add(tally[0]);
-        shard.flooded.add(tally[1]);
-        shard.local.add(tally[2]);
-        shard.queued.add(tally[3]);
+        shard.totals.forwarded.add(tally[0]);
+        shard.totals.flooded.add(tally[1]);
+        shard.totals.local.add(tally[2]);
+        shard.totals.queued.add(tally[3]);
         // Frames past BATCH_SIZE (a caller that overfilled the batch) are dropped, counted.
         for _ in n..batch.bufs.len() {
             batch.verdicts.push(Verdict::Drop(DropReason::Oversize));
@@ -320,10 +320,10 @@ impl Datapath {
         batch: &mut Batch,
         now: Instant,
     ) {
-        shard.generated_lost.add(overflow);
+        shard.totals.generated_lost.add(overflow);
         for (mut b, via) in extra.drain(..) {
             let v = self.egress(via, &mut b, now);
-            shard.generated.add(1);
+            shard.totals.generated.add(1);
             batch.bufs.push(b);
             batch.verdicts.push(v);
         }

@@ -14,7 +14,6 @@
 //! forwarded untouched (no record-route or timestamp processing).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -22,7 +21,7 @@ use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
-use crate::stats::DropReason;
+use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::ipv4::{self, icmp, Arp, Ipv4Info};
 use crate::wire::mac::MacAddr;
@@ -89,56 +88,23 @@ pub(crate) trait Sink {
     fn dropped(&mut self, reason: DropReason);
 }
 
-/// Router event counters.
-#[derive(Debug, Default)]
-pub struct RouterCounters {
-    /// ARP requests answered.
-    pub arp_replies: AtomicU64,
-    /// ARP requests sent to resolve next hops.
-    pub arp_requests: AtomicU64,
-    /// ICMP echo requests answered.
-    pub echo_replies: AtomicU64,
-    /// ICMP errors sent.
-    pub icmp_errors: AtomicU64,
-    /// ICMP errors not sent because of the rate limit.
-    pub icmp_rate_limited: AtomicU64,
-    /// Packets released from ARP queues and sent.
-    pub released: AtomicU64,
-    /// Packets dropped after waiting for a next hop that never answered.
-    pub neigh_failed: AtomicU64,
-}
-
-/// A copy of [`RouterCounters`] as plain numbers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RouterCountersSnapshot {
-    /// ARP requests answered.
-    pub arp_replies: u64,
-    /// ARP requests sent to resolve next hops.
-    pub arp_requests: u64,
-    /// ICMP echo requests answered.
-    pub echo_replies: u64,
-    /// ICMP errors sent.
-    pub icmp_errors: u64,
-    /// ICMP errors not sent because of the rate limit.
-    pub icmp_rate_limited: u64,
-    /// Packets released from ARP queues and sent.
-    pub released: u64,
-    /// Packets dropped after waiting for a next hop that never answered.
-    pub neigh_failed: u64,
-}
-
-impl RouterCounters {
-    /// The counters now.
-    pub fn snapshot(&self) -> RouterCountersSnapshot {
-        RouterCountersSnapshot {
-            arp_replies: self.arp_replies.load(Relaxed),
-            arp_requests: self.arp_requests.load(Relaxed),
-            echo_replies: self.echo_replies.load(Relaxed),
-            icmp_errors: self.icmp_errors.load(Relaxed),
-            icmp_rate_limited: self.icmp_rate_limited.load(Relaxed),
-            released: self.released.load(Relaxed),
-            neigh_failed: self.neigh_failed.load(Relaxed),
-        }
+counter_set! {
+    /// The router's event counters at one moment ([`RouterCounters::snapshot`]).
+    pub struct RouterCountersSnapshot pub live RouterCounters(SharedCounter) {
+        /// ARP requests answered.
+        arp_replies,
+        /// ARP requests sent to resolve next hops.
+        arp_requests,
+        /// ICMP echo requests answered.
+        echo_replies,
+        /// ICMP errors sent.
+        icmp_errors,
+        /// ICMP errors not sent because of the rate limit.
+        icmp_rate_limited,
+        /// Packets released from ARP queues and sent.
+        released,
+        /// Packets dropped after waiting for a next hop that never answered.
+        neigh_failed,
     }
 }
 
@@ -323,10 +289,6 @@ impl<H: Prerouting> Prerouting for Option<H> {
     }
 }
 
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Relaxed);
-}
-
 impl Router {
     pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
         Router {
@@ -434,7 +396,7 @@ impl Router {
                 for_us,
                 now,
                 &mut |rel| {
-                    bump(&self.counters.released);
+                    self.counters.released.add(1);
                     let mac = rel.mac;
                     let Some(src) = self.iface(IfaceId(rel.iface)).map(|i| i.cfg.mac) else {
                         return;
@@ -460,7 +422,7 @@ impl Router {
         if !answer {
             return;
         }
-        bump(&self.counters.arp_replies);
+        self.counters.arp_replies.add(1);
         let reply = Arp {
             op: Arp::REPLY,
             sha: iface.cfg.mac,
@@ -713,7 +675,7 @@ impl Router {
         sink: &mut dyn Sink,
     ) {
         let Some(i) = self.iface(out_if) else { return };
-        bump(&self.counters.arp_requests);
+        self.counters.arp_requests.add(1);
         let req = Arp {
             op: Arp::REQUEST,
             sha: i.cfg.mac,
@@ -744,7 +706,7 @@ impl Router {
         if info.proto == ipv4::PROTO_ICMP
             && ipv4::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
         {
-            bump(&self.counters.echo_replies);
+            self.counters.echo_replies.add(1);
             // The reply goes back the way the request came (dst MAC = the request's source).
             return L3::Forward(in_if);
         }
@@ -829,7 +791,7 @@ impl Router {
             return;
         }
         if !self.icmp.allow(info.src, now) {
-            bump(&self.counters.icmp_rate_limited);
+            self.counters.icmp_rate_limited.add(1);
             return;
         }
         let (out_if, nh) = match self.routes.lookup(info.src) {
@@ -845,7 +807,7 @@ impl Router {
             None if out_if == in_if => MacAddr::from_slice(&frame[6..12]),
             None => return,
         };
-        bump(&self.counters.icmp_errors);
+        self.counters.icmp_errors.add(1);
         let (src_mac, src_ip) = (egress.cfg.mac, egress.cfg.addr);
         sink.emit(out_if, &mut |out| {
             ipv4::write_icmp_error(
@@ -863,7 +825,7 @@ impl Router {
             }
             crate::l3::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
                 sink.dropped(DropReason::NeighFailed);
-                bump(&self.counters.neigh_failed);
+                self.counters.neigh_failed.add(1);
                 let l3 = 14;
                 if let Ok(info) = ipv4::check_header(frame.get(l3..).unwrap_or(&[])) {
                     // The packet's TTL was already decremented; Linux quotes it that way too.

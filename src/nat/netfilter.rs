@@ -68,7 +68,6 @@
 //! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
 
@@ -79,7 +78,7 @@ use crate::conntrack::{
 };
 use crate::l3::router::Hook;
 use crate::nat::{self, CsumMode, PortRange, Services};
-use crate::stats::DropReason;
+use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::{L4Kind, Tuple};
@@ -173,35 +172,25 @@ pub struct NatConfig {
     pub rules: NatRules,
 }
 
-/// Counters of the NAT engine (connection-level; per-packet drops are in the datapath's
-/// drop reasons).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NfCounters {
-    /// New connections inserted.
-    pub new: u64,
-    /// New connections DNAT'd to a Service endpoint (ClusterIP or NodePort).
-    pub dnat: u64,
-    /// New connections whose source was translated (masquerade, hairpin, SNAT).
-    pub snat: u64,
-    /// Of those, hairpin connections (the endpoint was the client).
-    pub hairpin: u64,
-    /// Connections to a Service without endpoints, rejected.
-    pub rejected: u64,
-    /// ICMP errors translated as RELATED to a connection.
-    pub related: u64,
-    /// Packets let through untracked (non-first fragments, protocols without a tuple).
-    pub untracked: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    new: AtomicU64,
-    dnat: AtomicU64,
-    snat: AtomicU64,
-    hairpin: AtomicU64,
-    rejected: AtomicU64,
-    related: AtomicU64,
-    untracked: AtomicU64,
+counter_set! {
+    /// Counters of the NAT engine (connection-level; per-packet drops are in the datapath's
+    /// drop reasons).
+    pub struct NfCounters pub(crate) live Counters(SharedCounter) {
+        /// New connections inserted.
+        new,
+        /// New connections DNAT'd to a Service endpoint (ClusterIP or NodePort).
+        dnat,
+        /// New connections whose source was translated (masquerade, hairpin, SNAT).
+        snat,
+        /// Of those, hairpin connections (the endpoint was the client).
+        hairpin,
+        /// Connections to a Service without endpoints, rejected.
+        rejected,
+        /// ICMP errors translated as RELATED to a connection.
+        related,
+        /// Packets let through untracked (non-first fragments, protocols without a tuple).
+        untracked,
+    }
 }
 
 /// A worker's cache of the connections `Netfilter::prerouting` found recently (as Open
@@ -524,16 +513,7 @@ impl Netfilter {
 
     /// Counters.
     pub fn counters(&self) -> NfCounters {
-        let c = &self.counters;
-        NfCounters {
-            new: c.new.load(Relaxed),
-            dnat: c.dnat.load(Relaxed),
-            snat: c.snat.load(Relaxed),
-            hairpin: c.hairpin.load(Relaxed),
-            rejected: c.rejected.load(Relaxed),
-            related: c.related.load(Relaxed),
-            untracked: c.untracked.load(Relaxed),
-        }
+        self.counters.snapshot()
     }
 
     /// Expires connections incrementally (at most `budget` slots per call).
@@ -586,7 +566,7 @@ impl Netfilter {
             return h;
         }
         let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
-            self.counters.untracked.fetch_add(1, Relaxed);
+            self.counters.untracked.add(1);
             return Hook::Accept;
         };
         if let L4Kind::IcmpError { inner_l3 } = kind {
@@ -711,7 +691,7 @@ impl Netfilter {
         let Some(hit) = self.ct.lookup(&q.invert(), now) else {
             return on_miss;
         };
-        self.counters.related.fetch_add(1, Relaxed);
+        self.counters.related.add(1);
         if !is_natted(&hit) {
             return Hook::Accept;
         }
@@ -784,7 +764,7 @@ impl Netfilter {
                 let local_only = node_port && svc.spec().external_local && !from_pod;
                 let r = cx.rng.next_u64();
                 let Some(ep) = self.services.select(&svc, t.src, hash, r, local_only, now) else {
-                    self.counters.rejected.fetch_add(1, Relaxed);
+                    self.counters.rejected.add(1);
                     // No endpoint: REJECT (Cluster) or DROP (Local without local endpoints),
                     // as kube-proxy.
                     return if local_only && !svc.endpoints().is_empty() {
@@ -864,15 +844,15 @@ impl Netfilter {
             Err(InsertError::Invalid(_)) => return Hook::Drop(DropReason::CtInvalid),
         };
         let c = &self.counters;
-        c.new.fetch_add(1, Relaxed);
+        c.new.add(1);
         if after != t {
-            c.dnat.fetch_add(1, Relaxed);
+            c.dnat.add(1);
         }
         if fin.src != t.src || fin.sport != t.sport {
-            c.snat.fetch_add(1, Relaxed);
+            c.snat.add(1);
         }
         if hairpin {
-            c.hairpin.fetch_add(1, Relaxed);
+            c.hairpin.add(1);
         }
         self.apply(ip, info, &t, kind, &target(&hit), mode)
     }
