@@ -10,13 +10,13 @@ use std::time::Duration;
 use tapyard::conntrack::{CtConfig, CtTimeouts};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceError, ServiceSpec};
 use tapyard::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
-use tapyard::port::{Port, TapPort};
+use tapyard::port::{Observed, Port, TapPort};
 use tapyard::route::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::router::IfaceConfig;
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
 
-use crate::capture::{CapturePort, CaptureTap};
+use crate::capture::CaptureTap;
 use crate::config::{
     self, Algorithm, Config, ConntrackCfg, NeighborCfg, Protocol, RouteCfg, RouteType, ServiceCfg,
     SessionAffinity, TrafficPolicy,
@@ -396,7 +396,7 @@ impl Node {
             .map_err(|e| tap_error(tap, &e))?;
             let ct = Arc::new(CaptureTap::default());
             captures.push((name.clone(), tap.clone(), ct.clone()));
-            ports.push((*id, Arc::new(CapturePort::new(Arc::new(p), ct))));
+            ports.push((*id, Arc::new(Observed::new(p, ct))));
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = cfg
