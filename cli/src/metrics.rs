@@ -1,9 +1,8 @@
-//! `tapyard run --metrics ADDR`: the node's counters in Prometheus' text format, served over
-//! plain HTTP at `/metrics` (one request per connection).
+//! `tapyard run --metrics ADDR`: the node's counters in Prometheus' text format (version
+//! 0.0.4), served over plain HTTP at `/metrics` (and `/`) by tiny_http; any other path or
+//! method is 404.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,43 +196,43 @@ pub fn render(dp: &Datapath) -> String {
     o
 }
 
-fn answer(mut s: TcpStream, node: &Node) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut head = [0u8; 2048];
-    let n = s.read(&mut head)?;
-    let req = String::from_utf8_lossy(&head[..n]);
-    let path = req.split_whitespace().nth(1).unwrap_or("");
-    let (status, ctype, body) = if req.starts_with("GET ") && (path == "/metrics" || path == "/") {
-        ("200 OK", "text/plain; version=0.0.4", render(&node.dp))
-    } else {
-        (
-            "404 Not Found",
-            "text/plain",
-            "only GET /metrics\n".to_string(),
-        )
-    };
-    write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+/// The exposition format's content type.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+/// Listens on `addr` (`ADDR:PORT`).
+pub fn listen(addr: &str) -> Result<tiny_http::Server, String> {
+    tiny_http::Server::http(addr).map_err(|e| e.to_string())
+}
+
+/// Answers one request: the exposition for `GET /metrics` (or `/`), else 404.
+fn answer(req: tiny_http::Request, dp: &Datapath) -> std::io::Result<()> {
+    let path = req.url().split('?').next().unwrap_or_default();
+    let (status, ctype, body) =
+        if *req.method() == tiny_http::Method::Get && (path == "/metrics" || path == "/") {
+            (200, CONTENT_TYPE, render(dp))
+        } else {
+            (404, "text/plain", "only GET /metrics\n".to_string())
+        };
+    let header = tiny_http::Header::from_bytes("Content-Type", ctype).expect("a valid header");
+    req.respond(
+        tiny_http::Response::from_string(body)
+            .with_status_code(status)
+            .with_header(header),
     )
 }
 
 /// Serves `/metrics` until `stop` is set.
-pub fn serve(listener: TcpListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
+pub fn serve(server: tiny_http::Server, node: Arc<Node>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((s, _)) => {
-                let _ = s.set_nonblocking(false);
-                if let Err(e) = answer(s, &node) {
+        match server.recv_timeout(Duration::from_millis(100)) {
+            Ok(Some(req)) => {
+                if let Err(e) = answer(req, &node.dp) {
                     log::debug!("metrics connection: {e}");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
+            Ok(None) => {}
             Err(e) => {
-                log::warn!("metrics accept: {e}");
+                log::warn!("metrics: {e}");
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -308,5 +307,41 @@ mod tests {
             assert!(value.parse::<u64>().is_ok(), "{line}");
         }
         assert_eq!(label("a\"b"), "a\\\"b");
+    }
+
+    #[test]
+    fn serves_metrics_over_http_and_404_elsewhere() {
+        use std::io::{Read, Write};
+        let mut b = Datapath::builder();
+        let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+        b.add_port("pod-a", Some(br)).unwrap();
+        let dp = b.build();
+        let server = listen("127.0.0.1:0").unwrap();
+        let addr = server.server_addr().to_ip().unwrap();
+        let get = |req: &str| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let answer = std::thread::spawn(move || {
+            for _ in 0..2 {
+                answer(server.recv().unwrap(), &dp).unwrap();
+            }
+        });
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        assert!(
+            ok.contains("Content-Type: text/plain; version=0.0.4\r\n"),
+            "{ok}"
+        );
+        assert!(
+            ok.contains("tapyard_fdb_entries{bridge=\"cni0\"} 0\n"),
+            "{ok}"
+        );
+        let nf = get("GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
+        answer.join().unwrap();
     }
 }
