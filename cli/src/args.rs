@@ -81,6 +81,9 @@ pub enum Cmd {
         #[command(flatten)]
         client: Client,
     },
+    /// Print every config key with its default or meaning when unset, and its range (the
+    /// reference at the end of examples/node.toml).
+    Keys,
     /// Print the version.
     #[command(hide = true)]
     Version,

@@ -10,6 +10,7 @@
 //! tapyard show fdb|neigh|routes|conntrack|services|stats [--json]
 //! tapyard capture <port> -w <file.pcap> [-c N] write a port's frames (both directions) to pcap
 //! tapyard reload                               re-read the config of the running node
+//! tapyard keys                                 every config key: default, range, help
 //! ```
 //!
 //! Client commands (`status`, `show`, `capture`, `reload`) find the control socket with
@@ -401,6 +402,10 @@ fn main() -> ExitCode {
             count,
             client,
         } => cmd_capture(&port, &write, count, &client),
+        Cmd::Keys => {
+            print!("{}", config::schema::reference());
+            Ok(())
+        }
         Cmd::Version => {
             println!("tapyard {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -83,3 +83,17 @@ fn bad_arguments_are_one_line_and_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("Usage: tapyard"));
 }
+
+#[test]
+fn keys_prints_the_reference_that_ends_the_example() {
+    let o = tapyard(&["keys"]);
+    assert!(o.status.success());
+    let keys = stdout(&o);
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/node.toml"
+    ))
+    .unwrap();
+    assert!(example.ends_with(&keys), "{keys}");
+    assert!(keys.contains("# [conntrack]"), "{keys}");
+}
