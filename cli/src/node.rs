@@ -244,7 +244,7 @@ impl Node {
     pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, String> {
         let mut b = Datapath::builder();
         b.neigh_config(cfg.neigh.clone())
-            .map_err(|e| format!("[neigh]: {e}"))?;
+            .map_err(|e| format!("[neigh]: {}", error_chain(&e)))?;
         let rs = RandomState::new();
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
@@ -297,7 +297,7 @@ impl Node {
                 max_affinity_entries: None,
                 rules,
             })
-            .map_err(|e| format!("[conntrack]: {e}"))?;
+            .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
         } else if !cfg.services.is_empty() || cfg.masquerade.is_some() {
             return Err(
                 "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"
@@ -673,4 +673,16 @@ mod tests {
         none.masquerade = None;
         assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
     }
+}
+
+/// An error and its sources, outermost first, joined by ": ".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

@@ -9,8 +9,9 @@ use parking_lot::Mutex;
 
 use super::{Bridge, Datapath, PortInfo, PortKind};
 use crate::base::{BridgeId, IfaceId, PortId};
+use crate::conntrack::CtConfigError;
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
-use crate::l3::neigh::{NeighConfig, NeighTable};
+use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
 use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::nat::netfilter::{NatConfig, Netfilter};
@@ -67,6 +68,10 @@ pub enum ConfigError {
         /// What is accepted.
         expected: &'static str,
     },
+    /// The neighbour table's settings were refused ([`DatapathBuilder::neigh_config`]).
+    Neigh(NeighError),
+    /// The conntrack settings of the NAT engine were refused ([`DatapathBuilder::netfilter`]).
+    Conntrack(CtConfigError),
 }
 
 impl fmt::Display for ConfigError {
@@ -89,11 +94,21 @@ impl fmt::Display for ConfigError {
                 value,
                 expected,
             } => write!(f, "{field} = {value} is out of range: expected {expected}"),
+            ConfigError::Neigh(_) => f.write_str("invalid neighbour table settings"),
+            ConfigError::Conntrack(_) => f.write_str("invalid conntrack settings"),
         }
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Neigh(e) => Some(e),
+            ConfigError::Conntrack(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 fn check_name(kind: &'static str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty()
@@ -275,11 +290,7 @@ impl DatapathBuilder {
 
     /// Sets the neighbour (ARP) table's configuration (defaults as Linux).
     pub fn neigh_config(&mut self, cfg: NeighConfig) -> Result<(), ConfigError> {
-        cfg.validate().map_err(|e| ConfigError::OutOfRange {
-            field: "neigh",
-            value: e.to_string(),
-            expected: "valid neighbour settings",
-        })?;
+        cfg.validate().map_err(ConfigError::Neigh)?;
         self.neigh = cfg;
         Ok(())
     }
@@ -288,11 +299,7 @@ impl DatapathBuilder {
     /// and reverse NAT on bridged IPv4 (see [`crate::nat::netfilter`]). Needs a router interface.
     /// Errors name the bad conntrack setting.
     pub fn netfilter(&mut self, cfg: NatConfig) -> Result<(), ConfigError> {
-        let nf = Netfilter::new(cfg).map_err(|e| ConfigError::OutOfRange {
-            field: e.field,
-            value: e.value,
-            expected: e.expected,
-        })?;
+        let nf = Netfilter::new(cfg).map_err(ConfigError::Conntrack)?;
         self.nf = Some(nf);
         Ok(())
     }
