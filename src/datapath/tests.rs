@@ -184,8 +184,10 @@ proptest! {
 fn a_refused_setting_is_the_error_source() {
     use std::error::Error;
     let mut b = Datapath::builder();
-    let mut cfg = crate::l3::neigh::NeighConfig::default();
-    cfg.unres_qlen = 0;
+    let cfg = crate::l3::neigh::NeighConfig {
+        unres_qlen: 0,
+        ..Default::default()
+    };
     let e = b.neigh_config(cfg).unwrap_err();
     assert!(matches!(e, ConfigError::Neigh(_)), "{e:?}");
     let src = e.source().expect("the neighbour error is the source");
