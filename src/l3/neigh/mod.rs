@@ -171,10 +171,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::base::IfaceId;
+use crate::hash::SeededHash;
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 
 mod config;
 mod requests;
@@ -490,7 +489,7 @@ pub struct NeighTable {
     marked: Padded<AtomicBool>,
     misses: Padded<AtomicU64>,
     mask: usize,
-    seed: u64,
+    hash: SeededHash,
     cfg: NeighConfig,
     t: Times,
     writer: Mutex<Writer>,
@@ -552,7 +551,7 @@ impl NeighTable {
             marked: Padded::default(),
             misses: Padded::default(),
             mask: nbuckets - 1,
-            seed: RandomState::new().hash_one(0x6e65_6967_u64),
+            hash: SeededHash::random(),
             cfg,
             t,
             writer: Mutex::new(writer),

@@ -1,5 +1,5 @@
 //! The lock-free storage: 64-byte buckets of four slots, each a key and a packed word, found
-//! through a seeded hash to two candidate buckets; the reader's consistent load,
+//! through the crate's seeded two-choice hash (`crate::hash`); the reader's consistent load,
 //! the `STALE → DELAY` mark, and the writer's placement, publication, removal and garbage
 //! collection of slots. See the module docs of [`super`] for the contract.
 //!
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::state::{decode, encode, with_state, NeighState, GEN_SHIFT, WORD_GEN_MASK};
 use super::{NeighTable, Writer, NEVER};
 use crate::base::IfaceId;
+use crate::hash;
 
 /// Slots per bucket.
 pub(super) const SLOTS: usize = 4;
@@ -51,25 +52,11 @@ pub(super) fn occupied(k: u64) -> bool {
     k >> 48 != 0
 }
 
-#[inline]
-fn fmix64(mut h: u64) -> u64 {
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
-}
-
 impl NeighTable {
     #[inline]
     fn candidates(&self, key: u64) -> (usize, usize) {
-        let h = fmix64(key ^ self.seed);
-        let b1 = (h as usize) & self.mask;
-        let mut b2 = ((h >> 32) as usize) & self.mask;
-        if b2 == b1 {
-            b2 = (b1 + 1) & self.mask;
-        }
-        (b1, b2)
+        let h = self.hash.hash(key);
+        (hash::first(h, self.mask), hash::second(h, self.mask))
     }
 
     #[inline]
