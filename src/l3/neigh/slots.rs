@@ -189,13 +189,13 @@ impl NeighTable {
         w.meta[idx].updated.max(self.last_used(idx))
     }
 
-    /// True if the entry in `idx` may be collected at `now`: `FAILED`, or `STALE` and unused for
-    /// `gc_stale_time`.
-    fn collectable_now(&self, w: &Writer, idx: usize, now: u64) -> bool {
+    /// When the entry in `idx` becomes collectable: a `FAILED` entry at once (0), a `STALE`
+    /// one `gc_stale_time` after its last use; `None` for the others.
+    pub(super) fn collectable_at(&self, w: &Writer, idx: usize) -> Option<u64> {
         match self.slot_state(idx) {
-            Some(NeighState::Failed) => true,
+            Some(NeighState::Failed) => Some(0),
             Some(NeighState::Stale) => {
-                now >= self.stale_since(w, idx).saturating_add(self.t.gc_stale)
+                Some(self.stale_since(w, idx).saturating_add(self.t.gc_stale))
             }
             Some(
                 NeighState::Incomplete
@@ -204,7 +204,7 @@ impl NeighTable {
                 | NeighState::Probe
                 | NeighState::Permanent,
             )
-            | None => false,
+            | None => None,
         }
     }
 
@@ -225,24 +225,15 @@ impl NeighTable {
             if w.meta[idx].gc_seq != seq {
                 continue;
             }
-            match self.slot_state(idx) {
-                Some(NeighState::Failed) => {}
-                Some(NeighState::Stale) => {
-                    let due = self.stale_since(w, idx).saturating_add(self.t.gc_stale);
-                    if now < due {
-                        self.push_gc(w, idx, due);
-                        continue;
-                    }
+            match self.collectable_at(w, idx) {
+                Some(at) if at <= now => {}
+                // Still used lately: listed again for when it is idle long enough.
+                Some(at) => {
+                    self.push_gc(w, idx, at);
+                    continue;
                 }
                 // Used or resolving again: listed anew when it is STALE or FAILED again.
-                Some(
-                    NeighState::Incomplete
-                    | NeighState::Reachable
-                    | NeighState::Delay
-                    | NeighState::Probe
-                    | NeighState::Permanent,
-                )
-                | None => continue,
+                None => continue,
             }
             self.collect(w, idx);
         }
@@ -273,7 +264,7 @@ impl NeighTable {
         for b in [b1, b2] {
             for i in 0..SLOTS {
                 let idx = b * SLOTS + i;
-                if self.collectable_now(w, idx, now) {
+                if self.collectable_at(w, idx).is_some_and(|at| at <= now) {
                     self.collect(w, idx);
                     return Some(idx);
                 }

@@ -242,32 +242,24 @@ impl NeighTable {
                 let due = self.stale_since(w, idx).saturating_add(self.t.gc_stale);
                 if now < due {
                     self.arm(w, idx, due, NeighState::Stale);
-                } else if w.entries >= self.cfg.gc_thresh1 {
-                    self.collect(w, idx);
                 } else {
-                    // Below gc_thresh1 nothing is collected; look again later.
-                    self.arm(
-                        w,
-                        idx,
-                        now.saturating_add(self.t.gc_stale),
-                        NeighState::Stale,
-                    );
+                    self.periodic_gc(w, idx, now, self.t.gc_stale, st);
                 }
             }
-            NeighState::Failed => {
-                if w.entries >= self.cfg.gc_thresh1 {
-                    self.collect(w, idx);
-                } else {
-                    self.arm(
-                        w,
-                        idx,
-                        now.saturating_add(self.t.gc_interval),
-                        NeighState::Failed,
-                    );
-                }
-            }
+            NeighState::Failed => self.periodic_gc(w, idx, now, self.t.gc_interval, st),
             // Static entries have no timer.
             NeighState::Permanent => {}
+        }
+    }
+
+    /// Periodic GC of the `STALE` or `FAILED` entry in `idx`, due at `now`: collected while the
+    /// table holds `gc_thresh1` entries or more; below that nothing is collected, and the
+    /// entry is looked at again `again` later.
+    fn periodic_gc(&self, w: &mut Writer, idx: usize, now: u64, again: u64, st: NeighState) {
+        if w.entries >= self.cfg.gc_thresh1 {
+            self.collect(w, idx);
+        } else {
+            self.arm(w, idx, now.saturating_add(again), st);
         }
     }
 
