@@ -140,7 +140,7 @@ impl Datapath {
         let permanent = r.neigh.dump(Instant::ZERO).iter().any(|e| {
             e.iface == iface.0 && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
         });
-        permanent && r.neigh.remove(iface.0, ip)
+        permanent && r.neigh.remove(iface, ip)
     }
 
     /// Adds a permanent neighbour entry (`ip neigh add IP lladdr MAC dev IFACE nud permanent`).
@@ -156,7 +156,7 @@ impl Datapath {
         let Some(r) = &self.router else {
             return Err(crate::l3::neigh::NeighError::BadAddress(ip));
         };
-        r.neigh.add_static(iface.0, ip, mac, now).map(|_| ())
+        r.neigh.add_static(iface, ip, mac, now).map(|_| ())
     }
 
     /// Writes the routing table like `ip route show`.

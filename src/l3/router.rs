@@ -387,15 +387,9 @@ impl Router {
         }
         let for_us = a.tpa == iface.cfg.addr;
         if !a.spa.is_unspecified() {
-            let _ = self.neigh.input(
-                in_if.0,
-                a.op,
-                a.spa,
-                a.sha,
-                a.tpa,
-                for_us,
-                now,
-                &mut |rel| {
+            let _ = self
+                .neigh
+                .input(in_if, a.op, a.spa, a.sha, a.tpa, for_us, now, &mut |rel| {
                     self.counters.released.add(1);
                     let mac = rel.mac;
                     let Some(src) = self.iface(IfaceId(rel.iface)).map(|i| i.cfg.mac) else {
@@ -409,8 +403,7 @@ impl Router {
                         d[6..12].copy_from_slice(&src.0);
                         Some(f.len())
                     });
-                },
-            );
+                });
         }
         if a.op != Arp::REQUEST {
             return;
@@ -570,7 +563,7 @@ impl Router {
                 ttl: info.ttl - 1,
                 ..info
             };
-            let mac = self.neigh.lookup(out_if.0, nh_ip, now);
+            let mac = self.neigh.lookup(out_if, nh_ip, now);
             let frame = b.frame();
             let mut scratch = [0u8; 9216 + 64];
             let src = egress.cfg.mac;
@@ -593,7 +586,7 @@ impl Router {
         }
         let mac = match memo {
             Some((.., m)) => Some(m),
-            None => self.neigh.lookup(out_if.0, nh_ip, now),
+            None => self.neigh.lookup(out_if, nh_ip, now),
         };
         match mac {
             Some(m) => {
@@ -640,7 +633,7 @@ impl Router {
         let Some(egress) = self.iface(out_if) else {
             return L3::Drop(DropReason::NoRoute);
         };
-        match self.neigh.enqueue(out_if.0, nh, frame, now) {
+        match self.neigh.enqueue(out_if, nh, frame, now) {
             Enqueue::Resolved(mac) => {
                 let src = egress.cfg.mac;
                 sink.emit(out_if, &mut |out| {
@@ -802,7 +795,7 @@ impl Router {
         let Some(egress) = self.iface(out_if) else {
             return;
         };
-        let dst_mac = match self.neigh.lookup(out_if.0, nh, now) {
+        let dst_mac = match self.neigh.lookup(out_if, nh, now) {
             Some(m) => m,
             None if out_if == in_if => MacAddr::from_slice(&frame[6..12]),
             None => return,
