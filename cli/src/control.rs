@@ -321,7 +321,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                     .map(|e| {
                         json!({
                             "dst": e.ip.to_string(),
-                            "dev": dp.iface_name(tapyard::l3::route::IfaceId(e.iface)).unwrap_or("?"),
+                            "dev": dp.iface_name(e.iface).unwrap_or("?"),
                             "lladdr": e.mac.map(|m| m.to_string()),
                             "state": e.state.name(),
                             "confirmed_ago_secs": e.confirmed_ago.map(|d| d.as_secs_f64()),

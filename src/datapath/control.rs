@@ -138,7 +138,7 @@ impl Datapath {
     pub fn remove_static_neigh(&self, iface: IfaceId, ip: std::net::Ipv4Addr) -> bool {
         let Some(r) = &self.router else { return false };
         let permanent = r.neigh.dump(Instant::ZERO).iter().any(|e| {
-            e.iface == iface.0 && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
+            e.iface == iface && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
         });
         permanent && r.neigh.remove(iface, ip)
     }
@@ -169,9 +169,8 @@ impl Datapath {
     /// Writes the neighbour table like `ip neigh show`.
     pub fn fmt_neigh(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
         let Some(r) = &self.router else { return Ok(()) };
-        r.neigh.fmt_dump(now, out, &|i| {
-            self.iface_name(IfaceId(i)).unwrap_or("?").to_string()
-        })
+        r.neigh
+            .fmt_dump(now, out, &|i| self.iface_name(i).unwrap_or("?").to_string())
     }
 
     /// The FDB of `bridge` at `now`, like `bridge fdb show br <bridge>`.

@@ -392,10 +392,10 @@ impl Router {
                 .input(in_if, a.op, a.spa, a.sha, a.tpa, for_us, now, &mut |rel| {
                     self.counters.released.add(1);
                     let mac = rel.mac;
-                    let Some(src) = self.iface(IfaceId(rel.iface)).map(|i| i.cfg.mac) else {
+                    let Some(src) = self.iface(rel.iface).map(|i| i.cfg.mac) else {
                         return;
                     };
-                    sink.emit(IfaceId(rel.iface), &mut |out| {
+                    sink.emit(rel.iface, &mut |out| {
                         let f = &rel.frame;
                         let d = out.get_mut(..f.len())?;
                         d.copy_from_slice(f);
@@ -814,7 +814,7 @@ impl Router {
     pub(crate) fn poll(&self, now: Instant, sink: &mut dyn Sink) {
         self.neigh.poll(now, &mut |ev| match ev {
             crate::l3::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
-                self.send_arp_request(IfaceId(iface), ip, unicast, sink);
+                self.send_arp_request(iface, ip, unicast, sink);
             }
             crate::l3::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
                 sink.dropped(DropReason::NeighFailed);
@@ -827,7 +827,7 @@ impl Router {
                             frame: &frame,
                             l3,
                             info: &info,
-                            in_if: IfaceId(iface),
+                            in_if: iface,
                         },
                         IcmpError::HostUnreachable,
                         now,

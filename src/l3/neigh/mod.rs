@@ -275,7 +275,7 @@ pub enum Learned {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Released {
     /// The interface the neighbour is on.
-    pub iface: u16,
+    pub iface: IfaceId,
     /// The neighbour (next-hop) address.
     pub ip: Ipv4Addr,
     /// Its MAC: the frame's destination.
@@ -291,7 +291,7 @@ pub enum NeighEvent {
     /// (resolution), else to that MAC (a reachability probe of a `PROBE` entry).
     Solicit {
         /// The interface.
-        iface: u16,
+        iface: IfaceId,
         /// The address asked for.
         ip: Ipv4Addr,
         /// The destination MAC of a unicast probe.
@@ -301,7 +301,7 @@ pub enum NeighEvent {
     /// host unreachable and drop it ([`crate::DropReason::NeighFailed`]).
     Unreachable {
         /// The interface.
-        iface: u16,
+        iface: IfaceId,
         /// The neighbour that did not answer.
         ip: Ipv4Addr,
         /// The frame, as given to [`NeighTable::enqueue`].
@@ -313,7 +313,7 @@ pub enum NeighEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NeighEntry {
     /// The interface.
-    pub iface: u16,
+    pub iface: IfaceId,
     /// The neighbour's address.
     pub ip: Ipv4Addr,
     /// Its MAC, for states that have a usable one.
@@ -333,7 +333,7 @@ impl NeighEntry {
     /// `10.244.1.2 dev cni0 lladdr 02:00:00:00:00:02 REACHABLE`, `10.244.1.9 dev cni0  FAILED`.
     pub fn show<F, S>(&self, ifname: F) -> ShowNeigh<'_, F>
     where
-        F: Fn(u16) -> S,
+        F: Fn(IfaceId) -> S,
         S: fmt::Display,
     {
         ShowNeigh {
@@ -359,7 +359,7 @@ impl<F> fmt::Debug for ShowNeigh<'_, F> {
 
 impl<F, S> fmt::Display for ShowNeigh<'_, F>
 where
-    F: Fn(u16) -> S,
+    F: Fn(IfaceId) -> S,
     S: fmt::Display,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -833,7 +833,7 @@ impl NeighTable {
                 m.updated
             };
             v.push(NeighEntry {
-                iface,
+                iface: IfaceId(iface),
                 ip,
                 mac: state.is_valid().then(|| MacAddr::from_u64(word)),
                 state,
@@ -853,7 +853,7 @@ impl NeighTable {
         &self,
         now: Instant,
         out: &mut impl fmt::Write,
-        ifname: &dyn Fn(u16) -> String,
+        ifname: &dyn Fn(IfaceId) -> String,
     ) -> fmt::Result {
         for e in self.dump(now) {
             writeln!(out, "{}", e.show(ifname))?;

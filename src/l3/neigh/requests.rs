@@ -4,6 +4,7 @@
 //!
 //! Every function here runs with the table's writer lock held.
 
+use crate::base::IfaceId;
 use std::collections::VecDeque;
 
 use super::slots::split_key;
@@ -119,7 +120,7 @@ impl NeighTable {
         let n = frames.len();
         w.c.released += n as u64;
         out.extend(frames.into_iter().map(|frame| Released {
-            iface,
+            iface: IfaceId(iface),
             ip,
             mac,
             frame,

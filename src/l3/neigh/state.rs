@@ -6,6 +6,7 @@
 //! and [`encode`] packs one back. Everything after the atomic load matches on the enum,
 //! exhaustively. Every function taking a `Writer` runs with the table's writer lock held.
 
+use crate::base::IfaceId;
 use std::fmt;
 
 use super::{split_key, ArpOp, Learned, NeighEvent, NeighTable, Released, Writer, NEVER};
@@ -166,11 +167,11 @@ impl NeighTable {
         w.c.failed += 1;
         if let Some(frames) = w.take_queue(idx) {
             w.c.queue_failed += frames.len() as u64;
-            ev.extend(
-                frames
-                    .into_iter()
-                    .map(|frame| NeighEvent::Unreachable { iface, ip, frame }),
-            );
+            ev.extend(frames.into_iter().map(|frame| NeighEvent::Unreachable {
+                iface: IfaceId(iface),
+                ip,
+                frame,
+            }));
         }
         self.push_gc(w, idx, now);
         self.arm(
@@ -211,7 +212,11 @@ impl NeighTable {
                 if self.solicit(w, idx, now) {
                     let (iface, ip) = split_key(k);
                     let unicast = (st == NeighState::Probe).then(|| MacAddr::from_u64(mac));
-                    ev.push(NeighEvent::Solicit { iface, ip, unicast });
+                    ev.push(NeighEvent::Solicit {
+                        iface: IfaceId(iface),
+                        ip,
+                        unicast,
+                    });
                 }
                 self.arm(w, idx, now.saturating_add(self.t.retrans), st);
             }

@@ -126,7 +126,7 @@ fn input(t: &NeighTable, arp: Arp, local: bool, now: Instant) -> (Learned, Vec<R
 fn state(t: &NeighTable, a: Ipv4Addr, now: Instant) -> Option<NeighState> {
     t.dump(now)
         .into_iter()
-        .find(|e| e.iface == CNI0.0 && e.ip == a)
+        .find(|e| e.iface == CNI0 && e.ip == a)
         .map(|e| e.state)
 }
 fn queued(e: Enqueue) -> (bool, Vec<Vec<u8>>) {
@@ -137,14 +137,14 @@ fn queued(e: Enqueue) -> (bool, Vec<Vec<u8>>) {
 }
 fn bcast(a: Ipv4Addr) -> NeighEvent {
     NeighEvent::Solicit {
-        iface: CNI0.0,
+        iface: CNI0,
         ip: a,
         unicast: None,
     }
 }
 fn ucast(a: Ipv4Addr, m: MacAddr) -> NeighEvent {
     NeighEvent::Solicit {
-        iface: CNI0.0,
+        iface: CNI0,
         ip: a,
         unicast: Some(m),
     }
@@ -195,7 +195,7 @@ fn incomplete_sends_three_requests_then_fails_and_hands_out_frames() {
             (
                 3000,
                 NeighEvent::Unreachable {
-                    iface: CNI0.0,
+                    iface: CNI0,
                     ip: a,
                     frame: b"one".to_vec()
                 }
@@ -203,7 +203,7 @@ fn incomplete_sends_three_requests_then_fails_and_hands_out_frames() {
             (
                 3000,
                 NeighEvent::Unreachable {
-                    iface: CNI0.0,
+                    iface: CNI0,
                     ip: a,
                     frame: b"two".to_vec()
                 }
@@ -243,7 +243,7 @@ fn reply_releases_queued_frames_in_order() {
     assert_eq!(frames, vec![b"f0".to_vec(), b"f1".to_vec(), b"f2".to_vec()]);
     assert!(rel
         .iter()
-        .all(|r| r.mac == mac(3) && r.ip == a && r.iface == CNI0.0));
+        .all(|r| r.mac == mac(3) && r.ip == a && r.iface == CNI0));
     assert_eq!(state(&t, a, s(1)), Some(NeighState::Reachable));
     assert_eq!(t.lookup(CNI0, a, s(1)), Some(mac(3)));
     // No more requests once resolved.
@@ -955,7 +955,7 @@ proptest! {
                     t.poll(ti, &mut |e| ev.push(e));
                     for e in ev {
                         if let NeighEvent::Unreachable { iface, ip, frame } = e {
-                            prop_assert_eq!((u16::from(frame[4]), addr(frame[5])), (iface, ip));
+                            prop_assert_eq!((IfaceId(u16::from(frame[4])), addr(frame[5])), (iface, ip));
                             account(frame_id(&frame), &mut pending)?;
                         }
                     }
@@ -985,12 +985,12 @@ proptest! {
             }
             for r in released {
                 let id = frame_id(&r.frame);
-                prop_assert_eq!((u16::from(r.frame[4]), addr(r.frame[5])), (r.iface, r.ip));
+                prop_assert_eq!((IfaceId(u16::from(r.frame[4])), addr(r.frame[5])), (r.iface, r.ip));
                 prop_assert_eq!(&r.mac.0[2..], &r.ip.octets()[..]);
-                if let Some(&prev) = last_released.get(&(r.iface, r.ip)) {
+                if let Some(&prev) = last_released.get(&(r.iface.0, r.ip)) {
                     prop_assert!(prev < id, "released in order");
                 }
-                last_released.insert((r.iface, r.ip), id);
+                last_released.insert((r.iface.0, r.ip), id);
                 account(id, &mut pending)?;
             }
             t.check_invariants();
