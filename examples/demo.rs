@@ -28,6 +28,7 @@ use tapyard::nat::netfilter::{NatConfig, NatRules, Prefix};
 use tapyard::nat::{Endpoint, ServiceSpec};
 use tapyard::port::{mem_pair, Direction, Observed, Observer, Port, SmolHost};
 use tapyard::runtime::Pump;
+use tapyard::stats::CounterSet;
 use tapyard::wire::Summary;
 use tapyard::{BridgeConfig, Datapath, Instant, MacAddr, PortId};
 
@@ -250,6 +251,12 @@ fn main() {
     print!("{}", nf.services().fmt_services());
     println!("\ncounters:");
     print!("{}", dp.stats());
+    if let Some(r) = dp.router() {
+        println!("router: {}", r.counters.snapshot().line());
+        println!("neighbours: {}", r.neigh().counters().line());
+    }
+    println!("nat: {}", nf.counters().line());
+    println!("conntrack: {}", nf.conntrack().counters().line());
 }
 
 /// Host `from` connects to `to_ip:7` (each host in `to` listens and echoes), sends PAYLOAD

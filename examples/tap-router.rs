@@ -659,11 +659,7 @@ fn run(a: Args) -> Result<(), String> {
     rt.stop();
     print!("{}", dp.stats());
     if let Some(r) = dp.router() {
-        print!("router:");
-        for (name, _, v) in r.counters.snapshot().counters() {
-            print!("  {name} {v}");
-        }
-        println!();
+        println!("router: {}", r.counters.snapshot().line());
     }
     let mut s = String::new();
     let _ = dp.fmt_routes(&mut s);
@@ -683,16 +679,9 @@ fn run(a: Args) -> Result<(), String> {
 /// The NAT engine's counters, the connection table's counters, the live connections by
 /// protocol and TCP state, and the Services.
 fn print_nat(nf: &tapyard::nat::netfilter::Netfilter, now: tapyard::Instant) {
-    let n = nf.counters();
-    println!(
-        "nat: new {}  dnat {}  snat {}  hairpin {}  rejected {}  related {}  untracked {}",
-        n.new, n.dnat, n.snat, n.hairpin, n.rejected, n.related, n.untracked
-    );
+    println!("nat: {}", nf.counters().line());
     let c = nf.conntrack().counters();
-    println!(
-        "conntrack: entries {}  found {}  new {}  invalid {}  insert_failed {}  early_drop {}  clash {}  expired {}  removed {}",
-        c.entries, c.found, c.new, c.invalid, c.insert_failed, c.early_drop, c.clash, c.expired, c.removed
-    );
+    println!("conntrack: entries {}  {}", c.entries, c.line());
     let mut by_state: Vec<(String, usize)> = Vec::new();
     let dump = nf.conntrack().dump(now);
     for e in &dump {

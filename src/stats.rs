@@ -49,15 +49,15 @@ macro_rules! drop_reasons {
 /// and reports), and the struct of live counters of the given cell type
 /// ([`Counter`] for a single writer, [`SharedCounter`] for many) with `snapshot` and `add_to`.
 macro_rules! counter_set {
+    // A snapshot struct only: the table fills it from counters kept its own way.
     (
         $(#[$meta:meta])*
-        pub struct $snap:ident $lvis:vis live $live:ident($cell:ty) {
+        pub struct $snap:ident {
             $(extra { $( $(#[doc = $xdoc:literal])+ pub $xf:ident: $xt:ty, )* })?
             $( $(#[doc = $doc:literal])+ $f:ident, )+
         }
     ) => {
         $(#[$meta])*
-        #[derive(Clone, Debug, Default, PartialEq, Eq)]
         pub struct $snap {
             $($( $(#[doc = $xdoc])+ pub $xf: $xt, )*)?
             $( $(#[doc = $doc])+ pub $f: u64, )+
@@ -69,6 +69,22 @@ macro_rules! counter_set {
 
             fn values(&self) -> impl Iterator<Item = u64> {
                 [$(self.$f),+].into_iter()
+            }
+        }
+    };
+    // The snapshot and its live counters.
+    (
+        $(#[$meta:meta])*
+        pub struct $snap:ident $lvis:vis live $live:ident($cell:ty) {
+            $(extra { $( $(#[doc = $xdoc:literal])+ pub $xf:ident: $xt:ty, )* })?
+            $( $(#[doc = $doc:literal])+ $f:ident, )+
+        }
+    ) => {
+        $crate::stats::counter_set! {
+            $(#[$meta])*
+            pub struct $snap {
+                $(extra { $( $(#[doc = $xdoc])+ pub $xf: $xt, )* })?
+                $( $(#[doc = $doc])+ $f, )+
             }
         }
 
@@ -113,6 +129,20 @@ pub trait CounterSet {
             .iter()
             .zip(self.values())
             .map(|(&(name, help), v)| (name, help.trim(), v))
+    }
+
+    /// The counters on one line, `name value` two spaces apart (`learned 4  moved 0`).
+    fn line(&self) -> String {
+        let mut s = String::new();
+        for (name, _, v) in self.counters() {
+            if !s.is_empty() {
+                s.push_str("  ");
+            }
+            s.push_str(name);
+            s.push(' ');
+            s.push_str(&v.to_string());
+        }
+        s
     }
 }
 
@@ -268,6 +298,7 @@ impl Shard {
 
 counter_set! {
     /// Counters of one port.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct PortStats pub(crate) live PortCounters(Counter) {
         extra {
             /// The port's name.
@@ -288,6 +319,7 @@ counter_set! {
 
 counter_set! {
     /// A point-in-time copy of a datapath's counters.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct StatsSnapshot pub(crate) live Totals(Counter) {
         extra {
             /// One entry per port, in port-id order.
@@ -409,6 +441,43 @@ impl fmt::Display for StatsSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_set_lists_each_declared_counter_once_with_its_help() {
+        let mut s = StatsSnapshot {
+            forwarded: 3,
+            deferred_drops: 1,
+            ..Default::default()
+        };
+        s.flooded = 2;
+        let all: Vec<_> = s.counters().collect();
+        assert_eq!(all.len(), StatsSnapshot::NAMES.len());
+        assert_eq!(
+            all[..2],
+            [
+                (
+                    "forwarded",
+                    "Received frames the datapath sent to exactly one known port.",
+                    3
+                ),
+                (
+                    "flooded",
+                    "Received frames flooded to the other ports of their bridge.",
+                    2
+                ),
+            ]
+        );
+        assert!(all.iter().any(|c| c.0 == "deferred_drops" && c.2 == 1));
+        assert_eq!(PortStats::NAMES.len(), 5, "the name is not a counter");
+        assert!(s.line().starts_with("forwarded 3  flooded 2  local 0"));
+        let names: std::collections::BTreeSet<_> =
+            DropReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(
+            names.len(),
+            DropReason::COUNT,
+            "drop reason names are unique"
+        );
+    }
 
     #[test]
     fn reasons_are_indexed_in_order() {

@@ -391,15 +391,11 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 }
                 for b in dp.bridges() {
                     let f = b.fdb().counters();
-                    text.push_str(&format!(
-                        "fdb {}: entries {}  learned {}  moved {}  evicted {}  aged {}\n",
-                        b.name(),
-                        f.entries,
-                        f.learned,
-                        f.moved,
-                        f.evicted,
-                        f.aged
-                    ));
+                    text.push_str(&format!("fdb {}: entries {}", b.name(), f.entries));
+                    for (k, _, v) in f.counters() {
+                        text.push_str(&format!("  {k} {v}"));
+                    }
+                    text.push('\n');
                 }
                 return Ok(Value::String(text));
             }
@@ -413,12 +409,20 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 .iter()
                 .map(|b| {
                     let f = b.fdb().counters();
-                    json!({"bridge": b.name(), "entries": f.entries, "learned": f.learned, "moved": f.moved, "evicted": f.evicted, "aged": f.aged, "learn_failed": f.learn_failed})
+                    let mut m = serde_json::Map::new();
+                    m.insert("bridge".into(), json!(b.name()));
+                    m.insert("entries".into(), json!(f.entries));
+                    m.extend(f.counters().map(|(k, _, v)| (k.to_string(), json!(v))));
+                    Value::Object(m)
                 })
                 .collect();
             let neigh = dp.router().map(|r| {
                 let c = r.neigh().counters();
-                json!({"entries": c.entries, "queued_now": c.queued_now, "created": c.created, "failed": c.failed, "requests": c.requests, "queued": c.queued, "released": c.released, "queue_overflow": c.queue_overflow})
+                let mut m = serde_json::Map::new();
+                m.insert("entries".into(), json!(c.entries));
+                m.insert("queued_now".into(), json!(c.queued_now));
+                m.extend(c.counters().map(|(k, _, v)| (k.to_string(), json!(v))));
+                Value::Object(m)
             });
             let mut out = serde_json::Map::new();
             let ports: Vec<Value> = s
@@ -443,8 +447,12 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
             out.insert("router".into(), json!(counters.as_deref().map(named)));
             out.insert("fdb".into(), json!(fdb));
             out.insert("neigh".into(), json!(neigh));
-            let nat = nat.map(|c| c.iter().map(|&(k, _, v)| (k, v)).collect::<Vec<_>>());
-            out.insert("nat".into(), json!(nat.as_deref().map(named)));
+            let nat = nat.map(|c| {
+                c.into_iter()
+                    .map(|(k, _, v)| (k, json!(v)))
+                    .collect::<serde_json::Map<_, _>>()
+            });
+            out.insert("nat".into(), json!(nat));
             Ok(Value::Object(out))
         }
         "conntrack" | "services" => nat_show(node, what, as_json, now),
@@ -457,44 +465,25 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
 /// The NAT's counters as (name, help, value), for `show stats` and the metrics: the
 /// connection table's (`connections` is a gauge; its events are prefixed `ct_`) and the
 /// engine's, from its declaration.
-pub fn nat_counters(
-    nf: &tapyard::nat::netfilter::Netfilter,
-) -> Vec<(&'static str, &'static str, u64)> {
+pub fn nat_counters(nf: &tapyard::nat::netfilter::Netfilter) -> Vec<(String, &'static str, u64)> {
     let t = nf.conntrack().counters();
     let mut out = vec![(
-        "connections",
+        "connections".to_string(),
         "Connections in the conntrack table.",
         t.entries as u64,
     )];
-    out.extend(nf.counters().counters());
-    out.extend([
-        (
-            "ct_invalid",
-            "Invalid packets seen by conntrack.",
-            t.invalid,
-        ),
-        (
-            "ct_insert_failed",
-            "Conntrack inserts refused for lack of room.",
-            t.insert_failed,
-        ),
-        (
-            "ct_early_drop",
-            "Unassured connections evicted to make room.",
-            t.early_drop,
-        ),
-        (
-            "ct_clash",
-            "Conntrack inserts that lost to an entry with the same tuple.",
-            t.clash,
-        ),
-        ("ct_expired", "Expired connections freed.", t.expired),
-        (
-            "ct_removed",
-            "Connections removed (RST before a reply, reopening SYN, flushes).",
-            t.removed,
-        ),
-    ]);
+    out.extend(
+        nf.counters()
+            .counters()
+            .map(|(k, h, v)| (k.to_string(), h, v)),
+    );
+    // The table's events, prefixed `ct_` (its `new` is the engine's again; `found` is a
+    // per-packet figure, not an event).
+    out.extend(
+        t.counters()
+            .filter(|(k, _, _)| !matches!(*k, "new" | "found"))
+            .map(|(k, h, v)| (format!("ct_{k}"), h, v)),
+    );
     out
 }
 

@@ -88,11 +88,13 @@ pub fn render(dp: &Datapath) -> String {
     }
     if let Some(nf) = dp.netfilter() {
         for (k, help, v) in crate::control::nat_counters(nf) {
-            let (name, kind) = match k {
+            let (name, kind) = match k.as_str() {
                 "connections" => ("nat_connections".to_string(), "gauge"),
                 "new" => ("nat_connections_total".to_string(), "counter"),
-                k if k.starts_with("ct_") => (format!("conntrack_{}_total", &k[3..]), "counter"),
-                k => (format!("nat_{k}_total"), "counter"),
+                k => match k.strip_prefix("ct_") {
+                    Some(ct) => (format!("conntrack_{ct}_total"), "counter"),
+                    None => (format!("nat_{k}_total"), "counter"),
+                },
             };
             family(&mut o, &name, kind, help);
             let _ = writeln!(o, "tapyard_{name} {v}");

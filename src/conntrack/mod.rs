@@ -151,6 +151,7 @@ mod tests;
 use std::fmt;
 use std::time::Duration;
 
+use crate::stats::counter_set;
 use crate::wire::tuple::{L4Kind, Tuple};
 
 pub use table::{Conntrack, CtLoc};
@@ -476,28 +477,32 @@ pub enum Track {
     Gone,
 }
 
-/// Counters, summed over all threads by [`Conntrack::counters`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtCounters {
-    /// Live entries now.
-    pub entries: usize,
-    /// Lookups that found a live entry.
-    pub found: u64,
-    /// Entries inserted.
-    pub new: u64,
-    /// Invalid packets (refused first packets and invalid transitions).
-    pub invalid: u64,
-    /// Inserts refused for lack of room.
-    pub insert_failed: u64,
-    /// Unassured entries evicted to make room.
-    pub early_drop: u64,
-    /// Inserts that lost to an entry with the same tuple.
-    pub clash: u64,
-    /// Expired entries freed (by sweeps, or by inserts needing room).
-    pub expired: u64,
-    /// Entries removed by [`Conntrack::remove`], [`Conntrack::retain`], a RST before any
-    /// reply, or a reopening SYN.
-    pub removed: u64,
+counter_set! {
+    /// Counters, summed over all threads by [`Conntrack::counters`].
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CtCounters {
+        extra {
+            /// Live entries now.
+            pub entries: usize,
+        }
+        /// Lookups that found a live entry.
+        found,
+        /// Entries inserted.
+        new,
+        /// Invalid packets (refused first packets and invalid transitions).
+        invalid,
+        /// Inserts refused for lack of room.
+        insert_failed,
+        /// Unassured entries evicted to make room.
+        early_drop,
+        /// Inserts that lost to an entry with the same tuple.
+        clash,
+        /// Expired entries freed (by sweeps, or by inserts needing room).
+        expired,
+        /// Entries removed by [`Conntrack::remove`], [`Conntrack::retain`], a RST before any
+        /// reply, or a reopening SYN.
+        removed,
+    }
 }
 
 /// A snapshot of an entry for display and JSON (`conntrack -L`).

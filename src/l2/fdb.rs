@@ -43,6 +43,7 @@ use parking_lot::Mutex;
 
 use crate::base::PortId;
 use crate::hash::{self, SeededHash};
+use crate::stats::counter_set;
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
 
@@ -86,21 +87,25 @@ pub enum Learned {
     Failed,
 }
 
-/// Counters of table changes, read with [`Fdb::counters`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FdbCounters {
-    /// Entries in the table now (static ones included; aged entries not yet swept included).
-    pub entries: usize,
-    /// New stations learned.
-    pub learned: u64,
-    /// Stations re-learned on another port.
-    pub moved: u64,
-    /// Live entries evicted to make room.
-    pub evicted: u64,
-    /// Entries removed because they aged out.
-    pub aged: u64,
-    /// Stations that could not be learned.
-    pub learn_failed: u64,
+counter_set! {
+    /// Counters of table changes, read with [`Fdb::counters`].
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct FdbCounters {
+        extra {
+            /// Entries in the table now (static ones included; aged entries not yet swept included).
+            pub entries: usize,
+        }
+        /// New stations learned.
+        learned,
+        /// Stations re-learned on another port.
+        moved,
+        /// Live entries evicted to make room.
+        evicted,
+        /// Entries removed because they aged out.
+        aged,
+        /// Stations that could not be learned.
+        learn_failed,
+    }
 }
 
 /// Where a MAC lives in a table: its key and two candidate buckets, computed once per frame by

@@ -90,6 +90,7 @@ pub(crate) trait Sink {
 
 counter_set! {
     /// The router's event counters at one moment ([`RouterCounters::snapshot`]).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct RouterCountersSnapshot pub live RouterCounters(SharedCounter) {
         /// ARP requests answered.
         arp_replies,

@@ -175,6 +175,7 @@ pub struct NatConfig {
 counter_set! {
     /// Counters of the NAT engine (connection-level; per-packet drops are in the datapath's
     /// drop reasons).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct NfCounters pub(crate) live Counters(SharedCounter) {
         /// New connections inserted.
         new,

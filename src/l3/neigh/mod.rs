@@ -172,6 +172,7 @@ use parking_lot::Mutex;
 
 use crate::base::IfaceId;
 use crate::hash::SeededHash;
+use crate::stats::counter_set;
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
 
@@ -373,41 +374,45 @@ where
     }
 }
 
-/// Counters of the table, read with [`NeighTable::counters`].
-///
-/// Frames add up: `queued = released + queue_overflow + queue_failed + queue_flushed +
-/// queued_now`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NeighCounters {
-    /// Entries in the table now (static ones included).
-    pub entries: usize,
-    /// Frames waiting for resolution now, over all neighbours.
-    pub queued_now: usize,
-    /// Lookups that found no usable entry.
-    pub lookups_missed: u64,
-    /// Entries created (static ones included).
-    pub created: u64,
-    /// New entries refused because the table was full and nothing could be collected.
-    pub refused: u64,
-    /// Entries removed by garbage collection.
-    pub gc: u64,
-    /// Entries that went to `FAILED`.
-    pub failed: u64,
-    /// ARP requests the table asked its caller to send.
-    pub requests: u64,
-    /// ARP requests the table wanted to send but the rate limit refused.
-    pub rate_limited: u64,
-    /// Frames queued to wait for resolution.
-    pub queued: u64,
-    /// Queued frames released to be sent after resolution.
-    pub released: u64,
-    /// Queued frames pushed out of a full queue (handed back by [`NeighTable::enqueue`]).
-    pub queue_overflow: u64,
-    /// Queued frames handed out as [`NeighEvent::Unreachable`].
-    pub queue_failed: u64,
-    /// Queued frames discarded with their entry by [`NeighTable::remove`] or
-    /// [`NeighTable::flush_iface`].
-    pub queue_flushed: u64,
+counter_set! {
+    /// Counters of the table, read with [`NeighTable::counters`].
+    ///
+    /// Frames add up: `queued = released + queue_overflow + queue_failed + queue_flushed +
+    /// queued_now`.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct NeighCounters {
+        extra {
+            /// Entries in the table now (static ones included).
+            pub entries: usize,
+            /// Frames waiting for resolution now, over all neighbours.
+            pub queued_now: usize,
+        }
+        /// Lookups that found no usable entry.
+        lookups_missed,
+        /// Entries created (static ones included).
+        created,
+        /// New entries refused because the table was full and nothing could be collected.
+        refused,
+        /// Entries removed by garbage collection.
+        gc,
+        /// Entries that went to `FAILED`.
+        failed,
+        /// ARP requests the table asked its caller to send.
+        requests,
+        /// ARP requests the table wanted to send but the rate limit refused.
+        rate_limited,
+        /// Frames queued to wait for resolution.
+        queued,
+        /// Queued frames released to be sent after resolution.
+        released,
+        /// Queued frames pushed out of a full queue (handed back by [`NeighTable::enqueue`]).
+        queue_overflow,
+        /// Queued frames handed out as [`NeighEvent::Unreachable`].
+        queue_failed,
+        /// Queued frames discarded with their entry by [`NeighTable::remove`] or
+        /// [`NeighTable::flush_iface`].
+        queue_flushed,
+    }
 }
 
 /// Writer-side state of one slot.
