@@ -498,9 +498,9 @@ fn a_flow_in_one_batch_is_judged_packet_by_packet() {
     let expiring = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 1, 100);
     let mut big = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 64, 1600);
     // Set DF on the big one and fix its header checksum.
-    big[14 + 6] |= 0x40;
-    let hl = 20;
-    tapyard::wire::ipv4::fix_header_checksum(&mut big[14..], hl);
+    let mut ip = tapyard::wire::ipv4::Ipv4Packet::new_checked(&mut big[14..]).unwrap();
+    ip.set_frag_field(ip.frag_field() | tapyard::wire::ipv4::DF);
+    ip.fill_checksum();
     let local = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 1, 1], 64, 10);
     let mut batch = Batch::new();
     for f in [&ok, &expiring, &ok, &big, &ok, &local, &ok] {

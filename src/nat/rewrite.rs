@@ -49,13 +49,15 @@
 //!     0x45, 0, 0, 29, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 244, 1, 5, 10, 96, 0, 10, // IPv4
 //!     0x13, 0x88, 0, 53, 0, 9, 0, 0, b'x', // UDP, checksum 0 ("none")
 //! ];
-//! tapyard::wire::ipv4::fix_header_checksum(&mut p, 20);
+//! tapyard::wire::ipv4::Ipv4Packet::new_unchecked(&mut p[..]).fill_checksum();
 //! let (t, kind) = Tuple::from_ipv4(&p, 20, p.len()).unwrap();
 //! let new = Tuple { dst: Ipv4Addr::new(10, 244, 2, 7), dport: 5353, ..t };
 //! rewrite(&mut p, 20, kind, &new, CsumMode::Full).unwrap();
 //! assert_eq!(Tuple::from_ipv4(&p, 20, p.len()).unwrap().0, new);
-//! assert_eq!(tapyard::wire::ipv4::checksum(&p[..20]), 0); // header checksum still valid
-//! assert_eq!(&p[26..28], &[0, 0]); // no UDP checksum stays none
+//! let ip = tapyard::wire::ipv4::Ipv4Packet::new_checked(&p[..]).unwrap();
+//! assert!(ip.verify_checksum()); // header checksum still valid
+//! let udp = tapyard::wire::udp::UdpPacket::new_checked(ip.payload()).unwrap();
+//! assert_eq!(udp.checksum(), 0); // no UDP checksum stays none
 //! ```
 
 use std::fmt;

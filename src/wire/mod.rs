@@ -2,11 +2,99 @@
 //!
 //! One file per header. Everything that knows a field's offset or folds a checksum lives here;
 //! the layers above (the bridge, the router, conntrack and NAT) call these views.
+//!
+//! # Shape of a header module
+//!
+//! Each header has, as smoltcp's `wire`:
+//!
+//! * a **view** `XPacket<T: AsRef<[u8]>>` over a buffer: `new_unchecked(buf)`, `new_checked(buf)`
+//!   that checks the lengths the header declares *once* and returns an [`Error`], then
+//!   infallible getters; setters where `T: AsMut<[u8]>`. Field offsets are named once in a
+//!   private `field` module per file.
+//! * a **`Repr`**, a plain value with `parse(&view)`, `buffer_len()` and `emit(&mut view)`, for
+//!   what is parsed into values or built from them (ARP, ICMP errors and echo replies, TCP
+//!   resets). `parse(emit(x)) == x` is a property test next to each.
+//!
+//! # Contract
+//!
+//! **After `new_checked` succeeds, no accessor panics**, whatever the bytes: every length a
+//! getter relies on was checked, and the fixed part of each header is read through a
+//! fixed-size array (`&[u8; N]`), so the compiler also drops the bounds checks. A view made
+//! with `new_unchecked` panics on a buffer too short for the field read; use it on buffers
+//! the caller has just checked or sized (as the builders do). Getters never trust a length
+//! field beyond the buffer. Nothing here allocates.
+//!
+//! Big-endian access and the Internet checksum ([`checksum`], crate-private: full sums,
+//! RFC 1624 incremental updates, pseudo-headers, partial checksums) are private to this
+//! layer; nothing outside `wire` reads a header at an offset.
+//!
+//! ```
+//! use tapyard::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_UDP};
+//!
+//! let repr = Ipv4Repr {
+//!     src_addr: [10, 0, 0, 1].into(),
+//!     dst_addr: [10, 0, 1, 2].into(),
+//!     protocol: PROTO_UDP,
+//!     payload_len: 8,
+//!     ttl: 64,
+//!     tos: 0,
+//!     dont_frag: true,
+//! };
+//! let mut buf = [0u8; 28];
+//! repr.emit(&mut Ipv4Packet::new_unchecked(&mut buf[..]));
+//! let p = Ipv4Packet::new_checked(&buf[..]).unwrap();
+//! assert!(p.verify_checksum());
+//! assert_eq!(Ipv4Repr::parse(&p), Ok(repr));
+//! assert!(Ipv4Packet::new_checked(&buf[..27]).is_err());
+//! ```
+//!
+//! # Where the next protocols go
+//!
+//! * `ipv6.rs`: `Ipv6Packet` (fixed 40-byte header; extension headers walked by an iterator
+//!   view) and `Ipv6Repr`; its pseudo-header is a second variant of
+//!   `checksum::PseudoHeader` (16-byte addresses, 32-bit length), so TCP/UDP checksums take
+//!   it unchanged. [`crate::port::offload`] reads the IPv6 fixed header itself until then.
+//! * `icmpv6.rs` with NDP (`NdiscRepr`: neighbour solicitation/advertisement and their
+//!   options) beside [`icmp`]; the neighbour table takes it as it takes [`arp`].
+//! * `vxlan.rs`: an 8-byte `VxlanPacket` (flags, VNI) after [`udp`]; encapsulation writes
+//!   outer [`ethernet`] + [`ipv4`]/IPv6 + [`udp`] + VXLAN into a buffer's headroom.
+//! * [`tuple`] grows an address family when conntrack does.
 
+pub mod arp;
+pub(crate) mod checksum;
+pub mod ethernet;
+pub mod icmp;
 pub mod ipv4;
 pub mod mac;
 mod summary;
+pub mod tcp;
 pub mod tuple;
+pub mod udp;
+pub mod virtio;
+
+use std::fmt;
 
 pub(crate) use summary::is_vlan_type;
 pub use summary::{EthMeta, Summary, ETH_HDR_LEN, L4};
+
+/// Why a buffer is not a header of the kind asked for. Kept small: on the fast path a drop
+/// reason is all a caller needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Error {
+    /// The buffer ends before the header (or a length it declares) does.
+    Truncated,
+    /// A field has a value the header cannot have (version, header length below its minimum,
+    /// a length field shorter than the header, a checksum that fails in a `Repr::parse`).
+    Malformed,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Error::Truncated => "buffer shorter than the header",
+            Error::Malformed => "malformed header",
+        })
+    }
+}
+
+impl std::error::Error for Error {}
