@@ -14,6 +14,8 @@
 //! show`), the routes (`ip route`), the neighbours (`ip neigh`), the connections (`conntrack
 //! -L`), the Services and the counters.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use smoltcp::iface::SocketHandle;
@@ -24,7 +26,7 @@ use std::net::Ipv4Addr;
 use tapyard::l3::router::IfaceConfig;
 use tapyard::nat::netfilter::{NatConfig, NatRules, Prefix};
 use tapyard::nat::{Endpoint, ServiceSpec};
-use tapyard::port::{mem_pair, Port, SmolHost};
+use tapyard::port::{mem_pair, Direction, Observed, Observer, Port, SmolHost};
 use tapyard::runtime::Pump;
 use tapyard::wire::Summary;
 use tapyard::{BridgeConfig, Datapath, Instant, MacAddr, PortId};
@@ -45,30 +47,31 @@ fn udp_socket() -> udp::Socket<'static> {
     )
 }
 
-/// A port wrapper that prints the first frames it carries.
-struct Traced<P> {
-    inner: P,
-    budget: std::sync::atomic::AtomicUsize,
+/// Prints the first frames a port sends: the observer of the library's [`Observed`] port
+/// middleware, wrapped around each bridge port.
+struct Tracer {
+    port: String,
+    budget: AtomicUsize,
 }
 
-impl<P: Port> Port for Traced<P> {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Observer for Tracer {
+    fn wants(&self) -> bool {
+        self.budget.load(Relaxed) > 0
     }
-    fn recv_batch(
-        &self,
-        pool: &mut tapyard::BufPool,
-        batch: &mut tapyard::Batch,
-    ) -> std::io::Result<usize> {
-        self.inner.recv_batch(pool, batch)
-    }
-    fn send(&self, buf: &tapyard::PacketBuf) -> Result<(), tapyard::DropReason> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.budget.load(Relaxed) > 0 {
-            self.budget.fetch_sub(1, Relaxed);
-            println!("  -> {:<3} {}", self.name(), Summary::parse(buf.frame()));
+
+    fn observe(&self, dir: Direction, frames: &[tapyard::PacketBuf]) {
+        if dir != Direction::Tx {
+            return;
         }
-        self.inner.send(buf)
+        for f in frames {
+            if self
+                .budget
+                .fetch_update(Relaxed, Relaxed, |b| b.checked_sub(1))
+                .is_ok()
+            {
+                println!("  -> {:<3} {}", self.port, Summary::parse(f.frame()));
+            }
+        }
     }
 }
 
@@ -139,10 +142,11 @@ fn main() {
             (IpCidr::new(IpAddress::v4(10, 0, 0, i as u8 + 1), 24), gw0)
         };
         hosts.push(SmolHost::new(mac, ip, Some(gw), host_end, now));
-        let traced = Traced {
-            inner: bridge_end,
-            budget: std::sync::atomic::AtomicUsize::new(if *name == "d" { 6 } else { 4 }),
+        let tracer = Tracer {
+            port: name.to_string(),
+            budget: AtomicUsize::new(if *name == "d" { 6 } else { 4 }),
         };
+        let traced = Observed::new(bridge_end, tracer);
         ports.push((*id, Arc::new(traced)));
     }
     let mut pump = Pump::new(dp.clone(), &ports).expect("pump");

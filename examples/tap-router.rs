@@ -86,6 +86,7 @@ use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
 use tapyard::port::{Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
+use tapyard::stats::CounterSet;
 use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
 
 /// `--bridge NAME[=ADDR/LEN]`.
@@ -658,18 +659,11 @@ fn run(a: Args) -> Result<(), String> {
     rt.stop();
     print!("{}", dp.stats());
     if let Some(r) = dp.router() {
-        let c = &r.counters;
-        let g = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
-        println!(
-            "router: arp_replies {}  arp_requests {}  echo_replies {}  icmp_errors {}  icmp_rate_limited {}  released {}  neigh_failed {}",
-            g(&c.arp_replies),
-            g(&c.arp_requests),
-            g(&c.echo_replies),
-            g(&c.icmp_errors),
-            g(&c.icmp_rate_limited),
-            g(&c.released),
-            g(&c.neigh_failed)
-        );
+        print!("router:");
+        for (name, _, v) in r.counters.snapshot().counters() {
+            print!("  {name} {v}");
+        }
+        println!();
     }
     let mut s = String::new();
     let _ = dp.fmt_routes(&mut s);

@@ -21,6 +21,7 @@ pub mod base;
 pub mod buf;
 pub mod conntrack;
 pub mod datapath;
+mod hash;
 pub mod l2;
 pub mod l3;
 pub mod nat;

@@ -9,162 +9,193 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Why a frame was not forwarded. The discriminant indexes the drop counters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum DropReason {
-    /// Shorter than an Ethernet header (or than a VLAN tag it announces).
-    Truncated = 0,
-    /// Source MAC is a group (multicast or broadcast) address.
-    MulticastSource,
-    /// Source MAC is `00:00:00:00:00:00`.
-    ZeroSource,
-    /// Received on a port that belongs to no bridge.
-    NoBridge,
-    /// The destination was learned on the port the frame came in on (Linux drops these too).
-    SamePort,
-    /// Destination is an IEEE 802.1D reserved group (`01:80:c2:00:00:01`..`0f`) that bridges
-    /// do not forward.
-    LinkLocal,
-    /// The frame was flooded, but the bridge has no other port.
-    NoOtherPort,
-    /// The frame was larger than the port's receive buffer and was cut.
-    Oversize,
-    /// Received on a port id the datapath does not know, or on a router interface's virtual
-    /// port (which has no driver).
-    UnknownPort,
-    /// Offload metadata (virtio-net header) that cannot be honoured: bad checksum offsets,
-    /// an unsupported GSO type, or a super-frame that does not parse.
-    BadOffload,
-    /// The output port refused the frame (an I/O error, or the interface is down).
-    TxError,
-    /// The output port's queue was full.
-    TxQueueFull,
-    /// An IPv4 header that is malformed (version, IHL, lengths) — dropped as Linux's `ip_rcv`.
-    BadIpHeader,
-    /// An IPv4 header checksum that does not verify.
-    BadIpChecksum,
-    /// A malformed ARP packet, or one not for Ethernet/IPv4.
-    BadArp,
-    /// TTL would reach 0: not forwarded (an ICMP time exceeded is sent).
-    TtlExpired,
-    /// No route to the destination (an ICMP net unreachable is sent).
-    NoRoute,
-    /// A blackhole route matched: dropped silently.
-    Blackhole,
-    /// An unreachable route matched (an ICMP host unreachable is sent, as Linux does).
-    Unreachable,
-    /// Larger than the egress MTU with DF set (an ICMP fragmentation needed is sent), or
-    /// impossible to fragment.
-    FragNeeded,
-    /// The next hop did not answer ARP (an ICMP host unreachable is sent).
-    NeighFailed,
-    /// The packet waited for ARP resolution and was pushed out of the full queue (oldest first).
-    NeighQueueOverflow,
-    /// The neighbour table was full and nothing could be collected.
-    NeighTableFull,
-    /// A frame on a routed port not addressed to the router's MAC (nor broadcast/multicast).
-    NotForRouter,
-    /// Addressed to one of the router's own addresses, but nothing there serves it (only ICMP
-    /// echo is answered; others get an ICMP port/protocol unreachable where Linux would).
-    LocalNoService,
-    /// An IP or ARP frame sent to an L2 group address that the router does not route.
-    L3Multicast,
-    /// A protocol the router does not handle (e.g. IPv6 on a routed-only port).
-    UnsupportedProtocol,
-    /// Conntrack classed the packet INVALID (e.g. a first TCP packet without SYN, an
-    /// impossible state transition, an ICMP error about no known connection).
-    CtInvalid,
-    /// A new connection found the conntrack table full with nothing it could evict.
-    CtFull,
-    /// A new connection to a Service that has no (eligible) endpoint: rejected with a TCP
-    /// RST or ICMP port unreachable, as kube-proxy's REJECT rule.
-    NoEndpoint,
-    /// SNAT/MASQUERADE found no free source port (or ICMP identifier) in its range.
-    NatExhausted,
-    /// A packet of a NAT'd connection that cannot be translated (a non-first fragment, a
-    /// truncated header).
-    NatUntranslatable,
+/// Declares [`DropReason`] once: each variant with its doc and its short name; the enum,
+/// [`DropReason::COUNT`], [`DropReason::ALL`] and [`DropReason::name`] come from it.
+macro_rules! drop_reasons {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[doc = $doc:literal])+ $v:ident = $short:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum $name {
+            $( $(#[doc = $doc])+ $v, )+
+        }
+
+        impl $name {
+            /// Number of reasons.
+            pub const COUNT: usize = [$($name::$v),+].len();
+
+            /// Every reason, in discriminant order.
+            pub const ALL: [$name; $name::COUNT] = [$($name::$v),+];
+
+            /// A short snake_case name, for output and metrics.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( $name::$v => $short, )+
+                }
+            }
+        }
+    };
+}
+
+/// Declares a set of event counters once: each counter's name is its field and its doc is
+/// its help text (`extra { .. }` fields, like a port's name, are carried along but are not
+/// counters). Generates the snapshot struct (plain `u64` fields, documented), its
+/// [`CounterSet`] listing (name, help, value, in declaration order, for `show stats`, metrics
+/// and reports), and the struct of live counters of the given cell type
+/// ([`Counter`] for a single writer, [`SharedCounter`] for many) with `snapshot` and `add_to`.
+macro_rules! counter_set {
+    (
+        $(#[$meta:meta])*
+        pub struct $snap:ident $lvis:vis live $live:ident($cell:ty) {
+            $(extra { $( $(#[doc = $xdoc:literal])+ pub $xf:ident: $xt:ty, )* })?
+            $( $(#[doc = $doc:literal])+ $f:ident, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct $snap {
+            $($( $(#[doc = $xdoc])+ pub $xf: $xt, )*)?
+            $( $(#[doc = $doc])+ pub $f: u64, )+
+        }
+
+        impl $crate::stats::CounterSet for $snap {
+            const NAMES: &'static [(&'static str, &'static str)] =
+                &[$( (stringify!($f), concat!($($doc),+)) ),+];
+
+            fn values(&self) -> impl Iterator<Item = u64> {
+                [$(self.$f),+].into_iter()
+            }
+        }
+
+        #[doc = concat!("The live counters of a [`", stringify!($snap), "`].")]
+        #[derive(Debug, Default)]
+        $lvis struct $live {
+            $( $(#[doc = $doc])+ pub(crate) $f: $cell, )+
+        }
+
+        impl $live {
+            /// The values now.
+            #[allow(dead_code)]
+            $lvis fn snapshot(&self) -> $snap {
+                let mut s = $snap::default();
+                self.add_to(&mut s);
+                s
+            }
+
+            /// Adds the values now to `s` (summing shards).
+            #[allow(dead_code)]
+            $lvis fn add_to(&self, s: &mut $snap) {
+                $( s.$f += self.$f.get(); )+
+            }
+        }
+    };
+}
+
+pub(crate) use counter_set;
+
+/// A set of counters declared with `counter_set!`: every counter's name and help, and the
+/// values in the same order.
+pub trait CounterSet {
+    /// Every counter's name (its field) and help (its doc), in declaration order.
+    const NAMES: &'static [(&'static str, &'static str)];
+
+    /// The values, in the order of [`CounterSet::NAMES`].
+    fn values(&self) -> impl Iterator<Item = u64>;
+
+    /// Every counter as (name, help, value), in declaration order.
+    fn counters(&self) -> impl Iterator<Item = (&'static str, &'static str, u64)> {
+        Self::NAMES
+            .iter()
+            .zip(self.values())
+            .map(|(&(name, help), v)| (name, help.trim(), v))
+    }
+}
+
+drop_reasons! {
+    /// Why a frame was not forwarded. The discriminant indexes the drop counters; each
+    /// reason's short name (for output and metrics) stands beside it.
+    pub enum DropReason {
+        /// Shorter than an Ethernet header (or than a VLAN tag it announces).
+        Truncated = "truncated",
+        /// Source MAC is a group (multicast or broadcast) address.
+        MulticastSource = "multicast_source",
+        /// Source MAC is `00:00:00:00:00:00`.
+        ZeroSource = "zero_source",
+        /// Received on a port that belongs to no bridge.
+        NoBridge = "no_bridge",
+        /// The destination was learned on the port the frame came in on (Linux drops these too).
+        SamePort = "same_port",
+        /// Destination is an IEEE 802.1D reserved group (`01:80:c2:00:00:01`..`0f`) that bridges
+        /// do not forward.
+        LinkLocal = "link_local",
+        /// The frame was flooded, but the bridge has no other port.
+        NoOtherPort = "no_other_port",
+        /// The frame was larger than the port's receive buffer and was cut.
+        Oversize = "oversize",
+        /// Received on a port id the datapath does not know, or on a router interface's virtual
+        /// port (which has no driver).
+        UnknownPort = "unknown_port",
+        /// Offload metadata (virtio-net header) that cannot be honoured: bad checksum offsets,
+        /// an unsupported GSO type, or a super-frame that does not parse.
+        BadOffload = "bad_offload",
+        /// The output port refused the frame (an I/O error, or the interface is down).
+        TxError = "tx_error",
+        /// The output port's queue was full.
+        TxQueueFull = "tx_queue_full",
+        /// An IPv4 header that is malformed (version, IHL, lengths) — dropped as Linux's `ip_rcv`.
+        BadIpHeader = "bad_ip_header",
+        /// An IPv4 header checksum that does not verify.
+        BadIpChecksum = "bad_ip_checksum",
+        /// A malformed ARP packet, or one not for Ethernet/IPv4.
+        BadArp = "bad_arp",
+        /// TTL would reach 0: not forwarded (an ICMP time exceeded is sent).
+        TtlExpired = "ttl_expired",
+        /// No route to the destination (an ICMP net unreachable is sent).
+        NoRoute = "no_route",
+        /// A blackhole route matched: dropped silently.
+        Blackhole = "blackhole",
+        /// An unreachable route matched (an ICMP host unreachable is sent, as Linux does).
+        Unreachable = "unreachable",
+        /// Larger than the egress MTU with DF set (an ICMP fragmentation needed is sent), or
+        /// impossible to fragment.
+        FragNeeded = "frag_needed",
+        /// The next hop did not answer ARP (an ICMP host unreachable is sent).
+        NeighFailed = "neigh_failed",
+        /// The packet waited for ARP resolution and was pushed out of the full queue (oldest first).
+        NeighQueueOverflow = "neigh_queue_overflow",
+        /// The neighbour table was full and nothing could be collected.
+        NeighTableFull = "neigh_table_full",
+        /// A frame on a routed port not addressed to the router's MAC (nor broadcast/multicast).
+        NotForRouter = "not_for_router",
+        /// Addressed to one of the router's own addresses, but nothing there serves it (only ICMP
+        /// echo is answered; others get an ICMP port/protocol unreachable where Linux would).
+        LocalNoService = "local_no_service",
+        /// An IP or ARP frame sent to an L2 group address that the router does not route.
+        L3Multicast = "l3_multicast",
+        /// A protocol the router does not handle (e.g. IPv6 on a routed-only port).
+        UnsupportedProtocol = "unsupported_protocol",
+        /// Conntrack classed the packet INVALID (e.g. a first TCP packet without SYN, an
+        /// impossible state transition, an ICMP error about no known connection).
+        CtInvalid = "ct_invalid",
+        /// A new connection found the conntrack table full with nothing it could evict.
+        CtFull = "ct_full",
+        /// A new connection to a Service that has no (eligible) endpoint: rejected with a TCP
+        /// RST or ICMP port unreachable, as kube-proxy's REJECT rule.
+        NoEndpoint = "no_endpoint",
+        /// SNAT/MASQUERADE found no free source port (or ICMP identifier) in its range.
+        NatExhausted = "nat_exhausted",
+        /// A packet of a NAT'd connection that cannot be translated (a non-first fragment, a
+        /// truncated header).
+        NatUntranslatable = "nat_untranslatable",
+    }
 }
 
 impl DropReason {
-    /// Number of reasons.
-    pub const COUNT: usize = 32;
-
-    /// Every reason, in discriminant order.
-    pub const ALL: [DropReason; DropReason::COUNT] = [
-        DropReason::Truncated,
-        DropReason::MulticastSource,
-        DropReason::ZeroSource,
-        DropReason::NoBridge,
-        DropReason::SamePort,
-        DropReason::LinkLocal,
-        DropReason::NoOtherPort,
-        DropReason::Oversize,
-        DropReason::UnknownPort,
-        DropReason::BadOffload,
-        DropReason::TxError,
-        DropReason::TxQueueFull,
-        DropReason::BadIpHeader,
-        DropReason::BadIpChecksum,
-        DropReason::BadArp,
-        DropReason::TtlExpired,
-        DropReason::NoRoute,
-        DropReason::Blackhole,
-        DropReason::Unreachable,
-        DropReason::FragNeeded,
-        DropReason::NeighFailed,
-        DropReason::NeighQueueOverflow,
-        DropReason::NeighTableFull,
-        DropReason::NotForRouter,
-        DropReason::LocalNoService,
-        DropReason::L3Multicast,
-        DropReason::UnsupportedProtocol,
-        DropReason::CtInvalid,
-        DropReason::CtFull,
-        DropReason::NoEndpoint,
-        DropReason::NatExhausted,
-        DropReason::NatUntranslatable,
-    ];
-
-    /// A short snake_case name, for output and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            DropReason::Truncated => "truncated",
-            DropReason::MulticastSource => "multicast_source",
-            DropReason::ZeroSource => "zero_source",
-            DropReason::NoBridge => "no_bridge",
-            DropReason::SamePort => "same_port",
-            DropReason::LinkLocal => "link_local",
-            DropReason::NoOtherPort => "no_other_port",
-            DropReason::Oversize => "oversize",
-            DropReason::UnknownPort => "unknown_port",
-            DropReason::BadOffload => "bad_offload",
-            DropReason::TxError => "tx_error",
-            DropReason::TxQueueFull => "tx_queue_full",
-            DropReason::BadIpHeader => "bad_ip_header",
-            DropReason::BadIpChecksum => "bad_ip_checksum",
-            DropReason::BadArp => "bad_arp",
-            DropReason::TtlExpired => "ttl_expired",
-            DropReason::NoRoute => "no_route",
-            DropReason::Blackhole => "blackhole",
-            DropReason::Unreachable => "unreachable",
-            DropReason::FragNeeded => "frag_needed",
-            DropReason::NeighFailed => "neigh_failed",
-            DropReason::NeighQueueOverflow => "neigh_queue_overflow",
-            DropReason::NeighTableFull => "neigh_table_full",
-            DropReason::NotForRouter => "not_for_router",
-            DropReason::LocalNoService => "local_no_service",
-            DropReason::L3Multicast => "l3_multicast",
-            DropReason::CtInvalid => "ct_invalid",
-            DropReason::CtFull => "ct_full",
-            DropReason::NoEndpoint => "no_endpoint",
-            DropReason::NatExhausted => "nat_exhausted",
-            DropReason::NatUntranslatable => "nat_untranslatable",
-            DropReason::UnsupportedProtocol => "unsupported_protocol",
-        }
-    }
-
     /// True for reasons counted at transmit time (the frame had been forwarded by the datapath).
     pub fn is_tx(self) -> bool {
         matches!(self, DropReason::TxError | DropReason::TxQueueFull)
@@ -178,6 +209,8 @@ impl fmt::Display for DropReason {
 }
 
 /// A counter written by one thread only, read by any.
+/// A counter with one writer (a worker's shard): a relaxed load + store, no locked
+/// instruction.
 #[derive(Default, Debug)]
 pub(crate) struct Counter(AtomicU64);
 
@@ -193,28 +226,29 @@ impl Counter {
     }
 }
 
-/// Per-port counters in one shard.
+/// A counter that several threads add to (a slow-path event: an ARP reply, a new
+/// connection): one relaxed `fetch_add`.
 #[derive(Default, Debug)]
-pub(crate) struct PortCounters {
-    pub(crate) rx_packets: Counter,
-    pub(crate) rx_bytes: Counter,
-    pub(crate) tx_packets: Counter,
-    pub(crate) tx_bytes: Counter,
-    pub(crate) tx_dropped: Counter,
+pub(crate) struct SharedCounter(AtomicU64);
+
+impl SharedCounter {
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    #[inline]
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
 }
 
+/// Per-port counters in one shard.
 /// One worker's counters.
 #[derive(Debug)]
 pub(crate) struct Shard {
     pub(crate) ports: Box<[PortCounters]>,
     pub(crate) drops: [Counter; DropReason::COUNT],
-    pub(crate) forwarded: Counter,
-    pub(crate) flooded: Counter,
-    pub(crate) local: Counter,
-    pub(crate) queued: Counter,
-    pub(crate) generated: Counter,
-    pub(crate) generated_lost: Counter,
-    pub(crate) deferred_drops: Counter,
+    pub(crate) totals: Totals,
 }
 
 impl Shard {
@@ -222,13 +256,7 @@ impl Shard {
         Shard {
             ports: (0..ports).map(|_| PortCounters::default()).collect(),
             drops: Default::default(),
-            forwarded: Counter::default(),
-            flooded: Counter::default(),
-            local: Counter::default(),
-            queued: Counter::default(),
-            generated: Counter::default(),
-            generated_lost: Counter::default(),
-            deferred_drops: Counter::default(),
+            totals: Totals::default(),
         }
     }
 
@@ -238,45 +266,51 @@ impl Shard {
     }
 }
 
-/// Counters of one port.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PortStats {
-    /// The port's name.
-    pub name: String,
-    /// Frames received.
-    pub rx_packets: u64,
-    /// Bytes received (Ethernet header included, no FCS).
-    pub rx_bytes: u64,
-    /// Frames transmitted.
-    pub tx_packets: u64,
-    /// Bytes transmitted.
-    pub tx_bytes: u64,
-    /// Frames the datapath sent to this port that the port refused.
-    pub tx_dropped: u64,
+counter_set! {
+    /// Counters of one port.
+    pub struct PortStats pub(crate) live PortCounters(Counter) {
+        extra {
+            /// The port's name.
+            pub name: String,
+        }
+        /// Frames received.
+        rx_packets,
+        /// Bytes received (Ethernet header included, no FCS).
+        rx_bytes,
+        /// Frames transmitted.
+        tx_packets,
+        /// Bytes transmitted.
+        tx_bytes,
+        /// Frames the datapath sent to this port that the port refused.
+        tx_dropped,
+    }
 }
 
-/// A point-in-time copy of a datapath's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// One entry per port, in port-id order.
-    pub ports: Vec<PortStats>,
-    /// Frames dropped, per reason (every reason, zeros included).
-    pub drops: Vec<(DropReason, u64)>,
-    /// Received frames the datapath sent to exactly one known port.
-    pub forwarded: u64,
-    /// Received frames flooded to the other ports of their bridge.
-    pub flooded: u64,
-    /// Received frames consumed by the router (answered or turned into other frames).
-    pub local: u64,
-    /// Received frames the router queued while resolving their next hop.
-    pub queued: u64,
-    /// Frames the router made (ARP, ICMP, fragments, released packets).
-    pub generated: u64,
-    /// Frames the router could not make (no buffer, or too many in one batch).
-    pub generated_lost: u64,
-    /// Drops counted after the frame's own verdict (`queued` frames that later failed to
-    /// resolve or overflowed the queue); included in `drops`.
-    pub deferred_drops: u64,
+counter_set! {
+    /// A point-in-time copy of a datapath's counters.
+    pub struct StatsSnapshot pub(crate) live Totals(Counter) {
+        extra {
+            /// One entry per port, in port-id order.
+            pub ports: Vec<PortStats>,
+            /// Frames dropped, per reason (every reason, zeros included).
+            pub drops: Vec<(DropReason, u64)>,
+        }
+        /// Received frames the datapath sent to exactly one known port.
+        forwarded,
+        /// Received frames flooded to the other ports of their bridge.
+        flooded,
+        /// Received frames consumed by the router (answered or turned into other frames).
+        local,
+        /// Received frames the router queued while resolving their next hop.
+        queued,
+        /// Frames the router made (ARP, ICMP, fragments, released packets).
+        generated,
+        /// Frames the router could not make (no buffer, or too many in one batch).
+        generated_lost,
+        /// Drops counted after the frame's own verdict (`queued` frames that later failed to
+        /// resolve or overflowed the queue); included in `drops`.
+        deferred_drops,
+    }
 }
 
 impl StatsSnapshot {
@@ -290,32 +324,16 @@ impl StatsSnapshot {
                 })
                 .collect(),
             drops: DropReason::ALL.iter().map(|r| (*r, 0)).collect(),
-            forwarded: 0,
-            flooded: 0,
-            local: 0,
-            queued: 0,
-            generated: 0,
-            generated_lost: 0,
-            deferred_drops: 0,
+            ..Default::default()
         };
         for sh in shards {
             for (p, c) in s.ports.iter_mut().zip(sh.ports.iter()) {
-                p.rx_packets += c.rx_packets.get();
-                p.rx_bytes += c.rx_bytes.get();
-                p.tx_packets += c.tx_packets.get();
-                p.tx_bytes += c.tx_bytes.get();
-                p.tx_dropped += c.tx_dropped.get();
+                c.add_to(p);
             }
             for (d, c) in s.drops.iter_mut().zip(sh.drops.iter()) {
                 d.1 += c.get();
             }
-            s.forwarded += sh.forwarded.get();
-            s.flooded += sh.flooded.get();
-            s.local += sh.local.get();
-            s.queued += sh.queued.get();
-            s.generated += sh.generated.get();
-            s.generated_lost += sh.generated_lost.get();
-            s.deferred_drops += sh.deferred_drops.get();
+            sh.totals.add_to(&mut s);
         }
         s
     }
@@ -362,15 +380,12 @@ impl fmt::Display for StatsSnapshot {
                 p.name, p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes, p.tx_dropped
             )?;
         }
-        write!(f, "forwarded {}  flooded {}", self.forwarded, self.flooded)?;
-        if self.local + self.queued + self.generated + self.generated_lost > 0 {
-            write!(
-                f,
-                "  local {}  queued {}  generated {}",
-                self.local, self.queued, self.generated
-            )?;
-            if self.generated_lost > 0 {
-                write!(f, "  generated_lost {}", self.generated_lost)?;
+        // Every total from its declaration: forwarded and flooded always, the rest when not 0.
+        let mut sep = "";
+        for (name, _, v) in self.counters() {
+            if v > 0 || matches!(name, "forwarded" | "flooded") {
+                write!(f, "{sep}{name} {v}")?;
+                sep = "  ";
             }
         }
         writeln!(f)?;

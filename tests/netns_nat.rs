@@ -385,7 +385,7 @@ fn ct_line<'a>(dump: &'a str, parts: &[&str]) -> &'a str {
         .unwrap_or_else(|| panic!("no conntrack entry with {parts:?} in:\n{dump}"))
 }
 
-fn delta(after: NfCounters, before: NfCounters) -> NfCounters {
+fn delta(after: &NfCounters, before: &NfCounters) -> NfCounters {
     NfCounters {
         new: after.new - before.new,
         dnat: after.dnat - before.dnat,
@@ -752,7 +752,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         assert_eq!(direct[0].seen, POD_A, "{direct:?}");
     }
     let c1 = nf.counters();
-    let d = delta(c1, c0);
+    let d = delta(&c1, &c0);
     println!("  counters: {d:?}");
     assert_eq!(d.dnat, SHORT_CONNS as u64 + big, "one DNAT per connection");
     assert_eq!(d.snat, 0, "nothing masqueraded inside the cluster");
@@ -766,7 +766,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         }
     }
     let c2 = nf.counters();
-    let d = delta(c2, c1);
+    let d = delta(&c2, &c1);
     println!("  counters: {d:?}");
     assert_eq!((d.dnat, d.snat, d.hairpin), (3, 3, 3), "{d:?}");
 
@@ -797,7 +797,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         }
     }
     let c3 = nf.counters();
-    let d = delta(c3, c2);
+    let d = delta(&c3, &c2);
     println!("  counters: {d:?}");
     assert_eq!(d.dnat, SHORT_CONNS as u64 + 10, "{d:?}");
     assert_eq!(
@@ -818,7 +818,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         }
     }
     let c4 = nf.counters();
-    let d = delta(c4, c3);
+    let d = delta(&c4, &c3);
     println!("  counters: {d:?}");
     assert_eq!((d.dnat, d.snat), (0, 3), "{d:?}");
 
@@ -833,7 +833,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         }
     }
     let c5 = nf.counters();
-    let d = delta(c5, c4);
+    let d = delta(&c5, &c4);
     assert_eq!(d.dnat, 3, "one UDP flow per socket: {d:?}");
 
     {
@@ -851,7 +851,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
         );
     }
     let c6 = nf.counters();
-    let d = delta(c6, c5);
+    let d = delta(&c6, &c5);
     println!("  counters: {d:?}");
     assert_eq!((d.rejected, d.new, d.dnat), (2, 0, 0), "{d:?}");
 
@@ -938,7 +938,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
 
         let c = nf.counters();
         println!("  NAT counters: {c:?}");
-        let d = delta(c, c0);
+        let d = delta(&c, &c0);
         // Steps 1 to 8: ClusterIP, hairpin, NodePorts, UDP, the two dead endpoints.
         let conns = SHORT_CONNS as u64;
         assert_eq!(d.dnat, conns + big + 3 + conns + 10 + 3 + 2, "{d:?}");

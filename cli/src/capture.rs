@@ -1,6 +1,7 @@
-//! Packet capture on a running node without library changes: every TAP is wrapped in a
-//! [`CapturePort`] that, while a capture is active on it, copies the frames it receives and
-//! sends into a bounded channel. The check is one relaxed atomic load per received batch and
+//! Packet capture on a running node: every TAP is wrapped in the library's
+//! [`Observed`](tapyard::port::Observed) middleware with a [`CaptureTap`] as its observer,
+//! which, while a capture is active on it, copies the frames the port receives and sends into a
+//! bounded channel. The check is one relaxed atomic load per received batch and
 //! per sent frame; a full channel drops the copy (counted), never the frame.
 //!
 //! On the control socket, a capture streams binary records after its JSON reply line:
@@ -8,15 +9,13 @@
 //! `len: u32 LE`, then `len` bytes of frame. The end record carries the copies dropped in its
 //! time field. The `capture` command writes them to a pcap file.
 
-use std::io;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender};
-use tapyard::port::Port;
-use tapyard::{Batch, BufPool, DropReason, PacketBuf};
+use tapyard::port::{Direction, Observer};
+use tapyard::PacketBuf;
 
 /// Copies queued per capture before new ones are dropped.
 pub const CAPTURE_QUEUE: usize = 4096;
@@ -116,69 +115,32 @@ impl CaptureTap {
     }
 }
 
-/// A port that copies its traffic to a [`CaptureTap`] while a capture is active.
-pub struct CapturePort {
-    inner: Arc<dyn Port>,
-    tap: Arc<CaptureTap>,
-}
-
-impl std::fmt::Debug for CapturePort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CapturePort")
-            .field("port", &self.inner.name())
-            .finish()
-    }
-}
-
-impl CapturePort {
-    /// Wraps `inner`; captures are controlled through `tap`.
-    pub fn new(inner: Arc<dyn Port>, tap: Arc<CaptureTap>) -> CapturePort {
-        CapturePort { inner, tap }
-    }
-}
-
-impl Port for CapturePort {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Observer for CaptureTap {
+    fn wants(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
     }
 
-    fn recv_batch(&self, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
-        let before = batch.len();
-        let n = self.inner.recv_batch(pool, batch)?;
-        if n > 0 && self.tap.active.load(Ordering::Relaxed) {
-            self.tap
-                .copy(KIND_RX, batch.bufs()[before..].iter().map(|b| b.frame()));
-        }
-        Ok(n)
-    }
-
-    fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
-        let r = self.inner.send(buf);
-        if r.is_ok() && self.tap.active.load(Ordering::Relaxed) {
-            self.tap.copy(KIND_TX, std::iter::once(buf.frame()));
-        }
-        r
-    }
-
-    fn rx_fd(&self) -> Option<RawFd> {
-        self.inner.rx_fd()
-    }
-
-    fn frame_room(&self) -> usize {
-        self.inner.frame_room()
+    fn observe(&self, dir: Direction, frames: &[PacketBuf]) {
+        let kind = match dir {
+            Direction::Rx => KIND_RX,
+            Direction::Tx => KIND_TX,
+        };
+        self.copy(kind, frames.iter().map(PacketBuf::frame));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tapyard::port::mem_pair;
+    use std::sync::Arc;
+    use tapyard::port::{mem_pair, Observed, Port};
+    use tapyard::{Batch, BufPool};
 
     #[test]
     fn copies_only_while_active_and_records_round_trip() {
         let (a, b) = mem_pair("a", "b", 16);
         let tap = Arc::new(CaptureTap::default());
-        let port = CapturePort::new(Arc::new(a), tap.clone());
+        let port = Observed::new(a, tap.clone());
         let frame = [0xffu8; 60];
         port.send(&PacketBuf::from_frame(&frame)).unwrap();
         let rx = tap.start().unwrap();

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tapyard::stats::CounterSet;
 
 use crate::capture::{self, KIND_END};
 use crate::node::Node;
@@ -364,17 +365,12 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
         }
         "stats" => {
             let s = dp.stats();
-            let counters = dp.router().map(|r| {
-                let c = r.counters.snapshot();
-                [
-                    ("arp_replies", c.arp_replies),
-                    ("arp_requests", c.arp_requests),
-                    ("echo_replies", c.echo_replies),
-                    ("icmp_errors", c.icmp_errors),
-                    ("icmp_rate_limited", c.icmp_rate_limited),
-                    ("released", c.released),
-                    ("neigh_failed", c.neigh_failed),
-                ]
+            let counters: Option<Vec<(&str, u64)>> = dp.router().map(|r| {
+                r.counters
+                    .snapshot()
+                    .counters()
+                    .map(|(k, _, v)| (k, v))
+                    .collect()
             });
             let nat = dp.netfilter().map(nat_counters);
             if !as_json {
@@ -388,7 +384,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 }
                 if let Some(n) = &nat {
                     text.push_str("nat:");
-                    for (k, v) in n {
+                    for (k, _, v) in n {
                         text.push_str(&format!(" {k} {v}"));
                     }
                     text.push('\n');
@@ -424,24 +420,32 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 let c = r.neigh().counters();
                 json!({"entries": c.entries, "queued_now": c.queued_now, "created": c.created, "failed": c.failed, "requests": c.requests, "queued": c.queued, "released": c.released, "queue_overflow": c.queue_overflow})
             });
-            Ok(json!({
-                "ports": s.ports.iter().map(|p| json!({
-                    "name": p.name, "rx_packets": p.rx_packets, "rx_bytes": p.rx_bytes,
-                    "tx_packets": p.tx_packets, "tx_bytes": p.tx_bytes, "tx_dropped": p.tx_dropped,
-                })).collect::<Vec<_>>(),
-                "forwarded": s.forwarded,
-                "flooded": s.flooded,
-                "local": s.local,
-                "queued": s.queued,
-                "generated": s.generated,
-                "generated_lost": s.generated_lost,
-                "deferred_drops": s.deferred_drops,
-                "drops": drops,
-                "router": counters.map(|c| c.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>()),
-                "fdb": fdb,
-                "neigh": neigh,
-                "nat": nat.map(|c| c.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>()),
-            }))
+            let mut out = serde_json::Map::new();
+            let ports: Vec<Value> = s
+                .ports
+                .iter()
+                .map(|p| {
+                    let mut m = serde_json::Map::new();
+                    m.insert("name".into(), json!(p.name));
+                    m.extend(p.counters().map(|(k, _, v)| (k.to_string(), json!(v))));
+                    Value::Object(m)
+                })
+                .collect();
+            out.insert("ports".into(), json!(ports));
+            // The datapath's totals at the top level, each under its declared name.
+            out.extend(s.counters().map(|(k, _, v)| (k.to_string(), json!(v))));
+            out.insert("drops".into(), json!(drops));
+            let named = |c: &[(&str, u64)]| {
+                c.iter()
+                    .map(|(k, v)| ((*k).to_string(), json!(v)))
+                    .collect::<serde_json::Map<_, _>>()
+            };
+            out.insert("router".into(), json!(counters.as_deref().map(named)));
+            out.insert("fdb".into(), json!(fdb));
+            out.insert("neigh".into(), json!(neigh));
+            let nat = nat.map(|c| c.iter().map(|&(k, _, v)| (k, v)).collect::<Vec<_>>());
+            out.insert("nat".into(), json!(nat.as_deref().map(named)));
+            Ok(Value::Object(out))
         }
         "conntrack" | "services" => nat_show(node, what, as_json, now),
         other => Err(format!(
@@ -450,27 +454,48 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
     }
 }
 
-/// The NAT's counters by name, for `show stats` and the metrics: the connection table's
-/// (`connections` is a gauge) and the engine's.
-pub fn nat_counters(nf: &tapyard::nat::netfilter::Netfilter) -> [(&'static str, u64); 14] {
-    let c = nf.counters();
+/// The NAT's counters as (name, help, value), for `show stats` and the metrics: the
+/// connection table's (`connections` is a gauge; its events are prefixed `ct_`) and the
+/// engine's, from its declaration.
+pub fn nat_counters(
+    nf: &tapyard::nat::netfilter::Netfilter,
+) -> Vec<(&'static str, &'static str, u64)> {
     let t = nf.conntrack().counters();
-    [
-        ("connections", t.entries as u64),
-        ("new", c.new),
-        ("dnat", c.dnat),
-        ("snat", c.snat),
-        ("hairpin", c.hairpin),
-        ("rejected", c.rejected),
-        ("related", c.related),
-        ("untracked", c.untracked),
-        ("ct_invalid", t.invalid),
-        ("ct_insert_failed", t.insert_failed),
-        ("ct_early_drop", t.early_drop),
-        ("ct_clash", t.clash),
-        ("ct_expired", t.expired),
-        ("ct_removed", t.removed),
-    ]
+    let mut out = vec![(
+        "connections",
+        "Connections in the conntrack table.",
+        t.entries as u64,
+    )];
+    out.extend(nf.counters().counters());
+    out.extend([
+        (
+            "ct_invalid",
+            "Invalid packets seen by conntrack.",
+            t.invalid,
+        ),
+        (
+            "ct_insert_failed",
+            "Conntrack inserts refused for lack of room.",
+            t.insert_failed,
+        ),
+        (
+            "ct_early_drop",
+            "Unassured connections evicted to make room.",
+            t.early_drop,
+        ),
+        (
+            "ct_clash",
+            "Conntrack inserts that lost to an entry with the same tuple.",
+            t.clash,
+        ),
+        ("ct_expired", "Expired connections freed.", t.expired),
+        (
+            "ct_removed",
+            "Connections removed (RST before a reply, reopening SYN, flushes).",
+            t.removed,
+        ),
+    ]);
+    out
 }
 
 fn tuple_json(t: &tapyard::wire::tuple::Tuple) -> Value {

@@ -5,10 +5,13 @@
 //! uplinks, addresses, `[conntrack]` and `[neigh]` table limits) needs a restart, and a reload
 //! that changes any of it is refused as a whole, naming each change.
 
-use crate::config::{BridgeCfg, Config, NeighborCfg, RouteCfg, ServiceCfg, UplinkCfg};
+//!
+//! Items are compared by value ([`Located::value`]), never by the lines they were read from.
+
+use crate::config::{BridgeCfg, Config, Located, NeighborCfg, RouteCfg, ServiceCfg, UplinkCfg};
 
 /// The live changes of a reload.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Diff {
     /// Routes to remove (before the additions).
     pub routes_removed: Vec<RouteCfg>,
@@ -37,15 +40,20 @@ fn route_key(r: &RouteCfg) -> (crate::config::Cidr, u32) {
     (r.to, r.metric)
 }
 
-fn changed_fields<T, F>(what: &str, old: &[T], new: &[T], name: F, out: &mut Vec<String>)
-where
-    T: PartialEq + std::fmt::Debug,
+fn changed_fields<T, F>(
+    what: &str,
+    old: &[Located<T>],
+    new: &[Located<T>],
+    name: F,
+    out: &mut Vec<String>,
+) where
+    T: PartialEq,
     F: Fn(&T) -> &str,
 {
     for o in old {
         match new.iter().find(|n| name(n) == name(o)) {
             None => out.push(format!("{what} {:?} was removed", name(o))),
-            Some(n) if n != o => out.push(format!("{what} {:?} changed", name(o))),
+            Some(n) if n.value != o.value => out.push(format!("{what} {:?} changed", name(o))),
             Some(_) => {}
         }
     }
@@ -56,14 +64,14 @@ where
     }
 }
 
-fn bridge_changes(old: &[BridgeCfg], new: &[BridgeCfg], out: &mut Vec<String>) {
+fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &mut Vec<String>) {
     let mut v = Vec::new();
     changed_fields("bridge", old, new, |b| &b.name, &mut v);
     for line in v {
         // Name the fields of a changed bridge.
         let detail = old.iter().find_map(|o| {
             let n = new.iter().find(|n| n.name == o.name)?;
-            if o == n || !line.contains(&format!("{:?} changed", o.name)) {
+            if o.value == n.value || !line.contains(&format!("{:?} changed", o.name)) {
                 return None;
             }
             let mut f = Vec::new();
@@ -95,13 +103,13 @@ fn bridge_changes(old: &[BridgeCfg], new: &[BridgeCfg], out: &mut Vec<String>) {
     }
 }
 
-fn uplink_changes(old: &[UplinkCfg], new: &[UplinkCfg], out: &mut Vec<String>) {
+fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &mut Vec<String>) {
     let mut v = Vec::new();
     changed_fields("uplink", old, new, |u| &u.name, &mut v);
     for line in v {
         let detail = old.iter().find_map(|o| {
             let n = new.iter().find(|n| n.name == o.name)?;
-            (o != n && o.address != n.address)
+            (o.value != n.value && o.address != n.address)
                 .then(|| format!(" (address {} -> {})", o.address, n.address))
         });
         out.push(format!("{line}{}", detail.unwrap_or_default()));
@@ -112,7 +120,7 @@ fn uplink_changes(old: &[UplinkCfg], new: &[UplinkCfg], out: &mut Vec<String>) {
 fn service_detail(old: &[ServiceCfg], new: &[ServiceCfg], line: String) -> String {
     let Some((o, n)) = old.iter().find_map(|o| {
         let n = new.iter().find(|n| n.name == o.name)?;
-        (o != n && line == format!("service {:?} changed", o.name)).then_some((o, n))
+        (o.value != n.value && line == format!("service {:?} changed", o.name)).then_some((o, n))
     }) else {
         return line;
     };
@@ -120,22 +128,20 @@ fn service_detail(old: &[ServiceCfg], new: &[ServiceCfg], line: String) -> Strin
         .endpoints
         .iter()
         .filter(|e| !o.endpoints.contains(e))
-        .map(|e| format!("+{e}"))
+        .map(|e| format!("+{}", e.addr))
         .chain(
             o.endpoints
                 .iter()
                 .filter(|e| !n.endpoints.contains(e))
-                .map(|e| format!("-{e}")),
+                .map(|e| format!("-{}", e.addr)),
         )
         .collect();
     if !f.is_empty() {
         f.insert(0, "endpoints".into());
     }
-    let other = ServiceCfg {
-        endpoints: o.endpoints.clone(),
-        ..n.clone()
-    };
-    if other != *o {
+    let mut other = n.value.clone();
+    other.endpoints.clone_from(&o.endpoints);
+    if other != o.value {
         f.push(
             if f.is_empty() {
                 "settings"
@@ -189,29 +195,29 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     let mut d = Diff::default();
     for o in &old.routes {
         match new.routes.iter().find(|n| route_key(n) == route_key(o)) {
-            Some(n) if n == o => {}
+            Some(n) if n.value == o.value => {}
             Some(n) => {
                 d.summary
                     .push(format!("route {} -> {}", o.describe(), n.describe()));
-                d.routes_removed.push(o.clone());
-                d.routes_added.push(n.clone());
+                d.routes_removed.push(o.value.clone());
+                d.routes_added.push(n.value.clone());
             }
             None => {
                 d.summary.push(format!("route removed: {}", o.describe()));
-                d.routes_removed.push(o.clone());
+                d.routes_removed.push(o.value.clone());
             }
         }
     }
     for n in &new.routes {
         if !old.routes.iter().any(|o| route_key(o) == route_key(n)) {
             d.summary.push(format!("route added: {}", n.describe()));
-            d.routes_added.push(n.clone());
+            d.routes_added.push(n.value.clone());
         }
     }
     let nkey = |n: &NeighborCfg| (n.dev.clone(), n.ip);
     for o in &old.neighbors {
         match new.neighbors.iter().find(|n| nkey(n) == nkey(o)) {
-            Some(n) if n == o => {}
+            Some(n) if n.value == o.value => {}
             found => {
                 d.summary.push(format!(
                     "neighbor {} dev {} removed{}",
@@ -223,9 +229,9 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
                         ""
                     }
                 ));
-                d.neighbors_removed.push(o.clone());
+                d.neighbors_removed.push(o.value.clone());
                 if let Some(n) = found {
-                    d.neighbors_added.push(n.clone());
+                    d.neighbors_added.push(n.value.clone());
                 }
             }
         }
@@ -236,10 +242,11 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
                 "neighbor {} lladdr {} dev {} added",
                 n.ip, n.mac, n.dev
             ));
-            d.neighbors_added.push(n.clone());
+            d.neighbors_added.push(n.value.clone());
         }
     }
-    if old.services != new.services {
+    let values = |s: &[ServiceCfg]| s.iter().map(|s| s.value.clone()).collect::<Vec<_>>();
+    if values(&old.services) != values(&new.services) {
         let mut v = Vec::new();
         changed_fields("service", &old.services, &new.services, |s| &s.name, &mut v);
         for line in v {
@@ -255,8 +262,9 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         ));
         d.nat_rules = true;
     }
-    if old.masquerade != new.masquerade {
-        let out = |m: &Option<crate::config::MasqueradeCfg>| {
+    let masq = |c: &Config| c.masquerade.as_ref().map(|m| m.value.clone());
+    if masq(old) != masq(new) {
+        let out = |m: &Option<Located<crate::config::MasqueradeCfg>>| {
             m.as_ref()
                 .map_or("none".to_string(), |m| format!("out {}", m.out))
         };
@@ -336,7 +344,9 @@ mod tests {
         assert_eq!(d.neighbors_added.len(), 1);
         assert!(d.neighbors_removed.is_empty());
         assert_eq!(
-            d.services.as_ref().unwrap()[1].endpoints[0].to_string(),
+            d.services.as_ref().unwrap()[1].endpoints[0]
+                .addr
+                .to_string(),
             "10.244.1.4:5353"
         );
         assert!(
@@ -390,7 +400,7 @@ mod tests {
         let s = d.services.as_ref().unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].endpoints.len(), 2);
-        assert_eq!(s[0].endpoints[1].to_string(), "10.244.2.3:8080");
+        assert_eq!(s[0].endpoints[1].addr.to_string(), "10.244.2.3:8080");
         assert_eq!(
             d.summary,
             [
@@ -411,8 +421,8 @@ mod tests {
         let d = diff(&a, &b).unwrap();
         assert_eq!(d.summary, ["service \"web\" changed (settings)"]);
         assert_eq!(
-            d.services.unwrap()[0].session_affinity,
-            crate::config::SessionAffinity::ClientIp
+            d.services.unwrap()[0].affinity,
+            Some(std::time::Duration::from_secs(10_800))
         );
     }
 

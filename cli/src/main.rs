@@ -10,15 +10,19 @@
 //! tapyard show fdb|neigh|routes|conntrack|services|stats [--json]
 //! tapyard capture <port> -w <file.pcap> [-c N] write a port's frames (both directions) to pcap
 //! tapyard reload                               re-read the config of the running node
+//! tapyard keys                                 every config key: default, range, help
 //! ```
 //!
-//! Client commands (`show`, `capture`, `reload`) find the control socket with `--socket PATH`,
-//! else `--config FILE` (its `node.socket`, default `/run/tapyard/<node name>.sock`), else the
-//! only socket in `/run/tapyard`. Logs go to stderr; `RUST_LOG=debug|info|warn|error` sets
-//! the level (default info).
+//! Client commands (`status`, `show`, `capture`, `reload`) find the control socket with
+//! `--socket PATH`, else `--config FILE` (its `node.socket`, default
+//! `/run/tapyard/<node name>.sock`), else the only socket in `/run/tapyard`. `tapyard --help`
+//! and `tapyard COMMAND --help` describe each option ([`args`]). Logs go to stderr through
+//! env_logger; `RUST_LOG=debug|info|warn|error` (or per module, `tapyard=debug`) sets the level
+//! (default info).
 
 #![deny(unsafe_code)]
 
+mod args;
 mod capture;
 mod config;
 mod control;
@@ -31,17 +35,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-
-const USAGE: &str = "usage:
-  tapyard check <config>
-  tapyard run <config> [--socket PATH] [--metrics ADDR:PORT]
-  tapyard status [--json] [--socket PATH | --config FILE]
-  tapyard show fdb|neigh|routes|conntrack|services|stats [--json] [--socket PATH | --config FILE]
-  tapyard capture <port> -w <file.pcap> [-c N] [--socket PATH | --config FILE]
-  tapyard reload [--socket PATH | --config FILE]";
 
 /// A failed command: its message and exit status.
 struct Fail(u8, String);
@@ -52,124 +48,17 @@ impl From<String> for Fail {
     }
 }
 
-/// A stderr logger honouring `RUST_LOG` levels.
-struct Logger {
-    level: log::LevelFilter,
-}
-
-impl log::Log for Logger {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= self.level
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if !self.enabled(r.metadata()) {
-            return;
-        }
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let s = t.as_secs() % 86_400;
-        eprintln!(
-            "{:02}:{:02}:{:02}.{:03} {:<5} tapyard: {}",
-            s / 3600,
-            s / 60 % 60,
-            s % 60,
-            t.subsec_millis(),
-            r.level(),
-            r.args()
-        );
-    }
-    fn flush(&self) {}
-}
-
+/// Logs to stderr with env_logger, at the levels `RUST_LOG` names (default info).
 fn init_logger() {
-    let level = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|v| {
-            // Accept `debug` as well as `tapyard=debug,other=warn` (the first level named).
-            v.split(',')
-                .filter_map(|p| p.rsplit('=').next())
-                .find_map(|l| l.trim().parse::<log::LevelFilter>().ok())
-        })
-        .unwrap_or(log::LevelFilter::Info);
-    if log::set_boxed_logger(Box::new(Logger { level })).is_ok() {
-        log::set_max_level(level);
-    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .target(env_logger::Target::Stderr)
+        .format_timestamp_millis()
+        .init();
 }
 
-/// The parsed command line.
-#[derive(Debug, Default, PartialEq)]
-struct Args {
-    cmd: String,
-    positional: Vec<String>,
-    socket: Option<PathBuf>,
-    config: Option<PathBuf>,
-    json: bool,
-    write: Option<PathBuf>,
-    count: Option<u64>,
-    metrics: Option<String>,
-}
-
-fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, Fail> {
-    let mut it = argv.into_iter();
-    let mut a = Args {
-        cmd: it.next().ok_or_else(|| Fail(2, USAGE.into()))?,
-        ..Default::default()
-    };
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |name: &str| {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or_else(|| Fail(2, format!("{name} needs a value\n{USAGE}")))
-        };
-        match flag.as_str() {
-            "--socket" | "-s" => a.socket = Some(value(&flag)?.into()),
-            "--config" => a.config = Some(value(&flag)?.into()),
-            "--metrics" => a.metrics = Some(value(&flag)?),
-            "-w" | "--write" => a.write = Some(value(&flag)?.into()),
-            "-c" | "--count" => {
-                let v = value(&flag)?;
-                a.count =
-                    Some(v.parse().map_err(|_| {
-                        Fail(2, format!("{flag}: {v:?} is not a number of frames"))
-                    })?);
-            }
-            "--json" if inline.is_none() => a.json = true,
-            "-h" | "--help" => return Err(Fail(0, USAGE.into())),
-            f if f.starts_with('-') && f.len() > 1 => {
-                return Err(Fail(2, format!("unknown option {arg:?}\n{USAGE}")))
-            }
-            _ => a.positional.push(arg),
-        }
-    }
-    Ok(a)
-}
-
-fn one_positional(a: &Args, what: &str) -> Result<String, Fail> {
-    match a.positional.as_slice() {
-        [p] => Ok(p.clone()),
-        [] => Err(Fail(
-            2,
-            format!("tapyard {}: missing {what}\n{USAGE}", a.cmd),
-        )),
-        _ => Err(Fail(
-            2,
-            format!(
-                "tapyard {}: expected one {what}, got {:?}\n{USAGE}",
-                a.cmd, a.positional
-            ),
-        )),
-    }
-}
-
-fn cmd_check(a: &Args) -> Result<(), Fail> {
-    let file = one_positional(a, "config file")?;
-    let ch = config::load(Path::new(&file));
+fn cmd_check(path: &Path) -> Result<(), Fail> {
+    let file = path.display().to_string();
+    let ch = config::load(path);
     for d in &ch.diags {
         eprintln!("{}", d.render(&file));
     }
@@ -197,9 +86,8 @@ impl Drop for SocketFile {
     }
 }
 
-fn cmd_run(a: &Args) -> Result<(), Fail> {
-    let file = one_positional(a, "config file")?;
-    let path = PathBuf::from(&file);
+fn cmd_run(path: PathBuf, socket: Option<PathBuf>, metrics: Option<String>) -> Result<(), Fail> {
+    let file = path.display().to_string();
     let ch = config::load(&path);
     for d in &ch.diags {
         eprintln!("{}", d.render(&file));
@@ -214,16 +102,13 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
             ),
         ));
     };
-    let socket = a.socket.clone().unwrap_or_else(|| cfg.node.socket_path());
+    let socket = socket.unwrap_or_else(|| cfg.node.socket_path());
     control::claim_socket(&socket).map_err(|e| Fail(2, e))?;
-    let metrics = match &a.metrics {
-        Some(addr) => {
-            let l = std::net::TcpListener::bind(addr.as_str())
-                .map_err(|e| Fail(2, format!("--metrics {addr}: cannot listen: {e}")))?;
-            l.set_nonblocking(true)
-                .map_err(|e| Fail(2, format!("--metrics {addr}: {e}")))?;
-            Some(l)
-        }
+    let metrics = match &metrics {
+        Some(addr) => Some(
+            metrics::listen(addr)
+                .map_err(|e| Fail(2, format!("--metrics {addr}: cannot listen: {e}")))?,
+        ),
         None => None,
     };
     // Signals are caught from here on: a SIGINT while the TAPs are being created stops the
@@ -250,11 +135,7 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
     };
     let metrics = match metrics {
         Some(l) => {
-            log::info!(
-                "metrics at http://{}/metrics",
-                l.local_addr()
-                    .map_or_else(|_| "?".into(), |a| a.to_string())
-            );
+            log::info!("metrics at http://{}/metrics", l.server_addr());
             let (node, ctl_stop) = (node.clone(), ctl_stop.clone());
             Some(
                 std::thread::Builder::new()
@@ -308,8 +189,8 @@ fn cmd_run(a: &Args) -> Result<(), Fail> {
     Ok(())
 }
 
-fn client_socket(a: &Args) -> Result<PathBuf, Fail> {
-    control::resolve_socket(a.socket.clone(), a.config.as_deref()).map_err(Fail::from)
+fn client_socket(c: &args::Client) -> Result<PathBuf, Fail> {
+    control::resolve_socket(c.socket.clone(), c.config.as_deref()).map_err(Fail::from)
 }
 
 fn fail_reply(v: &Value) -> Fail {
@@ -326,13 +207,12 @@ fn fail_reply(v: &Value) -> Fail {
     Fail(1, msg)
 }
 
-fn cmd_show(a: &Args) -> Result<(), Fail> {
-    let what = one_positional(
-        a,
-        "table (fdb, neigh, routes, conntrack, services or stats)",
+fn cmd_show(what: args::Table, json: bool, client: &args::Client) -> Result<(), Fail> {
+    let sock = client_socket(client)?;
+    let (v, _) = control::request(
+        &sock,
+        &json!({"cmd": "show", "what": what.name(), "json": json}),
     )?;
-    let sock = client_socket(a)?;
-    let (v, _) = control::request(&sock, &json!({"cmd": "show", "what": what, "json": a.json}))?;
     if v.get("ok") != Some(&Value::Bool(true)) {
         return Err(fail_reply(&v));
     }
@@ -348,14 +228,14 @@ fn cmd_show(a: &Args) -> Result<(), Fail> {
     Ok(())
 }
 
-fn cmd_status(a: &Args) -> Result<(), Fail> {
-    let sock = client_socket(a)?;
+fn cmd_status(json: bool, client: &args::Client) -> Result<(), Fail> {
+    let sock = client_socket(client)?;
     let (v, _) = control::request(&sock, &json!({"cmd": "status"}))?;
     if v.get("ok") != Some(&Value::Bool(true)) {
         return Err(fail_reply(&v));
     }
     let d = v.get("data").cloned().unwrap_or(Value::Null);
-    if a.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
         return Ok(());
     }
@@ -381,14 +261,8 @@ fn cmd_status(a: &Args) -> Result<(), Fail> {
     Ok(())
 }
 
-fn cmd_reload(a: &Args) -> Result<(), Fail> {
-    if !a.positional.is_empty() {
-        return Err(Fail(
-            2,
-            format!("tapyard reload takes no arguments\n{USAGE}"),
-        ));
-    }
-    let sock = client_socket(a)?;
+fn cmd_reload(client: &args::Client) -> Result<(), Fail> {
+    let sock = client_socket(client)?;
     let (v, _) = control::request(&sock, &json!({"cmd": "reload"}))?;
     if v.get("ok") != Some(&Value::Bool(true)) {
         return Err(fail_reply(&v));
@@ -407,20 +281,20 @@ fn cmd_reload(a: &Args) -> Result<(), Fail> {
     Ok(())
 }
 
-fn cmd_capture(a: &Args) -> Result<(), Fail> {
+fn cmd_capture(
+    port: &str,
+    out: &Path,
+    count: Option<u64>,
+    client: &args::Client,
+) -> Result<(), Fail> {
     use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
     use pcap_file::DataLink;
-    let port = one_positional(a, "port")?;
-    let out = a
-        .write
-        .clone()
-        .ok_or_else(|| Fail(2, format!("tapyard capture: -w FILE is required\n{USAGE}")))?;
-    let sock = client_socket(a)?;
+    let sock = client_socket(client)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let _ = signal_hook::flag::register(sig, stop.clone());
     }
-    let count = a.count.unwrap_or(0);
+    let count = count.unwrap_or(0);
     let (v, mut r) = control::request(
         &sock,
         &json!({"cmd": "capture", "port": port, "count": count}),
@@ -429,7 +303,7 @@ fn cmd_capture(a: &Args) -> Result<(), Fail> {
         return Err(fail_reply(&v));
     }
     let file =
-        std::fs::File::create(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+        std::fs::File::create(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let header = PcapHeader {
         snaplen: 262_144,
         datalink: DataLink::ETHERNET,
@@ -495,55 +369,53 @@ fn cmd_capture(a: &Args) -> Result<(), Fail> {
 }
 
 fn main() -> ExitCode {
+    let cli = match args::parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(args::Stop::Print(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(args::Stop::Usage(text)) => {
+            eprint!("{text}");
+            return ExitCode::from(2);
+        }
+        Err(args::Stop::Bad(line)) => {
+            eprintln!("tapyard: {line}");
+            return ExitCode::from(2);
+        }
+    };
     init_logger();
-    let r = parse_args(std::env::args().skip(1)).and_then(|a| match a.cmd.as_str() {
-        "check" => cmd_check(&a),
-        "run" => cmd_run(&a),
-        "show" => cmd_show(&a),
-        "reload" => cmd_reload(&a),
-        "status" => cmd_status(&a),
-        "capture" => cmd_capture(&a),
-        "help" | "-h" | "--help" => Err(Fail(0, USAGE.into())),
-        "--version" | "version" => {
+    use args::Cmd;
+    let r = match cli.cmd {
+        Cmd::Check { config } => cmd_check(&config),
+        Cmd::Run {
+            config,
+            socket,
+            metrics,
+        } => cmd_run(config, socket, metrics),
+        Cmd::Show { what, json, client } => cmd_show(what, json, &client),
+        Cmd::Status { json, client } => cmd_status(json, &client),
+        Cmd::Reload { client } => cmd_reload(&client),
+        Cmd::Capture {
+            port,
+            write,
+            count,
+            client,
+        } => cmd_capture(&port, &write, count, &client),
+        Cmd::Keys => {
+            print!("{}", config::schema::reference());
+            Ok(())
+        }
+        Cmd::Version => {
             println!("tapyard {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        other => Err(Fail(2, format!("unknown command {other:?}\n{USAGE}"))),
-    });
+    };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Fail(0, msg)) => {
-            println!("{msg}");
-            ExitCode::SUCCESS
-        }
         Err(Fail(code, msg)) => {
             eprintln!("tapyard: {msg}");
             ExitCode::from(code)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args(s: &str) -> Result<Args, Fail> {
-        parse_args(s.split_whitespace().map(String::from))
-    }
-
-    #[test]
-    fn command_lines() {
-        let a = args("capture pod-a -w /tmp/x.pcap -c 5 --socket=/tmp/s")
-            .ok()
-            .unwrap();
-        assert_eq!(a.cmd, "capture");
-        assert_eq!(a.positional, ["pod-a"]);
-        assert_eq!(a.count, Some(5));
-        assert_eq!(a.socket.as_deref(), Some(Path::new("/tmp/s")));
-        assert_eq!(a.write.as_deref(), Some(Path::new("/tmp/x.pcap")));
-        assert!(args("show fdb --json").ok().unwrap().json);
-        assert!(matches!(args("show --bogus"), Err(Fail(2, _))));
-        assert!(matches!(args("capture p -c x"), Err(Fail(2, _))));
-        assert!(matches!(args("run --socket"), Err(Fail(2, _))));
     }
 }

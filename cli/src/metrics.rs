@@ -1,13 +1,13 @@
-//! `tapyard run --metrics ADDR`: the node's counters in Prometheus' text format, served over
-//! plain HTTP at `/metrics` (one request per connection).
+//! `tapyard run --metrics ADDR`: the node's counters in Prometheus' text format (version
+//! 0.0.4), served over plain HTTP at `/metrics` (and `/`) by tiny_http; any other path or
+//! method is 404.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tapyard::stats::{CounterSet, PortStats};
 use tapyard::Datapath;
 
 use crate::node::Node;
@@ -28,62 +28,26 @@ pub fn render(dp: &Datapath) -> String {
             "# HELP tapyard_{name} {help}\n# TYPE tapyard_{name} {kind}"
         );
     };
-    type Field = fn(&tapyard::stats::PortStats) -> u64;
-    let per_port: [(&str, &str, Field); 5] = [
-        ("port_rx_packets_total", "Frames received on a port.", |p| {
-            p.rx_packets
-        }),
-        ("port_rx_bytes_total", "Bytes received on a port.", |p| {
-            p.rx_bytes
-        }),
-        ("port_tx_packets_total", "Frames sent out of a port.", |p| {
-            p.tx_packets
-        }),
-        ("port_tx_bytes_total", "Bytes sent out of a port.", |p| {
-            p.tx_bytes
-        }),
-        (
-            "port_tx_dropped_total",
-            "Frames a port refused to send.",
-            |p| p.tx_dropped,
-        ),
-    ];
-    for (name, help, f) in per_port {
-        family(&mut o, name, "counter", help);
+    // Every counter from its declaration in the library: name = field, help = doc.
+    for (i, &(name, help)) in PortStats::NAMES.iter().enumerate() {
+        family(
+            &mut o,
+            &format!("port_{name}_total"),
+            "counter",
+            help.trim(),
+        );
         for p in &s.ports {
-            let _ = writeln!(o, "tapyard_{name}{{port=\"{}\"}} {}", label(&p.name), f(p));
+            let v = p.values().nth(i).unwrap_or(0);
+            let _ = writeln!(
+                o,
+                "tapyard_port_{name}_total{{port=\"{}\"}} {v}",
+                label(&p.name)
+            );
         }
     }
-    for (name, v, help) in [
-        (
-            "forwarded_total",
-            s.forwarded,
-            "Received frames sent to one port.",
-        ),
-        (
-            "flooded_total",
-            s.flooded,
-            "Received frames flooded on their bridge.",
-        ),
-        (
-            "local_total",
-            s.local,
-            "Received frames consumed by the router.",
-        ),
-        (
-            "queued_total",
-            s.queued,
-            "Received frames queued for ARP resolution.",
-        ),
-        ("generated_total", s.generated, "Frames the router made."),
-        (
-            "generated_lost_total",
-            s.generated_lost,
-            "Frames the router could not make.",
-        ),
-    ] {
-        family(&mut o, name, "counter", help);
-        let _ = writeln!(o, "tapyard_{name} {v}");
+    for (name, help, v) in s.counters() {
+        family(&mut o, &format!("{name}_total"), "counter", help);
+        let _ = writeln!(o, "tapyard_{name}_total {v}");
     }
     family(
         &mut o,
@@ -112,78 +76,25 @@ pub fn render(dp: &Datapath) -> String {
             "Entries in the ARP table.",
         );
         let _ = writeln!(o, "tapyard_neigh_entries {}", c.entries);
-        let rc = r.counters.snapshot();
         family(
             &mut o,
             "router_events_total",
             "counter",
             "Router events, by kind.",
         );
-        for (k, v) in [
-            ("arp_replies", rc.arp_replies),
-            ("arp_requests", rc.arp_requests),
-            ("echo_replies", rc.echo_replies),
-            ("icmp_errors", rc.icmp_errors),
-            ("icmp_rate_limited", rc.icmp_rate_limited),
-            ("released", rc.released),
-            ("neigh_failed", rc.neigh_failed),
-        ] {
+        for (k, _, v) in r.counters.snapshot().counters() {
             let _ = writeln!(o, "tapyard_router_events_total{{event=\"{k}\"}} {v}");
         }
     }
     if let Some(nf) = dp.netfilter() {
-        for (k, v) in crate::control::nat_counters(nf) {
-            let (name, kind, help) = match k {
-                "connections" => (
-                    "nat_connections".to_string(),
-                    "gauge",
-                    "Connections in the conntrack table.".to_string(),
-                ),
-                "new" => (
-                    "nat_connections_total".to_string(),
-                    "counter",
-                    "New connections tracked.".to_string(),
-                ),
-                "dnat" => (
-                    "nat_dnat_total".into(),
-                    "counter",
-                    "New connections DNAT'd to a Service endpoint.".into(),
-                ),
-                "snat" => (
-                    "nat_snat_total".into(),
-                    "counter",
-                    "New connections whose source was translated (masquerade, hairpin).".into(),
-                ),
-                "hairpin" => (
-                    "nat_hairpin_total".into(),
-                    "counter",
-                    "Hairpin connections (the endpoint was the client).".into(),
-                ),
-                "rejected" => (
-                    "nat_rejected_total".into(),
-                    "counter",
-                    "Connections to a Service without endpoints, rejected.".into(),
-                ),
-                "related" => (
-                    "nat_related_total".into(),
-                    "counter",
-                    "ICMP errors translated as related to a connection.".into(),
-                ),
-                "untracked" => (
-                    "nat_untracked_total".into(),
-                    "counter",
-                    "Packets let through untracked.".into(),
-                ),
-                other => {
-                    let n = other.trim_start_matches("ct_");
-                    (
-                        format!("conntrack_{n}_total"),
-                        "counter",
-                        format!("Conntrack table events: {}.", n.replace('_', " ")),
-                    )
-                }
+        for (k, help, v) in crate::control::nat_counters(nf) {
+            let (name, kind) = match k {
+                "connections" => ("nat_connections".to_string(), "gauge"),
+                "new" => ("nat_connections_total".to_string(), "counter"),
+                k if k.starts_with("ct_") => (format!("conntrack_{}_total", &k[3..]), "counter"),
+                k => (format!("nat_{k}_total"), "counter"),
             };
-            family(&mut o, &name, kind, &help);
+            family(&mut o, &name, kind, help);
             let _ = writeln!(o, "tapyard_{name} {v}");
         }
         family(
@@ -197,43 +108,43 @@ pub fn render(dp: &Datapath) -> String {
     o
 }
 
-fn answer(mut s: TcpStream, node: &Node) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut head = [0u8; 2048];
-    let n = s.read(&mut head)?;
-    let req = String::from_utf8_lossy(&head[..n]);
-    let path = req.split_whitespace().nth(1).unwrap_or("");
-    let (status, ctype, body) = if req.starts_with("GET ") && (path == "/metrics" || path == "/") {
-        ("200 OK", "text/plain; version=0.0.4", render(&node.dp))
-    } else {
-        (
-            "404 Not Found",
-            "text/plain",
-            "only GET /metrics\n".to_string(),
-        )
-    };
-    write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+/// The exposition format's content type.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+/// Listens on `addr` (`ADDR:PORT`).
+pub fn listen(addr: &str) -> Result<tiny_http::Server, String> {
+    tiny_http::Server::http(addr).map_err(|e| e.to_string())
+}
+
+/// Answers one request: the exposition for `GET /metrics` (or `/`), else 404.
+fn answer(req: tiny_http::Request, dp: &Datapath) -> std::io::Result<()> {
+    let path = req.url().split('?').next().unwrap_or_default();
+    let (status, ctype, body) =
+        if *req.method() == tiny_http::Method::Get && (path == "/metrics" || path == "/") {
+            (200, CONTENT_TYPE, render(dp))
+        } else {
+            (404, "text/plain", "only GET /metrics\n".to_string())
+        };
+    let header = tiny_http::Header::from_bytes("Content-Type", ctype).expect("a valid header");
+    req.respond(
+        tiny_http::Response::from_string(body)
+            .with_status_code(status)
+            .with_header(header),
     )
 }
 
 /// Serves `/metrics` until `stop` is set.
-pub fn serve(listener: TcpListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
+pub fn serve(server: tiny_http::Server, node: Arc<Node>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((s, _)) => {
-                let _ = s.set_nonblocking(false);
-                if let Err(e) = answer(s, &node) {
+        match server.recv_timeout(Duration::from_millis(100)) {
+            Ok(Some(req)) => {
+                if let Err(e) = answer(req, &node.dp) {
                     log::debug!("metrics connection: {e}");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
+            Ok(None) => {}
             Err(e) => {
-                log::warn!("metrics accept: {e}");
+                log::warn!("metrics: {e}");
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -308,5 +219,41 @@ mod tests {
             assert!(value.parse::<u64>().is_ok(), "{line}");
         }
         assert_eq!(label("a\"b"), "a\\\"b");
+    }
+
+    #[test]
+    fn serves_metrics_over_http_and_404_elsewhere() {
+        use std::io::{Read, Write};
+        let mut b = Datapath::builder();
+        let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+        b.add_port("pod-a", Some(br)).unwrap();
+        let dp = b.build();
+        let server = listen("127.0.0.1:0").unwrap();
+        let addr = server.server_addr().to_ip().unwrap();
+        let get = |req: &str| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let answer = std::thread::spawn(move || {
+            for _ in 0..2 {
+                answer(server.recv().unwrap(), &dp).unwrap();
+            }
+        });
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        assert!(
+            ok.contains("Content-Type: text/plain; version=0.0.4\r\n"),
+            "{ok}"
+        );
+        assert!(
+            ok.contains("tapyard_fdb_entries{bridge=\"cni0\"} 0\n"),
+            "{ok}"
+        );
+        let nf = get("GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
+        answer.join().unwrap();
     }
 }

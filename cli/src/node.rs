@@ -7,20 +7,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tapyard::conntrack::{CtConfig, CtTimeouts};
 use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::l3::router::IfaceConfig;
 use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
-use tapyard::nat::{Endpoint, LbAlgo, ServiceError, ServiceSpec};
-use tapyard::port::{Port, TapPort};
+use tapyard::nat::ServiceError;
+use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
 
-use crate::capture::{CapturePort, CaptureTap};
-use crate::config::{
-    self, Algorithm, Config, ConntrackCfg, NeighborCfg, Protocol, RouteCfg, RouteType, ServiceCfg,
-    SessionAffinity, TrafficPolicy,
-};
+use crate::capture::CaptureTap;
+use crate::config::{self, proto_name, Config, NeighborCfg, RouteCfg, RouteType, ServiceCfg};
 use crate::diff::{self, Diff};
 
 /// A node's running dataplane.
@@ -131,73 +127,6 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
     Ok(())
 }
 
-/// The library's Service for a configured one. An endpoint is local when it is inside one
-/// of this node's bridge subnets (a pod on this node).
-pub fn to_service_spec(cfg: &Config, s: &ServiceCfg) -> ServiceSpec {
-    let mut spec = ServiceSpec::new(
-        s.name.clone(),
-        s.cluster_ip,
-        s.port,
-        match s.protocol {
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-        },
-    );
-    spec.node_port = s.node_port;
-    spec.endpoints = s
-        .endpoints
-        .iter()
-        .map(|e| {
-            let local = cfg
-                .bridges
-                .iter()
-                .filter_map(|b| b.address)
-                .any(|a| a.contains(*e.ip()));
-            Endpoint::new(*e, local)
-        })
-        .collect();
-    spec.affinity = match s.session_affinity {
-        SessionAffinity::None => None,
-        SessionAffinity::ClientIp => Some(s.session_affinity_timeout),
-    };
-    spec.algo = match s.algorithm {
-        Algorithm::Random => LbAlgo::Random,
-        Algorithm::Maglev => LbAlgo::Maglev,
-    };
-    spec.external_local = s.external_traffic_policy == TrafficPolicy::Local;
-    spec
-}
-
-/// The library's conntrack settings for `[conntrack]`. A timeout that stands for several of
-/// the library's (closing states, opening states) sets them all when it is given in the file,
-/// else only the one whose Linux default it has, so that an absent section means Linux's
-/// defaults (with kube-proxy's established and close-wait timeouts and limit).
-pub fn to_ct_config(c: &ConntrackCfg) -> CtConfig {
-    let mut t = CtTimeouts {
-        tcp_established: c.tcp_established_timeout,
-        tcp_close_wait: c.tcp_close_wait_timeout,
-        tcp_time_wait: c.tcp_time_wait_timeout,
-        tcp_fin_wait: c.tcp_time_wait_timeout,
-        tcp_syn_sent: c.tcp_syn_timeout,
-        udp: c.udp_timeout,
-        udp_stream: c.udp_stream_timeout,
-        icmp: c.icmp_timeout,
-        ..CtTimeouts::default()
-    };
-    if c.lines.has("tcp_syn_timeout") {
-        t.tcp_syn_recv = c.tcp_syn_timeout;
-    }
-    if c.lines.has("tcp_time_wait_timeout") {
-        t.tcp_last_ack = c.tcp_time_wait_timeout;
-        t.tcp_close = c.tcp_time_wait_timeout;
-    }
-    CtConfig {
-        max_entries: c.max_entries,
-        liberal: c.liberal,
-        timeouts: t,
-    }
-}
-
 /// The NAT rules besides Services: `node.cluster_cidr` (kube-proxy's `--cluster-cidr`:
 /// Service traffic from outside it is masqueraded) and `[masquerade]` (pod traffic leaving
 /// the cluster CIDR through `out` takes `out`'s address). `iface` resolves interface names.
@@ -227,11 +156,7 @@ pub fn to_nat_rules(
 /// connections keep their endpoint, UDP flows to removed endpoints are flushed as kube-proxy
 /// does), and every Service the NAT has that `services` lacks is removed. Each refusal names
 /// the Service and the field; the others are still applied.
-pub fn apply_services(
-    node: &Node,
-    cfg: &Config,
-    services: &[ServiceCfg],
-) -> Result<Vec<String>, Vec<String>> {
+pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String>, Vec<String>> {
     let Some(nf) = node.dp.netfilter() else {
         if services.is_empty() {
             return Ok(Vec::new());
@@ -255,7 +180,7 @@ pub fn apply_services(
     for round in 0..2 {
         let mut refused = Vec::new();
         for s in pending {
-            let spec = to_service_spec(cfg, s);
+            let spec = s.value.clone();
             if nf
                 .services()
                 .get(&s.name)
@@ -267,9 +192,9 @@ pub fn apply_services(
                 Ok(id) => done.push(format!(
                     "service {:?} applied (id {id}): {}:{}/{}{} -> {} endpoint(s)",
                     s.name,
-                    s.cluster_ip,
+                    s.vip,
                     s.port,
-                    s.protocol,
+                    proto_name(s.proto),
                     s.node_port
                         .map_or(String::new(), |p| format!(" node port {p}")),
                     s.endpoints.len()
@@ -303,7 +228,7 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
         E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => s
             .endpoints
             .iter()
-            .rposition(|x| x == endpoint)
+            .rposition(|x| x.addr == *endpoint)
             .map_or("endpoints".into(), |i| format!("endpoints.{i}")),
         E::BadAffinityTimeout { .. } => "session_affinity_timeout".into(),
         _ => "name".into(),
@@ -318,8 +243,8 @@ impl Node {
     /// routes, static neighbours and Services.
     pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, String> {
         let mut b = Datapath::builder();
-        b.neigh_config(cfg.neigh.to_library())
-            .map_err(|e| format!("[neigh]: {e}"))?;
+        b.neigh_config(cfg.neigh.clone())
+            .map_err(|e| format!("[neigh]: {}", error_chain(&e)))?;
         let rs = RandomState::new();
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
@@ -368,11 +293,11 @@ impl Node {
                 iface_ids.iter().find(|(m, _)| m == n).map(|(_, i)| *i)
             })?;
             b.netfilter(NatConfig {
-                conntrack: to_ct_config(&cfg.conntrack),
+                conntrack: cfg.conntrack,
                 max_affinity_entries: None,
                 rules,
             })
-            .map_err(|e| format!("[conntrack]: {e}"))?;
+            .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
         } else if !cfg.services.is_empty() || cfg.masquerade.is_some() {
             return Err(
                 "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"
@@ -396,7 +321,7 @@ impl Node {
             .map_err(|e| tap_error(tap, &e))?;
             let ct = Arc::new(CaptureTap::default());
             captures.push((name.clone(), tap.clone(), ct.clone()));
-            ports.push((*id, Arc::new(CapturePort::new(Arc::new(p), ct))));
+            ports.push((*id, Arc::new(Observed::new(p, ct))));
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = cfg
@@ -428,7 +353,7 @@ impl Node {
             clock,
             rt: Mutex::new(Some(rt)),
         };
-        match apply_services(&node, &cfg, &cfg.services) {
+        match apply_services(&node, &cfg.services) {
             Ok(done) => {
                 for d in done {
                     log::info!("{d}");
@@ -549,7 +474,7 @@ impl Node {
             }
         }
         if let Some(s) = &d.services {
-            match apply_services(self, new, s) {
+            match apply_services(self, s) {
                 Ok(done) => {
                     for line in done {
                         log::debug!("{line}");
@@ -571,10 +496,24 @@ impl Drop for Node {
 /// How long the main loop sleeps between checks of the signal flags.
 pub const TICK: Duration = Duration::from_millis(100);
 
+/// An error and its sources, outermost first, joined by ": ".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::check_str;
+    use tapyard::conntrack::CtTimeouts;
+    use tapyard::nat::LbAlgo;
 
     const EXAMPLE: &str = include_str!("../../examples/node.toml");
 
@@ -586,9 +525,9 @@ mod tests {
     #[test]
     fn services_map_to_the_library() {
         let c = cfg(&EXAMPLE
-            .replace("session_affinity = \"none\"", "session_affinity = \"client-ip\"\nsession_affinity_timeout = 600\nalgorithm = \"maglev\"")
+            .replacen("session_affinity = \"none\"", "session_affinity = \"client-ip\"\nsession_affinity_timeout = 600\nalgorithm = \"maglev\"", 1)
             .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
-        let web = to_service_spec(&c, &c.services[0]);
+        let web = c.services[0].value.clone();
         assert_eq!(web.name, "web");
         assert_eq!(web.vip.to_string(), "10.96.0.10");
         assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
@@ -607,7 +546,7 @@ mod tests {
         assert_eq!(web.affinity, Some(Duration::from_secs(600)));
         assert_eq!(web.algo, LbAlgo::Maglev);
         assert!(web.external_local);
-        let dns = to_service_spec(&c, &c.services[1]);
+        let dns = c.services[1].value.clone();
         assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
         assert_eq!(dns.affinity, None);
         assert_eq!(dns.algo, LbAlgo::Random);
@@ -642,7 +581,7 @@ mod tests {
         );
         let e = ServiceError::DuplicateVip {
             service: "web".into(),
-            vip: web.cluster_ip,
+            vip: web.vip,
             port: 80,
             proto: 6,
             other: "x".into(),
@@ -664,7 +603,7 @@ mod tests {
 
     #[test]
     fn conntrack_settings_map_to_the_library() {
-        let d = to_ct_config(&cfg(EXAMPLE).conntrack);
+        let d = cfg(EXAMPLE).conntrack;
         let linux = CtTimeouts::default();
         assert_eq!(d.max_entries, 262_144);
         assert!(!d.liberal);
@@ -686,7 +625,7 @@ mod tests {
         let c = cfg(&format!(
             "{EXAMPLE}\n[conntrack]\nmax_entries = 1000\ntcp_syn_timeout = 20\ntcp_time_wait_timeout = 5\nudp_timeout = 7\nudp_stream_timeout = 8\nicmp_timeout = 9\ntcp_close_wait_timeout = 11\nliberal = true\n"
         ));
-        let t = to_ct_config(&c.conntrack);
+        let t = c.conntrack;
         assert_eq!(t.max_entries, 1000);
         assert!(t.liberal);
         let s = Duration::from_secs;

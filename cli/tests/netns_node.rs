@@ -624,7 +624,7 @@ fn metrics_body(g: &Guard) -> String {
         .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
         .to_string();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();

@@ -1,7 +1,5 @@
 //! The lock-free table behind [`Conntrack`] (design and contract in the module docs).
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::tcp::{self, flags, CtState, Next};
@@ -9,6 +7,7 @@ use super::{
     proto_name, CtConfig, CtConfigError, CtCounters, CtHit, CtId, CtStatus, CtTag, CtView, Dir,
     InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
 };
+use crate::hash::{self, SeededHash};
 use crate::sys::BigSlice;
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
@@ -181,15 +180,6 @@ thread_local! {
     static MY_SHARD: ShardClaim = ShardClaim::claim();
 }
 
-#[inline]
-fn fmix64(mut h: u64) -> u64 {
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
-}
-
 /// Where a tuple lives in a table: its packed words, signature and two candidate buckets,
 /// computed once by [`Conntrack::locate`] and reused for prefetching and lookups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,7 +247,7 @@ pub struct Conntrack {
     acct: BigSlice<Acct>,
     index: BigSlice<Bucket>,
     mask: usize,
-    seed: u64,
+    hash: SeededHash,
     /// Free stack head: tag << 32 | (slot + 1), 0 in the low half = empty.
     free_head: AtomicU64,
     len: AtomicUsize,
@@ -345,7 +335,7 @@ impl Conntrack {
             entries,
             index: BigSlice::from_fn(nbuckets, |_| Bucket::default()),
             mask: nbuckets - 1,
-            seed: RandomState::new().hash_one(0xc0_u64),
+            hash: SeededHash::random(),
             free_head: AtomicU64::new(1),
             len: AtomicUsize::new(0),
             cursor: AtomicUsize::new(0),
@@ -428,17 +418,15 @@ impl Conntrack {
 
     #[inline]
     fn locate_words(&self, w: [u64; 2]) -> CtLoc {
-        let h = fmix64(w[0] ^ fmix64(w[1] ^ self.seed));
-        let b1 = (h as usize) & self.mask;
-        let mut b2 = (fmix64(h) as usize) & self.mask;
-        if b2 == b1 {
-            b2 = b1 ^ 1;
-        }
+        let h = self.hash.hash_pair(w);
+        // The signature is the high half of `h`; the buckets come from a second hash of it, so
+        // entries sharing a bucket do not share signature bits.
+        let b = self.hash.hash(h);
         CtLoc {
             w,
             sig: ((h >> 32) as u32) | 1,
-            b1: b1 as u32,
-            b2: b2 as u32,
+            b1: hash::first(b, self.mask) as u32,
+            b2: hash::second(b, self.mask) as u32,
         }
     }
 

@@ -32,18 +32,17 @@
 //! If nothing can be evicted (all those slots static), the station is not learned (counted in
 //! [`FdbCounters::learn_failed`]) and frames to it are flooded.
 //!
-//! MACs are hashed with two folded multiplies and per-table secrets: a single one is close to
-//! linear for addresses a few bits apart (sequential MACs), which gave some seeds badly
-//! correlated candidate buckets.
+//! MACs are hashed with the crate's seeded two-choice hash (`crate::hash`: two folded
+//! multiplies with per-table secrets; one alone is close to linear for addresses a few bits
+//! apart, which gave some seeds badly correlated candidate buckets).
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::base::PortId;
+use crate::hash::{self, SeededHash};
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
 
@@ -146,11 +145,7 @@ const VICTIM_SCAN: usize = 16;
 pub struct Fdb {
     buckets: Box<[Bucket]>,
     mask: usize,
-    seed: u64,
-    mult: u64,
-    /// The second round's multiplier: one folded multiply is close to linear for addresses
-    /// that differ in a few bits, and a second makes every bit of the result depend on all.
-    mult2: u64,
+    hash: SeededHash,
     max_entries: usize,
     aging_us: u64,
     writer: Mutex<WriterState>,
@@ -194,14 +189,6 @@ fn key_of(mac: u64, port: PortId) -> u64 {
     (mac << 16) | u64::from(port.0)
 }
 
-/// A folded 64×64→128-bit multiply (as wyhash's `mum`) with a secret odd multiplier: one
-/// multiplication per MAC, and every key bit reaches both halves used for the two buckets.
-#[inline]
-fn mum(x: u64, a: u64) -> u64 {
-    let p = u128::from(x) * u128::from(a);
-    (p as u64) ^ ((p >> 64) as u64)
-}
-
 impl Fdb {
     /// A table for at most `max_entries` stations (at least 1) that forgets a station after
     /// `aging` of silence.
@@ -209,16 +196,10 @@ impl Fdb {
         let max_entries = max_entries.max(1);
         let nbuckets = (max_entries * 2).div_ceil(SLOTS).next_power_of_two().max(2);
         let buckets = (0..nbuckets).map(|_| Bucket::default()).collect();
-        let rs = RandomState::new();
-        let seed = rs.hash_one(0x7a9_u64);
-        let mult = rs.hash_one(0x51ed_u64) | 1;
-        let mult2 = rs.hash_one(0x2b0b_u64) | 1;
         Fdb {
             buckets,
             mask: nbuckets - 1,
-            seed,
-            mult,
-            mult2,
+            hash: SeededHash::random(),
             max_entries,
             aging_us: u64::try_from(aging.as_micros()).unwrap_or(u64::MAX).max(1),
             writer: Mutex::new(WriterState {
@@ -247,29 +228,22 @@ impl Fdb {
 
     #[inline]
     fn locate_u64(&self, mac: u64) -> Loc {
-        let h = mum(mac ^ self.seed, self.mult);
         Loc {
             mac,
-            h: mum(h, self.mult2),
+            h: self.hash.hash(mac),
         }
     }
 
     /// The first candidate bucket of a located MAC.
     #[inline]
     fn b1(&self, l: &Loc) -> usize {
-        (l.h as usize) & self.mask
+        hash::first(l.h, self.mask)
     }
 
     /// The second candidate bucket (never the first), needed only when the first misses.
     #[inline]
     fn b2(&self, l: &Loc) -> usize {
-        let b1 = self.b1(l);
-        let b2 = ((l.h >> 32) as usize) & self.mask;
-        if b2 == b1 {
-            (b1 + 1) & self.mask
-        } else {
-            b2
-        }
+        hash::second(l.h, self.mask)
     }
 
     /// Hashes `mac` once, for [`Fdb::prefetch_loc`], [`Fdb::lookup_loc`] and [`Fdb::learn_loc`].

@@ -14,7 +14,6 @@
 //! forwarded untouched (no record-route or timestamp processing).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -22,8 +21,7 @@ use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
-use crate::nat::netfilter::Hook;
-use crate::stats::DropReason;
+use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::ipv4::{self, icmp, Arp, Ipv4Info};
 use crate::wire::mac::MacAddr;
@@ -90,56 +88,23 @@ pub(crate) trait Sink {
     fn dropped(&mut self, reason: DropReason);
 }
 
-/// Router event counters.
-#[derive(Debug, Default)]
-pub struct RouterCounters {
-    /// ARP requests answered.
-    pub arp_replies: AtomicU64,
-    /// ARP requests sent to resolve next hops.
-    pub arp_requests: AtomicU64,
-    /// ICMP echo requests answered.
-    pub echo_replies: AtomicU64,
-    /// ICMP errors sent.
-    pub icmp_errors: AtomicU64,
-    /// ICMP errors not sent because of the rate limit.
-    pub icmp_rate_limited: AtomicU64,
-    /// Packets released from ARP queues and sent.
-    pub released: AtomicU64,
-    /// Packets dropped after waiting for a next hop that never answered.
-    pub neigh_failed: AtomicU64,
-}
-
-/// A copy of [`RouterCounters`] as plain numbers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RouterCountersSnapshot {
-    /// ARP requests answered.
-    pub arp_replies: u64,
-    /// ARP requests sent to resolve next hops.
-    pub arp_requests: u64,
-    /// ICMP echo requests answered.
-    pub echo_replies: u64,
-    /// ICMP errors sent.
-    pub icmp_errors: u64,
-    /// ICMP errors not sent because of the rate limit.
-    pub icmp_rate_limited: u64,
-    /// Packets released from ARP queues and sent.
-    pub released: u64,
-    /// Packets dropped after waiting for a next hop that never answered.
-    pub neigh_failed: u64,
-}
-
-impl RouterCounters {
-    /// The counters now.
-    pub fn snapshot(&self) -> RouterCountersSnapshot {
-        RouterCountersSnapshot {
-            arp_replies: self.arp_replies.load(Relaxed),
-            arp_requests: self.arp_requests.load(Relaxed),
-            echo_replies: self.echo_replies.load(Relaxed),
-            icmp_errors: self.icmp_errors.load(Relaxed),
-            icmp_rate_limited: self.icmp_rate_limited.load(Relaxed),
-            released: self.released.load(Relaxed),
-            neigh_failed: self.neigh_failed.load(Relaxed),
-        }
+counter_set! {
+    /// The router's event counters at one moment ([`RouterCounters::snapshot`]).
+    pub struct RouterCountersSnapshot pub live RouterCounters(SharedCounter) {
+        /// ARP requests answered.
+        arp_replies,
+        /// ARP requests sent to resolve next hops.
+        arp_requests,
+        /// ICMP echo requests answered.
+        echo_replies,
+        /// ICMP errors sent.
+        icmp_errors,
+        /// ICMP errors not sent because of the rate limit.
+        icmp_rate_limited,
+        /// Packets released from ARP queues and sent.
+        released,
+        /// Packets dropped after waiting for a next hop that never answered.
+        neigh_failed,
     }
 }
 
@@ -209,8 +174,6 @@ pub struct Router {
     pub(crate) routes: RouteTable,
     pub(crate) neigh: NeighTable,
     icmp: IcmpLimiter,
-    /// Conntrack and NAT, when the datapath was built with them.
-    pub(crate) nf: Option<crate::nat::netfilter::Netfilter>,
     /// Event counters.
     pub counters: RouterCounters,
 }
@@ -223,33 +186,107 @@ pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
     /// (destination, egress interface, next hop address, next hop MAC).
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
-    /// The datapath's memo of the last egress decision: (interface, destination MAC, port).
-    pub(crate) egress: Option<(IfaceId, MacAddr, PortId)>,
-    /// The worker's random source (endpoint choice).
-    pub(crate) rng: crate::nat::Rng,
-    /// The NAT hook's cache of recent connections, lent by the worker for the batch (see
-    /// [`crate::nat::netfilter::FlowMemo`]).
-    pub(crate) nf_memo: crate::nat::netfilter::FlowMemo,
 }
 
 impl<'a> L3Batch<'a> {
-    pub(crate) fn new(
-        routes: RouteReader<'a>,
-        rng: crate::nat::Rng,
-        nf_memo: crate::nat::netfilter::FlowMemo,
-    ) -> L3Batch<'a> {
-        L3Batch {
-            routes,
-            memo: None,
-            egress: None,
-            rng,
-            nf_memo,
+    pub(crate) fn new(routes: RouteReader<'a>) -> L3Batch<'a> {
+        L3Batch { routes, memo: None }
+    }
+}
+
+/// An ICMP error the router sends about a packet it did not deliver, as Linux's
+/// `icmp_send` callers do (RFC 792, RFC 1191 for the MTU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IcmpError {
+    /// Time exceeded: the TTL ran out in transit.
+    TtlExceeded,
+    /// Destination unreachable, net: no route.
+    NetUnreachable,
+    /// Destination unreachable, host: an unreachable route, or a next hop that did not
+    /// answer ARP.
+    HostUnreachable,
+    /// Destination unreachable, port: nothing serves it on the router's own address.
+    PortUnreachable,
+    /// Destination unreachable, fragmentation needed: too big with DF set, with the
+    /// next-hop MTU.
+    FragNeeded {
+        /// The egress interface's MTU.
+        mtu: u16,
+    },
+}
+
+impl IcmpError {
+    /// The ICMP type, code and the 32-bit field after the checksum.
+    fn type_code_rest(self) -> (u8, u8, u32) {
+        match self {
+            IcmpError::TtlExceeded => (icmp::TIME_EXCEEDED, icmp::TTL_EXCEEDED, 0),
+            IcmpError::NetUnreachable => (icmp::DEST_UNREACH, icmp::NET_UNREACH, 0),
+            IcmpError::HostUnreachable => (icmp::DEST_UNREACH, icmp::HOST_UNREACH, 0),
+            IcmpError::PortUnreachable => (icmp::DEST_UNREACH, icmp::PORT_UNREACH, 0),
+            IcmpError::FragNeeded { mtu } => {
+                (icmp::DEST_UNREACH, icmp::FRAG_NEEDED, u32::from(mtu))
+            }
         }
     }
 }
 
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Relaxed);
+/// The packet an ICMP error is about: its frame, where its IPv4 header starts, that header's
+/// checked facts, and the interface it came in on.
+#[derive(Clone, Copy)]
+pub(crate) struct Offending<'a> {
+    pub(crate) frame: &'a [u8],
+    pub(crate) l3: usize,
+    pub(crate) info: &'a Ipv4Info,
+    pub(crate) in_if: IfaceId,
+}
+
+/// What a hook decided about a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hook {
+    /// Go on (the packet may have been translated; the header facts were updated).
+    Accept,
+    /// Drop, counted under the reason.
+    Drop(DropReason),
+    /// Refuse the connection: answer with a TCP RST (`tcp`) or ICMP port unreachable, and drop.
+    Reject {
+        /// Answer with a TCP reset rather than an ICMP error.
+        tcp: bool,
+    },
+}
+
+/// The hook the router calls between its header checks and its routing decision, as the IP
+/// stack calls netfilter's PREROUTING: conntrack and NAT plug in here without the router
+/// knowing them. `info` is updated when the hook translates the packet.
+pub(crate) trait Prerouting {
+    /// Looks at (and may translate) the IPv4 packet at offset `l3` of `b`.
+    fn prerouting(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv4Info,
+        now: Instant,
+    ) -> Hook;
+}
+
+/// An optional hook: none accepts every packet.
+impl<H: Prerouting> Prerouting for Option<H> {
+    #[inline(always)]
+    fn prerouting(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv4Info,
+        now: Instant,
+    ) -> Hook {
+        match self {
+            Some(h) => h.prerouting(router, routes, b, l3, info, now),
+            None => Hook::Accept,
+        }
+    }
 }
 
 impl Router {
@@ -259,7 +296,6 @@ impl Router {
             routes: RouteTable::new(),
             neigh,
             icmp: IcmpLimiter::new(),
-            nf: None,
             counters: RouterCounters::default(),
         }
     }
@@ -297,6 +333,7 @@ impl Router {
         ether_type: u16,
         in_if: IfaceId,
         ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -307,7 +344,7 @@ impl Router {
                 L3::Local
             }
             0x0800 if group => L3::Drop(DropReason::L3Multicast),
-            0x0800 => self.ip_input(b, l3, in_if, ctx, now, sink),
+            0x0800 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
@@ -350,16 +387,10 @@ impl Router {
         }
         let for_us = a.tpa == iface.cfg.addr;
         if !a.spa.is_unspecified() {
-            let _ = self.neigh.input(
-                in_if.0,
-                a.op,
-                a.spa,
-                a.sha,
-                a.tpa,
-                for_us,
-                now,
-                &mut |rel| {
-                    bump(&self.counters.released);
+            let _ = self
+                .neigh
+                .input(in_if, a.op, a.spa, a.sha, a.tpa, for_us, now, &mut |rel| {
+                    self.counters.released.add(1);
                     let mac = rel.mac;
                     let Some(src) = self.iface(IfaceId(rel.iface)).map(|i| i.cfg.mac) else {
                         return;
@@ -372,8 +403,7 @@ impl Router {
                         d[6..12].copy_from_slice(&src.0);
                         Some(f.len())
                     });
-                },
-            );
+                });
         }
         if a.op != Arp::REQUEST {
             return;
@@ -385,7 +415,7 @@ impl Router {
         if !answer {
             return;
         }
-        bump(&self.counters.arp_replies);
+        self.counters.arp_replies.add(1);
         let reply = Arp {
             op: Arp::REPLY,
             sha: iface.cfg.mac,
@@ -397,12 +427,14 @@ impl Router {
         sink.emit(in_if, &mut |out| reply.write_frame(src, a.sha, out));
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn ip_input(
         &self,
         b: &mut PacketBuf,
         l3: usize,
         in_if: IfaceId,
         ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -412,14 +444,12 @@ impl Router {
         };
         // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
         b.set_len(l3 + info.total_len);
-        if let Some(nf) = &self.nf {
-            match nf.prerouting(self, b, l3, &mut info, ctx, now) {
-                Hook::Accept => {}
-                Hook::Drop(r) => return L3::Drop(r),
-                Hook::Reject { tcp } => {
-                    self.reject(b.frame(), l3, &info, in_if, tcp, now, sink);
-                    return L3::Drop(DropReason::NoEndpoint);
-                }
+        match hook.prerouting(self, &ctx.routes, b, l3, &mut info, now) {
+            Hook::Accept => {}
+            Hook::Drop(r) => return L3::Drop(r),
+            Hook::Reject { tcp } => {
+                self.reject(b.frame(), l3, &info, in_if, tcp, now, sink);
+                return L3::Drop(DropReason::NoEndpoint);
             }
         }
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
@@ -437,13 +467,13 @@ impl Router {
         }
         if info.ttl <= 1 {
             self.icmp_error(
-                b.frame(),
-                l3,
-                &info,
-                in_if,
-                icmp::TIME_EXCEEDED,
-                icmp::TTL_EXCEEDED,
-                0,
+                Offending {
+                    frame: b.frame(),
+                    l3,
+                    info: &info,
+                    in_if,
+                },
+                IcmpError::TtlExceeded,
                 now,
                 sink,
             );
@@ -454,13 +484,13 @@ impl Router {
             None => match ctx.routes.lookup(info.dst) {
                 None => {
                     self.icmp_error(
-                        b.frame(),
-                        l3,
-                        &info,
-                        in_if,
-                        icmp::DEST_UNREACH,
-                        icmp::NET_UNREACH,
-                        0,
+                        Offending {
+                            frame: b.frame(),
+                            l3,
+                            info: &info,
+                            in_if,
+                        },
+                        IcmpError::NetUnreachable,
                         now,
                         sink,
                     );
@@ -470,13 +500,13 @@ impl Router {
                 Some(NextHop::Unreachable) => {
                     // Linux's `unreachable` route type answers with host unreachable.
                     self.icmp_error(
-                        b.frame(),
-                        l3,
-                        &info,
-                        in_if,
-                        icmp::DEST_UNREACH,
-                        icmp::HOST_UNREACH,
-                        0,
+                        Offending {
+                            frame: b.frame(),
+                            l3,
+                            info: &info,
+                            in_if,
+                        },
+                        IcmpError::HostUnreachable,
                         now,
                         sink,
                     );
@@ -504,13 +534,15 @@ impl Router {
         };
         if wire_len > mtu && (info.dont_fragment() || gso) {
             self.icmp_error(
-                b.frame(),
-                l3,
-                &info,
-                in_if,
-                icmp::DEST_UNREACH,
-                icmp::FRAG_NEEDED,
-                u32::from(egress.cfg.mtu),
+                Offending {
+                    frame: b.frame(),
+                    l3,
+                    info: &info,
+                    in_if,
+                },
+                IcmpError::FragNeeded {
+                    mtu: egress.cfg.mtu,
+                },
                 now,
                 sink,
             );
@@ -531,7 +563,7 @@ impl Router {
                 ttl: info.ttl - 1,
                 ..info
             };
-            let mac = self.neigh.lookup(out_if.0, nh_ip, now);
+            let mac = self.neigh.lookup(out_if, nh_ip, now);
             let frame = b.frame();
             let mut scratch = [0u8; 9216 + 64];
             let src = egress.cfg.mac;
@@ -554,7 +586,7 @@ impl Router {
         }
         let mac = match memo {
             Some((.., m)) => Some(m),
-            None => self.neigh.lookup(out_if.0, nh_ip, now),
+            None => self.neigh.lookup(out_if, nh_ip, now),
         };
         match mac {
             Some(m) => {
@@ -601,7 +633,7 @@ impl Router {
         let Some(egress) = self.iface(out_if) else {
             return L3::Drop(DropReason::NoRoute);
         };
-        match self.neigh.enqueue(out_if.0, nh, frame, now) {
+        match self.neigh.enqueue(out_if, nh, frame, now) {
             Enqueue::Resolved(mac) => {
                 let src = egress.cfg.mac;
                 sink.emit(out_if, &mut |out| {
@@ -636,7 +668,7 @@ impl Router {
         sink: &mut dyn Sink,
     ) {
         let Some(i) = self.iface(out_if) else { return };
-        bump(&self.counters.arp_requests);
+        self.counters.arp_requests.add(1);
         let req = Arp {
             op: Arp::REQUEST,
             sha: i.cfg.mac,
@@ -667,19 +699,19 @@ impl Router {
         if info.proto == ipv4::PROTO_ICMP
             && ipv4::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
         {
-            bump(&self.counters.echo_replies);
+            self.counters.echo_replies.add(1);
             // The reply goes back the way the request came (dst MAC = the request's source).
             return L3::Forward(in_if);
         }
         if info.proto == ipv4::PROTO_UDP {
             self.icmp_error(
-                b.frame(),
-                l3,
-                info,
-                in_if,
-                icmp::DEST_UNREACH,
-                icmp::PORT_UNREACH,
-                0,
+                Offending {
+                    frame: b.frame(),
+                    l3,
+                    info,
+                    in_if,
+                },
+                IcmpError::PortUnreachable,
                 now,
                 sink,
             );
@@ -702,13 +734,13 @@ impl Router {
     ) {
         if !tcp {
             self.icmp_error(
-                frame,
-                l3,
-                info,
-                in_if,
-                icmp::DEST_UNREACH,
-                icmp::PORT_UNREACH,
-                0,
+                Offending {
+                    frame,
+                    l3,
+                    info,
+                    in_if,
+                },
+                IcmpError::PortUnreachable,
                 now,
                 sink,
             );
@@ -732,16 +764,18 @@ impl Router {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn icmp_error(
         &self,
-        frame: &[u8],
-        l3: usize,
-        info: &Ipv4Info,
-        in_if: IfaceId,
-        ty: u8,
-        code: u8,
-        rest: u32,
+        about: Offending<'_>,
+        err: IcmpError,
         now: Instant,
         sink: &mut dyn Sink,
     ) {
+        let Offending {
+            frame,
+            l3,
+            info,
+            in_if,
+        } = about;
+        let (ty, code, rest) = err.type_code_rest();
         let group = frame.first().is_some_and(|d| d & 1 == 1);
         let Some(orig) = frame.get(l3..l3 + info.total_len) else {
             return;
@@ -750,7 +784,7 @@ impl Router {
             return;
         }
         if !self.icmp.allow(info.src, now) {
-            bump(&self.counters.icmp_rate_limited);
+            self.counters.icmp_rate_limited.add(1);
             return;
         }
         let (out_if, nh) = match self.routes.lookup(info.src) {
@@ -761,12 +795,12 @@ impl Router {
         let Some(egress) = self.iface(out_if) else {
             return;
         };
-        let dst_mac = match self.neigh.lookup(out_if.0, nh, now) {
+        let dst_mac = match self.neigh.lookup(out_if, nh, now) {
             Some(m) => m,
             None if out_if == in_if => MacAddr::from_slice(&frame[6..12]),
             None => return,
         };
-        bump(&self.counters.icmp_errors);
+        self.counters.icmp_errors.add(1);
         let (src_mac, src_ip) = (egress.cfg.mac, egress.cfg.addr);
         sink.emit(out_if, &mut |out| {
             ipv4::write_icmp_error(
@@ -784,18 +818,18 @@ impl Router {
             }
             crate::l3::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
                 sink.dropped(DropReason::NeighFailed);
-                bump(&self.counters.neigh_failed);
+                self.counters.neigh_failed.add(1);
                 let l3 = 14;
                 if let Ok(info) = ipv4::check_header(frame.get(l3..).unwrap_or(&[])) {
                     // The packet's TTL was already decremented; Linux quotes it that way too.
                     self.icmp_error(
-                        &frame,
-                        l3,
-                        &info,
-                        IfaceId(iface),
-                        icmp::DEST_UNREACH,
-                        icmp::HOST_UNREACH,
-                        0,
+                        Offending {
+                            frame: &frame,
+                            l3,
+                            info: &info,
+                            in_if: IfaceId(iface),
+                        },
+                        IcmpError::HostUnreachable,
                         now,
                         sink,
                     );

@@ -68,7 +68,6 @@
 //! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
 
@@ -77,10 +76,9 @@ use crate::buf::PacketBuf;
 use crate::conntrack::{
     Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
-use crate::l3::route::NextHop;
-use crate::l3::router::{L3Batch, Router};
+use crate::l3::router::Hook;
 use crate::nat::{self, CsumMode, PortRange, Services};
-use crate::stats::DropReason;
+use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::{L4Kind, Tuple};
@@ -174,35 +172,25 @@ pub struct NatConfig {
     pub rules: NatRules,
 }
 
-/// Counters of the NAT engine (connection-level; per-packet drops are in the datapath's
-/// drop reasons).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NfCounters {
-    /// New connections inserted.
-    pub new: u64,
-    /// New connections DNAT'd to a Service endpoint (ClusterIP or NodePort).
-    pub dnat: u64,
-    /// New connections whose source was translated (masquerade, hairpin, SNAT).
-    pub snat: u64,
-    /// Of those, hairpin connections (the endpoint was the client).
-    pub hairpin: u64,
-    /// Connections to a Service without endpoints, rejected.
-    pub rejected: u64,
-    /// ICMP errors translated as RELATED to a connection.
-    pub related: u64,
-    /// Packets let through untracked (non-first fragments, protocols without a tuple).
-    pub untracked: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    new: AtomicU64,
-    dnat: AtomicU64,
-    snat: AtomicU64,
-    hairpin: AtomicU64,
-    rejected: AtomicU64,
-    related: AtomicU64,
-    untracked: AtomicU64,
+counter_set! {
+    /// Counters of the NAT engine (connection-level; per-packet drops are in the datapath's
+    /// drop reasons).
+    pub struct NfCounters pub(crate) live Counters(SharedCounter) {
+        /// New connections inserted.
+        new,
+        /// New connections DNAT'd to a Service endpoint (ClusterIP or NodePort).
+        dnat,
+        /// New connections whose source was translated (masquerade, hairpin, SNAT).
+        snat,
+        /// Of those, hairpin connections (the endpoint was the client).
+        hairpin,
+        /// Connections to a Service without endpoints, rejected.
+        rejected,
+        /// ICMP errors translated as RELATED to a connection.
+        related,
+        /// Packets let through untracked (non-first fragments, protocols without a tuple).
+        untracked,
+    }
 }
 
 /// A worker's cache of the connections `Netfilter::prerouting` found recently (as Open
@@ -342,18 +330,35 @@ fn tcp_udp_key(ip: &[u8], hdr_len: usize) -> Option<([u64; 2], L4Kind)> {
 /// An ICMP error about no tracked connection, on the routed path.
 const INVALID: Hook = Hook::Drop(DropReason::CtInvalid);
 
-/// What a hook decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Hook {
-    /// Go on (the packet may have been translated; the header facts were updated).
-    Accept,
-    /// Drop, counted under the reason.
-    Drop(DropReason),
-    /// Refuse the connection: answer with a TCP RST (`tcp`) or ICMP port unreachable, and drop.
-    Reject {
-        /// Answer with a TCP reset rather than an ICMP error.
-        tcp: bool,
-    },
+/// What the NAT engine needs to know of routing: whether an address is the node's own, and
+/// by which interface (with that interface's address) a destination leaves. The pipeline
+/// lends the router's view for one packet; the engine knows nothing else of the router.
+pub(crate) trait Routing {
+    /// Whether `addr` is one of the node's own interface addresses.
+    fn is_local(&self, addr: Ipv4Addr) -> bool;
+    /// The interface a packet to `dst` leaves by, and that interface's address; `None` when
+    /// no route delivers it (none, blackhole, unreachable).
+    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)>;
+}
+
+/// A worker's own NAT state, lent to the hook for a batch: its random source (endpoint
+/// choice) and its cache of recent connections (see `FlowMemo`).
+#[derive(Debug)]
+pub(crate) struct NatCtx {
+    /// The worker's random source.
+    pub(crate) rng: nat::Rng,
+    /// The worker's exact-match cache of recent connections.
+    pub(crate) memo: FlowMemo,
+}
+
+impl NatCtx {
+    /// A worker's NAT state, its random source seeded with `seed`.
+    pub(crate) fn new(seed: u64) -> NatCtx {
+        NatCtx {
+            rng: nat::Rng::new(seed),
+            memo: FlowMemo::default(),
+        }
+    }
 }
 
 /// The conntrack + NAT engine of one datapath (see the module docs).
@@ -508,16 +513,7 @@ impl Netfilter {
 
     /// Counters.
     pub fn counters(&self) -> NfCounters {
-        let c = &self.counters;
-        NfCounters {
-            new: c.new.load(Relaxed),
-            dnat: c.dnat.load(Relaxed),
-            snat: c.snat.load(Relaxed),
-            hairpin: c.hairpin.load(Relaxed),
-            rejected: c.rejected.load(Relaxed),
-            related: c.related.load(Relaxed),
-            untracked: c.untracked.load(Relaxed),
-        }
+        self.counters.snapshot()
     }
 
     /// Expires connections incrementally (at most `budget` slots per call).
@@ -554,11 +550,11 @@ impl Netfilter {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn prerouting(
         &self,
-        router: &Router,
+        routing: &impl Routing,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv4Info,
-        ctx: &mut L3Batch<'_>,
+        cx: &mut NatCtx,
         now: Instant,
     ) -> Hook {
         let mode = csum_mode(b);
@@ -566,11 +562,11 @@ impl Netfilter {
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Drop(DropReason::Truncated);
         };
-        if let Some(h) = self.memo_hit(ip, info, ctx, now, mode) {
+        if let Some(h) = self.memo_hit(ip, info, &mut cx.memo, now, mode) {
             return h;
         }
         let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
-            self.counters.untracked.fetch_add(1, Relaxed);
+            self.counters.untracked.add(1);
             return Hook::Accept;
         };
         if let L4Kind::IcmpError { inner_l3 } = kind {
@@ -593,11 +589,11 @@ impl Netfilter {
                 Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
                 // The old connection is gone: this packet opens a new one.
                 Track::Reopen | Track::Gone => {
-                    return self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+                    return self.new_connection(routing, ip, info, t, kind, &pkt, cx, now, mode)
                 }
             };
             if keep {
-                ctx.nf_memo.put(Memo {
+                cx.memo.put(Memo {
                     key,
                     id: hit.id,
                     dir: hit.dir,
@@ -606,11 +602,11 @@ impl Netfilter {
                     seen_us: now.micros(),
                 });
             } else {
-                ctx.nf_memo.forget(FlowMemo::slot(&key));
+                cx.memo.forget(FlowMemo::slot(&key));
             }
             return apply_xlat(ip, info, &x, mode);
         }
-        self.new_connection(router, ip, info, t, kind, &pkt, ctx, now, mode)
+        self.new_connection(routing, ip, info, t, kind, &pkt, cx, now, mode)
     }
 
     /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
@@ -622,17 +618,17 @@ impl Netfilter {
         &self,
         ip: &mut [u8],
         info: &mut Ipv4Info,
-        ctx: &mut L3Batch<'_>,
+        memo: &mut FlowMemo,
         now: Instant,
         mode: CsumMode,
     ) -> Option<Hook> {
-        if ctx.nf_memo.slots.is_empty() {
+        if memo.slots.is_empty() {
             return None;
         }
         let (key, kind) = tcp_udp_key(ip, info.hdr_len)?;
         let now_us = now.micros();
         let slot = FlowMemo::slot(&key);
-        let m = ctx.nf_memo.get(slot, &key)?;
+        let m = memo.get(slot, &key)?;
         // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
         if now_us.saturating_sub(m.seen_us) > self.memo_window_us {
             return None;
@@ -646,20 +642,20 @@ impl Netfilter {
         // removal is seen exactly as without the memo.
         Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
             Track::Ok(_) => {
-                ctx.nf_memo.touch(slot, now_us);
+                memo.touch(slot, now_us);
                 apply_xlat(ip, info, &m.xlat, mode)
             }
             Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
             Track::Closed => {
                 let h = apply_xlat(ip, info, &m.xlat, mode);
-                ctx.nf_memo.forget(slot);
+                memo.forget(slot);
                 h
             }
             Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
             Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
             // Removed or closed since: look it up again.
             Track::Reopen | Track::Gone => {
-                ctx.nf_memo.forget(slot);
+                memo.forget(slot);
                 return None;
             }
         })
@@ -695,7 +691,7 @@ impl Netfilter {
         let Some(hit) = self.ct.lookup(&q.invert(), now) else {
             return on_miss;
         };
-        self.counters.related.fetch_add(1, Relaxed);
+        self.counters.related.add(1);
         if !is_natted(&hit) {
             return Hook::Accept;
         }
@@ -735,13 +731,13 @@ impl Netfilter {
     #[allow(clippy::too_many_arguments)]
     fn new_connection(
         &self,
-        router: &Router,
+        routing: &impl Routing,
         ip: &mut [u8],
         info: &mut Ipv4Info,
         t: Tuple,
         kind: L4Kind,
         pkt: &Pkt,
-        ctx: &mut L3Batch<'_>,
+        cx: &mut NatCtx,
         now: Instant,
         mode: CsumMode,
     ) -> Hook {
@@ -755,7 +751,7 @@ impl Netfilter {
         if matches!(kind, L4Kind::Tcp | L4Kind::Udp) {
             let (svc, node_port) = match self.services.by_vip(t.dst, t.dport, t.proto) {
                 Some(s) => (Some(s), false),
-                None if router.local_iface(t.dst).is_some() => {
+                None if routing.is_local(t.dst) => {
                     (self.services.by_node_port(t.dport, t.proto), true)
                 }
                 None => (None, false),
@@ -766,9 +762,9 @@ impl Netfilter {
                 // destinations"); only external clients get the Local policy.
                 let from_pod = rules.cluster_cidr.is_some_and(|c| c.contains(t.src));
                 let local_only = node_port && svc.spec().external_local && !from_pod;
-                let r = ctx.rng.next_u64();
+                let r = cx.rng.next_u64();
                 let Some(ep) = self.services.select(&svc, t.src, hash, r, local_only, now) else {
-                    self.counters.rejected.fetch_add(1, Relaxed);
+                    self.counters.rejected.add(1);
                     // No endpoint: REJECT (Cluster) or DROP (Local without local endpoints),
                     // as kube-proxy.
                     return if local_only && !svc.endpoints().is_empty() {
@@ -797,12 +793,8 @@ impl Netfilter {
             }
         }
         // Route the translated destination to learn the egress interface.
-        let out_if = match ctx.routes.lookup(after.dst) {
-            Some(NextHop::Link(i)) | Some(NextHop::Via(i, _)) => Some(i),
-            _ => None,
-        };
         let mut snat: Option<(Ipv4Addr, Option<PortRange>)> = None;
-        if let Some(out) = out_if.and_then(|i| router.iface(i).map(|f| (i, f.cfg.addr))) {
+        if let Some(out) = routing.egress(after.dst) {
             if masq {
                 snat = Some((out.1, rules.masquerade_ports));
             } else if let Some(_r) = rules.masquerade.iter().find(|r| {
@@ -852,15 +844,15 @@ impl Netfilter {
             Err(InsertError::Invalid(_)) => return Hook::Drop(DropReason::CtInvalid),
         };
         let c = &self.counters;
-        c.new.fetch_add(1, Relaxed);
+        c.new.add(1);
         if after != t {
-            c.dnat.fetch_add(1, Relaxed);
+            c.dnat.add(1);
         }
         if fin.src != t.src || fin.sport != t.sport {
-            c.snat.fetch_add(1, Relaxed);
+            c.snat.add(1);
         }
         if hairpin {
-            c.hairpin.fetch_add(1, Relaxed);
+            c.hairpin.add(1);
         }
         self.apply(ip, info, &t, kind, &target(&hit), mode)
     }

@@ -15,11 +15,13 @@ use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
 use crate::stats::DropReason;
 
 mod mem;
+mod observe;
 pub mod offload;
 mod smol;
 mod tap;
 
 pub use mem::{mem_pair, MemPort};
+pub use observe::{Direction, Observed, Observer};
 pub use smol::SmolHost;
 pub use tap::TapPort;
 

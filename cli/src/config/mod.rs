@@ -1,0 +1,476 @@
+//! The node's configuration file: its model, a parser that reports every error with its line,
+//! and the checks `tapyard check` runs.
+//!
+//! * [`schema`]: the description of every section and key (type, range, default, help), which
+//!   drives the parser and renders the key reference at the end of `examples/node.toml`;
+//! * [`values`]: the values written as strings (prefixes, addresses, names);
+//! * `parse`: one pass over toml's spanned document ([`toml::de::DeTable`]) instead of serde
+//!   derives, so that *all* problems are reported (syntax errors, unknown keys, wrong types,
+//!   bad values), not only the first one serde meets;
+//! * `validate`: the cross-checks between sections;
+//! * `summary`: `check`'s one line.
+//!
+//! Sections the library has a type for are parsed into it: `[neigh]` into
+//! [`NeighConfig`], `[conntrack]` into [`CtConfig`], each `[[service]]` into a
+//! [`ServiceSpec`]. Each list item is [`Located`]: its value and the lines of its fields
+//! ([`Lines`]), for the cross-checks and the errors of a reload. Comparing configurations (a
+//! reload's difference) compares the values only, never the lines.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tapyard::conntrack::CtConfig;
+use tapyard::l3::neigh::NeighConfig;
+use tapyard::nat::ServiceSpec;
+use tapyard::MacAddr;
+use toml::de::DeTable;
+
+mod parse;
+pub mod schema;
+mod summary;
+mod validate;
+pub mod values;
+
+use parse::{LineMap, Parser};
+pub use summary::summary;
+pub use validate::validate;
+pub use values::Cidr;
+
+/// Where the fields of one table were, by name (`ports.N` for the N-th item of a list).
+#[derive(Clone, Debug, Default)]
+pub struct Lines {
+    table: usize,
+    fields: Vec<(String, usize)>,
+}
+
+impl Lines {
+    /// The line of `field`, or of its table when the field was not given.
+    pub fn of(&self, field: &str) -> usize {
+        self.fields
+            .iter()
+            .find(|(f, _)| f == field)
+            .map_or(self.table, |(_, l)| *l)
+    }
+
+    /// True when `field` was given in the file.
+    pub fn has(&self, field: &str) -> bool {
+        self.fields.iter().any(|(f, _)| f == field)
+    }
+}
+
+/// A value read from the file with the lines of its fields. It dereferences to the value;
+/// it has no `PartialEq`: compare `.value`s, so that layout never counts as a change.
+#[derive(Clone, Debug)]
+pub struct Located<T> {
+    /// What was read.
+    pub value: T,
+    /// Where each field was.
+    pub lines: Lines,
+}
+
+impl<T> std::ops::Deref for Located<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+/// `[node]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeCfg {
+    /// The node's name (also names the default control socket).
+    pub name: String,
+    /// Every pod address in the cluster.
+    pub cluster_cidr: Cidr,
+    /// Worker threads; `None`: one per TAP, at most the CPU count.
+    pub workers: Option<usize>,
+    /// The control socket; `None`: `/run/tapyard/<name>.sock`.
+    pub socket: Option<PathBuf>,
+    /// Node ports Services may use (inclusive).
+    pub node_port_range: (u16, u16),
+    /// TAP devices with virtio-net headers and checksum/TSO offloads.
+    pub offload: bool,
+}
+
+impl NodeCfg {
+    /// The control socket's path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| default_socket(&self.name))
+    }
+}
+
+/// The default control socket of node `name`.
+pub fn default_socket(name: &str) -> PathBuf {
+    PathBuf::from(format!("/run/tapyard/{name}.sock"))
+}
+
+/// `[[bridge]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BridgeCfg {
+    /// The bridge's name (and its router interface's).
+    pub name: String,
+    /// The gateway address on it; `None`: a plain L2 bridge.
+    pub address: Option<Cidr>,
+    /// The router interface's MAC; `None`: random per run.
+    pub mac: Option<MacAddr>,
+    /// The router interface's MTU.
+    pub mtu: u16,
+    /// TAP devices created as its ports.
+    pub ports: Vec<String>,
+    /// FDB entry limit.
+    pub fdb_max_entries: usize,
+    /// FDB aging time.
+    pub fdb_aging: Duration,
+}
+
+/// `[[uplink]]`: a router interface owning a TAP device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UplinkCfg {
+    /// The interface's name (and, unless `tap` says otherwise, its TAP's).
+    pub name: String,
+    /// The TAP device's name.
+    pub tap: String,
+    /// Its address.
+    pub address: Cidr,
+    /// Its MAC; `None`: random per run.
+    pub mac: Option<MacAddr>,
+    /// Its MTU.
+    pub mtu: u16,
+}
+
+/// What a route does with matching packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteType {
+    /// Forwarded (`via` a gateway and/or out of `dev`).
+    Unicast,
+    /// Dropped silently.
+    Blackhole,
+    /// Dropped with ICMP host unreachable.
+    Unreachable,
+}
+
+/// `[[route]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteCfg {
+    /// The destination prefix.
+    pub to: Cidr,
+    /// The gateway.
+    pub via: Option<Ipv4Addr>,
+    /// The interface (a bridge with an address, or an uplink).
+    pub dev: Option<String>,
+    /// The route type.
+    pub kind: RouteType,
+    /// Lower wins among routes to one prefix.
+    pub metric: u32,
+}
+
+impl RouteCfg {
+    /// How `ip route` would write it.
+    pub fn describe(&self) -> String {
+        let mut s = match self.kind {
+            RouteType::Unicast => self.to.to_string(),
+            RouteType::Blackhole => format!("blackhole {}", self.to),
+            RouteType::Unreachable => format!("unreachable {}", self.to),
+        };
+        if let Some(v) = self.via {
+            s += &format!(" via {v}");
+        }
+        if let Some(d) = &self.dev {
+            s += &format!(" dev {d}");
+        }
+        if self.metric != 0 {
+            s += &format!(" metric {}", self.metric);
+        }
+        s
+    }
+}
+
+/// `[[neighbor]]`: a permanent ARP entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NeighborCfg {
+    /// The neighbour's address.
+    pub ip: Ipv4Addr,
+    /// Its MAC.
+    pub mac: MacAddr,
+    /// The interface it is on.
+    pub dev: String,
+}
+
+/// `[[service]]`: the library's Service as configured (an endpoint is local when it is inside
+/// one of this node's bridge subnets), with the lines of its keys (`endpoints.N` for the N-th
+/// endpoint).
+pub type ServiceCfg = Located<ServiceSpec>;
+
+/// A Service's protocol as written in the file.
+pub fn proto_name(proto: u8) -> &'static str {
+    match proto {
+        6 => "tcp",
+        17 => "udp",
+        _ => "?",
+    }
+}
+
+/// `[masquerade]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MasqueradeCfg {
+    /// The interface whose address pod traffic leaving the cluster CIDR takes.
+    pub out: String,
+}
+
+/// A whole configuration file.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `[node]`.
+    pub node: NodeCfg,
+    /// `[[bridge]]`s, in file order.
+    pub bridges: Vec<Located<BridgeCfg>>,
+    /// `[[uplink]]`s.
+    pub uplinks: Vec<Located<UplinkCfg>>,
+    /// `[[route]]`s.
+    pub routes: Vec<Located<RouteCfg>>,
+    /// `[[neighbor]]`s.
+    pub neighbors: Vec<Located<NeighborCfg>>,
+    /// `[[service]]`s.
+    pub services: Vec<ServiceCfg>,
+    /// `[masquerade]`.
+    pub masquerade: Option<Located<MasqueradeCfg>>,
+    /// `[conntrack]`, as the library's table configuration.
+    pub conntrack: CtConfig,
+    /// `[neigh]`, as the library's neighbour table configuration.
+    pub neigh: NeighConfig,
+}
+
+/// An interface with an address: a bridge's gateway or an uplink.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Connected<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its address and prefix.
+    pub address: Cidr,
+}
+
+impl Config {
+    /// Every interface with an address (bridges first, then uplinks: the router's order).
+    pub fn connected(&self) -> Vec<Connected<'_>> {
+        self.bridges
+            .iter()
+            .filter_map(|b| {
+                b.address.map(|a| Connected {
+                    name: &b.name,
+                    address: a,
+                })
+            })
+            .chain(self.uplinks.iter().map(|u| Connected {
+                name: &u.name,
+                address: u.address,
+            }))
+            .collect()
+    }
+
+    /// The interface whose subnet holds `ip`, if any (the first, as the router's connected
+    /// routes).
+    pub fn connected_iface(&self, ip: Ipv4Addr) -> Option<String> {
+        self.connected()
+            .into_iter()
+            .filter(|c| c.address.contains(ip))
+            .max_by_key(|c| c.address.len)
+            .map(|c| c.name.to_string())
+    }
+}
+
+/// One problem found in a file.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Diag {
+    /// 1-based line (0: the file as a whole).
+    pub line: usize,
+    /// A warning does not make the file invalid.
+    pub warning: bool,
+    /// What is wrong and what was expected.
+    pub msg: String,
+}
+
+impl Diag {
+    /// `file:line: message` (`file:line: warning: message` for a warning).
+    pub fn render(&self, file: &str) -> String {
+        let w = if self.warning { "warning: " } else { "" };
+        if self.line == 0 {
+            format!("{file}: {w}{}", self.msg)
+        } else {
+            format!("{file}:{}: {w}{}", self.line, self.msg)
+        }
+    }
+}
+
+/// The result of checking a file: the config if it has no errors, and every diagnostic.
+#[derive(Debug)]
+pub struct Checked {
+    /// The configuration, when there were no errors.
+    pub config: Option<Config>,
+    /// Errors and warnings, by line.
+    pub diags: Vec<Diag>,
+}
+
+impl Checked {
+    /// The errors (not warnings).
+    pub fn errors(&self) -> impl Iterator<Item = &Diag> {
+        self.diags.iter().filter(|d| !d.warning)
+    }
+}
+
+/// Reads and checks a file. An unreadable file is one error on line 0.
+pub fn load(path: &Path) -> Checked {
+    match std::fs::read_to_string(path) {
+        Ok(s) => check_str(&s),
+        Err(e) => Checked {
+            config: None,
+            diags: vec![Diag {
+                line: 0,
+                warning: false,
+                msg: format!("cannot read the file: {e}"),
+            }],
+        },
+    }
+}
+
+/// Parses and checks a configuration text.
+pub fn check_str(src: &str) -> Checked {
+    let lines = LineMap::new(src);
+    let mut diags = Vec::new();
+    let (doc, errors) = DeTable::parse_recoverable(src);
+    for e in &errors {
+        let line = e.span().map_or(0, |s| lines.line(s.start));
+        diags.push(Diag {
+            line,
+            warning: false,
+            msg: format!("TOML syntax: {}", e.message().trim()),
+        });
+    }
+    let mut config = None;
+    if errors.is_empty() {
+        let mut p = Parser {
+            lines: &lines,
+            diags: &mut diags,
+        };
+        let (c, broken) = p.document(doc.get_ref());
+        validate(&c, &broken, &mut diags);
+        if !diags.iter().any(|d| !d.warning) {
+            config = Some(c);
+        }
+    }
+    diags.sort();
+    diags.dedup();
+    Checked { config, diags }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../../examples/node.toml");
+
+    fn errors(src: &str) -> Vec<String> {
+        check_str(src)
+            .diags
+            .iter()
+            .filter(|d| !d.warning)
+            .map(|d| d.render("f"))
+            .collect()
+    }
+
+    #[test]
+    fn example_parses_into_the_model() {
+        let ch = check_str(EXAMPLE);
+        assert_eq!(ch.errors().count(), 0, "{:?}", ch.diags);
+        let c = ch.config.unwrap();
+        assert_eq!(c.node.name, "node-a");
+        assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(c.node.node_port_range, (30000, 32767));
+        assert_eq!(
+            c.node.socket_path(),
+            PathBuf::from("/run/tapyard/node-a.sock")
+        );
+        assert_eq!(c.bridges[0].ports, ["pod-a", "pod-b"]);
+        assert_eq!(c.bridges[0].address.unwrap().to_string(), "10.244.1.1/24");
+        assert_eq!(c.uplinks[0].tap, "eth0");
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[1].to.len, 0);
+        let web = &c.services[0];
+        assert_eq!(web.proto, 6);
+        assert_eq!(web.node_port, Some(30080));
+        assert_eq!(web.vip, Ipv4Addr::new(10, 96, 0, 10));
+        assert_eq!(web.endpoints.len(), 2);
+        assert_eq!(c.services[1].proto, 17);
+        assert_eq!(c.services[1].affinity, None);
+        assert!(web.endpoints[0].local && !web.endpoints[1].local);
+        assert_eq!(c.masquerade.as_ref().unwrap().out, "eth0");
+        assert_eq!(
+            c.connected_iface("172.18.0.3".parse().unwrap()).as_deref(),
+            Some("eth0")
+        );
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_line() {
+        let src = "[node]\nname = \"n\"\ncluster_cidr = \"10.244.0.0/16\"\nbogus = 1\n\n[[bridge]]\nname = \"cni0\"\naddress = \"10.244.1.300/24\"\nports = [\"a\"]\ncolor = \"red\"\n";
+        let e = errors(src);
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(
+            e[0].starts_with("f:4: [node]: unknown field `bogus`"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with(
+                "f:8: bridge \"cni0\": address = \"10.244.1.300/24\" has \"10.244.1.300\""
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e[2].starts_with("f:10: bridge \"cni0\": unknown field `color`"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_have_lines() {
+        let e = errors("[node]\nname = \"n\"\ncluster_cidr = = 3\n");
+        assert!(e[0].starts_with("f:3: TOML syntax"), "{e:?}");
+    }
+
+    #[test]
+    fn no_panic_on_truncated_or_mangled_files() {
+        for (i, _) in EXAMPLE.char_indices() {
+            let _ = check_str(&EXAMPLE[..i]);
+        }
+        let lines: Vec<&str> = EXAMPLE.lines().collect();
+        for junk in [
+            "= =",
+            "[[",
+            "x = [1, \"a\"]",
+            "ports = 3",
+            "port = -1",
+            "port = 99999999999999999999",
+            "[node.x]",
+            "\u{0}",
+        ] {
+            for i in 0..lines.len() {
+                let mut l = lines.clone();
+                l[i] = junk;
+                let ch = check_str(&l.join("\n"));
+                assert!(ch.config.is_none() || ch.errors().count() == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn cidr_relations() {
+        let a: Cidr = "10.244.0.0/16".parse().unwrap();
+        let b: Cidr = "10.244.1.1/24".parse().unwrap();
+        assert!(a.covers(&b) && !b.covers(&a) && a.overlaps(&b) && b.overlaps(&a));
+        assert!(!b.overlaps(&"10.244.2.1/24".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert_eq!(LineMap::new("a\nb\nc").line(2), 2);
+    }
+}

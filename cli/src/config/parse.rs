@@ -1,0 +1,772 @@
+//! One pass over toml's spanned document: every section read against its [`schema`]
+//! description (allowed keys, required keys, types, ranges, defaults), every problem recorded
+//! as a [`Diag`] with its line.
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tapyard::conntrack::{CtConfig, CtTimeouts};
+use tapyard::l3::neigh::NeighConfig;
+use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::schema::{self, Dflt, Section, Ty};
+use super::values::{
+    is_host, parse_iface_addr, parse_ifname, parse_ip, parse_mac, parse_port_range, parse_prefix,
+};
+use super::{
+    BridgeCfg, Cidr, Config, Diag, Lines, Located, MasqueradeCfg, NeighborCfg, NodeCfg, RouteCfg,
+    RouteType, ServiceCfg, UplinkCfg,
+};
+
+/// Byte offsets to 1-based line numbers.
+pub(super) struct LineMap {
+    starts: Vec<usize>,
+}
+
+impl LineMap {
+    /// The line starts of `src`.
+    pub(super) fn new(src: &str) -> LineMap {
+        let mut starts = vec![0];
+        starts.extend(src.match_indices('\n').map(|(i, _)| i + 1));
+        LineMap { starts }
+    }
+
+    /// The line of byte `offset`.
+    pub(super) fn line(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&s| s <= offset)
+    }
+}
+
+type Val<'i> = Spanned<DeValue<'i>>;
+
+/// Reads a document, collecting diagnostics.
+pub(super) struct Parser<'a> {
+    pub(super) lines: &'a LineMap,
+    pub(super) diags: &'a mut Vec<Diag>,
+}
+
+/// A table being read: its description and the lines of what was read.
+struct Sec<'t, 'i> {
+    tbl: &'t DeTable<'i>,
+    schema: &'static Section,
+    ctx: String,
+    lines: Lines,
+    ok: bool,
+}
+
+fn show(v: &DeValue<'_>) -> String {
+    match v {
+        DeValue::String(s) => format!("{s:?}"),
+        DeValue::Integer(i) => i.to_string(),
+        DeValue::Float(f) => f.to_string(),
+        DeValue::Boolean(b) => b.to_string(),
+        other => format!("<{}>", other.type_str()),
+    }
+}
+
+impl Parser<'_> {
+    fn line(&self, span: Range<usize>) -> usize {
+        self.lines.line(span.start)
+    }
+
+    fn err(&mut self, line: usize, msg: String) {
+        self.diags.push(Diag {
+            line,
+            warning: false,
+            msg,
+        });
+    }
+
+    /// Starts reading `tbl` as `schema`: every key it does not describe is an error.
+    fn sec<'t, 'i>(
+        &mut self,
+        tbl: &'t DeTable<'i>,
+        span: Range<usize>,
+        ctx: String,
+        schema: &'static Section,
+    ) -> Sec<'t, 'i> {
+        let allowed = schema.names();
+        let ok = self.unknown_keys(tbl, &ctx, &allowed);
+        Sec {
+            tbl,
+            schema,
+            lines: Lines {
+                table: self.line(span),
+                fields: Vec::new(),
+            },
+            ctx,
+            ok,
+        }
+    }
+
+    /// Reports every key of `tbl` not in `allowed`; true when there was none.
+    fn unknown_keys(&mut self, tbl: &DeTable<'_>, ctx: &str, allowed: &[&str]) -> bool {
+        let mut ok = true;
+        for k in tbl.keys() {
+            if !allowed.contains(&k.get_ref().as_ref()) {
+                ok = false;
+                let line = self.line(k.span());
+                self.err(
+                    line,
+                    format!(
+                        "{ctx}: unknown field `{}` (expected one of: {})",
+                        k.get_ref(),
+                        allowed.join(", ")
+                    ),
+                );
+            }
+        }
+        ok
+    }
+
+    /// The value of `key`, recording its line; a missing required key is reported.
+    fn raw<'t, 'i>(&mut self, s: &mut Sec<'t, 'i>, key: &'static str) -> Option<&'t Val<'i>> {
+        let Some((k, v)) = s.tbl.get_key_value(key) else {
+            if let Dflt::Required(what) = s.schema.key(key).default {
+                s.ok = false;
+                let (line, ctx) = (s.lines.table, s.ctx.clone());
+                self.err(line, format!("{ctx}: missing field `{key}` ({what})"));
+            }
+            return None;
+        };
+        let line = self.line(k.span());
+        s.lines.fields.push((key.to_string(), line));
+        Some(v)
+    }
+
+    fn bad(&mut self, s: &mut Sec<'_, '_>, key: &str, v: &Val<'_>, problem: &str) {
+        s.ok = false;
+        let line = self.line(v.span());
+        let ctx = s.ctx.clone();
+        self.err(
+            line,
+            format!("{ctx}: {key} = {} {problem}", show(v.get_ref())),
+        );
+    }
+
+    fn str_of<'t>(&mut self, s: &mut Sec<'_, '_>, key: &str, v: &'t Val<'_>) -> Option<&'t str> {
+        match v.get_ref() {
+            DeValue::String(x) => Some(x.as_ref()),
+            other => {
+                let t = other.type_str();
+                self.bad(s, key, v, &format!("is a {t}, expected a string"));
+                None
+            }
+        }
+    }
+
+    /// A string key parsed by `f` (whose error says what is wrong with the value).
+    fn text<T>(
+        &mut self,
+        s: &mut Sec<'_, '_>,
+        key: &'static str,
+        f: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let v = self.raw(s, key)?;
+        let text = self.str_of(s, key, v)?;
+        match f(text) {
+            Ok(x) => Some(x),
+            Err(e) => {
+                self.bad(s, key, v, &e);
+                None
+            }
+        }
+    }
+
+    /// An integer key (or seconds) within its described range; `None` when absent or bad.
+    fn given_int(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> Option<i64> {
+        let (Ty::Int { lo, hi } | Ty::Secs { lo, hi }) = s.schema.key(key).ty else {
+            panic!("{key} is not an integer in the schema");
+        };
+        let v = self.raw(s, key)?;
+        match v.get_ref() {
+            DeValue::Integer(i) => match i64::from_str_radix(i.as_str(), i.radix()) {
+                Ok(n) if (lo..=hi).contains(&n) => Some(n),
+                _ => {
+                    let problem = format!("is out of range, expected {lo} to {hi}");
+                    self.bad(s, key, v, &problem);
+                    None
+                }
+            },
+            other => {
+                let t = other.type_str();
+                self.bad(s, key, v, &format!("is a {t}, expected an integer"));
+                None
+            }
+        }
+    }
+
+    /// An integer key, or its described default.
+    fn int(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> i64 {
+        let given = self.given_int(s, key);
+        given
+            .or_else(|| s.schema.key(key).int_default())
+            .unwrap_or_else(|| panic!("{key} has no default in the schema"))
+    }
+
+    /// Seconds, or the described default.
+    fn secs(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> Duration {
+        Duration::from_secs(self.int(s, key) as u64)
+    }
+
+    /// A boolean key, or its described default.
+    fn boolean(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> bool {
+        let Dflt::Bool(default) = s.schema.key(key).default else {
+            panic!("{key} is not a boolean with a default in the schema");
+        };
+        let Some(v) = self.raw(s, key) else {
+            return default;
+        };
+        match v.get_ref() {
+            DeValue::Boolean(b) => *b,
+            other => {
+                let t = other.type_str();
+                self.bad(s, key, v, &format!("is a {t}, expected true or false"));
+                default
+            }
+        }
+    }
+
+    /// One of the described values (an alias gives the value it stands for), or the default.
+    fn choice(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> &'static str {
+        let k = s.schema.key(key);
+        let (
+            Ty::Choice {
+                what,
+                values,
+                aliases,
+            },
+            Dflt::Str(default),
+        ) = (k.ty, k.default)
+        else {
+            panic!("{key} is not a choice with a default in the schema");
+        };
+        self.text(s, key, |t| {
+            values
+                .iter()
+                .copied()
+                .find(|v| *v == t)
+                .or_else(|| aliases.iter().find(|(a, _)| *a == t).map(|(_, v)| *v))
+                .ok_or_else(|| {
+                    let quoted: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
+                    let (last, rest) = quoted.split_last().expect("a choice has values");
+                    format!("is not a {what}: expected {} or {last}", rest.join(", "))
+                })
+        })
+        .unwrap_or(default)
+    }
+
+    /// An array of strings, each parsed by `f`; each item's line is kept as `key.N`.
+    fn list<T>(
+        &mut self,
+        s: &mut Sec<'_, '_>,
+        key: &'static str,
+        f: impl Fn(&str) -> Result<T, String>,
+    ) -> Vec<T> {
+        let Some(v) = self.raw(s, key) else {
+            return Vec::new();
+        };
+        let DeValue::Array(items) = v.get_ref() else {
+            let t = v.get_ref().type_str();
+            let problem = format!("is a {t}, expected an array of strings");
+            self.bad(s, key, v, &problem);
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let line = self.line(item.span());
+            s.lines.fields.push((format!("{key}.{i}"), line));
+            let Some(text) = self.str_of(s, key, item) else {
+                continue;
+            };
+            match f(text) {
+                Ok(x) => out.push(x),
+                Err(e) => {
+                    s.ok = false;
+                    let ctx = s.ctx.clone();
+                    self.err(line, format!("{ctx}: {key}[{i}] = {text:?} {e}"));
+                }
+            }
+        }
+        out
+    }
+
+    fn tables<'t, 'i>(
+        &mut self,
+        doc: &'t DeTable<'i>,
+        key: &str,
+    ) -> Vec<(&'t DeTable<'i>, Range<usize>)> {
+        let Some((k, v)) = doc.get_key_value(key) else {
+            return Vec::new();
+        };
+        match v.get_ref() {
+            DeValue::Array(items) => {
+                let mut out = Vec::new();
+                for it in items.iter() {
+                    match it.get_ref() {
+                        DeValue::Table(t) => out.push((t, it.span())),
+                        _ => {
+                            let line = self.line(it.span());
+                            self.err(
+                                line,
+                                format!("`{key}` must be written [[{key}]] (an array of tables)"),
+                            );
+                        }
+                    }
+                }
+                out
+            }
+            DeValue::Table(_) => {
+                let line = self.line(k.span());
+                self.err(
+                    line,
+                    format!("`[{key}]` must be written [[{key}]] (there may be several)"),
+                );
+                Vec::new()
+            }
+            _ => {
+                let line = self.line(k.span());
+                self.err(line, format!("`{key}` must be written [[{key}]]"));
+                Vec::new()
+            }
+        }
+    }
+
+    fn table<'t, 'i>(
+        &mut self,
+        doc: &'t DeTable<'i>,
+        key: &str,
+    ) -> Option<(&'t DeTable<'i>, Range<usize>)> {
+        let (k, v) = doc.get_key_value(key)?;
+        match v.get_ref() {
+            DeValue::Table(t) => Some((t, v.span())),
+            _ => {
+                let line = self.line(k.span());
+                self.err(line, format!("`{key}` must be a table written [{key}]"));
+                None
+            }
+        }
+    }
+
+    /// Every `[[kind]]` read by `read`; the names of those left out (a required field missing
+    /// or bad) go to `broken`.
+    fn items<T>(
+        &mut self,
+        doc: &DeTable<'_>,
+        section: &'static Section,
+        broken: &mut HashSet<String>,
+        mut read: impl FnMut(&mut Self, Sec<'_, '_>, &DeTable<'_>) -> Option<Located<T>>,
+    ) -> Vec<Located<T>> {
+        let mut out = Vec::new();
+        for (i, (t, span)) in self.tables(doc, section.name).into_iter().enumerate() {
+            let ctx = match section.name {
+                "route" => match t.get("to").and_then(|v| v.get_ref().as_str()) {
+                    Some(to) => format!("route to {to}"),
+                    None => format!("route #{}", i + 1),
+                },
+                "neighbor" => match t.get("ip").and_then(|v| v.get_ref().as_str()) {
+                    Some(ip) => format!("neighbor {ip}"),
+                    None => format!("neighbor #{}", i + 1),
+                },
+                kind => match t.get("name").and_then(|v| v.get_ref().as_str()) {
+                    Some(n) => format!("{kind} {n:?}"),
+                    None => format!("{kind} #{}", i + 1),
+                },
+            };
+            let s = self.sec(t, span, ctx, section);
+            match read(self, s, t) {
+                Some(x) => out.push(x),
+                None => {
+                    if let Some(n) = raw_name(t) {
+                        broken.insert(n);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The config as far as it could be read (items missing a required field are left out
+    /// and their names, if any, returned); errors are in `self.diags`.
+    pub(super) fn document(&mut self, doc: &DeTable<'_>) -> (Config, HashSet<String>) {
+        let top: Vec<&str> = schema::SECTIONS.iter().map(|s| s.name).collect();
+        self.unknown_keys(doc, "top level", &top);
+        let node = match self.table(doc, "node") {
+            Some((t, span)) => self.node(t, span),
+            None => {
+                if !doc.contains_key("node") {
+                    self.err(
+                        1,
+                        "missing table [node] (with at least name and cluster_cidr)".into(),
+                    );
+                }
+                None
+            }
+        };
+        let mut broken = HashSet::new();
+        let bridges = self.items(doc, &schema::BRIDGE, &mut broken, Self::bridge);
+        let uplinks = self.items(doc, &schema::UPLINK, &mut broken, Self::uplink);
+        let routes = self.items(doc, &schema::ROUTE, &mut broken, Self::route);
+        let neighbors = self.items(doc, &schema::NEIGHBOR, &mut broken, Self::neighbor);
+        let local: Vec<Cidr> = bridges.iter().filter_map(|b| b.address).collect();
+        let services = self.items(doc, &schema::SERVICE, &mut broken, |p, s, t| {
+            p.service(s, t, &local)
+        });
+        let masquerade = self.table(doc, "masquerade").and_then(|(t, span)| {
+            let s = self.sec(t, span, "[masquerade]".into(), &schema::MASQUERADE);
+            self.masquerade(s)
+        });
+        let conntrack = match self.table(doc, "conntrack") {
+            Some((t, span)) => {
+                let s = self.sec(t, span, "[conntrack]".into(), &schema::CONNTRACK);
+                self.conntrack(s)
+            }
+            None => self.conntrack(self.empty(&schema::CONNTRACK)),
+        };
+        let neigh = match self.table(doc, "neigh") {
+            Some((t, span)) => {
+                let s = self.sec(t, span, "[neigh]".into(), &schema::NEIGH);
+                self.neigh(s)
+            }
+            None => self.neigh(self.empty(&schema::NEIGH)),
+        };
+        let node = node.unwrap_or_else(|| NodeCfg {
+            name: String::new(),
+            cluster_cidr: Cidr {
+                addr: Ipv4Addr::UNSPECIFIED,
+                len: 0,
+            },
+            workers: None,
+            socket: None,
+            node_port_range: (30000, 32767),
+            offload: true,
+        });
+        let config = Config {
+            node,
+            bridges,
+            uplinks,
+            routes,
+            neighbors,
+            services,
+            masquerade,
+            conntrack,
+            neigh,
+        };
+        (config, broken)
+    }
+
+    /// An absent section: every key takes its default.
+    fn empty(&self, schema: &'static Section) -> Sec<'static, 'static> {
+        static EMPTY: std::sync::OnceLock<DeTable<'static>> = std::sync::OnceLock::new();
+        Sec {
+            tbl: EMPTY.get_or_init(DeTable::new),
+            schema,
+            ctx: format!("[{}]", schema.name),
+            lines: Lines::default(),
+            ok: true,
+        }
+    }
+
+    fn node(&mut self, t: &DeTable<'_>, span: Range<usize>) -> Option<NodeCfg> {
+        let mut s = self.sec(t, span, "[node]".into(), &schema::NODE);
+        let name = self.text(&mut s, "name", |n| {
+            if n.is_empty() || n.len() > 63 || n.contains('/') || n.chars().any(char::is_whitespace)
+            {
+                Err("is not a node name (1 to 63 bytes, no '/' or spaces)".into())
+            } else {
+                Ok(n.to_string())
+            }
+        });
+        let cluster_cidr = self.text(&mut s, "cluster_cidr", parse_prefix);
+        let workers = self.given_int(&mut s, "workers").map(|n| n as usize);
+        if workers == Some(0) {
+            if let Some(v) = t.get("workers") {
+                self.bad(
+                    &mut s,
+                    "workers",
+                    v,
+                    "is not allowed: at least 1 worker thread is needed",
+                );
+            }
+        }
+        let socket = self.text(&mut s, "socket", |p| {
+            if p.is_empty() {
+                Err("is empty, expected a path".into())
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        });
+        let node_port_range = match self.text(&mut s, "node_port_range", parse_port_range) {
+            Some(r) => r,
+            None => default_str(&s, "node_port_range", parse_port_range),
+        };
+        let offload = self.boolean(&mut s, "offload");
+        Some(NodeCfg {
+            name: name?,
+            cluster_cidr: cluster_cidr?,
+            workers,
+            socket,
+            node_port_range,
+            offload,
+        })
+    }
+
+    fn bridge(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<BridgeCfg>> {
+        let name = self.text(&mut s, "name", parse_ifname);
+        let address = self.text(&mut s, "address", parse_iface_addr);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.int(&mut s, "mtu") as u16;
+        let ports = self.list(&mut s, "ports", parse_ifname);
+        let fdb_max_entries = self.int(&mut s, "fdb_max_entries") as usize;
+        let fdb_aging = self.secs(&mut s, "fdb_aging");
+        if address.is_none() && (t.contains_key("mac") || t.contains_key("mtu")) {
+            let line = s.lines.of("mac").min(s.lines.of("mtu"));
+            let ctx = s.ctx.clone();
+            self.err(
+                line,
+                format!(
+                    "{ctx}: mac and mtu belong to the bridge's router interface: set `address` too"
+                ),
+            );
+        }
+        let value = BridgeCfg {
+            name: name.or_else(|| raw_name(t))?,
+            address,
+            mac,
+            mtu,
+            ports,
+            fdb_max_entries,
+            fdb_aging,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    fn uplink(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<UplinkCfg>> {
+        let name = self.text(&mut s, "name", parse_ifname);
+        let address = self.text(&mut s, "address", parse_iface_addr);
+        let tap = self.text(&mut s, "tap", parse_ifname);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.int(&mut s, "mtu") as u16;
+        let name = name.or_else(|| raw_name(t))?;
+        let value = UplinkCfg {
+            tap: tap.unwrap_or_else(|| name.clone()),
+            name,
+            address: address?,
+            mac,
+            mtu,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    fn route(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<RouteCfg>> {
+        let to = self.text(&mut s, "to", parse_prefix);
+        let via = self.text(&mut s, "via", parse_ip);
+        let dev = self.text(&mut s, "dev", parse_ifname);
+        let before = self.diags.len();
+        let kind = match self.choice(&mut s, "type") {
+            "blackhole" => RouteType::Blackhole,
+            "unreachable" => RouteType::Unreachable,
+            _ => RouteType::Unicast,
+        };
+        let kind_ok = self.diags.len() == before;
+        let metric = self.int(&mut s, "metric") as u32;
+        let has_type = t.contains_key("type");
+        let ctx = s.ctx.clone();
+        let has_hop = t.contains_key("via") || t.contains_key("dev");
+        match kind {
+            RouteType::Blackhole | RouteType::Unreachable if has_hop => {
+                let l = s.lines.of("type");
+                self.err(l, format!("{ctx}: give either `via`/`dev` or `type = \"blackhole\"`/`\"unreachable\"`, not both"));
+            }
+            RouteType::Unicast if !has_hop && (!has_type || kind_ok) => {
+                let l = s.lines.table;
+                self.err(l, format!("{ctx}: needs `via` (a gateway), `dev` (an interface) or `type = \"blackhole\"`/`\"unreachable\"`"));
+            }
+            _ => {}
+        }
+        let to = to?;
+        if to.addr != to.network() {
+            let l = s.lines.of("to");
+            self.err(
+                l,
+                format!(
+                    "{ctx}: to = \"{to}\" has host bits set (expected \"{}/{}\")",
+                    to.network(),
+                    to.len
+                ),
+            );
+        }
+        let value = RouteCfg {
+            to,
+            via,
+            dev,
+            kind,
+            metric,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    fn neighbor(&mut self, mut s: Sec<'_, '_>, _: &DeTable<'_>) -> Option<Located<NeighborCfg>> {
+        let ip = self.text(&mut s, "ip", parse_ip);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let dev = self.text(&mut s, "dev", parse_ifname);
+        let value = NeighborCfg {
+            ip: ip?,
+            mac: mac?,
+            dev: dev?,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    /// A Service; an endpoint inside one of `local` (the bridges' subnets) is local.
+    fn service(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        t: &DeTable<'_>,
+        local: &[Cidr],
+    ) -> Option<ServiceCfg> {
+        let name = self.text(&mut s, "name", |n| {
+            let ok = !n.is_empty()
+                && n.len() <= 63
+                && n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !n.starts_with('-')
+                && !n.ends_with('-');
+            if ok {
+                Ok(n.to_string())
+            } else {
+                Err("is not a Service name (1 to 63 of a-z, 0-9 and '-', as Kubernetes)".into())
+            }
+        });
+        let cluster_ip = self.text(&mut s, "cluster_ip", parse_ip);
+        let proto = match self.choice(&mut s, "protocol") {
+            "udp" => 17,
+            _ => 6,
+        };
+        let port = self.given_int(&mut s, "port").map(|n| n as u16);
+        let node_port = self.given_int(&mut s, "node_port").map(|n| n as u16);
+        let endpoints = self.list(&mut s, "endpoints", |e| {
+            let a = e
+                .parse::<SocketAddrV4>()
+                .map_err(|_| "is not IP:PORT (like \"10.244.1.2:8080\")".to_string())?;
+            if a.port() == 0 {
+                Err("has port 0".into())
+            } else if !is_host(*a.ip()) {
+                Err("is not a unicast host address".into())
+            } else {
+                Ok(a)
+            }
+        });
+        let client_ip = self.choice(&mut s, "session_affinity") == "client-ip";
+        let affinity_timeout = self.secs(&mut s, "session_affinity_timeout");
+        let external_local = self.choice(&mut s, "external_traffic_policy") == "local";
+        let algo = match self.choice(&mut s, "algorithm") {
+            "maglev" => LbAlgo::Maglev,
+            _ => LbAlgo::Random,
+        };
+        let name = name.or_else(|| raw_name(t))?;
+        let mut spec = ServiceSpec::new(name, cluster_ip?, port?, proto);
+        spec.node_port = node_port;
+        spec.endpoints = endpoints
+            .into_iter()
+            .map(|e| Endpoint::new(e, local.iter().any(|a| a.contains(*e.ip()))))
+            .collect();
+        spec.affinity = client_ip.then_some(affinity_timeout);
+        spec.algo = algo;
+        spec.external_local = external_local;
+        Some(Located {
+            value: spec,
+            lines: s.lines,
+        })
+    }
+
+    fn masquerade(&mut self, mut s: Sec<'_, '_>) -> Option<Located<MasqueradeCfg>> {
+        let out = self.text(&mut s, "out", parse_ifname)?;
+        Some(Located {
+            value: MasqueradeCfg { out },
+            lines: s.lines,
+        })
+    }
+
+    /// `[conntrack]` as the library's configuration. A timeout that stands for several of the
+    /// library's (closing states, opening states) sets them all when it is given in the file,
+    /// else only the one whose Linux default it has, so that an absent section means Linux's
+    /// defaults (with kube-proxy's established and close-wait timeouts and limit).
+    fn conntrack(&mut self, mut s: Sec<'_, '_>) -> CtConfig {
+        let mut t = CtTimeouts {
+            tcp_established: self.secs(&mut s, "tcp_established_timeout"),
+            tcp_close_wait: self.secs(&mut s, "tcp_close_wait_timeout"),
+            tcp_time_wait: self.secs(&mut s, "tcp_time_wait_timeout"),
+            tcp_syn_sent: self.secs(&mut s, "tcp_syn_timeout"),
+            udp: self.secs(&mut s, "udp_timeout"),
+            udp_stream: self.secs(&mut s, "udp_stream_timeout"),
+            icmp: self.secs(&mut s, "icmp_timeout"),
+            ..CtTimeouts::default()
+        };
+        t.tcp_fin_wait = t.tcp_time_wait;
+        if s.lines.has("tcp_syn_timeout") {
+            t.tcp_syn_recv = t.tcp_syn_sent;
+        }
+        if s.lines.has("tcp_time_wait_timeout") {
+            t.tcp_last_ack = t.tcp_time_wait;
+            t.tcp_close = t.tcp_time_wait;
+        }
+        CtConfig {
+            max_entries: self.int(&mut s, "max_entries") as usize,
+            liberal: self.boolean(&mut s, "liberal"),
+            timeouts: t,
+        }
+    }
+
+    /// `[neigh]` as the library's configuration, checked by the library.
+    fn neigh(&mut self, mut s: Sec<'_, '_>) -> NeighConfig {
+        let c = NeighConfig {
+            gc_thresh1: self.int(&mut s, "gc_thresh1") as usize,
+            gc_thresh2: self.int(&mut s, "gc_thresh2") as usize,
+            gc_thresh3: self.int(&mut s, "gc_thresh3") as usize,
+            unres_qlen: self.int(&mut s, "unres_qlen") as usize,
+            base_reachable_time: self.secs(&mut s, "base_reachable_time"),
+            ..NeighConfig::default()
+        };
+        if s.ok {
+            if let Err(e) = c.validate() {
+                self.err(s.lines.table, format!("[neigh]: {e}"));
+            }
+        }
+        c
+    }
+}
+
+/// A string key's described default, parsed.
+fn default_str<T>(s: &Sec<'_, '_>, key: &str, f: impl Fn(&str) -> Result<T, String>) -> T {
+    match s.schema.key(key).default {
+        Dflt::Str(d) => f(d).unwrap_or_else(|e| panic!("{key}'s default {d:?} {e}")),
+        _ => panic!("{key} has no string default in the schema"),
+    }
+}
+
+/// The `name` of a table as written, even when it is not a valid name (so that the item is
+/// still cross-checked; the name's own error is reported).
+fn raw_name(t: &DeTable<'_>) -> Option<String> {
+    t.get("name")
+        .and_then(|v| v.get_ref().as_str())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+}

@@ -1,0 +1,643 @@
+//! The description of the config file, one entry per key: its section, type, range, default
+//! and help. The parser takes from it the keys a section allows, what a missing required key
+//! is, integer ranges and defaults; [`reference`] renders from it the key reference at the end
+//! of `examples/node.toml` (a test keeps the two equal).
+
+use tapyard::l3::neigh::{NeighConfig, MAX_ENTRIES as NEIGH_MAX};
+
+/// A key's type (and range).
+#[derive(Clone, Copy, Debug)]
+pub enum Ty {
+    /// A string; the example shown in the reference.
+    Str(&'static str),
+    /// An integer within `lo..=hi`.
+    Int {
+        /// Smallest allowed.
+        lo: i64,
+        /// Largest allowed.
+        hi: i64,
+    },
+    /// Seconds, within `lo..=hi`.
+    Secs {
+        /// Smallest allowed.
+        lo: i64,
+        /// Largest allowed.
+        hi: i64,
+    },
+    /// `true` or `false`.
+    Bool,
+    /// An array of strings; the example shown in the reference.
+    Strings(&'static str),
+    /// One of a few strings.
+    Choice {
+        /// What the value is, for the error message ("a route type").
+        what: &'static str,
+        /// The values as written in the reference.
+        values: &'static [&'static str],
+        /// Other spellings accepted (Kubernetes' own), with the value each stands for.
+        aliases: &'static [(&'static str, &'static str)],
+    },
+}
+
+/// What a key's absence means.
+#[derive(Clone, Copy, Debug)]
+pub enum Dflt {
+    /// The key must be given; what it is, for the error message.
+    Required(&'static str),
+    /// No value; what that means.
+    Unset(&'static str),
+    /// This integer (or number of seconds).
+    Int(i64),
+    /// The library's default integer (or number of seconds).
+    Lib(fn() -> i64),
+    /// This boolean.
+    Bool(bool),
+    /// This string.
+    Str(&'static str),
+}
+
+/// One key of a section.
+#[derive(Clone, Copy, Debug)]
+pub struct Key {
+    /// Its name.
+    pub name: &'static str,
+    /// Its type.
+    pub ty: Ty,
+    /// Its default.
+    pub default: Dflt,
+    /// What it does, for the reference.
+    pub help: &'static str,
+}
+
+impl Key {
+    /// The integer default (ints and seconds); `None` when the key has none.
+    pub fn int_default(&self) -> Option<i64> {
+        match self.default {
+            Dflt::Int(n) => Some(n),
+            Dflt::Lib(f) => Some(f()),
+            _ => None,
+        }
+    }
+}
+
+/// A table of the file.
+#[derive(Debug)]
+pub struct Section {
+    /// Its name.
+    pub name: &'static str,
+    /// Written `[[name]]`: there may be several.
+    pub array: bool,
+    /// What it is, for the reference.
+    pub help: &'static str,
+    /// Its keys, in the order the reference lists them.
+    pub keys: &'static [Key],
+}
+
+impl Section {
+    /// The key named `name`. Panics if the description lacks it: the parser asks only for keys
+    /// it describes (the tests read every section).
+    pub fn key(&self, name: &str) -> &'static Key {
+        self.keys
+            .iter()
+            .find(|k| k.name == name)
+            .unwrap_or_else(|| panic!("[{}] has no key {name:?} in the schema", self.name))
+    }
+
+    /// The names of its keys.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.keys.iter().map(|k| k.name).collect()
+    }
+}
+
+const fn key(name: &'static str, ty: Ty, default: Dflt, help: &'static str) -> Key {
+    Key {
+        name,
+        ty,
+        default,
+        help,
+    }
+}
+
+const fn int(lo: i64, hi: i64) -> Ty {
+    Ty::Int { lo, hi }
+}
+
+const fn secs(lo: i64, hi: i64) -> Ty {
+    Ty::Secs { lo, hi }
+}
+
+const MTU: Key = key(
+    "mtu",
+    int(68, 65000),
+    Dflt::Int(1500),
+    "the router interface's MTU",
+);
+const DAY: i64 = 86_400;
+
+/// `[node]`.
+pub const NODE: Section = Section {
+    name: "node",
+    array: false,
+    help: "the node itself",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("node-a"),
+            Dflt::Required("the node's name, like \"node-a\""),
+            "names the node and its default control socket",
+        ),
+        key(
+            "cluster_cidr",
+            Ty::Str("10.244.0.0/16"),
+            Dflt::Required("every pod address in the cluster, like \"10.244.0.0/16\""),
+            "every pod address in the cluster",
+        ),
+        key(
+            "workers",
+            int(0, 1024),
+            Dflt::Unset("one per TAP, at most the CPUs"),
+            "worker threads",
+        ),
+        key(
+            "socket",
+            Ty::Str("/run/tapyard/node-a.sock"),
+            Dflt::Unset("/run/tapyard/<name>.sock"),
+            "the control socket",
+        ),
+        key(
+            "node_port_range",
+            Ty::Str("30000-32767"),
+            Dflt::Str("30000-32767"),
+            "node ports Services may use",
+        ),
+        key(
+            "offload",
+            Ty::Bool,
+            Dflt::Bool(true),
+            "TAPs with virtio-net headers, checksum/TSO offloads",
+        ),
+    ],
+};
+
+/// `[[bridge]]`.
+pub const BRIDGE: Section = Section {
+    name: "bridge",
+    array: true,
+    help: "a learning bridge of TAP ports",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("cni0"),
+            Dflt::Required("the bridge's interface name, like \"cni0\""),
+            "the bridge's (and its router interface's) name",
+        ),
+        key(
+            "address",
+            Ty::Str("10.244.1.1/24"),
+            Dflt::Unset("a plain L2 bridge"),
+            "the gateway address on it",
+        ),
+        key(
+            "ports",
+            Ty::Strings("[\"pod-a\", \"pod-b\"]"),
+            Dflt::Unset("no ports"),
+            "TAP devices created as its ports",
+        ),
+        key(
+            "mac",
+            Ty::Str("02:00:0a:f4:01:01"),
+            Dflt::Unset("random per run"),
+            "the gateway's MAC (needs address)",
+        ),
+        MTU,
+        key(
+            "fdb_max_entries",
+            int(1, 1 << 24),
+            Dflt::Int(8192),
+            "learned MACs per bridge",
+        ),
+        key(
+            "fdb_aging",
+            secs(1, 1_000_000),
+            Dflt::Int(300),
+            "seconds before an idle MAC is forgotten",
+        ),
+    ],
+};
+
+/// `[[uplink]]`.
+pub const UPLINK: Section = Section {
+    name: "uplink",
+    array: true,
+    help: "a router interface owning a TAP device",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("eth0"),
+            Dflt::Required("the interface's name, like \"eth0\""),
+            "the interface's name",
+        ),
+        key(
+            "address",
+            Ty::Str("172.18.0.2/24"),
+            Dflt::Required("the node's address on the link, like \"172.18.0.2/24\""),
+            "the node's address on the link",
+        ),
+        key(
+            "tap",
+            Ty::Str("tap-eth0"),
+            Dflt::Unset("the uplink's name"),
+            "the TAP device's name",
+        ),
+        key(
+            "mac",
+            Ty::Str("02:00:ac:12:00:02"),
+            Dflt::Unset("random per run"),
+            "the interface's MAC",
+        ),
+        MTU,
+    ],
+};
+
+/// `[[route]]`.
+pub const ROUTE: Section = Section {
+    name: "route",
+    array: true,
+    help: "a static route",
+    keys: &[
+        key(
+            "to",
+            Ty::Str("10.244.2.0/24"),
+            Dflt::Required("the destination, like \"10.244.2.0/24\" or \"0.0.0.0/0\""),
+            "the destination prefix",
+        ),
+        key(
+            "via",
+            Ty::Str("172.18.0.3"),
+            Dflt::Unset("none"),
+            "the gateway",
+        ),
+        key(
+            "dev",
+            Ty::Str("eth0"),
+            Dflt::Unset("the one whose subnet holds via"),
+            "the interface",
+        ),
+        key(
+            "type",
+            Ty::Choice {
+                what: "route type",
+                values: &["unicast", "blackhole", "unreachable"],
+                aliases: &[],
+            },
+            Dflt::Str("unicast"),
+            "blackhole drops, unreachable sends ICMP; not with via/dev",
+        ),
+        key(
+            "metric",
+            int(0, u32::MAX as i64),
+            Dflt::Int(0),
+            "lower wins among routes to one prefix",
+        ),
+    ],
+};
+
+/// `[[neighbor]]`.
+pub const NEIGHBOR: Section = Section {
+    name: "neighbor",
+    array: true,
+    help: "a permanent ARP entry (ip neigh add ... nud permanent)",
+    keys: &[
+        key(
+            "ip",
+            Ty::Str("172.18.0.1"),
+            Dflt::Required("the neighbour's IPv4 address"),
+            "the neighbour's address",
+        ),
+        key(
+            "mac",
+            Ty::Str("02:00:ac:12:00:01"),
+            Dflt::Required("its MAC address, like \"02:00:00:00:00:01\""),
+            "its MAC",
+        ),
+        key(
+            "dev",
+            Ty::Str("eth0"),
+            Dflt::Required("the interface it is on (a bridge or an uplink)"),
+            "the interface it is on",
+        ),
+    ],
+};
+
+/// `[[service]]`.
+pub const SERVICE: Section = Section {
+    name: "service",
+    array: true,
+    help: "a Service, as kube-proxy's iptables mode",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("web"),
+            Dflt::Required("the Service's name"),
+            "the Service's name (as Kubernetes)",
+        ),
+        key(
+            "cluster_ip",
+            Ty::Str("10.96.0.10"),
+            Dflt::Required("the Service's virtual address"),
+            "its virtual address",
+        ),
+        key(
+            "port",
+            int(1, 65535),
+            Dflt::Required("the Service's port"),
+            "its port on cluster_ip",
+        ),
+        key(
+            "protocol",
+            Ty::Choice {
+                what: "protocol",
+                values: &["tcp", "udp"],
+                aliases: &[("TCP", "tcp"), ("UDP", "udp")],
+            },
+            Dflt::Str("tcp"),
+            "its protocol",
+        ),
+        key(
+            "node_port",
+            int(1, 65535),
+            Dflt::Unset("none"),
+            "its port on every node address",
+        ),
+        key(
+            "endpoints",
+            Ty::Strings("[\"10.244.1.2:8080\"]"),
+            Dflt::Unset("none: connections are refused"),
+            "the backends, IP:PORT",
+        ),
+        key(
+            "session_affinity",
+            Ty::Choice {
+                what: "session affinity",
+                values: &["none", "client-ip"],
+                aliases: &[("None", "none"), ("ClientIP", "client-ip")],
+            },
+            Dflt::Str("none"),
+            "client-ip keeps a client on its endpoint",
+        ),
+        key(
+            "session_affinity_timeout",
+            secs(1, DAY),
+            Dflt::Int(10_800),
+            "seconds, with session_affinity = \"client-ip\"",
+        ),
+        key(
+            "external_traffic_policy",
+            Ty::Choice {
+                what: "traffic policy",
+                values: &["cluster", "local"],
+                aliases: &[("Cluster", "cluster"), ("Local", "local")],
+            },
+            Dflt::Str("cluster"),
+            "local: node-port traffic to local endpoints only",
+        ),
+        key(
+            "algorithm",
+            Ty::Choice {
+                what: "algorithm",
+                values: &["random", "maglev"],
+                aliases: &[],
+            },
+            Dflt::Str("random"),
+            "maglev: consistent hashing",
+        ),
+    ],
+};
+
+/// `[masquerade]`.
+pub const MASQUERADE: Section = Section {
+    name: "masquerade",
+    array: false,
+    help: "pod traffic leaving the cluster CIDR takes an address",
+    keys: &[key(
+        "out",
+        Ty::Str("eth0"),
+        Dflt::Required("the interface pod traffic leaves through, like \"eth0\""),
+        "the interface whose address it takes",
+    )],
+};
+
+/// `[neigh]`.
+pub const NEIGH: Section = Section {
+    name: "neigh",
+    array: false,
+    help: "ARP table limits (Linux sysctl names and defaults)",
+    keys: &[
+        key(
+            "gc_thresh1",
+            int(0, NEIGH_MAX as i64),
+            Dflt::Lib(|| NeighConfig::default().gc_thresh1 as i64),
+            "below this many entries nothing is collected",
+        ),
+        key(
+            "gc_thresh2",
+            int(1, NEIGH_MAX as i64),
+            Dflt::Lib(|| NeighConfig::default().gc_thresh2 as i64),
+            "soft limit",
+        ),
+        key(
+            "gc_thresh3",
+            int(1, NEIGH_MAX as i64),
+            Dflt::Lib(|| NeighConfig::default().gc_thresh3 as i64),
+            "hard limit",
+        ),
+        key(
+            "unres_qlen",
+            int(0, 65_535),
+            Dflt::Lib(|| NeighConfig::default().unres_qlen as i64),
+            "packets queued per unresolved neighbour",
+        ),
+        key(
+            "base_reachable_time",
+            secs(1, DAY),
+            Dflt::Lib(|| NeighConfig::default().base_reachable_time.as_secs() as i64),
+            "seconds",
+        ),
+    ],
+};
+
+/// `[conntrack]`: Linux's defaults, with kube-proxy's established (24 h) and close-wait (1 h)
+/// timeouts and limit.
+pub const CONNTRACK: Section = Section {
+    name: "conntrack",
+    array: false,
+    help: "the connection table; changing it needs a restart",
+    keys: &[
+        key(
+            "max_entries",
+            int(1, 1 << 26),
+            Dflt::Int(262_144),
+            "entries (nf_conntrack_max)",
+        ),
+        key(
+            "tcp_established_timeout",
+            secs(1, 30 * DAY),
+            Dflt::Int(DAY),
+            "seconds",
+        ),
+        key(
+            "tcp_close_wait_timeout",
+            secs(1, 30 * DAY),
+            Dflt::Int(3_600),
+            "seconds",
+        ),
+        key(
+            "tcp_time_wait_timeout",
+            secs(1, 30 * DAY),
+            Dflt::Int(120),
+            "also FIN_WAIT; given here, also LAST_ACK and CLOSE",
+        ),
+        key(
+            "tcp_syn_timeout",
+            secs(1, 30 * DAY),
+            Dflt::Int(120),
+            "SYN_SENT; given here, also SYN_RECV (default 60)",
+        ),
+        key(
+            "udp_timeout",
+            secs(1, 30 * DAY),
+            Dflt::Int(30),
+            "seconds, UDP seen one way",
+        ),
+        key(
+            "udp_stream_timeout",
+            secs(1, 30 * DAY),
+            Dflt::Int(120),
+            "seconds, UDP seen both ways",
+        ),
+        key("icmp_timeout", secs(1, 30 * DAY), Dflt::Int(30), "seconds"),
+        key(
+            "liberal",
+            Ty::Bool,
+            Dflt::Bool(false),
+            "pick up TCP mid-stream, let invalid packets through",
+        ),
+    ],
+};
+
+/// Every section, in the order of the reference.
+pub const SECTIONS: &[&Section] = &[
+    &NODE,
+    &BRIDGE,
+    &UPLINK,
+    &ROUTE,
+    &NEIGHBOR,
+    &SERVICE,
+    &MASQUERADE,
+    &NEIGH,
+    &CONNTRACK,
+];
+
+/// The first line of the reference block in `examples/node.toml`.
+pub const REFERENCE_START: &str =
+    "# ---- Key reference: every key, its default or what it means when unset, its range.";
+
+/// The key reference: every section and key as TOML comments (the block that ends
+/// `examples/node.toml`).
+pub fn reference() -> String {
+    let mut o = String::new();
+    o.push_str(REFERENCE_START);
+    o.push_str(
+        "\n# Generated from cli/src/config/schema.rs (`cargo test -p tapyard-cli` checks it;\n",
+    );
+    o.push_str("# TAPYARD_BLESS=1 rewrites it). Uncomment a key to change it.\n");
+    for s in SECTIONS {
+        let head = if s.array {
+            format!("[[{}]]", s.name)
+        } else {
+            format!("[{}]", s.name)
+        };
+        o.push_str(&format!("#\n# {head:<36}# {}\n", s.help));
+        for k in s.keys {
+            let (value, note) = match (k.default, k.ty) {
+                (Dflt::Required(_), ty) => (example(ty), "required".to_string()),
+                (Dflt::Unset(what), ty) => (example(ty), format!("default: {what}")),
+                (Dflt::Int(_) | Dflt::Lib(_), _) => {
+                    (k.int_default().unwrap_or(0).to_string(), String::new())
+                }
+                (Dflt::Bool(b), _) => (b.to_string(), String::new()),
+                (Dflt::Str(v), _) => (format!("{v:?}"), String::new()),
+            };
+            let range = match k.ty {
+                Ty::Int { lo, hi } | Ty::Secs { lo, hi } => format!("{lo} to {hi}"),
+                Ty::Choice { values, .. } => values.join(" | "),
+                _ => String::new(),
+            };
+            let notes: Vec<&str> = [k.help, &range, &note]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect();
+            o.push_str(&format!(
+                "# {:<36}# {}\n",
+                format!("{} = {value}", k.name),
+                notes.join("; ")
+            ));
+        }
+    }
+    o
+}
+
+fn example(ty: Ty) -> String {
+    match ty {
+        Ty::Str(e) => format!("{e:?}"),
+        Ty::Strings(e) => e.to_string(),
+        Ty::Int { lo, .. } | Ty::Secs { lo, .. } => lo.max(1).to_string(),
+        Ty::Bool => "false".into(),
+        Ty::Choice { values, .. } => format!("{:?}", values[0]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/node.toml");
+
+    /// The block at the end of `examples/node.toml` is what the description renders. With
+    /// `TAPYARD_BLESS=1` the test writes it instead.
+    #[test]
+    fn example_reference_block_matches_the_schema() {
+        let text = std::fs::read_to_string(EXAMPLE_PATH).unwrap();
+        let want = reference();
+        let at = text.find(REFERENCE_START);
+        if std::env::var_os("TAPYARD_BLESS").is_some() {
+            let head = &text[..at.unwrap_or(text.len())];
+            std::fs::write(EXAMPLE_PATH, format!("{head}{want}")).unwrap();
+            return;
+        }
+        let at = at.expect("examples/node.toml has no key reference block");
+        assert!(
+            text[at..] == want,
+            "examples/node.toml's key reference differs from the schema; run\n  TAPYARD_BLESS=1 cargo test -p tapyard-cli example_reference\nto rewrite it. Expected:\n{want}"
+        );
+    }
+
+    #[test]
+    fn defaults_are_in_range_and_choices_known() {
+        for s in SECTIONS {
+            for k in s.keys {
+                match (k.ty, k.int_default()) {
+                    (Ty::Int { lo, hi } | Ty::Secs { lo, hi }, Some(d)) => {
+                        assert!((lo..=hi).contains(&d), "{}.{}", s.name, k.name)
+                    }
+                    (Ty::Choice { values, .. }, _) => {
+                        if let Dflt::Str(d) = k.default {
+                            assert!(values.contains(&d), "{}.{}", s.name, k.name);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! `tapyard check`'s one-line summary of a valid configuration.
+
+use super::Config;
+
+/// A count of what a valid config holds, for `check`'s summary.
+pub fn summary(c: &Config) -> String {
+    let ports: usize = c.bridges.iter().map(|b| b.ports.len()).sum();
+    let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    let parts = [
+        plural(c.bridges.len(), "bridge"),
+        plural(ports, "port"),
+        plural(c.uplinks.len(), "uplink"),
+        plural(c.routes.len(), "route"),
+        plural(c.neighbors.len(), "static neighbour"),
+        plural(c.services.len(), "service"),
+    ];
+    format!("node {:?}: {}", c.node.name, parts.join(", "))
+}

@@ -1,0 +1,367 @@
+//! The cross-checks between sections, on a parsed configuration: unique names, subnets that do
+//! not overlap, routes and neighbours on connected interfaces, Services' frontends and
+//! endpoints.
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+
+use super::values::is_host;
+use super::{proto_name, Cidr, Config, Diag, RouteType};
+
+/// The cross-checks between sections, on a parsed configuration.
+/// `broken` holds names of items that could not be read (references to them are not
+/// reported again).
+pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
+    let mut err = |line: usize, msg: String| {
+        diags.push(Diag {
+            line,
+            warning: false,
+            msg,
+        })
+    };
+    let mut warnings = Vec::new();
+    // Interface names: bridges, their ports and uplinks share one namespace (datapath ports).
+    let mut names: HashMap<String, (usize, String)> = HashMap::new();
+    let mut taps: HashMap<String, (usize, String)> = HashMap::new();
+    fn claim(
+        map: &mut HashMap<String, (usize, String)>,
+        n: &str,
+        line: usize,
+        what: String,
+        err: &mut dyn FnMut(usize, String),
+    ) {
+        match map.get(n) {
+            Some((l, first)) => err(
+                line,
+                format!("{what}: name {n:?} is already used by {first} (line {l}); names must be unique"),
+            ),
+            None => {
+                map.insert(n.to_string(), (line, what));
+            }
+        }
+    }
+    for b in &c.bridges {
+        claim(
+            &mut names,
+            &b.name,
+            b.lines.of("name"),
+            format!("bridge {:?}", b.name),
+            &mut err,
+        );
+    }
+    for (bi, b) in c.bridges.iter().enumerate() {
+        for (i, p) in b.ports.iter().enumerate() {
+            let line = b.lines.of(&format!("ports.{i}"));
+            if let Some(first) = c.bridges[..=bi].iter().find_map(|o| {
+                let upto = if std::ptr::eq(o, b) { i } else { o.ports.len() };
+                o.ports[..upto].contains(p).then(|| o.name.clone())
+            }) {
+                err(line, format!("bridge {:?}: port {p:?} is listed twice (already a port of bridge {first:?}); a TAP can be on one bridge once", b.name));
+                continue;
+            }
+            claim(
+                &mut names,
+                p,
+                line,
+                format!("port {p:?} of bridge {:?}", b.name),
+                &mut err,
+            );
+            claim(&mut taps, p, line, format!("port {p:?}"), &mut err);
+        }
+    }
+    for u in &c.uplinks {
+        claim(
+            &mut names,
+            &u.name,
+            u.lines.of("name"),
+            format!("uplink {:?}", u.name),
+            &mut err,
+        );
+        if u.tap != u.name {
+            if let Some((l, first)) = names.get(u.tap.as_str()) {
+                err(
+                    u.lines.of("tap"),
+                    format!(
+                        "uplink {:?}: tap {:?} is already used by {first} (line {l})",
+                        u.name, u.tap
+                    ),
+                );
+            }
+        }
+        claim(
+            &mut taps,
+            &u.tap,
+            u.lines.of("tap"),
+            format!("uplink {:?}", u.name),
+            &mut err,
+        );
+    }
+    if c.bridges.iter().all(|b| b.ports.is_empty()) && c.uplinks.is_empty() {
+        err(
+            1,
+            "no TAP device to create: list `ports` in a [[bridge]] or add an [[uplink]]".into(),
+        );
+    }
+    // Subnets of interfaces must not overlap.
+    let conn: Vec<(&str, Cidr, usize)> = c
+        .bridges
+        .iter()
+        .filter_map(|b| {
+            b.address
+                .map(|a| (b.name.as_str(), a, b.lines.of("address")))
+        })
+        .chain(
+            c.uplinks
+                .iter()
+                .map(|u| (u.name.as_str(), u.address, u.lines.of("address"))),
+        )
+        .collect();
+    for (i, (n, a, line)) in conn.iter().enumerate() {
+        for (m, b, l2) in &conn[..i] {
+            if a.overlaps(b) {
+                let kind = if c.bridges.iter().any(|x| x.name == *n) {
+                    "bridge"
+                } else {
+                    "uplink"
+                };
+                err(*line, format!("{kind} {n:?}: address = \"{a}\" overlaps {m}'s subnet {}/{} (line {l2}); interface subnets must not overlap", b.network(), b.len));
+            }
+        }
+        if !c.node.cluster_cidr.covers(a) && c.bridges.iter().any(|b| b.name == *n) {
+            warnings.push(Diag {
+                line: *line,
+                warning: true,
+                msg: format!(
+                    "bridge {n:?}: address = \"{a}\" is outside node.cluster_cidr {} (pods on it are not cluster pods)",
+                    c.node.cluster_cidr
+                ),
+            });
+        }
+    }
+    let iface_of = |name: &str| conn.iter().find(|(n, _, _)| *n == name);
+    let known = |name: &str| iface_of(name).is_some() || broken.contains(name);
+    let describe_iface = |name: &str| -> String {
+        if c.bridges.iter().any(|b| b.name == name) {
+            format!("bridge {name:?} has no address")
+        } else {
+            format!("no bridge or uplink is named {name:?}")
+        }
+    };
+    // Routes.
+    let mut seen_routes: HashMap<(Cidr, u32), usize> = HashMap::new();
+    for r in &c.routes {
+        let ctx = format!("route to {}", r.to);
+        if let Some(first) = seen_routes.insert((r.to, r.metric), r.lines.of("to")) {
+            err(r.lines.of("to"), format!("{ctx}: a route to {} with metric {} is already given (line {first}); give it another metric", r.to, r.metric));
+        }
+        if let Some(d) = &r.dev {
+            if !known(d) {
+                err(
+                    r.lines.of("dev"),
+                    format!(
+                        "{ctx}: dev = {d:?}: {} (expected a bridge with an address or an uplink)",
+                        describe_iface(d)
+                    ),
+                );
+            }
+        }
+        if let Some(gw) = r.via {
+            let on = match &r.dev {
+                Some(d) => iface_of(d).is_none_or(|(_, a, _)| a.contains(gw)),
+                None => conn.iter().any(|(_, a, _)| a.contains(gw)),
+            };
+            if !on {
+                let subnets: Vec<String> = conn
+                    .iter()
+                    .map(|(n, a, _)| format!("{n} {}/{}", a.network(), a.len))
+                    .collect();
+                err(
+                    r.lines.of("via"),
+                    format!(
+                        "{ctx}: via = \"{gw}\" is not on a connected subnet{} (connected: {})",
+                        r.dev
+                            .as_ref()
+                            .map(|d| format!(" of {d}"))
+                            .unwrap_or_default(),
+                        if subnets.is_empty() {
+                            "none".into()
+                        } else {
+                            subnets.join(", ")
+                        }
+                    ),
+                );
+            } else if conn.iter().any(|(_, a, _)| a.addr == gw) {
+                err(
+                    r.lines.of("via"),
+                    format!("{ctx}: via = \"{gw}\" is this node's own address"),
+                );
+            }
+        }
+    }
+    // Static neighbours.
+    let mut seen_neigh: HashMap<(&str, Ipv4Addr), usize> = HashMap::new();
+    for n in &c.neighbors {
+        let ctx = format!("neighbor {}", n.ip);
+        match iface_of(&n.dev) {
+            None if broken.contains(&n.dev) => {}
+            None => err(
+                n.lines.of("dev"),
+                format!(
+                    "{ctx}: dev = {:?}: {} (expected a bridge with an address or an uplink)",
+                    n.dev,
+                    describe_iface(&n.dev)
+                ),
+            ),
+            Some((_, a, _)) => {
+                if !a.contains(n.ip) {
+                    err(
+                        n.lines.of("ip"),
+                        format!(
+                            "{ctx}: ip = \"{}\" is not in {}'s subnet {}/{}",
+                            n.ip,
+                            n.dev,
+                            a.network(),
+                            a.len
+                        ),
+                    );
+                } else if a.addr == n.ip {
+                    err(
+                        n.lines.of("ip"),
+                        format!("{ctx}: ip = \"{}\" is {}'s own address", n.ip, n.dev),
+                    );
+                }
+            }
+        }
+        if let Some(first) = seen_neigh.insert((n.dev.as_str(), n.ip), n.lines.of("ip")) {
+            err(
+                n.lines.of("ip"),
+                format!("{ctx}: given twice on {} (first on line {first})", n.dev),
+            );
+        }
+    }
+    // Services.
+    let routed = |ip: Ipv4Addr| -> bool {
+        conn.iter().any(|(_, a, _)| a.contains(ip))
+            || c.routes
+                .iter()
+                .any(|r| r.kind == RouteType::Unicast && r.to.contains(ip))
+    };
+    let mut svc_names: HashMap<&str, usize> = HashMap::new();
+    let mut frontends: HashMap<(Ipv4Addr, u16, u8), (String, usize)> = HashMap::new();
+    let mut node_ports: HashMap<(u16, u8), (String, usize)> = HashMap::new();
+    let (lo, hi) = c.node.node_port_range;
+    for s in &c.services {
+        let ctx = format!("service {:?}", s.name);
+        if let Some(first) = svc_names.insert(&s.name, s.lines.of("name")) {
+            err(
+                s.lines.of("name"),
+                format!(
+                    "{ctx}: name {:?} is already used by the service on line {first}",
+                    s.name
+                ),
+            );
+        }
+        if let Some((n, _, _)) = conn.iter().find(|(_, a, _)| a.contains(s.vip)) {
+            err(s.lines.of("cluster_ip"), format!("{ctx}: cluster_ip = \"{}\" is inside {n}'s connected subnet; a Service address must not belong to a link", s.vip));
+        } else if !is_host(s.vip) {
+            err(
+                s.lines.of("cluster_ip"),
+                format!("{ctx}: cluster_ip = \"{}\" is not a unicast address", s.vip),
+            );
+        } else if c.node.cluster_cidr.contains(s.vip) {
+            err(
+                s.lines.of("cluster_ip"),
+                format!(
+                    "{ctx}: cluster_ip = \"{}\" is inside node.cluster_cidr {} (pod addresses)",
+                    s.vip, c.node.cluster_cidr
+                ),
+            );
+        }
+        if let Some((first, l)) = frontends.insert(
+            (s.vip, s.port, s.proto),
+            (s.name.clone(), s.lines.of("port")),
+        ) {
+            err(
+                s.lines.of("port"),
+                format!(
+                    "{ctx}: {}:{}/{} is already service {first:?}'s (line {l})",
+                    s.vip,
+                    s.port,
+                    proto_name(s.proto)
+                ),
+            );
+        }
+        if let Some(np) = s.node_port {
+            if !(lo..=hi).contains(&np) {
+                err(s.lines.of("node_port"), format!("{ctx}: node_port = {np} is outside {lo}-{hi} (set node.node_port_range to allow it)"));
+            }
+            if let Some((first, l)) =
+                node_ports.insert((np, s.proto), (s.name.clone(), s.lines.of("node_port")))
+            {
+                err(
+                    s.lines.of("node_port"),
+                    format!(
+                        "{ctx}: node_port = {np}/{} is already service {first:?}'s (line {l})",
+                        proto_name(s.proto)
+                    ),
+                );
+            }
+        }
+        let mut seen = HashSet::new();
+        for (i, e) in s.endpoints.iter().map(|e| &e.addr).enumerate() {
+            let line = s.lines.of(&format!("endpoints.{i}"));
+            if !seen.insert(*e) {
+                err(line, format!("{ctx}: endpoint {e} is listed twice"));
+            }
+            if !routed(*e.ip()) {
+                err(line, format!("{ctx}: endpoint {e} is outside every connected subnet and route (no way to reach it)"));
+            } else if conn.iter().any(|(_, a, _)| a.addr == *e.ip()) {
+                err(
+                    line,
+                    format!(
+                        "{ctx}: endpoint {e} is this node's own address (the node has no sockets)"
+                    ),
+                );
+            }
+        }
+        if s.affinity.is_none() && s.lines.has("session_affinity_timeout") {
+            warnings.push(Diag {
+                line: s.lines.of("session_affinity_timeout"),
+                warning: true,
+                msg: format!("{ctx}: session_affinity_timeout has no effect without session_affinity = \"client-ip\""),
+            });
+        }
+        if s.external_local
+            && s.node_port.is_some()
+            && !s.endpoints.is_empty()
+            && !s.endpoints.iter().any(|e| e.local)
+        {
+            warnings.push(Diag {
+                line: s.lines.of("external_traffic_policy"),
+                warning: true,
+                msg: format!("{ctx}: external_traffic_policy = \"local\" but no endpoint is on this node's bridges: node-port traffic to this node will be dropped"),
+            });
+        }
+        if s.endpoints.is_empty() {
+            warnings.push(Diag {
+                line: s.lines.of("name"),
+                warning: true,
+                msg: format!("{ctx}: no endpoints: connections to it will be refused"),
+            });
+        }
+    }
+    // Masquerade.
+    if let Some(m) = &c.masquerade {
+        if !known(&m.out) {
+            err(
+                m.lines.of("out"),
+                format!(
+                    "[masquerade]: out = {:?}: {} (expected an uplink or a bridge with an address)",
+                    m.out,
+                    describe_iface(&m.out)
+                ),
+            );
+        }
+    }
+    diags.extend(warnings);
+}

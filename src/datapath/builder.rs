@@ -1,0 +1,337 @@
+//! Building a datapath: bridges, ports, router interfaces, the neighbour table's settings
+//! and the NAT engine, checked as they are added.
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::{Bridge, Datapath, PortInfo, PortKind};
+use crate::base::{BridgeId, IfaceId, PortId};
+use crate::conntrack::CtConfigError;
+use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
+use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
+use crate::l3::route::{mask, NextHop, Route, RouteProto};
+use crate::l3::router::{Iface, IfaceConfig, Router};
+use crate::nat::netfilter::{NatConfig, Netfilter};
+
+/// Settings of one bridge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BridgeConfig {
+    /// A unique name, like `cni0`.
+    pub name: String,
+    /// The FDB's limit on entries (default 8192).
+    pub fdb_max_entries: usize,
+    /// How long a silent station stays in the FDB (default 300 s, as Linux).
+    pub aging: Duration,
+}
+
+impl BridgeConfig {
+    /// A bridge called `name` with default limits.
+    pub fn new(name: impl Into<String>) -> BridgeConfig {
+        BridgeConfig {
+            name: name.into(),
+            fdb_max_entries: DEFAULT_MAX_ENTRIES,
+            aging: DEFAULT_AGING,
+        }
+    }
+}
+
+/// An invalid topology given to [`DatapathBuilder`]; the message names the field and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Two ports or two bridges with one name.
+    DuplicateName {
+        /// `"port"` or `"bridge"`.
+        kind: &'static str,
+        /// The repeated name.
+        name: String,
+    },
+    /// A name that is empty or longer than 15 bytes (Linux's IFNAMSIZ - 1).
+    BadName {
+        /// `"port"` or `"bridge"`.
+        kind: &'static str,
+        /// The name given.
+        name: String,
+    },
+    /// A port attached to a bridge id that does not exist.
+    NoSuchBridge(BridgeId),
+    /// More than 65535 ports or bridges.
+    TooMany(&'static str),
+    /// A numeric setting out of its range.
+    OutOfRange {
+        /// The setting.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// The neighbour table's settings were refused ([`DatapathBuilder::neigh_config`]).
+    Neigh(NeighError),
+    /// The conntrack settings of the NAT engine were refused ([`DatapathBuilder::netfilter`]).
+    Conntrack(CtConfigError),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::DuplicateName { kind, name } => {
+                write!(
+                    f,
+                    "{kind} name {name:?} is used twice; names must be unique"
+                )
+            }
+            ConfigError::BadName { kind, name } => write!(
+                f,
+                "{kind} name {name:?} is invalid: expected 1 to 15 bytes, no '/', no whitespace"
+            ),
+            ConfigError::NoSuchBridge(b) => write!(f, "bridge id {} does not exist", b.0),
+            ConfigError::TooMany(what) => write!(f, "too many {what}: at most 65535"),
+            ConfigError::OutOfRange {
+                field,
+                value,
+                expected,
+            } => write!(f, "{field} = {value} is out of range: expected {expected}"),
+            ConfigError::Neigh(_) => f.write_str("invalid neighbour table settings"),
+            ConfigError::Conntrack(_) => f.write_str("invalid conntrack settings"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Neigh(e) => Some(e),
+            ConfigError::Conntrack(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn check_name(kind: &'static str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || name.len() > 15
+        || name.contains('/')
+        || name.chars().any(char::is_whitespace)
+    {
+        return Err(ConfigError::BadName {
+            kind,
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Builds a [`Datapath`]: add bridges, then ports attached to them.
+#[derive(Default)]
+pub struct DatapathBuilder {
+    ports: Vec<PortInfo>,
+    bridges: Vec<Bridge>,
+    ifaces: Vec<Iface>,
+    neigh: NeighConfig,
+    nf: Option<Netfilter>,
+}
+
+impl fmt::Debug for DatapathBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatapathBuilder")
+            .field("ports", &self.ports.len())
+            .field("bridges", &self.bridges)
+            .finish()
+    }
+}
+
+impl DatapathBuilder {
+    /// Adds a bridge.
+    pub fn add_bridge(&mut self, cfg: BridgeConfig) -> Result<BridgeId, ConfigError> {
+        check_name("bridge", &cfg.name)?;
+        if self.bridges.iter().any(|b| b.name == cfg.name) {
+            return Err(ConfigError::DuplicateName {
+                kind: "bridge",
+                name: cfg.name,
+            });
+        }
+        if !(1..=1 << 24).contains(&cfg.fdb_max_entries) {
+            return Err(ConfigError::OutOfRange {
+                field: "fdb_max_entries",
+                value: cfg.fdb_max_entries.to_string(),
+                expected: "1 to 16777216",
+            });
+        }
+        if cfg.aging < Duration::from_secs(1) || cfg.aging > Duration::from_secs(1_000_000) {
+            return Err(ConfigError::OutOfRange {
+                field: "aging",
+                value: format!("{:?}", cfg.aging),
+                expected: "1 s to 1000000 s",
+            });
+        }
+        let id = u16::try_from(self.bridges.len()).map_err(|_| ConfigError::TooMany("bridges"))?;
+        self.bridges.push(Bridge {
+            name: cfg.name,
+            ports: Vec::new(),
+            fdb: Fdb::new(cfg.fdb_max_entries, cfg.aging),
+            router: None,
+            router_mac: 0,
+        });
+        Ok(BridgeId(id))
+    }
+
+    /// Adds a port, attached to `bridge` or to none (its frames are then dropped as
+    /// [`DropReason::NoBridge`](crate::stats::DropReason::NoBridge)).
+    pub fn add_port(
+        &mut self,
+        name: impl Into<String>,
+        bridge: Option<BridgeId>,
+    ) -> Result<PortId, ConfigError> {
+        self.push_port(name.into(), bridge, PortKind::External)
+    }
+
+    fn push_port(
+        &mut self,
+        name: String,
+        bridge: Option<BridgeId>,
+        kind: PortKind,
+    ) -> Result<PortId, ConfigError> {
+        check_name("port", &name)?;
+        if self.ports.iter().any(|p| p.name == name) {
+            return Err(ConfigError::DuplicateName { kind: "port", name });
+        }
+        let id =
+            PortId(u16::try_from(self.ports.len()).map_err(|_| ConfigError::TooMany("ports"))?);
+        if let Some(b) = bridge {
+            self.bridges
+                .get_mut(usize::from(b.0))
+                .ok_or(ConfigError::NoSuchBridge(b))?
+                .ports
+                .push(id);
+        }
+        self.ports.push(PortInfo { name, bridge, kind });
+        Ok(id)
+    }
+
+    /// Adds a router interface. On a bridge (`on = Some(bridge)`, like `cni0`), it gets a
+    /// virtual port on that bridge named after it, and its MAC a static FDB entry there;
+    /// otherwise it owns a new external port named after it (an uplink, like `eth0`) that the
+    /// caller attaches a driver to. The connected route `addr/prefix_len` is added. Returns
+    /// the interface id and its port.
+    pub fn add_router_iface(
+        &mut self,
+        cfg: IfaceConfig,
+        on: Option<BridgeId>,
+    ) -> Result<(IfaceId, PortId), ConfigError> {
+        if !cfg.mac.is_station() {
+            return Err(ConfigError::OutOfRange {
+                field: "mac",
+                value: cfg.mac.to_string(),
+                expected: "a unicast, non-zero MAC address",
+            });
+        }
+        if cfg.prefix_len > 32 || cfg.addr.is_unspecified() || cfg.addr.is_multicast() {
+            return Err(ConfigError::OutOfRange {
+                field: "address",
+                value: format!("{}/{}", cfg.addr, cfg.prefix_len),
+                expected: "a unicast IPv4 address with a prefix length of 0 to 32",
+            });
+        }
+        if !(68..=65_000).contains(&cfg.mtu) {
+            return Err(ConfigError::OutOfRange {
+                field: "mtu",
+                value: cfg.mtu.to_string(),
+                expected: "68 to 65000",
+            });
+        }
+        if let Some(other) = self.ifaces.iter().find(|i| i.cfg.addr == cfg.addr) {
+            return Err(ConfigError::OutOfRange {
+                field: "address",
+                value: cfg.addr.to_string(),
+                expected: if other.cfg.name == cfg.name {
+                    "an address used once"
+                } else {
+                    "an address not used by another interface"
+                },
+            });
+        }
+        let id = IfaceId(
+            u16::try_from(self.ifaces.len()).map_err(|_| ConfigError::TooMany("interfaces"))?,
+        );
+        if let Some(b) = on {
+            let br = self
+                .bridges
+                .get(usize::from(b.0))
+                .ok_or(ConfigError::NoSuchBridge(b))?;
+            if br.router.is_some() {
+                return Err(ConfigError::OutOfRange {
+                    field: "bridge",
+                    value: br.name.clone(),
+                    expected: "a bridge without a router interface (one per bridge)",
+                });
+            }
+        }
+        let kind = match on {
+            Some(_) => PortKind::RouterVirtual(id),
+            None => PortKind::Routed(id),
+        };
+        let port = self.push_port(cfg.name.clone(), on, kind)?;
+        if let Some(b) = on {
+            let br = &mut self.bridges[usize::from(b.0)];
+            br.router = Some((id, port));
+            br.router_mac = crate::l2::fdb::word(cfg.mac);
+            br.fdb.add_static(cfg.mac, port);
+        }
+        self.ifaces.push(Iface {
+            cfg,
+            port,
+            bridge: on,
+        });
+        Ok((id, port))
+    }
+
+    /// Sets the neighbour (ARP) table's configuration (defaults as Linux).
+    pub fn neigh_config(&mut self, cfg: NeighConfig) -> Result<(), ConfigError> {
+        cfg.validate().map_err(ConfigError::Neigh)?;
+        self.neigh = cfg;
+        Ok(())
+    }
+
+    /// Turns on connection tracking and NAT (Services, masquerade, SNAT) on routed packets,
+    /// and reverse NAT on bridged IPv4 (see [`crate::nat::netfilter`]). Needs a router interface.
+    /// Errors name the bad conntrack setting.
+    pub fn netfilter(&mut self, cfg: NatConfig) -> Result<(), ConfigError> {
+        let nf = Netfilter::new(cfg).map_err(ConfigError::Conntrack)?;
+        self.nf = Some(nf);
+        Ok(())
+    }
+
+    /// Finishes the datapath.
+    pub fn build(self) -> Datapath {
+        let router = (!self.ifaces.is_empty()).then(|| {
+            let r = Router::new(self.ifaces, NeighTable::new(self.neigh));
+            for (i, iface) in r.ifaces.iter().enumerate() {
+                let c = &iface.cfg;
+                // Two interfaces in one subnet: the first one's connected route wins, as the
+                // second `add` fails with `Exists` (Linux keeps both; the first is used).
+                let _ = r.routes.add(Route {
+                    prefix: mask(c.addr, c.prefix_len),
+                    len: c.prefix_len,
+                    next_hop: NextHop::Link(IfaceId(i as u16)),
+                    metric: 0,
+                    proto: RouteProto::Kernel,
+                    src: Some(c.addr),
+                });
+            }
+            r
+        });
+        Datapath {
+            names: self.ports.iter().map(|p| p.name.clone()).collect(),
+            ports: self.ports,
+            bridges: self.bridges,
+            // NAT hooks into the router: without router interfaces there is nothing to hook.
+            nf: if router.is_some() { self.nf } else { None },
+            router,
+            shards: Mutex::new(Vec::new()),
+            last_sweep: AtomicU64::new(0),
+        }
+    }
+}

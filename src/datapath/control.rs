@@ -1,0 +1,209 @@
+//! The control side of a datapath: lookups by name, routes and neighbours changed while
+//! traffic flows, table dumps and counters. Nothing here is on the per-packet path.
+
+use std::fmt;
+
+use super::{Bridge, Datapath};
+use crate::base::{BridgeId, IfaceId, PortId};
+use crate::l2::fdb::FdbEntry;
+use crate::l3::route::{NextHop, Route, RouteTable};
+use crate::l3::router::Router;
+use crate::nat::netfilter::Netfilter;
+use crate::stats::StatsSnapshot;
+use crate::time::Instant;
+
+impl Datapath {
+    /// Number of ports.
+    pub fn port_count(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// The name of a port.
+    pub fn port_name(&self, p: PortId) -> Option<&str> {
+        self.ports.get(usize::from(p.0)).map(|p| p.name.as_str())
+    }
+
+    /// The port called `name`.
+    pub fn port_by_name(&self, name: &str) -> Option<PortId> {
+        self.ports
+            .iter()
+            .position(|p| p.name == name)
+            .map(|i| PortId(i as u16))
+    }
+
+    /// The bridge a port belongs to.
+    pub fn port_bridge(&self, p: PortId) -> Option<BridgeId> {
+        self.ports.get(usize::from(p.0)).and_then(|p| p.bridge)
+    }
+
+    /// A bridge by id.
+    pub fn bridge(&self, b: BridgeId) -> Option<&Bridge> {
+        self.bridges.get(usize::from(b.0))
+    }
+
+    /// The bridge called `name`.
+    pub fn bridge_by_name(&self, name: &str) -> Option<BridgeId> {
+        self.bridges
+            .iter()
+            .position(|b| b.name == name)
+            .map(|i| BridgeId(i as u16))
+    }
+
+    /// All bridges, in id order.
+    pub fn bridges(&self) -> &[Bridge] {
+        &self.bridges
+    }
+
+    /// The router, if the datapath has router interfaces.
+    pub fn router(&self) -> Option<&Router> {
+        self.router.as_ref()
+    }
+
+    /// Conntrack and NAT, if the datapath was built with [`DatapathBuilder::netfilter`](super::DatapathBuilder::netfilter).
+    pub fn netfilter(&self) -> Option<&Netfilter> {
+        self.nf.as_ref()
+    }
+
+    /// The routing table, if the datapath has a router.
+    pub fn routes(&self) -> Option<&RouteTable> {
+        self.router.as_ref().map(|r| &r.routes)
+    }
+
+    /// The router interface called `name`.
+    pub fn iface_by_name(&self, name: &str) -> Option<IfaceId> {
+        let r = self.router.as_ref()?;
+        r.ifaces
+            .iter()
+            .position(|i| i.cfg.name == name)
+            .map(|i| IfaceId(i as u16))
+    }
+
+    /// The name of a router interface.
+    pub fn iface_name(&self, i: IfaceId) -> Option<&str> {
+        self.router.as_ref()?.iface(i).map(|i| i.cfg.name.as_str())
+    }
+
+    /// Adds a route, checking it against the interfaces: the interface must exist, and a
+    /// gateway must be on a connected subnet (as Linux's "Nexthop has invalid gateway").
+    pub fn add_route(&self, r: Route) -> Result<(), crate::l3::route::RouteError> {
+        let Some(router) = &self.router else {
+            return Err(crate::l3::route::RouteError::NoInterface(0));
+        };
+        self.check_route(router, &r)?;
+        router.routes.add(r)
+    }
+
+    /// Removes the route to `prefix/len` with `metric` (the best one if `None`), as `ip route
+    /// del`.
+    pub fn remove_route(
+        &self,
+        prefix: std::net::Ipv4Addr,
+        len: u8,
+        metric: Option<u32>,
+    ) -> Result<Route, crate::l3::route::RouteError> {
+        let Some(router) = &self.router else {
+            return Err(crate::l3::route::RouteError::NotFound(prefix, len));
+        };
+        router.routes.remove(prefix, len, metric)
+    }
+
+    /// Adds a route or replaces the one with the same prefix, length and metric in one
+    /// update (`ip route replace`), checked as [`Datapath::add_route`]. Returns the route
+    /// replaced.
+    pub fn replace_route(&self, r: Route) -> Result<Option<Route>, crate::l3::route::RouteError> {
+        let Some(router) = &self.router else {
+            return Err(crate::l3::route::RouteError::NoInterface(0));
+        };
+        self.check_route(router, &r)?;
+        router.routes.replace(r)
+    }
+
+    fn check_route(&self, router: &Router, r: &Route) -> Result<(), crate::l3::route::RouteError> {
+        if let Some(i) = r.next_hop.iface() {
+            if router.iface(i).is_none() {
+                return Err(crate::l3::route::RouteError::NoInterface(i.0));
+            }
+        }
+        if let NextHop::Via(i, gw) = r.next_hop {
+            let on_link = matches!(router.routes.lookup(gw), Some(NextHop::Link(j)) if j == i);
+            if !on_link {
+                return Err(crate::l3::route::RouteError::GatewayNotOnLink(gw));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a permanent neighbour entry (`ip neigh del IP dev IFACE`); `false` when there
+    /// was no permanent entry for `ip` on `iface` (dynamic entries are left alone).
+    pub fn remove_static_neigh(&self, iface: IfaceId, ip: std::net::Ipv4Addr) -> bool {
+        let Some(r) = &self.router else { return false };
+        let permanent = r.neigh.dump(Instant::ZERO).iter().any(|e| {
+            e.iface == iface.0 && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
+        });
+        permanent && r.neigh.remove(iface, ip)
+    }
+
+    /// Adds a permanent neighbour entry (`ip neigh add IP lladdr MAC dev IFACE nud permanent`).
+    /// Packets that were waiting for `ip` stay queued until the next batch; they are released
+    /// the next time the neighbour is used. Errors name the bad value.
+    pub fn add_static_neigh(
+        &self,
+        iface: IfaceId,
+        ip: std::net::Ipv4Addr,
+        mac: crate::wire::mac::MacAddr,
+        now: Instant,
+    ) -> Result<(), crate::l3::neigh::NeighError> {
+        let Some(r) = &self.router else {
+            return Err(crate::l3::neigh::NeighError::BadAddress(ip));
+        };
+        r.neigh.add_static(iface, ip, mac, now).map(|_| ())
+    }
+
+    /// Writes the routing table like `ip route show`.
+    pub fn fmt_routes(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        let Some(r) = &self.router else { return Ok(()) };
+        r.routes
+            .fmt_routes(out, &|i| self.iface_name(i).unwrap_or("?").to_string())
+    }
+
+    /// Writes the neighbour table like `ip neigh show`.
+    pub fn fmt_neigh(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
+        let Some(r) = &self.router else { return Ok(()) };
+        r.neigh.fmt_dump(now, out, &|i| {
+            self.iface_name(IfaceId(i)).unwrap_or("?").to_string()
+        })
+    }
+
+    /// The FDB of `bridge` at `now`, like `bridge fdb show br <bridge>`.
+    pub fn fdb_dump(&self, bridge: BridgeId, now: Instant) -> Vec<FdbEntry> {
+        self.bridge(bridge)
+            .map_or_else(Vec::new, |b| b.fdb.dump(now))
+    }
+
+    /// Writes every bridge's FDB in the style of `bridge fdb show`.
+    pub fn fmt_fdb(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
+        for b in &self.bridges {
+            for e in b.fdb.dump(now) {
+                let port = self.port_name(e.port).unwrap_or("?");
+                match e.age {
+                    None => writeln!(out, "{} dev {} master {} static", e.mac, port, b.name)?,
+                    Some(a) => writeln!(
+                        out,
+                        "{} dev {} master {} age {:.1}s",
+                        e.mac,
+                        port,
+                        b.name,
+                        a.as_secs_f64()
+                    )?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot of every counter, summed over workers.
+    pub fn stats(&self) -> StatsSnapshot {
+        let shards = self.shards.lock().clone();
+        StatsSnapshot::sum(&self.names, &shards)
+    }
+}

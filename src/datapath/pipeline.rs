@@ -1,0 +1,686 @@
+//! The per-packet pipeline: [`Datapath::process`] in two passes, and [`Datapath::poll`]'s
+//! timers.
+//!
+//! Pass 1 classifies every frame of the batch without touching a table (and prefetches the
+//! FDB buckets and, for big tables, the conntrack buckets the frame will need); pass 2 learns,
+//! decides and routes. Per batch, the pipeline owns a context ([`BatchCtx`]): the routing
+//! table version and the router's memo, the egress memo, and the worker's NAT state lent to
+//! the PREROUTING hook.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Bridge, Datapath, PortKind, Worker, MAX_EXTRA};
+use crate::base::{BridgeId, IfaceId, PortId, Verdict};
+use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
+use crate::l2::fdb::Loc;
+use crate::l3::route::{NextHop, RouteReader};
+use crate::l3::router::{Hook, L3Batch, Prerouting, Router, Sink, L3};
+use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
+use crate::stats::{DropReason, Shard};
+use crate::time::Instant;
+use crate::wire::ipv4::Ipv4Info;
+use crate::wire::mac::MacAddr;
+use crate::wire::{is_vlan_type, EthMeta};
+
+/// Conntrack slots examined for expiry per [`Datapath::poll`] call (every 100 ms with a
+/// router): 40960 slots a second, so a table of 262144 is swept in under 7 s, while expired
+/// entries are treated as absent at once anyway.
+const CT_SWEEP_BUDGET: usize = 4096;
+
+/// Pass 1 prefetches the conntrack buckets of routed IPv4 packets once the table holds this
+/// many connections (about where its index outgrows a core's L2 cache).
+const CT_PREFETCH_MIN: usize = 16_384;
+
+/// Pass 1's conntrack prefetcher: the key of the last tuple it prefetched, so a run of
+/// one flow's packets is prefetched once.
+struct CtPrefetch<'a> {
+    nf: &'a Netfilter,
+    last: [u64; 2],
+}
+
+impl CtPrefetch<'_> {
+    /// Prefetches the conntrack buckets of the untagged IPv4 packet in `f`, if any.
+    #[inline]
+    fn frame(&mut self, f: &[u8]) {
+        if let (Some(&[0x08, 0x00]), Some(ip)) = (f.get(12..14), f.get(14..)) {
+            self.nf.prefetch_ipv4(ip, &mut self.last);
+        }
+    }
+}
+
+/// The low 48 bits: a MAC address read as a little-endian word.
+const MAC48: u64 = (1 << 48) - 1;
+
+/// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]), packed
+/// small so that storing and reading it back is cheap; the FDB locations of a bridged frame's
+/// addresses live in arrays beside it, and the L3 offset and EtherType are read again (with
+/// [`L3Hint::of`]) only by the frames that need them.
+#[derive(Clone, Copy)]
+struct Pre {
+    kind: u8,
+    /// `GROUP_DST`, `LINK_LOCAL`, `OURS`; for `DROP`, the drop reason's discriminant.
+    flags: u8,
+    /// The bridge (`BRIDGE`) or the router interface (`ROUTED`).
+    id: u16,
+}
+
+/// `Pre::kind`: dropped in pass 1, under `reason`.
+const DROP: u8 = 0;
+/// `Pre::kind`: a frame on a router interface's own (uplink) port.
+const ROUTED: u8 = 1;
+/// `Pre::kind`: a frame on a bridge port.
+const BRIDGE: u8 = 2;
+
+/// The destination is a group (multicast or broadcast) address.
+const GROUP_DST: u8 = 1;
+/// The destination is in the 802.1D reserved range a bridge does not forward.
+const LINK_LOCAL: u8 = 2;
+/// (Routed) the destination is the router interface's own MAC.
+const OURS: u8 = 4;
+
+impl Pre {
+    #[inline]
+    fn drop(reason: DropReason) -> Pre {
+        Pre {
+            kind: DROP,
+            flags: reason as u8,
+            id: 0,
+        }
+    }
+
+    /// The drop reason of a `DROP`.
+    #[inline]
+    fn reason(&self) -> DropReason {
+        DropReason::ALL
+            .get(usize::from(self.flags))
+            .copied()
+            .unwrap_or(DropReason::Truncated)
+    }
+}
+
+/// What the router needs from the L2 parse: where L3 starts and what it is.
+#[derive(Clone, Copy)]
+struct L3Hint {
+    l3: u16,
+    ether_type: u16,
+    tagged: bool,
+}
+
+impl L3Hint {
+    /// Reads a frame's L3 offset and EtherType again (pass 1 has checked that it parses; a
+    /// frame that does not reads as tagged, which every user drops).
+    #[inline]
+    fn of(b: &PacketBuf) -> L3Hint {
+        match EthMeta::parse(b.frame()) {
+            Ok(m) => L3Hint {
+                l3: m.l3,
+                ether_type: m.ether_type.0,
+                tagged: m.vlan.is_some(),
+            },
+            Err(_) => L3Hint {
+                l3: 0,
+                ether_type: 0,
+                tagged: true,
+            },
+        }
+    }
+}
+
+/// What pass 2 keeps for one batch with a router: the router's view of the batch (a routing
+/// table version and its forwarding memo), the last egress decision, and the NAT hook with
+/// the worker's NAT state lent for the batch.
+struct BatchCtx<'a> {
+    l3: L3Batch<'a>,
+    /// The last egress decision: (interface, destination MAC, output port), so a run of
+    /// frames to one next hop does the far bridge's FDB lookup once.
+    egress: Option<(IfaceId, MacAddr, PortId)>,
+    /// Conntrack and NAT as the router's PREROUTING hook, when the datapath has them.
+    nat: Option<NatHook<'a>>,
+}
+
+/// The NAT engine plugged into the router's PREROUTING hook, with a worker's NAT state.
+struct NatHook<'a> {
+    nf: &'a Netfilter,
+    cx: &'a mut NatCtx,
+}
+
+impl Prerouting for NatHook<'_> {
+    #[inline]
+    fn prerouting(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv4Info,
+        now: Instant,
+    ) -> Hook {
+        let view = RouterView { router, routes };
+        self.nf.prerouting(&view, b, l3, info, self.cx, now)
+    }
+}
+
+/// The narrow view of routing the NAT engine gets: the router's addresses and a route lookup
+/// in the batch's table version.
+struct RouterView<'r, 'a> {
+    router: &'r Router,
+    routes: &'r RouteReader<'a>,
+}
+
+impl Routing for RouterView<'_, '_> {
+    #[inline]
+    fn is_local(&self, addr: Ipv4Addr) -> bool {
+        self.router.local_iface(addr).is_some()
+    }
+
+    #[inline]
+    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)> {
+        match self.routes.lookup(dst)? {
+            NextHop::Link(i) | NextHop::Via(i, _) => self.router.iface(i).map(|f| (i, f.cfg.addr)),
+            NextHop::Blackhole | NextHop::Unreachable => None,
+        }
+    }
+}
+
+/// The router's output during one call: frames written into pool buffers.
+struct PoolSink<'a> {
+    pool: &'a mut BufPool,
+    out: &'a mut Vec<(PacketBuf, IfaceId)>,
+    shard: &'a Shard,
+    overflow: u64,
+}
+
+impl Sink for PoolSink<'_> {
+    fn emit(&mut self, via: IfaceId, write: &mut dyn FnMut(&mut [u8]) -> Option<usize>) {
+        if self.out.len() >= MAX_EXTRA {
+            self.overflow += 1;
+            return;
+        }
+        let Some(mut b) = self.pool.get() else {
+            self.overflow += 1;
+            return;
+        };
+        match write(b.room_mut()) {
+            Some(n) => {
+                b.set_len(n);
+                self.out.push((b, via));
+            }
+            None => {
+                self.overflow += 1;
+                self.pool.put(b);
+            }
+        }
+    }
+
+    fn dropped(&mut self, reason: DropReason) {
+        self.shard.count_drop(reason);
+        self.shard.totals.deferred_drops.add(1);
+    }
+}
+
+impl Datapath {
+    /// Decides the fate of every frame in `batch` (received on the port in each buffer's
+    /// `port` field) at time `now`, filling `batch`'s verdicts. Learns source addresses; frames
+    /// for a router interface are routed (rewritten in place). Frames the router makes (ARP
+    /// replies, ICMP, released packets) are appended to the batch with their own verdicts.
+    /// Processes at most [`BATCH_SIZE`] received frames; allocates nothing once warm; takes no
+    /// lock unless a table changes.
+    pub fn process(&self, w: &mut Worker, now: Instant, batch: &mut Batch) {
+        batch.verdicts.clear();
+        let n = batch.bufs.len().min(BATCH_SIZE);
+        // Pass 1: count, parse, locate source and destination in the FDB and prefetch their
+        // buckets, so pass 2's table accesses overlap their cache misses.
+        let mut pre: [Pre; BATCH_SIZE] = [Pre::drop(DropReason::Truncated); BATCH_SIZE];
+        let mut src_loc = [Loc::default(); BATCH_SIZE];
+        let mut dst_loc = [Loc::default(); BATCH_SIZE];
+        // rx counters are summed per run of frames from one port and stored once per run.
+        let (mut run_port, mut run_pkts, mut run_bytes) = (PortId(u16::MAX), 0u64, 0u64);
+        let flush = |shard: &Shard, p: PortId, pkts: u64, bytes: u64| {
+            if let Some(c) = shard.ports.get(usize::from(p.0)) {
+                c.rx_packets.add(pkts);
+                c.rx_bytes.add(bytes);
+            }
+        };
+        for b in &batch.bufs[..n] {
+            if b.port != run_port {
+                flush(&w.shard, run_port, run_pkts, run_bytes);
+                (run_port, run_pkts, run_bytes) = (b.port, 0, 0);
+            }
+            run_pkts += 1;
+            run_bytes += b.len() as u64;
+        }
+        flush(&w.shard, run_port, run_pkts, run_bytes);
+        let mut pf = self.ct_prefetch();
+        let slots = pre
+            .iter_mut()
+            .zip(src_loc.iter_mut().zip(dst_loc.iter_mut()));
+        for (b, (p, (s, d))) in batch.bufs[..n].iter().zip(slots) {
+            *p = self.classify(b, s, d, &mut pf);
+        }
+        // Pass 2: learn, decide, route.
+        let Worker {
+            shard,
+            pool,
+            extra,
+            nat,
+        } = w;
+        let mut sink = PoolSink {
+            pool,
+            out: extra,
+            shard,
+            overflow: 0,
+        };
+        let mut ctx = self.router.as_ref().map(|r| BatchCtx {
+            l3: L3Batch::new(r.routes.reader()),
+            egress: None,
+            nat: self.nf.as_ref().map(|nf| NatHook { nf, cx: &mut *nat }),
+        });
+        let nf = self.nf.as_ref();
+        let mut out = [Verdict::Local; BATCH_SIZE];
+        let mut tally = [0u64; 4];
+        let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
+        for ((b, (p, (s, d))), o) in batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut()) {
+            let v = if p.kind == BRIDGE {
+                self.bridged(b, *p, s, d, now, nf, &mut ctx, &mut sink)
+            } else {
+                self.decide(b, p, now, &mut ctx, &mut sink)
+            };
+            *o = v;
+            match v {
+                Verdict::Drop(r) => shard.count_drop(r),
+                Verdict::Output(_) => tally[0] += 1,
+                Verdict::Flood(_) => tally[1] += 1,
+                Verdict::Local => tally[2] += 1,
+                Verdict::Queued => tally[3] += 1,
+            }
+        }
+        batch.verdicts.extend_from_slice(&out[..n]);
+        shard.totals.forwarded.add(tally[0]);
+        shard.totals.flooded.add(tally[1]);
+        shard.totals.local.add(tally[2]);
+        shard.totals.queued.add(tally[3]);
+        // Frames past BATCH_SIZE (a caller that overfilled the batch) are dropped, counted.
+        for _ in n..batch.bufs.len() {
+            batch.verdicts.push(Verdict::Drop(DropReason::Oversize));
+            shard.count_drop(DropReason::Oversize);
+        }
+        drop(ctx);
+        let overflow = sink.overflow;
+        self.append_extra(shard, extra, overflow, batch, now);
+    }
+
+    /// Gives each frame the router made its egress verdict and appends it to `batch`.
+    fn append_extra(
+        &self,
+        shard: &Shard,
+        extra: &mut Vec<(PacketBuf, IfaceId)>,
+        overflow: u64,
+        batch: &mut Batch,
+        now: Instant,
+    ) {
+        shard.totals.generated_lost.add(overflow);
+        for (mut b, via) in extra.drain(..) {
+            let v = self.egress(via, &mut b, now);
+            shard.totals.generated.add(1);
+            batch.bufs.push(b);
+            batch.verdicts.push(v);
+        }
+    }
+
+    /// Pass 1's conntrack prefetcher for this batch, when the table is big enough for its
+    /// buckets to miss the cache (a small table stays cached: hashing twice would only cost).
+    #[inline]
+    fn ct_prefetch(&self) -> Option<CtPrefetch<'_>> {
+        let nf = self.nf.as_ref()?;
+        (nf.conntrack().len() >= CT_PREFETCH_MIN).then_some(CtPrefetch { nf, last: [0; 2] })
+    }
+
+    /// Everything about a frame that needs no table access; for a bridged frame, also where
+    /// its addresses live in the FDB (`src`, `dst`), with their buckets prefetched so pass 2's
+    /// table accesses overlap their cache misses.
+    #[inline]
+    fn classify(
+        &self,
+        b: &PacketBuf,
+        src: &mut Loc,
+        dst: &mut Loc,
+        pf: &mut Option<CtPrefetch<'_>>,
+    ) -> Pre {
+        let Some(port) = self.ports.get(usize::from(b.port.0)) else {
+            return Pre::drop(DropReason::UnknownPort);
+        };
+        if b.oversize {
+            return Pre::drop(DropReason::Oversize);
+        }
+        let f = b.frame();
+        let Some(h) = f.first_chunk::<14>() else {
+            return Pre::drop(DropReason::Truncated);
+        };
+        // Both addresses as 48-bit words with one 8-byte load each (the FDB's key form): the
+        // group bit is bit 0 of the first byte, so bit 0 of the word.
+        let (Some(d8), Some(s8)) = (h.first_chunk::<8>(), h.last_chunk::<8>()) else {
+            return Pre::drop(DropReason::Truncated);
+        };
+        let dst_w = u64::from_le_bytes(*d8) & MAC48;
+        let src_w = u64::from_le_bytes(*s8);
+        let src_w = src_w & MAC48;
+        if src_w & 1 != 0 {
+            return Pre::drop(DropReason::MulticastSource);
+        }
+        if src_w == 0 {
+            return Pre::drop(DropReason::ZeroSource);
+        }
+        let mut p = Pre {
+            kind: BRIDGE,
+            flags: 0,
+            id: 0,
+        };
+        // A tagged frame must carry its whole tags.
+        if is_vlan_type(u16::from_be_bytes([h[12], h[13]])) {
+            if let Err(r) = EthMeta::parse(f) {
+                return Pre::drop(r);
+            }
+        }
+        if dst_w & 1 != 0 {
+            p.flags |= GROUP_DST;
+        }
+        match port.kind {
+            PortKind::External => {}
+            PortKind::Routed(iface) => {
+                let ours = self
+                    .router
+                    .as_ref()
+                    .and_then(|r| r.iface(iface))
+                    .is_some_and(|i| crate::l2::fdb::word(i.cfg.mac) == dst_w);
+                p.kind = ROUTED;
+                p.id = iface.0;
+                if ours {
+                    p.flags |= OURS;
+                    if let Some(pf) = pf {
+                        pf.frame(f);
+                    }
+                }
+                return p;
+            }
+            // A router interface's virtual port has no driver: nothing is received on it.
+            PortKind::RouterVirtual(_) => return Pre::drop(DropReason::UnknownPort),
+        }
+        let Some(br) = port.bridge else {
+            return Pre::drop(DropReason::NoBridge);
+        };
+        p.id = br.0;
+        let bridge = &self.bridges[usize::from(br.0)];
+        let fdb = &bridge.fdb;
+        *src = fdb.locate_word(src_w);
+        fdb.prefetch_loc(src);
+        if p.flags & GROUP_DST != 0 {
+            // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux
+            // does; the rest of the 802.1D reserved range stays on the link.
+            let d = MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
+            if d.is_link_local() && d.0[5] != 0 {
+                p.flags |= LINK_LOCAL;
+            }
+        } else {
+            *dst = fdb.locate_word(dst_w);
+            fdb.prefetch_loc(dst);
+            if let (Some(pf), true) = (pf, dst_w == bridge.router_mac) {
+                pf.frame(f);
+            }
+        }
+        p
+    }
+
+    /// The verdict for a frame that is not bridged: routed (on a router's own port) or
+    /// dropped in pass 1.
+    #[inline]
+    fn decide(
+        &self,
+        b: &mut PacketBuf,
+        pre: &Pre,
+        now: Instant,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let p = *pre;
+        if p.kind != ROUTED {
+            return Verdict::Drop(p.reason());
+        }
+        if p.flags & (OURS | GROUP_DST) == 0 {
+            return Verdict::Drop(DropReason::NotForRouter);
+        }
+        self.route(b, &L3Hint::of(b), IfaceId(p.id), now, ctx.as_mut(), sink)
+    }
+
+    /// The verdict for a frame received on a port of bridge `pre.id`: learn its source, then
+    /// forward to the learned port, flood, or hand it to the bridge's router interface.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn bridged(
+        &self,
+        b: &mut PacketBuf,
+        p: Pre,
+        src: &Loc,
+        dst: &Loc,
+        now: Instant,
+        nf: Option<&Netfilter>,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let Some(br) = self.bridges.get(usize::from(p.id)) else {
+            return Verdict::Drop(DropReason::NoBridge);
+        };
+        let in_port = b.port;
+        br.fdb.learn_loc(src, in_port, now);
+        if p.flags != 0 {
+            return self.bridged_group(br, b, p, now, sink);
+        }
+        let v = match br.fdb.lookup_loc(dst, now) {
+            Some(o) if o == in_port => return Verdict::Drop(DropReason::SamePort),
+            Some(o) => match br.router {
+                Some((iface, rp)) if rp == o => {
+                    return self.route(b, &L3Hint::of(b), iface, now, ctx.as_mut(), sink)
+                }
+                _ => Verdict::Output(o),
+            },
+            None => Self::flood(br, BridgeId(p.id)),
+        };
+        // br_netfilter: switched IPv4 of a NAT'd connection is translated here.
+        if let Some(nf) = nf {
+            let meta = L3Hint::of(b);
+            if meta.ether_type == 0x0800 && !meta.tagged {
+                match nf.bridged(b, usize::from(meta.l3), now) {
+                    Hook::Accept => {}
+                    Hook::Drop(r) => return Verdict::Drop(r),
+                    Hook::Reject { .. } => return Verdict::Drop(DropReason::NoEndpoint),
+                }
+            }
+        }
+        v
+    }
+
+    /// A bridge floods to its other ports; with none, the frame has nowhere to go.
+    #[inline]
+    fn flood(br: &Bridge, bid: BridgeId) -> Verdict {
+        if br.ports.len() > 1 {
+            Verdict::Flood(bid)
+        } else {
+            Verdict::Drop(DropReason::NoOtherPort)
+        }
+    }
+
+    /// [`Datapath::bridged`] for a group destination (source already learned): reserved
+    /// link-local groups stay on the link; the rest is flooded, and the bridge's router
+    /// interface sees it too (ARP requests, broadcasts).
+    #[inline(never)]
+    fn bridged_group(
+        &self,
+        br: &Bridge,
+        b: &mut PacketBuf,
+        p: Pre,
+        now: Instant,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        if p.flags & LINK_LOCAL != 0 {
+            return Verdict::Drop(DropReason::LinkLocal);
+        }
+        if let (Some((iface, _)), Some(r)) = (br.router, &self.router) {
+            let meta = L3Hint::of(b);
+            r.observe(
+                b.frame(),
+                usize::from(meta.l3),
+                meta.ether_type,
+                iface,
+                now,
+                sink,
+            );
+        }
+        Self::flood(br, BridgeId(p.id))
+    }
+
+    /// Hands a frame addressed to router interface `iface` to the router.
+    #[inline]
+    fn route(
+        &self,
+        b: &mut PacketBuf,
+        meta: &L3Hint,
+        iface: IfaceId,
+        now: Instant,
+        ctx: Option<&mut BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let (Some(r), Some(ctx)) = (&self.router, ctx) else {
+            return Verdict::Drop(DropReason::NotForRouter);
+        };
+        if meta.tagged {
+            return Verdict::Drop(DropReason::UnsupportedProtocol);
+        }
+        match r.input(
+            b,
+            usize::from(meta.l3),
+            meta.ether_type,
+            iface,
+            &mut ctx.l3,
+            &mut ctx.nat,
+            now,
+            sink,
+        ) {
+            L3::Forward(out) => self.egress_memo(out, b, now, &mut ctx.egress),
+            L3::Local => Verdict::Local,
+            L3::Queued => Verdict::Queued,
+            L3::Drop(reason) => Verdict::Drop(reason),
+        }
+    }
+
+    /// [`Datapath::egress`] remembering its last output-port decision for one batch: a run
+    /// of frames to one next hop does the far bridge's FDB lookup once.
+    #[inline]
+    fn egress_memo(
+        &self,
+        via: IfaceId,
+        b: &mut PacketBuf,
+        now: Instant,
+        memo: &mut Option<(IfaceId, MacAddr, PortId)>,
+    ) -> Verdict {
+        let dst = match b.frame().get(..6) {
+            Some(d) => MacAddr::from_slice(d),
+            None => return Verdict::Drop(DropReason::Truncated),
+        };
+        if let Some((i, m, p)) = *memo {
+            if i == via && m == dst {
+                if let Some(iface) = self.router.as_ref().and_then(|r| r.iface(via)) {
+                    b.port = iface.port;
+                    return Verdict::Output(p);
+                }
+            }
+        }
+        let v = self.egress(via, b, now);
+        if let Verdict::Output(p) = v {
+            *memo = Some((via, dst, p));
+        }
+        v
+    }
+
+    /// The verdict for a frame the router sends out of interface `via` (its MACs are set):
+    /// onto the interface's bridge, as if received on its virtual port, or out of its own port.
+    fn egress(&self, via: IfaceId, b: &mut PacketBuf, now: Instant) -> Verdict {
+        let Some(iface) = self.router.as_ref().and_then(|r| r.iface(via)) else {
+            return Verdict::Drop(DropReason::NoRoute);
+        };
+        b.port = iface.port;
+        let Some(bid) = iface.bridge else {
+            return Verdict::Output(iface.port);
+        };
+        let br = &self.bridges[usize::from(bid.0)];
+        let dst = match b.frame().get(..6) {
+            Some(d) => MacAddr::from_slice(d),
+            None => return Verdict::Drop(DropReason::Truncated),
+        };
+        if dst.is_multicast() {
+            return Verdict::Flood(bid);
+        }
+        // The router does not learn: its MAC is a static entry on its virtual port.
+        match br.fdb.lookup(dst, now) {
+            Some(p) if p == iface.port => Verdict::Drop(DropReason::SamePort),
+            Some(p) => Verdict::Output(p),
+            None => Verdict::Flood(bid),
+        }
+    }
+
+    /// Runs timers due at `now`: the router's ARP retransmissions and failures (the frames they
+    /// make are appended to `out` with their verdicts, for [`Datapath::dispatch`]) and, about
+    /// once a second, the FDB aging sweep. Call it every [`Datapath::poll_interval`]; lookups
+    /// never wait for it.
+    pub fn poll(&self, w: &mut Worker, now: Instant, out: &mut Batch) {
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if now.micros().saturating_sub(last) >= 1_000_000
+            && self
+                .last_sweep
+                .compare_exchange(last, now.micros(), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            for b in &self.bridges {
+                b.fdb.sweep(now);
+            }
+        }
+        let Some(r) = &self.router else { return };
+        if let Some(nf) = &self.nf {
+            nf.sweep(now, CT_SWEEP_BUDGET);
+        }
+        let Worker {
+            shard, pool, extra, ..
+        } = w;
+        let mut sink = PoolSink {
+            pool,
+            out: extra,
+            shard,
+            overflow: 0,
+        };
+        r.poll(now, &mut sink);
+        let overflow = sink.overflow;
+        self.append_extra(shard, extra, overflow, out, now);
+    }
+
+    /// How often [`Datapath::poll`] should run.
+    pub fn poll_interval(&self) -> Duration {
+        if self.router.is_some() {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pre;
+    use crate::stats::DropReason;
+
+    #[test]
+    fn every_drop_reason_survives_pass_one() {
+        for r in DropReason::ALL {
+            assert_eq!(Pre::drop(r).reason(), r);
+        }
+    }
+}
