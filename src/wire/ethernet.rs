@@ -103,6 +103,21 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         u16::from_be_bytes([h[field::ETHERTYPE], h[field::ETHERTYPE + 1]])
     }
 
+    /// Both addresses as 48-bit words (`(dst, src)`, bytes in little-endian order, the FDB's
+    /// key form), one 8-byte load each. The group bit is bit 0 of the destination word.
+    #[inline]
+    pub fn addr_words(&self) -> (u64, u64) {
+        const MAC48: u64 = (1 << 48) - 1;
+        let h = self.header();
+        let (Some(d), Some(s)) = (h.first_chunk::<8>(), h.last_chunk::<8>()) else {
+            unreachable!("a 14-byte header holds two 8-byte words")
+        };
+        (
+            u64::from_le_bytes(*d) & MAC48,
+            u64::from_le_bytes(*s) & MAC48,
+        )
+    }
+
     /// Everything after the 14-byte header.
     #[inline]
     pub fn payload(&self) -> &[u8] {
@@ -159,6 +174,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
     pub fn payload_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[HEADER_LEN..]
     }
+}
+
+/// Copies `frame` into `out` with new addresses (the router's MAC rewrite of a frame it
+/// forwards from a copy); the length, or `None` when `out` is too small or `frame` is not an
+/// Ethernet frame.
+pub fn copy_readdressed(out: &mut [u8], frame: &[u8], src: MacAddr, dst: MacAddr) -> Option<usize> {
+    let d = out.get_mut(..frame.len())?;
+    d.copy_from_slice(frame);
+    let mut e = EthernetFrame::new_checked(d).ok()?;
+    e.set_dst_addr(dst);
+    e.set_src_addr(src);
+    Some(frame.len())
 }
 
 /// A view of one 802.1Q / 802.1ad tag (the 4 bytes after a VLAN EtherType).

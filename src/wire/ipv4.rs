@@ -48,12 +48,6 @@ pub const MF: u16 = 0x2000;
 pub const FRAG_OFFSET: u16 = 0x1fff;
 /// The largest IP datagram an ICMP error may be (RFC 1812 4.3.2.3, as Linux).
 pub const ICMP_ERROR_MAX: usize = 576;
-/// Length of an ARP packet for IPv4 over Ethernet.
-pub const ARP_LEN: usize = crate::wire::arp::PACKET_LEN;
-
-/// ICMP types and codes (moved to [`crate::wire::icmp`]; kept here for the router until it reads
-/// them from there).
-pub use crate::wire::icmp::codes as icmp;
 
 /// A view of an IPv4 header and the datagram it starts.
 ///
@@ -236,6 +230,14 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     pub(crate) fn addr_bytes(&self) -> ([u8; 4], [u8; 4]) {
         let h = self.fixed();
         ([h[12], h[13], h[14], h[15]], [h[16], h[17], h[18], h[19]])
+    }
+
+    /// Source and destination as one word (`src << 32 | dst`), as conntrack keys them.
+    #[inline]
+    pub(crate) fn addrs_u64(&self) -> u64 {
+        let h = self.fixed();
+        u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])) << 32
+            | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]]))
     }
 
     /// True when the header checksum verifies (options included).
@@ -502,15 +504,6 @@ pub fn check_header(l3: &[u8]) -> Result<Ipv4Info, DropReason> {
     })
 }
 
-/// Decrements the TTL of a checked header and patches the checksum incrementally (see
-/// [`Ipv4Packet::decrement_ttl`]). The caller has made sure TTL > 1. A no-op on fewer than 20
-/// bytes.
-pub fn decrement_ttl(l3: &mut [u8]) {
-    if l3.len() >= HEADER_LEN {
-        Ipv4Packet::new_unchecked(l3).decrement_ttl();
-    }
-}
-
 /// True when an ICMP error may be sent about this packet (RFC 1122 3.2.2 and Linux's
 /// `icmp_send`): not about an ICMP error, not about a non-first fragment, not to or from a
 /// broadcast, multicast, zero or loopback address, not about a frame sent to an L2 group.
@@ -748,57 +741,10 @@ fn strip_uncopied_options(opts: &mut [u8]) {
     }
 }
 
-/// An ARP packet for IPv4 over Ethernet, with the byte-slice API the router uses (a thin
-/// wrapper over [`crate::wire::arp::ArpRepr`], until the router reads the view directly).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Arp {
-    /// 1 = request, 2 = reply.
-    pub op: u16,
-    /// Sender hardware address.
-    pub sha: MacAddr,
-    /// Sender protocol address.
-    pub spa: Ipv4Addr,
-    /// Target hardware address.
-    pub tha: MacAddr,
-    /// Target protocol address.
-    pub tpa: Ipv4Addr,
-}
-
-impl Arp {
-    /// ARP request.
-    pub const REQUEST: u16 = crate::wire::arp::REQUEST;
-    /// ARP reply.
-    pub const REPLY: u16 = crate::wire::arp::REPLY;
-
-    /// Parses an ARP packet (`l3` starts at the ARP header); only Ethernet/IPv4 is accepted.
-    pub fn parse(l3: &[u8]) -> Result<Arp, DropReason> {
-        let r = crate::wire::arp::ArpRepr::parse_bytes(l3).ok_or(DropReason::BadArp)?;
-        Ok(Arp {
-            op: r.operation,
-            sha: r.sha,
-            spa: r.spa,
-            tha: r.tha,
-            tpa: r.tpa,
-        })
-    }
-
-    /// Writes an Ethernet frame carrying this packet from `src` to `dst` into `out`; returns its
-    /// length (42), or `None` if `out` is too small.
-    pub fn write_frame(&self, src: MacAddr, dst: MacAddr, out: &mut [u8]) -> Option<usize> {
-        crate::wire::arp::ArpRepr {
-            operation: self.op,
-            sha: self.sha,
-            spa: self.spa,
-            tha: self.tha,
-            tpa: self.tpa,
-        }
-        .write_frame(src, dst, out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::wire::checksum::checksum;
+    use crate::wire::icmp::codes as icmp;
     use proptest::prelude::*;
 
     #[test]
@@ -913,7 +859,9 @@ mod tests {
         let info = check_header(&f[14..]).unwrap();
         assert_eq!(info.ttl, 64);
         for _ in 0..63 {
-            decrement_ttl(&mut f[14..]);
+            Ipv4Packet::new_checked(&mut f[14..])
+                .unwrap()
+                .decrement_ttl();
             check_header(&f[14..]).unwrap();
         }
         assert_eq!(check_header(&f[14..]).unwrap().ttl, 1);
@@ -1035,24 +983,5 @@ mod tests {
             fragment(&f, 14, &info, 20, &mut scratch, &mut |_| {}),
             Err(DropReason::FragNeeded)
         );
-    }
-
-    #[test]
-    fn arp_round_trip() {
-        let a = Arp {
-            op: Arp::REQUEST,
-            sha: MacAddr::local(1),
-            spa: Ipv4Addr::new(10, 0, 0, 1),
-            tha: MacAddr::ZERO,
-            tpa: Ipv4Addr::new(10, 0, 0, 2),
-        };
-        let mut out = [0u8; 64];
-        let n = a
-            .write_frame(MacAddr::local(1), MacAddr::BROADCAST, &mut out)
-            .unwrap();
-        assert_eq!(Arp::parse(&out[14..n]).unwrap(), a);
-        assert!(Arp::parse(&out[14..n - 1]).is_err());
-        let s = crate::wire::Summary::parse(&out[..n]);
-        assert_eq!(s.arp.unwrap().0, 1);
     }
 }

@@ -74,7 +74,6 @@ pub mod virtio;
 
 use std::fmt;
 
-pub(crate) use summary::is_vlan_type;
 pub use summary::{EthMeta, Summary, ETH_HDR_LEN, L4};
 
 /// Why a buffer is not a header of the kind asked for. Kept small: on the fast path a drop
