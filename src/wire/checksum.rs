@@ -137,6 +137,28 @@ pub(crate) enum PseudoHeader {
 }
 
 impl PseudoHeader {
+    /// The IPv4 pseudo-header of a `proto` segment of `len` bytes from `src` to `dst`.
+    #[inline]
+    pub(crate) fn ipv4(
+        src: std::net::Ipv4Addr,
+        dst: std::net::Ipv4Addr,
+        proto: u8,
+        len: usize,
+    ) -> Self {
+        PseudoHeader::Ipv4 {
+            src: src.octets(),
+            dst: dst.octets(),
+            proto,
+            len: len as u16,
+        }
+    }
+
+    /// Whether `segment` (its checksum field included) verifies under this pseudo-header.
+    #[inline]
+    pub(crate) fn verifies(&self, segment: &[u8]) -> bool {
+        verifies(sum(self.sum(), segment))
+    }
+
     /// The pseudo-header's contribution to a sum.
     #[inline]
     pub(crate) fn sum(&self) -> u64 {

@@ -24,7 +24,7 @@
 //! the caller has just checked or sized (as the builders do). Getters never trust a length
 //! field beyond the buffer. Nothing here allocates.
 //!
-//! Big-endian access and the Internet checksum ([`checksum`], crate-private: full sums,
+//! Big-endian access and the Internet checksum (`checksum`, crate-private: full sums,
 //! RFC 1624 incremental updates, pseudo-headers, partial checksums) are private to this
 //! layer; nothing outside `wire` reads a header at an offset.
 //!
@@ -58,7 +58,7 @@
 //!   options) beside [`icmp`]; the neighbour table takes it as it takes [`arp`].
 //! * `vxlan.rs`: an 8-byte `VxlanPacket` (flags, VNI) after [`udp`]; encapsulation writes
 //!   outer [`ethernet`] + [`ipv4`]/IPv6 + [`udp`] + VXLAN into a buffer's headroom.
-//! * [`tuple`] grows an address family when conntrack does.
+//! * [`tuple`](mod@tuple) grows an address family when conntrack does.
 
 pub mod arp;
 pub(crate) mod checksum;
@@ -97,3 +97,46 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    //! The contract of the module docs, on arbitrary bytes: after `new_checked` succeeds no
+    //! accessor panics.
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn checked_views_never_panic(b in proptest::collection::vec(any::<u8>(), 0..96)) {
+            if let Ok(e) = ethernet::EthernetFrame::new_checked(&b[..]) {
+                let _ = (e.dst_addr(), e.src_addr(), e.ethertype(), e.payload(), e.l3(), e.addr_words());
+            }
+            for p in [ipv4::Ipv4Packet::new_checked(&b[..]), ipv4::Ipv4Packet::new_checked_header(&b[..])]
+                .into_iter()
+                .flatten()
+            {
+                let _ = (p.header_len(), p.total_len(), p.ident(), p.frag_offset(), p.ttl());
+                let _ = (p.protocol(), p.checksum(), p.src_addr(), p.dst_addr());
+                let _ = (p.verify_checksum(), p.payload(), p.after_header(), p.header());
+                let _ = ipv4::Ipv4Repr::parse(&p);
+            }
+            if let Ok(p) = icmp::Icmpv4Packet::new_checked(&b[..]) {
+                let _ = (p.msg_type(), p.code(), p.echo_ident(), p.rest(), p.data());
+                let _ = icmp::Icmpv4Repr::parse(&p);
+            }
+            let a = std::net::Ipv4Addr::LOCALHOST;
+            if let Ok(p) = tcp::TcpPacket::new_checked(&b[..]) {
+                let _ = (p.src_port(), p.seq_number(), p.ack_number(), p.flags(), p.payload());
+                let _ = (tcp::TcpRepr::parse(&p, a, a), tcp::TcpRepr::reset_for(&p));
+            }
+            if let Ok(p) = udp::UdpPacket::new_checked(&b[..]) {
+                let _ = (p.src_port(), p.len(), p.payload(), udp::UdpRepr::parse(&p, a, a));
+            }
+            if let Ok(p) = arp::ArpPacket::new_checked(&b[..]) {
+                let _ = arp::ArpRepr::parse(&p);
+            }
+            let _ = virtio::VirtioNetHdr::parse(&b);
+            let _ = tuple::Tuple::from_ipv4(&b, 20, b.len());
+        }
+    }
+}

@@ -164,18 +164,12 @@ impl<T: AsRef<[u8]>> TcpPacket<T> {
     /// True when the checksum verifies under the pseudo-header from `src` to `dst`.
     pub fn verify_checksum(&self, src: Ipv4Addr, dst: Ipv4Addr) -> bool {
         let b = self.buffer.as_ref();
-        let ph = pseudo(src, dst, b.len());
-        checksum::verifies(checksum::sum(ph.sum(), b))
+        pseudo(src, dst, b.len()).verifies(b)
     }
 }
 
 fn pseudo(src: Ipv4Addr, dst: Ipv4Addr, len: usize) -> PseudoHeader {
-    PseudoHeader::Ipv4 {
-        src: src.octets(),
-        dst: dst.octets(),
-        proto: PROTO_TCP,
-        len: len as u16,
-    }
+    PseudoHeader::ipv4(src, dst, PROTO_TCP, len)
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {

@@ -100,17 +100,12 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
             return true;
         }
         let b = self.buffer.as_ref();
-        checksum::verifies(checksum::sum(pseudo(src, dst, b.len()).sum(), b))
+        pseudo(src, dst, b.len()).verifies(b)
     }
 }
 
 fn pseudo(src: Ipv4Addr, dst: Ipv4Addr, len: usize) -> PseudoHeader {
-    PseudoHeader::Ipv4 {
-        src: src.octets(),
-        dst: dst.octets(),
-        proto: PROTO_UDP,
-        len: len as u16,
-    }
+    PseudoHeader::ipv4(src, dst, PROTO_UDP, len)
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
