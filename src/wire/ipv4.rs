@@ -749,7 +749,7 @@ mod tests {
 
     #[test]
     fn header_bytes() {
-        // RFC 1071-style example header: 10.0.0.1 -> 10.0.1.2, UDP, TTL 64, DF, checksum 0x25cf.
+        // 10.0.0.1 -> 10.0.1.2, UDP, TTL 64, DF, header checksum 0x25cf, one byte of padding.
         let b = [
             0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0x25, 0xcf, 10, 0, 0, 1, 10, 0, 1, 2, 0, 0, 0,
             0, 0, 0, 0, 0, 0xee,
