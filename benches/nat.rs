@@ -35,6 +35,8 @@ use tapyard::nat::{
 };
 use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::Pump;
+use tapyard::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_TCP};
+use tapyard::wire::tcp::{TcpPacket, TcpRepr};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, BATCH_SIZE};
 
@@ -213,11 +215,9 @@ fn established(c: &mut Criterion) {
         for (j, s) in r.servers.iter().enumerate() {
             let mut answers = Vec::new();
             while let Some(b) = s.recv_frame() {
-                let f = b.frame();
-                let (src, sp) = (
-                    [f[26], f[27], f[28], f[29]],
-                    u16::from_be_bytes([f[34], f[35]]),
-                );
+                let ip = Ipv4Packet::new_checked(&b.frame()[14..]).unwrap();
+                let sp = TcpPacket::new_checked(ip.payload()).unwrap().src_port();
+                let src = ip.src_addr().octets();
                 answers.push(tcp(server_mac(j), GW1, server_ip(j), 8080, src, sp, 0x12));
                 s.recycle(b);
             }
@@ -384,13 +384,28 @@ fn parts(c: &mut Criterion) {
     let mut g = c.benchmark_group("nat_parts");
     // A 60-byte TCP packet: 20 IP + 20 TCP + 20 payload, checksums valid.
     let mut p = vec![0u8; 60];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&60u16.to_be_bytes());
-    p[9] = 6;
-    p[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 96, 0, 10]);
-    p[20..24].copy_from_slice(&[0x9c, 0x40, 0, 80]);
-    p[32] = 0x50;
-    tapyard::wire::ipv4::fix_header_checksum(&mut p, 20);
+    let (src, dst) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 96, 0, 10));
+    let seg = TcpRepr {
+        src_port: 40000,
+        dst_port: 80,
+        seq_number: 0,
+        ack_number: 0,
+        flags: 0,
+        window: 0,
+        payload: &[0; 20],
+    };
+    let ip = Ipv4Repr {
+        src_addr: src,
+        dst_addr: dst,
+        protocol: PROTO_TCP,
+        payload_len: seg.buffer_len(),
+        ttl: 0,
+        tos: 0,
+        dont_frag: false,
+    };
+    let mut v = Ipv4Packet::new_unchecked(&mut p[..]);
+    ip.emit(&mut v);
+    seg.emit(&mut TcpPacket::new_unchecked(v.payload_mut()), src, dst);
     let (t0, kind) = Tuple::from_ipv4(&p, 20, 60).unwrap();
     let mut i = 0u32;
     g.bench_function("rewrite_tcp_full_checksums", |b| {

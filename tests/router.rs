@@ -10,7 +10,7 @@ use std::time::Duration;
 use etherparse::{icmpv4, Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::l3::router::IfaceConfig;
-use tapyard::wire::ipv4::Arp;
+use tapyard::wire::arp::ArpRepr;
 use tapyard::{
     Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
 };
@@ -102,8 +102,8 @@ fn tick(n: &mut Node, d: Duration) -> Vec<(PortId, Vec<u8>)> {
 
 fn arp(op: u16, sha: MacAddr, spa: [u8; 4], tha: MacAddr, tpa: [u8; 4], dst: MacAddr) -> Vec<u8> {
     let mut f = [0u8; 60];
-    let n = Arp {
-        op,
+    let n = ArpRepr {
+        operation: op,
         sha,
         spa: spa.into(),
         tha,
@@ -170,9 +170,9 @@ fn answers_arp_and_ping_for_its_address() {
     // The request is flooded to pod-b, and the gateway's reply goes to pod-a only.
     let reply: Vec<_> = out.iter().filter(|(p, _)| *p == PA).collect();
     assert_eq!(reply.len(), 1);
-    let a = Arp::parse(&reply[0].1[14..]).unwrap();
+    let a = ArpRepr::parse_bytes(&reply[0].1[14..]).unwrap();
     assert_eq!(
-        (a.op, a.sha, a.spa),
+        (a.operation, a.sha, a.spa),
         (2, GW_MAC, Ipv4Addr::new(10, 244, 1, 1))
     );
     assert!(out.iter().any(|(p, _)| *p == PB));
@@ -214,9 +214,9 @@ fn routes_to_another_node_after_resolving_the_gateway() {
     // An ARP request for the gateway 172.18.0.3 goes out of eth0.
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, ETH0);
-    let req = Arp::parse(&out[0].1[14..]).unwrap();
+    let req = ArpRepr::parse_bytes(&out[0].1[14..]).unwrap();
     assert_eq!(
-        (req.op, req.spa, req.tpa),
+        (req.operation, req.spa, req.tpa),
         (
             1,
             Ipv4Addr::new(172, 18, 0, 2),
@@ -468,9 +468,9 @@ fn proxy_arp_answers_for_addresses_routed_elsewhere() {
     let (_, out) = send(&mut n, pod, &ask([172, 18, 0, 9]));
     let replies: Vec<_> = out.iter().filter(|(_, f)| f[12..14] == [8, 6]).collect();
     assert_eq!(replies.len(), 1, "{out:?}");
-    let a = Arp::parse(&replies[0].1[14..]).unwrap();
+    let a = ArpRepr::parse_bytes(&replies[0].1[14..]).unwrap();
     assert_eq!(
-        (a.op, a.sha, a.spa),
+        (a.operation, a.sha, a.spa),
         (2, GW_MAC, Ipv4Addr::new(172, 18, 0, 9))
     );
     // On-link address: the pod itself must answer, not the proxy.
@@ -498,9 +498,9 @@ fn a_flow_in_one_batch_is_judged_packet_by_packet() {
     let expiring = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 1, 100);
     let mut big = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 2, 7], 64, 1600);
     // Set DF on the big one and fix its header checksum.
-    big[14 + 6] |= 0x40;
-    let hl = 20;
-    tapyard::wire::ipv4::fix_header_checksum(&mut big[14..], hl);
+    let mut ip = tapyard::wire::ipv4::Ipv4Packet::new_checked(&mut big[14..]).unwrap();
+    ip.set_frag_field(ip.frag_field() | tapyard::wire::ipv4::DF);
+    ip.fill_checksum();
     let local = udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 1, 1], 64, 10);
     let mut batch = Batch::new();
     for f in [&ok, &expiring, &ok, &big, &ok, &local, &ok] {

@@ -70,19 +70,8 @@ impl CtState {
     }
 }
 
-/// TCP flag bits in the header's flags byte.
-pub mod flags {
-    /// FIN.
-    pub const FIN: u8 = 0x01;
-    /// SYN.
-    pub const SYN: u8 = 0x02;
-    /// RST.
-    pub const RST: u8 = 0x04;
-    /// PSH.
-    pub const PSH: u8 = 0x08;
-    /// ACK.
-    pub const ACK: u8 = 0x10;
-}
+/// TCP flag bits in the header's flags byte (the TCP view's).
+pub use crate::wire::tcp::flags;
 
 /// The table's packet classes (Linux's `enum tcp_bit_set`).
 pub(crate) const SYN_SET: usize = 0;

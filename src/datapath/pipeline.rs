@@ -20,9 +20,10 @@ use crate::l3::router::{Hook, L3Batch, Prerouting, Router, Sink, L3};
 use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
+use crate::wire::ethernet::{ethertype, EthernetFrame};
 use crate::wire::ipv4::Ipv4Info;
 use crate::wire::mac::MacAddr;
-use crate::wire::{is_vlan_type, EthMeta};
+use crate::wire::EthMeta;
 
 /// Conntrack slots examined for expiry per [`Datapath::poll`] call (every 100 ms with a
 /// router): 40960 slots a second, so a table of 262144 is swept in under 7 s, while expired
@@ -44,14 +45,13 @@ impl CtPrefetch<'_> {
     /// Prefetches the conntrack buckets of the untagged IPv4 packet in `f`, if any.
     #[inline]
     fn frame(&mut self, f: &[u8]) {
-        if let (Some(&[0x08, 0x00]), Some(ip)) = (f.get(12..14), f.get(14..)) {
-            self.nf.prefetch_ipv4(ip, &mut self.last);
+        if let Ok(e) = EthernetFrame::new_checked(f) {
+            if e.ethertype() == ethertype::IPV4 {
+                self.nf.prefetch_ipv4(e.payload(), &mut self.last);
+            }
         }
     }
 }
-
-/// The low 48 bits: a MAC address read as a little-endian word.
-const MAC48: u64 = (1 << 48) - 1;
 
 /// The table-free part of a frame's classification (pass 1 of [`Datapath::process`]), packed
 /// small so that storing and reading it back is cheap; the FDB locations of a bridged frame's
@@ -355,17 +355,12 @@ impl Datapath {
             return Pre::drop(DropReason::Oversize);
         }
         let f = b.frame();
-        let Some(h) = f.first_chunk::<14>() else {
+        let Ok(eth) = EthernetFrame::new_checked(f) else {
             return Pre::drop(DropReason::Truncated);
         };
         // Both addresses as 48-bit words with one 8-byte load each (the FDB's key form): the
         // group bit is bit 0 of the first byte, so bit 0 of the word.
-        let (Some(d8), Some(s8)) = (h.first_chunk::<8>(), h.last_chunk::<8>()) else {
-            return Pre::drop(DropReason::Truncated);
-        };
-        let dst_w = u64::from_le_bytes(*d8) & MAC48;
-        let src_w = u64::from_le_bytes(*s8);
-        let src_w = src_w & MAC48;
+        let (dst_w, src_w) = eth.addr_words();
         if src_w & 1 != 0 {
             return Pre::drop(DropReason::MulticastSource);
         }
@@ -378,7 +373,7 @@ impl Datapath {
             id: 0,
         };
         // A tagged frame must carry its whole tags.
-        if is_vlan_type(u16::from_be_bytes([h[12], h[13]])) {
+        if ethertype::is_vlan(eth.ethertype()) {
             if let Err(r) = EthMeta::parse(f) {
                 return Pre::drop(r);
             }
@@ -418,7 +413,7 @@ impl Datapath {
         if p.flags & GROUP_DST != 0 {
             // 01:80:c2:00:00:00 (STP BPDUs) is flooded by a bridge without STP, as Linux
             // does; the rest of the 802.1D reserved range stays on the link.
-            let d = MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
+            let d = eth.dst_addr();
             if d.is_link_local() && d.0[5] != 0 {
                 p.flags |= LINK_LOCAL;
             }
@@ -489,7 +484,7 @@ impl Datapath {
         // br_netfilter: switched IPv4 of a NAT'd connection is translated here.
         if let Some(nf) = nf {
             let meta = L3Hint::of(b);
-            if meta.ether_type == 0x0800 && !meta.tagged {
+            if meta.ether_type == ethertype::IPV4 && !meta.tagged {
                 match nf.bridged(b, usize::from(meta.l3), now) {
                     Hook::Accept => {}
                     Hook::Drop(r) => return Verdict::Drop(r),

@@ -23,7 +23,10 @@ use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
-use crate::wire::ipv4::{self, icmp, Arp, Ipv4Info};
+use crate::wire::arp::{self, ArpRepr};
+use crate::wire::ethernet::{copy_readdressed, ethertype, EthernetFrame};
+use crate::wire::icmp::codes as icmp;
+use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet};
 use crate::wire::mac::MacAddr;
 
 /// Settings of one router interface.
@@ -340,12 +343,12 @@ impl Router {
     ) -> L3 {
         let group = b.frame().first().is_some_and(|d| d & 1 == 1);
         match ether_type {
-            0x0806 => {
+            ethertype::ARP => {
                 self.arp_input(b.frame(), l3, in_if, now, sink);
                 L3::Local
             }
-            0x0800 if group => L3::Drop(DropReason::L3Multicast),
-            0x0800 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
+            ethertype::IPV4 if group => L3::Drop(DropReason::L3Multicast),
+            ethertype::IPV4 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
@@ -361,7 +364,7 @@ impl Router {
         now: Instant,
         sink: &mut dyn Sink,
     ) {
-        if ether_type == 0x0806 {
+        if ether_type == ethertype::ARP {
             self.arp_input(frame, l3, in_if, now, sink);
         }
     }
@@ -377,36 +380,41 @@ impl Router {
         let Some(iface) = self.iface(in_if) else {
             return;
         };
-        let Ok(a) = Arp::parse(frame.get(l3..).unwrap_or(&[])) else {
+        let (Ok(eth), Some(a)) = (
+            EthernetFrame::new_checked(frame),
+            ArpRepr::parse_bytes(frame.get(l3..).unwrap_or(&[])),
+        ) else {
             return;
         };
         // Never learn from a frame whose Ethernet source disagrees with its ARP sender, nor
         // from ARP probes (sender 0.0.0.0) or from our own addresses.
-        let l2_src = MacAddr::from_slice(&frame[6..12]);
+        let l2_src = eth.src_addr();
         if a.sha != l2_src || !a.sha.is_station() || a.spa == iface.cfg.addr {
             return;
         }
         let for_us = a.tpa == iface.cfg.addr;
         if !a.spa.is_unspecified() {
-            let _ = self
-                .neigh
-                .input(in_if, a.op, a.spa, a.sha, a.tpa, for_us, now, &mut |rel| {
+            let _ = self.neigh.input(
+                in_if,
+                a.operation,
+                a.spa,
+                a.sha,
+                a.tpa,
+                for_us,
+                now,
+                &mut |rel| {
                     self.counters.released.add(1);
                     let mac = rel.mac;
                     let Some(src) = self.iface(rel.iface).map(|i| i.cfg.mac) else {
                         return;
                     };
                     sink.emit(rel.iface, &mut |out| {
-                        let f = &rel.frame;
-                        let d = out.get_mut(..f.len())?;
-                        d.copy_from_slice(f);
-                        d[0..6].copy_from_slice(&mac.0);
-                        d[6..12].copy_from_slice(&src.0);
-                        Some(f.len())
+                        copy_readdressed(out, &rel.frame, src, mac)
                     });
-                });
+                },
+            );
         }
-        if a.op != Arp::REQUEST {
+        if a.operation != arp::REQUEST {
             return;
         }
         let answer = for_us
@@ -417,8 +425,8 @@ impl Router {
             return;
         }
         self.counters.arp_replies.add(1);
-        let reply = Arp {
-            op: Arp::REPLY,
+        let reply = ArpRepr {
+            operation: arp::REPLY,
             sha: iface.cfg.mac,
             spa: a.tpa,
             tha: a.sha,
@@ -549,7 +557,8 @@ impl Router {
             );
             return L3::Drop(DropReason::FragNeeded);
         }
-        ipv4::decrement_ttl(&mut b.frame_mut()[l3..]);
+        // The header was checked by `check_header` above.
+        Ipv4Packet::new_unchecked(&mut b.frame_mut()[l3..]).decrement_ttl();
         if wire_len > mtu {
             // Fragments are built from the datagram's bytes: finish a partial checksum first.
             if b.offload.needs_csum() {
@@ -569,13 +578,7 @@ impl Router {
             let mut scratch = [0u8; 9216 + 64];
             let src = egress.cfg.mac;
             let r = ipv4::fragment(frame, l3, &info, mtu, &mut scratch, &mut |f| match mac {
-                Some(m) => sink.emit(out_if, &mut |out| {
-                    let d = out.get_mut(..f.len())?;
-                    d.copy_from_slice(f);
-                    d[0..6].copy_from_slice(&m.0);
-                    d[6..12].copy_from_slice(&src.0);
-                    Some(f.len())
-                }),
+                Some(m) => sink.emit(out_if, &mut |out| copy_readdressed(out, f, src, m)),
                 None => {
                     let _ = self.resolve_later(out_if, nh_ip, f, now, sink);
                 }
@@ -591,9 +594,10 @@ impl Router {
         };
         match mac {
             Some(m) => {
-                let f = b.frame_mut();
-                f[0..6].copy_from_slice(&m.0);
-                f[6..12].copy_from_slice(&egress.cfg.mac.0);
+                if let Ok(mut e) = EthernetFrame::new_checked(b.frame_mut()) {
+                    e.set_dst_addr(m);
+                    e.set_src_addr(egress.cfg.mac);
+                }
                 ctx.memo = Some((info.dst, out_if, nh_ip, m));
                 L3::Forward(out_if)
             }
@@ -637,13 +641,7 @@ impl Router {
         match self.neigh.enqueue(out_if, nh, frame, now) {
             Enqueue::Resolved(mac) => {
                 let src = egress.cfg.mac;
-                sink.emit(out_if, &mut |out| {
-                    let d = out.get_mut(..frame.len())?;
-                    d.copy_from_slice(frame);
-                    d[0..6].copy_from_slice(&mac.0);
-                    d[6..12].copy_from_slice(&src.0);
-                    Some(frame.len())
-                });
+                sink.emit(out_if, &mut |out| copy_readdressed(out, frame, src, mac));
                 L3::Local
             }
             Enqueue::Queued { solicit, dropped } => {
@@ -670,8 +668,8 @@ impl Router {
     ) {
         let Some(i) = self.iface(out_if) else { return };
         self.counters.arp_requests.add(1);
-        let req = Arp {
-            op: Arp::REQUEST,
+        let req = ArpRepr {
+            operation: arp::REQUEST,
             sha: i.cfg.mac,
             spa: i.cfg.addr,
             tha: MacAddr::ZERO,
@@ -798,7 +796,10 @@ impl Router {
         };
         let dst_mac = match self.neigh.lookup(out_if, nh, now) {
             Some(m) => m,
-            None if out_if == in_if => MacAddr::from_slice(&frame[6..12]),
+            None if out_if == in_if => match EthernetFrame::new_checked(frame) {
+                Ok(e) => e.src_addr(),
+                Err(_) => return,
+            },
             None => return,
         };
         self.counters.icmp_errors.add(1);

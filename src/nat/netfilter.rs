@@ -80,8 +80,8 @@ use crate::l3::router::Hook;
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
-use crate::wire::ipv4::{self, Ipv4Info, PROTO_TCP, PROTO_UDP};
-use crate::wire::tuple::{L4Kind, Tuple};
+use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet, PROTO_TCP, PROTO_UDP};
+use crate::wire::tuple::{L4Kind, L4Ports, Tuple};
 
 /// An IPv4 prefix, `addr/len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -310,20 +310,21 @@ fn apply_xlat(ip: &mut [u8], info: &mut Ipv4Info, x: &Xlat, mode: CsumMode) -> H
 /// anything [`Tuple::from_ipv4`] would not give both ports for.
 #[inline]
 fn tcp_udp_key(ip: &[u8], hdr_len: usize) -> Option<([u64; 2], L4Kind)> {
-    let h: &[u8; 20] = ip.first_chunk()?;
-    let kind = match h[9] {
+    // The fixed header as an array: every field read below is bounds-check free.
+    let h = Ipv4Packet::new_unchecked(ip.first_chunk::<20>()?);
+    let proto = h.protocol();
+    let kind = match proto {
         PROTO_TCP => L4Kind::Tcp,
         PROTO_UDP => L4Kind::Udp,
         _ => return None,
     };
-    if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+    if h.frag_offset() != 0 {
         return None;
     }
-    let ports: &[u8; 4] = ip.get(hdr_len..)?.first_chunk()?;
+    let ports = L4Ports::new_checked(ip.get(hdr_len..)?).ok()?;
     let key = [
-        u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])) << 32
-            | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
-        u64::from(u32::from_be_bytes(*ports)) << 32 | u64::from(h[9]) << 16,
+        h.addrs_u64(),
+        u64::from(ports.ports_u32()) << 32 | u64::from(proto) << 16,
     ];
     Some((key, kind))
 }

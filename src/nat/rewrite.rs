@@ -49,21 +49,27 @@
 //!     0x45, 0, 0, 29, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 244, 1, 5, 10, 96, 0, 10, // IPv4
 //!     0x13, 0x88, 0, 53, 0, 9, 0, 0, b'x', // UDP, checksum 0 ("none")
 //! ];
-//! tapyard::wire::ipv4::fix_header_checksum(&mut p, 20);
+//! tapyard::wire::ipv4::Ipv4Packet::new_unchecked(&mut p[..]).fill_checksum();
 //! let (t, kind) = Tuple::from_ipv4(&p, 20, p.len()).unwrap();
 //! let new = Tuple { dst: Ipv4Addr::new(10, 244, 2, 7), dport: 5353, ..t };
 //! rewrite(&mut p, 20, kind, &new, CsumMode::Full).unwrap();
 //! assert_eq!(Tuple::from_ipv4(&p, 20, p.len()).unwrap().0, new);
-//! assert_eq!(tapyard::wire::ipv4::checksum(&p[..20]), 0); // header checksum still valid
-//! assert_eq!(&p[26..28], &[0, 0]); // no UDP checksum stays none
+//! let ip = tapyard::wire::ipv4::Ipv4Packet::new_checked(&p[..]).unwrap();
+//! assert!(ip.verify_checksum()); // header checksum still valid
+//! let udp = tapyard::wire::udp::UdpPacket::new_checked(ip.payload()).unwrap();
+//! assert_eq!(udp.checksum(), 0); // no UDP checksum stays none
 //! ```
 
 use std::fmt;
 use std::net::Ipv4Addr;
 
 use crate::stats::DropReason;
-use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
-use crate::wire::tuple::{L4Kind, Tuple};
+use crate::wire::checksum::{self, diff32, fold32, Delta};
+use crate::wire::icmp::{self, Icmpv4Packet};
+use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::tcp::{self, TcpPacket};
+use crate::wire::tuple::{L4Kind, L4Ports, Tuple};
+use crate::wire::udp::{self, UdpPacket};
 
 /// How the L4 checksum field of the packet is to be read: see the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -132,146 +138,41 @@ impl fmt::Display for RewriteError {
 
 impl std::error::Error for RewriteError {}
 
-// ---------------------------------------------------------------------------
-// Ones-complement helpers (values in network order, as u16/u32 numbers).
-// ---------------------------------------------------------------------------
-
-/// Folds to 16 bits with end-around carry. A nonzero input gives 1..=0xffff.
-#[inline]
-fn fold(mut s: u64) -> u16 {
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s as u16
-}
-
-/// The sum of `~old + new` over the changed 16-bit words of a region (RFC 1624 eqn. 3).
-/// Unchanged words add nothing, so an empty delta leaves a checksum bit-for-bit alone.
-#[derive(Clone, Copy, Default, Debug)]
-struct Delta(u64);
-
-impl Delta {
-    #[inline]
-    fn word(&mut self, old: u16, new: u16) {
-        if old != new {
-            self.0 += u64::from(!old) + u64::from(new);
-        }
-    }
-    #[inline]
-    fn addr(&mut self, old: u32, new: u32) {
-        self.word((old >> 16) as u16, (new >> 16) as u16);
-        self.word(old as u16, new as u16);
-    }
-    #[inline]
-    fn add(&mut self, other: Delta) {
-        self.0 += other.0;
-    }
-    /// A complete checksum after the change: `~(~hc + delta)`.
-    #[inline]
-    fn apply_full(self, hc: u16) -> u16 {
-        if self.0 == 0 {
-            hc
-        } else {
-            !fold(u64::from(!hc) + self.0)
-        }
-    }
-    /// A partial (uncomplemented pseudo-header) sum after the change.
-    #[inline]
-    fn apply_partial(self, sum: u16) -> u16 {
-        if self.0 == 0 {
-            sum
-        } else {
-            fold(u64::from(sum) + self.0)
-        }
-    }
-}
-
-#[inline]
-fn rd16(b: &[u8], at: usize) -> Option<u16> {
-    let s: &[u8; 2] = b.get(at..)?.first_chunk()?;
-    Some(u16::from_be_bytes(*s))
-}
-
-#[inline]
-fn rd32(b: &[u8], at: usize) -> Option<u32> {
-    let s: &[u8; 4] = b.get(at..)?.first_chunk()?;
-    Some(u32::from_be_bytes(*s))
-}
-
-/// Writes a big-endian u16; a no-op out of bounds (callers have checked the bounds first).
-#[inline]
-fn wr16(b: &mut [u8], at: usize, v: u16) {
-    if let Some(s) = b.get_mut(at..).and_then(|s| s.first_chunk_mut::<2>()) {
-        *s = v.to_be_bytes();
-    }
-}
-
-#[inline]
-fn wr32(b: &mut [u8], at: usize, v: u32) {
-    if let Some(s) = b.get_mut(at..).and_then(|s| s.first_chunk_mut::<4>()) {
-        *s = v.to_be_bytes();
-    }
-}
-
-/// Writes `new` at `at` and records the change in `d`.
-#[inline]
-fn set16(b: &mut [u8], at: usize, new: u16, d: &mut Delta) {
-    if let Some(old) = rd16(b, at) {
-        d.word(old, new);
-        wr16(b, at, new);
-    }
-}
-
-const IP_CSUM: usize = 10;
-const IP_SRC: usize = 12;
-const IP_DST: usize = 16;
-const TCP_CSUM: usize = 16;
-const TCP_MIN: usize = 20;
-const UDP_CSUM: usize = 6;
-const UDP_LEN: usize = 8;
-const ICMP_CSUM: usize = 2;
-const ICMP_ID: usize = 4;
-const ICMP_HDR: usize = 8;
-
 /// Checks the IPv4 header at `l3` against `hdr_len` and returns the datagram's end.
 fn ip_end(l3: &[u8], hdr_len: usize) -> Result<usize, RewriteError> {
-    let b0 = *l3.first().ok_or(RewriteError::BadIpHeader)?;
-    let ihl = usize::from(b0 & 0x0f) * 4;
-    if b0 >> 4 != 4 || ihl < 20 || ihl != hdr_len {
+    let p = Ipv4Packet::new_checked(l3).map_err(|_| RewriteError::BadIpHeader)?;
+    if p.header_len() != hdr_len {
         return Err(RewriteError::BadIpHeader);
     }
-    let total = usize::from(rd16(l3, 2).ok_or(RewriteError::BadIpHeader)?);
-    if total < ihl || total > l3.len() {
-        return Err(RewriteError::BadIpHeader);
-    }
-    Ok(total)
+    Ok(p.total_len())
 }
 
+/// The fragment offset of a header `ip_end` (or the caller) checked.
 #[inline]
 fn frag_offset(l3: &[u8]) -> u16 {
-    rd16(l3, 6).unwrap_or(0) & 0x1fff
+    Ipv4Packet::new_unchecked(l3).frag_offset()
 }
 
 /// Rewrites the addresses of the IPv4 header at `ip` (bounds checked by the caller) and patches
 /// its header checksum. Returns the address delta (for a pseudo-header) and, in `outer`, the
 /// change of every header word (for an enclosing ICMP checksum).
 fn set_addrs(ip: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, outer: &mut Delta) -> Delta {
-    let (Some(os), Some(od)) = (rd32(ip, IP_SRC), rd32(ip, IP_DST)) else {
-        return Delta::default();
-    };
+    let mut p = Ipv4Packet::new_unchecked(ip);
+    let (os, od) = (u32::from(p.src_addr()), u32::from(p.dst_addr()));
     let (ns, nd) = (u32::from(src), u32::from(dst));
     let mut d = Delta::default();
-    d.addr(os, ns);
-    d.addr(od, nd);
+    d.word32(os, ns);
+    d.word32(od, nd);
     if os == ns && od == nd {
         return d;
     }
-    wr32(ip, IP_SRC, ns);
-    wr32(ip, IP_DST, nd);
+    p.set_src_addr(src);
+    p.set_dst_addr(dst);
     outer.add(d);
-    if let Some(hc) = rd16(ip, IP_CSUM) {
-        set16(ip, IP_CSUM, d.apply_full(hc), outer);
-    }
+    let hc = p.checksum();
+    let c = d.apply_full(hc);
+    outer.word(hc, c);
+    p.set_checksum(c);
     d
 }
 
@@ -295,8 +196,9 @@ pub fn rewrite_addrs(l3: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr) -> Result<(), 
 /// Where the L4 checksum and the translated fields of a packet are.
 #[derive(Clone, Copy)]
 enum L4Plan {
-    /// TCP or UDP: ports at `l4`, checksum at `l4 + csum`; `udp` for the zero rule.
-    Ports { l4: usize, csum: usize, udp: bool },
+    /// TCP or UDP: ports at `l4`, then the header whose checksum is updated; `udp` for the
+    /// zero rule and the checksum's place.
+    Ports { l4: usize, udp: bool },
     /// ICMP echo: identifier and checksum.
     Echo { l4: usize },
     /// Addresses only.
@@ -315,14 +217,23 @@ fn apply_l4(
     outer: &mut Delta,
 ) {
     match plan {
-        L4Plan::Ports { l4, csum, udp } => {
+        L4Plan::Ports { l4, udp } => {
+            let seg = &mut pkt[l4..];
             let mut ports = Delta::default();
-            set16(pkt, l4, new.sport, &mut ports);
-            set16(pkt, l4 + 2, new.dport, &mut ports);
+            let mut p = L4Ports::new_unchecked(&mut *seg);
+            ports.word(p.src_port(), new.sport);
+            ports.word(p.dst_port(), new.dport);
+            p.set_src_port(new.sport);
+            p.set_dst_port(new.dport);
             outer.add(ports);
-            let at = l4 + csum;
-            let Some(old) = rd16(pkt, at).filter(|_| with_csum) else {
+            if !with_csum {
                 return;
+            }
+            // The caller checked the whole header is there (TCP 20 bytes, UDP 8).
+            let old = if udp {
+                UdpPacket::new_unchecked(&*seg).checksum()
+            } else {
+                TcpPacket::new_unchecked(&*seg).checksum()
             };
             if udp && old == 0 && mode == CsumMode::Full {
                 return; // No checksum (RFC 768): stays none.
@@ -338,16 +249,24 @@ fn apply_l4(
             if udp && c == 0 {
                 c = 0xffff;
             }
-            set16(pkt, at, c, outer);
+            outer.word(old, c);
+            if udp {
+                UdpPacket::new_unchecked(seg).set_checksum(c);
+            } else {
+                TcpPacket::new_unchecked(seg).set_checksum(c);
+            }
         }
         L4Plan::Echo { l4 } => {
+            let mut h = Icmpv4Packet::new_unchecked(&mut pkt[l4..]);
             let mut id = Delta::default();
-            set16(pkt, l4 + ICMP_ID, new.sport, &mut id);
+            id.word(h.echo_ident(), new.sport);
+            h.set_echo_ident(new.sport);
             outer.add(id);
             if mode == CsumMode::Full {
-                if let Some(old) = rd16(pkt, l4 + ICMP_CSUM) {
-                    set16(pkt, l4 + ICMP_CSUM, id.apply_full(old), outer);
-                }
+                let old = h.checksum();
+                let c = id.apply_full(old);
+                outer.word(old, c);
+                h.set_checksum(c);
             }
         }
         L4Plan::None => {}
@@ -376,7 +295,7 @@ pub fn rewrite(
     mode: CsumMode,
 ) -> Result<(), RewriteError> {
     let end = ip_end(l3, hdr_len)?;
-    let proto = l3.get(9).copied().unwrap_or(0);
+    let proto = Ipv4Packet::new_unchecked(&*l3).protocol();
     if proto != new.proto {
         return Err(RewriteError::ProtoMismatch {
             packet: proto,
@@ -391,30 +310,22 @@ pub fn rewrite(
     let avail = end - l4;
     let plan = match kind {
         L4Kind::Tcp if proto == PROTO_TCP => {
-            if avail < TCP_MIN {
+            if avail < tcp::HEADER_LEN {
                 return Err(RewriteError::Truncated);
             }
-            L4Plan::Ports {
-                l4,
-                csum: TCP_CSUM,
-                udp: false,
-            }
+            L4Plan::Ports { l4, udp: false }
         }
         L4Kind::Udp if proto == PROTO_UDP => {
-            if avail < UDP_LEN {
+            if avail < udp::HEADER_LEN {
                 return Err(RewriteError::Truncated);
             }
-            L4Plan::Ports {
-                l4,
-                csum: UDP_CSUM,
-                udp: true,
-            }
+            L4Plan::Ports { l4, udp: true }
         }
         L4Kind::IcmpEcho { .. } if proto == PROTO_ICMP => {
-            if avail < ICMP_HDR {
+            if avail < icmp::HEADER_LEN {
                 return Err(RewriteError::Truncated);
             }
-            if !matches!(l3.get(l4), Some(0 | 8)) {
+            if !icmp::is_echo(Icmpv4Packet::new_unchecked(&l3[l4..]).msg_type()) {
                 return Err(RewriteError::KindMismatch);
             }
             L4Plan::Echo { l4 }
@@ -444,10 +355,10 @@ enum Fast {
 /// what [`rewrite`] writes (same zero rules, same modes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Prepared {
-    src: [u8; 4],
-    dst: [u8; 4],
-    sport: [u8; 2],
-    dport: [u8; 2],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
     /// Folded sum of the address changes (0: none), for the IPv4 header and pseudo-header.
     addrs: u16,
     /// Folded sum of the address and port (identifier) changes (0: none).
@@ -457,25 +368,6 @@ pub(crate) struct Prepared {
     /// Whether an address changes (its words may sum to 0 all the same: 0xffff -> 0).
     addr_change: bool,
     fast: Fast,
-}
-
-/// Folds a sum of 16-bit words to a nonzero ones-complement value, 0 staying 0 ("no change").
-#[inline]
-fn fold32(mut s: u32) -> u16 {
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    s as u16
-}
-
-/// The sum of `~old + new` over the two 16-bit halves of `old` and `new` that differ
-/// (branch-free: every half is summed, then 0xffff taken back for each unchanged half, which
-/// contributed exactly that).
-#[inline(always)]
-fn sum32(old: u32, new: u32) -> u32 {
-    let x = !old;
-    let d = old ^ new;
-    let same = u32::from(d >> 16 == 0) + u32::from(d & 0xffff == 0);
-    (x >> 16) + (x & 0xffff) + (new >> 16) + (new & 0xffff) - 0xffff * same
 }
 
 /// Prepares the translation of packets that carry `from` (of kind `kind`, as
@@ -492,19 +384,19 @@ pub(crate) fn prepare(from: &Tuple, kind: L4Kind, to: &Tuple) -> Option<Prepared
         L4Kind::Other if !matches!(from.proto, PROTO_TCP | PROTO_UDP) => Fast::Addrs,
         _ => return None,
     };
-    let addrs = sum32(from.src.into(), to.src.into()) + sum32(from.dst.into(), to.dst.into());
+    let addrs = diff32(from.src.into(), to.src.into()) + diff32(from.dst.into(), to.dst.into());
     let ports = |t: &Tuple| u32::from(t.sport) << 16 | u32::from(t.dport);
     let l4 = match fast {
-        Fast::Tcp | Fast::Udp => sum32(ports(from), ports(to)),
+        Fast::Tcp | Fast::Udp => diff32(ports(from), ports(to)),
         // The identifier only (`sport`; the low half compares equal to itself).
-        Fast::Echo => sum32(u32::from(from.sport) << 16, u32::from(to.sport) << 16),
+        Fast::Echo => diff32(u32::from(from.sport) << 16, u32::from(to.sport) << 16),
         Fast::Addrs => 0,
     };
     Some(Prepared {
-        src: to.src.octets(),
-        dst: to.dst.octets(),
-        sport: to.sport.to_be_bytes(),
-        dport: to.dport.to_be_bytes(),
+        src: to.src,
+        dst: to.dst,
+        sport: to.sport,
+        dport: to.dport,
         addrs: fold32(addrs),
         all: fold32(addrs + l4),
         l4: fold32(l4),
@@ -517,22 +409,12 @@ impl Prepared {
     /// The source address after the translation.
     #[inline]
     pub(crate) fn new_src(&self) -> Ipv4Addr {
-        Ipv4Addr::from(self.src)
+        self.src
     }
     /// The destination address after the translation.
     #[inline]
     pub(crate) fn new_dst(&self) -> Ipv4Addr {
-        Ipv4Addr::from(self.dst)
-    }
-}
-
-/// `~(~hc + d)` with a prefolded nonzero `d`; `hc` itself when `d` is 0.
-#[inline]
-fn full(hc: u16, d: u16) -> u16 {
-    if d == 0 {
-        hc
-    } else {
-        !fold32(u32::from(!hc) + u32::from(d))
+        self.dst
     }
 }
 
@@ -555,46 +437,51 @@ pub(crate) fn apply_prepared(
     }
     let (ip, l4) = l3.split_at_mut(hdr_len);
     let ip: &mut [u8; 20] = ip.first_chunk_mut().ok_or(RewriteError::Truncated)?;
-    // Fixed-size views: every index below is checked at compile time. The L4 header is
-    // checked before the first write.
+    // Views over fixed-size arrays: every index below is checked at compile time. The L4
+    // header is checked before the first write.
     match p.fast {
         Fast::Tcp => {
-            let h: &mut [u8; TCP_MIN] = l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+            let h: &mut [u8; tcp::HEADER_LEN] =
+                l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
             set_ip(ip, p);
-            h[0..2].copy_from_slice(&p.sport);
-            h[2..4].copy_from_slice(&p.dport);
-            let old = u16::from_be_bytes([h[TCP_CSUM], h[TCP_CSUM + 1]]);
-            let c = match mode {
-                CsumMode::Full => full(old, p.all),
-                CsumMode::Partial => partial(old, p.addrs),
-            };
-            h[TCP_CSUM..TCP_CSUM + 2].copy_from_slice(&c.to_be_bytes());
+            let mut t = TcpPacket::new_unchecked(h);
+            t.set_src_port(p.sport);
+            t.set_dst_port(p.dport);
+            let old = t.checksum();
+            t.set_checksum(match mode {
+                CsumMode::Full => checksum::update(old, p.all),
+                CsumMode::Partial => checksum::update_partial(old, p.addrs),
+            });
         }
         Fast::Udp => {
-            let h: &mut [u8; UDP_LEN] = l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+            let h: &mut [u8; udp::HEADER_LEN] =
+                l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
             set_ip(ip, p);
-            h[0..2].copy_from_slice(&p.sport);
-            h[2..4].copy_from_slice(&p.dport);
-            let old = u16::from_be_bytes([h[UDP_CSUM], h[UDP_CSUM + 1]]);
+            let mut u = UdpPacket::new_unchecked(h);
+            u.set_src_port(p.sport);
+            u.set_dst_port(p.dport);
+            let old = u.checksum();
             let mut c = match mode {
                 // No checksum (RFC 768): stays none.
                 CsumMode::Full if old == 0 => return Ok(()),
-                CsumMode::Full => full(old, p.all),
-                CsumMode::Partial => partial(old, p.addrs),
+                CsumMode::Full => checksum::update(old, p.all),
+                CsumMode::Partial => checksum::update_partial(old, p.addrs),
             };
             if c == 0 {
                 c = 0xffff;
             }
-            h[UDP_CSUM..UDP_CSUM + 2].copy_from_slice(&c.to_be_bytes());
+            u.set_checksum(c);
         }
         Fast::Echo => {
-            let h: &mut [u8; ICMP_HDR] = l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
+            let h: &mut [u8; icmp::HEADER_LEN] =
+                l4.first_chunk_mut().ok_or(RewriteError::Truncated)?;
             set_ip(ip, p);
-            h[ICMP_ID..ICMP_ID + 2].copy_from_slice(&p.sport);
+            let mut e = Icmpv4Packet::new_unchecked(h);
+            e.set_echo_ident(p.sport);
             if mode == CsumMode::Full {
                 // No pseudo-header: the identifier change alone.
-                let old = u16::from_be_bytes([h[ICMP_CSUM], h[ICMP_CSUM + 1]]);
-                h[ICMP_CSUM..ICMP_CSUM + 2].copy_from_slice(&full(old, p.l4).to_be_bytes());
+                let old = e.checksum();
+                e.set_checksum(checksum::update(old, p.l4));
             }
         }
         Fast::Addrs => set_ip(ip, p),
@@ -606,20 +493,11 @@ pub(crate) fn apply_prepared(
 #[inline(always)]
 fn set_ip(ip: &mut [u8; 20], p: &Prepared) {
     if p.addr_change {
-        ip[IP_SRC..IP_SRC + 4].copy_from_slice(&p.src);
-        ip[IP_DST..IP_DST + 4].copy_from_slice(&p.dst);
-        let hc = u16::from_be_bytes([ip[IP_CSUM], ip[IP_CSUM + 1]]);
-        ip[IP_CSUM..IP_CSUM + 2].copy_from_slice(&full(hc, p.addrs).to_be_bytes());
-    }
-}
-
-/// A partial (pseudo-header) sum after the prefolded address change `d`.
-#[inline(always)]
-fn partial(sum: u16, d: u16) -> u16 {
-    if d == 0 {
-        sum
-    } else {
-        fold32(u32::from(sum) + u32::from(d))
+        let mut v = Ipv4Packet::new_unchecked(ip);
+        v.set_src_addr(p.src);
+        v.set_dst_addr(p.dst);
+        let hc = v.checksum();
+        v.set_checksum(checksum::update(hc, p.addrs));
     }
 }
 
@@ -652,27 +530,26 @@ pub fn rewrite_icmp_error(
     mode: CsumMode,
 ) -> Result<(), RewriteError> {
     let end = ip_end(l3, hdr_len)?;
-    if l3.get(9) != Some(&PROTO_ICMP) {
+    if Ipv4Packet::new_unchecked(&*l3).protocol() != PROTO_ICMP {
         return Err(RewriteError::BadIcmpError);
     }
     if frag_offset(l3) != 0 {
         return Err(RewriteError::LaterFragment);
     }
-    let icmp = hdr_len;
-    if end < icmp + ICMP_HDR {
+    let icmp_at = hdr_len;
+    if end < icmp_at + icmp::HEADER_LEN {
         return Err(RewriteError::Truncated);
     }
-    if !matches!(l3.get(icmp), Some(3 | 4 | 5 | 11 | 12)) || inner_l3 != icmp + ICMP_HDR {
+    let ty = Icmpv4Packet::new_unchecked(&l3[icmp_at..]).msg_type();
+    if !icmp::is_error(ty) || inner_l3 != icmp_at + icmp::HEADER_LEN {
         return Err(RewriteError::BadIcmpError);
     }
     // The quoted header. Work on the datagram only (no padding).
     let pkt = l3.get_mut(..end).ok_or(RewriteError::BadIpHeader)?;
-    let b0 = *pkt.get(inner_l3).ok_or(RewriteError::BadIcmpError)?;
-    let ihl = usize::from(b0 & 0x0f) * 4;
-    if b0 >> 4 != 4 || ihl < 20 || inner_l3 + ihl > end {
-        return Err(RewriteError::BadIcmpError);
-    }
-    let iproto = pkt.get(inner_l3 + 9).copied().unwrap_or(0);
+    let quoted = pkt.get(inner_l3..).unwrap_or(&[]);
+    let inner = Ipv4Packet::new_checked_header(quoted).map_err(|_| RewriteError::BadIcmpError)?;
+    let ihl = inner.header_len();
+    let iproto = inner.protocol();
     if iproto != new_inner.proto {
         return Err(RewriteError::ProtoMismatch {
             packet: iproto,
@@ -687,24 +564,24 @@ pub fn rewrite_icmp_error(
     }
     let (plan, with_csum) = match iproto {
         PROTO_TCP | PROTO_UDP => {
-            if avail < 4 {
+            if L4Ports::new_checked(&pkt[il4..]).is_err() {
                 return Err(RewriteError::Truncated);
             }
             let udp = iproto == PROTO_UDP;
-            let (csum, need) = if udp {
-                (UDP_CSUM, UDP_LEN)
+            let need = if udp {
+                udp::HEADER_LEN
             } else {
-                (TCP_CSUM, TCP_MIN)
+                tcp::HEADER_LEN
             };
-            (L4Plan::Ports { l4: il4, csum, udp }, avail >= need)
+            (L4Plan::Ports { l4: il4, udp }, avail >= need)
         }
         PROTO_ICMP => {
-            if avail < ICMP_HDR {
+            let Ok(q) = Icmpv4Packet::new_checked(&pkt[il4..]) else {
                 return Err(RewriteError::Truncated);
-            }
-            match pkt.get(il4) {
-                Some(0 | 8) => (L4Plan::Echo { l4: il4 }, true),
-                Some(3 | 4 | 5 | 11 | 12) => return Err(RewriteError::BadIcmpError),
+            };
+            match q.msg_type() {
+                ty if icmp::is_echo(ty) => (L4Plan::Echo { l4: il4 }, true),
+                ty if icmp::is_error(ty) => return Err(RewriteError::BadIcmpError),
                 _ => (L4Plan::None, false),
             }
         }
@@ -726,9 +603,9 @@ pub fn rewrite_icmp_error(
     );
     set_addrs(pkt, outer_src, outer_dst, &mut Delta::default());
     if mode == CsumMode::Full {
-        if let Some(old) = rd16(pkt, icmp + ICMP_CSUM) {
-            wr16(pkt, icmp + ICMP_CSUM, msg.apply_full(old));
-        }
+        let mut h = Icmpv4Packet::new_unchecked(&mut pkt[icmp_at..]);
+        let c = msg.apply_full(h.checksum());
+        h.set_checksum(c);
     }
     Ok(())
 }

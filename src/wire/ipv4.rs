@@ -1,27 +1,39 @@
-//! IPv4, ICMPv4 and ARP on byte slices: header checks, the TTL decrement, ICMP errors and echo
-//! replies, fragmentation, ARP packets. Used by the router; every function bounds-checks its
-//! input and returns an error value instead of panicking.
+//! IPv4: the header view [`Ipv4Packet`], the header as a value [`Ipv4Repr`], and what the
+//! router does with IPv4 packets: the `ip_rcv` header check ([`check_header`]), the TTL
+//! decrement, ICMP errors and echo replies, TCP resets, fragmentation.
 //!
-//! Field offsets are named once in the private `field` modules; slices passed in start at the
-//! IPv4 header (`l3`) or at the Ethernet header (`frame`) as each function says.
+//! Field offsets are named once in the private `field` module. Slices passed to the free
+//! functions start at the IPv4 header (`l3`) or at the Ethernet header (`frame`) as each
+//! function says; every one bounds-checks its input and returns an error value instead of
+//! panicking.
 
 use std::net::Ipv4Addr;
 
-use crate::port::offload::{csum_add, csum_fold};
 use crate::stats::DropReason;
+use crate::wire::checksum;
+use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
+use crate::wire::icmp::{self as icmpv4, Icmpv4Packet, Icmpv4Repr};
 use crate::wire::mac::MacAddr;
+use crate::wire::tcp::{TcpPacket, TcpRepr};
+use crate::wire::Error;
 
 mod field {
+    use std::ops::Range;
     pub const VER_IHL: usize = 0;
-    pub const LEN: usize = 2;
-    pub const FRAG: usize = 6;
+    pub const TOS: usize = 1;
+    pub const LEN: Range<usize> = 2..4;
+    pub const IDENT: Range<usize> = 4..6;
+    pub const FRAG: Range<usize> = 6..8;
     pub const TTL: usize = 8;
     pub const PROTO: usize = 9;
-    pub const CSUM: usize = 10;
-    pub const SRC: usize = 12;
-    pub const DST: usize = 16;
+    pub const CSUM: Range<usize> = 10..12;
+    pub const SRC: Range<usize> = 12..16;
+    pub const DST: Range<usize> = 16..20;
+    pub const OPTIONS: usize = 20;
 }
 
+/// Length of an IPv4 header without options.
+pub const HEADER_LEN: usize = field::OPTIONS;
 /// IP protocol number of ICMP.
 pub const PROTO_ICMP: u8 = 1;
 /// IP protocol number of TCP.
@@ -32,46 +44,409 @@ pub const PROTO_UDP: u8 = 17;
 pub const DF: u16 = 0x4000;
 /// The "more fragments" flag.
 pub const MF: u16 = 0x2000;
+/// The fragment offset bits (in units of 8 bytes) of the flags/fragment-offset field.
+pub const FRAG_OFFSET: u16 = 0x1fff;
 /// The largest IP datagram an ICMP error may be (RFC 1812 4.3.2.3, as Linux).
 pub const ICMP_ERROR_MAX: usize = 576;
-/// Length of an ARP packet for IPv4 over Ethernet.
-pub const ARP_LEN: usize = 28;
 
-/// ICMP types and codes the router sends.
-pub mod icmp {
-    /// Echo reply.
-    pub const ECHO_REPLY: u8 = 0;
-    /// Destination unreachable.
-    pub const DEST_UNREACH: u8 = 3;
-    /// Echo request.
-    pub const ECHO_REQUEST: u8 = 8;
-    /// Time exceeded.
-    pub const TIME_EXCEEDED: u8 = 11;
-    /// Code: network unreachable.
-    pub const NET_UNREACH: u8 = 0;
-    /// Code: host unreachable.
-    pub const HOST_UNREACH: u8 = 1;
-    /// Code: port unreachable.
-    pub const PORT_UNREACH: u8 = 3;
-    /// Code: fragmentation needed and DF set.
-    pub const FRAG_NEEDED: u8 = 4;
-    /// Code: communication administratively prohibited.
-    pub const ADMIN_PROHIBITED: u8 = 13;
-    /// Code (time exceeded): TTL exceeded in transit.
-    pub const TTL_EXCEEDED: u8 = 0;
+/// A view of an IPv4 header and the datagram it starts.
+///
+/// [`Ipv4Packet::new_checked`] checks the version, that the header (IHL ≥ 5) and the total
+/// length fit the buffer, and that the total length covers the header; after it no accessor
+/// panics. The buffer may extend past the total length (Ethernet padding):
+/// [`Ipv4Packet::payload`] stops at the total length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Packet<T: AsRef<[u8]>> {
+    buffer: T,
 }
 
-/// The Internet checksum of `data`, as the big-endian value to store.
-pub fn checksum(data: &[u8]) -> u16 {
-    u16::from_be_bytes((!csum_fold(csum_add(0, data))).to_ne_bytes())
+impl<T: AsRef<[u8]>> Ipv4Packet<T> {
+    /// Wraps a buffer without checking it: accessors panic on a buffer shorter than 20 bytes
+    /// (and `payload` on lengths that lie).
+    #[inline]
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Ipv4Packet { buffer }
+    }
+
+    /// Wraps a buffer after the checks above: [`Error::Truncated`] when the buffer is shorter
+    /// than the header or the total length, [`Error::Malformed`] for a version other than 4,
+    /// an IHL below 5 or a total length below the header length.
+    #[inline]
+    pub fn new_checked(buffer: T) -> Result<Self, Error> {
+        let p = Ipv4Packet { buffer };
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Wraps the header of a datagram that may be cut short, as the one an ICMP error quotes
+    /// (etherparse's "lax" parse): version 4, IHL ≥ 5 and the header within the buffer, the
+    /// total length not checked. No accessor panics on such a view either: the payload stops
+    /// where the buffer does.
+    #[inline]
+    pub fn new_checked_header(buffer: T) -> Result<Self, Error> {
+        let b = buffer.as_ref();
+        let Some(h) = b.first_chunk::<HEADER_LEN>() else {
+            return Err(Error::Truncated);
+        };
+        let vi = h[field::VER_IHL];
+        let hl = usize::from(vi & 0x0f) * 4;
+        if vi >> 4 != 4 || hl < HEADER_LEN {
+            return Err(Error::Malformed);
+        }
+        if hl > b.len() {
+            return Err(Error::Truncated);
+        }
+        Ok(Ipv4Packet { buffer })
+    }
+
+    /// The checks of [`Ipv4Packet::new_checked`].
+    #[inline]
+    pub fn check_len(&self) -> Result<(), Error> {
+        let b = self.buffer.as_ref();
+        let Some(h) = b.first_chunk::<HEADER_LEN>() else {
+            return Err(Error::Truncated);
+        };
+        let vi = h[field::VER_IHL];
+        let hl = usize::from(vi & 0x0f) * 4;
+        if vi >> 4 != 4 || hl < HEADER_LEN {
+            return Err(Error::Malformed);
+        }
+        let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        if hl > b.len() || total > b.len() {
+            return Err(Error::Truncated);
+        }
+        if total < hl {
+            return Err(Error::Malformed);
+        }
+        Ok(())
+    }
+
+    /// The underlying buffer.
+    #[inline]
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    #[inline(always)]
+    fn fixed(&self) -> &[u8; HEADER_LEN] {
+        self.buffer
+            .as_ref()
+            .first_chunk()
+            .expect("IPv4 header checked by new_checked")
+    }
+
+    #[inline(always)]
+    fn be16(&self, r: std::ops::Range<usize>) -> u16 {
+        let h = self.fixed();
+        u16::from_be_bytes([h[r.start], h[r.start + 1]])
+    }
+
+    #[inline(always)]
+    fn addr(&self, r: std::ops::Range<usize>) -> Ipv4Addr {
+        let h = self.fixed();
+        Ipv4Addr::new(h[r.start], h[r.start + 1], h[r.start + 2], h[r.start + 3])
+    }
+
+    /// The version field (4 after `new_checked`).
+    #[inline]
+    pub fn version(&self) -> u8 {
+        self.fixed()[field::VER_IHL] >> 4
+    }
+
+    /// Header length in bytes (IHL × 4).
+    #[inline]
+    pub fn header_len(&self) -> usize {
+        usize::from(self.fixed()[field::VER_IHL] & 0x0f) * 4
+    }
+
+    /// The type-of-service (DSCP and ECN) byte.
+    #[inline]
+    pub fn tos(&self) -> u8 {
+        self.fixed()[field::TOS]
+    }
+
+    /// Total length of the datagram.
+    #[inline]
+    pub fn total_len(&self) -> usize {
+        usize::from(self.be16(field::LEN))
+    }
+
+    /// Identification.
+    #[inline]
+    pub fn ident(&self) -> u16 {
+        self.be16(field::IDENT)
+    }
+
+    /// The flags and fragment-offset field as it is (see [`DF`], [`MF`], [`FRAG_OFFSET`]).
+    #[inline]
+    pub fn frag_field(&self) -> u16 {
+        self.be16(field::FRAG)
+    }
+
+    /// True when DF is set.
+    #[inline]
+    pub fn dont_frag(&self) -> bool {
+        self.frag_field() & DF != 0
+    }
+
+    /// The fragment offset in 8-byte units (nonzero: not the first fragment).
+    #[inline]
+    pub fn frag_offset(&self) -> u16 {
+        self.frag_field() & FRAG_OFFSET
+    }
+
+    /// Time to live.
+    #[inline]
+    pub fn ttl(&self) -> u8 {
+        self.fixed()[field::TTL]
+    }
+
+    /// Protocol number.
+    #[inline]
+    pub fn protocol(&self) -> u8 {
+        self.fixed()[field::PROTO]
+    }
+
+    /// Header checksum.
+    #[inline]
+    pub fn checksum(&self) -> u16 {
+        self.be16(field::CSUM)
+    }
+
+    /// Source address.
+    #[inline]
+    pub fn src_addr(&self) -> Ipv4Addr {
+        self.addr(field::SRC)
+    }
+
+    /// Destination address.
+    #[inline]
+    pub fn dst_addr(&self) -> Ipv4Addr {
+        self.addr(field::DST)
+    }
+
+    /// Source and destination as they are on the wire (for a pseudo-header).
+    #[inline]
+    pub(crate) fn addr_bytes(&self) -> ([u8; 4], [u8; 4]) {
+        let h = self.fixed();
+        ([h[12], h[13], h[14], h[15]], [h[16], h[17], h[18], h[19]])
+    }
+
+    /// Source and destination as one word (`src << 32 | dst`), as conntrack keys them.
+    #[inline]
+    pub(crate) fn addrs_u64(&self) -> u64 {
+        let h = self.fixed();
+        u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])) << 32
+            | u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]]))
+    }
+
+    /// True when the header checksum verifies (options included).
+    #[inline]
+    pub fn verify_checksum(&self) -> bool {
+        let hl = self.header_len();
+        let mut acc = checksum::sum20(self.fixed());
+        if hl > HEADER_LEN {
+            acc = checksum::sum(acc, &self.buffer.as_ref()[HEADER_LEN..hl]);
+        }
+        checksum::verifies(acc)
+    }
+
+    /// The bytes after the header, up to the total length (or the end of the buffer, for a
+    /// view from [`Ipv4Packet::new_checked_header`]).
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        let end = self.total_len().min(b.len());
+        &b[self.header_len().min(end)..end]
+    }
+
+    /// Every byte after the header to the end of the buffer, whatever the total length says
+    /// (a quoted datagram's, whose length field is the original's).
+    #[inline]
+    pub fn after_header(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.header_len()..]
+    }
+
+    /// The header, options included.
+    #[inline]
+    pub fn header(&self) -> &[u8] {
+        &self.buffer.as_ref()[..self.header_len()]
+    }
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
+    #[inline(always)]
+    fn fixed_mut(&mut self) -> &mut [u8; HEADER_LEN] {
+        self.buffer
+            .as_mut()
+            .first_chunk_mut()
+            .expect("IPv4 header checked by new_checked")
+    }
+
+    #[inline(always)]
+    fn set_be16(&mut self, r: std::ops::Range<usize>, v: u16) {
+        self.fixed_mut()[r].copy_from_slice(&v.to_be_bytes());
+    }
+
+    /// Sets version 4 and the header length in bytes (a multiple of 4, 20..=60).
+    #[inline]
+    pub fn set_header_len(&mut self, len: usize) {
+        self.fixed_mut()[field::VER_IHL] = 0x40 | (len / 4) as u8 & 0x0f;
+    }
+
+    /// Sets the type-of-service byte.
+    #[inline]
+    pub fn set_tos(&mut self, v: u8) {
+        self.fixed_mut()[field::TOS] = v;
+    }
+
+    /// Sets the total length.
+    #[inline]
+    pub fn set_total_len(&mut self, len: u16) {
+        self.set_be16(field::LEN, len);
+    }
+
+    /// Sets the identification.
+    #[inline]
+    pub fn set_ident(&mut self, v: u16) {
+        self.set_be16(field::IDENT, v);
+    }
+
+    /// Sets the flags and fragment-offset field.
+    #[inline]
+    pub fn set_frag_field(&mut self, v: u16) {
+        self.set_be16(field::FRAG, v);
+    }
+
+    /// Sets the TTL.
+    #[inline]
+    pub fn set_ttl(&mut self, v: u8) {
+        self.fixed_mut()[field::TTL] = v;
+    }
+
+    /// Sets the protocol.
+    #[inline]
+    pub fn set_protocol(&mut self, v: u8) {
+        self.fixed_mut()[field::PROTO] = v;
+    }
+
+    /// Sets the header checksum field.
+    #[inline]
+    pub fn set_checksum(&mut self, v: u16) {
+        self.set_be16(field::CSUM, v);
+    }
+
+    /// Sets the source address.
+    #[inline]
+    pub fn set_src_addr(&mut self, a: Ipv4Addr) {
+        self.fixed_mut()[field::SRC].copy_from_slice(&a.octets());
+    }
+
+    /// Sets the destination address.
+    #[inline]
+    pub fn set_dst_addr(&mut self, a: Ipv4Addr) {
+        self.fixed_mut()[field::DST].copy_from_slice(&a.octets());
+    }
+
+    /// Recomputes the header checksum (options included).
+    #[inline]
+    pub fn fill_checksum(&mut self) {
+        self.set_checksum(0);
+        let hl = self.header_len();
+        let c = checksum::checksum(&self.buffer.as_ref()[..hl]);
+        self.set_checksum(c);
+    }
+
+    /// Decrements the TTL and patches the checksum incrementally (RFC 1624), as Linux's
+    /// `ip_decrease_ttl`: TTL is the high byte of the word at offset 8, so the sum drops by
+    /// 0x0100 and the checksum (its complement) rises by 0x0100 with end-around carry.
+    #[inline]
+    pub fn decrement_ttl(&mut self) {
+        let ttl = self.ttl();
+        self.set_ttl(ttl.wrapping_sub(1));
+        let c = checksum::add16(self.checksum(), 0x0100);
+        self.set_checksum(c);
+    }
+
+    /// The bytes after the header, up to the total length (see [`Ipv4Packet::payload`]),
+    /// mutable.
+    #[inline]
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let (hl, total) = (self.header_len(), self.total_len());
+        let b = self.buffer.as_mut();
+        let end = total.min(b.len());
+        &mut b[hl.min(end)..end]
+    }
+
+    /// The header (options included), mutable.
+    #[inline]
+    pub fn header_mut(&mut self) -> &mut [u8] {
+        let hl = self.header_len();
+        &mut self.buffer.as_mut()[..hl]
+    }
 }
 
-fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+/// An IPv4 header without options, as a value: what the router builds for the packets it
+/// sends. Identification 0, no fragmentation but the DF flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Repr {
+    /// Source address.
+    pub src_addr: Ipv4Addr,
+    /// Destination address.
+    pub dst_addr: Ipv4Addr,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Length of the payload.
+    pub payload_len: usize,
+    /// Time to live.
+    pub ttl: u8,
+    /// Type of service.
+    pub tos: u8,
+    /// The DF flag.
+    pub dont_frag: bool,
+}
+
+impl Ipv4Repr {
+    /// Reads a checked packet: [`Error::Malformed`] when the header checksum does not verify
+    /// or the header is not one this value can hold (options, a fragment, an identification).
+    pub fn parse<T: AsRef<[u8]>>(p: &Ipv4Packet<T>) -> Result<Ipv4Repr, Error> {
+        if !p.verify_checksum()
+            || p.header_len() != HEADER_LEN
+            || p.frag_field() & !DF != 0
+            || p.ident() != 0
+        {
+            return Err(Error::Malformed);
+        }
+        Ok(Ipv4Repr {
+            src_addr: p.src_addr(),
+            dst_addr: p.dst_addr(),
+            protocol: p.protocol(),
+            payload_len: p.total_len() - HEADER_LEN,
+            ttl: p.ttl(),
+            tos: p.tos(),
+            dont_frag: p.dont_frag(),
+        })
+    }
+
+    /// The header length (20).
+    #[inline]
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the header and its checksum (the payload is the caller's).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv4Packet<T>) {
+        p.set_header_len(HEADER_LEN);
+        p.set_tos(self.tos);
+        p.set_total_len((HEADER_LEN + self.payload_len) as u16);
+        p.set_ident(0);
+        p.set_frag_field(if self.dont_frag { DF } else { 0 });
+        p.set_ttl(self.ttl);
+        p.set_protocol(self.protocol);
+        p.set_src_addr(self.src_addr);
+        p.set_dst_addr(self.dst_addr);
+        p.fill_checksum();
+    }
 }
 
 /// The facts about a valid IPv4 header, from [`check_header`].
@@ -100,7 +475,7 @@ impl Ipv4Info {
     }
     /// True for a fragment other than the first.
     pub fn is_later_fragment(&self) -> bool {
-        self.frag & 0x1fff != 0
+        self.frag & FRAG_OFFSET != 0
     }
 }
 
@@ -108,64 +483,25 @@ impl Ipv4Info {
 /// length within the bytes present, header checksum valid.
 #[inline]
 pub fn check_header(l3: &[u8]) -> Result<Ipv4Info, DropReason> {
-    // The fixed 20 bytes as an array: every field read below is bounds-check free.
-    let Some(h) = l3.first_chunk::<20>() else {
-        return Err(DropReason::BadIpHeader);
-    };
-    let vi = h[field::VER_IHL];
-    let hdr_len = usize::from(vi & 0x0f) * 4;
-    if vi >> 4 != 4 || hdr_len < 20 || hdr_len > l3.len() {
-        return Err(DropReason::BadIpHeader);
+    let p = Ipv4Packet::new_checked(l3).map_err(|_| DropReason::BadIpHeader)?;
+    let hdr_len = p.header_len();
+    // The fixed 20 bytes summed as five words; options, rare, through the general sum.
+    let mut acc = checksum::sum20(p.fixed());
+    if hdr_len > HEADER_LEN {
+        acc = checksum::sum(acc, l3.get(HEADER_LEN..hdr_len).unwrap_or(&[]));
     }
-    let total_len = usize::from(u16::from_be_bytes([h[2], h[3]]));
-    if total_len < hdr_len || total_len > l3.len() {
-        return Err(DropReason::BadIpHeader);
-    }
-    let w = |i: usize| u64::from(u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]));
-    let mut sum = w(0) + w(4) + w(8) + w(12) + w(16);
-    if hdr_len > 20 {
-        // Options.
-        sum = csum_add(sum, l3.get(20..hdr_len).unwrap_or(&[]));
-    }
-    // Fold the 34-bit sum: two rounds always suffice.
-    let s1 = (sum & 0xffff) + (sum >> 16);
-    let s2 = (s1 & 0xffff) + (s1 >> 16);
-    let s3 = (s2 & 0xffff) + (s2 >> 16);
-    if s3 != 0xffff {
+    if !checksum::verifies(acc) {
         return Err(DropReason::BadIpChecksum);
     }
     Ok(Ipv4Info {
         hdr_len,
-        total_len,
-        ttl: h[field::TTL],
-        proto: h[field::PROTO],
-        src: Ipv4Addr::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])),
-        dst: Ipv4Addr::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
-        frag: u16::from_be_bytes([h[6], h[7]]),
+        total_len: p.total_len(),
+        ttl: p.ttl(),
+        proto: p.protocol(),
+        src: p.src_addr(),
+        dst: p.dst_addr(),
+        frag: p.frag_field(),
     })
-}
-
-/// Decrements the TTL of a checked header and patches the checksum incrementally (RFC 1624),
-/// as Linux's `ip_decrease_ttl`. The caller has made sure TTL > 1.
-pub fn decrement_ttl(l3: &mut [u8]) {
-    if l3.len() < 20 {
-        return;
-    }
-    l3[field::TTL] = l3[field::TTL].wrapping_sub(1);
-    // TTL is the high byte of the 16-bit word at offset 8: the sum drops by 0x0100, so the
-    // checksum (its complement) rises by 0x0100 with end-around carry.
-    let c = u32::from(be16(l3, field::CSUM)) + 0x0100;
-    put16(l3, field::CSUM, ((c & 0xffff) + (c >> 16)) as u16);
-}
-
-/// Recomputes the header checksum of `l3[..hdr_len]`.
-pub fn fix_header_checksum(l3: &mut [u8], hdr_len: usize) {
-    if l3.len() < hdr_len || hdr_len < 20 {
-        return;
-    }
-    put16(l3, field::CSUM, 0);
-    let c = checksum(&l3[..hdr_len]);
-    put16(l3, field::CSUM, c);
 }
 
 /// True when an ICMP error may be sent about this packet (RFC 1122 3.2.2 and Linux's
@@ -185,7 +521,7 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bo
         let Some(&ty) = l3.get(info.hdr_len) else {
             return false;
         };
-        return matches!(ty, 0 | 8 | 13 | 14 | 15 | 16 | 17 | 18);
+        return icmpv4::is_query(ty);
     }
     true
 }
@@ -206,39 +542,58 @@ pub fn write_icmp_error(
     rest: u32,
     orig_l3: &[u8],
 ) -> Option<usize> {
-    let quote = orig_l3.len().min(ICMP_ERROR_MAX - 20 - 8);
-    let ip_len = 20 + 8 + quote;
-    let len = 14 + ip_len;
+    let quote = orig_l3
+        .len()
+        .min(ICMP_ERROR_MAX - HEADER_LEN - icmpv4::HEADER_LEN);
+    let icmp = Icmpv4Repr::Error {
+        msg_type: ty,
+        code,
+        rest,
+        data: &orig_l3[..quote],
+    };
+    let ip = Ipv4Repr {
+        src_addr: src_ip,
+        dst_addr: dst_ip,
+        protocol: PROTO_ICMP,
+        payload_len: icmp.buffer_len(),
+        ttl: 64,
+        // Internetwork control, as Linux.
+        tos: 0xc0,
+        dont_frag: false,
+    };
+    emit_frame(out, src_mac, dst_mac, &ip, |p| {
+        icmp.emit(&mut Icmpv4Packet::new_unchecked(p))
+    })
+}
+
+/// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
+/// `out` is too small.
+fn emit_frame(
+    out: &mut [u8],
+    src: MacAddr,
+    dst: MacAddr,
+    ip: &Ipv4Repr,
+    l4: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let len = ETH_LEN + ip.buffer_len() + ip.payload_len;
     let f = out.get_mut(..len)?;
-    f[0..6].copy_from_slice(&dst_mac.0);
-    f[6..12].copy_from_slice(&src_mac.0);
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    let ip = &mut f[14..];
-    // Version 4, IHL 5, TOS as Linux (internetwork control), TTL 64, protocol ICMP.
-    ip[..20].copy_from_slice(&[
-        0x45, 0xc0, 0, 0, 0, 0, 0, 0, 64, PROTO_ICMP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ]);
-    put16(ip, field::LEN, ip_len as u16);
-    ip[field::SRC..field::SRC + 4].copy_from_slice(&src_ip.octets());
-    ip[field::DST..field::DST + 4].copy_from_slice(&dst_ip.octets());
-    fix_header_checksum(ip, 20);
-    let icmp = &mut ip[20..];
-    icmp[0] = ty;
-    icmp[1] = code;
-    icmp[2..4].copy_from_slice(&[0, 0]);
-    icmp[4..8].copy_from_slice(&rest.to_be_bytes());
-    icmp[8..8 + quote].copy_from_slice(&orig_l3[..quote]);
-    let c = checksum(&icmp[..8 + quote]);
-    put16(icmp, 2, c);
+    let mut eth = EthernetFrame::new_unchecked(&mut *f);
+    EthernetRepr {
+        src_addr: src,
+        dst_addr: dst,
+        ethertype: ethertype::IPV4,
+    }
+    .emit(&mut eth);
+    let mut p = Ipv4Packet::new_unchecked(eth.payload_mut());
+    ip.emit(&mut p);
+    l4(p.payload_mut());
     Some(len)
 }
 
 /// Writes the TCP reset that refuses the segment at `orig_l3` (a checked IPv4 header of
 /// `hdr_len` bytes with a TCP header after it), as Linux's `nf_send_reset` for `REJECT
-/// --reject-with tcp-reset`: from the segment's destination address and port back to its
-/// source; `seq = SEG.ACK` when the segment had ACK, else `seq = 0` with `RST|ACK` and
-/// `ack = SEG.SEQ + SEG.LEN` (SYN and FIN count one). Returns the frame length, or `None`
-/// when `out` is too small, the TCP header is truncated, or the segment is itself a reset.
+/// --reject-with tcp-reset` (see [`TcpRepr::reset_for`]). Returns the frame length, or `None`
+/// when `out` is too small, the headers are truncated, or the segment is itself a reset.
 pub fn write_tcp_rst(
     out: &mut [u8],
     src_mac: MacAddr,
@@ -246,54 +601,24 @@ pub fn write_tcp_rst(
     orig_l3: &[u8],
     hdr_len: usize,
 ) -> Option<usize> {
-    let tcp = orig_l3.get(hdr_len..)?;
-    let th = tcp.get(..20)?;
-    let flags = th[13];
-    if flags & 0x04 != 0 {
-        return None;
-    }
-    let doff = usize::from(th[12] >> 4) * 4;
-    let total = usize::from(be16(orig_l3, field::LEN)).min(orig_l3.len());
-    let payload = u32::try_from(total.saturating_sub(hdr_len + doff)).unwrap_or(0);
-    let seg_seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
-    let seg_ack = u32::from_be_bytes([th[8], th[9], th[10], th[11]]);
-    let (seq, ack, out_flags) = if flags & 0x10 != 0 {
-        (seg_ack, 0, 0x04)
-    } else {
-        let len = payload + u32::from(flags & 0x02 != 0) + u32::from(flags & 0x01 != 0);
-        (0, seg_seq.wrapping_add(len), 0x14)
+    let ip = Ipv4Packet::new_checked(orig_l3)
+        .ok()
+        .filter(|p| p.header_len() == hdr_len)?;
+    let seg = TcpPacket::new_checked(ip.payload()).ok()?;
+    let rst = TcpRepr::reset_for(&seg)?;
+    let (src, dst) = (ip.dst_addr(), ip.src_addr());
+    let r = Ipv4Repr {
+        src_addr: src,
+        dst_addr: dst,
+        protocol: PROTO_TCP,
+        payload_len: rst.buffer_len(),
+        ttl: 64,
+        tos: 0,
+        dont_frag: true,
     };
-    let f = out.get_mut(..14 + 40)?;
-    f[0..6].copy_from_slice(&dst_mac.0);
-    f[6..12].copy_from_slice(&src_mac.0);
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    let ip = &mut f[14..];
-    ip[..20].copy_from_slice(&[
-        0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, PROTO_TCP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ]);
-    ip[field::SRC..field::SRC + 4].copy_from_slice(&orig_l3[field::DST..field::DST + 4]);
-    ip[field::DST..field::DST + 4].copy_from_slice(&orig_l3[field::SRC..field::SRC + 4]);
-    fix_header_checksum(ip, 20);
-    let (src, dst) = (
-        [ip[12], ip[13], ip[14], ip[15]],
-        [ip[16], ip[17], ip[18], ip[19]],
-    );
-    let t = &mut ip[20..40];
-    t[0..2].copy_from_slice(&th[2..4]);
-    t[2..4].copy_from_slice(&th[0..2]);
-    t[4..8].copy_from_slice(&seq.to_be_bytes());
-    t[8..12].copy_from_slice(&ack.to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = out_flags;
-    t[14..20].fill(0);
-    // Pseudo-header: addresses, protocol, TCP length.
-    let mut acc = csum_add(0, &src);
-    acc = csum_add(acc, &dst);
-    acc = csum_add(acc, &[0, PROTO_TCP, 0, 20]);
-    acc = csum_add(acc, t);
-    let c = !csum_fold(acc);
-    t[16..18].copy_from_slice(&c.to_ne_bytes());
-    Some(54)
+    emit_frame(out, src_mac, dst_mac, &r, |p| {
+        rst.emit(&mut TcpPacket::new_unchecked(p), src, dst)
+    })
 }
 
 /// Turns an ICMP echo request frame addressed to us into the echo reply, in place: addresses
@@ -301,31 +626,34 @@ pub fn write_tcp_rst(
 /// `l3` is the frame's L3 offset. Returns `false` (frame untouched) if it is not a well-formed
 /// echo request.
 pub fn echo_reply_in_place(frame: &mut [u8], l3: usize, info: &Ipv4Info, our_mac: MacAddr) -> bool {
-    let icmp_at = l3 + info.hdr_len;
-    let end = l3 + info.total_len;
-    if info.proto != PROTO_ICMP || end > frame.len() || end < icmp_at + 8 {
+    if info.proto != PROTO_ICMP || l3 < ETH_LEN {
         return false;
     }
-    if frame[icmp_at] != icmp::ECHO_REQUEST || frame[icmp_at + 1] != 0 {
+    let Some(ipb) = frame.get(l3..) else {
+        return false;
+    };
+    let Ok(ip) = Ipv4Packet::new_checked(ipb) else {
+        return false;
+    };
+    let Ok(req) = Icmpv4Packet::new_checked(ip.payload()) else {
+        return false;
+    };
+    if req.msg_type() != icmpv4::codes::ECHO_REQUEST || req.code() != 0 || !req.verify_checksum() {
         return false;
     }
-    if checksum(&frame[icmp_at..end]) != 0 {
-        return false;
-    }
-    let peer = MacAddr::from_slice(&frame[6..12]);
-    frame[0..6].copy_from_slice(&peer.0);
-    frame[6..12].copy_from_slice(&our_mac.0);
-    let ip = &mut frame[l3..];
-    let (s, d) = (info.src.octets(), info.dst.octets());
-    ip[field::SRC..field::SRC + 4].copy_from_slice(&d);
-    ip[field::DST..field::DST + 4].copy_from_slice(&s);
-    ip[field::TTL] = 64;
-    fix_header_checksum(ip, info.hdr_len);
-    let icmp = &mut frame[icmp_at..end];
-    icmp[0] = icmp::ECHO_REPLY;
-    put16(icmp, 2, 0);
-    let c = checksum(icmp);
-    put16(icmp, 2, c);
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    let mut eth = EthernetFrame::new_unchecked(&mut *frame);
+    let peer = eth.src_addr();
+    eth.set_dst_addr(peer);
+    eth.set_src_addr(our_mac);
+    let mut ip = Ipv4Packet::new_unchecked(&mut frame[l3..]);
+    ip.set_src_addr(dst);
+    ip.set_dst_addr(src);
+    ip.set_ttl(64);
+    ip.fill_checksum();
+    let mut icmp = Icmpv4Packet::new_unchecked(ip.payload_mut());
+    icmp.set_msg_type(icmpv4::codes::ECHO_REPLY);
+    icmp.fill_checksum();
     true
 }
 
@@ -343,44 +671,44 @@ pub fn fragment(
     scratch: &mut [u8],
     emit: &mut dyn FnMut(&[u8]),
 ) -> Result<usize, DropReason> {
+    let ip = frame
+        .get(l3..)
+        .and_then(|b| Ipv4Packet::new_checked(b).ok())
+        .filter(|p| p.header_len() == info.hdr_len && p.total_len() == info.total_len)
+        .ok_or(DropReason::FragNeeded)?;
     let hl = info.hdr_len;
-    let end = l3 + info.total_len;
-    if end > frame.len() || mtu < hl + 8 {
+    if mtu < hl + 8 {
         return Err(DropReason::FragNeeded);
     }
     let per = (mtu - hl) & !7;
-    let payload = &frame[l3 + hl..end];
-    let base_off = usize::from(info.frag & 0x1fff) * 8;
+    let payload = ip.payload();
+    let base_off = usize::from(info.frag & FRAG_OFFSET) * 8;
     let orig_mf = info.frag & MF;
     let mut hdr = [0u8; 60];
-    hdr[..hl].copy_from_slice(&frame[l3..l3 + hl]);
+    hdr[..hl].copy_from_slice(ip.header());
     let mut n = 0;
     let mut at = 0;
-    while at < payload.len() || (at == 0 && payload.is_empty()) {
+    loop {
         let chunk = per.min(payload.len() - at);
         let last = at + chunk >= payload.len();
         let flen = l3 + hl + chunk;
         let out = scratch.get_mut(..flen).ok_or(DropReason::FragNeeded)?;
         out[..l3].copy_from_slice(&frame[..l3]);
         out[l3..l3 + hl].copy_from_slice(&hdr[..hl]);
-        let ip = &mut out[l3..];
-        put16(ip, field::LEN, (hl + chunk) as u16);
+        let mut p = Ipv4Packet::new_unchecked(&mut out[l3..]);
+        p.set_total_len((hl + chunk) as u16);
         let off = (base_off + at) / 8;
         let mf = if last { orig_mf } else { MF };
-        put16(
-            ip,
-            field::FRAG,
-            (info.frag & DF) | mf | (off as u16 & 0x1fff),
-        );
-        fix_header_checksum(ip, hl);
-        ip[hl..hl + chunk].copy_from_slice(&payload[at..at + chunk]);
+        p.set_frag_field((info.frag & DF) | mf | (off as u16 & FRAG_OFFSET));
+        p.fill_checksum();
+        p.payload_mut().copy_from_slice(&payload[at..at + chunk]);
         emit(&out[..flen]);
         n += 1;
         if n == 1 {
-            strip_uncopied_options(&mut hdr[..hl]);
+            strip_uncopied_options(&mut hdr[HEADER_LEN..hl]);
         }
         at += chunk;
-        if payload.is_empty() {
+        if last {
             break;
         }
     }
@@ -388,20 +716,24 @@ pub fn fragment(
 }
 
 /// Replaces IPv4 options whose "copied" bit is clear with NOPs (Linux `ip_options_fragment`).
-fn strip_uncopied_options(hdr: &mut [u8]) {
-    let mut i = 20;
-    while i < hdr.len() {
-        match hdr[i] {
-            0 => break,
-            1 => i += 1,
+/// `opts` is the options area (after the 20 fixed bytes).
+fn strip_uncopied_options(opts: &mut [u8]) {
+    const END: u8 = 0;
+    const NOP: u8 = 1;
+    const COPIED: u8 = 0x80;
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            END => break,
+            NOP => i += 1,
             ty => {
-                let Some(&l) = hdr.get(i + 1) else { break };
+                let Some(&l) = opts.get(i + 1) else { break };
                 let l = usize::from(l);
-                if l < 2 || i + l > hdr.len() {
+                if l < 2 || i + l > opts.len() {
                     break;
                 }
-                if ty & 0x80 == 0 {
-                    hdr[i..i + l].fill(1);
+                if ty & COPIED == 0 {
+                    opts[i..i + l].fill(NOP);
                 }
                 i += l;
             }
@@ -409,63 +741,59 @@ fn strip_uncopied_options(hdr: &mut [u8]) {
     }
 }
 
-/// An ARP packet for IPv4 over Ethernet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Arp {
-    /// 1 = request, 2 = reply.
-    pub op: u16,
-    /// Sender hardware address.
-    pub sha: MacAddr,
-    /// Sender protocol address.
-    pub spa: Ipv4Addr,
-    /// Target hardware address.
-    pub tha: MacAddr,
-    /// Target protocol address.
-    pub tpa: Ipv4Addr,
-}
-
-impl Arp {
-    /// ARP request.
-    pub const REQUEST: u16 = 1;
-    /// ARP reply.
-    pub const REPLY: u16 = 2;
-
-    /// Parses an ARP packet (`l3` starts at the ARP header); only Ethernet/IPv4 is accepted.
-    pub fn parse(l3: &[u8]) -> Result<Arp, DropReason> {
-        let a = l3.get(..ARP_LEN).ok_or(DropReason::BadArp)?;
-        if a[0..6] != [0, 1, 0x08, 0x00, 6, 4] {
-            return Err(DropReason::BadArp);
-        }
-        let ip = |o: usize| Ipv4Addr::new(a[o], a[o + 1], a[o + 2], a[o + 3]);
-        Ok(Arp {
-            op: be16(a, 6),
-            sha: MacAddr::from_slice(&a[8..14]),
-            spa: ip(14),
-            tha: MacAddr::from_slice(&a[18..24]),
-            tpa: ip(24),
-        })
-    }
-
-    /// Writes an Ethernet frame carrying this packet from `src` to `dst` into `out`; returns its
-    /// length (42), or `None` if `out` is too small.
-    pub fn write_frame(&self, src: MacAddr, dst: MacAddr, out: &mut [u8]) -> Option<usize> {
-        let f = out.get_mut(..14 + ARP_LEN)?;
-        f[0..6].copy_from_slice(&dst.0);
-        f[6..12].copy_from_slice(&src.0);
-        f[12..14].copy_from_slice(&[0x08, 0x06]);
-        let a = &mut f[14..];
-        a[0..6].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4]);
-        put16(a, 6, self.op);
-        a[8..14].copy_from_slice(&self.sha.0);
-        a[14..18].copy_from_slice(&self.spa.octets());
-        a[18..24].copy_from_slice(&self.tha.0);
-        a[24..28].copy_from_slice(&self.tpa.octets());
-        Some(14 + ARP_LEN)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::wire::checksum::checksum;
+    use crate::wire::icmp::codes as icmp;
+    use proptest::prelude::*;
+
+    #[test]
+    fn header_bytes() {
+        // 10.0.0.1 -> 10.0.1.2, UDP, TTL 64, DF, header checksum 0x25cf, one byte of padding.
+        let b = [
+            0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0x25, 0xcf, 10, 0, 0, 1, 10, 0, 1, 2, 0, 0, 0,
+            0, 0, 0, 0, 0, 0xee,
+        ];
+        let p = Ipv4Packet::new_checked(&b[..]).unwrap();
+        assert_eq!((p.header_len(), p.total_len(), p.ttl()), (20, 28, 64));
+        assert_eq!(p.protocol(), PROTO_UDP);
+        assert!(p.dont_frag() && p.frag_offset() == 0);
+        assert_eq!(p.src_addr(), Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(
+            p.payload().len(),
+            8,
+            "padding after the total length is not payload"
+        );
+        assert!(p.verify_checksum());
+        let mut bad = b;
+        bad[0] = 0x46;
+        assert_eq!(Ipv4Packet::new_checked(&bad[..]).unwrap().header_len(), 24);
+        bad[0] = 0x44;
+        assert_eq!(Ipv4Packet::new_checked(&bad[..]), Err(Error::Malformed));
+        bad[0] = 0x65;
+        assert_eq!(Ipv4Packet::new_checked(&bad[..]), Err(Error::Malformed));
+        assert_eq!(Ipv4Packet::new_checked(&b[..27]), Err(Error::Truncated));
+    }
+
+    proptest! {
+        #[test]
+        fn repr_round_trip(
+            src in any::<u32>(), dst in any::<u32>(), protocol in any::<u8>(),
+            payload_len in 0usize..64, ttl in any::<u8>(), tos in any::<u8>(), dont_frag in any::<bool>(),
+        ) {
+            let r = Ipv4Repr {
+                src_addr: src.into(), dst_addr: dst.into(), protocol, payload_len, ttl, tos, dont_frag,
+            };
+            let mut b = vec![0u8; r.buffer_len() + payload_len];
+            r.emit(&mut Ipv4Packet::new_unchecked(&mut b[..]));
+            prop_assert_eq!(Ipv4Repr::parse(&Ipv4Packet::new_checked(&b[..]).unwrap()), Ok(r));
+            prop_assert!(check_header(&b).is_ok());
+            for n in 0..b.len() {
+                prop_assert!(Ipv4Packet::new_checked(&b[..n]).is_err());
+                prop_assert!(check_header(&b[..n]).is_err());
+            }
+        }
+    }
 
     #[test]
     fn tcp_rst_refuses_a_syn_like_linux() {
@@ -531,7 +859,9 @@ mod tests {
         let info = check_header(&f[14..]).unwrap();
         assert_eq!(info.ttl, 64);
         for _ in 0..63 {
-            decrement_ttl(&mut f[14..]);
+            Ipv4Packet::new_checked(&mut f[14..])
+                .unwrap()
+                .decrement_ttl();
             check_header(&f[14..]).unwrap();
         }
         assert_eq!(check_header(&f[14..]).unwrap().ttl, 1);
@@ -653,24 +983,5 @@ mod tests {
             fragment(&f, 14, &info, 20, &mut scratch, &mut |_| {}),
             Err(DropReason::FragNeeded)
         );
-    }
-
-    #[test]
-    fn arp_round_trip() {
-        let a = Arp {
-            op: Arp::REQUEST,
-            sha: MacAddr::local(1),
-            spa: Ipv4Addr::new(10, 0, 0, 1),
-            tha: MacAddr::ZERO,
-            tpa: Ipv4Addr::new(10, 0, 0, 2),
-        };
-        let mut out = [0u8; 64];
-        let n = a
-            .write_frame(MacAddr::local(1), MacAddr::BROADCAST, &mut out)
-            .unwrap();
-        assert_eq!(Arp::parse(&out[14..n]).unwrap(), a);
-        assert!(Arp::parse(&out[14..n - 1]).is_err());
-        let s = crate::wire::Summary::parse(&out[..n]);
-        assert_eq!(s.arp.unwrap().0, 1);
     }
 }

@@ -17,10 +17,11 @@ use etherparse::{
 };
 
 use crate::stats::DropReason;
+use crate::wire::ethernet::{ethertype, EthernetFrame};
 use crate::wire::mac::MacAddr;
 
 /// Length of an Ethernet II header.
-pub const ETH_HDR_LEN: usize = 14;
+pub const ETH_HDR_LEN: usize = crate::wire::ethernet::HEADER_LEN;
 
 /// The link-layer facts about a frame, parsed once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,15 +39,7 @@ pub struct EthMeta {
 }
 
 fn is_vlan(t: EtherType) -> bool {
-    is_vlan_type(t.0)
-}
-
-/// Whether an EtherType is a VLAN tag (802.1Q, 802.1ad, or the old QinQ 0x9100).
-#[inline]
-pub(crate) fn is_vlan_type(t: u16) -> bool {
-    t == EtherType::VLAN_TAGGED_FRAME.0
-        || t == EtherType::PROVIDER_BRIDGING.0
-        || t == EtherType::VLAN_DOUBLE_TAGGED_FRAME.0
+    ethertype::is_vlan(t.0)
 }
 
 impl EthMeta {
@@ -54,16 +47,12 @@ impl EthMeta {
     #[inline]
     pub fn parse(frame: &[u8]) -> Result<EthMeta, DropReason> {
         // Fast path: an untagged frame needs only its first 14 bytes.
-        if let Some(h) = frame.first_chunk::<14>() {
-            let ether_type = EtherType(u16::from_be_bytes([h[12], h[13]]));
+        if let Ok(e) = EthernetFrame::new_checked(frame) {
+            let ether_type = EtherType(e.ethertype());
             if ether_type == EtherType::IPV4 || !is_vlan(ether_type) {
-                let mut dst = [0u8; 6];
-                let mut src = [0u8; 6];
-                dst.copy_from_slice(&h[..6]);
-                src.copy_from_slice(&h[6..12]);
                 return Ok(EthMeta {
-                    dst: MacAddr(dst),
-                    src: MacAddr(src),
+                    dst: e.dst_addr(),
+                    src: e.src_addr(),
                     vlan: None,
                     ether_type,
                     l3: ETH_HDR_LEN as u16,

@@ -12,7 +12,83 @@
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::icmp::{self, Icmpv4Packet};
+use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::Error;
+
+mod field {
+    use std::ops::Range;
+    pub const SRC_PORT: Range<usize> = 0..2;
+    pub const DST_PORT: Range<usize> = 2..4;
+    pub const END: usize = 4;
+}
+
+/// A view of the two ports every port-carrying transport header starts with (TCP, UDP, SCTP,
+/// DCCP): what conntrack keys on and NAT rewrites, and all that an ICMP error may quote of a
+/// segment. [`L4Ports::new_checked`] checks the 4 bytes are there; then no accessor panics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct L4Ports<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> L4Ports<T> {
+    /// Wraps a buffer without checking it: accessors panic if it is shorter than 4 bytes.
+    #[inline]
+    pub const fn new_unchecked(buffer: T) -> Self {
+        L4Ports { buffer }
+    }
+
+    /// Wraps a buffer of at least 4 bytes.
+    #[inline]
+    pub fn new_checked(buffer: T) -> Result<Self, Error> {
+        if buffer.as_ref().len() < field::END {
+            return Err(Error::Truncated);
+        }
+        Ok(L4Ports { buffer })
+    }
+
+    #[inline(always)]
+    fn bytes(&self) -> &[u8; field::END] {
+        self.buffer
+            .as_ref()
+            .first_chunk()
+            .expect("ports checked by new_checked")
+    }
+
+    /// Source port.
+    #[inline]
+    pub fn src_port(&self) -> u16 {
+        let b = self.bytes();
+        u16::from_be_bytes([b[field::SRC_PORT.start], b[field::SRC_PORT.start + 1]])
+    }
+
+    /// Destination port.
+    #[inline]
+    pub fn dst_port(&self) -> u16 {
+        let b = self.bytes();
+        u16::from_be_bytes([b[field::DST_PORT.start], b[field::DST_PORT.start + 1]])
+    }
+
+    /// Both ports as one word, `src << 16 | dst`.
+    #[inline]
+    pub fn ports_u32(&self) -> u32 {
+        u32::from_be_bytes(*self.bytes())
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> L4Ports<T> {
+    /// Sets the source port.
+    #[inline]
+    pub fn set_src_port(&mut self, v: u16) {
+        self.buffer.as_mut()[field::SRC_PORT].copy_from_slice(&v.to_be_bytes());
+    }
+
+    /// Sets the destination port.
+    #[inline]
+    pub fn set_dst_port(&mut self, v: u16) {
+        self.buffer.as_mut()[field::DST_PORT].copy_from_slice(&v.to_be_bytes());
+    }
+}
 
 /// One direction of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,17 +154,19 @@ impl Tuple {
     /// fragment of TCP/UDP/ICMP (it has no L4 header).
     pub fn from_ipv4(l3: &[u8], hdr_len: usize, total_len: usize) -> Option<(Tuple, L4Kind)> {
         let ip = l3.get(..total_len.min(l3.len()))?;
-        if ip.len() < 20 || hdr_len < 20 || ip.len() < hdr_len {
-            return None;
-        }
-        let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-        let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-        let proto = ip[9];
-        let frag_off = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
-        let l4 = &ip[hdr_len..];
+        // The header as the caller checked it (the total length may be a quote's, cut short).
+        let ip = Ipv4Packet::new_checked_header(ip)
+            .ok()
+            .filter(|p| p.header_len() == hdr_len)?;
+        Tuple::from_view(&ip, hdr_len, false)
+    }
+
+    /// `quoted`: the datagram an ICMP error quotes, whose L4 bytes run to the end of the quote.
+    fn from_view(ip: &Ipv4Packet<&[u8]>, hdr_len: usize, quoted: bool) -> Option<(Tuple, L4Kind)> {
+        let proto = ip.protocol();
         let mut t = Tuple {
-            src,
-            dst,
+            src: ip.src_addr(),
+            dst: ip.dst_addr(),
             sport: 0,
             dport: 0,
             proto,
@@ -97,59 +175,57 @@ impl Tuple {
         if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP) {
             return Some((t, L4Kind::Other));
         }
-        if frag_off != 0 {
+        if ip.frag_offset() != 0 {
             return None;
         }
+        let l4 = if quoted {
+            ip.after_header()
+        } else {
+            ip.payload()
+        };
         match proto {
             PROTO_TCP | PROTO_UDP => {
-                let p = l4.get(..4)?;
-                t.sport = u16::from_be_bytes([p[0], p[1]]);
-                t.dport = u16::from_be_bytes([p[2], p[3]]);
-                Some((
-                    t,
-                    if proto == PROTO_TCP {
-                        L4Kind::Tcp
-                    } else {
-                        L4Kind::Udp
-                    },
-                ))
+                let p = L4Ports::new_checked(l4).ok()?;
+                t.sport = p.src_port();
+                t.dport = p.dst_port();
+                let kind = if proto == PROTO_TCP {
+                    L4Kind::Tcp
+                } else {
+                    L4Kind::Udp
+                };
+                Some((t, kind))
             }
             _ => {
-                let h = l4.get(..8)?;
-                match h[0] {
-                    // Echo request / reply.
-                    8 | 0 => {
-                        let id = u16::from_be_bytes([h[4], h[5]]);
-                        t.sport = id;
-                        t.dport = id;
-                        Some((t, L4Kind::IcmpEcho { request: h[0] == 8 }))
-                    }
+                let h = Icmpv4Packet::new_checked(l4).ok()?;
+                let ty = h.msg_type();
+                if icmp::is_echo(ty) {
+                    let id = h.echo_ident();
+                    t.sport = id;
+                    t.dport = id;
+                    Some((
+                        t,
+                        L4Kind::IcmpEcho {
+                            request: ty == icmp::codes::ECHO_REQUEST,
+                        },
+                    ))
+                } else if icmp::is_error(ty) {
                     // Destination unreachable, source quench, redirect, time exceeded,
-                    // parameter problem: they quote the packet that caused them.
-                    3 | 4 | 5 | 11 | 12 => {
-                        let inner = l4.get(8..)?;
-                        if inner.len() < 20 || inner[0] >> 4 != 4 {
-                            return None;
-                        }
-                        let ihl = usize::from(inner[0] & 0x0f) * 4;
-                        if ihl < 20 {
-                            return None;
-                        }
-                        // The quoted datagram is truncated by design: take what is there.
-                        let quoted_len = inner.len();
-                        let (q, kind) = Tuple::from_ipv4(inner, ihl, quoted_len)?;
-                        if matches!(kind, L4Kind::IcmpError { .. }) {
-                            // An error about an error is never sent (RFC 1122); drop it.
-                            return None;
-                        }
-                        Some((
-                            q,
-                            L4Kind::IcmpError {
-                                inner_l3: (hdr_len + 8) as u16,
-                            },
-                        ))
+                    // parameter problem: they quote the packet that caused them, truncated
+                    // by design: take what is there.
+                    let inner = Ipv4Packet::new_checked_header(h.data()).ok()?;
+                    let (q, kind) = Tuple::from_view(&inner, inner.header_len(), true)?;
+                    if matches!(kind, L4Kind::IcmpError { .. }) {
+                        // An error about an error is never sent (RFC 1122); drop it.
+                        return None;
                     }
-                    _ => Some((t, L4Kind::Other)),
+                    Some((
+                        q,
+                        L4Kind::IcmpError {
+                            inner_l3: (hdr_len + icmp::HEADER_LEN) as u16,
+                        },
+                    ))
+                } else {
+                    Some((t, L4Kind::Other))
                 }
             }
         }
