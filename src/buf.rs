@@ -24,11 +24,11 @@ pub const BATCH_SIZE: usize = 32;
 pub const DEFAULT_FRAME_ROOM: usize = 2048 - HEADROOM;
 
 /// Offload metadata carried with a frame: the fields of a virtio-net header
-/// (see [`crate::port::offload`]). A TAP device opened with `IFF_VNET_HDR` hands frames whose L4
+/// (see [`crate::offload`]). A TAP device opened with `IFF_VNET_HDR` hands frames whose L4
 /// checksum is partial or that are TCP super-frames to be segmented at `gso_size`; ports
 /// without offload support finish that work in software before transmitting. Frames from
 /// ports without offloads carry [`Offload::NONE`].
-pub type Offload = crate::port::offload::VirtioNetHdr;
+pub type Offload = crate::wire::virtio::VirtioNetHdr;
 
 /// One frame in a buffer with headroom, plus its metadata.
 ///

@@ -106,6 +106,7 @@ mod hash;
 pub mod l2;
 pub mod l3;
 pub mod nat;
+pub mod offload;
 pub mod port;
 pub mod runtime;
 pub mod stats;

@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["base"],
     &["wire"],
     &["buf"],
+    &["offload"],
     &["port", "l2", "l3", "conntrack"],
     &["nat"],
     &["datapath"],

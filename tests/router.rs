@@ -420,7 +420,7 @@ fn tso_super_frames_are_checked_by_segment_size() {
     let mut batch = Batch::new();
     let mut b = PacketBuf::from_frame(&f);
     b.port = PA;
-    b.offload.gso_type = tapyard::port::offload::VIRTIO_NET_HDR_GSO_TCPV4;
+    b.offload.gso_type = tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV4;
     b.offload.gso_size = 1448;
     batch.push(b).unwrap();
     n.dp.process(&mut n.w, n.now, &mut batch);

@@ -2,7 +2,7 @@
 //! whatever it emits fits the scratch buffer and carries no more payload than it was given.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tapyard::port::offload::{complete_checksum, segment, VirtioNetHdr, VNET_HDR_LEN};
+use tapyard::offload::{complete_checksum, segment, VirtioNetHdr, VNET_HDR_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let Some(hdr) = VirtioNetHdr::parse(data) else {

@@ -563,7 +563,7 @@ impl Router {
             // Fragments are built from the datagram's bytes: finish a partial checksum first.
             if b.offload.needs_csum() {
                 let hdr = b.offload;
-                if crate::port::offload::complete_checksum(b.frame_mut(), &hdr).is_err() {
+                if crate::offload::complete_checksum(b.frame_mut(), &hdr).is_err() {
                     return L3::Drop(DropReason::BadOffload);
                 }
                 b.offload = crate::Offload::default();
@@ -606,7 +606,7 @@ impl Router {
                 // The neighbour queue holds plain frames: finish the offload work (partial
                 // checksum, TSO segmentation) before queueing, or it would be lost.
                 let mut last = L3::Queued;
-                let r = crate::port::offload::send_completed(b, &mut |f| {
+                let r = crate::offload::send_completed(b, &mut |f| {
                     last = self.resolve_later(out_if, nh_ip, f, now, sink);
                     Ok(())
                 });

@@ -28,7 +28,7 @@
 //!
 //! [`CsumMode::Partial`]: the frame came from an offload TAP with `VIRTIO_NET_HDR_F_NEEDS_CSUM`:
 //! the TCP/UDP checksum field holds only the folded, *uncomplemented* pseudo-header sum and the
-//! device (or [`crate::port::offload::complete_checksum`]) sums the L4 bytes over it later. As Linux's
+//! device (or [`crate::offload::complete_checksum`]) sums the L4 bytes over it later. As Linux's
 //! `inet_proto_csum_replace4(.., pseudohdr = true)` under `CHECKSUM_PARTIAL`, only the
 //! address changes go into the field (`field = fold(field + ~old + new)`); port and identifier
 //! changes do not touch it, since the device will sum the new bytes. ICMP has no pseudo-header,

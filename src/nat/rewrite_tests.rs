@@ -2,7 +2,7 @@
 //! full recomputation after the rewrite.
 
 use super::*;
-use crate::port::offload::{complete_checksum, VirtioNetHdr};
+use crate::offload::{complete_checksum, VirtioNetHdr};
 use crate::wire::checksum::checksum;
 use crate::wire::checksum::{fold as csum_fold, sum as csum_add};
 use crate::wire::ipv4::ICMP_ERROR_MAX;
@@ -365,7 +365,7 @@ fn make_partial(p: &mut [u8]) -> VirtioNetHdr {
     let sum = !checksum(&ph); // folded, not complemented
     p[h + off..h + off + 2].copy_from_slice(&sum.to_be_bytes());
     VirtioNetHdr {
-        flags: crate::port::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        flags: crate::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
         csum_start: h as u16,
         csum_offset: off as u16,
         ..VirtioNetHdr::NONE

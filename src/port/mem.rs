@@ -156,7 +156,7 @@ impl Port for MemPort {
 
     fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
         if !buf.offload.is_none() {
-            return crate::port::offload::send_completed(buf, &mut |f| self.tx.push(f));
+            return crate::offload::send_completed(buf, &mut |f| self.tx.push(f));
         }
         self.tx.push(buf.frame())
     }
@@ -168,7 +168,7 @@ impl Port for MemPort {
             let r = if b.offload.is_none() {
                 self.tx.push_locked(&mut q, b.frame())
             } else {
-                crate::port::offload::send_completed(b, &mut |f| self.tx.push_locked(&mut q, f))
+                crate::offload::send_completed(b, &mut |f| self.tx.push_locked(&mut q, f))
             };
             done(i, r);
         }

@@ -16,7 +16,6 @@ use crate::stats::DropReason;
 
 mod mem;
 mod observe;
-pub mod offload;
 mod smol;
 mod tap;
 

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 
 use super::Port;
 use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
-use crate::port::offload::{VirtioNetHdr, VNET_HDR_LEN};
+use crate::offload::{VirtioNetHdr, VNET_HDR_LEN};
 use crate::stats::DropReason;
 
 /// Frame room for a TAP with offloads: a 64 KiB TCP super-frame plus link headers.
@@ -25,7 +25,7 @@ pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
 /// * [`TapPort::open_offload`]: every frame carries a virtio-net header, and the device
 ///   advertises checksum offload and TSO to the kernel, so a pod's TCP stack hands over 64 KiB
 ///   super-frames with partial checksums, as to a virtio NIC. They pass between offload TAPs
-///   untouched and are segmented and checksummed in software ([`crate::port::offload`]) only when
+///   untouched and are segmented and checksummed in software ([`crate::offload`]) only when
 ///   they leave through a port without offloads.
 #[derive(Debug)]
 pub struct TapPort {
@@ -129,7 +129,7 @@ impl Port for TapPort {
                 .map_err(|e| tx_reason(&e));
         }
         if !buf.offload.is_none() {
-            return crate::port::offload::send_completed(buf, &mut |f| {
+            return crate::offload::send_completed(buf, &mut |f| {
                 (&self.file).write(f).map(|_| ()).map_err(|e| tx_reason(&e))
             });
         }

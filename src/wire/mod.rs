@@ -53,7 +53,7 @@
 //! * `ipv6.rs`: `Ipv6Packet` (fixed 40-byte header; extension headers walked by an iterator
 //!   view) and `Ipv6Repr`; its pseudo-header is a second variant of
 //!   `checksum::PseudoHeader` (16-byte addresses, 32-bit length), so TCP/UDP checksums take
-//!   it unchanged. [`crate::port::offload`] reads the IPv6 fixed header itself until then.
+//!   it unchanged. [`crate::offload`] reads the IPv6 fixed header itself until then.
 //! * `icmpv6.rs` with NDP (`NdiscRepr`: neighbour solicitation/advertisement and their
 //!   options) beside [`icmp`]; the neighbour table takes it as it takes [`arp`].
 //! * `vxlan.rs`: an 8-byte `VxlanPacket` (flags, VNI) after [`udp`]; encapsulation writes

@@ -1,7 +1,7 @@
 //! The legacy `struct virtio_net_hdr` (10 bytes, guest-native byte order, i.e. little-endian
 //! on x86) that an `IFF_VNET_HDR` TAP puts before every frame: the view [`VirtioNetHeader`]
 //! and the value [`VirtioNetHdr`] (the offload state a [`crate::buf::PacketBuf`] carries).
-//! What to do with it (checksum completion, segmentation) is [`crate::port::offload`]'s.
+//! What to do with it (checksum completion, segmentation) is [`crate::offload`]'s.
 
 use crate::wire::Error;
 
