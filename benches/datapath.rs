@@ -148,7 +148,7 @@ criterion_main!(benches, routed_benches);
 /// the far side, copy into the output queue). Beside it, the bridge-only round above.
 fn routed(c: &mut Criterion) {
     use std::net::Ipv4Addr;
-    use tapyard::l3::router::IfaceConfig;
+    use tapyard::l3::IfaceConfig;
     use tapyard::MacAddr;
 
     let mut g = c.benchmark_group("datapath_routed");

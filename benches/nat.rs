@@ -27,8 +27,8 @@ use std::time::{Duration, Instant as StdInstant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use tapyard::conntrack::{CtConfig, CtTag, Pkt};
-use tapyard::l3::router::IfaceConfig;
-use tapyard::nat::netfilter::NatConfig;
+use tapyard::l3::IfaceConfig;
+use tapyard::nat::NatConfig;
 use tapyard::nat::{
     alloc_source, rewrite, CsumMode, Endpoint, LbAlgo, PortRange, Rng, ServiceSpec, Services,
     DEFAULT_AFFINITY_TIMEOUT,

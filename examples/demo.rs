@@ -23,9 +23,9 @@ use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{IpAddress, IpCidr, IpEndpoint, Ipv4Address};
 use std::net::Ipv4Addr;
 
-use tapyard::l3::router::IfaceConfig;
-use tapyard::nat::netfilter::{NatConfig, NatRules, Prefix};
+use tapyard::l3::IfaceConfig;
 use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::nat::{NatConfig, NatRules, Prefix};
 use tapyard::port::{mem_pair, Direction, Observed, Observer, Port, SmolHost};
 use tapyard::runtime::Pump;
 use tapyard::stats::CounterSet;

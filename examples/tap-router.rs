@@ -80,10 +80,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tapyard::l3::route::{mask, IfaceId, NextHop, Route, RouteProto};
-use tapyard::l3::router::IfaceConfig;
-use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::{mask, IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::stats::CounterSet;
@@ -678,7 +678,7 @@ fn run(a: Args) -> Result<(), String> {
 
 /// The NAT engine's counters, the connection table's counters, the live connections by
 /// protocol and TCP state, and the Services.
-fn print_nat(nf: &tapyard::nat::netfilter::Netfilter, now: tapyard::Instant) {
+fn print_nat(nf: &tapyard::nat::Netfilter, now: tapyard::Instant) {
     println!("nat: {}", nf.counters().line());
     let c = nf.conntrack().counters();
     println!("conntrack: entries {}  {}", c.entries, c.line());

@@ -39,8 +39,8 @@
 //!
 //! ```
 //! use std::net::{Ipv4Addr, SocketAddrV4};
-//! use tapyard::l3::router::IfaceConfig;
-//! use tapyard::nat::netfilter::{NatConfig, Prefix};
+//! use tapyard::l3::IfaceConfig;
+//! use tapyard::nat::{NatConfig, Prefix};
 //! use tapyard::nat::{Endpoint, ServiceSpec};
 //! use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, Verdict};
 //!
@@ -98,10 +98,10 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
-pub mod base;
-pub mod buf;
+mod base;
+mod buf;
 pub mod conntrack;
-pub mod datapath;
+mod datapath;
 mod hash;
 pub mod l2;
 pub mod l3;
@@ -111,12 +111,14 @@ pub mod port;
 pub mod runtime;
 pub mod stats;
 mod sys;
-pub mod time;
+mod time;
 pub mod wire;
 
 pub use base::{BridgeId, IfaceId, PortId, Verdict};
-pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE};
-pub use datapath::{Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker};
+pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE, DEFAULT_FRAME_ROOM, HEADROOM};
+pub use datapath::{
+    Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker, MAX_EXTRA,
+};
 pub use stats::{DropReason, StatsSnapshot};
 pub use time::{Clock, Instant};
 pub use wire::mac::MacAddr;

@@ -9,10 +9,10 @@ mod common;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
-use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
-use tapyard::l3::router::IfaceConfig;
-use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
@@ -542,7 +542,7 @@ fn masquerade_never_reuses_a_tuple_and_snat_counts_exhaustion() {
     let eth0 = n.dp.iface_by_name("eth0").unwrap();
     nf.set_rules(NatRules {
         cluster_cidr: Some(Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16)),
-        snat: vec![tapyard::nat::netfilter::SnatRule {
+        snat: vec![tapyard::nat::SnatRule {
             out: Some(eth0),
             src: Prefix::new(Ipv4Addr::new(10, 244, 1, 0), 24),
             to: Ipv4Addr::new(172, 18, 0, 50),

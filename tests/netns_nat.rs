@@ -57,10 +57,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::{name_tag, open_tap, route, run_output, skip, skip_reason, Guard, Ns, TapKind};
-use tapyard::l3::route::NextHop;
-use tapyard::l3::router::IfaceConfig;
-use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, NfCounters, Prefix};
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::NextHop;
 use tapyard::nat::{Endpoint, ServiceSpec};
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, NfCounters, Prefix};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 

@@ -38,8 +38,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::{have, open_tap, route, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
-use tapyard::l3::route::NextHop;
-use tapyard::l3::router::IfaceConfig;
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::NextHop;
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 

@@ -8,8 +8,8 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use etherparse::{icmpv4, Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
-use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
-use tapyard::l3::router::IfaceConfig;
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::wire::arp::ArpRepr;
 use tapyard::{
     Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,

@@ -338,7 +338,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 let _ = dp.fmt_routes(&mut text);
                 return Ok(Value::String(text));
             }
-            use tapyard::l3::route::{NextHop, RouteProto};
+            use tapyard::l3::{NextHop, RouteProto};
             let rows = dp.routes().map_or_else(Vec::new, |t| {
                 t.routes()
                     .into_iter()
@@ -465,7 +465,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
 /// The NAT's counters as (name, help, value), for `show stats` and the metrics: the
 /// connection table's (`connections` is a gauge; its events are prefixed `ct_`) and the
 /// engine's, from its declaration.
-pub fn nat_counters(nf: &tapyard::nat::netfilter::Netfilter) -> Vec<(String, &'static str, u64)> {
+pub fn nat_counters(nf: &tapyard::nat::Netfilter) -> Vec<(String, &'static str, u64)> {
     let t = nf.conntrack().counters();
     let mut out = vec![(
         "connections".to_string(),

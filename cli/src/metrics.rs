@@ -160,8 +160,8 @@ mod tests {
 
     #[test]
     fn nat_counters_are_exposed_with_a_router() {
-        use tapyard::l3::router::IfaceConfig;
-        use tapyard::nat::netfilter::NatConfig;
+        use tapyard::l3::IfaceConfig;
+        use tapyard::nat::NatConfig;
         let mut b = Datapath::builder();
         b.add_router_iface(
             IfaceConfig::new(

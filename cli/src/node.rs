@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tapyard::l3::route::{IfaceId, NextHop, Route, RouteProto};
-use tapyard::l3::router::IfaceConfig;
-use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::ServiceError;
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
@@ -651,7 +651,7 @@ mod tests {
             ),
             (s(7), s(8), s(9), s(11))
         );
-        tapyard::nat::netfilter::Netfilter::new(NatConfig {
+        tapyard::nat::Netfilter::new(NatConfig {
             conntrack: t,
             ..Default::default()
         })

@@ -16,9 +16,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::nat::{Endpoint, ServiceSpec};
-use tapyard::nat::netfilter::{MasqueradeRule, NatConfig, NatRules, Prefix};
-use tapyard::l3::route::{NextHop, Route, RouteProto};
-use tapyard::l3::router::IfaceConfig;
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::l3::{NextHop, Route, RouteProto};
+use tapyard::l3::IfaceConfig;
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 

@@ -11,8 +11,8 @@
 use libfuzzer_sys::fuzz_target;
 use std::net::Ipv4Addr;
 use std::time::Duration;
-use tapyard::l3::route::{NextHop, Route, RouteProto};
-use tapyard::l3::router::IfaceConfig;
+use tapyard::l3::{NextHop, Route, RouteProto};
+use tapyard::l3::IfaceConfig;
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);

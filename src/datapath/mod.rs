@@ -49,7 +49,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::base::IfaceId;
-pub use crate::base::{BridgeId, PortId, Verdict};
+use crate::base::{BridgeId, PortId};
 use crate::buf::{BufPool, PacketBuf};
 use crate::l2::fdb::Fdb;
 use crate::l3::router::Router;

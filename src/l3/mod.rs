@@ -6,5 +6,11 @@
 #[allow(unsafe_code)]
 pub mod lpm;
 pub mod neigh;
-pub mod route;
-pub mod router;
+pub(crate) mod route;
+pub(crate) mod router;
+
+pub use crate::base::IfaceId;
+pub use route::{
+    mask, NextHop, Route, RouteError, RouteProto, RouteReader, RouteTable, MAX_NEXT_HOPS,
+};
+pub use router::{IfaceConfig, Router, RouterCounters, RouterCountersSnapshot};

@@ -57,11 +57,14 @@ pub mod netfilter;
 pub mod rewrite;
 pub mod service;
 
-pub use alloc::{alloc_source, alloc_source_random_fully, PortRange};
+pub use alloc::{
+    alloc_source, alloc_source_random_fully, PortRange, MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
+};
+pub use netfilter::{MasqueradeRule, NatConfig, NatRules, Netfilter, NfCounters, Prefix, SnatRule};
 pub use rewrite::{rewrite, rewrite_addrs, rewrite_icmp_error, CsumMode, RewriteError};
 pub use service::{
     AffinityStats, Endpoint, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec, Services,
-    DEFAULT_AFFINITY_TIMEOUT,
+    DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 
 #[doc(no_inline)]

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tapyard::l3::route::{mask, NextHop, Route, RouteProto};
+use tapyard::l3::{mask, NextHop, Route, RouteProto};
 use tapyard::port::{Port, TapPort};
 use tapyard::runtime::Runtime;
 use tapyard::PortId;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use tapyard::l3::route::mask;
+use tapyard::l3::mask;
 use tapyard::MacAddr;
 
 /// Linux's `IFNAMSIZ` less the terminating NUL: the longest interface name.

@@ -133,7 +133,7 @@
 //!
 //! ```
 //! use std::net::Ipv4Addr;
-//! use tapyard::base::IfaceId;
+//! use tapyard::IfaceId;
 //! use tapyard::l3::neigh::{ArpOp, Enqueue, NeighConfig, NeighEvent, NeighTable};
 //! use tapyard::{Instant, MacAddr};
 //!
