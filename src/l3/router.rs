@@ -330,6 +330,7 @@ impl Router {
     /// Handles a frame sent to the router on interface `in_if` (its destination MAC is the
     /// interface's or a group address). `l3` is the offset of the L3 header.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn input(
         &self,
         b: &mut PacketBuf,
@@ -437,6 +438,7 @@ impl Router {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn ip_input(
         &self,
         b: &mut PacketBuf,
@@ -627,6 +629,8 @@ impl Router {
     }
 
     /// Queues a packet until its next hop resolves; sends an ARP request when the table says so.
+    #[cold]
+    #[inline(never)]
     fn resolve_later(
         &self,
         out_if: IfaceId,
@@ -682,6 +686,8 @@ impl Router {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
     fn local_input(
         &self,
         b: &mut PacketBuf,
@@ -721,6 +727,8 @@ impl Router {
     /// Refuses a connection as kube-proxy's REJECT rule: a TCP reset for TCP, ICMP port
     /// unreachable otherwise, sent back the way the packet came.
     #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
     fn reject(
         &self,
         frame: &[u8],
@@ -761,6 +769,8 @@ impl Router {
     /// within the rate limit. It is routed like any packet the router sends; when the way back
     /// is the interface the packet came in on, the packet's own source MAC is the next hop.
     #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
     pub(crate) fn icmp_error(
         &self,
         about: Offending<'_>,
