@@ -184,12 +184,6 @@ mod tests {
         let b = eps(1..20);
         assert_eq!(Maglev::new(&b), Maglev::new(&b));
     }
-}
-
-#[cfg(test)]
-mod disruption {
-    use super::*;
-    use std::net::Ipv4Addr;
 
     /// The share of keys that move between *remaining* backends when one of 10 is removed,
     /// averaged over which one, for each table size: the figures quoted in the module docs.

@@ -907,7 +907,7 @@ fn flow_hash(t: &Tuple) -> u64 {
 }
 
 #[cfg(test)]
-mod memo_tests {
+mod tests {
     //! The per-batch memo changes no outcome: the same frames give the same verdicts, bytes
     //! and connection states whether they come in one batch or one per batch.
 

@@ -911,5 +911,4 @@ fn unlink(next: &mut Snapshot, p: &SvcState) {
 }
 
 #[cfg(test)]
-#[path = "service_tests.rs"]
 mod tests;

@@ -611,5 +611,4 @@ pub fn rewrite_icmp_error(
 }
 
 #[cfg(test)]
-#[path = "rewrite_tests.rs"]
 mod tests;
