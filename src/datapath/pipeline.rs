@@ -192,6 +192,21 @@ struct PoolSink<'a> {
     overflow: u64,
 }
 
+impl<'a> PoolSink<'a> {
+    fn new(
+        pool: &'a mut BufPool,
+        out: &'a mut Vec<(PacketBuf, IfaceId)>,
+        shard: &'a Shard,
+    ) -> PoolSink<'a> {
+        PoolSink {
+            pool,
+            out,
+            shard,
+            overflow: 0,
+        }
+    }
+}
+
 impl Sink for PoolSink<'_> {
     fn emit(&mut self, via: IfaceId, write: &mut dyn FnMut(&mut [u8]) -> Option<usize>) {
         if self.out.len() >= MAX_EXTRA {
@@ -266,12 +281,7 @@ impl Datapath {
             extra,
             nat,
         } = w;
-        let mut sink = PoolSink {
-            pool,
-            out: extra,
-            shard,
-            overflow: 0,
-        };
+        let mut sink = PoolSink::new(pool, extra, shard);
         let mut ctx = self.router.as_ref().map(|r| BatchCtx {
             l3: L3Batch::new(r.routes.reader()),
             egress: None,
@@ -646,12 +656,7 @@ impl Datapath {
         let Worker {
             shard, pool, extra, ..
         } = w;
-        let mut sink = PoolSink {
-            pool,
-            out: extra,
-            shard,
-            overflow: 0,
-        };
+        let mut sink = PoolSink::new(pool, extra, shard);
         r.poll(now, &mut sink);
         let overflow = sink.overflow;
         self.append_extra(shard, extra, overflow, out, now);

@@ -264,14 +264,8 @@ impl RouteTable {
 
     /// Adds a route. Routes to one prefix are kept ordered by metric; the lowest is used.
     pub fn add(&self, r: Route) -> Result<(), RouteError> {
-        if r.len > 32 {
-            return Err(RouteError::BadLength(r.len));
-        }
-        if mask(r.prefix, r.len) != r.prefix {
-            return Err(RouteError::HostBitsSet(r.prefix, r.len));
-        }
+        let key = rib_key(&r)?;
         let mut w = self.writer.lock();
-        let key = (u32::from(r.prefix), r.len);
         let v = w.rib.entry(key).or_default();
         if v.iter().any(|x| x.metric == r.metric) {
             return Err(RouteError::Exists(r.prefix, r.len, r.metric));
@@ -285,14 +279,8 @@ impl RouteTable {
     /// (`ip route replace`): readers see the old route or the new one, never neither. Returns
     /// the route replaced, if any.
     pub fn replace(&self, r: Route) -> Result<Option<Route>, RouteError> {
-        if r.len > 32 {
-            return Err(RouteError::BadLength(r.len));
-        }
-        if mask(r.prefix, r.len) != r.prefix {
-            return Err(RouteError::HostBitsSet(r.prefix, r.len));
-        }
+        let key = rib_key(&r)?;
         let mut w = self.writer.lock();
-        let key = (u32::from(r.prefix), r.len);
         let v = w.rib.entry(key).or_default();
         let old = v
             .iter()
@@ -405,6 +393,18 @@ impl RouteTable {
         }
         Ok(())
     }
+}
+
+/// The RIB key of a route (its prefix as a number and its length), once its length and
+/// prefix are checked: no host bits set, at most 32 bits.
+fn rib_key(r: &Route) -> Result<(u32, u8), RouteError> {
+    if r.len > 32 {
+        return Err(RouteError::BadLength(r.len));
+    }
+    if mask(r.prefix, r.len) != r.prefix {
+        return Err(RouteError::HostBitsSet(r.prefix, r.len));
+    }
+    Ok((u32::from(r.prefix), r.len))
 }
 
 #[cfg(test)]
