@@ -308,14 +308,15 @@ impl DatapathBuilder {
     pub fn build(self) -> Datapath {
         let router = (!self.ifaces.is_empty()).then(|| {
             let r = Router::new(self.ifaces, NeighTable::new(self.neigh));
-            for (i, iface) in r.ifaces.iter().enumerate() {
+            // Interface ids were checked to fit 16 bits as they were added.
+            for (id, iface) in (0..=u16::MAX).map(IfaceId).zip(&r.ifaces) {
                 let c = &iface.cfg;
                 // Two interfaces in one subnet: the first one's connected route wins, as the
                 // second `add` fails with `Exists` (Linux keeps both; the first is used).
                 let _ = r.routes.add(Route {
                     prefix: mask(c.addr, c.prefix_len),
                     len: c.prefix_len,
-                    next_hop: NextHop::Link(IfaceId(i as u16)),
+                    next_hop: NextHop::Link(id),
                     metric: 0,
                     proto: RouteProto::Kernel,
                     src: Some(c.addr),

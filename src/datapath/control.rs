@@ -28,7 +28,8 @@ impl Datapath {
         self.ports
             .iter()
             .position(|p| p.name == name)
-            .map(|i| PortId(i as u16))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(PortId)
     }
 
     /// The bridge a port belongs to.
@@ -46,7 +47,8 @@ impl Datapath {
         self.bridges
             .iter()
             .position(|b| b.name == name)
-            .map(|i| BridgeId(i as u16))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(BridgeId)
     }
 
     /// All bridges, in id order.
@@ -75,7 +77,8 @@ impl Datapath {
         r.ifaces
             .iter()
             .position(|i| i.cfg.name == name)
-            .map(|i| IfaceId(i as u16))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(IfaceId)
     }
 
     /// The name of a router interface.
