@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Bridge, Datapath, PortKind, Worker, MAX_EXTRA};
+use super::{word, Bridge, Datapath, Worker, MAX_EXTRA};
 use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
@@ -227,7 +227,11 @@ impl Datapath {
     /// replies, ICMP, released packets) are appended to the batch with their own verdicts.
     /// Processes at most [`BATCH_SIZE`] received frames; allocates nothing once warm; takes no
     /// lock unless a table changes.
+    ///
+    /// The worker is online from here until the end of its next [`Datapath::dispatch`] (see
+    /// the module docs on the live topology).
     pub fn process(&self, w: &mut Worker, now: Instant, batch: &mut Batch) {
+        w.online();
         batch.verdicts.clear();
         let n = batch.bufs.len().min(BATCH_SIZE);
         // Pass 1: count, parse, locate source and destination in the FDB and prefetch their
@@ -265,6 +269,7 @@ impl Datapath {
             pool,
             extra,
             nat,
+            ..
         } = w;
         let mut sink = PoolSink {
             pool,
@@ -351,6 +356,9 @@ impl Datapath {
         let Some(port) = self.ports.get(usize::from(b.port.0)) else {
             return Pre::drop(DropReason::UnknownPort);
         };
+        // One relaxed load: the worker's online fence (in `process`) orders it after any
+        // removal the control plane has finished waiting for.
+        let port = port.load(Ordering::Relaxed);
         if b.oversize {
             return Pre::drop(DropReason::Oversize);
         }
@@ -381,9 +389,10 @@ impl Datapath {
         if dst_w & 1 != 0 {
             p.flags |= GROUP_DST;
         }
-        match port.kind {
-            PortKind::External => {}
-            PortKind::Routed(iface) => {
+        match word::kind(port) {
+            word::K_EXTERNAL => {}
+            word::K_ROUTED => {
+                let iface = word::iface(port);
                 let ours = self
                     .router
                     .as_ref()
@@ -399,10 +408,11 @@ impl Datapath {
                 }
                 return p;
             }
-            // A router interface's virtual port has no driver: nothing is received on it.
-            PortKind::RouterVirtual(_) => return Pre::drop(DropReason::UnknownPort),
+            // A router interface's virtual port has no driver: nothing is received on it; a
+            // free or removed id has no port.
+            _ => return Pre::drop(DropReason::UnknownPort),
         }
-        let Some(br) = port.bridge else {
+        let Some(br) = word::bridge(port) else {
             return Pre::drop(DropReason::NoBridge);
         };
         p.id = br.0;
@@ -498,7 +508,7 @@ impl Datapath {
     /// A bridge floods to its other ports; with none, the frame has nowhere to go.
     #[inline]
     fn flood(br: &Bridge, bid: BridgeId) -> Verdict {
-        if br.ports.len() > 1 {
+        if br.members.load(Ordering::Relaxed) > 1 {
             Verdict::Flood(bid)
         } else {
             Verdict::Drop(DropReason::NoOtherPort)
@@ -627,7 +637,10 @@ impl Datapath {
     /// make are appended to `out` with their verdicts, for [`Datapath::dispatch`]) and, about
     /// once a second, the FDB aging sweep. Call it every [`Datapath::poll_interval`]; lookups
     /// never wait for it.
+    ///
+    /// As [`Datapath::process`], this makes the worker online until its next dispatch.
     pub fn poll(&self, w: &mut Worker, now: Instant, out: &mut Batch) {
+        w.online();
         let last = self.last_sweep.load(Ordering::Relaxed);
         if now.micros().saturating_sub(last) >= 1_000_000
             && self

@@ -524,6 +524,12 @@ impl Fdb {
         self.clear_where(|k, seen| k as u16 == port.0 && seen != STATIC)
     }
 
+    /// Removes every entry that points at `port`, static ones included, as Linux does when a
+    /// port leaves the bridge or its device goes away. Returns how many were removed.
+    pub fn remove_port(&self, port: PortId) -> usize {
+        self.clear_where(|k, _| k as u16 == port.0)
+    }
+
     /// Clears entries that have aged out at `now`. Lookups already ignore them; this frees
     /// their slots. Returns how many were cleared. O(table size), run from a timer.
     pub fn sweep(&self, now: Instant) -> usize {
@@ -665,6 +671,10 @@ mod tests {
         assert_eq!(f.lookup(mac(4), t(0)), Some(PortId(1)));
         assert_eq!(f.lookup(mac(3), t(0)), Some(PortId(2)));
         assert_eq!(f.counters().entries, 2);
+        // A port that goes away takes its static entries too.
+        assert_eq!(f.remove_port(PortId(1)), 1);
+        assert_eq!(f.lookup(mac(4), t(0)), None);
+        assert_eq!(f.counters().entries, 1);
     }
 
     #[test]
