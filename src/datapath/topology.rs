@@ -140,6 +140,19 @@ impl Datapath {
         Ok(())
     }
 
+    /// Whether `id` is a live port [`Datapath::remove_port`] would remove; its error if not.
+    pub(crate) fn check_removable(&self, id: PortId) -> Result<(), ConfigError> {
+        let t = self.topo.lock();
+        self.removable_word(&t, id).map(|_| ())
+    }
+
+    /// Whether `id` is a live port frames are sent to (not a virtual port, not removed).
+    pub(crate) fn is_sendable(&self, id: PortId) -> bool {
+        self.ports
+            .get(usize::from(id.0))
+            .is_some_and(|w| word::sendable(w.load(Ordering::Acquire)))
+    }
+
     /// The word of port `id` if it is live and removable.
     fn removable_word(&self, t: &Topo, id: PortId) -> Result<u64, ConfigError> {
         let i = usize::from(id.0);
