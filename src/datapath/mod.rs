@@ -117,8 +117,10 @@ struct PortInfo {
     kind: PortKind,
 }
 
-/// A port's word (`Datapath::ports`): bits 0..16 the bridge (`NO_BRIDGE`: none), 16..32
-/// the router interface, 32..40 the kind (`K_*`). 0 is a free id.
+/// A port's word (`Datapath::ports`). The common case, an external port on bridge `b`, is
+/// `b + 1` (1 to 65535), so pass 1 recognises it and has its bridge with one compare; every
+/// other port is bits 0..16 the bridge (`NO_BRIDGE`: none), 16..32 the router interface,
+/// 32..40 the kind (`K_*`). 0 is a free id.
 mod word {
     use super::PortKind;
     use crate::base::{BridgeId, IfaceId};
@@ -132,22 +134,45 @@ mod word {
     /// A removed port whose id is in quarantine.
     pub(super) const K_REMOVED: u8 = 4;
 
-    pub(super) fn encode(kind: PortKind, bridge: Option<BridgeId>) -> u64 {
-        let (k, iface) = match kind {
-            PortKind::External => (K_EXTERNAL, 0),
-            PortKind::Routed(i) => (K_ROUTED, i.0),
-            PortKind::RouterVirtual(i) => (K_VIRTUAL, i.0),
-        };
+    fn long(k: u8, iface: u16, bridge: Option<BridgeId>) -> u64 {
         u64::from(bridge.map_or(NO_BRIDGE, |b| b.0)) | u64::from(iface) << 16 | u64::from(k) << 32
+    }
+
+    pub(super) fn encode(kind: PortKind, bridge: Option<BridgeId>) -> u64 {
+        match (kind, bridge) {
+            (PortKind::External, Some(b)) => u64::from(b.0) + 1,
+            (PortKind::External, None) => long(K_EXTERNAL, 0, None),
+            (PortKind::Routed(i), b) => long(K_ROUTED, i.0, b),
+            (PortKind::RouterVirtual(i), b) => long(K_VIRTUAL, i.0, b),
+        }
+    }
+
+    /// The word of a removed port that was on `bridge`.
+    pub(super) fn removed(bridge: Option<BridgeId>) -> u64 {
+        long(K_REMOVED, 0, bridge)
+    }
+
+    /// The bridge of an external bridged port; `None` for any other word.
+    #[inline(always)]
+    pub(super) fn bridged(w: u64) -> Option<BridgeId> {
+        // 1..=65535 (bridge ids stop below NO_BRIDGE, so b + 1 fits).
+        (w.wrapping_sub(1) < u64::from(NO_BRIDGE)).then_some(BridgeId(w.wrapping_sub(1) as u16))
     }
 
     #[inline(always)]
     pub(super) fn kind(w: u64) -> u8 {
-        (w >> 32) as u8
+        if bridged(w).is_some() {
+            K_EXTERNAL
+        } else {
+            (w >> 32) as u8
+        }
     }
 
     #[inline(always)]
     pub(super) fn bridge(w: u64) -> Option<BridgeId> {
+        if let Some(b) = bridged(w) {
+            return Some(b);
+        }
         let b = w as u16;
         (b != NO_BRIDGE).then_some(BridgeId(b))
     }

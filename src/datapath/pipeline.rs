@@ -389,31 +389,9 @@ impl Datapath {
         if dst_w & 1 != 0 {
             p.flags |= GROUP_DST;
         }
-        match word::kind(port) {
-            word::K_EXTERNAL => {}
-            word::K_ROUTED => {
-                let iface = word::iface(port);
-                let ours = self
-                    .router
-                    .as_ref()
-                    .and_then(|r| r.iface(iface))
-                    .is_some_and(|i| crate::l2::fdb::word(i.cfg.mac) == dst_w);
-                p.kind = ROUTED;
-                p.id = iface.0;
-                if ours {
-                    p.flags |= OURS;
-                    if let Some(pf) = pf {
-                        pf.frame(f);
-                    }
-                }
-                return p;
-            }
-            // A router interface's virtual port has no driver: nothing is received on it; a
-            // free or removed id has no port.
-            _ => return Pre::drop(DropReason::UnknownPort),
-        }
-        let Some(br) = word::bridge(port) else {
-            return Pre::drop(DropReason::NoBridge);
+        // The common case first: an external port on a bridge, bridge id included.
+        let Some(br) = word::bridged(port) else {
+            return self.classify_unbridged(port, dst_w, p, f, pf);
         };
         p.id = br.0;
         let bridge = &self.bridges[usize::from(br.0)];
@@ -435,6 +413,42 @@ impl Datapath {
             }
         }
         p
+    }
+
+    /// [`Datapath::classify`] for a frame on a port other than an external bridged one: a
+    /// router interface's uplink (routed), an external port on no bridge, or no port.
+    #[inline(never)]
+    fn classify_unbridged(
+        &self,
+        port: u64,
+        dst_w: u64,
+        mut p: Pre,
+        f: &[u8],
+        pf: &mut Option<CtPrefetch<'_>>,
+    ) -> Pre {
+        match word::kind(port) {
+            word::K_ROUTED => {
+                let iface = word::iface(port);
+                let ours = self
+                    .router
+                    .as_ref()
+                    .and_then(|r| r.iface(iface))
+                    .is_some_and(|i| crate::l2::fdb::word(i.cfg.mac) == dst_w);
+                p.kind = ROUTED;
+                p.id = iface.0;
+                if ours {
+                    p.flags |= OURS;
+                    if let Some(pf) = pf {
+                        pf.frame(f);
+                    }
+                }
+                p
+            }
+            word::K_EXTERNAL => Pre::drop(DropReason::NoBridge),
+            // A router interface's virtual port has no driver: nothing is received on it; a
+            // free or removed id has no port.
+            _ => Pre::drop(DropReason::UnknownPort),
+        }
     }
 
     /// The verdict for a frame that is not bridged: routed (on a router's own port) or

@@ -108,10 +108,7 @@ impl Datapath {
         let i = usize::from(id.0);
         let slot = &self.ports[i];
         let bridge = word::bridge(w);
-        slot.store(
-            w & !(0xff << 32) | u64::from(word::K_REMOVED) << 32,
-            Ordering::Relaxed,
-        );
+        slot.store(word::removed(bridge), Ordering::Relaxed);
         // Pairs with `Worker::online`'s fence: a worker that goes online after this sees
         // the port removed, and one that was online before is in the snapshot below.
         fence(Ordering::SeqCst);
