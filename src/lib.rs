@@ -116,7 +116,8 @@ pub mod wire;
 pub use base::{BridgeId, IfaceId, PortId, Verdict};
 pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE, DEFAULT_FRAME_ROOM, HEADROOM};
 pub use datapath::{
-    Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker, MAX_EXTRA,
+    Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker, DEFAULT_MAX_PORTS,
+    MAX_EXTRA,
 };
 pub use stats::{DropReason, StatsSnapshot};
 pub use time::{Clock, Instant};

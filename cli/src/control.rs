@@ -302,7 +302,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 for e in dp.fdb_dump(id, now) {
                     rows.push(json!({
                         "mac": e.mac.to_string(),
-                        "dev": dp.port_name(e.port).unwrap_or("?"),
+                        "dev": dp.port_name(e.port).unwrap_or_else(|| "?".into()),
                         "master": b.name(),
                         "static": e.is_static(),
                         "age_secs": e.age.map(|a| a.as_secs_f64()),

@@ -528,6 +528,12 @@ impl Fdb {
         self.clear_where(|k, seen| low16(k) == port.0 && seen != STATIC)
     }
 
+    /// Removes every entry that points at `port`, static ones included, as Linux does when a
+    /// port leaves the bridge or its device goes away. Returns how many were removed.
+    pub fn remove_port(&self, port: PortId) -> usize {
+        self.clear_where(|k, _| crate::narrow::low16(k) == port.0)
+    }
+
     /// Clears entries that have aged out at `now`. Lookups already ignore them; this frees
     /// their slots. Returns how many were cleared. O(table size), run from a timer.
     pub fn sweep(&self, now: Instant) -> usize {
@@ -669,6 +675,10 @@ mod tests {
         assert_eq!(f.lookup(mac(4), t(0)), Some(PortId(1)));
         assert_eq!(f.lookup(mac(3), t(0)), Some(PortId(2)));
         assert_eq!(f.counters().entries, 2);
+        // A port that goes away takes its static entries too.
+        assert_eq!(f.remove_port(PortId(1)), 1);
+        assert_eq!(f.lookup(mac(4), t(0)), None);
+        assert_eq!(f.counters().entries, 1);
     }
 
     #[test]
