@@ -22,6 +22,7 @@ use crate::narrow::{len16, len32, low16, low32};
 use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ethernet::{ethertype, EthernetFrame};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_TCP};
+use crate::wire::ipv6::{self, Ipv6Packet};
 use crate::wire::tcp::{flags as tcp_flags, TcpPacket};
 pub use crate::wire::virtio::{
     VirtioNetHdr, VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
@@ -37,14 +38,6 @@ use crate::wire::Error as WireError;
 /// lengths are consistent never needs more; the limit is a guard that keeps
 /// the per-frame work bounded whatever the header says.
 pub const MAX_GSO_SEGS: usize = 65_535;
-
-/// The IPv6 fixed header, read here until `wire` has an IPv6 view (see [`crate::wire`]).
-mod ipv6_field {
-    pub const LEN: usize = 40;
-    pub const PAYLOAD_LEN: usize = 4;
-    pub const NEXT_HEADER: usize = 6;
-    pub const ADDRS: std::ops::Range<usize> = 8..40;
-}
 
 /// Why a frame could not be completed or segmented.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,26 +146,18 @@ fn parse_tcp_frame(frame: &[u8]) -> Result<TcpLayout, OffloadError> {
             (true, ip.header_len(), ip.total_len())
         }
         ethertype::IPV6 => {
-            if l3.len() < ipv6_field::LEN {
-                return Err(Truncated);
-            }
-            if l3[0] >> 4 != 6 {
-                return Err(BadIpHeader);
-            }
-            let plen = usize::from(u16::from_be_bytes([
-                l3[ipv6_field::PAYLOAD_LEN],
-                l3[ipv6_field::PAYLOAD_LEN + 1],
-            ]));
-            let total = ipv6_field::LEN + plen;
-            if total > l3.len() {
-                return Err(IpLengthMismatch);
-            }
-            match l3[ipv6_field::NEXT_HEADER] {
+            let ip = Ipv6Packet::new_checked(l3).map_err(|e| match e {
+                // A header cut short, or a payload length past the frame.
+                WireError::Truncated if l3.len() < ipv6::HEADER_LEN => Truncated,
+                WireError::Truncated => IpLengthMismatch,
+                WireError::Malformed => BadIpHeader,
+            })?;
+            match ip.next_header() {
                 PROTO_TCP => {}
                 n if is_ipv6_extension(n) => return Err(UnsupportedIpv6Extension),
                 _ => return Err(NotTcp),
             }
-            (false, ipv6_field::LEN, total)
+            (false, ipv6::HEADER_LEN, ip.total_len())
         }
         _ => return Err(UnsupportedEtherType),
     };
@@ -397,12 +382,11 @@ fn segment_tcp(
                 len: len16(tcp_len),
             }
         } else {
-            ip[ipv6_field::PAYLOAD_LEN..ipv6_field::PAYLOAD_LEN + 2]
-                .copy_from_slice(&len16(tcp_len).to_be_bytes());
-            let a = &ip[ipv6_field::ADDRS];
+            let mut ip = Ipv6Packet::new_unchecked(ip);
+            ip.set_payload_len(len16(tcp_len));
             PseudoHeader::Ipv6 {
-                src: a[..16].try_into().unwrap_or_default(),
-                dst: a[16..].try_into().unwrap_or_default(),
+                src: ip.src_addr(),
+                dst: ip.dst_addr(),
                 next_header: PROTO_TCP,
                 len: len32(tcp_len),
             }

@@ -50,10 +50,10 @@
 //!
 //! # Where the next protocols go
 //!
-//! * `ipv6.rs`: `Ipv6Packet` (fixed 40-byte header; extension headers walked by an iterator
-//!   view) and `Ipv6Repr`; its pseudo-header is a second variant of
-//!   `checksum::PseudoHeader` (16-byte addresses, 32-bit length), so TCP/UDP checksums take
-//!   it unchanged. [`crate::offload`] reads the IPv6 fixed header itself until then.
+//! * [`ipv6`]: today the fixed 40-byte header ([`ipv6::Ipv6Packet`], what offload's TCP
+//!   segmentation needs); extension headers (walked by an iterator view) and `Ipv6Repr` go
+//!   beside it. Its pseudo-header is already a variant of `checksum::PseudoHeader` (16-byte
+//!   addresses, 32-bit length), so TCP/UDP checksums take it unchanged.
 //! * `icmpv6.rs` with NDP (`NdiscRepr`: neighbour solicitation/advertisement and their
 //!   options) beside [`icmp`]; the neighbour table takes it as it takes [`arp`].
 //! * `vxlan.rs`: an 8-byte `VxlanPacket` (flags, VNI) after [`udp`]; encapsulation writes
@@ -65,6 +65,7 @@ pub(crate) mod checksum;
 pub mod ethernet;
 pub mod icmp;
 pub mod ipv4;
+pub mod ipv6;
 pub mod mac;
 mod summary;
 pub mod tcp;
