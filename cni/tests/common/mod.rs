@@ -254,6 +254,8 @@ pub struct FakeTapyard {
     pub ports: Arc<Mutex<HashMap<String, FakePort>>>,
     /// When set, port_add answers `ok:false` without creating anything.
     pub refuse: Arc<AtomicBool>,
+    /// How long each request took to serve: `(cmd, time)`.
+    pub served: Arc<Mutex<Vec<(String, std::time::Duration)>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -265,15 +267,17 @@ impl FakeTapyard {
         let ports = Arc::new(Mutex::new(HashMap::new()));
         let refuse = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(Mutex::new(Vec::new()));
         let thread = {
             let (ports, refuse, stop) = (ports.clone(), refuse.clone(), stop.clone());
+            let served = served.clone();
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     if let Ok(conn) = conn {
-                        serve(conn, &ports, &refuse);
+                        serve(conn, &ports, &refuse, &served);
                     }
                 }
             })
@@ -282,6 +286,7 @@ impl FakeTapyard {
             socket,
             ports,
             refuse,
+            served,
             stop,
             thread: Some(thread),
         }
@@ -318,13 +323,26 @@ fn delete_port(port: &FakePort) {
         .status();
 }
 
-fn serve(conn: UnixStream, ports: &Mutex<HashMap<String, FakePort>>, refuse: &AtomicBool) {
+type Served = Mutex<Vec<(String, std::time::Duration)>>;
+
+fn serve(
+    conn: UnixStream,
+    ports: &Mutex<HashMap<String, FakePort>>,
+    refuse: &AtomicBool,
+    served: &Served,
+) {
     let mut line = String::new();
     if BufReader::new(&conn).read_line(&mut line).is_err() {
         return;
     }
+    let start = std::time::Instant::now();
     let reply = match serde_json::from_str::<Value>(&line) {
-        Ok(req) => handle(&req, ports, refuse),
+        Ok(req) => {
+            let reply = handle(&req, ports, refuse);
+            let cmd = req["cmd"].as_str().unwrap_or_default().to_string();
+            served.lock().unwrap().push((cmd, start.elapsed()));
+            reply
+        }
         Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
     };
     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
