@@ -301,3 +301,29 @@ fn check(args: &CniArgs, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
         Err(e) => Err(CniError::from(e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_take_their_gateway_from_ipam_by_family() {
+        let leased: CniResult = serde_json::from_str(
+            r#"{"ips":[{"address":"fd00::5/64","gateway":"fd00::1"},
+                       {"address":"10.244.1.5/24","gateway":"10.244.1.1"}],
+                "routes":[{"dst":"0.0.0.0/0"},{"dst":"::/0"},
+                          {"dst":"10.96.0.0/12","gw":"10.244.1.254"}]}"#,
+        )
+        .unwrap();
+        let gws: Vec<String> = routes_to_install(&leased)
+            .iter()
+            .map(|r| r.gw.map(|g| g.to_string()).unwrap_or_default())
+            .collect();
+        assert_eq!(gws, ["10.244.1.1", "fd00::1", "10.244.1.254"]);
+        let no_gateway = CniResult {
+            ips: vec![],
+            ..leased
+        };
+        assert_eq!(routes_to_install(&no_gateway)[0].gw, None);
+    }
+}

@@ -7,8 +7,7 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const CYCLES: usize = 200;
@@ -23,32 +22,6 @@ fn timed(run: impl FnOnce() -> Outcome) -> Duration {
     let start = Instant::now();
     run().ok();
     start.elapsed()
-}
-
-/// Runs the executable `exe` (not the plugin under test) as a runtime would.
-fn run_exe(exe: &Path, env: &[(&str, &str)], stdin: &str) -> Outcome {
-    use std::io::Write;
-    let mut child = Command::new(exe)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    Outcome {
-        status: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }
 
 #[test]

@@ -194,7 +194,13 @@ impl Outcome {
 
 /// Runs the plugin with exactly `env` (nothing inherited but PATH) and `stdin`.
 pub fn run_plugin(env: &[(&str, &str)], stdin: &str) -> Outcome {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tapyard-cni"))
+    run_exe(Path::new(env!("CARGO_BIN_EXE_tapyard-cni")), env, stdin)
+}
+
+/// Runs the executable `exe` as a runtime runs a plugin: exactly `env` (nothing inherited but
+/// PATH), `stdin` written whole.
+pub fn run_exe(exe: &Path, env: &[(&str, &str)], stdin: &str) -> Outcome {
+    let mut child = Command::new(exe)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().copied())
@@ -202,7 +208,7 @@ pub fn run_plugin(env: &[(&str, &str)], stdin: &str) -> Outcome {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn tapyard-cni");
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", exe.display()));
     child
         .stdin
         .take()
