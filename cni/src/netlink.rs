@@ -148,6 +148,38 @@ impl Netlink {
         Ok(None)
     }
 
+    /// Moves link `index` of this namespace into the namespace `netns` (an open
+    /// `/proc/<pid>/ns/net` or `/var/run/netns/<name>` file), renamed `name` there and with
+    /// MTU `mtu`, in one `RTM_NEWLINK` request (`IFLA_NET_NS_FD`, `IFLA_IFNAME`, `IFLA_MTU`): the
+    /// kernel applies all three or none, so a name taken in the target namespace
+    /// (`EEXIST`) leaves the link where it was, under its old name.
+    pub fn move_to_netns(
+        &mut self,
+        index: u32,
+        netns: std::os::fd::BorrowedFd<'_>,
+        name: &str,
+        mtu: u32,
+    ) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes
+            .push(LinkAttribute::NetNsFd(netns.as_raw_fd()));
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::Mtu(mtu));
+        self.request(RouteNetlinkMessage::SetLink(msg), NLM_F_ACK)
+            .map(drop)
+    }
+
+    /// Sets the MAC address of link `index`.
+    pub fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        self.request(RouteNetlinkMessage::SetLink(msg), NLM_F_ACK)
+            .map(drop)
+    }
+
     /// Sets the MTU of link `index`.
     pub fn set_mtu(&mut self, index: u32, mtu: u32) -> io::Result<()> {
         let mut msg = LinkMessage::default();
