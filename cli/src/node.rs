@@ -461,6 +461,24 @@ impl Node {
     /// Applies a diff: removals first, then additions; returns what the library refused.
     fn apply(&self, d: &Diff, new: &Config) -> Vec<String> {
         let mut errors = Vec::new();
+        for (bridge, name) in &d.ports_removed {
+            let _change = self.ports.changing();
+            match self.ports.by_name(name) {
+                Some(e) if e.origin == Origin::Config => {
+                    if let Err(e) = self.port_remove(&e) {
+                        errors.push(e);
+                    }
+                }
+                _ => {
+                    log::warn!("port {name:?} of bridge {bridge:?}: not running, nothing to remove")
+                }
+            }
+        }
+        for (bridge, name) in &d.ports_added {
+            if let Err(e) = self.port_add_local(bridge, name, None, Origin::Config) {
+                errors.push(format!("bridge {bridge:?}: port {name:?}: {e}"));
+            }
+        }
         let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
         for r in &d.routes_removed {
             // A changed route is replaced in one update below: no window without it.
