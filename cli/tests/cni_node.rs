@@ -153,7 +153,7 @@ impl Node {
                 .spawn()
                 .expect("start tapyard run"),
         );
-        n.wait_for_socket();
+        wait_for_socket(n.node.as_mut(), &n.socket);
         // node-b: the uplink TAP, its address and pod, the route back to cni0's pods.
         let nb = &n.ns_b;
         run(&["ip", "-n", &n.ns_node, "link", "set", "up0", "netns", nb]);
@@ -216,44 +216,16 @@ endpoints = ["{NODE_B_POD}:8080"]
         run(&["ip", "-n", name, "link", "set", "lo", "up"]);
     }
 
-    fn wait_for_socket(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(Ok(Some(st))) = self.node.as_mut().map(|c| c.try_wait()) {
-                panic!("tapyard run exited early: {st}");
-            }
-            if self.socket.exists() && self.tapyard(&["show", "routes"]).status.success() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the control socket never answered"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
     fn pid(&self) -> u32 {
         self.node.as_ref().expect("the node runs").id()
     }
 
     fn tapyard(&self, args: &[&str]) -> Output {
-        let mut v = vec![BIN];
-        v.extend_from_slice(args);
-        let s = self.socket.display().to_string();
-        v.extend(["--socket", &s]);
-        run_output(&v)
+        tapyard_at(&self.socket, args)
     }
 
     fn tapyard_ok(&self, args: &[&str]) -> String {
-        let out = self.tapyard(args);
-        assert!(
-            out.status.success(),
-            "tapyard {args:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        tapyard_ok_at(&self.socket, args)
     }
 
     /// `tapyard ARGS` must fail with a message containing `want`.
@@ -343,23 +315,8 @@ endpoints = ["{NODE_B_POD}:8080"]
 
 impl Drop for Node {
     fn drop(&mut self) {
-        for c in self.children.iter_mut().chain(self.node.as_mut()) {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for ns in &self.namespaces {
-            let _ = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        if std::thread::panicking() {
-            if let Ok(log) = std::fs::read_to_string(&self.log) {
-                eprintln!("---- tapyard run log ----\n{log}---- end ----");
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let procs = self.children.iter_mut().chain(self.node.as_mut());
+        tear_down(procs, &self.namespaces, &self.log, &self.dir);
     }
 }
 

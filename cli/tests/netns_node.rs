@@ -115,23 +115,8 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        for c in self.children.iter_mut().chain(self.node.as_mut()) {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for ns in &self.namespaces {
-            let _ = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        if std::thread::panicking() {
-            if let Ok(log) = std::fs::read_to_string(&self.log) {
-                eprintln!("---- tapyard run log ----\n{log}---- end ----");
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let procs = self.children.iter_mut().chain(self.node.as_mut());
+        tear_down(procs, &self.namespaces, &self.log, &self.dir);
     }
 }
 
@@ -242,22 +227,11 @@ endpoints = [{bulk_endpoints}]
 }
 
 fn tapyard(n: &Names, args: &[&str]) -> Output {
-    let mut v = vec![BIN];
-    v.extend_from_slice(args);
-    let s = n.socket.display().to_string();
-    v.extend(["--socket", &s]);
-    run_output(&v)
+    tapyard_at(&n.socket, args)
 }
 
 fn tapyard_ok(n: &Names, args: &[&str]) -> String {
-    let out = tapyard(n, args);
-    assert!(
-        out.status.success(),
-        "tapyard {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    tapyard_ok_at(&n.socket, args)
 }
 
 /// Moves a pod TAP into its namespace with an address and a default route via the gateway.
@@ -351,23 +325,6 @@ fn build_wire(n: &Names) {
     ]);
 }
 
-fn wait_for_socket(n: &Names, g: &mut Guard) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(Ok(Some(st))) = g.node.as_mut().map(|c| c.try_wait()) {
-            panic!("tapyard run exited early: {st}");
-        }
-        if n.socket.exists() && tapyard(n, &["show", "routes"]).status.success() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the control socket never answered"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn json(n: &Names, what: &str) -> serde_json::Value {
     let out = tapyard_ok(n, &["show", what, "--json"]);
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("show {what} --json: {e}:\n{out}"))
@@ -404,7 +361,7 @@ fn node_from_config_file() {
             .spawn()
             .expect("start tapyard run"),
     );
-    wait_for_socket(&n, &mut g);
+    wait_for_socket(g.node.as_mut(), &n.socket);
     for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_node, &n.ns_out] {
         g.ns(ns);
     }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -212,4 +213,74 @@ pub fn wait_listening(ns: &str, port: u16) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("nothing listens on port {port} in {ns}");
+}
+
+/// The `tapyard` binary under test.
+pub const TAPYARD: &str = env!("CARGO_BIN_EXE_tapyard");
+
+/// `tapyard ARGS --socket SOCKET`.
+pub fn tapyard_at(socket: &Path, args: &[&str]) -> Output {
+    let mut v = vec![TAPYARD];
+    v.extend_from_slice(args);
+    let s = socket.display().to_string();
+    v.extend(["--socket", &s]);
+    run_output(&v)
+}
+
+/// `tapyard ARGS --socket SOCKET`, which must succeed: its stdout.
+pub fn tapyard_ok_at(socket: &Path, args: &[&str]) -> String {
+    let out = tapyard_at(socket, args);
+    assert!(
+        out.status.success(),
+        "tapyard {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until the node's control socket answers (`show routes`); fails if the node exits.
+pub fn wait_for_socket(node: Option<&mut Child>, socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut node = node;
+    loop {
+        if let Some(Ok(Some(st))) = node.as_mut().map(|c| c.try_wait()) {
+            panic!("tapyard run exited early: {st}");
+        }
+        if socket.exists() && tapyard_at(socket, &["show", "routes"]).status.success() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the control socket never answered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What a test leaves behind: kills `procs`, deletes `namespaces` (and the devices in them),
+/// prints the node's `log` if the test is failing, removes `dir`.
+pub fn tear_down<'a>(
+    procs: impl Iterator<Item = &'a mut Child>,
+    namespaces: &[String],
+    log: &Path,
+    dir: &Path,
+) {
+    for c in procs {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for ns in namespaces {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    if std::thread::panicking() {
+        if let Ok(log) = std::fs::read_to_string(log) {
+            eprintln!("---- tapyard run log ----\n{log}---- end ----");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
