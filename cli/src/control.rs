@@ -101,7 +101,11 @@ pub enum Request {
 pub fn parse_request(line: &str) -> Result<Request, String> {
     let bad = |e: serde_json::Error| format!("bad request: {e}");
     let v: Value = serde_json::from_str(line.trim()).map_err(bad)?;
-    if v.get("owner").is_some() {
+    let cni_cmd = matches!(
+        v.get("cmd").and_then(Value::as_str),
+        Some("port_add" | "port_del" | "port_show")
+    );
+    if cni_cmd && v.get("owner").is_some() {
         return serde_json::from_value(v).map(Request::Cni).map_err(bad);
     }
     serde_json::from_value(v).map_err(bad)
@@ -752,6 +756,63 @@ mod tests {
                 count: 3
             }
         );
+        assert_eq!(
+            parse_request(
+                r#"{"cmd":"port_add","bridge":"cni0","name":"pod-c","mac":"02:00:00:00:00:0c"}"#
+            )
+            .unwrap(),
+            Request::PortAdd {
+                bridge: "cni0".into(),
+                name: "pod-c".into(),
+                mac: Some("02:00:00:00:00:0c".into())
+            }
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"port_del","name":"pod-c"}"#).unwrap(),
+            Request::PortDel {
+                name: "pod-c".into()
+            }
+        );
+        // The plugin's lines, as its crate writes them.
+        let add = CniRequest::PortAdd {
+            bridge: "cni0".into(),
+            owner: "c1/eth0".into(),
+            netns: "/var/run/netns/x".into(),
+            ifname: "eth0".into(),
+            mtu: 1500,
+        };
+        let del = CniRequest::PortDel {
+            owner: "c1/eth0".into(),
+        };
+        let show = CniRequest::PortShow {
+            owner: "c1/eth0".into(),
+        };
+        for r in [add, del, show] {
+            let line = serde_json::to_string(&r).unwrap();
+            assert_eq!(parse_request(&line).unwrap(), Request::Cni(r));
+        }
+        for (bad, field) in [
+            (
+                r#"{"cmd":"port_add","bridge":"cni0","owner":"c/eth0"}"#,
+                "netns",
+            ),
+            (r#"{"cmd":"port_add","bridge":"cni0"}"#, "name"),
+            (
+                r#"{"cmd":"port_add","bridge":"cni0","owner":"o","netns":"/n","ifname":"eth0","mtu":-1}"#,
+                "-1",
+            ),
+            (r#"{"cmd":"port_del"}"#, "name"),
+            (
+                r#"{"cmd":"port_add","name":"x","bridge":"b","color":1}"#,
+                "color",
+            ),
+        ] {
+            let e = parse_request(bad).unwrap_err();
+            assert!(
+                e.starts_with("bad request") && e.contains(field),
+                "{bad}: {e}"
+            );
+        }
         for bad in [
             "",
             "{",
