@@ -353,7 +353,9 @@ impl Node {
     }
 
     /// The CNI plugin's `port_add`: a TAP on `bridge`, moved into `netns` as `ifname` with
-    /// MTU `mtu`.
+    /// MTU `mtu`. The TAP is created and moved first, then attached (datapath port, workers):
+    /// a name clash in the namespace touches neither, and any later failure closes the fd,
+    /// which deletes the device in the pod's namespace.
     pub fn port_add_cni(
         &self,
         bridge: &str,
@@ -389,8 +391,8 @@ impl Node {
                 "ifname {ifname:?} exists already in netns {netns_path}"
             ));
         }
+        // Until it is attached, dropping `tap` (the last reference) deletes the device.
         let tap = self.open_tap(&tmp)?;
-        let (pending, capture) = self.attach_tap(&tmp, tap, bid)?;
         let here = nl
             .link_by_name(&tmp)
             .map_err(|e| format!("rtnetlink: cannot read TAP {tmp:?}: {e}"))?
@@ -409,6 +411,7 @@ impl Node {
         let link = link_in(&ns, path, ifname)
             .map_err(|e| format!("netns {netns_path}: {e}"))?
             .ok_or_else(|| format!("{ifname:?} is not in netns {netns_path} after the move"))?;
+        let (pending, capture) = self.attach_tap(&tmp, tap, bid)?;
         let e = PortEntry {
             id: pending.id,
             name: tmp.clone(),
