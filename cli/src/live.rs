@@ -22,7 +22,7 @@ pub fn add_port(dp: &Datapath, name: &str, bridge: BridgeId) -> Result<PortId, S
     Err(NOT_YET.into())
 }
 
-/// Removes datapath port `id` (`Datapath::remove_port`).
+/// Removes datapath port `id` that has no driver in the runtime (`Datapath::remove_port`).
 pub fn remove_port(dp: &Datapath, id: PortId) -> Result<(), String> {
     let _ = (dp, id);
     Err(NOT_YET.into())
@@ -34,8 +34,9 @@ pub fn attach(rt: &Runtime, id: PortId, port: Arc<dyn Port>) -> io::Result<()> {
     Err(io::Error::other(NOT_YET))
 }
 
-/// Takes the device of port `id` back from the workers (`Runtime::remove_port`); its fd
-/// closes when the last `Arc` goes.
+/// Takes the device of port `id` back from the workers and removes the datapath port
+/// (`Runtime::remove_port` does both); its fd closes when the last `Arc` goes. `None` when
+/// the runtime has no driver for `id` (then nothing changed).
 pub fn detach(rt: &Runtime, id: PortId) -> Option<Arc<dyn Port>> {
     let _ = (rt, id);
     None

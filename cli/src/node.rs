@@ -30,7 +30,9 @@ pub struct Node {
     pub current: Mutex<Config>,
     /// Every port: from the file, `port add` and the CNI plugin ([`crate::ports`]).
     pub ports: Registry,
-    /// TAPs are opened with virtio-net offloads (`node.offload`).
+    /// TAPs added at run time are opened with virtio-net offloads: `node.offload`, when the
+    /// node started with a TAP (the workers' buffers are sized at start for the largest port;
+    /// a node that starts with none has buffers for plain frames only).
     pub offload: bool,
     /// Interface name, MAC, address of each router interface (for the log).
     pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
@@ -364,6 +366,11 @@ impl Node {
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
+        if cfg.node.offload && taps.is_empty() {
+            log::info!(
+                "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"
+            );
+        }
         let clock = rt.clock();
         let now = clock.now();
         for n in &cfg.neighbors {
@@ -374,7 +381,7 @@ impl Node {
             config_path,
             current: Mutex::new(cfg.clone()),
             ports: registry,
-            offload: cfg.node.offload,
+            offload: cfg.node.offload && !taps.is_empty(),
             ifaces,
             workers,
             clock,

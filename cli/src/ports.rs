@@ -200,7 +200,6 @@ fn link_in(ns: &File, path: &Path, name: &str) -> Result<Option<Link>, String> {
 struct Pending<'a> {
     node: &'a Node,
     id: PortId,
-    attached: bool,
     kept: bool,
 }
 
@@ -215,20 +214,22 @@ impl Drop for Pending<'_> {
         if self.kept {
             return;
         }
-        if self.attached {
-            drop(
-                self.node
-                    .with_runtime(|rt| live::detach(rt, self.id))
-                    .flatten(),
-            );
-        }
-        if let Err(e) = live::remove_port(&self.node.dp, self.id) {
+        if let Err(e) = self.node.unplug(self.id) {
             log::warn!("undoing port {:?}: {e}", self.id);
         }
     }
 }
 
 impl Node {
+    /// Takes port `id` from the workers and the datapath; its driver, if it had one (the
+    /// TAP closes when that last reference goes).
+    fn unplug(&self, id: PortId) -> Result<Option<Arc<dyn Port>>, String> {
+        match self.with_runtime(|rt| live::detach(rt, id)).flatten() {
+            Some(port) => Ok(Some(port)),
+            None => live::remove_port(&self.dp, id).map(|()| None),
+        }
+    }
+
     fn open_tap(&self, name: &str) -> Result<TapPort, String> {
         if self.offload {
             TapPort::open_offload(name)
@@ -285,10 +286,9 @@ impl Node {
     ) -> Result<(Pending<'_>, Arc<CaptureTap>), String> {
         let id = live::add_port(&self.dp, name, bridge)
             .map_err(|e| format!("port {name:?}: cannot add it to the datapath: {e}"))?;
-        let mut p = Pending {
+        let p = Pending {
             node: self,
             id,
-            attached: false,
             kept: false,
         };
         let ct = Arc::new(CaptureTap::default());
@@ -296,7 +296,6 @@ impl Node {
         self.with_runtime(|rt| live::attach(rt, id, port))
             .unwrap_or_else(|| Err(std::io::Error::other("the node is stopping")))
             .map_err(|e| format!("port {name:?}: cannot hand it to the workers: {e}"))?;
-        p.attached = true;
         Ok((p, ct))
     }
 
@@ -438,13 +437,9 @@ impl Node {
     /// Removes a port: from the workers, from the datapath, from the registry; then waits
     /// until the kernel has deleted its TAP (the fd closes with the last `Arc`).
     pub fn port_remove(&self, e: &PortEntry) -> Result<(), String> {
-        let port = self.with_runtime(|rt| live::detach(rt, e.id)).flatten();
-        live::remove_port(&self.dp, e.id).map_err(|err| {
-            format!(
-                "port {:?}: cannot remove it from the datapath: {err}",
-                e.name
-            )
-        })?;
+        let port = self
+            .unplug(e.id)
+            .map_err(|err| format!("port {:?}: cannot remove it: {err}", e.name))?;
         self.ports.remove(e.id);
         drop(port);
         self.wait_gone(e)?;
