@@ -357,6 +357,16 @@ fn cni_ok(cmd: &str, container: &str, netns: &str, conf: &Value) -> Value {
     v
 }
 
+/// One request line on the control socket: the reply.
+fn control(socket: &Path, req: &Value) -> Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    s.write_all(format!("{req}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{req}: {e}: {line}"))
+}
+
 /// A pod: its namespace (made by the caller), container id and ADD result.
 struct Pod {
     ns: String,
@@ -540,13 +550,60 @@ fn cni_pods_end_to_end() {
     assert_eq!(got[0], ("pod0".to_string(), pods[1].ip()));
     println!("show ports:\n{}", n.tapyard_ok(&["show", "ports"]));
 
-    // A second ADD of the same owner is refused, naming it; the first port stays.
+    // A second ADD of the same container is refused (by host-local already); the first port
+    // and its lease stay.
     let (ok, err) = cni("ADD", &pods[0].id, &pods[0].ns, &n.net_conf());
-    assert!(
-        !ok && err["msg"].to_string().contains(&pods[0].owner()),
-        "{err}"
-    );
+    assert!(!ok, "{err}");
     assert!(n.port(&pods[0].owner()).is_some());
+    assert!(n.leases().contains(&pods[0].ip()));
+    // tapyard's own refusals name the owner or the interface; nothing is left behind.
+    let ports_before = n.json("ports").len();
+    let netns = format!("/var/run/netns/{}", pods[0].ns);
+    let add = |owner: &str, ifname: &str, mtu: u32| {
+        json!({"cmd": "port_add", "bridge": "cni0", "owner": owner, "netns": netns,
+               "ifname": ifname, "mtu": mtu})
+    };
+    for (req, want) in [
+        (add(&pods[0].owner(), "eth1", 1500), pods[0].owner()),
+        (
+            add("other/eth0", "eth0", 1500),
+            format!("ifname \"eth0\" exists already in netns {netns}"),
+        ),
+        (add("other/eth1", "eth1", 40), "mtu 40".to_string()),
+        (
+            add("other/eth1", "bad/name", 1500),
+            "ifname \"bad/name\"".to_string(),
+        ),
+        (
+            json!({"cmd": "port_add", "bridge": "nope", "owner": "o/eth0", "netns": netns,
+                   "ifname": "eth1", "mtu": 1500}),
+            "bridge \"nope\"".to_string(),
+        ),
+        (
+            json!({"cmd": "port_add", "bridge": "cni0", "owner": "o/eth0",
+                   "netns": "/var/run/netns/nosuch", "ifname": "eth1", "mtu": 1500}),
+            "netns \"/var/run/netns/nosuch\"".to_string(),
+        ),
+        (
+            json!({"cmd": "port_show", "owner": "nobody/eth0"}),
+            "no such port".to_string(),
+        ),
+    ] {
+        let r = control(&n.socket, &req);
+        assert_eq!(r["ok"], false, "{req}: {r}");
+        assert!(r["error"].as_str().unwrap().contains(&want), "{req}: {r}");
+    }
+    let r = control(
+        &n.socket,
+        &json!({"cmd": "port_del", "owner": "nobody/eth0"}),
+    );
+    assert_eq!(r, json!({"ok": true, "data": {"removed": false}}));
+    assert_eq!(n.json("ports").len(), ports_before);
+    assert!(
+        !run_output(&["ip", "-n", &pods[0].ns, "link", "show", "eth1"])
+            .status
+            .success()
+    );
 
     for (i, p) in pods.iter().enumerate() {
         let port = n.port(&p.owner()).unwrap();
