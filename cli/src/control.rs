@@ -192,7 +192,9 @@ pub fn serve(listener: UnixListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
                     });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50));
+                // Wake as soon as a client connects (a CNI ADD waits on this), or after
+                // 100 ms to look at `stop`.
+                wait_readable(&listener, 100);
             }
             Err(e) => {
                 log::warn!("control socket accept: {e}");
@@ -302,6 +304,17 @@ pub fn log_changes(changes: &[String]) {
     for c in changes {
         log::info!("reload: {c}");
     }
+}
+
+#[allow(unsafe_code)] // poll(2) on one descriptor, with a SAFETY line
+fn wait_readable(fd: &impl AsRawFd, timeout_ms: i32) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) };
 }
 
 #[allow(unsafe_code)] // poll(2) on one descriptor, with a SAFETY line
