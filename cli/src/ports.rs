@@ -318,7 +318,6 @@ impl Node {
         self.check_free(&mut nl, "name", name)?;
         let tap = self.open_tap(name)?;
         let tap_name = tap.name().to_string();
-        let (pending, capture) = self.attach_tap(name, tap, bid)?;
         let mut link = nl
             .link_by_name(&tap_name)
             .map_err(|e| format!("rtnetlink: cannot read TAP {tap_name:?}: {e}"))?
@@ -328,6 +327,7 @@ impl Node {
                 .map_err(|e| format!("mac {m}: cannot set it on {tap_name:?}: {e}"))?;
             link.mac = m.to_string();
         }
+        let (pending, capture) = self.attach_tap(name, tap, bid)?;
         let e = PortEntry {
             id: pending.id,
             name: name.to_string(),
