@@ -3,6 +3,10 @@
 //! batches of 32, beside a plain `Mutex<HashMap>` bridge deciding the same frames.
 //!
 //! `cargo bench --bench bridge`
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::hint::black_box;
 

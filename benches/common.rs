@@ -1,3 +1,7 @@
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 // Shared by the benches: a plain `Mutex<HashMap>` learning bridge (the baseline) and frame
 // generators. Not a bench target itself.
 #![allow(dead_code)]

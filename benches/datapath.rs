@@ -6,6 +6,10 @@
 //! the datapath.
 //!
 //! `cargo bench --bench datapath`
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -9,6 +9,10 @@
 //! slowest; the throughput counts all threads' lookups.
 //!
 //! `cargo bench --bench flow -- --warm-up-time 1 --measurement-time 3`
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::collections::HashMap;
 use std::hint::black_box;

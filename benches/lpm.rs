@@ -7,6 +7,10 @@
 //! The tables are read from `$TAPYARD_RIB_DIR`, else `../shared/data/rib` beside the crate;
 //! without them the benchmarks are skipped. Short run:
 //! `cargo bench --bench lpm -- --warm-up-time 1 --measurement-time 3`
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -25,6 +29,10 @@ struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+#[allow(
+    unsafe_code,
+    reason = "a global allocator implements the unsafe GlobalAlloc trait; it only forwards to System"
+)]
 // SAFETY: forwards to the system allocator, only counting.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

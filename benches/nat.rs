@@ -19,6 +19,10 @@
 //!   same SYNs through a datapath without NAT.
 //!
 //! `cargo bench --bench nat`
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -13,6 +13,10 @@
 //! ClusterIP. The demo prints the first frames each port sent, the learned table (`bridge fdb
 //! show`), the routes (`ip route`), the neighbours (`ip neigh`), the connections (`conntrack
 //! -L`), the Services and the counters.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "example set-up: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;

@@ -71,6 +71,10 @@
 //! NAT the NAT and conntrack counters, the connections by state and the Services; exits 2
 //! with a one-line error naming the argument for a bad argument, a route the router refuses or
 //! a TAP that cannot be opened.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "example set-up: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};

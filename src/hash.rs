@@ -20,6 +20,7 @@
 //!
 //! Everything here is a pure function of its arguments: `Send + Sync`, no state, no locks.
 
+use crate::narrow::{low64, low_usize};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
@@ -36,7 +37,7 @@ pub(crate) struct SeededHash {
 #[inline(always)]
 fn mum(x: u64, a: u64) -> u64 {
     let p = u128::from(x) * u128::from(a);
-    (p as u64) ^ ((p >> 64) as u64)
+    low64(p) ^ low64(p >> 64)
 }
 
 impl SeededHash {
@@ -67,7 +68,7 @@ impl SeededHash {
 /// The first candidate bucket of hash `h` in a table of `mask + 1` buckets (a power of two).
 #[inline(always)]
 pub(crate) fn first(h: u64, mask: usize) -> usize {
-    (h as usize) & mask
+    low_usize(h) & mask
 }
 
 /// The second candidate bucket of hash `h`: from its high half, and the bucket after the

@@ -95,8 +95,6 @@
 //! To run the same datapath on TAP devices, hand its ports to a [`runtime::Runtime`]; for a
 //! deterministic single-threaded loop (tests, simulations), drive them with a
 //! [`runtime::Pump`] and your own clock.
-#![deny(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations)]
 
 mod base;
 mod buf;
@@ -105,6 +103,7 @@ mod datapath;
 mod hash;
 pub mod l2;
 pub mod l3;
+mod narrow;
 pub mod nat;
 pub mod offload;
 pub mod port;
@@ -117,7 +116,8 @@ pub mod wire;
 pub use base::{BridgeId, IfaceId, PortId, Verdict};
 pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE, DEFAULT_FRAME_ROOM, HEADROOM};
 pub use datapath::{
-    Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker, MAX_EXTRA,
+    Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker, DEFAULT_MAX_PORTS,
+    MAX_EXTRA,
 };
 pub use stats::{DropReason, StatsSnapshot};
 pub use time::{Clock, Instant};

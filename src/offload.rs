@@ -18,6 +18,7 @@
 //! [`OffloadError`] values. Neither function allocates; [`segment`] builds its
 //! output in a caller-provided scratch buffer.
 
+use crate::narrow::{len16, len32, low16, low32};
 use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ethernet::{ethertype, EthernetFrame};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_TCP};
@@ -386,30 +387,30 @@ fn segment_tcp(
         let ip = &mut before[l.l3_off..];
         let pseudo = if l.ipv4 {
             let mut ip = Ipv4Packet::new_unchecked(ip);
-            ip.set_total_len((ip.header_len() + tcp_len) as u16);
-            ip.set_ident(id0.wrapping_add(i as u16));
+            ip.set_total_len(len16(ip.header_len() + tcp_len));
+            ip.set_ident(id0.wrapping_add(low16(i as u64)));
             ip.fill_checksum();
             PseudoHeader::Ipv4 {
                 src: addrs.0,
                 dst: addrs.1,
                 proto: PROTO_TCP,
-                len: tcp_len as u16,
+                len: len16(tcp_len),
             }
         } else {
             ip[ipv6_field::PAYLOAD_LEN..ipv6_field::PAYLOAD_LEN + 2]
-                .copy_from_slice(&(tcp_len as u16).to_be_bytes());
+                .copy_from_slice(&len16(tcp_len).to_be_bytes());
             let a = &ip[ipv6_field::ADDRS];
             PseudoHeader::Ipv6 {
                 src: a[..16].try_into().unwrap_or_default(),
                 dst: a[16..].try_into().unwrap_or_default(),
                 next_header: PROTO_TCP,
-                len: tcp_len as u32,
+                len: len32(tcp_len),
             }
         };
 
         // TCP header, payload and checksum.
         let mut tcp = TcpPacket::new_unchecked(seg);
-        tcp.set_seq_number(seq0.wrapping_add(offset as u32));
+        tcp.set_seq_number(seq0.wrapping_add(low32(offset as u64)));
         let mut flags = flags0;
         if i + 1 != nsegs {
             flags &= !(tcp_flags::FIN | tcp_flags::PSH);
@@ -454,7 +455,7 @@ mod tests {
         while s >> 16 != 0 {
             s = (s & 0xffff) + (s >> 16);
         }
-        s as u16
+        u16::try_from(s).unwrap()
     }
 
     /// Big-endian pseudo-header sum (not complemented) for TCP/UDP.
@@ -463,7 +464,7 @@ mod tests {
         p.extend_from_slice(src);
         p.extend_from_slice(dst);
         p.extend_from_slice(&[0, proto]);
-        p.extend_from_slice(&(len as u16).to_be_bytes());
+        p.extend_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
         ref_fold(ref_sum(&p))
     }
 
@@ -475,7 +476,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                (x >> 24) as u8
+                crate::narrow::low8(x >> 24)
             })
             .collect()
     }
@@ -614,9 +615,9 @@ mod tests {
         let hdr = VirtioNetHdr {
             flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
             gso_type: spec.gso_type(),
-            hdr_len: (l4 + tcp_hdr_len) as u16,
+            hdr_len: u16::try_from(l4 + tcp_hdr_len).unwrap(),
             gso_size,
-            csum_start: l4 as u16,
+            csum_start: u16::try_from(l4).unwrap(),
             csum_offset: 16,
         };
         (frame, hdr)
@@ -637,8 +638,8 @@ mod tests {
                 let (first, last) = (i == 0, i + 1 == n);
                 let b = tcp_builder(
                     spec,
-                    spec.ip_id.wrapping_add(i as u16),
-                    spec.seq.wrapping_add((i * gso) as u32),
+                    spec.ip_id.wrapping_add(low16(i as u64)),
+                    spec.seq.wrapping_add(low32((i * gso) as u64)),
                     spec.fin && last,
                     spec.psh && last,
                     spec.cwr && first,
@@ -704,7 +705,7 @@ mod tests {
                     assert_eq!(ref_fold(ref_sum(h.slice())), 0xffff, "IPv4 header sum");
                     assert_eq!(
                         Some(h.identification()),
-                        oid.map(|id| id.wrapping_add(i as u16))
+                        oid.map(|id| id.wrapping_add(low16(i as u64)))
                     );
                     let Some(NetSlice::Ipv4(os)) = &o.net else {
                         panic!("IP version changed")
@@ -742,7 +743,8 @@ mod tests {
             }
             assert_eq!(
                 t.sequence_number(),
-                ot.sequence_number().wrapping_add(joined.len() as u32)
+                ot.sequence_number()
+                    .wrapping_add(low32(joined.len() as u64))
             );
             assert_eq!(t.fin(), ot.fin() && last, "FIN");
             assert_eq!(t.psh(), ot.psh() && last, "PSH");
@@ -897,7 +899,7 @@ mod tests {
         f[l4 + 6..l4 + 8].copy_from_slice(&partial.to_be_bytes());
         let hdr = VirtioNetHdr {
             flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
-            csum_start: l4 as u16,
+            csum_start: u16::try_from(l4).unwrap(),
             csum_offset: 6,
             ..Default::default()
         };

@@ -103,6 +103,12 @@ macro_rules! counter_set {
                 s
             }
 
+            /// Sets every counter to 0 (only when no thread writes them).
+            #[allow(dead_code)]
+            $lvis fn reset(&self) {
+                $( self.$f.reset(); )+
+            }
+
             /// Adds the values now to `s` (summing shards).
             #[allow(dead_code)]
             $lvis fn add_to(&self, s: &mut $snap) {
@@ -177,6 +183,10 @@ drop_reasons! {
         TxError = "tx_error",
         /// The output port's queue was full.
         TxQueueFull = "tx_queue_full",
+        /// The output port was removed ([`Datapath::remove_port`](crate::Datapath::remove_port))
+        /// after the frame was forwarded or flooded to it, before it was sent; counted at
+        /// transmit time.
+        PortGone = "port_gone",
         /// An IPv4 header that is malformed (version, IHL, lengths) — dropped as Linux's `ip_rcv`.
         BadIpHeader = "bad_ip_header",
         /// An IPv4 header checksum that does not verify.
@@ -228,7 +238,10 @@ drop_reasons! {
 impl DropReason {
     /// True for reasons counted at transmit time (the frame had been forwarded by the datapath).
     pub fn is_tx(self) -> bool {
-        matches!(self, DropReason::TxError | DropReason::TxQueueFull)
+        matches!(
+            self,
+            DropReason::TxError | DropReason::TxQueueFull | DropReason::PortGone
+        )
     }
 }
 
@@ -254,6 +267,9 @@ impl Counter {
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+    pub(crate) fn reset(&self) {
+        self.0.store(0, Relaxed);
+    }
 }
 
 /// A counter that several threads add to (a slow-path event: an ARP reply, a new
@@ -270,6 +286,10 @@ impl SharedCounter {
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+    #[allow(dead_code)]
+    pub(crate) fn reset(&self) {
+        self.0.store(0, Relaxed);
+    }
 }
 
 /// Per-port counters in one shard.
@@ -285,7 +305,7 @@ impl Shard {
     pub(crate) fn new(ports: usize) -> Shard {
         Shard {
             ports: (0..ports).map(|_| PortCounters::default()).collect(),
-            drops: Default::default(),
+            drops: std::array::from_fn(|_| Counter::default()),
             totals: Totals::default(),
         }
     }
@@ -322,7 +342,8 @@ counter_set! {
     #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct StatsSnapshot pub(crate) live Totals(Counter) {
         extra {
-            /// One entry per port, in port-id order.
+            /// One entry per live port, in port-id order (a removed port's counters leave with
+            /// it, as a deleted Linux interface's do).
             pub ports: Vec<PortStats>,
             /// Frames dropped, per reason (every reason, zeros included).
             pub drops: Vec<(DropReason, u64)>,
@@ -346,11 +367,15 @@ counter_set! {
 }
 
 impl StatsSnapshot {
-    pub(crate) fn sum(names: &[String], shards: &[std::sync::Arc<Shard>]) -> StatsSnapshot {
+    /// Sums `shards` for the live ports `ports` (id, name), in id order.
+    pub(crate) fn sum(
+        ports: &[(usize, String)],
+        shards: &[std::sync::Arc<Shard>],
+    ) -> StatsSnapshot {
         let mut s = StatsSnapshot {
-            ports: names
+            ports: ports
                 .iter()
-                .map(|n| PortStats {
+                .map(|(_, n)| PortStats {
                     name: n.clone(),
                     ..Default::default()
                 })
@@ -359,8 +384,10 @@ impl StatsSnapshot {
             ..Default::default()
         };
         for sh in shards {
-            for (p, c) in s.ports.iter_mut().zip(sh.ports.iter()) {
-                c.add_to(p);
+            for (p, (id, _)) in s.ports.iter_mut().zip(ports) {
+                if let Some(c) = sh.ports.get(*id) {
+                    c.add_to(p);
+                }
             }
             for (d, c) in s.drops.iter_mut().zip(sh.drops.iter()) {
                 d.1 += c.get();
@@ -376,7 +403,8 @@ impl StatsSnapshot {
     }
 
     /// Received frames accounted for: forwarded, flooded, local, queued or dropped before
-    /// transmit. Equals the sum of `rx_packets` plus frames from unknown ports.
+    /// transmit. Equals the sum of `rx_packets` plus frames from unknown ports (while no
+    /// port has been removed: a removed port's `rx_packets` leave the snapshot).
     pub fn accounted(&self) -> u64 {
         (self.forwarded + self.flooded + self.local + self.queued + self.rx_drops())
             .saturating_sub(self.deferred_drops)

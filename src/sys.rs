@@ -45,6 +45,16 @@ impl EventFd {
         }
     }
 
+    /// Consumes pending signals, so the fd stops being readable until the next one.
+    pub(crate) fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live local u64 from our own non-blocking
+        // eventfd; a failure (nothing pending: EAGAIN) leaves `v` untouched.
+        unsafe {
+            libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8);
+        }
+    }
+
     pub(crate) fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }

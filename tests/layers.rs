@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. A module may use its own layer's modules only where listed in
 /// `SAME_LAYER` (so that no two can use each other), and any module of a lower layer.
 const LAYERS: &[&[&str]] = &[
+    &["narrow"],
     &["stats", "time", "sys", "hash"],
     &["base"],
     &["wire"],

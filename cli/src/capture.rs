@@ -47,11 +47,20 @@ impl Captured {
     }
 }
 
+/// A frame's length as the 32-bit field of a record (and of a pcap packet header).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "frames come from ports, whose buffers are at most 64 KiB: far below 4 GiB"
+)]
+pub fn frame_len32(len: usize) -> u32 {
+    len as u32
+}
+
 /// Appends one record.
 pub fn encode(out: &mut Vec<u8>, kind: u8, micros: u64, data: &[u8]) {
     out.push(kind);
     out.extend_from_slice(&micros.to_le_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(&frame_len32(data.len()).to_le_bytes());
     out.extend_from_slice(data);
 }
 
@@ -101,7 +110,8 @@ impl CaptureTap {
         let Some(tx) = guard.as_ref() else { return };
         let micros = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+            // Saturates in some 580,000 years.
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         for f in frames {
             let c = Captured {
                 kind,

@@ -410,11 +410,13 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 return Ok(Value::String(text));
             }
             let mut rows = Vec::new();
-            for (i, b) in dp.bridges().iter().enumerate() {
-                for e in dp.fdb_dump(tapyard::BridgeId(i as u16), now) {
+            // Bridge ids are indices that the builder checked to fit 16 bits.
+            let ids = (0..=u16::MAX).map(tapyard::BridgeId);
+            for (id, b) in ids.zip(dp.bridges().iter()) {
+                for e in dp.fdb_dump(id, now) {
                     rows.push(json!({
                         "mac": e.mac.to_string(),
-                        "dev": dp.port_name(e.port).unwrap_or("?"),
+                        "dev": dp.port_name(e.port).unwrap_or_else(|| "?".into()),
                         "master": b.name(),
                         "static": e.is_static(),
                         "age_secs": e.age.map(|a| a.as_secs_f64()),

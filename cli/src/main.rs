@@ -23,8 +23,6 @@
 //! env_logger; `RUST_LOG=debug|info|warn|error` (or per module, `tapyard=debug`) sets the level
 //! (default info).
 
-#![deny(unsafe_code)]
-
 mod args;
 mod capture;
 mod config;
@@ -379,7 +377,7 @@ fn cmd_capture(
                 break 'read;
             }
             let ts = Duration::from_micros(micros);
-            w.write_packet(&PcapPacket::new(ts, data.len() as u32, data))
+            w.write_packet(&PcapPacket::new(ts, capture::frame_len32(data.len()), data))
                 .map_err(|e| format!("{}: {e}", out.display()))?;
             frames += 1;
             if count > 0 && frames >= count {

@@ -8,6 +8,7 @@ use super::{
     InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
 };
 use crate::hash::{self, SeededHash};
+use crate::narrow::{low16, low32, low8};
 use crate::sys::BigSlice;
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
@@ -37,7 +38,7 @@ fn state_of(c: u64) -> CtState {
 }
 #[inline]
 fn status_of(c: u64) -> CtStatus {
-    CtStatus(c as u16)
+    CtStatus(low16(c))
 }
 #[inline]
 fn ctl(gen: u32, life: u64, state: CtState, status: CtStatus) -> u64 {
@@ -52,9 +53,23 @@ fn with_life(c: u64, l: u64) -> u64 {
 
 const LOW48: u64 = (1 << 48) - 1;
 
+/// [`REFRESH`] in milliseconds, the unit of the stored times.
+const REFRESH_MS: u64 = REFRESH.as_secs() * 1000 + REFRESH.subsec_millis() as u64;
+
+/// A slot index as the 32-bit number ids and bucket words carry.
+#[inline(always)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "slot and bucket indices are below the table size, at most MAX_ENTRIES_LIMIT \
+              (2^30, checked in `new`) with buckets no more numerous than slots"
+)]
+fn slot_id(idx: usize) -> u32 {
+    idx as u32
+}
+
 #[inline]
 fn tag16(gen: u32) -> u64 {
-    u64::from(gen as u16) << 48
+    u64::from(low16(u64::from(gen))) << 48
 }
 
 /// Adds `d` to a generation-tagged counter if it still belongs to generation `gen`.
@@ -197,7 +212,7 @@ fn slot_value(sig: u32, idx: usize, dir: Dir) -> u64 {
 
 #[inline]
 fn slot_entry(v: u64) -> (usize, Dir) {
-    let low = v as u32;
+    let low = low32(v);
     (
         (low >> 1) as usize,
         if low & 1 == 0 {
@@ -228,7 +243,7 @@ impl Snap {
     }
     #[inline]
     fn proto(&self) -> u8 {
-        (self.w[1] >> 16) as u8
+        low8(self.w[1] >> 16)
     }
     #[inline]
     fn last_ms(&self) -> u64 {
@@ -425,8 +440,8 @@ impl Conntrack {
         CtLoc {
             w,
             sig: ((h >> 32) as u32) | 1,
-            b1: hash::first(b, self.mask) as u32,
-            b2: hash::second(b, self.mask) as u32,
+            b1: slot_id(hash::first(b, self.mask)),
+            b2: slot_id(hash::second(b, self.mask)),
         }
     }
 
@@ -543,7 +558,7 @@ impl Conntrack {
     fn hit_of(idx: usize, dir: Dir, s: &Snap) -> CtHit {
         CtHit {
             id: CtId {
-                slot: idx as u32,
+                slot: slot_id(idx),
                 gen: gen_of(s.c),
             },
             dir,
@@ -551,7 +566,7 @@ impl Conntrack {
             reply: Tuple::from_words([s.w[2], s.w[3]]),
             status: status_of(s.c),
             mark: (s.tag >> 32) as u32,
-            service: s.tag as u32,
+            service: low32(s.tag),
             endpoint: (s.aux >> 32) as u32,
             state: state_of(s.c),
         }
@@ -615,12 +630,12 @@ impl Conntrack {
     fn pop(&self) -> Option<usize> {
         let mut h = self.free_head.load(Ordering::Acquire);
         loop {
-            let top = h as u32;
+            let top = low32(h);
             if top == 0 {
                 return None;
             }
             let idx = (top - 1) as usize;
-            let next = self.entries.get(idx)?.aux.load(Ordering::Relaxed) as u32;
+            let next = low32(self.entries.get(idx)?.aux.load(Ordering::Relaxed));
             let new = ((h >> 32).wrapping_add(1) << 32) | u64::from(next);
             match self
                 .free_head
@@ -638,7 +653,7 @@ impl Conntrack {
         };
         let mut h = self.free_head.load(Ordering::Relaxed);
         loop {
-            e.aux.store(u64::from(h as u32), Ordering::Relaxed);
+            e.aux.store(u64::from(low32(h)), Ordering::Relaxed);
             let new = ((h >> 32).wrapping_add(1) << 32) | (idx as u64 + 1);
             match self
                 .free_head
@@ -812,7 +827,7 @@ impl Conntrack {
         now: Instant,
     ) -> Result<CtHit, InsertError> {
         // The entry we are about to pop: fetch its lines while we hash.
-        let top = self.free_head.load(Ordering::Relaxed) as u32;
+        let top = low32(self.free_head.load(Ordering::Relaxed));
         if let Some(i) = (top as usize).checked_sub(1) {
             if let (Some(e), Some(a)) = (self.entries.get(i), self.acct.get(i)) {
                 crate::sys::prefetch(e);
@@ -921,7 +936,7 @@ impl Conntrack {
         self.count(C_NEW, 1);
         Ok(CtHit {
             id: CtId {
-                slot: idx as u32,
+                slot: slot_id(idx),
                 gen,
             },
             dir: Dir::Original,
@@ -1199,7 +1214,7 @@ impl Conntrack {
     ) {
         let t = tag16(gen);
         let mut l = e.last.load(Ordering::Relaxed);
-        let refresh_ms = REFRESH.as_millis() as u64;
+        let refresh_ms = REFRESH_MS;
         if changed || now_ms.saturating_sub(l & LOW48) >= refresh_ms {
             while l & !LOW48 == t && (l & LOW48) < now_ms {
                 match e.last.compare_exchange_weak(

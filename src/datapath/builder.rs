@@ -1,13 +1,16 @@
 //! Building a datapath: bridges, ports, router interfaces, the neighbour table's settings
 //! and the NAT engine, checked as they are added.
 
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use super::{Bridge, Datapath, PortInfo, PortKind};
+use super::{word, Bridge, Datapath, PortInfo, PortKind, Topo};
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::conntrack::CtConfigError;
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
@@ -57,8 +60,25 @@ pub enum ConfigError {
     },
     /// A port attached to a bridge id that does not exist.
     NoSuchBridge(BridgeId),
-    /// More than 65535 ports or bridges.
+    /// More than 65535 bridges or router interfaces.
     TooMany(&'static str),
+    /// Every port id of the datapath's capacity is in use (or quarantined after a removal).
+    CapacityFull {
+        /// The port being added.
+        name: String,
+        /// The capacity ([`DatapathBuilder::max_ports`]).
+        max_ports: usize,
+    },
+    /// A port id that names no live port.
+    NoSuchPort(PortId),
+    /// A port that cannot be removed at run time: a router interface's virtual port or
+    /// uplink, which stays as long as its interface.
+    NotRemovable {
+        /// The port's name.
+        name: String,
+        /// What it is.
+        what: &'static str,
+    },
     /// A numeric setting out of its range.
     OutOfRange {
         /// The setting.
@@ -89,6 +109,17 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::NoSuchBridge(b) => write!(f, "bridge id {} does not exist", b.0),
             ConfigError::TooMany(what) => write!(f, "too many {what}: at most 65535"),
+            ConfigError::CapacityFull { name, max_ports } => write!(
+                f,
+                "port {name:?} cannot be added: all {max_ports} port ids (max_ports) are in use \
+                 or quarantined after a removal"
+            ),
+            ConfigError::NoSuchPort(p) => write!(f, "port id {} does not exist", p.0),
+            ConfigError::NotRemovable { name, what } => write!(
+                f,
+                "port {name:?} cannot be removed: it is {what}, which stays as long as its \
+                 interface"
+            ),
             ConfigError::OutOfRange {
                 field,
                 value,
@@ -110,7 +141,7 @@ impl std::error::Error for ConfigError {
     }
 }
 
-fn check_name(kind: &'static str, name: &str) -> Result<(), ConfigError> {
+pub(super) fn check_name(kind: &'static str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty()
         || name.len() > 15
         || name.contains('/')
@@ -124,14 +155,30 @@ fn check_name(kind: &'static str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The default capacity of a datapath's ports ([`DatapathBuilder::max_ports`]).
+pub const DEFAULT_MAX_PORTS: usize = 4096;
+
 /// Builds a [`Datapath`]: add bridges, then ports attached to them.
-#[derive(Default)]
 pub struct DatapathBuilder {
+    max_ports: usize,
     ports: Vec<PortInfo>,
     bridges: Vec<Bridge>,
     ifaces: Vec<Iface>,
     neigh: NeighConfig,
     nf: Option<Netfilter>,
+}
+
+impl Default for DatapathBuilder {
+    fn default() -> Self {
+        DatapathBuilder {
+            max_ports: DEFAULT_MAX_PORTS,
+            ports: Vec::new(),
+            bridges: Vec::new(),
+            ifaces: Vec::new(),
+            neigh: NeighConfig::default(),
+            nf: None,
+        }
+    }
 }
 
 impl fmt::Debug for DatapathBuilder {
@@ -144,6 +191,24 @@ impl fmt::Debug for DatapathBuilder {
 }
 
 impl DatapathBuilder {
+    /// Sets the most ports the datapath can hold at once, builder ports and router interface
+    /// ports included (default [`DEFAULT_MAX_PORTS`]; 1 to 65535, and not below the ports
+    /// already added). Fixed at build time, so that per-port arrays never reallocate while
+    /// workers read them; each port of capacity costs 8 bytes, plus 40 bytes of counters per
+    /// worker, plus a 24-byte driver slot in a [`Runtime`](crate::runtime::Runtime)'s port
+    /// table, whether used or not.
+    pub fn max_ports(&mut self, n: usize) -> Result<(), ConfigError> {
+        if !(1..=usize::from(u16::MAX)).contains(&n) || n < self.ports.len() {
+            return Err(ConfigError::OutOfRange {
+                field: "max_ports",
+                value: n.to_string(),
+                expected: "1 to 65535, and at least the ports already added",
+            });
+        }
+        self.max_ports = n;
+        Ok(())
+    }
+
     /// Adds a bridge.
     pub fn add_bridge(&mut self, cfg: BridgeConfig) -> Result<BridgeId, ConfigError> {
         check_name("bridge", &cfg.name)?;
@@ -167,10 +232,15 @@ impl DatapathBuilder {
                 expected: "1 s to 1000000 s",
             });
         }
-        let id = u16::try_from(self.bridges.len()).map_err(|_| ConfigError::TooMany("bridges"))?;
+        // `NO_BRIDGE` marks "no bridge" in a port's word.
+        let id = u16::try_from(self.bridges.len())
+            .ok()
+            .filter(|&i| i != word::NO_BRIDGE)
+            .ok_or(ConfigError::TooMany("bridges"))?;
         self.bridges.push(Bridge {
             name: cfg.name,
-            ports: Vec::new(),
+            ports: ArcSwap::from_pointee(Vec::new()),
+            members: AtomicU32::new(0),
             fdb: Fdb::new(cfg.fdb_max_entries, cfg.aging),
             router: None,
             router_mac: 0,
@@ -198,14 +268,23 @@ impl DatapathBuilder {
         if self.ports.iter().any(|p| p.name == name) {
             return Err(ConfigError::DuplicateName { kind: "port", name });
         }
-        let id =
-            PortId(u16::try_from(self.ports.len()).map_err(|_| ConfigError::TooMany("ports"))?);
+        if self.ports.len() >= self.max_ports {
+            return Err(ConfigError::CapacityFull {
+                name,
+                max_ports: self.max_ports,
+            });
+        }
+        // Below max_ports, itself at most 65535.
+        let id = PortId(crate::narrow::low16(self.ports.len() as u64));
         if let Some(b) = bridge {
-            self.bridges
+            let br = self
+                .bridges
                 .get_mut(usize::from(b.0))
-                .ok_or(ConfigError::NoSuchBridge(b))?
-                .ports
-                .push(id);
+                .ok_or(ConfigError::NoSuchBridge(b))?;
+            let mut members = br.ports.load().to_vec();
+            members.push(id);
+            *br.members.get_mut() += 1;
+            br.ports.store(Arc::new(members));
         }
         self.ports.push(PortInfo { name, bridge, kind });
         Ok(id)
@@ -308,14 +387,15 @@ impl DatapathBuilder {
     pub fn build(self) -> Datapath {
         let router = (!self.ifaces.is_empty()).then(|| {
             let r = Router::new(self.ifaces, NeighTable::new(self.neigh));
-            for (i, iface) in r.ifaces.iter().enumerate() {
+            // Interface ids were checked to fit 16 bits as they were added.
+            for (id, iface) in (0..=u16::MAX).map(IfaceId).zip(&r.ifaces) {
                 let c = &iface.cfg;
                 // Two interfaces in one subnet: the first one's connected route wins, as the
                 // second `add` fails with `Exists` (Linux keeps both; the first is used).
                 let _ = r.routes.add(Route {
                     prefix: mask(c.addr, c.prefix_len),
                     len: c.prefix_len,
-                    next_hop: NextHop::Link(IfaceId(i as u16)),
+                    next_hop: NextHop::Link(id),
                     metric: 0,
                     proto: RouteProto::Kernel,
                     src: Some(c.addr),
@@ -323,9 +403,23 @@ impl DatapathBuilder {
             }
             r
         });
+        let words = (0..self.max_ports)
+            .map(|i| {
+                AtomicU64::new(
+                    self.ports
+                        .get(i)
+                        .map_or(0, |p| word::encode(p.kind, p.bridge)),
+                )
+            })
+            .collect();
         Datapath {
-            names: self.ports.iter().map(|p| p.name.clone()).collect(),
-            ports: self.ports,
+            ports: words,
+            topo: Mutex::new(Topo {
+                names: self.ports.into_iter().map(|p| Some(p.name)).collect(),
+                free: BTreeSet::new(),
+                quarantine: Vec::new(),
+                epochs: Vec::new(),
+            }),
             bridges: self.bridges,
             // NAT hooks into the router: without router interfaces there is nothing to hook.
             nf: if router.is_some() { self.nf } else { None },

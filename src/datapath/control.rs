@@ -2,8 +2,9 @@
 //! traffic flows, table dumps and counters. Nothing here is on the per-packet path.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 
-use super::{Bridge, Datapath};
+use super::{word, Bridge, Datapath};
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::l2::fdb::FdbEntry;
 use crate::l3::route::{NextHop, Route, RouteTable};
@@ -13,27 +14,49 @@ use crate::stats::StatsSnapshot;
 use crate::time::Instant;
 
 impl Datapath {
-    /// Number of ports.
+    /// Number of live ports (router interfaces' ports included).
     pub fn port_count(&self) -> usize {
+        self.topo.lock().names.iter().flatten().count()
+    }
+
+    /// The most ports the datapath can hold at once ([`DatapathBuilder::max_ports`](super::DatapathBuilder::max_ports)); every
+    /// port id is below it.
+    pub fn max_ports(&self) -> usize {
         self.ports.len()
     }
 
-    /// The name of a port.
-    pub fn port_name(&self, p: PortId) -> Option<&str> {
-        self.ports.get(usize::from(p.0)).map(|p| p.name.as_str())
+    /// The live ports' ids, in id order.
+    pub fn port_ids(&self) -> Vec<PortId> {
+        let t = self.topo.lock();
+        (0..t.names.len())
+            .filter(|&i| t.names[i].is_some())
+            .filter_map(|i| u16::try_from(i).ok().map(PortId))
+            .collect()
     }
 
-    /// The port called `name`.
+    /// The name of a live port.
+    pub fn port_name(&self, p: PortId) -> Option<String> {
+        self.topo.lock().names.get(usize::from(p.0))?.clone()
+    }
+
+    /// The live port called `name`.
     pub fn port_by_name(&self, name: &str) -> Option<PortId> {
-        self.ports
+        self.topo
+            .lock()
+            .names
             .iter()
-            .position(|p| p.name == name)
-            .map(|i| PortId(i as u16))
+            .position(|n| n.as_deref() == Some(name))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(PortId)
     }
 
-    /// The bridge a port belongs to.
+    /// The bridge a live port belongs to.
     pub fn port_bridge(&self, p: PortId) -> Option<BridgeId> {
-        self.ports.get(usize::from(p.0)).and_then(|p| p.bridge)
+        let w = self.ports.get(usize::from(p.0))?.load(Ordering::Acquire);
+        if matches!(word::kind(w), word::K_FREE | word::K_REMOVED) {
+            return None;
+        }
+        word::bridge(w)
     }
 
     /// A bridge by id.
@@ -46,7 +69,8 @@ impl Datapath {
         self.bridges
             .iter()
             .position(|b| b.name == name)
-            .map(|i| BridgeId(i as u16))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(BridgeId)
     }
 
     /// All bridges, in id order.
@@ -75,7 +99,8 @@ impl Datapath {
         r.ifaces
             .iter()
             .position(|i| i.cfg.name == name)
-            .map(|i| IfaceId(i as u16))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(IfaceId)
     }
 
     /// The name of a router interface.
@@ -183,7 +208,8 @@ impl Datapath {
     pub fn fmt_fdb(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
         for b in &self.bridges {
             for e in b.fdb.dump(now) {
-                let port = self.port_name(e.port).unwrap_or("?");
+                let port = self.port_name(e.port);
+                let port = port.as_deref().unwrap_or("?");
                 match e.age {
                     None => writeln!(out, "{} dev {} master {} static", e.mac, port, b.name)?,
                     Some(a) => writeln!(
@@ -202,7 +228,15 @@ impl Datapath {
 
     /// A snapshot of every counter, summed over workers.
     pub fn stats(&self) -> StatsSnapshot {
+        let ports: Vec<(usize, String)> = {
+            let t = self.topo.lock();
+            t.names
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| Some((i, n.clone()?)))
+                .collect()
+        };
         let shards = self.shards.lock().clone();
-        StatsSnapshot::sum(&self.names, &shards)
+        StatsSnapshot::sum(&ports, &shards)
     }
 }

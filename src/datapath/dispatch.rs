@@ -1,7 +1,9 @@
 //! Verdicts to ports: floods expanded, runs of frames for one port handed over at once,
 //! offloaded frames finished for ports without offloads, refusals counted.
 
-use super::{Datapath, PortKind, Worker};
+use std::sync::atomic::Ordering;
+
+use super::{word, Datapath, Worker};
 use crate::base::{PortId, Verdict};
 use crate::buf::{Batch, PacketBuf};
 use crate::stats::DropReason;
@@ -13,7 +15,27 @@ impl Datapath {
     /// As [`Datapath::dispatch`], but hands the transmit closure runs of consecutive frames
     /// for one port (`tx(port, frames, done)`, calling `done(i, result)` for each frame), so a
     /// port can send a run with one lock or one system call. Order per port is kept.
-    pub fn dispatch_runs<F>(&self, w: &mut Worker, batch: &Batch, mut tx: F)
+    ///
+    /// A frame for a port removed since `process` decided its fate is not handed to `tx`: it
+    /// is counted as [`DropReason::PortGone`]. When this returns, the worker is offline: it
+    /// holds no port id from before (see the module docs on the live topology).
+    pub fn dispatch_runs<F>(&self, w: &mut Worker, batch: &Batch, tx: F)
+    where
+        F: FnMut(PortId, &[&PacketBuf], &mut dyn FnMut(usize, Result<(), DropReason>)),
+    {
+        self.dispatch_online(w, batch, tx);
+        w.offline();
+    }
+
+    /// Ends a worker's online period without dispatching (for a caller that processed a batch
+    /// and dropped it): the worker holds no port id from before, so quarantined ids can be
+    /// reused. [`Datapath::dispatch`] does this itself.
+    pub fn quiesce(&self, w: &mut Worker) {
+        w.offline();
+    }
+
+    #[inline(always)]
+    fn dispatch_online<F>(&self, w: &Worker, batch: &Batch, mut tx: F)
     where
         F: FnMut(PortId, &[&PacketBuf], &mut dyn FnMut(usize, Result<(), DropReason>)),
     {
@@ -31,6 +53,18 @@ impl Datapath {
             let Some(c) = shard.ports.get(usize::from(p.0)) else {
                 return;
             };
+            // Removed since `process` (its id is quarantined until this worker is offline, so
+            // it cannot belong to another port yet).
+            if !self
+                .ports
+                .get(usize::from(p.0))
+                .is_some_and(|w| word::sendable(w.load(Ordering::Relaxed)))
+            {
+                for _ in run {
+                    shard.count_drop(DropReason::PortGone);
+                }
+                return;
+            }
             let (mut pk, mut by) = (0u64, 0u64);
             tx(p, run, &mut |i, r| match r {
                 Ok(()) => {
@@ -61,7 +95,7 @@ impl Datapath {
                     n = 0;
                     run_port = PortId(u16::MAX);
                     if let Some(br) = self.bridge(bid) {
-                        for &p in br.ports.iter() {
+                        for &p in br.ports.load().iter() {
                             if p != b.port && !self.is_virtual(p) {
                                 flush(p, &[b]);
                             }
@@ -91,9 +125,8 @@ impl Datapath {
 
     #[inline]
     fn is_virtual(&self, p: PortId) -> bool {
-        matches!(
-            self.ports.get(usize::from(p.0)).map(|p| p.kind),
-            Some(PortKind::RouterVirtual(_))
-        )
+        self.ports
+            .get(usize::from(p.0))
+            .is_some_and(|w| word::kind(w.load(Ordering::Relaxed)) == word::K_VIRTUAL)
     }
 }

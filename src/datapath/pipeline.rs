@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Bridge, Datapath, PortKind, Worker, MAX_EXTRA};
+use super::{word, Bridge, Datapath, Worker, MAX_EXTRA};
 use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
@@ -242,7 +242,11 @@ impl Datapath {
     /// replies, ICMP, released packets) are appended to the batch with their own verdicts.
     /// Processes at most [`BATCH_SIZE`] received frames; allocates nothing once warm; takes no
     /// lock unless a table changes.
+    ///
+    /// The worker is online from here until the end of its next [`Datapath::dispatch`] (see
+    /// the module docs on the live topology).
     pub fn process(&self, w: &mut Worker, now: Instant, batch: &mut Batch) {
+        w.online();
         batch.verdicts.clear();
         let n = batch.bufs.len().min(BATCH_SIZE);
         // Pass 1: count, parse, locate source and destination in the FDB and prefetch their
@@ -280,6 +284,7 @@ impl Datapath {
             pool,
             extra,
             nat,
+            ..
         } = w;
         let mut sink = PoolSink::new(pool, extra, shard);
         let mut ctx = self.router.as_ref().map(|r| BatchCtx {
@@ -361,6 +366,9 @@ impl Datapath {
         let Some(port) = self.ports.get(usize::from(b.port.0)) else {
             return Pre::drop(DropReason::UnknownPort);
         };
+        // One relaxed load: the worker's online fence (in `process`) orders it after any
+        // removal the control plane has finished waiting for.
+        let port = port.load(Ordering::Relaxed);
         if b.oversize {
             return Pre::drop(DropReason::Oversize);
         }
@@ -391,29 +399,9 @@ impl Datapath {
         if dst_w & 1 != 0 {
             p.flags |= GROUP_DST;
         }
-        match port.kind {
-            PortKind::External => {}
-            PortKind::Routed(iface) => {
-                let ours = self
-                    .router
-                    .as_ref()
-                    .and_then(|r| r.iface(iface))
-                    .is_some_and(|i| crate::l2::fdb::word(i.cfg.mac) == dst_w);
-                p.kind = ROUTED;
-                p.id = iface.0;
-                if ours {
-                    p.flags |= OURS;
-                    if let Some(pf) = pf {
-                        pf.frame(f);
-                    }
-                }
-                return p;
-            }
-            // A router interface's virtual port has no driver: nothing is received on it.
-            PortKind::RouterVirtual(_) => return Pre::drop(DropReason::UnknownPort),
-        }
-        let Some(br) = port.bridge else {
-            return Pre::drop(DropReason::NoBridge);
+        // The common case first: an external port on a bridge, bridge id included.
+        let Some(br) = word::bridged(port) else {
+            return self.classify_unbridged(port, dst_w, p, f, pf);
         };
         p.id = br.0;
         let bridge = &self.bridges[usize::from(br.0)];
@@ -435,6 +423,42 @@ impl Datapath {
             }
         }
         p
+    }
+
+    /// [`Datapath::classify`] for a frame on a port other than an external bridged one: a
+    /// router interface's uplink (routed), an external port on no bridge, or no port.
+    #[inline(never)]
+    fn classify_unbridged(
+        &self,
+        port: u64,
+        dst_w: u64,
+        mut p: Pre,
+        f: &[u8],
+        pf: &mut Option<CtPrefetch<'_>>,
+    ) -> Pre {
+        match word::kind(port) {
+            word::K_ROUTED => {
+                let iface = word::iface(port);
+                let ours = self
+                    .router
+                    .as_ref()
+                    .and_then(|r| r.iface(iface))
+                    .is_some_and(|i| crate::l2::fdb::word(i.cfg.mac) == dst_w);
+                p.kind = ROUTED;
+                p.id = iface.0;
+                if ours {
+                    p.flags |= OURS;
+                    if let Some(pf) = pf {
+                        pf.frame(f);
+                    }
+                }
+                p
+            }
+            word::K_EXTERNAL => Pre::drop(DropReason::NoBridge),
+            // A router interface's virtual port has no driver: nothing is received on it; a
+            // free or removed id has no port.
+            _ => Pre::drop(DropReason::UnknownPort),
+        }
     }
 
     /// The verdict for a frame that is not bridged: routed (on a router's own port) or
@@ -508,7 +532,7 @@ impl Datapath {
     /// A bridge floods to its other ports; with none, the frame has nowhere to go.
     #[inline]
     fn flood(br: &Bridge, bid: BridgeId) -> Verdict {
-        if br.ports.len() > 1 {
+        if br.members.load(Ordering::Relaxed) > 1 {
             Verdict::Flood(bid)
         } else {
             Verdict::Drop(DropReason::NoOtherPort)
@@ -637,7 +661,10 @@ impl Datapath {
     /// make are appended to `out` with their verdicts, for [`Datapath::dispatch`]) and, about
     /// once a second, the FDB aging sweep. Call it every [`Datapath::poll_interval`]; lookups
     /// never wait for it.
+    ///
+    /// As [`Datapath::process`], this makes the worker online until its next dispatch.
     pub fn poll(&self, w: &mut Worker, now: Instant, out: &mut Batch) {
+        w.online();
         let last = self.last_sweep.load(Ordering::Relaxed);
         if now.micros().saturating_sub(last) >= 1_000_000
             && self

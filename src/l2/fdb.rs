@@ -43,6 +43,7 @@ use parking_lot::Mutex;
 
 use crate::base::PortId;
 use crate::hash::{self, SeededHash};
+use crate::narrow::low16;
 use crate::stats::counter_set;
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
@@ -50,6 +51,9 @@ use crate::wire::mac::MacAddr;
 /// A known station's time is refreshed at most this often (per station), to keep readers'
 /// cache lines clean.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+/// [`REFRESH_INTERVAL`] in microseconds, the unit of the stored times.
+const REFRESH_INTERVAL_US: u64 =
+    REFRESH_INTERVAL.as_secs() * 1_000_000 + REFRESH_INTERVAL.subsec_micros() as u64;
 
 /// Default aging time, as Linux's `ageing_time` (300 s).
 pub const DEFAULT_AGING: Duration = Duration::from_secs(300);
@@ -184,7 +188,7 @@ fn unword(w: u64) -> MacAddr {
 /// entry), so workers do not bounce the line.
 #[inline]
 fn refresh(s: &Slot, seen: u64, now_us: u64) {
-    if seen != STATIC && now_us.saturating_sub(seen) >= REFRESH_INTERVAL.as_micros() as u64 {
+    if seen != STATIC && now_us.saturating_sub(seen) >= REFRESH_INTERVAL_US {
         s.seen.store(now_us, Ordering::Relaxed);
     }
 }
@@ -323,7 +327,7 @@ impl Fdb {
         let (s, k) = self.find_loc(l)?;
         let seen = s.seen.load(Ordering::Relaxed);
         if self.live(seen, now.micros()) {
-            Some(PortId(k as u16))
+            Some(PortId(low16(k)))
         } else {
             None
         }
@@ -521,7 +525,13 @@ impl Fdb {
     /// Removes every learned (not static) entry that points at `port`, as Linux does when a
     /// port goes down or leaves the bridge. Returns how many were removed.
     pub fn flush_port(&self, port: PortId) -> usize {
-        self.clear_where(|k, seen| k as u16 == port.0 && seen != STATIC)
+        self.clear_where(|k, seen| low16(k) == port.0 && seen != STATIC)
+    }
+
+    /// Removes every entry that points at `port`, static ones included, as Linux does when a
+    /// port leaves the bridge or its device goes away. Returns how many were removed.
+    pub fn remove_port(&self, port: PortId) -> usize {
+        self.clear_where(|k, _| crate::narrow::low16(k) == port.0)
     }
 
     /// Clears entries that have aged out at `now`. Lookups already ignore them; this frees
@@ -566,7 +576,7 @@ impl Fdb {
                 }
                 v.push(FdbEntry {
                     mac: unword(k >> 16),
-                    port: PortId(k as u16),
+                    port: PortId(low16(k)),
                     age: (seen != STATIC)
                         .then(|| Duration::from_micros(now_us.saturating_sub(seen))),
                 });
@@ -665,6 +675,10 @@ mod tests {
         assert_eq!(f.lookup(mac(4), t(0)), Some(PortId(1)));
         assert_eq!(f.lookup(mac(3), t(0)), Some(PortId(2)));
         assert_eq!(f.counters().entries, 2);
+        // A port that goes away takes its static entries too.
+        assert_eq!(f.remove_port(PortId(1)), 1);
+        assert_eq!(f.lookup(mac(4), t(0)), None);
+        assert_eq!(f.counters().entries, 1);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::l3::lpm::Fib4;
+use crate::narrow::{low16, low32};
 
 pub use crate::base::IfaceId;
 
@@ -52,10 +53,10 @@ impl NextHop {
         }
     }
     fn unpack(v: u64) -> Option<NextHop> {
-        let iface = IfaceId((v >> 32) as u16);
+        let iface = IfaceId(low16(v >> 32));
         Some(match v >> 56 {
             1 => NextHop::Link(iface),
-            2 => NextHop::Via(iface, Ipv4Addr::from(v as u32)),
+            2 => NextHop::Via(iface, Ipv4Addr::from(low32(v))),
             3 => NextHop::Blackhole,
             4 => NextHop::Unreachable,
             _ => return None,
@@ -236,13 +237,14 @@ impl RouteTable {
         if let Some(&id) = w.interned.get(&nh) {
             return Ok(id);
         }
-        let id = w.interned.len();
-        if id >= MAX_NEXT_HOPS {
-            return Err(RouteError::TooManyNextHops);
-        }
-        self.next_hops[id].store(nh.pack(), Ordering::Release);
-        w.interned.insert(nh, id as u32);
-        Ok(id as u32)
+        let n = w.interned.len();
+        let id = match u32::try_from(n) {
+            Ok(id) if n < MAX_NEXT_HOPS => id,
+            _ => return Err(RouteError::TooManyNextHops),
+        };
+        self.next_hops[n].store(nh.pack(), Ordering::Release);
+        w.interned.insert(nh, id);
+        Ok(id)
     }
 
     fn publish(&self, w: &mut Writer, key: (u32, u8)) -> Result<(), RouteError> {

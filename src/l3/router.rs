@@ -324,7 +324,8 @@ impl Router {
         self.ifaces
             .iter()
             .position(|i| i.cfg.addr == addr)
-            .map(|i| IfaceId(i as u16))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(IfaceId)
     }
 
     /// Handles a frame sent to the router on interface `in_if` (its destination MAC is the

@@ -45,6 +45,7 @@
 
 use std::net::Ipv4Addr;
 
+use crate::narrow::{low16, low32};
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::Tuple;
 
@@ -187,10 +188,10 @@ fn alloc(
     let mut round = 0u64;
     loop {
         let mut off =
-            (mix64(hash ^ round.wrapping_mul(0x2545_f491_4f6c_dd1d)) % u64::from(size)) as u32;
+            low32(mix64(hash ^ round.wrapping_mul(0x2545_f491_4f6c_dd1d)) % u64::from(size));
         for _ in 0..attempts {
             // `off < size ≤ 65536` and `lo + off ≤ hi`: no overflow.
-            set(&mut t, (u32::from(range.lo) + off) as u16);
+            set(&mut t, low16(u64::from(u32::from(range.lo) + off)));
             if !in_use(&t.invert()) {
                 return Some(t);
             }
@@ -255,7 +256,7 @@ mod tests {
             mix64(u64::from(r.dport)) & 1 == 0
         };
         for h in 0..2000u64 {
-            let o = orig(PROTO_TCP, (h as u16) | 1024);
+            let o = orig(PROTO_TCP, low16(h) | 1024);
             let t = alloc_source(&o, NODE, PortRange::MASQUERADE, h, taken).unwrap();
             assert!(!taken(&t.invert()));
             assert!(PortRange::MASQUERADE.contains(t.sport));

@@ -21,6 +21,7 @@
 use std::net::SocketAddrV4;
 
 use super::alloc::mix64;
+use crate::narrow::{low32, reduce};
 
 /// Prime table sizes, smallest first.
 pub const TABLE_SIZES: [u32; 4] = [1021, 4093, 16381, 65537];
@@ -82,22 +83,25 @@ impl Maglev {
         let mut offset = Vec::with_capacity(n);
         let mut skip = Vec::with_capacity(n);
         for b in backends {
-            offset.push((name_hash(b, 0xcafe) % m64) as u32);
-            skip.push((name_hash(b, 0xbeef) % (m64 - 1) + 1) as u32);
+            offset.push(low32(name_hash(b, 0xcafe) % m64));
+            skip.push(low32(name_hash(b, 0xbeef) % (m64 - 1) + 1));
         }
         let mut next = vec![0u32; n];
         let mut table = vec![u16::MAX; m as usize].into_boxed_slice();
         let mut filled = 0u32;
         'outer: loop {
-            for i in 0..n {
+            // `n <= MAX_BACKENDS` (checked above), so the ids fit below the empty mark.
+            for (i, id) in (0..n).zip(0u16..) {
                 // Find backend i's next preferred free slot (one always exists while
                 // `filled < m`, and its permutation visits every slot).
                 loop {
-                    let c = ((u64::from(offset[i]) + u64::from(next[i]) * u64::from(skip[i])) % m64)
-                        as usize;
+                    let c = reduce(
+                        u64::from(offset[i]) + u64::from(next[i]) * u64::from(skip[i]),
+                        table.len(),
+                    );
                     next[i] += 1;
                     if table[c] == u16::MAX {
-                        table[c] = i as u16;
+                        table[c] = id;
                         filled += 1;
                         break;
                     }
@@ -118,7 +122,7 @@ impl Maglev {
             return 0;
         }
         self.table
-            .get((mix64(key) % len) as usize)
+            .get(reduce(mix64(key), self.table.len()))
             .map_or(0, |&i| i as usize)
     }
 
@@ -147,7 +151,7 @@ mod tests {
     #[test]
     fn balanced_slots() {
         for n in [1usize, 2, 3, 10, 40, 100] {
-            let b = eps(1..(n as u8 + 1));
+            let b = eps(1..(u8::try_from(n).unwrap() + 1));
             let t = Maglev::new(&b).unwrap();
             let mut c = vec![0u32; n];
             for s in t.table.iter() {

@@ -87,7 +87,7 @@ impl Rng {
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0xa076_1d64_78bd_642f);
         let t = u128::from(self.0) * u128::from(self.0 ^ 0xe703_7ed1_a0b4_28db);
-        ((t >> 64) as u64) ^ (t as u64)
+        crate::narrow::low64(t >> 64) ^ crate::narrow::low64(t)
     }
 
     /// A value uniform in `0..n` (0 when `n` is 0), by multiply-shift.
@@ -106,7 +106,7 @@ mod tests {
         let mut r = Rng::new(0);
         let mut c = [0u32; 10];
         for _ in 0..100_000 {
-            c[r.below(10) as usize] += 1;
+            c[usize::try_from(r.below(10)).unwrap()] += 1;
         }
         for x in c {
             assert!((9_500..=10_500).contains(&x), "{c:?}");

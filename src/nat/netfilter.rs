@@ -77,6 +77,7 @@ use crate::conntrack::{
     Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
 use crate::l3::router::Hook;
+use crate::narrow::len32;
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
@@ -577,7 +578,7 @@ impl Netfilter {
         let pkt = Pkt {
             kind,
             tcp_flags: tcp_flags(ip, info, kind),
-            len: info.total_len as u32,
+            len: len32(info.total_len),
         };
         let key = t.to_words();
         if let Some(hit) = self.ct.lookup(&t, now) {
@@ -638,7 +639,7 @@ impl Netfilter {
         let pkt = Pkt {
             kind,
             tcp_flags: tcp_flags(ip, info, kind),
-            len: info.total_len as u32,
+            len: len32(info.total_len),
         };
         // Tracked against the entry's current control word: a FIN, RST, invalid packet or
         // removal is seen exactly as without the memo.
@@ -888,7 +889,7 @@ impl Netfilter {
         let pkt = Pkt {
             kind,
             tcp_flags: tcp_flags(ip, &info, kind),
-            len: info.total_len as u32,
+            len: len32(info.total_len),
         };
         match self.ct.track(&hit, &pkt, now) {
             Track::Invalid(_) if !self.ct.config().liberal => Hook::Drop(DropReason::CtInvalid),
@@ -1028,7 +1029,7 @@ mod tests {
         assert_eq!(last, [0; 2], "nothing short of the ports is prefetched");
         nf.prefetch_ipv4(ip, &mut last);
         assert_eq!(
-            last[0] as u32,
+            crate::narrow::low32(last[0]),
             u32::from_be_bytes(VIP),
             "the tuple's words are kept"
         );

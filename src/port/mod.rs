@@ -6,7 +6,34 @@
 //!   TCP/IP host without root.
 //!
 //! A port is shared by the runtime's workers: exactly one worker receives from it, any worker
-//! may transmit to it, so [`Port::send`] takes `&self` and must be thread-safe.
+//! may transmit to it, so [`Port::send`] takes `&self` and must be thread-safe. Middleware
+//! wraps any port: [`Observed`] shows every frame to an [`Observer`] (capture, tracing).
+//!
+//! Two in-memory pairs on a bridge, driven by a [`crate::runtime::Pump`] on the caller's
+//! thread (a [`crate::runtime::Runtime`] does the same with worker threads):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tapyard::port::{mem_pair, Port};
+//! use tapyard::runtime::Pump;
+//! use tapyard::{BridgeConfig, Datapath, Instant};
+//!
+//! let mut b = Datapath::builder();
+//! let br = b.add_bridge(BridgeConfig::new("br0"))?;
+//! let (p0, p1) = (b.add_port("p0", Some(br))?, b.add_port("p1", Some(br))?);
+//! let dp = Arc::new(b.build());
+//! let (port0, host0) = mem_pair("p0", "host0", 64);
+//! let (port1, host1) = mem_pair("p1", "host1", 64);
+//! let ports: Vec<(tapyard::PortId, Arc<dyn Port>)> =
+//!     vec![(p0, Arc::new(port0)), (p1, Arc::new(port1))];
+//! let mut pump = Pump::new(dp.clone(), &ports)?;
+//! // Host 0 broadcasts; the bridge floods it to host 1.
+//! let frame = [[0xff; 6].as_slice(), &[2, 0, 0, 0, 0, 1], &[0x08, 0x06], &[0; 46]].concat();
+//! host0.send_frame(&frame).unwrap();
+//! pump.drain(Instant::ZERO, 4);
+//! assert_eq!(host1.recv_frame().map(|b| b.frame().to_vec()), Some(frame));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::io;
 use std::os::fd::RawFd;

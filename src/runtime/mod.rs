@@ -10,12 +10,36 @@
 //! (the datapath keeps no queues of its own, so no frame it accepted is lost) and the threads
 //! are joined.
 //!
+//! # Ports that come and go
+//!
+//! The drivers live in a port table indexed by [`PortId`] and published RCU-style (one
+//! `ArcSwap` store of a new table and a version bump): each table slot is an
+//! `Arc<dyn Port>` and the worker that receives from it. Between rounds, a worker compares
+//! the version with its own (one atomic load), and on a change takes the new table, rebuilds
+//! its receive list and `poll(2)` set, then acknowledges the version. Transmits use the same
+//! table, so a worker sends only to ports of the table it acknowledged.
+//!
+//! * [`Runtime::add_port`] gives a new port to the least-loaded worker and wakes it through
+//!   its own eventfd: it receives from the port within one round (microseconds when busy,
+//!   at once when asleep).
+//! * [`Runtime::remove_port`] publishes a table without the port, wakes every worker and
+//!   waits until each has acknowledged it (or exited): then no worker receives from, sends
+//!   to or polls the port's descriptor, and the only table that held it is gone. The driver
+//!   is returned; its descriptor is closed when the last `Arc` goes (a TAP's fd is closed by
+//!   its `Drop`), which can no longer be a worker's, so there is no use after close and no
+//!   race with a new descriptor reusing the number. It then removes the port from the
+//!   datapath ([`Datapath::remove_port`]), whose id quarantine keeps the id from a new port
+//!   until no worker holds a frame for it.
+//!
 //! For single-threaded, deterministic use (tests, the demo, an embedder's own loop), [`Pump`]
 //! does one round of the same work when called.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -30,7 +54,8 @@ use crate::time::{Clock, Instant};
 /// Settings of a [`Runtime`].
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
-    /// Worker threads (at least 1; more than the number of ports is pointless).
+    /// Worker threads (at least 1; more than the number of ports is pointless until ports are
+    /// added with [`Runtime::add_port`]).
     pub workers: usize,
     /// Buffers per worker pool.
     pub pool_buffers: usize,
@@ -45,30 +70,134 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// The ports of a datapath, indexed by [`PortId`].
-pub type PortTable = Arc<Vec<Option<Arc<dyn Port>>>>;
+/// A port's driver in a published port table, and the worker that receives from it.
+#[derive(Clone)]
+struct Slot {
+    port: Arc<dyn Port>,
+    worker: usize,
+}
 
-fn port_table(dp: &Datapath, ports: &[(PortId, Arc<dyn Port>)]) -> io::Result<PortTable> {
-    let mut t: Vec<Option<Arc<dyn Port>>> = vec![None; dp.port_count()];
-    for (id, p) in ports {
-        let slot = t.get_mut(usize::from(id.0)).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("port id {} is not in the datapath", id.0),
-            )
-        })?;
-        *slot = Some(p.clone());
+/// A runtime's or pump's drivers, indexed by [`PortId`] ([`Datapath::max_ports`] slots).
+type Table = Vec<Option<Slot>>;
+
+fn port_table(
+    dp: &Datapath,
+    ports: &[(PortId, Arc<dyn Port>)],
+    workers: usize,
+) -> io::Result<Table> {
+    let mut t: Table = vec![None; dp.max_ports()];
+    for (i, (id, p)) in ports.iter().enumerate() {
+        let slot = t.get_mut(usize::from(id.0)).ok_or_else(|| no_port(*id))?;
+        *slot = Some(Slot {
+            port: p.clone(),
+            worker: i % workers,
+        });
     }
-    Ok(Arc::new(t))
+    Ok(t)
+}
+
+fn no_port(id: PortId) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("port id {} is not in the datapath", id.0),
+    )
+}
+
+/// Checks that `port` may be attached under `id`: a live port of `dp` that frames are sent
+/// to, with no driver yet, whose frames fit buffers of `room` bytes.
+fn check_new_port(
+    dp: &Datapath,
+    t: &Table,
+    id: PortId,
+    port: &dyn Port,
+    room: usize,
+) -> io::Result<()> {
+    if !dp.is_sendable(id) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "port id {} is not a live datapath port that takes a driver",
+                id.0
+            ),
+        ));
+    }
+    match t.get(usize::from(id.0)) {
+        None => return Err(no_port(id)),
+        Some(Some(_)) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("port id {} already has a driver", id.0),
+            ))
+        }
+        Some(None) => {}
+    }
+    if port.frame_room() > room {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "port id {} needs {}-byte buffers; the pools hold {room} (give a port this \
+                 large at start)",
+                id.0,
+                port.frame_room()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What a runtime's workers share: the published table and the handshake that changes it.
+struct Shared {
+    table: ArcSwap<Table>,
+    /// Bumped after every table change.
+    version: AtomicU64,
+    /// Per worker, the version whose table and poll set it uses (`u64::MAX`: exited).
+    acks: Box<[AtomicU64]>,
+    /// Per worker, the eventfd that wakes it (stop, or a table change).
+    wakes: Box<[EventFd]>,
+    /// Serialises table changes.
+    ctl: Mutex<()>,
+    /// Every pool's buffer room.
+    room: usize,
+}
+
+impl Shared {
+    /// Publishes `t` and returns its version.
+    fn publish(&self, t: Table) -> u64 {
+        self.table.store(Arc::new(t));
+        self.version.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Waits until every worker uses version `v` or a later one, or has exited.
+    fn wait_acks(&self, v: u64) {
+        for (ack, wake) in self.acks.iter().zip(self.wakes.iter()) {
+            let mut spins = 0u32;
+            while ack.load(Ordering::Acquire) < v {
+                if spins % 64 == 0 {
+                    wake.signal();
+                }
+                spins = spins.wrapping_add(1);
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+}
+
+/// A runtime worker's link to the shared table.
+struct Link {
+    shared: Arc<Shared>,
+    index: usize,
+    version: u64,
 }
 
 /// One round of receive → process → dispatch over a set of ports, on the caller's thread.
 pub struct Pump {
     dp: Arc<Datapath>,
     worker: Worker,
-    ports: PortTable,
+    ports: Arc<Table>,
     rx: Vec<PortId>,
     batch: Batch,
+    room: usize,
+    link: Option<Link>,
 }
 
 impl std::fmt::Debug for Pump {
@@ -80,31 +209,94 @@ impl std::fmt::Debug for Pump {
 impl Pump {
     /// A pump that receives from every port in `ports` and may transmit to any of them.
     pub fn new(dp: Arc<Datapath>, ports: &[(PortId, Arc<dyn Port>)]) -> io::Result<Pump> {
-        let table = port_table(&dp, ports)?;
+        let table = port_table(&dp, ports, 1)?;
         let room = ports
             .iter()
             .map(|(_, p)| p.frame_room())
             .max()
-            .unwrap_or(crate::buf::DEFAULT_FRAME_ROOM);
+            .unwrap_or(crate::buf::DEFAULT_FRAME_ROOM)
+            .max(crate::buf::DEFAULT_FRAME_ROOM);
         let worker = dp.worker_with_pool(BufPool::new(room, 1024));
         Ok(Pump {
             rx: ports.iter().map(|(id, _)| *id).collect(),
             dp,
             worker,
-            ports: table,
+            ports: Arc::new(table),
             batch: Batch::new(),
+            room,
+            link: None,
         })
     }
 
-    fn with_rx(dp: Arc<Datapath>, table: PortTable, rx: Vec<PortId>, pool: BufPool) -> Pump {
+    fn linked(dp: Arc<Datapath>, shared: Arc<Shared>, index: usize, pool: BufPool) -> Pump {
         let worker = dp.worker_with_pool(pool);
-        Pump {
+        let mut p = Pump {
             dp,
             worker,
-            ports: table,
-            rx,
+            ports: Arc::new(Vec::new()),
+            rx: Vec::new(),
             batch: Batch::new(),
+            room: shared.room,
+            link: Some(Link {
+                shared,
+                index,
+                version: u64::MAX,
+            }),
+        };
+        p.refresh();
+        p
+    }
+
+    /// Takes a runtime's newer table, if any; returns whether it did.
+    #[inline]
+    fn refresh(&mut self) -> bool {
+        let Some(link) = &mut self.link else {
+            return false;
+        };
+        let v = link.shared.version.load(Ordering::Acquire);
+        if v == link.version {
+            return false;
         }
+        self.ports = link.shared.table.load_full();
+        link.version = v;
+        let me = link.index;
+        self.rx = self
+            .ports
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.worker == me))
+            .filter_map(|(i, _)| u16::try_from(i).ok().map(PortId))
+            .collect();
+        true
+    }
+
+    /// Starts receiving from `port`, the driver of datapath port `id` (made with
+    /// [`Datapath::add_port`]); frames are also sent to it from the next round. Errors: `id`
+    /// is not a live port that takes a driver, it has a driver already, or its frames do not
+    /// fit this pump's buffers.
+    pub fn add_port(&mut self, id: PortId, port: Arc<dyn Port>) -> io::Result<()> {
+        check_new_port(&self.dp, &self.ports, id, port.as_ref(), self.room)?;
+        Arc::make_mut(&mut self.ports)[usize::from(id.0)] = Some(Slot { port, worker: 0 });
+        self.rx.push(id);
+        Ok(())
+    }
+
+    /// Stops receiving from and sending to port `id`, removes it from the datapath
+    /// ([`Datapath::remove_port`]) and returns its driver. `None` (and nothing changed) for a
+    /// port the datapath keeps (a router interface's) or one without a driver here.
+    pub fn remove_port(&mut self, id: PortId) -> Option<Arc<dyn Port>> {
+        if matches!(
+            self.dp.check_removable(id),
+            Err(crate::ConfigError::NotRemovable { .. })
+        ) {
+            return None;
+        }
+        let slot = Arc::make_mut(&mut self.ports)
+            .get_mut(usize::from(id.0))?
+            .take()?;
+        self.rx.retain(|&p| p != id);
+        let _ = self.dp.remove_port(id);
+        Some(slot.port)
     }
 
     /// Receives at most one batch from each port, processes and transmits it. Returns the
@@ -114,10 +306,10 @@ impl Pump {
         let mut err = None;
         for i in 0..self.rx.len() {
             let id = self.rx[i];
-            let Some(port) = self.ports.get(usize::from(id.0)).and_then(|p| p.as_ref()) else {
+            let Some(slot) = self.ports.get(usize::from(id.0)).and_then(|p| p.as_ref()) else {
                 continue;
             };
-            match port.recv_batch(&mut self.worker.pool, &mut self.batch) {
+            match slot.port.recv_batch(&mut self.worker.pool, &mut self.batch) {
                 Ok(_) => {}
                 Err(e) => err = Some(e),
             }
@@ -146,17 +338,24 @@ impl Pump {
 
     fn transmit(&mut self) {
         let ports = &self.ports;
-        self.dp
-            .dispatch_runs(&mut self.worker, &self.batch, |p, run, done| {
-                match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
-                    Some(port) => port.send_batch(run, done),
-                    None => {
-                        for i in 0..run.len() {
-                            done(i, Err(DropReason::TxError));
-                        }
+        let dp = &self.dp;
+        dp.dispatch_runs(&mut self.worker, &self.batch, |p, run, done| {
+            match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
+                Some(slot) => slot.port.send_batch(run, done),
+                None => {
+                    // A driver detached while the datapath still has the port (a removal
+                    // in progress), or a port never given a driver.
+                    let r = if dp.is_sendable(p) {
+                        DropReason::TxError
+                    } else {
+                        DropReason::PortGone
+                    };
+                    for i in 0..run.len() {
+                        done(i, Err(r));
                     }
                 }
-            });
+            }
+        });
         self.batch.recycle(&mut self.worker.pool);
     }
 
@@ -181,7 +380,7 @@ impl Pump {
 /// Worker threads driving a set of ports until stopped.
 pub struct Runtime {
     stop: Arc<AtomicBool>,
-    wake: Arc<EventFd>,
+    shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     dp: Arc<Datapath>,
     clock: Clock,
@@ -195,51 +394,120 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// Marks a worker exited (its acknowledgement can no longer be waited for), even if it
+/// panicked.
+struct ExitAck<'a>(&'a AtomicU64);
+
+impl Drop for ExitAck<'_> {
+    fn drop(&mut self) {
+        self.0.store(u64::MAX, Ordering::Release);
+    }
+}
+
 impl Runtime {
     /// Starts `cfg.workers` threads driving `ports` (each a datapath port id and its driver).
+    /// More ports can be given later with [`Runtime::add_port`]; buffers are sized for the
+    /// largest of `ports` (at least [`DEFAULT_FRAME_ROOM`](crate::buf::DEFAULT_FRAME_ROOM)).
     pub fn start(
         dp: Arc<Datapath>,
         ports: Vec<(PortId, Arc<dyn Port>)>,
         cfg: RuntimeConfig,
     ) -> io::Result<Runtime> {
-        let table = port_table(&dp, &ports)?;
-        let nworkers = cfg.workers.clamp(1, ports.len().max(1));
+        let nworkers = cfg.workers.max(1);
+        let table = port_table(&dp, &ports, nworkers)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(EventFd::new()?);
         let clock = Clock::new();
         let room = ports
             .iter()
             .map(|(_, p)| p.frame_room())
             .max()
-            .unwrap_or(crate::buf::DEFAULT_FRAME_ROOM);
-        let mut threads = Vec::with_capacity(nworkers);
-        for wi in 0..nworkers {
-            let rx: Vec<PortId> = ports
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % nworkers == wi)
-                .map(|(_, (id, _))| *id)
-                .collect();
-            let mut pump = Pump::with_rx(
-                dp.clone(),
-                table.clone(),
-                rx,
-                BufPool::new(room, cfg.pool_buffers.max(crate::buf::BATCH_SIZE)),
-            );
-            let stop = stop.clone();
-            let wake = wake.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("tapyard-w{wi}"))
-                .spawn(move || worker_loop(&mut pump, wi == 0, &stop, &wake, clock))?;
-            threads.push(t);
-        }
-        Ok(Runtime {
+            .unwrap_or(crate::buf::DEFAULT_FRAME_ROOM)
+            .max(crate::buf::DEFAULT_FRAME_ROOM);
+        let shared = Arc::new(Shared {
+            table: ArcSwap::from_pointee(table),
+            version: AtomicU64::new(1),
+            acks: (0..nworkers).map(|_| AtomicU64::new(0)).collect(),
+            wakes: (0..nworkers)
+                .map(|_| EventFd::new())
+                .collect::<io::Result<_>>()?,
+            ctl: Mutex::new(()),
+            room,
+        });
+        let mut rt = Runtime {
             stop,
-            wake,
-            threads,
+            shared,
+            threads: Vec::with_capacity(nworkers),
             dp,
             clock,
-        })
+        };
+        for wi in 0..nworkers {
+            let mut pump = Pump::linked(
+                rt.dp.clone(),
+                rt.shared.clone(),
+                wi,
+                BufPool::new(room, cfg.pool_buffers.max(crate::buf::BATCH_SIZE)),
+            );
+            let stop = rt.stop.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("tapyard-w{wi}"))
+                .spawn(move || worker_loop(&mut pump, wi, &stop, clock))?;
+            rt.threads.push(t);
+        }
+        Ok(rt)
+    }
+
+    /// Attaches `port` as the driver of datapath port `id` (made with
+    /// [`Datapath::add_port`]) while the workers run: the least-loaded worker is woken and
+    /// receives from it from its next round (within milliseconds), and every worker sends to
+    /// it from its next round. Errors: `id` is not a live datapath port that takes a driver,
+    /// it has a driver already, or its frames do not fit the runtime's buffers (an offload
+    /// TAP in a runtime started with plain ports only).
+    pub fn add_port(&self, id: PortId, port: Arc<dyn Port>) -> io::Result<()> {
+        let sh = &self.shared;
+        let _ctl = sh.ctl.lock();
+        let old = sh.table.load_full();
+        check_new_port(&self.dp, &old, id, port.as_ref(), sh.room)?;
+        let mut load = vec![0usize; sh.wakes.len()];
+        for s in old.iter().flatten() {
+            load[s.worker] += 1;
+        }
+        let worker = (0..load.len()).min_by_key(|&w| load[w]).unwrap_or(0);
+        let mut t: Table = old.as_ref().clone();
+        t[usize::from(id.0)] = Some(Slot { port, worker });
+        drop(old);
+        sh.publish(t);
+        sh.wakes[worker].signal();
+        Ok(())
+    }
+
+    /// Detaches the driver of port `id` and removes the port from the datapath
+    /// ([`Datapath::remove_port`]). Returns once no worker receives from it, sends to it or
+    /// polls its descriptor (every worker has taken a table without it; a sleeping worker is
+    /// woken for that, so this takes microseconds to a round's length); after that no frame
+    /// is delivered to it. The returned driver is then the last reference the runtime had:
+    /// dropping it closes a TAP's descriptor. `None` (and nothing changed) for a port the
+    /// datapath keeps (a router interface's virtual port or uplink) or one without a driver
+    /// here.
+    pub fn remove_port(&self, id: PortId) -> Option<Arc<dyn Port>> {
+        if matches!(
+            self.dp.check_removable(id),
+            Err(crate::ConfigError::NotRemovable { .. })
+        ) {
+            return None;
+        }
+        let sh = &self.shared;
+        let _ctl = sh.ctl.lock();
+        let old = sh.table.load_full();
+        let slot = old.get(usize::from(id.0))?.clone()?;
+        let mut t: Table = old.as_ref().clone();
+        t[usize::from(id.0)] = None;
+        drop(old);
+        let v = sh.publish(t);
+        sh.wait_acks(v);
+        // Detached first, so the id cannot go to a new port while a worker still receives
+        // from this driver.
+        let _ = self.dp.remove_port(id);
+        Some(slot.port)
     }
 
     /// The datapath being driven.
@@ -265,7 +533,9 @@ impl Runtime {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Release);
-        self.wake.signal();
+        for w in self.shared.wakes.iter() {
+            w.signal();
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -278,13 +548,15 @@ impl Drop for Runtime {
     }
 }
 
-fn worker_loop(pump: &mut Pump, timers: bool, stop: &AtomicBool, wake: &EventFd, clock: Clock) {
+/// The worker's `poll(2)` set: its eventfd, then its ports' descriptors; and how long to
+/// sleep when idle (1 ms if a port has no descriptor to wait on).
+fn poll_set(pump: &Pump, wake: &EventFd) -> (Vec<libc::pollfd>, Duration) {
     let mut fds: Vec<libc::pollfd> = vec![sys::pollfd(wake.fd())];
     let mut fdless = false;
     for &id in &pump.rx {
         match pump.ports[usize::from(id.0)]
             .as_ref()
-            .and_then(|p| p.rx_fd())
+            .and_then(|s| s.port.rx_fd())
         {
             Some(fd) => fds.push(sys::pollfd(fd)),
             None => fdless = true,
@@ -295,9 +567,34 @@ fn worker_loop(pump: &mut Pump, timers: bool, stop: &AtomicBool, wake: &EventFd,
     } else {
         Duration::from_millis(500)
     };
+    (fds, idle_wait)
+}
+
+fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
+    let Some(shared) = pump.link.as_ref().map(|l| l.shared.clone()) else {
+        return;
+    };
+    let wake = &shared.wakes[index];
+    let ack = &shared.acks[index];
+    let _exit = ExitAck(ack);
+    let timers = index == 0;
+    let (mut fds, mut idle_wait) = poll_set(pump, wake);
+    ack.store(
+        pump.link.as_ref().map_or(0, |l| l.version),
+        Ordering::Release,
+    );
     let poll_every = pump.dp.poll_interval();
     let mut next_timer = clock.now() + poll_every;
     while !stop.load(Ordering::Acquire) {
+        // A table change: new receive list and poll set first, then the acknowledgement
+        // (the old table, and with it any removed driver, is dropped by `refresh`).
+        if pump.refresh() {
+            (fds, idle_wait) = poll_set(pump, wake);
+            ack.store(
+                pump.link.as_ref().map_or(0, |l| l.version),
+                Ordering::Release,
+            );
+        }
         let now = clock.now();
         // Receive errors (e.g. a TAP whose device was deleted) are not fatal to the other
         // ports; back off so a failing descriptor does not spin.
@@ -313,7 +610,11 @@ fn worker_loop(pump: &mut Pump, timers: bool, stop: &AtomicBool, wake: &EventFd,
             next_timer = now + poll_every;
         }
         if n == 0 {
-            let _ = sys::poll_readable(&mut fds, idle_wait);
+            if let Ok(ready) = sys::poll_readable(&mut fds, idle_wait) {
+                if ready > 0 && fds[0].revents != 0 {
+                    wake.drain();
+                }
+            }
         }
     }
 }

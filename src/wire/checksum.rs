@@ -14,6 +14,8 @@
 //! The pseudo-header is a value ([`PseudoHeader`]) so that IPv6's (RFC 8200 8.1: 16-byte
 //! addresses, a 32-bit upper-layer length) is one more variant, summed by the same code.
 
+use crate::narrow::{len16, low16};
+
 /// Bytes summed before the accumulator is reduced (a multiple of 8, small enough that the inner
 /// `u64` sum cannot overflow).
 const SUM_BLOCK: usize = 1 << 16;
@@ -69,7 +71,7 @@ pub(crate) fn fold(acc: u64) -> u16 {
     let s = (s & 0xffff) + (s >> 16);
     let s = (s & 0xffff) + (s >> 16);
     let s = (s & 0xffff) + (s >> 16);
-    s as u16
+    low16(s)
 }
 
 /// True when a region whose sum is `acc` (its checksum field included) verifies: the folded
@@ -149,7 +151,7 @@ impl PseudoHeader {
             src: src.octets(),
             dst: dst.octets(),
             proto,
-            len: len as u16,
+            len: len16(len),
         }
     }
 
@@ -179,7 +181,10 @@ impl PseudoHeader {
                 len,
             } => {
                 let addrs = sum(sum(0, &src), &dst);
-                let len = add_be16(add_be16(addrs, (len >> 16) as u16), len as u16);
+                let len = add_be16(
+                    add_be16(addrs, low16(u64::from(len >> 16))),
+                    low16(u64::from(len)),
+                );
                 add_be16(len, u16::from(next_header))
             }
         }
@@ -206,7 +211,7 @@ impl PseudoHeader {
 pub(crate) fn fold32(mut s: u32) -> u16 {
     s = (s & 0xffff) + (s >> 16);
     s = (s & 0xffff) + (s >> 16);
-    s as u16
+    low16(u64::from(s))
 }
 
 /// The sum of `~old + new` over the two 16-bit halves of a 32-bit field that differ
@@ -246,7 +251,7 @@ pub(crate) fn update_partial(sum: u16, d: u16) -> u16 {
 #[inline(always)]
 pub(crate) fn add16(a: u16, b: u16) -> u16 {
     let c = u32::from(a) + u32::from(b);
-    ((c & 0xffff) + (c >> 16)) as u16
+    low16(u64::from((c & 0xffff) + (c >> 16)))
 }
 
 /// The sum of `~old + new` over the changed 16-bit words of a region (RFC 1624 eqn. 3), built
@@ -267,7 +272,7 @@ impl Delta {
     #[inline]
     pub(crate) fn word32(&mut self, old: u32, new: u32) {
         self.word((old >> 16) as u16, (new >> 16) as u16);
-        self.word(old as u16, new as u16);
+        self.word(low16(u64::from(old)), low16(u64::from(new)));
     }
     /// Adds another region's changes.
     #[inline]
@@ -327,7 +332,10 @@ mod tests {
         };
         let bytes = [10, 0, 0, 1, 192, 168, 1, 2, 0, 6, 0, 40];
         assert_eq!(fold(ph.sum()), fold(sum(0, &bytes)));
-        assert_eq!(u16::from_be_bytes(ph.partial()), ref_sum(&bytes) as u16);
+        assert_eq!(
+            u16::from_be_bytes(ph.partial()),
+            u16::try_from(ref_sum(&bytes)).unwrap()
+        );
     }
 
     proptest! {
@@ -340,7 +348,7 @@ mod tests {
             split in any::<proptest::sample::Index>(),
         ) {
             let got = fold(sum(0, &data));
-            prop_assert_eq!(u16::from_be_bytes(got.to_ne_bytes()), ref_sum(&data) as u16);
+            prop_assert_eq!(u16::from_be_bytes(got.to_ne_bytes()), u16::try_from(ref_sum(&data)).unwrap());
             // Summing in two even-aligned parts gives the same result.
             let at = split.index(data.len() + 1) & !1;
             prop_assert_eq!(fold(sum(sum(0, &data[..at]), &data[at..])), got);

@@ -9,6 +9,7 @@
 
 use std::net::Ipv4Addr;
 
+use crate::narrow::{len16, low8};
 use crate::stats::DropReason;
 use crate::wire::checksum;
 use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
@@ -291,7 +292,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     /// Sets version 4 and the header length in bytes (a multiple of 4, 20..=60).
     #[inline]
     pub fn set_header_len(&mut self, len: usize) {
-        self.fixed_mut()[field::VER_IHL] = 0x40 | (len / 4) as u8 & 0x0f;
+        self.fixed_mut()[field::VER_IHL] = 0x40 | low8((len / 4) as u64) & 0x0f;
     }
 
     /// Sets the type-of-service byte.
@@ -438,7 +439,7 @@ impl Ipv4Repr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv4Packet<T>) {
         p.set_header_len(HEADER_LEN);
         p.set_tos(self.tos);
-        p.set_total_len((HEADER_LEN + self.payload_len) as u16);
+        p.set_total_len(len16(HEADER_LEN + self.payload_len));
         p.set_ident(0);
         p.set_frag_field(if self.dont_frag { DF } else { 0 });
         p.set_ttl(self.ttl);
@@ -696,10 +697,10 @@ pub fn fragment(
         out[..l3].copy_from_slice(&frame[..l3]);
         out[l3..l3 + hl].copy_from_slice(&hdr[..hl]);
         let mut p = Ipv4Packet::new_unchecked(&mut out[l3..]);
-        p.set_total_len((hl + chunk) as u16);
+        p.set_total_len(len16(hl + chunk));
         let off = (base_off + at) / 8;
         let mf = if last { orig_mf } else { MF };
-        p.set_frag_field((info.frag & DF) | mf | (off as u16 & FRAG_OFFSET));
+        p.set_frag_field((info.frag & DF) | mf | (len16(off) & FRAG_OFFSET));
         p.fill_checksum();
         p.payload_mut().copy_from_slice(&payload[at..at + chunk]);
         emit(&out[..flen]);
@@ -836,7 +837,7 @@ mod tests {
     fn udp_frame(payload: usize, df: bool, ttl: u8) -> Vec<u8> {
         let mut f = Vec::new();
         let mut ip = etherparse::Ipv4Header::new(
-            (8 + payload) as u16,
+            len16(8 + payload),
             ttl,
             etherparse::IpNumber::UDP,
             [10, 0, 0, 1],

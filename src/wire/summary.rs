@@ -22,6 +22,8 @@ use crate::wire::mac::MacAddr;
 
 /// Length of an Ethernet II header.
 pub const ETH_HDR_LEN: usize = crate::wire::ethernet::HEADER_LEN;
+/// [`ETH_HDR_LEN`] as the 16-bit offset a summary stores.
+const ETH_HDR_LEN16: u16 = crate::narrow::len16(ETH_HDR_LEN);
 
 /// The link-layer facts about a frame, parsed once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +57,7 @@ impl EthMeta {
                     src: e.src_addr(),
                     vlan: None,
                     ether_type,
-                    l3: ETH_HDR_LEN as u16,
+                    l3: ETH_HDR_LEN16,
                 });
             }
         }
@@ -65,7 +67,7 @@ impl EthMeta {
             src: MacAddr(eth.source()),
             vlan: None,
             ether_type: eth.ether_type(),
-            l3: ETH_HDR_LEN as u16,
+            l3: ETH_HDR_LEN16,
         };
         for _ in 0..2 {
             if !is_vlan(meta.ether_type) {

@@ -3,6 +3,7 @@
 
 use std::net::Ipv4Addr;
 
+use crate::narrow::{len32, low8};
 use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ipv4::PROTO_TCP;
 use crate::wire::Error;
@@ -209,7 +210,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
     /// cleared.
     #[inline]
     pub fn set_header_len(&mut self, len: usize) {
-        self.fixed_mut()[field::DATA_OFF] = ((len / 4) as u8) << 4;
+        self.fixed_mut()[field::DATA_OFF] = low8((len / 4) as u64) << 4;
     }
 
     /// Sets the flag byte.
@@ -315,7 +316,7 @@ impl<'a> TcpRepr<'a> {
         let (seq_number, ack_number, out) = if f & flags::ACK != 0 {
             (seg.ack_number(), 0, flags::RST)
         } else {
-            let len = seg.payload().len() as u32
+            let len = len32(seg.payload().len())
                 + u32::from(f & flags::SYN != 0)
                 + u32::from(f & flags::FIN != 0);
             (

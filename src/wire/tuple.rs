@@ -12,6 +12,7 @@
 use std::fmt;
 use std::net::Ipv4Addr;
 
+use crate::narrow::{len16, low16, low32, low8};
 use crate::wire::icmp::{self, Icmpv4Packet};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::wire::Error;
@@ -140,11 +141,11 @@ impl Tuple {
     pub fn from_words(w: [u64; 2]) -> Tuple {
         Tuple {
             src: Ipv4Addr::from((w[0] >> 32) as u32),
-            dst: Ipv4Addr::from(w[0] as u32),
+            dst: Ipv4Addr::from(low32(w[0])),
             sport: (w[1] >> 48) as u16,
-            dport: (w[1] >> 32) as u16,
-            proto: (w[1] >> 16) as u8,
-            zone: w[1] as u16,
+            dport: low16(w[1] >> 32),
+            proto: low8(w[1] >> 16),
+            zone: low16(w[1]),
         }
     }
 
@@ -221,7 +222,7 @@ impl Tuple {
                     Some((
                         q,
                         L4Kind::IcmpError {
-                            inner_l3: (hdr_len + icmp::HEADER_LEN) as u16,
+                            inner_l3: len16(hdr_len + icmp::HEADER_LEN),
                         },
                     ))
                 } else {
@@ -286,7 +287,7 @@ mod tests {
             0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
         ];
         v.extend_from_slice(l4);
-        let n = v.len() as u16;
+        let n = u16::try_from(v.len()).unwrap();
         v[2..4].copy_from_slice(&n.to_be_bytes());
         v
     }

@@ -2,6 +2,7 @@
 
 use std::net::Ipv4Addr;
 
+use crate::narrow::len16;
 use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ipv4::PROTO_UDP;
 use crate::wire::Error;
@@ -204,7 +205,7 @@ impl<'a> UdpRepr<'a> {
     ) {
         p.set_src_port(self.src_port);
         p.set_dst_port(self.dst_port);
-        p.set_len(self.buffer_len() as u16);
+        p.set_len(len16(self.buffer_len()));
         p.payload_mut()[..self.payload.len()].copy_from_slice(self.payload);
         p.fill_checksum(src, dst);
     }

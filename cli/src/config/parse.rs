@@ -209,6 +209,26 @@ impl Parser<'_> {
             .unwrap_or_else(|| panic!("{key} has no default in the schema"))
     }
 
+    /// An integer key, or its described default, as the type it configures: the schema's range
+    /// fits that type, so the conversion fails only for a schema bug.
+    fn int_as<T: TryFrom<i64>>(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> T {
+        let n = self.int(s, key);
+        T::try_from(n).unwrap_or_else(|_| panic!("{key}: the schema's range does not fit its type"))
+    }
+
+    /// A given integer key as the type it configures (see [`Self::int_as`]).
+    fn given_int_as<T: TryFrom<i64>>(
+        &mut self,
+        s: &mut Sec<'_, '_>,
+        key: &'static str,
+    ) -> Option<T> {
+        let n = self.given_int(s, key)?;
+        Some(
+            T::try_from(n)
+                .unwrap_or_else(|_| panic!("{key}: the schema's range does not fit its type")),
+        )
+    }
+
     /// Seconds, or the described default.
     fn secs(&mut self, s: &mut Sec<'_, '_>, key: &'static str) -> Duration {
         Duration::from_secs(self.int(s, key) as u64)
@@ -483,7 +503,7 @@ impl Parser<'_> {
             }
         });
         let cluster_cidr = self.text(&mut s, "cluster_cidr", parse_prefix);
-        let workers = self.given_int(&mut s, "workers").map(|n| n as usize);
+        let workers = self.given_int_as(&mut s, "workers");
         if workers == Some(0) {
             if let Some(v) = t.get("workers") {
                 self.bad(
@@ -520,9 +540,9 @@ impl Parser<'_> {
         let name = self.text(&mut s, "name", parse_ifname);
         let address = self.text(&mut s, "address", parse_iface_addr);
         let mac = self.text(&mut s, "mac", parse_mac);
-        let mtu = self.int(&mut s, "mtu") as u16;
+        let mtu = self.int_as::<u16>(&mut s, "mtu");
         let ports = self.list(&mut s, "ports", parse_ifname);
-        let fdb_max_entries = self.int(&mut s, "fdb_max_entries") as usize;
+        let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
         let fdb_aging = self.secs(&mut s, "fdb_aging");
         if address.is_none() && (t.contains_key("mac") || t.contains_key("mtu")) {
             let line = s.lines.of("mac").min(s.lines.of("mtu"));
@@ -554,7 +574,7 @@ impl Parser<'_> {
         let address = self.text(&mut s, "address", parse_iface_addr);
         let tap = self.text(&mut s, "tap", parse_ifname);
         let mac = self.text(&mut s, "mac", parse_mac);
-        let mtu = self.int(&mut s, "mtu") as u16;
+        let mtu = self.int_as::<u16>(&mut s, "mtu");
         let name = name.or_else(|| raw_name(t))?;
         let value = UplinkCfg {
             tap: tap.unwrap_or_else(|| name.clone()),
@@ -580,7 +600,7 @@ impl Parser<'_> {
             _ => RouteType::Unicast,
         };
         let kind_ok = self.diags.len() == before;
-        let metric = self.int(&mut s, "metric") as u32;
+        let metric = self.int_as::<u32>(&mut s, "metric");
         let has_type = t.contains_key("type");
         let ctx = s.ctx.clone();
         let has_hop = t.contains_key("via") || t.contains_key("dev");
@@ -660,8 +680,8 @@ impl Parser<'_> {
             "udp" => 17,
             _ => 6,
         };
-        let port = self.given_int(&mut s, "port").map(|n| n as u16);
-        let node_port = self.given_int(&mut s, "node_port").map(|n| n as u16);
+        let port = self.given_int_as(&mut s, "port");
+        let node_port = self.given_int_as(&mut s, "node_port");
         let endpoints = self.list(&mut s, "endpoints", |e| {
             let a = e
                 .parse::<SocketAddrV4>()
@@ -729,7 +749,7 @@ impl Parser<'_> {
             t.tcp_close = t.tcp_time_wait;
         }
         CtConfig {
-            max_entries: self.int(&mut s, "max_entries") as usize,
+            max_entries: self.int_as::<usize>(&mut s, "max_entries"),
             liberal: self.boolean(&mut s, "liberal"),
             timeouts: t,
         }
@@ -738,10 +758,10 @@ impl Parser<'_> {
     /// `[neigh]` as the library's configuration, checked by the library.
     fn neigh(&mut self, mut s: Sec<'_, '_>) -> NeighConfig {
         let c = NeighConfig {
-            gc_thresh1: self.int(&mut s, "gc_thresh1") as usize,
-            gc_thresh2: self.int(&mut s, "gc_thresh2") as usize,
-            gc_thresh3: self.int(&mut s, "gc_thresh3") as usize,
-            unres_qlen: self.int(&mut s, "unres_qlen") as usize,
+            gc_thresh1: self.int_as::<usize>(&mut s, "gc_thresh1"),
+            gc_thresh2: self.int_as::<usize>(&mut s, "gc_thresh2"),
+            gc_thresh3: self.int_as::<usize>(&mut s, "gc_thresh3"),
+            unres_qlen: self.int_as::<usize>(&mut s, "unres_qlen"),
             base_reachable_time: self.secs(&mut s, "base_reachable_time"),
             ..NeighConfig::default()
         };

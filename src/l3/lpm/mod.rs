@@ -192,7 +192,7 @@ mod sealed {
     macro_rules! impl_key {
         ($t:ty) => {
             impl Key for $t {
-                const WIDTH: u8 = <$t>::BITS as u8;
+                const WIDTH: u8 = <$t>::BITS.to_le_bytes()[0];
 
                 #[inline(always)]
                 fn extract(self, offset: u8, len: u8) -> usize {
@@ -216,6 +216,10 @@ mod sealed {
                 }
 
                 #[inline]
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "slot < 2^bits <= 2^24 (the caller's contract, debug-asserted): it fits any key type"
+                )]
                 fn slot_first(slot: usize, bits: u8) -> Self {
                     debug_assert!((1..=24).contains(&bits) && slot < (1 << bits));
                     (slot as $t) << (Self::WIDTH - bits)

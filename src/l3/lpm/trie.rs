@@ -25,7 +25,9 @@ const LANES: usize = 32;
 /// route, so its size follows the table's.
 pub(crate) fn ideal_bits(routes: usize) -> u8 {
     let log = usize::BITS - routes.max(1).saturating_sub(1).leading_zeros();
-    (log as u8).clamp(MIN_DIRECT_BITS, MAX_DIRECT_BITS)
+    u8::try_from(log)
+        .unwrap_or(u8::MAX)
+        .clamp(MIN_DIRECT_BITS, MAX_DIRECT_BITS)
 }
 
 /// One trie node: 64 children, selected by the next 6 address bits.
@@ -58,6 +60,7 @@ fn public(v: u32) -> u32 {
     }
 }
 
+use crate::narrow::low32;
 use crate::sys::prefetch_ptr as prefetch;
 
 /// An immutable longest-prefix-match table: a compiled snapshot of a route set.
@@ -318,9 +321,9 @@ impl<A: Address> Lpm<A> {
 
     fn write_root(&mut self, i: usize, node: Node) {
         self.leaves[i..i + ROOT_WORDS].copy_from_slice(&[
-            node.vector as u32,
+            low32(node.vector),
             (node.vector >> 32) as u32,
-            node.leafvec as u32,
+            low32(node.leafvec),
             (node.leafvec >> 32) as u32,
             node.base0,
             node.base1,
@@ -693,8 +696,10 @@ fn reserve_more<T>(v: &mut Vec<T>, extra: usize) {
 }
 
 fn index_u32(i: usize) -> u32 {
-    assert!(i < NODE_FLAG as usize, "LPM table too large");
-    i as u32
+    match u32::try_from(i) {
+        Ok(x) if x < NODE_FLAG => x,
+        _ => panic!("LPM table too large"),
+    }
 }
 
 impl<A: Address> Default for Lpm<A> {

@@ -845,7 +845,10 @@ impl NeighTable {
                 confirmed_ago: (m.confirmed != NEVER)
                     .then(|| Duration::from_micros(now.saturating_sub(m.confirmed))),
                 updated_ago: Duration::from_micros(now.saturating_sub(updated)),
-                queued: w.queues.get(&(idx as u32)).map_or(0, |q| q.frames.len()),
+                queued: w
+                    .queues
+                    .get(&slots::slot_key(idx))
+                    .map_or(0, |q| q.frames.len()),
             });
         }
         v.sort_by_key(|e| (e.iface, e.ip));

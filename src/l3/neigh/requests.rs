@@ -7,7 +7,7 @@
 use crate::base::IfaceId;
 use std::collections::VecDeque;
 
-use super::slots::split_key;
+use super::slots::{slot_key, split_key};
 use super::{NeighTable, Released, Writer};
 use crate::wire::mac::MacAddr;
 
@@ -59,7 +59,7 @@ impl TokenBucket {
 impl Writer {
     /// Removes the queue of the entry in `idx`, its frames no longer counted as waiting.
     pub(super) fn take_queue(&mut self, idx: usize) -> Option<VecDeque<Vec<u8>>> {
-        let q = self.queues.remove(&(idx as u32))?;
+        let q = self.queues.remove(&slot_key(idx))?;
         self.queued_now -= q.frames.len();
         Some(q.frames)
     }
@@ -73,7 +73,7 @@ impl Writer {
         qlen: usize,
         qbytes: usize,
     ) -> Vec<Vec<u8>> {
-        let q = self.queues.entry(idx as u32).or_default();
+        let q = self.queues.entry(slot_key(idx)).or_default();
         let mut dropped = Vec::new();
         while q.frames.len() >= qlen || q.bytes + frame.len() > qbytes {
             let Some(old) = q.frames.pop_front() else {

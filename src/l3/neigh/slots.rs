@@ -14,6 +14,7 @@ use super::state::{decode, encode, with_state, NeighState, GEN_SHIFT, WORD_GEN_M
 use super::{NeighTable, Writer, NEVER};
 use crate::base::IfaceId;
 use crate::hash;
+use crate::narrow::low32;
 
 /// Slots per bucket.
 pub(super) const SLOTS: usize = 4;
@@ -40,10 +41,21 @@ pub(super) fn key_of(iface: IfaceId, ip: Ipv4Addr) -> u64 {
     (u64::from(iface.0) << 32) | u64::from(u32::from(ip))
 }
 
+/// A slot index as the 32-bit number the frame queues and timer heaps key on.
+#[inline(always)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "slot indices are below the slot count, bounded by MAX_ENTRIES (2^20) times the \
+              bucket size (checked by NeighConfig::validate)"
+)]
+pub(super) fn slot_key(idx: usize) -> u32 {
+    idx as u32
+}
+
 /// The interface number and address of a slot key (its generation ignored).
 #[inline]
 pub(super) fn split_key(k: u64) -> (u16, Ipv4Addr) {
-    (((k >> 32) & 0xffff) as u16, Ipv4Addr::from(k as u32))
+    (((k >> 32) & 0xffff) as u16, Ipv4Addr::from(low32(k)))
 }
 
 /// True for a slot key with an occupant.

@@ -8,7 +8,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::Ordering;
 
-use super::slots::occupied;
+use super::slots::{occupied, slot_key};
 use super::state::NeighState;
 use super::{NeighEvent, NeighTable, Writer};
 
@@ -30,7 +30,7 @@ impl NeighTable {
         let m = &mut w.meta[idx];
         m.tgen = m.tgen.wrapping_add(1);
         m.armed = Some(state);
-        w.timers.push(Reverse((due, idx as u32, m.tgen)));
+        w.timers.push(Reverse((due, slot_key(idx), m.tgen)));
         let meta = &w.meta;
         compact(&mut w.timers, w.entries, |i, g| {
             meta.get(i).is_some_and(|m| m.tgen == g)
@@ -48,7 +48,7 @@ impl NeighTable {
     pub(super) fn push_gc(&self, w: &mut Writer, idx: usize, at: u64) {
         let m = &mut w.meta[idx];
         m.gc_seq = m.gc_seq.wrapping_add(1);
-        w.gc_heap.push(Reverse((at, idx as u32, m.gc_seq)));
+        w.gc_heap.push(Reverse((at, slot_key(idx), m.gc_seq)));
         let meta = &w.meta;
         compact(&mut w.gc_heap, w.entries, |i, q| {
             meta[i].gc_seq == q && occupied(self.slot_key(i))

@@ -47,6 +47,7 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::maglev::{self, Maglev};
+use crate::narrow::{reduce, scale};
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
 
@@ -354,7 +355,7 @@ impl SvcState {
             _ => {}
         }
         // Lemire's multiply-shift: uniform within 2^-64 bias, no division.
-        let i = ((u128::from(rand) * n as u128) >> 64) as usize;
+        let i = scale(rand, n);
         let i = if restricted {
             *self.local.get(i)? as usize
         } else {
@@ -468,7 +469,7 @@ impl Affinity {
             return choose();
         }
         let h = self.hasher.hash_one(key);
-        let Some(set) = self.sets.get((h % n) as usize) else {
+        let Some(set) = self.sets.get(reduce(h, self.sets.len())) else {
             return choose();
         };
         let mut set = set.lock();
@@ -633,9 +634,9 @@ fn build(
     let local: Box<[u32]> = spec
         .endpoints
         .iter()
-        .enumerate()
-        .filter(|(_, e)| e.local)
-        .map(|(i, _)| i as u32)
+        .zip(0u32..) // at most MAX_BACKENDS (checked above): the indices fit
+        .filter(|(e, _)| e.local)
+        .map(|(_, i)| i)
         .collect();
     let sorted_local: Box<[SocketAddrV4]> = sorted.iter().filter(|e| e.1).map(|e| e.0).collect();
     let (mut maglev, mut maglev_local) = (None, None);
@@ -649,7 +650,8 @@ fn build(
                     p.maglev.as_ref()
                 }
             })
-            .map(|m| m.len() as u32)
+            // A table has at most 65537 slots; one that did not fit would just not be reused.
+            .and_then(|m| u32::try_from(m.len()).ok())
         };
         let m = maglev::table_size_for_update(prev_size(false), eps.len());
         maglev = Maglev::with_size(&all, m);

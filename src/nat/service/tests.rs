@@ -1,3 +1,7 @@
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 use super::*;
 use crate::nat::Rng;
 use std::collections::{HashMap as StdMap, HashSet};

@@ -1,5 +1,9 @@
 //! Tests of the LPM tables: unit tests here, property tests against a linear-scan model
 //! (`proptests`), the real Internet tables (`real`) and concurrent readers (`concurrency`).
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
+)]
 
 mod concurrency;
 mod proptests;
