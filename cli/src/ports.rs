@@ -171,11 +171,11 @@ impl Registry {
 }
 
 /// The temporary TAP name of a CNI port: `ty` and 8 hex digits of a hash of the owner key
-/// (SipHash with fixed keys, so the same owner always gets the same name).
+/// (its top 32 bits, SipHash with fixed keys: the same owner always gets the same name).
 pub fn temp_name(owner: &str) -> String {
     let mut h = DefaultHasher::new();
     owner.hash(&mut h);
-    format!("ty{:08x}", h.finish() as u32)
+    format!("ty{:08x}", h.finish() >> 32)
 }
 
 fn field(name: &str, value: &str, why: impl std::fmt::Display) -> String {
