@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "tapyard",
     version,
     arg_required_else_help = true,
-    after_help = "Client commands (status, show, capture, reload) find the control socket with \
+    after_help = "Client commands (status, show, capture, port, reload) find the control socket with \
 --socket PATH, else --config FILE (its node.socket, default /run/tapyard/<node name>.sock), else \
 the only socket in /run/tapyard. Logs go to stderr; RUST_LOG=debug|info|warn|error sets the \
 level (default info)."
@@ -75,6 +75,12 @@ pub enum Cmd {
         #[command(flatten)]
         client: Client,
     },
+    /// Add or remove a port of the running node (a TAP on a bridge).
+    Port {
+        /// What to do.
+        #[command(subcommand)]
+        op: PortOp,
+    },
     /// Re-read the config of the running node and apply what changed.
     Reload {
         /// Where the running node is.
@@ -87,6 +93,34 @@ pub enum Cmd {
     /// Print the version.
     #[command(hide = true)]
     Version,
+}
+
+/// `tapyard port ...`.
+#[derive(Debug, Subcommand)]
+pub enum PortOp {
+    /// Create a TAP called NAME on BRIDGE; it stays in tapyard's network namespace (move it
+    /// with `ip link set NAME netns X`). A reload does not touch it.
+    Add {
+        /// The bridge (a [[bridge]] of the config).
+        bridge: String,
+        /// The TAP's name (at most 15 bytes), which no interface of tapyard's namespace has.
+        name: String,
+        /// The TAP's MAC address (default: random, from the kernel).
+        #[arg(long, value_name = "MAC")]
+        mac: Option<String>,
+        /// Where the running node is.
+        #[command(flatten)]
+        client: Client,
+    },
+    /// Remove a port added by `port add` or the CNI plugin (NAME as `show ports` lists it);
+    /// its TAP is deleted, in whichever namespace it is.
+    Del {
+        /// The port.
+        name: String,
+        /// Where the running node is.
+        #[command(flatten)]
+        client: Client,
+    },
 }
 
 /// How a client command finds the running node's control socket.
@@ -115,6 +149,8 @@ pub enum Table {
     Services,
     /// The counters.
     Stats,
+    /// The ports: name, kind, bridge, MAC, ifindex, namespace, origin, counters.
+    Ports,
 }
 
 impl Table {
@@ -127,6 +163,7 @@ impl Table {
             Table::Conntrack => "conntrack",
             Table::Services => "services",
             Table::Stats => "stats",
+            Table::Ports => "ports",
         }
     }
 }
@@ -217,5 +254,23 @@ mod tests {
         assert!(matches!(args(""), Err(Stop::Usage(_))));
         assert!(matches!(args("--version"), Err(Stop::Print(v)) if v.contains("tapyard 0.")));
         assert!(matches!(args("show --help"), Err(Stop::Print(h)) if h.contains("conntrack")));
+        assert!(matches!(
+            args("port add cni0 pod-c --mac 02:00:00:00:00:0c").unwrap().cmd,
+            Cmd::Port { op: PortOp::Add { bridge, name, mac: Some(_), .. } } if bridge == "cni0" && name == "pod-c"
+        ));
+        assert!(matches!(
+            args("port del pod-c -s /tmp/s").unwrap().cmd,
+            Cmd::Port { op: PortOp::Del { name, .. } } if name == "pod-c"
+        ));
+        assert!(matches!(
+            args("show ports --json").unwrap().cmd,
+            Cmd::Show {
+                what: Table::Ports,
+                json: true,
+                ..
+            }
+        ));
+        assert!(matches!(args("port add --help"), Err(Stop::Print(h)) if h.contains("--mac")));
+        assert!(matches!(args("port add cni0"), Err(Stop::Bad(_))));
     }
 }

@@ -8,7 +8,22 @@
 //! {"cmd":"reload"}                           -> {"ok":true,"changes":["route added: ..."]}
 //! {"cmd":"capture","port":"pod-a","count":10} -> {"ok":true,...} then binary records (capture.rs)
 //! {"cmd":"status"}                           -> {"ok":true,"data":{"node":"node-a",...}}
+//! {"cmd":"show","what":"ports","json":true}  -> {"ok":true,"data":[{"name":"pod-a","kind":"pod",...}]}
+//! {"cmd":"port_add","bridge":"cni0","name":"pod-c","mac":"02:00:00:00:00:0c"}
+//!                                            -> {"ok":true,"data":{"name":"pod-c","ifindex":9,...}}
+//! {"cmd":"port_del","name":"pod-c"}          -> {"ok":true,"data":{"removed":true}}
 //! anything else                              -> {"ok":false,"error":"..."}
+//! ```
+//!
+//! The CNI plugin's requests are those of `tapyard_cni::control` (a line with an `owner`),
+//! parsed and answered with that crate's own types ([`CniRequest`], [`Reply`],
+//! `PortInfo`, [`PortDeleted`]), so the two sides cannot drift:
+//!
+//! ```text
+//! {"cmd":"port_add","bridge":"cni0","owner":"<id>/eth0","netns":"/var/run/netns/x","ifname":"eth0","mtu":1500}
+//!    -> {"ok":true,"data":{"name":"eth0","ifindex":7,"mac":"02:..","bridge":"cni0","netns":"/var/run/netns/x"}}
+//! {"cmd":"port_del","owner":"<id>/eth0"}   -> {"ok":true,"data":{"removed":true}}
+//! {"cmd":"port_show","owner":"<id>/eth0"}  -> {"ok":true,"data":{...}} or {"ok":false,"error":"no such port"}
 //! ```
 //!
 //! Each connection is served by its own thread, so a capture in progress does not hold up
@@ -23,12 +38,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tapyard::stats::CounterSet;
+pub use tapyard_cni::control::{PortDeleted, Reply, Request as CniRequest};
 
 use crate::capture::{self, KIND_END};
 use crate::node::Node;
+use crate::ports::Origin;
 
 /// The longest request line accepted.
 pub const MAX_REQUEST: u64 = 64 * 1024;
@@ -57,11 +74,58 @@ pub enum Request {
     },
     /// The node's name, config file and interfaces.
     Status,
+    /// `tapyard port add`: a TAP on `bridge` that stays in tapyard's namespace.
+    #[serde(rename = "port_add")]
+    PortAdd {
+        /// The bridge.
+        bridge: String,
+        /// The TAP's (and the datapath port's) name.
+        name: String,
+        /// The TAP's MAC (default: the kernel's random one).
+        #[serde(default)]
+        mac: Option<String>,
+    },
+    /// `tapyard port del`: remove a port added by `port add` or the CNI plugin.
+    #[serde(rename = "port_del")]
+    PortDel {
+        /// The port's name (as `show ports` lists it).
+        name: String,
+    },
+    /// A request of the CNI plugin (a line with an `owner`).
+    #[serde(skip)]
+    Cni(CniRequest),
 }
 
-/// Parses a request line; the error is the reply's message.
+/// Parses a request line; the error is the reply's message. A line with an `owner` is the
+/// CNI plugin's, parsed with its own types.
 pub fn parse_request(line: &str) -> Result<Request, String> {
-    serde_json::from_str(line.trim()).map_err(|e| format!("bad request: {e}"))
+    let bad = |e: serde_json::Error| format!("bad request: {e}");
+    let v: Value = serde_json::from_str(line.trim()).map_err(bad)?;
+    let cni_cmd = matches!(
+        v.get("cmd").and_then(Value::as_str),
+        Some("port_add" | "port_del" | "port_show")
+    );
+    if cni_cmd && v.get("owner").is_some() {
+        return serde_json::from_value(v).map(Request::Cni).map_err(bad);
+    }
+    serde_json::from_value(v).map_err(bad)
+}
+
+/// A reply line in the CNI protocol's shape.
+fn cni_reply<T: Serialize>(r: Result<T, String>) -> Value {
+    let r = match r {
+        Ok(data) => Reply {
+            ok: true,
+            data: Some(data),
+            error: None,
+        },
+        Err(e) => Reply {
+            ok: false,
+            data: None,
+            error: Some(e),
+        },
+    };
+    serde_json::to_value(r).unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
 }
 
 /// Prepares `path` for a new server: refuses when a live server answers there, removes a
@@ -128,7 +192,9 @@ pub fn serve(listener: UnixListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
                     });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50));
+                // Wake as soon as a client connects (a CNI ADD waits on this), or after
+                // 100 ms to look at `stop`.
+                wait_readable(&listener, 100);
             }
             Err(e) => {
                 log::warn!("control socket accept: {e}");
@@ -183,13 +249,50 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 "node": cur.node.name,
                 "config": node.config_path.display().to_string(),
                 "workers": node.workers,
-                "ports": node.captures.iter().map(|(n, t, _)| json!({"name": n, "tap": t})).collect::<Vec<_>>(),
+                "ports": node.ports.list().iter().map(|e| json!({"name": e.name, "tap": e.tap})).collect::<Vec<_>>(),
                 "interfaces": node.ifaces.iter().map(|(n, m, a)| json!({"name": n, "mac": m.to_string(), "address": a.to_string()})).collect::<Vec<_>>(),
             }});
             drop(cur);
             reply(&mut s, &v)
         }
         Request::Capture { port, count } => stream_capture(s, node, &port, count, stop),
+        Request::PortAdd { bridge, name, mac } => {
+            let r = node
+                .port_add_local(&bridge, &name, mac.as_deref(), Origin::Command)
+                .map(|e| e.info());
+            reply(&mut s, &cni_reply(r))
+        }
+        Request::PortDel { name } => {
+            let r = node
+                .port_del_name(&name)
+                .map(|()| PortDeleted { removed: true });
+            reply(&mut s, &cni_reply(r))
+        }
+        Request::Cni(req) => {
+            let v = match req {
+                CniRequest::PortAdd {
+                    bridge,
+                    owner,
+                    netns,
+                    ifname,
+                    mtu,
+                } => cni_reply(node.port_add_cni(&bridge, &owner, &netns, &ifname, mtu)),
+                CniRequest::PortDel { owner } => cni_reply(
+                    node.port_del_owner(&owner)
+                        .map(|removed| PortDeleted { removed }),
+                ),
+                CniRequest::PortShow { owner } => cni_reply(
+                    node.ports
+                        .by_owner(&owner)
+                        .map(|e| e.info())
+                        .ok_or_else(|| "no such port".to_string()),
+                ),
+            };
+            if v.get("ok") != Some(&Value::Bool(true)) {
+                log::warn!("CNI request refused: {}", v["error"]);
+            }
+            reply(&mut s, &v)
+        }
     }
 }
 
@@ -201,6 +304,17 @@ pub fn log_changes(changes: &[String]) {
     for c in changes {
         log::info!("reload: {c}");
     }
+}
+
+#[allow(unsafe_code)] // poll(2) on one descriptor, with a SAFETY line
+fn wait_readable(fd: &impl AsRawFd, timeout_ms: i32) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) };
 }
 
 #[allow(unsafe_code)] // poll(2) on one descriptor, with a SAFETY line
@@ -224,7 +338,7 @@ fn stream_capture(
     stop: &AtomicBool,
 ) -> io::Result<()> {
     let Some(tap) = node.capture_tap(port) else {
-        let names: Vec<&str> = node.captures.iter().map(|(n, _, _)| n.as_str()).collect();
+        let names: Vec<String> = node.ports.list().into_iter().map(|e| e.name).collect();
         let e = format!(
             "no port named {port:?} (ports: {}; a bridge's gateway has no TAP to capture)",
             names.join(", ")
@@ -458,8 +572,10 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
             Ok(Value::Object(out))
         }
         "conntrack" | "services" => nat_show(node, what, as_json, now),
+        "ports" if as_json => Ok(Value::Array(node.ports_json())),
+        "ports" => Ok(Value::String(node.ports_text())),
         other => Err(format!(
-            "cannot show {other:?}: expected fdb, neigh, routes, conntrack, services or stats"
+            "cannot show {other:?}: expected fdb, neigh, routes, conntrack, services, stats or ports"
         )),
     }
 }
@@ -655,6 +771,63 @@ mod tests {
                 count: 3
             }
         );
+        assert_eq!(
+            parse_request(
+                r#"{"cmd":"port_add","bridge":"cni0","name":"pod-c","mac":"02:00:00:00:00:0c"}"#
+            )
+            .unwrap(),
+            Request::PortAdd {
+                bridge: "cni0".into(),
+                name: "pod-c".into(),
+                mac: Some("02:00:00:00:00:0c".into())
+            }
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"port_del","name":"pod-c"}"#).unwrap(),
+            Request::PortDel {
+                name: "pod-c".into()
+            }
+        );
+        // The plugin's lines, as its crate writes them.
+        let add = CniRequest::PortAdd {
+            bridge: "cni0".into(),
+            owner: "c1/eth0".into(),
+            netns: "/var/run/netns/x".into(),
+            ifname: "eth0".into(),
+            mtu: 1500,
+        };
+        let del = CniRequest::PortDel {
+            owner: "c1/eth0".into(),
+        };
+        let show = CniRequest::PortShow {
+            owner: "c1/eth0".into(),
+        };
+        for r in [add, del, show] {
+            let line = serde_json::to_string(&r).unwrap();
+            assert_eq!(parse_request(&line).unwrap(), Request::Cni(r));
+        }
+        for (bad, field) in [
+            (
+                r#"{"cmd":"port_add","bridge":"cni0","owner":"c/eth0"}"#,
+                "netns",
+            ),
+            (r#"{"cmd":"port_add","bridge":"cni0"}"#, "name"),
+            (
+                r#"{"cmd":"port_add","bridge":"cni0","owner":"o","netns":"/n","ifname":"eth0","mtu":-1}"#,
+                "-1",
+            ),
+            (r#"{"cmd":"port_del"}"#, "name"),
+            (
+                r#"{"cmd":"port_add","name":"x","bridge":"b","color":1}"#,
+                "color",
+            ),
+        ] {
+            let e = parse_request(bad).unwrap_err();
+            assert!(
+                e.starts_with("bad request") && e.contains(field),
+                "{bad}: {e}"
+            );
+        }
         for bad in [
             "",
             "{",

@@ -1,9 +1,11 @@
 //! What a reload changes: a pure comparison of the running configuration with the new one.
 //!
-//! Routes, static neighbours, Services, `[masquerade]` and `node.cluster_cidr` (the NAT rules)
-//! are applied live; everything else (the node's identity and threads, bridges, ports,
-//! uplinks, addresses, `[conntrack]` and `[neigh]` table limits) needs a restart, and a reload
-//! that changes any of it is refused as a whole, naming each change.
+//! Routes, static neighbours, Services, `[masquerade]`, `node.cluster_cidr` (the NAT rules) and
+//! the `ports` of a bridge are applied live; everything else (the node's identity and threads,
+//! bridges' other settings, uplinks, addresses, `[conntrack]` and `[neigh]` table limits) needs
+//! a restart, and a reload that changes any of it is refused as a whole, naming each change.
+//! Only the file's ports are compared: ports from `tapyard port add` and the CNI plugin are
+//! not in the file, and a reload never touches them.
 
 //!
 //! Items are compared by value ([`Located::value`]), never by the lines they were read from.
@@ -25,6 +27,10 @@ pub struct Diff {
     pub services: Option<Vec<ServiceCfg>>,
     /// The NAT rules changed (`[masquerade]` or `node.cluster_cidr`): set them anew.
     pub nat_rules: bool,
+    /// Ports to remove, as (bridge, port), before the additions.
+    pub ports_removed: Vec<(String, String)>,
+    /// Ports to add, as (bridge, port).
+    pub ports_added: Vec<(String, String)>,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
 }
@@ -64,7 +70,39 @@ fn changed_fields<T, F>(
     }
 }
 
+/// The bridges with their `ports` left out: those are compared by [`port_changes`].
+fn without_ports(bridges: &[Located<BridgeCfg>]) -> Vec<Located<BridgeCfg>> {
+    bridges
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            b.value.ports.clear();
+            b
+        })
+        .collect()
+}
+
+/// The ports added to and removed from the bridges both files have.
+fn port_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], d: &mut Diff) {
+    for o in old {
+        let Some(n) = new.iter().find(|n| n.name == o.name) else {
+            continue;
+        };
+        for p in o.ports.iter().filter(|p| !n.ports.contains(p)) {
+            d.summary
+                .push(format!("port {p:?} removed from bridge {:?}", o.name));
+            d.ports_removed.push((o.name.clone(), p.clone()));
+        }
+        for p in n.ports.iter().filter(|p| !o.ports.contains(p)) {
+            d.summary
+                .push(format!("port {p:?} added to bridge {:?}", n.name));
+            d.ports_added.push((n.name.clone(), p.clone()));
+        }
+    }
+}
+
 fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &mut Vec<String>) {
+    let (old, new) = (&without_ports(old)[..], &without_ports(new)[..]);
     let mut v = Vec::new();
     changed_fields("bridge", old, new, |b| &b.name, &mut v);
     for line in v {
@@ -81,9 +119,6 @@ fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &
                     opt(&o.address),
                     opt(&n.address)
                 ));
-            }
-            if o.ports != n.ports {
-                f.push(format!("ports {:?} -> {:?}", o.ports, n.ports));
             }
             if o.mac != n.mac {
                 f.push("mac".into());
@@ -193,6 +228,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
             .collect());
     }
     let mut d = Diff::default();
+    port_changes(&old.bridges, &new.bridges, &mut d);
     for o in &old.routes {
         match new.routes.iter().find(|n| route_key(n) == route_key(o)) {
             Some(n) if n.value == o.value => {}
@@ -435,16 +471,39 @@ mod tests {
             .replace("172.18.0.2/24", "172.18.0.7/24"));
         let e = diff(&a, &b).unwrap_err();
         assert_eq!(e.len(), 2, "{e:?}");
-        assert!(
-            e[0].starts_with(
-                "bridge \"cni0\" changed (address 10.244.1.1/24 -> 10.244.1.254/24, ports"
-            ),
-            "{e:?}"
+        assert_eq!(
+            e[0],
+            "bridge \"cni0\" changed (address 10.244.1.1/24 -> 10.244.1.254/24): this needs a restart of tapyard"
         );
         assert!(e[0].ends_with("needs a restart of tapyard"));
         assert!(
             e[1].contains("uplink \"eth0\" changed (address 172.18.0.2/24 -> 172.18.0.7/24)"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn ports_of_a_bridge_are_live() {
+        let a = cfg(EXAMPLE);
+        let b = cfg(&EXAMPLE.replace(
+            "ports = [\"pod-a\", \"pod-b\"]",
+            "ports = [\"pod-b\", \"pod-c\"]",
+        ));
+        let d = diff(&a, &b).unwrap();
+        let pair = |b: &str, p: &str| (b.to_string(), p.to_string());
+        assert_eq!(d.ports_removed, [pair("cni0", "pod-a")]);
+        assert_eq!(d.ports_added, [pair("cni0", "pod-c")]);
+        assert_eq!(
+            d.summary,
+            [
+                "port \"pod-a\" removed from bridge \"cni0\"",
+                "port \"pod-c\" added to bridge \"cni0\""
+            ]
+        );
+        // A bridge with no ports at all (its pods come through the CNI plugin).
+        let c = cfg(&EXAMPLE.replace("ports = [\"pod-a\", \"pod-b\"]", ""));
+        let d = diff(&a, &c).unwrap();
+        assert_eq!(d.ports_removed.len(), 2);
+        assert!(diff(&c, &c).unwrap().is_empty());
     }
 }

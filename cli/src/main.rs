@@ -9,11 +9,14 @@
 //! tapyard status [--json]                      the running node's name, config, ports, interfaces
 //! tapyard show fdb|neigh|routes|conntrack|services|stats [--json]
 //! tapyard capture <port> -w <file.pcap> [-c N] write a port's frames (both directions) to pcap
+//! tapyard port add <bridge> <name> [--mac MAC] a TAP on a bridge, left in tapyard's namespace
+//! tapyard port del <name>                      remove a port added by `port add` or the CNI plugin
+//! tapyard show ports [--json]                  every port: kind, bridge, MAC, namespace, counters
 //! tapyard reload                               re-read the config of the running node
 //! tapyard keys                                 every config key: default, range, help
 //! ```
 //!
-//! Client commands (`status`, `show`, `capture`, `reload`) find the control socket with
+//! Client commands (`status`, `show`, `capture`, `port`, `reload`) find the control socket with
 //! `--socket PATH`, else `--config FILE` (its `node.socket`, default
 //! `/run/tapyard/<node name>.sock`), else the only socket in `/run/tapyard`. `tapyard --help`
 //! and `tapyard COMMAND --help` describe each option ([`args`]). Logs go to stderr through
@@ -25,8 +28,10 @@ mod capture;
 mod config;
 mod control;
 mod diff;
+mod live;
 mod metrics;
 mod node;
+mod ports;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -147,7 +152,7 @@ fn cmd_run(path: PathBuf, socket: Option<PathBuf>, metrics: Option<String>) -> R
     for (n, mac, addr) in &node.ifaces {
         log::info!("interface {n} {addr} mac {mac}");
     }
-    let taps: Vec<&str> = node.captures.iter().map(|(_, t, _)| t.as_str()).collect();
+    let taps: Vec<String> = node.ports.list().into_iter().map(|e| e.tap).collect();
     log::info!(
         "node {name} running: {} TAP(s) ({}), {} worker(s), control socket {}; SIGINT/SIGTERM stops, SIGHUP reloads",
         taps.len(),
@@ -255,6 +260,35 @@ fn cmd_status(json: bool, client: &args::Client) -> Result<(), Fail> {
     }
     for p in d["ports"].as_array().into_iter().flatten() {
         println!("port {} (TAP {})", s(&p["name"]), s(&p["tap"]));
+    }
+    Ok(())
+}
+
+fn cmd_port(op: args::PortOp) -> Result<(), Fail> {
+    let (req, client) = match &op {
+        args::PortOp::Add {
+            bridge,
+            name,
+            mac,
+            client,
+        } => (
+            json!({"cmd": "port_add", "bridge": bridge, "name": name, "mac": mac}),
+            client,
+        ),
+        args::PortOp::Del { name, client } => (json!({"cmd": "port_del", "name": name}), client),
+    };
+    let sock = client_socket(client)?;
+    let (v, _) = control::request(&sock, &req)?;
+    if v.get("ok") != Some(&Value::Bool(true)) {
+        return Err(fail_reply(&v));
+    }
+    match op {
+        args::PortOp::Add { name, bridge, .. } => println!(
+            "port {name} added to bridge {bridge}: ifindex {} mac {}",
+            v["data"]["ifindex"],
+            v["data"]["mac"].as_str().unwrap_or("?")
+        ),
+        args::PortOp::Del { name, .. } => println!("port {name} removed"),
     }
     Ok(())
 }
@@ -394,6 +428,7 @@ fn main() -> ExitCode {
         Cmd::Show { what, json, client } => cmd_show(what, json, &client),
         Cmd::Status { json, client } => cmd_status(json, &client),
         Cmd::Reload { client } => cmd_reload(&client),
+        Cmd::Port { op } => cmd_port(op),
         Cmd::Capture {
             port,
             write,

@@ -18,6 +18,7 @@ use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId}
 use crate::capture::CaptureTap;
 use crate::config::{self, proto_name, Config, NeighborCfg, RouteCfg, RouteType, ServiceCfg};
 use crate::diff::{self, Diff};
+use crate::ports::{Kind, Origin, PortEntry, Registry};
 
 /// A node's running dataplane.
 pub struct Node {
@@ -27,8 +28,12 @@ pub struct Node {
     pub config_path: PathBuf,
     /// The configuration in force.
     pub current: Mutex<Config>,
-    /// The capture state of each TAP, by datapath port name (and TAP name).
-    pub captures: Vec<(String, String, Arc<CaptureTap>)>,
+    /// Every port: from the file, `port add` and the CNI plugin ([`crate::ports`]).
+    pub ports: Registry,
+    /// TAPs added at run time are opened with virtio-net offloads: `node.offload`, when the
+    /// node started with a TAP (the workers' buffers are sized at start for the largest port;
+    /// a node that starts with none has buffers for plain frames only).
+    pub offload: bool,
     /// Interface name, MAC, address of each router interface (for the log).
     pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
     /// Worker threads in use.
@@ -256,8 +261,8 @@ impl Node {
             c.mtu = mtu;
             c
         };
-        // (datapath port id, datapath port name, TAP name)
-        let mut taps: Vec<(PortId, String, String)> = Vec::new();
+        // (datapath port id, datapath port name, TAP name, bridge)
+        let mut taps: Vec<(PortId, String, String, Option<String>)> = Vec::new();
         for br in &cfg.bridges {
             let mut bc = BridgeConfig::new(br.name.clone());
             bc.fdb_max_entries = br.fdb_max_entries;
@@ -275,7 +280,7 @@ impl Node {
                 let pid = b
                     .add_port(p.clone(), Some(id))
                     .map_err(|e| format!("bridge {:?}: port {p:?}: {e}", br.name))?;
-                taps.push((pid, p.clone(), p.clone()));
+                taps.push((pid, p.clone(), p.clone(), Some(br.name.clone())));
             }
         }
         for u in &cfg.uplinks {
@@ -283,7 +288,7 @@ impl Node {
                 .add_router_iface(iface_cfg(&u.name, u.address, u.mac, u.mtu), None)
                 .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
             iface_ids.push((u.name.clone(), iid));
-            taps.push((pid, u.name.clone(), u.tap.clone()));
+            taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
@@ -311,8 +316,8 @@ impl Node {
                 .map_err(|e| format!("route {}: {e}", r.describe()))?;
         }
         let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
-        let mut captures = Vec::new();
-        for (id, name, tap) in &taps {
+        let registry = Registry::default();
+        for (id, name, tap, bridge) in &taps {
             let p = if cfg.node.offload {
                 TapPort::open_offload(tap)
             } else {
@@ -320,15 +325,38 @@ impl Node {
             }
             .map_err(|e| tap_error(tap, &e))?;
             let ct = Arc::new(CaptureTap::default());
-            captures.push((name.clone(), tap.clone(), ct.clone()));
+            registry.insert(PortEntry {
+                id: *id,
+                name: name.clone(),
+                tap: tap.clone(),
+                ifname: tap.clone(),
+                owner: None,
+                kind: if bridge.is_some() {
+                    Kind::Pod
+                } else {
+                    Kind::Uplink
+                },
+                bridge: bridge.clone(),
+                link: None,
+                netns: None,
+                origin: Origin::Config,
+                capture: ct.clone(),
+            });
             ports.push((*id, Arc::new(Observed::new(p, ct))));
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let workers = cfg
-            .node
-            .workers
-            .unwrap_or(taps.len().min(cpus))
-            .clamp(1, taps.len().max(1));
+        // Ports may join a bridge at run time: a node with a bridge gets a worker per CPU.
+        let wanted = if cfg.bridges.is_empty() {
+            taps.len()
+        } else {
+            cpus
+        };
+        let most = if cfg.bridges.is_empty() {
+            taps.len().max(1)
+        } else {
+            usize::MAX
+        };
+        let workers = cfg.node.workers.unwrap_or(wanted.min(cpus)).clamp(1, most);
         let rt = Runtime::start(
             dp.clone(),
             ports,
@@ -338,6 +366,11 @@ impl Node {
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
+        if cfg.node.offload && taps.is_empty() {
+            log::info!(
+                "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"
+            );
+        }
         let clock = rt.clock();
         let now = clock.now();
         for n in &cfg.neighbors {
@@ -347,7 +380,8 @@ impl Node {
             dp,
             config_path,
             current: Mutex::new(cfg.clone()),
-            captures,
+            ports: registry,
+            offload: cfg.node.offload && !taps.is_empty(),
             ifaces,
             workers,
             clock,
@@ -395,11 +429,17 @@ impl Node {
     }
 
     /// The capture state of the port called `name` (datapath port or TAP name).
-    pub fn capture_tap(&self, name: &str) -> Option<&Arc<CaptureTap>> {
-        self.captures
-            .iter()
-            .find(|(n, t, _)| n == name || t == name)
-            .map(|(_, _, c)| c)
+    pub fn capture_tap(&self, name: &str) -> Option<Arc<CaptureTap>> {
+        self.ports.by_name(name).map(|e| e.capture)
+    }
+
+    /// Runs `f` with the runtime; `None` once the node is stopping.
+    pub fn with_runtime<T>(&self, f: impl FnOnce(&Runtime) -> T) -> Option<T> {
+        self.rt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
     }
 
     /// Re-reads the configuration file and applies what changed. Returns the changes made,
@@ -428,6 +468,24 @@ impl Node {
     /// Applies a diff: removals first, then additions; returns what the library refused.
     fn apply(&self, d: &Diff, new: &Config) -> Vec<String> {
         let mut errors = Vec::new();
+        for (bridge, name) in &d.ports_removed {
+            let _change = self.ports.changing();
+            match self.ports.by_name(name) {
+                Some(e) if e.origin == Origin::Config => {
+                    if let Err(e) = self.port_remove(&e) {
+                        errors.push(e);
+                    }
+                }
+                _ => {
+                    log::warn!("port {name:?} of bridge {bridge:?}: not running, nothing to remove")
+                }
+            }
+        }
+        for (bridge, name) in &d.ports_added {
+            if let Err(e) = self.port_add_local(bridge, name, None, Origin::Config) {
+                errors.push(format!("bridge {bridge:?}: port {name:?}: {e}"));
+            }
+        }
         let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
         for r in &d.routes_removed {
             // A changed route is replaced in one update below: no window without it.

@@ -79,6 +79,24 @@ fn expect_errors(case: &str, text: &str, want: &[(usize, &str)]) {
 }
 
 #[test]
+fn a_bridge_without_ports_passes_and_a_node_with_nothing_fails() {
+    // A CNI node: the bridge's pods all arrive through the plugin.
+    let cni = "[node]\nname = \"node-a\"\ncluster_cidr = \"10.244.0.0/16\"\n\n[[bridge]]\nname = \"cni0\"\naddress = \"10.244.1.1/24\"\n";
+    let (o, _) = check_file("cni.toml", cni);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains("ok: node \"node-a\": 1 bridge, 0 ports"),
+        "{}",
+        o.stdout
+    );
+    expect_errors(
+        "nothing",
+        "[node]\nname = \"node-a\"\ncluster_cidr = \"10.244.0.0/16\"\n",
+        &[(1, "nothing to run: add a [[bridge]]")],
+    );
+}
+
+#[test]
 fn example_passes() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/node.toml");
     let o = Command::new(BIN).args(["check", root]).output().unwrap();

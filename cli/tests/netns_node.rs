@@ -39,8 +39,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::*;
+
 const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
-const CMD_TIMEOUT: Duration = Duration::from_secs(20);
 
 const GW: &str = "10.217.1.1";
 const POD_A: &str = "10.217.1.2";
@@ -59,21 +61,6 @@ const BULK_VIP: &str = "10.96.0.20";
 const BULK_PORT: u16 = 5201;
 /// The outside host's TCP server (for the masquerade check).
 const OUTSIDE_PORT: u16 = 9000;
-
-fn euid() -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
 
 /// Why this machine cannot run the test, if it cannot.
 fn skip_reason() -> Option<String> {
@@ -109,45 +96,6 @@ fn skip_or_fail() -> bool {
     }
 }
 
-fn wait_output(mut child: Child, timeout: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => return child.wait_with_output().expect("collect output"),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let out = child.wait_with_output();
-                panic!("`{what}` did not finish within {timeout:?}: {out:?}");
-            }
-        }
-    }
-}
-
-fn run_output(args: &[&str]) -> Output {
-    let child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")));
-    wait_output(child, CMD_TIMEOUT, &args.join(" "))
-}
-
-fn run(args: &[&str]) -> String {
-    let out = run_output(args);
-    assert!(
-        out.status.success(),
-        "`{}` failed ({}):\nstdout: {}\nstderr: {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Everything the test made; removed on drop (the node first, then the namespaces, which
 /// deletes the TAPs and veths in them). Prints the node's log when the test failed.
 struct Guard {
@@ -167,23 +115,8 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        for c in self.children.iter_mut().chain(self.node.as_mut()) {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for ns in &self.namespaces {
-            let _ = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        if std::thread::panicking() {
-            if let Ok(log) = std::fs::read_to_string(&self.log) {
-                eprintln!("---- tapyard run log ----\n{log}---- end ----");
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let procs = self.children.iter_mut().chain(self.node.as_mut());
+        tear_down(procs, &self.namespaces, &self.log, &self.dir);
     }
 }
 
@@ -294,42 +227,11 @@ endpoints = [{bulk_endpoints}]
 }
 
 fn tapyard(n: &Names, args: &[&str]) -> Output {
-    let mut v = vec![BIN];
-    v.extend_from_slice(args);
-    let s = n.socket.display().to_string();
-    v.extend(["--socket", &s]);
-    run_output(&v)
+    tapyard_at(&n.socket, args)
 }
 
 fn tapyard_ok(n: &Names, args: &[&str]) -> String {
-    let out = tapyard(n, args);
-    assert!(
-        out.status.success(),
-        "tapyard {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn ping_ok(ns: &str, to: &str) {
-    let out = run_output(&[
-        "ip", "netns", "exec", ns, "ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", to,
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains(" 0% packet loss"),
-        "ping {ns} -> {to} failed:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("ping {ns} -> {to}: ok");
-}
-
-fn ping_fails(ns: &str, to: &str) {
-    let out = run_output(&[
-        "ip", "netns", "exec", ns, "ping", "-n", "-c", "1", "-W", "1", to,
-    ]);
-    assert!(!out.status.success(), "ping {ns} -> {to} should fail");
+    tapyard_ok_at(&n.socket, args)
 }
 
 /// Moves a pod TAP into its namespace with an address and a default route via the gateway.
@@ -423,23 +325,6 @@ fn build_wire(n: &Names) {
     ]);
 }
 
-fn wait_for_socket(n: &Names, g: &mut Guard) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(Ok(Some(st))) = g.node.as_mut().map(|c| c.try_wait()) {
-            panic!("tapyard run exited early: {st}");
-        }
-        if n.socket.exists() && tapyard(n, &["show", "routes"]).status.success() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the control socket never answered"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn json(n: &Names, what: &str) -> serde_json::Value {
     let out = tapyard_ok(n, &["show", what, "--json"]);
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("show {what} --json: {e}:\n{out}"))
@@ -476,7 +361,7 @@ fn node_from_config_file() {
             .spawn()
             .expect("start tapyard run"),
     );
-    wait_for_socket(&n, &mut g);
+    wait_for_socket(g.node.as_mut(), &n.socket);
     for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_node, &n.ns_out] {
         g.ns(ns);
     }
@@ -789,124 +674,6 @@ fn reload(n: &Names) {
     std::fs::write(&n.config, n.config(&extra)).unwrap();
 }
 
-/// A server: TCP on `argv[2]` (each connection gets `<ident> <peer address>\n`, then is
-/// closed) unless 0, and UDP on `argv[3]` (each datagram is answered with `<ident> <peer
-/// address>`) unless 0.
-const SERVER_PY: &str = r#"
-import socket, sys, threading
-ident, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def tcp():
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", tport))
-    s.listen(128)
-    while True:
-        c, peer = s.accept()
-        try:
-            c.sendall(("%s %s\n" % (ident, peer[0])).encode())
-        except OSError:
-            pass
-        c.close()
-def udp():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("0.0.0.0", uport))
-    while True:
-        d, peer = u.recvfrom(2048)
-        u.sendto(("%s %s" % (ident, peer[0])).encode(), peer)
-ts = [threading.Thread(target=f, daemon=True) for f, p in ((tcp, tport), (udp, uport)) if p]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-"#;
-
-/// `tcp|udp <addr> <port> <count>`: `count` exchanges, one line each: the server's answer
-/// (`<ident> <client address it saw>`), or `error <why>` after 5 s of retries (a server that
-/// is still starting refuses).
-const CLIENT_PY: &str = r#"
-import socket, sys, time
-mode, addr, port, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for i in range(count):
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            if mode == "tcp":
-                c = socket.create_connection((addr, port), timeout=3)
-                data = b""
-                while not data.endswith(b"\n"):
-                    d = c.recv(256)
-                    if not d:
-                        break
-                    data += d
-                c.close()
-            else:
-                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                u.settimeout(2)
-                u.connect((addr, port))
-                u.send(b"q")
-                data = u.recv(2048)
-                u.close()
-            print(data.decode().strip(), flush=True)
-            break
-        except OSError as e:
-            if time.monotonic() > deadline:
-                print("error %s" % e, flush=True)
-                break
-            time.sleep(0.2)
-"#;
-
-/// Starts a long-running process in `ns` (killed by the guard).
-fn spawn_in(g: &mut Guard, ns: &str, args: &[&str]) {
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"));
-    g.children.push(child);
-}
-
-/// Runs [`CLIENT_PY`] in `ns`: `(server ident, client address it saw)` of each exchange.
-fn exchange(ns: &str, mode: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
-    let port = port.to_string();
-    let count_s = count.to_string();
-    let out = run(&[
-        "ip", "netns", "exec", ns, "python3", "-c", CLIENT_PY, mode, addr, &port, &count_s,
-    ]);
-    let v: Vec<(String, String)> = out
-        .lines()
-        .map(|l| {
-            let (a, b) = l.split_once(' ').unwrap_or((l, ""));
-            (a.to_string(), b.to_string())
-        })
-        .collect();
-    assert_eq!(v.len(), count, "{mode} {ns} -> {addr}:{port}: {out}");
-    for (who, seen) in &v {
-        assert_ne!(who, "error", "{mode} {ns} -> {addr}:{port}: {seen}");
-    }
-    println!("{mode} {ns} -> {addr}:{port}: {v:?}");
-    v
-}
-
-/// Waits for a TCP listener on `port` in `ns` (`ss -ltn`), else a short pause.
-fn wait_listening(ns: &str, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        let out = run_output(&["ip", "netns", "exec", ns, "ss", "-ltnH"]);
-        if !out.status.success() {
-            std::thread::sleep(Duration::from_millis(500));
-            return;
-        }
-        if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("nothing listens on port {port} in {ns}");
-}
-
 /// Services, NodePorts and masquerade through the built binary: pod-b to `web` (spread over
 /// pod-a and node-b's pod, the client address kept), pod-a to `dns` over UDP, the outside
 /// host to the NodePort, pod-a to the outside host masqueraded to the uplink address;
@@ -916,20 +683,24 @@ fn wait_listening(ns: &str, port: u16) {
 /// the next connection goes to the new endpoint).
 fn services(n: &Names, g: &mut Guard) {
     let web = "8080";
-    spawn_in(g, &n.ns_a, &["python3", "-c", SERVER_PY, "pod-a", web, "0"]);
     spawn_in(
-        g,
+        &mut g.children,
+        &n.ns_a,
+        &["python3", "-c", SERVER_PY, "pod-a", web, "0"],
+    );
+    spawn_in(
+        &mut g.children,
         &n.ns_node,
         &["python3", "-c", SERVER_PY, "node-b", web, "0"],
     );
     spawn_in(
-        g,
+        &mut g.children,
         &n.ns_b,
         &["python3", "-c", SERVER_PY, "pod-b", "0", "5353"],
     );
     let out_port = OUTSIDE_PORT.to_string();
     spawn_in(
-        g,
+        &mut g.children,
         &n.ns_out,
         &["python3", "-c", SERVER_PY, "outside", &out_port, "0"],
     );
@@ -1126,7 +897,7 @@ fn services(n: &Names, g: &mut Guard) {
 fn iperf_through_reload(n: &Names, g: &mut Guard, extra: &str) {
     let port = BULK_PORT.to_string();
     for ns in [&n.ns_node, &n.ns_b] {
-        spawn_in(g, ns, &["iperf3", "-s", "-p", &port]);
+        spawn_in(&mut g.children, ns, &["iperf3", "-s", "-p", &port]);
         wait_listening(ns, BULK_PORT);
     }
     let client = |secs: &str| {

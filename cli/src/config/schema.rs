@@ -155,7 +155,7 @@ pub const NODE: Section = Section {
         key(
             "workers",
             int(0, 1024),
-            Dflt::Unset("one per TAP, at most the CPUs"),
+            Dflt::Unset("one per CPU (with no bridge: one per TAP, at most the CPUs)"),
             "worker threads",
         ),
         key(
@@ -200,8 +200,8 @@ pub const BRIDGE: Section = Section {
         key(
             "ports",
             Ty::Strings("[\"pod-a\", \"pod-b\"]"),
-            Dflt::Unset("no ports"),
-            "TAP devices created as its ports",
+            Dflt::Unset("none: pods come from the CNI plugin or `tapyard port add`"),
+            "TAP devices created as its ports (a reload adds and removes them)",
         ),
         key(
             "mac",

@@ -96,10 +96,11 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             &mut err,
         );
     }
-    if c.bridges.iter().all(|b| b.ports.is_empty()) && c.uplinks.is_empty() {
+    // A bridge without `ports` is fine: its pods come through the CNI plugin or `port add`.
+    if c.bridges.is_empty() && c.uplinks.is_empty() {
         err(
             1,
-            "no TAP device to create: list `ports` in a [[bridge]] or add an [[uplink]]".into(),
+            "nothing to run: add a [[bridge]] (its ports may come later, from the CNI plugin) or an [[uplink]]".into(),
         );
     }
     // Subnets of interfaces must not overlap.

@@ -1,0 +1,590 @@
+//! The node's ports: a registry of every TAP the node serves, and the ports added and removed
+//! while it runs.
+//!
+//! A port comes from the config file (a bridge's `ports`, an uplink), from `tapyard port add`
+//! (a TAP left in tapyard's namespace) or from the CNI plugin (`port_add` with a namespace):
+//! tapyard creates the TAP, keeps its file descriptor, moves the device into the pod's
+//! namespace and renames it there in one rtnetlink request, and reads back its ifindex and MAC
+//! inside that namespace. The TAP is not persistent: when the last `Arc` of its port goes (the
+//! runtime's and the registry's), the fd closes and the kernel deletes the device, in whichever
+//! namespace it lives; [`Node::port_remove`] waits until it is gone.
+//!
+//! Thread safety: the registry's entries sit behind a mutex held only to read or change the
+//! list; adding and removing ports (and a reload's port changes) are serialised by a second
+//! mutex, held for the whole change, so that name and owner checks and the change they guard
+//! are one step.
+
+use std::collections::hash_map::DefaultHasher;
+use std::fs::File;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant as StdInstant};
+
+use serde_json::{json, Value};
+use tapyard::port::{Observed, Port, TapPort};
+use tapyard::{BridgeId, PortId};
+use tapyard_cni::control::PortInfo;
+use tapyard_cni::netlink::{Link, Netlink};
+use tapyard_cni::netns;
+
+use crate::capture::CaptureTap;
+use crate::config::values::{parse_ifname, parse_mac};
+use crate::live;
+use crate::node::Node;
+
+/// How long a removal waits for the kernel to delete the TAP.
+pub const GONE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where a port came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A bridge's `ports` or an uplink in the config file: a reload adds and removes it.
+    Config,
+    /// `tapyard port add`: a reload never touches it.
+    Command,
+    /// The CNI plugin (`port_add` with an owner): a reload never touches it.
+    Cni,
+}
+
+impl Origin {
+    /// Its name in `show ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Config => "config",
+            Origin::Command => "port add",
+            Origin::Cni => "cni",
+        }
+    }
+}
+
+/// What a port is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A bridge port (a pod's interface, or anything plugged into the bridge).
+    Pod,
+    /// An uplink's TAP (a router interface of its own).
+    Uplink,
+}
+
+impl Kind {
+    /// Its name in `show ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "pod",
+            Kind::Uplink => "uplink",
+        }
+    }
+}
+
+/// One port of the registry.
+#[derive(Clone, Debug)]
+pub struct PortEntry {
+    /// The datapath port.
+    pub id: PortId,
+    /// The datapath port's name: unique on the node (`show fdb`'s `dev`, `capture`, `port
+    /// del`). A CNI port's is its TAP's temporary name, `ty` + 8 hex digits.
+    pub name: String,
+    /// The TAP's name in tapyard's namespace (when it was created).
+    pub tap: String,
+    /// The interface's name where it lives now (a CNI port's `ifname`).
+    pub ifname: String,
+    /// The CNI owner key, `<CNI_CONTAINERID>/<CNI_IFNAME>`.
+    pub owner: Option<String>,
+    /// Bridge port or uplink.
+    pub kind: Kind,
+    /// The bridge it is attached to (none for an uplink).
+    pub bridge: Option<String>,
+    /// The interface's MAC and ifindex, when read at creation (CNI and `port add` ports).
+    pub link: Option<Link>,
+    /// The namespace the interface was moved to (a CNI port's `netns`).
+    pub netns: Option<String>,
+    /// Where it came from.
+    pub origin: Origin,
+    /// Its capture state.
+    pub capture: Arc<CaptureTap>,
+}
+
+impl PortEntry {
+    /// The CNI protocol's description of it.
+    pub fn info(&self) -> PortInfo {
+        PortInfo {
+            name: self.ifname.clone(),
+            ifindex: self.link.as_ref().map_or(0, |l| l.index),
+            mac: self
+                .link
+                .as_ref()
+                .map(|l| l.mac.clone())
+                .unwrap_or_default(),
+            bridge: self.bridge.clone().unwrap_or_default(),
+            netns: self.netns.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// The registry: every port of the node.
+#[derive(Debug, Default)]
+pub struct Registry {
+    entries: Mutex<Vec<PortEntry>>,
+    changes: Mutex<()>,
+}
+
+impl Registry {
+    /// The entries, in the order they were added.
+    pub fn list(&self) -> Vec<PortEntry> {
+        self.lock().clone()
+    }
+
+    /// The entry called `name` (datapath port or TAP name).
+    pub fn by_name(&self, name: &str) -> Option<PortEntry> {
+        self.lock()
+            .iter()
+            .find(|e| e.name == name || e.tap == name)
+            .cloned()
+    }
+
+    /// The entry of CNI owner `owner`.
+    pub fn by_owner(&self, owner: &str) -> Option<PortEntry> {
+        self.lock()
+            .iter()
+            .find(|e| e.owner.as_deref() == Some(owner))
+            .cloned()
+    }
+
+    /// Adds an entry (the caller checked its name and owner are free).
+    pub fn insert(&self, e: PortEntry) {
+        self.lock().push(e);
+    }
+
+    fn remove(&self, id: PortId) {
+        self.lock().retain(|e| e.id != id);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<PortEntry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serialises additions and removals (held for a whole change).
+    pub fn changing(&self) -> MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The temporary TAP name of a CNI port: `ty` and 8 hex digits of a hash of the owner key
+/// (its top 32 bits, SipHash with fixed keys: the same owner always gets the same name).
+pub fn temp_name(owner: &str) -> String {
+    let mut h = DefaultHasher::new();
+    owner.hash(&mut h);
+    format!("ty{:08x}", h.finish() >> 32)
+}
+
+fn field(name: &str, value: &str, why: impl std::fmt::Display) -> String {
+    format!("{name} {value:?} {why}")
+}
+
+/// Looks up link `name` inside the namespace `ns` (opened from `path`).
+fn link_in(ns: &File, path: &Path, name: &str) -> Result<Option<Link>, String> {
+    use tapyard_cni::error::{CniError, NETNS_CONFIG};
+    let err = |e: std::io::Error| CniError::new(NETNS_CONFIG, format!("rtnetlink: {e}"));
+    netns::run_in(ns, path, || {
+        Netlink::open()
+            .map_err(err)?
+            .link_by_name(name)
+            .map_err(err)
+    })
+    .map_err(|e| e.msg)
+}
+
+/// A port being built: undoes what was done (runtime, datapath; the TAP closes with the last
+/// `Arc`) unless [`Pending::keep`] is called.
+struct Pending<'a> {
+    node: &'a Node,
+    id: PortId,
+    kept: bool,
+}
+
+impl Pending<'_> {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        if let Err(e) = self.node.unplug(self.id) {
+            log::warn!("undoing port {:?}: {e}", self.id);
+        }
+    }
+}
+
+impl Node {
+    /// Takes port `id` from the workers and the datapath; its driver, if it had one (the
+    /// TAP closes when that last reference goes).
+    fn unplug(&self, id: PortId) -> Result<Option<Arc<dyn Port>>, String> {
+        match self.with_runtime(|rt| live::detach(rt, id)).flatten() {
+            Some(port) => Ok(Some(port)),
+            None => live::remove_port(&self.dp, id).map(|()| None),
+        }
+    }
+
+    fn open_tap(&self, name: &str) -> Result<TapPort, String> {
+        if self.offload {
+            TapPort::open_offload(name)
+        } else {
+            TapPort::open(name)
+        }
+        .map_err(|e| format!("cannot create TAP {name:?}: {e}"))
+    }
+
+    fn bridge_id(&self, bridge: &str) -> Result<BridgeId, String> {
+        self.dp.bridge_by_name(bridge).ok_or_else(|| {
+            let names: Vec<&str> = self.dp.bridges().iter().map(|b| b.name()).collect();
+            field(
+                "bridge",
+                bridge,
+                format!(
+                    "is not a bridge of this node (bridges: {})",
+                    names.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// A name no port, datapath port or interface of tapyard's namespace has.
+    fn check_free(&self, nl: &mut Netlink, what: &str, name: &str) -> Result<(), String> {
+        if let Some(e) = self.ports.by_name(name) {
+            return Err(field(
+                what,
+                name,
+                format!("is taken by a port ({} on {})", e.origin.name(), e.ifname),
+            ));
+        }
+        if self.dp.port_by_name(name).is_some() || self.dp.iface_by_name(name).is_some() {
+            return Err(field(what, name, "is taken by a port of the datapath"));
+        }
+        match nl.link_by_name(name) {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err(field(
+                what,
+                name,
+                "exists already as an interface in tapyard's namespace",
+            )),
+            Err(e) => Err(format!("rtnetlink: cannot look up {name:?}: {e}")),
+        }
+    }
+
+    /// Attaches an open TAP as datapath port `name` of `bridge`: the datapath port, then the
+    /// runtime. On failure both are undone and the TAP is closed (deleted).
+    fn attach_tap(
+        &self,
+        name: &str,
+        tap: TapPort,
+        bridge: BridgeId,
+    ) -> Result<(Pending<'_>, Arc<CaptureTap>), String> {
+        let id = live::add_port(&self.dp, name, bridge)
+            .map_err(|e| format!("port {name:?}: cannot add it to the datapath: {e}"))?;
+        let p = Pending {
+            node: self,
+            id,
+            kept: false,
+        };
+        let ct = Arc::new(CaptureTap::default());
+        let port: Arc<dyn Port> = Arc::new(Observed::new(tap, ct.clone()));
+        self.with_runtime(|rt| live::attach(rt, id, port))
+            .unwrap_or_else(|| Err(std::io::Error::other("the node is stopping")))
+            .map_err(|e| format!("port {name:?}: cannot hand it to the workers: {e}"))?;
+        Ok((p, ct))
+    }
+
+    /// `port add BRIDGE NAME [--mac MAC]` (and a reload's added `ports`): a TAP called `name`
+    /// that stays in tapyard's namespace.
+    pub fn port_add_local(
+        &self,
+        bridge: &str,
+        name: &str,
+        mac: Option<&str>,
+        origin: Origin,
+    ) -> Result<PortEntry, String> {
+        let _change = self.ports.changing();
+        let bid = self.bridge_id(bridge)?;
+        parse_ifname(name).map_err(|e| field("name", name, e))?;
+        let mac = mac
+            .map(|m| parse_mac(m).map_err(|e| field("mac", m, e)))
+            .transpose()?;
+        let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
+        self.check_free(&mut nl, "name", name)?;
+        let tap = self.open_tap(name)?;
+        let tap_name = tap.name().to_string();
+        let mut link = nl
+            .link_by_name(&tap_name)
+            .map_err(|e| format!("rtnetlink: cannot read TAP {tap_name:?}: {e}"))?
+            .ok_or_else(|| format!("TAP {tap_name:?} vanished"))?;
+        if let Some(m) = mac {
+            nl.set_mac(link.index, m.0)
+                .map_err(|e| format!("mac {m}: cannot set it on {tap_name:?}: {e}"))?;
+            link.mac = m.to_string();
+        }
+        let (pending, capture) = self.attach_tap(name, tap, bid)?;
+        let e = PortEntry {
+            id: pending.id,
+            name: name.to_string(),
+            tap: tap_name.clone(),
+            ifname: tap_name,
+            owner: None,
+            kind: Kind::Pod,
+            bridge: Some(bridge.to_string()),
+            link: Some(link),
+            netns: None,
+            origin,
+            capture,
+        };
+        self.ports.insert(e.clone());
+        pending.keep();
+        log::info!(
+            "port {name} added to bridge {bridge} ({}) mac {}",
+            origin.name(),
+            e.info().mac
+        );
+        Ok(e)
+    }
+
+    /// The CNI plugin's `port_add`: a TAP on `bridge`, moved into `netns` as `ifname` with
+    /// MTU `mtu`. The TAP is created and moved first, then attached (datapath port, workers):
+    /// a name clash in the namespace touches neither, and any later failure closes the fd,
+    /// which deletes the device in the pod's namespace.
+    pub fn port_add_cni(
+        &self,
+        bridge: &str,
+        owner: &str,
+        netns_path: &str,
+        ifname: &str,
+        mtu: u32,
+    ) -> Result<PortInfo, String> {
+        let _change = self.ports.changing();
+        let bid = self.bridge_id(bridge)?;
+        if owner.is_empty() {
+            return Err("owner \"\" is empty, expected <CNI_CONTAINERID>/<CNI_IFNAME>".into());
+        }
+        if let Some(e) = self.ports.by_owner(owner) {
+            return Err(field(
+                "owner",
+                owner,
+                format!("has a port already ({} in {})", e.ifname, e.info().netns),
+            ));
+        }
+        parse_ifname(ifname).map_err(|e| field("ifname", ifname, e))?;
+        if !(68..=65535).contains(&mtu) {
+            return Err(format!("mtu {mtu} is out of range: expected 68 to 65535"));
+        }
+        let path = Path::new(netns_path);
+        let ns = File::open(path).map_err(|e| field("netns", netns_path, e))?;
+        let tmp = temp_name(owner);
+        let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
+        self.check_free(&mut nl, "temporary TAP name", &tmp)?;
+        let exists = link_in(&ns, path, ifname).map_err(|e| field("netns", netns_path, e))?;
+        if exists.is_some() {
+            return Err(format!(
+                "ifname {ifname:?} exists already in netns {netns_path}"
+            ));
+        }
+        // Until it is attached, dropping `tap` (the last reference) deletes the device.
+        let tap = self.open_tap(&tmp)?;
+        let here = nl
+            .link_by_name(&tmp)
+            .map_err(|e| format!("rtnetlink: cannot read TAP {tmp:?}: {e}"))?
+            .ok_or_else(|| format!("TAP {tmp:?} vanished"))?;
+        {
+            use std::os::fd::AsFd;
+            nl.move_to_netns(here.index, ns.as_fd(), ifname, mtu)
+        }
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!("ifname {ifname:?} exists already in netns {netns_path}")
+            } else {
+                format!("cannot move TAP {tmp:?} into netns {netns_path} as {ifname:?}: {e}")
+            }
+        })?;
+        let link = link_in(&ns, path, ifname)
+            .map_err(|e| format!("netns {netns_path}: {e}"))?
+            .ok_or_else(|| format!("{ifname:?} is not in netns {netns_path} after the move"))?;
+        let (pending, capture) = self.attach_tap(&tmp, tap, bid)?;
+        let e = PortEntry {
+            id: pending.id,
+            name: tmp.clone(),
+            tap: tmp,
+            ifname: ifname.to_string(),
+            owner: Some(owner.to_string()),
+            kind: Kind::Pod,
+            bridge: Some(bridge.to_string()),
+            link: Some(link),
+            netns: Some(netns_path.to_string()),
+            origin: Origin::Cni,
+            capture,
+        };
+        self.ports.insert(e.clone());
+        pending.keep();
+        log::info!(
+            "port {} ({owner}) added to bridge {bridge}: {ifname} in {netns_path}, mac {}",
+            e.name,
+            e.info().mac
+        );
+        Ok(e.info())
+    }
+
+    /// Removes a port: from the workers, from the datapath, from the registry; then waits
+    /// until the kernel has deleted its TAP (the fd closes with the last `Arc`).
+    pub fn port_remove(&self, e: &PortEntry) -> Result<(), String> {
+        let port = self
+            .unplug(e.id)
+            .map_err(|err| format!("port {:?}: cannot remove it: {err}", e.name))?;
+        self.ports.remove(e.id);
+        drop(port);
+        self.wait_gone(e)?;
+        log::info!(
+            "port {} removed ({}{})",
+            e.name,
+            e.origin.name(),
+            e.owner
+                .as_deref()
+                .map_or(String::new(), |o| format!(", owner {o}"))
+        );
+        Ok(())
+    }
+
+    /// Waits until the TAP of `e` no longer exists (in its namespace), up to [`GONE_TIMEOUT`].
+    /// A namespace that is gone took the device with it.
+    fn wait_gone(&self, e: &PortEntry) -> Result<(), String> {
+        let deadline = StdInstant::now() + GONE_TIMEOUT;
+        let index = e.link.as_ref().map(|l| l.index);
+        let present = || -> Option<bool> {
+            let same = |l: Option<Link>| l.is_some_and(|l| index.is_none_or(|i| i == l.index));
+            match &e.netns {
+                None => Some(same(Netlink::open().ok()?.link_by_name(&e.ifname).ok()?)),
+                Some(p) => {
+                    let path = Path::new(p);
+                    let ns = File::open(path).ok()?;
+                    let l = link_in(&ns, path, &e.ifname).ok()?;
+                    Some(same(l))
+                }
+            }
+        };
+        while present() == Some(true) {
+            if StdInstant::now() >= deadline {
+                return Err(format!(
+                    "port {:?} was removed but its TAP {:?} still exists after {GONE_TIMEOUT:?}",
+                    e.name, e.ifname
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// The CNI plugin's `port_del`: whether a port was removed.
+    pub fn port_del_owner(&self, owner: &str) -> Result<bool, String> {
+        let _change = self.ports.changing();
+        match self.ports.by_owner(owner) {
+            None => Ok(false),
+            Some(e) => self.port_remove(&e).map(|()| true),
+        }
+    }
+
+    /// `port del NAME`: a port added by `port add` or the CNI plugin (a port of the config
+    /// file is removed by taking it out of the file and reloading).
+    pub fn port_del_name(&self, name: &str) -> Result<(), String> {
+        let _change = self.ports.changing();
+        let Some(e) = self.ports.by_name(name) else {
+            return Err(field("name", name, "is not a port of this node"));
+        };
+        if e.origin == Origin::Config {
+            return Err(field(
+                "name",
+                name,
+                "comes from the config file: remove it from the bridge's `ports` and reload",
+            ));
+        }
+        self.port_remove(&e)
+    }
+
+    /// `show ports --json`: every port with its fields and counters.
+    pub fn ports_json(&self) -> Vec<Value> {
+        let stats = self.dp.stats();
+        let mut nl = Netlink::open().ok();
+        self.ports
+            .list()
+            .into_iter()
+            .map(|e| {
+                // A config port may have been moved away by hand: read it where it was made.
+                let link = e.link.clone().or_else(|| {
+                    nl.as_mut()
+                        .and_then(|nl| nl.link_by_name(&e.tap).ok().flatten())
+                });
+                let counters = stats.ports.iter().find(|p| p.name == e.name);
+                let c = |f: fn(&tapyard::stats::PortStats) -> u64| counters.map_or(0, f);
+                json!({
+                    "name": e.name,
+                    "kind": e.kind.name(),
+                    "bridge": e.bridge,
+                    "mac": link.as_ref().map(|l| l.mac.clone()),
+                    "ifindex": link.as_ref().map(|l| l.index),
+                    "netns": e.netns,
+                    "ifname": e.ifname,
+                    "tap": e.tap,
+                    "owner": e.owner,
+                    "origin": e.origin.name(),
+                    "rx_packets": c(|p| p.rx_packets),
+                    "tx_packets": c(|p| p.tx_packets),
+                    "rx_bytes": c(|p| p.rx_bytes),
+                    "tx_bytes": c(|p| p.tx_bytes),
+                })
+            })
+            .collect()
+    }
+
+    /// `show ports`: one line per port.
+    pub fn ports_text(&self) -> String {
+        let mut out = String::new();
+        for p in self.ports_json() {
+            let s = |k: &str| match &p[k] {
+                Value::String(s) => s.clone(),
+                Value::Null => "-".into(),
+                v => v.to_string(),
+            };
+            out.push_str(&format!(
+                "{} {} bridge {} ifname {} mac {} ifindex {} netns {} origin {}{} rx {} pkts {} bytes tx {} pkts {} bytes\n",
+                s("name"),
+                s("kind"),
+                s("bridge"),
+                s("ifname"),
+                s("mac"),
+                s("ifindex"),
+                s("netns"),
+                s("origin"),
+                p["owner"].as_str().map_or(String::new(), |o| format!(" owner {o}")),
+                s("rx_packets"),
+                s("rx_bytes"),
+                s("tx_packets"),
+                s("tx_bytes"),
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_names_are_stable_and_short() {
+        let a = temp_name("c1/eth0");
+        assert_eq!(a, temp_name("c1/eth0"));
+        assert_ne!(a, temp_name("c2/eth0"));
+        assert_eq!(a.len(), 10);
+        assert!(a.starts_with("ty"));
+        assert!(parse_ifname(&a).is_ok());
+    }
+}

@@ -1,0 +1,412 @@
+//! Test helpers: run the plugin as a runtime does, network namespaces that clean up after
+//! themselves, a private host-local data directory, and a fake tapyard control server that
+//! creates real TAPs.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// A name unique to this process and call: `<prefix><pid % 10^5>n<k>`.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}{}n{}",
+        std::process::id() % 100_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Whether the tests may create namespaces and TAPs.
+pub fn root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let euid = unsafe { libc::geteuid() };
+    euid == 0
+}
+
+/// The directory holding `host-local`: `$TAPYARD_CNI_PLUGINS`, /usr/lib/cni or /opt/cni/bin.
+pub fn plugin_dir() -> Option<PathBuf> {
+    let candidates = std::env::var("TAPYARD_CNI_PLUGINS")
+        .ok()
+        .into_iter()
+        .chain(["/usr/lib/cni".to_string(), "/opt/cni/bin".to_string()]);
+    candidates
+        .map(PathBuf::from)
+        .find(|d| d.join("host-local").is_file())
+}
+
+/// Skips (returns `None` and says why) unless root and host-local are available.
+pub fn privileged(test: &str) -> Option<PathBuf> {
+    if !root() {
+        eprintln!("SKIP {test}: needs root (network namespaces and TAPs)");
+        return None;
+    }
+    let dir = plugin_dir();
+    if dir.is_none() {
+        eprintln!(
+            "SKIP {test}: host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin \
+             (apt-get install containernetworking-plugins)"
+        );
+    }
+    dir
+}
+
+/// Runs `cmd` and panics with its output if it fails.
+pub fn sh(cmd: &[&str]) -> String {
+    let out = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace made with `ip netns add`, deleted (with its interfaces) on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new() -> Netns {
+        let name = unique("tycni");
+        sh(&["ip", "netns", "add", &name]);
+        Netns { name }
+    }
+
+    pub fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.name)
+    }
+
+    /// `ip -n <ns> -j <args>` as JSON.
+    pub fn ip_json(&self, args: &[&str]) -> Value {
+        let mut cmd = vec!["ip", "-n", &self.name, "-j"];
+        cmd.extend_from_slice(args);
+        serde_json::from_str(&sh(&cmd)).unwrap_or(Value::Null)
+    }
+
+    pub fn has_link(&self, ifname: &str) -> bool {
+        Command::new("ip")
+            .args(["-n", &self.name, "link", "show", ifname])
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A private directory under /tmp, removed on drop: host-local's `dataDir`, sockets.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(unique("tapyard-cni-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// Files anywhere below whose name is an IP address: host-local's leases.
+    pub fn leases(&self) -> Vec<String> {
+        fn walk(dir: &Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                    if name.parse::<std::net::IpAddr>().is_ok() {
+                        out.push(name.to_string());
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.0, &mut out);
+        out
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The network configuration of the brief, with a private socket and host-local `dataDir`.
+pub fn config(version: &str, socket: &str, data_dir: &Path) -> Value {
+    json!({
+        "cniVersion": version, "name": "tapyard", "type": "tapyard-cni", "bridge": "cni0",
+        "socket": socket, "mtu": 1500,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{ "subnet": "10.244.1.0/24", "gateway": "10.244.1.1" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }],
+            "dataDir": data_dir,
+        }
+    })
+}
+
+/// What one plugin run gave.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Outcome {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    /// The error code, checking the object is a whole CNI error.
+    pub fn error_code(&self) -> u64 {
+        assert_ne!(self.status, 0, "expected a failure: {self:?}");
+        let v = self.json();
+        assert!(v["cniVersion"].is_string() && v["msg"].is_string(), "{v}");
+        assert!(v.get("details").is_some(), "{v}");
+        v["code"].as_u64().unwrap_or_else(|| panic!("no code: {v}"))
+    }
+
+    pub fn ok(&self) -> &Self {
+        assert_eq!(self.status, 0, "{self:?}");
+        self
+    }
+}
+
+/// Runs the plugin with exactly `env` (nothing inherited but PATH) and `stdin`.
+pub fn run_plugin(env: &[(&str, &str)], stdin: &str) -> Outcome {
+    run_exe(Path::new(env!("CARGO_BIN_EXE_tapyard-cni")), env, stdin)
+}
+
+/// Runs the executable `exe` as a runtime runs a plugin: exactly `env` (nothing inherited but
+/// PATH), `stdin` written whole.
+pub fn run_exe(exe: &Path, env: &[(&str, &str)], stdin: &str) -> Outcome {
+    let mut child = Command::new(exe)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", exe.display()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Outcome {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The `CNI_*` variables of one attachment.
+pub struct Env {
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    pub path: String,
+}
+
+impl Env {
+    pub fn vars<'a>(&'a self, command: &'a str) -> Vec<(&'a str, &'a str)> {
+        vec![
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", &self.container_id),
+            ("CNI_NETNS", &self.netns),
+            ("CNI_IFNAME", &self.ifname),
+            ("CNI_PATH", &self.path),
+            ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-0"),
+        ]
+    }
+}
+
+/// A port the fake server made.
+#[derive(Debug, Clone)]
+pub struct FakePort {
+    pub netns: String,
+    pub ifname: String,
+    pub mac: String,
+    pub ifindex: u32,
+}
+
+/// A fake tapyard: answers the control protocol on a Unix socket, making real TAPs with `ip`
+/// and moving them into the requested namespace. Stops (and deletes what it made) on drop.
+pub struct FakeTapyard {
+    pub socket: PathBuf,
+    pub ports: Arc<Mutex<HashMap<String, FakePort>>>,
+    /// When set, port_add answers `ok:false` without creating anything.
+    pub refuse: Arc<AtomicBool>,
+    /// How long each request took to serve: `(cmd, time)`.
+    pub served: Arc<Mutex<Vec<(String, std::time::Duration)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeTapyard {
+    pub fn start(dir: &Path) -> FakeTapyard {
+        let socket = dir.join("tapyard.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let ports = Arc::new(Mutex::new(HashMap::new()));
+        let refuse = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (ports, refuse, stop) = (ports.clone(), refuse.clone(), stop.clone());
+            let served = served.clone();
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if let Ok(conn) = conn {
+                        serve(conn, &ports, &refuse, &served);
+                    }
+                }
+            })
+        };
+        FakeTapyard {
+            socket,
+            ports,
+            refuse,
+            served,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn socket(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+}
+
+impl Drop for FakeTapyard {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = UnixStream::connect(&self.socket);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for port in self.ports.lock().unwrap().values() {
+            delete_port(port);
+        }
+    }
+}
+
+fn delete_port(port: &FakePort) {
+    let _ = Command::new("nsenter")
+        .args([
+            &format!("--net={}", port.netns),
+            "ip",
+            "link",
+            "del",
+            &port.ifname,
+        ])
+        .stderr(Stdio::null())
+        .status();
+}
+
+type Served = Mutex<Vec<(String, std::time::Duration)>>;
+
+fn serve(
+    conn: UnixStream,
+    ports: &Mutex<HashMap<String, FakePort>>,
+    refuse: &AtomicBool,
+    served: &Served,
+) {
+    let mut line = String::new();
+    if BufReader::new(&conn).read_line(&mut line).is_err() {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let reply = match serde_json::from_str::<Value>(&line) {
+        Ok(req) => {
+            let reply = handle(&req, ports, refuse);
+            let cmd = req["cmd"].as_str().unwrap_or_default().to_string();
+            served.lock().unwrap().push((cmd, start.elapsed()));
+            reply
+        }
+        Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
+}
+
+fn handle(req: &Value, ports: &Mutex<HashMap<String, FakePort>>, refuse: &AtomicBool) -> Value {
+    let s = |k: &str| req[k].as_str().unwrap_or_default().to_string();
+    let owner = s("owner");
+    let mut ports = ports.lock().unwrap();
+    let info = |p: &FakePort| json!({"name": p.ifname, "ifindex": p.ifindex, "mac": p.mac, "bridge": "cni0", "netns": p.netns});
+    match req["cmd"].as_str() {
+        Some("port_add") => {
+            if refuse.load(Ordering::SeqCst) {
+                return json!({"ok": false, "error": "refused by the test"});
+            }
+            if ports.contains_key(&owner) {
+                return json!({"ok": false, "error": format!("port {owner} exists")});
+            }
+            let tap = unique("tyt");
+            let run = |args: &[&str]| {
+                Command::new("ip")
+                    .args(args)
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            if !run(&["tuntap", "add", "dev", &tap, "mode", "tap"]) {
+                return json!({"ok": false, "error": "ip tuntap add failed"});
+            }
+            let read = |f: &str| std::fs::read_to_string(format!("/sys/class/net/{tap}/{f}"));
+            let mac = read("address").unwrap_or_default().trim().to_string();
+            let ifindex = read("ifindex")
+                .unwrap_or_default()
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            let (netns, ifname) = (s("netns"), s("ifname"));
+            if !run(&["link", "set", "dev", &tap, "netns", &netns, "name", &ifname]) {
+                let _ = run(&["link", "del", &tap]);
+                return json!({"ok": false, "error": format!("cannot move {tap} into {netns}")});
+            }
+            let port = FakePort {
+                netns,
+                ifname,
+                mac,
+                ifindex,
+            };
+            let data = info(&port);
+            ports.insert(owner, port);
+            json!({"ok": true, "data": data})
+        }
+        Some("port_del") => {
+            let removed = ports.remove(&owner).inspect(delete_port).is_some();
+            json!({"ok": true, "data": {"removed": removed}})
+        }
+        Some("port_show") => match ports.get(&owner) {
+            Some(p) => json!({"ok": true, "data": info(p)}),
+            None => json!({"ok": false, "error": "no such port"}),
+        },
+        _ => json!({"ok": false, "error": "unknown cmd"}),
+    }
+}
