@@ -321,3 +321,114 @@ fn a_port_added_at_run_time_is_received_from_promptly() {
     assert!(rt.add_port(q, Arc::new(mem_pair("z", "w", 1).0)).is_err());
     rt.stop();
 }
+
+/// Polls `f` every 2 ms for at most `secs` seconds.
+fn wait_for(mut f: impl FnMut() -> bool, secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    f()
+}
+
+/// A port a runtime drives cannot be removed behind its back (its id would go to a new port
+/// while the old driver still speaks for it); removed through the runtime, its id is free
+/// again when `remove_port` returns, even at capacity and with traffic flowing.
+#[test]
+fn a_driven_port_is_removed_through_its_runtime_and_its_id_is_free_at_once() {
+    let mut b = Datapath::builder();
+    b.max_ports(3).unwrap();
+    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
+    let s0 = b.add_port("s0", Some(br)).unwrap();
+    let s1 = b.add_port("s1", Some(br)).unwrap();
+    let dp = Arc::new(b.build());
+    let (a0, h0) = mem_pair("s0", "h0", 256);
+    let (a1, h1) = mem_pair("s1", "h1", 256);
+    let ports: Vec<(PortId, Arc<dyn Port>)> = vec![(s0, Arc::new(a0)), (s1, Arc::new(a1))];
+    let cfg = RuntimeConfig {
+        workers: 2,
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::start(dp.clone(), ports, cfg).unwrap();
+    let (m0, m1) = (MacAddr::local(0x100), MacAddr::local(0x101));
+    let x = dp.add_port("x", br).unwrap();
+    let (ax, hx) = mem_pair("x", "hx", 64);
+    rt.add_port(x, Arc::new(ax)).unwrap();
+    let err = dp.remove_port(x).unwrap_err();
+    assert!(
+        matches!(err, tapyard::ConfigError::Attached { .. }),
+        "a driven port refuses a removal behind its runtime's back: {err:?}"
+    );
+    for round in 0..50u32 {
+        // Traffic keeps both workers busy while the port at capacity comes and goes.
+        let _ = h0.send_frame(&frame(m1, m0, round));
+        let _ = h1.send_frame(&frame(m0, m1, round));
+        let id = dp
+            .port_by_name(&format!("p{}", round.wrapping_sub(1)))
+            .unwrap_or(x);
+        assert!(rt.remove_port(id).is_some(), "round {round}");
+        let p = dp
+            .add_port(&format!("p{round}"), br)
+            .unwrap_or_else(|e| panic!("round {round}: the freed id is not reusable: {e}"));
+        assert_eq!(p, x, "the only id below capacity is reused");
+        let (ap, _hp) = mem_pair("p", "hp", 64);
+        rt.add_port(p, Arc::new(ap)).unwrap();
+    }
+    // The old driver of `x` speaks no more for anyone.
+    let ghost = MacAddr::local(0x777);
+    let _ = hx.send_frame(&frame(MacAddr::BROADCAST, ghost, 0));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !dp.fdb_dump(br, rt.now()).iter().any(|e| e.mac == ghost),
+        "a frame from a removed port's driver was learned"
+    );
+    rt.stop();
+    // Stopped, the runtime drives nothing: the datapath removes the port itself.
+    dp.remove_port(x).unwrap();
+}
+
+/// A port whose receive always fails (a TAP whose device vanished) does not stop the
+/// worker's timers: the FDB still ages.
+#[test]
+fn a_failing_port_does_not_stop_the_timers() {
+    struct Broken;
+    impl Port for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        fn recv_batch(
+            &self,
+            _: &mut tapyard::BufPool,
+            _: &mut tapyard::Batch,
+        ) -> std::io::Result<usize> {
+            Err(std::io::Error::other("device gone"))
+        }
+        fn send(&self, _: &tapyard::PacketBuf) -> Result<(), tapyard::DropReason> {
+            Err(tapyard::DropReason::TxError)
+        }
+    }
+    let mut b = Datapath::builder();
+    let mut cfg = BridgeConfig::new("br0");
+    cfg.aging = Duration::from_secs(1);
+    let br = b.add_bridge(cfg).unwrap();
+    let s0 = b.add_port("s0", Some(br)).unwrap();
+    let bad = b.add_port("bad", Some(br)).unwrap();
+    let dp = Arc::new(b.build());
+    let (a0, h0) = mem_pair("s0", "h0", 64);
+    let ports: Vec<(PortId, Arc<dyn Port>)> = vec![(s0, Arc::new(a0)), (bad, Arc::new(Broken))];
+    let rt = Runtime::start(dp.clone(), ports, RuntimeConfig::default()).unwrap();
+    h0.send_frame(&frame(MacAddr::BROADCAST, MacAddr::local(5), 0))
+        .unwrap();
+    let aged = wait_for(
+        || dp.bridge(br).is_some_and(|b| b.fdb().counters().aged > 0),
+        5,
+    );
+    rt.stop();
+    assert!(
+        aged,
+        "the FDB aging sweep never ran: a failing port starved the timers"
+    );
+}

@@ -79,6 +79,13 @@ pub enum ConfigError {
         /// What it is.
         what: &'static str,
     },
+    /// A port whose driver a runtime or pump still holds: remove it through them
+    /// ([`Runtime::remove_port`](crate::runtime::Runtime::remove_port)), which detach the
+    /// driver before the id can go to another port.
+    Attached {
+        /// The port's name.
+        name: String,
+    },
     /// A numeric setting out of its range.
     OutOfRange {
         /// The setting.
@@ -115,6 +122,11 @@ impl fmt::Display for ConfigError {
                  or quarantined after a removal"
             ),
             ConfigError::NoSuchPort(p) => write!(f, "port id {} does not exist", p.0),
+            ConfigError::Attached { name } => write!(
+                f,
+                "port {name:?} cannot be removed here: a runtime still drives it (remove it with \
+                 Runtime::remove_port)"
+            ),
             ConfigError::NotRemovable { name, what } => write!(
                 f,
                 "port {name:?} cannot be removed: it is {what}, which stays as long as its \
@@ -419,6 +431,7 @@ impl DatapathBuilder {
                 free: BTreeSet::new(),
                 quarantine: Vec::new(),
                 epochs: Vec::new(),
+                attached: vec![0; self.max_ports],
             }),
             bridges: self.bridges,
             // NAT hooks into the router: without router interfaces there is nothing to hook.

@@ -53,7 +53,7 @@ impl Datapath {
     /// The bridge a live port belongs to.
     pub fn port_bridge(&self, p: PortId) -> Option<BridgeId> {
         let w = self.ports.get(usize::from(p.0))?.load(Ordering::Acquire);
-        if matches!(word::kind(w), word::K_FREE | word::K_REMOVED) {
+        if word::is_gone(w) {
             return None;
         }
         word::bridge(w)

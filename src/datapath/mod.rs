@@ -160,6 +160,12 @@ mod word {
         (w.wrapping_sub(1) < u64::from(NO_BRIDGE)).then_some(BridgeId(low16(w.wrapping_sub(1))))
     }
 
+    /// A free id, or a removed port's: no port is there.
+    #[inline(always)]
+    pub(super) fn is_gone(w: u64) -> bool {
+        matches!(kind(w), K_FREE | K_REMOVED)
+    }
+
     #[inline(always)]
     pub(super) fn kind(w: u64) -> u8 {
         if bridged(w).is_some() {
@@ -219,6 +225,9 @@ struct Topo {
     quarantine: Vec<Quarantined>,
     /// Every worker's quiescent-state counter (pruned when the worker is gone).
     epochs: Vec<Arc<Epoch>>,
+    /// Per port id, how many runtimes or pumps hold a driver for it: such a port is removed
+    /// through them (they detach the driver first), never behind their back.
+    attached: Vec<u32>,
 }
 
 /// One L2 bridge: its ports and its FDB.

@@ -369,6 +369,11 @@ impl Datapath {
         // One relaxed load: the worker's online fence (in `process`) orders it after any
         // removal the control plane has finished waiting for.
         let port = port.load(Ordering::Relaxed);
+        // A free or removed id has no port: nothing else about its frames matters (out of
+        // line of the bridged case, which the first compare settles).
+        if word::bridged(port).is_none() && word::is_gone(port) {
+            return Pre::drop(DropReason::UnknownPort);
+        }
         if b.oversize {
             return Pre::drop(DropReason::Oversize);
         }

@@ -50,13 +50,27 @@ impl Datapath {
             .bridge(bridge)
             .ok_or(ConfigError::NoSuchBridge(bridge))?;
         let mut t = self.topo.lock();
+        self.reclaim(&mut t);
+        // At capacity with ids in quarantine: busy workers end it within a batch or two, so
+        // wait for that (bounded, about 10 ms) rather than refuse a port that fits.
+        let mut tries = 0;
+        while t.free.is_empty()
+            && t.names.len() >= self.ports.len()
+            && !t.quarantine.is_empty()
+            && tries < 100
+        {
+            drop(t);
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            t = self.topo.lock();
+            self.reclaim(&mut t);
+            tries += 1;
+        }
         if t.names.iter().any(|n| n.as_deref() == Some(name)) {
             return Err(ConfigError::DuplicateName {
                 kind: "port",
                 name: name.to_string(),
             });
         }
-        self.reclaim(&mut t);
         let id = match t.free.pop_first() {
             Some(id) => id,
             None if t.names.len() < self.ports.len() => {
@@ -101,10 +115,44 @@ impl Datapath {
     /// [`Runtime::remove_port`](crate::runtime::Runtime::remove_port), which calls this.
     ///
     /// Errors: [`ConfigError::NoSuchPort`] for an id with no live port,
-    /// [`ConfigError::NotRemovable`] for a router interface's virtual port or uplink.
+    /// [`ConfigError::NotRemovable`] for a router interface's virtual port or uplink,
+    /// [`ConfigError::Attached`] for a port whose driver a runtime or pump still holds (its
+    /// id could otherwise go to a new port while the old driver still speaks for it).
     pub fn remove_port(&self, id: PortId) -> Result<(), ConfigError> {
         let mut t = self.topo.lock();
-        let w = self.removable_word(&t, id)?;
+        if t.attached.get(usize::from(id.0)).is_some_and(|&n| n > 0) {
+            let name = t.names.get(usize::from(id.0)).cloned().flatten();
+            return Err(ConfigError::Attached {
+                name: name.unwrap_or_else(|| format!("#{}", id.0)),
+            });
+        }
+        self.remove_locked(&mut t, id)
+    }
+
+    /// Notes that a runtime or pump holds a driver for port `id`.
+    pub(crate) fn attach(&self, id: PortId) {
+        if let Some(n) = self.topo.lock().attached.get_mut(usize::from(id.0)) {
+            *n += 1;
+        }
+    }
+
+    /// Notes that a runtime or pump let go of its driver for port `id` and, with `remove`,
+    /// removes the port (as [`Datapath::remove_port`]) in the same step.
+    pub(crate) fn detach(&self, id: PortId, remove: bool) -> Result<(), ConfigError> {
+        let mut t = self.topo.lock();
+        if let Some(n) = t.attached.get_mut(usize::from(id.0)) {
+            *n = n.saturating_sub(1);
+        }
+        if remove {
+            self.remove_locked(&mut t, id)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// [`Datapath::remove_port`] under the topology lock, once the caller checked drivers.
+    fn remove_locked(&self, t: &mut Topo, id: PortId) -> Result<(), ConfigError> {
+        let w = self.removable_word(t, id)?;
         let i = usize::from(id.0);
         let slot = &self.ports[i];
         let bridge = word::bridge(w);
@@ -126,14 +174,14 @@ impl Datapath {
             br.fdb.remove_port(id);
         }
         t.names[i] = None;
-        let online = Self::online_workers(&mut t);
+        let online = Self::online_workers(t);
         t.quarantine.push(Quarantined {
             id,
             bridge,
             online,
             flushed: false,
         });
-        self.reclaim(&mut t);
+        self.reclaim(t);
         Ok(())
     }
 

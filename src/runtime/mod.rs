@@ -200,6 +200,19 @@ pub struct Pump {
     link: Option<Link>,
 }
 
+impl Drop for Pump {
+    fn drop(&mut self) {
+        // A runtime's worker pump does not own its drivers; a pump of its own does.
+        if self.link.is_none() {
+            for (i, s) in self.ports.iter().enumerate() {
+                if let (Some(_), Ok(id)) = (s, u16::try_from(i)) {
+                    let _ = self.dp.detach(PortId(id), false);
+                }
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Pump {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pump").field("rx", &self.rx).finish()
@@ -217,6 +230,9 @@ impl Pump {
             .unwrap_or(crate::buf::DEFAULT_FRAME_ROOM)
             .max(crate::buf::DEFAULT_FRAME_ROOM);
         let worker = dp.worker_with_pool(BufPool::new(room, 1024));
+        for (id, _) in ports {
+            dp.attach(*id);
+        }
         Ok(Pump {
             rx: ports.iter().map(|(id, _)| *id).collect(),
             dp,
@@ -278,6 +294,7 @@ impl Pump {
         check_new_port(&self.dp, &self.ports, id, port.as_ref(), self.room)?;
         Arc::make_mut(&mut self.ports)[usize::from(id.0)] = Some(Slot { port, worker: 0 });
         self.rx.push(id);
+        self.dp.attach(id);
         Ok(())
     }
 
@@ -295,7 +312,7 @@ impl Pump {
             .get_mut(usize::from(id.0))?
             .take()?;
         self.rx.retain(|&p| p != id);
-        let _ = self.dp.remove_port(id);
+        let _ = self.dp.detach(id, true);
         Some(slot.port)
     }
 
@@ -415,6 +432,9 @@ impl Runtime {
     ) -> io::Result<Runtime> {
         let nworkers = cfg.workers.max(1);
         let table = port_table(&dp, &ports, nworkers)?;
+        for (id, _) in &ports {
+            dp.attach(*id);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let clock = Clock::new();
         let room = ports
@@ -475,6 +495,7 @@ impl Runtime {
         let mut t: Table = old.as_ref().clone();
         t[usize::from(id.0)] = Some(Slot { port, worker });
         drop(old);
+        self.dp.attach(id);
         sh.publish(t);
         sh.wakes[worker].signal();
         Ok(())
@@ -506,7 +527,15 @@ impl Runtime {
         sh.wait_acks(v);
         // Detached first, so the id cannot go to a new port while a worker still receives
         // from this driver.
-        let _ = self.dp.remove_port(id);
+        let _ = self.dp.detach(id, true);
+        // Walk every worker past two quiescent points (the quarantine's two phases), so the
+        // id is free again when this returns rather than at some later add.
+        for _ in 0..2 {
+            let t: Table = sh.table.load_full().as_ref().clone();
+            let v = sh.publish(t);
+            sh.wait_acks(v);
+            self.dp.reclaim_ports();
+        }
         Some(slot.port)
     }
 
@@ -536,8 +565,17 @@ impl Runtime {
         for w in self.shared.wakes.iter() {
             w.signal();
         }
+        let joined = !self.threads.is_empty();
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        // The workers are gone: the ports they drove may be removed from the datapath now.
+        if joined {
+            for (i, s) in self.shared.table.load().iter().enumerate() {
+                if let (Some(_), Ok(id)) = (s, u16::try_from(i)) {
+                    let _ = self.dp.detach(PortId(id), false);
+                }
+            }
         }
     }
 }
@@ -597,19 +635,18 @@ fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
         }
         let now = clock.now();
         // Receive errors (e.g. a TAP whose device was deleted) are not fatal to the other
-        // ports; back off so a failing descriptor does not spin.
-        let n = match pump.poll(now) {
-            Ok(n) => n,
-            Err(_) => {
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
+        // ports: the timers still run, and a failing descriptor backs off instead of spinning.
+        let (n, failed) = match pump.poll(now) {
+            Ok(n) => (n, false),
+            Err(_) => (0, true),
         };
         if timers && now >= next_timer {
             pump.timers(now);
             next_timer = now + poll_every;
         }
-        if n == 0 {
+        if failed {
+            std::thread::sleep(Duration::from_millis(10));
+        } else if n == 0 {
             if let Ok(ready) = sys::poll_readable(&mut fds, idle_wait) {
                 if ready > 0 && fds[0].revents != 0 {
                     wake.drain();
