@@ -15,10 +15,10 @@ use libfuzzer_sys::fuzz_target;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
+use tapyard::l3::IfaceConfig;
+use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
-use tapyard::l3::{NextHop, Route, RouteProto};
-use tapyard::l3::IfaceConfig;
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
@@ -61,14 +61,10 @@ fn checksums_ok(ip: &[u8]) -> bool {
         return false;
     }
     let l4 = &ip[hl..total];
-    let pseudo = || {
-        sum16(&ip[12..20]) + u32::from(ip[9]) + l4.len() as u32
-    };
+    let pseudo = || sum16(&ip[12..20]) + u32::from(ip[9]) + l4.len() as u32;
     match ip[9] {
         6 => fold(pseudo() + sum16(l4)) == 0xffff,
-        17 => {
-            l4.len() < 8 || (l4[6] == 0 && l4[7] == 0) || fold(pseudo() + sum16(l4)) == 0xffff
-        }
+        17 => l4.len() < 8 || (l4[6] == 0 && l4[7] == 0) || fold(pseudo() + sum16(l4)) == 0xffff,
         1 => fold(sum16(l4)) == 0xffff,
         _ => true,
     }
@@ -102,9 +98,7 @@ fn packet(r: &[u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
             t.write(&mut f, &payload)
         }
         1 => b.udp(sport, dport).write(&mut f, &payload),
-        2 => b
-            .icmpv4_echo_request(sport, 1)
-            .write(&mut f, &payload),
+        2 => b.icmpv4_echo_request(sport, 1).write(&mut f, &payload),
         3 => b.icmpv4_echo_reply(sport, 1).write(&mut f, &payload),
         _ => {
             // An ICMP error quoting a UDP or TCP packet between drawn addresses.
@@ -138,10 +132,16 @@ fuzz_target!(|data: &[u8]| {
         b.add_port(format!("pod{i}"), Some(br)).unwrap();
     }
     let (cni0, _) = b
-        .add_router_iface(IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24), Some(br))
+        .add_router_iface(
+            IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24),
+            Some(br),
+        )
         .unwrap();
     let (eth0, _) = b
-        .add_router_iface(IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24), None)
+        .add_router_iface(
+            IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24),
+            None,
+        )
         .unwrap();
     let cluster = Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16);
     b.netfilter(NatConfig {
@@ -172,10 +172,18 @@ fuzz_target!(|data: &[u8]| {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route([10, 244, 2, 0], 24, NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3))))
-        .unwrap();
-    dp.add_route(route([0, 0, 0, 0], 0, NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1))))
-        .unwrap();
+    dp.add_route(route(
+        [10, 244, 2, 0],
+        24,
+        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
+    ))
+    .unwrap();
+    dp.add_route(route(
+        [0, 0, 0, 0],
+        0,
+        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
+    ))
+    .unwrap();
     for (i, ip, m) in [
         (cni0, [10, 244, 1, 2], 2u8),
         (cni0, [10, 244, 1, 3], 3),
@@ -197,8 +205,11 @@ fuzz_target!(|data: &[u8]| {
     let mut me = ServiceSpec::new("self", [10, 96, 0, 11].into(), 80, 6);
     me.endpoints = vec![ep([10, 244, 1, 2], 8080)];
     nf.upsert_service(me, now).unwrap();
-    nf.upsert_service(ServiceSpec::new("empty", [10, 96, 0, 99].into(), 80, 6), now)
-        .unwrap();
+    nf.upsert_service(
+        ServiceSpec::new("empty", [10, 96, 0, 99].into(), 80, 6),
+        now,
+    )
+    .unwrap();
     let mut w = dp.worker_with_pool(tapyard::BufPool::new(2048, 128));
     let mut batch = Batch::new();
     let mut rest = data;
@@ -214,7 +225,9 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[len..];
         let port = PortId(u16::from(port % 4)); // 0, 1 pods; 2 cni0's virtual port; 3 eth0
         let src_mac = [2, 0, 0, 0, 1, 2 + raw.get(1).copied().unwrap_or(0) % 4];
-        let dst_mac = if port.0 == 3 { UP.0 } else if raw.get(14).is_some_and(|b| b & 1 == 1) {
+        let dst_mac = if port.0 == 3 {
+            UP.0
+        } else if raw.get(14).is_some_and(|b| b & 1 == 1) {
             [2, 0, 0, 0, 1, 2 + raw.get(15).copied().unwrap_or(0) % 2]
         } else {
             GW.0
@@ -241,7 +254,11 @@ fuzz_target!(|data: &[u8]| {
             for (i, (buf, v)) in batch.bufs().iter().zip(batch.verdicts()).enumerate() {
                 let f = buf.frame();
                 let fwd = matches!(v, Verdict::Output(_) | Verdict::Flood(_));
-                if fwd && f.len() >= 34 && f[12..14] == [8, 0] && gen.get(i).is_some_and(|g| g.is_some()) {
+                if fwd
+                    && f.len() >= 34
+                    && f[12..14] == [8, 0]
+                    && gen.get(i).is_some_and(|g| g.is_some())
+                {
                     assert!(checksums_ok(&f[14..]), "bad checksum after NAT: {f:?}");
                 }
                 // Reversibility: what left carries the translation its connection records,

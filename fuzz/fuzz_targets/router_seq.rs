@@ -11,8 +11,8 @@
 use libfuzzer_sys::fuzz_target;
 use std::net::Ipv4Addr;
 use std::time::Duration;
-use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::l3::IfaceConfig;
+use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
@@ -50,7 +50,8 @@ fn ipv4_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
     let _ = if g(11) & 1 == 0 {
         b.udp(1, 2).write(&mut f, &vec![0u8; payload_len])
     } else {
-        b.icmpv4_echo_request(1, 1).write(&mut f, &vec![0u8; payload_len])
+        b.icmpv4_echo_request(1, 1)
+            .write(&mut f, &vec![0u8; payload_len])
     };
     f
 }
@@ -63,8 +64,11 @@ fuzz_target!(|data: &[u8]| {
     for i in 0..3 {
         b.add_port(format!("pod{i}"), Some(br)).unwrap();
     }
-    b.add_router_iface(IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24), Some(br))
-        .unwrap();
+    b.add_router_iface(
+        IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24),
+        Some(br),
+    )
+    .unwrap();
     let mut up = IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24);
     up.mtu = 576;
     let (eth0, _) = b.add_router_iface(up, None).unwrap();
@@ -82,10 +86,15 @@ fuzz_target!(|data: &[u8]| {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route([10, 244, 2, 0], NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3))))
+    dp.add_route(route(
+        [10, 244, 2, 0],
+        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
+    ))
+    .unwrap();
+    dp.add_route(route([10, 244, 9, 0], NextHop::Blackhole))
         .unwrap();
-    dp.add_route(route([10, 244, 9, 0], NextHop::Blackhole)).unwrap();
-    dp.add_route(route([10, 244, 8, 0], NextHop::Unreachable)).unwrap();
+    dp.add_route(route([10, 244, 8, 0], NextHop::Unreachable))
+        .unwrap();
     let mut w = dp.worker();
     let mut now = Instant::from_secs(1);
     let mut batch = Batch::new();
@@ -103,7 +112,10 @@ fuzz_target!(|data: &[u8]| {
                 if f.len() >= 34 && f[12..14] == [8, 0] && buf.port.0 >= 3 {
                     // Made or routed by the router: a valid header.
                     let hl = usize::from(f[14] & 15) * 4;
-                    assert!(checksum_ok(&f[14..14 + hl]), "bad checksum out of the router");
+                    assert!(
+                        checksum_ok(&f[14..14 + hl]),
+                        "bad checksum out of the router"
+                    );
                 }
             }
         }
