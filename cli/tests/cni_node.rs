@@ -41,16 +41,6 @@ const NODE_B: &str = "10.245.0.3";
 const NODE_B_POD: &str = "10.244.2.2";
 const WEB_VIP: &str = "10.96.0.10";
 
-/// The directory holding host-local (and bridge).
-fn plugin_dir() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("TAPYARD_CNI_PLUGINS")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    dirs.extend(["/usr/lib/cni", "/opt/cni/bin"].map(PathBuf::from));
-    dirs.into_iter().find(|d| d.join("host-local").is_file())
-}
-
 /// Why this machine cannot run the tests, if it cannot.
 fn skip_reason() -> Option<String> {
     if euid() != Some(0) {

@@ -71,16 +71,6 @@ const IMAGE: &str = "localhost/tapyard-busybox:e2e";
 /// What the web server serves.
 const PAGE: &str = "hello from behind the Service";
 
-/// The directory holding host-local.
-fn plugin_dir() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("TAPYARD_CNI_PLUGINS")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    dirs.extend(["/usr/lib/cni", "/opt/cni/bin"].map(PathBuf::from));
-    dirs.into_iter().find(|d| d.join("host-local").is_file())
-}
-
 /// Whether the ELF file at `path` has no program interpreter (a static executable).
 fn is_static_elf(path: &Path) -> bool {
     let Ok(b) = std::fs::read(path) else {

@@ -3,9 +3,20 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The directory holding the CNI reference plugins (host-local, bridge): `TAPYARD_CNI_PLUGINS`,
+/// else Debian's `/usr/lib/cni`, else `/opt/cni/bin`.
+pub fn plugin_dir() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("TAPYARD_CNI_PLUGINS")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    dirs.extend(["/usr/lib/cni", "/opt/cni/bin"].map(PathBuf::from));
+    dirs.into_iter().find(|d| d.join("host-local").is_file())
+}
 
 /// How long one command may take.
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(20);
