@@ -87,6 +87,9 @@ pub struct NodeCfg {
     pub workers: Option<usize>,
     /// The control socket; `None`: `/run/tapyard/<name>.sock`.
     pub socket: Option<PathBuf>,
+    /// Where ports and connection state are kept across restarts; `None`:
+    /// `/run/tapyard/<name>`.
+    pub state_dir: Option<PathBuf>,
     /// Node ports Services may use (inclusive).
     pub node_port_range: (u16, u16),
     /// TAP devices with virtio-net headers and checksum/TSO offloads.
@@ -100,6 +103,18 @@ impl NodeCfg {
             .clone()
             .unwrap_or_else(|| default_socket(&self.name))
     }
+
+    /// The state directory's path.
+    pub fn state_dir_path(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| default_state_dir(&self.name))
+    }
+}
+
+/// The default state directory of node `name`.
+pub fn default_state_dir(name: &str) -> PathBuf {
+    PathBuf::from(format!("/run/tapyard/{name}"))
 }
 
 /// The default control socket of node `name`.

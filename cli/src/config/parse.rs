@@ -463,6 +463,7 @@ impl Parser<'_> {
             },
             workers: None,
             socket: None,
+            state_dir: None,
             node_port_range: (30000, 32767),
             offload: true,
         });
@@ -521,6 +522,13 @@ impl Parser<'_> {
                 Ok(PathBuf::from(p))
             }
         });
+        let state_dir = self.text(&mut s, "state_dir", |p| {
+            if p.is_empty() {
+                Err("is empty, expected a path".into())
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        });
         let node_port_range = match self.text(&mut s, "node_port_range", parse_port_range) {
             Some(r) => r,
             None => default_str(&s, "node_port_range", parse_port_range),
@@ -531,6 +539,7 @@ impl Parser<'_> {
             cluster_cidr: cluster_cidr?,
             workers,
             socket,
+            state_dir,
             node_port_range,
             offload,
         })

@@ -165,6 +165,12 @@ pub const NODE: Section = Section {
             "the control socket",
         ),
         key(
+            "state_dir",
+            Ty::Str("/run/tapyard/node-a"),
+            Dflt::Unset("/run/tapyard/<name>"),
+            "ports and connection state kept across restarts",
+        ),
+        key(
             "node_port_range",
             Ty::Str("30000-32767"),
             Dflt::Str("30000-32767"),
