@@ -240,10 +240,11 @@ impl<T: std::fmt::Debug> std::fmt::Debug for BigSlice<T> {
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
-const IFF_TAP: libc::c_short = 0x0002;
-const IFF_NO_PI: libc::c_short = 0x1000;
-const IFF_VNET_HDR: libc::c_short = 0x4000;
+pub(crate) const IFF_TAP: libc::c_short = 0x0002;
+pub(crate) const IFF_NO_PI: libc::c_short = 0x1000;
+pub(crate) const IFF_VNET_HDR: libc::c_short = 0x4000;
 const TUN_F_CSUM: libc::c_uint = 0x01;
 const TUN_F_TSO4: libc::c_uint = 0x02;
 const TUN_F_TSO6: libc::c_uint = 0x04;
@@ -281,6 +282,20 @@ pub(crate) fn open_tap_vnet(name: &str) -> io::Result<(std::fs::File, String)> {
     }
     let end = ifr[..16].iter().position(|&b| b == 0).unwrap_or(16);
     Ok((f, String::from_utf8_lossy(&ifr[..end]).into_owned()))
+}
+
+/// The name and `IFF_*` flags of the TUN/TAP device that `fd` (an open `/dev/net/tun`) is
+/// attached to (`TUNGETIFF`). Fails for any other file, or a tun fd attached to no device.
+pub(crate) fn tap_info(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(String, libc::c_short)> {
+    let mut ifr = [0u8; 40];
+    // SAFETY: TUNGETIFF writes a struct ifreq (40 bytes) through the pointer; `ifr` is 40 live
+    // bytes. On a descriptor that is not a tun device the call fails without writing.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETIFF, ifr.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = ifr[..16].iter().position(|&b| b == 0).unwrap_or(16);
+    let flags = libc::c_short::from_ne_bytes([ifr[16], ifr[17]]);
+    Ok((String::from_utf8_lossy(&ifr[..end]).into_owned(), flags))
 }
 
 /// Writes `a` then `b` as one datagram (`writev`), e.g. a virtio-net header and a frame.

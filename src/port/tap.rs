@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 
 use super::Port;
 use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
@@ -27,6 +27,11 @@ pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
 ///   super-frames with partial checksums, as to a virtio NIC. They pass between offload TAPs
 ///   untouched and are segmented and checksummed in software ([`crate::offload`]) only when
 ///   they leave through a port without offloads.
+///
+/// The descriptor can outlive the process: [`TapPort::handover_fd`] lends it (to pass it over
+/// a Unix socket with `SCM_RIGHTS`), and [`TapPort::from_fd`] makes a port of a descriptor
+/// received so, in another process, without re-creating the device. Both ends then share one
+/// open file, so the device lives while either holds it; only one should read.
 #[derive(Debug)]
 pub struct TapPort {
     file: File,
@@ -75,6 +80,59 @@ impl TapPort {
     /// True for a port opened with [`TapPort::open_offload`].
     pub fn offloads(&self) -> bool {
         self.vnet
+    }
+
+    /// A port on an open TAP descriptor, e.g. one handed over by another process: no device
+    /// is created or looked up by name (it may live in another namespace, under another
+    /// name). `offloads` says how it was opened ([`TapPort::open_offload`] or not): it must
+    /// match the device's virtio-net header flag, since the frames' framing depends on it.
+    /// The name is the device's current one. Errors: the descriptor is not a TAP device
+    /// (`TUNGETIFF` fails, or it is a TUN or has a packet-info header), or `offloads` does
+    /// not match; the descriptor is closed then.
+    pub fn from_fd(fd: OwnedFd, offloads: bool) -> io::Result<TapPort> {
+        let (name, flags) = crate::sys::tap_info(fd.as_fd()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "descriptor {} is not an attached TAP device: {e}",
+                    fd.as_raw_fd()
+                ),
+            )
+        })?;
+        use crate::sys::{IFF_NO_PI, IFF_TAP, IFF_VNET_HDR};
+        if flags & IFF_TAP == 0 || flags & IFF_NO_PI == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "device {name:?} is not a TAP without packet information (flags {flags:#06x})"
+                ),
+            ));
+        }
+        let vnet = flags & IFF_VNET_HDR != 0;
+        if vnet != offloads {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "TAP {name:?} {} a virtio-net header but offloads = {offloads} was asked",
+                    if vnet { "has" } else { "has no" }
+                ),
+            ));
+        }
+        let file = File::from(fd);
+        crate::sys::set_nonblocking(file.as_raw_fd())?;
+        Ok(TapPort { file, name, vnet })
+    }
+
+    /// The device's descriptor, lent to hand it to another process (see the type docs); this
+    /// port keeps it open.
+    pub fn handover_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+impl AsFd for TapPort {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 }
 
@@ -148,6 +206,61 @@ impl Port for TapPort {
             OFFLOAD_FRAME_ROOM
         } else {
             DEFAULT_FRAME_ROOM
+        }
+    }
+
+    fn as_tap(&self) -> Option<&TapPort> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> bool {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+                .unwrap_or(false)
+        }) && std::path::Path::new("/dev/net/tun").exists()
+    }
+
+    #[test]
+    fn from_fd_refuses_what_is_not_a_tap() {
+        let f = File::open("/dev/null").unwrap();
+        let e = TapPort::from_fd(OwnedFd::from(f), false).unwrap_err();
+        assert!(
+            e.to_string().contains("is not an attached TAP device"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn from_fd_adopts_an_open_tap_and_checks_its_framing() {
+        if !root() {
+            eprintln!("skipping: needs root and /dev/net/tun to create a TAP device");
+            return;
+        }
+        let name = format!("tyfd{}", std::process::id() % 100_000);
+        for offloads in [false, true] {
+            let p = if offloads {
+                TapPort::open_offload(&name)
+            } else {
+                TapPort::open(&name)
+            }
+            .unwrap();
+            let dup = || p.handover_fd().try_clone_to_owned().unwrap();
+            let e = TapPort::from_fd(dup(), !offloads).unwrap_err();
+            assert!(e.to_string().contains("virtio-net header"), "{e}");
+            let q = TapPort::from_fd(dup(), offloads).unwrap();
+            assert_eq!((q.name(), q.offloads()), (name.as_str(), offloads));
+            assert_eq!(q.frame_room(), p.frame_room());
+            // The same device: with the first port gone, the second keeps it alive.
+            drop(p);
+            assert!(std::path::Path::new("/sys/class/net").join(&name).exists());
+            drop(q);
         }
     }
 }

@@ -31,6 +31,17 @@
 //!   datapath ([`Datapath::remove_port`]), whose id quarantine keeps the id from a new port
 //!   until no worker holds a frame for it.
 //!
+//! # Pausing: handing the ports to another runtime or process
+//!
+//! [`Runtime::pause`] stops every worker at a batch boundary: each finishes the round in hand
+//! (every frame it received is processed and transmitted, so nothing is left queued in the
+//! runtime), acknowledges, and then sleeps on its eventfd without receiving, sending or
+//! running timers. When it returns no worker touches a port, and the drivers
+//! ([`Runtime::ports`]) are still open: their descriptors can be handed to another process
+//! (`tapyard run --takeover`), and frames arriving meanwhile wait in the devices' own queues.
+//! [`Runtime::resume`] lets the same workers go on as if nothing happened. Ports can still be
+//! added and removed while paused (the handshake is answered by parked workers).
+//!
 //! For single-threaded, deterministic use (tests, the demo, an embedder's own loop), [`Pump`]
 //! does one round of the same work when called.
 
@@ -158,12 +169,20 @@ struct Shared {
     ctl: Mutex<()>,
     /// Every pool's buffer room.
     room: usize,
+    /// Set by [`Runtime::pause`]: workers park at the next round boundary.
+    paused: AtomicBool,
 }
 
 impl Shared {
     /// Publishes `t` and returns its version.
     fn publish(&self, t: Table) -> u64 {
         self.table.store(Arc::new(t));
+        self.version.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Bumps the version without changing the table (makes every worker look at its flags
+    /// and acknowledge) and returns it.
+    fn bump(&self) -> u64 {
         self.version.fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -452,6 +471,7 @@ impl Runtime {
                 .collect::<io::Result<_>>()?,
             ctl: Mutex::new(()),
             room,
+            paused: AtomicBool::new(false),
         });
         let mut rt = Runtime {
             stop,
@@ -537,6 +557,47 @@ impl Runtime {
             self.dp.reclaim_ports();
         }
         Some(slot.port)
+    }
+
+    /// Stops every worker at a batch boundary (see the module docs) and returns once none
+    /// receives from, sends to or polls a port, or runs the timers: the batch each had in hand
+    /// is processed and transmitted first. The drivers stay open and attached; frames that
+    /// arrive meanwhile wait in the ports' own queues (a TAP's is the device's). Takes
+    /// microseconds to a round's length. Idempotent.
+    pub fn pause(&self) {
+        let sh = &self.shared;
+        let _ctl = sh.ctl.lock();
+        sh.paused.store(true, Ordering::Release);
+        let v = sh.bump();
+        sh.wait_acks(v);
+    }
+
+    /// Lets paused workers go on (each is woken at once). Does nothing if not paused.
+    pub fn resume(&self) {
+        let sh = &self.shared;
+        let _ctl = sh.ctl.lock();
+        if sh.paused.swap(false, Ordering::AcqRel) {
+            for w in sh.wakes.iter() {
+                w.signal();
+            }
+        }
+    }
+
+    /// Whether the workers are paused.
+    pub fn is_paused(&self) -> bool {
+        self.shared.paused.load(Ordering::Acquire)
+    }
+
+    /// Every port with a driver, by id (ascending), with its driver: a paused runtime's are
+    /// the open devices to hand over.
+    pub fn ports(&self) -> Vec<(PortId, Arc<dyn Port>)> {
+        self.shared
+            .table
+            .load()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((PortId(u16::try_from(i).ok()?), s.as_ref()?.port.clone())))
+            .collect()
     }
 
     /// The datapath being driven.
@@ -625,13 +686,29 @@ fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
     let mut next_timer = clock.now() + poll_every;
     while !stop.load(Ordering::Acquire) {
         // A table change: new receive list and poll set first, then the acknowledgement
-        // (the old table, and with it any removed driver, is dropped by `refresh`).
-        if pump.refresh() {
+        // (the old table, and with it any removed driver, is dropped by `refresh`). The pause
+        // flag is read after the version and before the acknowledgement, so a worker that
+        // acknowledges `Runtime::pause`'s version has seen the flag and parks.
+        let changed = pump.refresh();
+        if changed {
             (fds, idle_wait) = poll_set(pump, wake);
+        }
+        let paused = shared.paused.load(Ordering::Acquire);
+        if changed {
             ack.store(
                 pump.link.as_ref().map_or(0, |l| l.version),
                 Ordering::Release,
             );
+        }
+        if paused {
+            // Parked: only the eventfd (resume, stop, a table change) wakes it.
+            let mut one = [sys::pollfd(wake.fd())];
+            if let Ok(ready) = sys::poll_readable(&mut one, Duration::from_millis(500)) {
+                if ready > 0 {
+                    wake.drain();
+                }
+            }
+            continue;
         }
         let now = clock.now();
         // Receive errors (e.g. a TAP whose device was deleted) are not fatal to the other
