@@ -40,6 +40,11 @@ pub enum Cmd {
         /// Serve Prometheus text at http://ADDR:PORT/metrics.
         #[arg(long, value_name = "ADDR:PORT")]
         metrics: Option<String>,
+        /// Take the TAPs and the control socket over from the tapyard running this node
+        /// (found by its state_dir's takeover.sock), which then exits 0: an upgrade without
+        /// a gap. Fails if none runs.
+        #[arg(long)]
+        takeover: bool,
     },
     /// The running node's name, config, interfaces and ports.
     Status {

@@ -2,10 +2,12 @@
 //!
 //! ```text
 //! tapyard check <config>                       validate, touching nothing (exit 1 if invalid)
-//! tapyard run <config> [--socket PATH] [--metrics ADDR:PORT]
+//! tapyard run <config> [--socket PATH] [--metrics ADDR:PORT] [--takeover]
 //!                                              run the node in the foreground until SIGINT/SIGTERM;
 //!                                              SIGHUP reloads the config; --metrics serves
-//!                                              Prometheus text at http://ADDR:PORT/metrics
+//!                                              Prometheus text at http://ADDR:PORT/metrics;
+//!                                              --takeover takes the TAPs and the control socket
+//!                                              from the running node, which exits 0 ([`takeover`])
 //! tapyard status [--json]                      the running node's name, config, ports, interfaces
 //! tapyard show fdb|neigh|routes|conntrack|services|stats [--json]
 //! tapyard capture <port> -w <file.pcap> [-c N] write a port's frames (both directions) to pcap
@@ -32,6 +34,7 @@ mod live;
 mod metrics;
 mod node;
 mod ports;
+mod takeover;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -89,7 +92,26 @@ impl Drop for SocketFile {
     }
 }
 
-fn cmd_run(path: PathBuf, socket: Option<PathBuf>, metrics: Option<String>) -> Result<(), Fail> {
+/// `--metrics ADDR` after a takeover: the old process frees the port as it exits.
+fn listen_metrics_retrying(addr: &str) -> Result<tiny_http::Server, Fail> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match metrics::listen(addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(Fail(2, format!("--metrics {addr}: cannot listen: {e}")))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn cmd_run(
+    path: PathBuf,
+    socket: Option<PathBuf>,
+    metrics_addr: Option<String>,
+    takeover: bool,
+) -> Result<(), Fail> {
     let file = path.display().to_string();
     let ch = config::load(&path);
     for d in &ch.diags {
@@ -106,13 +128,16 @@ fn cmd_run(path: PathBuf, socket: Option<PathBuf>, metrics: Option<String>) -> R
         ));
     };
     let socket = socket.unwrap_or_else(|| cfg.node.socket_path());
-    control::claim_socket(&socket).map_err(|e| Fail(2, e))?;
-    let metrics = match &metrics {
-        Some(addr) => Some(
+    let state_dir = cfg.node.state_dir_path();
+    if !takeover {
+        control::claim_socket(&socket).map_err(|e| Fail(2, e))?;
+    }
+    let metrics = match &metrics_addr {
+        Some(addr) if !takeover => Some(
             metrics::listen(addr)
                 .map_err(|e| Fail(2, format!("--metrics {addr}: cannot listen: {e}")))?,
         ),
-        None => None,
+        _ => None,
     };
     // Signals are caught from here on: a SIGINT while the TAPs are being created stops the
     // node as soon as it runs, with the socket removed.
@@ -124,17 +149,56 @@ fn cmd_run(path: PathBuf, socket: Option<PathBuf>, metrics: Option<String>) -> R
     }
     signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
         .map_err(|e| Fail(2, format!("signal: {e}")))?;
-    let listener = control::bind(&socket).map_err(|e| Fail(2, e))?;
-    let _socket_file = SocketFile(socket.clone());
     let name = cfg.node.name.clone();
-    let node = Arc::new(node::Node::start(cfg, path).map_err(|e| Fail(2, e))?);
+    let (node, listener, socket, takeover_listener, _files) = if takeover {
+        let t0 = std::time::Instant::now();
+        let a = takeover::take_over(cfg, path).map_err(|e| Fail(2, e))?;
+        if a.control_socket != socket {
+            log::warn!(
+                "the control socket stays where the old process bound it: {} (not {})",
+                a.control_socket.display(),
+                socket.display()
+            );
+        }
+        log::info!(
+            "took over from pid {} in {:.1} ms (it has exited)",
+            a.old_pid,
+            t0.elapsed().as_secs_f64() * 1000.0
+        );
+        // The socket files are this process's now: removed when it stops.
+        let files = [
+            SocketFile(a.control_socket.clone()),
+            SocketFile(takeover::socket_path(&state_dir)),
+        ];
+        (a.node, a.control, a.control_socket, a.takeover, files)
+    } else {
+        let listener = control::bind(&socket).map_err(|e| Fail(2, e))?;
+        let control_file = SocketFile(socket.clone());
+        let tl = takeover::bind(&state_dir).map_err(|e| Fail(2, e))?;
+        let files = [control_file, SocketFile(takeover::socket_path(&state_dir))];
+        let node = Arc::new(node::Node::start(cfg, path).map_err(|e| Fail(2, e))?);
+        (node, listener, socket, tl, files)
+    };
+    let metrics = match (metrics, &metrics_addr) {
+        (None, Some(addr)) if takeover => Some(listen_metrics_retrying(addr)?),
+        (m, _) => m,
+    };
+    let control = Arc::new(takeover::ControlServer::new(listener, node.clone()));
+    control.start().map_err(|e| Fail(2, e))?;
     let ctl_stop = Arc::new(AtomicBool::new(false));
-    let ctl = {
-        let (node, ctl_stop) = (node.clone(), ctl_stop.clone());
+    let takeover_thread = {
+        let old = takeover::OldSide {
+            node: node.clone(),
+            control: control.clone(),
+            control_socket: socket.clone(),
+            takeover: takeover_listener,
+            name: name.clone(),
+        };
+        let ctl_stop = ctl_stop.clone();
         std::thread::Builder::new()
-            .name("tapyard-control".into())
-            .spawn(move || control::serve(listener, node, ctl_stop))
-            .map_err(|e| Fail(2, format!("cannot start the control thread: {e}")))?
+            .name("tapyard-takeover".into())
+            .spawn(move || takeover::serve(old, ctl_stop))
+            .map_err(|e| Fail(2, format!("cannot start the takeover thread: {e}")))?
     };
     let metrics = match metrics {
         Some(l) => {
@@ -176,7 +240,8 @@ fn cmd_run(path: PathBuf, socket: Option<PathBuf>, metrics: Option<String>) -> R
     }
     log::info!("stopping");
     ctl_stop.store(true, Ordering::Relaxed);
-    let _ = ctl.join();
+    let _ = takeover_thread.join();
+    control.stop();
     if let Some(m) = metrics {
         let _ = m.join();
     }
@@ -424,7 +489,8 @@ fn main() -> ExitCode {
             config,
             socket,
             metrics,
-        } => cmd_run(config, socket, metrics),
+            takeover,
+        } => cmd_run(config, socket, metrics, takeover),
         Cmd::Show { what, json, client } => cmd_show(what, json, &client),
         Cmd::Status { json, client } => cmd_status(json, &client),
         Cmd::Reload { client } => cmd_reload(&client),

@@ -243,10 +243,37 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     format!("{}:{line}: {e} (config key {key})", file.display())
 }
 
-impl Node {
-    /// Builds the datapath from `cfg`, creates the TAP devices, starts the workers, and adds
-    /// routes, static neighbours and Services.
-    pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, String> {
+/// A node's datapath built from its config (bridges, interfaces, ports, routes, NAT), before
+/// any TAP is opened or worker started: [`Plan::run`] finishes the start with the TAPs it is
+/// given (opened by [`Node::start`], or handed over by a running tapyard at `run --takeover`).
+pub struct Plan {
+    /// The datapath.
+    pub dp: Arc<Datapath>,
+    /// The config's TAP ports: datapath port id, datapath port name, TAP name, bridge (none
+    /// for an uplink).
+    pub taps: Vec<(PortId, String, String, Option<String>)>,
+    cfg: Config,
+    config_path: PathBuf,
+    ifaces: Vec<(String, MacAddr, config::Cidr)>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("taps", &self.taps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
+    /// Builds the datapath from `cfg` and adds its routes. A router interface whose MAC the
+    /// config does not set takes the one `macs` names for it (the running node's, at a
+    /// takeover), else a random one.
+    pub fn new(
+        cfg: Config,
+        config_path: PathBuf,
+        macs: &[(String, MacAddr)],
+    ) -> Result<Plan, String> {
         let mut b = Datapath::builder();
         b.neigh_config(cfg.neigh.clone())
             .map_err(|e| format!("[neigh]: {}", error_chain(&e)))?;
@@ -255,7 +282,10 @@ impl Node {
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
         let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
-            let mac = mac.unwrap_or_else(|| random_mac(&rs, ifaces.len()));
+            let given = macs.iter().find(|(n, _)| n == name).map(|(_, m)| *m);
+            let mac = mac
+                .or(given)
+                .unwrap_or_else(|| random_mac(&rs, ifaces.len()));
             ifaces.push((name.to_string(), mac, addr));
             let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
             c.mtu = mtu;
@@ -315,58 +345,86 @@ impl Node {
             dp.add_route(route)
                 .map_err(|e| format!("route {}: {e}", r.describe()))?;
         }
-        let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
-        let registry = Registry::default();
-        for (id, name, tap, bridge) in &taps {
-            let p = if cfg.node.offload {
-                TapPort::open_offload(tap)
+        Ok(Plan {
+            dp,
+            taps,
+            cfg,
+            config_path,
+            ifaces,
+        })
+    }
+
+    /// The registry entry of config TAP `i` of [`Plan::taps`] (a fresh capture state).
+    pub fn config_entry(&self, i: usize) -> Option<PortEntry> {
+        let (id, name, tap, bridge) = self.taps.get(i)?;
+        Some(PortEntry {
+            id: *id,
+            name: name.clone(),
+            tap: tap.clone(),
+            ifname: tap.clone(),
+            owner: None,
+            kind: if bridge.is_some() {
+                Kind::Pod
             } else {
-                TapPort::open(tap)
-            }
-            .map_err(|e| tap_error(tap, &e))?;
-            let ct = Arc::new(CaptureTap::default());
-            registry.insert(PortEntry {
-                id: *id,
-                name: name.clone(),
-                tap: tap.clone(),
-                ifname: tap.clone(),
-                owner: None,
-                kind: if bridge.is_some() {
-                    Kind::Pod
-                } else {
-                    Kind::Uplink
-                },
-                bridge: bridge.clone(),
-                link: None,
-                netns: None,
-                origin: Origin::Config,
-                capture: ct.clone(),
-            });
-            ports.push((*id, Arc::new(Observed::new(p, ct))));
+                Kind::Uplink
+            },
+            bridge: bridge.clone(),
+            link: None,
+            netns: None,
+            origin: Origin::Config,
+            capture: Arc::new(CaptureTap::default()),
+        })
+    }
+
+    /// Opens the config's TAP `i` (created if missing).
+    pub fn open_tap(&self, i: usize) -> Result<TapPort, String> {
+        let tap = self.taps.get(i).map(|t| t.2.as_str()).unwrap_or_default();
+        if self.cfg.node.offload {
+            TapPort::open_offload(tap)
+        } else {
+            TapPort::open(tap)
+        }
+        .map_err(|e| tap_error(tap, &e))
+    }
+
+    /// Starts the workers on `ports` (each a registry entry, whose datapath port the plan's
+    /// datapath has, and its open TAP), then adds static neighbours and Services.
+    pub fn run(self, ports: Vec<(PortEntry, TapPort)>) -> Result<Node, String> {
+        let Plan {
+            dp,
+            taps: _,
+            cfg,
+            config_path,
+            ifaces,
+        } = self;
+        let registry = Registry::default();
+        let any_offload = ports.iter().any(|(_, t)| t.offloads());
+        let nports = ports.len();
+        let mut drivers: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
+        for (e, tap) in ports {
+            let ct = e.capture.clone();
+            drivers.push((e.id, Arc::new(Observed::new(tap, ct))));
+            registry.insert(e);
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Ports may join a bridge at run time: a node with a bridge gets a worker per CPU.
-        let wanted = if cfg.bridges.is_empty() {
-            taps.len()
-        } else {
-            cpus
-        };
+        let wanted = if cfg.bridges.is_empty() { nports } else { cpus };
         let most = if cfg.bridges.is_empty() {
-            taps.len().max(1)
+            nports.max(1)
         } else {
             usize::MAX
         };
         let workers = cfg.node.workers.unwrap_or(wanted.min(cpus)).clamp(1, most);
         let rt = Runtime::start(
             dp.clone(),
-            ports,
+            drivers,
             RuntimeConfig {
                 workers,
                 ..Default::default()
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
-        if cfg.node.offload && taps.is_empty() {
+        if cfg.node.offload && nports == 0 {
             log::info!(
                 "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"
             );
@@ -381,7 +439,7 @@ impl Node {
             config_path,
             current: Mutex::new(cfg.clone()),
             ports: registry,
-            offload: cfg.node.offload && !taps.is_empty(),
+            offload: cfg.node.offload && any_offload,
             ifaces,
             workers,
             clock,
@@ -413,6 +471,20 @@ impl Node {
             );
         }
         Ok(node)
+    }
+}
+
+impl Node {
+    /// Builds the datapath from `cfg`, creates the TAP devices, starts the workers, and adds
+    /// routes, static neighbours and Services.
+    pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, String> {
+        let plan = Plan::new(cfg, config_path, &[])?;
+        let mut ports = Vec::new();
+        for i in 0..plan.taps.len() {
+            let tap = plan.open_tap(i)?;
+            ports.extend(plan.config_entry(i).map(|e| (e, tap)));
+        }
+        plan.run(ports)
     }
 
     /// The datapath's current time (the workers' clock).

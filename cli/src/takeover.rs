@@ -1,0 +1,1070 @@
+//! `tapyard run --takeover`: a new tapyard takes the TAP devices and the control socket from
+//! the running one, which then exits 0, so that an upgrade loses no pod and almost no frame.
+//!
+//! Every `tapyard run` listens on `<state_dir>/takeover.sock` (mode 0600). A new process
+//! started with `--takeover` connects there and the two speak a small versioned protocol:
+//! one message is a little-endian `u32` length and that many bytes of JSON, and descriptors
+//! travel with a message as `SCM_RIGHTS` ancillary data (at most [`FDS_PER_MSG`] per
+//! message; more follow in `fds` messages). Each side waits for the other's answer before it
+//! sends again, so messages never overlap.
+//!
+//! ```text
+//!  new                                          old (forwarding)
+//!  hello {version, node, pid}            ──►    refuses another version or node name;
+//!                                               stops serving control requests, holds
+//!                                               port changes and reloads
+//!                                        ◄──    offer {version, node, pid, control_socket,
+//!                                                      ifaces [{name, mac}], ports [record]}
+//!  builds its datapath from the config
+//!  (the offer's ports and interface MACs)
+//!  ready                                 ──►    pauses its workers at a batch boundary
+//!                                        ◄──    handover {fds: [control, takeover,
+//!                                                      port {name}...]} + descriptors
+//!  adopts them (no TAP is created, no
+//!  namespace entered), starts forwarding
+//!  ack                                   ──►    exits 0 after `bye` (TAPs and socket
+//!                                        ◄──    bye       files left in place)
+//!  serves the control socket
+//! ```
+//!
+//! A port record carries what the port registry knows of a port (name, TAP, interface name,
+//! owner, bridge, origin, namespace, MAC and ifindex) and whether the TAP has offloads. Any
+//! failure before the `ack` (an error, an `abort {error}`, the connection closing, a side
+//! waiting too long) leaves the old process in charge: it resumes its workers and its control
+//! socket as if nothing happened, and the new one exits with status 2 and the reason. The new
+//! process checks the time too: it does not start forwarding once [`ADOPT_DEADLINE`] has
+//! passed since the handover, well before the old one gives up at [`ACK_TIMEOUT`], so the two
+//! never forward at once.
+//!
+//! With nobody to take over from (no socket, or nobody answers it), `--takeover` fails with a
+//! message that says so rather than starting afresh: the caller asked for an upgrade without a
+//! gap, and a fresh start would create TAPs the running pods do not have.
+//!
+//! The new process takes the running node's router interface MACs for interfaces whose MAC
+//! the config does not set, so the pods' neighbour caches stay right. Ports of the config
+//! file that the new config no longer has are not adopted (their TAPs go with the old
+//! process); ports the new config adds are created as at a normal start. The FDB and the
+//! neighbour table are relearned.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+use tapyard::port::TapPort;
+use tapyard::MacAddr;
+use tapyard_cni::netlink::Link;
+
+use crate::config::Config;
+use crate::node::{Node, Plan};
+use crate::ports::{Kind, Origin, PortEntry};
+
+/// The protocol's version: both sides must speak the same.
+pub const VERSION: u32 = 1;
+
+/// The socket's file name in the state directory.
+pub const SOCKET_NAME: &str = "takeover.sock";
+
+/// The largest message accepted (a few thousand port records fit many times over).
+pub const MAX_MSG: usize = 16 << 20;
+
+/// Descriptors per message (the kernel takes at most 253).
+pub const FDS_PER_MSG: usize = 200;
+
+/// How long the old process waits for `hello` on a new connection.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the old process waits for `ready` (the new one builds its datapath meanwhile,
+/// while the old one still forwards).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the old process stays paused waiting for `ack` before it resumes.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The new process starts forwarding only within this time after it got the descriptors.
+pub const ADOPT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// What a port of the registry is, as the protocol carries it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortRecord {
+    /// The datapath port's name.
+    pub name: String,
+    /// The TAP's name in tapyard's namespace when it was created.
+    pub tap: String,
+    /// The interface's name where it lives now.
+    pub ifname: String,
+    /// The CNI owner key.
+    pub owner: Option<String>,
+    /// `pod` or `uplink`.
+    pub kind: String,
+    /// The bridge (none for an uplink).
+    pub bridge: Option<String>,
+    /// `config`, `port add` or `cni`.
+    pub origin: String,
+    /// The namespace the interface was moved to.
+    pub netns: Option<String>,
+    /// The interface's MAC, when known.
+    pub mac: Option<String>,
+    /// The interface's ifindex (in its namespace), when known.
+    pub ifindex: Option<u32>,
+    /// Its MTU, when known.
+    pub mtu: Option<u32>,
+    /// Whether the TAP carries virtio-net headers (checksum/TSO offloads).
+    pub offloads: bool,
+}
+
+impl PortRecord {
+    /// The record of a registry entry.
+    pub fn of(e: &PortEntry, offloads: bool) -> PortRecord {
+        PortRecord {
+            name: e.name.clone(),
+            tap: e.tap.clone(),
+            ifname: e.ifname.clone(),
+            owner: e.owner.clone(),
+            kind: e.kind.name().into(),
+            bridge: e.bridge.clone(),
+            origin: e.origin.name().into(),
+            netns: e.netns.clone(),
+            mac: e.link.as_ref().map(|l| l.mac.clone()),
+            ifindex: e.link.as_ref().map(|l| l.index),
+            mtu: e.link.as_ref().map(|l| l.mtu),
+            offloads,
+        }
+    }
+
+    /// The registry entry for datapath port `id` (a fresh capture state).
+    pub fn entry(&self, id: tapyard::PortId) -> Result<PortEntry, String> {
+        let origin = match self.origin.as_str() {
+            "config" => Origin::Config,
+            "port add" => Origin::Command,
+            "cni" => Origin::Cni,
+            o => return Err(format!("port {:?}: origin {o:?} is unknown", self.name)),
+        };
+        let kind = match self.kind.as_str() {
+            "pod" => Kind::Pod,
+            "uplink" => Kind::Uplink,
+            k => return Err(format!("port {:?}: kind {k:?} is unknown", self.name)),
+        };
+        Ok(PortEntry {
+            id,
+            name: self.name.clone(),
+            tap: self.tap.clone(),
+            ifname: self.ifname.clone(),
+            owner: self.owner.clone(),
+            kind,
+            bridge: self.bridge.clone(),
+            link: match (self.ifindex, &self.mac) {
+                (Some(index), Some(mac)) => Some(Link {
+                    index,
+                    mac: mac.clone(),
+                    mtu: self.mtu.unwrap_or(0),
+                    up: true,
+                }),
+                _ => None,
+            },
+            netns: self.netns.clone(),
+            origin,
+            capture: Arc::default(),
+        })
+    }
+}
+
+/// A router interface's MAC, so that the new process keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IfaceRecord {
+    /// The interface's name.
+    pub name: String,
+    /// Its MAC.
+    pub mac: String,
+}
+
+/// What a handed-over descriptor is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FdRole {
+    /// The control socket's listening socket.
+    Control,
+    /// The takeover socket's listening socket.
+    Takeover,
+    /// The TAP of the port record called `name`.
+    Port {
+        /// The record's name.
+        name: String,
+    },
+}
+
+/// A message of the protocol (see the module docs for the order).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Msg {
+    /// New → old: who asks.
+    Hello {
+        /// The protocol version it speaks.
+        version: u32,
+        /// Its config's node name.
+        node: String,
+        /// Its process id.
+        pid: u32,
+    },
+    /// Old → new: what it runs (still forwarding).
+    Offer {
+        /// The protocol version it speaks.
+        version: u32,
+        /// Its node name.
+        node: String,
+        /// Its process id.
+        pid: u32,
+        /// The path its control socket is bound to.
+        control_socket: PathBuf,
+        /// Its router interfaces' MACs.
+        ifaces: Vec<IfaceRecord>,
+        /// Its ports.
+        ports: Vec<PortRecord>,
+    },
+    /// New → old: built, send the descriptors.
+    Ready {},
+    /// Old → new: paused; these descriptors, in this order (the first ones with this
+    /// message, the rest in `fds` messages).
+    Handover {
+        /// What each descriptor is.
+        fds: Vec<FdRole>,
+    },
+    /// Old → new: the next descriptors of a handover.
+    Fds {
+        /// How many come with this message.
+        count: usize,
+    },
+    /// New → old: forwarding; exit.
+    Ack {},
+    /// Old → new: exiting.
+    Bye {},
+    /// Either way: giving up, and why.
+    Abort {
+        /// The reason.
+        error: String,
+    },
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Sends `msg` with `fds` attached (one `sendmsg`, the rest of a long message after it).
+pub fn send(sock: &UnixStream, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&l| l as usize <= MAX_MSG)
+        .ok_or_else(|| io::Error::other(format!("message of {} bytes is too long", body.len())))?;
+    let mut bytes = len.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&body);
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+    let sent = loop {
+        match sendmsg::<()>(
+            sock.as_raw_fd(),
+            &[IoSlice::new(&bytes)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) => break n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    (&*sock).write_all(&bytes[sent..])
+}
+
+/// Reads exactly `buf.len()` bytes, keeping every descriptor that comes with them.
+#[allow(unsafe_code)] // OwnedFd::from_raw_fd on received descriptors, with a SAFETY line
+fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let mut space = nix::cmsg_space!([RawFd; FDS_PER_MSG]);
+        let mut iov = [IoSliceMut::new(&mut buf[got..])];
+        let r = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        );
+        let msg = match r {
+            Ok(m) => m,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let n = msg.bytes;
+        let cmsgs = msg
+            .cmsgs()
+            .map_err(|_| io::Error::other("descriptors were cut short (MSG_CTRUNC)"))?;
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                for fd in raw {
+                    // SAFETY: the kernel has just installed `fd` in this process's table for
+                    // this message; nothing else knows of it, so this is its only owner.
+                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    fds.push(owned);
+                }
+            }
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the other process closed the connection",
+            ));
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// Receives one message and the descriptors that came with it. A timeout (the socket's
+/// read timeout) is `TimedOut`; a message that is not valid JSON of [`Msg`] is `InvalidData`
+/// naming what is wrong.
+pub fn recv(sock: &UnixStream) -> io::Result<(Msg, Vec<OwnedFd>)> {
+    let mut fds = Vec::new();
+    let mut len = [0u8; 4];
+    recv_exact(sock, &mut len, &mut fds).map_err(|e| {
+        if would_block(&e) {
+            io::Error::new(io::ErrorKind::TimedOut, "no answer in time")
+        } else {
+            e
+        }
+    })?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MSG {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("message length {len} is over the limit of {MAX_MSG} bytes"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    recv_exact(sock, &mut body, &mut fds)?;
+    let msg = serde_json::from_slice(&body).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad takeover message: {e}"),
+        )
+    })?;
+    Ok((msg, fds))
+}
+
+/// Sends a handover: `roles` with their descriptors, in chunks of [`FDS_PER_MSG`].
+pub fn send_handover(
+    sock: &UnixStream,
+    roles: Vec<FdRole>,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    let mut chunks = fds.chunks(FDS_PER_MSG);
+    let first = chunks.next().unwrap_or(&[]);
+    send(sock, &Msg::Handover { fds: roles }, first)?;
+    for c in chunks {
+        send(sock, &Msg::Fds { count: c.len() }, c)?;
+    }
+    Ok(())
+}
+
+/// Receives the rest of a handover whose `handover` message announced `roles` and brought
+/// `fds`: the descriptors paired with their roles.
+pub fn recv_handover_rest(
+    sock: &UnixStream,
+    roles: Vec<FdRole>,
+    mut fds: Vec<OwnedFd>,
+) -> io::Result<Vec<(FdRole, OwnedFd)>> {
+    while fds.len() < roles.len() {
+        match recv(sock)? {
+            (Msg::Fds { count }, more) if count == more.len() => fds.extend(more),
+            (Msg::Fds { count }, more) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "fds message announced {count} descriptors and brought {}",
+                        more.len()
+                    ),
+                ))
+            }
+            (other, _) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("expected more descriptors, got {}", name(&other)),
+                ))
+            }
+        }
+    }
+    if fds.len() != roles.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} descriptors for {} roles", fds.len(), roles.len()),
+        ));
+    }
+    Ok(roles.into_iter().zip(fds).collect())
+}
+
+/// A message's name, for errors.
+pub fn name(m: &Msg) -> String {
+    match m {
+        Msg::Abort { error } => format!("abort ({error})"),
+        m => serde_json::to_value(m)
+            .ok()
+            .and_then(|v| v.get("msg").and_then(|s| s.as_str()).map(str::to_string))
+            .unwrap_or_default(),
+    }
+}
+
+/// The takeover socket of a node with state directory `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join(SOCKET_NAME)
+}
+
+/// Binds the takeover socket (mode 0600) in `dir`, creating it; a stale socket file is
+/// removed, a live one (another tapyard with this state directory) refused.
+pub fn bind(dir: &Path) -> Result<UnixListener, String> {
+    let path = socket_path(dir);
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("state_dir {}: cannot create it: {e}", dir.display()))?;
+    if std::fs::symlink_metadata(&path).is_ok() {
+        if UnixStream::connect(&path).is_ok() {
+            return Err(format!(
+                "another tapyard serves the takeover socket {} (same state_dir): stop it, or use `run --takeover` to replace it",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(&path)
+            .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+    }
+    crate::control::bind(&path).map_err(|e| format!("takeover socket: {e}"))
+}
+
+/// The control socket's server thread, which a takeover stops and (if it fails) starts
+/// again on the same listening socket.
+pub struct ControlServer {
+    listener: UnixListener,
+    node: Arc<Node>,
+    running: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
+}
+
+impl std::fmt::Debug for ControlServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlServer").finish_non_exhaustive()
+    }
+}
+
+impl ControlServer {
+    /// A server (not started) of `listener` for `node`.
+    pub fn new(listener: UnixListener, node: Arc<Node>) -> ControlServer {
+        ControlServer {
+            listener,
+            node,
+            running: Mutex::new(None),
+        }
+    }
+
+    /// Starts serving (no-op if it serves).
+    pub fn start(&self) -> Result<(), String> {
+        let mut r = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_some() {
+            return Ok(());
+        }
+        let l = self
+            .listener
+            .try_clone()
+            .map_err(|e| format!("control socket: {e}"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (node, s) = (self.node.clone(), stop.clone());
+        let t = std::thread::Builder::new()
+            .name("tapyard-control".into())
+            .spawn(move || crate::control::serve(l, node, s))
+            .map_err(|e| format!("cannot start the control thread: {e}"))?;
+        *r = Some((stop, t));
+        Ok(())
+    }
+
+    /// Stops accepting requests (within 100 ms; a request being served finishes); clients
+    /// that connect meanwhile wait in the socket's backlog.
+    pub fn stop(&self) {
+        let r = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((stop, t)) = r {
+            stop.store(true, Ordering::Relaxed);
+            let _ = t.join();
+        }
+    }
+
+    /// The listening socket.
+    pub fn listener(&self) -> &UnixListener {
+        &self.listener
+    }
+}
+
+/// What the running (old) process hands over.
+pub struct OldSide {
+    /// The running node.
+    pub node: Arc<Node>,
+    /// Its control socket's server.
+    pub control: Arc<ControlServer>,
+    /// Where the control socket is bound.
+    pub control_socket: PathBuf,
+    /// The takeover socket (handed over too, so the new process serves the next takeover).
+    pub takeover: UnixListener,
+    /// The node's name.
+    pub name: String,
+}
+
+impl std::fmt::Debug for OldSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OldSide")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the takeover socket until `stop` is set; a successful takeover ends the process
+/// with exit status 0 (the socket files and TAPs stay for the new process).
+pub fn serve(old: OldSide, stop: Arc<AtomicBool>) {
+    let _ = old.takeover.set_nonblocking(true);
+    while !stop.load(Ordering::Relaxed) {
+        match old.takeover.accept() {
+            Ok((s, _)) => {
+                if let Err(e) = handle_old(&old, s) {
+                    log::warn!("takeover failed, forwarding goes on here: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                log::warn!("takeover socket accept: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// The old side of one takeover. Returns the reason it failed (everything resumed); on
+/// success the process exits.
+fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(HELLO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let (hello, _) = recv(&s).map_err(|e| format!("hello: {e}"))?;
+    let Msg::Hello { version, node, pid } = hello else {
+        return Err(format!("expected hello, got {}", name(&hello)));
+    };
+    let refuse = |error: String| {
+        let _ = send(
+            &s,
+            &Msg::Abort {
+                error: error.clone(),
+            },
+            &[],
+        );
+        Err(format!("refused pid {pid}: {error}"))
+    };
+    if version != VERSION {
+        return refuse(format!(
+            "protocol version {version} is not supported: this tapyard (pid {}) speaks version {VERSION}",
+            std::process::id()
+        ));
+    }
+    if node != old.name {
+        return refuse(format!(
+            "node name {node:?} is not this node's ({:?})",
+            old.name
+        ));
+    }
+    log::info!("takeover: pid {pid} asks for this node; control requests and port changes wait");
+    // No reload, port change or control request from here on, until it fails (or for good).
+    let cur = old.node.current.lock().unwrap_or_else(|e| e.into_inner());
+    let changes = old.node.ports.changing();
+    old.control.stop();
+    let e = match offer_and_hand_over(old, &s, pid) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    // Only a failure returns: everything goes on.
+    if old.node.with_runtime(|rt| rt.resume()).is_none() {
+        log::error!("takeover: the runtime is gone, cannot resume");
+    }
+    drop(changes);
+    drop(cur);
+    if let Err(e) = old.control.start() {
+        log::error!("takeover: cannot serve the control socket again: {e}");
+    }
+    let _ = send(&s, &Msg::Abort { error: e.clone() }, &[]);
+    Err(format!("pid {pid}: {e}"))
+}
+
+/// Offers the node, hands the descriptors over and, on `ack`, exits the process. Returns
+/// only on failure.
+fn offer_and_hand_over(
+    old: &OldSide,
+    s: &UnixStream,
+    pid: u32,
+) -> Result<std::convert::Infallible, String> {
+    let node = &old.node;
+    let drivers = node
+        .with_runtime(|rt| rt.ports())
+        .ok_or("the node is stopping")?;
+    let entries = node.ports.list();
+    // Every port's TAP, found through its driver.
+    let mut taps = Vec::with_capacity(entries.len());
+    for e in &entries {
+        let driver = drivers
+            .iter()
+            .find(|(id, _)| *id == e.id)
+            .map(|(_, p)| p.clone())
+            .ok_or_else(|| format!("port {:?} has no driver in the runtime", e.name))?;
+        if driver.as_tap().is_none() {
+            return Err(format!("port {:?} is not a TAP", e.name));
+        }
+        taps.push(driver);
+    }
+    let tap_of = |i: usize| taps[i].as_tap();
+    let records: Vec<PortRecord> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| PortRecord::of(e, tap_of(i).is_some_and(TapPort::offloads)))
+        .collect();
+    let ifaces = node
+        .ifaces
+        .iter()
+        .map(|(n, m, _)| IfaceRecord {
+            name: n.clone(),
+            mac: m.to_string(),
+        })
+        .collect();
+    let offer = Msg::Offer {
+        version: VERSION,
+        node: old.name.clone(),
+        pid: std::process::id(),
+        control_socket: old.control_socket.clone(),
+        ifaces,
+        ports: records,
+    };
+    send(s, &offer, &[]).map_err(|e| format!("offer: {e}"))?;
+    s.set_read_timeout(Some(READY_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    match recv(s).map_err(|e| format!("waiting for ready: {e}"))? {
+        (Msg::Ready {}, _) => {}
+        (m, _) => return Err(format!("expected ready, got {}", name(&m))),
+    }
+    let paused_at = Instant::now();
+    node.with_runtime(|rt| rt.pause())
+        .ok_or("the node is stopping")?;
+    let mut roles = vec![FdRole::Control, FdRole::Takeover];
+    let mut fds: Vec<BorrowedFd<'_>> = vec![old.control.listener().as_fd(), old.takeover.as_fd()];
+    for (i, e) in entries.iter().enumerate() {
+        let tap = tap_of(i).ok_or_else(|| format!("port {:?} is not a TAP", e.name))?;
+        roles.push(FdRole::Port {
+            name: e.name.clone(),
+        });
+        fds.push(tap.handover_fd());
+    }
+    send_handover(s, roles, &fds).map_err(|e| format!("handover: {e}"))?;
+    s.set_read_timeout(Some(ACK_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    match recv(s).map_err(|e| format!("waiting for ack: {e}"))? {
+        (Msg::Ack {}, _) => {}
+        (m, _) => return Err(format!("expected ack, got {}", name(&m))),
+    }
+    let gap = paused_at.elapsed();
+    let _ = send(s, &Msg::Bye {}, &[]);
+    let st = node.dp.stats();
+    log::info!(
+        "handed over to pid {pid}: {} port(s); workers paused {:.1} ms before the ack; exiting (forwarded {} flooded {} local {} dropped {})",
+        entries.len(),
+        gap.as_secs_f64() * 1000.0,
+        st.forwarded,
+        st.flooded,
+        st.local,
+        st.rx_drops()
+    );
+    // The TAPs and both socket files now belong to the new process: exit without the
+    // destructors that would remove the files (the descriptors close with the process).
+    std::process::exit(0);
+}
+
+/// What the new process got from the old one.
+pub struct Adopted {
+    /// The running node (forwarding).
+    pub node: Arc<Node>,
+    /// The control socket's listening socket.
+    pub control: UnixListener,
+    /// Where it is bound.
+    pub control_socket: PathBuf,
+    /// The takeover socket's listening socket.
+    pub takeover: UnixListener,
+    /// The old process's id.
+    pub old_pid: u32,
+}
+
+impl std::fmt::Debug for Adopted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adopted")
+            .field("control_socket", &self.control_socket)
+            .field("old_pid", &self.old_pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Takes over from the tapyard that serves `<state_dir>/takeover.sock` for `cfg`'s node
+/// (see the module docs). On an error the old process goes on, and the message says why.
+pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
+    let dir = cfg.node.state_dir_path();
+    let path = socket_path(&dir);
+    let s = UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "--takeover: nobody to take over from: no tapyard answers on {} ({e}); start without --takeover",
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(READY_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let hello = Msg::Hello {
+        version: VERSION,
+        node: cfg.node.name.clone(),
+        pid: std::process::id(),
+    };
+    send(&s, &hello, &[]).map_err(|e| format!("--takeover: hello: {e}"))?;
+    let (ifaces, records, old_pid, control_socket) = match recv(&s)
+        .map_err(|e| format!("--takeover: waiting for the running node's offer: {e}"))?
+    {
+        (
+            Msg::Offer {
+                version,
+                node,
+                pid,
+                control_socket,
+                ifaces,
+                ports,
+            },
+            _,
+        ) => {
+            if version != VERSION || node != cfg.node.name {
+                return Err(format!(
+                    "--takeover: the running node offered version {version} of node {node:?}"
+                ));
+            }
+            (ifaces, ports, pid, control_socket)
+        }
+        (Msg::Abort { error }, _) => return Err(format!("--takeover: refused: {error}")),
+        (m, _) => return Err(format!("--takeover: expected an offer, got {}", name(&m))),
+    };
+    log::info!(
+        "taking over from pid {old_pid}: {} port(s), control socket {}",
+        records.len(),
+        control_socket.display()
+    );
+    let abort = |error: String| {
+        let _ = send(
+            &s,
+            &Msg::Abort {
+                error: error.clone(),
+            },
+            &[],
+        );
+        format!("--takeover: {error} (pid {old_pid} goes on forwarding)")
+    };
+    match adopt(&s, cfg, config_path, &ifaces, &records) {
+        Ok((node, control, takeover)) => {
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
+            if let Err(e) = send(&s, &Msg::Ack {}, &[]) {
+                node.stop();
+                return Err(abort(format!("ack: {e}")));
+            }
+            match recv(&s) {
+                Ok((Msg::Bye {}, _)) => {}
+                other => {
+                    // The old process gave up meanwhile and forwards again: stop at once.
+                    node.stop();
+                    let why = match other {
+                        Ok((m, _)) => name(&m),
+                        Err(e) => e.to_string(),
+                    };
+                    return Err(format!(
+                        "--takeover: pid {old_pid} did not confirm the handover ({why}); stopped"
+                    ));
+                }
+            }
+            // Its exit closes the connection: then its metrics port, if any, is free.
+            let mut b = [0u8; 1];
+            let _ = (&s).read(&mut b);
+            Ok(Adopted {
+                node,
+                control,
+                control_socket,
+                takeover,
+                old_pid,
+            })
+        }
+        Err(e) => Err(abort(e)),
+    }
+}
+
+/// The new side's work between the offer and the ack: build, `ready`, receive the
+/// descriptors, adopt them, start forwarding.
+fn adopt(
+    s: &UnixStream,
+    cfg: Config,
+    config_path: PathBuf,
+    ifaces: &[IfaceRecord],
+    records: &[PortRecord],
+) -> Result<(Arc<Node>, UnixListener, UnixListener), String> {
+    let mut macs = Vec::new();
+    for i in ifaces {
+        let mac: MacAddr = crate::config::values::parse_mac(&i.mac)
+            .map_err(|e| format!("interface {:?}: mac {:?}: {e}", i.name, i.mac))?;
+        macs.push((i.name.clone(), mac));
+    }
+    let plan = Plan::new(cfg, config_path, &macs)?;
+    // Datapath ports: the config's have theirs; the others get one on their bridge.
+    let mut ids = Vec::with_capacity(records.len());
+    for r in records {
+        let id = if r.origin == Origin::Config.name() {
+            let found = plan.taps.iter().find(|t| t.1 == r.name).map(|t| t.0);
+            if found.is_none() {
+                log::info!(
+                    "port {:?} is no longer in the config: not taken over (its TAP goes with the old process)",
+                    r.name
+                );
+            }
+            found
+        } else {
+            let bridge = r.bridge.as_deref().unwrap_or_default();
+            let bid = plan.dp.bridge_by_name(bridge).ok_or_else(|| {
+                format!(
+                    "port {:?} is on bridge {bridge:?}, which the config does not have",
+                    r.name
+                )
+            })?;
+            Some(
+                crate::live::add_port(&plan.dp, &r.name, bid)
+                    .map_err(|e| format!("port {:?}: {e}", r.name))?,
+            )
+        };
+        ids.push(id);
+    }
+    // Config ports the running node does not have are created as at a normal start.
+    let mut fresh = Vec::new();
+    for (i, t) in plan.taps.iter().enumerate() {
+        if !records
+            .iter()
+            .any(|r| r.origin == "config" && r.name == t.1)
+        {
+            log::info!("port {:?} is new in the config: creating its TAP", t.1);
+            let tap = plan.open_tap(i)?;
+            fresh.extend(plan.config_entry(i).map(|e| (e, tap)));
+        }
+    }
+    s.set_read_timeout(Some(ACK_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    send(s, &Msg::Ready {}, &[]).map_err(|e| format!("ready: {e}"))?;
+    let (roles, fds) = match recv(s).map_err(|e| format!("waiting for the descriptors: {e}"))? {
+        (Msg::Handover { fds: roles }, fds) => (roles, fds),
+        (m, _) => return Err(format!("expected the descriptors, got {}", name(&m))),
+    };
+    let got = Instant::now();
+    let pairs = recv_handover_rest(s, roles, fds).map_err(|e| format!("descriptors: {e}"))?;
+    let (mut control, mut takeover) = (None, None);
+    let mut ports = Vec::with_capacity(records.len() + fresh.len());
+    for (role, fd) in pairs {
+        match role {
+            FdRole::Control => control = Some(UnixListener::from(fd)),
+            FdRole::Takeover => takeover = Some(UnixListener::from(fd)),
+            FdRole::Port { name } => {
+                let i = records.iter().position(|r| r.name == name).ok_or_else(|| {
+                    format!("a descriptor for port {name:?}, which was not offered")
+                })?;
+                let Some(id) = ids[i] else { continue };
+                let r = &records[i];
+                let tap =
+                    TapPort::from_fd(fd, r.offloads).map_err(|e| format!("port {name:?}: {e}"))?;
+                ports.push((r.entry(id)?, tap));
+            }
+        }
+    }
+    if ports.len() != ids.iter().flatten().count() {
+        return Err("some offered ports came without a descriptor".into());
+    }
+    let control = control.ok_or("no control socket among the descriptors")?;
+    let takeover = takeover.ok_or("no takeover socket among the descriptors")?;
+    ports.extend(fresh);
+    if got.elapsed() > ADOPT_DEADLINE {
+        return Err(format!(
+            "adopting took over {ADOPT_DEADLINE:?}: not starting (the old process may have resumed)"
+        ));
+    }
+    let node = Arc::new(plan.run(ports)?);
+    log::info!(
+        "took over: forwarding {:.1} ms after the descriptors arrived",
+        got.elapsed().as_secs_f64() * 1000.0
+    );
+    Ok((node, control, takeover))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Seek;
+
+    fn record(name: &str) -> PortRecord {
+        PortRecord {
+            name: name.into(),
+            tap: name.into(),
+            ifname: "eth0".into(),
+            owner: Some("c1/eth0".into()),
+            kind: "pod".into(),
+            bridge: Some("cni0".into()),
+            origin: "cni".into(),
+            netns: Some("/var/run/netns/x".into()),
+            mac: Some("02:00:00:00:00:01".into()),
+            ifindex: Some(7),
+            mtu: Some(1500),
+            offloads: true,
+        }
+    }
+
+    #[test]
+    fn messages_cross_a_socketpair_with_their_descriptors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let offer = Msg::Offer {
+            version: VERSION,
+            node: "n".into(),
+            pid: 1,
+            control_socket: "/run/tapyard/n.sock".into(),
+            ifaces: vec![IfaceRecord {
+                name: "cni0".into(),
+                mac: "02:00:00:00:00:aa".into(),
+            }],
+            ports: vec![record("ty00000001")],
+        };
+        send(&a, &offer, &[]).unwrap();
+        let (got, fds) = recv(&b).unwrap();
+        assert_eq!(got, offer);
+        assert!(fds.is_empty());
+
+        // Descriptors really pass: files written on one side are read through the other's.
+        let n = FDS_PER_MSG * 2 + 3;
+        let mut files = Vec::new();
+        for i in 0..n {
+            let mut f = tempfile(i);
+            f.write_all(format!("file {i}").as_bytes()).unwrap();
+            files.push(f);
+        }
+        let roles: Vec<FdRole> = (0..n)
+            .map(|i| FdRole::Port {
+                name: format!("p{i}"),
+            })
+            .collect();
+        let borrowed: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        let t = {
+            let roles = roles.clone();
+            std::thread::scope(|sc| {
+                sc.spawn(|| send_handover(&a, roles, &borrowed).unwrap());
+                let (m, fds) = recv(&b).unwrap();
+                let Msg::Handover { fds: r } = m else {
+                    panic!("{m:?}")
+                };
+                assert_eq!(fds.len(), FDS_PER_MSG);
+                recv_handover_rest(&b, r, fds).unwrap()
+            })
+        };
+        assert_eq!(t.len(), n);
+        for (i, (role, fd)) in t.into_iter().enumerate() {
+            assert_eq!(role, roles[i]);
+            let mut f = std::fs::File::from(fd);
+            f.rewind().unwrap();
+            let mut s = String::new();
+            f.read_to_string(&mut s).unwrap();
+            assert_eq!(s, format!("file {i}"));
+        }
+    }
+
+    fn tempfile(i: usize) -> std::fs::File {
+        let p = std::env::temp_dir().join(format!("tapyard-takeover-{}-{i}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        f
+    }
+
+    #[test]
+    fn bad_messages_are_errors_not_crashes() {
+        let (a, b) = UnixStream::pair().unwrap();
+        b.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        // Unknown message, unknown field, not JSON, too long, cut short, nothing at all.
+        for body in [
+            &br#"{"msg":"frobnicate"}"#[..],
+            br#"{"msg":"ready","x":1}"#,
+            b"\xff\xfe",
+        ] {
+            (&a).write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+            (&a).write_all(body).unwrap();
+            let e = recv(&b).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert!(e.to_string().contains("bad takeover message"), "{e}");
+        }
+        (&a).write_all(&u32::MAX.to_le_bytes()).unwrap();
+        let e = recv(&b).unwrap_err();
+        assert!(e.to_string().contains("over the limit"), "{e}");
+        assert_eq!(recv(&b).unwrap_err().kind(), io::ErrorKind::TimedOut);
+        (&a).write_all(&10u32.to_le_bytes()).unwrap();
+        (&a).write_all(b"{\"ms").unwrap();
+        drop(a);
+        let e = recv(&b).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    }
+
+    #[test]
+    fn records_round_trip_through_registry_entries() {
+        let r = record("ty00000001");
+        let e = r.entry(tapyard::PortId(3)).unwrap();
+        assert_eq!(e.origin, Origin::Cni);
+        assert_eq!(e.link.as_ref().map(|l| l.index), Some(7));
+        assert_eq!(PortRecord::of(&e, true), r);
+        let mut bad = r.clone();
+        bad.origin = "elsewhere".into();
+        assert!(bad
+            .entry(tapyard::PortId(3))
+            .unwrap_err()
+            .contains("origin \"elsewhere\""));
+    }
+
+    #[test]
+    fn no_one_to_take_over_from_is_a_clear_error() {
+        let dir =
+            std::env::temp_dir().join(format!("tapyard-takeover-none-{}", std::process::id()));
+        let src = format!(
+            "[node]\nname = \"t\"\ncluster_cidr = \"10.244.0.0/16\"\nstate_dir = \"{}\"\n\n[[bridge]]\nname = \"cni0\"\n",
+            dir.display()
+        );
+        let c = crate::config::check_str(&src);
+        let cfg = c.config.unwrap_or_else(|| panic!("{:?}", c.diags));
+        let e = take_over(cfg, "x.toml".into()).unwrap_err();
+        assert!(e.contains("nobody to take over from"), "{e}");
+        assert!(e.contains("takeover.sock"), "{e}");
+    }
+}
