@@ -763,7 +763,11 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
             }
             (ifaces, ports, pid, control_socket)
         }
-        (Msg::Abort { error }, _) => return Err(format!("--takeover: refused: {error}")),
+        (Msg::Abort { error }, _) => {
+            return Err(format!(
+                "--takeover: refused by the running node: {error} (it goes on forwarding)"
+            ))
+        }
         (m, _) => return Err(format!("--takeover: expected an offer, got {}", name(&m))),
     };
     log::info!(
