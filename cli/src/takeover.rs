@@ -1025,7 +1025,8 @@ mod tests {
             br#"{"msg":"ready","x":1}"#,
             b"\xff\xfe",
         ] {
-            (&a).write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+            (&a).write_all(&u32::try_from(body.len()).unwrap().to_le_bytes())
+                .unwrap();
             (&a).write_all(body).unwrap();
             let e = recv(&b).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
