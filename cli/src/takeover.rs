@@ -90,6 +90,11 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The new process starts forwarding only within this time after it got the descriptors.
 pub const ADOPT_DEADLINE: Duration = Duration::from_secs(5);
 
+/// Set to `abort` (send `abort`) or `exit` (exit 3 at once), the new process fails on
+/// purpose right after it received the descriptors, while the old one is paused: how the
+/// tests check that the old one then resumes.
+pub const FAIL_ENV: &str = "TAPYARD_TAKEOVER_TEST_FAIL";
+
 /// What a port of the registry is, as the protocol carries it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -886,6 +891,12 @@ fn adopt(
     };
     let got = Instant::now();
     let pairs = recv_handover_rest(s, roles, fds).map_err(|e| format!("descriptors: {e}"))?;
+    // For the tests of the old process's recovery: fail (or die) holding the descriptors.
+    match std::env::var(FAIL_ENV).as_deref() {
+        Ok("abort") => return Err(format!("failing on purpose ({FAIL_ENV}=abort)")),
+        Ok("exit") => std::process::exit(3),
+        _ => {}
+    }
     let (mut control, mut takeover) = (None, None);
     let mut ports = Vec::with_capacity(records.len() + fresh.len());
     for (role, fd) in pairs {

@@ -11,7 +11,8 @@
 //! ports` lists the same ports (name, origin, bridge, MAC); a second takeover works too, with
 //! a UDP stream at a fixed rate across it whose loss is printed (the frames lost during a
 //! takeover) with the handover time from both processes' logs; a `--takeover` for another
-//! node name is refused (exit 2) and the running node goes on forwarding and answering.
+//! node name is refused (exit 2), and one that fails or dies after the old process paused and
+//! sent its descriptors leaves the old one forwarding and answering with the same ports.
 //!
 //! Needs root, `ip`, `ping`, `iperf3`; without them the test prints why and passes, except
 //! with `CI=true`, where it fails. Names carry the process id; a guard kills every tapyard
@@ -280,6 +281,44 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     assert!(err.contains("goes on forwarding"), "{err}");
     ping_ok(&n.ns_a, POD_B);
     assert_eq!(ports(&n), before);
+
+    // The new process fails (or dies) once the old one paused and sent the descriptors:
+    // the old one resumes forwarding and serving, as if nothing happened.
+    for how in ["abort", "exit"] {
+        let log = dir.join(format!("failed-{how}.log"));
+        let out = Command::new(TAPYARD)
+            .arg("run")
+            .arg(&n.config)
+            .arg("--takeover")
+            .env("TAPYARD_TAKEOVER_TEST_FAIL", how)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let st = wait_output(out, CMD_TIMEOUT, "tapyard run --takeover (failing)").status;
+        let err = std::fs::read_to_string(&log).unwrap();
+        if how == "abort" {
+            assert_eq!(st.code(), Some(2), "{err}");
+            assert!(err.contains("failing on purpose"), "{err}");
+            assert!(err.contains("goes on forwarding"), "{err}");
+        } else {
+            assert_eq!(st.code(), Some(3), "{err}");
+        }
+        assert!(
+            g.procs[first].try_wait().unwrap().is_none(),
+            "the old process exited after a failed takeover ({how})"
+        );
+        ping_ok(&n.ns_a, POD_B);
+        assert_eq!(ports(&n), before);
+    }
+    let t = std::fs::read_to_string(&g.logs[0]).unwrap();
+    assert_eq!(
+        t.matches("takeover failed, forwarding goes on here")
+            .count(),
+        3,
+        "{t}"
+    );
 
     spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5201"]);
     wait_listening(&n.ns_b, 5201);
