@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tapyard::conntrack::Opened;
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::ServiceError;
@@ -243,18 +244,32 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     format!("{}:{line}: {e} (config key {key})", file.display())
 }
 
-/// A node's datapath built from its config (bridges, interfaces, ports, routes, NAT), before
-/// any TAP is opened or worker started: [`Plan::run`] finishes the start with the TAPs it is
-/// given (opened by [`Node::start`], or handed over by a running tapyard at `run --takeover`).
+/// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed.
+fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .map_err(|e| format!("[node] state_dir {}: {e}", state_dir.display()))?;
+    Ok(state_dir.join("conntrack"))
+}
+
+/// A node's datapath being built from its config: bridges, router interfaces and ports are
+/// added by [`Plan::new`] (and [`Plan::add_port`]); [`Plan::build`] opens the connection
+/// table, finishes the datapath and adds the routes; [`Built::run`] starts the workers on the
+/// TAPs it is given (opened by [`Node::start`], or handed over by a running tapyard at `run
+/// --takeover`, which builds only once the old process has stopped writing to the table).
 pub struct Plan {
-    /// The datapath.
-    pub dp: Arc<Datapath>,
+    b: tapyard::DatapathBuilder,
     /// The config's TAP ports: datapath port id, datapath port name, TAP name, bridge (none
     /// for an uplink).
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
     config_path: PathBuf,
     ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    iface_ids: Vec<(String, IfaceId)>,
+    bridges: Vec<(String, BridgeId)>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -266,9 +281,9 @@ impl std::fmt::Debug for Plan {
 }
 
 impl Plan {
-    /// Builds the datapath from `cfg` and adds its routes. A router interface whose MAC the
-    /// config does not set takes the one `macs` names for it (the running node's, at a
-    /// takeover), else a random one.
+    /// Adds the bridges, router interfaces and the config's ports. A router interface whose
+    /// MAC the config does not set takes the one `macs` names for it (the running node's, at
+    /// a takeover), else a random one.
     pub fn new(
         cfg: Config,
         config_path: PathBuf,
@@ -281,6 +296,7 @@ impl Plan {
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
+        let mut bridges = Vec::new();
         let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
             let given = macs.iter().find(|(n, _)| n == name).map(|(_, m)| *m);
             let mac = mac
@@ -300,6 +316,7 @@ impl Plan {
             let id: BridgeId = b
                 .add_bridge(bc)
                 .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
+            bridges.push((br.name.clone(), id));
             if let Some(a) = br.address {
                 let (iid, _) = b
                     .add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
@@ -320,40 +337,111 @@ impl Plan {
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
-        // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
-        // conntrack sees every routed packet): Services and masquerade can then be added by
-        // a reload without a restart.
-        if !iface_ids.is_empty() {
-            let rules = to_nat_rules(&cfg, |n| {
-                iface_ids.iter().find(|(m, _)| m == n).map(|(_, i)| *i)
-            })?;
-            b.netfilter(NatConfig {
-                conntrack: cfg.conntrack,
-                max_affinity_entries: None,
-                rules,
-            })
-            .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
-        } else if !cfg.services.is_empty() || cfg.masquerade.is_some() {
+        if iface_ids.is_empty() && (!cfg.services.is_empty() || cfg.masquerade.is_some()) {
             return Err(
                 "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"
                     .into(),
             );
         }
-        let dp = Arc::new(b.build());
-        for r in &cfg.routes {
-            let route = to_route(&dp, &cfg, r)?;
-            dp.add_route(route)
-                .map_err(|e| format!("route {}: {e}", r.describe()))?;
-        }
         Ok(Plan {
-            dp,
+            b,
             taps,
             cfg,
             config_path,
             ifaces,
+            iface_ids,
+            bridges,
         })
     }
 
+    /// Adds a datapath port called `name` on `bridge` (a port the running node has at a
+    /// takeover).
+    pub fn add_port(&mut self, name: &str, bridge: &str) -> Result<PortId, String> {
+        let bid = self
+            .bridges
+            .iter()
+            .find(|(n, _)| n == bridge)
+            .map(|(_, id)| *id)
+            .ok_or_else(|| format!("bridge {bridge:?} is not in the config"))?;
+        self.b
+            .add_port(name.to_string(), Some(bid))
+            .map_err(|e| format!("port {name:?}: {e}"))
+    }
+
+    /// Whether the node routes, and so keeps a connection table.
+    pub fn has_conntrack(&self) -> bool {
+        !self.iface_ids.is_empty()
+    }
+
+    /// Opens the connection table (in `<state_dir>/conntrack`; `handed_over`: that file as
+    /// the running node handed it over), finishes the datapath and adds the routes.
+    pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
+        let cfg = &self.cfg;
+        // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
+        // conntrack sees every routed packet): Services and masquerade can then be added by
+        // a reload without a restart.
+        if !self.iface_ids.is_empty() {
+            let ids = &self.iface_ids;
+            let rules = to_nat_rules(cfg, |n| ids.iter().find(|(m, _)| m == n).map(|(_, i)| *i))?;
+            // The connection table lives in <state_dir>/conntrack, so connections and their
+            // NAT survive a restart or a crash (see Conntrack::open_file).
+            let ct_file = conntrack_file(&cfg.node.state_dir_path())?;
+            match handed_over {
+                Some(f) => self
+                    .b
+                    .conntrack_file_handed_over(&ct_file, f, Clock::new().now()),
+                None => self.b.conntrack_file(&ct_file, Clock::new().now()),
+            }
+            self.b
+                .netfilter(NatConfig {
+                    conntrack: cfg.conntrack,
+                    max_affinity_entries: None,
+                    rules,
+                })
+                .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
+            if let Some(r) = self.b.recovery() {
+                match r.opened {
+                    Opened::Refused(_) => log::warn!("conntrack: {}: {r}", ct_file.display()),
+                    _ => log::info!("conntrack: {}: {r}", ct_file.display()),
+                }
+            }
+        }
+        let dp = Arc::new(self.b.build());
+        for r in &cfg.routes {
+            let route = to_route(&dp, cfg, r)?;
+            dp.add_route(route)
+                .map_err(|e| format!("route {}: {e}", r.describe()))?;
+        }
+        Ok(Built {
+            dp,
+            taps: self.taps,
+            cfg: self.cfg,
+            config_path: self.config_path,
+            ifaces: self.ifaces,
+        })
+    }
+}
+
+/// A node's datapath built ([`Plan::build`]), before any worker runs.
+pub struct Built {
+    /// The datapath.
+    pub dp: Arc<Datapath>,
+    /// As [`Plan::taps`].
+    pub taps: Vec<(PortId, String, String, Option<String>)>,
+    cfg: Config,
+    config_path: PathBuf,
+    ifaces: Vec<(String, MacAddr, config::Cidr)>,
+}
+
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Built")
+            .field("taps", &self.taps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
     /// The registry entry of config TAP `i` of [`Plan::taps`] (a fresh capture state).
     pub fn config_entry(&self, i: usize) -> Option<PortEntry> {
         let (id, name, tap, bridge) = self.taps.get(i)?;
@@ -386,11 +474,13 @@ impl Plan {
         }
         .map_err(|e| tap_error(tap, &e))
     }
+}
 
-    /// Starts the workers on `ports` (each a registry entry, whose datapath port the plan's
+impl Built {
+    /// Starts the workers on `ports` (each a registry entry, whose datapath port the
     /// datapath has, and its open TAP), then adds static neighbours and Services.
     pub fn run(self, ports: Vec<(PortEntry, TapPort)>) -> Result<Node, String> {
-        let Plan {
+        let Built {
             dp,
             taps: _,
             cfg,
@@ -484,7 +574,7 @@ impl Node {
             let tap = plan.open_tap(i)?;
             ports.extend(plan.config_entry(i).map(|e| (e, tap)));
         }
-        plan.run(ports)
+        plan.build(None)?.run(ports)
     }
 
     /// The datapath's current time (the workers' clock).

@@ -15,13 +15,17 @@
 //!                                               port changes and reloads
 //!                                        ◄──    offer {version, node, pid, control_socket,
 //!                                                      ifaces [{name, mac}], ports [record]}
-//!  builds its datapath from the config
-//!  (the offer's ports and interface MACs)
+//!  adds its bridges, interfaces and ports
+//!  from the config and the offer (keeping
+//!  the interfaces' MACs)
 //!  ready                                 ──►    pauses its workers at a batch boundary
 //!                                        ◄──    handover {fds: [control, takeover,
-//!                                                      port {name}...]} + descriptors
-//!  adopts them (no TAP is created, no
-//!  namespace entered), starts forwarding
+//!                                                      conntrack, port {name}...]}
+//!                                                      + descriptors
+//!  maps the connection table (the old
+//!  process no longer writes to it), adopts
+//!  the TAPs (none created, no namespace
+//!  entered), starts forwarding
 //!  ack                                   ──►    exits 0 after `bye` (TAPs and socket
 //!                                        ◄──    bye       files left in place)
 //!  serves the control socket
@@ -199,6 +203,8 @@ pub enum FdRole {
     Control,
     /// The takeover socket's listening socket.
     Takeover,
+    /// The connection table's file (`<state_dir>/conntrack`), with its lock.
+    Conntrack,
     /// The TAP of the port record called `name`.
     Port {
         /// The record's name.
@@ -674,6 +680,15 @@ fn offer_and_hand_over(
         .ok_or("the node is stopping")?;
     let mut roles = vec![FdRole::Control, FdRole::Takeover];
     let mut fds: Vec<BorrowedFd<'_>> = vec![old.control.listener().as_fd(), old.takeover.as_fd()];
+    // The connection table: the workers no longer write to it; the new process maps it.
+    if let Some(f) = node
+        .dp
+        .netfilter()
+        .and_then(|nf| nf.conntrack().backing_file())
+    {
+        roles.push(FdRole::Conntrack);
+        fds.push(f);
+    }
     for (i, e) in entries.iter().enumerate() {
         let tap = tap_of(i).ok_or_else(|| format!("port {:?} is not a TAP", e.name))?;
         roles.push(FdRole::Port {
@@ -842,7 +857,7 @@ fn adopt(
             .map_err(|e| format!("interface {:?}: mac {:?}: {e}", i.name, i.mac))?;
         macs.push((i.name.clone(), mac));
     }
-    let plan = Plan::new(cfg, config_path, &macs)?;
+    let mut plan = Plan::new(cfg, config_path, &macs)?;
     // Datapath ports: the config's have theirs; the others get one on their bridge.
     let mut ids = Vec::with_capacity(records.len());
     for r in records {
@@ -857,15 +872,9 @@ fn adopt(
             found
         } else {
             let bridge = r.bridge.as_deref().unwrap_or_default();
-            let bid = plan.dp.bridge_by_name(bridge).ok_or_else(|| {
-                format!(
-                    "port {:?} is on bridge {bridge:?}, which the config does not have",
-                    r.name
-                )
-            })?;
             Some(
-                crate::live::add_port(&plan.dp, &r.name, bid)
-                    .map_err(|e| format!("port {:?}: {e}", r.name))?,
+                plan.add_port(&r.name, bridge)
+                    .map_err(|e| format!("port {:?} of the running node: {e}", r.name))?,
             )
         };
         ids.push(id);
@@ -897,12 +906,13 @@ fn adopt(
         Ok("exit") => std::process::exit(3),
         _ => {}
     }
-    let (mut control, mut takeover) = (None, None);
-    let mut ports = Vec::with_capacity(records.len() + fresh.len());
+    let (mut control, mut takeover, mut conntrack) = (None, None, None);
+    let mut taps = Vec::with_capacity(records.len());
     for (role, fd) in pairs {
         match role {
             FdRole::Control => control = Some(UnixListener::from(fd)),
             FdRole::Takeover => takeover = Some(UnixListener::from(fd)),
+            FdRole::Conntrack => conntrack = Some(std::fs::File::from(fd)),
             FdRole::Port { name } => {
                 let i = records.iter().position(|r| r.name == name).ok_or_else(|| {
                     format!("a descriptor for port {name:?}, which was not offered")
@@ -911,24 +921,30 @@ fn adopt(
                 let r = &records[i];
                 let tap =
                     TapPort::from_fd(fd, r.offloads).map_err(|e| format!("port {name:?}: {e}"))?;
-                ports.push((r.entry(id)?, tap));
+                taps.push((r.entry(id)?, tap));
             }
         }
     }
-    if ports.len() != ids.iter().flatten().count() {
+    if taps.len() != ids.iter().flatten().count() {
         return Err("some offered ports came without a descriptor".into());
     }
     let control = control.ok_or("no control socket among the descriptors")?;
     let takeover = takeover.ok_or("no takeover socket among the descriptors")?;
+    // The old process has stopped writing to its connection table: map it (with its lock).
+    let conntrack = conntrack.filter(|_| plan.has_conntrack());
+    let t_build = Instant::now();
+    let built = plan.build(conntrack)?;
+    let build_ms = t_build.elapsed().as_secs_f64() * 1000.0;
+    let mut ports = taps;
     ports.extend(fresh);
     if got.elapsed() > ADOPT_DEADLINE {
         return Err(format!(
             "adopting took over {ADOPT_DEADLINE:?}: not starting (the old process may have resumed)"
         ));
     }
-    let node = Arc::new(plan.run(ports)?);
+    let node = Arc::new(built.run(ports)?);
     log::info!(
-        "took over: forwarding {:.1} ms after the descriptors arrived",
+        "took over: forwarding {:.1} ms after the descriptors arrived (of which {build_ms:.1} ms to map the connection table and build the datapath)",
         got.elapsed().as_secs_f64() * 1000.0
     );
     Ok((node, control, takeover))

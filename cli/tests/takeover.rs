@@ -6,8 +6,9 @@
 //!  a `port add` TAP ────────┘ (left in tapyard's namespace)
 //! ```
 //!
-//! Checked: an iperf3 TCP stream from pod-a to pod-b runs across a `--takeover` and completes
-//! with exit 0; the old process exits 0; the control socket answers afterwards and `show
+//! Checked: an iperf3 TCP stream from pod-a to a ClusterIP Service (DNAT'd to pod-b) runs
+//! across a `--takeover` and completes with exit 0, its connection still in `show conntrack`
+//! (the table is handed over); the old process exits 0; the control socket answers afterwards and `show
 //! ports` lists the same ports (name, origin, bridge, MAC); a second takeover works too, with
 //! a UDP stream at a fixed rate across it whose loss is printed (the frames lost during a
 //! takeover) with the handover time from both processes' logs; a `--takeover` for another
@@ -29,6 +30,9 @@ use common::*;
 const POD_A: &str = "10.219.1.2";
 const POD_B: &str = "10.219.1.3";
 const GW: &str = "10.219.1.1";
+/// A ClusterIP Service whose endpoint is pod-b's iperf3: the stream is DNAT'd, so it lives
+/// only if the connection table survives the takeover.
+const VIP: &str = "10.96.0.30";
 
 fn skip_reason() -> Option<String> {
     if euid() != Some(0) {
@@ -128,6 +132,13 @@ workers = 2
 name = "{bridge}"
 address = "{GW}/24"
 ports = ["{a}", "{b}"]
+
+[[service]]
+name = "bulk"
+cluster_ip = "{VIP}"
+protocol = "tcp"
+port = 5201
+endpoints = ["{POD_B}:5201"]
 "#,
             socket = self.socket.display(),
             state = self.state.display(),
@@ -186,6 +197,7 @@ fn attach_pod(ns: &str, tap: &str, addr: &str) {
     ]);
     run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     run(&["ip", "-n", ns, "link", "set", tap, "up"]);
+    run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
 }
 
 /// `show ports --json`, reduced to what must not change: name, origin, bridge, MAC.
@@ -323,15 +335,23 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5201"]);
     wait_listening(&n.ns_b, 5201);
 
-    // Takeover 1, under an 8 s TCP stream.
+    // Takeover 1, under an 8 s TCP stream through the ClusterIP.
     let tcp_out = dir.join("tcp.json");
     let tcp = iperf3(
         &mut g,
         &n.ns_a,
-        &["-c", POD_B, "-p", "5201", "-t", "8"],
+        &["-c", VIP, "-p", "5201", "-t", "8"],
         &tcp_out,
     );
     std::thread::sleep(Duration::from_secs(2));
+    let ct = tapyard_ok_at(&n.socket, &["show", "conntrack"]);
+    assert!(
+        ct.contains(&format!("dst={VIP}")),
+        "{ct}\niperf3: {}\n{}\n{}",
+        std::fs::read_to_string(&tcp_out).unwrap_or_default(),
+        tapyard_ok_at(&n.socket, &["show", "stats"]),
+        run(&["ip", "netns", "exec", &n.ns_a, "ss", "-tn"])
+    );
     let second = start(&mut g, &n.config, &["--takeover"], "run2.log");
     let st = wait_exit(&mut g, first, 20);
     assert!(st.success(), "the old process exited with {st}");
@@ -354,6 +374,11 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     );
     wait_for_socket(Some(&mut g.procs[second]), &n.socket);
     assert_eq!(ports(&n), before, "show ports changed across the takeover");
+    let ct = tapyard_ok_at(&n.socket, &["show", "conntrack"]);
+    assert!(
+        ct.contains(&format!("dst={VIP}")),
+        "the connection was lost: {ct}"
+    );
     ping_ok(&n.ns_a, POD_B);
     ping_ok(&n.ns_a, GW);
     let log1 = g.logs[0].clone();
