@@ -1,8 +1,6 @@
 //! A running node: the datapath built from a [`Config`], its TAP devices and worker threads,
 //! and the live changes of a reload.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,11 +12,13 @@ use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
+use tapyard_cni::netlink::{Link, Netlink};
 
 use crate::capture::CaptureTap;
 use crate::config::{self, proto_name, Config, NeighborCfg, RouteCfg, RouteType, ServiceCfg};
 use crate::diff::{self, Diff};
-use crate::ports::{Kind, Origin, PortEntry, Registry};
+use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
+use crate::state::{self, MacFor, StateDir};
 
 /// A node's running dataplane.
 pub struct Node {
@@ -38,6 +38,8 @@ pub struct Node {
     pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
     /// Worker threads in use.
     pub workers: usize,
+    /// Where the port record is kept (`[node] state_dir`), the node's name and namespace.
+    pub state: StateDir,
     clock: Clock,
     rt: Mutex<Option<Runtime>>,
 }
@@ -50,14 +52,30 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// A random locally administered unicast MAC, different for every run and interface (two
-/// nodes on one segment must not share a MAC), as `tap-router` does.
-fn random_mac(state: &RandomState, i: usize) -> MacAddr {
-    let mut h = state.build_hasher();
-    h.write_usize(i);
-    h.write_u32(std::process::id());
-    let v = h.finish().to_be_bytes();
-    MacAddr([0x02, v[0], v[1], v[2], v[3], v[4]])
+/// Creates (or attaches to) config TAP `tap` in tapyard's namespace; a TAP it creates gets
+/// the MAC derived from the node's and its names. Returns it with its link, when readable.
+fn open_config_tap(
+    tap: &str,
+    offload: bool,
+    node: &str,
+) -> Result<(TapPort, Option<Link>), String> {
+    let mut nl = Netlink::open().ok();
+    let existed = nl
+        .as_mut()
+        .and_then(|nl| nl.link_by_name(tap).ok().flatten())
+        .is_some();
+    let dev = ports::open_tap_mode(tap, offload).map_err(|e| tap_error(tap, &e))?;
+    let mut link = nl
+        .as_mut()
+        .and_then(|nl| nl.link_by_name(tap).ok().flatten());
+    if let (false, Some(nl), Some(l)) = (existed, nl.as_mut(), link.as_mut()) {
+        let m = state::stable_mac(MacFor::Tap, node, tap);
+        match nl.set_mac(l.index, m.0) {
+            Ok(()) => l.mac = m.to_string(),
+            Err(e) => log::warn!("TAP {tap}: cannot set its MAC {m}: {e}"),
+        }
+    }
+    Ok((dev, link))
 }
 
 /// The library route for a configured one; interfaces are resolved by name, a gateway
@@ -250,12 +268,18 @@ impl Node {
         let mut b = Datapath::builder();
         b.neigh_config(cfg.neigh.clone())
             .map_err(|e| format!("[neigh]: {}", error_chain(&e)))?;
-        let rs = RandomState::new();
+        let sd = StateDir::new(cfg.node.state_dir_path(), &cfg.node.name);
+        // The ports of the last run, to re-attach to (config ports below, by name; the others
+        // here, before the datapath is built).
+        let (mut cfg_recs, other_recs): (Vec<_>, Vec<_>) = sd
+            .load_ports()
+            .into_iter()
+            .partition(|r| r.origin == Origin::Config);
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
         let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
-            let mac = mac.unwrap_or_else(|| random_mac(&rs, ifaces.len()));
+            let mac = mac.unwrap_or_else(|| state::stable_mac(MacFor::Iface, &cfg.node.name, name));
             ifaces.push((name.to_string(), mac, addr));
             let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
             c.mtu = mtu;
@@ -263,6 +287,7 @@ impl Node {
         };
         // (datapath port id, datapath port name, TAP name, bridge)
         let mut taps: Vec<(PortId, String, String, Option<String>)> = Vec::new();
+        let mut bridge_ids: Vec<(String, BridgeId)> = Vec::new();
         for br in &cfg.bridges {
             let mut bc = BridgeConfig::new(br.name.clone());
             bc.fdb_max_entries = br.fdb_max_entries;
@@ -270,6 +295,7 @@ impl Node {
             let id: BridgeId = b
                 .add_bridge(bc)
                 .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
+            bridge_ids.push((br.name.clone(), id));
             if let Some(a) = br.address {
                 let (iid, _) = b
                     .add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
@@ -289,6 +315,42 @@ impl Node {
                 .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
+        }
+        // Ports of `port add` and the CNI plugin, re-attached where they live now.
+        let mut restored: Vec<(PortId, state::PortRecord, ports::Found)> = Vec::new();
+        for r in other_recs {
+            let who = format!(
+                "port {}{}",
+                r.name,
+                r.owner
+                    .as_deref()
+                    .map_or(String::new(), |o| format!(" (owner {o})"))
+            );
+            let bid = r
+                .bridge
+                .as_deref()
+                .and_then(|n| bridge_ids.iter().find(|(m, _)| m == n))
+                .map(|(_, id)| *id);
+            let Some(bid) = bid else {
+                log::warn!(
+                    "{who}: its bridge {:?} is no longer in the config: deleting its TAP",
+                    r.bridge.as_deref().unwrap_or("-")
+                );
+                if let Err(e) = ports::delete_recorded(&r, sd.own_ns) {
+                    log::warn!("{who}: {e}");
+                }
+                continue;
+            };
+            match ports::reattach(&r, sd.own_ns) {
+                Ok(f) => match b.add_port(r.name.clone(), Some(bid)) {
+                    Ok(pid) => restored.push((pid, r, f)),
+                    Err(e) => {
+                        log::warn!("{who}: cannot add it back ({e}): deleting its TAP");
+                        let _ = f.tap.set_persist(false);
+                    }
+                },
+                Err(why) => log::info!("{who}: dropped from the record: {why}"),
+            }
         }
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
@@ -317,33 +379,90 @@ impl Node {
         }
         let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
         let registry = Registry::default();
+        let mut reattached = 0;
         for (id, name, tap, bridge) in &taps {
-            let p = if cfg.node.offload {
-                TapPort::open_offload(tap)
+            let kind = if bridge.is_some() {
+                Kind::Pod
             } else {
-                TapPort::open(tap)
-            }
-            .map_err(|e| tap_error(tap, &e))?;
+                Kind::Uplink
+            };
+            // Where the last run left it (moved and renamed, maybe), else in tapyard's
+            // namespace by name (attached to if it exists, created if not).
+            let rec = cfg_recs
+                .iter()
+                .position(|r| r.name == *name && r.kind == kind)
+                .map(|i| cfg_recs.swap_remove(i));
+            let found = rec.and_then(|r| match ports::reattach(&r, sd.own_ns) {
+                Ok(f) => Some((f, r.offload)),
+                Err(why) => {
+                    log::info!("port {name}: not re-attached ({why}); opening TAP {tap} in tapyard's namespace");
+                    None
+                }
+            });
+            let (dev, ifname, link, netns, offload) = match found {
+                Some((f, offload)) => {
+                    reattached += 1;
+                    (f.tap, f.ifname, Some(f.link), f.netns, offload)
+                }
+                None => {
+                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name)?;
+                    (dev, tap.clone(), link, None, cfg.node.offload)
+                }
+            };
+            let dev = Arc::new(dev);
             let ct = Arc::new(CaptureTap::default());
+            let (netns, netns_id) = netns.map_or((None, None), |(p, id)| (Some(p), Some(id)));
             registry.insert(PortEntry {
                 id: *id,
                 name: name.clone(),
                 tap: tap.clone(),
-                ifname: tap.clone(),
+                ifname,
                 owner: None,
-                kind: if bridge.is_some() {
-                    Kind::Pod
-                } else {
-                    Kind::Uplink
-                },
+                kind,
                 bridge: bridge.clone(),
-                link: None,
-                netns: None,
+                link,
+                netns,
+                netns_id,
                 origin: Origin::Config,
                 capture: ct.clone(),
+                dev: Some(dev.clone()),
+                offload,
             });
-            ports.push((*id, Arc::new(Observed::new(p, ct))));
+            ports.push((*id, Arc::new(Observed::new(SharedTap(dev), ct))));
         }
+        for r in cfg_recs {
+            log::info!(
+                "port {} left the config while tapyard was not running: deleting its TAP",
+                r.name
+            );
+            if let Err(e) = ports::delete_recorded(&r, sd.own_ns) {
+                log::warn!("port {}: {e}", r.name);
+            }
+        }
+        for (id, r, f) in restored {
+            let dev = Arc::new(f.tap);
+            let ct = Arc::new(CaptureTap::default());
+            let (netns, netns_id) = f.netns.map_or((None, None), |(p, id)| (Some(p), Some(id)));
+            registry.insert(PortEntry {
+                id,
+                name: r.name,
+                tap: r.tap,
+                ifname: f.ifname,
+                owner: r.owner,
+                kind: r.kind,
+                bridge: r.bridge,
+                link: Some(f.link),
+                netns,
+                netns_id,
+                origin: r.origin,
+                capture: ct.clone(),
+                dev: Some(dev.clone()),
+                offload: r.offload,
+            });
+            reattached += 1;
+            ports.push((id, Arc::new(Observed::new(SharedTap(dev), ct))));
+        }
+        let any_offload = registry.list().iter().any(|e| e.offload);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Ports may join a bridge at run time: a node with a bridge gets a worker per CPU.
         let wanted = if cfg.bridges.is_empty() {
@@ -366,7 +485,7 @@ impl Node {
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
-        if cfg.node.offload && taps.is_empty() {
+        if cfg.node.offload && !any_offload {
             log::info!(
                 "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"
             );
@@ -381,9 +500,11 @@ impl Node {
             config_path,
             current: Mutex::new(cfg.clone()),
             ports: registry,
-            offload: cfg.node.offload && !taps.is_empty(),
+            // The workers' buffers fit offload TAPs only if one was there at start.
+            offload: cfg.node.offload && any_offload,
             ifaces,
             workers,
+            state: sd,
             clock,
             rt: Mutex::new(Some(rt)),
         };
@@ -395,6 +516,19 @@ impl Node {
             }
             Err(errors) => return Err(errors.join("; ")),
         }
+        // Everything is in place: from now on the TAPs outlive the process.
+        for e in node.ports.list() {
+            if let Some(dev) = &e.dev {
+                if let Err(err) = dev.set_persist(true) {
+                    log::warn!("port {}: cannot make its TAP persistent: {err}", e.name);
+                }
+            }
+        }
+        node.save_ports();
+        log::info!(
+            "ports recorded in {} ({reattached} re-attached from the last run)",
+            node.state.dir.join(state::PORTS_FILE).display()
+        );
         if let Some(nf) = node.dp.netfilter() {
             let ct = nf.conntrack();
             log::info!(
@@ -472,7 +606,7 @@ impl Node {
             let _change = self.ports.changing();
             match self.ports.by_name(name) {
                 Some(e) if e.origin == Origin::Config => {
-                    if let Err(e) = self.port_remove(&e) {
+                    if let Err(e) = self.port_remove(e) {
                         errors.push(e);
                     }
                 }
