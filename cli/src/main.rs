@@ -233,18 +233,24 @@ fn cmd_cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
             .as_ref()
             .map_or("tapyard's namespace".to_string(), |n| n.path.clone());
         match ports::delete_recorded(r, sd.own_ns) {
-            Ok(()) => println!("port {}: TAP {} in {at} deleted", r.name, r.ifname),
+            Ok(true) => println!("port {}: TAP {} in {at} deleted", r.name, r.ifname),
+            Ok(false) => println!("port {}: TAP {} in {at} is gone already", r.name, r.ifname),
             Err(e) => failed.push(format!("port {}: {e}", r.name)),
         }
     }
-    // The config's TAPs, wherever the record did not place them: by name, here.
+    // The config's TAPs the record does not list: by name, here (when the node ran here).
     let names = cfg
         .bridges
         .iter()
         .flat_map(|b| b.ports.iter().cloned())
         .chain(cfg.uplinks.iter().map(|u| u.tap.clone()));
+    let elsewhere = state::load(&sd.dir, &cfg.node.name)
+        .ok()
+        .flatten()
+        .and_then(|r| r.own_netns)
+        .is_some_and(|o| Some(o.id()) != sd.own_ns);
     for tap in names {
-        if recs.iter().any(|r| r.tap == tap && r.netns.is_none()) {
+        if elsewhere || recs.iter().any(|r| r.tap == tap) {
             continue;
         }
         match ports::delete_local_tap(&tap) {

@@ -377,21 +377,22 @@ pub fn reattach(r: &PortRecord, own: Option<NsId>) -> Result<Found, String> {
     }
 }
 
-/// Deletes the interface of record `r` where it lives (`RTM_DELLINK`, confirmed by MAC); `Ok`
-/// if it is not there (its namespace went with it).
-pub fn delete_recorded(r: &PortRecord, own: Option<NsId>) -> Result<(), String> {
-    let del = |nl: &mut Netlink| -> Result<(), String> {
-        if let Some((_, l)) = find_link(nl, r).map_err(|e| format!("rtnetlink: {e}"))? {
-            nl.del_link(l.index)
-                .map_err(|e| format!("cannot delete {:?}: {e}", r.ifname))?;
-        }
-        Ok(())
+/// Deletes the interface of record `r` where it lives (`RTM_DELLINK`, confirmed by MAC).
+/// `Ok(false)` if it is not there (its namespace went with it).
+pub fn delete_recorded(r: &PortRecord, own: Option<NsId>) -> Result<bool, String> {
+    let del = |nl: &mut Netlink| -> Result<bool, String> {
+        let Some((_, l)) = find_link(nl, r).map_err(|e| format!("rtnetlink: {e}"))? else {
+            return Ok(false);
+        };
+        nl.del_link(l.index)
+            .map_err(|e| format!("cannot delete {:?}: {e}", r.ifname))?;
+        Ok(true)
     };
     match r.netns.as_ref().filter(|ns| Some(ns.id()) != own) {
         None => del(&mut Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?),
         Some(ns) => {
             let Some((f, path)) = state::open_ns(ns) else {
-                return Ok(());
+                return Ok(false);
             };
             netns::run_in(&f, &path, || {
                 use tapyard_cni::error::{CniError, NETNS_CONFIG};
@@ -469,6 +470,7 @@ impl Node {
         let r = state::Record {
             version: state::VERSION,
             node: self.state.node.clone(),
+            own_netns: self.state.own_netns(),
             ports: self.ports.list().iter().map(PortEntry::record).collect(),
         };
         if let Err(e) = state::save(&self.state.dir, &r) {

@@ -102,6 +102,9 @@ pub struct Record {
     pub version: u32,
     /// The node's name.
     pub node: String,
+    /// The namespace tapyard ran in (its ports without `netns` live there).
+    #[serde(default)]
+    pub own_netns: Option<NetnsRecord>,
     /// Its ports.
     pub ports: Vec<PortRecord>,
 }
@@ -130,16 +133,38 @@ impl StateDir {
         }
     }
 
+    /// This process's namespace as the record names it.
+    pub fn own_netns(&self) -> Option<NetnsRecord> {
+        self.own_ns.map(|(dev, ino)| NetnsRecord {
+            path: format!("/proc/{}/ns/net", std::process::id()),
+            dev,
+            ino,
+        })
+    }
+
     /// Serialises writes of the record.
     pub fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.write.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The record's ports, or none when there is no record; a record that cannot be trusted
-    /// is logged (saying why), set aside, and treated as none.
+    /// is logged (saying why), set aside, and treated as none. When the record was written
+    /// from another namespace than this process's (`tapyard cleanup` run elsewhere, a node
+    /// moved), its ports without `netns` are placed in that one.
     pub fn load_ports(&self) -> Vec<PortRecord> {
         match load(&self.dir, &self.node) {
-            Ok(Some(r)) => r.ports,
+            Ok(Some(mut r)) => {
+                if let Some(o) = r.own_netns.filter(|o| Some(o.id()) != self.own_ns) {
+                    log::info!(
+                        "the port record was written by a tapyard in another network namespace (inode {}): its ports there are looked for there",
+                        o.ino
+                    );
+                    for p in r.ports.iter_mut().filter(|p| p.netns.is_none()) {
+                        p.netns = Some(o.clone());
+                    }
+                }
+                r.ports
+            }
             Ok(None) => Vec::new(),
             Err(why) => {
                 log::warn!(
@@ -329,6 +354,7 @@ mod tests {
         Record {
             version: VERSION,
             node: "node-a".into(),
+            own_netns: None,
             ports: vec![PortRecord {
                 name: "ty00000001".into(),
                 tap: "ty00000001".into(),

@@ -215,6 +215,7 @@ impl Env {
 name = "podman-{tag}"
 cluster_cidr = "10.246.0.0/16"
 socket = "{socket}"
+state_dir = "{state_dir}"
 workers = 2
 
 [[bridge]]
@@ -238,6 +239,7 @@ endpoints = ["{WEB_POD}:8080"]
 "#,
                 tag = self.tag,
                 socket = self.socket.display(),
+                state_dir = self.socket.with_file_name("state").display(),
             ),
         )
         .unwrap();
