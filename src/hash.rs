@@ -51,6 +51,22 @@ impl SeededHash {
         }
     }
 
+    /// The secrets as three words, to keep with a table that outlives the process (the
+    /// conntrack file): its buckets are right only under the same secrets.
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        [self.seed, self.m1, self.m2]
+    }
+
+    /// Secrets kept by [`SeededHash::to_words`] (the multipliers made odd again, so that any
+    /// words give a usable hash).
+    pub(crate) fn from_words(w: [u64; 3]) -> SeededHash {
+        SeededHash {
+            seed: w[0],
+            m1: w[1] | 1,
+            m2: w[2] | 1,
+        }
+    }
+
     /// The hash of a 64-bit key: two folded multiplies (see the module docs for why two).
     #[inline(always)]
     pub(crate) fn hash(&self, x: u64) -> u64 {

@@ -116,11 +116,17 @@ pub(crate) const HUGE_PAGE: usize = 2 << 20;
 /// pages and a random lookup costs no TLB miss, or a short page walk. Without THP (or on
 /// another OS) it is an ordinary allocation; the advice is only a hint and its failure is
 /// ignored. Smaller arrays are plain allocations (a huge page would cost 2 MiB of memory).
+///
+/// A `BigSlice` of an [`AnyBits`] type can also be a window on a shared file mapping
+/// ([`BigSlice::in_map`]), for tables that outlive the process.
 pub(crate) struct BigSlice<T> {
     ptr: std::ptr::NonNull<T>,
     len: usize,
     /// The layout it was allocated with; `None` for a zero-sized allocation (dangling `ptr`).
     layout: Option<std::alloc::Layout>,
+    /// The file mapping the elements live in, if any (then `layout` is `None` and nothing is
+    /// dropped or freed here: the mapping is unmapped when its last user goes).
+    map: Option<std::sync::Arc<FileMap>>,
     _owns: std::marker::PhantomData<T>,
 }
 
@@ -173,6 +179,7 @@ impl<T> BigSlice<T> {
             ptr,
             len,
             layout,
+            map: None,
             _owns: std::marker::PhantomData,
         }
     }
@@ -181,7 +188,10 @@ impl<T> BigSlice<T> {
 impl<T> BigSlice<T> {
     /// Bytes allocated (the elements' size, rounded up to 2 MiB when advised huge).
     pub(crate) fn alloc_bytes(&self) -> usize {
-        self.layout.map_or(0, |l| l.size())
+        match &self.map {
+            Some(_) => self.len * std::mem::size_of::<T>(),
+            None => self.layout.map_or(0, |l| l.size()),
+        }
     }
 }
 
@@ -218,6 +228,11 @@ impl<T> std::ops::DerefMut for BigSlice<T> {
 
 impl<T> Drop for BigSlice<T> {
     fn drop(&mut self) {
+        if self.map.is_some() {
+            // Elements in a file mapping are `AnyBits` (no drop glue) and belong to the file;
+            // the mapping goes with its last `Arc`.
+            return;
+        }
         // SAFETY: the `len` elements are initialised and dropped exactly once, here; the memory
         // is then freed with the layout it was allocated with (if it was allocated at all).
         unsafe {
@@ -236,6 +251,196 @@ impl<T: std::fmt::Debug> std::fmt::Debug for BigSlice<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
+}
+
+// ---- shared file mappings: tables that outlive the process ---------------------------------
+
+/// Types for which every bit pattern is a valid value and that own nothing (no drop glue, no
+/// pointers or references): atomics of plain integers, and arrays and structs of them. A file
+/// mapping may hold anything — what a killed process half wrote, random bytes — so only such
+/// types may be read from one ([`BigSlice::in_map`]).
+///
+/// # Safety
+/// Implement it only for such types. Outside this module only [`atomic_words!`] implements
+/// it, for structs whose every field is `AnyBits` (checked when the struct is compiled).
+pub(crate) unsafe trait AnyBits: Sync {}
+
+// SAFETY: an AtomicU64 is 8 bytes of integer behind an UnsafeCell: any bits are a valid value
+// and it owns nothing.
+unsafe impl AnyBits for std::sync::atomic::AtomicU64 {}
+// SAFETY: as AtomicU64, with 4 bytes.
+unsafe impl AnyBits for std::sync::atomic::AtomicU32 {}
+// SAFETY: an array of `AnyBits` elements has no bytes of its own besides theirs.
+unsafe impl<T: AnyBits, const N: usize> AnyBits for [T; N] {}
+
+/// Declares a struct made only of [`AnyBits`] fields (atomics and arrays of them) and
+/// implements `AnyBits` for it, so that it can live in a shared file mapping. A field of any
+/// other type does not compile.
+macro_rules! atomic_words {
+    ($(#[$m:meta])* $vis:vis struct $name:ident {
+        $($(#[$fm:meta])* $fvis:vis $f:ident : $t:ty),* $(,)?
+    }) => {
+        $(#[$m])*
+        $vis struct $name { $($(#[$fm])* $fvis $f: $t),* }
+        const _: () = {
+            const fn any_bits<T: $crate::sys::AnyBits>() {}
+            $(any_bits::<$t>();)*
+        };
+        // SAFETY: every field is `AnyBits` (the constant above does not compile otherwise), so
+        // any bits are a valid value of each field; padding bytes have no validity
+        // requirement; a struct of fields that own nothing owns nothing.
+        #[allow(unsafe_code)]
+        unsafe impl $crate::sys::AnyBits for $name {}
+    };
+}
+pub(crate) use atomic_words;
+
+/// A whole file mapped shared and read-write (`MAP_SHARED`): stores are the file's contents at
+/// once, for other processes mapping it and for this program after a restart. Unmapped when
+/// the last [`BigSlice`] on it goes.
+#[derive(Debug)]
+pub(crate) struct FileMap {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; it is only reached as `AnyBits` elements through
+// `BigSlice` (atomics), which are Sync, so it may be used and unmapped from any thread.
+unsafe impl Send for FileMap {}
+// SAFETY: as above: `&FileMap` gives access to nothing but its length.
+unsafe impl Sync for FileMap {}
+
+impl FileMap {
+    /// Maps the first `len` bytes of `file` (open for reading and writing, at least `len`
+    /// bytes long), advised for transparent huge pages when it takes 2 MiB or more (tmpfs
+    /// gives them only when mounted with `huge=` or `shmem_enabled` allows them).
+    pub(crate) fn map(file: &std::fs::File, len: usize) -> io::Result<std::sync::Arc<FileMap>> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        // SAFETY: a new mapping at an address the kernel chooses, of an fd we hold open; no
+        // existing memory is touched. The result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let Some(ptr) = std::ptr::NonNull::new(p.cast::<u8>()) else {
+            return Err(io::Error::other("mmap returned null"));
+        };
+        if len >= HUGE_PAGE {
+            advise_huge(ptr.as_ptr(), len);
+        }
+        Ok(std::sync::Arc::new(FileMap { ptr, len }))
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the range `map` mapped; no BigSlice on it is left (each holds
+        // an Arc of this mapping), so nothing refers to it any more.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+impl<T: AnyBits> BigSlice<T> {
+    /// `len` elements of `map` from byte `offset`, as they are in the file (any bits are a
+    /// valid `T`). Errors when the range is not inside the mapping or `offset` is not aligned
+    /// for `T`.
+    pub(crate) fn in_map(
+        map: &std::sync::Arc<FileMap>,
+        offset: usize,
+        len: usize,
+    ) -> io::Result<BigSlice<T>> {
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+        let bytes = std::mem::size_of::<T>()
+            .checked_mul(len)
+            .ok_or_else(|| bad("size overflow"))?;
+        let end = offset
+            .checked_add(bytes)
+            .ok_or_else(|| bad("size overflow"))?;
+        // The mapping starts on a page boundary, so an offset aligned for T gives an aligned
+        // pointer (no T here is aligned to more than a page).
+        if end > map.len
+            || offset % std::mem::align_of::<T>() != 0
+            || std::mem::align_of::<T>() > 4096
+        {
+            return Err(bad("range outside the mapping or misaligned"));
+        }
+        // SAFETY: `offset <= end <= map.len`, so the pointer stays inside the mapping.
+        let p = unsafe { map.ptr.as_ptr().add(offset) };
+        let Some(ptr) = std::ptr::NonNull::new(p.cast::<T>()) else {
+            return Err(bad("null"));
+        };
+        Ok(BigSlice {
+            ptr,
+            len,
+            layout: None,
+            map: Some(map.clone()),
+            _owns: std::marker::PhantomData,
+        })
+    }
+}
+
+/// Takes an exclusive `flock` on `file` without waiting: false when another open file
+/// description (another process) holds one. Released when the file is closed.
+pub(crate) fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
+    // SAFETY: flock on an fd we hold open, integer arguments only.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(e)
+}
+
+/// Microseconds of `CLOCK_MONOTONIC`: the time since boot (suspend excluded), the same in every
+/// process of this boot, so times stored in a shared table stay comparable after a restart.
+pub(crate) fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through the pointer, a live local.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    let s = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let ns = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    s.saturating_mul(1_000_000).saturating_add(ns / 1000)
+}
+
+/// This boot's identity (`/proc/sys/kernel/random/boot_id`, a UUID), as 16 bytes; `None` when
+/// it cannot be read (not Linux, no /proc).
+pub(crate) fn boot_id() -> Option<[u8; 16]> {
+    let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (o, pair) in out.iter_mut().zip(hex.chunks(2)) {
+        let txt = std::str::from_utf8(pair).ok()?;
+        *o = u8::from_str_radix(txt, 16).ok()?;
+    }
+    Some(out)
 }
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;

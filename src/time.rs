@@ -7,7 +7,7 @@ use std::time::Duration;
 /// A point in time, in microseconds since an arbitrary epoch chosen by the caller.
 ///
 /// The datapath only compares and subtracts instants, so tests use a fake clock that starts at
-/// zero, and the runtime uses [`Clock`] (a monotonic clock).
+/// zero, and the runtime uses [`Clock`] (`CLOCK_MONOTONIC`: the time since boot).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Instant(u64);
 
@@ -75,29 +75,24 @@ impl From<Instant> for smoltcp::time::Instant {
     }
 }
 
-/// A monotonic clock that turns `std::time::Instant` into [`Instant`]s since its creation.
-#[derive(Clone, Copy, Debug)]
+/// The system's monotonic clock (`CLOCK_MONOTONIC`, microseconds since boot) as [`Instant`]s.
+///
+/// Every `Clock` of every process on the host reads the same time, so times that a table keeps
+/// in shared memory (the conntrack file, [`crate::conntrack::Conntrack::open_file`]) mean the
+/// same after a restart; tests that need a fake clock pass their own `Instant`s instead.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Clock {
-    epoch: std::time::Instant,
+    _private: (),
 }
 
 impl Clock {
-    /// A clock whose epoch is now.
+    /// The monotonic clock.
     pub fn new() -> Clock {
-        Clock {
-            epoch: std::time::Instant::now(),
-        }
+        Clock { _private: () }
     }
 
     /// The current time.
     pub fn now(&self) -> Instant {
-        let us = self.epoch.elapsed().as_micros();
-        Instant(u64::try_from(us).unwrap_or(u64::MAX))
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::new()
+        Instant(crate::sys::monotonic_us())
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tapyard::conntrack::Opened;
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::ServiceError;
@@ -261,6 +262,17 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     format!("{}:{line}: {e} (config key {key})", file.display())
 }
 
+/// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed.
+fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .map_err(|e| format!("[node] state_dir {}: {e}", state_dir.display()))?;
+    Ok(state_dir.join("conntrack"))
+}
+
 impl Node {
     /// Builds the datapath from `cfg`, creates the TAP devices, starts the workers, and adds
     /// routes, static neighbours and Services.
@@ -359,12 +371,22 @@ impl Node {
             let rules = to_nat_rules(&cfg, |n| {
                 iface_ids.iter().find(|(m, _)| m == n).map(|(_, i)| *i)
             })?;
+            // The connection table lives in <state_dir>/conntrack, so connections and their
+            // NAT survive a restart or a crash (see Conntrack::open_file).
+            let ct_file = conntrack_file(&cfg.node.state_dir_path())?;
+            b.conntrack_file(&ct_file, Clock::new().now());
             b.netfilter(NatConfig {
                 conntrack: cfg.conntrack,
                 max_affinity_entries: None,
                 rules,
             })
             .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
+            if let Some(r) = b.recovery() {
+                match r.opened {
+                    Opened::Refused(_) => log::warn!("conntrack: {}: {r}", ct_file.display()),
+                    _ => log::info!("conntrack: {}: {r}", ct_file.display()),
+                }
+            }
         } else if !cfg.services.is_empty() || cfg.masquerade.is_some() {
             return Err(
                 "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"

@@ -173,7 +173,7 @@ impl Node {
 name = "cni-{tag}"
 cluster_cidr = "10.244.0.0/16"
 socket = "{socket}"
-state_dir = "{state_dir}"
+state_dir = "{state}"
 workers = 2
 
 [[bridge]]
@@ -197,7 +197,7 @@ endpoints = ["{NODE_B_POD}:8080"]
 "#,
             tag = self.tag,
             socket = self.socket.display(),
-            state_dir = self.socket.with_file_name("state").display(),
+            state = self.socket.with_file_name("state").display(),
         )
     }
 

@@ -175,7 +175,7 @@ impl Names {
 name = "e2e"
 cluster_cidr = "10.217.0.0/16"
 socket = "{socket}"
-state_dir = "{state_dir}"
+state_dir = "{state}"
 workers = 2
 
 [[bridge]]
@@ -219,7 +219,7 @@ endpoints = [{bulk_endpoints}]
 
 {masq}{extra}"#,
             socket = self.socket.display(),
-            state_dir = self.socket.with_file_name("state").display(),
+            state = self.socket.with_file_name("state").display(),
             bridge = self.bridge,
             a = self.tap_a,
             b = self.tap_b,

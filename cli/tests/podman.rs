@@ -215,7 +215,7 @@ impl Env {
 name = "podman-{tag}"
 cluster_cidr = "10.246.0.0/16"
 socket = "{socket}"
-state_dir = "{state_dir}"
+state_dir = "{state}"
 workers = 2
 
 [[bridge]]
@@ -239,7 +239,7 @@ endpoints = ["{WEB_POD}:8080"]
 "#,
                 tag = self.tag,
                 socket = self.socket.display(),
-                state_dir = self.socket.with_file_name("state").display(),
+                state = self.socket.with_file_name("state").display(),
             ),
         )
         .unwrap();

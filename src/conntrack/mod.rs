@@ -142,7 +142,57 @@
 //! locked instruction on the lookup path: on x86 that is a full barrier, waiting for the
 //! lookup's cache misses); threads beyond 16 share a 17th shard and count there with atomic
 //! adds.
+//!
+//! # Keeping the table in a file
+//!
+//! ## The file
+//!
+//! One page of header, then the three arrays of the table exactly as in memory (entries,
+//! counters, index), each at a 2 MiB boundary of the file. The file is mapped `MAP_SHARED`:
+//! every store the table makes is in the file at once, with no write-back step, so a process
+//! killed at any instruction leaves the table as it was at that instruction. Put it on a tmpfs
+//! (`/run`, `/dev/shm`): it then costs memory, not disk writes, and does not survive a reboot
+//! (the boot id in the header refuses one that did).
+//!
+//! The header (little-endian words) holds a magic number, the format version, the sizes of the
+//! three element types, the number of entries and buckets, the arrays' offsets, the file
+//! length, the hash secrets (the index is only right under the same secrets, so they persist
+//! with it), the boot id (stored times are `CLOCK_MONOTONIC`, which restarts at boot), a
+//! checksum of all these, and, outside the checksum, a clean-detach flag and the pid of the
+//! process that last opened it. A file whose header does not match what this build and this
+//! configuration would write is **refused** and made again, empty, and [`Recovery`] says why
+//! ([`Refusal`]): a wrong version or element size (another build), another `max_entries`,
+//! another boot, a wrong length (truncated), a bad checksum or magic (random bytes).
+//!
+//! ## What is kept after a crash
+//!
+//! Nothing in the arrays is trusted but the entries themselves: on every open the index is
+//! cleared and rebuilt, and so are the free stack and the length. An entry is kept only when
+//! its control word says LIVE — the seqlock's stable state, reached only after the whole entry
+//! was written — and it passes sanity checks (both tuples of one protocol, a TCP state only for
+//! TCP and a valid one, known status bits and the NAT bits its tuples imply, a refresh time of
+//! its own generation and not in the future), has not expired, and holds no tuple a kept entry
+//! already holds. An entry being written (BUSY), published but not yet LIVE (PENDING),
+//! aborted by a racing insert (ABORTED) or half removed (DYING) when the process died is
+//! freed, counted in [`Recovery::half_written`]; so is every entry failing a check
+//! ([`Recovery::invalid`]). Counters of an older generation are reset to zero.
+//!
+//! ## NAT and Services after a restart
+//!
+//! A NAT binding is the entry's reply tuple and a Service's endpoint choice is its reply
+//! source, so kept entries translate as before. The source-port allocator has no state of its
+//! own: it asks the table whether a reply tuple is taken ([`Conntrack::tuple_in_use`]), so
+//! after the rebuild it sees every kept binding. The timeouts, `liberal` and the counters of
+//! lookups are this process's; a table opened with other timeouts applies them to the kept
+//! entries at once.
+//!
+//! ## Exclusion
+//!
+//! The file is locked (`flock`, exclusive) while a table uses it: a second process opening it
+//! gets [`CtFileError::InUse`] instead of rebuilding a table under a running one. The lock
+//! goes with the process, so a killed one does not keep it.
 
+mod persist;
 mod table;
 pub mod tcp;
 #[cfg(test)]
@@ -154,6 +204,7 @@ use std::time::Duration;
 use crate::stats::counter_set;
 use crate::wire::tuple::{L4Kind, Tuple};
 
+pub use persist::{CtFileError, Opened, Recovery, Refusal, FORMAT_VERSION};
 pub use table::{Conntrack, CtLoc};
 pub use tcp::CtState;
 

@@ -88,34 +88,41 @@ fn tagged_add(w: &AtomicU64, gen: u32, d: u64) {
 
 // ---- layout ------------------------------------------------------------------------------
 
-/// The line lookups read. `words` = orig `to_words()`, reply `to_words()`.
-#[repr(align(64))]
-#[derive(Default)]
-struct Entry {
-    ctl: AtomicU64,
-    words: [AtomicU64; 4],
-    /// Generation tag (16 bits) | last refresh in milliseconds (48 bits).
-    last: AtomicU64,
-    /// mark << 32 | service.
-    tag: AtomicU64,
-    /// endpoint << 32 | free-stack link (next free slot + 1, 0 = none) while FREE.
-    aux: AtomicU64,
+crate::sys::atomic_words! {
+    /// The line lookups read. `words` = orig `to_words()`, reply `to_words()`. Only atomics, in
+    /// a fixed order (`repr(C)`): it may live in a shared file ([`Conntrack::open_file`]).
+    #[repr(C, align(64))]
+    #[derive(Default)]
+    pub(super) struct Entry {
+        ctl: AtomicU64,
+        words: [AtomicU64; 4],
+        /// Generation tag (16 bits) | last refresh in milliseconds (48 bits).
+        last: AtomicU64,
+        /// mark << 32 | service.
+        tag: AtomicU64,
+        /// endpoint << 32 | free-stack link (next free slot + 1, 0 = none) while FREE.
+        aux: AtomicU64,
+    }
 }
 
-/// Per-direction counters: orig packets, orig bytes, reply packets, reply bytes, each
-/// generation-tagged.
-#[repr(align(32))]
-#[derive(Default)]
-struct Acct {
-    w: [AtomicU64; 4],
+crate::sys::atomic_words! {
+    /// Per-direction counters: orig packets, orig bytes, reply packets, reply bytes, each
+    /// generation-tagged.
+    #[repr(C, align(32))]
+    #[derive(Default)]
+    pub(super) struct Acct {
+        w: [AtomicU64; 4],
+    }
 }
 
 const WAYS: usize = 8;
 
-#[repr(align(64))]
-#[derive(Default)]
-struct Bucket {
-    slots: [AtomicU64; WAYS],
+crate::sys::atomic_words! {
+    #[repr(C, align(64))]
+    #[derive(Default)]
+    pub(super) struct Bucket {
+        slots: [AtomicU64; WAYS],
+    }
 }
 
 impl Bucket {
@@ -276,6 +283,8 @@ pub struct Conntrack {
     icmp_to: u64,
     generic_to: u64,
     cfg: CtConfig,
+    /// The file the arrays live in ([`Conntrack::open_file`]); `None` for anonymous memory.
+    file: Option<super::persist::CtFile>,
 }
 
 impl std::fmt::Debug for Conntrack {
@@ -292,46 +301,78 @@ fn us(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// Index buckets for `n` entries: two tuples per entry, at most half of the index words used,
+/// rounded up to a power of two.
+pub(super) fn bucket_count(n: usize) -> usize {
+    (n * 2 * 2).div_ceil(WAYS).next_power_of_two().max(2)
+}
+
+/// Checks a configuration as [`Conntrack::new`] does.
+pub(super) fn validate(cfg: &CtConfig) -> Result<(), CtConfigError> {
+    if cfg.max_entries == 0 || cfg.max_entries > MAX_ENTRIES_LIMIT {
+        return Err(CtConfigError {
+            field: "max_entries",
+            value: cfg.max_entries.to_string(),
+            expected: "between 1 and 2^30",
+        });
+    }
+    for (name, d) in cfg.timeouts.fields() {
+        if d.is_zero() {
+            return Err(CtConfigError {
+                field: match name {
+                    "tcp_syn_sent" => "timeouts.tcp_syn_sent",
+                    "tcp_syn_recv" => "timeouts.tcp_syn_recv",
+                    "tcp_established" => "timeouts.tcp_established",
+                    "tcp_fin_wait" => "timeouts.tcp_fin_wait",
+                    "tcp_close_wait" => "timeouts.tcp_close_wait",
+                    "tcp_last_ack" => "timeouts.tcp_last_ack",
+                    "tcp_time_wait" => "timeouts.tcp_time_wait",
+                    "tcp_close" => "timeouts.tcp_close",
+                    "udp" => "timeouts.udp",
+                    "udp_stream" => "timeouts.udp_stream",
+                    "icmp" => "timeouts.icmp",
+                    _ => "timeouts.generic",
+                },
+                value: format!("{d:?}"),
+                expected: "a non-zero duration",
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Conntrack {
     /// A table for at most `cfg.max_entries` connections, all memory allocated now.
     pub fn new(cfg: CtConfig) -> Result<Conntrack, CtConfigError> {
-        if cfg.max_entries == 0 || cfg.max_entries > MAX_ENTRIES_LIMIT {
-            return Err(CtConfigError {
-                field: "max_entries",
-                value: cfg.max_entries.to_string(),
-                expected: "between 1 and 2^30",
-            });
-        }
-        for (name, d) in cfg.timeouts.fields() {
-            if d.is_zero() {
-                return Err(CtConfigError {
-                    field: match name {
-                        "tcp_syn_sent" => "timeouts.tcp_syn_sent",
-                        "tcp_syn_recv" => "timeouts.tcp_syn_recv",
-                        "tcp_established" => "timeouts.tcp_established",
-                        "tcp_fin_wait" => "timeouts.tcp_fin_wait",
-                        "tcp_close_wait" => "timeouts.tcp_close_wait",
-                        "tcp_last_ack" => "timeouts.tcp_last_ack",
-                        "tcp_time_wait" => "timeouts.tcp_time_wait",
-                        "tcp_close" => "timeouts.tcp_close",
-                        "udp" => "timeouts.udp",
-                        "udp_stream" => "timeouts.udp_stream",
-                        "icmp" => "timeouts.icmp",
-                        _ => "timeouts.generic",
-                    },
-                    value: format!("{d:?}"),
-                    expected: "a non-zero duration",
-                });
-            }
-        }
+        validate(&cfg)?;
         let n = cfg.max_entries;
-        // Two tuples per entry, at most half of the index words used.
-        let nbuckets = (n * 2 * 2).div_ceil(WAYS).next_power_of_two().max(2);
         // Free stack: 0 -> 1 -> ... -> n-1.
         let entries = BigSlice::from_fn(n, |i| Entry {
             aux: AtomicU64::new(if i + 1 < n { i as u64 + 2 } else { 0 }),
             ..Entry::default()
         });
+        let mut ct = Conntrack::assemble(
+            cfg,
+            entries,
+            BigSlice::from_fn(n, |_| Acct::default()),
+            BigSlice::from_fn(bucket_count(n), |_| Bucket::default()),
+            SeededHash::random(),
+            None,
+        );
+        ct.free_head = AtomicU64::new(1);
+        Ok(ct)
+    }
+
+    /// A table on arrays made elsewhere (anonymous memory or a file), with an empty free stack
+    /// and a length of zero: the caller sets them.
+    pub(super) fn assemble(
+        cfg: CtConfig,
+        entries: BigSlice<Entry>,
+        acct: BigSlice<Acct>,
+        index: BigSlice<Bucket>,
+        hash: SeededHash,
+        file: Option<super::persist::CtFile>,
+    ) -> Conntrack {
         let t = &cfg.timeouts;
         let tcp_to = [
             us(t.tcp_close), // NONE: never stays there
@@ -345,13 +386,14 @@ impl Conntrack {
             us(t.tcp_close),
             us(t.tcp_syn_sent),
         ];
-        Ok(Conntrack {
-            acct: BigSlice::from_fn(n, |_| Acct::default()),
+        let nbuckets = index.len();
+        Conntrack {
+            acct,
             entries,
-            index: BigSlice::from_fn(nbuckets, |_| Bucket::default()),
+            index,
             mask: nbuckets - 1,
-            hash: SeededHash::random(),
-            free_head: AtomicU64::new(1),
+            hash,
+            free_head: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             cursor: AtomicUsize::new(0),
             shards: (0..=SHARDS).map(|_| Shard::default()).collect(),
@@ -362,7 +404,8 @@ impl Conntrack {
             icmp_to: us(t.icmp),
             generic_to: us(t.generic),
             cfg,
-        })
+            file,
+        }
     }
 
     /// The configuration the table was made with.
@@ -1350,6 +1393,262 @@ impl Conntrack {
         }
         s
     }
+}
+
+/// What [`Conntrack::rebuild`] found in the entries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Rebuilt {
+    pub(super) kept: usize,
+    pub(super) half_written: usize,
+    pub(super) invalid: usize,
+    pub(super) expired: usize,
+    pub(super) duplicates: usize,
+}
+
+impl Conntrack {
+    /// Whether the arrays live in a file.
+    pub fn is_file_backed(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Makes a table found in a file usable, trusting nothing but fully written LIVE entries
+    /// that pass the sanity checks below: every other entry is freed (with the next
+    /// generation), the index is cleared and filled again from the kept entries, and the free
+    /// stack and length are rebuilt. Single-threaded: nothing else may use the table yet.
+    pub(super) fn rebuild(&self, now: Instant) -> Rebuilt {
+        let now_us = now.micros();
+        let now_ms = now_us / 1000;
+        let mut r = Rebuilt::default();
+        for b in self.index.iter() {
+            for s in &b.slots {
+                s.store(0, Ordering::Relaxed);
+            }
+        }
+        let mut keep = vec![false; self.entries.len()];
+        for (idx, (e, a)) in self.entries.iter().zip(self.acct.iter()).enumerate() {
+            let c = e.ctl.load(Ordering::Relaxed);
+            match life(c) {
+                FREE => continue,
+                LIVE => {}
+                _ => {
+                    r.half_written += 1;
+                    self.free_slot(e, c);
+                    continue;
+                }
+            }
+            let sn = Snap {
+                c,
+                w: [
+                    e.words[0].load(Ordering::Relaxed),
+                    e.words[1].load(Ordering::Relaxed),
+                    e.words[2].load(Ordering::Relaxed),
+                    e.words[3].load(Ordering::Relaxed),
+                ],
+                last: e.last.load(Ordering::Relaxed),
+                tag: e.tag.load(Ordering::Relaxed),
+                aux: e.aux.load(Ordering::Relaxed),
+            };
+            if !sane(&sn, now_ms) {
+                r.invalid += 1;
+                self.free_slot(e, c);
+                continue;
+            }
+            if self.expired(&sn, now_us) {
+                r.expired += 1;
+                self.free_slot(e, c);
+                continue;
+            }
+            let lo = self.locate_words(sn.tuple_words(Dir::Original));
+            let lr = self.locate_words(sn.tuple_words(Dir::Reply));
+            // A tuple already held by a kept entry (no insert leaves two LIVE entries with an
+            // equal tuple, but a damaged file might): the first one stays.
+            if self.find(&lo, now_us, |x| x == LIVE).is_some()
+                || self.find(&lr, now_us, |x| x == LIVE).is_some()
+            {
+                r.duplicates += 1;
+                self.free_slot(e, c);
+                continue;
+            }
+            let vo = slot_value(lo.sig, idx, Dir::Original);
+            let vr = slot_value(lr.sig, idx, Dir::Reply);
+            if !self.publish(&lo, vo) {
+                r.invalid += 1;
+                self.free_slot(e, c);
+                continue;
+            }
+            if !self.publish(&lr, vr) {
+                self.unpublish(&lo, vo);
+                r.invalid += 1;
+                self.free_slot(e, c);
+                continue;
+            }
+            // Counters of another generation (a slot reused while they were being added) read
+            // as zero: make them this generation's.
+            let t = tag16(gen_of(c));
+            for w in &a.w {
+                let v = w.load(Ordering::Relaxed);
+                if v & !LOW48 != t {
+                    w.store(t, Ordering::Relaxed);
+                }
+            }
+            // The free-stack link is meaningless in a live entry.
+            e.aux
+                .store(sn.aux & !u64::from(u32::MAX), Ordering::Relaxed);
+            if let Some(k) = keep.get_mut(idx) {
+                *k = true;
+            }
+            r.kept += 1;
+        }
+        // The free stack, lowest slot on top.
+        let mut head = 0u64;
+        for (idx, e) in self.entries.iter().enumerate().rev() {
+            if keep.get(idx).copied().unwrap_or(false) {
+                continue;
+            }
+            let aux = e.aux.load(Ordering::Relaxed);
+            e.aux
+                .store((aux & !u64::from(u32::MAX)) | head, Ordering::Relaxed);
+            head = idx as u64 + 1;
+        }
+        self.free_head.store(head, Ordering::Release);
+        self.len.store(r.kept, Ordering::Release);
+        self.cursor.store(0, Ordering::Relaxed);
+        r
+    }
+
+    /// Marks an untrusted entry FREE with the next generation (rebuild only).
+    fn free_slot(&self, e: &Entry, c: u64) {
+        e.ctl.store(
+            ctl(gen_of(c).wrapping_add(1), FREE, CtState::None, CtStatus(0)),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Checks the table's invariants and says which one fails: every LIVE entry is indexed
+    /// exactly once under each of its tuples (in one of the tuple's candidate buckets, with its
+    /// signature), no tuple belongs to two LIVE entries, every index word points at a LIVE
+    /// entry that holds that tuple, the free stack holds every other entry exactly once and
+    /// nothing else, and [`Conntrack::len`] is the number of LIVE entries. For tests and
+    /// tools, on a quiescent table (no insert or removal in flight); O(table size), allocates.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        use std::collections::HashMap;
+        let n = self.entries.len();
+        let mut live = vec![false; n];
+        let mut tuples: HashMap<[u64; 2], usize> = HashMap::new();
+        for (idx, e) in self.entries.iter().enumerate() {
+            let c = e.ctl.load(Ordering::Acquire);
+            match life(c) {
+                FREE => continue,
+                LIVE => {}
+                l => return Err(format!("entry {idx}: life stage {l} in a quiescent table")),
+            }
+            live[idx] = true;
+            let w = [
+                e.words[0].load(Ordering::Relaxed),
+                e.words[1].load(Ordering::Relaxed),
+                e.words[2].load(Ordering::Relaxed),
+                e.words[3].load(Ordering::Relaxed),
+            ];
+            for (dir, tw) in [(Dir::Original, [w[0], w[1]]), (Dir::Reply, [w[2], w[3]])] {
+                if let Some(other) = tuples.insert(tw, idx) {
+                    return Err(format!(
+                        "tuple {} held by entries {other} and {idx}",
+                        Tuple::from_words(tw)
+                    ));
+                }
+                let l = self.locate_words(tw);
+                let v = slot_value(l.sig, idx, dir);
+                let found: usize = self
+                    .buckets(&l)
+                    .map(|b| {
+                        b.slots
+                            .iter()
+                            .filter(|s| s.load(Ordering::Relaxed) == v)
+                            .count()
+                    })
+                    .sum();
+                if found != 1 {
+                    return Err(format!(
+                        "entry {idx} ({dir:?} {}) indexed {found} times",
+                        Tuple::from_words(tw)
+                    ));
+                }
+            }
+        }
+        let nlive = live.iter().filter(|&&x| x).count();
+        let mut words = 0usize;
+        for b in self.index.iter() {
+            for s in &b.slots {
+                let v = s.load(Ordering::Relaxed);
+                if v == 0 {
+                    continue;
+                }
+                words += 1;
+                let (idx, _) = slot_entry(v);
+                if !live.get(idx).copied().unwrap_or(false) {
+                    return Err(format!("index word {v:#x} points at entry {idx}, not live"));
+                }
+            }
+        }
+        if words != 2 * nlive {
+            return Err(format!("{words} index words for {nlive} live entries"));
+        }
+        let mut on_stack = vec![false; n];
+        let mut top = low32(self.free_head.load(Ordering::Acquire));
+        let mut free = 0usize;
+        while top != 0 {
+            let idx = (top - 1) as usize;
+            let Some(e) = self.entries.get(idx) else {
+                return Err(format!("free stack link {top} outside the table"));
+            };
+            if on_stack[idx] {
+                return Err(format!("entry {idx} twice on the free stack"));
+            }
+            if live[idx] {
+                return Err(format!("live entry {idx} on the free stack"));
+            }
+            on_stack[idx] = true;
+            free += 1;
+            top = low32(e.aux.load(Ordering::Relaxed));
+        }
+        if free + nlive != n {
+            return Err(format!(
+                "{free} free + {nlive} live entries, table of {n}: some entries are lost"
+            ));
+        }
+        if self.len() != nlive {
+            return Err(format!("len {} but {nlive} live entries", self.len()));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a LIVE entry read from a file looks like one an insert wrote: both tuples of one
+/// protocol, a TCP state only for TCP, known status bits only (and the NAT bits the tuples
+/// imply), no stray control bits, its refresh time of its generation and not in the future.
+fn sane(s: &Snap, now_ms: u64) -> bool {
+    let proto = s.proto();
+    let reply_proto = low8(s.w[3] >> 16);
+    let c = s.c;
+    let state_bits = (c >> 16) & 0xf;
+    let known = CtStatus::SEEN_REPLY | CtStatus::ASSURED | CtStatus::NAT_MASK;
+    let orig = Tuple::from_words(s.tuple_words(Dir::Original));
+    let reply = Tuple::from_words(s.tuple_words(Dir::Reply));
+    let st = status_of(c);
+    let dnat = (reply.src, reply.sport) != (orig.dst, orig.dport);
+    let snat = (reply.dst, reply.dport) != (orig.src, orig.sport);
+    proto == reply_proto
+        && (c >> 23) & 0x1ff == 0
+        && st.0 & !known == 0
+        && (!dnat || st.dnat())
+        && (!snat || st.snat())
+        && if proto == PROTO_TCP {
+            (state_bits as usize) < CtState::ALL.len() && state_bits != 0
+        } else {
+            state_bits == 0
+        }
+        && s.last & !LOW48 == tag16(gen_of(c))
+        && s.last_ms() <= now_ms.saturating_add(1000)
 }
 
 #[cfg(test)]

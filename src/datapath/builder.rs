@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,12 +13,13 @@ use parking_lot::Mutex;
 
 use super::{word, Bridge, Datapath, PortInfo, PortKind, Topo};
 use crate::base::{BridgeId, IfaceId, PortId};
-use crate::conntrack::CtConfigError;
+use crate::conntrack::{Conntrack, CtConfigError, CtFileError, Recovery};
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
 use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::nat::netfilter::{NatConfig, Netfilter};
+use crate::time::Instant;
 
 /// Settings of one bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +101,9 @@ pub enum ConfigError {
     Neigh(NeighError),
     /// The conntrack settings of the NAT engine were refused ([`DatapathBuilder::netfilter`]).
     Conntrack(CtConfigError),
+    /// The connection table's file ([`DatapathBuilder::conntrack_file`]) could not be opened,
+    /// locked or mapped.
+    ConntrackFile(CtFileError),
 }
 
 impl fmt::Display for ConfigError {
@@ -139,6 +144,7 @@ impl fmt::Display for ConfigError {
             } => write!(f, "{field} = {value} is out of range: expected {expected}"),
             ConfigError::Neigh(_) => f.write_str("invalid neighbour table settings"),
             ConfigError::Conntrack(_) => f.write_str("invalid conntrack settings"),
+            ConfigError::ConntrackFile(_) => f.write_str("cannot use the conntrack file"),
         }
     }
 }
@@ -148,6 +154,7 @@ impl std::error::Error for ConfigError {
         match self {
             ConfigError::Neigh(e) => Some(e),
             ConfigError::Conntrack(e) => Some(e),
+            ConfigError::ConntrackFile(e) => Some(e),
             _ => None,
         }
     }
@@ -178,6 +185,9 @@ pub struct DatapathBuilder {
     ifaces: Vec<Iface>,
     neigh: NeighConfig,
     nf: Option<Netfilter>,
+    /// Where the connection table lives ([`DatapathBuilder::conntrack_file`]).
+    ct_file: Option<(PathBuf, Instant)>,
+    recovery: Option<Recovery>,
 }
 
 impl Default for DatapathBuilder {
@@ -189,6 +199,8 @@ impl Default for DatapathBuilder {
             ifaces: Vec::new(),
             neigh: NeighConfig::default(),
             nf: None,
+            ct_file: None,
+            recovery: None,
         }
     }
 }
@@ -390,9 +402,38 @@ impl DatapathBuilder {
     /// and reverse NAT on bridged IPv4 (see [`crate::nat::netfilter`]). Needs a router interface.
     /// Errors name the bad conntrack setting.
     pub fn netfilter(&mut self, cfg: NatConfig) -> Result<(), ConfigError> {
-        let nf = Netfilter::new(cfg).map_err(ConfigError::Conntrack)?;
+        let nf = match &self.ct_file {
+            None => Netfilter::new(cfg).map_err(ConfigError::Conntrack)?,
+            Some((path, now)) => {
+                let (ct, rec) =
+                    Conntrack::open_file(cfg.conntrack, path, *now).map_err(|e| match e {
+                        CtFileError::Config(c) => ConfigError::Conntrack(c),
+                        e => ConfigError::ConntrackFile(e),
+                    })?;
+                self.recovery = Some(rec);
+                Netfilter::with_conntrack(cfg, ct)
+            }
+        };
         self.nf = Some(nf);
         Ok(())
+    }
+
+    /// Keeps the NAT engine's connection table in the file at `path` (on a tmpfs: `/run`,
+    /// `/dev/shm`) instead of anonymous memory, so that connections, their NAT bindings and
+    /// Service endpoints outlive the process: a datapath built again on the same file (after
+    /// a restart or a crash) keeps translating them (see [`Conntrack::open_file`]). `now` is
+    /// the current time of the clock the datapath will run with, which must be
+    /// [`crate::Clock`] (`CLOCK_MONOTONIC`, the same in every process). Call it before
+    /// [`DatapathBuilder::netfilter`], which opens the file; [`DatapathBuilder::recovery`]
+    /// then says what was found in it.
+    pub fn conntrack_file(&mut self, path: impl Into<PathBuf>, now: Instant) {
+        self.ct_file = Some((path.into(), now));
+    }
+
+    /// What [`DatapathBuilder::netfilter`] found in the connection table's file, once it has
+    /// opened it (`None` without [`DatapathBuilder::conntrack_file`]).
+    pub fn recovery(&self) -> Option<&Recovery> {
+        self.recovery.as_ref()
     }
 
     /// Finishes the datapath.

@@ -417,10 +417,18 @@ fn csum_mode(b: &PacketBuf) -> CsumMode {
 impl Netfilter {
     /// A NAT engine with `cfg`; errors name the bad field and value.
     pub fn new(cfg: NatConfig) -> Result<Netfilter, CtConfigError> {
+        let ct = Conntrack::new(cfg.conntrack)?;
+        Ok(Netfilter::with_conntrack(cfg, ct))
+    }
+
+    /// A NAT engine with `cfg` on a connection table made by the caller (e.g. one kept in a
+    /// file, [`Conntrack::open_file`]); `cfg.conntrack` is not used, the table's own
+    /// configuration is.
+    pub fn with_conntrack(cfg: NatConfig, ct: Conntrack) -> Netfilter {
         // A memoized connection was seen live (and refreshed, to within REFRESH) at its
         // stamp, so it cannot expire before the shortest timeout less REFRESH has passed.
-        let shortest = cfg
-            .conntrack
+        let shortest = ct
+            .config()
             .timeouts
             .fields()
             .iter()
@@ -431,13 +439,13 @@ impl Netfilter {
         let memo_window_us = u64::try_from(shortest.saturating_sub(margin).as_micros())
             .unwrap_or(u64::MAX)
             .min(MEMO_WINDOW_MAX_US);
-        Ok(Netfilter {
-            ct: Conntrack::new(cfg.conntrack)?,
+        Netfilter {
+            ct,
             services: Services::new(cfg.max_affinity_entries.unwrap_or(65_536)),
             rules: ArcSwap::from_pointee(cfg.rules),
             counters: Counters::default(),
             memo_window_us,
-        })
+        }
     }
 
     /// The connection table (lookups, dump like `conntrack -L`, flushes).

@@ -1,0 +1,526 @@
+//! The connection table in a shared-memory file, so that connections outlive the process
+//! ([`Conntrack::open_file`]); the format and what is kept after a crash are described in the
+//! [`conntrack`](super) module docs ("Keeping the table in a file").
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::table::{bucket_count, validate, Acct, Bucket, Entry, Rebuilt};
+use super::{Conntrack, CtConfig, CtConfigError};
+use crate::hash::SeededHash;
+use crate::sys::{self, BigSlice, FileMap, HUGE_PAGE};
+use crate::time::Instant;
+
+/// "TAPYCT" and two bytes of version family, as the file's first word.
+const MAGIC: u64 = u64::from_le_bytes(*b"TAPYCT\0\x01");
+/// The file format's version; a file of another version is refused.
+pub const FORMAT_VERSION: u64 = 1;
+/// Bytes of header before the first array's boundary are read as one page.
+const HEADER_BYTES: usize = 4096;
+
+// Header words.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 1;
+const H_HEADER: usize = 2;
+const H_ENTRY_SIZE: usize = 3;
+const H_ACCT_SIZE: usize = 4;
+const H_BUCKET_SIZE: usize = 5;
+const H_ENTRIES: usize = 6;
+const H_BUCKETS: usize = 7;
+const H_ENTRIES_OFF: usize = 8;
+const H_ACCT_OFF: usize = 9;
+const H_INDEX_OFF: usize = 10;
+const H_FILE_LEN: usize = 11;
+const H_SEED: usize = 12; // three words
+const H_BOOT: usize = 15; // two words
+const H_CHECKSUM: usize = 17;
+/// Outside the checksum: 1 once a process detached cleanly, 0 while one uses the file.
+const H_CLEAN: usize = 18;
+/// Outside the checksum: the pid of the process that opened it last (for the log).
+const H_PID: usize = 19;
+const H_WORDS: usize = 20;
+
+/// Where everything goes in a file for `n` entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    entries: usize,
+    buckets: usize,
+    entries_off: usize,
+    acct_off: usize,
+    index_off: usize,
+    file_len: usize,
+}
+
+impl Layout {
+    fn of(n: usize) -> Layout {
+        let up = |x: usize| x.next_multiple_of(HUGE_PAGE);
+        let buckets = bucket_count(n);
+        let entries_off = HUGE_PAGE;
+        let acct_off = up(entries_off + n * size_of::<Entry>());
+        let index_off = up(acct_off + n * size_of::<Acct>());
+        let file_len = up(index_off + buckets * size_of::<Bucket>());
+        Layout {
+            entries: n,
+            buckets,
+            entries_off,
+            acct_off,
+            index_off,
+            file_len,
+        }
+    }
+
+    /// The header words this build writes, checksum included.
+    fn header(&self, hash: [u64; 3], boot: [u8; 16]) -> [u64; H_WORDS] {
+        let mut h = [0u64; H_WORDS];
+        h[H_MAGIC] = MAGIC;
+        h[H_VERSION] = FORMAT_VERSION;
+        h[H_HEADER] = HEADER_BYTES as u64;
+        h[H_ENTRY_SIZE] = size_of::<Entry>() as u64;
+        h[H_ACCT_SIZE] = size_of::<Acct>() as u64;
+        h[H_BUCKET_SIZE] = size_of::<Bucket>() as u64;
+        h[H_ENTRIES] = self.entries as u64;
+        h[H_BUCKETS] = self.buckets as u64;
+        h[H_ENTRIES_OFF] = self.entries_off as u64;
+        h[H_ACCT_OFF] = self.acct_off as u64;
+        h[H_INDEX_OFF] = self.index_off as u64;
+        h[H_FILE_LEN] = self.file_len as u64;
+        h[H_SEED..H_SEED + 3].copy_from_slice(&hash);
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&boot[..8]);
+        h[H_BOOT] = u64::from_le_bytes(b);
+        b.copy_from_slice(&boot[8..]);
+        h[H_BOOT + 1] = u64::from_le_bytes(b);
+        h[H_CHECKSUM] = checksum(&h[..H_CHECKSUM]);
+        h
+    }
+}
+
+/// A checksum of the header words (splitmix64 steps over each word).
+fn checksum(words: &[u64]) -> u64 {
+    let mut h = 0x243f_6a88_85a3_08d3u64;
+    for &w in words {
+        let mut z = (h ^ w).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h = z ^ (z >> 31);
+    }
+    h
+}
+
+/// Why a table file was refused (and made again, empty). Each names what it found and what
+/// this build expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The file is shorter or longer than its header says, or than a header.
+    Length {
+        /// Bytes found.
+        found: u64,
+        /// Bytes expected.
+        expected: u64,
+    },
+    /// The first word is not the format's magic number: not a table file, or overwritten.
+    Magic {
+        /// The word found.
+        found: u64,
+    },
+    /// Another format version (another tapyard build).
+    Version {
+        /// The file's version.
+        found: u64,
+        /// This build's.
+        expected: u64,
+    },
+    /// The header's checksum does not match its words: damaged.
+    Checksum,
+    /// A layout field differs: another build's element sizes, or another `max_entries`.
+    Layout {
+        /// The header field, e.g. `max_entries` or `entry_size`.
+        field: &'static str,
+        /// The file's value.
+        found: u64,
+        /// The value this build and configuration need.
+        expected: u64,
+    },
+    /// Written during another boot: its times (`CLOCK_MONOTONIC`) mean nothing now.
+    OtherBoot,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Length { found, expected } => write!(
+                f,
+                "file length {found} bytes, expected {expected} (truncated or not a table file)"
+            ),
+            Refusal::Magic { found } => write!(f, "magic {found:#018x} is not a table file's"),
+            Refusal::Version { found, expected } => {
+                write!(f, "format version {found}, this build reads {expected}")
+            }
+            Refusal::Checksum => write!(f, "header checksum mismatch (damaged header)"),
+            Refusal::Layout {
+                field,
+                found,
+                expected,
+            } => write!(f, "{field} = {found} in the file, {expected} wanted"),
+            Refusal::OtherBoot => write!(f, "written during another boot"),
+        }
+    }
+}
+
+/// What [`Conntrack::open_file`] did with the file it found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// There was no file (or an empty one): a new, empty table.
+    Created,
+    /// The file was refused for this reason and replaced by a new, empty table.
+    Refused(Refusal),
+    /// The file's table was validated and is in use again.
+    Reused,
+}
+
+/// What [`Conntrack::open_file`] found and kept. Its `Display` is a one-line summary for a
+/// log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// What was done with the file.
+    pub opened: Opened,
+    /// Whether the previous process detached cleanly (dropped its table) rather than dying.
+    pub clean: bool,
+    /// The pid of the process that used the file before (0 if unknown).
+    pub previous_pid: u32,
+    /// Connections kept, in use again.
+    pub kept: usize,
+    /// Entries freed because the dead process was writing, inserting or removing them.
+    pub half_written: usize,
+    /// LIVE entries freed because they failed a sanity check (or could not be indexed).
+    pub invalid: usize,
+    /// Entries freed because they had expired while no process ran.
+    pub expired: usize,
+    /// Entries freed because a kept entry already held one of their tuples.
+    pub duplicates: usize,
+}
+
+impl fmt::Display for Recovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.opened {
+            Opened::Created => write!(f, "new connection table"),
+            Opened::Refused(r) => write!(f, "connection table file refused ({r}): new table"),
+            Opened::Reused => write!(
+                f,
+                "connection table reused after {} (pid {}): {} connections kept; freed {} \
+                 half-written, {} invalid, {} expired, {} duplicate",
+                if self.clean {
+                    "a clean stop"
+                } else {
+                    "a crash"
+                },
+                self.previous_pid,
+                self.kept,
+                self.half_written,
+                self.invalid,
+                self.expired,
+                self.duplicates
+            ),
+        }
+    }
+}
+
+/// Why [`Conntrack::open_file`] could not give a table at all (a file it could read but did
+/// not trust is not an error: it is replaced, see [`Recovery`]). Two I/O errors are equal when
+/// their operation, file and kind of error are.
+#[derive(Clone, Debug)]
+pub enum CtFileError {
+    /// The configuration is refused, as by [`Conntrack::new`].
+    Config(CtConfigError),
+    /// Another process has the file open as its table.
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Opening, sizing, locking or mapping the file failed.
+    Io {
+        /// What was being done, e.g. `open` or `mmap`.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        err: std::sync::Arc<io::Error>,
+    },
+}
+
+impl PartialEq for CtFileError {
+    fn eq(&self, other: &CtFileError) -> bool {
+        match (self, other) {
+            (CtFileError::Config(a), CtFileError::Config(b)) => a == b,
+            (CtFileError::InUse { path: a }, CtFileError::InUse { path: b }) => a == b,
+            (
+                CtFileError::Io { op, path, err },
+                CtFileError::Io {
+                    op: op2,
+                    path: path2,
+                    err: err2,
+                },
+            ) => op == op2 && path == path2 && err.kind() == err2.kind(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for CtFileError {}
+
+impl fmt::Display for CtFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CtFileError::Config(e) => write!(f, "{e}"),
+            CtFileError::InUse { path } => write!(
+                f,
+                "conntrack file {}: in use by another process",
+                path.display()
+            ),
+            CtFileError::Io { op, path, err } => {
+                write!(f, "conntrack file {}: {op}: {err}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for CtFileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CtFileError::Config(e) => Some(e),
+            CtFileError::Io { err, .. } => Some(&**err),
+            CtFileError::InUse { .. } => None,
+        }
+    }
+}
+
+/// The open, locked file behind a file-backed table; marks the file cleanly detached when the
+/// table is dropped.
+#[derive(Debug)]
+pub(super) struct CtFile {
+    file: File,
+}
+
+impl Drop for CtFile {
+    fn drop(&mut self) {
+        let _ = self
+            .file
+            .write_all_at(&1u64.to_le_bytes(), (H_CLEAN * 8) as u64);
+    }
+}
+
+fn read_header(file: &File, len: u64) -> io::Result<[u64; H_WORDS]> {
+    let mut b = [0u8; H_WORDS * 8];
+    if len < b.len() as u64 {
+        return Ok([0; H_WORDS]);
+    }
+    file.read_exact_at(&mut b, 0)?;
+    let mut h = [0u64; H_WORDS];
+    for (w, c) in h.iter_mut().zip(b.chunks_exact(8)) {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(c);
+        *w = u64::from_le_bytes(x);
+    }
+    Ok(h)
+}
+
+/// Checks a header against the one this build would write (`want`, whose hash words are
+/// ignored). The checks go from what says "not a table file" to what says "another table".
+fn check(h: &[u64; H_WORDS], want: &[u64; H_WORDS], len: u64) -> Result<(), Refusal> {
+    if h[H_MAGIC] != MAGIC {
+        if len < HEADER_BYTES as u64 {
+            return Err(Refusal::Length {
+                found: len,
+                expected: want[H_FILE_LEN],
+            });
+        }
+        return Err(Refusal::Magic { found: h[H_MAGIC] });
+    }
+    if h[H_VERSION] != FORMAT_VERSION {
+        return Err(Refusal::Version {
+            found: h[H_VERSION],
+            expected: FORMAT_VERSION,
+        });
+    }
+    if checksum(&h[..H_CHECKSUM]) != h[H_CHECKSUM] {
+        return Err(Refusal::Checksum);
+    }
+    let fields: [(usize, &'static str); 10] = [
+        (H_HEADER, "header_bytes"),
+        (H_ENTRY_SIZE, "entry_size"),
+        (H_ACCT_SIZE, "counter_size"),
+        (H_BUCKET_SIZE, "bucket_size"),
+        (H_ENTRIES, "max_entries"),
+        (H_BUCKETS, "buckets"),
+        (H_ENTRIES_OFF, "entries_offset"),
+        (H_ACCT_OFF, "counters_offset"),
+        (H_INDEX_OFF, "index_offset"),
+        (H_FILE_LEN, "file_length"),
+    ];
+    for (i, field) in fields {
+        if h[i] != want[i] {
+            return Err(Refusal::Layout {
+                field,
+                found: h[i],
+                expected: want[i],
+            });
+        }
+    }
+    if len != want[H_FILE_LEN] {
+        return Err(Refusal::Length {
+            found: len,
+            expected: want[H_FILE_LEN],
+        });
+    }
+    if h[H_BOOT..H_BOOT + 2] != want[H_BOOT..H_BOOT + 2] {
+        return Err(Refusal::OtherBoot);
+    }
+    Ok(())
+}
+
+impl Conntrack {
+    /// A table for at most `cfg.max_entries` connections that lives in the file at `path`
+    /// (created with mode 0600 if missing; its directory must exist), so that its connections
+    /// outlive the process: a later `open_file` of the same file — after a restart, or a
+    /// `kill -9` at any moment — finds them again. `now` must come from the clock the table
+    /// will be used with, and that clock must be the same in every process: [`crate::Clock`]
+    /// (`CLOCK_MONOTONIC`). See the [module docs](super) ("Keeping the table in a file") for
+    /// the format, what is validated and what is kept.
+    ///
+    /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
+    /// header, a wrong length) is replaced by an empty table: that is not an error, and
+    /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`]'s
+    /// anonymous memory (the arrays are the same, only mapped from a file).
+    ///
+    /// # Errors
+    /// A refused configuration, a file another process uses as its table, or an I/O error
+    /// (open, size, lock, map), each naming the file.
+    ///
+    /// ```
+    /// use tapyard::conntrack::{Conntrack, CtConfig, Opened};
+    /// use tapyard::Clock;
+    ///
+    /// let path = std::env::temp_dir().join(format!("ct-doc-{}", std::process::id()));
+    /// let cfg = CtConfig { max_entries: 1024, ..CtConfig::default() };
+    /// let (ct, rec) = Conntrack::open_file(cfg, &path, Clock::new().now())?;
+    /// assert_eq!(rec.opened, Opened::Created);
+    /// drop(ct);
+    /// let (_ct, rec) = Conntrack::open_file(cfg, &path, Clock::new().now())?;
+    /// assert_eq!((rec.opened, rec.clean, rec.kept), (Opened::Reused, true, 0));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_file(
+        cfg: CtConfig,
+        path: &Path,
+        now: Instant,
+    ) -> Result<(Conntrack, Recovery), CtFileError> {
+        validate(&cfg).map_err(CtFileError::Config)?;
+        let io_err = |op: &'static str| {
+            move |err: io::Error| CtFileError::Io {
+                op,
+                path: path.to_path_buf(),
+                err: std::sync::Arc::new(err),
+            }
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io_err("open"))?;
+        if !sys::try_lock_exclusive(&file).map_err(io_err("flock"))? {
+            return Err(CtFileError::InUse {
+                path: path.to_path_buf(),
+            });
+        }
+        let layout = Layout::of(cfg.max_entries);
+        let boot = sys::boot_id().unwrap_or([0; 16]);
+        let len = file.metadata().map_err(io_err("stat"))?.len();
+        let mut want = layout.header([0; 3], boot);
+        let found = read_header(&file, len).map_err(io_err("read header"))?;
+        let mut rec = Recovery {
+            opened: Opened::Created,
+            clean: false,
+            previous_pid: 0,
+            kept: 0,
+            half_written: 0,
+            invalid: 0,
+            expired: 0,
+            duplicates: 0,
+        };
+        let hash = if len == 0 {
+            None
+        } else {
+            match check(&found, &want, len) {
+                Ok(()) => {
+                    rec.opened = Opened::Reused;
+                    rec.clean = found[H_CLEAN] == 1;
+                    rec.previous_pid = u32::try_from(found[H_PID]).unwrap_or(0);
+                    Some(SeededHash::from_words([
+                        found[H_SEED],
+                        found[H_SEED + 1],
+                        found[H_SEED + 2],
+                    ]))
+                }
+                Err(r) => {
+                    rec.opened = Opened::Refused(r);
+                    None
+                }
+            }
+        };
+        let hash = match hash {
+            Some(h) => h,
+            None => {
+                // Start over: zeroes everywhere (every entry FREE), then the header. A process
+                // killed in between leaves a file with no magic, refused next time.
+                file.set_len(0).map_err(io_err("truncate"))?;
+                file.set_len(layout.file_len as u64)
+                    .map_err(io_err("resize"))?;
+                SeededHash::random()
+            }
+        };
+        want = layout.header(hash.to_words(), boot);
+        want[H_CLEAN] = 0;
+        want[H_PID] = u64::from(std::process::id());
+        let mut bytes = Vec::with_capacity(H_WORDS * 8);
+        for w in want {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        file.write_all_at(&bytes, 0)
+            .map_err(io_err("write header"))?;
+        let map = FileMap::map(&file, layout.file_len).map_err(io_err("mmap"))?;
+        let n = cfg.max_entries;
+        let entries = BigSlice::<Entry>::in_map(&map, layout.entries_off, n)
+            .map_err(io_err("map entries"))?;
+        let acct =
+            BigSlice::<Acct>::in_map(&map, layout.acct_off, n).map_err(io_err("map counters"))?;
+        let index = BigSlice::<Bucket>::in_map(&map, layout.index_off, layout.buckets)
+            .map_err(io_err("map index"))?;
+        debug_assert!(map.len() >= layout.file_len);
+        drop(map);
+        let ct = Conntrack::assemble(cfg, entries, acct, index, hash, Some(CtFile { file }));
+        let Rebuilt {
+            kept,
+            half_written,
+            invalid,
+            expired,
+            duplicates,
+        } = ct.rebuild(now);
+        rec.kept = kept;
+        rec.half_written = half_written;
+        rec.invalid = invalid;
+        rec.expired = expired;
+        rec.duplicates = duplicates;
+        Ok((ct, rec))
+    }
+}
+
+#[cfg(test)]
+mod tests;
