@@ -218,9 +218,13 @@ pub fn parse(text: &[u8], node: &str) -> Result<Record, String> {
 }
 
 /// Writes `<dir>/ports.json` atomically (a temporary file in `dir`, synced, then renamed over
-/// it), creating `dir` if needed.
+/// it), creating `dir` (mode 0700) if needed.
 pub fn save(dir: &Path, r: &Record) -> io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     let tmp = dir.join(format!("{PORTS_FILE}.tmp"));
     let mut f = File::create(&tmp)?;
     let mut text = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;

@@ -44,6 +44,84 @@ const POD_B: &str = "10.230.1.3";
 const UPLINK: &str = "10.231.0.2";
 const NODE_B: &str = "10.231.0.3";
 const NODE_B_POD: &str = "10.230.2.2";
+/// The outside host, behind the uplink (the default route): pods reach it masqueraded.
+const OUTSIDE: &str = "10.231.0.1";
+const WEB_VIP: &str = "10.96.0.10";
+const DNS_VIP: &str = "10.96.0.53";
+
+/// `ident tport uport`: echoes each line of each TCP connection on `tport` (and each datagram
+/// on `uport`) prefixed with `<ident> <peer ip>:<peer port>`, so a client sees whether the
+/// server still talks to the same endpoint.
+const ECHO_PY: &str = r#"
+import socket, sys, threading
+ident, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def conn(c, peer):
+    f = c.makefile("rb")
+    try:
+        for line in f:
+            c.sendall(("%s %s:%d %s" % (ident, peer[0], peer[1], line.decode())).encode())
+    except OSError:
+        pass
+    c.close()
+def tcp():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", tport))
+    s.listen(16)
+    while True:
+        c, peer = s.accept()
+        threading.Thread(target=conn, args=(c, peer), daemon=True).start()
+def udp():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("0.0.0.0", uport))
+    while True:
+        d, peer = u.recvfrom(2048)
+        u.sendto(("%s %s:%d %s" % (ident, peer[0], peer[1], d.decode())).encode(), peer)
+ts = [threading.Thread(target=f, daemon=True) for f, p in ((tcp, tport), (udp, uport)) if p]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// `tcp|udp addr port seconds`: one connection (or one connected UDP socket) for `seconds`,
+/// a numbered line every 50 ms, each answer printed as `ok <unix time> <answer>`; a UDP
+/// datagram unanswered within 300 ms is `lost <time>`; a TCP error ends it with
+/// `error <time> <why>` (a reset, or 20 s without an answer).
+const FLOW_PY: &str = r#"
+import socket, sys, time
+mode, addr, port, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+end = time.monotonic() + secs
+i = 0
+if mode == "tcp":
+    c = socket.create_connection((addr, port), timeout=5)
+    c.settimeout(20)
+    f = c.makefile("rb")
+    while time.monotonic() < end:
+        i += 1
+        try:
+            c.sendall(b"%d\n" % i)
+            line = f.readline()
+            if not line:
+                raise OSError("closed by the peer")
+            print("ok %.6f %s" % (time.time(), line.decode().strip()), flush=True)
+        except OSError as e:
+            print("error %.6f %s" % (time.time(), e), flush=True)
+            sys.exit(1)
+        time.sleep(0.05)
+else:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.connect((addr, port))
+    u.settimeout(0.3)
+    while time.monotonic() < end:
+        i += 1
+        u.send(b"%d" % i)
+        try:
+            print("ok %.6f %s" % (time.time(), u.recv(2048).decode().strip()), flush=True)
+        except OSError:
+            print("lost %.6f" % time.time(), flush=True)
+        time.sleep(0.05)
+"#;
 
 /// Why this machine cannot run the tests, if it cannot.
 fn skip_reason() -> Option<String> {
@@ -90,6 +168,8 @@ struct Rig {
     ns_a: String,
     ns_pb: String,
     ns_c: String,
+    ns_w: String,
+    ns_out: String,
     tap_a: String,
     tap_b: String,
     ctr_c: String,
@@ -123,6 +203,8 @@ impl Rig {
             ns_a: format!("typa-{tag}"),
             ns_pb: format!("typb-{tag}"),
             ns_c: format!("typc-{tag}"),
+            ns_w: format!("tyw-{tag}"),
+            ns_out: format!("tyo-{tag}"),
             tap_a: format!("tya{tag}"),
             tap_b: format!("tyb{tag}"),
             ctr_c: format!("ctr-{tag}"),
@@ -144,6 +226,8 @@ impl Rig {
             r.ns_a.clone(),
             r.ns_pb.clone(),
             r.ns_c.clone(),
+            r.ns_w.clone(),
+            r.ns_out.clone(),
         ] {
             run(&["ip", "netns", "add", &ns]);
             r.namespaces.push(ns.clone());
@@ -180,6 +264,27 @@ address = "{UPLINK}/24"
 [[route]]
 to = "10.230.2.0/24"
 via = "{NODE_B}"
+
+[[route]]
+to = "0.0.0.0/0"
+via = "{OUTSIDE}"
+
+[[service]]
+name = "web"
+cluster_ip = "{WEB_VIP}"
+protocol = "tcp"
+port = 80
+endpoints = ["{NODE_B_POD}:8081"]
+
+[[service]]
+name = "dns"
+cluster_ip = "{DNS_VIP}"
+protocol = "udp"
+port = 53
+endpoints = ["{NODE_B_POD}:5353"]
+
+[masquerade]
+out = "up0"
 "#,
             tag = self.tag,
             socket = self.socket.display(),
@@ -282,28 +387,48 @@ via = "{NODE_B}"
         run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
     }
 
-    /// Node-b, the three pods and a TCP server in pod-a and node-b; the node runs.
+    /// Node-b, the outside host, the three pods and a TCP server in pod-a and node-b; the
+    /// node runs. The uplink's TAP is on a Linux bridge in the wire namespace, with a veth to
+    /// node-b and one to the outside host. Node-b answers pods from its pod's address (a UDP
+    /// server bound to 0.0.0.0 answers from the route's source).
     fn set_up(&mut self) {
         self.start();
-        let nb = self.ns_b.clone();
-        run(&[
-            "ip",
-            "-n",
-            &self.ns_node,
-            "link",
-            "set",
-            "up0",
-            "netns",
-            &nb,
-        ]);
-        for args in [
-            vec!["addr", "add", "10.231.0.3/24", "dev", "up0"],
-            vec!["link", "set", "up0", "up"],
-            vec!["addr", "add", "10.230.2.2/32", "dev", "lo"],
-            vec!["route", "add", "10.230.1.0/24", "via", UPLINK],
-        ] {
-            let mut v = vec!["ip", "-n", &nb];
-            v.extend(args);
+        let (w, nb, out) = (self.ns_w.clone(), self.ns_b.clone(), self.ns_out.clone());
+        run(&["ip", "-n", &self.ns_node, "link", "set", "up0", "netns", &w]);
+        let cmds: [&[&str]; 14] = [
+            &["-n", &w, "link", "add", "br0", "type", "bridge"],
+            &["-n", &w, "link", "set", "br0", "up"],
+            &["-n", &w, "link", "set", "up0", "master", "br0", "up"],
+            &[
+                "-n", &w, "link", "add", "wb0", "type", "veth", "peer", "name", "nb0", "netns", &nb,
+            ],
+            &["-n", &w, "link", "set", "wb0", "master", "br0", "up"],
+            &[
+                "-n", &w, "link", "add", "wo0", "type", "veth", "peer", "name", "ob0", "netns",
+                &out,
+            ],
+            &["-n", &w, "link", "set", "wo0", "master", "br0", "up"],
+            &["-n", &nb, "addr", "add", "10.231.0.3/24", "dev", "nb0"],
+            &["-n", &nb, "link", "set", "nb0", "up"],
+            &["-n", &nb, "addr", "add", "10.230.2.2/32", "dev", "lo"],
+            &[
+                "-n",
+                &nb,
+                "route",
+                "add",
+                "10.230.1.0/24",
+                "via",
+                UPLINK,
+                "src",
+                NODE_B_POD,
+            ],
+            &["-n", &out, "addr", "add", "10.231.0.1/24", "dev", "ob0"],
+            &["-n", &out, "link", "set", "ob0", "up"],
+            &["-n", &out, "link", "set", "lo", "up"],
+        ];
+        for c in cmds {
+            let mut v = vec!["ip"];
+            v.extend_from_slice(c);
             run(&v);
         }
         self.plug(&self.tap_a, &self.ns_a, POD_A);
@@ -333,7 +458,7 @@ via = "{NODE_B}"
         let p = self.port(&self.tap_b).expect("pod-b's port");
         assert_eq!(p["ifname"], "eth0", "{p}");
         let p = self.port("up0").expect("the uplink's port");
-        assert_eq!(p["netns"], format!("/var/run/netns/{}", self.ns_b), "{p}");
+        assert_eq!(p["netns"], format!("/var/run/netns/{}", self.ns_w), "{p}");
     }
 
     fn pods(&self) -> [(String, String); 3] {
@@ -471,7 +596,7 @@ fn kill_and_clean_stop_keep_the_pods() {
         how(&mut r);
         // Nobody serves the pods, but their interfaces are all there.
         r.pods_intact();
-        let link = run(&["ip", "-n", &r.ns_b, "-o", "link", "show", "up0"]);
+        let link = run(&["ip", "-n", &r.ns_w, "-o", "link", "show", "up0"]);
         assert!(link.contains("up0"), "{link}");
         let gap = r.restart_measured(|_| {});
         println!("{round}: from restart (exec) to the first ping reply pod-a -> pod-b: {gap:?}");
@@ -576,7 +701,7 @@ fn gone_namespace_port_del_and_cleanup() {
     assert!(r.state.join("ports.json").exists());
     r.stop();
     // A clean stop leaves them all.
-    run(&["ip", "-n", &r.ns_b, "link", "show", "up0"]);
+    run(&["ip", "-n", &r.ns_w, "link", "show", "up0"]);
     run(&["ip", "-n", &r.ns_node, "link", "show", &tap_d]);
     // Run from another namespace than the node's (here, the test's): the record says where
     // the node ran, and its TAPs are looked for there.
@@ -585,7 +710,7 @@ fn gone_namespace_port_del_and_cleanup() {
     assert!(out.contains("TAP up0 in /var/run/netns/"), "{out}");
     assert!(out.contains(&format!("TAP {tap_d} in ")), "{out}");
     assert!(!out.contains("gone already"), "{out}");
-    for (ns, dev) in [(&r.ns_b, "up0"), (&r.ns_node, tap_d.as_str())] {
+    for (ns, dev) in [(&r.ns_w, "up0"), (&r.ns_node, tap_d.as_str())] {
         assert!(
             !run_output(&["ip", "-n", ns, "link", "show", dev])
                 .status
@@ -606,4 +731,152 @@ fn gone_namespace_port_del_and_cleanup() {
     );
     assert_eq!(r.ports().len(), 1, "{:?}", r.ports());
     assert!(r.recorded("up0"));
+}
+
+impl Rig {
+    /// Starts [`FLOW_PY`] in `ns` for `secs` seconds (its process in `children`); its output
+    /// goes to the file returned.
+    fn flow(&mut self, ns: &str, mode: &str, addr: &str, port: u16, secs: f64) -> PathBuf {
+        let out = self.dir.join(format!("flow-{mode}-{addr}-{port}.txt"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-c", FLOW_PY, mode, addr])
+            .args([port.to_string(), secs.to_string()])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 flow");
+        self.children.push(child);
+        out
+    }
+
+    /// `show conntrack --json`'s entry whose original direction goes to `dst:dport`/`proto`.
+    fn ct_entry(&self, proto: u64, dst: &str, dport: u16) -> Option<Value> {
+        let out = self.tapyard(&["show", "conntrack", "--json"]);
+        let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+        rows.into_iter()
+            .find(|e| e["proto"] == proto && e["orig"]["dst"] == dst && e["orig"]["dport"] == dport)
+    }
+}
+
+/// A flow's output: `(time, answer)` of each answer, and its errors.
+fn flow_lines(path: &std::path::Path) -> (Vec<(f64, String)>, Vec<String>) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut ok = Vec::new();
+    let mut errors = Vec::new();
+    for l in text.lines() {
+        let mut w = l.splitn(3, ' ');
+        match (w.next(), w.next(), w.next()) {
+            (Some("ok"), Some(t), Some(rest)) => ok.push((t.parse().unwrap(), rest.to_string())),
+            (Some("error"), _, _) => errors.push(l.to_string()),
+            _ => {}
+        }
+    }
+    (ok, errors)
+}
+
+#[test]
+fn flows_survive_restart() {
+    if skip("flows_survive_restart") {
+        return;
+    }
+    let mut r = Rig::new("fl");
+    r.set_up();
+    let (a, b, out) = (r.ns_a.clone(), r.ns_b.clone(), r.ns_out.clone());
+    spawn_in(
+        &mut r.children,
+        &b,
+        &["python3", "-c", ECHO_PY, "node-b", "8081", "5353"],
+    );
+    spawn_in(
+        &mut r.children,
+        &out,
+        &["python3", "-c", ECHO_PY, "outside", "9000", "0"],
+    );
+    wait_listening(&b, 8081);
+    wait_listening(&out, 9000);
+    // Three flows from pod-a, each one connection for the whole test: TCP to a ClusterIP
+    // (DNAT'd to node-b's pod, reached by a route), TCP to the outside host (masqueraded to
+    // the uplink's address), UDP to a ClusterIP.
+    let flows = [
+        ("web", "tcp", WEB_VIP, 80u16, 6u64),
+        ("outside", "tcp", OUTSIDE, 9000, 6),
+        ("dns", "udp", DNS_VIP, 53, 17),
+    ];
+    let secs = 9.0;
+    let files: Vec<PathBuf> = flows
+        .iter()
+        .map(|(_, mode, addr, port, _)| r.flow(&a, mode, addr, *port, secs))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let before: Vec<Value> = flows
+        .iter()
+        .map(|(name, _, addr, port, proto)| {
+            r.ct_entry(*proto, addr, *port)
+                .unwrap_or_else(|| panic!("{name}: no conntrack entry"))
+        })
+        .collect();
+    let mut restarts = Vec::new();
+    let rounds = [
+        ("kill -9", Rig::kill9 as fn(&mut Rig)),
+        ("SIGTERM", Rig::stop),
+    ];
+    for (round, how) in rounds {
+        how(&mut r);
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = r.start();
+        restarts.push((
+            round,
+            t0.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64(),
+        ));
+        // The connections are listed again, with the same NAT (the reply tuple holds the
+        // endpoint chosen and the masquerade port).
+        for ((name, _, addr, port, proto), old) in flows.iter().zip(&before) {
+            let e = r
+                .ct_entry(*proto, addr, *port)
+                .unwrap_or_else(|| panic!("{round}: {name}: no conntrack entry after the restart"));
+            assert_eq!(e["orig"], old["orig"], "{round}: {name}");
+            assert_eq!(e["reply"], old["reply"], "{round}: {name}");
+        }
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    // Each flow ran its whole time: no reset, the same endpoint throughout, answers again
+    // after each restart.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for c in r.children.iter_mut().rev().take(flows.len()) {
+        while c.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "a flow did not end");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for ((name, ..), file) in flows.iter().zip(&files) {
+        let (ok, errors) = flow_lines(file);
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+        assert!(
+            ok.len() > 20,
+            "{name}: {} answers:\n{}",
+            ok.len(),
+            std::fs::read_to_string(file).unwrap_or_default()
+        );
+        // `<ident> <peer as the server saw it> <n>`: one peer throughout.
+        let peer = |s: &String| s.rsplit_once(' ').map(|(p, _)| p.to_string()).unwrap();
+        let first = peer(&ok[0].1);
+        assert!(
+            ok.iter().all(|(_, s)| peer(s) == first),
+            "{name}: the server saw another peer: {:?}",
+            ok.iter().map(|(_, s)| s).collect::<Vec<_>>()
+        );
+        for (round, t0) in &restarts {
+            let resumed = ok
+                .iter()
+                .find(|(t, _)| t > t0)
+                .unwrap_or_else(|| panic!("{name}: no answer after the {round} restart"));
+            println!(
+                "{name} ({first}): first answer {:.0} ms after the {round} restart (exec)",
+                (resumed.0 - t0) * 1000.0
+            );
+        }
+    }
 }
