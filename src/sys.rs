@@ -445,7 +445,6 @@ pub(crate) fn boot_id() -> Option<[u8; 16]> {
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 pub(crate) const IFF_TAP: libc::c_short = 0x0002;
 pub(crate) const IFF_NO_PI: libc::c_short = 0x1000;
@@ -489,20 +488,6 @@ pub(crate) fn open_tap_vnet(name: &str) -> io::Result<(std::fs::File, String)> {
     Ok((f, String::from_utf8_lossy(&ifr[..end]).into_owned()))
 }
 
-/// The name and `IFF_*` flags of the TUN/TAP device that `fd` (an open `/dev/net/tun`) is
-/// attached to (`TUNGETIFF`). Fails for any other file, or a tun fd attached to no device.
-pub(crate) fn tap_info(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(String, libc::c_short)> {
-    let mut ifr = [0u8; 40];
-    // SAFETY: TUNGETIFF writes a struct ifreq (40 bytes) through the pointer; `ifr` is 40 live
-    // bytes. On a descriptor that is not a tun device the call fails without writing.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETIFF, ifr.as_mut_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let end = ifr[..16].iter().position(|&b| b == 0).unwrap_or(16);
-    let flags = libc::c_short::from_ne_bytes([ifr[16], ifr[17]]);
-    Ok((String::from_utf8_lossy(&ifr[..end]).into_owned(), flags))
-}
-
 /// Writes `a` then `b` as one datagram (`writev`), e.g. a virtio-net header and a frame.
 pub(crate) fn writev2(fd: RawFd, a: &[u8], b: &[u8]) -> io::Result<usize> {
     let iov = [
@@ -529,6 +514,49 @@ pub(crate) fn file_from_owned_fd(fd: RawFd) -> std::fs::File {
     use std::os::fd::FromRawFd;
     // SAFETY: callers pass an fd from `into_raw_fd`, so it is open and owned by no one else.
     unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+// ---- Persistent TAPs: devices that outlive the process, found again where they live ----
+
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
+const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
+
+/// Sets or clears the persist flag of the TAP device attached to `fd` (`TUNSETPERSIST`): a
+/// persistent device outlives the last file descriptor attached to it.
+pub(crate) fn tun_set_persist(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes the flag as the integer argument itself; no memory is passed.
+    if unsafe { libc::ioctl(fd, TUNSETPERSIST, libc::c_ulong::from(on)) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The current name of the device attached to `fd` (`TUNGETIFF`), in whichever namespace it
+/// lives now, and its flags.
+pub(crate) fn tun_get_iff(fd: RawFd) -> io::Result<(String, libc::c_short)> {
+    // struct ifreq: 16 bytes of name, then a union whose first member is `short ifr_flags`.
+    let mut ifr = [0u8; 40];
+    // SAFETY: TUNGETIFF writes a struct ifreq (40 bytes) through the pointer; `ifr` is 40
+    // live, writable bytes.
+    if unsafe { libc::ioctl(fd, TUNGETIFF, ifr.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = ifr[..16].iter().position(|&b| b == 0).unwrap_or(16);
+    let flags = libc::c_short::from_ne_bytes([ifr[16], ifr[17]]);
+    Ok((String::from_utf8_lossy(&ifr[..end]).into_owned(), flags))
+}
+
+/// A new file descriptor of the network namespace the device attached to `fd` lives in now
+/// (`TUNGETDEVNETNS`, Linux 5.2 and later).
+pub(crate) fn tun_dev_netns(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: TUNGETDEVNETNS takes no argument and returns a new fd or -1.
+    let ns = unsafe { libc::ioctl(fd, TUNGETDEVNETNS) };
+    if ns < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `ns` is a fresh descriptor the kernel just opened for us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(ns) })
 }
 
 #[cfg(test)]

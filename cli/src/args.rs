@@ -92,6 +92,17 @@ pub enum Cmd {
         #[command(flatten)]
         client: Client,
     },
+    /// Delete what a stopped node left: every TAP it made (from its record in the state
+    /// directory, wherever each lives now, and the config's), and the state directory itself
+    /// (the port record, the connection table). Refused while a tapyard answers on the
+    /// control socket.
+    Cleanup {
+        /// The node's config file.
+        config: PathBuf,
+        /// The control socket to check (default: the config's node.socket).
+        #[arg(long, short = 's', value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
     /// Print every config key with its default or meaning when unset, and its range (the
     /// reference at the end of examples/node.toml).
     Keys,
@@ -110,7 +121,7 @@ pub enum PortOp {
         bridge: String,
         /// The TAP's name (at most 15 bytes), which no interface of tapyard's namespace has.
         name: String,
-        /// The TAP's MAC address (default: random, from the kernel).
+        /// The TAP's MAC address (default: derived from the node's and the port's names).
         #[arg(long, value_name = "MAC")]
         mac: Option<String>,
         /// Where the running node is.
@@ -277,5 +288,10 @@ mod tests {
         ));
         assert!(matches!(args("port add --help"), Err(Stop::Print(h)) if h.contains("--mac")));
         assert!(matches!(args("port add cni0"), Err(Stop::Bad(_))));
+        assert!(matches!(
+            args("cleanup /etc/tapyard/node.toml").unwrap().cmd,
+            Cmd::Cleanup { config, socket: None } if config == std::path::Path::new("/etc/tapyard/node.toml")
+        ));
+        assert!(matches!(args("cleanup"), Err(Stop::Bad(_))));
     }
 }

@@ -15,6 +15,8 @@
 //! tapyard port del <name>                      remove a port added by `port add` or the CNI plugin
 //! tapyard show ports [--json]                  every port: kind, bridge, MAC, namespace, counters
 //! tapyard reload                               re-read the config of the running node
+//! tapyard cleanup <config> [--socket PATH]     delete every TAP of a stopped node and its
+//!                                              state directory
 //! tapyard keys                                 every config key: default, range, help
 //! ```
 //!
@@ -34,6 +36,7 @@ mod live;
 mod metrics;
 mod node;
 mod ports;
+mod state;
 mod takeover;
 
 use std::io::Read;
@@ -186,6 +189,8 @@ fn cmd_run(
     let control = Arc::new(takeover::ControlServer::new(listener, node.clone()));
     control.start().map_err(|e| Fail(2, e))?;
     let ctl_stop = Arc::new(AtomicBool::new(false));
+    // Set while a takeover holds the node: no reload or port record refresh meanwhile.
+    let handing_over = Arc::new(AtomicBool::new(false));
     let takeover_thread = {
         let old = takeover::OldSide {
             node: node.clone(),
@@ -193,6 +198,7 @@ fn cmd_run(
             control_socket: socket.clone(),
             takeover: takeover_listener,
             name: name.clone(),
+            busy: handing_over.clone(),
         };
         let ctl_stop = ctl_stop.clone();
         std::thread::Builder::new()
@@ -224,8 +230,17 @@ fn cmd_run(
         node.workers,
         socket.display()
     );
+    let mut ticks: u32 = 0;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(node::TICK);
+        ticks = ticks.wrapping_add(1);
+        if handing_over.load(Ordering::Acquire) {
+            continue;
+        }
+        if ticks % 10 == 0 {
+            // Follow TAPs moved or renamed by hand, so a restart finds them.
+            node.refresh_ports();
+        }
         if hup.swap(false, Ordering::Relaxed) {
             log::info!("SIGHUP: reloading {file}");
             match node.reload() {
@@ -238,7 +253,8 @@ fn cmd_run(
             }
         }
     }
-    log::info!("stopping");
+    log::info!("stopping; the TAPs stay in place for the next run");
+    node.refresh_ports();
     ctl_stop.store(true, Ordering::Relaxed);
     let _ = takeover_thread.join();
     control.stop();
@@ -255,6 +271,75 @@ fn cmd_run(
         s.rx_drops()
     );
     Ok(())
+}
+
+/// `tapyard cleanup <config>`: what a stopped node left (its persistent TAPs, wherever they
+/// live, and its state directory) is deleted; refused while a tapyard answers on the socket.
+fn cmd_cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
+    let file = path.display().to_string();
+    let ch = config::load(path);
+    let Some(cfg) = ch.config else {
+        for d in &ch.diags {
+            eprintln!("{}", d.render(&file));
+        }
+        return Err(Fail(2, format!("{file}: invalid; nothing deleted")));
+    };
+    let socket = socket.unwrap_or_else(|| cfg.node.socket_path());
+    if let Ok((v, _)) = control::request(&socket, &json!({"cmd": "status"})) {
+        let name = v["data"]["node"].as_str().unwrap_or("?").to_string();
+        return Err(Fail(
+            1,
+            format!(
+                "a tapyard (node {name}) still answers on {}: stop it first (SIGTERM), then run cleanup again; nothing deleted",
+                socket.display()
+            ),
+        ));
+    }
+    let sd = state::StateDir::new(cfg.node.state_dir_path(), &cfg.node.name);
+    let mut failed = Vec::new();
+    let recs = sd.load_ports();
+    for r in &recs {
+        let at = r
+            .netns
+            .as_ref()
+            .map_or("tapyard's namespace".to_string(), |n| n.path.clone());
+        match ports::delete_recorded(r, sd.own_ns) {
+            Ok(true) => println!("port {}: TAP {} in {at} deleted", r.name, r.ifname),
+            Ok(false) => println!("port {}: TAP {} in {at} is gone already", r.name, r.ifname),
+            Err(e) => failed.push(format!("port {}: {e}", r.name)),
+        }
+    }
+    // The config's TAPs the record does not list: by name, here (when the node ran here).
+    let names = cfg
+        .bridges
+        .iter()
+        .flat_map(|b| b.ports.iter().cloned())
+        .chain(cfg.uplinks.iter().map(|u| u.tap.clone()));
+    let elsewhere = state::load(&sd.dir, &cfg.node.name)
+        .ok()
+        .flatten()
+        .and_then(|r| r.own_netns)
+        .is_some_and(|o| Some(o.id()) != sd.own_ns);
+    for tap in names {
+        if elsewhere || recs.iter().any(|r| r.tap == tap) {
+            continue;
+        }
+        match ports::delete_local_tap(&tap) {
+            Ok(true) => println!("TAP {tap} deleted"),
+            Ok(false) => {}
+            Err(e) => failed.push(e),
+        }
+    }
+    match std::fs::remove_dir_all(&sd.dir) {
+        Ok(()) => println!("state directory {} removed", sd.dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => failed.push(format!("cannot remove {}: {e}", sd.dir.display())),
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Fail(1, failed.join("\n")))
+    }
 }
 
 fn client_socket(c: &args::Client) -> Result<PathBuf, Fail> {
@@ -494,6 +579,7 @@ fn main() -> ExitCode {
         Cmd::Show { what, json, client } => cmd_show(what, json, &client),
         Cmd::Status { json, client } => cmd_status(json, &client),
         Cmd::Reload { client } => cmd_reload(&client),
+        Cmd::Cleanup { config, socket } => cmd_cleanup(&config, socket),
         Cmd::Port { op } => cmd_port(op),
         Cmd::Capture {
             port,

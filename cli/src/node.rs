@@ -1,8 +1,6 @@
 //! A running node: the datapath built from a [`Config`], its TAP devices and worker threads,
 //! and the live changes of a reload.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,11 +13,13 @@ use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
+use tapyard_cni::netlink::{Link, Netlink};
 
 use crate::capture::CaptureTap;
 use crate::config::{self, proto_name, Config, NeighborCfg, RouteCfg, RouteType, ServiceCfg};
 use crate::diff::{self, Diff};
-use crate::ports::{Kind, Origin, PortEntry, Registry};
+use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
+use crate::state::{self, MacFor, StateDir};
 
 /// A node's running dataplane.
 pub struct Node {
@@ -39,6 +39,8 @@ pub struct Node {
     pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
     /// Worker threads in use.
     pub workers: usize,
+    /// Where the port record is kept (`[node] state_dir`), the node's name and namespace.
+    pub state: StateDir,
     clock: Clock,
     rt: Mutex<Option<Runtime>>,
 }
@@ -51,14 +53,30 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// A random locally administered unicast MAC, different for every run and interface (two
-/// nodes on one segment must not share a MAC), as `tap-router` does.
-fn random_mac(state: &RandomState, i: usize) -> MacAddr {
-    let mut h = state.build_hasher();
-    h.write_usize(i);
-    h.write_u32(std::process::id());
-    let v = h.finish().to_be_bytes();
-    MacAddr([0x02, v[0], v[1], v[2], v[3], v[4]])
+/// Creates (or attaches to) config TAP `tap` in tapyard's namespace; a TAP it creates gets
+/// the MAC derived from the node's and its names. Returns it with its link, when readable.
+fn open_config_tap(
+    tap: &str,
+    offload: bool,
+    node: &str,
+) -> Result<(TapPort, Option<Link>), String> {
+    let mut nl = Netlink::open().ok();
+    let existed = nl
+        .as_mut()
+        .and_then(|nl| nl.link_by_name(tap).ok().flatten())
+        .is_some();
+    let dev = ports::open_tap_mode(tap, offload).map_err(|e| tap_error(tap, &e))?;
+    let mut link = nl
+        .as_mut()
+        .and_then(|nl| nl.link_by_name(tap).ok().flatten());
+    if let (false, Some(nl), Some(l)) = (existed, nl.as_mut(), link.as_mut()) {
+        let m = state::stable_mac(MacFor::Tap, node, tap);
+        match nl.set_mac(l.index, m.0) {
+            Ok(()) => l.mac = m.to_string(),
+            Err(e) => log::warn!("TAP {tap}: cannot set its MAC {m}: {e}"),
+        }
+    }
+    Ok((dev, link))
 }
 
 /// The library route for a configured one; interfaces are resolved by name, a gateway
@@ -255,11 +273,12 @@ fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, String> {
     Ok(state_dir.join("conntrack"))
 }
 
-/// A node's datapath being built from its config: bridges, router interfaces and ports are
-/// added by [`Plan::new`] (and [`Plan::add_port`]); [`Plan::build`] opens the connection
-/// table, finishes the datapath and adds the routes; [`Built::run`] starts the workers on the
-/// TAPs it is given (opened by [`Node::start`], or handed over by a running tapyard at `run
-/// --takeover`, which builds only once the old process has stopped writing to the table).
+/// A node's datapath being built from its config: bridges, router interfaces and the
+/// config's ports are added by [`Plan::new`] (more ports by [`Plan::add_port`]);
+/// [`Plan::build`] opens the connection table, finishes the datapath and adds the routes;
+/// [`Built::run`] starts the workers on the ports it is given (re-attached or opened by
+/// [`Node::start`], or handed over by a running tapyard at `run --takeover`, which builds only
+/// once the old process has stopped writing to the table).
 pub struct Plan {
     b: tapyard::DatapathBuilder,
     /// The config's TAP ports: datapath port id, datapath port name, TAP name, bridge (none
@@ -269,7 +288,7 @@ pub struct Plan {
     config_path: PathBuf,
     ifaces: Vec<(String, MacAddr, config::Cidr)>,
     iface_ids: Vec<(String, IfaceId)>,
-    bridges: Vec<(String, BridgeId)>,
+    bridge_ids: Vec<(String, BridgeId)>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -283,7 +302,7 @@ impl std::fmt::Debug for Plan {
 impl Plan {
     /// Adds the bridges, router interfaces and the config's ports. A router interface whose
     /// MAC the config does not set takes the one `macs` names for it (the running node's, at
-    /// a takeover), else a random one.
+    /// a takeover), else the one derived from the node's and its names.
     pub fn new(
         cfg: Config,
         config_path: PathBuf,
@@ -292,16 +311,14 @@ impl Plan {
         let mut b = Datapath::builder();
         b.neigh_config(cfg.neigh.clone())
             .map_err(|e| format!("[neigh]: {}", error_chain(&e)))?;
-        let rs = RandomState::new();
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
-        let mut bridges = Vec::new();
         let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
             let given = macs.iter().find(|(n, _)| n == name).map(|(_, m)| *m);
             let mac = mac
                 .or(given)
-                .unwrap_or_else(|| random_mac(&rs, ifaces.len()));
+                .unwrap_or_else(|| state::stable_mac(MacFor::Iface, &cfg.node.name, name));
             ifaces.push((name.to_string(), mac, addr));
             let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
             c.mtu = mtu;
@@ -309,6 +326,7 @@ impl Plan {
         };
         // (datapath port id, datapath port name, TAP name, bridge)
         let mut taps: Vec<(PortId, String, String, Option<String>)> = Vec::new();
+        let mut bridge_ids: Vec<(String, BridgeId)> = Vec::new();
         for br in &cfg.bridges {
             let mut bc = BridgeConfig::new(br.name.clone());
             bc.fdb_max_entries = br.fdb_max_entries;
@@ -316,7 +334,7 @@ impl Plan {
             let id: BridgeId = b
                 .add_bridge(bc)
                 .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
-            bridges.push((br.name.clone(), id));
+            bridge_ids.push((br.name.clone(), id));
             if let Some(a) = br.address {
                 let (iid, _) = b
                     .add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
@@ -350,22 +368,54 @@ impl Plan {
             config_path,
             ifaces,
             iface_ids,
-            bridges,
+            bridge_ids,
         })
     }
 
-    /// Adds a datapath port called `name` on `bridge` (a port the running node has at a
-    /// takeover).
-    pub fn add_port(&mut self, name: &str, bridge: &str) -> Result<PortId, String> {
-        let bid = self
-            .bridges
+    /// The bridge called `name`, if the config has it.
+    pub fn bridge(&self, name: &str) -> Option<BridgeId> {
+        self.bridge_ids
             .iter()
-            .find(|(n, _)| n == bridge)
+            .find(|(n, _)| n == name)
             .map(|(_, id)| *id)
-            .ok_or_else(|| format!("bridge {bridge:?} is not in the config"))?;
+    }
+
+    /// Adds a datapath port called `name` on bridge `bridge` (a port of `port add` or the
+    /// CNI plugin that the last run or the running node has).
+    pub fn add_port(&mut self, name: &str, bridge: BridgeId) -> Result<PortId, String> {
         self.b
-            .add_port(name.to_string(), Some(bid))
+            .add_port(name.to_string(), Some(bridge))
             .map_err(|e| format!("port {name:?}: {e}"))
+    }
+
+    /// Creates (or attaches to) the config's TAP `i` of [`Plan::taps`] in tapyard's
+    /// namespace, as a start without a record of it does: its registry entry.
+    pub fn open_config_port(&self, i: usize) -> Result<PortEntry, String> {
+        let (id, name, tap, bridge) = self
+            .taps
+            .get(i)
+            .ok_or_else(|| format!("no config port {i}"))?;
+        let (dev, link) = open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name)?;
+        Ok(PortEntry {
+            id: *id,
+            name: name.clone(),
+            tap: tap.clone(),
+            ifname: tap.clone(),
+            owner: None,
+            kind: if bridge.is_some() {
+                Kind::Pod
+            } else {
+                Kind::Uplink
+            },
+            bridge: bridge.clone(),
+            link,
+            netns: None,
+            netns_id: None,
+            origin: Origin::Config,
+            capture: Arc::default(),
+            dev: Some(Arc::new(dev)),
+            offload: self.cfg.node.offload,
+        })
     }
 
     /// Whether the node routes, and so keeps a connection table.
@@ -373,8 +423,8 @@ impl Plan {
         !self.iface_ids.is_empty()
     }
 
-    /// Opens the connection table (in `<state_dir>/conntrack`; `handed_over`: that file as
-    /// the running node handed it over), finishes the datapath and adds the routes.
+    /// Opens the connection table (`<state_dir>/conntrack`; `handed_over`: that file as the
+    /// running node handed it over), finishes the datapath and adds the routes.
     pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
         let cfg = &self.cfg;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
@@ -441,66 +491,41 @@ impl std::fmt::Debug for Built {
     }
 }
 
-impl Plan {
-    /// The registry entry of config TAP `i` of [`Plan::taps`] (a fresh capture state).
-    pub fn config_entry(&self, i: usize) -> Option<PortEntry> {
-        let (id, name, tap, bridge) = self.taps.get(i)?;
-        Some(PortEntry {
-            id: *id,
-            name: name.clone(),
-            tap: tap.clone(),
-            ifname: tap.clone(),
-            owner: None,
-            kind: if bridge.is_some() {
-                Kind::Pod
-            } else {
-                Kind::Uplink
-            },
-            bridge: bridge.clone(),
-            link: None,
-            netns: None,
-            origin: Origin::Config,
-            capture: Arc::new(CaptureTap::default()),
-        })
-    }
-
-    /// Opens the config's TAP `i` (created if missing).
-    pub fn open_tap(&self, i: usize) -> Result<TapPort, String> {
-        let tap = self.taps.get(i).map(|t| t.2.as_str()).unwrap_or_default();
-        if self.cfg.node.offload {
-            TapPort::open_offload(tap)
-        } else {
-            TapPort::open(tap)
-        }
-        .map_err(|e| tap_error(tap, &e))
-    }
-}
-
 impl Built {
-    /// Starts the workers on `ports` (each a registry entry, whose datapath port the
-    /// datapath has, and its open TAP), then adds static neighbours and Services.
-    pub fn run(self, ports: Vec<(PortEntry, TapPort)>) -> Result<Node, String> {
+    /// Starts the workers on `ports` (registry entries whose datapath port the datapath has,
+    /// each with its open device in `dev`), adds static neighbours and Services, makes the
+    /// TAPs persistent and writes the port record.
+    pub fn run(self, ports: Vec<PortEntry>) -> Result<Node, String> {
         let Built {
             dp,
-            taps: _,
+            taps,
             cfg,
             config_path,
             ifaces,
         } = self;
+        let sd = StateDir::new(cfg.node.state_dir_path(), &cfg.node.name);
         let registry = Registry::default();
-        let any_offload = ports.iter().any(|(_, t)| t.offloads());
-        let nports = ports.len();
         let mut drivers: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
-        for (e, tap) in ports {
-            let ct = e.capture.clone();
-            drivers.push((e.id, Arc::new(Observed::new(tap, ct))));
+        for e in ports {
+            let Some(dev) = e.dev.clone() else {
+                return Err(format!("port {:?}: no device", e.name));
+            };
+            drivers.push((
+                e.id,
+                Arc::new(Observed::new(SharedTap(dev), e.capture.clone())),
+            ));
             registry.insert(e);
         }
+        let any_offload = registry.list().iter().any(|e| e.offload);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Ports may join a bridge at run time: a node with a bridge gets a worker per CPU.
-        let wanted = if cfg.bridges.is_empty() { nports } else { cpus };
+        let wanted = if cfg.bridges.is_empty() {
+            taps.len()
+        } else {
+            cpus
+        };
         let most = if cfg.bridges.is_empty() {
-            nports.max(1)
+            taps.len().max(1)
         } else {
             usize::MAX
         };
@@ -514,7 +539,7 @@ impl Built {
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
-        if cfg.node.offload && nports == 0 {
+        if cfg.node.offload && !any_offload {
             log::info!(
                 "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"
             );
@@ -529,9 +554,11 @@ impl Built {
             config_path,
             current: Mutex::new(cfg.clone()),
             ports: registry,
+            // The workers' buffers fit offload TAPs only if one was there at start.
             offload: cfg.node.offload && any_offload,
             ifaces,
             workers,
+            state: sd,
             clock,
             rt: Mutex::new(Some(rt)),
         };
@@ -543,6 +570,15 @@ impl Built {
             }
             Err(errors) => return Err(errors.join("; ")),
         }
+        // Everything is in place: from now on the TAPs outlive the process.
+        for e in node.ports.list() {
+            if let Some(dev) = &e.dev {
+                if let Err(err) = dev.set_persist(true) {
+                    log::warn!("port {}: cannot make its TAP persistent: {err}", e.name);
+                }
+            }
+        }
+        node.save_ports();
         if let Some(nf) = node.dp.netfilter() {
             let ct = nf.conntrack();
             log::info!(
@@ -565,16 +601,136 @@ impl Built {
 }
 
 impl Node {
-    /// Builds the datapath from `cfg`, creates the TAP devices, starts the workers, and adds
-    /// routes, static neighbours and Services.
+    /// Builds the datapath from `cfg`, re-attaches the ports the last run recorded (where
+    /// they live now) or creates the config's TAPs, starts the workers, and adds routes,
+    /// static neighbours and Services.
     pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, String> {
-        let plan = Plan::new(cfg, config_path, &[])?;
-        let mut ports = Vec::new();
-        for i in 0..plan.taps.len() {
-            let tap = plan.open_tap(i)?;
-            ports.extend(plan.config_entry(i).map(|e| (e, tap)));
+        let mut plan = Plan::new(cfg, config_path, &[])?;
+        let sd = StateDir::new(plan.cfg.node.state_dir_path(), &plan.cfg.node.name);
+        // The ports of the last run, to re-attach to (config ports below, by name; the others
+        // here, before the datapath is built).
+        let (mut cfg_recs, other_recs): (Vec<_>, Vec<_>) = sd
+            .load_ports()
+            .into_iter()
+            .partition(|r| r.origin == Origin::Config);
+        // Ports of `port add` and the CNI plugin, re-attached where they live now.
+        let mut restored: Vec<(PortId, state::PortRecord, ports::Found)> = Vec::new();
+        for r in other_recs {
+            let who = format!(
+                "port {}{}",
+                r.name,
+                r.owner
+                    .as_deref()
+                    .map_or(String::new(), |o| format!(" (owner {o})"))
+            );
+            let bid = r.bridge.as_deref().and_then(|n| plan.bridge(n));
+            let Some(bid) = bid else {
+                log::warn!(
+                    "{who}: its bridge {:?} is no longer in the config: deleting its TAP",
+                    r.bridge.as_deref().unwrap_or("-")
+                );
+                if let Err(e) = ports::delete_recorded(&r, sd.own_ns) {
+                    log::warn!("{who}: {e}");
+                }
+                continue;
+            };
+            match ports::reattach(&r, sd.own_ns) {
+                Ok(f) => match plan.add_port(&r.name, bid) {
+                    Ok(pid) => restored.push((pid, r, f)),
+                    Err(e) => {
+                        log::warn!("{who}: cannot add it back ({e}): deleting its TAP");
+                        let _ = f.tap.set_persist(false);
+                    }
+                },
+                Err(why) => log::info!("{who}: dropped from the record: {why}"),
+            }
         }
-        plan.build(None)?.run(ports)
+        let built = plan.build(None)?;
+        let cfg = &built.cfg;
+        let mut ports: Vec<PortEntry> = Vec::new();
+        let mut reattached = 0;
+        for (id, name, tap, bridge) in &built.taps {
+            let kind = if bridge.is_some() {
+                Kind::Pod
+            } else {
+                Kind::Uplink
+            };
+            // Where the last run left it (moved and renamed, maybe), else in tapyard's
+            // namespace by name (attached to if it exists, created if not).
+            let rec = cfg_recs
+                .iter()
+                .position(|r| r.name == *name && r.kind == kind)
+                .map(|i| cfg_recs.swap_remove(i));
+            let found = rec.and_then(|r| match ports::reattach(&r, sd.own_ns) {
+                Ok(f) => Some((f, r.offload)),
+                Err(why) => {
+                    log::info!("port {name}: not re-attached ({why}); opening TAP {tap} in tapyard's namespace");
+                    None
+                }
+            });
+            let (dev, ifname, link, netns, offload) = match found {
+                Some((f, offload)) => {
+                    reattached += 1;
+                    (f.tap, f.ifname, Some(f.link), f.netns, offload)
+                }
+                None => {
+                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name)?;
+                    (dev, tap.clone(), link, None, cfg.node.offload)
+                }
+            };
+            let (netns, netns_id) = netns.map_or((None, None), |(p, id)| (Some(p), Some(id)));
+            ports.push(PortEntry {
+                id: *id,
+                name: name.clone(),
+                tap: tap.clone(),
+                ifname,
+                owner: None,
+                kind,
+                bridge: bridge.clone(),
+                link,
+                netns,
+                netns_id,
+                origin: Origin::Config,
+                capture: Arc::default(),
+                dev: Some(Arc::new(dev)),
+                offload,
+            });
+        }
+        for r in cfg_recs {
+            log::info!(
+                "port {} left the config while tapyard was not running: deleting its TAP",
+                r.name
+            );
+            if let Err(e) = ports::delete_recorded(&r, sd.own_ns) {
+                log::warn!("port {}: {e}", r.name);
+            }
+        }
+        for (id, r, f) in restored {
+            let (netns, netns_id) = f.netns.map_or((None, None), |(p, id)| (Some(p), Some(id)));
+            ports.push(PortEntry {
+                id,
+                name: r.name,
+                tap: r.tap,
+                ifname: f.ifname,
+                owner: r.owner,
+                kind: r.kind,
+                bridge: r.bridge,
+                link: Some(f.link),
+                netns,
+                netns_id,
+                origin: r.origin,
+                capture: Arc::default(),
+                dev: Some(Arc::new(f.tap)),
+                offload: r.offload,
+            });
+            reattached += 1;
+        }
+        let node = built.run(ports)?;
+        log::info!(
+            "ports recorded in {} ({reattached} re-attached from the last run)",
+            node.state.dir.join(state::PORTS_FILE).display()
+        );
+        Ok(node)
     }
 
     /// The datapath's current time (the workers' clock).
@@ -634,7 +790,7 @@ impl Node {
             let _change = self.ports.changing();
             match self.ports.by_name(name) {
                 Some(e) if e.origin == Origin::Config => {
-                    if let Err(e) = self.port_remove(&e) {
+                    if let Err(e) = self.port_remove(e) {
                         errors.push(e);
                     }
                 }

@@ -5,9 +5,18 @@
 //! (a TAP left in tapyard's namespace) or from the CNI plugin (`port_add` with a namespace):
 //! tapyard creates the TAP, keeps its file descriptor, moves the device into the pod's
 //! namespace and renames it there in one rtnetlink request, and reads back its ifindex and MAC
-//! inside that namespace. The TAP is not persistent: when the last `Arc` of its port goes (the
-//! runtime's and the registry's), the fd closes and the kernel deletes the device, in whichever
-//! namespace it lives; [`Node::port_remove`] waits until it is gone.
+//! inside that namespace. A TAP made without `--mac` gets a MAC derived from the node's and the
+//! port's names ([`crate::state::stable_mac`]).
+//!
+//! Once a port is in place its TAP is persistent, and the registry is written to
+//! `<state_dir>/ports.json` ([`crate::state`]) at every change: the pods' interfaces outlive
+//! the process (a crash, `kill -9`, a clean stop), and the next start re-attaches to each
+//! where it lives now ([`reattach`]), renamed or not. tapyard follows its TAPs while it runs
+//! ([`Node::refresh_ports`]: the namespace and name each has now, read from its fd), so that a
+//! TAP moved and renamed by hand is found again too. Removing a port (`port del`, CNI DEL, a
+//! reload that drops it) clears the persist flag before the last `Arc` of the device goes (the
+//! runtime's and the registry's): the fd closes and the kernel deletes the device, in
+//! whichever namespace it lives; [`Node::port_remove`] waits until it is gone.
 //!
 //! Thread safety: the registry's entries sit behind a mutex held only to read or change the
 //! list; adding and removing ports (and a reload's port changes) are serialised by a second
@@ -17,13 +26,15 @@
 use std::collections::hash_map::DefaultHasher;
 use std::fs::File;
 use std::hash::{Hash, Hasher};
+use std::os::fd::RawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant as StdInstant};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tapyard::port::{Observed, Port, TapPort};
-use tapyard::{BridgeId, PortId};
+use tapyard::{Batch, BridgeId, BufPool, DropReason, PacketBuf, PortId};
 use tapyard_cni::control::PortInfo;
 use tapyard_cni::netlink::{Link, Netlink};
 use tapyard_cni::netns;
@@ -32,12 +43,14 @@ use crate::capture::CaptureTap;
 use crate::config::values::{parse_ifname, parse_mac};
 use crate::live;
 use crate::node::Node;
+use crate::state::{self, MacFor, NetnsRecord, NsId, PortRecord};
 
 /// How long a removal waits for the kernel to delete the TAP.
 pub const GONE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where a port came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Origin {
     /// A bridge's `ports` or an uplink in the config file: a reload adds and removes it.
     Config,
@@ -59,7 +72,8 @@ impl Origin {
 }
 
 /// What a port is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// A bridge port (a pod's interface, or anything plugged into the bridge).
     Pod,
@@ -95,17 +109,53 @@ pub struct PortEntry {
     pub kind: Kind,
     /// The bridge it is attached to (none for an uplink).
     pub bridge: Option<String>,
-    /// The interface's MAC and ifindex, when read at creation (CNI and `port add` ports).
+    /// The interface's MAC and ifindex where it lives.
     pub link: Option<Link>,
-    /// The namespace the interface was moved to (a CNI port's `netns`).
+    /// The namespace the interface was moved to (a CNI port's `netns`, or where tapyard found
+    /// it), as a path; none while it is in tapyard's namespace.
     pub netns: Option<String>,
+    /// That namespace's identity (see [`crate::state`]).
+    pub netns_id: Option<NsId>,
     /// Where it came from.
     pub origin: Origin,
     /// Its capture state.
     pub capture: Arc<CaptureTap>,
+    /// The TAP device (shared with the workers): its persist flag is cleared when the port is
+    /// removed, and where it lives now is read from it.
+    pub dev: Option<Arc<TapPort>>,
+    /// Opened with a virtio-net header.
+    pub offload: bool,
 }
 
 impl PortEntry {
+    /// Its line in `<state_dir>/ports.json`.
+    pub fn record(&self) -> PortRecord {
+        PortRecord {
+            name: self.name.clone(),
+            tap: self.tap.clone(),
+            ifname: self.ifname.clone(),
+            mac: self
+                .link
+                .as_ref()
+                .map(|l| l.mac.clone())
+                .unwrap_or_default(),
+            kind: self.kind,
+            bridge: self.bridge.clone(),
+            origin: self.origin,
+            owner: self.owner.clone(),
+            netns: match (&self.netns, self.netns_id) {
+                (Some(path), Some((dev, ino))) => Some(NetnsRecord {
+                    path: path.clone(),
+                    dev,
+                    ino,
+                }),
+                _ => None,
+            },
+            ifindex: self.link.as_ref().map_or(0, |l| l.index),
+            offload: self.offload,
+        }
+    }
+
     /// The CNI protocol's description of it.
     pub fn info(&self) -> PortInfo {
         PortInfo {
@@ -160,6 +210,13 @@ impl Registry {
         self.lock().retain(|e| e.id != id);
     }
 
+    /// Changes the entry of port `id` in place.
+    fn update(&self, id: PortId, f: impl FnOnce(&mut PortEntry)) {
+        if let Some(e) = self.lock().iter_mut().find(|e| e.id == id) {
+            f(e);
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<PortEntry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -193,6 +250,178 @@ fn link_in(ns: &File, path: &Path, name: &str) -> Result<Option<Link>, String> {
             .map_err(err)
     })
     .map_err(|e| e.msg)
+}
+
+/// A TAP shared by the workers (through [`Observed`]) and the registry, which keeps it to
+/// clear its persist flag on removal and to read where it lives.
+pub struct SharedTap(pub Arc<TapPort>);
+
+impl Port for SharedTap {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn recv_batch(&self, pool: &mut BufPool, batch: &mut Batch) -> std::io::Result<usize> {
+        self.0.recv_batch(pool, batch)
+    }
+
+    fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
+        self.0.send(buf)
+    }
+
+    fn send_batch(&self, bufs: &[&PacketBuf], done: &mut dyn FnMut(usize, Result<(), DropReason>)) {
+        self.0.send_batch(bufs, done)
+    }
+
+    fn rx_fd(&self) -> Option<RawFd> {
+        self.0.rx_fd()
+    }
+
+    fn frame_room(&self) -> usize {
+        self.0.frame_room()
+    }
+}
+
+/// Opens (creates, or attaches to) TAP `name` in the calling thread's namespace, with a
+/// virtio-net header when `offload`.
+pub fn open_tap_mode(name: &str, offload: bool) -> std::io::Result<TapPort> {
+    if offload {
+        TapPort::open_offload(name)
+    } else {
+        TapPort::open(name)
+    }
+}
+
+/// A recorded port found again: the device, its name and link where it lives, and that
+/// namespace (path and identity; none for tapyard's own).
+pub struct Found {
+    /// The re-attached device.
+    pub tap: TapPort,
+    /// Its name now.
+    pub ifname: String,
+    /// Its MAC and ifindex.
+    pub link: Link,
+    /// Where it lives, if not in tapyard's namespace.
+    pub netns: Option<(String, NsId)>,
+}
+
+/// The interface of record `r` in the namespace the netlink socket belongs to: by ifindex,
+/// else by name, confirmed by MAC either way (an ifindex or a name may have been given to
+/// another interface since).
+fn find_link(nl: &mut Netlink, r: &PortRecord) -> std::io::Result<Option<(String, Link)>> {
+    if r.ifindex != 0 {
+        if let Some((name, l)) = nl.link_by_index(r.ifindex)? {
+            if l.mac == r.mac {
+                return Ok(Some((name, l)));
+            }
+        }
+    }
+    match nl.link_by_name(&r.ifname)? {
+        Some(l) if l.mac == r.mac => Ok(Some((r.ifname.clone(), l))),
+        _ => Ok(None),
+    }
+}
+
+/// Finds the TAP of record `r` where it lives now and re-attaches to it (`TUNSETIFF` by its
+/// current name, from inside its namespace, with the flags it was created with). `Err(why)`
+/// when it is not there (its namespace is gone, no interface with its ifindex or name and
+/// MAC) or cannot be opened. `own` is tapyard's namespace.
+pub fn reattach(r: &PortRecord, own: Option<NsId>) -> Result<Found, String> {
+    let here = |nl: &mut Netlink| -> Result<(TapPort, String, Link), String> {
+        let (name, link) = find_link(nl, r)
+            .map_err(|e| format!("rtnetlink: {e}"))?
+            .ok_or_else(|| {
+                format!(
+                    "no interface with ifindex {} or name {:?} and mac {}",
+                    r.ifindex, r.ifname, r.mac
+                )
+            })?;
+        let tap = open_tap_mode(&name, r.offload)
+            .map_err(|e| format!("cannot re-attach to TAP {name:?}: {e}"))?;
+        Ok((tap, name, link))
+    };
+    match r.netns.as_ref().filter(|ns| Some(ns.id()) != own) {
+        None => {
+            let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
+            let (tap, ifname, link) =
+                here(&mut nl).map_err(|e| format!("{e} in tapyard's namespace"))?;
+            Ok(Found {
+                tap,
+                ifname,
+                link,
+                netns: None,
+            })
+        }
+        Some(ns) => {
+            let (f, path) = state::open_ns(ns).ok_or_else(|| {
+                format!(
+                    "its network namespace {} (inode {}) is gone",
+                    ns.path, ns.ino
+                )
+            })?;
+            let (tap, ifname, link) = netns::run_in(&f, &path, || {
+                use tapyard_cni::error::{CniError, NETNS_CONFIG};
+                let mut nl = Netlink::open()
+                    .map_err(|e| CniError::new(NETNS_CONFIG, format!("rtnetlink: {e}")))?;
+                here(&mut nl).map_err(|e| CniError::new(NETNS_CONFIG, e))
+            })
+            .map_err(|e| format!("{} in netns {}", e.msg, path.display()))?;
+            let p = path.display().to_string();
+            Ok(Found {
+                tap,
+                ifname,
+                link,
+                netns: Some((p, ns.id())),
+            })
+        }
+    }
+}
+
+/// Deletes the interface of record `r` where it lives (`RTM_DELLINK`, confirmed by MAC).
+/// `Ok(false)` if it is not there (its namespace went with it).
+pub fn delete_recorded(r: &PortRecord, own: Option<NsId>) -> Result<bool, String> {
+    let del = |nl: &mut Netlink| -> Result<bool, String> {
+        let Some((_, l)) = find_link(nl, r).map_err(|e| format!("rtnetlink: {e}"))? else {
+            return Ok(false);
+        };
+        nl.del_link(l.index)
+            .map_err(|e| format!("cannot delete {:?}: {e}", r.ifname))?;
+        Ok(true)
+    };
+    match r.netns.as_ref().filter(|ns| Some(ns.id()) != own) {
+        None => del(&mut Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?),
+        Some(ns) => {
+            let Some((f, path)) = state::open_ns(ns) else {
+                return Ok(false);
+            };
+            netns::run_in(&f, &path, || {
+                use tapyard_cni::error::{CniError, NETNS_CONFIG};
+                let mut nl = Netlink::open()
+                    .map_err(|e| CniError::new(NETNS_CONFIG, format!("rtnetlink: {e}")))?;
+                del(&mut nl).map_err(|e| CniError::new(NETNS_CONFIG, e))
+            })
+            .map_err(|e| format!("{} in netns {}", e.msg, path.display()))
+        }
+    }
+}
+
+/// Deletes TAP `name` of tapyard's namespace if there is one: attached to (which only works
+/// on a TAP: another kind of interface of that name is left alone), persist flag cleared,
+/// closed. Whether one was deleted.
+pub fn delete_local_tap(name: &str) -> Result<bool, String> {
+    let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
+    if nl
+        .link_by_name(name)
+        .map_err(|e| format!("rtnetlink: {e}"))?
+        .is_none()
+    {
+        return Ok(false);
+    }
+    let tap = TapPort::open(name).map_err(|e| format!("TAP {name:?}: cannot open it: {e}"))?;
+    tap.set_persist(false)
+        .map_err(|e| format!("TAP {name:?}: cannot clear its persist flag: {e}"))?;
+    drop(tap);
+    Ok(true)
 }
 
 /// A port being built: undoes what was done (runtime, datapath; the TAP closes with the last
@@ -231,12 +460,76 @@ impl Node {
     }
 
     fn open_tap(&self, name: &str) -> Result<TapPort, String> {
-        if self.offload {
-            TapPort::open_offload(name)
-        } else {
-            TapPort::open(name)
+        open_tap_mode(name, self.offload).map_err(|e| format!("cannot create TAP {name:?}: {e}"))
+    }
+
+    /// Writes the registry to `<state_dir>/ports.json`; a failure is logged (the ports work,
+    /// but would not be found again after a restart).
+    pub fn save_ports(&self) {
+        let _w = self.state.lock();
+        let r = state::Record {
+            version: state::VERSION,
+            node: self.state.node.clone(),
+            own_netns: self.state.own_netns(),
+            ports: self.ports.list().iter().map(PortEntry::record).collect(),
+        };
+        if let Err(e) = state::save(&self.state.dir, &r) {
+            log::error!(
+                "cannot write {}: {e} (the ports would not be found again after a restart)",
+                self.state.dir.join(state::PORTS_FILE).display()
+            );
         }
-        .map_err(|e| format!("cannot create TAP {name:?}: {e}"))
+    }
+
+    /// Reads where each TAP lives now (its namespace and name, from its fd) and records the
+    /// ports that moved or were renamed (a pod's TAP moved by hand and renamed `eth0`), with
+    /// their ifindex and MAC there. Cheap when nothing moved: two ioctls and a stat per TAP.
+    pub fn refresh_ports(&self) {
+        let mut changed = false;
+        for e in self.ports.list() {
+            let Some(dev) = &e.dev else { continue };
+            let (Ok(name), Ok(nsfd)) = (dev.current_name(), dev.netns()) else {
+                continue;
+            };
+            let nsf = File::from(nsfd);
+            let Ok(id) = state::ns_id_of(&nsf) else {
+                continue;
+            };
+            let ns_now = (Some(id) != self.state.own_ns).then_some(id);
+            if name == e.ifname && ns_now == e.netns_id {
+                continue;
+            }
+            let path = match ns_now {
+                None => None,
+                Some(_) if ns_now == e.netns_id => e.netns.clone(),
+                Some(id) => state::find_ns(id).map(|p| p.display().to_string()),
+            };
+            let link = match (&ns_now, &path) {
+                (None, _) => Netlink::open()
+                    .ok()
+                    .and_then(|mut nl| nl.link_by_name(&name).ok().flatten()),
+                (Some(_), Some(p)) => link_in(&nsf, Path::new(p), &name).ok().flatten(),
+                (Some(_), None) => None,
+            };
+            let Some(link) = link else { continue };
+            log::info!(
+                "port {} is now {name} in {} (ifindex {}, mac {})",
+                e.name,
+                path.as_deref().unwrap_or("tapyard's namespace"),
+                link.index,
+                link.mac
+            );
+            self.ports.update(e.id, |e| {
+                e.ifname = name;
+                e.link = Some(link);
+                e.netns = path;
+                e.netns_id = ns_now;
+            });
+            changed = true;
+        }
+        if changed {
+            self.save_ports();
+        }
     }
 
     fn bridge_id(&self, bridge: &str) -> Result<BridgeId, String> {
@@ -281,7 +574,7 @@ impl Node {
     fn attach_tap(
         &self,
         name: &str,
-        tap: TapPort,
+        tap: Arc<TapPort>,
         bridge: BridgeId,
     ) -> Result<(Pending<'_>, Arc<CaptureTap>), String> {
         let id = live::add_port(&self.dp, name, bridge)
@@ -292,7 +585,7 @@ impl Node {
             kept: false,
         };
         let ct = Arc::new(CaptureTap::default());
-        let port: Arc<dyn Port> = Arc::new(Observed::new(tap, ct.clone()));
+        let port: Arc<dyn Port> = Arc::new(Observed::new(SharedTap(tap), ct.clone()));
         self.with_runtime(|rt| live::attach(rt, id, port))
             .unwrap_or_else(|| Err(std::io::Error::other("the node is stopping")))
             .map_err(|e| format!("port {name:?}: cannot hand it to the workers: {e}"))?;
@@ -322,12 +615,15 @@ impl Node {
             .link_by_name(&tap_name)
             .map_err(|e| format!("rtnetlink: cannot read TAP {tap_name:?}: {e}"))?
             .ok_or_else(|| format!("TAP {tap_name:?} vanished"))?;
-        if let Some(m) = mac {
-            nl.set_mac(link.index, m.0)
-                .map_err(|e| format!("mac {m}: cannot set it on {tap_name:?}: {e}"))?;
-            link.mac = m.to_string();
-        }
-        let (pending, capture) = self.attach_tap(name, tap, bid)?;
+        let m = mac.unwrap_or_else(|| state::stable_mac(MacFor::Tap, &self.state.node, name));
+        nl.set_mac(link.index, m.0)
+            .map_err(|e| format!("mac {m}: cannot set it on {tap_name:?}: {e}"))?;
+        link.mac = m.to_string();
+        let offload = tap.offloads();
+        let tap = Arc::new(tap);
+        let (pending, capture) = self.attach_tap(name, tap.clone(), bid)?;
+        tap.set_persist(true)
+            .map_err(|e| format!("cannot make TAP {tap_name:?} persistent: {e}"))?;
         let e = PortEntry {
             id: pending.id,
             name: name.to_string(),
@@ -338,11 +634,15 @@ impl Node {
             bridge: Some(bridge.to_string()),
             link: Some(link),
             netns: None,
+            netns_id: None,
             origin,
             capture,
+            dev: Some(tap),
+            offload,
         };
         self.ports.insert(e.clone());
         pending.keep();
+        self.save_ports();
         log::info!(
             "port {name} added to bridge {bridge} ({}) mac {}",
             origin.name(),
@@ -390,12 +690,17 @@ impl Node {
                 "ifname {ifname:?} exists already in netns {netns_path}"
             ));
         }
-        // Until it is attached, dropping `tap` (the last reference) deletes the device.
+        // Until it is attached and made persistent, dropping `tap` (the last reference)
+        // deletes the device.
         let tap = self.open_tap(&tmp)?;
         let here = nl
             .link_by_name(&tmp)
             .map_err(|e| format!("rtnetlink: cannot read TAP {tmp:?}: {e}"))?
             .ok_or_else(|| format!("TAP {tmp:?} vanished"))?;
+        let mac = state::stable_mac(MacFor::Tap, &self.state.node, &tmp);
+        nl.set_mac(here.index, mac.0)
+            .map_err(|e| format!("mac {mac}: cannot set it on {tmp:?}: {e}"))?;
+        let ns_id = state::ns_id_of(&ns).map_err(|e| field("netns", netns_path, e))?;
         {
             use std::os::fd::AsFd;
             nl.move_to_netns(here.index, ns.as_fd(), ifname, mtu)
@@ -410,7 +715,11 @@ impl Node {
         let link = link_in(&ns, path, ifname)
             .map_err(|e| format!("netns {netns_path}: {e}"))?
             .ok_or_else(|| format!("{ifname:?} is not in netns {netns_path} after the move"))?;
-        let (pending, capture) = self.attach_tap(&tmp, tap, bid)?;
+        let offload = tap.offloads();
+        let tap = Arc::new(tap);
+        let (pending, capture) = self.attach_tap(&tmp, tap.clone(), bid)?;
+        tap.set_persist(true)
+            .map_err(|e| format!("cannot make TAP {tmp:?} persistent: {e}"))?;
         let e = PortEntry {
             id: pending.id,
             name: tmp.clone(),
@@ -421,11 +730,15 @@ impl Node {
             bridge: Some(bridge.to_string()),
             link: Some(link),
             netns: Some(netns_path.to_string()),
+            netns_id: (Some(ns_id) != self.state.own_ns).then_some(ns_id),
             origin: Origin::Cni,
             capture,
+            dev: Some(tap),
+            offload,
         };
         self.ports.insert(e.clone());
         pending.keep();
+        self.save_ports();
         log::info!(
             "port {} ({owner}) added to bridge {bridge}: {ifname} in {netns_path}, mac {}",
             e.name,
@@ -434,15 +747,25 @@ impl Node {
         Ok(e.info())
     }
 
-    /// Removes a port: from the workers, from the datapath, from the registry; then waits
-    /// until the kernel has deleted its TAP (the fd closes with the last `Arc`).
-    pub fn port_remove(&self, e: &PortEntry) -> Result<(), String> {
+    /// Removes a port: from the workers, from the datapath, from the registry and its
+    /// record; then clears its TAP's persist flag and waits until the kernel has deleted it
+    /// (the fd closes with the last `Arc`).
+    pub fn port_remove(&self, mut e: PortEntry) -> Result<(), String> {
         let port = self
             .unplug(e.id)
             .map_err(|err| format!("port {:?}: cannot remove it: {err}", e.name))?;
         self.ports.remove(e.id);
+        self.save_ports();
+        if let Some(dev) = e.dev.take() {
+            if let Err(err) = dev.set_persist(false) {
+                log::warn!(
+                    "port {}: cannot clear the TAP's persist flag: {err}",
+                    e.name
+                );
+            }
+        }
         drop(port);
-        self.wait_gone(e)?;
+        self.wait_gone(&e)?;
         log::info!(
             "port {} removed ({}{})",
             e.name,
@@ -488,7 +811,7 @@ impl Node {
         let _change = self.ports.changing();
         match self.ports.by_owner(owner) {
             None => Ok(false),
-            Some(e) => self.port_remove(&e).map(|()| true),
+            Some(e) => self.port_remove(e).map(|()| true),
         }
     }
 
@@ -506,11 +829,12 @@ impl Node {
                 "comes from the config file: remove it from the bridge's `ports` and reload",
             ));
         }
-        self.port_remove(&e)
+        self.port_remove(e)
     }
 
     /// `show ports --json`: every port with its fields and counters.
     pub fn ports_json(&self) -> Vec<Value> {
+        self.refresh_ports();
         let stats = self.dp.stats();
         let mut nl = Netlink::open().ok();
         self.ports

@@ -67,7 +67,8 @@ use tapyard_cni::netlink::Link;
 
 use crate::config::Config;
 use crate::node::{Node, Plan};
-use crate::ports::{Kind, Origin, PortEntry};
+use crate::ports::{Origin, PortEntry};
+use crate::state::{NetnsRecord, PortRecord};
 
 /// The protocol's version: both sides must speak the same.
 pub const VERSION: u32 = 1;
@@ -99,89 +100,40 @@ pub const ADOPT_DEADLINE: Duration = Duration::from_secs(5);
 /// tests check that the old one then resumes.
 pub const FAIL_ENV: &str = "TAPYARD_TAKEOVER_TEST_FAIL";
 
-/// What a port of the registry is, as the protocol carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PortRecord {
-    /// The datapath port's name.
-    pub name: String,
-    /// The TAP's name in tapyard's namespace when it was created.
-    pub tap: String,
-    /// The interface's name where it lives now.
-    pub ifname: String,
-    /// The CNI owner key.
-    pub owner: Option<String>,
-    /// `pod` or `uplink`.
-    pub kind: String,
-    /// The bridge (none for an uplink).
-    pub bridge: Option<String>,
-    /// `config`, `port add` or `cni`.
-    pub origin: String,
-    /// The namespace the interface was moved to.
-    pub netns: Option<String>,
-    /// The interface's MAC, when known.
-    pub mac: Option<String>,
-    /// The interface's ifindex (in its namespace), when known.
-    pub ifindex: Option<u32>,
-    /// Its MTU, when known.
-    pub mtu: Option<u32>,
-    /// Whether the TAP carries virtio-net headers (checksum/TSO offloads).
-    pub offloads: bool,
-}
-
-impl PortRecord {
-    /// The record of a registry entry.
-    pub fn of(e: &PortEntry, offloads: bool) -> PortRecord {
-        PortRecord {
-            name: e.name.clone(),
-            tap: e.tap.clone(),
-            ifname: e.ifname.clone(),
-            owner: e.owner.clone(),
-            kind: e.kind.name().into(),
-            bridge: e.bridge.clone(),
-            origin: e.origin.name().into(),
-            netns: e.netns.clone(),
-            mac: e.link.as_ref().map(|l| l.mac.clone()),
-            ifindex: e.link.as_ref().map(|l| l.index),
-            mtu: e.link.as_ref().map(|l| l.mtu),
-            offloads,
-        }
-    }
-
-    /// The registry entry for datapath port `id` (a fresh capture state).
-    pub fn entry(&self, id: tapyard::PortId) -> Result<PortEntry, String> {
-        let origin = match self.origin.as_str() {
-            "config" => Origin::Config,
-            "port add" => Origin::Command,
-            "cni" => Origin::Cni,
-            o => return Err(format!("port {:?}: origin {o:?} is unknown", self.name)),
-        };
-        let kind = match self.kind.as_str() {
-            "pod" => Kind::Pod,
-            "uplink" => Kind::Uplink,
-            k => return Err(format!("port {:?}: kind {k:?} is unknown", self.name)),
-        };
-        Ok(PortEntry {
-            id,
-            name: self.name.clone(),
-            tap: self.tap.clone(),
-            ifname: self.ifname.clone(),
-            owner: self.owner.clone(),
-            kind,
-            bridge: self.bridge.clone(),
-            link: match (self.ifindex, &self.mac) {
-                (Some(index), Some(mac)) => Some(Link {
-                    index,
-                    mac: mac.clone(),
-                    mtu: self.mtu.unwrap_or(0),
-                    up: true,
-                }),
-                _ => None,
-            },
-            netns: self.netns.clone(),
-            origin,
-            capture: Arc::default(),
-        })
+/// The registry entry of a port the running node offered, for datapath port `id`, with its
+/// handed-over device (a fresh capture state). A port recorded in the old process's own
+/// namespace (`own`), when that is not this process's, is placed there.
+pub fn entry_of(
+    r: &PortRecord,
+    id: tapyard::PortId,
+    tap: TapPort,
+    own: Option<&NetnsRecord>,
+    here: Option<crate::state::NsId>,
+) -> PortEntry {
+    let netns = r
+        .netns
+        .clone()
+        .or_else(|| own.filter(|o| Some(o.id()) != here).cloned());
+    PortEntry {
+        id,
+        name: r.name.clone(),
+        tap: r.tap.clone(),
+        ifname: r.ifname.clone(),
+        owner: r.owner.clone(),
+        kind: r.kind,
+        bridge: r.bridge.clone(),
+        link: (r.ifindex != 0).then(|| Link {
+            index: r.ifindex,
+            mac: r.mac.clone(),
+            mtu: 0,
+            up: true,
+        }),
+        netns: netns.as_ref().map(|n| n.path.clone()),
+        netns_id: netns.as_ref().map(NetnsRecord::id),
+        origin: r.origin,
+        capture: Arc::default(),
+        dev: Some(Arc::new(tap)),
+        offload: r.offload,
     }
 }
 
@@ -237,7 +189,9 @@ pub enum Msg {
         control_socket: PathBuf,
         /// Its router interfaces' MACs.
         ifaces: Vec<IfaceRecord>,
-        /// Its ports.
+        /// Its namespace (its ports without `netns` live there).
+        own_netns: Option<NetnsRecord>,
+        /// Its ports, as its port record (`<state_dir>/ports.json`) lists them.
         ports: Vec<PortRecord>,
     },
     /// New → old: built, send the descriptors.
@@ -535,6 +489,8 @@ pub struct OldSide {
     pub takeover: UnixListener,
     /// The node's name.
     pub name: String,
+    /// Set while a takeover is in progress (the main loop then leaves the node alone).
+    pub busy: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for OldSide {
@@ -600,6 +556,7 @@ fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
         ));
     }
     log::info!("takeover: pid {pid} asks for this node; control requests and port changes wait");
+    old.busy.store(true, Ordering::Release);
     // No reload, port change or control request from here on, until it fails (or for good).
     let cur = old.node.current.lock().unwrap_or_else(|e| e.into_inner());
     let changes = old.node.ports.changing();
@@ -614,6 +571,7 @@ fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
     }
     drop(changes);
     drop(cur);
+    old.busy.store(false, Ordering::Release);
     if let Err(e) = old.control.start() {
         log::error!("takeover: cannot serve the control socket again: {e}");
     }
@@ -629,29 +587,17 @@ fn offer_and_hand_over(
     pid: u32,
 ) -> Result<std::convert::Infallible, String> {
     let node = &old.node;
-    let drivers = node
-        .with_runtime(|rt| rt.ports())
-        .ok_or("the node is stopping")?;
     let entries = node.ports.list();
-    // Every port's TAP, found through its driver.
+    // Every port's TAP (the registry keeps the device it shares with the workers).
     let mut taps = Vec::with_capacity(entries.len());
     for e in &entries {
-        let driver = drivers
-            .iter()
-            .find(|(id, _)| *id == e.id)
-            .map(|(_, p)| p.clone())
-            .ok_or_else(|| format!("port {:?} has no driver in the runtime", e.name))?;
-        if driver.as_tap().is_none() {
-            return Err(format!("port {:?} is not a TAP", e.name));
-        }
-        taps.push(driver);
+        let dev = e
+            .dev
+            .clone()
+            .ok_or_else(|| format!("port {:?} has no TAP device", e.name))?;
+        taps.push(dev);
     }
-    let tap_of = |i: usize| taps[i].as_tap();
-    let records: Vec<PortRecord> = entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| PortRecord::of(e, tap_of(i).is_some_and(TapPort::offloads)))
-        .collect();
+    let records: Vec<PortRecord> = entries.iter().map(PortEntry::record).collect();
     let ifaces = node
         .ifaces
         .iter()
@@ -666,6 +612,7 @@ fn offer_and_hand_over(
         pid: std::process::id(),
         control_socket: old.control_socket.clone(),
         ifaces,
+        own_netns: node.state.own_netns(),
         ports: records,
     };
     send(s, &offer, &[]).map_err(|e| format!("offer: {e}"))?;
@@ -689,8 +636,7 @@ fn offer_and_hand_over(
         roles.push(FdRole::Conntrack);
         fds.push(f);
     }
-    for (i, e) in entries.iter().enumerate() {
-        let tap = tap_of(i).ok_or_else(|| format!("port {:?} is not a TAP", e.name))?;
+    for (e, tap) in entries.iter().zip(&taps) {
         roles.push(FdRole::Port {
             name: e.name.clone(),
         });
@@ -762,7 +708,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
         pid: std::process::id(),
     };
     send(&s, &hello, &[]).map_err(|e| format!("--takeover: hello: {e}"))?;
-    let (ifaces, records, old_pid, control_socket) = match recv(&s)
+    let (ifaces, records, old_pid, control_socket, own_netns) = match recv(&s)
         .map_err(|e| format!("--takeover: waiting for the running node's offer: {e}"))?
     {
         (
@@ -772,6 +718,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
                 pid,
                 control_socket,
                 ifaces,
+                own_netns,
                 ports,
             },
             _,
@@ -781,7 +728,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
                     "--takeover: the running node offered version {version} of node {node:?}"
                 ));
             }
-            (ifaces, ports, pid, control_socket)
+            (ifaces, ports, pid, control_socket, own_netns)
         }
         (Msg::Abort { error }, _) => {
             return Err(format!(
@@ -805,7 +752,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
         );
         format!("--takeover: {error} (pid {old_pid} goes on forwarding)")
     };
-    match adopt(&s, cfg, config_path, &ifaces, &records) {
+    match adopt(&s, cfg, config_path, &ifaces, &records, own_netns.as_ref()) {
         Ok((node, control, takeover)) => {
             s.set_read_timeout(Some(Duration::from_secs(5)))
                 .map_err(|e| e.to_string())?;
@@ -850,6 +797,7 @@ fn adopt(
     config_path: PathBuf,
     ifaces: &[IfaceRecord],
     records: &[PortRecord],
+    own_netns: Option<&NetnsRecord>,
 ) -> Result<(Arc<Node>, UnixListener, UnixListener), String> {
     let mut macs = Vec::new();
     for i in ifaces {
@@ -857,11 +805,12 @@ fn adopt(
             .map_err(|e| format!("interface {:?}: mac {:?}: {e}", i.name, i.mac))?;
         macs.push((i.name.clone(), mac));
     }
+    let here = crate::state::own_ns().ok();
     let mut plan = Plan::new(cfg, config_path, &macs)?;
     // Datapath ports: the config's have theirs; the others get one on their bridge.
     let mut ids = Vec::with_capacity(records.len());
     for r in records {
-        let id = if r.origin == Origin::Config.name() {
+        let id = if r.origin == Origin::Config {
             let found = plan.taps.iter().find(|t| t.1 == r.name).map(|t| t.0);
             if found.is_none() {
                 log::info!(
@@ -872,10 +821,13 @@ fn adopt(
             found
         } else {
             let bridge = r.bridge.as_deref().unwrap_or_default();
-            Some(
-                plan.add_port(&r.name, bridge)
-                    .map_err(|e| format!("port {:?} of the running node: {e}", r.name))?,
-            )
+            let bid = plan.bridge(bridge).ok_or_else(|| {
+                format!(
+                    "port {:?} is on bridge {bridge:?}, which the config does not have",
+                    r.name
+                )
+            })?;
+            Some(plan.add_port(&r.name, bid)?)
         };
         ids.push(id);
     }
@@ -884,11 +836,10 @@ fn adopt(
     for (i, t) in plan.taps.iter().enumerate() {
         if !records
             .iter()
-            .any(|r| r.origin == "config" && r.name == t.1)
+            .any(|r| r.origin == Origin::Config && r.name == t.1)
         {
             log::info!("port {:?} is new in the config: creating its TAP", t.1);
-            let tap = plan.open_tap(i)?;
-            fresh.extend(plan.config_entry(i).map(|e| (e, tap)));
+            fresh.push(plan.open_config_port(i)?);
         }
     }
     s.set_read_timeout(Some(ACK_TIMEOUT))
@@ -920,8 +871,8 @@ fn adopt(
                 let Some(id) = ids[i] else { continue };
                 let r = &records[i];
                 let tap =
-                    TapPort::from_fd(fd, r.offloads).map_err(|e| format!("port {name:?}: {e}"))?;
-                taps.push((r.entry(id)?, tap));
+                    TapPort::from_fd(fd, r.offload).map_err(|e| format!("port {name:?}: {e}"))?;
+                taps.push(entry_of(r, id, tap, own_netns, here));
             }
         }
     }
@@ -944,6 +895,11 @@ fn adopt(
     }
     let node = Arc::new(built.run(ports)?);
     log::info!(
+        "ports recorded in {} ({} taken over)",
+        node.state.dir.join(crate::state::PORTS_FILE).display(),
+        ids.iter().flatten().count()
+    );
+    log::info!(
         "took over: forwarding {:.1} ms after the descriptors arrived (of which {build_ms:.1} ms to map the connection table and build the datapath)",
         got.elapsed().as_secs_f64() * 1000.0
     );
@@ -960,15 +916,18 @@ mod tests {
             name: name.into(),
             tap: name.into(),
             ifname: "eth0".into(),
-            owner: Some("c1/eth0".into()),
-            kind: "pod".into(),
+            mac: "02:00:00:00:00:01".into(),
+            kind: crate::ports::Kind::Pod,
             bridge: Some("cni0".into()),
-            origin: "cni".into(),
-            netns: Some("/var/run/netns/x".into()),
-            mac: Some("02:00:00:00:00:01".into()),
-            ifindex: Some(7),
-            mtu: Some(1500),
-            offloads: true,
+            origin: Origin::Cni,
+            owner: Some("c1/eth0".into()),
+            netns: Some(NetnsRecord {
+                path: "/var/run/netns/x".into(),
+                dev: 4,
+                ino: 4026532301,
+            }),
+            ifindex: 7,
+            offload: false,
         }
     }
 
@@ -984,6 +943,7 @@ mod tests {
                 name: "cni0".into(),
                 mac: "02:00:00:00:00:aa".into(),
             }],
+            own_netns: None,
             ports: vec![record("ty00000001")],
         };
         send(&a, &offer, &[]).unwrap();
@@ -1071,18 +1031,35 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_through_registry_entries() {
-        let r = record("ty00000001");
-        let e = r.entry(tapyard::PortId(3)).unwrap();
-        assert_eq!(e.origin, Origin::Cni);
-        assert_eq!(e.link.as_ref().map(|l| l.index), Some(7));
-        assert_eq!(PortRecord::of(&e, true), r);
-        let mut bad = r.clone();
-        bad.origin = "elsewhere".into();
-        assert!(bad
-            .entry(tapyard::PortId(3))
-            .unwrap_err()
-            .contains("origin \"elsewhere\""));
+    fn offered_ports_become_the_same_registry_entries() {
+        let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|t| {
+            t.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        });
+        if !root || !Path::new("/dev/net/tun").exists() {
+            eprintln!("skipping: needs root and /dev/net/tun to open a TAP");
+            return;
+        }
+        let name = format!("tyrt{}", std::process::id() % 100_000);
+        let tap = || TapPort::open(&name).unwrap();
+        let r = record(&name);
+        let e = entry_of(&r, tapyard::PortId(3), tap(), None, None);
+        assert_eq!(e.record(), r);
+        assert_eq!(e.info().ifindex, 7);
+        drop(e);
+        // A port the old process had in its own namespace, another than this one's.
+        let own = NetnsRecord {
+            path: "/proc/1/ns/net".into(),
+            dev: 1,
+            ino: 2,
+        };
+        let mut here = record(&name);
+        here.netns = None;
+        let e = entry_of(&here, tapyard::PortId(3), tap(), Some(&own), Some((1, 3)));
+        assert_eq!(e.record().netns, Some(own.clone()));
+        drop(e);
+        let e = entry_of(&here, tapyard::PortId(3), tap(), Some(&own), Some((1, 2)));
+        assert_eq!(e.record().netns, None);
     }
 
     #[test]

@@ -215,6 +215,16 @@ fn ports(n: &Names) -> Vec<(String, String, String, String)> {
     l
 }
 
+/// The `ports` of the node's port record (`<state_dir>/ports.json`), by name.
+fn recorded(n: &Names) -> Vec<serde_json::Value> {
+    let path = n.state.join("ports.json");
+    let t = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+    let mut p = v["ports"].as_array().cloned().unwrap_or_default();
+    p.sort_by_key(|p| p["name"].as_str().unwrap_or_default().to_string());
+    p
+}
+
 /// Starts an iperf3 client in `ns` with `args`, its JSON report in `out`.
 fn iperf3(g: &mut Guard, ns: &str, args: &[&str], out: &Path) -> usize {
     let f = std::fs::File::create(out).unwrap();
@@ -282,6 +292,8 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     ping_ok(&n.ns_a, GW);
     let before = ports(&n);
     assert_eq!(before.len(), 3, "{before:?}");
+    let record = recorded(&n);
+    assert_eq!(record.len(), 3, "{record:?}");
 
     // Another node's name: refused before anything stops; the node goes on.
     let other = dir.join("other.toml");
@@ -374,6 +386,11 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     );
     wait_for_socket(Some(&mut g.procs[second]), &n.socket);
     assert_eq!(ports(&n), before, "show ports changed across the takeover");
+    assert_eq!(
+        recorded(&n),
+        record,
+        "the port record changed across the takeover"
+    );
     let ct = tapyard_ok_at(&n.socket, &["show", "conntrack"]);
     assert!(
         ct.contains(&format!("dst={VIP}")),
@@ -420,6 +437,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
         before,
         "show ports changed across the second takeover"
     );
+    assert_eq!(recorded(&n), record);
     ping_ok(&n.ns_a, POD_B);
     let paused = logged_ms(&log2, "handed over to pid", "paused");
     let adopted = logged_ms(&g.logs[2], "took over:", "forwarding");

@@ -123,6 +123,17 @@ impl Netlink {
     pub fn link_by_name(&mut self, name: &str) -> io::Result<Option<Link>> {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        Ok(self.get_link(msg)?.map(|(_, link)| link))
+    }
+
+    /// The link whose ifindex is `index`, with its name, or `None` if there is none.
+    pub fn link_by_index(&mut self, index: u32) -> io::Result<Option<(String, Link)>> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.get_link(msg)
+    }
+
+    fn get_link(&mut self, msg: LinkMessage) -> io::Result<Option<(String, Link)>> {
         let answer = match self.request(RouteNetlinkMessage::GetLink(msg), NLM_F_ACK) {
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
             other => other?,
@@ -135,17 +146,29 @@ impl Netlink {
                     mtu: 0,
                     up: link.header.flags.contains(LinkFlags::Up),
                 };
+                let mut name = String::new();
                 for attr in link.attributes {
                     match attr {
                         LinkAttribute::Address(mac) => out.mac = format_mac(&mac),
                         LinkAttribute::Mtu(mtu) => out.mtu = mtu,
+                        LinkAttribute::IfName(n) => name = n,
                         _ => {}
                     }
                 }
-                return Ok(Some(out));
+                return Ok(Some((name, out)));
             }
         }
         Ok(None)
+    }
+
+    /// Deletes link `index` (`RTM_DELLINK`); a link that is already gone is not an error.
+    pub fn del_link(&mut self, index: u32) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        match self.request(RouteNetlinkMessage::DelLink(msg), NLM_F_ACK) {
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+            other => other.map(drop),
+        }
     }
 
     /// Moves link `index` of this namespace into the namespace `netns` (an open

@@ -15,7 +15,7 @@ pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
 /// A TAP device on `/dev/net/tun`, in TAP mode without the packet-info header.
 ///
 /// The device exists while the port is open (it is created if missing, attached to if it
-/// exists and is free). Moving the interface into another network namespace
+/// exists and is free), or for as long as it is persistent ([`TapPort::set_persist`]). Moving the interface into another network namespace
 /// (`ip link set tap0 netns pod-a`) keeps this file descriptor working: that is how pods are
 /// attached. The fd is non-blocking; the runtime waits on [`Port::rx_fd`].
 ///
@@ -90,7 +90,7 @@ impl TapPort {
     /// (`TUNGETIFF` fails, or it is a TUN or has a packet-info header), or `offloads` does
     /// not match; the descriptor is closed then.
     pub fn from_fd(fd: OwnedFd, offloads: bool) -> io::Result<TapPort> {
-        let (name, flags) = crate::sys::tap_info(fd.as_fd()).map_err(|e| {
+        let (name, flags) = crate::sys::tun_get_iff(fd.as_raw_fd()).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!(
@@ -128,11 +128,34 @@ impl TapPort {
     pub fn handover_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
+
+    /// Makes the device persistent (`on`) or not (`TUNSETPERSIST`). A persistent TAP outlives
+    /// this port and the process: closing the last file descriptor leaves it in place, with
+    /// its name, MAC, addresses and routes, wherever it lives (carrier down while nobody
+    /// serves it); opening it again by name, in its namespace, re-attaches to it. Clearing the
+    /// flag makes the device go with the last file descriptor, as a TAP that was never
+    /// persistent does.
+    pub fn set_persist(&self, on: bool) -> io::Result<()> {
+        crate::sys::tun_set_persist(self.file.as_raw_fd(), on)
+    }
+
+    /// The device's name now: [`Port::name`] is the name it was opened by, but the device may
+    /// have been renamed since (a pod renames its TAP `eth0` inside its namespace).
+    pub fn current_name(&self) -> io::Result<String> {
+        crate::sys::tun_get_iff(self.file.as_raw_fd()).map(|(name, _)| name)
+    }
+
+    /// A new file descriptor of the network namespace the device lives in now (it may have
+    /// been moved since it was opened), e.g. to compare its inode with a namespace file's or
+    /// to `setns` into it. Needs Linux 5.2 or later.
+    pub fn netns(&self) -> io::Result<std::os::fd::OwnedFd> {
+        crate::sys::tun_dev_netns(self.file.as_raw_fd())
+    }
 }
 
-impl AsFd for TapPort {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+impl std::os::fd::AsFd for TapPort {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.file)
     }
 }
 

@@ -129,7 +129,7 @@ pub struct BridgeCfg {
     pub name: String,
     /// The gateway address on it; `None`: a plain L2 bridge.
     pub address: Option<Cidr>,
-    /// The router interface's MAC; `None`: random per run.
+    /// The router interface's MAC; `None`: derived from the node's and the bridge's names.
     pub mac: Option<MacAddr>,
     /// The router interface's MTU.
     pub mtu: u16,
@@ -150,7 +150,7 @@ pub struct UplinkCfg {
     pub tap: String,
     /// Its address.
     pub address: Cidr,
-    /// Its MAC; `None`: random per run.
+    /// Its MAC; `None`: derived from the node's and the uplink's names.
     pub mac: Option<MacAddr>,
     /// Its MTU.
     pub mtu: u16,

@@ -212,7 +212,7 @@ pub const BRIDGE: Section = Section {
         key(
             "mac",
             Ty::Str("02:00:0a:f4:01:01"),
-            Dflt::Unset("random per run"),
+            Dflt::Unset("derived from the node and interface names"),
             "the gateway's MAC (needs address)",
         ),
         MTU,
@@ -258,7 +258,7 @@ pub const UPLINK: Section = Section {
         key(
             "mac",
             Ty::Str("02:00:ac:12:00:02"),
-            Dflt::Unset("random per run"),
+            Dflt::Unset("derived from the node and interface names"),
             "the interface's MAC",
         ),
         MTU,

@@ -1,0 +1,882 @@
+//! Restarts lose no pod: `kill -9` and a clean stop of `tapyard run` leave the pods' interfaces
+//! in place, and the next run re-attaches to them where they live.
+//!
+//! ```text
+//!  pod-a ns: eth0 = the config file's TAP, moved and renamed by the test  ┐
+//!  pod-b ns: eth0 = a `tapyard port add` TAP, moved and renamed by the test├ bridge cni0
+//!  pod-c ns: eth0 = made by the CNI plugin (host-local IPAM)              ┘ (gw 10.230.1.1/24)
+//!                                                    tapyard node (own namespace) uplink
+//!  node-b ns: the uplink TAP 10.231.0.3/24, its pod 10.230.2.2 on lo ──────── 10.231.0.2/24
+//! ```
+//!
+//! Checked ([`kill_and_clean_stop_keep_the_pods`]): after `kill -9`, every pod keeps `eth0`
+//! with its address and default route; the restarted node re-attaches to the three TAPs (and
+//! the uplink's, in node-b's namespace) instead of creating new ones; ping and TCP between the
+//! pods, to the gateway and to node-b's pod work again; the gateway's MAC in the pods'
+//! neighbour caches is unchanged; `show ports` lists them where they are. The same after a
+//! clean stop (SIGTERM, exit 0) and start. The time from the restart (exec) to the first reply
+//! of a ping running through the gap is printed. ([`gone_namespace_port_del_and_cleanup`]): a
+//! pod namespace deleted while tapyard is down is dropped from the record at the next start,
+//! with a log line; `port del` and a reload that drops a config port delete the TAP in the pod's
+//! namespace; `tapyard cleanup` is refused while the node answers, then deletes every TAP and
+//! the state directory; a garbage record is logged and ignored, and the node starts.
+//!
+//! Needs root, `ip`, `ping`, `python3` and host-local (`$TAPYARD_CNI_PLUGINS`, `/usr/lib/cni`
+//! or `/opt/cni/bin`); without them each test prints why and passes, except with `CI=true`,
+//! where it fails. Namespaces carry the process id and are deleted (with the TAPs in them) by
+//! a guard on success and failure alike; traffic goes only to addresses inside them.
+
+#[path = "common/cni_plugin.rs"]
+mod cni_plugin;
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use cni_plugin::{cni, cni_ok};
+use common::*;
+use serde_json::{json, Value};
+
+const GW: &str = "10.230.1.1";
+const POD_A: &str = "10.230.1.2";
+const POD_B: &str = "10.230.1.3";
+const UPLINK: &str = "10.231.0.2";
+const NODE_B: &str = "10.231.0.3";
+const NODE_B_POD: &str = "10.230.2.2";
+/// The outside host, behind the uplink (the default route): pods reach it masqueraded.
+const OUTSIDE: &str = "10.231.0.1";
+const WEB_VIP: &str = "10.96.0.10";
+const DNS_VIP: &str = "10.96.0.53";
+
+/// `ident tport uport`: echoes each line of each TCP connection on `tport` (and each datagram
+/// on `uport`) prefixed with `<ident> <peer ip>:<peer port>`, so a client sees whether the
+/// server still talks to the same endpoint.
+const ECHO_PY: &str = r#"
+import socket, sys, threading
+ident, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def conn(c, peer):
+    f = c.makefile("rb")
+    try:
+        for line in f:
+            c.sendall(("%s %s:%d %s" % (ident, peer[0], peer[1], line.decode())).encode())
+    except OSError:
+        pass
+    c.close()
+def tcp():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", tport))
+    s.listen(16)
+    while True:
+        c, peer = s.accept()
+        threading.Thread(target=conn, args=(c, peer), daemon=True).start()
+def udp():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("0.0.0.0", uport))
+    while True:
+        d, peer = u.recvfrom(2048)
+        u.sendto(("%s %s:%d %s" % (ident, peer[0], peer[1], d.decode())).encode(), peer)
+ts = [threading.Thread(target=f, daemon=True) for f, p in ((tcp, tport), (udp, uport)) if p]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// `tcp|udp addr port seconds`: one connection (or one connected UDP socket) for `seconds`,
+/// a numbered line every 50 ms, each answer printed as `ok <unix time> <answer>`; a UDP
+/// datagram unanswered within 300 ms is `lost <time>`; a TCP error ends it with
+/// `error <time> <why>` (a reset, or 20 s without an answer).
+const FLOW_PY: &str = r#"
+import socket, sys, time
+mode, addr, port, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+end = time.monotonic() + secs
+i = 0
+if mode == "tcp":
+    c = socket.create_connection((addr, port), timeout=5)
+    c.settimeout(20)
+    f = c.makefile("rb")
+    while time.monotonic() < end:
+        i += 1
+        try:
+            c.sendall(b"%d\n" % i)
+            line = f.readline()
+            if not line:
+                raise OSError("closed by the peer")
+            print("ok %.6f %s" % (time.time(), line.decode().strip()), flush=True)
+        except OSError as e:
+            print("error %.6f %s" % (time.time(), e), flush=True)
+            sys.exit(1)
+        time.sleep(0.05)
+else:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.connect((addr, port))
+    u.settimeout(0.3)
+    while time.monotonic() < end:
+        i += 1
+        u.send(b"%d" % i)
+        try:
+            print("ok %.6f %s" % (time.time(), u.recv(2048).decode().strip()), flush=True)
+        except OSError:
+            print("lost %.6f" % time.time(), flush=True)
+        time.sleep(0.05)
+"#;
+
+/// Why this machine cannot run the tests, if it cannot.
+fn skip_reason() -> Option<String> {
+    if euid() != Some(0) {
+        return Some("needs root (TAP devices, network namespaces)".into());
+    }
+    for (cmd, arg) in [("ip", "-V"), ("ping", "-V"), ("python3", "-V")] {
+        if !have(cmd, arg) {
+            return Some(format!("`{cmd}` is not installed"));
+        }
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun does not exist".into());
+    }
+    if plugin_dir().is_none() {
+        return Some(
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into(),
+        );
+    }
+    None
+}
+
+/// Skips with a message, or fails under `CI=true`.
+fn skip(test: &str) -> bool {
+    match skip_reason() {
+        None => false,
+        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true and the restart end-to-end test {test} cannot run: {why}")
+        }
+        Some(why) => {
+            eprintln!("SKIP {test}: {why}");
+            true
+        }
+    }
+}
+
+/// A node with three pods and node-b; everything is removed on drop (the node killed, the
+/// namespaces deleted with the TAPs in them, the directory with the state).
+struct Rig {
+    tag: String,
+    dir: PathBuf,
+    ns_node: String,
+    ns_b: String,
+    ns_a: String,
+    ns_pb: String,
+    ns_c: String,
+    ns_w: String,
+    ns_out: String,
+    tap_a: String,
+    tap_b: String,
+    ctr_c: String,
+    pod_c: String,
+    result_c: Value,
+    namespaces: Vec<String>,
+    node: Option<Child>,
+    children: Vec<Child>,
+    socket: PathBuf,
+    config: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let procs = self.children.iter_mut().chain(self.node.as_mut());
+        tear_down(procs, &self.namespaces, &self.log, &self.dir);
+    }
+}
+
+impl Rig {
+    fn new(test: &str) -> Rig {
+        let tag = format!("{test}{}", std::process::id() % 100_000);
+        let dir = std::env::temp_dir().join(format!("tapyard-restart-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("ipam")).unwrap();
+        let mut r = Rig {
+            ns_node: format!("tyn-{tag}"),
+            ns_b: format!("tyb-{tag}"),
+            ns_a: format!("typa-{tag}"),
+            ns_pb: format!("typb-{tag}"),
+            ns_c: format!("typc-{tag}"),
+            ns_w: format!("tyw-{tag}"),
+            ns_out: format!("tyo-{tag}"),
+            tap_a: format!("tya{tag}"),
+            tap_b: format!("tyb{tag}"),
+            ctr_c: format!("ctr-{tag}"),
+            pod_c: String::new(),
+            result_c: Value::Null,
+            socket: dir.join("ctl.sock"),
+            config: dir.join("node.toml"),
+            state: dir.join("state"),
+            log: dir.join("run.log"),
+            tag,
+            dir,
+            namespaces: Vec::new(),
+            node: None,
+            children: Vec::new(),
+        };
+        for ns in [
+            r.ns_node.clone(),
+            r.ns_b.clone(),
+            r.ns_a.clone(),
+            r.ns_pb.clone(),
+            r.ns_c.clone(),
+            r.ns_w.clone(),
+            r.ns_out.clone(),
+        ] {
+            run(&["ip", "netns", "add", &ns]);
+            r.namespaces.push(ns.clone());
+            run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        }
+        let text = r.config_text(true);
+        std::fs::write(&r.config, text).unwrap();
+        r
+    }
+
+    fn config_text(&self, with_pod_a: bool) -> String {
+        let ports = if with_pod_a {
+            format!("ports = [\"{}\"]", self.tap_a)
+        } else {
+            String::new()
+        };
+        format!(
+            r#"[node]
+name = "rs-{tag}"
+cluster_cidr = "10.230.0.0/16"
+socket = "{socket}"
+state_dir = "{state}"
+workers = 2
+
+[[bridge]]
+name = "cni0"
+address = "{GW}/24"
+{ports}
+
+[[uplink]]
+name = "up0"
+address = "{UPLINK}/24"
+
+[[route]]
+to = "10.230.2.0/24"
+via = "{NODE_B}"
+
+[[route]]
+to = "0.0.0.0/0"
+via = "{OUTSIDE}"
+
+[[service]]
+name = "web"
+cluster_ip = "{WEB_VIP}"
+protocol = "tcp"
+port = 80
+endpoints = ["{NODE_B_POD}:8081"]
+
+[[service]]
+name = "dns"
+cluster_ip = "{DNS_VIP}"
+protocol = "udp"
+port = 53
+endpoints = ["{NODE_B_POD}:5353"]
+
+[masquerade]
+out = "up0"
+"#,
+            tag = self.tag,
+            socket = self.socket.display(),
+            state = self.state.display(),
+        )
+    }
+
+    /// Starts `tapyard run` in its namespace (its log appended to `run.log`); returns when
+    /// its control socket answers, with the time it was started.
+    fn start(&mut self) -> SystemTime {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let t0 = SystemTime::now();
+        self.node = Some(
+            Command::new("ip")
+                .args(["netns", "exec", &self.ns_node, TAPYARD, "run"])
+                .arg(&self.config)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start tapyard run"),
+        );
+        wait_for_socket(self.node.as_mut(), &self.socket);
+        t0
+    }
+
+    /// `kill -9` (`ip netns exec` has exec'd tapyard: the child is tapyard itself).
+    fn kill9(&mut self) {
+        let mut c = self.node.take().expect("the node runs");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status must be 0.
+    fn stop(&mut self) {
+        let c = self.node.take().expect("the node runs");
+        run(&["kill", "-TERM", &c.id().to_string()]);
+        let out = wait_output(c, Duration::from_secs(10), "tapyard run (SIGTERM)");
+        assert!(out.status.success(), "tapyard run exited {}", out.status);
+    }
+
+    fn tapyard(&self, args: &[&str]) -> String {
+        tapyard_ok_at(&self.socket, args)
+    }
+
+    /// `show ports --json` (which also records TAPs moved or renamed since the last look).
+    fn ports(&self) -> Vec<Value> {
+        let out = self.tapyard(&["show", "ports", "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("show ports --json: {e}: {out}"))
+    }
+
+    fn port(&self, name: &str) -> Option<Value> {
+        self.ports()
+            .into_iter()
+            .find(|p| p["name"] == name || p["owner"] == name)
+    }
+
+    /// The record file, parsed.
+    fn record(&self) -> Value {
+        let text = std::fs::read_to_string(self.state.join("ports.json")).expect("ports.json");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn recorded(&self, name: &str) -> bool {
+        self.record()["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == name || p["owner"] == name)
+    }
+
+    /// The plugin's network configuration.
+    fn net_conf(&self) -> Value {
+        json!({
+            "cniVersion": "1.0.0", "name": "tapyard", "type": "tapyard-cni", "bridge": "cni0",
+            "socket": self.socket.display().to_string(), "mtu": 1500,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.230.1.0/24", "gateway": GW,
+                             "rangeStart": "10.230.1.10", "rangeEnd": "10.230.1.20"}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+                "dataDir": self.dir.join("ipam").display().to_string(),
+            }
+        })
+    }
+
+    /// Gives `ns` the interface `tap` of the node's namespace as `eth0` with `addr`/24 and a
+    /// default route through the gateway, as a runtime without CNI would.
+    fn plug(&self, tap: &str, ns: &str, addr: &str) {
+        run(&["ip", "-n", &self.ns_node, "link", "set", tap, "netns", ns]);
+        run(&["ip", "-n", ns, "link", "set", tap, "name", "eth0"]);
+        let a = format!("{addr}/24");
+        run(&["ip", "-n", ns, "addr", "add", &a, "dev", "eth0"]);
+        run(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+        run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
+    }
+
+    /// Node-b, the outside host, the three pods and a TCP server in pod-a and node-b; the
+    /// node runs. The uplink's TAP is on a Linux bridge in the wire namespace, with a veth to
+    /// node-b and one to the outside host. Node-b answers pods from its pod's address (a UDP
+    /// server bound to 0.0.0.0 answers from the route's source).
+    fn set_up(&mut self) {
+        self.start();
+        let (w, nb, out) = (self.ns_w.clone(), self.ns_b.clone(), self.ns_out.clone());
+        run(&["ip", "-n", &self.ns_node, "link", "set", "up0", "netns", &w]);
+        let cmds: [&[&str]; 14] = [
+            &["-n", &w, "link", "add", "br0", "type", "bridge"],
+            &["-n", &w, "link", "set", "br0", "up"],
+            &["-n", &w, "link", "set", "up0", "master", "br0", "up"],
+            &[
+                "-n", &w, "link", "add", "wb0", "type", "veth", "peer", "name", "nb0", "netns", &nb,
+            ],
+            &["-n", &w, "link", "set", "wb0", "master", "br0", "up"],
+            &[
+                "-n", &w, "link", "add", "wo0", "type", "veth", "peer", "name", "ob0", "netns",
+                &out,
+            ],
+            &["-n", &w, "link", "set", "wo0", "master", "br0", "up"],
+            &["-n", &nb, "addr", "add", "10.231.0.3/24", "dev", "nb0"],
+            &["-n", &nb, "link", "set", "nb0", "up"],
+            &["-n", &nb, "addr", "add", "10.230.2.2/32", "dev", "lo"],
+            &[
+                "-n",
+                &nb,
+                "route",
+                "add",
+                "10.230.1.0/24",
+                "via",
+                UPLINK,
+                "src",
+                NODE_B_POD,
+            ],
+            &["-n", &out, "addr", "add", "10.231.0.1/24", "dev", "ob0"],
+            &["-n", &out, "link", "set", "ob0", "up"],
+            &["-n", &out, "link", "set", "lo", "up"],
+        ];
+        for c in cmds {
+            let mut v = vec!["ip"];
+            v.extend_from_slice(c);
+            run(&v);
+        }
+        self.plug(&self.tap_a, &self.ns_a, POD_A);
+        self.tapyard(&["port", "add", "cni0", &self.tap_b]);
+        self.plug(&self.tap_b, &self.ns_pb, POD_B);
+        let r = cni_ok("ADD", &self.ctr_c, &self.ns_c, &self.net_conf());
+        let ip = r["ips"][0]["address"].as_str().unwrap();
+        self.pod_c = ip.split('/').next().unwrap().to_string();
+        self.result_c = r.clone();
+        let (a, b) = (self.ns_a.clone(), self.ns_b.clone());
+        spawn_in(
+            &mut self.children,
+            &a,
+            &["python3", "-c", SERVER_PY, "pod-a", "7000", "0"],
+        );
+        spawn_in(
+            &mut self.children,
+            &b,
+            &["python3", "-c", SERVER_PY, "node-b", "8080", "0"],
+        );
+        wait_listening(&a, 7000);
+        wait_listening(&b, 8080);
+        // tapyard records where its TAPs went (show ports looks at once).
+        let p = self.port(&self.tap_a).expect("pod-a's port");
+        assert_eq!(p["ifname"], "eth0", "{p}");
+        assert_eq!(p["netns"], format!("/var/run/netns/{}", self.ns_a), "{p}");
+        let p = self.port(&self.tap_b).expect("pod-b's port");
+        assert_eq!(p["ifname"], "eth0", "{p}");
+        let p = self.port("up0").expect("the uplink's port");
+        assert_eq!(p["netns"], format!("/var/run/netns/{}", self.ns_w), "{p}");
+    }
+
+    fn pods(&self) -> [(String, String); 3] {
+        [
+            (self.ns_a.clone(), POD_A.to_string()),
+            (self.ns_pb.clone(), POD_B.to_string()),
+            (self.ns_c.clone(), self.pod_c.clone()),
+        ]
+    }
+
+    /// Each pod still has `eth0` with its address and its default route via the gateway.
+    fn pods_intact(&self) {
+        for (ns, ip) in self.pods() {
+            let addr = run(&["ip", "-n", &ns, "-o", "-4", "addr", "show", "dev", "eth0"]);
+            assert!(addr.contains(&format!("{ip}/24")), "{ns}: {addr}");
+            let route = run(&["ip", "-n", &ns, "route", "show", "default"]);
+            assert!(
+                route.contains(&format!("via {GW} dev eth0")),
+                "{ns}: {route}"
+            );
+        }
+    }
+
+    /// Ping and TCP between the pods, to the gateway and to node-b's pod.
+    fn traffic_works(&self) {
+        let [(a, _), (b, _), (c, ip_c)] = self.pods();
+        ping_ok(&a, POD_B);
+        ping_ok(&b, &ip_c);
+        ping_ok(&c, POD_A);
+        for ns in [&a, &b, &c] {
+            ping_ok(ns, GW);
+        }
+        ping_ok(&a, NODE_B_POD);
+        let got = exchange(&c, "tcp", POD_A, 7000, 1);
+        assert_eq!(got[0], ("pod-a".to_string(), ip_c.clone()));
+        let got = exchange(&b, "tcp", NODE_B_POD, 8080, 1);
+        assert_eq!(got[0], ("node-b".to_string(), POD_B.to_string()));
+    }
+
+    /// The gateway's MAC in `ns`'s neighbour cache.
+    fn gw_mac_seen(&self, ns: &str) -> String {
+        let out = run(&["ip", "-n", ns, "neigh", "show", GW]);
+        out.split_whitespace()
+            .skip_while(|w| *w != "lladdr")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no lladdr for {GW} in {ns}: {out}"))
+            .to_string()
+    }
+
+    /// The gateway's MAC, from `tapyard status`.
+    fn gw_mac(&self) -> String {
+        let v: Value = serde_json::from_str(&self.tapyard(&["status", "--json"])).unwrap();
+        v["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == "cni0")
+            .map(|i| i["mac"].as_str().unwrap().to_string())
+            .unwrap()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the node with `how` while pod-a pings pod-b every 10 ms, starts it again after
+    /// half a second, and returns the time from the start (exec) to the first reply after it.
+    fn restart_measured(&mut self, how: fn(&mut Rig)) -> Duration {
+        let out = self.dir.join(format!("ping-{}.txt", self.children.len()));
+        let child = Command::new("ip")
+            .args([
+                "netns", "exec", &self.ns_a, "ping", "-D", "-n", "-i", "0.01", POD_B,
+            ])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ping");
+        self.children.push(child);
+        std::thread::sleep(Duration::from_millis(300));
+        how(self);
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = self.start();
+        let t0 = t0
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&out).unwrap_or_default();
+            let first = text
+                .lines()
+                .filter(|l| l.contains("bytes from"))
+                .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok())
+                .find(|&ts| ts > t0);
+            if let Some(ts) = first {
+                if let Some(mut c) = self.children.pop() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Duration::from_secs_f64(ts - t0);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no ping reply within 10 s of the restart:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn kill_and_clean_stop_keep_the_pods() {
+    if skip("kill_and_clean_stop_keep_the_pods") {
+        return;
+    }
+    let mut r = Rig::new("ks");
+    r.set_up();
+    r.traffic_works();
+    let gw_mac = r.gw_mac();
+    for (ns, _) in r.pods() {
+        assert_eq!(r.gw_mac_seen(&ns), gw_mac, "{ns}");
+    }
+    let ports_before: Vec<(Value, Value, Value)> = r
+        .ports()
+        .iter()
+        .map(|p| (p["name"].clone(), p["mac"].clone(), p["ifindex"].clone()))
+        .collect();
+
+    let rounds = [
+        ("kill -9", Rig::kill9 as fn(&mut Rig)),
+        ("SIGTERM", Rig::stop),
+    ];
+    for (n, (round, how)) in rounds.into_iter().enumerate() {
+        how(&mut r);
+        // Nobody serves the pods, but their interfaces are all there.
+        r.pods_intact();
+        let link = run(&["ip", "-n", &r.ns_w, "-o", "link", "show", "up0"]);
+        assert!(link.contains("up0"), "{link}");
+        let gap = r.restart_measured(|_| {});
+        println!("{round}: from restart (exec) to the first ping reply pod-a -> pod-b: {gap:?}");
+        r.pods_intact();
+        r.traffic_works();
+        // The same devices (MAC, ifindex), found again where they are.
+        let now: Vec<(Value, Value, Value)> = r
+            .ports()
+            .iter()
+            .map(|p| (p["name"].clone(), p["mac"].clone(), p["ifindex"].clone()))
+            .collect();
+        assert_eq!(now, ports_before, "{round}");
+        let log = r.log_text();
+        assert_eq!(
+            log.matches("(4 re-attached from the last run)").count(),
+            n + 1,
+            "{round}: {log}"
+        );
+        // The gateway kept its MAC: the pods' neighbour caches are right.
+        assert_eq!(r.gw_mac(), gw_mac, "{round}");
+        for (ns, _) in r.pods() {
+            assert_eq!(r.gw_mac_seen(&ns), gw_mac, "{round}: {ns}");
+        }
+        let p = r.port(&format!("{}/eth0", r.ctr_c)).expect("pod-c's port");
+        assert_eq!(p["netns"], format!("/var/run/netns/{}", r.ns_c), "{p}");
+        assert_eq!(p["origin"], "cni");
+        // A CNI CHECK still passes on the re-attached pod.
+        let mut check = r.net_conf();
+        check["prevResult"] = r.result_c.clone();
+        let (ok, v) = cni("CHECK", &r.ctr_c, &r.ns_c, &check);
+        assert!(ok, "CHECK after {round}: {v}");
+    }
+    // The gap itself, measured the other way round: a ping running across a kill -9.
+    let gap = r.restart_measured(Rig::kill9);
+    println!("kill -9 while pinging: from restart (exec) to the first reply: {gap:?}");
+    assert!(gap < Duration::from_secs(5), "{gap:?}");
+}
+
+#[test]
+fn gone_namespace_port_del_and_cleanup() {
+    if skip("gone_namespace_port_del_and_cleanup") {
+        return;
+    }
+    let mut r = Rig::new("gc");
+    r.set_up();
+    let owner_c = format!("{}/eth0", r.ctr_c);
+    assert!(r.recorded(&owner_c));
+
+    // Pod C goes away while tapyard is down: its record is dropped at the next start.
+    r.kill9();
+    run(&["ip", "netns", "del", &r.ns_c]);
+    r.namespaces.retain(|n| *n != r.ns_c);
+    r.start();
+    assert!(r.port(&owner_c).is_none(), "{:?}", r.ports());
+    assert!(!r.recorded(&owner_c), "{}", r.record());
+    let log = r.log_text();
+    assert!(
+        log.contains(&format!(
+            "(owner {owner_c}): dropped from the record: its network namespace /var/run/netns/{}",
+            r.ns_c
+        )) && log.contains("is gone"),
+        "{log}"
+    );
+    ping_ok(&r.ns_a, POD_B);
+
+    // port del deletes the TAP in the pod's namespace, for real.
+    r.tapyard(&["port", "del", &r.tap_b]);
+    assert!(
+        !run_output(&["ip", "-n", &r.ns_pb, "link", "show", "eth0"])
+            .status
+            .success(),
+        "pod-b's eth0 survived port del"
+    );
+    assert!(!r.recorded(&r.tap_b));
+
+    // A reload that drops the config's port deletes its TAP, renamed in pod-a's namespace.
+    std::fs::write(&r.config, r.config_text(false)).unwrap();
+    let out = r.tapyard(&["reload"]);
+    assert!(
+        out.contains(&format!("port \"{}\" removed", r.tap_a)),
+        "{out}"
+    );
+    assert!(
+        !run_output(&["ip", "-n", &r.ns_a, "link", "show", "eth0"])
+            .status
+            .success(),
+        "pod-a's eth0 survived the reload"
+    );
+    assert!(!r.recorded(&r.tap_a));
+
+    // cleanup: refused while the node answers; then every TAP and the state go.
+    let tap_d = format!("tyd{}", r.tag);
+    r.tapyard(&["port", "add", "cni0", &tap_d]);
+    let cfg = r.config.display().to_string();
+    let out = run_output(&[TAPYARD, "cleanup", &cfg]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("still answers") && err.contains("nothing deleted"),
+        "{}: {err}",
+        out.status
+    );
+    assert!(r.state.join("ports.json").exists());
+    r.stop();
+    // A clean stop leaves them all.
+    run(&["ip", "-n", &r.ns_w, "link", "show", "up0"]);
+    run(&["ip", "-n", &r.ns_node, "link", "show", &tap_d]);
+    // Run from another namespace than the node's (here, the test's): the record says where
+    // the node ran, and its TAPs are looked for there.
+    let out = run(&[TAPYARD, "cleanup", &cfg]);
+    println!("cleanup:\n{out}");
+    assert!(out.contains("TAP up0 in /var/run/netns/"), "{out}");
+    assert!(out.contains(&format!("TAP {tap_d} in ")), "{out}");
+    assert!(!out.contains("gone already"), "{out}");
+    for (ns, dev) in [(&r.ns_w, "up0"), (&r.ns_node, tap_d.as_str())] {
+        assert!(
+            !run_output(&["ip", "-n", ns, "link", "show", dev])
+                .status
+                .success(),
+            "{dev} in {ns} survived cleanup"
+        );
+    }
+    assert!(!r.state.exists(), "the state directory survived cleanup");
+
+    // A record that cannot be trusted is logged and ignored; the node starts.
+    std::fs::create_dir_all(&r.state).unwrap();
+    std::fs::write(r.state.join("ports.json"), b"{\"version\": 1, \"node\": tr").unwrap();
+    r.start();
+    let log = r.log_text();
+    assert!(
+        log.contains("ignoring the port record") && log.contains("not a valid record"),
+        "{log}"
+    );
+    assert_eq!(r.ports().len(), 1, "{:?}", r.ports());
+    assert!(r.recorded("up0"));
+}
+
+impl Rig {
+    /// Starts [`FLOW_PY`] in `ns` for `secs` seconds (its process in `children`); its output
+    /// goes to the file returned.
+    fn flow(&mut self, ns: &str, mode: &str, addr: &str, port: u16, secs: f64) -> PathBuf {
+        let out = self.dir.join(format!("flow-{mode}-{addr}-{port}.txt"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-c", FLOW_PY, mode, addr])
+            .args([port.to_string(), secs.to_string()])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 flow");
+        self.children.push(child);
+        out
+    }
+
+    /// `show conntrack --json`'s entry whose original direction goes to `dst:dport`/`proto`.
+    fn ct_entry(&self, proto: u64, dst: &str, dport: u16) -> Option<Value> {
+        let out = self.tapyard(&["show", "conntrack", "--json"]);
+        let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+        rows.into_iter()
+            .find(|e| e["proto"] == proto && e["orig"]["dst"] == dst && e["orig"]["dport"] == dport)
+    }
+}
+
+/// A flow's output: `(time, answer)` of each answer, and its errors.
+fn flow_lines(path: &std::path::Path) -> (Vec<(f64, String)>, Vec<String>) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut ok = Vec::new();
+    let mut errors = Vec::new();
+    for l in text.lines() {
+        let mut w = l.splitn(3, ' ');
+        match (w.next(), w.next(), w.next()) {
+            (Some("ok"), Some(t), Some(rest)) => ok.push((t.parse().unwrap(), rest.to_string())),
+            (Some("error"), _, _) => errors.push(l.to_string()),
+            _ => {}
+        }
+    }
+    (ok, errors)
+}
+
+#[test]
+fn flows_survive_restart() {
+    if skip("flows_survive_restart") {
+        return;
+    }
+    let mut r = Rig::new("fl");
+    r.set_up();
+    let (a, b, out) = (r.ns_a.clone(), r.ns_b.clone(), r.ns_out.clone());
+    spawn_in(
+        &mut r.children,
+        &b,
+        &["python3", "-c", ECHO_PY, "node-b", "8081", "5353"],
+    );
+    spawn_in(
+        &mut r.children,
+        &out,
+        &["python3", "-c", ECHO_PY, "outside", "9000", "0"],
+    );
+    wait_listening(&b, 8081);
+    wait_listening(&out, 9000);
+    // Three flows from pod-a, each one connection for the whole test: TCP to a ClusterIP
+    // (DNAT'd to node-b's pod, reached by a route), TCP to the outside host (masqueraded to
+    // the uplink's address), UDP to a ClusterIP.
+    let flows = [
+        ("web", "tcp", WEB_VIP, 80u16, 6u64),
+        ("outside", "tcp", OUTSIDE, 9000, 6),
+        ("dns", "udp", DNS_VIP, 53, 17),
+    ];
+    let secs = 9.0;
+    let files: Vec<PathBuf> = flows
+        .iter()
+        .map(|(_, mode, addr, port, _)| r.flow(&a, mode, addr, *port, secs))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let before: Vec<Value> = flows
+        .iter()
+        .map(|(name, _, addr, port, proto)| {
+            r.ct_entry(*proto, addr, *port)
+                .unwrap_or_else(|| panic!("{name}: no conntrack entry"))
+        })
+        .collect();
+    let mut restarts = Vec::new();
+    let rounds = [
+        ("kill -9", Rig::kill9 as fn(&mut Rig)),
+        ("SIGTERM", Rig::stop),
+    ];
+    for (round, how) in rounds {
+        how(&mut r);
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = r.start();
+        restarts.push((
+            round,
+            t0.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64(),
+        ));
+        // The connections are listed again, with the same NAT (the reply tuple holds the
+        // endpoint chosen and the masquerade port).
+        for ((name, _, addr, port, proto), old) in flows.iter().zip(&before) {
+            let e = r
+                .ct_entry(*proto, addr, *port)
+                .unwrap_or_else(|| panic!("{round}: {name}: no conntrack entry after the restart"));
+            assert_eq!(e["orig"], old["orig"], "{round}: {name}");
+            assert_eq!(e["reply"], old["reply"], "{round}: {name}");
+        }
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    // Each flow ran its whole time: no reset, the same endpoint throughout, answers again
+    // after each restart.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for c in r.children.iter_mut().rev().take(flows.len()) {
+        while c.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "a flow did not end");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for ((name, ..), file) in flows.iter().zip(&files) {
+        let (ok, errors) = flow_lines(file);
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+        assert!(
+            ok.len() > 20,
+            "{name}: {} answers:\n{}",
+            ok.len(),
+            std::fs::read_to_string(file).unwrap_or_default()
+        );
+        // `<ident> <peer as the server saw it> <n>`: one peer throughout.
+        let peer = |s: &String| s.rsplit_once(' ').map(|(p, _)| p.to_string()).unwrap();
+        let first = peer(&ok[0].1);
+        assert!(
+            ok.iter().all(|(_, s)| peer(s) == first),
+            "{name}: the server saw another peer: {:?}",
+            ok.iter().map(|(_, s)| s).collect::<Vec<_>>()
+        );
+        for (round, t0) in &restarts {
+            let resumed = ok
+                .iter()
+                .find(|(t, _)| t > t0)
+                .unwrap_or_else(|| panic!("{name}: no answer after the {round} restart"));
+            println!(
+                "{name} ({first}): first answer {:.0} ms after the {round} restart (exec)",
+                (resumed.0 - t0) * 1000.0
+            );
+        }
+    }
+}
