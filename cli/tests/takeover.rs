@@ -11,7 +11,8 @@
 //! (the table is handed over); the old process exits 0; the control socket answers afterwards and `show
 //! ports` lists the same ports (name, origin, bridge, MAC); a second takeover works too, with
 //! a UDP stream at a fixed rate across it whose loss is printed (the frames lost during a
-//! takeover) with the handover time from both processes' logs; a `--takeover` for another
+//! takeover) with the handover time from both processes' logs; a third one with a port taken
+//! out of the file deletes that port's TAP; a `--takeover` for another
 //! node name is refused (exit 2), and one that fails or dies after the old process paused and
 //! sent its descriptors leaves the old one forwarding and answering with the same ports.
 //!
@@ -447,10 +448,32 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     );
     let _ = log1;
 
+    // Takeover 3 with pod-b's port taken out of the file: not taken over, and its TAP is
+    // deleted once the old process is gone, as a reload would.
+    let without_b = n.config(&node).replace(&format!(", \"{}\"", n.tap_b), "");
+    assert_ne!(without_b, n.config(&node));
+    std::fs::write(&n.config, without_b).unwrap();
+    let fourth = start(&mut g, &n.config, &["--takeover"], "run4.log");
+    let st = wait_exit(&mut g, third, 20);
+    assert!(st.success(), "the third process exited with {st}");
+    wait_for_socket(Some(&mut g.procs[fourth]), &n.socket);
+    let left: Vec<String> = ports(&n).into_iter().map(|p| p.0).collect();
+    assert!(!left.contains(&n.tap_b), "{left:?}");
+    assert_eq!(left.len(), 2, "{left:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while run_output(&["ip", "-n", &n.ns_b, "link", "show", &n.tap_b])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "pod-b's TAP was not deleted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ping_ok(&n.ns_a, GW);
+
     // A clean stop of the last one: exit 0, its socket files removed.
-    let pid = g.procs[third].id().to_string();
+    let pid = g.procs[fourth].id().to_string();
     run(&["kill", "-TERM", &pid]);
-    let st = wait_exit(&mut g, third, 10);
+    let st = wait_exit(&mut g, fourth, 10);
     assert!(st.success(), "{st}");
     assert!(!n.socket.exists(), "the control socket was left behind");
     assert!(!n.state.join("takeover.sock").exists());
