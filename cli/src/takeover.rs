@@ -808,6 +808,15 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
     }
 }
 
+/// What [`adopt`] ends with: the running node, the control and takeover sockets, and the
+/// TAPs of ports gone from the config (deleted once the old process is gone).
+type Taken = (
+    Arc<Node>,
+    UnixListener,
+    UnixListener,
+    Vec<(String, TapPort)>,
+);
+
 /// The new side's work between the offer and the ack: build, `ready`, receive the
 /// descriptors, adopt them, start forwarding.
 fn adopt(
@@ -817,15 +826,7 @@ fn adopt(
     ifaces: &[IfaceRecord],
     records: &[PortRecord],
     own_netns: Option<&NetnsRecord>,
-) -> Result<
-    (
-        Arc<Node>,
-        UnixListener,
-        UnixListener,
-        Vec<(String, TapPort)>,
-    ),
-    String,
-> {
+) -> Result<Taken, String> {
     let mut macs = Vec::new();
     for i in ifaces {
         let mac: MacAddr = crate::config::values::parse_mac(&i.mac)
