@@ -85,10 +85,4 @@ pub trait Port: Send + Sync {
     fn frame_room(&self) -> usize {
         DEFAULT_FRAME_ROOM
     }
-
-    /// The TAP device under this port, if it is one (middleware forwards it): how a process
-    /// finds the descriptors to hand to its successor ([`TapPort::handover_fd`]).
-    fn as_tap(&self) -> Option<&TapPort> {
-        None
-    }
 }

@@ -145,10 +145,6 @@ impl<P: Port, O: Observer> Port for Observed<P, O> {
     fn frame_room(&self) -> usize {
         self.inner.frame_room()
     }
-
-    fn as_tap(&self) -> Option<&super::TapPort> {
-        self.inner.as_tap()
-    }
 }
 
 #[cfg(test)]

@@ -231,10 +231,6 @@ impl Port for TapPort {
             DEFAULT_FRAME_ROOM
         }
     }
-
-    fn as_tap(&self) -> Option<&TapPort> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]
