@@ -302,6 +302,7 @@ impl Node {
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
+        let mut kept_connections = 0;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
         // a reload without a restart.
@@ -320,6 +321,7 @@ impl Node {
             })
             .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
             if let Some(r) = b.recovery() {
+                kept_connections = r.kept;
                 match r.opened {
                     Opened::Refused(_) => log::warn!("conntrack: {}: {r}", ct_file.display()),
                     _ => log::info!("conntrack: {}: {r}", ct_file.display()),
@@ -416,6 +418,13 @@ impl Node {
                 }
             }
             Err(errors) => return Err(errors.join("; ")),
+        }
+        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections > 0) {
+            // Connections kept from the previous process: their Service ids and affinity.
+            let (retagged, affinity) = nf.services().relink(nf.conntrack(), node.now());
+            log::info!(
+                "conntrack: kept connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
+            );
         }
         if let Some(nf) = node.dp.netfilter() {
             let ct = nf.conntrack();
