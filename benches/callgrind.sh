@@ -27,7 +27,8 @@
 # in-memory port queue), only present in routed/nat, is reported separately on stderr
 # (`dispatch` column) and NOT included in the printed figure.
 #
-# Env: PROFILE_TIME (default 2), FRAMES_PER_CALL (default 32), KEEP=1 keeps the raw
+# Env: FILE_BACKED=1 adds a fourth case, `nat_file` (the NAT case on a file-backed table),
+# PROFILE_TIME (default 2), FRAMES_PER_CALL (default 32), KEEP=1 keeps the raw
 # callgrind files (printed path), TARGET_DIR (default REPO_DIR/target).
 set -euo pipefail
 
@@ -94,5 +95,8 @@ PY
 run_case bridge bridge '^forwarding_decision/tapyard_fdb/1000$'
 run_case routed datapath '^datapath_routed/tapyard$'
 run_case nat nat '^datapath_dnat/tapyard_dnat_established_one_flow$'
+# FILE_BACKED=1: also the NAT case with the connection table in a file (/dev/shm).
+[[ ${FILE_BACKED:-0} == 1 ]] &&
+    run_case nat_file nat '^datapath_dnat/tapyard_dnat_established_one_flow_file$'
 [[ ${KEEP:-0} == 1 ]] && echo "raw callgrind files kept in $work" >&2
 exit 0

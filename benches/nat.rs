@@ -18,6 +18,9 @@
 //!   endpoint choice, the route of the endpoint, the insert and the rewrite. Beside it: the
 //!   same SYNs through a datapath without NAT.
 //!
+//! The `_file` variants keep the connection table in a file in /dev/shm
+//! (`DatapathBuilder::conntrack_file`), as `tapyard run` does, instead of anonymous memory.
+//!
 //! `cargo bench --bench nat`
 #![allow(
     clippy::cast_possible_truncation,
@@ -96,7 +99,35 @@ struct Rig {
     now: Instant,
 }
 
-fn rig(nat: bool, ct_max: usize) -> Rig {
+/// A file for a file-backed table: in /dev/shm (a tmpfs, as /run on a node) when there is
+/// one; removed when dropped.
+struct CtFile(std::path::PathBuf);
+
+impl CtFile {
+    fn new(tag: &str) -> CtFile {
+        let dir = std::path::Path::new("/dev/shm");
+        let dir = if dir.is_dir() {
+            dir.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let p = dir.join(format!("tapyard-bench-ct-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        CtFile(p)
+    }
+}
+
+impl Drop for CtFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The variants measured side by side: (NAT, connection table in a file, name suffix).
+const VARIANTS: [(bool, bool, &str); 3] =
+    [(true, false, ""), (true, true, "_file"), (false, false, "")];
+
+fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
     let mut b = Datapath::builder();
     let br0 = b.add_bridge(BridgeConfig::new("br0")).unwrap();
     let br1 = b.add_bridge(BridgeConfig::new("br1")).unwrap();
@@ -112,6 +143,9 @@ fn rig(nat: bool, ct_max: usize) -> Rig {
             Some(br1),
         )
         .unwrap();
+    if let Some(f) = file {
+        b.conntrack_file(&f.0, Instant::from_secs(1));
+    }
     if nat {
         b.netfilter(NatConfig {
             conntrack: CtConfig {
@@ -182,8 +216,9 @@ impl Rig {
 fn established(c: &mut Criterion) {
     let mut g = c.benchmark_group("datapath_dnat");
     g.throughput(Throughput::Elements((PORTS * BATCH_SIZE) as u64));
-    for nat in [true, false] {
-        let r = rig(nat, 65_536);
+    for (nat, in_file, suffix) in VARIANTS {
+        let file = in_file.then(|| CtFile::new("established"));
+        let r = rig(nat, 65_536, file.as_ref());
         let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
         r.announce(&mut pump);
         // 32 connections per client: SYN, SYN-ACK from the chosen endpoint, ACK.
@@ -256,7 +291,7 @@ fn established(c: &mut Criterion) {
                 }
             };
             let name = if nat {
-                format!("tapyard_dnat_established{variant}")
+                format!("tapyard_dnat_established{variant}{suffix}")
             } else {
                 format!("tapyard_routed_no_nat{variant}")
             };
@@ -292,8 +327,9 @@ fn new_connections(c: &mut Criterion) {
     g.throughput(Throughput::Elements(BATCH_SIZE as u64));
     g.sample_size(20);
     g.measurement_time(Duration::from_secs(4));
-    for nat in [true, false] {
-        let r = rig(nat, 2 << 20);
+    for (nat, in_file, suffix) in VARIANTS {
+        let file = in_file.then(|| CtFile::new("new"));
+        let r = rig(nat, 2 << 20, file.as_ref());
         let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
         r.announce(&mut pump);
         if let Some(nf) = r.dp.netfilter() {
@@ -346,9 +382,9 @@ fn new_connections(c: &mut Criterion) {
             b
         };
         let name = if nat {
-            "tapyard_service_1M_table"
+            format!("tapyard_service_1M_table{suffix}")
         } else {
-            "tapyard_routed_no_nat"
+            "tapyard_routed_no_nat".to_string()
         };
         let nf = r.dp.netfilter();
         let mut ran = false;

@@ -427,6 +427,7 @@ impl Plan {
     /// running node handed it over), finishes the datapath and adds the routes.
     pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
         let cfg = &self.cfg;
+        let mut kept_connections = 0;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
         // a reload without a restart.
@@ -450,6 +451,7 @@ impl Plan {
                 })
                 .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
             if let Some(r) = self.b.recovery() {
+                kept_connections = r.kept;
                 match r.opened {
                     Opened::Refused(_) => log::warn!("conntrack: {}: {r}", ct_file.display()),
                     _ => log::info!("conntrack: {}: {r}", ct_file.display()),
@@ -464,6 +466,7 @@ impl Plan {
         }
         Ok(Built {
             dp,
+            kept_connections,
             taps: self.taps,
             cfg: self.cfg,
             config_path: self.config_path,
@@ -476,6 +479,8 @@ impl Plan {
 pub struct Built {
     /// The datapath.
     pub dp: Arc<Datapath>,
+    /// Connections found in the connection table's file.
+    kept_connections: usize,
     /// As [`Plan::taps`].
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
@@ -498,6 +503,7 @@ impl Built {
     pub fn run(self, ports: Vec<PortEntry>) -> Result<Node, String> {
         let Built {
             dp,
+            kept_connections,
             taps,
             cfg,
             config_path,
@@ -569,6 +575,13 @@ impl Built {
                 }
             }
             Err(errors) => return Err(errors.join("; ")),
+        }
+        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections > 0) {
+            // Connections kept from the previous process: their Service ids and affinity.
+            let (retagged, affinity) = nf.services().relink(nf.conntrack(), node.now());
+            log::info!(
+                "conntrack: kept connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
+            );
         }
         // Everything is in place: from now on the TAPs outlive the process.
         for e in node.ports.list() {

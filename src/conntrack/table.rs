@@ -1371,6 +1371,52 @@ impl Conntrack {
         removed
     }
 
+    /// Sets the service tag of every live entry to what `f` returns for it (given the entry
+    /// and the time of its last refresh), for a process that found connections made by
+    /// another ([`Conntrack::open_file`]) whose service numbers may not be its own. Returns
+    /// how many tags changed. O(table size), lock-free; a tag is changed by a CAS on the
+    /// entry's tag word while the entry stays of the same generation (an entry removed and
+    /// reused meanwhile is left alone).
+    pub fn retag_services(
+        &self,
+        now: Instant,
+        mut f: impl FnMut(&CtView, Instant) -> u32,
+    ) -> usize {
+        let now_us = now.micros();
+        let mut changed = 0;
+        for idx in 0..self.entries.len() {
+            let Some(sn) = self.snap(idx, |x| x == LIVE) else {
+                continue;
+            };
+            if self.expired(&sn, now_us) {
+                continue;
+            }
+            let v = self.view_of(idx, &sn, now_us);
+            let want = f(&v, Instant::from_millis(sn.last_ms()));
+            if want == v.service {
+                continue;
+            }
+            let Some(e) = self.entries.get(idx) else {
+                continue;
+            };
+            let new = (sn.tag & !u64::from(u32::MAX)) | u64::from(want);
+            if e.tag
+                .compare_exchange(sn.tag, new, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                if gen_of(e.ctl.load(Ordering::Acquire)) == gen_of(sn.c) {
+                    changed += 1;
+                } else {
+                    // Reused under us: give the new entry its own tag back.
+                    let _ =
+                        e.tag
+                            .compare_exchange(new, sn.tag, Ordering::AcqRel, Ordering::Relaxed);
+                }
+            }
+        }
+        changed
+    }
+
     /// Every live entry at `now`, sorted by protocol and original tuple.
     pub fn dump(&self, now: Instant) -> Vec<CtView> {
         let now_us = now.micros();

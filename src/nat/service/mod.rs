@@ -47,6 +47,7 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::maglev::{self, Maglev};
+use crate::conntrack::Conntrack;
 use crate::narrow::{reduce, scale};
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
@@ -522,6 +523,42 @@ impl Affinity {
         Some(ep)
     }
 
+    /// Remembers `ep` for `key` until `expires` (a restart's rebuild from kept connections),
+    /// unless the set already has a later entry for the key. Evicts as `get_or_insert` does;
+    /// counts nothing.
+    fn restore(&self, key: u64, ep: SocketAddrV4, expires: Instant, now: Instant) {
+        if self.sets.is_empty() || expires <= now {
+            return;
+        }
+        let h = self.hasher.hash_one(key);
+        let Some(set) = self.sets.get(reduce(h, self.sets.len())) else {
+            return;
+        };
+        let mut set = set.lock();
+        let ways = self.ways.min(WAYS);
+        let slots = &mut set.slots[..ways];
+        let slot = Slot {
+            key,
+            ep_ip: u32::from(*ep.ip()),
+            ep_port: ep.port(),
+            expires,
+        };
+        if let Some(s) = slots.iter_mut().find(|s| s.key == key) {
+            if s.expires < expires {
+                *s = slot;
+            }
+            return;
+        }
+        if let Some(v) = slots
+            .iter_mut()
+            .min_by_key(|s| (s.key != 0, s.expires > now, s.expires))
+        {
+            if v.key == 0 || v.expires < expires {
+                *v = slot;
+            }
+        }
+    }
+
     fn stats(&self) -> AffinityStats {
         let mut t = AffinityStats {
             capacity: (self.sets.len() * self.ways) as u64,
@@ -815,6 +852,47 @@ impl Services {
                 )
             }
         }
+    }
+
+    /// Links connections that a previous process left in `ct` (kept in a file across a
+    /// restart, [`Conntrack::open_file`]) to this table's Services, once the Services are
+    /// added again: each live entry of a Service gets the [`ServiceId`] of the Service now at
+    /// its original destination (ClusterIP and port, else node port), or 0 when there is none
+    /// (ids are given in the order Services are added, so a previous process may have
+    /// numbered them differently); and for each Service with session affinity, each client's
+    /// endpoint is remembered again from its connections, until the entry's last packet plus
+    /// the affinity timeout (a restart makes the affinity last from the client's last packet
+    /// instead of its last new connection; clients with no connection left lose theirs).
+    ///
+    /// The affinity table is rebuilt rather than kept in the file because every choice that
+    /// matters is held by a connection, and because it is a table of small mutexes, which a
+    /// killed process could leave locked. Returns (tags changed, affinity entries restored).
+    /// O(table size); call it once, after adding the Services.
+    pub fn relink(&self, ct: &Conntrack, now: Instant) -> (usize, usize) {
+        let mut restored = 0;
+        let changed = ct.retag_services(now, |v, last| {
+            if v.service == 0 {
+                return 0;
+            }
+            let t = &v.orig;
+            let Some(svc) = self
+                .by_vip(t.dst, t.dport, t.proto)
+                .or_else(|| self.by_node_port(t.dport, t.proto))
+            else {
+                return 0;
+            };
+            let s = &*svc.0;
+            if let Some(timeout) = s.spec.affinity {
+                let ep = SocketAddrV4::new(v.reply.src, v.reply.sport);
+                if s.eps.contains(&ep) {
+                    let key = u64::from(s.id.0) << 32 | u64::from(u32::from(t.src));
+                    self.affinity.restore(key, ep, last + timeout, now);
+                    restored += 1;
+                }
+            }
+            s.id.0
+        });
+        (changed, restored)
     }
 
     /// The affinity table's counters.

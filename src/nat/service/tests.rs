@@ -590,3 +590,99 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn relink_retags_kept_connections_and_restores_affinity() {
+    use crate::conntrack::{tcp::flags, CtConfig, CtTag, Pkt};
+    use crate::wire::tuple::{L4Kind, Tuple};
+    let ct = Conntrack::new(CtConfig {
+        max_entries: 1024,
+        ..CtConfig::default()
+    })
+    .unwrap();
+    let syn = Pkt {
+        kind: L4Kind::Tcp,
+        tcp_flags: flags::SYN,
+        len: 60,
+    };
+    let now = Instant::from_secs(100);
+    // Connections a previous process made: 50 clients of "web" (its id was 7 there), each
+    // DNAT'd to endpoint i % 8; one to a VIP with no Service now; one without a Service.
+    let conn = |client: u8, vip: Ipv4Addr, ep: SocketAddrV4| {
+        let orig = Tuple {
+            src: Ipv4Addr::new(10, 244, 9, client),
+            dst: vip,
+            sport: 40000,
+            dport: 80,
+            proto: PROTO_TCP,
+            zone: 0,
+        };
+        let reply = Tuple {
+            src: *ep.ip(),
+            sport: ep.port(),
+            ..orig.invert()
+        };
+        (orig, reply)
+    };
+    let eps: Vec<SocketAddrV4> = (1..=8)
+        .map(|i| SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, i), 8080))
+        .collect();
+    for c in 0..50u8 {
+        let (o, r) = conn(c, VIP, eps[usize::from(c) % 8]);
+        let tag = CtTag {
+            service: 7,
+            ..CtTag::default()
+        };
+        ct.insert(o, r, tag, &syn, now).unwrap();
+    }
+    let gone = Ipv4Addr::new(10, 96, 0, 99);
+    let (o, r) = conn(200, gone, eps[0]);
+    let tag = CtTag {
+        service: 9,
+        ..CtTag::default()
+    };
+    ct.insert(o, r, tag, &syn, now).unwrap();
+    let (o, r) = conn(201, Ipv4Addr::new(10, 244, 2, 2), eps[0]);
+    ct.insert(o, r, CtTag::default(), &syn, now).unwrap();
+
+    // The new process: "other" first, so "web" gets another id than 7.
+    let s = Services::new(1024);
+    let mut other = spec("other", 1);
+    other.vip = Ipv4Addr::new(10, 96, 0, 50);
+    s.upsert(other).unwrap();
+    let mut web = spec("web", 8);
+    web.affinity = Some(Duration::from_secs(60));
+    let id = s.upsert(web).unwrap().get();
+    assert_ne!(id, 7);
+    let later = now + Duration::from_secs(5);
+    assert_eq!(s.relink(&ct, later), (51, 50));
+    for v in ct.dump(later) {
+        let want = if v.orig.dst == VIP { id } else { 0 };
+        assert_eq!(v.service, want, "{v}");
+    }
+    // Each client goes back to its endpoint, whatever the random draw says ...
+    let r = s.get("web").unwrap();
+    let mut rng = Rng::new(5);
+    for c in 0..50u8 {
+        let client = Ipv4Addr::new(10, 244, 9, c);
+        for _ in 0..4 {
+            let got = s.select(&r, client, 0, rng.next_u64(), false, later);
+            assert_eq!(got, Some(eps[usize::from(c) % 8]), "client {c}");
+        }
+    }
+    assert_eq!(s.affinity_stats().hits, 200);
+    // ... until the timeout has passed since the connection's last packet.
+    let past = now + Duration::from_secs(61);
+    let (o, r2) = conn(60, VIP, eps[3]);
+    let tag = CtTag {
+        service: 7,
+        ..CtTag::default()
+    };
+    ct.insert(o, r2, tag, &syn, now).unwrap();
+    let s2 = Services::new(1024);
+    let mut web = spec("web", 8);
+    web.affinity = Some(Duration::from_secs(60));
+    s2.upsert(web).unwrap();
+    s2.relink(&ct, past);
+    assert_eq!(s2.affinity_stats().entries, 0, "expired: not restored");
+}
