@@ -547,6 +547,7 @@ impl Node {
             }
         }
         node.save_ports();
+        node.announce();
         log::info!(
             "ports recorded in {} ({reattached} re-attached from the last run)",
             node.state.dir.join(state::PORTS_FILE).display()

@@ -527,10 +527,28 @@ out = "up0"
     /// Stops the node with `how` while pod-a pings pod-b every 10 ms, starts it again after
     /// half a second, and returns the time from the start (exec) to the first reply after it.
     fn restart_measured(&mut self, how: fn(&mut Rig)) -> Duration {
-        let out = self.dir.join(format!("ping-{}.txt", self.children.len()));
+        let out = self.ping_bg(POD_B);
+        std::thread::sleep(Duration::from_millis(300));
+        how(self);
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = unix(self.start());
+        let gap = first_reply_after(&out, t0);
+        if let Some(mut c) = self.children.pop() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        gap
+    }
+
+    /// Starts pinging `to` from pod-a every 10 ms (the process in `children`), each reply
+    /// with its time (`ping -D`) in the file returned.
+    fn ping_bg(&mut self, to: &str) -> PathBuf {
+        let out = self
+            .dir
+            .join(format!("ping-{to}-{}.txt", self.children.len()));
         let child = Command::new("ip")
             .args([
-                "netns", "exec", &self.ns_a, "ping", "-D", "-n", "-i", "0.01", POD_B,
+                "netns", "exec", &self.ns_a, "ping", "-D", "-n", "-i", "0.01", to,
             ])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
@@ -538,35 +556,37 @@ out = "up0"
             .spawn()
             .expect("ping");
         self.children.push(child);
-        std::thread::sleep(Duration::from_millis(300));
-        how(self);
-        std::thread::sleep(Duration::from_millis(500));
-        let t0 = self.start();
-        let t0 = t0
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(&out).unwrap_or_default();
-            let first = text
-                .lines()
-                .filter(|l| l.contains("bytes from"))
-                .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok())
-                .find(|&ts| ts > t0);
-            if let Some(ts) = first {
-                if let Some(mut c) = self.children.pop() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                return Duration::from_secs_f64(ts - t0);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no ping reply within 10 s of the restart:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        out
+    }
+}
+
+/// Seconds since the epoch.
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The time from `t0` to the first reply after it in the output of [`Rig::ping_bg`]; fails
+/// after 10 s without one.
+fn first_reply_after(out: &std::path::Path, t0: f64) -> Duration {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(out).unwrap_or_default();
+        let first = text
+            .lines()
+            .filter(|l| l.contains("bytes from"))
+            .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok())
+            .find(|&ts| ts > t0);
+        if let Some(ts) = first {
+            return Duration::from_secs_f64(ts - t0);
         }
+        assert!(
+            Instant::now() < deadline,
+            "no ping reply within 10 s of the restart ({}):\n{text}",
+            out.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -803,6 +823,12 @@ fn flows_survive_restart() {
         ("outside", "tcp", OUTSIDE, 9000, 6),
         ("dns", "udp", DNS_VIP, 53, 17),
     ];
+    // And pings, routed to node-b's pod and masqueraded to the outside host, to time the
+    // restarts.
+    let pings = [
+        ("routed ping", r.ping_bg(NODE_B_POD)),
+        ("masqueraded ping", r.ping_bg(OUTSIDE)),
+    ];
     let secs = 9.0;
     let files: Vec<PathBuf> = flows
         .iter()
@@ -824,13 +850,15 @@ fn flows_survive_restart() {
     for (round, how) in rounds {
         how(&mut r);
         std::thread::sleep(Duration::from_millis(500));
-        let t0 = r.start();
-        restarts.push((
-            round,
-            t0.duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap()
-                .as_secs_f64(),
-        ));
+        let t0 = unix(r.start());
+        restarts.push((round, t0));
+        for (what, out) in &pings {
+            let gap = first_reply_after(out, t0);
+            println!("{round}: {what}: first reply {gap:?} after the restart (exec)");
+            // The gateway announces itself at start: the pod does not wait for its next ARP
+            // retry (up to a second).
+            assert!(gap < Duration::from_secs(2), "{round}: {what}: {gap:?}");
+        }
         // The connections are listed again, with the same NAT (the reply tuple holds the
         // endpoint chosen and the masquerade port).
         for ((name, _, addr, port, proto), old) in flows.iter().zip(&before) {
