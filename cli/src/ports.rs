@@ -185,6 +185,11 @@ impl Registry {
         self.lock().clone()
     }
 
+    /// How many ports there are.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     /// The entry called `name` (datapath port or TAP name).
     pub fn by_name(&self, name: &str) -> Option<PortEntry> {
         self.lock()
