@@ -460,7 +460,23 @@ out = "up0"
         );
         wait_listening(&a, 7000);
         wait_listening(&b, 8080);
-        // tapyard records where its TAPs went (show ports looks at once).
+        // tapyard follows its TAPs by itself and records where they went...
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let moved = |r: &Value| {
+            r["ports"].as_array().is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p["name"] == self.tap_a.as_str() && p["ifname"] == "eth0")
+            })
+        };
+        while !moved(&self.record()) {
+            assert!(
+                Instant::now() < deadline,
+                "pod-a's TAP not recorded as eth0: {}",
+                self.record()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // ...and show ports looks at once.
         let p = self.port(&self.tap_a).expect("pod-a's port");
         assert_eq!(p["ifname"], "eth0", "{p}");
         assert_eq!(p["netns"], format!("/var/run/netns/{}", self.ns_a), "{p}");
