@@ -592,6 +592,7 @@ impl Built {
             }
         }
         node.save_ports();
+        node.announce();
         if let Some(nf) = node.dp.netfilter() {
             let ct = nf.conntrack();
             log::info!(

@@ -185,6 +185,11 @@ impl Registry {
         self.lock().clone()
     }
 
+    /// How many ports there are.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     /// The entry called `name` (datapath port or TAP name).
     pub fn by_name(&self, name: &str) -> Option<PortEntry> {
         self.lock()
@@ -479,6 +484,46 @@ impl Node {
                 self.state.dir.join(state::PORTS_FILE).display()
             );
         }
+    }
+
+    /// Announces each router interface on its link, as Linux does when an interface comes up
+    /// (`arp_notify`): a gratuitous ARP request (sender and target its own address) from its
+    /// MAC, out of every TAP of its bridge (or its uplink's TAP). A pod that was resolving its
+    /// gateway while nobody served it (its ARP retries come every second) takes the answer at
+    /// once instead of waiting for its next retry; the MAC is the one it had (derived). Sent at
+    /// start; a TAP that refuses a frame is skipped.
+    pub fn announce(&self) {
+        use tapyard::wire::arp::{ArpRepr, REQUEST};
+        use tapyard::MacAddr;
+        let ports = self.ports.list();
+        let mut sent = 0;
+        for (name, mac, cidr) in &self.ifaces {
+            let garp = ArpRepr {
+                operation: REQUEST,
+                sha: *mac,
+                spa: cidr.addr,
+                tha: MacAddr::ZERO,
+                tpa: cidr.addr,
+            };
+            let mut frame = [0u8; 60];
+            if garp
+                .write_frame(*mac, MacAddr::BROADCAST, &mut frame)
+                .is_none()
+            {
+                continue;
+            }
+            let buf = PacketBuf::from_frame(&frame);
+            let on_link = |e: &&PortEntry| match e.kind {
+                Kind::Pod => e.bridge.as_deref() == Some(name.as_str()),
+                Kind::Uplink => e.name == *name,
+            };
+            for e in ports.iter().filter(on_link) {
+                if let Some(dev) = &e.dev {
+                    sent += usize::from(dev.send(&buf).is_ok());
+                }
+            }
+        }
+        log::debug!("gratuitous ARP sent on {sent} TAP(s)");
     }
 
     /// Reads where each TAP lives now (its namespace and name, from its fd) and records the
