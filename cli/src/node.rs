@@ -314,6 +314,7 @@ impl Node {
             // NAT survive a restart or a crash (see Conntrack::open_file).
             let ct_file = conntrack_file(&cfg.node.state_dir_path())?;
             b.conntrack_file(&ct_file, Clock::new().now());
+            let opening = std::time::Instant::now();
             b.netfilter(NatConfig {
                 conntrack: cfg.conntrack,
                 max_affinity_entries: None,
@@ -322,9 +323,12 @@ impl Node {
             .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
             if let Some(r) = b.recovery() {
                 kept_connections = r.kept;
+                let ms = opening.elapsed().as_secs_f64() * 1000.0;
                 match r.opened {
-                    Opened::Refused(_) => log::warn!("conntrack: {}: {r}", ct_file.display()),
-                    _ => log::info!("conntrack: {}: {r}", ct_file.display()),
+                    Opened::Refused(_) => {
+                        log::warn!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display())
+                    }
+                    _ => log::info!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display()),
                 }
             }
         } else if !cfg.services.is_empty() || cfg.masquerade.is_some() {
