@@ -100,14 +100,17 @@ struct Rig {
 }
 
 /// A file for a file-backed table: in /dev/shm (a tmpfs, as /run on a node) when there is
-/// one; removed when dropped.
+/// one, or `TAPYARD_BENCH_SHM`; removed when dropped.
 struct CtFile(std::path::PathBuf);
 
 impl CtFile {
     fn new(tag: &str) -> CtFile {
-        let dir = std::path::Path::new("/dev/shm");
+        // TAPYARD_BENCH_SHM: another directory, e.g. a tmpfs mounted with huge=always.
+        let dir = std::env::var_os("TAPYARD_BENCH_SHM")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from("/dev/shm"));
         let dir = if dir.is_dir() {
-            dir.to_path_buf()
+            dir
         } else {
             std::env::temp_dir()
         };

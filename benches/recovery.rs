@@ -21,14 +21,18 @@ use tapyard::Clock;
 
 const ENTRIES: usize = 262_144;
 
-/// A file in /dev/shm (a tmpfs) when there is one, removed when dropped.
+/// A file in /dev/shm (a tmpfs) when there is one, or `TAPYARD_BENCH_SHM`; removed when
+/// dropped.
 struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(tag: &str) -> TempFile {
-        let dir = std::path::Path::new("/dev/shm");
+        // TAPYARD_BENCH_SHM: another directory, e.g. a tmpfs mounted with huge=always.
+        let dir = std::env::var_os("TAPYARD_BENCH_SHM")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from("/dev/shm"));
         let dir = if dir.is_dir() {
-            dir.to_path_buf()
+            dir
         } else {
             std::env::temp_dir()
         };

@@ -270,7 +270,37 @@ fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, String> {
         .mode(0o700)
         .create(state_dir)
         .map_err(|e| format!("[node] state_dir {}: {e}", state_dir.display()))?;
+    if let Some(fs) = fs_type(state_dir).filter(|t| t != "tmpfs" && t != "ramfs") {
+        log::warn!(
+            "[node] state_dir {} is on {fs}, not a tmpfs: the connection table mapped there is written back to disk by the kernel (put the state directory on a tmpfs such as /run)",
+            state_dir.display()
+        );
+    }
     Ok(state_dir.join("conntrack"))
+}
+
+/// The file system type of the mount holding `dir` (from /proc/self/mountinfo), if known.
+fn fs_type(dir: &std::path::Path) -> Option<String> {
+    let dir = std::fs::canonicalize(dir).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Each line: id parent major:minor root mount-point options ... - fstype source options.
+    // The mount point with the longest prefix of `dir` holds it (the last such line wins:
+    // later mounts hide earlier ones).
+    let mut best: Option<(usize, String)> = None;
+    for line in info.lines() {
+        let mut parts = line.split(" - ");
+        let (Some(left), Some(right)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Some(mp) = left.split_whitespace().nth(4) else {
+            continue;
+        };
+        let mp = mp.replace("\\040", " ");
+        if dir.starts_with(&mp) && best.as_ref().is_none_or(|(n, _)| mp.len() >= *n) {
+            best = Some((mp.len(), right.split_whitespace().next()?.to_string()));
+        }
+    }
+    best.map(|(_, t)| t)
 }
 
 /// A node's datapath being built from its config: bridges, router interfaces and the
@@ -443,6 +473,7 @@ impl Plan {
                     .conntrack_file_handed_over(&ct_file, f, Clock::new().now()),
                 None => self.b.conntrack_file(&ct_file, Clock::new().now()),
             }
+            let opening = std::time::Instant::now();
             self.b
                 .netfilter(NatConfig {
                     conntrack: cfg.conntrack,
@@ -452,9 +483,12 @@ impl Plan {
                 .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
             if let Some(r) = self.b.recovery() {
                 kept_connections = r.kept;
+                let ms = opening.elapsed().as_secs_f64() * 1000.0;
                 match r.opened {
-                    Opened::Refused(_) => log::warn!("conntrack: {}: {r}", ct_file.display()),
-                    _ => log::info!("conntrack: {}: {r}", ct_file.display()),
+                    Opened::Refused(_) => {
+                        log::warn!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display())
+                    }
+                    _ => log::info!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display()),
                 }
             }
         }
@@ -989,6 +1023,21 @@ mod tests {
             "{msg}"
         );
         assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
+    }
+
+    #[test]
+    fn the_state_dir_file_system_is_found() {
+        assert_eq!(
+            fs_type(std::path::Path::new("/proc/self")).as_deref(),
+            Some("proc")
+        );
+        if std::path::Path::new("/dev/shm").is_dir() {
+            assert_eq!(
+                fs_type(std::path::Path::new("/dev/shm")).as_deref(),
+                Some("tmpfs")
+            );
+        }
+        assert_eq!(fs_type(std::path::Path::new("/no/such/dir")), None);
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //!   asked once.
 //! * `None` when every try is taken: the caller counts the failure and drops the packet.
 //!
+//! The allocator keeps no state of its own: its view of the ports in use is the connection
+//! table, asked through `in_use`. So after a restart on a table kept in a file
+//! ([`crate::conntrack::Conntrack::open_file`]) it sees every binding the table kept, and
+//! nothing needs persisting or rebuilding for it.
+//!
 //! # Example
 //!
 //! ```
