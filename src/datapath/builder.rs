@@ -17,6 +17,8 @@ use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
 use crate::l3::router::{Iface, IfaceConfig, Router};
+use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
+use crate::wire::vxlan::OVERHEAD;
 use crate::nat::netfilter::{NatConfig, Netfilter};
 
 /// Settings of one bridge.
@@ -178,6 +180,7 @@ pub struct DatapathBuilder {
     ifaces: Vec<Iface>,
     neigh: NeighConfig,
     nf: Option<Netfilter>,
+    tunnels: Vec<Tunnel>,
 }
 
 impl Default for DatapathBuilder {
@@ -189,6 +192,7 @@ impl Default for DatapathBuilder {
             ifaces: Vec::new(),
             neigh: NeighConfig::default(),
             nf: None,
+            tunnels: Vec::new(),
         }
     }
 }
@@ -379,6 +383,63 @@ impl DatapathBuilder {
         Ok((id, port))
     }
 
+    /// Adds a VXLAN interface (see [`crate::l3::vxlan`]): a router interface with the
+    /// config's address, MAC and MTU (default: the uplink's minus 50) and no bridge, whose
+    /// packets are encapsulated towards its peers and leave through `cfg.uplink`, a router
+    /// interface without a bridge added before it. Peers are added once the datapath is built
+    /// ([`Datapath::add_vxlan_peer`]). Errors name the field and value.
+    pub fn add_vxlan(&mut self, cfg: VxlanConfig) -> Result<IfaceId, ConfigError> {
+        vxlan::check_config(&cfg).map_err(|(field, value, expected)| ConfigError::OutOfRange {
+            field,
+            value,
+            expected,
+        })?;
+        let Some((up_id, up)) = (0..=u16::MAX)
+            .map(IfaceId)
+            .zip(&self.ifaces)
+            .find(|(_, i)| i.cfg.name == cfg.uplink)
+        else {
+            return Err(ConfigError::OutOfRange {
+                field: "uplink",
+                value: cfg.uplink.clone(),
+                expected: "the name of a router interface without a bridge, added before",
+            });
+        };
+        if up.bridge.is_some() || self.tunnels.iter().any(|t| t.iface == up_id) {
+            return Err(ConfigError::OutOfRange {
+                field: "uplink",
+                value: cfg.uplink.clone(),
+                expected: "an uplink (a router interface on no bridge, not a VXLAN interface)",
+            });
+        }
+        if self
+            .tunnels
+            .iter()
+            .any(|t| t.uplink == up_id && t.cfg.port == cfg.port)
+        {
+            return Err(ConfigError::OutOfRange {
+                field: "port",
+                value: cfg.port.to_string(),
+                expected: "a port no other VXLAN interface on this uplink uses",
+            });
+        }
+        let max = up.cfg.mtu.saturating_sub(OVERHEAD as u16);
+        let mtu = cfg.mtu.unwrap_or(max);
+        if mtu > max || mtu < 68 {
+            return Err(ConfigError::OutOfRange {
+                field: "mtu",
+                value: mtu.to_string(),
+                expected: "68 to the uplink's MTU minus 50",
+            });
+        }
+        let local = up.cfg.addr;
+        let mut icfg = IfaceConfig::new(cfg.name.clone(), cfg.mac, cfg.addr, cfg.prefix_len);
+        icfg.mtu = mtu;
+        let (id, _) = self.add_router_iface(icfg, None)?;
+        self.tunnels.push(Tunnel::new(cfg, id, up_id, local, mtu));
+        Ok(id)
+    }
+
     /// Sets the neighbour (ARP) table's configuration (defaults as Linux).
     pub fn neigh_config(&mut self, cfg: NeighConfig) -> Result<(), ConfigError> {
         cfg.validate().map_err(ConfigError::Neigh)?;
@@ -436,6 +497,7 @@ impl DatapathBuilder {
             bridges: self.bridges,
             // NAT hooks into the router: without router interfaces there is nothing to hook.
             nf: if router.is_some() { self.nf } else { None },
+            tunnels: self.tunnels,
             router,
             shards: Mutex::new(Vec::new()),
             last_sweep: AtomicU64::new(0),
