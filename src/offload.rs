@@ -289,20 +289,23 @@ pub fn segment(
     emit: &mut dyn FnMut(&[u8]),
 ) -> Result<usize, OffloadError> {
     let tunnel = hdr.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0;
-    let want_ipv4 = match hdr.gso_type & !(VIRTIO_NET_HDR_GSO_ECN | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4) {
-        VIRTIO_NET_HDR_GSO_NONE if hdr.gso_type == VIRTIO_NET_HDR_GSO_NONE => {
-            return emit_whole(frame, hdr, scratch, emit);
-        }
-        VIRTIO_NET_HDR_GSO_TCPV4 => true,
-        VIRTIO_NET_HDR_GSO_TCPV6 => false,
-        _ => return Err(OffloadError::UnsupportedGsoType),
-    };
+    let want_ipv4 =
+        match hdr.gso_type & !(VIRTIO_NET_HDR_GSO_ECN | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4) {
+            VIRTIO_NET_HDR_GSO_NONE if hdr.gso_type == VIRTIO_NET_HDR_GSO_NONE => {
+                return emit_whole(frame, hdr, scratch, emit);
+            }
+            VIRTIO_NET_HDR_GSO_TCPV4 => true,
+            VIRTIO_NET_HDR_GSO_TCPV6 => false,
+            _ => return Err(OffloadError::UnsupportedGsoType),
+        };
     if hdr.gso_size == 0 {
         return Err(OffloadError::ZeroGsoSize);
     }
     let layout = if tunnel {
         // The inner frame after the outer headers; offsets stay the outer frame's.
-        let inner = frame.get(vxlan::OVERHEAD..).ok_or(OffloadError::Truncated)?;
+        let inner = frame
+            .get(vxlan::OVERHEAD..)
+            .ok_or(OffloadError::Truncated)?;
         let l = parse_tcp_frame(inner)?;
         TcpLayout {
             l3_off: l.l3_off + vxlan::OVERHEAD,
@@ -317,7 +320,14 @@ pub fn segment(
     if layout.ipv4 != want_ipv4 || (tunnel && !layout.ipv4) {
         return Err(OffloadError::GsoTypeMismatch);
     }
-    segment_tcp(frame, &layout, usize::from(hdr.gso_size), scratch, emit, tunnel)
+    segment_tcp(
+        frame,
+        &layout,
+        usize::from(hdr.gso_size),
+        scratch,
+        emit,
+        tunnel,
+    )
 }
 
 /// Non-GSO path of [`segment`].

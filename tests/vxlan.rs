@@ -34,32 +34,72 @@ fn node(n: u8) -> Node {
     let mut b = Datapath::builder();
     let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
     assert_eq!(b.add_port("pod", Some(br)).unwrap(), POD);
-    b.add_router_iface(IfaceConfig::new("cni0", gw_mac, Ipv4Addr::new(10, 244, n, 1), 24), Some(br))
-        .unwrap();
+    b.add_router_iface(
+        IfaceConfig::new("cni0", gw_mac, Ipv4Addr::new(10, 244, n, 1), 24),
+        Some(br),
+    )
+    .unwrap();
     let (_, eth0) = b
-        .add_router_iface(IfaceConfig::new("eth0", up_mac, Ipv4Addr::new(172, 18, 0, n + 1), 24), None)
+        .add_router_iface(
+            IfaceConfig::new("eth0", up_mac, Ipv4Addr::new(172, 18, 0, n + 1), 24),
+            None,
+        )
         .unwrap();
     assert_eq!(eth0, ETH0);
-    let mut bad = VxlanConfig::new("flannel.1", 1 << 24, 8472, "eth0", Ipv4Addr::new(10, 244, n, 0));
-    assert!(b.add_vxlan(bad.clone()).unwrap_err().to_string().contains("vni = 16777216"));
+    let mut bad = VxlanConfig::new(
+        "flannel.1",
+        1 << 24,
+        8472,
+        "eth0",
+        Ipv4Addr::new(10, 244, n, 0),
+    );
+    assert!(b
+        .add_vxlan(bad.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("vni = 16777216"));
     bad.vni = 1;
     bad.uplink = "eth9".into();
-    assert!(b.add_vxlan(bad.clone()).unwrap_err().to_string().contains("uplink = eth9"));
+    assert!(b
+        .add_vxlan(bad.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("uplink = eth9"));
     bad.uplink = "eth0".into();
     bad.mtu = Some(1451);
-    assert!(b.add_vxlan(bad).unwrap_err().to_string().contains("mtu = 1451"));
-    b.add_vxlan(VxlanConfig::new("flannel.1", 1, 8472, "eth0", Ipv4Addr::new(10, 244, n, 0)))
-        .unwrap();
+    assert!(b
+        .add_vxlan(bad)
+        .unwrap_err()
+        .to_string()
+        .contains("mtu = 1451"));
+    b.add_vxlan(VxlanConfig::new(
+        "flannel.1",
+        1,
+        8472,
+        "eth0",
+        Ipv4Addr::new(10, 244, n, 0),
+    ))
+    .unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
     dp.add_vxlan_peer("flannel.1", peer(other), now).unwrap();
     // The other node's uplink MAC is known (as after ARP).
     let eth0_if = dp.iface_by_name("eth0").unwrap();
-    dp.add_static_neigh(eth0_if, node_ip(other), MacAddr([2, 0xaa, other, 0, 0, 2]), now)
-        .unwrap();
+    dp.add_static_neigh(
+        eth0_if,
+        node_ip(other),
+        MacAddr([2, 0xaa, other, 0, 0, 2]),
+        now,
+    )
+    .unwrap();
     let pod_mac = MacAddr([2, 0, n, 0, 0, 2]);
-    dp.add_static_neigh(dp.iface_by_name("cni0").unwrap(), Ipv4Addr::new(10, 244, n, 2), pod_mac, now)
-        .unwrap();
+    dp.add_static_neigh(
+        dp.iface_by_name("cni0").unwrap(),
+        Ipv4Addr::new(10, 244, n, 2),
+        pod_mac,
+        now,
+    )
+    .unwrap();
     let w = dp.worker();
     Node {
         dp,
@@ -146,25 +186,39 @@ fn a_pod_reaches_a_remote_pod_through_the_overlay() {
     // from a port in 32768..=60999 with a checksum, VXLAN I flag and VNI 1, inner frame from
     // A's VTEP to C's.
     let s = SlicedPacket::from_ethernet(wire).unwrap();
-    let Some(etherparse::LinkSlice::Ethernet2(e)) = s.link else { panic!() };
+    let Some(etherparse::LinkSlice::Ethernet2(e)) = s.link else {
+        panic!()
+    };
     assert_eq!((e.source(), e.destination()), (a.up_mac.0, c.up_mac.0));
-    let Some(NetSlice::Ipv4(ip)) = s.net else { panic!() };
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!()
+    };
     assert_eq!(ip.header().source_addr(), node_ip(1));
     assert_eq!(ip.header().destination_addr(), node_ip(2));
     assert!(!ip.header().dont_fragment());
-    let Some(TransportSlice::Udp(u)) = s.transport else { panic!() };
+    let Some(TransportSlice::Udp(u)) = s.transport else {
+        panic!()
+    };
     assert_eq!(u.destination_port(), 8472);
     assert!((32768..=60999).contains(&u.source_port()));
     assert_ne!(u.checksum(), 0);
     assert_eq!(
-        u.to_header().calc_checksum_ipv4(&ip.header().to_header(), u.payload()).unwrap(),
+        u.to_header()
+            .calc_checksum_ipv4(&ip.header().to_header(), u.payload())
+            .unwrap(),
         u.checksum()
     );
     let vx = &u.payload()[..8];
     assert_eq!(vx, &[0x08, 0, 0, 0, 0, 0, 1, 0]);
     let inner_out = &u.payload()[8..];
-    assert_eq!(&inner_out[..6], &default_mac(Ipv4Addr::new(10, 244, 2, 0)).0);
-    assert_eq!(&inner_out[6..12], &default_mac(Ipv4Addr::new(10, 244, 1, 0)).0);
+    assert_eq!(
+        &inner_out[..6],
+        &default_mac(Ipv4Addr::new(10, 244, 2, 0)).0
+    );
+    assert_eq!(
+        &inner_out[6..12],
+        &default_mac(Ipv4Addr::new(10, 244, 1, 0)).0
+    );
     // The same flow keeps its source port.
     let (_, again) = a.run(POD, &inner);
     assert_eq!(again[0].1[34..36], wire[34..36]);
@@ -172,10 +226,15 @@ fn a_pod_reaches_a_remote_pod_through_the_overlay() {
     // Node C decapsulates and routes to its pod, TTL 64 - 2.
     let (v, out) = c.run(ETH0, wire);
     // The pod's MAC was never learned on C's bridge: flooded to its only port.
-    assert!(matches!(v, Verdict::Output(POD) | Verdict::Flood(_)), "{v:?}");
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
     assert_eq!(out[0].0, POD);
     let s = SlicedPacket::from_ethernet(&out[0].1).unwrap();
-    let Some(NetSlice::Ipv4(ip)) = s.net else { panic!() };
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!()
+    };
     assert_eq!(ip.header().destination_addr(), Ipv4Addr::new(10, 244, 2, 2));
     assert_eq!(ip.header().ttl(), 62);
     let st = c.dp.tunnel_by_name("flannel.1").unwrap().peers();
@@ -187,13 +246,22 @@ fn a_pod_reaches_a_remote_pod_through_the_overlay() {
     // The tables show what the peer implies, as ip route / ip neigh / bridge fdb do.
     let mut t = String::new();
     a.dp.fmt_routes(&mut t).unwrap();
-    assert!(t.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1"), "{t}");
+    assert!(
+        t.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1"),
+        "{t}"
+    );
     t.clear();
     a.dp.fmt_neigh(a.now, &mut t).unwrap();
-    assert!(t.contains("10.244.2.0 dev flannel.1 lladdr 0a:58:0a:f4:02:00 PERMANENT"), "{t}");
+    assert!(
+        t.contains("10.244.2.0 dev flannel.1 lladdr 0a:58:0a:f4:02:00 PERMANENT"),
+        "{t}"
+    );
     t.clear();
     a.dp.fmt_vxlan_fdb(&mut t).unwrap();
-    assert_eq!(t, "0a:58:0a:f4:02:00 dev flannel.1 dst 172.18.0.3 self permanent\n");
+    assert_eq!(
+        t,
+        "0a:58:0a:f4:02:00 dev flannel.1 dst 172.18.0.3 self permanent\n"
+    );
 }
 
 #[test]
@@ -202,7 +270,10 @@ fn removing_a_peer_stops_traffic_both_ways_at_once() {
     let (_, out) = a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10));
     let wire = out[0].1.clone();
     c.dp.remove_vxlan_peer("flannel.1", node_ip(1)).unwrap();
-    assert_eq!(c.run(ETH0, &wire).0, Verdict::Drop(DropReason::VxlanUnknownPeer));
+    assert_eq!(
+        c.run(ETH0, &wire).0,
+        Verdict::Drop(DropReason::VxlanUnknownPeer)
+    );
     a.dp.remove_vxlan_peer("flannel.1", node_ip(2)).unwrap();
     // The route went with the peer: no route (ICMP net unreachable to the pod).
     assert_eq!(
@@ -212,7 +283,10 @@ fn removing_a_peer_stops_traffic_both_ways_at_once() {
     assert!(a.dp.remove_vxlan_peer("flannel.1", node_ip(2)).is_err());
     // And back.
     a.dp.add_vxlan_peer("flannel.1", peer(2), a.now).unwrap();
-    assert_eq!(a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10)).0, Verdict::Output(ETH0));
+    assert_eq!(
+        a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10)).0,
+        Verdict::Output(ETH0)
+    );
 }
 
 #[test]
@@ -236,11 +310,20 @@ fn pmtu_across_the_overlay() {
     let (v, out) = a.run(POD, &ping(1423));
     assert_eq!(v, Verdict::Drop(DropReason::FragNeeded));
     let s = SlicedPacket::from_ethernet(&out[0].1).unwrap();
-    let Some(NetSlice::Ipv4(ip)) = s.net else { panic!() };
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!()
+    };
     assert_eq!(ip.header().source_addr(), Ipv4Addr::new(10, 244, 1, 1));
-    let Some(TransportSlice::Icmpv4(icmp)) = s.transport else { panic!() };
-    let Icmpv4Type::DestinationUnreachable(d) = icmp.icmp_type() else { panic!() };
-    assert_eq!(d, etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1450 });
+    let Some(TransportSlice::Icmpv4(icmp)) = s.transport else {
+        panic!()
+    };
+    let Icmpv4Type::DestinationUnreachable(d) = icmp.icmp_type() else {
+        panic!()
+    };
+    assert_eq!(
+        d,
+        etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1450 }
+    );
 }
 
 #[test]
@@ -285,22 +368,37 @@ fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
     for (_, seg) in &out {
         assert!(seg.len() <= 14 + 1500, "{}", seg.len());
         let s = SlicedPacket::from_ethernet(seg).unwrap();
-        let Some(NetSlice::Ipv4(ip)) = s.net else { panic!() };
-        let Some(TransportSlice::Udp(u)) = s.transport else { panic!() };
+        let Some(NetSlice::Ipv4(ip)) = s.net else {
+            panic!()
+        };
+        let Some(TransportSlice::Udp(u)) = s.transport else {
+            panic!()
+        };
         assert_eq!(
-            u.to_header().calc_checksum_ipv4(&ip.header().to_header(), u.payload()).unwrap(),
+            u.to_header()
+                .calc_checksum_ipv4(&ip.header().to_header(), u.payload())
+                .unwrap(),
             u.checksum(),
             "outer checksum of every segment"
         );
         // Each one decapsulates on C and reaches its pod with a valid TCP checksum.
         let (v, got) = c.run(ETH0, seg);
-        assert!(matches!(v, Verdict::Output(POD) | Verdict::Flood(_)), "{v:?}");
+        assert!(
+            matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+            "{v:?}"
+        );
         assert_eq!(got[0].0, POD);
         let s = SlicedPacket::from_ethernet(&got[0].1).unwrap();
-        let Some(NetSlice::Ipv4(ip)) = s.net else { panic!() };
-        let Some(TransportSlice::Tcp(t)) = s.transport else { panic!() };
+        let Some(NetSlice::Ipv4(ip)) = s.net else {
+            panic!()
+        };
+        let Some(TransportSlice::Tcp(t)) = s.transport else {
+            panic!()
+        };
         assert_eq!(
-            t.to_header().calc_checksum_ipv4(&ip.header().to_header(), t.payload()).unwrap(),
+            t.to_header()
+                .calc_checksum_ipv4(&ip.header().to_header(), t.payload())
+                .unwrap(),
             t.checksum()
         );
         total += t.payload().len();
@@ -364,8 +462,13 @@ fn bad_input_is_dropped_under_its_own_reason() {
     assert_eq!(c.run(ETH0, &f).0, Verdict::Drop(DropReason::LocalNoService));
     // Encapsulation to a MAC that is no peer's.
     let t = a.dp.iface_by_name("flannel.1").unwrap();
-    a.dp.add_static_neigh(t, Ipv4Addr::new(10, 244, 1, 250), MacAddr([2, 9, 9, 9, 9, 9]), a.now)
-        .unwrap();
+    a.dp.add_static_neigh(
+        t,
+        Ipv4Addr::new(10, 244, 1, 250),
+        MacAddr([2, 9, 9, 9, 9, 9]),
+        a.now,
+    )
+    .unwrap();
     a.dp.add_route(tapyard::l3::Route {
         prefix: Ipv4Addr::new(10, 244, 1, 250),
         len: 32,
@@ -381,12 +484,39 @@ fn bad_input_is_dropped_under_its_own_reason() {
     );
     // Peers are checked.
     for (bad, what) in [
-        (VxlanPeer { node_ip: node_ip(1), ..peer(3) }, "node_ip = 172.18.0.2"),
-        (VxlanPeer { pod_cidr: Ipv4Addr::new(10, 244, 2, 0), ..peer(3) }, "overlaps"),
-        (VxlanPeer { pod_cidr: Ipv4Addr::new(10, 244, 1, 0), ..peer(3) }, "overlaps"),
-        (VxlanPeer { vtep_mac: MacAddr::BROADCAST, ..peer(3) }, "vtep_mac"),
+        (
+            VxlanPeer {
+                node_ip: node_ip(1),
+                ..peer(3)
+            },
+            "node_ip = 172.18.0.2",
+        ),
+        (
+            VxlanPeer {
+                pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
+                ..peer(3)
+            },
+            "overlaps",
+        ),
+        (
+            VxlanPeer {
+                pod_cidr: Ipv4Addr::new(10, 244, 1, 0),
+                ..peer(3)
+            },
+            "overlaps",
+        ),
+        (
+            VxlanPeer {
+                vtep_mac: MacAddr::BROADCAST,
+                ..peer(3)
+            },
+            "vtep_mac",
+        ),
     ] {
-        let e = a.dp.add_vxlan_peer("flannel.1", bad, a.now).unwrap_err().to_string();
+        let e =
+            a.dp.add_vxlan_peer("flannel.1", bad, a.now)
+                .unwrap_err()
+                .to_string();
         assert!(e.contains(what), "{e}");
     }
 }

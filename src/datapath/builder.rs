@@ -18,8 +18,8 @@ use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
 use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
-use crate::wire::vxlan::OVERHEAD;
 use crate::nat::netfilter::{NatConfig, Netfilter};
+use crate::wire::vxlan::OVERHEAD;
 
 /// Settings of one bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -287,7 +287,11 @@ impl Datapath {
 
     /// Removes the peer at `node_ip` from VXLAN interface `tunnel`, with its route and
     /// neighbour: from the next batch on, nothing is sent to it or accepted from it.
-    pub fn remove_vxlan_peer(&self, tunnel: &str, node_ip: Ipv4Addr) -> Result<VxlanPeer, PeerError> {
+    pub fn remove_vxlan_peer(
+        &self,
+        tunnel: &str,
+        node_ip: Ipv4Addr,
+    ) -> Result<VxlanPeer, PeerError> {
         let (Some(t), Some(r)) = (self.tunnel_by_name(tunnel), &self.router) else {
             return Err(PeerError::NoSuchTunnel(tunnel.to_string()));
         };
@@ -296,15 +300,11 @@ impl Datapath {
             .publish_remove(node_ip)
             .ok_or(PeerError::NotFound(node_ip))?;
         let gw = peer.gateway();
-        let ours = r
-            .routes
-            .routes()
-            .into_iter()
-            .find(|x| {
-                x.prefix == peer.pod_cidr
-                    && x.len == peer.pod_prefix_len
-                    && x.next_hop == NextHop::Via(t.iface, gw)
-            });
+        let ours = r.routes.routes().into_iter().find(|x| {
+            x.prefix == peer.pod_cidr
+                && x.len == peer.pod_prefix_len
+                && x.next_hop == NextHop::Via(t.iface, gw)
+        });
         if let Some(x) = ours {
             let _ = r.routes.remove(x.prefix, x.len, Some(x.metric));
         }

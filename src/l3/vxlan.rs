@@ -182,8 +182,16 @@ pub struct PeerSet {
 
 impl PeerSet {
     fn from_list(list: Vec<Arc<PeerEntry>>) -> PeerSet {
-        let by_mac = list.iter().enumerate().map(|(i, p)| (p.peer.vtep_mac, i)).collect();
-        let by_ip = list.iter().enumerate().map(|(i, p)| (p.peer.node_ip, i)).collect();
+        let by_mac = list
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.peer.vtep_mac, i))
+            .collect();
+        let by_ip = list
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.peer.node_ip, i))
+            .collect();
         PeerSet {
             list,
             by_mac,
@@ -440,7 +448,13 @@ mod tests {
 
     fn tunnel() -> Tunnel {
         let cfg = VxlanConfig::new("flannel.1", 1, 8472, "eth0", Ipv4Addr::new(10, 244, 1, 0));
-        Tunnel::new(cfg, IfaceId(2), IfaceId(1), Ipv4Addr::new(172, 18, 0, 2), 1450)
+        Tunnel::new(
+            cfg,
+            IfaceId(2),
+            IfaceId(1),
+            Ipv4Addr::new(172, 18, 0, 2),
+            1450,
+        )
     }
 
     fn peer(n: u8) -> VxlanPeer {
@@ -467,17 +481,26 @@ mod tests {
         t.publish_add(peer(3));
         assert_eq!(t.peers().by_ip(peer(3).node_ip).unwrap().peer, peer(3));
         assert_eq!(t.peers().by_mac(peer(3).vtep_mac).unwrap().peer, peer(3));
-        assert_eq!(t.check_peer(&peer(3)), Err(PeerError::DuplicateNodeIp(peer(3).node_ip)));
+        assert_eq!(
+            t.check_peer(&peer(3)),
+            Err(PeerError::DuplicateNodeIp(peer(3).node_ip))
+        );
         let mut own = peer(4);
         own.node_ip = t.local;
         assert_eq!(t.check_peer(&own), Err(PeerError::BadNodeIp(t.local)));
         let mut wide = peer(4);
         wide.pod_cidr = Ipv4Addr::new(10, 244, 0, 0);
         wide.pod_prefix_len = 16;
-        assert!(matches!(t.check_peer(&wide), Err(PeerError::Overlap { .. })));
+        assert!(matches!(
+            t.check_peer(&wide),
+            Err(PeerError::Overlap { .. })
+        ));
         let mut host = peer(4);
         host.pod_cidr = Ipv4Addr::new(10, 244, 4, 1);
-        assert!(matches!(t.check_peer(&host), Err(PeerError::BadPodCidr(..))));
+        assert!(matches!(
+            t.check_peer(&host),
+            Err(PeerError::BadPodCidr(..))
+        ));
         let old = t.peers();
         assert_eq!(t.publish_remove(peer(3).node_ip), Some(peer(3)));
         assert!(t.peers().is_empty());
@@ -504,6 +527,10 @@ mod tests {
             seen.insert(p);
         }
         assert!(seen.len() > 150, "flows spread: {}", seen.len());
-        assert!(check_config(&VxlanConfig { vni: 1 << 24, ..t.cfg.clone() }).is_err());
+        assert!(check_config(&VxlanConfig {
+            vni: 1 << 24,
+            ..t.cfg.clone()
+        })
+        .is_err());
     }
 }

@@ -99,7 +99,12 @@ impl<T: AsRef<[u8]>> VxlanPacket<T> {
     #[inline]
     pub fn vni(&self) -> u32 {
         let h = self.header();
-        u32::from_be_bytes([0, h[field::VNI.start], h[field::VNI.start + 1], h[field::VNI.start + 2]])
+        u32::from_be_bytes([
+            0,
+            h[field::VNI.start],
+            h[field::VNI.start + 1],
+            h[field::VNI.start + 2],
+        ])
     }
 
     /// True when the flags are exactly I and both reserved fields are zero, as Linux's vxlan
@@ -107,9 +112,7 @@ impl<T: AsRef<[u8]>> VxlanPacket<T> {
     #[inline]
     pub fn is_plain(&self) -> bool {
         let h = self.header();
-        h[field::FLAGS] == FLAG_I
-            && h[field::RESERVED1] == [0, 0, 0]
-            && h[field::RESERVED2] == 0
+        h[field::FLAGS] == FLAG_I && h[field::RESERVED1] == [0, 0, 0] && h[field::RESERVED2] == 0
     }
 
     /// The inner Ethernet frame.
@@ -239,7 +242,9 @@ impl Outer {
         let (src, dst, udp_len) = outer_addrs(frame)?;
         // `partial` is in memory order: the bytes are stored as they are.
         let c = PseudoHeader::ipv4(src, dst, PROTO_UDP, udp_len).partial();
-        frame.get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?.copy_from_slice(&c);
+        frame
+            .get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?
+            .copy_from_slice(&c);
         Some((len16(OUTER_L4), 6))
     }
 }
@@ -273,7 +278,9 @@ pub fn fill_csum_lco(frame: &mut [u8], inner_l4: usize, partial: [u8; 2]) -> Opt
     let inner = u64::from(!u16::from_ne_bytes(partial));
     let acc = checksum::sum(PseudoHeader::ipv4(src, dst, PROTO_UDP, udp_len).sum(), hdrs) + inner;
     let c = checksum::finish_l4(acc);
-    frame.get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?.copy_from_slice(&c);
+    frame
+        .get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?
+        .copy_from_slice(&c);
     Some(())
 }
 
@@ -388,7 +395,9 @@ pub fn flow_words(inner: &[u8]) -> [u64; 2] {
         ipv4::PROTO_TCP | ipv4::PROTO_UDP if ip.frag_offset() == 0 => e
             .payload()
             .get(ip.header_len()..ip.header_len() + 4)
-            .map_or(0, |p| u64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))),
+            .map_or(0, |p| {
+                u64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+            }),
         _ => 0,
     };
     [addrs, ports << 8 | proto]
@@ -420,11 +429,14 @@ mod tests {
     /// An encapsulated ICMP echo from pod 10.244.1.2 to 10.244.2.2, outer checksum empty.
     fn encapsulated() -> Vec<u8> {
         let mut inner = Vec::new();
-        etherparse::PacketBuilder::ethernet2([0x0a, 0x58, 10, 244, 1, 0], [0x0a, 0x58, 10, 244, 2, 0])
-            .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 63)
-            .icmpv4_echo_request(1, 1)
-            .write(&mut inner, b"hello vxlan")
-            .unwrap();
+        etherparse::PacketBuilder::ethernet2(
+            [0x0a, 0x58, 10, 244, 1, 0],
+            [0x0a, 0x58, 10, 244, 2, 0],
+        )
+        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 63)
+        .icmpv4_echo_request(1, 1)
+        .write(&mut inner, b"hello vxlan")
+        .unwrap();
         let mut f = vec![0u8; OVERHEAD];
         outer().emit(f.as_mut_slice().try_into().unwrap(), inner.len());
         f.extend_from_slice(&inner);
@@ -435,13 +447,20 @@ mod tests {
     fn rfc7348_header_bytes() {
         let b = [0x08, 0, 0, 0, 0x12, 0x34, 0x56, 0];
         let p = VxlanPacket::new_checked(&b[..]).unwrap();
-        assert_eq!((p.flags(), p.vni(), p.is_plain()), (FLAG_I, 0x12_3456, true));
+        assert_eq!(
+            (p.flags(), p.vni(), p.is_plain()),
+            (FLAG_I, 0x12_3456, true)
+        );
         assert_eq!(VxlanPacket::new_checked(&b[..7]), Err(Error::Truncated));
         for (i, v) in [(0, 0x0c), (0, 0), (1, 1), (3, 0x80), (7, 1)] {
             let mut c = b;
             c[i] = v;
             let p = VxlanPacket::new_checked(&c[..]).unwrap();
-            assert_eq!(VxlanRepr::parse(&p), Err(Error::Malformed), "byte {i} = {v:#x}");
+            assert_eq!(
+                VxlanRepr::parse(&p),
+                Err(Error::Malformed),
+                "byte {i} = {v:#x}"
+            );
         }
         let mut out = [0xffu8; 8];
         VxlanRepr { vni: 0x12_3456 }.emit(&mut VxlanPacket::new_unchecked(&mut out[..]));
@@ -454,19 +473,27 @@ mod tests {
         fill_csum(&mut full).unwrap();
         {
             let s = etherparse::SlicedPacket::from_ethernet(&full).unwrap();
-            let Some(etherparse::NetSlice::Ipv4(ip)) = s.net else { panic!("not IPv4") };
+            let Some(etherparse::NetSlice::Ipv4(ip)) = s.net else {
+                panic!("not IPv4")
+            };
             assert_eq!(ip.header().destination_addr(), B);
             assert_eq!(usize::from(ip.header().total_len()), full.len() - 14);
-            let Some(etherparse::TransportSlice::Udp(u)) = s.transport else { panic!("not UDP") };
+            let Some(etherparse::TransportSlice::Udp(u)) = s.transport else {
+                panic!("not UDP")
+            };
             assert_eq!((u.source_port(), u.destination_port()), (40000, 8472));
             assert_ne!(u.checksum(), 0);
         }
-        assert!(UdpPacket::new_checked(&full[OUTER_L4..]).unwrap().verify_checksum(A, B));
+        assert!(UdpPacket::new_checked(&full[OUTER_L4..])
+            .unwrap()
+            .verify_checksum(A, B));
         // ICMP sums to zero: the LCO way with the "pseudo-header" of ICMP (none) = 0 agrees.
         let mut lco = encapsulated();
         let inner_l4 = OVERHEAD + 14 + 20;
         fill_csum_lco(&mut lco, inner_l4, [0, 0]).unwrap();
-        assert!(UdpPacket::new_checked(&lco[OUTER_L4..]).unwrap().verify_checksum(A, B));
+        assert!(UdpPacket::new_checked(&lco[OUTER_L4..])
+            .unwrap()
+            .verify_checksum(A, B));
         let info = parse_udp(&full, OUTER_L3, 20, full.len() - OUTER_L3, A, B, 1, true).unwrap();
         assert_eq!(info.inner, OVERHEAD);
         assert_eq!(info.src_port, 40000);
