@@ -487,15 +487,28 @@ impl Datapath {
         if p.flags & (OURS | GROUP_DST) == 0 {
             return Verdict::Drop(DropReason::NotForRouter);
         }
-        let mut in_if = IfaceId(p.id);
-        // VXLAN: a datagram to a tunnel's port on this uplink is received on the tunnel.
         if !self.tunnels.is_empty() && p.flags & OURS != 0 {
-            match self.decap(b, in_if) {
-                None => {}
-                Some(Ok(t)) => in_if = t,
-                Some(Err(r)) => return Verdict::Drop(r),
-            }
+            return self.route_uplink(b, IfaceId(p.id), now, ctx, sink);
         }
+        self.route(b, &L3Hint::of(b), IfaceId(p.id), now, ctx.as_mut(), sink)
+    }
+
+    /// [`Datapath::decide`] for a frame to the MAC of an uplink that carries VXLAN: a
+    /// datagram to a tunnel's port is decapsulated and received on the tunnel.
+    #[inline(never)]
+    fn route_uplink(
+        &self,
+        b: &mut PacketBuf,
+        up: IfaceId,
+        now: Instant,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let in_if = match self.decap(b, up) {
+            None => up,
+            Some(Ok(t)) => t,
+            Some(Err(r)) => return Verdict::Drop(r),
+        };
         self.route(b, &L3Hint::of(b), in_if, now, ctx.as_mut(), sink)
     }
 

@@ -42,6 +42,12 @@ impl Datapath {
         if self.tunnels.is_empty() {
             return None;
         }
+        self.find_tunnel(i)
+    }
+
+    /// [`Datapath::tunnel_of`]'s search, out of line (one compare inline when no tunnel).
+    #[inline(never)]
+    fn find_tunnel(&self, i: IfaceId) -> Option<&Tunnel> {
         self.tunnels.iter().find(|t| t.iface == i)
     }
 
@@ -127,7 +133,10 @@ impl Datapath {
     /// VTEP's and the peer's) and sends it towards the peer's node on the underlay: the outer
     /// route and neighbour are looked up as for any packet. `routes` is the batch's table
     /// version (the current one when `None`); without a `sink`, a packet whose outer next hop
-    /// is not resolved is dropped (`neigh_failed`) instead of queued.
+    /// is not resolved is dropped (`neigh_failed`) instead of queued. Out of line, so that
+    /// the routed path without tunnels keeps its shape.
+    #[cold]
+    #[inline(never)]
     pub(super) fn encap(
         &self,
         t: &Tunnel,
