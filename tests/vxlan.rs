@@ -343,7 +343,7 @@ fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
     b.set_len(f.len());
     b.port = POD;
     // Partial checksum: the pseudo-header sum in the field.
-    let tcp_len = (f.len() - 34) as u32;
+    let tcp_len = u32::try_from(f.len() - 34).unwrap();
     let mut s: u32 = 0;
     for w in [[10u8, 244], [1, 2], [10, 244], [2, 2]] {
         s += u32::from(u16::from_be_bytes(w));
@@ -352,7 +352,7 @@ fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
     while s > 0xffff {
         s = (s & 0xffff) + (s >> 16);
     }
-    b.frame_mut()[50..52].copy_from_slice(&(s as u16).to_be_bytes());
+    b.frame_mut()[50..52].copy_from_slice(&u16::try_from(s).unwrap().to_be_bytes());
     b.offload = VirtioNetHdr {
         flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
         gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV4,
@@ -412,7 +412,7 @@ fn bad_input_is_dropped_under_its_own_reason() {
     let (_, out) = a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 64));
     let good = out[0].1.clone();
     let fix_ip = |f: &mut Vec<u8>| {
-        let total = (f.len() - 14) as u16;
+        let total = u16::try_from(f.len() - 14).unwrap();
         f[16..18].copy_from_slice(&total.to_be_bytes());
         f[24..26].fill(0);
         let mut s: u32 = 0;
@@ -422,7 +422,7 @@ fn bad_input_is_dropped_under_its_own_reason() {
         while s > 0xffff {
             s = (s & 0xffff) + (s >> 16);
         }
-        f[24..26].copy_from_slice(&(!(s as u16)).to_be_bytes());
+        f[24..26].copy_from_slice(&(!u16::try_from(s).unwrap()).to_be_bytes());
     };
     let mut cases: Vec<(Vec<u8>, DropReason)> = Vec::new();
     // Zero the outer checksum, so edits below need no checksum fix (zero is accepted).

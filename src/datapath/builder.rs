@@ -423,7 +423,7 @@ impl DatapathBuilder {
                 expected: "a port no other VXLAN interface on this uplink uses",
             });
         }
-        let max = up.cfg.mtu.saturating_sub(OVERHEAD as u16);
+        let max = up.cfg.mtu.saturating_sub(crate::narrow::len16(OVERHEAD));
         let mtu = cfg.mtu.unwrap_or(max);
         if mtu > max || mtu < 68 {
             return Err(ConfigError::OutOfRange {

@@ -90,16 +90,7 @@ impl Datapath {
         // A partial checksum (from a sender on this host) or one the device checked is
         // trusted, as Linux trusts CHECKSUM_PARTIAL / CHECKSUM_UNNECESSARY.
         let verify = !b.offload.needs_csum() && b.offload.flags & VIRTIO_NET_HDR_F_DATA_VALID == 0;
-        let o = match vxlan::parse_udp(
-            f,
-            ETH_LEN,
-            info.hdr_len,
-            info.total_len,
-            info.src,
-            info.dst,
-            t.cfg.vni,
-            verify,
-        ) {
+        let o = match vxlan::parse_udp(f, ETH_LEN, &info, t.cfg.vni, verify) {
             Ok(o) => o,
             Err(e) => {
                 return Some(Err(match e {

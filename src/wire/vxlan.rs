@@ -335,21 +335,18 @@ pub enum DecapError {
     BadChecksum,
 }
 
-/// Reads the UDP and VXLAN headers of the IPv4 datagram at `frame[l3..]` (header length
-/// `hdr_len`, total length `total_len`, already checked) sent from `src`: checks the UDP
-/// length, the checksum when `verify` (a zero checksum is accepted, as Linux does), the
-/// flags and the VNI. The inner frame is at [`OuterInfo::inner`] and runs to the datagram's
-/// end.
+/// Reads the UDP and VXLAN headers of the IPv4 datagram at `frame[l3..]` whose header
+/// `ip` describes (already checked): checks the UDP length, the checksum when `verify` (a
+/// zero checksum is accepted, as Linux does), the flags and the VNI. The inner frame is at
+/// [`OuterInfo::inner`] and runs to the datagram's end.
 pub fn parse_udp(
     frame: &[u8],
     l3: usize,
-    hdr_len: usize,
-    total_len: usize,
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
+    ip: &ipv4::Ipv4Info,
     vni: u32,
     verify: bool,
 ) -> Result<OuterInfo, DecapError> {
+    let (hdr_len, total_len, src, dst) = (ip.hdr_len, ip.total_len, ip.src, ip.dst);
     let l4 = l3 + hdr_len;
     let dgram = frame.get(l4..l3 + total_len).ok_or(DecapError::Short)?;
     let u = UdpPacket::new_checked(dgram).map_err(|_| DecapError::Short)?;
@@ -410,6 +407,10 @@ mod tests {
 
     const A: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 2);
     const B: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 3);
+
+    fn info_of(f: &[u8]) -> ipv4::Ipv4Info {
+        ipv4::check_header(&f[OUTER_L3..]).unwrap()
+    }
 
     fn outer() -> Outer {
         Outer {
@@ -494,21 +495,21 @@ mod tests {
         assert!(UdpPacket::new_checked(&lco[OUTER_L4..])
             .unwrap()
             .verify_checksum(A, B));
-        let info = parse_udp(&full, OUTER_L3, 20, full.len() - OUTER_L3, A, B, 1, true).unwrap();
+        let info = parse_udp(&full, OUTER_L3, &info_of(&full), 1, true).unwrap();
         assert_eq!(info.inner, OVERHEAD);
         assert_eq!(info.src_port, 40000);
         assert_eq!(
-            parse_udp(&full, OUTER_L3, 20, full.len() - OUTER_L3, A, B, 2, true),
+            parse_udp(&full, OUTER_L3, &info_of(&full), 2, true),
             Err(DecapError::BadVni)
         );
         let last = full.len() - 1;
         full[last] ^= 1;
         assert_eq!(
-            parse_udp(&full, OUTER_L3, 20, full.len() - OUTER_L3, A, B, 1, true),
+            parse_udp(&full, OUTER_L3, &info_of(&full), 1, true),
             Err(DecapError::BadChecksum)
         );
         full[OUTER_L4 + 6..OUTER_L4 + 8].fill(0);
-        assert!(parse_udp(&full, OUTER_L3, 20, full.len() - OUTER_L3, A, B, 1, true).is_ok());
+        assert!(parse_udp(&full, OUTER_L3, &info_of(&full), 1, true).is_ok());
     }
 
     #[test]
@@ -543,7 +544,9 @@ mod tests {
             let f = encapsulated();
             let n = cut.min(f.len());
             // Any cut of the datagram is refused, never a panic.
-            let r = parse_udp(&f[..n], OUTER_L3, 20, n.saturating_sub(OUTER_L3), A, B, 1, false);
+            let mut ip = info_of(&f);
+            ip.total_len = n.saturating_sub(OUTER_L3);
+            let r = parse_udp(&f[..n], OUTER_L3, &ip, 1, false);
             if n < f.len() {
                 prop_assert!(r.is_err());
             }
