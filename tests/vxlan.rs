@@ -247,7 +247,7 @@ fn a_pod_reaches_a_remote_pod_through_the_overlay() {
     let mut t = String::new();
     a.dp.fmt_routes(&mut t).unwrap();
     assert!(
-        t.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1"),
+        t.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink"),
         "{t}"
     );
     t.clear();

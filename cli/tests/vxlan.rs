@@ -506,11 +506,11 @@ fn pmtu(n: &Names) {
 fn tables(n: &Names) {
     let routes = show(n, "a", &["show", "routes"]);
     assert!(
-        routes.contains("10.216.2.0/24 via 10.216.2.0 dev flannel.1"),
+        routes.contains("10.216.2.0/24 via 10.216.2.0 dev flannel.1 onlink"),
         "{routes}"
     );
     assert!(
-        routes.contains("10.216.3.0/24 via 10.216.3.0 dev flannel.1"),
+        routes.contains("10.216.3.0/24 via 10.216.3.0 dev flannel.1 onlink"),
         "{routes}"
     );
     let neigh = show(n, "a", &["show", "neigh"]);

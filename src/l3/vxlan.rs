@@ -15,6 +15,35 @@
 //! MAC to encapsulate, by node address to decapsulate) with no lock and sees the set before
 //! or after a change. Changes are serialised by a writer mutex. A peer's counters are shared
 //! atomics that survive set versions (they live in the peer's `Arc`).
+//!
+//! # Example: Flannel's node A, with node B as a peer
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use tapyard::l3::vxlan::default_mac;
+//! use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
+//! use tapyard::{Datapath, Instant, MacAddr};
+//!
+//! let mut b = Datapath::builder();
+//! let up_mac = MacAddr([2, 0, 0, 0, 0, 2]);
+//! b.add_router_iface(IfaceConfig::new("eth0", up_mac, Ipv4Addr::new(172, 18, 0, 2), 24), None)?;
+//! let cfg = VxlanConfig::new("flannel.1", 1, 8472, "eth0", Ipv4Addr::new(10, 244, 1, 0));
+//! assert_eq!(cfg.mac.to_string(), "0a:58:0a:f4:01:00");
+//! b.add_vxlan(cfg)?;
+//! let dp = b.build();
+//! let node_b = VxlanPeer {
+//!     node_ip: Ipv4Addr::new(172, 18, 0, 3),
+//!     vtep_mac: default_mac(Ipv4Addr::new(10, 244, 2, 0)),
+//!     pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
+//!     pod_prefix_len: 24,
+//! };
+//! dp.add_vxlan_peer("flannel.1", node_b, Instant::from_secs(1))?;
+//! let mut routes = String::new();
+//! dp.fmt_routes(&mut routes)?;
+//! assert!(routes.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink"));
+//! assert_eq!(dp.tunnel_by_name("flannel.1").unwrap().mtu(), 1450);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
