@@ -5,6 +5,9 @@
 //! draining the results. Beside it, the same round with a `Mutex<HashMap>` bridge in place of
 //! the datapath.
 //!
+//! `datapath_vxlan`: the same 64-byte packets from 4 pods on node A to 4 pods on node C over
+//! VXLAN (A encapsulates, the frames cross to C's uplink, C decapsulates and routes them).
+//!
 //! `cargo bench --bench datapath`
 #![allow(
     clippy::cast_possible_truncation,
@@ -143,7 +146,7 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches, routed_benches);
+criterion_main!(benches, routed_benches, vxlan_benches);
 
 /// IPv4 forwarding through the whole datapath: 64-byte UDP packets from 4 hosts on bridge
 /// br0 (10.0.0.0/24) to 4 hosts on bridge br1 (10.0.1.0/24), routed by the router interfaces
@@ -257,3 +260,164 @@ fn routed(c: &mut Criterion) {
 }
 
 criterion_group!(routed_benches, routed);
+
+/// Encapsulation and decapsulation: 4 pods on node A send 64-byte UDP packets to 4 pods on
+/// node C through `flannel.1` (routed, encapsulated, out of A's uplink); the frames are moved
+/// to C's uplink (one copy each, the wire) and C decapsulates and routes them to its pods.
+/// One iteration: A's pump round (128 packets) and C's rounds until its uplink is empty.
+fn vxlan(c: &mut Criterion) {
+    use std::net::Ipv4Addr;
+    use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
+    use tapyard::MacAddr;
+
+    struct Node {
+        dp: Arc<Datapath>,
+        pump: std::cell::RefCell<Pump>,
+        pods: Vec<MemPort>,
+        wire: MemPort,
+        gw: MacAddr,
+    }
+    let node = |n: u8| {
+        let other = 4 - n;
+        let mut b = Datapath::builder();
+        let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+        let gw = MacAddr::local(0xfe00 + u32::from(n));
+        let (cni0, _) = b
+            .add_router_iface(
+                IfaceConfig::new("cni0", gw, Ipv4Addr::new(10, 244, n, 1), 24),
+                Some(br),
+            )
+            .unwrap();
+        let up_mac = MacAddr::local(0xfd00 + u32::from(n));
+        let (eth0, up) = b
+            .add_router_iface(
+                IfaceConfig::new("eth0", up_mac, Ipv4Addr::new(172, 18, 0, n), 24),
+                None,
+            )
+            .unwrap();
+        b.add_vxlan(VxlanConfig::new(
+            "flannel.1",
+            1,
+            8472,
+            "eth0",
+            Ipv4Addr::new(10, 244, n, 0),
+        ))
+        .unwrap();
+        let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
+        let mut pods = Vec::new();
+        for i in 0..PORTS {
+            let (a, h) = mem_pair(&format!("pod{i}"), "h", 4 * BATCH_SIZE);
+            ports.push((
+                b.add_port(format!("pod{i}"), Some(br)).unwrap(),
+                Arc::new(a),
+            ));
+            pods.push(h);
+        }
+        let (a, wire) = mem_pair("eth0", "wire", 8 * BATCH_SIZE);
+        ports.push((up, Arc::new(a)));
+        let dp = Arc::new(b.build());
+        let now = Instant::from_secs(1);
+        let peer = VxlanPeer {
+            node_ip: Ipv4Addr::new(172, 18, 0, other),
+            vtep_mac: tapyard::l3::vxlan::default_mac(Ipv4Addr::new(10, 244, other, 0)),
+            pod_cidr: Ipv4Addr::new(10, 244, other, 0),
+            pod_prefix_len: 24,
+        };
+        dp.add_vxlan_peer("flannel.1", peer, now).unwrap();
+        dp.add_static_neigh(
+            eth0,
+            peer.node_ip,
+            MacAddr::local(0xfd00 + u32::from(other)),
+            now,
+        )
+        .unwrap();
+        for i in 0..PORTS {
+            let ip = Ipv4Addr::new(10, 244, n, 10 + i as u8);
+            dp.add_static_neigh(
+                cni0,
+                ip,
+                MacAddr::local(0x100 * u32::from(n) + i as u32),
+                now,
+            )
+            .unwrap();
+        }
+        let pump = std::cell::RefCell::new(Pump::new(dp.clone(), &ports).unwrap());
+        Node {
+            dp,
+            pump,
+            pods,
+            wire,
+            gw,
+        }
+    };
+    let (a, z) = (node(1), node(3));
+    let now = Instant::from_secs(1);
+    let frames: Vec<Vec<u8>> = (0..PORTS)
+        .map(|i| {
+            let mut f = Vec::new();
+            etherparse::PacketBuilder::ethernet2(MacAddr::local(0x100 + i as u32).0, a.gw.0)
+                .ipv4([10, 244, 1, 10 + i as u8], [10, 244, 3, 10 + i as u8], 64)
+                .udp(1000 + i as u16, 2000)
+                .write(&mut f, &[0u8; 18])
+                .unwrap();
+            f
+        })
+        .collect();
+    // C's pods announce themselves so its bridge learns their ports.
+    for (i, p) in z.pods.iter().enumerate() {
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&MacAddr::local(0x300 + i as u32).0);
+        f.extend_from_slice(&[0x88, 0xb5]);
+        f.resize(60, 0);
+        p.send_frame(&f).unwrap();
+    }
+    z.pump.borrow_mut().drain(now, 4);
+    let inject = |a: &Node| {
+        for (h, f) in a.pods.iter().zip(&frames) {
+            for _ in 0..BATCH_SIZE {
+                h.send_frame(f).unwrap();
+            }
+        }
+    };
+    let drain = |n: &Node| {
+        for p in &n.pods {
+            while let Some(b) = p.recv_frame() {
+                p.recycle(b);
+            }
+        }
+    };
+    let round = |a: &Node, z: &Node| {
+        let mut n = a.pump.borrow_mut().poll(now).unwrap();
+        while let Some(f) = a.wire.recv_frame() {
+            z.wire.send_frame(f.frame()).unwrap();
+            a.wire.recycle(f);
+        }
+        for _ in 0..8 {
+            n += z.pump.borrow_mut().poll(now).unwrap();
+        }
+        n
+    };
+    let mut g = c.benchmark_group("datapath_vxlan");
+    g.throughput(Throughput::Elements((PORTS * BATCH_SIZE) as u64));
+    inject(&a);
+    round(&a, &z);
+    drain(&z);
+    g.bench_function("tapyard_encap_decap", |bch| {
+        bch.iter_batched(
+            || {
+                drain(&z);
+                inject(&a);
+            },
+            |()| black_box(round(&a, &z)),
+            BatchSize::PerIteration,
+        )
+    });
+    for (name, n) in [("A", &a), ("C", &z)] {
+        let s = n.dp.stats();
+        assert_eq!(s.rx_drops(), 0, "node {name}: {s}");
+    }
+    assert!(z.dp.stats().forwarded >= (PORTS * BATCH_SIZE) as u64);
+    g.finish();
+}
+
+criterion_group!(vxlan_benches, vxlan);

@@ -12,8 +12,8 @@
 //! `tests/layers.rs`, keeps it so):
 //!
 //! * [`wire`]: the packet-view layer: checked views over header bytes and plain values
-//!   (`Repr`s) for Ethernet/VLAN, ARP, IPv4, ICMP, TCP, UDP, the virtio-net header, the
-//!   checksums and the conntrack tuple.
+//!   (`Repr`s) for Ethernet/VLAN, ARP, IPv4, ICMP, TCP, UDP, VXLAN, the virtio-net header,
+//!   the checksums and the conntrack tuple.
 //! * [`PacketBuf`], [`Batch`], [`BufPool`]: frames in buffers with headroom, in batches of
 //!   [`BATCH_SIZE`], from a per-worker pool.
 //! * [`port`]: anything that carries Ethernet frames: a TAP device ([`port::TapPort`]), an
@@ -21,7 +21,8 @@
 //!   that wraps any of them ([`port::Observed`] for capture and tracing).
 //! * [`l2`]: the learning bridge's forwarding database ([`l2::fdb::Fdb`]).
 //! * [`l3`]: the router: interfaces, ARP and its neighbour cache ([`l3::neigh`]), the routing
-//!   table on a longest-prefix-match FIB ([`l3::lpm`]), IPv4 forwarding and ICMP.
+//!   table on a longest-prefix-match FIB ([`l3::lpm`]), IPv4 forwarding and ICMP, and VXLAN
+//!   interfaces with their peers ([`l3::vxlan`], as Flannel's `flannel.1`).
 //! * [`conntrack`] and [`nat`]: the lock-free connection table, and the NAT engine that
 //!   plugs into the router's PREROUTING hook: Services (ClusterIP, NodePort), masquerade, SNAT.
 //! * [`Datapath`]: the sans-IO core that ties them together. Frames in, verdicts out, time

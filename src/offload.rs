@@ -27,8 +27,10 @@ use crate::wire::tcp::{flags as tcp_flags, TcpPacket};
 pub use crate::wire::virtio::{
     VirtioNetHdr, VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
     VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
-    VIRTIO_NET_HDR_GSO_UDP, VIRTIO_NET_HDR_GSO_UDP_L4, VNET_HDR_LEN,
+    VIRTIO_NET_HDR_GSO_UDP, VIRTIO_NET_HDR_GSO_UDP_L4, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+    VNET_HDR_LEN,
 };
+use crate::wire::vxlan;
 use crate::wire::Error as WireError;
 
 /// Largest number of segments [`segment`] produces from one super-frame
@@ -286,22 +288,46 @@ pub fn segment(
     scratch: &mut [u8],
     emit: &mut dyn FnMut(&[u8]),
 ) -> Result<usize, OffloadError> {
-    let want_ipv4 = match hdr.gso_type & !VIRTIO_NET_HDR_GSO_ECN {
-        VIRTIO_NET_HDR_GSO_NONE if hdr.gso_type == VIRTIO_NET_HDR_GSO_NONE => {
-            return emit_whole(frame, hdr, scratch, emit);
-        }
-        VIRTIO_NET_HDR_GSO_TCPV4 => true,
-        VIRTIO_NET_HDR_GSO_TCPV6 => false,
-        _ => return Err(OffloadError::UnsupportedGsoType),
-    };
+    let tunnel = hdr.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0;
+    let want_ipv4 =
+        match hdr.gso_type & !(VIRTIO_NET_HDR_GSO_ECN | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4) {
+            VIRTIO_NET_HDR_GSO_NONE if hdr.gso_type == VIRTIO_NET_HDR_GSO_NONE => {
+                return emit_whole(frame, hdr, scratch, emit);
+            }
+            VIRTIO_NET_HDR_GSO_TCPV4 => true,
+            VIRTIO_NET_HDR_GSO_TCPV6 => false,
+            _ => return Err(OffloadError::UnsupportedGsoType),
+        };
     if hdr.gso_size == 0 {
         return Err(OffloadError::ZeroGsoSize);
     }
-    let layout = parse_tcp_frame(frame)?;
-    if layout.ipv4 != want_ipv4 {
+    let layout = if tunnel {
+        // The inner frame after the outer headers; offsets stay the outer frame's.
+        let inner = frame
+            .get(vxlan::OVERHEAD..)
+            .ok_or(OffloadError::Truncated)?;
+        let l = parse_tcp_frame(inner)?;
+        TcpLayout {
+            l3_off: l.l3_off + vxlan::OVERHEAD,
+            l4_off: l.l4_off + vxlan::OVERHEAD,
+            payload_off: l.payload_off + vxlan::OVERHEAD,
+            end: l.end + vxlan::OVERHEAD,
+            ..l
+        }
+    } else {
+        parse_tcp_frame(frame)?
+    };
+    if layout.ipv4 != want_ipv4 || (tunnel && !layout.ipv4) {
         return Err(OffloadError::GsoTypeMismatch);
     }
-    segment_tcp(frame, &layout, usize::from(hdr.gso_size), scratch, emit)
+    segment_tcp(
+        frame,
+        &layout,
+        usize::from(hdr.gso_size),
+        scratch,
+        emit,
+        tunnel,
+    )
 }
 
 /// Non-GSO path of [`segment`].
@@ -332,6 +358,7 @@ fn segment_tcp(
     mss: usize,
     scratch: &mut [u8],
     emit: &mut dyn FnMut(&[u8]),
+    tunnel: bool,
 ) -> Result<usize, OffloadError> {
     use OffloadError::*;
 
@@ -356,6 +383,15 @@ fn segment_tcp(
         (ip.ident(), (src, dst))
     } else {
         (0, ([0; 4], [0; 4]))
+    };
+
+    // The outer headers of a VXLAN super-frame: each segment gets its own identification.
+    let outer_id0 = if tunnel {
+        Ipv4Packet::new_checked_header(frame.get(vxlan::OUTER_L3..).ok_or(Truncated)?)
+            .map_err(|_| Truncated)?
+            .ident()
+    } else {
+        0
     };
 
     // The headers are copied once; every field that differs between
@@ -405,6 +441,14 @@ fn segment_tcp(
         tcp.set_flags(flags);
         tcp.payload_mut().copy_from_slice(chunk);
         tcp.fill_checksum_with(&pseudo);
+        if tunnel {
+            // Outer lengths, identification and UDP checksum (from the headers: the inner
+            // TCP checksum was just made complete).
+            let f = &mut scratch[..hdrs_len + n];
+            vxlan::fix_outer_lengths(f, outer_id0.wrapping_add(low16(i as u64)))
+                .and_then(|()| vxlan::fill_csum_over_tcp(f, l.l3_off, l.l4_off))
+                .ok_or(Truncated)?;
+        }
 
         emit(&scratch[..hdrs_len + n]);
     }

@@ -232,6 +232,23 @@ drop_reasons! {
         /// A packet of a NAT'd connection that cannot be translated (a non-first fragment, a
         /// truncated header).
         NatUntranslatable = "nat_untranslatable",
+        /// A UDP datagram to a VXLAN interface's port on its uplink address too short for
+        /// VXLAN and an inner Ethernet header, or whose UDP length disagrees with the IP one.
+        VxlanShort = "vxlan_short",
+        /// A VXLAN header with flags other than I, or reserved bits set.
+        VxlanBadFlags = "vxlan_bad_flags",
+        /// A VXLAN header with another VNI than the interface's.
+        VxlanBadVni = "vxlan_bad_vni",
+        /// A VXLAN datagram whose outer UDP checksum is neither zero nor right.
+        VxlanBadChecksum = "vxlan_bad_checksum",
+        /// A decapsulated frame not addressed to the VXLAN interface's MAC (the VTEP).
+        VxlanUnknownMac = "vxlan_unknown_mac",
+        /// A VXLAN datagram from an outer source that is not a configured peer (stricter than
+        /// Linux, which accepts any source).
+        VxlanUnknownPeer = "vxlan_unknown_peer",
+        /// A frame routed into a VXLAN interface whose destination MAC is no peer's VTEP MAC
+        /// (no FDB entry: Linux drops it too, with `nolearning` and no default destination).
+        VxlanNoPeer = "vxlan_no_peer",
     }
 }
 

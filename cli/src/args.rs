@@ -167,6 +167,8 @@ pub enum Table {
     Stats,
     /// The ports: name, kind, bridge, MAC, ifindex, namespace, origin, counters.
     Ports,
+    /// The VXLAN interfaces and their peers, with per-peer packet counters.
+    Vxlan,
 }
 
 impl Table {
@@ -180,6 +182,7 @@ impl Table {
             Table::Services => "services",
             Table::Stats => "stats",
             Table::Ports => "ports",
+            Table::Vxlan => "vxlan",
         }
     }
 }

@@ -407,6 +407,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
         "fdb" => {
             if !as_json {
                 let _ = dp.fmt_fdb(now, &mut text);
+                let _ = dp.fmt_vxlan_fdb(&mut text);
                 return Ok(Value::String(text));
             }
             let mut rows = Vec::new();
@@ -423,8 +424,21 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                     }));
                 }
             }
+            // What the VXLAN peers imply, as `bridge fdb` shows Flannel's entries.
+            for t in dp.tunnels() {
+                for p in t.peers().iter() {
+                    rows.push(json!({
+                        "mac": p.peer.vtep_mac.to_string(),
+                        "dev": t.config().name,
+                        "dst": p.peer.node_ip.to_string(),
+                        "static": true,
+                        "age_secs": null,
+                    }));
+                }
+            }
             Ok(Value::Array(rows))
         }
+        "vxlan" => Ok(vxlan_show(dp, as_json)),
         "neigh" => {
             if !as_json {
                 let _ = dp.fmt_neigh(now, &mut text);
@@ -575,7 +589,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
         "ports" if as_json => Ok(Value::Array(node.ports_json())),
         "ports" => Ok(Value::String(node.ports_text())),
         other => Err(format!(
-            "cannot show {other:?}: expected fdb, neigh, routes, conntrack, services, stats or ports"
+            "cannot show {other:?}: expected fdb, neigh, routes, conntrack, services, stats, ports or vxlan"
         )),
     }
 }
@@ -603,6 +617,56 @@ pub fn nat_counters(nf: &tapyard::nat::Netfilter) -> Vec<(String, &'static str, 
             .map(|(k, h, v)| (format!("ct_{k}"), h, v)),
     );
     out
+}
+
+/// `show vxlan`: each VXLAN interface and its peers with their packet counters.
+fn vxlan_show(dp: &tapyard::Datapath, as_json: bool) -> Value {
+    let mut rows = Vec::new();
+    let mut text = String::new();
+    for t in dp.tunnels() {
+        let c = t.config();
+        let uplink = dp.iface_name(t.uplink()).unwrap_or("?");
+        let (lo, hi) = c.src_ports;
+        text += &format!(
+            "{}: vxlan id {} dstport {} local {} dev {uplink} srcport {lo} {hi} address {}/{} mac {} mtu {}\n",
+            c.name, c.vni, c.port, t.local(), c.addr, c.prefix_len, c.mac, t.mtu()
+        );
+        let mut peers = Vec::new();
+        for p in t.peers().iter() {
+            let s = p.stats();
+            let q = p.peer;
+            text += &format!(
+                "    peer {} vtep {} pod_cidr {}/{} rx {} packets {} bytes tx {} packets {} bytes\n",
+                q.node_ip, q.vtep_mac, q.pod_cidr, q.pod_prefix_len, s.rx_packets, s.rx_bytes, s.tx_packets, s.tx_bytes
+            );
+            peers.push(json!({
+                "node_ip": q.node_ip.to_string(),
+                "vtep_mac": q.vtep_mac.to_string(),
+                "pod_cidr": format!("{}/{}", q.pod_cidr, q.pod_prefix_len),
+                "rx_packets": s.rx_packets,
+                "rx_bytes": s.rx_bytes,
+                "tx_packets": s.tx_packets,
+                "tx_bytes": s.tx_bytes,
+            }));
+        }
+        rows.push(json!({
+            "name": c.name,
+            "vni": c.vni,
+            "port": c.port,
+            "uplink": uplink,
+            "local": t.local().to_string(),
+            "address": format!("{}/{}", c.addr, c.prefix_len),
+            "mac": c.mac.to_string(),
+            "mtu": t.mtu(),
+            "src_ports": [lo, hi],
+            "peers": peers,
+        }));
+    }
+    if as_json {
+        Value::Array(rows)
+    } else {
+        Value::String(text)
+    }
 }
 
 fn tuple_json(t: &tapyard::wire::tuple::Tuple) -> Value {

@@ -1,7 +1,7 @@
 //! What a reload changes: a pure comparison of the running configuration with the new one.
 //!
-//! Routes, static neighbours, Services, `[masquerade]`, `node.cluster_cidr` (the NAT rules) and
-//! the `ports` of a bridge are applied live; everything else (the node's identity and threads,
+//! Routes, static neighbours, Services, `[masquerade]`, `node.cluster_cidr` (the NAT rules),
+//! the `ports` of a bridge and the peers of a `[[vxlan]]` are applied live; everything else (the node's identity and threads,
 //! bridges' other settings, uplinks, addresses, `[conntrack]` and `[neigh]` table limits) needs
 //! a restart, and a reload that changes any of it is refused as a whole, naming each change.
 //! Only the file's ports are compared: ports from `tapyard port add` and the CNI plugin are
@@ -10,7 +10,9 @@
 //!
 //! Items are compared by value ([`Located::value`]), never by the lines they were read from.
 
-use crate::config::{BridgeCfg, Config, Located, NeighborCfg, RouteCfg, ServiceCfg, UplinkCfg};
+use crate::config::{
+    BridgeCfg, Config, Located, NeighborCfg, PeerCfg, RouteCfg, ServiceCfg, UplinkCfg, VxlanCfg,
+};
 
 /// The live changes of a reload.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +33,10 @@ pub struct Diff {
     pub ports_removed: Vec<(String, String)>,
     /// Ports to add, as (bridge, port).
     pub ports_added: Vec<(String, String)>,
+    /// VXLAN peers to remove, as (interface, peer), before the additions.
+    pub peers_removed: Vec<(String, PeerCfg)>,
+    /// VXLAN peers to add, as (interface, peer).
+    pub peers_added: Vec<(String, PeerCfg)>,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
 }
@@ -151,6 +157,80 @@ fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &
     }
 }
 
+/// The VXLAN interfaces' settings without their peers (a change needs a restart).
+fn vxlan_changes(old: &[Located<VxlanCfg>], new: &[Located<VxlanCfg>], out: &mut Vec<String>) {
+    for o in old {
+        match new.iter().find(|n| n.name == o.name) {
+            None => out.push(format!("vxlan {:?} was removed", o.name)),
+            Some(n) => {
+                let (a, b) = (&o.value, &n.value);
+                let mut f = Vec::new();
+                if a.vni != b.vni {
+                    f.push(format!("vni {} -> {}", a.vni, b.vni));
+                }
+                if a.port != b.port {
+                    f.push(format!("port {} -> {}", a.port, b.port));
+                }
+                if a.uplink != b.uplink {
+                    f.push(format!("uplink {:?} -> {:?}", a.uplink, b.uplink));
+                }
+                if a.address != b.address {
+                    f.push(format!("address {} -> {}", a.address, b.address));
+                }
+                if a.mac != b.mac {
+                    f.push("mac".into());
+                }
+                if a.mtu != b.mtu {
+                    f.push(format!("mtu {} -> {}", opt(&a.mtu), opt(&b.mtu)));
+                }
+                if a.src_ports != b.src_ports {
+                    f.push("src_port_range".into());
+                }
+                if !f.is_empty() {
+                    out.push(format!("vxlan {:?} changed ({})", o.name, f.join(", ")));
+                }
+            }
+        }
+    }
+    for n in new {
+        if !old.iter().any(|o| o.name == n.name) {
+            out.push(format!("vxlan {:?} was added", n.name));
+        }
+    }
+}
+
+/// The peers removed from and added to the VXLAN interfaces both files have (a peer whose
+/// MAC or pod CIDR changed is removed, then added).
+fn peer_changes(old: &[Located<VxlanCfg>], new: &[Located<VxlanCfg>], d: &mut Diff) {
+    for o in old {
+        let Some(n) = new.iter().find(|n| n.name == o.name) else {
+            continue;
+        };
+        for p in o
+            .peers
+            .iter()
+            .filter(|p| !n.peers.iter().any(|q| q.value == p.value))
+        {
+            d.summary.push(format!(
+                "vxlan {:?}: peer {} ({}, {}) removed",
+                o.name, p.node_ip, p.vtep_mac, p.pod_cidr
+            ));
+            d.peers_removed.push((o.name.clone(), p.value));
+        }
+        for p in n
+            .peers
+            .iter()
+            .filter(|p| !o.peers.iter().any(|q| q.value == p.value))
+        {
+            d.summary.push(format!(
+                "vxlan {:?}: peer {} ({}, {}) added",
+                n.name, p.node_ip, p.vtep_mac, p.pod_cidr
+            ));
+            d.peers_added.push((n.name.clone(), p.value));
+        }
+    }
+}
+
 /// A changed Service's line with its endpoint changes: `(endpoints +A -B)`.
 fn service_detail(old: &[ServiceCfg], new: &[ServiceCfg], line: String) -> String {
     let Some((o, n)) = old.iter().find_map(|o| {
@@ -215,6 +295,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     }
     bridge_changes(&old.bridges, &new.bridges, &mut restart);
     uplink_changes(&old.uplinks, &new.uplinks, &mut restart);
+    vxlan_changes(&old.vxlans, &new.vxlans, &mut restart);
     if old.conntrack != new.conntrack {
         restart.push("[conntrack] changed".into());
     }
@@ -229,6 +310,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     }
     let mut d = Diff::default();
     port_changes(&old.bridges, &new.bridges, &mut d);
+    peer_changes(&old.vxlans, &new.vxlans, &mut d);
     for o in &old.routes {
         match new.routes.iter().find(|n| route_key(n) == route_key(o)) {
             Some(n) if n.value == o.value => {}
@@ -333,6 +415,30 @@ mod tests {
     fn cfg(src: &str) -> Config {
         let c = check_str(src);
         c.config.unwrap_or_else(|| panic!("{:?}", c.diags))
+    }
+
+    #[test]
+    fn vxlan_peers_are_added_and_removed_live_and_settings_need_a_restart() {
+        let vx = crate::config::tests::VXLAN;
+        let a = cfg(vx);
+        let b = cfg(&vx.replace("172.18.0.3", "172.18.0.5"));
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(d.peers_removed.len(), 1);
+        assert_eq!(d.peers_added.len(), 1);
+        assert_eq!(d.peers_added[0].1.node_ip.to_string(), "172.18.0.5");
+        assert!(
+            d.summary[0].contains("peer 172.18.0.3 (0a:58:0a:f4:02:00, 10.244.2.0/24) removed"),
+            "{:?}",
+            d.summary
+        );
+        let e = diff(&a, &cfg(&vx.replace("vni = 1", "vni = 2"))).unwrap_err();
+        assert_eq!(
+            e,
+            vec![
+                "vxlan \"flannel.1\" changed (vni 1 -> 2): this needs a restart of tapyard"
+                    .to_string()
+            ]
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tapyard::conntrack::Opened;
-use tapyard::l3::IfaceConfig;
+use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::ServiceError;
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
@@ -16,7 +16,9 @@ use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId}
 use tapyard_cni::netlink::{Link, Netlink};
 
 use crate::capture::CaptureTap;
-use crate::config::{self, proto_name, Config, NeighborCfg, RouteCfg, RouteType, ServiceCfg};
+use crate::config::{
+    self, proto_name, Config, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
+};
 use crate::diff::{self, Diff};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
 use crate::state::{self, MacFor, StateDir};
@@ -132,6 +134,21 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
     dp.add_static_neigh(iface, n.ip, n.mac, now)
         .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
+}
+
+/// The library's peer for a `[[vxlan.peer]]`.
+pub fn to_peer(p: &PeerCfg) -> VxlanPeer {
+    VxlanPeer {
+        node_ip: p.node_ip,
+        vtep_mac: p.vtep_mac,
+        pod_cidr: p.pod_cidr.network(),
+        pod_prefix_len: p.pod_cidr.len,
+    }
+}
+
+fn add_peer(dp: &Datapath, vxlan: &str, p: &PeerCfg, now: Instant) -> Result<(), String> {
+    dp.add_vxlan_peer(vxlan, to_peer(p), now)
+        .map_err(|e| format!("vxlan {vxlan:?}: peer {}: {e}", p.node_ip))
 }
 
 fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
@@ -385,6 +402,26 @@ impl Plan {
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
+        for v in &cfg.vxlans {
+            let mut vc = VxlanConfig::new(
+                v.name.clone(),
+                v.vni,
+                v.port,
+                v.uplink.clone(),
+                v.address.addr,
+            );
+            vc.prefix_len = v.address.len;
+            if let Some(m) = v.mac {
+                vc.mac = m;
+            }
+            vc.mtu = v.mtu;
+            vc.src_ports = v.src_ports;
+            ifaces.push((v.name.clone(), vc.mac, v.address));
+            let iid = b
+                .add_vxlan(vc)
+                .map_err(|e| format!("vxlan {:?}: {e}", v.name))?;
+            iface_ids.push((v.name.clone(), iid));
+        }
         if iface_ids.is_empty() && (!cfg.services.is_empty() || cfg.masquerade.is_some()) {
             return Err(
                 "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"
@@ -588,6 +625,11 @@ impl Built {
         let now = clock.now();
         for n in &cfg.neighbors {
             add_neighbor(&dp, n, now)?;
+        }
+        for v in &cfg.vxlans {
+            for p in &v.peers {
+                add_peer(&dp, &v.name, p, now)?;
+            }
         }
         let node = Node {
             dp,
@@ -875,6 +917,18 @@ impl Node {
                 }
                 .map_err(|e| format!("route {}: {e}", r.describe()))
             }) {
+                errors.push(e);
+            }
+        }
+        // A removed peer stops at once: nothing is sent to it or accepted from it from the
+        // workers' next batch on.
+        for (v, p) in &d.peers_removed {
+            if let Err(e) = self.dp.remove_vxlan_peer(v, p.node_ip) {
+                errors.push(format!("vxlan {v:?}: peer {}: {e}", p.node_ip));
+            }
+        }
+        for (v, p) in &d.peers_added {
+            if let Err(e) = add_peer(&self.dp, v, p, self.now()) {
                 errors.push(e);
             }
         }

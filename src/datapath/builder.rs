@@ -18,8 +18,10 @@ use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
 use crate::l3::router::{Iface, IfaceConfig, Router};
+use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
 use crate::time::Instant;
+use crate::wire::vxlan::OVERHEAD;
 
 /// Settings of one bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,6 +192,7 @@ pub struct DatapathBuilder {
     /// The open file to use for it, handed over by another process.
     ct_handed_over: Option<std::fs::File>,
     recovery: Option<Recovery>,
+    tunnels: Vec<Tunnel>,
 }
 
 impl Default for DatapathBuilder {
@@ -204,6 +207,7 @@ impl Default for DatapathBuilder {
             ct_file: None,
             ct_handed_over: None,
             recovery: None,
+            tunnels: Vec::new(),
         }
     }
 }
@@ -394,6 +398,63 @@ impl DatapathBuilder {
         Ok((id, port))
     }
 
+    /// Adds a VXLAN interface (see [`crate::l3::vxlan`]): a router interface with the
+    /// config's address, MAC and MTU (default: the uplink's minus 50) and no bridge, whose
+    /// packets are encapsulated towards its peers and leave through `cfg.uplink`, a router
+    /// interface without a bridge added before it. Peers are added once the datapath is built
+    /// ([`Datapath::add_vxlan_peer`]). Errors name the field and value.
+    pub fn add_vxlan(&mut self, cfg: VxlanConfig) -> Result<IfaceId, ConfigError> {
+        vxlan::check_config(&cfg).map_err(|(field, value, expected)| ConfigError::OutOfRange {
+            field,
+            value,
+            expected,
+        })?;
+        let Some((up_id, up)) = (0..=u16::MAX)
+            .map(IfaceId)
+            .zip(&self.ifaces)
+            .find(|(_, i)| i.cfg.name == cfg.uplink)
+        else {
+            return Err(ConfigError::OutOfRange {
+                field: "uplink",
+                value: cfg.uplink.clone(),
+                expected: "the name of a router interface without a bridge, added before",
+            });
+        };
+        if up.bridge.is_some() || self.tunnels.iter().any(|t| t.iface == up_id) {
+            return Err(ConfigError::OutOfRange {
+                field: "uplink",
+                value: cfg.uplink.clone(),
+                expected: "an uplink (a router interface on no bridge, not a VXLAN interface)",
+            });
+        }
+        if self
+            .tunnels
+            .iter()
+            .any(|t| t.uplink == up_id && t.cfg.port == cfg.port)
+        {
+            return Err(ConfigError::OutOfRange {
+                field: "port",
+                value: cfg.port.to_string(),
+                expected: "a port no other VXLAN interface on this uplink uses",
+            });
+        }
+        let max = up.cfg.mtu.saturating_sub(crate::narrow::len16(OVERHEAD));
+        let mtu = cfg.mtu.unwrap_or(max);
+        if mtu > max || mtu < 68 {
+            return Err(ConfigError::OutOfRange {
+                field: "mtu",
+                value: mtu.to_string(),
+                expected: "68 to the uplink's MTU minus 50",
+            });
+        }
+        let local = up.cfg.addr;
+        let mut icfg = IfaceConfig::new(cfg.name.clone(), cfg.mac, cfg.addr, cfg.prefix_len);
+        icfg.mtu = mtu;
+        let (id, _) = self.add_router_iface(icfg, None)?;
+        self.tunnels.push(Tunnel::new(cfg, id, up_id, local, mtu));
+        Ok(id)
+    }
+
     /// Sets the neighbour (ARP) table's configuration (defaults as Linux).
     pub fn neigh_config(&mut self, cfg: NeighConfig) -> Result<(), ConfigError> {
         cfg.validate().map_err(ConfigError::Neigh)?;
@@ -496,6 +557,7 @@ impl DatapathBuilder {
             bridges: self.bridges,
             // NAT hooks into the router: without router interfaces there is nothing to hook.
             nf: if router.is_some() { self.nf } else { None },
+            tunnels: self.tunnels,
             router,
             shards: Mutex::new(Vec::new()),
             last_sweep: AtomicU64::new(0),

@@ -83,6 +83,7 @@ use crate::base::{BridgeId, PortId};
 use crate::buf::{BufPool, PacketBuf};
 use crate::l2::fdb::Fdb;
 use crate::l3::router::Router;
+use crate::l3::vxlan::Tunnel;
 use crate::nat::netfilter::{NatCtx, Netfilter};
 use crate::stats::Shard;
 
@@ -93,6 +94,7 @@ mod pipeline;
 #[cfg(test)]
 mod tests;
 mod topology;
+mod tunnel;
 
 pub use builder::{BridgeConfig, ConfigError, DatapathBuilder, DEFAULT_MAX_PORTS};
 
@@ -280,6 +282,8 @@ pub struct Datapath {
     router: Option<Router>,
     /// Conntrack and NAT, run by the pipeline as the router's PREROUTING hook.
     nf: Option<Netfilter>,
+    /// VXLAN interfaces (fixed at build time; their peers change live).
+    tunnels: Vec<Tunnel>,
     shards: Mutex<Vec<Arc<Shard>>>,
     last_sweep: AtomicU64,
 }

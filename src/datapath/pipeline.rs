@@ -337,7 +337,10 @@ impl Datapath {
     ) {
         shard.totals.generated_lost.add(overflow);
         for (mut b, via) in extra.drain(..) {
-            let v = self.egress(via, &mut b, now);
+            let v = match self.tunnel_of(via) {
+                None => self.egress(via, &mut b, now),
+                Some(t) => self.encap(t, &mut b, None, now, None),
+            };
             shard.totals.generated.add(1);
             batch.bufs.push(b);
             batch.verdicts.push(v);
@@ -484,7 +487,29 @@ impl Datapath {
         if p.flags & (OURS | GROUP_DST) == 0 {
             return Verdict::Drop(DropReason::NotForRouter);
         }
+        if !self.tunnels.is_empty() && p.flags & OURS != 0 {
+            return self.route_uplink(b, IfaceId(p.id), now, ctx, sink);
+        }
         self.route(b, &L3Hint::of(b), IfaceId(p.id), now, ctx.as_mut(), sink)
+    }
+
+    /// [`Datapath::decide`] for a frame to the MAC of an uplink that carries VXLAN: a
+    /// datagram to a tunnel's port is decapsulated and received on the tunnel.
+    #[inline(never)]
+    fn route_uplink(
+        &self,
+        b: &mut PacketBuf,
+        up: IfaceId,
+        now: Instant,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let in_if = match self.decap(b, up) {
+            None => up,
+            Some(Ok(t)) => t,
+            Some(Err(r)) => return Verdict::Drop(r),
+        };
+        self.route(b, &L3Hint::of(b), in_if, now, ctx.as_mut(), sink)
     }
 
     /// The verdict for a frame received on a port of bridge `pre.id`: learn its source, then
@@ -600,7 +625,11 @@ impl Datapath {
             now,
             sink,
         ) {
-            L3::Forward(out) => self.egress_memo(out, b, now, &mut ctx.egress),
+            L3::Forward(out) => match self.tunnel_of(out) {
+                None => self.egress_memo(out, b, now, &mut ctx.egress),
+                // VXLAN: encapsulated towards the peer, out of the uplink.
+                Some(t) => self.encap(t, b, Some(&ctx.l3.routes), now, Some(sink)),
+            },
             L3::Local => Verdict::Local,
             L3::Queued => Verdict::Queued,
             L3::Drop(reason) => Verdict::Drop(reason),
@@ -638,7 +667,7 @@ impl Datapath {
 
     /// The verdict for a frame the router sends out of interface `via` (its MACs are set):
     /// onto the interface's bridge, as if received on its virtual port, or out of its own port.
-    fn egress(&self, via: IfaceId, b: &mut PacketBuf, now: Instant) -> Verdict {
+    pub(super) fn egress(&self, via: IfaceId, b: &mut PacketBuf, now: Instant) -> Verdict {
         let Some(iface) = self.router.as_ref().and_then(|r| r.iface(via)) else {
             return Verdict::Drop(DropReason::NoRoute);
         };

@@ -5,7 +5,8 @@
 //!   ([`IfaceConfig`], added with [`crate::DatapathBuilder::add_router_iface`]);
 //! * [`RouteTable`]: routes as `ip route` holds them (connected, via, dev, blackhole,
 //!   unreachable, with metrics), published lock-free to readers;
-//! * [`neigh`]: the ARP cache with Linux's state machine; [`lpm`]: the FIB underneath.
+//! * [`neigh`]: the ARP cache with Linux's state machine; [`lpm`]: the FIB underneath;
+//! * [`vxlan`]: VXLAN interfaces (Flannel's `flannel.1`) and their peers.
 //!
 //! ```
 //! use std::net::Ipv4Addr;
@@ -40,9 +41,11 @@ pub mod lpm;
 pub mod neigh;
 pub(crate) mod route;
 pub(crate) mod router;
+pub mod vxlan;
 
 pub use crate::base::IfaceId;
 pub use route::{
     mask, NextHop, Route, RouteError, RouteProto, RouteReader, RouteTable, MAX_NEXT_HOPS,
 };
 pub use router::{IfaceConfig, Router, RouterCounters, RouterCountersSnapshot};
+pub use vxlan::{PeerError, PeerStats, Tunnel, VxlanConfig, VxlanPeer};

@@ -367,7 +367,18 @@ impl RouteTable {
         out: &mut impl fmt::Write,
         name: &dyn Fn(IfaceId) -> String,
     ) -> fmt::Result {
-        for r in self.routes() {
+        let all = self.routes();
+        // A gateway that none of its interface's connected routes holds is `onlink` (as
+        // Flannel's VXLAN routes: `via <peer's network address> dev flannel.1 onlink`); a
+        // table without connected routes says nothing about it.
+        let on_link = |i: IfaceId, gw: Ipv4Addr| {
+            let mut connected = all
+                .iter()
+                .filter(|c| c.proto == RouteProto::Kernel && c.next_hop == NextHop::Link(i))
+                .peekable();
+            connected.peek().is_none() || connected.any(|c| mask(gw, c.len) == c.prefix)
+        };
+        for r in all.iter().copied() {
             let dst = if r.len == 0 {
                 "default".to_string()
             } else if r.len == 32 {
@@ -378,7 +389,12 @@ impl RouteTable {
             match r.next_hop {
                 NextHop::Blackhole => write!(out, "blackhole {dst}")?,
                 NextHop::Unreachable => write!(out, "unreachable {dst}")?,
-                NextHop::Via(i, gw) => write!(out, "{dst} via {gw} dev {}", name(i))?,
+                NextHop::Via(i, gw) => {
+                    write!(out, "{dst} via {gw} dev {}", name(i))?;
+                    if !on_link(i, gw) {
+                        write!(out, " onlink")?;
+                    }
+                }
                 NextHop::Link(i) => write!(out, "{dst} dev {}", name(i))?,
             }
             match r.proto {

@@ -632,7 +632,7 @@ impl Router {
     /// Queues a packet until its next hop resolves; sends an ARP request when the table says so.
     #[cold]
     #[inline(never)]
-    fn resolve_later(
+    pub(crate) fn resolve_later(
         &self,
         out_if: IfaceId,
         nh: Ipv4Addr,

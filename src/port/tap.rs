@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 
 use super::Port;
 use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
-use crate::offload::{VirtioNetHdr, VNET_HDR_LEN};
+use crate::offload::{VirtioNetHdr, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4, VNET_HDR_LEN};
 use crate::stats::DropReason;
 
 /// Frame room for a TAP with offloads: a 64 KiB TCP super-frame plus link headers.
@@ -202,6 +202,16 @@ impl Port for TapPort {
     }
 
     fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
+        if self.vnet && buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0 {
+            // A VXLAN super-frame: the kernel is not asked for UDP-tunnel GSO, so it is
+            // segmented here and each segment goes with an empty virtio-net header.
+            let none = [0u8; VNET_HDR_LEN];
+            return crate::offload::send_completed(buf, &mut |f| {
+                crate::sys::writev2(self.file.as_raw_fd(), &none, f)
+                    .map(|_| ())
+                    .map_err(|e| tx_reason(&e))
+            });
+        }
         if self.vnet {
             let mut hdr = [0u8; VNET_HDR_LEN];
             buf.offload.emit(&mut hdr);

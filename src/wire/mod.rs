@@ -56,8 +56,9 @@
 //!   addresses, 32-bit length), so TCP/UDP checksums take it unchanged.
 //! * `icmpv6.rs` with NDP (`NdiscRepr`: neighbour solicitation/advertisement and their
 //!   options) beside [`icmp`]; the neighbour table takes it as it takes [`arp`].
-//! * `vxlan.rs`: an 8-byte `VxlanPacket` (flags, VNI) after [`udp`]; encapsulation writes
-//!   outer [`ethernet`] + [`ipv4`]/IPv6 + [`udp`] + VXLAN into a buffer's headroom.
+//! * [`vxlan`]: the 8-byte `VxlanPacket` (flags, VNI) after [`udp`], and the outer
+//!   [`ethernet`] + [`ipv4`] + [`udp`] + VXLAN headers encapsulation writes into a buffer's
+//!   headroom; an IPv6 underlay adds an outer IPv6 variant beside it.
 //! * [`tuple`](mod@tuple) grows an address family when conntrack does.
 
 pub mod arp;
@@ -72,6 +73,7 @@ pub mod tcp;
 pub mod tuple;
 pub mod udp;
 pub mod virtio;
+pub mod vxlan;
 
 use std::fmt;
 
@@ -136,6 +138,10 @@ mod tests {
             if let Ok(p) = arp::ArpPacket::new_checked(&b[..]) {
                 let _ = arp::ArpRepr::parse(&p);
             }
+            if let Ok(p) = vxlan::VxlanPacket::new_checked(&b[..]) {
+                let _ = (p.flags(), p.vni(), p.is_plain(), p.payload(), vxlan::VxlanRepr::parse(&p));
+            }
+            let _ = vxlan::flow_words(&b);
             let _ = virtio::VirtioNetHdr::parse(&b);
             let _ = tuple::Tuple::from_ipv4(&b, 20, b.len());
         }

@@ -37,6 +37,12 @@ pub const VIRTIO_NET_HDR_GSO_TCPV6: u8 = 4;
 pub const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
 /// `gso_type` flag bit: the TCP flow uses ECN (CWR goes on the first segment only).
 pub const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
+/// GSO type bit: the frame is a VXLAN-in-IPv4 super-frame (outer Ethernet + IPv4 + UDP +
+/// VXLAN in front of the inner frame the other GSO bits describe; `csum_start` and `hdr_len`
+/// count from the outer frame's start). Linux 6.17's `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`;
+/// tapyard sets it on frames it encapsulated and segments them itself before they leave
+/// (no port hands such a frame to the kernel).
+pub const VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4: u8 = 0x20;
 
 /// A view of a virtio-net header. [`VirtioNetHeader::new_checked`] checks the 10 bytes are
 /// there; after it no accessor panics.

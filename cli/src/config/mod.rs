@@ -235,6 +235,40 @@ pub struct MasqueradeCfg {
     pub out: String,
 }
 
+/// `[[vxlan]]`: a VXLAN interface and its peers.
+#[derive(Clone, Debug)]
+pub struct VxlanCfg {
+    /// The interface's name.
+    pub name: String,
+    /// The VNI.
+    pub vni: u32,
+    /// The UDP port.
+    pub port: u16,
+    /// The uplink it sends from and receives on.
+    pub uplink: String,
+    /// The VTEP's address.
+    pub address: Cidr,
+    /// The VTEP MAC; `None`: 0a:58 and the address's bytes.
+    pub mac: Option<MacAddr>,
+    /// The MTU; `None`: the uplink's minus 50.
+    pub mtu: Option<u16>,
+    /// UDP source ports.
+    pub src_ports: (u16, u16),
+    /// `[[vxlan.peer]]`s, in file order.
+    pub peers: Vec<Located<PeerCfg>>,
+}
+
+/// `[[vxlan.peer]]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerCfg {
+    /// The node's underlay address.
+    pub node_ip: Ipv4Addr,
+    /// Its VTEP MAC.
+    pub vtep_mac: MacAddr,
+    /// Its pod subnet.
+    pub pod_cidr: Cidr,
+}
+
 /// A whole configuration file.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -250,6 +284,8 @@ pub struct Config {
     pub neighbors: Vec<Located<NeighborCfg>>,
     /// `[[service]]`s.
     pub services: Vec<ServiceCfg>,
+    /// `[[vxlan]]`s.
+    pub vxlans: Vec<Located<VxlanCfg>>,
     /// `[masquerade]`.
     pub masquerade: Option<Located<MasqueradeCfg>>,
     /// `[conntrack]`, as the library's table configuration.
@@ -381,7 +417,7 @@ pub fn check_str(src: &str) -> Checked {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const EXAMPLE: &str = include_str!("../../../examples/node.toml");
@@ -393,6 +429,101 @@ mod tests {
             .filter(|d| !d.warning)
             .map(|d| d.render("f"))
             .collect()
+    }
+
+    /// The `[[vxlan]]` of the issue, as Flannel sets a node up.
+    pub(crate) const VXLAN: &str = r#"[node]
+name = "node-a"
+cluster_cidr = "10.244.0.0/16"
+
+[[bridge]]
+name = "cni0"
+address = "10.244.1.1/24"
+
+[[uplink]]
+name = "eth0"
+address = "172.18.0.2/24"
+
+[[vxlan]]
+name = "flannel.1"
+vni = 1
+port = 8472
+uplink = "eth0"
+address = "10.244.1.0/32"
+mac = "0a:58:0a:f4:01:00"
+
+[[vxlan.peer]]
+node_ip = "172.18.0.3"
+vtep_mac = "0a:58:0a:f4:02:00"
+pod_cidr = "10.244.2.0/24"
+
+[[service]]
+name = "web"
+cluster_ip = "10.96.0.10"
+port = 80
+endpoints = ["10.244.2.5:8080"]
+"#;
+
+    #[test]
+    fn vxlan_as_flannel_sets_it_up_is_valid() {
+        let ch = check_str(VXLAN);
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        let v = &c.vxlans[0];
+        assert_eq!(
+            (v.vni, v.port, v.uplink.as_str(), v.mtu),
+            (1, 8472, "eth0", None)
+        );
+        assert_eq!(v.address.to_string(), "10.244.1.0/32");
+        assert_eq!(v.src_ports, (32768, 60999));
+        assert_eq!(v.peers[0].pod_cidr.to_string(), "10.244.2.0/24");
+        assert_eq!(v.peers[0].lines.of("vtep_mac"), 23);
+        // Defaults: port 8472, MAC from the address.
+        let c = check_str(
+            &VXLAN
+                .replace("port = 8472\n", "")
+                .replace("mac = \"0a:58:0a:f4:01:00\"\n", ""),
+        );
+        assert!(c.config.is_some(), "{:?}", c.diags);
+    }
+
+    #[test]
+    fn vxlan_errors_name_the_field_and_value() {
+        let bad = VXLAN
+            .replace("vni = 1", "vni = 16777216")
+            .replace("uplink = \"eth0\"", "uplink = \"eth9\"")
+            .replace("node_ip = \"172.18.0.3\"", "node_ip = \"172.18.0.2\"")
+            + "\n[[vxlan.peer]]\nnode_ip = \"172.18.0.4\"\nvtep_mac = \"0a:58:0a:f4:02:00\"\npod_cidr = \"10.244.2.128/25\"\n";
+        let e = errors(&bad).join("\n");
+        for want in [
+            "f:15: vxlan \"flannel.1\": vni = 16777216 is out of range",
+            "f:17: vxlan \"flannel.1\": uplink = \"eth9\": no [[uplink]]",
+            "f:22: vxlan \"flannel.1\" peer 172.18.0.2: node_ip = \"172.18.0.2\" is this node's own uplink address",
+            "peer 172.18.0.4: vtep_mac = \"0a:58:0a:f4:02:00\" is already a peer's (line 23)",
+            "peer 172.18.0.4: pod_cidr = \"10.244.2.128/25\" overlaps another peer's 10.244.2.0/24 (line 24)",
+        ] {
+            assert!(e.contains(want), "{want}\nnot in\n{e}");
+        }
+        let e = errors(&VXLAN.replace("mac = \"0a:58:0a:f4:01:00\"", "mtu = 1451")).join("\n");
+        assert!(
+            e.contains("mtu = 1451 is above uplink \"eth0\"'s MTU 1500 minus 50"),
+            "{e}"
+        );
+        let e = errors(&VXLAN.replace(
+            "pod_cidr = \"10.244.2.0/24\"",
+            "pod_cidr = \"10.244.1.0/24\"",
+        ))
+        .join("\n");
+        assert!(e.contains("overlaps this node's cni0 subnet"), "{e}");
+        let e = errors(&VXLAN.replace("[[vxlan.peer]]", "[[vxlan.peer]]\nfoo = 1")).join("\n");
+        assert!(e.contains("unknown field `foo`"), "{e}");
+        // A Service endpoint behind a removed peer is a warning, not an error.
+        let gone = VXLAN.replace("[[vxlan.peer]]\nnode_ip = \"172.18.0.3\"\nvtep_mac = \"0a:58:0a:f4:02:00\"\npod_cidr = \"10.244.2.0/24\"\n", "");
+        let ch = check_str(&gone);
+        assert!(ch.config.is_some(), "{:?}", ch.diags);
+        assert!(ch.diags.iter().any(|d| d.warning
+            && d.msg
+                .contains("endpoint 10.244.2.5:8080 is in no peer's pod_cidr")));
     }
 
     #[test]

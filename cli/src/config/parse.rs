@@ -19,8 +19,8 @@ use super::values::{
     is_host, parse_iface_addr, parse_ifname, parse_ip, parse_mac, parse_port_range, parse_prefix,
 };
 use super::{
-    BridgeCfg, Cidr, Config, Diag, Lines, Located, MasqueradeCfg, NeighborCfg, NodeCfg, RouteCfg,
-    RouteType, ServiceCfg, UplinkCfg,
+    BridgeCfg, Cidr, Config, Diag, Lines, Located, MasqueradeCfg, NeighborCfg, NodeCfg, PeerCfg,
+    RouteCfg, RouteType, ServiceCfg, UplinkCfg, VxlanCfg,
 };
 
 /// Byte offsets to 1-based line numbers.
@@ -437,6 +437,7 @@ impl Parser<'_> {
         let services = self.items(doc, &schema::SERVICE, &mut broken, |p, s, t| {
             p.service(s, t, &local)
         });
+        let vxlans = self.items(doc, &schema::VXLAN, &mut broken, Self::vxlan);
         let masquerade = self.table(doc, "masquerade").and_then(|(t, span)| {
             let s = self.sec(t, span, "[masquerade]".into(), &schema::MASQUERADE);
             self.masquerade(s)
@@ -474,6 +475,7 @@ impl Parser<'_> {
             routes,
             neighbors,
             services,
+            vxlans,
             masquerade,
             conntrack,
             neigh,
@@ -642,6 +644,66 @@ impl Parser<'_> {
             dev,
             kind,
             metric,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    fn vxlan(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<VxlanCfg>> {
+        // `peer` is the [[vxlan.peer]] array, not a key of the schema: `sec` reported it as
+        // unknown; take that back.
+        let peer_err = format!("{}: unknown field `peer`", s.ctx);
+        let n = self.diags.len();
+        self.diags.retain(|d| !d.msg.starts_with(&peer_err));
+        if self.diags.len() != n {
+            let mut allowed = schema::VXLAN.names();
+            allowed.push("peer");
+            s.ok = t.keys().all(|k| allowed.contains(&k.get_ref().as_ref()));
+        }
+        let name = self.text(&mut s, "name", parse_ifname);
+        let vni = self.int_as::<u32>(&mut s, "vni");
+        let port = self.int_as::<u16>(&mut s, "port");
+        let uplink = self.text(&mut s, "uplink", parse_ifname);
+        let address = self.text(&mut s, "address", parse_iface_addr);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.given_int_as::<u16>(&mut s, "mtu");
+        let src_ports = self
+            .text(&mut s, "src_port_range", parse_port_range)
+            .unwrap_or_else(|| default_str(&s, "src_port_range", parse_port_range));
+        let name = name.or_else(|| raw_name(t))?;
+        let mut peers = Vec::new();
+        for (i, (pt, span)) in self.tables(t, "peer").into_iter().enumerate() {
+            let ctx = match pt.get("node_ip").and_then(|v| v.get_ref().as_str()) {
+                Some(ip) => format!("vxlan {name:?} peer {ip}"),
+                None => format!("vxlan {name:?} peer #{}", i + 1),
+            };
+            let mut ps = self.sec(pt, span, ctx, &schema::VXLAN_PEER);
+            let node_ip = self.text(&mut ps, "node_ip", parse_ip);
+            let vtep_mac = self.text(&mut ps, "vtep_mac", parse_mac);
+            let pod_cidr = self.text(&mut ps, "pod_cidr", parse_prefix);
+            if let (Some(node_ip), Some(vtep_mac), Some(pod_cidr)) = (node_ip, vtep_mac, pod_cidr) {
+                peers.push(Located {
+                    value: PeerCfg {
+                        node_ip,
+                        vtep_mac,
+                        pod_cidr,
+                    },
+                    lines: ps.lines,
+                });
+            }
+        }
+        let value = VxlanCfg {
+            name,
+            vni,
+            port,
+            uplink: uplink?,
+            address: address?,
+            mac,
+            mtu,
+            src_ports,
+            peers,
         };
         Some(Located {
             value,

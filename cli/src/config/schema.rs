@@ -420,6 +420,94 @@ pub const SERVICE: Section = Section {
     ],
 };
 
+/// `[[vxlan]]`.
+pub const VXLAN: Section = Section {
+    name: "vxlan",
+    array: true,
+    help: "a VXLAN interface, as Flannel's flannel.1",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("flannel.1"),
+            Dflt::Required("the interface's name, like \"flannel.1\""),
+            "the interface's name",
+        ),
+        key(
+            "vni",
+            int(0, (1 << 24) - 1),
+            Dflt::Int(1),
+            "the VXLAN network identifier",
+        ),
+        key(
+            "port",
+            int(1, 65535),
+            Dflt::Int(8472),
+            "the UDP port (Flannel's 8472; IANA's 4789)",
+        ),
+        key(
+            "uplink",
+            Ty::Str("eth0"),
+            Dflt::Required(
+                "the [[uplink]] encapsulated packets leave and arrive on, like \"eth0\"",
+            ),
+            "the uplink whose address is the outer source",
+        ),
+        key(
+            "address",
+            Ty::Str("10.244.1.0/32"),
+            Dflt::Required(
+                "the VTEP's address, like \"10.244.1.0/32\" (the pod subnet's network address)",
+            ),
+            "the interface's address",
+        ),
+        key(
+            "mac",
+            Ty::Str("0a:58:0a:f4:01:00"),
+            Dflt::Unset("0a:58 and the four bytes of address"),
+            "the VTEP MAC",
+        ),
+        key(
+            "mtu",
+            int(68, 65000),
+            Dflt::Unset("the uplink's MTU minus 50"),
+            "the interface's MTU",
+        ),
+        key(
+            "src_port_range",
+            Ty::Str("32768-60999"),
+            Dflt::Str("32768-60999"),
+            "UDP source ports, picked by a hash of the inner flow",
+        ),
+    ],
+};
+
+/// `[[vxlan.peer]]`: a remote node, under the `[[vxlan]]` before it.
+pub const VXLAN_PEER: Section = Section {
+    name: "vxlan.peer",
+    array: true,
+    help: "a remote node of the [[vxlan]] above",
+    keys: &[
+        key(
+            "node_ip",
+            Ty::Str("172.18.0.3"),
+            Dflt::Required("the node's underlay address, like \"172.18.0.3\""),
+            "the outer destination",
+        ),
+        key(
+            "vtep_mac",
+            Ty::Str("0a:58:0a:f4:02:00"),
+            Dflt::Required("the node's VTEP MAC, like \"0a:58:0a:f4:02:00\""),
+            "the inner destination MAC",
+        ),
+        key(
+            "pod_cidr",
+            Ty::Str("10.244.2.0/24"),
+            Dflt::Required("the node's pod subnet, like \"10.244.2.0/24\""),
+            "routed via its first address dev <vxlan> onlink",
+        ),
+    ],
+};
+
 /// `[masquerade]`.
 pub const MASQUERADE: Section = Section {
     name: "masquerade",
@@ -539,6 +627,8 @@ pub const SECTIONS: &[&Section] = &[
     &ROUTE,
     &NEIGHBOR,
     &SERVICE,
+    &VXLAN,
+    &VXLAN_PEER,
     &MASQUERADE,
     &NEIGH,
     &CONNTRACK,

@@ -14,5 +14,14 @@ pub fn summary(c: &Config) -> String {
         plural(c.neighbors.len(), "static neighbour"),
         plural(c.services.len(), "service"),
     ];
-    format!("node {:?}: {}", c.node.name, parts.join(", "))
+    let mut s = format!("node {:?}: {}", c.node.name, parts.join(", "));
+    if !c.vxlans.is_empty() {
+        let peers: usize = c.vxlans.iter().map(|v| v.peers.len()).sum();
+        s += &format!(
+            ", {} ({})",
+            plural(c.vxlans.len(), "vxlan interface"),
+            plural(peers, "peer")
+        );
+    }
+    s
 }

@@ -240,12 +240,130 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             );
         }
     }
+    // VXLAN interfaces and their peers.
+    let mut pod_cidrs: Vec<(Cidr, usize)> = Vec::new();
+    let mut node_ips: HashMap<Ipv4Addr, usize> = HashMap::new();
+    let mut vteps: HashMap<tapyard::MacAddr, usize> = HashMap::new();
+    for v in &c.vxlans {
+        let ctx = format!("vxlan {:?}", v.name);
+        claim(
+            &mut names,
+            &v.name,
+            v.lines.of("name"),
+            ctx.clone(),
+            &mut err,
+        );
+        let up = c.uplinks.iter().find(|u| u.name == v.uplink);
+        match up {
+            None if broken.contains(&v.uplink) => {}
+            None => err(
+                v.lines.of("uplink"),
+                format!("{ctx}: uplink = {:?}: no [[uplink]] is named so (encapsulated packets leave and arrive on an uplink)", v.uplink),
+            ),
+            Some(u) => {
+                if let Some(m) = v.mtu.filter(|&m| usize::from(m) + 50 > usize::from(u.mtu)) {
+                    err(v.lines.of("mtu"), format!("{ctx}: mtu = {m} is above uplink {:?}'s MTU {} minus 50 (the VXLAN overhead)", u.name, u.mtu));
+                }
+            }
+        }
+        // Flannel's VTEP address is the pod subnet's network address as a /32: inside the
+        // bridge's subnet but not one of its hosts, so not an overlap.
+        for (n, a, l) in &conn {
+            let clash = if v.address.len == 32 {
+                a.addr == v.address.addr
+            } else {
+                a.overlaps(&v.address)
+            };
+            if clash {
+                err(
+                    v.lines.of("address"),
+                    format!(
+                        "{ctx}: address = \"{}\" overlaps {n}'s address {a} (line {l})",
+                        v.address
+                    ),
+                );
+            }
+        }
+        let own_mac = v
+            .mac
+            .unwrap_or_else(|| tapyard::l3::vxlan::default_mac(v.address.addr));
+        for p in &v.peers {
+            let pctx = format!("{ctx} peer {}", p.node_ip);
+            if conn.iter().any(|(_, a, _)| a.addr == p.node_ip) || !is_host(p.node_ip) {
+                err(p.lines.of("node_ip"), format!("{pctx}: node_ip = \"{}\" is this node's own uplink address or not a unicast address", p.node_ip));
+            }
+            if let Some(first) = node_ips.insert(p.node_ip, p.lines.of("node_ip")) {
+                err(
+                    p.lines.of("node_ip"),
+                    format!(
+                        "{pctx}: node_ip = \"{}\" is already a peer (line {first})",
+                        p.node_ip
+                    ),
+                );
+            }
+            if p.vtep_mac == own_mac {
+                err(
+                    p.lines.of("vtep_mac"),
+                    format!(
+                        "{pctx}: vtep_mac = \"{}\" is this VTEP's own MAC",
+                        p.vtep_mac
+                    ),
+                );
+            }
+            if let Some(first) = vteps.insert(p.vtep_mac, p.lines.of("vtep_mac")) {
+                err(
+                    p.lines.of("vtep_mac"),
+                    format!(
+                        "{pctx}: vtep_mac = \"{}\" is already a peer's (line {first})",
+                        p.vtep_mac
+                    ),
+                );
+            }
+            let pc = p.pod_cidr;
+            if pc.addr != pc.network() {
+                err(
+                    p.lines.of("pod_cidr"),
+                    format!(
+                        "{pctx}: pod_cidr = \"{pc}\" is not a network address (expected \"{}/{}\")",
+                        pc.network(),
+                        pc.len
+                    ),
+                );
+            }
+            if let Some((o, l)) = pod_cidrs.iter().find(|(o, _)| o.overlaps(&pc)) {
+                err(
+                    p.lines.of("pod_cidr"),
+                    format!("{pctx}: pod_cidr = \"{pc}\" overlaps another peer's {o} (line {l})"),
+                );
+            }
+            if let Some((n, a, _)) = conn.iter().find(|(_, a, _)| a.overlaps(&pc)) {
+                err(
+                    p.lines.of("pod_cidr"),
+                    format!(
+                        "{pctx}: pod_cidr = \"{pc}\" overlaps this node's {n} subnet {}/{}",
+                        a.network(),
+                        a.len
+                    ),
+                );
+            } else if pc.contains(v.address.addr) {
+                err(
+                    p.lines.of("pod_cidr"),
+                    format!(
+                        "{pctx}: pod_cidr = \"{pc}\" holds this VTEP's own address {}",
+                        v.address.addr
+                    ),
+                );
+            }
+            pod_cidrs.push((pc, p.lines.of("pod_cidr")));
+        }
+    }
     // Services.
     let routed = |ip: Ipv4Addr| -> bool {
         conn.iter().any(|(_, a, _)| a.contains(ip))
             || c.routes
                 .iter()
                 .any(|r| r.kind == RouteType::Unicast && r.to.contains(ip))
+            || pod_cidrs.iter().any(|(p, _)| p.contains(ip))
     };
     let mut svc_names: HashMap<&str, usize> = HashMap::new();
     let mut frontends: HashMap<(Ipv4Addr, u16, u8), (String, usize)> = HashMap::new();
@@ -314,7 +432,14 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             if !seen.insert(*e) {
                 err(line, format!("{ctx}: endpoint {e} is listed twice"));
             }
-            if !routed(*e.ip()) {
+            if !routed(*e.ip()) && !c.vxlans.is_empty() && c.node.cluster_cidr.contains(*e.ip()) {
+                // A node that left (its peer removed) while the Service still lists its pods.
+                warnings.push(Diag {
+                    line,
+                    warning: true,
+                    msg: format!("{ctx}: endpoint {e} is in no peer's pod_cidr (a removed node?): connections sent to it will get no route"),
+                });
+            } else if !routed(*e.ip()) {
                 err(line, format!("{ctx}: endpoint {e} is outside every connected subnet and route (no way to reach it)"));
             } else if conn.iter().any(|(_, a, _)| a.addr == *e.ip()) {
                 err(

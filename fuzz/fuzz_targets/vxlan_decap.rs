@@ -1,0 +1,168 @@
+//! A node with a VXLAN interface (as Flannel's `flannel.1`, one peer) fed datagrams whose
+//! outer and inner headers are garbage in every way the input can choose: raw frames on the
+//! uplink, VXLAN datagrams built with arbitrary source, UDP length and checksum, VXLAN flags
+//! and VNI and inner frame, arbitrary offload metadata; and pod frames to be encapsulated.
+//! Never panics; every frame received is forwarded, answered, queued or counted as a drop;
+//! nothing is sent to the VXLAN interface's own port; every IPv4 frame leaving through the
+//! uplink has a valid header checksum; the port-side completion of what leaves (checksums,
+//! segmentation with the outer headers replicated) never panics either.
+//!
+//! Input: records `[kind: u8][vnet: 10 bytes][len_hi: u8][len_lo: u8][bytes]`.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use std::net::Ipv4Addr;
+use tapyard::l3::vxlan::default_mac;
+use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
+use tapyard::offload::VirtioNetHdr;
+use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
+
+const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
+const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
+const POD: PortId = PortId(0);
+const ETH0: PortId = PortId(2);
+const VX_PORT: PortId = PortId(3);
+
+fn checksum_ok(hdr: &[u8]) -> bool {
+    let mut s: u32 = 0;
+    for c in hdr.chunks(2) {
+        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s == 0xffff
+}
+
+/// A VXLAN datagram to the uplink whose every field the input picks.
+fn datagram(r: &[u8]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let vtep = default_mac(Ipv4Addr::new(10, 244, 1, 0));
+    // The inner frame: to this VTEP or not, IPv4 built or raw.
+    let body = r.get(16..).unwrap_or(&[]);
+    let mut inner = Vec::new();
+    let dst = if g(0) & 1 == 0 { vtep.0 } else { [g(1), 2, 3, 4, 5, 6] };
+    let src = [0x0a, 0x58, 10, 244, 2, 0];
+    if g(0) & 2 == 0 {
+        let b = etherparse::PacketBuilder::ethernet2(src, dst)
+            .ipv4([10, 244, 2, g(2)], [10, 244, 1, g(3)], g(4) % 4 + 1);
+        let _ = b.udp(1, 2).write(&mut inner, body);
+    } else {
+        inner.extend_from_slice(&dst);
+        inner.extend_from_slice(body);
+    }
+    let vx: [u8; 8] = if g(5) & 3 != 0 {
+        [0x08, 0, 0, 0, 0, 0, 1, 0]
+    } else {
+        [g(6), g(7), g(8), g(9), g(10), g(11), g(12), g(13)]
+    };
+    let mut payload = vx.to_vec();
+    payload.extend_from_slice(&inner);
+    let from = if g(14) & 1 == 0 { [172, 18, 0, 3] } else { [172, 18, 0, g(15)] };
+    let dport = if g(14) & 2 == 0 { 8472 } else { 4789 };
+    let mut f = Vec::new();
+    let _ = etherparse::PacketBuilder::ethernet2([2, 0xaa, 0, 0, 0, 3], UP.0)
+        .ipv4(from, [172, 18, 0, 2], 64)
+        .udp(40000, dport)
+        .write(&mut f, &payload);
+    // Lie in the UDP length or checksum.
+    if f.len() >= 42 {
+        match g(14) >> 2 & 3 {
+            1 => f[38..40].copy_from_slice(&[g(6), g(7)]),
+            2 => f[40..42].copy_from_slice(&[g(8), g(9)]),
+            3 => f[40..42].fill(0),
+            _ => {}
+        }
+    }
+    f
+}
+
+/// A pod's packet to the peer's pods (encapsulated) or elsewhere.
+fn pod_packet(r: &[u8]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let mut f = Vec::new();
+    let len = usize::from(g(1)) * 8;
+    let _ = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 2], GW.0)
+        .ipv4([10, 244, 1, 2], [10, 244, g(2) % 3 + 1, g(3)], g(4) % 3 + 1)
+        .tcp(40000, 80, 1, 1000)
+        .write(&mut f, &vec![g(5); len]);
+    f
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut b = Datapath::builder();
+    let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    b.add_port("pod0", Some(br)).unwrap();
+    b.add_router_iface(IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24), Some(br))
+        .unwrap();
+    let (eth0, _) = b
+        .add_router_iface(IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24), None)
+        .unwrap();
+    b.add_vxlan(VxlanConfig::new("flannel.1", 1, 8472, "eth0", Ipv4Addr::new(10, 244, 1, 0)))
+        .unwrap();
+    let dp = b.build();
+    let now = Instant::from_secs(1);
+    dp.add_vxlan_peer(
+        "flannel.1",
+        VxlanPeer {
+            node_ip: Ipv4Addr::new(172, 18, 0, 3),
+            vtep_mac: default_mac(Ipv4Addr::new(10, 244, 2, 0)),
+            pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
+            pod_prefix_len: 24,
+        },
+        now,
+    )
+    .unwrap();
+    dp.add_static_neigh(eth0, Ipv4Addr::new(172, 18, 0, 3), MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
+        .unwrap();
+    let mut w = dp.worker();
+    let mut batch = Batch::new();
+    let mut rest = data;
+    let mut received = 0u64;
+    let mut scratch = vec![0u8; 70_000];
+    while rest.len() >= 13 {
+        let kind = rest[0];
+        let vnet = VirtioNetHdr::parse(&rest[1..11]).unwrap_or_default();
+        let len = usize::from(u16::from_be_bytes([rest[11], rest[12]]) % 4096);
+        rest = &rest[13..];
+        let len = len.min(rest.len());
+        let raw = &rest[..len];
+        rest = &rest[len..];
+        let (port, frame) = match kind % 3 {
+            0 => (ETH0, raw.to_vec()),
+            1 => (ETH0, datagram(raw)),
+            _ => (POD, pod_packet(raw)),
+        };
+        let mut pb = PacketBuf::new(frame.len().max(64) + 256);
+        pb.room_mut()[..frame.len()].copy_from_slice(&frame);
+        pb.set_len(frame.len());
+        pb.port = port;
+        if kind & 0x80 != 0 {
+            pb.offload = vnet;
+        }
+        let _ = batch.push(pb);
+        received += 1;
+        if batch.is_full() || rest.len() < 13 {
+            dp.process(&mut w, now, &mut batch);
+            for (buf, v) in batch.bufs().iter().zip(batch.verdicts()) {
+                if let Verdict::Output(p) = v {
+                    assert_ne!(*p, VX_PORT, "sent to the VXLAN interface's own port");
+                    let f = buf.frame();
+                    if *p == ETH0 && f.len() >= 34 && f[12..14] == [8, 0] {
+                        let hl = usize::from(f[14] & 15) * 4;
+                        assert!(checksum_ok(&f[14..14 + hl]), "bad outer header checksum");
+                    }
+                }
+                if !buf.offload.is_none() {
+                    let _ = tapyard::offload::segment(buf.frame(), &buf.offload, &mut scratch, &mut |_| {});
+                }
+            }
+            dp.dispatch(&mut w, &batch, |p, _| {
+                assert_ne!(p, VX_PORT);
+                Ok(())
+            });
+            batch.recycle(&mut w.pool);
+        }
+    }
+    let s = dp.stats();
+    assert_eq!(s.accounted(), received, "{s}");
+});

@@ -1,0 +1,329 @@
+//! Where VXLAN plugs into the pipeline: decapsulation of frames arriving on an uplink (before
+//! the router sees them), encapsulation of packets the router forwards into a VXLAN
+//! interface (after its routing decision, MTU check and TTL decrement), and the control calls
+//! that add and remove peers with the route and neighbour each implies.
+//!
+//! ```text
+//!  uplink port ──► classify (ROUTED, OURS) ──► decap? ── UDP to local:port ──► checks ──►
+//!      inner frame, received on the VXLAN interface ──► Router::input ──► ... (cni0)
+//!  pod ──► Router::input ──► route via <peer gw> dev flannel.1 ──► Forward(flannel.1) ──►
+//!      encap: peer by inner dst MAC, outer route + ARP on the uplink ──► Output(uplink)
+//! ```
+//!
+//! Nothing here allocates per packet or takes a lock: the peer set is read through one
+//! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
+//! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
+
+use std::net::Ipv4Addr;
+
+use super::Datapath;
+use crate::base::{IfaceId, Verdict};
+use crate::buf::{Offload, PacketBuf};
+use crate::l3::route::{NextHop, Route, RouteProto, RouteReader};
+use crate::l3::router::{Sink, L3};
+use crate::l3::vxlan::{PeerError, Tunnel, VxlanPeer};
+use crate::narrow::{len16, low16};
+use crate::stats::DropReason;
+use crate::time::Instant;
+use crate::wire::ethernet::{ethertype, EthernetFrame, HEADER_LEN as ETH_LEN};
+use crate::wire::ipv4::{self, FRAG_OFFSET, MF};
+use crate::wire::mac::MacAddr;
+use crate::wire::udp::UdpPacket;
+use crate::wire::virtio::{
+    VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
+    VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+};
+use crate::wire::vxlan::{self, DecapError, Outer, OVERHEAD};
+
+impl Datapath {
+    /// The VXLAN interface that is router interface `i`, if any.
+    #[inline(always)]
+    pub(super) fn tunnel_of(&self, i: IfaceId) -> Option<&Tunnel> {
+        if self.tunnels.is_empty() {
+            return None;
+        }
+        self.find_tunnel(i)
+    }
+
+    /// [`Datapath::tunnel_of`]'s search, out of line (one compare inline when no tunnel).
+    #[inline(never)]
+    fn find_tunnel(&self, i: IfaceId) -> Option<&Tunnel> {
+        self.tunnels.iter().find(|t| t.iface == i)
+    }
+
+    /// Decapsulates a frame received on uplink interface `up` when it is VXLAN for one of
+    /// the uplink's tunnels: `None` when it is not (routed as usual), the tunnel interface it
+    /// is now received on (the frame is the inner one), or the drop reason.
+    #[inline(never)]
+    pub(super) fn decap(
+        &self,
+        b: &mut PacketBuf,
+        up: IfaceId,
+    ) -> Option<Result<IfaceId, DropReason>> {
+        if !self.tunnels.iter().any(|t| t.uplink == up) {
+            return None;
+        }
+        let f = b.frame();
+        let e = EthernetFrame::new_checked(f).ok()?;
+        if e.ethertype() != ethertype::IPV4 {
+            return None;
+        }
+        let info = ipv4::check_header(e.payload()).ok()?;
+        if info.proto != ipv4::PROTO_UDP || info.frag & (MF | FRAG_OFFSET) != 0 {
+            return None;
+        }
+        let dport = UdpPacket::new_checked(e.payload().get(info.hdr_len..)?)
+            .ok()?
+            .dst_port();
+        let t = self
+            .tunnels
+            .iter()
+            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == info.dst)?;
+        // VXLAN from here on: whatever is wrong is counted under its own reason.
+        let set = t.peers();
+        let Some(peer) = set.by_ip(info.src) else {
+            return Some(Err(DropReason::VxlanUnknownPeer));
+        };
+        if b.offload.is_gso() {
+            return Some(Err(DropReason::BadOffload));
+        }
+        // A partial checksum (from a sender on this host) or one the device checked is
+        // trusted, as Linux trusts CHECKSUM_PARTIAL / CHECKSUM_UNNECESSARY.
+        let verify = !b.offload.needs_csum() && b.offload.flags & VIRTIO_NET_HDR_F_DATA_VALID == 0;
+        let o = match vxlan::parse_udp(f, ETH_LEN, &info, t.cfg.vni, verify) {
+            Ok(o) => o,
+            Err(e) => {
+                return Some(Err(match e {
+                    DecapError::Short => DropReason::VxlanShort,
+                    DecapError::BadFlags => DropReason::VxlanBadFlags,
+                    DecapError::BadVni => DropReason::VxlanBadVni,
+                    DecapError::BadChecksum => DropReason::VxlanBadChecksum,
+                }))
+            }
+        };
+        let end = ETH_LEN + info.total_len;
+        let inner_dst = f.get(o.inner..o.inner + 6).map(MacAddr::from_slice);
+        if inner_dst != Some(t.cfg.mac) {
+            return Some(Err(DropReason::VxlanUnknownMac));
+        }
+        peer.count_rx(end - o.inner);
+        if b.offload.needs_csum() {
+            match usize::from(b.offload.csum_start).checked_sub(o.inner) {
+                // The inner L4 checksum is the partial one: keep it, from the inner frame.
+                Some(s) => b.offload.csum_start = len16(s),
+                // The outer UDP checksum was the partial one: the inner is complete.
+                None => b.offload = Offload::NONE,
+            }
+        }
+        b.set_len(end);
+        b.pull_front(o.inner);
+        Some(Ok(t.iface))
+    }
+
+    /// Encapsulates a packet the router forwarded into tunnel `t` (its inner MACs are this
+    /// VTEP's and the peer's) and sends it towards the peer's node on the underlay: the outer
+    /// route and neighbour are looked up as for any packet. `routes` is the batch's table
+    /// version (the current one when `None`); without a `sink`, a packet whose outer next hop
+    /// is not resolved is dropped (`neigh_failed`) instead of queued. Out of line, so that
+    /// the routed path without tunnels keeps its shape.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn encap(
+        &self,
+        t: &Tunnel,
+        b: &mut PacketBuf,
+        routes: Option<&RouteReader<'_>>,
+        now: Instant,
+        sink: Option<&mut dyn Sink>,
+    ) -> Verdict {
+        let Some(r) = &self.router else {
+            return Verdict::Drop(DropReason::NoRoute);
+        };
+        let Some(dst) = b.frame().get(..6).map(MacAddr::from_slice) else {
+            return Verdict::Drop(DropReason::Truncated);
+        };
+        let set = t.peers();
+        let Some(peer) = set.by_mac(dst) else {
+            return Verdict::Drop(DropReason::VxlanNoPeer);
+        };
+        let node = peer.peer.node_ip;
+        let nh = match routes {
+            Some(rr) => rr.lookup(node),
+            None => r.routes.lookup(node),
+        };
+        let (out_if, gw) = match nh {
+            Some(NextHop::Link(i)) => (i, node),
+            Some(NextHop::Via(i, gw)) => (i, gw),
+            _ => return Verdict::Drop(DropReason::NoRoute),
+        };
+        let Some(egress) = r.iface(out_if).filter(|_| self.tunnel_of(out_if).is_none()) else {
+            return Verdict::Drop(DropReason::NoRoute);
+        };
+        let inner_len = b.len();
+        let outer = Outer {
+            src_mac: egress.cfg.mac,
+            dst_mac: r.neigh.lookup(out_if, gw, now).unwrap_or(MacAddr::ZERO),
+            src_ip: t.local,
+            dst_ip: node,
+            ident: low16(peer.count_tx(inner_len)),
+            ttl: t.cfg.ttl,
+            tos: 0,
+            src_port: t.src_port(b.frame()),
+            dst_port: t.cfg.port,
+            vni: t.cfg.vni,
+        };
+        let resolved = outer.dst_mac != MacAddr::ZERO;
+        let off = b.offload;
+        let Some(front) = b.push_front(OVERHEAD) else {
+            return Verdict::Drop(DropReason::Oversize);
+        };
+        let Ok(hdr) = <&mut [u8; OVERHEAD]>::try_from(front) else {
+            return Verdict::Drop(DropReason::Oversize);
+        };
+        outer.emit(hdr, inner_len);
+        let shift = len16(OVERHEAD);
+        if off.is_gso() {
+            // Segmented (and the outer headers replicated) by the port that sends it.
+            if off.gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4 {
+                return Verdict::Drop(DropReason::BadOffload);
+            }
+            b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
+            b.offload.csum_start = off.csum_start.saturating_add(shift);
+            b.offload.hdr_len = off.hdr_len.saturating_add(shift);
+        } else if off.needs_csum() {
+            // The inner checksum stays partial; the outer one follows from it (LCO).
+            let start = usize::from(off.csum_start) + OVERHEAD;
+            let field = start + usize::from(off.csum_offset);
+            let frame = b.frame_mut();
+            let partial = match frame.get(field..field + 2) {
+                Some(p) => [p[0], p[1]],
+                None => return Verdict::Drop(DropReason::BadOffload),
+            };
+            if vxlan::fill_csum_lco(frame, start, partial).is_none() {
+                return Verdict::Drop(DropReason::BadOffload);
+            }
+            b.offload.csum_start = off.csum_start.saturating_add(shift);
+        } else {
+            // Left partial: the port (or the kernel behind an offload TAP) completes it.
+            let Some((start, offset)) = Outer::partial_csum(b.frame_mut()) else {
+                return Verdict::Drop(DropReason::Truncated);
+            };
+            b.offload = Offload {
+                flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+                csum_start: start,
+                csum_offset: offset,
+                ..Offload::NONE
+            };
+        }
+        if resolved {
+            return self.egress(out_if, b, now);
+        }
+        let Some(sink) = sink else {
+            return Verdict::Drop(DropReason::NeighFailed);
+        };
+        // The neighbour queue holds plain frames: finish the offload work first.
+        let mut last = L3::Queued;
+        let res = crate::offload::send_completed(b, &mut |f| {
+            last = r.resolve_later(out_if, gw, f, now, &mut *sink);
+            Ok(())
+        });
+        match (res, last) {
+            (Err(reason), _) | (Ok(()), L3::Drop(reason)) => Verdict::Drop(reason),
+            (Ok(()), L3::Queued) => Verdict::Queued,
+            (Ok(()), _) => Verdict::Local,
+        }
+    }
+
+    /// The VXLAN interfaces.
+    pub fn tunnels(&self) -> &[crate::l3::vxlan::Tunnel] {
+        &self.tunnels
+    }
+
+    /// The VXLAN interface called `name`.
+    pub fn tunnel_by_name(&self, name: &str) -> Option<&crate::l3::vxlan::Tunnel> {
+        self.tunnels.iter().find(|t| t.cfg.name == name)
+    }
+
+    /// Adds a peer to VXLAN interface `tunnel`, with what Flannel programs for a node: the
+    /// route `<pod_cidr> via <gateway> dev <tunnel> onlink`, the permanent neighbour
+    /// `<gateway> lladdr <vtep_mac>` and the FDB entry `<vtep_mac> dst <node_ip>`. Traffic
+    /// to and from the peer flows from the next batch on.
+    pub fn add_vxlan_peer(
+        &self,
+        tunnel: &str,
+        peer: VxlanPeer,
+        now: Instant,
+    ) -> Result<(), PeerError> {
+        let (Some(t), Some(r)) = (self.tunnel_by_name(tunnel), &self.router) else {
+            return Err(PeerError::NoSuchTunnel(tunnel.to_string()));
+        };
+        let _w = t.lock();
+        t.check_peer(&peer)?;
+        if crate::l3::route::mask(t.cfg.addr, peer.pod_prefix_len) == peer.pod_cidr {
+            return Err(PeerError::Overlap {
+                pod_cidr: (peer.pod_cidr, peer.pod_prefix_len),
+                other: (t.cfg.addr, t.cfg.prefix_len),
+            });
+        }
+        let gw = peer.gateway();
+        r.neigh
+            .add_static(t.iface, gw, peer.vtep_mac, now)
+            .map_err(|e| PeerError::Table(e.to_string()))?;
+        let route = Route {
+            prefix: peer.pod_cidr,
+            len: peer.pod_prefix_len,
+            next_hop: NextHop::Via(t.iface, gw),
+            metric: 0,
+            proto: RouteProto::Static,
+            src: None,
+        };
+        if let Err(e) = r.routes.add(route) {
+            r.neigh.remove(t.iface, gw);
+            return Err(PeerError::Table(e.to_string()));
+        }
+        t.publish_add(peer);
+        Ok(())
+    }
+
+    /// Removes the peer at `node_ip` from VXLAN interface `tunnel`, with its route and
+    /// neighbour: from the next batch on, nothing is sent to it or accepted from it.
+    pub fn remove_vxlan_peer(
+        &self,
+        tunnel: &str,
+        node_ip: Ipv4Addr,
+    ) -> Result<VxlanPeer, PeerError> {
+        let (Some(t), Some(r)) = (self.tunnel_by_name(tunnel), &self.router) else {
+            return Err(PeerError::NoSuchTunnel(tunnel.to_string()));
+        };
+        let _w = t.lock();
+        let peer = t
+            .publish_remove(node_ip)
+            .ok_or(PeerError::NotFound(node_ip))?;
+        let gw = peer.gateway();
+        let ours = r.routes.routes().into_iter().find(|x| {
+            x.prefix == peer.pod_cidr
+                && x.len == peer.pod_prefix_len
+                && x.next_hop == NextHop::Via(t.iface, gw)
+        });
+        if let Some(x) = ours {
+            let _ = r.routes.remove(x.prefix, x.len, Some(x.metric));
+        }
+        r.neigh.remove(t.iface, gw);
+        Ok(peer)
+    }
+
+    /// Writes the FDB entries the VXLAN peers imply, as `bridge fdb show dev flannel.1`
+    /// prints Flannel's: `<vtep_mac> dev <tunnel> dst <node_ip> self permanent`.
+    pub fn fmt_vxlan_fdb(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
+        for t in &self.tunnels {
+            for p in t.peers().iter() {
+                writeln!(
+                    out,
+                    "{} dev {} dst {} self permanent",
+                    p.peer.vtep_mac, t.cfg.name, p.peer.node_ip
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

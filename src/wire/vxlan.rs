@@ -1,0 +1,555 @@
+//! VXLAN (RFC 7348): the 8-byte header ([`VxlanPacket`], [`VxlanRepr`]) and the outer
+//! headers of an encapsulated frame over IPv4 ([`Outer`]: Ethernet + IPv4 + UDP + VXLAN,
+//! [`OVERHEAD`] bytes written into a buffer's headroom).
+//!
+//! The outer UDP checksum is filled the way Linux's vxlan device does on 6.x: computed (not
+//! zero). Three ways are offered, cheapest first: [`Outer::partial_csum`] leaves it for the
+//! port to finish (virtio `NEEDS_CSUM` on the outer UDP header), [`fill_csum_lco`] derives
+//! it from the inner L4 checksum's pseudo-header (Linux's local checksum offload: the inner
+//! segment is checksummed, or will be by whoever completes its partial checksum, so its bytes
+//! sum to the complement of its pseudo-header), and [`fill_csum`] sums every byte.
+//!
+//! ```
+//! use tapyard::wire::vxlan::{VxlanPacket, VxlanRepr};
+//! let b = [0x08, 0, 0, 0, 0, 0, 1, 0];
+//! let p = VxlanPacket::new_checked(&b[..]).unwrap();
+//! assert_eq!(VxlanRepr::parse(&p), Ok(VxlanRepr { vni: 1 }));
+//! ```
+
+use std::net::Ipv4Addr;
+
+use crate::narrow::len16;
+use crate::wire::checksum::{self, PseudoHeader};
+use crate::wire::ethernet::{self, ethertype, EthernetFrame};
+use crate::wire::ipv4::{self, Ipv4Packet, PROTO_UDP};
+use crate::wire::mac::MacAddr;
+use crate::wire::udp::{self, UdpPacket};
+use crate::wire::Error;
+
+mod field {
+    use std::ops::Range;
+    pub const FLAGS: usize = 0;
+    pub const RESERVED1: Range<usize> = 1..4;
+    pub const VNI: Range<usize> = 4..7;
+    pub const RESERVED2: usize = 7;
+    pub const PAYLOAD: usize = 8;
+}
+
+/// Length of the VXLAN header.
+pub const HEADER_LEN: usize = field::PAYLOAD;
+
+/// The I flag: the VNI is valid (the only flag RFC 7348 defines).
+pub const FLAG_I: u8 = 0x08;
+
+/// The largest VNI (24 bits).
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// IANA's VXLAN port.
+pub const IANA_PORT: u16 = 4789;
+
+/// Where the outer IPv4 header starts in an encapsulated frame.
+pub const OUTER_L3: usize = ethernet::HEADER_LEN;
+/// Where the outer UDP header starts.
+pub const OUTER_L4: usize = OUTER_L3 + ipv4::HEADER_LEN;
+/// Where the VXLAN header starts.
+pub const OUTER_VXLAN: usize = OUTER_L4 + udp::HEADER_LEN;
+
+/// Bytes in front of the inner frame: outer Ethernet (14), IPv4 (20), UDP (8), VXLAN (8). The
+/// VXLAN interface's MTU is its uplink's minus this.
+pub const OVERHEAD: usize = OUTER_VXLAN + HEADER_LEN;
+
+/// A view of a VXLAN header. [`VxlanPacket::new_checked`] checks that the 8 bytes are there;
+/// after it no accessor panics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VxlanPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> VxlanPacket<T> {
+    /// Wraps a buffer without checking it: accessors panic if it is shorter than 8 bytes.
+    #[inline]
+    pub const fn new_unchecked(buffer: T) -> Self {
+        VxlanPacket { buffer }
+    }
+
+    /// Wraps a buffer of at least 8 bytes.
+    #[inline]
+    pub fn new_checked(buffer: T) -> Result<Self, Error> {
+        if buffer.as_ref().len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok(VxlanPacket { buffer })
+    }
+
+    #[inline(always)]
+    fn header(&self) -> &[u8; HEADER_LEN] {
+        self.buffer
+            .as_ref()
+            .first_chunk()
+            .expect("VXLAN header checked by new_checked")
+    }
+
+    /// The flags byte.
+    #[inline]
+    pub fn flags(&self) -> u8 {
+        self.header()[field::FLAGS]
+    }
+
+    /// The VXLAN network identifier.
+    #[inline]
+    pub fn vni(&self) -> u32 {
+        let h = self.header();
+        u32::from_be_bytes([
+            0,
+            h[field::VNI.start],
+            h[field::VNI.start + 1],
+            h[field::VNI.start + 2],
+        ])
+    }
+
+    /// True when the flags are exactly I and both reserved fields are zero, as Linux's vxlan
+    /// requires when no extension (GBP, GPE, remote checksum offload) is enabled.
+    #[inline]
+    pub fn is_plain(&self) -> bool {
+        let h = self.header();
+        h[field::FLAGS] == FLAG_I && h[field::RESERVED1] == [0, 0, 0] && h[field::RESERVED2] == 0
+    }
+
+    /// The inner Ethernet frame.
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> VxlanPacket<T> {
+    #[inline(always)]
+    fn header_mut(&mut self) -> &mut [u8; HEADER_LEN] {
+        self.buffer
+            .as_mut()
+            .first_chunk_mut()
+            .expect("VXLAN header checked by new_checked")
+    }
+
+    /// Sets the flags byte.
+    #[inline]
+    pub fn set_flags(&mut self, v: u8) {
+        self.header_mut()[field::FLAGS] = v;
+    }
+
+    /// Sets the VNI (its low 24 bits) and clears both reserved fields.
+    #[inline]
+    pub fn set_vni(&mut self, vni: u32) {
+        let v = vni.to_be_bytes();
+        let h = self.header_mut();
+        h[field::RESERVED1].fill(0);
+        h[field::VNI].copy_from_slice(&v[1..]);
+        h[field::RESERVED2] = 0;
+    }
+}
+
+/// A VXLAN header as a value: only the VNI varies (flags I, reserved zero).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VxlanRepr {
+    /// The VXLAN network identifier (24 bits).
+    pub vni: u32,
+}
+
+impl VxlanRepr {
+    /// Reads a checked header: [`Error::Malformed`] unless the flags are exactly I and the
+    /// reserved fields zero.
+    pub fn parse<T: AsRef<[u8]>>(p: &VxlanPacket<T>) -> Result<VxlanRepr, Error> {
+        if !p.is_plain() {
+            return Err(Error::Malformed);
+        }
+        Ok(VxlanRepr { vni: p.vni() })
+    }
+
+    /// Length of the header.
+    #[inline]
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the header (the VNI's low 24 bits).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut VxlanPacket<T>) {
+        p.set_flags(FLAG_I);
+        p.set_vni(self.vni);
+    }
+}
+
+/// The outer headers of one encapsulated frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outer {
+    /// Outer source MAC (the uplink's).
+    pub src_mac: MacAddr,
+    /// Outer destination MAC (the next hop's on the underlay).
+    pub dst_mac: MacAddr,
+    /// Outer source address (the uplink's address, Linux's `local`).
+    pub src_ip: Ipv4Addr,
+    /// Outer destination address (the peer's node address).
+    pub dst_ip: Ipv4Addr,
+    /// IPv4 identification.
+    pub ident: u16,
+    /// Outer TTL.
+    pub ttl: u8,
+    /// Outer TOS.
+    pub tos: u8,
+    /// UDP source port (a hash of the inner flow).
+    pub src_port: u16,
+    /// UDP destination port (the VXLAN port).
+    pub dst_port: u16,
+    /// The VNI.
+    pub vni: u32,
+}
+
+impl Outer {
+    /// Writes the outer headers for an inner frame of `inner_len` bytes into `hdr` (the
+    /// frame's first [`OVERHEAD`] bytes), the IPv4 header checksum included and the UDP
+    /// checksum zero (fill it with one of the module's three ways). Lengths above 65535 (a
+    /// super-frame to be segmented) are written capped; segmentation rewrites them.
+    pub fn emit(&self, hdr: &mut [u8; OVERHEAD], inner_len: usize) {
+        let (eth, rest) = hdr.split_at_mut(OUTER_L3);
+        let mut e = EthernetFrame::new_unchecked(eth);
+        e.set_dst_addr(self.dst_mac);
+        e.set_src_addr(self.src_mac);
+        e.set_ethertype(ethertype::IPV4);
+        let (ip, rest) = rest.split_at_mut(ipv4::HEADER_LEN);
+        let mut p = Ipv4Packet::new_unchecked(ip);
+        p.set_header_len(ipv4::HEADER_LEN);
+        p.set_tos(self.tos);
+        p.set_total_len(len16((OVERHEAD - OUTER_L3 + inner_len).min(65_535)));
+        p.set_ident(self.ident);
+        p.set_frag_field(0);
+        p.set_ttl(self.ttl);
+        p.set_protocol(PROTO_UDP);
+        p.set_src_addr(self.src_ip);
+        p.set_dst_addr(self.dst_ip);
+        p.fill_checksum();
+        let (u, vx) = rest.split_at_mut(udp::HEADER_LEN);
+        let mut u = UdpPacket::new_unchecked(u);
+        u.set_src_port(self.src_port);
+        u.set_dst_port(self.dst_port);
+        u.set_len(len16((OVERHEAD - OUTER_L4 + inner_len).min(65_535)));
+        u.set_checksum(0);
+        VxlanRepr { vni: self.vni }.emit(&mut VxlanPacket::new_unchecked(vx));
+    }
+
+    /// Leaves the outer UDP checksum partial (the pseudo-header sum, as `CHECKSUM_PARTIAL`)
+    /// in `frame` (an encapsulated frame); returns `(csum_start, csum_offset)` for the
+    /// virtio-net header, so that the port (or the kernel behind an offload TAP) finishes it.
+    pub fn partial_csum(frame: &mut [u8]) -> Option<(u16, u16)> {
+        let (src, dst, udp_len) = outer_addrs(frame)?;
+        // `partial` is in memory order: the bytes are stored as they are.
+        let c = PseudoHeader::ipv4(src, dst, PROTO_UDP, udp_len).partial();
+        frame
+            .get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?
+            .copy_from_slice(&c);
+        Some((len16(OUTER_L4), 6))
+    }
+}
+
+/// The outer source, destination and UDP length of an encapsulated frame.
+fn outer_addrs(frame: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr, usize)> {
+    let ip = Ipv4Packet::new_checked_header(frame.get(OUTER_L3..)?).ok()?;
+    let udp_len = frame.len().checked_sub(OUTER_L4)?;
+    Some((ip.src_addr(), ip.dst_addr(), udp_len))
+}
+
+/// Fills the outer UDP checksum of an encapsulated frame by summing every byte.
+pub fn fill_csum(frame: &mut [u8]) -> Option<()> {
+    let (src, dst, _) = outer_addrs(frame)?;
+    UdpPacket::new_checked(frame.get_mut(OUTER_L4..)?)
+        .ok()?
+        .fill_checksum(src, dst);
+    Some(())
+}
+
+/// Fills the outer UDP checksum of an encapsulated frame from its headers only (Linux's
+/// `lco_csum`), given where the inner L4 checksum's coverage starts (`inner_l4`, from the
+/// frame's start) and the value its checksum field will hold once complete is implied by
+/// `partial`: the folded pseudo-header sum the field holds under `NEEDS_CSUM` (in memory
+/// order, as read from the frame). The result is right once the inner checksum is complete.
+pub fn fill_csum_lco(frame: &mut [u8], inner_l4: usize, partial: [u8; 2]) -> Option<()> {
+    let (src, dst, udp_len) = outer_addrs(frame)?;
+    frame.get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?.fill(0);
+    let hdrs = frame.get(OUTER_L4..inner_l4)?;
+    // The inner L4 bytes, once checksummed, sum to the complement of its pseudo-header.
+    let inner = u64::from(!u16::from_ne_bytes(partial));
+    let acc = checksum::sum(PseudoHeader::ipv4(src, dst, PROTO_UDP, udp_len).sum(), hdrs) + inner;
+    let c = checksum::finish_l4(acc);
+    frame
+        .get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?
+        .copy_from_slice(&c);
+    Some(())
+}
+
+/// Fills the outer UDP checksum of an encapsulated frame whose inner IPv4 packet carries a
+/// *complete* TCP checksum at `inner_l4` (a segment just made by TCP segmentation), from the
+/// headers only (see [`fill_csum_lco`]).
+pub fn fill_csum_over_tcp(frame: &mut [u8], inner_l3: usize, inner_l4: usize) -> Option<()> {
+    let ip = Ipv4Packet::new_checked_header(frame.get(inner_l3..)?).ok()?;
+    let tcp_len = ip.total_len().checked_sub(inner_l4 - inner_l3)?;
+    let pseudo = PseudoHeader::ipv4(ip.src_addr(), ip.dst_addr(), ipv4::PROTO_TCP, tcp_len);
+    fill_csum_lco(frame, inner_l4, pseudo.partial())
+}
+
+/// Rewrites the lengths, identification and IPv4 checksum of the outer headers of an
+/// encapsulated frame of `frame.len()` bytes (one segment of a super-frame), with `ident`.
+pub fn fix_outer_lengths(frame: &mut [u8], ident: u16) -> Option<()> {
+    let n = frame.len();
+    let mut ip = Ipv4Packet::new_checked_header(frame.get_mut(OUTER_L3..)?).ok()?;
+    ip.set_total_len(len16(n - OUTER_L3));
+    ip.set_ident(ident);
+    ip.fill_checksum();
+    UdpPacket::new_checked(frame.get_mut(OUTER_L4..)?)
+        .ok()?
+        .set_len(len16(n - OUTER_L4));
+    Some(())
+}
+
+/// What the outer headers of a frame say, for decapsulation: where the UDP datagram and the
+/// inner frame are, and whether it is VXLAN on `port` at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OuterInfo {
+    /// Outer source address.
+    pub src: Ipv4Addr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// Offset of the UDP header in the frame.
+    pub l4: usize,
+    /// Offset of the inner Ethernet frame.
+    pub inner: usize,
+}
+
+/// Why a UDP datagram to the VXLAN port is not a frame to decapsulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecapError {
+    /// Shorter than UDP + VXLAN + an Ethernet header, or a UDP length that lies.
+    Short,
+    /// Flags other than I, or reserved bits set.
+    BadFlags,
+    /// A VNI other than the interface's.
+    BadVni,
+    /// The outer UDP checksum does not verify.
+    BadChecksum,
+}
+
+/// Reads the UDP and VXLAN headers of the IPv4 datagram at `frame[l3..]` whose header
+/// `ip` describes (already checked): checks the UDP length, the checksum when `verify` (a
+/// zero checksum is accepted, as Linux does), the flags and the VNI. The inner frame is at
+/// [`OuterInfo::inner`] and runs to the datagram's end.
+pub fn parse_udp(
+    frame: &[u8],
+    l3: usize,
+    ip: &ipv4::Ipv4Info,
+    vni: u32,
+    verify: bool,
+) -> Result<OuterInfo, DecapError> {
+    let (hdr_len, total_len, src, dst) = (ip.hdr_len, ip.total_len, ip.src, ip.dst);
+    let l4 = l3 + hdr_len;
+    let dgram = frame.get(l4..l3 + total_len).ok_or(DecapError::Short)?;
+    let u = UdpPacket::new_checked(dgram).map_err(|_| DecapError::Short)?;
+    if usize::from(u.len()) != dgram.len()
+        || dgram.len() < udp::HEADER_LEN + HEADER_LEN + ethernet::HEADER_LEN
+    {
+        return Err(DecapError::Short);
+    }
+    let vx = VxlanPacket::new_checked(u.payload()).map_err(|_| DecapError::Short)?;
+    if !vx.is_plain() {
+        return Err(DecapError::BadFlags);
+    }
+    if vx.vni() != vni {
+        return Err(DecapError::BadVni);
+    }
+    if verify && !u.verify_checksum(src, dst) {
+        return Err(DecapError::BadChecksum);
+    }
+    Ok(OuterInfo {
+        src,
+        src_port: u.src_port(),
+        l4,
+        inner: l4 + udp::HEADER_LEN + HEADER_LEN,
+    })
+}
+
+/// Reads what a flow hash needs from an inner Ethernet frame: for untagged IPv4, the two
+/// addresses and, for TCP/UDP (first fragments), the two ports; otherwise the MACs.
+pub fn flow_words(inner: &[u8]) -> [u64; 2] {
+    let Ok(e) = EthernetFrame::new_checked(inner) else {
+        return [0, 0];
+    };
+    let (d, s) = e.addr_words();
+    if e.ethertype() != ethertype::IPV4 {
+        return [d, s];
+    }
+    let Ok(ip) = Ipv4Packet::new_checked_header(e.payload()) else {
+        return [d, s];
+    };
+    let addrs = ip.addrs_u64();
+    let proto = u64::from(ip.protocol());
+    let ports = match ip.protocol() {
+        ipv4::PROTO_TCP | ipv4::PROTO_UDP if ip.frag_offset() == 0 => e
+            .payload()
+            .get(ip.header_len()..ip.header_len() + 4)
+            .map_or(0, |p| {
+                u64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+            }),
+        _ => 0,
+    };
+    [addrs, ports << 8 | proto]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const A: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 2);
+    const B: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 3);
+
+    fn info_of(f: &[u8]) -> ipv4::Ipv4Info {
+        ipv4::check_header(&f[OUTER_L3..]).unwrap()
+    }
+
+    fn outer() -> Outer {
+        Outer {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 3]),
+            src_ip: A,
+            dst_ip: B,
+            ident: 7,
+            ttl: 64,
+            tos: 0,
+            src_port: 40000,
+            dst_port: 8472,
+            vni: 1,
+        }
+    }
+
+    /// An encapsulated ICMP echo from pod 10.244.1.2 to 10.244.2.2, outer checksum empty.
+    fn encapsulated() -> Vec<u8> {
+        let mut inner = Vec::new();
+        etherparse::PacketBuilder::ethernet2(
+            [0x0a, 0x58, 10, 244, 1, 0],
+            [0x0a, 0x58, 10, 244, 2, 0],
+        )
+        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 63)
+        .icmpv4_echo_request(1, 1)
+        .write(&mut inner, b"hello vxlan")
+        .unwrap();
+        let mut f = vec![0u8; OVERHEAD];
+        outer().emit(f.as_mut_slice().try_into().unwrap(), inner.len());
+        f.extend_from_slice(&inner);
+        f
+    }
+
+    #[test]
+    fn rfc7348_header_bytes() {
+        let b = [0x08, 0, 0, 0, 0x12, 0x34, 0x56, 0];
+        let p = VxlanPacket::new_checked(&b[..]).unwrap();
+        assert_eq!(
+            (p.flags(), p.vni(), p.is_plain()),
+            (FLAG_I, 0x12_3456, true)
+        );
+        assert_eq!(VxlanPacket::new_checked(&b[..7]), Err(Error::Truncated));
+        for (i, v) in [(0, 0x0c), (0, 0), (1, 1), (3, 0x80), (7, 1)] {
+            let mut c = b;
+            c[i] = v;
+            let p = VxlanPacket::new_checked(&c[..]).unwrap();
+            assert_eq!(
+                VxlanRepr::parse(&p),
+                Err(Error::Malformed),
+                "byte {i} = {v:#x}"
+            );
+        }
+        let mut out = [0xffu8; 8];
+        VxlanRepr { vni: 0x12_3456 }.emit(&mut VxlanPacket::new_unchecked(&mut out[..]));
+        assert_eq!(out, b);
+    }
+
+    #[test]
+    fn outer_headers_parse_with_etherparse_and_every_checksum_way_agrees() {
+        let mut full = encapsulated();
+        fill_csum(&mut full).unwrap();
+        {
+            let s = etherparse::SlicedPacket::from_ethernet(&full).unwrap();
+            let Some(etherparse::NetSlice::Ipv4(ip)) = s.net else {
+                panic!("not IPv4")
+            };
+            assert_eq!(ip.header().destination_addr(), B);
+            assert_eq!(usize::from(ip.header().total_len()), full.len() - 14);
+            let Some(etherparse::TransportSlice::Udp(u)) = s.transport else {
+                panic!("not UDP")
+            };
+            assert_eq!((u.source_port(), u.destination_port()), (40000, 8472));
+            assert_ne!(u.checksum(), 0);
+        }
+        assert!(UdpPacket::new_checked(&full[OUTER_L4..])
+            .unwrap()
+            .verify_checksum(A, B));
+        // ICMP sums to zero: the LCO way with the "pseudo-header" of ICMP (none) = 0 agrees.
+        let mut lco = encapsulated();
+        let inner_l4 = OVERHEAD + 14 + 20;
+        fill_csum_lco(&mut lco, inner_l4, [0, 0]).unwrap();
+        assert!(UdpPacket::new_checked(&lco[OUTER_L4..])
+            .unwrap()
+            .verify_checksum(A, B));
+        let info = parse_udp(&full, OUTER_L3, &info_of(&full), 1, true).unwrap();
+        assert_eq!(info.inner, OVERHEAD);
+        assert_eq!(info.src_port, 40000);
+        assert_eq!(
+            parse_udp(&full, OUTER_L3, &info_of(&full), 2, true),
+            Err(DecapError::BadVni)
+        );
+        let last = full.len() - 1;
+        full[last] ^= 1;
+        assert_eq!(
+            parse_udp(&full, OUTER_L3, &info_of(&full), 1, true),
+            Err(DecapError::BadChecksum)
+        );
+        full[OUTER_L4 + 6..OUTER_L4 + 8].fill(0);
+        assert!(parse_udp(&full, OUTER_L3, &info_of(&full), 1, true).is_ok());
+    }
+
+    #[test]
+    fn lco_over_tcp_matches_the_full_sum() {
+        let mut inner = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 63)
+            .tcp(40000, 80, 1, 1000)
+            .write(&mut inner, &[7u8; 333])
+            .unwrap();
+        let mut f = vec![0u8; OVERHEAD];
+        outer().emit(f.as_mut_slice().try_into().unwrap(), inner.len());
+        f.extend_from_slice(&inner);
+        let mut g = f.clone();
+        fill_csum(&mut f).unwrap();
+        fill_csum_over_tcp(&mut g, OVERHEAD + 14, OVERHEAD + 34).unwrap();
+        assert_eq!(f, g);
+        // The partial way: the field holds the pseudo-header's folded sum.
+        let mut p = g.clone();
+        assert_eq!(Outer::partial_csum(&mut p), Some((34, 6)));
+        let pseudo = PseudoHeader::ipv4(A, B, PROTO_UDP, p.len() - OUTER_L4);
+        assert_eq!(p[OUTER_L4 + 6..OUTER_L4 + 8], pseudo.partial());
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip_and_truncation(vni in 0..=MAX_VNI, cut in 0usize..80) {
+            let mut b = [0u8; 8];
+            let r = VxlanRepr { vni };
+            r.emit(&mut VxlanPacket::new_unchecked(&mut b[..]));
+            prop_assert_eq!(VxlanRepr::parse(&VxlanPacket::new_checked(&b[..]).unwrap()), Ok(r));
+            let f = encapsulated();
+            let n = cut.min(f.len());
+            // Any cut of the datagram is refused, never a panic.
+            let mut ip = info_of(&f);
+            ip.total_len = n.saturating_sub(OUTER_L3);
+            let r = parse_udp(&f[..n], OUTER_L3, &ip, 1, false);
+            if n < f.len() {
+                prop_assert!(r.is_err());
+            }
+        }
+    }
+}

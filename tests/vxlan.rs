@@ -1,0 +1,522 @@
+//! VXLAN without root: two nodes (A: pods on 10.244.1.0/24, C: pods on 10.244.2.0/24), each
+//! a datapath with a bridge `cni0`, an uplink `eth0` and a VXLAN interface `flannel.1` set up
+//! as Flannel does. Frames built byte by byte go in; what leaves A's uplink is checked as
+//! Linux's vxlan would send it, then fed to C, whose pod must get the inner packet. Every
+//! bad input is dropped under its own reason.
+
+use std::net::Ipv4Addr;
+
+use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use tapyard::l3::vxlan::default_mac;
+use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
+use tapyard::offload::VirtioNetHdr;
+use tapyard::{
+    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
+};
+
+const POD: PortId = PortId(0);
+const ETH0: PortId = PortId(2);
+
+struct Node {
+    dp: Datapath,
+    w: Worker,
+    gw_mac: MacAddr,
+    up_mac: MacAddr,
+    now: Instant,
+}
+
+/// Node `n` (1 = A, 2 = C): pods 10.244.n.0/24 behind gateway .1, uplink 172.18.0.(n+1),
+/// VTEP 10.244.n.0/32 with MAC 0a:58:0a:f4:0n:00, a peer for the other node.
+fn node(n: u8) -> Node {
+    let other = 3 - n;
+    let gw_mac = MacAddr([2, 0xaa, n, 0, 0, 1]);
+    let up_mac = MacAddr([2, 0xaa, n, 0, 0, 2]);
+    let mut b = Datapath::builder();
+    let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    assert_eq!(b.add_port("pod", Some(br)).unwrap(), POD);
+    b.add_router_iface(
+        IfaceConfig::new("cni0", gw_mac, Ipv4Addr::new(10, 244, n, 1), 24),
+        Some(br),
+    )
+    .unwrap();
+    let (_, eth0) = b
+        .add_router_iface(
+            IfaceConfig::new("eth0", up_mac, Ipv4Addr::new(172, 18, 0, n + 1), 24),
+            None,
+        )
+        .unwrap();
+    assert_eq!(eth0, ETH0);
+    let mut bad = VxlanConfig::new(
+        "flannel.1",
+        1 << 24,
+        8472,
+        "eth0",
+        Ipv4Addr::new(10, 244, n, 0),
+    );
+    assert!(b
+        .add_vxlan(bad.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("vni = 16777216"));
+    bad.vni = 1;
+    bad.uplink = "eth9".into();
+    assert!(b
+        .add_vxlan(bad.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("uplink = eth9"));
+    bad.uplink = "eth0".into();
+    bad.mtu = Some(1451);
+    assert!(b
+        .add_vxlan(bad)
+        .unwrap_err()
+        .to_string()
+        .contains("mtu = 1451"));
+    b.add_vxlan(VxlanConfig::new(
+        "flannel.1",
+        1,
+        8472,
+        "eth0",
+        Ipv4Addr::new(10, 244, n, 0),
+    ))
+    .unwrap();
+    let dp = b.build();
+    let now = Instant::from_secs(1);
+    dp.add_vxlan_peer("flannel.1", peer(other), now).unwrap();
+    // The other node's uplink MAC is known (as after ARP).
+    let eth0_if = dp.iface_by_name("eth0").unwrap();
+    dp.add_static_neigh(
+        eth0_if,
+        node_ip(other),
+        MacAddr([2, 0xaa, other, 0, 0, 2]),
+        now,
+    )
+    .unwrap();
+    let pod_mac = MacAddr([2, 0, n, 0, 0, 2]);
+    dp.add_static_neigh(
+        dp.iface_by_name("cni0").unwrap(),
+        Ipv4Addr::new(10, 244, n, 2),
+        pod_mac,
+        now,
+    )
+    .unwrap();
+    let w = dp.worker();
+    Node {
+        dp,
+        w,
+        gw_mac,
+        up_mac,
+        now,
+    }
+}
+
+fn node_ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(172, 18, 0, n + 1)
+}
+
+fn peer(n: u8) -> VxlanPeer {
+    VxlanPeer {
+        node_ip: node_ip(n),
+        vtep_mac: default_mac(Ipv4Addr::new(10, 244, n, 0)),
+        pod_cidr: Ipv4Addr::new(10, 244, n, 0),
+        pod_prefix_len: 24,
+    }
+}
+
+impl Node {
+    /// Runs one frame received on `port`; returns (verdict, every frame sent with its port).
+    fn run(&mut self, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
+        self.run_buf({
+            let mut b = PacketBuf::from_frame(frame);
+            b.port = port;
+            b
+        })
+    }
+
+    fn run_buf(&mut self, buf: PacketBuf) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
+        let mut batch = Batch::new();
+        batch.push(buf).unwrap();
+        self.dp.process(&mut self.w, self.now, &mut batch);
+        let v = batch.verdicts()[0];
+        let mut out = Vec::new();
+        self.dp.dispatch(&mut self.w, &batch, |p, b| {
+            // What a port without offloads would put on the wire.
+            let mut frames = Vec::new();
+            if b.offload.is_none() {
+                frames.push(b.frame().to_vec());
+            } else {
+                let mut scratch = vec![0u8; 70_000];
+                tapyard::offload::segment(b.frame(), &b.offload, &mut scratch, &mut |f| {
+                    frames.push(f.to_vec())
+                })
+                .unwrap();
+            }
+            out.extend(frames.into_iter().map(|f| (p, f)));
+            Ok(())
+        });
+        (v, out)
+    }
+
+    fn drops(&self, r: DropReason) -> u64 {
+        self.dp.stats().drop_count(r)
+    }
+}
+
+/// A pod's UDP datagram to `dst` (through its gateway), `payload` bytes, DF set.
+fn pod_udp(n: u8, gw: MacAddr, dst: [u8; 4], payload: usize) -> Vec<u8> {
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2([2, 0, n, 0, 0, 2], gw.0)
+        .ipv4([10, 244, n, 2], dst, 64)
+        .udp(40000, 5201)
+        .write(&mut f, &vec![0x5a; payload])
+        .unwrap();
+    f
+}
+
+#[test]
+fn a_pod_reaches_a_remote_pod_through_the_overlay() {
+    let (mut a, mut c) = (node(1), node(2));
+    let inner = pod_udp(1, a.gw_mac, [10, 244, 2, 2], 100);
+    let (v, out) = a.run(POD, &inner);
+    assert_eq!(v, Verdict::Output(ETH0));
+    assert_eq!(out.len(), 1);
+    let (port, wire) = &out[0];
+    assert_eq!(*port, ETH0);
+    // What Linux's vxlan sends: outer MACs of the uplinks, 172.18.0.2 -> .3, UDP to 8472
+    // from a port in 32768..=60999 with a checksum, VXLAN I flag and VNI 1, inner frame from
+    // A's VTEP to C's.
+    let s = SlicedPacket::from_ethernet(wire).unwrap();
+    let Some(etherparse::LinkSlice::Ethernet2(e)) = s.link else {
+        panic!()
+    };
+    assert_eq!((e.source(), e.destination()), (a.up_mac.0, c.up_mac.0));
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!()
+    };
+    assert_eq!(ip.header().source_addr(), node_ip(1));
+    assert_eq!(ip.header().destination_addr(), node_ip(2));
+    assert!(!ip.header().dont_fragment());
+    let Some(TransportSlice::Udp(u)) = s.transport else {
+        panic!()
+    };
+    assert_eq!(u.destination_port(), 8472);
+    assert!((32768..=60999).contains(&u.source_port()));
+    assert_ne!(u.checksum(), 0);
+    assert_eq!(
+        u.to_header()
+            .calc_checksum_ipv4(&ip.header().to_header(), u.payload())
+            .unwrap(),
+        u.checksum()
+    );
+    let vx = &u.payload()[..8];
+    assert_eq!(vx, &[0x08, 0, 0, 0, 0, 0, 1, 0]);
+    let inner_out = &u.payload()[8..];
+    assert_eq!(
+        &inner_out[..6],
+        &default_mac(Ipv4Addr::new(10, 244, 2, 0)).0
+    );
+    assert_eq!(
+        &inner_out[6..12],
+        &default_mac(Ipv4Addr::new(10, 244, 1, 0)).0
+    );
+    // The same flow keeps its source port.
+    let (_, again) = a.run(POD, &inner);
+    assert_eq!(again[0].1[34..36], wire[34..36]);
+
+    // Node C decapsulates and routes to its pod, TTL 64 - 2.
+    let (v, out) = c.run(ETH0, wire);
+    // The pod's MAC was never learned on C's bridge: flooded to its only port.
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    assert_eq!(out[0].0, POD);
+    let s = SlicedPacket::from_ethernet(&out[0].1).unwrap();
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!()
+    };
+    assert_eq!(ip.header().destination_addr(), Ipv4Addr::new(10, 244, 2, 2));
+    assert_eq!(ip.header().ttl(), 62);
+    let st = c.dp.tunnel_by_name("flannel.1").unwrap().peers();
+    let p = st.by_ip(node_ip(1)).unwrap().stats();
+    assert_eq!((p.rx_packets, p.rx_bytes), (1, inner_out.len() as u64));
+    let st = a.dp.tunnel_by_name("flannel.1").unwrap().peers();
+    assert_eq!(st.by_ip(node_ip(2)).unwrap().stats().tx_packets, 2);
+
+    // The tables show what the peer implies, as ip route / ip neigh / bridge fdb do.
+    let mut t = String::new();
+    a.dp.fmt_routes(&mut t).unwrap();
+    assert!(
+        t.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink"),
+        "{t}"
+    );
+    t.clear();
+    a.dp.fmt_neigh(a.now, &mut t).unwrap();
+    assert!(
+        t.contains("10.244.2.0 dev flannel.1 lladdr 0a:58:0a:f4:02:00 PERMANENT"),
+        "{t}"
+    );
+    t.clear();
+    a.dp.fmt_vxlan_fdb(&mut t).unwrap();
+    assert_eq!(
+        t,
+        "0a:58:0a:f4:02:00 dev flannel.1 dst 172.18.0.3 self permanent\n"
+    );
+}
+
+#[test]
+fn removing_a_peer_stops_traffic_both_ways_at_once() {
+    let (mut a, mut c) = (node(1), node(2));
+    let (_, out) = a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10));
+    let wire = out[0].1.clone();
+    c.dp.remove_vxlan_peer("flannel.1", node_ip(1)).unwrap();
+    assert_eq!(
+        c.run(ETH0, &wire).0,
+        Verdict::Drop(DropReason::VxlanUnknownPeer)
+    );
+    a.dp.remove_vxlan_peer("flannel.1", node_ip(2)).unwrap();
+    // The route went with the peer: no route (ICMP net unreachable to the pod).
+    assert_eq!(
+        a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10)).0,
+        Verdict::Drop(DropReason::NoRoute)
+    );
+    assert!(a.dp.remove_vxlan_peer("flannel.1", node_ip(2)).is_err());
+    // And back.
+    a.dp.add_vxlan_peer("flannel.1", peer(2), a.now).unwrap();
+    assert_eq!(
+        a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10)).0,
+        Verdict::Output(ETH0)
+    );
+}
+
+#[test]
+fn pmtu_across_the_overlay() {
+    let mut a = node(1);
+    // 1422 bytes of ICMP payload: 1450-byte packets pass; 1423 gets frag needed, MTU 1450.
+    let gw = a.gw_mac;
+    let ping = |size: usize| {
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], gw.0)
+            .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 64)
+            .icmpv4_echo_request(1, 1)
+            .write(&mut f, &vec![0u8; size])
+            .unwrap();
+        // etherparse sets DF by default.
+        f
+    };
+    let (v, out) = a.run(POD, &ping(1422));
+    assert_eq!(v, Verdict::Output(ETH0));
+    assert_eq!(out[0].1.len(), 14 + 1450 + 50);
+    let (v, out) = a.run(POD, &ping(1423));
+    assert_eq!(v, Verdict::Drop(DropReason::FragNeeded));
+    let s = SlicedPacket::from_ethernet(&out[0].1).unwrap();
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!()
+    };
+    assert_eq!(ip.header().source_addr(), Ipv4Addr::new(10, 244, 1, 1));
+    let Some(TransportSlice::Icmpv4(icmp)) = s.transport else {
+        panic!()
+    };
+    let Icmpv4Type::DestinationUnreachable(d) = icmp.icmp_type() else {
+        panic!()
+    };
+    assert_eq!(
+        d,
+        etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1450 }
+    );
+}
+
+#[test]
+fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
+    let (mut a, mut c) = (node(1), node(2));
+    // A TSO super-frame from an offload TAP: 10000 bytes of TCP payload, MSS 1398 (what a pod
+    // learns after PMTU discovery), partial checksum.
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
+        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 64)
+        .tcp(40000, 5201, 1000, 65535)
+        .ack(1)
+        .write(&mut f, &[7u8; 10_000])
+        .unwrap();
+    let mut b = PacketBuf::new(70_000);
+    b.room_mut()[..f.len()].copy_from_slice(&f);
+    b.set_len(f.len());
+    b.port = POD;
+    // Partial checksum: the pseudo-header sum in the field.
+    let tcp_len = u32::try_from(f.len() - 34).unwrap();
+    let mut s: u32 = 0;
+    for w in [[10u8, 244], [1, 2], [10, 244], [2, 2]] {
+        s += u32::from(u16::from_be_bytes(w));
+    }
+    s += 6 + tcp_len;
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    b.frame_mut()[50..52].copy_from_slice(&u16::try_from(s).unwrap().to_be_bytes());
+    b.offload = VirtioNetHdr {
+        flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV4,
+        hdr_len: 54,
+        gso_size: 1398,
+        csum_start: 34,
+        csum_offset: 16,
+    };
+    let (v, out) = a.run_buf(b);
+    assert_eq!(v, Verdict::Output(ETH0));
+    assert_eq!(out.len(), 10_000usize.div_ceil(1398));
+    let mut total = 0;
+    for (_, seg) in &out {
+        assert!(seg.len() <= 14 + 1500, "{}", seg.len());
+        let s = SlicedPacket::from_ethernet(seg).unwrap();
+        let Some(NetSlice::Ipv4(ip)) = s.net else {
+            panic!()
+        };
+        let Some(TransportSlice::Udp(u)) = s.transport else {
+            panic!()
+        };
+        assert_eq!(
+            u.to_header()
+                .calc_checksum_ipv4(&ip.header().to_header(), u.payload())
+                .unwrap(),
+            u.checksum(),
+            "outer checksum of every segment"
+        );
+        // Each one decapsulates on C and reaches its pod with a valid TCP checksum.
+        let (v, got) = c.run(ETH0, seg);
+        assert!(
+            matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+            "{v:?}"
+        );
+        assert_eq!(got[0].0, POD);
+        let s = SlicedPacket::from_ethernet(&got[0].1).unwrap();
+        let Some(NetSlice::Ipv4(ip)) = s.net else {
+            panic!()
+        };
+        let Some(TransportSlice::Tcp(t)) = s.transport else {
+            panic!()
+        };
+        assert_eq!(
+            t.to_header()
+                .calc_checksum_ipv4(&ip.header().to_header(), t.payload())
+                .unwrap(),
+            t.checksum()
+        );
+        total += t.payload().len();
+    }
+    assert_eq!(total, 10_000);
+}
+
+#[test]
+fn bad_input_is_dropped_under_its_own_reason() {
+    let (mut a, mut c) = (node(1), node(2));
+    let (_, out) = a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 64));
+    let good = out[0].1.clone();
+    let fix_ip = |f: &mut Vec<u8>| {
+        let total = u16::try_from(f.len() - 14).unwrap();
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        f[24..26].fill(0);
+        let mut s: u32 = 0;
+        for i in (14..34).step_by(2) {
+            s += u32::from(u16::from_be_bytes([f[i], f[i + 1]]));
+        }
+        while s > 0xffff {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        f[24..26].copy_from_slice(&(!u16::try_from(s).unwrap()).to_be_bytes());
+    };
+    let mut cases: Vec<(Vec<u8>, DropReason)> = Vec::new();
+    // Zero the outer checksum, so edits below need no checksum fix (zero is accepted).
+    let mut base = good.clone();
+    base[40..42].fill(0);
+    let mut f = base.clone();
+    f[42] = 0x0c; // flags other than I
+    cases.push((f, DropReason::VxlanBadFlags));
+    let mut f = base.clone();
+    f[48] = 2; // VNI 2
+    cases.push((f, DropReason::VxlanBadVni));
+    let mut f = base.clone();
+    f[50] ^= 0xff; // inner destination not this VTEP
+    cases.push((f, DropReason::VxlanUnknownMac));
+    let mut f = good.clone();
+    let last = f.len() - 1;
+    f[last] ^= 0xff; // payload changed under a checksum
+    cases.push((f, DropReason::VxlanBadChecksum));
+    let mut f = base.clone();
+    f.truncate(14 + 20 + 8 + 4); // short
+    f[38..40].copy_from_slice(&12u16.to_be_bytes());
+    fix_ip(&mut f);
+    cases.push((f, DropReason::VxlanShort));
+    let mut f = base.clone();
+    f[26..30].copy_from_slice(&[172, 18, 0, 9]); // not a peer
+    fix_ip(&mut f);
+    cases.push((f, DropReason::VxlanUnknownPeer));
+    for (f, r) in cases {
+        let before = c.drops(r);
+        assert_eq!(c.run(ETH0, &f).0, Verdict::Drop(r));
+        assert_eq!(c.drops(r), before + 1, "{r}");
+    }
+    // Another UDP port on the uplink address is not VXLAN: the router answers it (port
+    // unreachable), as before.
+    let mut f = base.clone();
+    f[36..38].copy_from_slice(&4789u16.to_be_bytes());
+    assert_eq!(c.run(ETH0, &f).0, Verdict::Drop(DropReason::LocalNoService));
+    // Encapsulation to a MAC that is no peer's.
+    let t = a.dp.iface_by_name("flannel.1").unwrap();
+    a.dp.add_static_neigh(
+        t,
+        Ipv4Addr::new(10, 244, 1, 250),
+        MacAddr([2, 9, 9, 9, 9, 9]),
+        a.now,
+    )
+    .unwrap();
+    a.dp.add_route(tapyard::l3::Route {
+        prefix: Ipv4Addr::new(10, 244, 1, 250),
+        len: 32,
+        next_hop: tapyard::l3::NextHop::Link(t),
+        metric: 0,
+        proto: tapyard::l3::RouteProto::Static,
+        src: None,
+    })
+    .unwrap();
+    assert_eq!(
+        a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 1, 250], 1)).0,
+        Verdict::Drop(DropReason::VxlanNoPeer)
+    );
+    // Peers are checked.
+    for (bad, what) in [
+        (
+            VxlanPeer {
+                node_ip: node_ip(1),
+                ..peer(3)
+            },
+            "node_ip = 172.18.0.2",
+        ),
+        (
+            VxlanPeer {
+                pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
+                ..peer(3)
+            },
+            "overlaps",
+        ),
+        (
+            VxlanPeer {
+                pod_cidr: Ipv4Addr::new(10, 244, 1, 0),
+                ..peer(3)
+            },
+            "overlaps",
+        ),
+        (
+            VxlanPeer {
+                vtep_mac: MacAddr::BROADCAST,
+                ..peer(3)
+            },
+            "vtep_mac",
+        ),
+    ] {
+        let e =
+            a.dp.add_vxlan_peer("flannel.1", bad, a.now)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains(what), "{e}");
+    }
+}
