@@ -345,10 +345,10 @@ impl Router {
     ) -> L3 {
         let group = b.frame().first().is_some_and(|d| d & 1 == 1);
         match ether_type {
-            ethertype::ARP => {
-                self.arp_input(b.frame(), l3, in_if, now, sink);
-                L3::Local
-            }
+            ethertype::ARP => match self.arp_input(b.frame(), l3, in_if, now, sink) {
+                Ok(()) => L3::Local,
+                Err(reason) => L3::Drop(reason),
+            },
             ethertype::IPV4 if group => L3::Drop(DropReason::L3Multicast),
             ethertype::IPV4 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
@@ -367,10 +367,16 @@ impl Router {
         sink: &mut dyn Sink,
     ) {
         if ether_type == ethertype::ARP {
-            self.arp_input(frame, l3, in_if, now, sink);
+            // The frame is flooded whatever the router makes of it: nothing to count here.
+            let _ = self.arp_input(frame, l3, in_if, now, sink);
         }
     }
 
+    /// Processes an ARP packet: `Ok` when it was taken in (learned from, answered, or an
+    /// ordinary request or reply the router had no use for); `Err(BadArp)` when it is refused
+    /// (malformed or not Ethernet/IPv4, an operation other than request or reply, a sender
+    /// MAC that is not the frame's source or not a station address, a sender claiming the
+    /// interface's own address), so that a frame not forwarded is counted under its reason.
     fn arp_input(
         &self,
         frame: &[u8],
@@ -378,21 +384,25 @@ impl Router {
         in_if: IfaceId,
         now: Instant,
         sink: &mut dyn Sink,
-    ) {
+    ) -> Result<(), DropReason> {
         let Some(iface) = self.iface(in_if) else {
-            return;
+            return Err(DropReason::NotForRouter);
         };
         let (Ok(eth), Some(a)) = (
             EthernetFrame::new_checked(frame),
             ArpRepr::parse_bytes(frame.get(l3..).unwrap_or(&[])),
         ) else {
-            return;
+            return Err(DropReason::BadArp);
         };
+        // Linux's arp_process takes requests and replies only.
+        if a.operation != arp::REQUEST && a.operation != arp::REPLY {
+            return Err(DropReason::BadArp);
+        }
         // Never learn from a frame whose Ethernet source disagrees with its ARP sender, nor
         // from ARP probes (sender 0.0.0.0) or from our own addresses.
         let l2_src = eth.src_addr();
         if a.sha != l2_src || !a.sha.is_station() || a.spa == iface.cfg.addr {
-            return;
+            return Err(DropReason::BadArp);
         }
         let for_us = a.tpa == iface.cfg.addr;
         if !a.spa.is_unspecified() {
@@ -417,14 +427,14 @@ impl Router {
             );
         }
         if a.operation != arp::REQUEST {
-            return;
+            return Ok(());
         }
         let answer = for_us
             || (iface.cfg.proxy_arp
                 && a.tpa != a.spa
                 && matches!(self.routes.lookup(a.tpa), Some(nh) if nh.iface().is_some_and(|e| e != in_if)));
         if !answer {
-            return;
+            return Ok(());
         }
         self.counters.arp_replies.add(1);
         let reply = ArpRepr {
@@ -436,6 +446,7 @@ impl Router {
         };
         let src = iface.cfg.mac;
         sink.emit(in_if, &mut |out| reply.write_frame(src, a.sha, out));
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
