@@ -24,7 +24,9 @@ use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
-use crate::wire::ethernet::{copy_readdressed, ethertype, EthernetFrame};
+use crate::wire::ethernet::{
+    copy_readdressed, ethertype, EthernetFrame, HEADER_LEN as ETH_HEADER_LEN,
+};
 use crate::wire::icmp::codes as icmp;
 use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet};
 use crate::wire::mac::MacAddr;
@@ -235,13 +237,32 @@ impl IcmpError {
 }
 
 /// The packet an ICMP error is about: its frame, where its IPv4 header starts, that header's
-/// checked facts, and the interface it came in on.
+/// checked facts, and the interface it came in on when that is known (a packet released from
+/// an ARP queue no longer knows it): when the error goes back out of that interface, the
+/// packet's own source MAC is a usable next hop.
 #[derive(Clone, Copy)]
 pub(crate) struct Offending<'a> {
     pub(crate) frame: &'a [u8],
     pub(crate) l3: usize,
     pub(crate) info: &'a Ipv4Info,
-    pub(crate) in_if: IfaceId,
+    pub(crate) in_if: Option<IfaceId>,
+    /// The packet had waited for ARP: in Linux it had passed POSTROUTING, its source NAT
+    /// applied, which decides the error's source address (see [`Router::icmp_error`]).
+    pub(crate) queued: bool,
+}
+
+/// NAT for the ICMP errors the router makes itself, as netfilter's LOCAL_OUT and POSTROUTING
+/// hooks see them: Linux attaches the offending packet's connection to the error it builds
+/// (`nf_ct_attach` in `icmp_send`), so NAT translates the error back as any RELATED packet.
+/// The offending packet was translated before the router judged it (at PREROUTING), so
+/// without this an error about a masqueraded packet would be addressed to the node itself,
+/// and one about a DNAT'd packet would quote the endpoint instead of the Service address.
+pub(crate) trait ErrorNat {
+    /// Translates the ICMP error datagram `ip` (header checked, facts in `info`) through the
+    /// connection of the packet it quotes, when that connection is NAT'd: the destination
+    /// becomes the original sender and the quoted header what that sender sent. `false`:
+    /// the error cannot be translated and must not be sent.
+    fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool;
 }
 
 /// What a hook decided about a packet.
@@ -272,6 +293,9 @@ pub(crate) trait Prerouting {
         info: &mut Ipv4Info,
         now: Instant,
     ) -> Hook;
+
+    /// The NAT that ICMP errors about packets this hook translated must go through.
+    fn error_nat(&self) -> Option<&dyn ErrorNat>;
 }
 
 /// An optional hook: none accepts every packet.
@@ -290,6 +314,10 @@ impl<H: Prerouting> Prerouting for Option<H> {
             Some(h) => h.prerouting(router, routes, b, l3, info, now),
             None => Hook::Accept,
         }
+    }
+
+    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+        self.as_ref().and_then(|h| h.error_nat())
     }
 }
 
@@ -484,8 +512,8 @@ impl Router {
             {
                 return L3::Drop(DropReason::L3Multicast);
             }
-            if let Some(local) = self.local_iface(info.dst) {
-                return self.local_input(b, l3, &info, in_if, local, now, sink);
+            if self.local_iface(info.dst).is_some() {
+                return self.local_input(b, l3, &info, in_if, hook.error_nat(), now, sink);
             }
         }
         if info.ttl <= 1 {
@@ -494,9 +522,11 @@ impl Router {
                     frame: b.frame(),
                     l3,
                     info: &info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
                 IcmpError::TtlExceeded,
+                hook.error_nat(),
                 now,
                 sink,
             );
@@ -511,9 +541,11 @@ impl Router {
                             frame: b.frame(),
                             l3,
                             info: &info,
-                            in_if,
+                            in_if: Some(in_if),
+                            queued: false,
                         },
                         IcmpError::NetUnreachable,
+                        hook.error_nat(),
                         now,
                         sink,
                     );
@@ -527,9 +559,11 @@ impl Router {
                             frame: b.frame(),
                             l3,
                             info: &info,
-                            in_if,
+                            in_if: Some(in_if),
+                            queued: false,
                         },
                         IcmpError::HostUnreachable,
+                        hook.error_nat(),
                         now,
                         sink,
                     );
@@ -561,11 +595,13 @@ impl Router {
                     frame: b.frame(),
                     l3,
                     info: &info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
                 IcmpError::FragNeeded {
                     mtu: egress.cfg.mtu,
                 },
+                hook.error_nat(),
                 now,
                 sink,
             );
@@ -706,7 +742,7 @@ impl Router {
         l3: usize,
         info: &Ipv4Info,
         in_if: IfaceId,
-        _local: IfaceId,
+        nat: Option<&dyn ErrorNat>,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -726,9 +762,11 @@ impl Router {
                     frame: b.frame(),
                     l3,
                     info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
                 IcmpError::PortUnreachable,
+                nat,
                 now,
                 sink,
             );
@@ -757,9 +795,12 @@ impl Router {
                     frame,
                     l3,
                     info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
+                // Refused before any translation: the packet is as its sender sent it.
                 IcmpError::PortUnreachable,
+                None,
                 now,
                 sink,
             );
@@ -778,8 +819,17 @@ impl Router {
     }
 
     /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed and
-    /// within the rate limit. It is routed like any packet the router sends; when the way back
-    /// is the interface the packet came in on, the packet's own source MAC is the next hop.
+    /// within the rate limit. With `nat`, the error is first translated back through the
+    /// packet's connection (see [`ErrorNat`]), so it reaches the original sender quoting what
+    /// that sender sent. It is routed like any packet the router sends; when the way back is
+    /// the interface the packet came in on, the packet's own source MAC is the next hop.
+    ///
+    /// Its source address is the one Linux's `icmp_send` picks: the address of the interface
+    /// that leads back to the sender, except for a packet that had waited for ARP (in Linux
+    /// it had passed POSTROUTING) whose source was translated to one of our addresses
+    /// (masquerade): that address, as Linux's route back to it is a local one. (Linux would
+    /// take the interface towards a foreign SNAT address; tapyard the one towards the
+    /// sender.)
     #[allow(clippy::too_many_arguments)]
     #[cold]
     #[inline(never)]
@@ -787,6 +837,7 @@ impl Router {
         &self,
         about: Offending<'_>,
         err: IcmpError,
+        nat: Option<&dyn ErrorNat>,
         now: Instant,
         sink: &mut dyn Sink,
     ) {
@@ -795,6 +846,7 @@ impl Router {
             l3,
             info,
             in_if,
+            queued,
         } = about;
         let (ty, code, rest) = err.type_code_rest();
         let group = frame.first().is_some_and(|d| d & 1 == 1);
@@ -804,12 +856,46 @@ impl Router {
         if !ipv4::may_send_icmp_error(orig, info, group) {
             return;
         }
-        if !self.icmp.allow(info.src, now) {
+        let src_ip = (queued && self.local_iface(info.src).is_some()).then_some(info.src);
+        // Built first (MACs and, when not known yet, the source address filled in below),
+        // so that NAT can translate it as it will leave.
+        let mut buf = [0u8; ETH_HEADER_LEN + ipv4::ICMP_ERROR_MAX];
+        let Some(len) = ipv4::write_icmp_error(
+            &mut buf,
+            MacAddr::ZERO,
+            MacAddr::ZERO,
+            src_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            info.src,
+            ty,
+            code,
+            rest,
+            orig,
+        ) else {
+            return;
+        };
+        let mut dst_ip = info.src;
+        if let Some(nat) = nat {
+            let Some(ip) = buf.get_mut(ETH_HEADER_LEN..len) else {
+                return;
+            };
+            let Ok(mut out) = ipv4::check_header(ip) else {
+                return;
+            };
+            if !nat.translate_error(ip, &mut out, now) {
+                return;
+            }
+            dst_ip = out.dst;
+        }
+        // Nobody to tell: an error about a packet the router sent itself.
+        if self.local_iface(dst_ip).is_some() {
+            return;
+        }
+        if !self.icmp.allow(dst_ip, now) {
             self.counters.icmp_rate_limited.add(1);
             return;
         }
-        let (out_if, nh) = match self.routes.lookup(info.src) {
-            Some(NextHop::Link(i)) => (i, info.src),
+        let (out_if, nh) = match self.routes.lookup(dst_ip) {
+            Some(NextHop::Link(i)) => (i, dst_ip),
             Some(NextHop::Via(i, gw)) => (i, gw),
             _ => return,
         };
@@ -818,29 +904,37 @@ impl Router {
         };
         let dst_mac = match self.neigh.lookup(out_if, nh, now) {
             Some(m) => m,
-            None if out_if == in_if => match EthernetFrame::new_checked(frame) {
+            None if in_if == Some(out_if) => match EthernetFrame::new_checked(frame) {
                 Ok(e) => e.src_addr(),
                 Err(_) => return,
             },
             None => return,
         };
+        if src_ip.is_none() {
+            let Some(ip) = buf.get_mut(ETH_HEADER_LEN..len) else {
+                return;
+            };
+            let mut p = Ipv4Packet::new_unchecked(ip);
+            p.set_src_addr(egress.cfg.addr);
+            p.fill_checksum();
+        }
         self.counters.icmp_errors.add(1);
-        let (src_mac, src_ip) = (egress.cfg.mac, egress.cfg.addr);
+        let error = &buf[..len];
+        let src_mac = egress.cfg.mac;
         sink.emit(out_if, &mut |out| {
-            ipv4::write_icmp_error(
-                out, src_mac, dst_mac, src_ip, info.src, ty, code, rest, orig,
-            )
+            copy_readdressed(out, error, src_mac, dst_mac)
         });
     }
 
     /// Runs the neighbour timers due at `now`: ARP retransmissions, and ICMP host unreachable
-    /// for packets whose next hop failed to resolve. Returns the number of packets dropped.
-    pub(crate) fn poll(&self, now: Instant, sink: &mut dyn Sink) {
+    /// for packets whose next hop failed to resolve (translated back through `nat`: the
+    /// packets waited after their translation).
+    pub(crate) fn poll(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
         self.neigh.poll(now, &mut |ev| match ev {
             crate::l3::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
                 self.send_arp_request(iface, ip, unicast, sink);
             }
-            crate::l3::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
+            crate::l3::neigh::NeighEvent::Unreachable { frame, .. } => {
                 sink.dropped(DropReason::NeighFailed);
                 self.counters.neigh_failed.add(1);
                 let l3 = 14;
@@ -851,9 +945,12 @@ impl Router {
                             frame: &frame,
                             l3,
                             info: &info,
-                            in_if: iface,
+                            // It waited on its way out: where it came in is not known.
+                            in_if: None,
+                            queued: true,
                         },
                         IcmpError::HostUnreachable,
+                        nat,
                         now,
                         sink,
                     );
