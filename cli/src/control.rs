@@ -28,6 +28,8 @@
 //!
 //! Each connection is served by its own thread, so a capture in progress does not hold up
 //! other requests.
+//!
+//! A request with a field its command does not have is refused, naming the field.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
@@ -62,8 +64,9 @@ pub enum Request {
         #[serde(default)]
         json: bool,
     },
-    /// Re-read the configuration file.
-    Reload,
+    /// Re-read the configuration file. (Struct variants, even without fields: serde refuses
+    /// unknown fields only for those, a unit variant of a tagged enum ignores them.)
+    Reload {},
     /// Stream a port's frames.
     Capture {
         /// The port (TAP) name.
@@ -73,7 +76,7 @@ pub enum Request {
         count: u64,
     },
     /// The node's name, config file and interfaces.
-    Status,
+    Status {},
     /// `tapyard port add`: a TAP on `bridge` that stays in tapyard's namespace.
     #[serde(rename = "port_add")]
     PortAdd {
@@ -97,7 +100,8 @@ pub enum Request {
 }
 
 /// Parses a request line; the error is the reply's message. A line with an `owner` is the
-/// CNI plugin's, parsed with its own types.
+/// CNI plugin's, parsed with its own types. A request with a field its command does not
+/// have is refused, the field named (whatever the command: a typo must not be ignored).
 pub fn parse_request(line: &str) -> Result<Request, String> {
     let bad = |e: serde_json::Error| format!("bad request: {e}");
     let v: Value = serde_json::from_str(line.trim()).map_err(bad)?;
@@ -106,9 +110,35 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
         Some("port_add" | "port_del" | "port_show")
     );
     if cni_cmd && v.get("owner").is_some() {
-        return serde_json::from_value(v).map(Request::Cni).map_err(bad);
+        let r: CniRequest = serde_json::from_value(v.clone()).map_err(bad)?;
+        refuse_unknown_fields(&v, &r)?;
+        return Ok(Request::Cni(r));
     }
     serde_json::from_value(v).map_err(bad)
+}
+
+/// Refuses a CNI request line with a field that its command does not have. The plugin's types
+/// live in its crate and accept unknown fields; every field of theirs is always written, so
+/// the parsed request written back has exactly the fields the command knows.
+fn refuse_unknown_fields(line: &Value, parsed: &CniRequest) -> Result<(), String> {
+    let (Value::Object(given), Ok(Value::Object(known))) = (line, serde_json::to_value(parsed))
+    else {
+        return Ok(());
+    };
+    match given.keys().find(|k| !known.contains_key(k.as_str())) {
+        None => Ok(()),
+        Some(k) => {
+            let expected: Vec<String> = known
+                .keys()
+                .filter(|f| f.as_str() != "cmd")
+                .map(|f| format!("`{f}`"))
+                .collect();
+            Err(format!(
+                "bad request: unknown field `{k}`, expected one of {}",
+                expected.join(", ")
+            ))
+        }
+    }
 }
 
 /// A reply line in the CNI protocol's shape.
@@ -228,7 +258,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
             };
             reply(&mut s, &v)
         }
-        Request::Reload => {
+        Request::Reload {} => {
             let v = match node.reload() {
                 Ok(changes) => {
                     log_changes(&changes);
@@ -243,7 +273,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
             };
             reply(&mut s, &v)
         }
-        Request::Status => {
+        Request::Status {} => {
             let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
             let v = json!({"ok": true, "data": {
                 "node": cur.node.name,
@@ -762,7 +792,11 @@ mod tests {
         );
         assert_eq!(
             parse_request(r#"{"cmd":"reload"}"#).unwrap(),
-            Request::Reload
+            Request::Reload {}
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"status"}"#).unwrap(),
+            Request::Status {}
         );
         assert_eq!(
             parse_request(r#"{"cmd":"capture","port":"pod-a","count":3}"#).unwrap(),
@@ -841,6 +875,38 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// Every command, the CNI plugin's included, refuses a request with a field it does not
+    /// have, and the error names the field (`{"cmd":"reload","x":1}` used to reload).
+    #[test]
+    fn every_command_refuses_an_unknown_field() {
+        let good = [
+            r#"{"cmd":"show","what":"fdb","json":true}"#,
+            r#"{"cmd":"reload"}"#,
+            r#"{"cmd":"status"}"#,
+            r#"{"cmd":"capture","port":"pod-a","count":3}"#,
+            r#"{"cmd":"port_add","bridge":"cni0","name":"pod-c","mac":"02:00:00:00:00:0c"}"#,
+            r#"{"cmd":"port_del","name":"pod-c"}"#,
+            r#"{"cmd":"port_add","bridge":"cni0","owner":"c/eth0","netns":"/n","ifname":"eth0","mtu":1500}"#,
+            r#"{"cmd":"port_del","owner":"c/eth0"}"#,
+            r#"{"cmd":"port_show","owner":"c/eth0"}"#,
+        ];
+        for line in good {
+            parse_request(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            for extra in ["x", "jsn", "owner_", "Name"] {
+                let with = format!("{},\"{extra}\":1}}", line.trim_end_matches('}'));
+                let e = parse_request(&with).expect_err(&with);
+                assert!(
+                    e.starts_with("bad request") && e.contains(&format!("`{extra}`")),
+                    "{with}: {e}"
+                );
+            }
+        }
+        // A CNI field on the command's own form is unknown there too.
+        let e = parse_request(r#"{"cmd":"port_add","bridge":"cni0","name":"p","netns":"/n"}"#)
+            .unwrap_err();
+        assert!(e.contains("`netns`"), "{e}");
     }
 
     #[test]
