@@ -1263,7 +1263,27 @@ mod tests {
             writeln!(out, "{}", serde_json::to_string_pretty(&v["data"]).unwrap()).unwrap();
             let old = t.elapsed();
             drop((v, line));
-            // Now: streamed over a socket pair, a worker forwarding meanwhile.
+            // The text form (not streamed): one string in a JSON reply, parsed whole.
+            let t = Clock::now();
+            let line = json!({"ok": true, "text": nf.conntrack().fmt_dump(now)}).to_string();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            write!(out, "{}", v["text"].as_str().unwrap_or_default()).unwrap();
+            let text = t.elapsed();
+            drop((v, line));
+            // Now: streamed over a socket pair, alone...
+            let t = Clock::now();
+            let (a, b) = UnixStream::pair().unwrap();
+            let server = {
+                let dp = dp.clone();
+                std::thread::spawn(move || {
+                    write_conntrack_reply(dp.netfilter().unwrap(), now, &a).unwrap();
+                })
+            };
+            let mut printed = io::BufWriter::with_capacity(1 << 20, io::sink());
+            read_data_reply(&mut BufReader::with_capacity(1 << 20, &b), &mut printed).unwrap();
+            server.join().unwrap();
+            let alone = t.elapsed();
+            // ... and with a worker forwarding meanwhile.
             let stop = Arc::new(AtomicBool::new(false));
             let gap = Arc::new(AtomicU64::new(0));
             // Connection 128's packets (10.244.0.2:1024 -> the DNS ClusterIP), 32 a batch,
@@ -1319,17 +1339,20 @@ mod tests {
             assert_eq!(rest["ok"], true);
             let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
             println!(
-                "{n} connections: before {:.0} ms (server {:.0} ms); streamed {:.0} ms \
+                "{n} connections: before {:.0} ms (server {:.0} ms); streamed {:.0} ms alone, \
+                 {:.0} ms beside a busy worker \
                  (CPU: server {:.0} ms, client {:.0} ms); a worker DNAT'd and forwarded \
                  {forwarded} frames meanwhile, longest gap between batches {:.1} ms; load \
-                 average {}",
+                 average {}; text form (not streamed) {:.0} ms",
                 old.as_secs_f64() * 1e3,
                 server_old.as_secs_f64() * 1e3,
+                alone.as_secs_f64() * 1e3,
                 new.as_secs_f64() * 1e3,
                 server_cpu as f64 / 1e6,
                 client_cpu as f64 / 1e6,
                 gap.load(Ordering::Relaxed) as f64 / 1e3,
                 load.split_whitespace().next().unwrap_or("?"),
+                text.as_secs_f64() * 1e3,
             );
         }
     }
