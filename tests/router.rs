@@ -589,3 +589,37 @@ fn refused_arp_frames_are_counted_as_bad_arp() {
     assert_eq!(out.len(), 1);
     assert_eq!(n.dp.stats().local, before.local + 1);
 }
+
+/// A ping to the gateway is answered, and counted as the router's: the request is `local`
+/// (consumed, as an answered ARP request), the reply `generated`; nothing is `forwarded`
+/// (it used to be: the request was rewritten in place into the reply and counted as a
+/// forwarded frame).
+#[test]
+fn an_answered_ping_is_counted_local_not_forwarded() {
+    let mut n = node();
+    pod_a_arps(&mut n);
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2(POD_A.0, GW_MAC.0)
+        .ipv4([10, 244, 1, 2], [10, 244, 1, 1], 64)
+        .icmpv4_echo_request(7, 1)
+        .write(&mut f, b"hello")
+        .unwrap();
+    let before = n.dp.stats();
+    let (v, out) = send(&mut n, PA, &f);
+    let after = n.dp.stats();
+    assert_eq!(v, Verdict::Local);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, PA);
+    assert_eq!(&out[0].1[..6], &POD_A.0);
+    let (s, d, t) = icmp_of(&out[0].1);
+    assert_eq!(
+        (s, d),
+        (Ipv4Addr::new(10, 244, 1, 1), Ipv4Addr::new(10, 244, 1, 2))
+    );
+    assert!(matches!(t, Icmpv4Type::EchoReply(_)));
+    assert_eq!(after.local, before.local + 1);
+    assert_eq!(after.forwarded, before.forwarded);
+    assert_eq!(after.generated, before.generated + 1);
+    let rx: u64 = after.ports.iter().map(|p| p.rx_packets).sum();
+    assert_eq!(after.accounted(), rx);
+}

@@ -753,8 +753,15 @@ impl Router {
             && ipv4::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
         {
             self.counters.echo_replies.add(1);
-            // The reply goes back the way the request came (dst MAC = the request's source).
-            return L3::Forward(in_if);
+            // The reply goes back the way the request came (dst MAC = the request's source),
+            // as a frame the router makes: the request itself was consumed (`local`, not
+            // `forwarded`, like an answered ARP request).
+            let reply = b.frame();
+            sink.emit(in_if, &mut |out| {
+                out.get_mut(..reply.len())?.copy_from_slice(reply);
+                Some(reply.len())
+            });
+            return L3::Local;
         }
         if info.proto == ipv4::PROTO_UDP {
             self.icmp_error(
