@@ -513,7 +513,10 @@ impl Router {
                 return L3::Drop(DropReason::L3Multicast);
             }
             if self.local_iface(info.dst).is_some() {
-                return self.local_input(b, l3, &info, in_if, hook.error_nat(), now, sink);
+                return match self.local_input(b, l3, &info, in_if, hook.error_nat(), now, sink) {
+                    L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
+                    other => other,
+                };
             }
         }
         if info.ttl <= 1 {
@@ -753,15 +756,12 @@ impl Router {
             && ipv4::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
         {
             self.counters.echo_replies.add(1);
-            // The reply goes back the way the request came (dst MAC = the request's source),
-            // as a frame the router makes: the request itself was consumed (`local`, not
-            // `forwarded`, like an answered ARP request).
-            let reply = b.frame();
-            sink.emit(in_if, &mut |out| {
-                out.get_mut(..reply.len())?.copy_from_slice(reply);
-                Some(reply.len())
-            });
-            return L3::Local;
+            // The reply goes back the way the request came (dst MAC = the request's source).
+            // The caller sends a copy as a frame the router makes: the request itself was
+            // consumed (`local`, not `forwarded`, like an answered ARP request). Copied there
+            // rather than here: emitting here cost 13 instructions per routed frame
+            // (callgrind), the codegen of the hot caller changing with this function's results.
+            return L3::Forward(in_if);
         }
         if info.proto == ipv4::PROTO_UDP {
             self.icmp_error(
@@ -779,6 +779,18 @@ impl Router {
             );
         }
         L3::Drop(DropReason::LocalNoService)
+    }
+
+    /// Sends a copy of `frame` (addressed already) out of `via`, as a frame the router makes;
+    /// the frame it came from was consumed (`L3::Local`).
+    #[cold]
+    #[inline(never)]
+    fn send_copy(via: IfaceId, frame: &[u8], sink: &mut dyn Sink) -> L3 {
+        sink.emit(via, &mut |out| {
+            out.get_mut(..frame.len())?.copy_from_slice(frame);
+            Some(frame.len())
+        });
+        L3::Local
     }
 
     /// Refuses a connection as kube-proxy's REJECT rule: a TCP reset for TCP, ICMP port
