@@ -191,7 +191,9 @@ drop_reasons! {
         BadIpHeader = "bad_ip_header",
         /// An IPv4 header checksum that does not verify.
         BadIpChecksum = "bad_ip_checksum",
-        /// A malformed ARP packet, or one not for Ethernet/IPv4.
+        /// An ARP packet to the router that is malformed or not for Ethernet/IPv4, or that it
+        /// refuses: an operation other than request or reply, a sender MAC that is not the
+        /// frame's source or not a station address, a sender claiming the router's address.
         BadArp = "bad_arp",
         /// TTL would reach 0: not forwarded (an ICMP time exceeded is sent).
         TtlExpired = "ttl_expired",

@@ -1067,3 +1067,122 @@ fn nat_node(prefix: &str, kind: TapKind) {
     drop(guard);
     println!("{prefix}: done in {:.1}s", started.elapsed().as_secs_f64());
 }
+
+/// A pod pings an address outside the cluster whose only route goes through a default gateway
+/// that never answers ARP, with its traffic masqueraded out of the uplink. The echo request is
+/// masqueraded before it waits for ARP, so the host unreachable tapyard makes when resolution
+/// fails is about a packet from the node's own address; translated back through the
+/// connection (as Linux translates an error `icmp_send` attached the connection to), it
+/// reaches the pod within ~3 s, and `ping` reports it from the address Linux reports it from
+/// in the same setup (the uplink's: the packet had left with it). A TTL-1 ping through the
+/// same NAT gets time exceeded from the pod's gateway, as on Linux. Plain TAPs, one worker.
+#[test]
+fn a_pod_behind_masquerade_is_told_its_dead_gateway_is_unreachable() {
+    if let Some(why) = skip_reason(&[("ping", "-V")]) {
+        skip(&why);
+        return;
+    }
+    let (pid, tag) = name_tag();
+    let (tap_a, tap_up) = (format!("tyd{pid}a"), format!("tyd{pid}u"));
+    let ns_name = |what: &str| format!("tyd-{what}-{pid}-{tag}");
+    let far = "198.18.0.77";
+    let mut builder = Datapath::builder();
+    let cni0 = builder.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    let id_a = builder.add_port(tap_a.clone(), Some(cni0)).unwrap();
+    builder
+        .add_router_iface(
+            IfaceConfig::new("cni0", MacAddr::local(0x0217_0101), ip4(GW), 24),
+            Some(cni0),
+        )
+        .unwrap();
+    let (eth0, id_up) = builder
+        .add_router_iface(
+            IfaceConfig::new("eth0", MacAddr::local(0x0217_1302), ip4(NODE), 24),
+            None,
+        )
+        .unwrap();
+    let cluster = Prefix::new(Ipv4Addr::new(10, 217, 0, 0), 16);
+    builder
+        .netfilter(NatConfig {
+            rules: NatRules {
+                cluster_cidr: Some(cluster),
+                masquerade: vec![MasqueradeRule {
+                    out: eth0,
+                    src: Some(cluster),
+                    except_dst: Some(cluster),
+                }],
+                ..NatRules::default()
+            },
+            ..NatConfig::default()
+        })
+        .unwrap();
+    let dp = Arc::new(builder.build());
+    // Nobody on the uplink's wire has this address.
+    let dead_gw = "172.19.0.1";
+    dp.add_route(route("0.0.0.0", 0, NextHop::Via(eth0, ip4(dead_gw))))
+        .unwrap();
+    let mut guard = Guard::default();
+    for (tap, id) in [(&tap_a, id_a), (&tap_up, id_up)] {
+        match open_tap(TapKind::Plain, tap) {
+            Ok(p) => guard.ports.push((id, Arc::new(p))),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                skip(&format!(
+                    "skipping: cannot create TAP {tap} ({e}): no CAP_NET_ADMIN"
+                ));
+                return;
+            }
+            Err(e) => panic!("cannot open TAP {tap}: {e}"),
+        }
+    }
+    let rt = Runtime::start(
+        dp.clone(),
+        guard.ports.clone(),
+        RuntimeConfig {
+            workers: 1,
+            ..Default::default()
+        },
+    )
+    .expect("start runtime");
+    guard.rt = Some(rt);
+    let pa = guard.add_namespace(&ns_name("poda"));
+    let wire = guard.add_namespace(&ns_name("wire"));
+    for ns in [&pa, &wire] {
+        ns.disable_ipv6();
+    }
+    pa.take_link(&tap_a, Some(&format!("{POD_A}/24")));
+    pa.route("default", GW);
+    wire.take_link(&tap_up, None);
+    pa.ping_ok(GW);
+
+    let t = Instant::now();
+    let out = run_output(&pa.exec(&["ping", "-n", "-c1", "-W5", far]));
+    let secs = t.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("ping {far} through the dead gateway ({secs:.1}s):\n{text}");
+    assert!(
+        text.contains(&format!(
+            "From {NODE} icmp_seq=1 Destination Host Unreachable"
+        )),
+        "no host unreachable from {NODE}:\n{text}"
+    );
+    assert!(secs < 5.0, "the error took {secs:.1}s (Linux: ~3 s)");
+    let now = guard.rt.as_ref().expect("runtime").now();
+    let ct = dp.netfilter().unwrap().conntrack().fmt_dump(now);
+    let echo = ct_line(
+        &ct,
+        &[&format!("src={POD_A} dst={far} "), &format!("dst={NODE} ")],
+    );
+    assert!(echo.starts_with("icmp"), "the echo was masqueraded:\n{ct}");
+
+    let out = run_output(&pa.exec(&["ping", "-n", "-c1", "-t1", "-W2", far]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("ping -t1 {far}:\n{text}");
+    assert!(
+        text.contains(&format!("From {GW} icmp_seq=1 Time to live exceeded")),
+        "no time exceeded from {GW}:\n{text}"
+    );
+    let st = dp.stats();
+    assert!(st.drop_count(DropReason::NeighFailed) >= 1, "{st}");
+    assert_eq!(st.drop_count(DropReason::TtlExpired), 1, "{st}");
+    drop(guard);
+}

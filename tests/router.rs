@@ -532,3 +532,94 @@ fn a_flow_in_one_batch_is_judged_packet_by_packet() {
     }
     batch.recycle(&mut n.w.pool);
 }
+
+/// An ARP frame the router refuses is counted under `bad_arp`, never as `local` (it used to
+/// be: every frame not forwarded is counted under its reason): a truncated or non-IPv4 ARP
+/// packet, an unknown operation, a sender MAC other than the frame's source, a sender
+/// claiming the gateway's address; unicast to the gateway on the bridge and on the uplink.
+/// A well-formed request is still `local`.
+#[test]
+fn refused_arp_frames_are_counted_as_bad_arp() {
+    let mut n = node();
+    pod_a_arps(&mut n);
+    let gw_ip = [10, 244, 1, 1];
+    let good = arp(1, POD_A, [10, 244, 1, 2], MacAddr::ZERO, gw_ip, GW_MAC);
+    let mut truncated = good.clone();
+    truncated.truncate(14 + 20);
+    let mut not_ipv4 = good.clone();
+    not_ipv4[14 + 2..14 + 4].copy_from_slice(&[0x86, 0xdd]); // protocol type IPv6
+    let mut bad_op = good.clone();
+    bad_op[14 + 7] = 9;
+    let mut other_sha = good.clone();
+    other_sha[14 + 8..14 + 14].copy_from_slice(&[2, 0, 0, 0, 9, 9]);
+    let claims_gw = arp(2, POD_A, gw_ip, GW_MAC, gw_ip, GW_MAC);
+    let peer = |mut f: Vec<u8>| {
+        f[..6].copy_from_slice(&UP_MAC.0);
+        f[6..12].copy_from_slice(&PEER.0);
+        f[14 + 8..14 + 14].copy_from_slice(&PEER.0);
+        f
+    };
+    let cases: Vec<(&str, PortId, Vec<u8>)> = vec![
+        ("truncated", PA, truncated.clone()),
+        ("protocol type not IPv4", PA, not_ipv4),
+        ("operation 9", PA, bad_op),
+        ("sender MAC not the frame's source", PA, other_sha),
+        ("sender claims the gateway's address", PA, claims_gw),
+        ("truncated, on the uplink", ETH0, peer(truncated)),
+    ];
+    for (what, port, f) in cases {
+        let before = n.dp.stats();
+        let (v, out) = send(&mut n, port, &f);
+        let after = n.dp.stats();
+        assert_eq!(v, Verdict::Drop(DropReason::BadArp), "{what}");
+        assert!(out.is_empty(), "{what}: nothing answers it");
+        assert_eq!(after.local, before.local, "{what}: not counted as local");
+        assert_eq!(
+            after.drop_count(DropReason::BadArp),
+            before.drop_count(DropReason::BadArp) + 1,
+            "{what}"
+        );
+        let rx: u64 = after.ports.iter().map(|p| p.rx_packets).sum();
+        assert_eq!(after.accounted(), rx, "{what}");
+    }
+    // A good unicast request to the gateway is consumed and answered.
+    let before = n.dp.stats();
+    let (v, out) = send(&mut n, PA, &good);
+    assert_eq!(v, Verdict::Local);
+    assert_eq!(out.len(), 1);
+    assert_eq!(n.dp.stats().local, before.local + 1);
+}
+
+/// A ping to the gateway is answered, and counted as the router's: the request is `local`
+/// (consumed, as an answered ARP request), the reply `generated`; nothing is `forwarded`
+/// (it used to be: the request was rewritten in place into the reply and counted as a
+/// forwarded frame).
+#[test]
+fn an_answered_ping_is_counted_local_not_forwarded() {
+    let mut n = node();
+    pod_a_arps(&mut n);
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2(POD_A.0, GW_MAC.0)
+        .ipv4([10, 244, 1, 2], [10, 244, 1, 1], 64)
+        .icmpv4_echo_request(7, 1)
+        .write(&mut f, b"hello")
+        .unwrap();
+    let before = n.dp.stats();
+    let (v, out) = send(&mut n, PA, &f);
+    let after = n.dp.stats();
+    assert_eq!(v, Verdict::Local);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, PA);
+    assert_eq!(&out[0].1[..6], &POD_A.0);
+    let (s, d, t) = icmp_of(&out[0].1);
+    assert_eq!(
+        (s, d),
+        (Ipv4Addr::new(10, 244, 1, 1), Ipv4Addr::new(10, 244, 1, 2))
+    );
+    assert!(matches!(t, Icmpv4Type::EchoReply(_)));
+    assert_eq!(after.local, before.local + 1);
+    assert_eq!(after.forwarded, before.forwarded);
+    assert_eq!(after.generated, before.generated + 1);
+    let rx: u64 = after.ports.iter().map(|p| p.rx_packets).sum();
+    assert_eq!(after.accounted(), rx);
+}

@@ -39,7 +39,7 @@ mod ports;
 mod state;
 mod takeover;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -363,22 +363,23 @@ fn fail_reply(v: &Value) -> Fail {
 
 fn cmd_show(what: args::Table, json: bool, client: &args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
-    let (v, _) = control::request(
+    // `data` (a full conntrack table is ~100 MB of JSON) is printed as it is parsed.
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let v = control::request_data(
         &sock,
         &json!({"cmd": "show", "what": what.name(), "json": json}),
+        &mut out,
     )?;
     if v.get("ok") != Some(&Value::Bool(true)) {
         return Err(fail_reply(&v));
     }
     if let Some(t) = v.get("text").and_then(Value::as_str) {
-        print!("{t}");
-    } else {
-        let data = v.get("data").cloned().unwrap_or(Value::Null);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&data).unwrap_or_default()
-        );
+        let _ = out.write_all(t.as_bytes());
+    } else if v.get("data").is_none() {
+        let _ = out.write_all(b"null\n");
     }
+    out.flush()
+        .map_err(|e| Fail(1, format!("cannot write the output: {e}")))?;
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
 use crate::l3::route::{NextHop, RouteReader};
-use crate::l3::router::{Hook, L3Batch, Prerouting, Router, Sink, L3};
+use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
 use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
@@ -159,6 +159,10 @@ impl Prerouting for NatHook<'_> {
     ) -> Hook {
         let view = RouterView { router, routes };
         self.nf.prerouting(&view, b, l3, info, self.cx, now)
+    }
+
+    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+        Some(self.nf)
     }
 }
 
@@ -718,7 +722,7 @@ impl Datapath {
             shard, pool, extra, ..
         } = w;
         let mut sink = PoolSink::new(pool, extra, shard);
-        r.poll(now, &mut sink);
+        r.poll(now, self.nf.as_ref().map(|n| n as &dyn ErrorNat), &mut sink);
         let overflow = sink.overflow;
         self.append_extra(shard, extra, overflow, out, now);
     }

@@ -24,7 +24,9 @@ use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
-use crate::wire::ethernet::{copy_readdressed, ethertype, EthernetFrame};
+use crate::wire::ethernet::{
+    copy_readdressed, ethertype, EthernetFrame, HEADER_LEN as ETH_HEADER_LEN,
+};
 use crate::wire::icmp::codes as icmp;
 use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet};
 use crate::wire::mac::MacAddr;
@@ -235,13 +237,32 @@ impl IcmpError {
 }
 
 /// The packet an ICMP error is about: its frame, where its IPv4 header starts, that header's
-/// checked facts, and the interface it came in on.
+/// checked facts, and the interface it came in on when that is known (a packet released from
+/// an ARP queue no longer knows it): when the error goes back out of that interface, the
+/// packet's own source MAC is a usable next hop.
 #[derive(Clone, Copy)]
 pub(crate) struct Offending<'a> {
     pub(crate) frame: &'a [u8],
     pub(crate) l3: usize,
     pub(crate) info: &'a Ipv4Info,
-    pub(crate) in_if: IfaceId,
+    pub(crate) in_if: Option<IfaceId>,
+    /// The packet had waited for ARP: in Linux it had passed POSTROUTING, its source NAT
+    /// applied, which decides the error's source address (see [`Router::icmp_error`]).
+    pub(crate) queued: bool,
+}
+
+/// NAT for the ICMP errors the router makes itself, as netfilter's LOCAL_OUT and POSTROUTING
+/// hooks see them: Linux attaches the offending packet's connection to the error it builds
+/// (`nf_ct_attach` in `icmp_send`), so NAT translates the error back as any RELATED packet.
+/// The offending packet was translated before the router judged it (at PREROUTING), so
+/// without this an error about a masqueraded packet would be addressed to the node itself,
+/// and one about a DNAT'd packet would quote the endpoint instead of the Service address.
+pub(crate) trait ErrorNat {
+    /// Translates the ICMP error datagram `ip` (header checked, facts in `info`) through the
+    /// connection of the packet it quotes, when that connection is NAT'd: the destination
+    /// becomes the original sender and the quoted header what that sender sent. `false`:
+    /// the error cannot be translated and must not be sent.
+    fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool;
 }
 
 /// What a hook decided about a packet.
@@ -272,6 +293,9 @@ pub(crate) trait Prerouting {
         info: &mut Ipv4Info,
         now: Instant,
     ) -> Hook;
+
+    /// The NAT that ICMP errors about packets this hook translated must go through.
+    fn error_nat(&self) -> Option<&dyn ErrorNat>;
 }
 
 /// An optional hook: none accepts every packet.
@@ -290,6 +314,10 @@ impl<H: Prerouting> Prerouting for Option<H> {
             Some(h) => h.prerouting(router, routes, b, l3, info, now),
             None => Hook::Accept,
         }
+    }
+
+    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+        self.as_ref().and_then(|h| h.error_nat())
     }
 }
 
@@ -345,10 +373,10 @@ impl Router {
     ) -> L3 {
         let group = b.frame().first().is_some_and(|d| d & 1 == 1);
         match ether_type {
-            ethertype::ARP => {
-                self.arp_input(b.frame(), l3, in_if, now, sink);
-                L3::Local
-            }
+            ethertype::ARP => match self.arp_input(b.frame(), l3, in_if, now, sink) {
+                Ok(()) => L3::Local,
+                Err(reason) => L3::Drop(reason),
+            },
             ethertype::IPV4 if group => L3::Drop(DropReason::L3Multicast),
             ethertype::IPV4 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
@@ -367,10 +395,16 @@ impl Router {
         sink: &mut dyn Sink,
     ) {
         if ether_type == ethertype::ARP {
-            self.arp_input(frame, l3, in_if, now, sink);
+            // The frame is flooded whatever the router makes of it: nothing to count here.
+            let _ = self.arp_input(frame, l3, in_if, now, sink);
         }
     }
 
+    /// Processes an ARP packet: `Ok` when it was taken in (learned from, answered, or an
+    /// ordinary request or reply the router had no use for); `Err(BadArp)` when it is refused
+    /// (malformed or not Ethernet/IPv4, an operation other than request or reply, a sender
+    /// MAC that is not the frame's source or not a station address, a sender claiming the
+    /// interface's own address), so that a frame not forwarded is counted under its reason.
     fn arp_input(
         &self,
         frame: &[u8],
@@ -378,21 +412,25 @@ impl Router {
         in_if: IfaceId,
         now: Instant,
         sink: &mut dyn Sink,
-    ) {
+    ) -> Result<(), DropReason> {
         let Some(iface) = self.iface(in_if) else {
-            return;
+            return Err(DropReason::NotForRouter);
         };
         let (Ok(eth), Some(a)) = (
             EthernetFrame::new_checked(frame),
             ArpRepr::parse_bytes(frame.get(l3..).unwrap_or(&[])),
         ) else {
-            return;
+            return Err(DropReason::BadArp);
         };
+        // Linux's arp_process takes requests and replies only.
+        if a.operation != arp::REQUEST && a.operation != arp::REPLY {
+            return Err(DropReason::BadArp);
+        }
         // Never learn from a frame whose Ethernet source disagrees with its ARP sender, nor
         // from ARP probes (sender 0.0.0.0) or from our own addresses.
         let l2_src = eth.src_addr();
         if a.sha != l2_src || !a.sha.is_station() || a.spa == iface.cfg.addr {
-            return;
+            return Err(DropReason::BadArp);
         }
         let for_us = a.tpa == iface.cfg.addr;
         if !a.spa.is_unspecified() {
@@ -417,14 +455,14 @@ impl Router {
             );
         }
         if a.operation != arp::REQUEST {
-            return;
+            return Ok(());
         }
         let answer = for_us
             || (iface.cfg.proxy_arp
                 && a.tpa != a.spa
                 && matches!(self.routes.lookup(a.tpa), Some(nh) if nh.iface().is_some_and(|e| e != in_if)));
         if !answer {
-            return;
+            return Ok(());
         }
         self.counters.arp_replies.add(1);
         let reply = ArpRepr {
@@ -436,6 +474,7 @@ impl Router {
         };
         let src = iface.cfg.mac;
         sink.emit(in_if, &mut |out| reply.write_frame(src, a.sha, out));
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -473,8 +512,11 @@ impl Router {
             {
                 return L3::Drop(DropReason::L3Multicast);
             }
-            if let Some(local) = self.local_iface(info.dst) {
-                return self.local_input(b, l3, &info, in_if, local, now, sink);
+            if self.local_iface(info.dst).is_some() {
+                return match self.local_input(b, l3, &info, in_if, hook.error_nat(), now, sink) {
+                    L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
+                    other => other,
+                };
             }
         }
         if info.ttl <= 1 {
@@ -483,9 +525,11 @@ impl Router {
                     frame: b.frame(),
                     l3,
                     info: &info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
                 IcmpError::TtlExceeded,
+                hook.error_nat(),
                 now,
                 sink,
             );
@@ -500,9 +544,11 @@ impl Router {
                             frame: b.frame(),
                             l3,
                             info: &info,
-                            in_if,
+                            in_if: Some(in_if),
+                            queued: false,
                         },
                         IcmpError::NetUnreachable,
+                        hook.error_nat(),
                         now,
                         sink,
                     );
@@ -516,9 +562,11 @@ impl Router {
                             frame: b.frame(),
                             l3,
                             info: &info,
-                            in_if,
+                            in_if: Some(in_if),
+                            queued: false,
                         },
                         IcmpError::HostUnreachable,
+                        hook.error_nat(),
                         now,
                         sink,
                     );
@@ -550,11 +598,13 @@ impl Router {
                     frame: b.frame(),
                     l3,
                     info: &info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
                 IcmpError::FragNeeded {
                     mtu: egress.cfg.mtu,
                 },
+                hook.error_nat(),
                 now,
                 sink,
             );
@@ -695,7 +745,7 @@ impl Router {
         l3: usize,
         info: &Ipv4Info,
         in_if: IfaceId,
-        _local: IfaceId,
+        nat: Option<&dyn ErrorNat>,
         now: Instant,
         sink: &mut dyn Sink,
     ) -> L3 {
@@ -707,6 +757,10 @@ impl Router {
         {
             self.counters.echo_replies.add(1);
             // The reply goes back the way the request came (dst MAC = the request's source).
+            // The caller sends a copy as a frame the router makes: the request itself was
+            // consumed (`local`, not `forwarded`, like an answered ARP request). Copied there
+            // rather than here: emitting here cost 13 instructions per routed frame
+            // (callgrind), the codegen of the hot caller changing with this function's results.
             return L3::Forward(in_if);
         }
         if info.proto == ipv4::PROTO_UDP {
@@ -715,14 +769,28 @@ impl Router {
                     frame: b.frame(),
                     l3,
                     info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
                 IcmpError::PortUnreachable,
+                nat,
                 now,
                 sink,
             );
         }
         L3::Drop(DropReason::LocalNoService)
+    }
+
+    /// Sends a copy of `frame` (addressed already) out of `via`, as a frame the router makes;
+    /// the frame it came from was consumed (`L3::Local`).
+    #[cold]
+    #[inline(never)]
+    fn send_copy(via: IfaceId, frame: &[u8], sink: &mut dyn Sink) -> L3 {
+        sink.emit(via, &mut |out| {
+            out.get_mut(..frame.len())?.copy_from_slice(frame);
+            Some(frame.len())
+        });
+        L3::Local
     }
 
     /// Refuses a connection as kube-proxy's REJECT rule: a TCP reset for TCP, ICMP port
@@ -746,9 +814,12 @@ impl Router {
                     frame,
                     l3,
                     info,
-                    in_if,
+                    in_if: Some(in_if),
+                    queued: false,
                 },
+                // Refused before any translation: the packet is as its sender sent it.
                 IcmpError::PortUnreachable,
+                None,
                 now,
                 sink,
             );
@@ -767,8 +838,17 @@ impl Router {
     }
 
     /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed and
-    /// within the rate limit. It is routed like any packet the router sends; when the way back
-    /// is the interface the packet came in on, the packet's own source MAC is the next hop.
+    /// within the rate limit. With `nat`, the error is first translated back through the
+    /// packet's connection (see [`ErrorNat`]), so it reaches the original sender quoting what
+    /// that sender sent. It is routed like any packet the router sends; when the way back is
+    /// the interface the packet came in on, the packet's own source MAC is the next hop.
+    ///
+    /// Its source address is the one Linux's `icmp_send` picks: the address of the interface
+    /// that leads back to the sender, except for a packet that had waited for ARP (in Linux
+    /// it had passed POSTROUTING) whose source was translated to one of our addresses
+    /// (masquerade): that address, as Linux's route back to it is a local one. (Linux would
+    /// take the interface towards a foreign SNAT address; tapyard the one towards the
+    /// sender.)
     #[allow(clippy::too_many_arguments)]
     #[cold]
     #[inline(never)]
@@ -776,6 +856,7 @@ impl Router {
         &self,
         about: Offending<'_>,
         err: IcmpError,
+        nat: Option<&dyn ErrorNat>,
         now: Instant,
         sink: &mut dyn Sink,
     ) {
@@ -784,6 +865,7 @@ impl Router {
             l3,
             info,
             in_if,
+            queued,
         } = about;
         let (ty, code, rest) = err.type_code_rest();
         let group = frame.first().is_some_and(|d| d & 1 == 1);
@@ -793,12 +875,46 @@ impl Router {
         if !ipv4::may_send_icmp_error(orig, info, group) {
             return;
         }
-        if !self.icmp.allow(info.src, now) {
+        let src_ip = (queued && self.local_iface(info.src).is_some()).then_some(info.src);
+        // Built first (MACs and, when not known yet, the source address filled in below),
+        // so that NAT can translate it as it will leave.
+        let mut buf = [0u8; ETH_HEADER_LEN + ipv4::ICMP_ERROR_MAX];
+        let Some(len) = ipv4::write_icmp_error(
+            &mut buf,
+            MacAddr::ZERO,
+            MacAddr::ZERO,
+            src_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            info.src,
+            ty,
+            code,
+            rest,
+            orig,
+        ) else {
+            return;
+        };
+        let mut dst_ip = info.src;
+        if let Some(nat) = nat {
+            let Some(ip) = buf.get_mut(ETH_HEADER_LEN..len) else {
+                return;
+            };
+            let Ok(mut out) = ipv4::check_header(ip) else {
+                return;
+            };
+            if !nat.translate_error(ip, &mut out, now) {
+                return;
+            }
+            dst_ip = out.dst;
+        }
+        // Nobody to tell: an error about a packet the router sent itself.
+        if self.local_iface(dst_ip).is_some() {
+            return;
+        }
+        if !self.icmp.allow(dst_ip, now) {
             self.counters.icmp_rate_limited.add(1);
             return;
         }
-        let (out_if, nh) = match self.routes.lookup(info.src) {
-            Some(NextHop::Link(i)) => (i, info.src),
+        let (out_if, nh) = match self.routes.lookup(dst_ip) {
+            Some(NextHop::Link(i)) => (i, dst_ip),
             Some(NextHop::Via(i, gw)) => (i, gw),
             _ => return,
         };
@@ -807,29 +923,37 @@ impl Router {
         };
         let dst_mac = match self.neigh.lookup(out_if, nh, now) {
             Some(m) => m,
-            None if out_if == in_if => match EthernetFrame::new_checked(frame) {
+            None if in_if == Some(out_if) => match EthernetFrame::new_checked(frame) {
                 Ok(e) => e.src_addr(),
                 Err(_) => return,
             },
             None => return,
         };
+        if src_ip.is_none() {
+            let Some(ip) = buf.get_mut(ETH_HEADER_LEN..len) else {
+                return;
+            };
+            let mut p = Ipv4Packet::new_unchecked(ip);
+            p.set_src_addr(egress.cfg.addr);
+            p.fill_checksum();
+        }
         self.counters.icmp_errors.add(1);
-        let (src_mac, src_ip) = (egress.cfg.mac, egress.cfg.addr);
+        let error = &buf[..len];
+        let src_mac = egress.cfg.mac;
         sink.emit(out_if, &mut |out| {
-            ipv4::write_icmp_error(
-                out, src_mac, dst_mac, src_ip, info.src, ty, code, rest, orig,
-            )
+            copy_readdressed(out, error, src_mac, dst_mac)
         });
     }
 
     /// Runs the neighbour timers due at `now`: ARP retransmissions, and ICMP host unreachable
-    /// for packets whose next hop failed to resolve. Returns the number of packets dropped.
-    pub(crate) fn poll(&self, now: Instant, sink: &mut dyn Sink) {
+    /// for packets whose next hop failed to resolve (translated back through `nat`: the
+    /// packets waited after their translation).
+    pub(crate) fn poll(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
         self.neigh.poll(now, &mut |ev| match ev {
             crate::l3::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
                 self.send_arp_request(iface, ip, unicast, sink);
             }
-            crate::l3::neigh::NeighEvent::Unreachable { iface, frame, .. } => {
+            crate::l3::neigh::NeighEvent::Unreachable { frame, .. } => {
                 sink.dropped(DropReason::NeighFailed);
                 self.counters.neigh_failed.add(1);
                 let l3 = 14;
@@ -840,9 +964,12 @@ impl Router {
                             frame: &frame,
                             l3,
                             info: &info,
-                            in_if: iface,
+                            // It waited on its way out: where it came in is not known.
+                            in_if: None,
+                            queued: true,
                         },
                         IcmpError::HostUnreachable,
+                        nat,
                         now,
                         sink,
                     );

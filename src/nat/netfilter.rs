@@ -25,6 +25,14 @@
 //!   to the connection whose packet they quote: found through the quoted tuple, they are
 //!   translated with it, the quoted header and every checksum included
 //!   (`nf_nat_icmp_reply_translation`). An ICMP error about no known connection is INVALID.
+//! * **ICMP errors the router makes itself** (TTL exceeded, net/host unreachable,
+//!   fragmentation needed, port unreachable, host unreachable when a next hop never answers
+//!   ARP) are about packets this engine may already have translated: the router hands each
+//!   one to the engine (`ErrorNat`) before routing it, and it is translated back through the
+//!   quoted packet's connection the same way, as Linux does for the error `icmp_send` attached
+//!   the connection to (`nf_ct_attach`). So an error about a masqueraded packet reaches the
+//!   pod, not the node's own address, and one about a DNAT'd packet quotes the Service
+//!   address the client used.
 //!
 //! # The fast path of an established connection
 //!
@@ -76,7 +84,7 @@ use crate::buf::PacketBuf;
 use crate::conntrack::{
     Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
 };
-use crate::l3::router::Hook;
+use crate::l3::router::{ErrorNat, Hook};
 use crate::narrow::len32;
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::{counter_set, DropReason, SharedCounter};
@@ -903,6 +911,27 @@ impl Netfilter {
             Track::Invalid(_) if !self.ct.config().liberal => Hook::Drop(DropReason::CtInvalid),
             _ if !is_natted(&hit) => Hook::Accept,
             _ => self.apply(ip, &mut info, &t, kind, &target(&hit), mode),
+        }
+    }
+}
+
+/// ICMP errors the router makes about packets this engine translated: RELATED to the quoted
+/// packet's connection and translated back through it, as Linux's NAT does for an error that
+/// `icmp_send` attached the connection to (`nf_nat_icmp_reply_translation`): the destination
+/// becomes the original sender, the quoted packet what that sender sent (every checksum
+/// updated). The router's own source address is kept (as `related` keeps an
+/// intermediate router's). An error about no tracked connection goes out unchanged.
+impl ErrorNat for Netfilter {
+    fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool {
+        let Some((q, L4Kind::IcmpError { inner_l3 })) =
+            Tuple::from_ipv4(ip, info.hdr_len, info.total_len)
+        else {
+            return true;
+        };
+        let inner = usize::from(inner_l3);
+        match self.related(ip, info, q, inner, CsumMode::Full, now, Hook::Accept) {
+            Hook::Accept => true,
+            Hook::Drop(_) | Hook::Reject { .. } => false,
         }
     }
 }
