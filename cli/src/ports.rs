@@ -667,8 +667,6 @@ impl Node {
         let offload = tap.offloads();
         let tap = Arc::new(tap);
         let (pending, capture) = self.attach_tap(name, tap.clone(), bid)?;
-        tap.set_persist(true)
-            .map_err(|e| format!("cannot make TAP {tap_name:?} persistent: {e}"))?;
         let e = PortEntry {
             id: pending.id,
             name: name.to_string(),
@@ -682,12 +680,11 @@ impl Node {
             netns_id: None,
             origin,
             capture,
-            dev: Some(tap),
+            dev: Some(tap.clone()),
             offload,
         };
-        self.ports.insert(e.clone());
+        self.record_then_persist(&e, &tap)?;
         pending.keep();
-        self.save_ports();
         log::info!(
             "port {name} added to bridge {bridge} ({}) mac {}",
             origin.name(),
@@ -763,8 +760,6 @@ impl Node {
         let offload = tap.offloads();
         let tap = Arc::new(tap);
         let (pending, capture) = self.attach_tap(&tmp, tap.clone(), bid)?;
-        tap.set_persist(true)
-            .map_err(|e| format!("cannot make TAP {tmp:?} persistent: {e}"))?;
         let e = PortEntry {
             id: pending.id,
             name: tmp.clone(),
@@ -778,18 +773,40 @@ impl Node {
             netns_id: (Some(ns_id) != self.state.own_ns).then_some(ns_id),
             origin: Origin::Cni,
             capture,
-            dev: Some(tap),
+            dev: Some(tap.clone()),
             offload,
         };
-        self.ports.insert(e.clone());
+        self.record_then_persist(&e, &tap)?;
         pending.keep();
-        self.save_ports();
         log::info!(
             "port {} ({owner}) added to bridge {bridge}: {ifname} in {netns_path}, mac {}",
             e.name,
             e.info().mac
         );
         Ok(e.info())
+    }
+
+    /// Adds a new port's entry to the registry and its record, then makes its TAP persistent:
+    /// in this order, a crash in between leaves a record of a TAP that went with the process
+    /// (dropped at the next start), never a persistent TAP that no record lists (which would
+    /// stay, unknown to tapyard and to `cleanup`, and block its name). On failure the entry
+    /// is taken out again (the caller undoes the rest).
+    fn record_then_persist(&self, e: &PortEntry, tap: &TapPort) -> Result<(), String> {
+        self.ports.insert(e.clone());
+        self.save_ports();
+        // For the tests (debug builds only): die between the two steps.
+        if crate::failpoint::is("port-add-recorded", "exit") {
+            std::process::exit(137);
+        }
+        if let Err(err) = tap.set_persist(true) {
+            self.ports.remove(e.id);
+            self.save_ports();
+            return Err(format!(
+                "cannot make TAP {:?} persistent: {err}",
+                tap.name()
+            ));
+        }
+        Ok(())
     }
 
     /// Removes a port: from the workers, from the datapath, from the registry and its

@@ -23,12 +23,14 @@
 //! ([`flows_survive_restart`]): a TCP connection through a ClusterIP Service (DNAT'd to node-b's
 //! pod, reached by a route), a TCP connection to an outside host (masqueraded to the uplink's
 //! address) and a UDP flow to a ClusterIP, each one connection for the whole test, run across
-//! `kill -9` + restart and a clean stop + start: no reset, the same endpoint and masquerade port
-//! throughout (the servers echo the peer they see), answers again after each restart, and `show
+//! `kill -9` + restart and a clean stop + start: no reset, the same endpoint (of two each
+//! Service has) and masquerade port throughout (the servers echo their ident and the peer they
+//! see), answers again after each restart, and `show
 //! conntrack` lists them again with the same NAT right after the restart; routed and
 //! masqueraded pings time the restarts. ([`full_table_restart_time`]): with the connection
 //! table full (262,144 SYN_SENT entries), every entry is kept across `kill -9` and a clean stop
-//! and routed traffic resumes within a second.
+//! and routed traffic resumes within a second. ([`killed_in_port_add_leaves_no_unknown_tap`]):
+//! a node killed in the middle of `port add` leaves no persistent TAP that no record lists.
 //!
 //! Needs root, `ip`, `ping`, `python3` and host-local (`$TAPYARD_CNI_PLUGINS`, `/usr/lib/cni`
 //! or `/opt/cni/bin`); without them each test prints why and passes, except with `CI=true`,
@@ -191,6 +193,8 @@ struct Rig {
     config: PathBuf,
     state: PathBuf,
     log: PathBuf,
+    /// `TAPYARD_TEST_FAILPOINT` for the next start (debug builds only).
+    failpoint: String,
 }
 
 impl Drop for Rig {
@@ -223,6 +227,7 @@ impl Rig {
             config: dir.join("node.toml"),
             state: dir.join("state"),
             log: dir.join("run.log"),
+            failpoint: String::new(),
             tag,
             dir,
             namespaces: Vec::new(),
@@ -283,14 +288,14 @@ name = "web"
 cluster_ip = "{WEB_VIP}"
 protocol = "tcp"
 port = 80
-endpoints = ["{NODE_B_POD}:8081"]
+endpoints = ["{NODE_B_POD}:8081", "{NODE_B_POD}:8082"]
 
 [[service]]
 name = "dns"
 cluster_ip = "{DNS_VIP}"
 protocol = "udp"
 port = 53
-endpoints = ["{NODE_B_POD}:5353"]
+endpoints = ["{NODE_B_POD}:5353", "{NODE_B_POD}:5354"]
 
 [masquerade]
 out = "up0"
@@ -315,6 +320,7 @@ out = "up0"
                 .args(["netns", "exec", &self.ns_node, TAPYARD, "run"])
                 .arg(&self.config)
                 .env("RUST_LOG", "info")
+                .env("TAPYARD_TEST_FAILPOINT", &self.failpoint)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -615,6 +621,30 @@ fn first_reply_after(out: &std::path::Path, t0: f64) -> Duration {
     }
 }
 
+/// `wait_output` reads a child's stdout and stderr while it runs: a child writing more than
+/// a pipe holds on both finishes at once instead of blocking until the timeout. No root
+/// needed.
+#[test]
+fn wait_output_collects_more_than_a_pipe_holds() {
+    let child = Command::new("sh")
+        .args([
+            "-c",
+            "head -c 300000 /dev/zero | tr '\\0' a; head -c 200000 /dev/zero | tr '\\0' b >&2",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let out = wait_output(child, Duration::from_secs(10), "sh (500 kB of output)");
+    assert!(out.status.success(), "{}", out.status);
+    assert_eq!(out.stdout.len(), 300_000);
+    assert!(out.stdout.iter().all(|&b| b == b'a'));
+    assert_eq!(out.stderr.len(), 200_000);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 #[test]
 fn kill_and_clean_stop_keep_the_pods() {
     if skip("kill_and_clean_stop_keep_the_pods") {
@@ -678,6 +708,44 @@ fn kill_and_clean_stop_keep_the_pods() {
     let gap = r.restart_measured(Rig::kill9);
     println!("kill -9 while pinging: from restart (exec) to the first reply: {gap:?}");
     assert!(gap < Duration::from_secs(5), "{gap:?}");
+}
+
+/// `kill -9` in the middle of `port add`, between recording the new port and making its TAP
+/// persistent (a failure point: debug builds only): the next start knows every TAP there is
+/// (the TAP went with the process, its record is dropped), and the name can be added again.
+/// Recorded the other way round, a persistent TAP no record lists would stay in the node's
+/// namespace, unknown to tapyard and `cleanup`, and block `port add` of its name.
+#[test]
+fn killed_in_port_add_leaves_no_unknown_tap() {
+    if skip("killed_in_port_add_leaves_no_unknown_tap") {
+        return;
+    }
+    if !cfg!(debug_assertions) {
+        eprintln!("SKIP killed_in_port_add_leaves_no_unknown_tap: failure points are in debug builds only");
+        return;
+    }
+    let mut r = Rig::new("pa");
+    r.failpoint = "port-add-recorded=exit".into();
+    r.start();
+    let tap = format!("tyx{}", r.tag);
+    let out = tapyard_at(&r.socket, &["port", "add", "cni0", &tap]);
+    assert!(!out.status.success(), "port add answered: {out:?}");
+    let st = r.node.take().unwrap().wait().unwrap();
+    assert_eq!(st.code(), Some(137), "{st}");
+    r.failpoint.clear();
+    r.start();
+    let exists = run_output(&["ip", "-n", &r.ns_node, "link", "show", &tap])
+        .status
+        .success();
+    assert!(
+        !exists || r.port(&tap).is_some(),
+        "TAP {tap} exists but the restarted node does not know it: {:?}",
+        r.ports()
+    );
+    assert!(!r.recorded(&tap), "{}", r.record());
+    r.tapyard(&["port", "add", "cni0", &tap]);
+    assert!(r.recorded(&tap));
+    assert!(r.port(&tap).is_some());
 }
 
 #[test]
@@ -833,12 +901,20 @@ fn flows_survive_restart() {
         &b,
         &["python3", "-c", ECHO_PY, "node-b", "8081", "5353"],
     );
+    // Each Service has a second endpoint, answering with another ident: a connection whose
+    // NAT binding were lost would be balanced anew (and a UDP flow would show it).
+    spawn_in(
+        &mut r.children,
+        &b,
+        &["python3", "-c", ECHO_PY, "node-b2", "8082", "5354"],
+    );
     spawn_in(
         &mut r.children,
         &out,
         &["python3", "-c", ECHO_PY, "outside", "9000", "0"],
     );
     wait_listening(&b, 8081);
+    wait_listening(&b, 8082);
     wait_listening(&out, 9000);
     // Three flows from pod-a, each one connection for the whole test: TCP to a ClusterIP
     // (DNAT'd to node-b's pod, reached by a route), TCP to the outside host (masqueraded to
@@ -912,7 +988,8 @@ fn flows_survive_restart() {
             ok.len(),
             std::fs::read_to_string(file).unwrap_or_default()
         );
-        // `<ident> <peer as the server saw it> <n>`: one peer throughout.
+        // `<ident> <peer as the server saw it> <n>`: one endpoint (the ident) and one peer
+        // throughout.
         let peer = |s: &String| s.rsplit_once(' ').map(|(p, _)| p.to_string()).unwrap();
         let first = peer(&ok[0].1);
         assert!(
