@@ -32,6 +32,7 @@ mod capture;
 mod config;
 mod control;
 mod diff;
+mod failpoint;
 mod live;
 mod metrics;
 mod node;
@@ -293,6 +294,18 @@ fn cmd_cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
             format!(
                 "a tapyard (node {name}) still answers on {}: stop it first (SIGTERM), then run cleanup again; nothing deleted",
                 socket.display()
+            ),
+        ));
+    }
+    // A node started with `--socket` elsewhere does not answer there: every `tapyard run`
+    // also listens on `<state_dir>/takeover.sock`, which is what its state belongs to.
+    let takeover = takeover::socket_path(&cfg.node.state_dir_path());
+    if std::os::unix::net::UnixStream::connect(&takeover).is_ok() {
+        return Err(Fail(
+            1,
+            format!(
+                "a tapyard still serves {} (the state directory's node): stop it first (SIGTERM), then run cleanup again; nothing deleted",
+                takeover.display()
             ),
         ));
     }

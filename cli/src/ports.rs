@@ -471,6 +471,13 @@ impl Node {
     /// Writes the registry to `<state_dir>/ports.json`; a failure is logged (the ports work,
     /// but would not be found again after a restart).
     pub fn save_ports(&self) {
+        if let Err(e) = self.try_save_ports() {
+            log::error!("{e} (the ports would not be found again after a restart)");
+        }
+    }
+
+    /// [`Node::save_ports`], saying why it failed.
+    fn try_save_ports(&self) -> Result<(), String> {
         let _w = self.state.lock();
         let r = state::Record {
             version: state::VERSION,
@@ -478,12 +485,12 @@ impl Node {
             own_netns: self.state.own_netns(),
             ports: self.ports.list().iter().map(PortEntry::record).collect(),
         };
-        if let Err(e) = state::save(&self.state.dir, &r) {
-            log::error!(
-                "cannot write {}: {e} (the ports would not be found again after a restart)",
+        state::save(&self.state.dir, &r).map_err(|e| {
+            format!(
+                "cannot write {}: {e}",
                 self.state.dir.join(state::PORTS_FILE).display()
-            );
-        }
+            )
+        })
     }
 
     /// Announces each router interface on its link, as Linux does when an interface comes up
@@ -667,8 +674,6 @@ impl Node {
         let offload = tap.offloads();
         let tap = Arc::new(tap);
         let (pending, capture) = self.attach_tap(name, tap.clone(), bid)?;
-        tap.set_persist(true)
-            .map_err(|e| format!("cannot make TAP {tap_name:?} persistent: {e}"))?;
         let e = PortEntry {
             id: pending.id,
             name: name.to_string(),
@@ -682,12 +687,11 @@ impl Node {
             netns_id: None,
             origin,
             capture,
-            dev: Some(tap),
+            dev: Some(tap.clone()),
             offload,
         };
-        self.ports.insert(e.clone());
+        self.record_then_persist(&e, &tap)?;
         pending.keep();
-        self.save_ports();
         log::info!(
             "port {name} added to bridge {bridge} ({}) mac {}",
             origin.name(),
@@ -763,8 +767,6 @@ impl Node {
         let offload = tap.offloads();
         let tap = Arc::new(tap);
         let (pending, capture) = self.attach_tap(&tmp, tap.clone(), bid)?;
-        tap.set_persist(true)
-            .map_err(|e| format!("cannot make TAP {tmp:?} persistent: {e}"))?;
         let e = PortEntry {
             id: pending.id,
             name: tmp.clone(),
@@ -778,18 +780,47 @@ impl Node {
             netns_id: (Some(ns_id) != self.state.own_ns).then_some(ns_id),
             origin: Origin::Cni,
             capture,
-            dev: Some(tap),
+            dev: Some(tap.clone()),
             offload,
         };
-        self.ports.insert(e.clone());
+        self.record_then_persist(&e, &tap)?;
         pending.keep();
-        self.save_ports();
         log::info!(
             "port {} ({owner}) added to bridge {bridge}: {ifname} in {netns_path}, mac {}",
             e.name,
             e.info().mac
         );
         Ok(e.info())
+    }
+
+    /// Adds a new port's entry to the registry and its record, then makes its TAP persistent:
+    /// in this order, a crash in between leaves a record of a TAP that went with the process
+    /// (dropped at the next start), never a persistent TAP that no record lists (which would
+    /// stay, unknown to tapyard and to `cleanup`, and block its name). A record that cannot
+    /// be written (a full disk) refuses the port for the same reason. On failure the entry
+    /// is taken out again (the caller undoes the rest).
+    fn record_then_persist(&self, e: &PortEntry, tap: &TapPort) -> Result<(), String> {
+        self.ports.insert(e.clone());
+        if let Err(err) = self.try_save_ports() {
+            self.ports.remove(e.id);
+            self.save_ports();
+            return Err(format!(
+                "{err}: the port is not added (it would not be found again after a restart)"
+            ));
+        }
+        // For the tests (debug builds only): die between the two steps.
+        if crate::failpoint::is("port-add-recorded", "exit") {
+            std::process::exit(137);
+        }
+        if let Err(err) = tap.set_persist(true) {
+            self.ports.remove(e.id);
+            self.save_ports();
+            return Err(format!(
+                "cannot make TAP {:?} persistent: {err}",
+                tap.name()
+            ));
+        }
+        Ok(())
     }
 
     /// Removes a port: from the workers, from the datapath, from the registry and its

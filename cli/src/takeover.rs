@@ -37,10 +37,16 @@
 //! namespace, ifindex, offloads), and the new process writes the same record. Any
 //! failure before the `ack` (an error, an `abort {error}`, the connection closing, a side
 //! waiting too long) leaves the old process in charge: it resumes its workers and its control
-//! socket as if nothing happened, and the new one exits with status 2 and the reason. The new
-//! process checks the time too: it does not start forwarding once [`ADOPT_DEADLINE`] has
-//! passed since the handover, well before the old one gives up at [`ACK_TIMEOUT`], so the two
-//! never forward at once.
+//! socket as if nothing happened, and the new one exits with status 2 and the reason. When
+//! the descriptors were sent, the new process may have mapped the connection table and
+//! forwarded into it before failing (it stops its workers before it says `abort`), so the
+//! old one first takes the table back (rebuilds its own view of it from the entries) and
+//! writes its port record again. The new process checks the time too: it does not start
+//! forwarding once [`ADOPT_DEADLINE`] has passed since the handover, well before the old one
+//! gives up at [`ACK_TIMEOUT`], so the two never forward at once (unless the new process
+//! stalls for seconds between that check and its workers' start). Once it has sent `ack`,
+//! the new process goes on when the connection closes without a `bye` or an `abort`: the old
+//! process died holding nothing the new one needs.
 //!
 //! With nobody to take over from (no socket, or nobody answers it), `--takeover` fails with a
 //! message that says so rather than starting afresh: the caller asked for an upgrade without a
@@ -105,10 +111,17 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The new process starts forwarding only within this time after it got the descriptors.
 pub const ADOPT_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Set to `abort` (send `abort`) or `exit` (exit 3 at once), the new process fails on
-/// purpose right after it received the descriptors, while the old one is paused: how the
-/// tests check that the old one then resumes.
-pub const FAIL_ENV: &str = "TAPYARD_TAKEOVER_TEST_FAIL";
+/// Failure points of a takeover, for the tests ([`crate::failpoint`], debug builds only):
+/// `takeover-new-after-fds=abort|exit` (the new process sends `abort`, or exits 3 at once,
+/// right after it received the descriptors, while the old one is paused);
+/// `takeover-new-after-start=abort` (the new process aborts once it has mapped the
+/// connection table and forwarded, before the `ack`); `takeover-old-after-handover=exit`
+/// (the old process exits 137 at once, as if killed, after it sent the descriptors).
+pub const FAILPOINTS: [&str; 3] = [
+    "takeover-new-after-fds",
+    "takeover-new-after-start",
+    "takeover-old-after-handover",
+];
 
 /// The registry entry of a port the running node offered, for datapath port `id`, with its
 /// handed-over device (a fresh capture state). A port recorded in the old process's own
@@ -533,13 +546,20 @@ pub fn serve(old: OldSide, stop: Arc<AtomicBool>) {
     }
 }
 
-/// The old side of one takeover. Returns the reason it failed (everything resumed); on
-/// success the process exits.
+/// The old side of one takeover. Returns the reason it failed (everything resumed), `Ok`
+/// for a connection closed before `hello` (a probe); on success the process exits.
 fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(HELLO_TIMEOUT))
         .map_err(|e| e.to_string())?;
-    let (hello, _) = recv(&s).map_err(|e| format!("hello: {e}"))?;
+    let (hello, _) = match recv(&s) {
+        // Closed before a word: a probe (`tapyard cleanup` checking that a node runs).
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            log::debug!("takeover socket: a connection closed before hello (a probe)");
+            return Ok(());
+        }
+        r => r.map_err(|e| format!("hello: {e}"))?,
+    };
     let Msg::Hello { version, node, pid } = hello else {
         return Err(format!("expected hello, got {}", name(&hello)));
     };
@@ -571,11 +591,15 @@ fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
     let cur = old.node.current.lock().unwrap_or_else(|e| e.into_inner());
     let changes = old.node.ports.changing();
     old.control.stop();
-    let e = match offer_and_hand_over(old, &s, pid) {
+    let mut handed = false;
+    let e = match offer_and_hand_over(old, &s, pid, &mut handed) {
         Ok(never) => match never {},
         Err(e) => e,
     };
     // Only a failure returns: everything goes on.
+    if handed {
+        take_back(&old.node);
+    }
     if old.node.with_runtime(|rt| rt.resume()).is_none() {
         log::error!("takeover: the runtime is gone, cannot resume");
     }
@@ -589,12 +613,37 @@ fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
     Err(format!("pid {pid}: {e}"))
 }
 
+/// After a takeover that failed once the descriptors were sent (the workers still paused,
+/// the new process gone or its node stopped): the new process may have opened the
+/// connection table (rebuilt it, forwarded into it, renumbered its Services) and written
+/// its port record, so the table is taken back ([`tapyard::conntrack::Conntrack::take_back`]),
+/// its connections linked to this node's Services again, and this node's record written.
+fn take_back(node: &Node) {
+    if let Some(nf) = node.dp.netfilter() {
+        let now = node.now();
+        let t = Instant::now();
+        let r = nf.conntrack().take_back(now);
+        let (retagged, affinity) = nf.services().relink(nf.conntrack(), now);
+        log::info!(
+            "takeover: connection table taken back in {:.1} ms: {} connections ({} freed as half-written, {} invalid, {} expired; {retagged} relinked to the Services, {affinity} client affinities)",
+            t.elapsed().as_secs_f64() * 1000.0,
+            r.kept,
+            r.half_written,
+            r.invalid,
+            r.expired
+        );
+    }
+    node.save_ports();
+}
+
 /// Offers the node, hands the descriptors over and, on `ack`, exits the process. Returns
-/// only on failure.
+/// only on failure; `handed` is set once the descriptors were sent (the new process may
+/// have used them).
 fn offer_and_hand_over(
     old: &OldSide,
     s: &UnixStream,
     pid: u32,
+    handed: &mut bool,
 ) -> Result<std::convert::Infallible, String> {
     let node = &old.node;
     let entries = node.ports.list();
@@ -652,7 +701,13 @@ fn offer_and_hand_over(
         });
         fds.push(tap.handover_fd());
     }
+    // From the first descriptor sent, the new process may use them.
+    *handed = true;
     send_handover(s, roles, &fds).map_err(|e| format!("handover: {e}"))?;
+    if crate::failpoint::is(FAILPOINTS[2], "exit") {
+        // As if killed: no destructor, no message.
+        std::process::exit(137);
+    }
     s.set_read_timeout(Some(ACK_TIMEOUT))
         .map_err(|e| e.to_string())?;
     match recv(s).map_err(|e| format!("waiting for ack: {e}"))? {
@@ -764,25 +819,52 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
     };
     match adopt(&s, cfg, config_path, &ifaces, &records, own_netns.as_ref()) {
         Ok((node, control, takeover, gone)) => {
+            if crate::failpoint::is(FAILPOINTS[1], "abort") {
+                give_up(node, &records);
+                return Err(abort(format!(
+                    "failing on purpose ({}=abort)",
+                    FAILPOINTS[1]
+                )));
+            }
             s.set_read_timeout(Some(Duration::from_secs(5)))
                 .map_err(|e| e.to_string())?;
-            if let Err(e) = send(&s, &Msg::Ack {}, &[]) {
-                node.stop();
-                return Err(abort(format!("ack: {e}")));
-            }
-            match recv(&s) {
-                Ok((Msg::Bye {}, _)) => {}
-                other => {
-                    // The old process gave up meanwhile and forwards again: stop at once.
-                    node.stop();
-                    let why = match other {
-                        Ok((m, _)) => name(&m),
-                        Err(e) => e.to_string(),
-                    };
-                    return Err(format!(
-                        "--takeover: pid {old_pid} did not confirm the handover ({why}); stopped"
-                    ));
+            // The old process closes the connection only after an `abort` (read first), or
+            // by exiting: a connection closed without one means it died after handing over,
+            // and this process, holding everything, goes on.
+            let died = |e: &io::Error| {
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof
+                        | io::ErrorKind::BrokenPipe
+                        | io::ErrorKind::ConnectionReset
+                )
+            };
+            let confirmed = match send(&s, &Msg::Ack {}, &[]) {
+                Err(e) if died(&e) => Err(e),
+                Err(e) => {
+                    give_up(node, &records);
+                    return Err(abort(format!("ack: {e}")));
                 }
+                Ok(()) => match recv(&s) {
+                    Ok((Msg::Bye {}, _)) => Ok(()),
+                    Err(e) if died(&e) => Err(e),
+                    other => {
+                        // The old process gave up meanwhile and forwards again: stop at once.
+                        give_up(node, &records);
+                        let why = match other {
+                            Ok((m, _)) => name(&m),
+                            Err(e) => e.to_string(),
+                        };
+                        return Err(format!(
+                            "--takeover: pid {old_pid} did not confirm the handover ({why}); stopped"
+                        ));
+                    }
+                },
+            };
+            if let Err(e) = confirmed {
+                log::warn!(
+                    "--takeover: pid {old_pid} closed the connection without confirming ({e}): it died after handing over; this process goes on with the node"
+                );
             }
             // Its exit closes the connection: then its metrics port, if any, is free, and
             // the TAPs of ports gone from the config go with their last descriptor.
@@ -806,6 +888,23 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
         }
         Err(e) => Err(abort(e)),
     }
+}
+
+/// Stops a node this process started but must not keep (the old process goes on): the
+/// TAPs it created for ports the old process did not offer lose their persist flag (they go
+/// with this process), and the node is dropped before the old process is told, so that its
+/// workers no longer write to the connection table.
+fn give_up(node: Arc<Node>, offered: &[PortRecord]) {
+    node.stop();
+    for e in node.ports.list() {
+        if offered.iter().any(|r| r.name == e.name) {
+            continue;
+        }
+        if let Some(dev) = &e.dev {
+            let _ = dev.set_persist(false);
+        }
+    }
+    drop(node);
 }
 
 /// What [`adopt`] ends with: the running node, the control and takeover sockets, and the
@@ -880,9 +979,9 @@ fn adopt(
     let got = Instant::now();
     let pairs = recv_handover_rest(s, roles, fds).map_err(|e| format!("descriptors: {e}"))?;
     // For the tests of the old process's recovery: fail (or die) holding the descriptors.
-    match std::env::var(FAIL_ENV).as_deref() {
-        Ok("abort") => return Err(format!("failing on purpose ({FAIL_ENV}=abort)")),
-        Ok("exit") => std::process::exit(3),
+    match crate::failpoint::action(FAILPOINTS[0]).as_deref() {
+        Some("abort") => return Err(format!("failing on purpose ({}=abort)", FAILPOINTS[0])),
+        Some("exit") => std::process::exit(3),
         _ => {}
     }
     let (mut control, mut takeover, mut conntrack) = (None, None, None);

@@ -23,12 +23,15 @@
 //! ([`flows_survive_restart`]): a TCP connection through a ClusterIP Service (DNAT'd to node-b's
 //! pod, reached by a route), a TCP connection to an outside host (masqueraded to the uplink's
 //! address) and a UDP flow to a ClusterIP, each one connection for the whole test, run across
-//! `kill -9` + restart and a clean stop + start: no reset, the same endpoint and masquerade port
-//! throughout (the servers echo the peer they see), answers again after each restart, and `show
+//! `kill -9` + restart and a clean stop + start: no reset, the same endpoint (of two each
+//! Service has) and masquerade port throughout (the servers echo their ident and the peer they
+//! see), answers again after each restart, and `show
 //! conntrack` lists them again with the same NAT right after the restart; routed and
 //! masqueraded pings time the restarts. ([`full_table_restart_time`]): with the connection
 //! table full (262,144 SYN_SENT entries), every entry is kept across `kill -9` and a clean stop
-//! and routed traffic resumes within a second.
+//! and routed traffic resumes within a second. ([`port_add_never_leaves_an_unrecorded_tap`]):
+//! a record that cannot be written refuses `port add`, and a node killed in the middle of one
+//! leaves no persistent TAP that no record lists.
 //!
 //! Needs root, `ip`, `ping`, `python3` and host-local (`$TAPYARD_CNI_PLUGINS`, `/usr/lib/cni`
 //! or `/opt/cni/bin`); without them each test prints why and passes, except with `CI=true`,
@@ -191,6 +194,8 @@ struct Rig {
     config: PathBuf,
     state: PathBuf,
     log: PathBuf,
+    /// `TAPYARD_TEST_FAILPOINT` for the next start (debug builds only).
+    failpoint: String,
 }
 
 impl Drop for Rig {
@@ -223,6 +228,7 @@ impl Rig {
             config: dir.join("node.toml"),
             state: dir.join("state"),
             log: dir.join("run.log"),
+            failpoint: String::new(),
             tag,
             dir,
             namespaces: Vec::new(),
@@ -283,14 +289,14 @@ name = "web"
 cluster_ip = "{WEB_VIP}"
 protocol = "tcp"
 port = 80
-endpoints = ["{NODE_B_POD}:8081"]
+endpoints = ["{NODE_B_POD}:8081", "{NODE_B_POD}:8082"]
 
 [[service]]
 name = "dns"
 cluster_ip = "{DNS_VIP}"
 protocol = "udp"
 port = 53
-endpoints = ["{NODE_B_POD}:5353"]
+endpoints = ["{NODE_B_POD}:5353", "{NODE_B_POD}:5354"]
 
 [masquerade]
 out = "up0"
@@ -315,6 +321,7 @@ out = "up0"
                 .args(["netns", "exec", &self.ns_node, TAPYARD, "run"])
                 .arg(&self.config)
                 .env("RUST_LOG", "info")
+                .env("TAPYARD_TEST_FAILPOINT", &self.failpoint)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -615,6 +622,30 @@ fn first_reply_after(out: &std::path::Path, t0: f64) -> Duration {
     }
 }
 
+/// `wait_output` reads a child's stdout and stderr while it runs: a child writing more than
+/// a pipe holds on both finishes at once instead of blocking until the timeout. No root
+/// needed.
+#[test]
+fn wait_output_collects_more_than_a_pipe_holds() {
+    let child = Command::new("sh")
+        .args([
+            "-c",
+            "head -c 300000 /dev/zero | tr '\\0' a; head -c 200000 /dev/zero | tr '\\0' b >&2",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let out = wait_output(child, Duration::from_secs(10), "sh (500 kB of output)");
+    assert!(out.status.success(), "{}", out.status);
+    assert_eq!(out.stdout.len(), 300_000);
+    assert!(out.stdout.iter().all(|&b| b == b'a'));
+    assert_eq!(out.stderr.len(), 200_000);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 #[test]
 fn kill_and_clean_stop_keep_the_pods() {
     if skip("kill_and_clean_stop_keep_the_pods") {
@@ -678,6 +709,73 @@ fn kill_and_clean_stop_keep_the_pods() {
     let gap = r.restart_measured(Rig::kill9);
     println!("kill -9 while pinging: from restart (exec) to the first reply: {gap:?}");
     assert!(gap < Duration::from_secs(5), "{gap:?}");
+}
+
+/// `port add` never leaves a persistent TAP that no record lists (it would stay in the
+/// node's namespace, unknown to tapyard and `cleanup`, and block `port add` of its name): a
+/// record that cannot be written (its temporary file's name taken by a directory, as a full
+/// disk would refuse it) refuses the port; and a `kill -9` between recording the port and
+/// making its TAP persistent (a failure point: debug builds only) leaves a TAP that went with
+/// the process, dropped from the record at the next start, and the name can be added again.
+#[test]
+fn port_add_never_leaves_an_unrecorded_tap() {
+    if skip("port_add_never_leaves_an_unrecorded_tap") {
+        return;
+    }
+    let mut r = Rig::new("pa");
+    if cfg!(debug_assertions) {
+        r.failpoint = "port-add-recorded=exit".into();
+    }
+    r.start();
+    let gone = |r: &Rig, tap: &str| {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while run_output(&["ip", "-n", &r.ns_node, "link", "show", tap])
+            .status
+            .success()
+        {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
+    };
+
+    let tmp = r.state.join("ports.json.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let tap_y = format!("tyy{}", r.tag);
+    let out = tapyard_at(&r.socket, &["port", "add", "cni0", &tap_y]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "port add succeeded without a record");
+    assert!(
+        err.contains("cannot write") && err.contains("not added"),
+        "{err}"
+    );
+    assert!(gone(&r, &tap_y), "TAP {tap_y} stayed, unrecorded");
+    std::fs::remove_dir(&tmp).unwrap();
+
+    if !cfg!(debug_assertions) {
+        eprintln!("release build: no failure points, the kill in port add is not tried");
+        return;
+    }
+    let tap = format!("tyx{}", r.tag);
+    let out = tapyard_at(&r.socket, &["port", "add", "cni0", &tap]);
+    assert!(!out.status.success(), "port add answered: {out:?}");
+    let st = r.node.take().unwrap().wait().unwrap();
+    assert_eq!(st.code(), Some(137), "{st}");
+    r.failpoint.clear();
+    r.start();
+    assert!(
+        gone(&r, &tap) || r.port(&tap).is_some(),
+        "TAP {tap} exists but the restarted node does not know it: {:?}",
+        r.ports()
+    );
+    assert!(!r.recorded(&tap), "{}", r.record());
+    for t in [&tap, &tap_y] {
+        r.tapyard(&["port", "add", "cni0", t]);
+        assert!(r.recorded(t));
+        assert!(r.port(t).is_some());
+    }
 }
 
 #[test]
@@ -833,12 +931,20 @@ fn flows_survive_restart() {
         &b,
         &["python3", "-c", ECHO_PY, "node-b", "8081", "5353"],
     );
+    // Each Service has a second endpoint, answering with another ident: a connection whose
+    // NAT binding were lost would be balanced anew (and a UDP flow would show it).
+    spawn_in(
+        &mut r.children,
+        &b,
+        &["python3", "-c", ECHO_PY, "node-b2", "8082", "5354"],
+    );
     spawn_in(
         &mut r.children,
         &out,
         &["python3", "-c", ECHO_PY, "outside", "9000", "0"],
     );
     wait_listening(&b, 8081);
+    wait_listening(&b, 8082);
     wait_listening(&out, 9000);
     // Three flows from pod-a, each one connection for the whole test: TCP to a ClusterIP
     // (DNAT'd to node-b's pod, reached by a route), TCP to the outside host (masqueraded to
@@ -912,7 +1018,8 @@ fn flows_survive_restart() {
             ok.len(),
             std::fs::read_to_string(file).unwrap_or_default()
         );
-        // `<ident> <peer as the server saw it> <n>`: one peer throughout.
+        // `<ident> <peer as the server saw it> <n>`: one endpoint (the ident) and one peer
+        // throughout.
         let peer = |s: &String| s.rsplit_once(' ').map(|(p, _)| p.to_string()).unwrap();
         let first = peer(&ok[0].1);
         assert!(

@@ -18,8 +18,8 @@
 //!   connections kept, `show conntrack` lists them, a new connection through `web` works, and
 //!   after a clean stop the file opened by the library passes the table's invariants. The
 //!   times from the restart to the control socket answering and to the first connection
-//!   through the node are printed (the TAPs die with the process here, so the second includes
-//!   moving the new TAPs into their namespaces; with persistent TAPs it is the first).
+//!   through the node are printed (the TAPs are persistent and re-attached where they are).
+//!   The flood is stopped by the test (SIGINT): the persistent TAP outlives the node.
 //! * [`corrupted_state_file_is_refused_and_replaced`]: a truncated file, one of another
 //!   format version and one of random bytes are each refused with a log line naming why, and
 //!   the node forwards with a fresh table.
@@ -78,8 +78,9 @@ fn skip_or_fail(test: &str) -> bool {
 }
 
 /// A SYN flood through a raw IP socket: `src_prefix dst dport seconds`: SYNs from
-/// `<src_prefix>.10` .. `.17`, every source port, to `dst:dport`, until `seconds` pass or the
-/// interface goes away (the node was killed). Prints how many it sent.
+/// `<src_prefix>.10` .. `.17`, every source port, to `dst:dport`, until `seconds` pass, the
+/// interface refuses them or SIGINT. Prints how many it sent. (The node's TAPs are
+/// persistent: killing the node does not take the interface away, so the test stops it.)
 const FLOOD_PY: &str = r#"
 import socket, struct, sys, time
 prefix, dst, dport, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
@@ -98,8 +99,8 @@ try:
                 sent += 1
             if time.monotonic() >= end:
                 break
-except OSError as e:
-    print("stopped: %s" % e, flush=True)
+except (OSError, KeyboardInterrupt) as e:
+    print("stopped: %r" % e, flush=True)
 print("sent %d" % sent, flush=True)
 "#;
 
@@ -441,6 +442,7 @@ fn kill_9_during_a_syn_flood() {
     std::thread::sleep(Duration::from_millis(300));
     n.kill_9();
     let flood = n.children.pop().unwrap();
+    run(&["kill", "-INT", &flood.id().to_string()]);
     let out = wait_output(flood, Duration::from_secs(20), "flood");
     println!("flood: {}", String::from_utf8_lossy(&out.stdout).trim());
 

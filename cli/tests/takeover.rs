@@ -152,12 +152,18 @@ endpoints = ["{POD_B}:5201"]
 
 /// Starts `tapyard run CONFIG [ARGS]`, its stderr in `log`.
 fn start(g: &mut Guard, config: &Path, args: &[&str], log: &str) -> usize {
+    start_failing(g, config, args, log, "")
+}
+
+/// [`start`] with `TAPYARD_TEST_FAILPOINT` set to `failpoint` (debug builds only).
+fn start_failing(g: &mut Guard, config: &Path, args: &[&str], log: &str, failpoint: &str) -> usize {
     let log = g.dir.join(log);
     let f = std::fs::File::create(&log).unwrap();
     let child = Command::new(TAPYARD)
         .arg("run")
         .arg(config)
         .args(args)
+        .env("TAPYARD_TEST_FAILPOINT", failpoint)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -307,43 +313,76 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     ping_ok(&n.ns_a, POD_B);
     assert_eq!(ports(&n), before);
 
-    // The new process fails (or dies) once the old one paused and sent the descriptors:
-    // the old one resumes forwarding and serving, as if nothing happened.
-    for how in ["abort", "exit"] {
-        let log = dir.join(format!("failed-{how}.log"));
-        let out = Command::new(TAPYARD)
-            .arg("run")
-            .arg(&n.config)
-            .arg("--takeover")
-            .env("TAPYARD_TAKEOVER_TEST_FAIL", how)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let st = wait_output(out, CMD_TIMEOUT, "tapyard run --takeover (failing)").status;
-        let err = std::fs::read_to_string(&log).unwrap();
-        if how == "abort" {
-            assert_eq!(st.code(), Some(2), "{err}");
-            assert!(err.contains("failing on purpose"), "{err}");
-            assert!(err.contains("goes on forwarding"), "{err}");
-        } else {
-            assert_eq!(st.code(), Some(3), "{err}");
-        }
-        assert!(
-            g.procs[first].try_wait().unwrap().is_none(),
-            "the old process exited after a failed takeover ({how})"
-        );
-        ping_ok(&n.ns_a, POD_B);
-        assert_eq!(ports(&n), before);
-    }
-    let t = std::fs::read_to_string(&g.logs[0]).unwrap();
-    assert_eq!(
-        t.matches("takeover failed, forwarding goes on here")
-            .count(),
-        3,
-        "{t}"
+    // `tapyard cleanup` of a config whose socket is not the one the node serves (it was
+    // started with `--socket`, or the file changed): refused all the same, nothing deleted.
+    let elsewhere = dir.join("elsewhere.toml");
+    let moved = n.config(&node).replace(
+        &n.socket.display().to_string(),
+        &dir.join("nobody.sock").display().to_string(),
     );
+    std::fs::write(&elsewhere, moved).unwrap();
+    let out = run_output(&[TAPYARD, "cleanup", &elsewhere.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("nothing deleted"), "{err}");
+    assert!(n.state.join("ports.json").exists());
+    ping_ok(&n.ns_a, POD_B);
+    assert_eq!(ports(&n), before);
+
+    // The new process fails (or dies) once the old one paused and sent the descriptors,
+    // or once it mapped the connection table and forwarded: the old one takes the table
+    // back, resumes forwarding and serving, as if nothing happened. (The failure points
+    // exist in debug builds only.)
+    let failures = [
+        ("takeover-new-after-fds=abort", Some(2)),
+        ("takeover-new-after-fds=exit", Some(3)),
+        ("takeover-new-after-start=abort", Some(2)),
+    ];
+    if cfg!(debug_assertions) {
+        for (how, code) in failures {
+            let log = dir.join(format!("failed-{how}.log"));
+            let out = Command::new(TAPYARD)
+                .arg("run")
+                .arg(&n.config)
+                .arg("--takeover")
+                .env("TAPYARD_TEST_FAILPOINT", how)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let st = wait_output(out, CMD_TIMEOUT, "tapyard run --takeover (failing)").status;
+            let err = std::fs::read_to_string(&log).unwrap();
+            assert_eq!(st.code(), code, "{how}: {err}");
+            if how.ends_with("abort") {
+                assert!(err.contains("failing on purpose"), "{err}");
+                assert!(err.contains("goes on forwarding"), "{err}");
+            }
+            assert!(
+                g.procs[first].try_wait().unwrap().is_none(),
+                "the old process exited after a failed takeover ({how})"
+            );
+            ping_ok(&n.ns_a, POD_B);
+            ping_ok(&n.ns_a, GW);
+            assert_eq!(ports(&n), before);
+            assert_eq!(recorded(&n), record, "{how}");
+        }
+        let t = std::fs::read_to_string(&g.logs[0]).unwrap();
+        assert_eq!(
+            t.matches("takeover failed, forwarding goes on here")
+                .count(),
+            4,
+            "{t}"
+        );
+        // Each failure after the descriptors were sent: the table is taken back.
+        assert_eq!(
+            t.matches("takeover: connection table taken back").count(),
+            3,
+            "{t}"
+        );
+    } else {
+        println!("release build: no failure points, the failed takeovers are not tried");
+    }
 
     spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5201"]);
     wait_listening(&n.ns_b, 5201);
@@ -470,10 +509,39 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     }
     ping_ok(&n.ns_a, GW);
 
+    // The old process dies once it has sent the descriptors (before the ack): the new one,
+    // holding them all, goes on with the node instead of stopping it too.
+    let last = if cfg!(debug_assertions) {
+        let pid = g.procs[fourth].id().to_string();
+        run(&["kill", "-TERM", &pid]);
+        assert!(wait_exit(&mut g, fourth, 10).success());
+        let fifth = start_failing(
+            &mut g,
+            &n.config,
+            &[],
+            "run5.log",
+            "takeover-old-after-handover=exit",
+        );
+        wait_for_socket(Some(&mut g.procs[fifth]), &n.socket);
+        ping_ok(&n.ns_a, GW);
+        let sixth = start(&mut g, &n.config, &["--takeover"], "run6.log");
+        let st = wait_exit(&mut g, fifth, 20);
+        assert_eq!(st.code(), Some(137), "the old process exited with {st}");
+        wait_for_socket(Some(&mut g.procs[sixth]), &n.socket);
+        let t = std::fs::read_to_string(g.logs.last().unwrap()).unwrap();
+        assert!(t.contains("it died after handing over"), "{t}");
+        ping_ok(&n.ns_a, GW);
+        let left: Vec<String> = ports(&n).into_iter().map(|p| p.0).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        sixth
+    } else {
+        fourth
+    };
+
     // A clean stop of the last one: exit 0, its socket files removed.
-    let pid = g.procs[fourth].id().to_string();
+    let pid = g.procs[last].id().to_string();
     run(&["kill", "-TERM", &pid]);
-    let st = wait_exit(&mut g, fourth, 10);
+    let st = wait_exit(&mut g, last, 10);
     assert!(st.success(), "{st}");
     assert!(!n.socket.exists(), "the control socket was left behind");
     assert!(!n.state.join("takeover.sock").exists());

@@ -547,6 +547,47 @@ impl Conntrack {
 }
 
 impl Conntrack {
+    /// Takes the table back after a handover that did not complete: this process handed its
+    /// file to a successor ([`Conntrack::backing_file`], [`Conntrack::open_handed_over`]),
+    /// which opened it (rebuilding it, maybe inserting and removing connections) and then
+    /// gave up. The entries in the file are right, but what this process derived from them
+    /// (the free stack's head, the length, the sweep cursor) no longer is: going on without
+    /// this could hand out an entry the successor made live, or lose free entries. So the
+    /// table is rebuilt from its entries as [`Conntrack::open_file`] does (what it kept and
+    /// freed is returned), and the file is marked in use by this process again (the
+    /// successor's table, when dropped, marked it cleanly detached).
+    ///
+    /// Nothing may use the table meanwhile: this process's workers are paused, and the
+    /// successor has stopped writing to it (it has exited, or dropped its table). O(table
+    /// size), like an open.
+    pub fn take_back(&self, now: Instant) -> Recovery {
+        if let Some(f) = self.ct_file() {
+            let mut words = [0u8; 16];
+            words[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+            // H_CLEAN then H_PID: in use, by this process.
+            let _ = f.file.write_all_at(&words, (H_CLEAN * 8) as u64);
+        }
+        let Rebuilt {
+            kept,
+            half_written,
+            invalid,
+            expired,
+            duplicates,
+        } = self.rebuild(now);
+        Recovery {
+            opened: Opened::Reused,
+            clean: false,
+            previous_pid: 0,
+            kept,
+            half_written,
+            invalid,
+            expired,
+            duplicates,
+        }
+    }
+}
+
+impl Conntrack {
     /// The open file of a table made by [`Conntrack::open_file`] (`None` for anonymous
     /// memory), to hand it to another process that goes on with the table
     /// ([`Conntrack::open_handed_over`]).

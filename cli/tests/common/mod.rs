@@ -38,19 +38,59 @@ pub fn have(cmd: &str, arg: &str) -> bool {
         .is_ok()
 }
 
-/// Waits for `child` (its output collected), killing it after `timeout`.
+/// Waits for `child` (its output collected), killing it after `timeout`. Its stdout and
+/// stderr, when piped, are read by two threads while it runs, so that a child writing more
+/// than a pipe holds (64 KiB) is not blocked on a full pipe until the timeout.
 pub fn wait_output(mut child: Child, timeout: Duration, what: &str) -> Output {
+    use std::io::Read;
+    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let deadline = Instant::now() + timeout;
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => return child.wait_with_output().expect("collect output"),
+            Ok(Some(st)) => break Some(st),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
                 let _ = child.kill();
-                let out = child.wait_with_output();
-                panic!("`{what}` did not finish within {timeout:?}: {out:?}");
+                let _ = child.wait();
+                break None;
             }
         }
+    };
+    // The readers end when every holder of the pipes' write ends has exited (the child's own
+    // children may keep them open: they are not waited for past a short grace).
+    let collect = |h: std::thread::JoinHandle<Vec<u8>>| {
+        let grace = Instant::now() + Duration::from_secs(2);
+        while !h.is_finished() && Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if h.is_finished() {
+            h.join().unwrap_or_default()
+        } else {
+            Vec::new()
+        }
+    };
+    let (stdout, stderr) = (collect(out), collect(err));
+    match status {
+        Some(status) => Output {
+            status,
+            stdout,
+            stderr,
+        },
+        None => panic!(
+            "`{what}` did not finish within {timeout:?}: stdout {:?}, stderr {:?}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        ),
     }
 }
 

@@ -509,3 +509,63 @@ fn a_handed_over_file_keeps_its_lock_and_its_connections() {
     next.check_invariants().unwrap();
     assert!(Conntrack::new(cfg(64)).unwrap().backing_file().is_none());
 }
+
+/// A takeover that fails after the successor opened the handed-over file (its rebuild, its
+/// inserts and removals): the first table's own view (free stack, length) no longer matches
+/// the arrays, and going on with it would hand out entries the successor made live.
+/// [`Conntrack::take_back`] makes it whole again, with every connection of both kept.
+#[test]
+fn a_table_taken_back_after_a_failed_handover_is_consistent() {
+    let f = TempFile::new("takeback");
+    let t0 = now();
+    let (ct, _) = Conntrack::open_file(cfg(64), &f.0, t0).unwrap();
+    let mut ids = Vec::new();
+    for k in 0..20 {
+        let (o, r) = conn(k);
+        ids.push(ct.insert(o, r, CtTag::default(), &first(k), t0).unwrap().id);
+    }
+    // Freed in this order, the first table's free stack is 5, 3, 20, 21, ...; a rebuild
+    // links the free entries lowest first.
+    ct.remove(ids[3]);
+    ct.remove(ids[5]);
+    ct.check_invariants().unwrap();
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (next, rec) = Conntrack::open_handed_over(cfg(64), File::from(fd), &f.0, t0).unwrap();
+    assert_eq!(rec.kept, 18);
+    // The successor forwards a little: new connections, one closed.
+    for k in 100..110 {
+        let (o, r) = conn(k);
+        next.insert(o, r, CtTag::default(), &first(k), t0).unwrap();
+    }
+    let gone = next.lookup(&conn(0).0, t0).unwrap().id;
+    next.remove(gone);
+    // ...then gives up and drops its table.
+    drop(next);
+    // The first table's view is stale now.
+    assert!(ct.check_invariants().is_err());
+    let rec = ct.take_back(t0);
+    assert_eq!(rec.kept, 27, "{rec}");
+    assert_eq!(rec.invalid + rec.duplicates + rec.half_written, 0, "{rec}");
+    ct.check_invariants().unwrap();
+    assert!(ct.lookup(&conn(0).0, t0).is_none());
+    for k in (1..20).filter(|k| *k != 3 && *k != 5).chain(100..110) {
+        assert!(ct.lookup(&conn(k).0, t0).is_some(), "connection {k}");
+    }
+    // Inserts go on into the whole table: it fills up to its 64 entries, no entry twice.
+    let mut n = ct.len();
+    for k in 200..300 {
+        let (o, r) = conn(k);
+        if ct.insert(o, r, CtTag::default(), &first(k), t0).is_ok() {
+            n += 1;
+        }
+        if n == 64 {
+            break;
+        }
+    }
+    ct.check_invariants().unwrap();
+    assert_eq!(ct.len(), 64);
+    // In use by this process again: a crash now is not mistaken for a clean stop.
+    let h = read_header(&File::open(&f.0).unwrap(), 4096).unwrap();
+    assert_eq!(h[H_CLEAN], 0);
+    assert_eq!(h[H_PID], u64::from(std::process::id()));
+}
