@@ -182,8 +182,9 @@ ping_stats() {
     out="$WORK/ping-$ns.txt"
     timeout $((PING_COUNT / 50 + 30)) ip netns exec "$ns" ping -n -c "$PING_COUNT" -i 0.01 -W 2 "$addr" >"$out" ||
         die "ping $addr from $ns lost packets: $(tail -2 "$out")"
-    # "rtt min/avg/max/mdev = 0.011/0.022/0.033/0.004 ms" -> "avg mdev"
-    summary=$(sed -n 's|^rtt .* = \([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\) ms$|\2 \4|p' "$out")
+    # "rtt min/avg/max/mdev = 0.011/0.022/0.033/0.004 ms" -> "avg mdev" (with ", pipe N" after
+    # it when a reply came after the next ping was sent)
+    summary=$(sed -n 's|^rtt .* = \([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\) ms\(, pipe [0-9]*\)\{0,1\}$|\2 \4|p' "$out")
     [[ -n "$summary" ]] || die "cannot parse ping output: $(tail -2 "$out")"
     pct=$(sed -n 's/.* time=\([0-9.]*\) ms.*/\1/p' "$out" | sort -n |
         awk '{ v[NR] = $1 } END {
