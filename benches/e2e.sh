@@ -33,6 +33,8 @@
 #                             the same server, so this port has one endpoint)
 #   tapyard service  tap-router --bridge cni0=GW/24 --port cni0:TAP... --cluster-cidr
 #                  10.244.0.0/16 --service ... (offload TAPs)
+#   tapyard run service  the same node through `tapyard run FILE` (the command a user runs):
+#                  [[bridge]] cni0 with the TAPs as ports, a [[service]] per Service port
 #   linux service  a "node" namespace: pods on veths into a Linux bridge cni0 holding the gateway
 #                  (hairpin on, as the bridge CNI sets it), ip_forward=1, br_netfilter with
 #                  bridge-nf-call-iptables=1, and the nat and filter rules kube-proxy's iptables
@@ -62,6 +64,10 @@
 #   TAPROUTER_ARGS=...   extra tap-router arguments (default: TAPBRIDGE_ARGS), routed and
 #                        service cases
 #   TAPROUTER_BIN=path   use this binary instead of building the example
+#   RUN_SERVICE=1        service cases: also run the tapyard case through the `tapyard run`
+#                        command (the node as a TOML file: bridge cni0, the two Service ports;
+#                        offload TAPs, default workers); 0 skips it
+#   TAPYARD_BIN=path     use this `tapyard` binary instead of building tapyard-cli
 #   KEEP_LOGS=1          keep the work directory (tap-bridge/tap-router output, iperf3 JSON)
 #
 # Missing iptables, ab (apache2-utils), iperf3 and curl are installed with apt-get when
@@ -80,6 +86,7 @@ CASES=${CASES:-bridge,routed,service}
 HTTP_SECONDS=${HTTP_SECONDS:-8}
 HTTP_CONCURRENCY=${HTTP_CONCURRENCY:-8}
 ENDPOINTS=${ENDPOINTS:-2}
+RUN_SERVICE=${RUN_SERVICE:-1}
 IPERF_PORT=5201
 ID=$$
 
@@ -87,6 +94,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WORK=$(mktemp -d /tmp/tapyard-e2e.XXXXXX)
 
 NS_LIST=()        # namespaces to delete
+STATE_DIRS=()     # `tapyard run` state directories to delete
 PIDS=()           # background processes to stop
 BRIDGE_PID=""     # the running tap-bridge or tap-router, if any
 
@@ -107,6 +115,7 @@ cleanup() {
         for p in $(ip netns pids "$ns" 2>/dev/null); do kill "$p" 2>/dev/null; done
         ip netns del "$ns" 2>/dev/null
     done
+    for d in "${STATE_DIRS[@]}"; do rm -rf "$d"; done
     if [[ -n "${KEEP_LOGS:-}" ]]; then
         log "logs kept in $WORK"
     else
@@ -173,8 +182,9 @@ ping_stats() {
     out="$WORK/ping-$ns.txt"
     timeout $((PING_COUNT / 50 + 30)) ip netns exec "$ns" ping -n -c "$PING_COUNT" -i 0.01 -W 2 "$addr" >"$out" ||
         die "ping $addr from $ns lost packets: $(tail -2 "$out")"
-    # "rtt min/avg/max/mdev = 0.011/0.022/0.033/0.004 ms" -> "avg mdev"
-    summary=$(sed -n 's|^rtt .* = \([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\) ms$|\2 \4|p' "$out")
+    # "rtt min/avg/max/mdev = 0.011/0.022/0.033/0.004 ms" -> "avg mdev" (with ", pipe N" after
+    # it when a reply came after the next ping was sent)
+    summary=$(sed -n 's|^rtt .* = \([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\)/\([0-9.]*\) ms\(, pipe [0-9]*\)\{0,1\}$|\2 \4|p' "$out")
     [[ -n "$summary" ]] || die "cannot parse ping output: $(tail -2 "$out")"
     pct=$(sed -n 's/.* time=\([0-9.]*\) ms.*/\1/p' "$out" | sort -n |
         awk '{ v[NR] = $1 } END {
@@ -282,6 +292,7 @@ offloads() {
 [[ $HTTP_SECONDS =~ ^[1-9][0-9]*$ ]] || die "HTTP_SECONDS must be a positive number of seconds, not '$HTTP_SECONDS'"
 [[ $HTTP_CONCURRENCY =~ ^[1-9][0-9]*$ ]] || die "HTTP_CONCURRENCY must be a positive number, not '$HTTP_CONCURRENCY'"
 [[ $ENDPOINTS =~ ^[12]$ ]] || die "ENDPOINTS must be 1 or 2, not '$ENDPOINTS'"
+[[ $RUN_SERVICE =~ ^[01]$ ]] || die "RUN_SERVICE must be 0 or 1, not '$RUN_SERVICE'"
 [[ $(id -u) -eq 0 ]] || die "run as root (it creates namespaces, TAPs, a bridge and veths)"
 ensure iperf3 iperf3
 for t in ip ping ethtool ss awk python3 timeout; do need "$t"; done
@@ -302,7 +313,16 @@ if [[ ${#BUILD[@]} -gt 0 ]]; then
     log "building ${BUILD[*]} (release)"
     (cd "$ROOT" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --release "${BUILD[@]}") >&2
 fi
+if want service && [[ $RUN_SERVICE == 1 && -z "${TAPYARD_BIN:-}" ]]; then
+    log "building tapyard-cli (release)"
+    (cd "$ROOT" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --release -p tapyard-cli) >&2
+fi
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+TBIN=""
+if want service && [[ $RUN_SERVICE == 1 ]]; then
+    TBIN=${TAPYARD_BIN:-$TARGET/release/tapyard}
+    [[ -x "$TBIN" ]] || die "no tapyard binary at $TBIN"
+fi
 BIN=${TAPBRIDGE_BIN:-$TARGET/release/examples/tap-bridge}
 RBIN=${TAPROUTER_BIN:-$TARGET/release/examples/tap-router}
 if want bridge; then [[ -x "$BIN" ]] || die "no tap-bridge binary at $BIN"; fi
@@ -619,10 +639,11 @@ service_client_setup() {
     ip netns exec "$1" sysctl -qw net.ipv4.ip_local_port_range="1024 65535"
 }
 
-# tapyard_service_case NAME N EXTRA_ARGS...: pods on TAPs of one bridge of a tap-router with the
-# Services.
+# tapyard_service_case NAME N LAUNCHER EXTRA_ARGS...: pods on TAPs of one bridge with the
+# Services, LAUNCHER `router` (tap-router, EXTRA_ARGS added to its arguments) or `run` (the
+# `tapyard run` command with the same bridge and Services in a TOML file; offload TAPs).
 tapyard_service_case() {
-    local name=$1 net=$2; shift 2
+    local name=$1 net=$2 launcher=$3; shift 3
     local sw="tye-s$net-node-$ID" a="tye-s$net-a-$ID" b="tye-s$net-b-$ID" c=""
     local ta="tye${ID}a$net" tb="tye${ID}b$net" tc="tye${ID}c$net"
     local out="$WORK/tap-router-s$net.out" err="$WORK/tap-router-s$net.err"
@@ -639,10 +660,43 @@ tapyard_service_case() {
     args+=(--cluster-cidr 10.244.0.0/16
         --service "default/web:http=$vip:80/tcp=$eps"
         --service "default/web:iperf=$vip:$SVC_IPERF/tcp=$pb:$SVC_IPERF" "$@")
-    log "$name: tap-router ${args[*]} (in $sw)"
-    ip netns exec "$sw" "$RBIN" "${args[@]}" >"$out" 2>"$err" &
+    if [[ $launcher == run ]]; then
+        # The same node as a file for `tapyard run`: its state directory on a tmpfs, its control
+        # socket in the work directory.
+        local conf="$WORK/node-s$net.toml" state="/dev/shm/tye-run-s$net-$ID" t q
+        STATE_DIRS+=("$state")
+        {
+            echo '[node]'
+            echo "name = \"tye-s$net-$ID\""
+            echo 'cluster_cidr = "10.244.0.0/16"'
+            echo "socket = \"$WORK/node-s$net.sock\""
+            echo "state_dir = \"$state\""
+            echo '[[bridge]]'
+            echo 'name = "cni0"'
+            echo "address = \"$gw/24\""
+            q=""; for t in "${taps[@]}"; do q+="${q:+, }\"$t\""; done
+            echo "ports = [$q]"
+            echo '[[service]]'
+            echo 'name = "web-http"'
+            echo "cluster_ip = \"$vip\""
+            echo 'port = 80'
+            q=""; for t in ${eps//,/ }; do q+="${q:+, }\"$t\""; done
+            echo "endpoints = [$q]"
+            echo '[[service]]'
+            echo 'name = "web-iperf"'
+            echo "cluster_ip = \"$vip\""
+            echo "port = $SVC_IPERF"
+            echo "endpoints = [\"$pb:$SVC_IPERF\"]"
+        } >"$conf"
+        out="$WORK/tapyard-run-s$net.out" err="$WORK/tapyard-run-s$net.err"
+        log "$name: tapyard run $conf (in $sw)"
+        ip netns exec "$sw" "$TBIN" run "$conf" >"$out" 2>"$err" &
+    else
+        log "$name: tap-router ${args[*]} (in $sw)"
+        ip netns exec "$sw" "$RBIN" "${args[@]}" >"$out" 2>"$err" &
+    fi
     BRIDGE_PID=$!
-    wait_taps "$sw" "$BRIDGE_PID" "${taps[@]}" || die "tap-router did not create its TAPs: $(cat "$err")"
+    wait_taps "$sw" "$BRIDGE_PID" "${taps[@]}" || die "$name did not create its TAPs: $(cat "$err")"
     ip -n "$sw" link set "$ta" netns "$a"
     ip -n "$sw" link set "$tb" netns "$b"
     addr_pod "$a" "$ta" "$pa" "$gw"
@@ -658,6 +712,7 @@ tapyard_service_case() {
     measure_service "$name" "$net" "$a" "$ta" "$b" "$tb" "$c"
     cpu_record "$name" "$t0" "$s0"
     stop_tapbridge
+    if [[ $launcher == run ]]; then cat "$err" >>"$out"; fi
     REPORTS+=("$name|$out")
     ns_del "$a"; ns_del "$b"; [[ -z "$c" ]] || ns_del "$c"; ns_del "$sw"
 }
@@ -800,7 +855,10 @@ linux_service_case() {
 if want service; then
     # shellcheck disable=SC2206 # TAPROUTER_ARGS is split into arguments on purpose
     SEXTRA=($TAPROUTER_ARGS)
-    tapyard_service_case "tapyard service" 21 "${SEXTRA[@]}"
+    tapyard_service_case "tapyard service" 21 router "${SEXTRA[@]}"
+    if [[ -n "$TBIN" ]]; then
+        tapyard_service_case "tapyard run service" 23 run
+    fi
     linux_service_case "linux service+iptables" 22
 fi
 
