@@ -1,7 +1,8 @@
 //! Worker threads that drive ports through a [`Datapath`].
 //!
-//! Each port is received from by exactly one worker (ports are dealt round-robin); any worker
-//! transmits to any port. A worker loops: receive a batch from each of its ports, process it,
+//! Each port is received from by exactly one worker (ports are dealt round-robin), each
+//! receive queue of a multi-queue port ([`Port::rx_queues`]) by one worker, the queues dealt
+//! to consecutive workers; any worker transmits to any port. A worker loops: receive a batch from each of its ports, process it,
 //! dispatch it to the output ports, recycle the buffers; when no port had anything it sleeps in
 //! `poll(2)` on its ports' file descriptors and a stop eventfd (ports without a descriptor are
 //! re-checked every millisecond). Worker 0 also runs the datapath's timers.
@@ -99,11 +100,20 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// A port's driver in a published port table, and the worker that receives from it.
+/// A port's driver in a published port table, and the worker that receives from it (from
+/// its queue 0: queue `q` of a multi-queue port goes to worker `worker + q`, modulo the
+/// number of workers).
 #[derive(Clone)]
 struct Slot {
     port: Arc<dyn Port>,
     worker: usize,
+}
+
+impl Slot {
+    /// The worker that receives from queue `q`, of `workers`.
+    fn queue_worker(&self, q: usize, workers: usize) -> usize {
+        (self.worker + q) % workers.max(1)
+    }
 }
 
 /// A runtime's or pump's drivers, indexed by [`PortId`] ([`Datapath::max_ports`] slots).
@@ -233,7 +243,8 @@ pub struct Pump {
     dp: Arc<Datapath>,
     worker: Worker,
     ports: Arc<Table>,
-    rx: Vec<PortId>,
+    /// The (port, receive queue) pairs this pump receives from.
+    rx: Vec<(PortId, usize)>,
     batch: Batch,
     room: usize,
     link: Option<Link>,
@@ -273,7 +284,10 @@ impl Pump {
             dp.attach(*id);
         }
         Ok(Pump {
-            rx: ports.iter().map(|(id, _)| *id).collect(),
+            rx: ports
+                .iter()
+                .flat_map(|(id, p)| (0..p.rx_queues()).map(|q| (*id, q)))
+                .collect(),
             dp,
             worker,
             ports: Arc::new(table),
@@ -315,13 +329,18 @@ impl Pump {
         self.ports = link.shared.table.load_full();
         link.version = v;
         let me = link.index;
-        self.rx = self
-            .ports
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.worker == me))
-            .filter_map(|(i, _)| u16::try_from(i).ok().map(PortId))
-            .collect();
+        let workers = link.shared.wakes.len();
+        self.rx.clear();
+        for (i, s) in self.ports.iter().enumerate() {
+            let (Some(s), Ok(id)) = (s, u16::try_from(i)) else {
+                continue;
+            };
+            for q in 0..s.port.rx_queues() {
+                if s.queue_worker(q, workers) == me {
+                    self.rx.push((PortId(id), q));
+                }
+            }
+        }
         true
     }
 
@@ -331,8 +350,8 @@ impl Pump {
     /// fit this pump's buffers.
     pub fn add_port(&mut self, id: PortId, port: Arc<dyn Port>) -> io::Result<()> {
         check_new_port(&self.dp, &self.ports, id, port.as_ref(), self.room)?;
+        self.rx.extend((0..port.rx_queues()).map(|q| (id, q)));
         Arc::make_mut(&mut self.ports)[usize::from(id.0)] = Some(Slot { port, worker: 0 });
-        self.rx.push(id);
         self.dp.attach(id);
         Ok(())
     }
@@ -350,7 +369,7 @@ impl Pump {
         let slot = Arc::make_mut(&mut self.ports)
             .get_mut(usize::from(id.0))?
             .take()?;
-        self.rx.retain(|&p| p != id);
+        self.rx.retain(|&(p, _)| p != id);
         let _ = self.dp.detach(id, true);
         Some(slot.port)
     }
@@ -361,11 +380,14 @@ impl Pump {
         let mut total = 0;
         let mut err = None;
         for i in 0..self.rx.len() {
-            let id = self.rx[i];
+            let (id, q) = self.rx[i];
             let Some(slot) = self.ports.get(usize::from(id.0)).and_then(|p| p.as_ref()) else {
                 continue;
             };
-            match slot.port.recv_batch(&mut self.worker.pool, &mut self.batch) {
+            match slot
+                .port
+                .recv_queue(q, &mut self.worker.pool, &mut self.batch)
+            {
                 Ok(_) => {}
                 Err(e) => err = Some(e),
             }
@@ -539,9 +561,12 @@ impl Runtime {
         let _ctl = sh.ctl.lock();
         let old = sh.table.load_full();
         check_new_port(&self.dp, &old, id, port.as_ref(), sh.room)?;
-        let mut load = vec![0usize; sh.wakes.len()];
+        let workers = sh.wakes.len();
+        let mut load = vec![0usize; workers];
         for s in old.iter().flatten() {
-            load[s.worker] += 1;
+            for q in 0..s.port.rx_queues() {
+                load[s.queue_worker(q, workers)] += 1;
+            }
         }
         let worker = (0..load.len()).min_by_key(|&w| load[w]).unwrap_or(0);
         let mut t: Table = old.as_ref().clone();
@@ -695,10 +720,10 @@ impl Drop for Runtime {
 fn poll_set(pump: &Pump, wake: &EventFd) -> (Vec<libc::pollfd>, Duration) {
     let mut fds: Vec<libc::pollfd> = vec![sys::pollfd(wake.fd())];
     let mut fdless = false;
-    for &id in &pump.rx {
+    for &(id, q) in &pump.rx {
         match pump.ports[usize::from(id.0)]
             .as_ref()
-            .and_then(|s| s.port.rx_fd())
+            .and_then(|s| s.port.rx_queue_fd(q))
         {
             Some(fd) => fds.push(sys::pollfd(fd)),
             None => fdless = true,
