@@ -19,10 +19,13 @@ fn frame(dst: MacAddr, src: MacAddr, seq: u32) -> Vec<u8> {
     f
 }
 
-fn two_hosts() -> (Arc<Datapath>, Vec<(PortId, Arc<dyn Port>)>, Vec<MemPort>) {
+/// Drivers by datapath port id.
+type Drivers = Vec<(PortId, Arc<dyn Port>)>;
+
+fn two_hosts() -> (Arc<Datapath>, Drivers, Vec<MemPort>) {
     let mut b = Datapath::builder();
     let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
+    let mut ports: Drivers = Vec::new();
     let mut hosts = Vec::new();
     for i in 0..2 {
         let id = b.add_port(format!("p{i}"), Some(br)).unwrap();
