@@ -7,6 +7,7 @@
 #
 # Two network namespaces ("pods") with one interface each, in one subnet, bridged by:
 #   tapyard            target/release/examples/tap-bridge (offload TAPs) with polling off
+#                      (one worker per TAP, the default, then one worker for both)
 #   tapyard busy-poll  the same with --busy-poll-us $BUSY_POLL_US
 #   linux              veth pairs on a Linux bridge, default offloads
 # The switch lives in a namespace of its own.
@@ -18,9 +19,13 @@
 # rate: trafgen (netsniff-ng) in pod A sends 64-byte UDP frames (60 bytes + FCS) to pod B at
 #   RATE for RATE_SECONDS, one sender process; offered = pod A's interface tx_packets,
 #   delivered = pod B's interface rx_packets, both per second, and the share delivered.
+# mq: iperf3 -P 4 (four TCP streams) from A to B for MQ_SECONDS through tap-bridge with 2
+#   workers and single-queue TAPs, the same with --queues 2 (multi-queue TAPs, each pod's
+#   queues received by both workers), and the Linux bridge.
 #
 # Environment:
-#   CASES=latency,rate   which groups to run
+#   CASES=latency,rate,mq  which groups to run
+#   MQ_SECONDS=10        iperf3 seconds per mq case
 #   PING_COUNT=200       pings per case
 #   SOCKPERF_SECONDS=5   sockperf ping-pong seconds per case
 #   IDLE_SECONDS=10      idle CPU measurement per tapyard case
@@ -35,7 +40,9 @@
 # namespaces only; everything is removed on exit, error or Ctrl-C.
 set -euo pipefail
 
-CASES=${CASES:-latency,rate}
+CASES=${CASES:-latency,rate,mq}
+MQ_SECONDS=${MQ_SECONDS:-10}
+MEASURE=
 PING_COUNT=${PING_COUNT:-200}
 SOCKPERF_SECONDS=${SOCKPERF_SECONDS:-5}
 IDLE_SECONDS=${IDLE_SECONDS:-10}
@@ -73,6 +80,8 @@ trap 'exit 143' TERM
 
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not installed${2:+ (apt-get install $2)}"; }
 want() { [[ ",$CASES," == *",$1,"* ]]; }
+# measuring GROUP: whether the case being run measures GROUP.
+measuring() { [[ ",$MEASURE," == *",$1,"* ]]; }
 
 ns_add() { ip netns add "$1"; NS_LIST+=("$1"); ip -n "$1" link set lo up; }
 ns_del() {
@@ -158,6 +167,19 @@ EOF
         'BEGIN { printf "%.3f %.3f %.0f\n", t / s / 1e6, r / s / 1e6, (t > 0) ? 100 * r / t : 0 }'
 }
 
+# iperf_p NS_CLIENT NS_SERVER ADDR: prints Gbit/s received with 4 streams.
+iperf_p() {
+    local spid json="$WORK/iperf-$1.json"
+    ip netns exec "$2" iperf3 -s -1 -B "$3" -p 5211 >/dev/null 2>&1 &
+    spid=$!
+    PIDS+=("$spid")
+    sleep 0.5
+    timeout $((MQ_SECONDS + 30)) ip netns exec "$1" iperf3 -c "$3" -p 5211 -P 4 -t "$MQ_SECONDS" -J >"$json" ||
+        die "iperf3 -P 4 failed: $(tail -3 "$json")"
+    wait "$spid" 2>/dev/null || true
+    python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 1e9))' "$json"
+}
+
 RESULTS=()  # "name|ping p50|ping p99|sockperf p50|sockperf p99|idle cpu before|after|offered|delivered|%"
 
 # tapyard_case NAME NET ARGS...: pods on two TAPs bridged by tap-bridge.
@@ -204,17 +226,25 @@ linux_case() { # NAME NET
 run_case() {
     local name=$1 a=$2 da=$3 b=$4 db=$5 ipa=$6 ipb=$7 kind=$8
     local pp="- -" sp="- -" c0="-" c1="-" rr="- - -"
+    if measuring mq; then
+        log "$name: iperf3 -P 4, ${MQ_SECONDS}s"
+        local g
+        g=$(iperf_p "$a" "$b" "$ipb")
+        log "$name: $g Gbit/s"
+        MQ_RESULTS+=("$name|$g")
+        return 0
+    fi
     if [[ $kind == tapyard ]]; then
         log "$name: idle CPU, ${IDLE_SECONDS}s"
         c0=$(idle_cpu)
     fi
-    if want latency; then
+    if measuring latency; then
         log "$name: ping ($PING_COUNT x 10 ms)"
         pp=$(ping_pct "$a" "$ipb")
         log "$name: sockperf ping-pong ${SOCKPERF_SECONDS}s"
         sp=$(sockperf_pct "$a" "$b" "$ipb")
     fi
-    if want rate; then
+    if measuring rate; then
         log "$name: trafgen 64-byte frames at $RATE, ${RATE_SECONDS}s"
         rr=$(rate_run "$a" "$da" "$b" "$db" "$ipa" "$ipb")
     fi
@@ -227,11 +257,12 @@ run_case() {
 }
 
 # ---------------------------------------------------------------------------------------------
-[[ $CASES =~ ^(latency|rate)(,(latency|rate))*$ ]] || die "CASES: a comma-separated list of latency and rate"
+[[ $CASES =~ ^(latency|rate|mq)(,(latency|rate|mq))*$ ]] || die "CASES: a comma-separated list of latency, rate and mq"
 [[ $(id -u) -eq 0 ]] || die "run as root (it creates namespaces, TAPs, a bridge and veths)"
 for t in ip ping awk timeout; do need "$t"; done
 want latency && need sockperf sockperf
 want rate && need trafgen netsniff-ng
+want mq && need iperf3 iperf3 && need python3
 log "machine: $(nproc) CPUs, kernel $(uname -r)"
 
 if [[ -z "${TAPBRIDGE_BIN:-}" ]]; then
@@ -243,15 +274,37 @@ BIN=${TAPBRIDGE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/tap-brid
 # shellcheck disable=SC2206 # split on purpose
 EXTRA=($TAPBRIDGE_ARGS)
 
-tapyard_case "tapyard, polling off" 1 "${EXTRA[@]}"
-if "$BIN" --help 2>&1 | grep -q -- --busy-poll-us; then
-    tapyard_case "tapyard, --busy-poll-us $BUSY_POLL_US" 2 "${EXTRA[@]}" --busy-poll-us "$BUSY_POLL_US"
+MQ_RESULTS=()  # "name|Gbit/s"
+MEASURE=""
+want latency && MEASURE+=latency,
+want rate && MEASURE+=rate,
+if [[ -n $MEASURE ]]; then
+    tapyard_case "tapyard, polling off" 1 "${EXTRA[@]}"
+    tapyard_case "tapyard, polling off, 1 worker" 7 "${EXTRA[@]}" --workers 1
+    if "$BIN" --help 2>&1 | grep -q -- --busy-poll-us; then
+        tapyard_case "tapyard, --busy-poll-us $BUSY_POLL_US" 2 "${EXTRA[@]}" --busy-poll-us "$BUSY_POLL_US"
+    fi
+    linux_case "linux bridge" 3
 fi
-linux_case "linux bridge" 3
+if want mq; then
+    MEASURE=mq
+    tapyard_case "tapyard, 2 workers, 1 queue" 4 "${EXTRA[@]}" --workers 2
+    if "$BIN" --help 2>&1 | grep -q -- --queues; then
+        tapyard_case "tapyard, 2 workers, --queues 2" 5 "${EXTRA[@]}" --workers 2 --queues 2
+    fi
+    linux_case "linux bridge" 6
+fi
 
 printf '\n%-34s %15s %15s %17s %13s %26s\n' "case" "ping p50/p99" "sockperf p50/p99" "idle CPU %" \
     "" "64 B Mpkt/s offered/deliv."
-for r in "${RESULTS[@]}"; do
+for r in "${RESULTS[@]+"${RESULTS[@]}"}"; do
     IFS='|' read -r n p50 p99 s50 s99 c0 c1 off del pct <<<"$r"
     printf '%-34s %8s/%-6s %8s/%-6s µs %6s/%-6s %20s/%-6s (%s %%)\n' "$n" "$p50" "$p99" "$s50" "$s99" "$c0" "$c1" "$off" "$del" "$pct"
 done
+if [[ ${#MQ_RESULTS[@]} -gt 0 ]]; then
+    printf '\n%-34s %s\n' "case (iperf3 -P 4, ${MQ_SECONDS}s)" "Gbit/s"
+    for r in "${MQ_RESULTS[@]}"; do
+        IFS='|' read -r n g <<<"$r"
+        printf '%-34s %s\n' "$n" "$g"
+    done
+fi
