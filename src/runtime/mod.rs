@@ -1,11 +1,11 @@
 //! Worker threads that drive ports through a [`Datapath`].
 //!
 //! Each port is received from by exactly one worker (ports are dealt round-robin), each
-//! receive queue of a multi-queue port ([`Port::rx_queues`]) by one worker, the queues dealt
-//! to consecutive workers; any worker transmits to any port. A worker loops: receive a batch from each of its ports, process it,
-//! dispatch it to the output ports, recycle the buffers; when no port had anything it sleeps in
-//! `poll(2)` on its ports' file descriptors and a stop eventfd (ports without a descriptor are
-//! re-checked every millisecond). Worker 0 also runs the datapath's timers.
+//! receive queue of a multi-queue port ([`Port::rx_queues`]) by one worker (the queues dealt
+//! to consecutive workers); any worker transmits to any port. A worker loops: receive a batch
+//! from each of its ports, process it, dispatch it to the output ports, recycle the buffers;
+//! when no port had anything it sleeps in `poll(2)` on its ports' file descriptors and a stop
+//! eventfd (ports without a descriptor are re-checked every millisecond). Worker 0 also runs the datapath's timers.
 //!
 //! With [`RuntimeConfig::busy_poll`] a worker that received frames keeps reading its ports
 //! (yielding the CPU between rounds) for that long after the last frame before it sleeps, as
