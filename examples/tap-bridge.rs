@@ -7,6 +7,10 @@
 //!   --workers N       worker threads (default: one per TAP, at most the CPU count)
 //!   --stats-every S   print counters every S seconds (default: only at exit)
 //!   --no-offload      plain TAPs: no virtio-net header, no checksum/TSO offload
+//!   --busy-poll-us N  busy polling: workers keep reading their TAPs for N µs after the last
+//!                     frame before sleeping (default 0: sleep at once; at most 1000000)
+//!   --queues N        multi-queue TAPs (IFF_MULTI_QUEUE) with N queues each, spread over the
+//!                     workers (default 1: single-queue TAPs; at most 16)
 //! ```
 //! Creates the TAP devices (or attaches to existing ones); move them into namespaces with
 //! `ip link set <TAP> netns <ns>` at any time. Exits 0 after a signal, printing per-port
@@ -29,10 +33,12 @@ struct Args {
     workers: Option<usize>,
     stats_every: Option<u64>,
     offload: bool,
+    busy_poll_us: u64,
+    queues: usize,
 }
 
 fn usage() -> &'static str {
-    "usage: tap-bridge [--fdb-max N] [--aging SECS] [--workers N] [--stats-every SECS] [--no-offload] <TAP>..."
+    "usage: tap-bridge [--fdb-max N] [--aging SECS] [--workers N] [--stats-every SECS] [--no-offload] [--busy-poll-us N] [--queues N] <TAP>..."
 }
 
 fn parse_num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -49,6 +55,8 @@ fn parse_args() -> Result<Args, String> {
         workers: None,
         stats_every: None,
         offload: true,
+        busy_poll_us: 0,
+        queues: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -58,6 +66,8 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => a.workers = Some(parse_num("--workers", it.next())?),
             "--stats-every" => a.stats_every = Some(parse_num("--stats-every", it.next())?),
             "--no-offload" => a.offload = false,
+            "--queues" => a.queues = parse_num("--queues", it.next())?,
+            "--busy-poll-us" => a.busy_poll_us = parse_num("--busy-poll-us", it.next())?,
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -68,6 +78,17 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.taps.is_empty() {
         return Err(format!("no TAP device named; {}", usage()));
+    }
+    let most = tapyard::runtime::MAX_BUSY_POLL.as_micros();
+    if u128::from(a.busy_poll_us) > most {
+        return Err(format!("--busy-poll-us: at most {most}"));
+    }
+    if a.queues == 0 || a.queues > tapyard::port::MAX_QUEUES {
+        return Err(format!(
+            "--queues: 1 to {}, not {}",
+            tapyard::port::MAX_QUEUES,
+            a.queues
+        ));
     }
     if a.workers == Some(0) {
         return Err("--workers: must be at least 1".into());
@@ -88,7 +109,9 @@ fn run(a: Args) -> Result<(), String> {
     let dp = Arc::new(b.build());
     let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
     for (t, id) in a.taps.iter().zip(&ids) {
-        let p = if a.offload {
+        let p = if a.queues > 1 {
+            TapPort::open_multi_queue(t, a.queues, a.offload)
+        } else if a.offload {
             TapPort::open_offload(t)
         } else {
             TapPort::open(t)
@@ -97,7 +120,7 @@ fn run(a: Args) -> Result<(), String> {
         ports.push((*id, Arc::new(p)));
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = a.workers.unwrap_or(a.taps.len().min(cpus));
+    let workers = a.workers.unwrap_or((a.taps.len() * a.queues).min(cpus));
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("signal: {e}"))?;
@@ -107,13 +130,15 @@ fn run(a: Args) -> Result<(), String> {
         ports,
         RuntimeConfig {
             workers,
+            busy_poll: Duration::from_micros(a.busy_poll_us),
             ..Default::default()
         },
     )
     .map_err(|e| format!("cannot start workers: {e}"))?;
     eprintln!(
-        "tap-bridge: bridging {} with {workers} worker(s); SIGINT or SIGTERM to stop",
-        a.taps.join(", ")
+        "tap-bridge: bridging {} with {workers} worker(s), busy polling {} µs; SIGINT or SIGTERM to stop",
+        a.taps.join(", "),
+        a.busy_poll_us
     );
     let mut ticks = 0u64;
     while !stop.load(Ordering::Relaxed) {

@@ -457,6 +457,20 @@ const TUN_F_TSO_ECN: libc::c_uint = 0x08;
 /// Opens `/dev/net/tun` as TAP device `name` with a virtio-net header on every frame and the
 /// checksum and TSO offloads enabled (what tun-tap cannot do). Returns the fd and the name.
 pub(crate) fn open_tap_vnet(name: &str) -> io::Result<(std::fs::File, String)> {
+    open_tap_with(name, true, false)
+}
+
+/// `IFF_MULTI_QUEUE`: each open of the device is one of its queues.
+pub(crate) const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
+
+/// Opens `/dev/net/tun` as TAP device `name` (non-blocking, close-on-exec): with a virtio-net
+/// header and the checksum/TSO offloads when `vnet`, as one queue of a multi-queue device
+/// (`IFF_MULTI_QUEUE`; open it again for each further queue) when `multi_queue`.
+pub(crate) fn open_tap_with(
+    name: &str,
+    vnet: bool,
+    multi_queue: bool,
+) -> io::Result<(std::fs::File, String)> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -467,12 +481,23 @@ pub(crate) fn open_tap_vnet(name: &str) -> io::Result<(std::fs::File, String)> {
     let mut ifr = [0u8; 40];
     let n = name.len().min(15);
     ifr[..n].copy_from_slice(&name.as_bytes()[..n]);
-    let flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+    let mut flags = IFF_TAP | IFF_NO_PI;
+    if vnet {
+        flags |= IFF_VNET_HDR;
+    }
+    if multi_queue {
+        flags |= IFF_MULTI_QUEUE;
+    }
     ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
     let fd = f.as_raw_fd();
     // SAFETY: TUNSETIFF reads and writes a struct ifreq (40 bytes); `ifr` is 40 live bytes.
     if unsafe { libc::ioctl(fd, TUNSETIFF, ifr.as_mut_ptr()) } < 0 {
         return Err(io::Error::last_os_error());
+    }
+    let end = ifr[..16].iter().position(|&b| b == 0).unwrap_or(16);
+    let name = String::from_utf8_lossy(&ifr[..end]).into_owned();
+    if !vnet {
+        return Ok((f, name));
     }
     let hdr_len: libc::c_int = 10;
     // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer, which points at a live local.
@@ -484,8 +509,7 @@ pub(crate) fn open_tap_vnet(name: &str) -> io::Result<(std::fs::File, String)> {
     if unsafe { libc::ioctl(fd, TUNSETOFFLOAD, offloads as libc::c_ulong) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    let end = ifr[..16].iter().position(|&b| b == 0).unwrap_or(16);
-    Ok((f, String::from_utf8_lossy(&ifr[..end]).into_owned()))
+    Ok((f, name))
 }
 
 /// Writes `a` then `b` as one datagram (`writev`), e.g. a virtio-net header and a frame.

@@ -287,6 +287,9 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     if on.workers != nn.workers {
         restart.push("node.workers changed".into());
     }
+    if on.busy_poll_us != nn.busy_poll_us {
+        restart.push("node.busy_poll_us changed".into());
+    }
     if on.socket != nn.socket {
         restart.push("node.socket changed".into());
     }

@@ -612,6 +612,7 @@ impl Built {
             drivers,
             RuntimeConfig {
                 workers,
+                busy_poll: std::time::Duration::from_micros(u64::from(cfg.node.busy_poll_us)),
                 ..Default::default()
             },
         )

@@ -377,3 +377,29 @@ fn run_refuses_an_invalid_config_with_the_same_messages() {
     assert!(!dir.join("s.sock").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn busy_poll_us_is_checked() {
+    let with = |v: &str| {
+        BASE.replace(
+            "cluster_cidr = \"10.244.0.0/16\"",
+            &format!("cluster_cidr = \"10.244.0.0/16\"\nbusy_poll_us = {v}"),
+        )
+    };
+    let (o, _) = check_file("busy-ok.toml", &with("50000"));
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for (v, why) in [
+        ("1000001", "busy_poll_us = 1000001"),
+        ("-1", "busy_poll_us = -1"),
+        ("\"50\"", "busy_poll_us = \"50\""),
+    ] {
+        let (o, file) = check_file("busy-bad.toml", &with(v));
+        assert_eq!(o.code, 1, "{}", o.stderr);
+        let want = format!("{file}:4: [node]: {why}");
+        assert!(
+            o.stderr.contains(&want),
+            "missing {want:?} in:\n{}",
+            o.stderr
+        );
+    }
+}

@@ -49,7 +49,7 @@ mod tap;
 pub use mem::{mem_pair, MemPort};
 pub use observe::{Direction, Observed, Observer};
 pub use smol::SmolHost;
-pub use tap::TapPort;
+pub use tap::{TapPort, MAX_QUEUES};
 
 /// Something that carries Ethernet frames.
 pub trait Port: Send + Sync {
@@ -79,6 +79,26 @@ pub trait Port: Send + Sync {
     /// Ports without one are polled on a short timer by the runtime.
     fn rx_fd(&self) -> Option<RawFd> {
         None
+    }
+
+    /// How many receive queues the port has (a multi-queue TAP's, [`TapPort::open_multi_queue`]):
+    /// a runtime gives each to a worker, so one port's traffic is spread over several
+    /// workers. Frames of one queue are received in order by one worker. Default 1.
+    fn rx_queues(&self) -> usize {
+        1
+    }
+
+    /// [`Port::recv_batch`] from receive queue `q` (below [`Port::rx_queues`]). The default,
+    /// for single-queue ports, is `recv_batch`.
+    fn recv_queue(&self, q: usize, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
+        let _ = q;
+        self.recv_batch(pool, batch)
+    }
+
+    /// [`Port::rx_fd`] of receive queue `q`. The default is `rx_fd`.
+    fn rx_queue_fd(&self, q: usize) -> Option<RawFd> {
+        let _ = q;
+        self.rx_fd()
     }
 
     /// Bytes of frame room the port's received frames need (the runtime sizes its pools by it).

@@ -138,6 +138,24 @@ impl<P: Port, O: Observer> Port for Observed<P, O> {
         })
     }
 
+    fn rx_queues(&self) -> usize {
+        self.inner.rx_queues()
+    }
+
+    fn recv_queue(&self, q: usize, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
+        let before = batch.len();
+        let n = self.inner.recv_queue(q, pool, batch)?;
+        if n > 0 && self.observer.wants() {
+            self.observer
+                .observe(Direction::Rx, &batch.bufs()[before..]);
+        }
+        Ok(n)
+    }
+
+    fn rx_queue_fd(&self, q: usize) -> Option<RawFd> {
+        self.inner.rx_queue_fd(q)
+    }
+
     fn rx_fd(&self) -> Option<RawFd> {
         self.inner.rx_fd()
     }

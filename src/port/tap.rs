@@ -12,6 +12,47 @@ use crate::stats::DropReason;
 /// Frame room for a TAP with offloads: a 64 KiB TCP super-frame plus link headers.
 pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
 
+/// The most queues [`TapPort::open_multi_queue`] opens.
+pub const MAX_QUEUES: usize = 16;
+
+/// A hash of a frame's flow: IPv4 or IPv6 source and destination addresses, and the ports
+/// of TCP or UDP (behind at most one VLAN tag); 0 for other frames. Never panics.
+fn flow_hash(f: &[u8]) -> u32 {
+    let be16 = |o: usize| {
+        f.get(o..o + 2)
+            .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+    };
+    let mut l3 = 14;
+    let mut ty = be16(12);
+    if ty == 0x8100 {
+        ty = be16(16);
+        l3 = 18;
+    }
+    let (addrs, proto, l4) = match ty {
+        0x0800 => {
+            let ihl = usize::from(f.get(l3).map_or(5, |b| b & 0x0f)) * 4;
+            (l3 + 12..l3 + 20, f.get(l3 + 9).copied(), l3 + ihl)
+        }
+        0x86dd => (l3 + 8..l3 + 40, f.get(l3 + 6).copied(), l3 + 40),
+        _ => return 0,
+    };
+    let mut h: u32 = 0x9e37_79b9;
+    let mut mix = |b: &[u8]| {
+        for c in b.chunks(4) {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            h = (h ^ u32::from_ne_bytes(w))
+                .wrapping_mul(0x0100_0193)
+                .rotate_left(13);
+        }
+    };
+    mix(f.get(addrs).unwrap_or(&[]));
+    if matches!(proto, Some(6 | 17)) {
+        mix(f.get(l4..l4 + 4).unwrap_or(&[]));
+    }
+    h ^ (h >> 16)
+}
+
 /// A TAP device on `/dev/net/tun`, in TAP mode without the packet-info header.
 ///
 /// The device exists while the port is open (it is created if missing, attached to if it
@@ -32,9 +73,18 @@ pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
 /// a Unix socket with `SCM_RIGHTS`), and [`TapPort::from_fd`] makes a port of a descriptor
 /// received so, in another process, without re-creating the device. Both ends then share one
 /// open file, so the device lives while either holds it; only one should read.
+///
+/// [`TapPort::open_multi_queue`] opens a device with several queues (`IFF_MULTI_QUEUE`), one
+/// descriptor each: a runtime gives each queue to a worker ([`Port::rx_queues`]), so one pod's
+/// traffic is spread over several workers. The kernel puts all frames of a flow on one queue
+/// when the pod transmits, so they are received in order by one worker; frames sent to the pod
+/// go through the queue their flow hashes to (IPv4/IPv6 addresses and TCP/UDP ports).
 #[derive(Debug)]
 pub struct TapPort {
+    /// Queue 0 (the only one unless multi-queue).
     file: File,
+    /// Queues 1.. of a multi-queue device.
+    more: Vec<File>,
     name: String,
     vnet: bool,
 }
@@ -60,6 +110,7 @@ impl TapPort {
         crate::sys::set_nonblocking(file.as_raw_fd())?;
         Ok(TapPort {
             file,
+            more: Vec::new(),
             name,
             vnet: false,
         })
@@ -72,9 +123,53 @@ impl TapPort {
         let (file, name) = crate::sys::open_tap_vnet(name)?;
         Ok(TapPort {
             file,
+            more: Vec::new(),
             name,
             vnet: true,
         })
+    }
+
+    /// Creates (or attaches to) the multi-queue TAP device `name` (`IFF_MULTI_QUEUE`) with
+    /// `queues` queues, 1 to [`MAX_QUEUES`], each its own descriptor; with a virtio-net header
+    /// and offloads when `offloads` (as [`TapPort::open_offload`]), plain frames otherwise.
+    /// A multi-queue device cannot be attached to by a single-queue open, nor the reverse.
+    /// Not for handing over ([`TapPort::handover_fd`] lends queue 0 only).
+    pub fn open_multi_queue(name: &str, queues: usize, offloads: bool) -> io::Result<TapPort> {
+        Self::check_name(name)?;
+        if queues == 0 || queues > MAX_QUEUES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{queues} queues asked for TAP {name:?}: expected 1 to {MAX_QUEUES}"),
+            ));
+        }
+        let (file, name) = crate::sys::open_tap_with(name, offloads, true)?;
+        let mut more = Vec::with_capacity(queues - 1);
+        for _ in 1..queues {
+            more.push(crate::sys::open_tap_with(&name, offloads, true)?.0);
+        }
+        Ok(TapPort {
+            file,
+            more,
+            name,
+            vnet: offloads,
+        })
+    }
+
+    /// The descriptor of queue `q` (queue 0 when out of range).
+    fn queue(&self, q: usize) -> &File {
+        match q.checked_sub(1).and_then(|i| self.more.get(i)) {
+            Some(f) => f,
+            None => &self.file,
+        }
+    }
+
+    /// The queue a frame is sent through: its flow's (see the type docs), 0 with one queue.
+    fn tx_queue(&self, frame: &[u8]) -> &File {
+        if self.more.is_empty() {
+            return &self.file;
+        }
+        let n = self.more.len() + 1;
+        self.queue(flow_hash(frame) as usize % n)
     }
 
     /// True for a port opened with [`TapPort::open_offload`].
@@ -120,7 +215,12 @@ impl TapPort {
         }
         let file = File::from(fd);
         crate::sys::set_nonblocking(file.as_raw_fd())?;
-        Ok(TapPort { file, name, vnet })
+        Ok(TapPort {
+            file,
+            more: Vec::new(),
+            name,
+            vnet,
+        })
     }
 
     /// The device's descriptor, lent to hand it to another process (see the type docs); this
@@ -172,11 +272,72 @@ impl Port for TapPort {
     }
 
     fn recv_batch(&self, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
+        self.recv_from(&self.file, pool, batch)
+    }
+
+    fn rx_queues(&self) -> usize {
+        self.more.len() + 1
+    }
+
+    fn recv_queue(&self, q: usize, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
+        self.recv_from(self.queue(q), pool, batch)
+    }
+
+    fn rx_queue_fd(&self, q: usize) -> Option<RawFd> {
+        Some(self.queue(q).as_raw_fd())
+    }
+
+    fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
+        let file = self.tx_queue(buf.frame());
+        if self.vnet && buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0 {
+            // A VXLAN super-frame: the kernel is not asked for UDP-tunnel GSO, so it is
+            // segmented here and each segment goes with an empty virtio-net header.
+            let none = [0u8; VNET_HDR_LEN];
+            return crate::offload::send_completed(buf, &mut |f| {
+                crate::sys::writev2(file.as_raw_fd(), &none, f)
+                    .map(|_| ())
+                    .map_err(|e| tx_reason(&e))
+            });
+        }
+        if self.vnet {
+            let mut hdr = [0u8; VNET_HDR_LEN];
+            buf.offload.emit(&mut hdr);
+            return crate::sys::writev2(file.as_raw_fd(), &hdr, buf.frame())
+                .map(|_| ())
+                .map_err(|e| tx_reason(&e));
+        }
+        if !buf.offload.is_none() {
+            return crate::offload::send_completed(buf, &mut |f| {
+                (&*file).write(f).map(|_| ()).map_err(|e| tx_reason(&e))
+            });
+        }
+        (&*file)
+            .write(buf.frame())
+            .map(|_| ())
+            .map_err(|e| tx_reason(&e))
+    }
+
+    fn rx_fd(&self) -> Option<RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+
+    fn frame_room(&self) -> usize {
+        if self.vnet {
+            OFFLOAD_FRAME_ROOM
+        } else {
+            DEFAULT_FRAME_ROOM
+        }
+    }
+}
+
+impl TapPort {
+    /// Receives a batch from one queue's descriptor (see [`Port::recv_batch`]).
+    fn recv_from(&self, file: &File, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
         let front = if self.vnet { VNET_HDR_LEN } else { 0 };
         let mut n = 0;
         while !batch.is_full() {
             let Some(mut b) = pool.get() else { break };
-            match (&self.file).read(b.room_with_front_mut(front)) {
+            match (&*file).read(b.room_with_front_mut(front)) {
                 Ok(len) if len >= front => {
                     if self.vnet {
                         let room = b.room_with_front_mut(front);
@@ -199,47 +360,6 @@ impl Port for TapPort {
             }
         }
         Ok(n)
-    }
-
-    fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
-        if self.vnet && buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0 {
-            // A VXLAN super-frame: the kernel is not asked for UDP-tunnel GSO, so it is
-            // segmented here and each segment goes with an empty virtio-net header.
-            let none = [0u8; VNET_HDR_LEN];
-            return crate::offload::send_completed(buf, &mut |f| {
-                crate::sys::writev2(self.file.as_raw_fd(), &none, f)
-                    .map(|_| ())
-                    .map_err(|e| tx_reason(&e))
-            });
-        }
-        if self.vnet {
-            let mut hdr = [0u8; VNET_HDR_LEN];
-            buf.offload.emit(&mut hdr);
-            return crate::sys::writev2(self.file.as_raw_fd(), &hdr, buf.frame())
-                .map(|_| ())
-                .map_err(|e| tx_reason(&e));
-        }
-        if !buf.offload.is_none() {
-            return crate::offload::send_completed(buf, &mut |f| {
-                (&self.file).write(f).map(|_| ()).map_err(|e| tx_reason(&e))
-            });
-        }
-        (&self.file)
-            .write(buf.frame())
-            .map(|_| ())
-            .map_err(|e| tx_reason(&e))
-    }
-
-    fn rx_fd(&self) -> Option<RawFd> {
-        Some(self.file.as_raw_fd())
-    }
-
-    fn frame_room(&self) -> usize {
-        if self.vnet {
-            OFFLOAD_FRAME_ROOM
-        } else {
-            DEFAULT_FRAME_ROOM
-        }
     }
 }
 

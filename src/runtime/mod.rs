@@ -1,10 +1,17 @@
 //! Worker threads that drive ports through a [`Datapath`].
 //!
-//! Each port is received from by exactly one worker (ports are dealt round-robin); any worker
-//! transmits to any port. A worker loops: receive a batch from each of its ports, process it,
-//! dispatch it to the output ports, recycle the buffers; when no port had anything it sleeps in
-//! `poll(2)` on its ports' file descriptors and a stop eventfd (ports without a descriptor are
-//! re-checked every millisecond). Worker 0 also runs the datapath's timers.
+//! Each port is received from by exactly one worker (ports are dealt round-robin), each
+//! receive queue of a multi-queue port ([`Port::rx_queues`]) by one worker (the queues dealt
+//! to consecutive workers); any worker transmits to any port. A worker loops: receive a batch
+//! from each of its ports, process it, dispatch it to the output ports, recycle the buffers;
+//! when no port had anything it sleeps in `poll(2)` on its ports' file descriptors and a stop
+//! eventfd (ports without a descriptor are re-checked every millisecond). Worker 0 also runs the datapath's timers.
+//!
+//! With [`RuntimeConfig::busy_poll`] a worker that received frames keeps reading its ports
+//! (yielding the CPU between rounds) for that long after the last frame before it sleeps, as
+//! Linux's busy polling and OVS's PMD threads do: a packet that arrives within the window is
+//! read without waking a sleeping thread (the wake-up of a halted vCPU costs tens of
+//! microseconds), and an idle runtime backs off to sleeping in `poll(2)`, costing no CPU.
 //!
 //! [`Runtime::stop`] sets a flag and signals the eventfd; each worker finishes the batch in hand
 //! (the datapath keeps no queues of its own, so no frame it accepted is lost) and the threads
@@ -70,22 +77,43 @@ pub struct RuntimeConfig {
     pub workers: usize,
     /// Buffers per worker pool.
     pub pool_buffers: usize,
+    /// Busy polling: after a round that received frames, a worker keeps re-reading its ports
+    /// (spinning, yielding the CPU between rounds) for this long before it sleeps in
+    /// `poll(2)`; every round that receives restarts the window. Zero (the default) never
+    /// spins: an idle worker sleeps at once. A window longer than the gap between a pod's
+    /// packets saves the wake-up of a sleeping worker (tens of microseconds on a VM) per
+    /// packet, at the cost of one busy CPU per worker while traffic flows; an idle runtime
+    /// still sleeps once the window has passed. At most [`MAX_BUSY_POLL`].
+    pub busy_poll: Duration,
 }
+
+/// The longest [`RuntimeConfig::busy_poll`] window: one second.
+pub const MAX_BUSY_POLL: Duration = Duration::from_secs(1);
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             workers: 1,
             pool_buffers: 1024,
+            busy_poll: Duration::ZERO,
         }
     }
 }
 
-/// A port's driver in a published port table, and the worker that receives from it.
+/// A port's driver in a published port table, and the worker that receives from it (from
+/// its queue 0: queue `q` of a multi-queue port goes to worker `worker + q`, modulo the
+/// number of workers).
 #[derive(Clone)]
 struct Slot {
     port: Arc<dyn Port>,
     worker: usize,
+}
+
+impl Slot {
+    /// The worker that receives from queue `q`, of `workers`.
+    fn queue_worker(&self, q: usize, workers: usize) -> usize {
+        (self.worker + q) % workers.max(1)
+    }
 }
 
 /// A runtime's or pump's drivers, indexed by [`PortId`] ([`Datapath::max_ports`] slots).
@@ -171,6 +199,8 @@ struct Shared {
     room: usize,
     /// Set by [`Runtime::pause`]: workers park at the next round boundary.
     paused: AtomicBool,
+    /// Per worker, whether it is inside its busy-poll window (spinning) now.
+    spinning: Box<[AtomicBool]>,
 }
 
 impl Shared {
@@ -213,7 +243,8 @@ pub struct Pump {
     dp: Arc<Datapath>,
     worker: Worker,
     ports: Arc<Table>,
-    rx: Vec<PortId>,
+    /// The (port, receive queue) pairs this pump receives from.
+    rx: Vec<(PortId, usize)>,
     batch: Batch,
     room: usize,
     link: Option<Link>,
@@ -253,7 +284,10 @@ impl Pump {
             dp.attach(*id);
         }
         Ok(Pump {
-            rx: ports.iter().map(|(id, _)| *id).collect(),
+            rx: ports
+                .iter()
+                .flat_map(|(id, p)| (0..p.rx_queues()).map(|q| (*id, q)))
+                .collect(),
             dp,
             worker,
             ports: Arc::new(table),
@@ -295,13 +329,18 @@ impl Pump {
         self.ports = link.shared.table.load_full();
         link.version = v;
         let me = link.index;
-        self.rx = self
-            .ports
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.worker == me))
-            .filter_map(|(i, _)| u16::try_from(i).ok().map(PortId))
-            .collect();
+        let workers = link.shared.wakes.len();
+        self.rx.clear();
+        for (i, s) in self.ports.iter().enumerate() {
+            let (Some(s), Ok(id)) = (s, u16::try_from(i)) else {
+                continue;
+            };
+            for q in 0..s.port.rx_queues() {
+                if s.queue_worker(q, workers) == me {
+                    self.rx.push((PortId(id), q));
+                }
+            }
+        }
         true
     }
 
@@ -311,8 +350,8 @@ impl Pump {
     /// fit this pump's buffers.
     pub fn add_port(&mut self, id: PortId, port: Arc<dyn Port>) -> io::Result<()> {
         check_new_port(&self.dp, &self.ports, id, port.as_ref(), self.room)?;
+        self.rx.extend((0..port.rx_queues()).map(|q| (id, q)));
         Arc::make_mut(&mut self.ports)[usize::from(id.0)] = Some(Slot { port, worker: 0 });
-        self.rx.push(id);
         self.dp.attach(id);
         Ok(())
     }
@@ -330,7 +369,7 @@ impl Pump {
         let slot = Arc::make_mut(&mut self.ports)
             .get_mut(usize::from(id.0))?
             .take()?;
-        self.rx.retain(|&p| p != id);
+        self.rx.retain(|&(p, _)| p != id);
         let _ = self.dp.detach(id, true);
         Some(slot.port)
     }
@@ -341,11 +380,14 @@ impl Pump {
         let mut total = 0;
         let mut err = None;
         for i in 0..self.rx.len() {
-            let id = self.rx[i];
+            let (id, q) = self.rx[i];
             let Some(slot) = self.ports.get(usize::from(id.0)).and_then(|p| p.as_ref()) else {
                 continue;
             };
-            match slot.port.recv_batch(&mut self.worker.pool, &mut self.batch) {
+            match slot
+                .port
+                .recv_queue(q, &mut self.worker.pool, &mut self.batch)
+            {
                 Ok(_) => {}
                 Err(e) => err = Some(e),
             }
@@ -450,6 +492,16 @@ impl Runtime {
         cfg: RuntimeConfig,
     ) -> io::Result<Runtime> {
         let nworkers = cfg.workers.max(1);
+        if cfg.busy_poll > MAX_BUSY_POLL {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "busy poll window {} µs is longer than the {} µs allowed",
+                    cfg.busy_poll.as_micros(),
+                    MAX_BUSY_POLL.as_micros()
+                ),
+            ));
+        }
         let table = port_table(&dp, &ports, nworkers)?;
         for (id, _) in &ports {
             dp.attach(*id);
@@ -472,6 +524,7 @@ impl Runtime {
             ctl: Mutex::new(()),
             room,
             paused: AtomicBool::new(false),
+            spinning: (0..nworkers).map(|_| AtomicBool::new(false)).collect(),
         });
         let mut rt = Runtime {
             stop,
@@ -488,9 +541,10 @@ impl Runtime {
                 BufPool::new(room, cfg.pool_buffers.max(crate::buf::BATCH_SIZE)),
             );
             let stop = rt.stop.clone();
+            let busy = cfg.busy_poll;
             let t = std::thread::Builder::new()
                 .name(format!("tapyard-w{wi}"))
-                .spawn(move || worker_loop(&mut pump, wi, &stop, clock))?;
+                .spawn(move || worker_loop(&mut pump, wi, &stop, clock, busy))?;
             rt.threads.push(t);
         }
         Ok(rt)
@@ -507,9 +561,12 @@ impl Runtime {
         let _ctl = sh.ctl.lock();
         let old = sh.table.load_full();
         check_new_port(&self.dp, &old, id, port.as_ref(), sh.room)?;
-        let mut load = vec![0usize; sh.wakes.len()];
+        let workers = sh.wakes.len();
+        let mut load = vec![0usize; workers];
         for s in old.iter().flatten() {
-            load[s.worker] += 1;
+            for q in 0..s.port.rx_queues() {
+                load[s.queue_worker(q, workers)] += 1;
+            }
         }
         let worker = (0..load.len()).min_by_key(|&w| load[w]).unwrap_or(0);
         let mut t: Table = old.as_ref().clone();
@@ -583,6 +640,17 @@ impl Runtime {
         }
     }
 
+    /// How many workers are inside their busy-poll window now (spinning on their ports
+    /// rather than sleeping); always 0 without [`RuntimeConfig::busy_poll`], and back to 0
+    /// once no frame has arrived for that long.
+    pub fn polling_workers(&self) -> usize {
+        self.shared
+            .spinning
+            .iter()
+            .filter(|s| s.load(Ordering::Relaxed))
+            .count()
+    }
+
     /// Whether the workers are paused.
     pub fn is_paused(&self) -> bool {
         self.shared.paused.load(Ordering::Acquire)
@@ -652,10 +720,10 @@ impl Drop for Runtime {
 fn poll_set(pump: &Pump, wake: &EventFd) -> (Vec<libc::pollfd>, Duration) {
     let mut fds: Vec<libc::pollfd> = vec![sys::pollfd(wake.fd())];
     let mut fdless = false;
-    for &id in &pump.rx {
+    for &(id, q) in &pump.rx {
         match pump.ports[usize::from(id.0)]
             .as_ref()
-            .and_then(|s| s.port.rx_fd())
+            .and_then(|s| s.port.rx_queue_fd(q))
         {
             Some(fd) => fds.push(sys::pollfd(fd)),
             None => fdless = true,
@@ -669,7 +737,7 @@ fn poll_set(pump: &Pump, wake: &EventFd) -> (Vec<libc::pollfd>, Duration) {
     (fds, idle_wait)
 }
 
-fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
+fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock, busy: Duration) {
     let Some(shared) = pump.link.as_ref().map(|l| l.shared.clone()) else {
         return;
     };
@@ -684,6 +752,9 @@ fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
     );
     let poll_every = pump.dp.poll_interval();
     let mut next_timer = clock.now() + poll_every;
+    let spinning = &shared.spinning[index];
+    // The end of the busy-poll window: the last round that received, plus `busy`.
+    let mut spin_until: Option<std::time::Instant> = None;
     while !stop.load(Ordering::Acquire) {
         // A table change: new receive list and poll set first, then the acknowledgement
         // (the old table, and with it any removed driver, is dropped by `refresh`). The pause
@@ -701,6 +772,9 @@ fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
             );
         }
         if paused {
+            if spin_until.take().is_some() {
+                spinning.store(false, Ordering::Relaxed);
+            }
             // Parked: only the eventfd (resume, stop, a table change) wakes it.
             let mut one = [sys::pollfd(wake.fd())];
             if let Ok(ready) = sys::poll_readable(&mut one, Duration::from_millis(500)) {
@@ -723,7 +797,19 @@ fn worker_loop(pump: &mut Pump, index: usize, stop: &AtomicBool, clock: Clock) {
         }
         if failed {
             std::thread::sleep(Duration::from_millis(10));
-        } else if n == 0 {
+        } else if n > 0 {
+            if !busy.is_zero() {
+                spin_until = std::time::Instant::now().checked_add(busy);
+                spinning.store(true, Ordering::Relaxed);
+            }
+        } else if spin_until.is_some_and(|t| std::time::Instant::now() < t) {
+            // Busy polling: read the ports again next round instead of sleeping; let a pod's
+            // process have this CPU meanwhile if it wants it.
+            std::thread::yield_now();
+        } else {
+            if spin_until.take().is_some() {
+                spinning.store(false, Ordering::Relaxed);
+            }
             if let Ok(ready) = sys::poll_readable(&mut fds, idle_wait) {
                 if ready > 0 && fds[0].revents != 0 {
                     wake.drain();

@@ -85,6 +85,9 @@ pub struct NodeCfg {
     pub cluster_cidr: Cidr,
     /// Worker threads; `None`: one per TAP, at most the CPU count.
     pub workers: Option<usize>,
+    /// Busy polling: microseconds a worker keeps reading its ports after the last frame
+    /// before it sleeps ([`tapyard::runtime::RuntimeConfig::busy_poll`]); 0: never spins.
+    pub busy_poll_us: u32,
     /// The control socket; `None`: `/run/tapyard/<name>.sock`.
     pub socket: Option<PathBuf>,
     /// Where ports and connection state are kept across restarts; `None`:

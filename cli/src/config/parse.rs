@@ -463,6 +463,7 @@ impl Parser<'_> {
                 len: 0,
             },
             workers: None,
+            busy_poll_us: 0,
             socket: None,
             state_dir: None,
             node_port_range: (30000, 32767),
@@ -517,6 +518,7 @@ impl Parser<'_> {
                 );
             }
         }
+        let busy_poll_us = self.int_as(&mut s, "busy_poll_us");
         let socket = self.text(&mut s, "socket", |p| {
             if p.is_empty() {
                 Err("is empty, expected a path".into())
@@ -540,6 +542,7 @@ impl Parser<'_> {
             name: name?,
             cluster_cidr: cluster_cidr?,
             workers,
+            busy_poll_us,
             socket,
             state_dir,
             node_port_range,

@@ -159,6 +159,12 @@ pub const NODE: Section = Section {
             "worker threads",
         ),
         key(
+            "busy_poll_us",
+            int(0, 1_000_000),
+            Dflt::Int(0),
+            "busy polling: workers keep reading their ports this many µs after the last frame before sleeping (0: sleep at once)",
+        ),
+        key(
             "socket",
             Ty::Str("/run/tapyard/node-a.sock"),
             Dflt::Unset("/run/tapyard/<name>.sock"),
