@@ -352,10 +352,15 @@ fn pmtu_across_the_overlay() {
     );
 }
 
+/// `n` bytes of payload: byte `k` is `k % 251`.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|k| u8::try_from(k % 251).unwrap()).collect()
+}
+
 /// A TSO super-frame from pod A's offload TAP: `payload` bytes of TCP payload (byte `k` is
 /// `k % 251`), MSS 1398 (what a pod learns after PMTU discovery), partial checksum.
 fn pod_tso(a: &Node, payload: usize) -> PacketBuf {
-    let data: Vec<u8> = (0..payload).map(|k| (k % 251) as u8).collect();
+    let data: Vec<u8> = pattern(payload);
     let mut f = Vec::new();
     PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
         .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 64)
@@ -636,7 +641,7 @@ fn check_inner_super_frame(b: &PacketBuf, payload: usize) {
     let segs = segments(b);
     assert_eq!(segs.len(), payload.div_ceil(1398));
     let got: Vec<u8> = segs.iter().flat_map(|s| tcp_payload_checked(s)).collect();
-    let want: Vec<u8> = (0..payload).map(|k| (k % 251) as u8).collect();
+    let want: Vec<u8> = pattern(payload);
     assert!(got == want, "inner payload");
 }
 
@@ -830,7 +835,7 @@ fn tunnel_super_frame_crosses_real_taps_both_ways() {
         }),
         "{n} of {want_segs} segments on the plain TAP"
     );
-    let want: Vec<u8> = (0..30_000).map(|k| (k % 251) as u8).collect();
+    let want: Vec<u8> = pattern(30_000);
     assert!(payload == want, "segments' payload");
     drop((t1, t2, t3));
 }
