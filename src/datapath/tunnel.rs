@@ -10,6 +10,14 @@
 //!      encap: peer by inner dst MAC, outer route + ARP on the uplink ──► Output(uplink)
 //! ```
 //!
+//! Super-frames: a TSO super-frame from a pod is encapsulated whole (tunnel GSO bit, outer
+//! UDP checksum left partial over the whole super-frame); an uplink TAP with UDP-tunnel GSO
+//! takes it as it is and the kernel segments it, any other port segments it in software. A
+//! UDP-tunnel super-frame from such a TAP is decapsulated whole into an inner TCP
+//! super-frame (its header checked: TCP/IPv4 inside, partial inner checksum, a `csum_start`
+//! inside the inner frame; a lie is `bad_offload`), so that a pod's offload TAP takes it
+//! whole too.
+//!
 //! Nothing here allocates per packet or takes a lock: the peer set is read through one
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
 //! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
