@@ -18,6 +18,9 @@
 #   its node, which routes (ip_forward=1). tapyard nodes: `tapyard run` with cni0, an uplink
 #   TAP and `[[vxlan]]` with a peer per other node (the TAPs start in a namespace of their own,
 #   then move). Pods keep MTU 1500 (PMTU discovery brings TCP to 1450 through the overlay).
+#   A tapyard uplink TAP carries UDP-tunnel GSO when the kernel allows it (Linux 6.17+): VXLAN
+#   super-frames cross it whole both ways; the last lines say which path each node took.
+#   TAPYARD=<binary> runs another build (e.g. one from before, to compare in the same session).
 #
 # Environment: DURATION=10 (iperf3 seconds per case), KEEP_LOGS=1.
 set -euo pipefail
@@ -173,4 +176,6 @@ printf '%-18s %8s %10s\n' "linux->tapyard" "$lt" "$(ratio "$lt")"
 printf '%-18s %8s %10s\n' "tapyard->tapyard" "$tt" "$(ratio "$tt")"
 for n in 1 3; do
     echo "node $n: $("$TAPYARD" show stats --socket "$WORK/n$n.sock" | grep -E '^drops:')"
+    gso=$(grep -o 'uplink eth0: [^(]*' "$WORK/n$n.log" || true)
+    echo "node $n: ${gso:-uplink eth0: no UDP-tunnel GSO (a build without it)}"
 done

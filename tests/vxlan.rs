@@ -2,16 +2,23 @@
 //! a datapath with a bridge `cni0`, an uplink `eth0` and a VXLAN interface `flannel.1` set up
 //! as Flannel does. Frames built byte by byte go in; what leaves A's uplink is checked as
 //! Linux's vxlan would send it, then fed to C, whose pod must get the inner packet. Every
-//! bad input is dropped under its own reason.
+//! bad input is dropped under its own reason. One root test (skipped otherwise) sends a VXLAN
+//! super-frame through real TAPs with UDP-tunnel GSO.
+
+mod common;
 
 use std::net::Ipv4Addr;
+use std::time::{Duration, Instant as StdInstant};
 
 use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::vxlan::default_mac;
 use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
 use tapyard::offload::VirtioNetHdr;
+use tapyard::port::{Port, TapPort};
+use tapyard::wire::virtio::{VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4};
 use tapyard::{
-    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
+    Batch, BridgeConfig, BufPool, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId,
+    Verdict, Worker,
 };
 
 const POD: PortId = PortId(0);
@@ -152,6 +159,25 @@ impl Node {
                 .unwrap();
             }
             out.extend(frames.into_iter().map(|f| (p, f)));
+            Ok(())
+        });
+        (v, out)
+    }
+
+    /// Like [`Node::run_buf`], but every frame as the datapath hands it to a port, with its
+    /// offload header (super-frames whole).
+    fn run_whole(&mut self, buf: PacketBuf) -> (Verdict, Vec<(PortId, PacketBuf)>) {
+        let mut batch = Batch::new();
+        batch.push(buf).unwrap();
+        self.dp.process(&mut self.w, self.now, &mut batch);
+        let v = batch.verdicts()[0];
+        let mut out = Vec::new();
+        self.dp.dispatch(&mut self.w, &batch, |p, b| {
+            let mut c = PacketBuf::new(70_000);
+            c.room_mut()[..b.len()].copy_from_slice(b.frame());
+            c.set_len(b.len());
+            c.offload = b.offload;
+            out.push((p, c));
             Ok(())
         });
         (v, out)
@@ -326,17 +352,21 @@ fn pmtu_across_the_overlay() {
     );
 }
 
-#[test]
-fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
-    let (mut a, mut c) = (node(1), node(2));
-    // A TSO super-frame from an offload TAP: 10000 bytes of TCP payload, MSS 1398 (what a pod
-    // learns after PMTU discovery), partial checksum.
+/// `n` bytes of payload: byte `k` is `k % 251`.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|k| u8::try_from(k % 251).unwrap()).collect()
+}
+
+/// A TSO super-frame from pod A's offload TAP: `payload` bytes of TCP payload (byte `k` is
+/// `k % 251`), MSS 1398 (what a pod learns after PMTU discovery), partial checksum.
+fn pod_tso(a: &Node, payload: usize) -> PacketBuf {
+    let data: Vec<u8> = pattern(payload);
     let mut f = Vec::new();
     PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
         .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 64)
         .tcp(40000, 5201, 1000, 65535)
         .ack(1)
-        .write(&mut f, &[7u8; 10_000])
+        .write(&mut f, &data)
         .unwrap();
     let mut b = PacketBuf::new(70_000);
     b.room_mut()[..f.len()].copy_from_slice(&f);
@@ -361,6 +391,43 @@ fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
         csum_start: 34,
         csum_offset: 16,
     };
+    b
+}
+
+/// The TCP payload of a frame whose TCP checksum must be complete and right.
+fn tcp_payload_checked(frame: &[u8]) -> Vec<u8> {
+    let s = SlicedPacket::from_ethernet(frame).unwrap();
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!("not IPv4")
+    };
+    let Some(TransportSlice::Tcp(t)) = s.transport else {
+        panic!("not TCP")
+    };
+    assert_eq!(
+        t.to_header()
+            .calc_checksum_ipv4(&ip.header().to_header(), t.payload())
+            .unwrap(),
+        t.checksum(),
+        "TCP checksum"
+    );
+    t.payload().to_vec()
+}
+
+/// The segments of a TCP super-frame, as a port without offloads sends them.
+fn segments(b: &PacketBuf) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut scratch = vec![0u8; 70_000];
+    tapyard::offload::segment(b.frame(), &b.offload, &mut scratch, &mut |f| {
+        frames.push(f.to_vec())
+    })
+    .unwrap();
+    frames
+}
+
+#[test]
+fn offloaded_super_frames_are_segmented_to_the_inner_mtu() {
+    let (mut a, mut c) = (node(1), node(2));
+    let b = pod_tso(&a, 10_000);
     let (v, out) = a.run_buf(b);
     assert_eq!(v, Verdict::Output(ETH0));
     assert_eq!(out.len(), 10_000usize.div_ceil(1398));
@@ -519,4 +586,260 @@ fn bad_input_is_dropped_under_its_own_reason() {
                 .to_string();
         assert!(e.contains(what), "{e}");
     }
+}
+
+/// The folded pseudo-header sum of the outer UDP header of an encapsulated frame (what a
+/// partial checksum field holds), big-endian.
+fn outer_udp_partial(f: &[u8]) -> [u8; 2] {
+    let mut s: u32 = 17 + u32::try_from(f.len() - 34).unwrap();
+    for i in (26..34).step_by(2) {
+        s += u32::from(u16::from_be_bytes([f[i], f[i + 1]]));
+    }
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    u16::try_from(s).unwrap().to_be_bytes()
+}
+
+/// Checks a UDP-tunnel super-frame as A sends it to C: one encapsulated TCP super-frame,
+/// its inner checksum and the outer UDP one partial.
+fn check_tunnel_super_frame(b: &PacketBuf, payload: usize) {
+    let off = b.offload;
+    assert_eq!(
+        off.gso_type,
+        tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4
+    );
+    assert!(off.needs_csum());
+    assert_eq!(
+        (off.gso_size, off.csum_start, off.csum_offset),
+        (1398, 84, 16)
+    );
+    let f = b.frame();
+    assert_eq!(f.len(), 50 + 54 + payload);
+    assert_eq!(&f[36..38], &8472u16.to_be_bytes());
+    assert_eq!(
+        &f[40..42],
+        &outer_udp_partial(f),
+        "outer UDP checksum partial"
+    );
+}
+
+/// The inner TCP super-frame C hands its pod after decapsulating a tunnel super-frame.
+fn check_inner_super_frame(b: &PacketBuf, payload: usize) {
+    assert_eq!(
+        b.offload,
+        VirtioNetHdr {
+            flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV4,
+            hdr_len: 54,
+            gso_size: 1398,
+            csum_start: 34,
+            csum_offset: 16,
+        }
+    );
+    assert_eq!(b.len(), 54 + payload);
+    let segs = segments(b);
+    assert_eq!(segs.len(), payload.div_ceil(1398));
+    let got: Vec<u8> = segs.iter().flat_map(|s| tcp_payload_checked(s)).collect();
+    let want: Vec<u8> = pattern(payload);
+    assert!(got == want, "inner payload");
+}
+
+#[test]
+fn tunnel_super_frames_cross_whole_both_ways() {
+    let (mut a, mut c) = (node(1), node(2));
+    // Encapsulation keeps the super-frame whole, outer UDP checksum partial.
+    let (v, out) = a.run_whole(pod_tso(&a, 30_000));
+    assert_eq!(v, Verdict::Output(ETH0));
+    assert_eq!(out.len(), 1);
+    let sf = &out[0].1;
+    check_tunnel_super_frame(sf, 30_000);
+    // What a UDP-tunnel TAP hands over: the same super-frame, outer checksum partial too.
+    let received = |edit: &dyn Fn(&mut PacketBuf)| {
+        let mut b = PacketBuf::new(70_000);
+        b.room_mut()[..sf.len()].copy_from_slice(sf.frame());
+        b.set_len(sf.len());
+        b.offload = sf.offload;
+        b.offload.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
+        b.port = ETH0;
+        edit(&mut b);
+        b
+    };
+    let (v, got) = c.run_whole(received(&|_| {}));
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    assert_eq!(got.len(), 1);
+    check_inner_super_frame(&got[0].1, 30_000);
+    // Segmented in software instead (a port without UDP-tunnel GSO), every segment still
+    // reaches C's pod.
+    let mut total = 0;
+    for seg in segments(sf) {
+        let (v, got) = c.run(ETH0, &seg);
+        assert!(
+            matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+            "{v:?}"
+        );
+        total += tcp_payload_checked(&got[0].1).len();
+    }
+    assert_eq!(total, 30_000);
+    // Lying tunnel headers are dropped and counted.
+    let lies: [&dyn Fn(&mut PacketBuf); 5] = [
+        &|b| b.offload.flags = 0,       // no partial checksum
+        &|b| b.offload.csum_start = 20, // inside the outer header
+        &|b| b.offload.csum_offset = 6, // not TCP's field
+        &|b| b.offload.gso_type = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 | 5, // USO inside
+        &|b| b.offload.gso_size = 0,
+    ];
+    for lie in lies {
+        let before = c.drops(DropReason::BadOffload);
+        assert_eq!(
+            c.run_whole(received(lie)).0,
+            Verdict::Drop(DropReason::BadOffload)
+        );
+        assert_eq!(c.drops(DropReason::BadOffload), before + 1);
+    }
+    // A tunnel super-frame that is not VXLAN for this node (another UDP port).
+    let other = received(&|b| b.frame_mut()[36..38].copy_from_slice(&4789u16.to_be_bytes()));
+    assert_eq!(c.run_whole(other).0, Verdict::Drop(DropReason::BadOffload));
+}
+
+/// Reads frames from `tap` for up to two seconds, until `done` says it has them all.
+fn read_until(tap: &TapPort, pool: &mut BufPool, done: &mut dyn FnMut(&PacketBuf) -> bool) -> bool {
+    let deadline = StdInstant::now() + Duration::from_secs(2);
+    while StdInstant::now() < deadline {
+        let mut batch = Batch::new();
+        match tap.recv_batch(pool, &mut batch) {
+            Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(_) => {
+                let hit = batch.bufs().iter().any(&mut *done);
+                batch.recycle(pool);
+                if hit {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Root: a VXLAN super-frame written to a TAP with UDP-tunnel GSO crosses a Linux bridge
+/// whole to another such TAP (read back as one tunnel super-frame, which C decapsulates into
+/// one inner TCP super-frame) and as correct segments to a plain TAP (the kernel segments it,
+/// outer headers replicated and each outer UDP checksum computed).
+#[test]
+fn tunnel_super_frame_crosses_real_taps_both_ways() {
+    if let Some(why) = common::skip_reason(&[]) {
+        common::skip(&why);
+        return;
+    }
+    let (pid, tag) = common::name_tag();
+    let name = |i: u8| format!("tyvt{}{i}", pid % 10_000);
+    let mut t1 = TapPort::open_offload(&name(1)).unwrap();
+    if let Err(e) = t1.enable_tunnel_offload() {
+        common::skip(&format!(
+            "skipping: the kernel refuses UDP-tunnel GSO on a TAP ({e})"
+        ));
+        return;
+    }
+    let mut t2 = TapPort::open_offload(&name(2)).unwrap();
+    t2.enable_tunnel_offload().unwrap();
+    assert!(t1.tunnel_offload() && t2.tunnel_offload());
+    // Adopting the descriptor finds the 24-byte header again.
+    let dup = TapPort::from_fd(t2.handover_fd().try_clone_to_owned().unwrap(), true).unwrap();
+    assert!(dup.tunnel_offload());
+    drop(dup);
+    // A TAP without a virtio-net header cannot take UDP-tunnel GSO: refused, left as it was
+    // (the per-segment path).
+    let mut t3 = TapPort::open(&name(3)).unwrap();
+    assert!(t3.enable_tunnel_offload().is_err());
+    assert!(!t3.tunnel_offload());
+    let mut g = common::Guard::default();
+    let ns = g.add_namespace(&format!("tyvt-{pid}-{tag}"));
+    ns.disable_ipv6();
+    ns.ip(&["link", "add", "br0", "type", "bridge"]);
+    ns.ip(&["link", "set", "br0", "up"]);
+    for i in 1..=3 {
+        common::run(&["ip", "link", "set", &name(i), "netns", &ns.name]);
+        ns.ip(&["link", "set", &name(i), "master", "br0"]);
+        ns.ip(&["link", "set", &name(i), "up"]);
+    }
+    let (mut a, mut c) = (node(1), node(2));
+    let (_, out) = a.run_whole(pod_tso(&a, 30_000));
+    let sf = &out[0].1;
+    check_tunnel_super_frame(sf, 30_000);
+    let is_vxlan = |b: &PacketBuf| b.frame().get(36..38) == Some(&8472u16.to_be_bytes()[..]);
+    // The bridge has not learned C's MAC: it floods to both other TAPs.
+    t1.send(sf).unwrap();
+    let mut pool = BufPool::new(t2.frame_room(), 64);
+    let mut whole = None;
+    assert!(
+        read_until(&t2, &mut pool, &mut |b| {
+            let hit = is_vxlan(b);
+            if hit {
+                let mut c = PacketBuf::new(70_000);
+                c.room_mut()[..b.len()].copy_from_slice(b.frame());
+                c.set_len(b.len());
+                c.offload = b.offload;
+                whole = Some(c);
+            }
+            hit
+        }),
+        "no super-frame on the UDP-tunnel TAP"
+    );
+    let mut whole = whole.unwrap();
+    check_tunnel_super_frame(&whole, 30_000);
+    assert!(
+        whole.frame() == sf.frame(),
+        "the super-frame crossed unchanged"
+    );
+    whole.port = ETH0;
+    let (v, got) = c.run_whole(whole);
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    check_inner_super_frame(&got[0].1, 30_000);
+    // The plain TAP gets segments: complete, right checksums, each decapsulated by C.
+    let mut pool = BufPool::new(t3.frame_room(), 64);
+    let (mut payload, mut n) = (Vec::new(), 0);
+    let want_segs = 30_000usize.div_ceil(1398);
+    assert!(
+        read_until(&t3, &mut pool, &mut |b| {
+            if !is_vxlan(b) {
+                return false;
+            }
+            let f = b.frame();
+            assert!(f.len() <= 14 + 1500, "{}", f.len());
+            let s = SlicedPacket::from_ethernet(f).unwrap();
+            let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(u))) = (s.net, s.transport)
+            else {
+                panic!("not UDP/IPv4")
+            };
+            let h = ip.header().to_header();
+            assert_eq!(
+                h.calc_header_checksum(),
+                h.header_checksum,
+                "outer IPv4 checksum"
+            );
+            assert_eq!(
+                u.to_header().calc_checksum_ipv4(&h, u.payload()).unwrap(),
+                u.checksum(),
+                "outer UDP checksum of segment {n}"
+            );
+            let (v, got) = c.run(ETH0, f);
+            assert!(
+                matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+                "{v:?}"
+            );
+            payload.extend(tcp_payload_checked(&got[0].1));
+            n += 1;
+            n == want_segs
+        }),
+        "{n} of {want_segs} segments on the plain TAP"
+    );
+    let want: Vec<u8> = pattern(30_000);
+    assert!(payload == want, "segments' payload");
+    drop((t1, t2, t3));
 }

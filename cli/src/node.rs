@@ -81,6 +81,21 @@ fn open_config_tap(
     Ok((dev, link))
 }
 
+/// Turns on UDP-tunnel GSO on the offload TAP of uplink `name` when a `[[vxlan]]` runs over
+/// it, so that VXLAN super-frames cross it whole; a kernel that refuses (before Linux 6.17)
+/// leaves the per-segment path, logged.
+fn tunnel_offload(cfg: &Config, name: &str, offload: bool, dev: &mut TapPort) {
+    if !offload || !cfg.vxlans.iter().any(|v| v.uplink == name) {
+        return;
+    }
+    match dev.enable_tunnel_offload() {
+        Ok(()) => log::info!("uplink {name}: UDP-tunnel GSO on (VXLAN super-frames cross its TAP whole)"),
+        Err(e) => log::info!(
+            "uplink {name}: the kernel refuses UDP-tunnel GSO ({e}): VXLAN frames cross its TAP one segment at a time"
+        ),
+    }
+}
+
 /// The library route for a configured one; interfaces are resolved by name, a gateway
 /// without `dev` goes out of the interface whose subnet holds it.
 pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, String> {
@@ -462,7 +477,10 @@ impl Plan {
             .taps
             .get(i)
             .ok_or_else(|| format!("no config port {i}"))?;
-        let (dev, link) = open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name)?;
+        let (mut dev, link) = open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name)?;
+        if bridge.is_none() {
+            tunnel_offload(&self.cfg, name, self.cfg.node.offload, &mut dev);
+        }
         Ok(PortEntry {
             id: *id,
             name: name.clone(),
@@ -759,7 +777,7 @@ impl Node {
                     None
                 }
             });
-            let (dev, ifname, link, netns, offload) = match found {
+            let (mut dev, ifname, link, netns, offload) = match found {
                 Some((f, offload)) => {
                     reattached += 1;
                     (f.tap, f.ifname, Some(f.link), f.netns, offload)
@@ -769,6 +787,9 @@ impl Node {
                     (dev, tap.clone(), link, None, cfg.node.offload)
                 }
             };
+            if kind == Kind::Uplink {
+                tunnel_offload(cfg, name, offload, &mut dev);
+            }
             let (netns, netns_id) = netns.map_or((None, None), |(p, id)| (Some(p), Some(id)));
             ports.push(PortEntry {
                 id: *id,

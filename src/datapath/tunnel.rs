@@ -10,6 +10,14 @@
 //!      encap: peer by inner dst MAC, outer route + ARP on the uplink ──► Output(uplink)
 //! ```
 //!
+//! Super-frames: a TSO super-frame from a pod is encapsulated whole (tunnel GSO bit, outer
+//! UDP checksum left partial over the whole super-frame); an uplink TAP with UDP-tunnel GSO
+//! takes it as it is and the kernel segments it, any other port segments it in software. A
+//! UDP-tunnel super-frame from such a TAP is decapsulated whole into an inner TCP
+//! super-frame (its header checked: TCP/IPv4 inside, partial inner checksum, a `csum_start`
+//! inside the inner frame; a lie is `bad_offload`), so that a pod's offload TAP takes it
+//! whole too.
+//!
 //! Nothing here allocates per packet or takes a lock: the peer set is read through one
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
 //! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
@@ -63,6 +71,16 @@ impl Datapath {
         if !self.tunnels.iter().any(|t| t.uplink == up) {
             return None;
         }
+        let r = self.decap_vxlan(b, up);
+        if r.is_none() && b.offload.is_tunnel_gso() {
+            // A UDP-tunnel super-frame that is not ours: its layout is not known here.
+            return Some(Err(DropReason::BadOffload));
+        }
+        r
+    }
+
+    /// [`Datapath::decap`] for a frame on an uplink with tunnels.
+    fn decap_vxlan(&self, b: &mut PacketBuf, up: IfaceId) -> Option<Result<IfaceId, DropReason>> {
         let f = b.frame();
         let e = EthernetFrame::new_checked(f).ok()?;
         if e.ethertype() != ethertype::IPV4 {
@@ -84,7 +102,16 @@ impl Datapath {
         let Some(peer) = set.by_ip(info.src) else {
             return Some(Err(DropReason::VxlanUnknownPeer));
         };
-        if b.offload.is_gso() {
+        // A UDP-tunnel super-frame (from an uplink TAP with UDP-tunnel GSO) must be
+        // TCP/IPv4 inside IPv4 with the inner TCP checksum partial; its outer UDP checksum is
+        // partial too when set.
+        let tunnel_gso = b.offload.is_gso();
+        if tunnel_gso
+            && (b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN
+                != VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4
+                || !b.offload.needs_csum()
+                || b.offload.gso_size == 0)
+        {
             return Some(Err(DropReason::BadOffload));
         }
         // A partial checksum (from a sender on this host) or one the device checked is
@@ -107,7 +134,25 @@ impl Datapath {
             return Some(Err(DropReason::VxlanUnknownMac));
         }
         peer.count_rx(end - o.inner);
-        if b.offload.needs_csum() {
+        if tunnel_gso {
+            // The inner TCP super-frame: its checksum field (at `csum_start` + 16, past the
+            // inner Ethernet and a minimal IPv4 header) stays partial.
+            let off = b.offload;
+            let start = usize::from(off.csum_start).checked_sub(o.inner);
+            let Some(start) = start.filter(|&s| {
+                s >= ETH_LEN + ipv4::HEADER_LEN && off.csum_offset == 16 && o.inner + s + 20 <= end
+            }) else {
+                return Some(Err(DropReason::BadOffload));
+            };
+            b.offload = Offload {
+                flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+                gso_type: off.gso_type & !VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+                hdr_len: len16(usize::from(off.hdr_len).saturating_sub(o.inner)),
+                gso_size: off.gso_size,
+                csum_start: len16(start),
+                csum_offset: off.csum_offset,
+            };
+        } else if b.offload.needs_csum() {
             match usize::from(b.offload.csum_start).checked_sub(o.inner) {
                 // The inner L4 checksum is the partial one: keep it, from the inner frame.
                 Some(s) => b.offload.csum_start = len16(s),
@@ -190,6 +235,11 @@ impl Datapath {
             b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
             b.offload.csum_start = off.csum_start.saturating_add(shift);
             b.offload.hdr_len = off.hdr_len.saturating_add(shift);
+            // The outer UDP checksum partial over the whole super-frame, as a UDP-tunnel GSO
+            // TAP wants it (software segmentation computes each segment's from scratch).
+            if Outer::partial_csum(b.frame_mut()).is_none() {
+                return Verdict::Drop(DropReason::Truncated);
+            }
         } else if off.needs_csum() {
             // The inner checksum stays partial; the outer one follows from it (LCO).
             let start = usize::from(off.csum_start) + OVERHEAD;

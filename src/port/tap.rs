@@ -6,8 +6,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 
 use super::Port;
 use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
+use crate::narrow::len16;
 use crate::offload::{VirtioNetHdr, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4, VNET_HDR_LEN};
 use crate::stats::DropReason;
+use crate::wire::virtio::{VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM, VNET_HDR_TUNNEL_LEN};
+use crate::wire::{ethernet, vxlan};
 
 /// Frame room for a TAP with offloads: a 64 KiB TCP super-frame plus link headers.
 pub const OFFLOAD_FRAME_ROOM: usize = 65_536 + 64;
@@ -69,6 +72,14 @@ fn flow_hash(f: &[u8]) -> u32 {
 ///   untouched and are segmented and checksummed in software ([`crate::offload`]) only when
 ///   they leave through a port without offloads.
 ///
+/// An offload TAP can also carry UDP-tunnel GSO ([`TapPort::enable_tunnel_offload`], Linux
+/// 6.17 and later; meant for an uplink that carries VXLAN): the header grows to 24 bytes
+/// and VXLAN super-frames cross the device whole both ways — tapyard writes one
+/// encapsulated super-frame and the kernel segments it, replicating the outer headers and
+/// computing each outer UDP checksum; the kernel hands over the tunnel super-frames it
+/// would otherwise have segmented, and tapyard decapsulates them into an inner TCP
+/// super-frame.
+///
 /// The descriptor can outlive the process: [`TapPort::handover_fd`] lends it (to pass it over
 /// a Unix socket with `SCM_RIGHTS`), and [`TapPort::from_fd`] makes a port of a descriptor
 /// received so, in another process, without re-creating the device. Both ends then share one
@@ -87,6 +98,8 @@ pub struct TapPort {
     more: Vec<File>,
     name: String,
     vnet: bool,
+    /// UDP-tunnel GSO on: the virtio-net header is [`VNET_HDR_TUNNEL_LEN`] bytes.
+    tunnel: bool,
 }
 
 impl TapPort {
@@ -113,6 +126,7 @@ impl TapPort {
             more: Vec::new(),
             name,
             vnet: false,
+            tunnel: false,
         })
     }
 
@@ -126,6 +140,7 @@ impl TapPort {
             more: Vec::new(),
             name,
             vnet: true,
+            tunnel: false,
         })
     }
 
@@ -152,6 +167,7 @@ impl TapPort {
             more,
             name,
             vnet: offloads,
+            tunnel: false,
         })
     }
 
@@ -170,6 +186,48 @@ impl TapPort {
         }
         let n = self.more.len() + 1;
         self.queue(flow_hash(frame) as usize % n)
+    }
+
+    /// Turns on UDP-tunnel GSO on a port opened with [`TapPort::open_offload`] (see the type
+    /// docs), before the port is used. Fails, leaving the port as it was, on a port without
+    /// offloads or when the kernel refuses the flags (before Linux 6.17): the caller then
+    /// keeps the per-segment path, which works everywhere.
+    pub fn enable_tunnel_offload(&mut self) -> io::Result<()> {
+        if !self.vnet {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("TAP {:?} has no virtio-net header", self.name),
+            ));
+        }
+        if !self.more.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "TAP {:?} is multi-queue: UDP-tunnel GSO is for single-queue uplinks",
+                    self.name
+                ),
+            ));
+        }
+        if !self.tunnel {
+            crate::sys::tun_set_tunnel_offload(self.file.as_raw_fd())?;
+            self.tunnel = true;
+        }
+        Ok(())
+    }
+
+    /// True once [`TapPort::enable_tunnel_offload`] succeeded (or for a descriptor adopted
+    /// with a 24-byte header).
+    pub fn tunnel_offload(&self) -> bool {
+        self.tunnel
+    }
+
+    /// Bytes of virtio-net header in front of each frame read or written.
+    fn vnet_len(&self) -> usize {
+        match (self.vnet, self.tunnel) {
+            (false, _) => 0,
+            (true, false) => VNET_HDR_LEN,
+            (true, true) => VNET_HDR_TUNNEL_LEN,
+        }
     }
 
     /// True for a port opened with [`TapPort::open_offload`].
@@ -215,11 +273,25 @@ impl TapPort {
         }
         let file = File::from(fd);
         crate::sys::set_nonblocking(file.as_raw_fd())?;
+        let tunnel = vnet
+            && match crate::sys::tun_vnet_hdr_len(file.as_raw_fd())? {
+                VNET_HDR_LEN => false,
+                VNET_HDR_TUNNEL_LEN => true,
+                n => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "TAP {name:?} has a {n}-byte virtio-net header (10 or 24 expected)"
+                        ),
+                    ))
+                }
+            };
         Ok(TapPort {
             file,
             more: Vec::new(),
             name,
             vnet,
+            tunnel,
         })
     }
 
@@ -289,9 +361,33 @@ impl Port for TapPort {
 
     fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
         let file = self.tx_queue(buf.frame());
-        if self.vnet && buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0 {
-            // A VXLAN super-frame: the kernel is not asked for UDP-tunnel GSO, so it is
-            // segmented here and each segment goes with an empty virtio-net header.
+        let tunnel_gso = buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0;
+        if self.tunnel {
+            // A VXLAN super-frame (encapsulated by tapyard: 20-byte outer IPv4 header, outer
+            // UDP checksum left partial) whose outer length fits goes whole; the kernel
+            // segments it. Anything else goes with the offsets zero.
+            let mut hdr = [0u8; VNET_HDR_TUNNEL_LEN];
+            if tunnel_gso && buf.len() <= ethernet::HEADER_LEN + 65_535 {
+                let mut h = buf.offload;
+                h.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
+                let inner_nh = vxlan::OVERHEAD + ethernet::HEADER_LEN;
+                h.emit_tunnel(&mut hdr, len16(vxlan::OUTER_L4), len16(inner_nh));
+            } else if !tunnel_gso {
+                buf.offload.emit_tunnel(&mut hdr, 0, 0);
+            } else {
+                return crate::offload::send_completed(buf, &mut |f| {
+                    crate::sys::writev2(self.file.as_raw_fd(), &hdr, f)
+                        .map(|_| ())
+                        .map_err(|e| tx_reason(&e))
+                });
+            }
+            return crate::sys::writev2(self.file.as_raw_fd(), &hdr, buf.frame())
+                .map(|_| ())
+                .map_err(|e| tx_reason(&e));
+        }
+        if self.vnet && tunnel_gso {
+            // A VXLAN super-frame and no UDP-tunnel GSO: it is segmented here and each
+            // segment goes with an empty virtio-net header.
             let none = [0u8; VNET_HDR_LEN];
             return crate::offload::send_completed(buf, &mut |f| {
                 crate::sys::writev2(file.as_raw_fd(), &none, f)
@@ -333,7 +429,8 @@ impl Port for TapPort {
 impl TapPort {
     /// Receives a batch from one queue's descriptor (see [`Port::recv_batch`]).
     fn recv_from(&self, file: &File, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
-        let front = if self.vnet { VNET_HDR_LEN } else { 0 };
+        // The tunnel header's offsets are not kept: decapsulation finds the headers itself.
+        let front = self.vnet_len();
         let mut n = 0;
         while !batch.is_full() {
             let Some(mut b) = pool.get() else { break };

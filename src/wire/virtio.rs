@@ -39,10 +39,23 @@ pub const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
 pub const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
 /// GSO type bit: the frame is a VXLAN-in-IPv4 super-frame (outer Ethernet + IPv4 + UDP +
 /// VXLAN in front of the inner frame the other GSO bits describe; `csum_start` and `hdr_len`
-/// count from the outer frame's start). Linux 6.17's `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`;
-/// tapyard sets it on frames it encapsulated and segments them itself before they leave
-/// (no port hands such a frame to the kernel).
+/// count from the outer frame's start). Linux 6.17's `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`:
+/// a TAP with UDP-tunnel GSO ([`VNET_HDR_TUNNEL_LEN`]-byte header) takes and gives such
+/// frames whole; any other port gets them segmented with the outer headers replicated.
 pub const VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4: u8 = 0x20;
+/// GSO type bit: a UDP-tunnel super-frame over IPv6 (Linux 6.17); never accepted here.
+pub const VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6: u8 = 0x40;
+/// `flags` bit of a UDP-tunnel super-frame: the outer UDP checksum is partial (the
+/// pseudo-header sum over the whole super-frame) and each segment gets its own
+/// (Linux's `SKB_GSO_UDP_TUNNEL_CSUM`).
+pub const VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM: u8 = 8;
+
+/// Size of `struct virtio_net_hdr_v1_hash_tunnel`, the header of a TAP with UDP-tunnel GSO
+/// (`TUNSETVNETHDRSZ` 24): the legacy 10 bytes, `num_buffers` and the hash report (zero
+/// here), then the outer transport and inner network header offsets, little-endian.
+pub const VNET_HDR_TUNNEL_LEN: usize = 24;
+/// Where `outer_th_offset` (then `inner_nh_offset`) sits in the tunnel header.
+const TUNNEL_OFFSETS: usize = 20;
 
 /// A view of a virtio-net header. [`VirtioNetHeader::new_checked`] checks the 10 bytes are
 /// there; after it no accessor panics.
@@ -232,6 +245,37 @@ impl VirtioNetHdr {
         v.set_csum_offset(self.csum_offset);
     }
 
+    /// Writes the header as `struct virtio_net_hdr_v1_hash_tunnel` (a TAP with UDP-tunnel
+    /// GSO): the legacy fields, zeros, then `outer_th` and `inner_nh` (where the outer UDP
+    /// and the inner IP headers start) little-endian.
+    pub fn emit_tunnel(&self, out: &mut [u8; VNET_HDR_TUNNEL_LEN], outer_th: u16, inner_nh: u16) {
+        let (legacy, rest) = out.split_at_mut(VNET_HDR_LEN);
+        if let Ok(legacy) = <&mut [u8; VNET_HDR_LEN]>::try_from(legacy) {
+            self.emit(legacy);
+        }
+        rest.fill(0);
+        let offs = TUNNEL_OFFSETS - VNET_HDR_LEN;
+        rest[offs..offs + 2].copy_from_slice(&outer_th.to_le_bytes());
+        rest[offs + 2..offs + 4].copy_from_slice(&inner_nh.to_le_bytes());
+    }
+
+    /// The `(outer_th_offset, inner_nh_offset)` of a tunnel header (see
+    /// [`VirtioNetHdr::emit_tunnel`]); `None` if `bytes` is shorter than
+    /// [`VNET_HDR_TUNNEL_LEN`].
+    pub fn parse_tunnel_offsets(bytes: &[u8]) -> Option<(u16, u16)> {
+        let b = bytes.get(TUNNEL_OFFSETS..VNET_HDR_TUNNEL_LEN)?;
+        Some((
+            u16::from_le_bytes([b[0], b[1]]),
+            u16::from_le_bytes([b[2], b[3]]),
+        ))
+    }
+
+    /// True for a UDP-tunnel super-frame ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`] or `_IPV6`).
+    pub fn is_tunnel_gso(&self) -> bool {
+        self.gso_type & (VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6)
+            != 0
+    }
+
     /// True if [`VIRTIO_NET_HDR_F_NEEDS_CSUM`] is set.
     pub fn needs_csum(&self) -> bool {
         self.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0
@@ -261,6 +305,12 @@ mod tests {
             for n in 0..VNET_HDR_LEN {
                 prop_assert_eq!(VirtioNetHdr::parse(&b[..n]), None);
             }
+            let mut t = [0xffu8; VNET_HDR_TUNNEL_LEN];
+            h.emit_tunnel(&mut t, w[0], w[3]);
+            prop_assert_eq!(VirtioNetHdr::parse(&t), Some(h));
+            prop_assert_eq!(VirtioNetHdr::parse_tunnel_offsets(&t), Some((w[0], w[3])));
+            prop_assert_eq!(&t[VNET_HDR_LEN..TUNNEL_OFFSETS], &[0u8; 10][..]);
+            prop_assert_eq!(VirtioNetHdr::parse_tunnel_offsets(&t[..VNET_HDR_TUNNEL_LEN - 1]), None);
         }
     }
 }
