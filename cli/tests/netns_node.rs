@@ -84,16 +84,7 @@ fn skip_reason() -> Option<String> {
 
 /// Skips with a message, or fails under `CI=true`.
 fn skip_or_fail() -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the root end-to-end test cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipping netns_node: {why}");
-            true
-        }
-    }
+    common::skip_or_fail("netns_node", skip_reason())
 }
 
 /// Everything the test made; removed on drop (the node first, then the namespaces, which

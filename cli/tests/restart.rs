@@ -158,16 +158,7 @@ fn skip_reason() -> Option<String> {
 
 /// Skips with a message, or fails under `CI=true`.
 fn skip(test: &str) -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the restart end-to-end test {test} cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIP {test}: {why}");
-            true
-        }
-    }
+    common::skip_or_fail(test, skip_reason())
 }
 
 /// A node with three pods and node-b; everything is removed on drop (the node killed, the

@@ -65,16 +65,7 @@ fn skip_reason() -> Option<String> {
 }
 
 fn skip_or_fail(test: &str) -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the root end-to-end test cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipping {test}: {why}");
-            true
-        }
-    }
+    common::skip_or_fail(test, skip_reason())
 }
 
 /// A SYN flood through a raw IP socket: `src_prefix dst dport seconds`: SYNs from

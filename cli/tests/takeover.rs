@@ -51,16 +51,7 @@ fn skip_reason() -> Option<String> {
 }
 
 fn skip_or_fail() -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the root end-to-end test cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipping takeover: {why}");
-            true
-        }
-    }
+    common::skip_or_fail("takeover", skip_reason())
 }
 
 /// Everything the test made, removed on drop; prints every tapyard log when failing.

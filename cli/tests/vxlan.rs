@@ -77,16 +77,7 @@ fn skip_reason() -> Option<String> {
 }
 
 fn skip_or_fail() -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the root end-to-end test cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipping vxlan: {why}");
-            true
-        }
-    }
+    common::skip_or_fail("vxlan", skip_reason())
 }
 
 /// Everything the test made; removed on drop, the nodes first.

@@ -7,6 +7,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// True when test `test` should skip, having said why (`why` is what it lacks, `None` when it
+/// can run); under `CI=true` a test that cannot run fails instead.
+pub fn skip_or_fail(test: &str, why: Option<String>) -> bool {
+    match why {
+        None => false,
+        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true and the root end-to-end test {test} cannot run: {why}")
+        }
+        Some(why) => {
+            eprintln!("skipping {test}: {why}");
+            true
+        }
+    }
+}
+
 /// The directory holding the CNI reference plugins (host-local, bridge): `TAPYARD_CNI_PLUGINS`,
 /// else Debian's `/usr/lib/cni`, else `/opt/cni/bin`.
 pub fn plugin_dir() -> Option<PathBuf> {
