@@ -152,16 +152,33 @@ EOF
     # B's address is learnt from one warm-up ping (the Linux bridge and tapyard both learn it).
     ip netns exec "$a" ping -c 2 -i 0.05 -W 2 "$ipb" >/dev/null || die "ping $ipb from $a failed"
     rx0=$(ip netns exec "$b" cat "/sys/class/net/$db/statistics/rx_packets")
-    local txd0 txd1
+    local txd0 txd1 c0=0 c1=0
     txd0=$(ip netns exec "$a" cat "/sys/class/net/$da/statistics/tx_dropped")
+    [[ -n "$BRIDGE_PID" ]] && c0=$(cpu_ticks "$BRIDGE_PID")
     timeout $((RATE_SECONDS + 10)) ip netns exec "$a" trafgen -q -P 1 -i "$cfg" -o "$da" -b "$RATE" \
         -n 0 >"$WORK/trafgen-$a.out" 2>&1 &
-    local tpid=$!
+    local tpid=$! ppid=""
+    if [[ -n "${PERF:-}" && -n "$BRIDGE_PID" ]]; then
+        # PERF=1: profile the switch process during the run (perf report -i the file).
+        perf record -q -g -p "$BRIDGE_PID" -o "$WORK/perf-$a.data" -- sleep "$((RATE_SECONDS - 1))" \
+            >/dev/null 2>&1 &
+        ppid=$!
+    fi
     sleep "$RATE_SECONDS"
+    [[ -n "$ppid" ]] && wait "$ppid" 2>/dev/null
     kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null || true
     sleep 0.3
     rx1=$(ip netns exec "$b" cat "/sys/class/net/$db/statistics/rx_packets")
     txd1=$(ip netns exec "$a" cat "/sys/class/net/$da/statistics/tx_dropped")
+    if [[ -n "$BRIDGE_PID" ]]; then
+        # The switch's efficiency, whatever share of the CPUs it got: frames delivered per
+        # CPU second of the switch process.
+        c1=$(cpu_ticks "$BRIDGE_PID")
+        log "  switch CPU: $(awk -v a="$c0" -v b="$c1" -v s="$RATE_SECONDS" -v hz="$(getconf CLK_TCK)" \
+            'BEGIN { printf "%.0f", 100 * (b - a) / hz / s }') % of a core, $(awk -v a="$c0" -v b="$c1" \
+            -v r="$((rx1 - rx0))" -v hz="$(getconf CLK_TCK)" \
+            'BEGIN { printf "%.2f", (b > a) ? r / ((b - a) / hz) / 1e6 : 0 }') M frames delivered per CPU second"
+    fi
     # Where the rest went: dropped at pod A's interface (a TAP's queue full: the switch did
     # not read in time; a veth does not queue).
     log "  pod A's $da tx_dropped: $((txd1 - txd0)) ($(awk -v d="$((txd1 - txd0))" -v s="$RATE_SECONDS" 'BEGIN { printf "%.3f", d / s / 1e6 }') M/s)"

@@ -726,7 +726,6 @@ pub(crate) mod uring {
         /// operations (before Linux 5.6).
         pub(crate) fn new() -> io::Result<Uring> {
             let ring = IoUring::builder()
-                .setup_single_issuer()
                 .setup_coop_taskrun()
                 .build(MAX_OPS as u32)
                 .or_else(|_| IoUring::new(MAX_OPS as u32))?;
