@@ -220,6 +220,11 @@ tapyard_case() {
     done
     ip -n "$sw" link set "$ta" netns "$a"
     ip -n "$sw" link set "$tb" netns "$b"
+    if [[ -n "${TAP_TXQLEN:-}" ]]; then
+        # TAP_TXQLEN=N: the pods' TAP queues (frames waiting for the switch to read) hold N.
+        ip -n "$a" link set "$ta" txqueuelen "$TAP_TXQLEN"
+        ip -n "$b" link set "$tb" txqueuelen "$TAP_TXQLEN"
+    fi
     ip -n "$a" addr add "10.215.$net.1/24" dev "$ta"; ip -n "$a" link set "$ta" up
     ip -n "$b" addr add "10.215.$net.2/24" dev "$tb"; ip -n "$b" link set "$tb" up
     sleep 0.5
