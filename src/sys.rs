@@ -691,7 +691,9 @@ pub(crate) mod uring {
     use io_uring::{opcode, types, IoUring};
 
     /// The most operations one call submits.
-    pub(crate) const MAX_OPS: usize = 64;
+    pub(crate) const MAX_OPS: usize = RING_ENTRIES as usize;
+    /// Submission queue entries of a ring.
+    const RING_ENTRIES: u32 = 64;
     /// The longest header a write puts in front of its frame.
     pub(crate) const HDR_MAX: usize = 24;
     /// The user data of cancel requests (operations use their index).
@@ -727,8 +729,8 @@ pub(crate) mod uring {
         pub(crate) fn new() -> io::Result<Uring> {
             let ring = IoUring::builder()
                 .setup_coop_taskrun()
-                .build(MAX_OPS as u32)
-                .or_else(|_| IoUring::new(MAX_OPS as u32))?;
+                .build(RING_ENTRIES)
+                .or_else(|_| IoUring::new(RING_ENTRIES))?;
             if !ring.params().is_feature_ext_arg() {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
@@ -877,7 +879,10 @@ pub(crate) mod uring {
                 }
                 let before = (got, extra);
                 for c in self.ring.completion() {
-                    match usize::try_from(c.user_data()).ok().and_then(|i| out.get_mut(i)) {
+                    match usize::try_from(c.user_data())
+                        .ok()
+                        .and_then(|i| out.get_mut(i))
+                    {
                         Some(o) if c.user_data() != CANCEL => {
                             *o = c.result();
                             got += 1;

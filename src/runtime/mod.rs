@@ -626,7 +626,9 @@ impl Runtime {
                         ))
                     }
                     Err(e) => {
-                        io_fallback = Some(format!("io_uring is not available ({e}): one system call per frame"));
+                        io_fallback = Some(format!(
+                            "io_uring is not available ({e}): one system call per frame"
+                        ));
                         rings.clear();
                         break;
                     }

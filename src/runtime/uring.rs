@@ -105,7 +105,11 @@ impl UringIo {
         };
         let (mut got, mut err, mut unsupported) = (0, None, false);
         for (i, mut b) in self.stage.drain(..).enumerate() {
-            let r = if i < asked { self.res[i] } else { -libc::EAGAIN };
+            let r = if i < asked {
+                self.res[i]
+            } else {
+                -libc::EAGAIN
+            };
             match usize::try_from(r) {
                 Ok(len) if port.raw_rx_done(&mut b, len) => {
                     let _ = batch.push(b);
@@ -173,10 +177,11 @@ impl UringIo {
                 }
                 return failed.map_or(Ok(()), Err);
             }
-            match self
-                .ring
-                .write_batch(k, |i| (plans[i].0, plans[i].1, chunk[i].frame()), &mut self.res)
-            {
+            match self.ring.write_batch(
+                k,
+                |i| (plans[i].0, plans[i].1, chunk[i].frame()),
+                &mut self.res,
+            ) {
                 Ok(w) => {
                     for i in 0..k {
                         let r = if i < w { self.res[i] } else { -libc::EAGAIN };
