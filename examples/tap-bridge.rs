@@ -11,6 +11,8 @@
 //!                     frame before sleeping (default 0: sleep at once; at most 1000000)
 //!   --queues N        multi-queue TAPs (IFF_MULTI_QUEUE) with N queues each, spread over the
 //!                     workers (default 1: single-queue TAPs; at most 16)
+//!   --io MODE         auto (default: io_uring where the kernel offers it), plain (one
+//!                     read/write per frame) or uring (batched; fails without io_uring)
 //! ```
 //! Creates the TAP devices (or attaches to existing ones); move them into namespaces with
 //! `ip link set <TAP> netns <ns>` at any time. Exits 0 after a signal, printing per-port

@@ -24,6 +24,9 @@
 //!   --workers N                  worker threads (default: one per TAP, at most the CPU count)
 //!   --stats-every S              print counters to stderr every S seconds (default: only at exit)
 //!   --no-offload                 plain TAPs: no virtio-net header, no checksum/TSO offload
+//!   --io MODE                    auto (default: io_uring where the kernel offers it), plain or
+//!                                uring (see tapyard::runtime::IoMode)
+//!   --busy-poll-us N             busy polling (as tap-bridge's; default 0)
 //!   --cluster-cidr CIDR          every pod address in the cluster (kube-proxy's --cluster-cidr):
 //!                                Service traffic from outside it is masqueraded
 //!   --service NAME=VIP:PORT/PROTO=EP:PORT[,EP:PORT...][;nodeport=N][;affinity][;maglev]
