@@ -152,13 +152,36 @@ EOF
     # B's address is learnt from one warm-up ping (the Linux bridge and tapyard both learn it).
     ip netns exec "$a" ping -c 2 -i 0.05 -W 2 "$ipb" >/dev/null || die "ping $ipb from $a failed"
     rx0=$(ip netns exec "$b" cat "/sys/class/net/$db/statistics/rx_packets")
+    local txd0 txd1 c0=0 c1=0
+    txd0=$(ip netns exec "$a" cat "/sys/class/net/$da/statistics/tx_dropped")
+    [[ -n "$BRIDGE_PID" ]] && c0=$(cpu_ticks "$BRIDGE_PID")
     timeout $((RATE_SECONDS + 10)) ip netns exec "$a" trafgen -q -P 1 -i "$cfg" -o "$da" -b "$RATE" \
         -n 0 >"$WORK/trafgen-$a.out" 2>&1 &
-    local tpid=$!
+    local tpid=$! ppid=""
+    if [[ -n "${PERF:-}" && -n "$BRIDGE_PID" ]]; then
+        # PERF=1: profile the switch process during the run (perf report -i the file).
+        perf record -q -g -p "$BRIDGE_PID" -o "$WORK/perf-$a.data" -- sleep "$((RATE_SECONDS - 1))" \
+            >/dev/null 2>&1 &
+        ppid=$!
+    fi
     sleep "$RATE_SECONDS"
+    [[ -n "$ppid" ]] && wait "$ppid" 2>/dev/null
     kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null || true
     sleep 0.3
     rx1=$(ip netns exec "$b" cat "/sys/class/net/$db/statistics/rx_packets")
+    txd1=$(ip netns exec "$a" cat "/sys/class/net/$da/statistics/tx_dropped")
+    if [[ -n "$BRIDGE_PID" ]]; then
+        # The switch's efficiency, whatever share of the CPUs it got: frames delivered per
+        # CPU second of the switch process.
+        c1=$(cpu_ticks "$BRIDGE_PID")
+        log "  switch CPU: $(awk -v a="$c0" -v b="$c1" -v s="$RATE_SECONDS" -v hz="$(getconf CLK_TCK)" \
+            'BEGIN { printf "%.0f", 100 * (b - a) / hz / s }') % of a core, $(awk -v a="$c0" -v b="$c1" \
+            -v r="$((rx1 - rx0))" -v hz="$(getconf CLK_TCK)" \
+            'BEGIN { printf "%.2f", (b > a) ? r / ((b - a) / hz) / 1e6 : 0 }') M frames delivered per CPU second"
+    fi
+    # Where the rest went: dropped at pod A's interface (a TAP's queue full: the switch did
+    # not read in time; a veth does not queue).
+    log "  pod A's $da tx_dropped: $((txd1 - txd0)) ($(awk -v d="$((txd1 - txd0))" -v s="$RATE_SECONDS" 'BEGIN { printf "%.3f", d / s / 1e6 }') M/s)"
     # Offered: what trafgen handed to pod A's interface (a TAP's full queue drops it there,
     # counted as tx_dropped, not tx_packets, so trafgen's own count is the one to use).
     tx1=$(tr -d '\r' <"$WORK/trafgen-$a.out" | awk '/packets outgoing/ { print $1 }')
@@ -197,6 +220,11 @@ tapyard_case() {
     done
     ip -n "$sw" link set "$ta" netns "$a"
     ip -n "$sw" link set "$tb" netns "$b"
+    if [[ -n "${TAP_TXQLEN:-}" ]]; then
+        # TAP_TXQLEN=N: the pods' TAP queues (frames waiting for the switch to read) hold N.
+        ip -n "$a" link set "$ta" txqueuelen "$TAP_TXQLEN"
+        ip -n "$b" link set "$tb" txqueuelen "$TAP_TXQLEN"
+    fi
     ip -n "$a" addr add "10.215.$net.1/24" dev "$ta"; ip -n "$a" link set "$ta" up
     ip -n "$b" addr add "10.215.$net.2/24" dev "$tb"; ip -n "$b" link set "$tb" up
     sleep 0.5
@@ -278,12 +306,21 @@ MQ_RESULTS=()  # "name|Gbit/s"
 MEASURE=""
 want latency && MEASURE+=latency,
 want rate && MEASURE+=rate,
+# IO_MODES: the tap-bridge --io modes to run the latency/rate cases with (when it has --io).
+IO_MODES=${IO_MODES:-plain uring}
+"$BIN" --help 2>&1 | grep -q -- '--io ' || IO_MODES=default
 if [[ -n $MEASURE ]]; then
-    tapyard_case "tapyard, polling off" 1 "${EXTRA[@]}"
-    tapyard_case "tapyard, polling off, 1 worker" 7 "${EXTRA[@]}" --workers 1
-    if "$BIN" --help 2>&1 | grep -q -- --busy-poll-us; then
-        tapyard_case "tapyard, --busy-poll-us $BUSY_POLL_US" 2 "${EXTRA[@]}" --busy-poll-us "$BUSY_POLL_US"
-    fi
+    net=10
+    for io in $IO_MODES; do
+        IOARG=()
+        [[ $io == default ]] || IOARG=(--io "$io")
+        tapyard_case "tapyard $io, polling off" $((net + 1)) "${EXTRA[@]}" "${IOARG[@]}"
+        tapyard_case "tapyard $io, polling off, 1 worker" $((net + 2)) "${EXTRA[@]}" "${IOARG[@]}" --workers 1
+        if "$BIN" --help 2>&1 | grep -q -- --busy-poll-us; then
+            tapyard_case "tapyard $io, --busy-poll-us $BUSY_POLL_US" $((net + 3)) "${EXTRA[@]}" "${IOARG[@]}" --busy-poll-us "$BUSY_POLL_US"
+        fi
+        net=$((net + 10))
+    done
     linux_case "linux bridge" 3
 fi
 if want mq; then

@@ -11,6 +11,8 @@
 //!                     frame before sleeping (default 0: sleep at once; at most 1000000)
 //!   --queues N        multi-queue TAPs (IFF_MULTI_QUEUE) with N queues each, spread over the
 //!                     workers (default 1: single-queue TAPs; at most 16)
+//!   --io MODE         auto (default: io_uring where the kernel offers it), plain (one
+//!                     read/write per frame) or uring (batched; fails without io_uring)
 //! ```
 //! Creates the TAP devices (or attaches to existing ones); move them into namespaces with
 //! `ip link set <TAP> netns <ns>` at any time. Exits 0 after a signal, printing per-port
@@ -23,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tapyard::port::{Port, TapPort};
-use tapyard::runtime::{Runtime, RuntimeConfig};
+use tapyard::runtime::{IoMode, Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, PortId};
 
 struct Args {
@@ -35,10 +37,11 @@ struct Args {
     offload: bool,
     busy_poll_us: u64,
     queues: usize,
+    io: IoMode,
 }
 
 fn usage() -> &'static str {
-    "usage: tap-bridge [--fdb-max N] [--aging SECS] [--workers N] [--stats-every SECS] [--no-offload] [--busy-poll-us N] [--queues N] <TAP>..."
+    "usage: tap-bridge [--fdb-max N] [--aging SECS] [--workers N] [--stats-every SECS] [--no-offload] [--busy-poll-us N] [--queues N] [--io auto|plain|uring] <TAP>..."
 }
 
 fn parse_num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -57,6 +60,7 @@ fn parse_args() -> Result<Args, String> {
         offload: true,
         busy_poll_us: 0,
         queues: 1,
+        io: IoMode::Auto,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -68,6 +72,14 @@ fn parse_args() -> Result<Args, String> {
             "--no-offload" => a.offload = false,
             "--queues" => a.queues = parse_num("--queues", it.next())?,
             "--busy-poll-us" => a.busy_poll_us = parse_num("--busy-poll-us", it.next())?,
+            "--io" => {
+                a.io = match it.next().as_deref() {
+                    Some("auto") => IoMode::Auto,
+                    Some("plain") => IoMode::Plain,
+                    Some("uring") => IoMode::Uring,
+                    v => return Err(format!("--io: auto, plain or uring, not {v:?}")),
+                }
+            }
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -131,14 +143,19 @@ fn run(a: Args) -> Result<(), String> {
         RuntimeConfig {
             workers,
             busy_poll: Duration::from_micros(a.busy_poll_us),
+            io: a.io,
             ..Default::default()
         },
     )
     .map_err(|e| format!("cannot start workers: {e}"))?;
+    if let Some(why) = rt.io_fallback() {
+        eprintln!("tap-bridge: {why}");
+    }
     eprintln!(
-        "tap-bridge: bridging {} with {workers} worker(s), busy polling {} µs; SIGINT or SIGTERM to stop",
+        "tap-bridge: bridging {} with {workers} worker(s), busy polling {} µs, I/O {:?}; SIGINT or SIGTERM to stop",
         a.taps.join(", "),
-        a.busy_poll_us
+        a.busy_poll_us,
+        rt.io()
     );
     let mut ticks = 0u64;
     while !stop.load(Ordering::Relaxed) {

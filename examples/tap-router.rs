@@ -24,6 +24,9 @@
 //!   --workers N                  worker threads (default: one per TAP, at most the CPU count)
 //!   --stats-every S              print counters to stderr every S seconds (default: only at exit)
 //!   --no-offload                 plain TAPs: no virtio-net header, no checksum/TSO offload
+//!   --io MODE                    auto (default: io_uring where the kernel offers it), plain or
+//!                                uring (see tapyard::runtime::IoMode)
+//!   --busy-poll-us N             busy polling (as tap-bridge's; default 0)
 //!   --cluster-cidr CIDR          every pod address in the cluster (kube-proxy's --cluster-cidr):
 //!                                Service traffic from outside it is masqueraded
 //!   --service NAME=VIP:PORT/PROTO=EP:PORT[,EP:PORT...][;nodeport=N][;affinity][;maglev]
@@ -89,7 +92,7 @@ use tapyard::l3::{mask, IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
-use tapyard::runtime::{Runtime, RuntimeConfig};
+use tapyard::runtime::{IoMode, Runtime, RuntimeConfig};
 use tapyard::stats::CounterSet;
 use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
 
@@ -148,6 +151,8 @@ struct Args {
     workers: Option<usize>,
     stats_every: Option<u64>,
     offload: bool,
+    io: IoMode,
+    busy_poll_us: u64,
     cluster_cidr: Option<(Ipv4Addr, u8)>,
     services: Vec<ServiceArg>,
     masquerade: Vec<MasqArg>,
@@ -157,7 +162,7 @@ fn usage() -> &'static str {
     "usage: tap-router --bridge NAME[=ADDR/LEN]... --port BRIDGE:TAP... \
      [--uplink NAME=ADDR/LEN:TAP]... [--route DST=via:GW[@IFACE]|dev:IFACE|blackhole|unreachable[,metric=N]]... \
      [--mac IFACE=MAC]... [--mtu IFACE=N]... [--fdb-max N] [--aging SECS] [--workers N] \
-     [--stats-every SECS] [--no-offload] [--cluster-cidr CIDR] \
+     [--stats-every SECS] [--no-offload] [--io auto|plain|uring] [--busy-poll-us N] [--cluster-cidr CIDR] \
      [--service NAME=VIP:PORT/tcp|udp=EP:PORT[,EP:PORT...][;nodeport=N][;affinity][;maglev]]... \
      [--masquerade IFACE[=SRC_CIDR]]..."
 }
@@ -387,6 +392,8 @@ fn parse_args() -> Result<Args, String> {
         workers: None,
         stats_every: None,
         offload: true,
+        io: IoMode::Auto,
+        busy_poll_us: 0,
         cluster_cidr: None,
         services: Vec::new(),
         masquerade: Vec::new(),
@@ -411,6 +418,21 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => a.workers = Some(parse_num(&flag, next())?),
             "--stats-every" => a.stats_every = Some(parse_num(&flag, next())?),
             "--no-offload" if inline.is_none() => a.offload = false,
+            "--io" => {
+                a.io = match value(&flag, next())?.as_str() {
+                    "auto" => IoMode::Auto,
+                    "plain" => IoMode::Plain,
+                    "uring" => IoMode::Uring,
+                    v => return Err(format!("--io: auto, plain or uring, not {v:?}")),
+                }
+            }
+            "--busy-poll-us" => {
+                a.busy_poll_us = parse_num(&flag, next())?;
+                let most = tapyard::runtime::MAX_BUSY_POLL.as_micros();
+                if u128::from(a.busy_poll_us) > most {
+                    return Err(format!("--busy-poll-us: at most {most}"));
+                }
+            }
             "--cluster-cidr" => {
                 let v = value(&flag, next())?;
                 a.cluster_cidr = Some(parse_net(&flag, &v, &v)?);
@@ -628,10 +650,15 @@ fn run(a: Args) -> Result<(), String> {
         ports,
         RuntimeConfig {
             workers,
+            io: a.io,
+            busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
             ..Default::default()
         },
     )
     .map_err(|e| format!("cannot start workers: {e}"))?;
+    if let Some(why) = rt.io_fallback() {
+        eprintln!("tap-router: {why}");
+    }
     for (name, mac, addr, len) in &ifaces {
         eprintln!("tap-router: interface {name} {addr}/{len} mac {mac}");
     }
@@ -642,12 +669,13 @@ fn run(a: Args) -> Result<(), String> {
         eprint!("tap-router: services:\n{}", nf.services().fmt_services());
     }
     eprintln!(
-        "tap-router: {} TAP(s) ({}) with {workers} worker(s); SIGINT or SIGTERM to stop",
+        "tap-router: {} TAP(s) ({}) with {workers} worker(s), I/O {:?}; SIGINT or SIGTERM to stop",
         taps.len(),
         taps.iter()
             .map(|(_, t)| t.as_str())
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        rt.io()
     );
     let mut ticks = 0u64;
     while !stop.load(Ordering::Relaxed) {

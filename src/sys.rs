@@ -672,3 +672,237 @@ mod tests {
         assert_eq!(DROPS.load(Ordering::Relaxed), 10 + HUGE_PAGE);
     }
 }
+
+/// Batched reads and writes through an io_uring ring (the `io-uring` crate): one
+/// `io_uring_enter` system call carries a whole batch of reads or writes on non-blocking
+/// descriptors (TAP devices).
+///
+/// Every operation is submitted with `RWF_NOWAIT` and completes inside the call that submits
+/// it: a read that finds nothing completes with `EAGAIN` instead of being parked in the kernel,
+/// so no operation is ever left in flight between calls (nothing keeps reading a descriptor
+/// after a call returns, which is what pausing, handing a TAP over and closing a removed
+/// port need). Should the kernel still defer one, the call waits for it, at most
+/// [`Uring::WAIT`], then cancels it and waits for the cancellation.
+pub(crate) mod uring {
+    use std::io;
+    use std::os::fd::RawFd;
+    use std::time::Duration;
+
+    use io_uring::{opcode, types, IoUring};
+
+    /// The most operations one call submits.
+    pub(crate) const MAX_OPS: usize = RING_ENTRIES as usize;
+    /// Submission queue entries of a ring.
+    const RING_ENTRIES: u32 = 64;
+    /// The longest header a write puts in front of its frame.
+    pub(crate) const HDR_MAX: usize = 24;
+    /// The user data of cancel requests (operations use their index).
+    const CANCEL: u64 = u64::MAX;
+
+    /// A ring and the memory its operations point to (iovecs and write headers), which lives
+    /// as long as the ring so that nothing it points to moves while the kernel uses it.
+    pub(crate) struct Uring {
+        ring: IoUring,
+        iov: Box<[[libc::iovec; 2]; MAX_OPS]>,
+        hdrs: Box<[[u8; HDR_MAX]; MAX_OPS]>,
+    }
+
+    // SAFETY: the iovecs only point into memory borrowed for the duration of one call (or
+    // into `hdrs`, owned by the value), and no operation outlives a call, so moving the ring
+    // to another thread between calls moves nothing the kernel still uses.
+    unsafe impl Send for Uring {}
+
+    impl std::fmt::Debug for Uring {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Uring").finish_non_exhaustive()
+        }
+    }
+
+    impl Uring {
+        /// How long a call waits for an operation the kernel deferred before cancelling it.
+        pub(crate) const WAIT: Duration = Duration::from_millis(10);
+
+        /// A ring for [`MAX_OPS`] operations per call. Fails where io_uring is missing
+        /// (before Linux 5.1, `CONFIG_IO_URING` off), disabled (`kernel.io_uring_disabled`) or
+        /// refused (seccomp filters of container runtimes), or lacks the read/write
+        /// operations (before Linux 5.6).
+        pub(crate) fn new() -> io::Result<Uring> {
+            let ring = IoUring::builder()
+                .setup_coop_taskrun()
+                .build(RING_ENTRIES)
+                .or_else(|_| IoUring::new(RING_ENTRIES))?;
+            if !ring.params().is_feature_ext_arg() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "io_uring without IORING_FEATURE_EXT_ARG (before Linux 5.11)",
+                ));
+            }
+            let mut probe = io_uring::Probe::new();
+            ring.submitter().register_probe(&mut probe)?;
+            for code in [
+                opcode::Read::CODE,
+                opcode::Writev::CODE,
+                opcode::AsyncCancel::CODE,
+            ] {
+                if !probe.is_supported(code) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("io_uring lacks operation {code}"),
+                    ));
+                }
+            }
+            Ok(Uring {
+                ring,
+                iov: Box::new(
+                    [[libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    }; 2]; MAX_OPS],
+                ),
+                hdrs: Box::new([[0; HDR_MAX]; MAX_OPS]),
+            })
+        }
+
+        /// The header buffer of write `i` (below [`MAX_OPS`]; `i` modulo it otherwise), to be
+        /// filled before [`Uring::write_batch`].
+        pub(crate) fn hdr_mut(&mut self, i: usize) -> &mut [u8; HDR_MAX] {
+            &mut self.hdrs[i % MAX_OPS]
+        }
+
+        /// Reads from `fd` into each of `bufs` (at most [`MAX_OPS`]; the rest are left alone)
+        /// into the region `region` gives, in one system call, and stores each result in
+        /// `out` (bytes read, or minus the errno: `-EAGAIN` when nothing was waiting).
+        /// Returns how many reads were made. An error means the ring itself failed; nothing
+        /// was read then.
+        pub(crate) fn read_batch<B>(
+            &mut self,
+            fd: RawFd,
+            bufs: &mut [B],
+            region: impl Fn(&mut B) -> &mut [u8],
+            out: &mut [i32],
+        ) -> io::Result<usize> {
+            let n = bufs.len().min(out.len()).min(MAX_OPS);
+            {
+                let mut sq = self.ring.submission();
+                for (i, b) in bufs.iter_mut().take(n).enumerate() {
+                    let r = region(b);
+                    let len = u32::try_from(r.len()).unwrap_or(u32::MAX);
+                    let e = opcode::Read::new(types::Fd(fd), r.as_mut_ptr(), len)
+                        .offset(u64::MAX)
+                        .rw_flags(libc::RWF_NOWAIT)
+                        .build()
+                        .user_data(i as u64);
+                    // SAFETY: the buffer is borrowed mutably (through `bufs`) until this
+                    // function returns, and `complete` waits for (or cancels) every operation
+                    // before it returns, so the kernel writes only into live, unaliased
+                    // memory. The queue holds MAX_OPS entries and is empty here.
+                    if unsafe { sq.push(&e) }.is_err() {
+                        return Err(io::Error::other("io_uring submission queue full"));
+                    }
+                }
+            }
+            self.complete(n, out)?;
+            Ok(n)
+        }
+
+        /// Writes `n` frames (at most [`MAX_OPS`]) in one system call: frame `i` is the
+        /// first `hdr_len` bytes of [`Uring::hdr_mut`]`(i)` followed by the bytes `frame(i)`
+        /// gives, written to the descriptor it gives. Each result goes to `out` (bytes
+        /// written or minus the errno). Returns how many writes were made.
+        pub(crate) fn write_batch<'a>(
+            &mut self,
+            n: usize,
+            mut frame: impl FnMut(usize) -> (RawFd, usize, &'a [u8]),
+            out: &mut [i32],
+        ) -> io::Result<usize> {
+            let n = n.min(out.len()).min(MAX_OPS);
+            {
+                let mut sq = self.ring.submission();
+                for i in 0..n {
+                    let (fd, hdr_len, f) = frame(i);
+                    let hdr_len = hdr_len.min(HDR_MAX);
+                    self.iov[i] = [
+                        libc::iovec {
+                            iov_base: self.hdrs[i].as_mut_ptr().cast(),
+                            iov_len: hdr_len,
+                        },
+                        libc::iovec {
+                            iov_base: f.as_ptr().cast_mut().cast(),
+                            iov_len: f.len(),
+                        },
+                    ];
+                    let (iov, cnt) = if hdr_len == 0 {
+                        (self.iov[i][1..].as_ptr(), 1)
+                    } else {
+                        (self.iov[i].as_ptr(), 2)
+                    };
+                    let e = opcode::Writev::new(types::Fd(fd), iov, cnt)
+                        .offset(u64::MAX)
+                        .rw_flags(libc::RWF_NOWAIT)
+                        .build()
+                        .user_data(i as u64);
+                    // SAFETY: the iovecs live in `self.iov` and point into `self.hdrs` and
+                    // into frames borrowed for 'a, which outlives this call; `complete` waits
+                    // for (or cancels) every operation before returning, and the kernel only
+                    // reads this memory.
+                    if unsafe { sq.push(&e) }.is_err() {
+                        return Err(io::Error::other("io_uring submission queue full"));
+                    }
+                }
+            }
+            self.complete(n, out)?;
+            Ok(n)
+        }
+
+        /// Submits what is queued and collects `n` completions into `out` by their index.
+        /// An operation not completed within [`Uring::WAIT`] is cancelled (its result is
+        /// `-ECANCELED`); the call returns only once nothing is in flight. An error means the
+        /// ring failed to take the queued operations: the ring must be dropped then (its
+        /// queued entries are never submitted).
+        fn complete(&mut self, n: usize, out: &mut [i32]) -> io::Result<()> {
+            let ts = types::Timespec::from(Self::WAIT);
+            let mut got = 0;
+            // Completions still owed by cancel requests.
+            let mut extra = 0usize;
+            let mut cancelled = false;
+            while got < n || extra > 0 {
+                let args = types::SubmitArgs::new().timespec(&ts);
+                let want = (n - got + extra).max(1);
+                match self.ring.submitter().submit_with_args(want, &args) {
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::ETIME | libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                        ) => {}
+                    Err(e) => return Err(e),
+                }
+                let before = (got, extra);
+                for c in self.ring.completion() {
+                    match usize::try_from(c.user_data())
+                        .ok()
+                        .and_then(|i| out.get_mut(i))
+                    {
+                        Some(o) if c.user_data() != CANCEL => {
+                            *o = c.result();
+                            got += 1;
+                        }
+                        _ => extra = extra.saturating_sub(1),
+                    }
+                }
+                if got < n && (got, extra) == before && !cancelled {
+                    // Waited WAIT for nothing: cancel whatever is still in flight.
+                    let e = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                        .build()
+                        .user_data(CANCEL);
+                    // SAFETY: a cancel request points to no memory.
+                    if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                        extra += 1;
+                        cancelled = true;
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}

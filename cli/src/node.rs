@@ -635,6 +635,10 @@ impl Built {
             },
         )
         .map_err(|e| format!("cannot start the worker threads: {e}"))?;
+        match rt.io_fallback() {
+            Some(why) => log::warn!("{why}"),
+            None => log::info!("TAP I/O: {:?}", rt.io()),
+        }
         if cfg.node.offload && !any_offload {
             log::info!(
                 "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"

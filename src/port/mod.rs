@@ -105,4 +105,30 @@ pub trait Port: Send + Sync {
     fn frame_room(&self) -> usize {
         DEFAULT_FRAME_ROOM
     }
+
+    /// For a runtime that batches system calls ([`crate::runtime::IoMode::Uring`]): the
+    /// descriptor of receive queue `q`, each read of which returns one frame, and how many
+    /// bytes precede the frame in a read (a virtio-net header). A read goes into
+    /// [`PacketBuf::room_with_front_mut`]`(front)` and is finished by [`Port::raw_rx_done`].
+    /// `None` (the default) makes the runtime call [`Port::recv_queue`].
+    fn raw_rx(&self, q: usize) -> Option<(RawFd, usize)> {
+        let _ = q;
+        None
+    }
+
+    /// Finishes a frame read as [`Port::raw_rx`] says, `len` bytes including the front:
+    /// sets its length and metadata. False if it is no frame (the buffer is recycled).
+    fn raw_rx_done(&self, buf: &mut PacketBuf, len: usize) -> bool {
+        let _ = (buf, len);
+        false
+    }
+
+    /// For a runtime that batches system calls: how `buf` is transmitted with one write —
+    /// the descriptor, and how many bytes of `hdr` (filled here) go in front of the frame.
+    /// `None` (the default, and for frames that need more than one write, e.g. super-frames
+    /// segmented in software) makes the runtime call [`Port::send_batch`] for the run.
+    fn raw_tx(&self, buf: &PacketBuf, hdr: &mut [u8]) -> Option<(RawFd, usize)> {
+        let _ = (buf, hdr);
+        None
+    }
 }

@@ -417,6 +417,32 @@ impl Port for TapPort {
         Some(self.file.as_raw_fd())
     }
 
+    fn raw_rx(&self, q: usize) -> Option<(RawFd, usize)> {
+        Some((self.queue(q).as_raw_fd(), self.vnet_len()))
+    }
+
+    fn raw_rx_done(&self, buf: &mut PacketBuf, len: usize) -> bool {
+        self.finish_read(buf, len)
+    }
+
+    fn raw_tx(&self, buf: &PacketBuf, hdr: &mut [u8]) -> Option<(RawFd, usize)> {
+        // What `send` does with one plain write; the rest (tunnel uplinks, super-frames
+        // segmented in software) goes through `send`.
+        if self.tunnel {
+            return None;
+        }
+        let fd = self.tx_queue(buf.frame()).as_raw_fd();
+        if self.vnet {
+            if buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0 {
+                return None;
+            }
+            let h: &mut [u8; VNET_HDR_LEN] = hdr.get_mut(..VNET_HDR_LEN)?.try_into().ok()?;
+            buf.offload.emit(h);
+            return Some((fd, VNET_HDR_LEN));
+        }
+        buf.offload.is_none().then_some((fd, 0))
+    }
+
     fn frame_room(&self) -> usize {
         if self.vnet {
             OFFLOAD_FRAME_ROOM
@@ -427,22 +453,33 @@ impl Port for TapPort {
 }
 
 impl TapPort {
+    /// Finishes a read of `len` bytes (virtio-net header included) into `b`; false if it is
+    /// shorter than the header.
+    #[inline]
+    fn finish_read(&self, b: &mut PacketBuf, len: usize) -> bool {
+        let front = self.vnet_len();
+        if len < front {
+            return false;
+        }
+        if self.vnet {
+            // The tunnel header's offsets are not kept: decapsulation finds the headers itself.
+            let room = b.room_with_front_mut(front);
+            b.offload = VirtioNetHdr::parse(room).unwrap_or_default();
+        }
+        // A read that fills the buffer may have been cut by the kernel.
+        b.oversize = len - front >= b.room();
+        b.set_len(len - front);
+        true
+    }
+
     /// Receives a batch from one queue's descriptor (see [`Port::recv_batch`]).
     fn recv_from(&self, file: &File, pool: &mut BufPool, batch: &mut Batch) -> io::Result<usize> {
-        // The tunnel header's offsets are not kept: decapsulation finds the headers itself.
         let front = self.vnet_len();
         let mut n = 0;
         while !batch.is_full() {
             let Some(mut b) = pool.get() else { break };
             match (&*file).read(b.room_with_front_mut(front)) {
-                Ok(len) if len >= front => {
-                    if self.vnet {
-                        let room = b.room_with_front_mut(front);
-                        b.offload = VirtioNetHdr::parse(room).unwrap_or_default();
-                    }
-                    // A read that fills the buffer may have been cut by the kernel.
-                    b.oversize = len - front >= b.room();
-                    b.set_len(len - front);
+                Ok(len) if self.finish_read(&mut b, len) => {
                     let _ = batch.push(b);
                     n += 1;
                 }

@@ -69,6 +69,26 @@ use crate::stats::DropReason;
 use crate::sys::{self, EventFd};
 use crate::time::{Clock, Instant};
 
+mod uring;
+use uring::UringIo;
+
+/// How workers read and write the ports that allow it (TAPs: [`Port::raw_rx`],
+/// [`Port::raw_tx`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// io_uring where the kernel offers it (Linux 5.11 and later, not disabled by
+    /// `kernel.io_uring_disabled` or a seccomp filter), the plain path otherwise
+    /// ([`Runtime::io_fallback`] says why).
+    #[default]
+    Auto,
+    /// One `read(2)`/`write(2)` per frame, waiting in `poll(2)`.
+    Plain,
+    /// Batches through io_uring: one system call reads up to a batch of frames from a port,
+    /// one writes a run of frames to a port (see the module docs). [`Runtime::start`] fails
+    /// where io_uring is unavailable.
+    Uring,
+}
+
 /// Settings of a [`Runtime`].
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
@@ -85,6 +105,9 @@ pub struct RuntimeConfig {
     /// packet, at the cost of one busy CPU per worker while traffic flows; an idle runtime
     /// still sleeps once the window has passed. At most [`MAX_BUSY_POLL`].
     pub busy_poll: Duration,
+    /// How ports are read and written: io_uring batches where available (the default), or
+    /// the plain path.
+    pub io: IoMode,
 }
 
 /// The longest [`RuntimeConfig::busy_poll`] window: one second.
@@ -96,6 +119,7 @@ impl Default for RuntimeConfig {
             workers: 1,
             pool_buffers: 1024,
             busy_poll: Duration::ZERO,
+            io: IoMode::Auto,
         }
     }
 }
@@ -201,6 +225,10 @@ struct Shared {
     paused: AtomicBool,
     /// Per worker, whether it is inside its busy-poll window (spinning) now.
     spinning: Box<[AtomicBool]>,
+    /// Workers using io_uring now (one that fails goes on with the plain path).
+    uring_workers: std::sync::atomic::AtomicUsize,
+    /// Why the plain path is used: io_uring unavailable at start, or a worker's ring failed.
+    io_fallback: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -248,6 +276,8 @@ pub struct Pump {
     batch: Batch,
     room: usize,
     link: Option<Link>,
+    /// Batched I/O through io_uring, if used.
+    uring: Option<UringIo>,
 }
 
 impl Drop for Pump {
@@ -294,6 +324,7 @@ impl Pump {
             batch: Batch::new(),
             room,
             link: None,
+            uring: None,
         })
     }
 
@@ -311,6 +342,7 @@ impl Pump {
                 index,
                 version: u64::MAX,
             }),
+            uring: None,
         };
         p.refresh();
         p
@@ -341,6 +373,9 @@ impl Pump {
                 }
             }
         }
+        if let Some(u) = &mut self.uring {
+            u.reset(self.rx.len());
+        }
         true
     }
 
@@ -370,6 +405,9 @@ impl Pump {
             .get_mut(usize::from(id.0))?
             .take()?;
         self.rx.retain(|&(p, _)| p != id);
+        if let Some(u) = &mut self.uring {
+            u.reset(self.rx.len());
+        }
         let _ = self.dp.detach(id, true);
         Some(slot.port)
     }
@@ -384,12 +422,29 @@ impl Pump {
             let Some(slot) = self.ports.get(usize::from(id.0)).and_then(|p| p.as_ref()) else {
                 continue;
             };
-            match slot
-                .port
-                .recv_queue(q, &mut self.worker.pool, &mut self.batch)
-            {
-                Ok(_) => {}
-                Err(e) => err = Some(e),
+            let got = match &mut self.uring {
+                Some(u) => u.recv(
+                    slot.port.as_ref(),
+                    q,
+                    i,
+                    &mut self.worker.pool,
+                    &mut self.batch,
+                ),
+                None => None,
+            };
+            let got = match got {
+                Some(Ok(r)) => r,
+                Some(Err(f)) => {
+                    drop_uring(&mut self.uring, &self.link, &f);
+                    slot.port
+                        .recv_queue(q, &mut self.worker.pool, &mut self.batch)
+                }
+                None => slot
+                    .port
+                    .recv_queue(q, &mut self.worker.pool, &mut self.batch),
+            };
+            if let Err(e) = got {
+                err = Some(e);
             }
             if self.batch.is_empty() {
                 continue;
@@ -417,9 +472,18 @@ impl Pump {
     fn transmit(&mut self) {
         let ports = &self.ports;
         let dp = &self.dp;
+        let uring = &mut self.uring;
+        let mut ring_failed = None;
         dp.dispatch_runs(&mut self.worker, &self.batch, |p, run, done| {
             match ports.get(usize::from(p.0)).and_then(|p| p.as_ref()) {
-                Some(slot) => slot.port.send_batch(run, done),
+                Some(slot) => match uring {
+                    Some(u) if ring_failed.is_none() => {
+                        if let Err(f) = u.send(slot.port.as_ref(), run, done) {
+                            ring_failed = Some(f);
+                        }
+                    }
+                    _ => slot.port.send_batch(run, done),
+                },
                 None => {
                     // A driver detached while the datapath still has the port (a removal
                     // in progress), or a port never given a driver.
@@ -435,6 +499,9 @@ impl Pump {
             }
         });
         self.batch.recycle(&mut self.worker.pool);
+        if let Some(f) = ring_failed {
+            drop_uring(&mut self.uring, &self.link, &f);
+        }
     }
 
     /// Polls until a round receives nothing (at most `max_rounds` rounds); returns frames moved.
@@ -455,6 +522,20 @@ impl Pump {
     }
 }
 
+/// Goes on with the plain path after a pump's ring failed (each worker keeps its failure to
+/// itself; [`Runtime::uring_workers`] counts the rest).
+fn drop_uring(u: &mut Option<UringIo>, link: &Option<Link>, why: &uring::RingFailed) {
+    if u.take().is_some() {
+        if let Some(l) = link {
+            l.shared.uring_workers.fetch_sub(1, Ordering::Relaxed);
+            *l.shared.io_fallback.lock() = Some(format!(
+                "worker {}: io_uring failed ({}), one system call per frame from now on",
+                l.index, why.0
+            ));
+        }
+    }
+}
+
 /// Worker threads driving a set of ports until stopped.
 pub struct Runtime {
     stop: Arc<AtomicBool>,
@@ -462,6 +543,8 @@ pub struct Runtime {
     threads: Vec<JoinHandle<()>>,
     dp: Arc<Datapath>,
     clock: Clock,
+    /// The I/O mode the workers started with ([`IoMode::Plain`] or [`IoMode::Uring`]).
+    io: IoMode,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -525,13 +608,48 @@ impl Runtime {
             room,
             paused: AtomicBool::new(false),
             spinning: (0..nworkers).map(|_| AtomicBool::new(false)).collect(),
+            uring_workers: std::sync::atomic::AtomicUsize::new(0),
+            io_fallback: Mutex::new(None),
         });
+        // io_uring is tried once here, for every worker: where the kernel lacks or refuses
+        // it, `Auto` goes on with the plain path and says why.
+        let mut rings = Vec::with_capacity(nworkers);
+        let mut io_fallback = None;
+        if cfg.io != IoMode::Plain {
+            for _ in 0..nworkers {
+                match sys::uring::Uring::new() {
+                    Ok(r) => rings.push(r),
+                    Err(e) if cfg.io == IoMode::Uring => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("io_uring is not available: {e}"),
+                        ))
+                    }
+                    Err(e) => {
+                        io_fallback = Some(format!(
+                            "io_uring is not available ({e}): one system call per frame"
+                        ));
+                        rings.clear();
+                        break;
+                    }
+                }
+            }
+        }
+        let io = if rings.is_empty() {
+            IoMode::Plain
+        } else {
+            IoMode::Uring
+        };
+        shared.uring_workers.store(rings.len(), Ordering::Relaxed);
+        shared.io_fallback.lock().clone_from(&io_fallback);
+        let mut rings = rings.into_iter();
         let mut rt = Runtime {
             stop,
             shared,
             threads: Vec::with_capacity(nworkers),
             dp,
             clock,
+            io,
         };
         for wi in 0..nworkers {
             let mut pump = Pump::linked(
@@ -540,6 +658,11 @@ impl Runtime {
                 wi,
                 BufPool::new(room, cfg.pool_buffers.max(crate::buf::BATCH_SIZE)),
             );
+            if let Some(r) = rings.next() {
+                let mut u = UringIo::new(r);
+                u.reset(pump.rx.len());
+                pump.uring = Some(u);
+            }
             let stop = rt.stop.clone();
             let busy = cfg.busy_poll;
             let t = std::thread::Builder::new()
@@ -649,6 +772,25 @@ impl Runtime {
             .iter()
             .filter(|s| s.load(Ordering::Relaxed))
             .count()
+    }
+
+    /// The I/O mode the workers started with: [`IoMode::Uring`] or [`IoMode::Plain`] (what
+    /// [`IoMode::Auto`] chose; [`Runtime::io_fallback`] says why it chose the plain path).
+    pub fn io(&self) -> IoMode {
+        self.io
+    }
+
+    /// Why the plain path is used although io_uring was asked for: [`IoMode::Auto`] found it
+    /// missing, disabled or refused at start, or a worker's ring failed later (that worker
+    /// goes on with the plain path); to be logged once. `None` otherwise.
+    pub fn io_fallback(&self) -> Option<String> {
+        self.shared.io_fallback.lock().clone()
+    }
+
+    /// How many workers use io_uring now: all of them with [`IoMode::Uring`], until a ring
+    /// fails (the worker then goes on with the plain path).
+    pub fn uring_workers(&self) -> usize {
+        self.shared.uring_workers.load(Ordering::Relaxed)
     }
 
     /// Whether the workers are paused.
