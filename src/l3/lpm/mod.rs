@@ -183,6 +183,9 @@ mod sealed {
         fn masked(self, len: u8) -> Self;
         /// The last address of the prefix `self/len` (`self` with the bits from `len` on set).
         fn last(self, len: u8) -> Self;
+        /// The top 64 bits (for `u32`, the address followed by 32 zero bits): the IPv6
+        /// look-up walks them with 64-bit shifts while the prefixes it meets end in them.
+        fn hi64(self) -> u64;
         /// The first address whose top `bits` bits equal `slot`. Requires `1 <= bits <= 24`.
         fn slot_first(slot: usize, bits: u8) -> Self;
         /// The last address whose top `bits` bits equal `slot`. Requires `1 <= bits <= 24`.
@@ -198,6 +201,19 @@ mod sealed {
                 fn extract(self, offset: u8, len: u8) -> usize {
                     debug_assert!(offset < Self::WIDTH && (1..=24).contains(&len));
                     ((self << offset) >> (Self::WIDTH - len)) as usize
+                }
+
+                #[inline(always)]
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "the top 64 bits, shifted down first"
+                )]
+                fn hi64(self) -> u64 {
+                    if Self::WIDTH > 64 {
+                        (self >> Self::WIDTH.saturating_sub(64)) as u64
+                    } else {
+                        (self as u64) << 64u8.saturating_sub(Self::WIDTH)
+                    }
                 }
 
                 #[inline]
