@@ -86,7 +86,8 @@ pub struct Lpm<A: Address> {
     /// `direct` slots under it, or `NODE_FLAG` if they differ or hold nodes. Most of the IPv6
     /// space has no route (the Internet table lies in 2000::/3 and a few other /8s), so an
     /// address outside the table is answered from this 1 KiB array, which stays in the L1
-    /// cache, without touching the 2^s-entry `direct` array. Empty for IPv4.
+    /// cache, without touching the 2^s-entry `direct` array (single look-ups only). Empty for
+    /// IPv4.
     top: Box<[u32]>,
     /// `2^s` entries: a leaf value, or `NODE_FLAG | i` for the root node stored in
     /// `leaves[i..i + ROOT_WORDS]`.
@@ -459,32 +460,12 @@ impl<A: Address> Lpm<A> {
         let a: &[A; LANES] = a.try_into().expect("group of LANES addresses");
         let o: &mut [u32; LANES] = o.try_into().expect("group of LANES results");
         let mut cur = [0usize; LANES];
-        // Lanes that go on to the `direct` array: all for IPv4, those the `top` array does
-        // not answer for IPv6 (computed without a branch: a mix of both kinds of lanes would
-        // make it unpredictable).
-        let mut live = u64::MAX >> (64 - LANES);
-        if A::WIDTH > 64 {
-            live = 0;
-            for i in 0..LANES {
-                let t = self.top[top_index(a[i].hi64())];
-                o[i] = t;
-                let go = t & NODE_FLAG != 0;
-                live |= u64::from(go) << i;
-                // A lane answered by `top` prefetches the (cached) first entry instead.
-                cur[i] = a[i].extract(0, self.bits) & 0usize.wrapping_sub(usize::from(go));
-                prefetch(self.direct.as_ptr().wrapping_add(cur[i]));
-            }
-        } else {
-            for i in 0..LANES {
-                cur[i] = a[i].extract(0, self.bits);
-                prefetch(self.direct.as_ptr().wrapping_add(cur[i]));
-            }
+        for i in 0..LANES {
+            cur[i] = a[i].extract(0, self.bits);
+            prefetch(self.direct.as_ptr().wrapping_add(cur[i]));
         }
         let mut pending = 0u64;
-        let mut l = live;
-        while l != 0 {
-            let i = l.trailing_zeros() as usize;
-            l &= l - 1;
+        for i in 0..LANES {
             let e = self.direct[cur[i]];
             if e & NODE_FLAG != 0 {
                 // A root node and, in the next cache line, the start of its leaf runs.
@@ -510,22 +491,6 @@ impl<A: Address> Lpm<A> {
                 } else {
                     self.nodes[cur[i]]
                 };
-                if A::WIDTH > 64 && off <= 64 - STRIDE {
-                    // As in `lookup_raw_wide`.
-                    let sh = !(a[i].hi64() << off) >> (64 - STRIDE);
-                    let vec = node.vector << sh;
-                    if vec >> 63 != 0 {
-                        cur[i] = node.base1 as usize + vec.count_ones() as usize - 1;
-                        prefetch(self.nodes.as_ptr().wrapping_add(cur[i]));
-                        next |= 1 << i;
-                    } else {
-                        cur[i] =
-                            node.base0 as usize + (node.leafvec << sh).count_ones() as usize - 1;
-                        prefetch(self.leaves.as_ptr().wrapping_add(cur[i]));
-                        at_leaf |= 1 << i;
-                    }
-                    continue;
-                }
                 let v = a[i].extract(off, STRIDE);
                 let m = upto(v);
                 if (node.vector >> v) & 1 != 0 {
