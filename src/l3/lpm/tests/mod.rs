@@ -489,7 +489,11 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
                 model.remove(prefix, len);
             }
         };
-        let bases = [0x2001_0db8u128 << 96, 0x2a00_1450u128 << 96, 0xfd00u128 << 112];
+        let bases = [
+            0x2001_0db8u128 << 96,
+            0x2a00_1450u128 << 96,
+            0xfd00u128 << 112,
+        ];
         for round in 0..40 {
             let base = bases[rng.below(bases.len())];
             let len = [16, 32, 48, 56, 64, 65, 96, 127, 128][rng.below(9)];
