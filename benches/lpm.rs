@@ -7,6 +7,10 @@
 //! The tables are read from `$TAPYARD_RIB_DIR`, else `../shared/data/rib` beside the crate;
 //! without them the benchmarks are skipped. Short run:
 //! `cargo bench --bench lpm -- --warm-up-time 1 --measurement-time 3`
+//!
+//! Before criterion's wall-clock groups, each set prints a `cpu-time` line: the same
+//! look-ups timed by the thread's CPU clock (best of 5 passes over the set), which other jobs
+//! on a shared machine disturb less than the wall clock (they still share the caches).
 #![allow(
     clippy::cast_possible_truncation,
     reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
@@ -124,6 +128,57 @@ impl Rng {
     }
 }
 
+/// The calling thread's CPU time.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    #[allow(unsafe_code, reason = "clock_gettime is a libc call")]
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Look-ups per second of CPU time: best of 5 passes of `f` over `addrs` in `CHUNK`s.
+fn cpu_rate<A: Copy>(addrs: &[A], mut f: impl FnMut(&[A]) -> u32) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = thread_cpu();
+        for chunk in addrs.chunks(CHUNK) {
+            black_box(f(black_box(chunk)));
+        }
+        best = best.min((thread_cpu() - t).as_secs_f64());
+    }
+    addrs.len() as f64 / best / 1e6
+}
+
+/// A named look-up loop over a chunk of addresses.
+type Contender<'a, A> = (&'a str, &'a mut dyn FnMut(&[A]) -> u32);
+
+/// Prints one `cpu-time` line: M look-ups per CPU second for each contender.
+fn print_cpu_rates<A: Copy>(set: &str, addrs: &[A], contenders: &mut [Contender<'_, A>]) {
+    let mut line = format!("cpu-time {set:<12}");
+    let mut rates = Vec::new();
+    for (name, f) in contenders.iter_mut() {
+        let r = cpu_rate(addrs, f);
+        line += &format!(" {name}={r:.1}");
+        rates.push((*name, r));
+    }
+    let best_crate = rates
+        .iter()
+        .filter(|(n, _)| !n.starts_with("tapyard"))
+        .map(|r| r.1)
+        .fold(0.0, f64::max);
+    for (name, r) in &rates {
+        if name.starts_with("tapyard") {
+            line += &format!(" {name}/best={:.2}", r / best_crate);
+        }
+    }
+    println!("{line}  (M/s)");
+}
+
 /// Addresses per set (cycled through, `CHUNK` per iteration).
 const ADDRS: usize = 1 << 20;
 const CHUNK: usize = 1 << 16;
@@ -150,7 +205,21 @@ fn sum_batch<A: tapyard::l3::lpm::Address>(lpm: &Lpm<A>, chunk: &[A], out: &mut 
     out.iter().fold(0u32, |s, &x| s.wrapping_add(x))
 }
 
+#[inline(never)]
+fn cg_single(lpm: &Lpm<u128>, ch: &[u128]) -> u32 {
+    ch.iter()
+        .fold(0u32, |s, &a| s.wrapping_add(lpm.lookup(a).unwrap_or(0)))
+}
+
+#[inline(never)]
+fn cg_batch(lpm: &Lpm<u128>, ch: &[u128], out: &mut [u32]) -> u32 {
+    sum_batch(lpm, ch, out)
+}
+
 fn ipv4(c: &mut Criterion) {
+    if std::env::var_os("LPM_CALLGRIND").is_some() {
+        return;
+    }
     let Some(routes) = load("bart-tier1-v4.txt", |s| {
         u32::from(s.parse::<Ipv4Addr>().expect("IPv4"))
     }) else {
@@ -213,6 +282,32 @@ fn ipv4(c: &mut Criterion) {
         assert_eq!(mine, ptrie.get_lpm(&(a, 32)).map(|x| *x.1));
     }
 
+    for (set, addrs) in [("random", &random), ("inside", &inside)] {
+        let mut out = vec![0u32; CHUNK];
+        print_cpu_rates(
+            &format!("ipv4/{set}"),
+            addrs,
+            &mut [
+                ("tapyard_single", &mut |ch: &[u32]| {
+                    ch.iter()
+                        .fold(0u32, |s, &a| s.wrapping_add(lpm.lookup(a).unwrap_or(0)))
+                }),
+                ("tapyard_batch", &mut |ch: &[u32]| {
+                    sum_batch(&lpm, ch, &mut out)
+                }),
+                ("treebitmap", &mut |ch: &[u32]| {
+                    ch.iter().fold(0u32, |s, &a| {
+                        s.wrapping_add(tbm.longest_match(Ipv4Addr::from(a)).map_or(0, |x| *x.2))
+                    })
+                }),
+                ("prefix_trie", &mut |ch: &[u32]| {
+                    ch.iter().fold(0u32, |s, &a| {
+                        s.wrapping_add(ptrie.get_lpm(&(a, 32)).map_or(0, |x| *x.1))
+                    })
+                }),
+            ],
+        );
+    }
     for (set, addrs) in [("random", &random), ("inside", &inside)] {
         let mut g = c.benchmark_group(format!("ipv4/{set}"));
         g.throughput(Throughput::Elements(CHUNK as u64));
@@ -381,6 +476,24 @@ fn ipv6(c: &mut Criterion) {
         }
         b.build()
     });
+    if std::env::var_os("LPM_CALLGRIND").is_some() {
+        // A short deterministic run for `valgrind --tool=callgrind
+        // --toggle-collect='lpm::cg_*'`: instructions per look-up of each kind.
+        let only = std::env::var("LPM_CALLGRIND").unwrap_or_default();
+        for (set, addrs) in [("random", &random), ("inside", &inside)] {
+            if !only.is_empty() && only != set {
+                continue;
+            }
+            let ch = &addrs[..CHUNK];
+            let mut out = vec![0u32; CHUNK];
+            println!(
+                "{set}: {} {}",
+                cg_single(&lpm, ch),
+                cg_batch(&lpm, ch, &mut out)
+            );
+        }
+        return;
+    }
     println!(
         "  Lpm6::memory_bytes {} ({:.1} B/prefix); {lpm:?}",
         lpm.memory_bytes(),
@@ -418,6 +531,36 @@ fn ipv6(c: &mut Criterion) {
         assert_eq!(mine, ptrie.get_lpm(&(a, 128)).map(|x| *x.1));
     }
 
+    for (set, addrs) in [
+        ("random", &random),
+        ("global", &global),
+        ("inside", &inside),
+    ] {
+        let mut out = vec![0u32; CHUNK];
+        print_cpu_rates(
+            &format!("ipv6/{set}"),
+            addrs,
+            &mut [
+                ("tapyard_single", &mut |ch: &[u128]| {
+                    ch.iter()
+                        .fold(0u32, |s, &a| s.wrapping_add(lpm.lookup(a).unwrap_or(0)))
+                }),
+                ("tapyard_batch", &mut |ch: &[u128]| {
+                    sum_batch(&lpm, ch, &mut out)
+                }),
+                ("treebitmap", &mut |ch: &[u128]| {
+                    ch.iter().fold(0u32, |s, &a| {
+                        s.wrapping_add(tbm.longest_match(Ipv6Addr::from(a)).map_or(0, |x| *x.2))
+                    })
+                }),
+                ("prefix_trie", &mut |ch: &[u128]| {
+                    ch.iter().fold(0u32, |s, &a| {
+                        s.wrapping_add(ptrie.get_lpm(&(a, 128)).map_or(0, |x| *x.1))
+                    })
+                }),
+            ],
+        );
+    }
     for (set, addrs) in [
         ("random", &random),
         ("global", &global),

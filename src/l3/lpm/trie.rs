@@ -16,6 +16,8 @@ const ROOT_WORDS: usize = 6;
 /// Smallest and largest direct-pointing width (see [`ideal_bits`]).
 pub(crate) const MIN_DIRECT_BITS: u8 = 8;
 pub(crate) const MAX_DIRECT_BITS: u8 = 18;
+/// Bits indexing the IPv6 `top` array (see [`Lpm`]'s `top` field).
+const TOP_BITS: u8 = 8;
 /// Look-ups interleaved by [`Lpm::lookup_batch`] (at most 64: lanes are bits of a `u64`).
 /// 32 measured better than 8, 16 and 64 on the full IPv4 table.
 const LANES: usize = 32;
@@ -50,6 +52,12 @@ fn upto(v: usize) -> u64 {
     u64::MAX >> (63 - v)
 }
 
+/// The `top` index of an address's top 64 bits.
+#[inline(always)]
+fn top_index(hi: u64) -> usize {
+    (hi >> (64 - TOP_BITS)) as usize
+}
+
 /// Converts an internal leaf value to the public [`NO_ROUTE`] convention.
 #[inline(always)]
 fn public(v: u32) -> u32 {
@@ -60,7 +68,7 @@ fn public(v: u32) -> u32 {
     }
 }
 
-use crate::narrow::low32;
+use crate::narrow::{low32, low_usize};
 use crate::sys::prefetch_ptr as prefetch;
 
 /// An immutable longest-prefix-match table: a compiled snapshot of a route set.
@@ -74,6 +82,13 @@ use crate::sys::prefetch_ptr as prefetch;
 pub struct Lpm<A: Address> {
     /// Direct-pointing width `s`.
     bits: u8,
+    /// IPv6 only: for each value of the top 8 address bits, the leaf value shared by all the
+    /// `direct` slots under it, or `NODE_FLAG` if they differ or hold nodes. Most of the IPv6
+    /// space has no route (the Internet table lies in 2000::/3 and a few other /8s), so an
+    /// address outside the table is answered from this 1 KiB array, which stays in the L1
+    /// cache, without touching the 2^s-entry `direct` array (single look-ups only). Empty for
+    /// IPv4.
+    top: Box<[u32]>,
     /// `2^s` entries: a leaf value, or `NODE_FLAG | i` for the root node stored in
     /// `leaves[i..i + ROOT_WORDS]`.
     direct: Vec<u32>,
@@ -115,6 +130,11 @@ impl<A: Address> Lpm<A> {
         assert!((1..=24).contains(&bits));
         Lpm {
             bits,
+            top: if A::WIDTH > 64 {
+                vec![NONE; 1 << TOP_BITS].into_boxed_slice()
+            } else {
+                Box::default()
+            },
             direct: vec![NONE; 1 << bits],
             nodes: Vec::new(),
             leaves: Vec::new(),
@@ -145,7 +165,18 @@ impl<A: Address> Lpm<A> {
     /// For many addresses, [`Lpm::lookup_batch`] is two to four times faster.
     #[inline]
     pub fn lookup(&self, addr: A) -> Option<u32> {
-        let v = self.lookup_dispatch(addr);
+        let v = if A::WIDTH > 64 {
+            // An IPv6 address outside the table is answered from the tiny `top` array, with
+            // no function call (the POPCNT dispatch below is one).
+            let t = self.top[top_index(addr.hi64())];
+            if t & NODE_FLAG == 0 {
+                t
+            } else {
+                self.lookup_dispatch(addr)
+            }
+        } else {
+            self.lookup_dispatch(addr)
+        };
         if v == NONE {
             None
         } else {
@@ -202,7 +233,7 @@ impl<A: Address> Lpm<A> {
     /// Heap and inline bytes this snapshot occupies (allocated capacity, garbage included).
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
-            + self.direct.capacity() * std::mem::size_of::<u32>()
+            + (self.top.len() + self.direct.capacity()) * std::mem::size_of::<u32>()
             + self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.leaves.capacity() * std::mem::size_of::<u32>()
     }
@@ -243,6 +274,7 @@ impl<A: Address> Lpm<A> {
         }
         Lpm {
             bits: self.bits,
+            top: self.top.clone(),
             direct: self.direct.clone(),
             nodes: copy(&self.nodes),
             leaves: copy(&self.leaves),
@@ -282,6 +314,9 @@ impl<A: Address> Lpm<A> {
     /// The leaf value for `addr` (`NONE` if no route matches).
     #[inline(always)]
     fn lookup_raw(&self, addr: A) -> u32 {
+        if A::WIDTH > 64 {
+            return self.lookup_raw_wide(addr);
+        }
         let e = self.direct[addr.extract(0, self.bits)];
         if e & NODE_FLAG == 0 {
             return e;
@@ -302,6 +337,77 @@ impl<A: Address> Lpm<A> {
                 return self.leaves
                     [node.base0 as usize + (node.leafvec & m).count_ones() as usize - 1];
             }
+        }
+    }
+
+    /// [`Lpm::lookup_raw`] for IPv6: walks the top 64 address bits with 64-bit shifts (most
+    /// prefixes end in them), then the rest with the generic 128-bit extraction.
+    #[inline(always)]
+    fn lookup_raw_wide(&self, addr: A) -> u32 {
+        let hi = addr.hi64();
+        let e = self.direct[low_usize(hi >> (64 - self.bits))];
+        if e & NODE_FLAG == 0 {
+            return e;
+        }
+        let root = (e & !NODE_FLAG) as usize;
+        prefetch(self.leaves.as_ptr().wrapping_add(root + 16));
+        let mut node = self.root(root);
+        let mut off = self.bits;
+        // `key`'s top 6 bits are the next slot `v`. Shifting a bitmap left by `63 - v` keeps
+        // its bits `0..=v` (bit `v` on top), so one shift gives both the test and the rank.
+        let mut key = hi << off;
+        while off <= 64 - STRIDE {
+            let sh = !key >> (64 - STRIDE); // 63 - v
+            let vec = node.vector << sh;
+            if vec >> 63 != 0 {
+                node = self.nodes[node.base1 as usize + vec.count_ones() as usize - 1];
+                key <<= STRIDE;
+                off += STRIDE;
+            } else {
+                return self.leaves
+                    [node.base0 as usize + (node.leafvec << sh).count_ones() as usize - 1];
+            }
+        }
+        loop {
+            let v = addr.extract(off, STRIDE);
+            let m = upto(v);
+            if (node.vector >> v) & 1 != 0 {
+                node =
+                    self.nodes[node.base1 as usize + (node.vector & m).count_ones() as usize - 1];
+                off += STRIDE;
+            } else {
+                return self.leaves
+                    [node.base0 as usize + (node.leafvec & m).count_ones() as usize - 1];
+            }
+        }
+    }
+
+    /// Recomputes the `top` entries over direct slots `lo..=hi` (IPv6 only).
+    fn refresh_top(&mut self, lo: usize, hi: usize) {
+        if A::WIDTH <= 64 {
+            return;
+        }
+        // A `top` entry covers 2^(s - 8) slots, or part of one slot (tests use s < 8).
+        let (shift, (first_t, last_t)) = if self.bits >= TOP_BITS {
+            let shift = self.bits - TOP_BITS;
+            (shift, (lo >> shift, hi >> shift))
+        } else {
+            let up = TOP_BITS - self.bits;
+            (0, (lo << up, ((hi + 1) << up) - 1))
+        };
+        for t in first_t..=last_t {
+            let slots = if self.bits >= TOP_BITS {
+                &self.direct[t << shift..(t + 1) << shift]
+            } else {
+                let slot = t >> (TOP_BITS - self.bits);
+                &self.direct[slot..=slot]
+            };
+            let first = slots[0];
+            self.top[t] = if first & NODE_FLAG == 0 && slots.iter().all(|&e| e == first) {
+                first
+            } else {
+                NODE_FLAG
+            };
         }
     }
 
@@ -577,6 +683,7 @@ impl<A: Address> Lpm<A> {
         for s in next_slot..=hi {
             self.set_direct(s, defaults[s - lo]);
         }
+        self.refresh_top(lo, hi);
     }
 
     /// Sets a direct entry, counting the subtrie it replaces as garbage.

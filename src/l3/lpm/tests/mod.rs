@@ -466,3 +466,53 @@ fn fib_adapts_direct_width_and_compacts() {
     assert!(fib.snapshot().direct_bits() <= 9, "{:?}", fib.snapshot());
     assert_eq!(fib.len(), fib.iter().count());
 }
+
+/// The IPv6 fast paths: the `top` array (kept up to date by patches), the walk of the top 64
+/// bits and the hand-over to the 128-bit walk, against the model: a few /8s with routes,
+/// routes longer than /64 under short ones, host routes, a default route added and removed
+/// (which changes every `top` entry), single and batch look-ups, both a wide direct array
+/// and one narrower than `top`.
+#[test]
+fn ipv6_top_array_and_long_routes_follow_updates() {
+    for bits in [4, 18] {
+        let fib = Fib6::with_fixed_bits(bits);
+        let mut model = Model::<u128>::default();
+        let mut rng = SplitMix(bits.into());
+        let mut nh = 0u32;
+        let mut step = |fib: &Fib6, model: &mut Model<u128>, prefix: u128, len: u8, add: bool| {
+            if add {
+                nh += 1;
+                fib.insert(prefix, len, nh).unwrap();
+                model.insert(prefix, len, nh);
+            } else {
+                fib.remove(prefix, len).unwrap();
+                model.remove(prefix, len);
+            }
+        };
+        let bases = [
+            0x2001_0db8u128 << 96,
+            0x2a00_1450u128 << 96,
+            0xfd00u128 << 112,
+        ];
+        for round in 0..40 {
+            let base = bases[rng.below(bases.len())];
+            let len = [16, 32, 48, 56, 64, 65, 96, 127, 128][rng.below(9)];
+            let prefix = base | (rng.next_u128() & host_mask6(20));
+            step(&fib, &mut model, prefix, len, rng.below(4) != 0);
+            if round % 10 == 5 {
+                step(&fib, &mut model, 0, 0, round % 20 == 5);
+            }
+            let mut probes: Vec<u128> = (0..64).map(|_| rng.next_u128()).collect();
+            for r in model.routes() {
+                probes.push(r.prefix);
+                probes.push(r.prefix | host_mask6(r.len));
+                probes.push(r.prefix | (rng.next_u128() & host_mask6(r.len)));
+            }
+            let lpm = fib.snapshot();
+            for &a in &probes {
+                assert_eq!(lpm.lookup(a), model.lookup(a), "{a:x} bits {bits}");
+            }
+            check_batch(&lpm, &probes);
+        }
+    }
+}
