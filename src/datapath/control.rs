@@ -226,6 +226,32 @@ impl Datapath {
         r.neigh.add_static(iface, ip, mac, now).map(|_| ())
     }
 
+    /// Adds a permanent IPv6 neighbour entry (`ip -6 neigh add IP lladdr MAC dev IFACE nud
+    /// permanent`); packets that were waiting for it are released at the next use. Errors
+    /// name the bad value.
+    pub fn add_static_neigh6(
+        &self,
+        iface: IfaceId,
+        ip: std::net::Ipv6Addr,
+        mac: crate::wire::mac::MacAddr,
+        now: Instant,
+    ) -> Result<(), crate::l3::neigh::NeighError> {
+        let Some(r) = &self.router else {
+            return Err(crate::l3::neigh::NeighError::BadAddress6(ip));
+        };
+        r.neigh6.add_static(iface, ip, mac, now).map(|_| ())
+    }
+
+    /// Removes a permanent IPv6 neighbour entry; `false` when there was none for `ip` on
+    /// `iface` (dynamic entries are left alone).
+    pub fn remove_static_neigh6(&self, iface: IfaceId, ip: std::net::Ipv6Addr) -> bool {
+        let Some(r) = &self.router else { return false };
+        let permanent = r.neigh6.dump(Instant::ZERO).iter().any(|e| {
+            e.iface == iface && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
+        });
+        permanent && r.neigh6.remove(iface, ip)
+    }
+
     /// Writes the routing table like `ip route show`.
     pub fn fmt_routes(&self, out: &mut impl fmt::Write) -> fmt::Result {
         let Some(r) = &self.router else { return Ok(()) };
@@ -237,8 +263,9 @@ impl Datapath {
     /// Writes the neighbour table like `ip neigh show`.
     pub fn fmt_neigh(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
         let Some(r) = &self.router else { return Ok(()) };
-        r.neigh
-            .fmt_dump(now, out, &|i| self.iface_name(i).unwrap_or("?").to_string())
+        let name = |i| self.iface_name(i).unwrap_or("?").to_string();
+        r.neigh.fmt_dump(now, out, &name)?;
+        r.neigh6.fmt_dump(now, out, &name)
     }
 
     /// The FDB of `bridge` at `now`, like `bridge fdb show br <bridge>`.

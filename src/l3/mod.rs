@@ -42,6 +42,7 @@ pub mod neigh;
 pub(crate) mod route;
 pub(crate) mod route6;
 pub(crate) mod router;
+mod router6;
 pub mod vxlan;
 
 pub use crate::base::IfaceId;

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
+use crate::l3::neigh::{Enqueue, NeighTable, NeighTable6, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
 use crate::l3::route6::{RouteReader6, RouteTable6};
 use crate::stats::{counter_set, DropReason, SharedCounter};
@@ -178,6 +178,12 @@ counter_set! {
         released,
         /// Packets dropped after waiting for a next hop that never answered.
         neigh_failed,
+        /// Neighbor Solicitations sent to resolve or probe IPv6 next hops.
+        ndp_solicits,
+        /// Neighbor Advertisements sent for the router's IPv6 addresses.
+        ndp_adverts,
+        /// Router Advertisements sent.
+        ra_sent,
     }
 }
 
@@ -186,14 +192,14 @@ counter_set! {
 /// path, so a small mutex-protected table is enough; it holds at most 1024 destinations and
 /// forgets the least recently limited one when full.
 #[derive(Debug)]
-struct IcmpLimiter {
+pub(crate) struct IcmpLimiter {
     inner: Mutex<LimiterState>,
 }
 
 #[derive(Debug)]
 struct LimiterState {
     global: (f64, Instant),
-    peers: hashbrown::HashMap<Ipv4Addr, (f64, Instant)>,
+    peers: hashbrown::HashMap<std::net::IpAddr, (f64, Instant)>,
 }
 
 const PEER_RATE: f64 = 1.0;
@@ -212,7 +218,7 @@ impl IcmpLimiter {
         }
     }
 
-    fn allow(&self, dst: Ipv4Addr, now: Instant) -> bool {
+    pub(crate) fn allow(&self, dst: std::net::IpAddr, now: Instant) -> bool {
         fn refill(b: &mut (f64, Instant), now: Instant, rate: f64, burst: f64) {
             let dt = now.saturating_since(b.1).as_secs_f64();
             b.0 = (b.0 + dt * rate).min(burst);
@@ -247,10 +253,15 @@ pub struct Router {
     pub(crate) routes: RouteTable,
     pub(crate) routes6: RouteTable6,
     pub(crate) neigh: NeighTable,
-    icmp: IcmpLimiter,
+    pub(crate) neigh6: NeighTable6,
+    pub(crate) icmp: IcmpLimiter,
+    pub(crate) ra: Mutex<Vec<crate::l3::router6::RaState>>,
     /// Event counters.
     pub counters: RouterCounters,
 }
+
+/// An empty IPv6 table, for batches of a router built without one (tests).
+static EMPTY6: std::sync::LazyLock<RouteTable6> = std::sync::LazyLock::new(RouteTable6::new);
 
 /// One batch's view of the routing state: a routing-table version, plus a memo of the last
 /// forwarding decision so that a run of packets to one destination (a flow) does the route
@@ -258,13 +269,33 @@ pub struct Router {
 /// version it was made from, so it is never staler than that version.
 pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
+    table6: Option<&'a RouteTable6>,
+    routes6: Option<RouteReader6<'a>>,
     /// (destination, egress interface, next hop address, next hop MAC).
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
 }
 
 impl<'a> L3Batch<'a> {
     pub(crate) fn new(routes: RouteReader<'a>) -> L3Batch<'a> {
-        L3Batch { routes, memo: None }
+        L3Batch {
+            routes,
+            table6: None,
+            routes6: None,
+            memo: None,
+        }
+    }
+
+    /// With the IPv6 table, read (one version per batch) at the batch's first IPv6 packet.
+    pub(crate) fn with_v6(mut self, t: &'a RouteTable6) -> L3Batch<'a> {
+        self.table6 = Some(t);
+        self
+    }
+
+    /// The batch's IPv6 routing-table version.
+    pub(crate) fn routes6(&mut self) -> &RouteReader6<'a> {
+        let t = self.table6;
+        self.routes6
+            .get_or_insert_with(|| t.map_or_else(|| EMPTY6.reader(), |t| t.reader()))
     }
 }
 
@@ -333,7 +364,6 @@ pub(crate) trait ErrorNat {
     fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool;
 
     /// As `translate_error` for an ICMPv6 error the router makes.
-    #[allow(dead_code)] // Called by the IPv6 input, next commit.
     fn translate_error6(&self, ip: &mut [u8], info: &mut Ipv6Info, now: Instant) -> bool {
         let _ = (ip, info, now);
         true
@@ -374,7 +404,7 @@ pub(crate) trait Prerouting {
 
     /// Looks at (and may translate) the IPv6 packet at offset `l3` of `b` (`info` checked,
     /// updated when translated).
-    #[allow(clippy::too_many_arguments, dead_code)]
+    #[allow(clippy::too_many_arguments)]
     fn prerouting6(
         &mut self,
         router: &Router,
@@ -430,7 +460,11 @@ impl<H: Prerouting> Prerouting for Option<H> {
 
 impl Router {
     pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
+        let neigh6 = NeighTable6::new(neigh.config().clone());
+        let ra = Mutex::new(vec![Default::default(); ifaces.len()]);
         Router {
+            neigh6,
+            ra,
             ifaces,
             routes: RouteTable::new(),
             routes6: RouteTable6::new(),
@@ -443,6 +477,11 @@ impl Router {
     /// The neighbour (ARP) table.
     pub fn neigh(&self) -> &NeighTable {
         &self.neigh
+    }
+
+    /// The IPv6 neighbour (NDP) table.
+    pub fn neigh6(&self) -> &NeighTable6 {
+        &self.neigh6
     }
 
     /// The routing table.
@@ -511,6 +550,7 @@ impl Router {
             },
             ethertype::IPV4 if group => L3::Drop(DropReason::L3Multicast),
             ethertype::IPV4 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
+            ethertype::IPV6 => self.ip6_input(b, l3, in_if, group, ctx, hook, now, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
@@ -529,6 +569,8 @@ impl Router {
         if ether_type == ethertype::ARP {
             // The frame is flooded whatever the router makes of it: nothing to count here.
             let _ = self.arp_input(frame, l3, in_if, now, sink);
+        } else if ether_type == ethertype::IPV6 {
+            self.observe6(frame, l3, in_if, now, sink);
         }
     }
 
@@ -1041,7 +1083,7 @@ impl Router {
         if self.local_iface(dst_ip).is_some() {
             return;
         }
-        if !self.icmp.allow(dst_ip, now) {
+        if !self.icmp.allow(dst_ip.into(), now) {
             self.counters.icmp_rate_limited.add(1);
             return;
         }
@@ -1081,6 +1123,7 @@ impl Router {
     /// for packets whose next hop failed to resolve (translated back through `nat`: the
     /// packets waited after their translation).
     pub(crate) fn poll(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
+        self.poll6(now, nat, sink);
         self.neigh.poll(now, &mut |ev| match ev {
             crate::l3::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
                 self.send_arp_request(iface, ip, unicast, sink);
