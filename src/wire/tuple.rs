@@ -10,7 +10,7 @@
 //! input.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::narrow::{len16, low16, low32, low8};
 use crate::wire::icmp::{self, Icmpv4Packet};
@@ -233,6 +233,97 @@ impl Tuple {
     }
 }
 
+/// ICMPv6's protocol (next header) number.
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// One direction of an IPv6 connection: as [`Tuple`], with 128-bit addresses. ICMPv6 echo
+/// request/reply (types 128/129) are keyed by their identifier in both port fields.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple6 {
+    /// Source address.
+    pub src: Ipv6Addr,
+    /// Destination address.
+    pub dst: Ipv6Addr,
+    /// Source port (TCP/UDP), or the echo identifier (ICMPv6).
+    pub sport: u16,
+    /// Destination port (TCP/UDP), or the echo identifier (ICMPv6).
+    pub dport: u16,
+    /// Upper-layer protocol number (after the extension headers).
+    pub proto: u8,
+    /// Conntrack zone (0 unless zones are configured).
+    pub zone: u16,
+}
+
+impl Tuple6 {
+    /// The same connection seen from the other end: addresses and ports swapped.
+    #[inline]
+    pub fn invert(&self) -> Tuple6 {
+        Tuple6 {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+            zone: self.zone,
+        }
+    }
+
+    /// The tuple packed into five words, for hashing and lock-free storage: `[src high, src
+    /// low, dst high, dst low, rest]`, `rest` packed as [`Tuple::to_words`]'s second word
+    /// (`sport << 48 | dport << 32 | proto << 16 | zone`).
+    #[inline]
+    pub fn to_words(&self) -> [u64; 5] {
+        let s = u128::from(self.src);
+        let d = u128::from(self.dst);
+        [
+            (s >> 64) as u64,
+            s as u64,
+            (d >> 64) as u64,
+            d as u64,
+            u64::from(self.sport) << 48
+                | u64::from(self.dport) << 32
+                | u64::from(self.proto) << 16
+                | u64::from(self.zone),
+        ]
+    }
+
+    /// The inverse of [`Tuple6::to_words`].
+    #[inline]
+    pub fn from_words(w: [u64; 5]) -> Tuple6 {
+        Tuple6 {
+            src: Ipv6Addr::from(u128::from(w[0]) << 64 | u128::from(w[1])),
+            dst: Ipv6Addr::from(u128::from(w[2]) << 64 | u128::from(w[3])),
+            sport: (w[4] >> 48) as u16,
+            dport: low16(w[4] >> 32),
+            proto: low8(w[4] >> 16),
+            zone: low16(w[4]),
+        }
+    }
+}
+
+impl fmt::Debug for Tuple6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Tuple6 {
+    /// `conntrack -L -f ipv6` style: `src=fd00::1 dst=fd00::2 sport=1234 dport=80`
+    /// (ICMPv6: `id=`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "src={} dst={}", self.src, self.dst)?;
+        match self.proto {
+            PROTO_TCP | PROTO_UDP => write!(f, " sport={} dport={}", self.sport, self.dport)?,
+            PROTO_ICMPV6 => write!(f, " id={}", self.sport)?,
+            _ => {}
+        }
+        if self.zone != 0 {
+            write!(f, " zone={}", self.zone)?;
+        }
+        Ok(())
+    }
+}
+
 /// What kind of L4 packet a tuple came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L4Kind {
@@ -303,6 +394,36 @@ mod tests {
         assert_eq!(
             t.to_string(),
             "src=10.0.0.1 dst=10.0.0.2 sport=12345 dport=80"
+        );
+    }
+
+    #[test]
+    fn tuple6_words_round_trip_and_print() {
+        let t = Tuple6 {
+            src: "fd00:10:244:1::2".parse().unwrap(),
+            dst: "fd00:10:96::10".parse().unwrap(),
+            sport: 40000,
+            dport: 80,
+            proto: PROTO_TCP,
+            zone: 3,
+        };
+        assert_eq!(Tuple6::from_words(t.to_words()), t);
+        assert_eq!(t.invert().invert(), t);
+        assert_eq!(
+            t.to_words()[4],
+            Tuple {
+                src: Ipv4Addr::UNSPECIFIED,
+                dst: Ipv4Addr::UNSPECIFIED,
+                sport: 40000,
+                dport: 80,
+                proto: 6,
+                zone: 3
+            }
+            .to_words()[1]
+        );
+        assert_eq!(
+            t.to_string(),
+            "src=fd00:10:244:1::2 dst=fd00:10:96::10 sport=40000 dport=80 zone=3"
         );
     }
 
