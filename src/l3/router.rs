@@ -13,7 +13,8 @@
 //! unreachable, TCP a drop, counted) since the router has no sockets; IPv4 options are
 //! forwarded untouched (no record-route or timestamp processing).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -21,6 +22,7 @@ use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
+use crate::l3::route6::{RouteReader6, RouteTable6};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
@@ -29,6 +31,7 @@ use crate::wire::ethernet::{
 };
 use crate::wire::icmp::codes as icmp;
 use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet};
+use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::mac::MacAddr;
 
 /// Settings of one router interface.
@@ -46,6 +49,47 @@ pub struct IfaceConfig {
     pub mtu: u16,
     /// Answer ARP for any address routed through another interface (Linux `proxy_arp`).
     pub proxy_arp: bool,
+    /// The interface's global IPv6 address and prefix length (the connected route
+    /// `prefix/len` is made from it); `None`: IPv6 on this interface has only its link-local
+    /// address, `fe80::` + the EUI-64 of [`IfaceConfig::mac`].
+    pub addr6: Option<(Ipv6Addr, u8)>,
+    /// Router Advertisements sent on this interface (`None`: none, the default).
+    pub ra: Option<RaConfig>,
+}
+
+/// Router Advertisements on one interface (RFC 4861 6.2), with radvd's defaults: unsolicited
+/// RAs at a random interval between `min_interval` and `max_interval` (the first three at
+/// most 16 s apart, RFC 4861 6.2.4), Router Solicitations answered after a random delay of
+/// at most 0.5 s. Each RA carries the source link-layer address, the MTU when it is not
+/// 1500, and the prefix of [`IfaceConfig::addr6`] as on-link and autonomous (so pods can form
+/// addresses with SLAAC and learn their default router).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaConfig {
+    /// MaxRtrAdvInterval (default 600 s).
+    pub max_interval: Duration,
+    /// MinRtrAdvInterval (default 198 s, 0.33 × the maximum).
+    pub min_interval: Duration,
+    /// AdvDefaultLifetime in seconds (default 1800; 0: not a default router).
+    pub router_lifetime: u16,
+    /// AdvCurHopLimit (default 64).
+    pub hop_limit: u8,
+    /// AdvValidLifetime of the prefix in seconds (default 86400).
+    pub valid_lifetime: u32,
+    /// AdvPreferredLifetime of the prefix in seconds (default 14400).
+    pub preferred_lifetime: u32,
+}
+
+impl Default for RaConfig {
+    fn default() -> Self {
+        RaConfig {
+            max_interval: Duration::from_secs(600),
+            min_interval: Duration::from_secs(198),
+            router_lifetime: 1800,
+            hop_limit: 64,
+            valid_lifetime: 86400,
+            preferred_lifetime: 14400,
+        }
+    }
 }
 
 impl IfaceConfig {
@@ -58,6 +102,8 @@ impl IfaceConfig {
             prefix_len,
             mtu: 1500,
             proxy_arp: false,
+            addr6: None,
+            ra: None,
         }
     }
 }
@@ -70,6 +116,27 @@ pub(crate) struct Iface {
     pub(crate) port: PortId,
     /// The bridge it sits on, if any.
     pub(crate) bridge: Option<BridgeId>,
+    /// Its link-local address (`fe80::` + EUI-64 of its MAC).
+    pub(crate) ll6: Ipv6Addr,
+}
+
+impl Iface {
+    /// An interface on `port` (and `bridge`), its link-local address derived from its MAC.
+    pub(crate) fn new(cfg: IfaceConfig, port: PortId, bridge: Option<BridgeId>) -> Iface {
+        let ll6 = ipv6::link_local_from_mac(cfg.mac);
+        Iface {
+            cfg,
+            port,
+            bridge,
+            ll6,
+        }
+    }
+
+    /// True when `a` is one of its IPv6 addresses (global or link-local).
+    #[inline]
+    pub(crate) fn has_addr6(&self, a: Ipv6Addr) -> bool {
+        a == self.ll6 || self.cfg.addr6.is_some_and(|(g, _)| g == a)
+    }
 }
 
 /// What the router did with a frame addressed to it.
@@ -178,6 +245,7 @@ impl IcmpLimiter {
 pub struct Router {
     pub(crate) ifaces: Vec<Iface>,
     pub(crate) routes: RouteTable,
+    pub(crate) routes6: RouteTable6,
     pub(crate) neigh: NeighTable,
     icmp: IcmpLimiter,
     /// Event counters.
@@ -263,6 +331,13 @@ pub(crate) trait ErrorNat {
     /// becomes the original sender and the quoted header what that sender sent. `false`:
     /// the error cannot be translated and must not be sent.
     fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool;
+
+    /// As `translate_error` for an ICMPv6 error the router makes.
+    #[allow(dead_code)] // Called by the IPv6 input, next commit.
+    fn translate_error6(&self, ip: &mut [u8], info: &mut Ipv6Info, now: Instant) -> bool {
+        let _ = (ip, info, now);
+        true
+    }
 }
 
 /// What a hook decided about a packet.
@@ -296,6 +371,22 @@ pub(crate) trait Prerouting {
 
     /// The NAT that ICMP errors about packets this hook translated must go through.
     fn error_nat(&self) -> Option<&dyn ErrorNat>;
+
+    /// Looks at (and may translate) the IPv6 packet at offset `l3` of `b` (`info` checked,
+    /// updated when translated).
+    #[allow(clippy::too_many_arguments, dead_code)]
+    fn prerouting6(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader6<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv6Info,
+        now: Instant,
+    ) -> Hook {
+        let _ = (router, routes, b, l3, info, now);
+        Hook::Accept
+    }
 }
 
 /// An optional hook: none accepts every packet.
@@ -319,6 +410,22 @@ impl<H: Prerouting> Prerouting for Option<H> {
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
         self.as_ref().and_then(|h| h.error_nat())
     }
+
+    #[inline(always)]
+    fn prerouting6(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader6<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv6Info,
+        now: Instant,
+    ) -> Hook {
+        match self {
+            Some(h) => h.prerouting6(router, routes, b, l3, info, now),
+            None => Hook::Accept,
+        }
+    }
 }
 
 impl Router {
@@ -326,6 +433,7 @@ impl Router {
         Router {
             ifaces,
             routes: RouteTable::new(),
+            routes6: RouteTable6::new(),
             neigh,
             icmp: IcmpLimiter::new(),
             counters: RouterCounters::default(),
@@ -340,6 +448,30 @@ impl Router {
     /// The routing table.
     pub fn routes(&self) -> &RouteTable {
         &self.routes
+    }
+
+    /// The IPv6 routing table.
+    pub fn routes6(&self) -> &RouteTable6 {
+        &self.routes6
+    }
+
+    /// The interface whose global or link-local IPv6 address is `addr`, if it is one of ours.
+    pub fn local_iface6(&self, addr: Ipv6Addr) -> Option<IfaceId> {
+        self.ifaces
+            .iter()
+            .position(|i| i.has_addr6(addr))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(IfaceId)
+    }
+
+    /// The global IPv6 address and prefix length of interface `i`, if it has one.
+    pub fn iface_addr6(&self, i: IfaceId) -> Option<(Ipv6Addr, u8)> {
+        self.iface(i).and_then(|i| i.cfg.addr6)
+    }
+
+    /// The link-local IPv6 address of interface `i` (`fe80::` + the EUI-64 of its MAC).
+    pub fn link_local6(&self, i: IfaceId) -> Option<Ipv6Addr> {
+        self.iface(i).map(|i| i.ll6)
     }
 
     /// The interface with this id.
