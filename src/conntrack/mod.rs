@@ -197,6 +197,8 @@ mod table;
 pub mod tcp;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests6;
 
 use std::fmt;
 use std::time::Duration;
