@@ -1,5 +1,5 @@
 //! The connection table in a shared-memory file, so that connections outlive the process
-//! ([`Conntrack::open_file`]); the format and what is kept after a crash are described in the
+//! ([`Conntrack::open_file`](CtTable::open_file)); the format and what is kept after a crash are described in the
 //! [`conntrack`](super) module docs ("Keeping the table in a file").
 
 use std::fmt;
@@ -183,7 +183,7 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// What [`Conntrack::open_file`] did with the file it found.
+/// What [`Conntrack::open_file`](CtTable::open_file) did with the file it found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Opened {
     /// There was no file (or an empty one): a new, empty table.
@@ -194,7 +194,7 @@ pub enum Opened {
     Reused,
 }
 
-/// What [`Conntrack::open_file`] found and kept. Its `Display` is a one-line summary for a
+/// What [`Conntrack::open_file`](CtTable::open_file) found and kept. Its `Display` is a one-line summary for a
 /// log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recovery {
@@ -241,12 +241,12 @@ impl fmt::Display for Recovery {
     }
 }
 
-/// Why [`Conntrack::open_file`] could not give a table at all (a file it could read but did
+/// Why [`Conntrack::open_file`](CtTable::open_file) could not give a table at all (a file it could read but did
 /// not trust is not an error: it is replaced, see [`Recovery`]). Two I/O errors are equal when
 /// their operation, file and kind of error are.
 #[derive(Clone, Debug)]
 pub enum CtFileError {
-    /// The configuration is refused, as by [`Conntrack::new`].
+    /// The configuration is refused, as by [`Conntrack::new`](CtTable::new).
     Config(CtConfigError),
     /// Another process has the file open as its table.
     InUse {
@@ -405,7 +405,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     ///
     /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
     /// header, a wrong length) is replaced by an empty table: that is not an error, and
-    /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`]'s
+    /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`](CtTable::new)'s
     /// anonymous memory (the arrays are the same, only mapped from a file).
     ///
     /// # Errors
@@ -448,15 +448,15 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         Self::open_handed_over(cfg, file, path, now)
     }
 
-    /// [`Conntrack::open_file`] on a file already open: one that the process using it as
-    /// its table handed over ([`Conntrack::backing_file`], passed with `SCM_RIGHTS` at
+    /// [`Conntrack::open_file`](CtTable::open_file) on a file already open: one that the process using it as
+    /// its table handed over ([`Conntrack::backing_file`](CtTable::backing_file), passed with `SCM_RIGHTS` at
     /// `tapyard run --takeover`). The lock belongs to the open file, so the two share it and
     /// no third process can take the file meanwhile; the giving process must have stopped
     /// writing to the table (its workers paused) and must not write again. `path` names the
     /// file in errors and the log.
     ///
     /// # Errors
-    /// As [`Conntrack::open_file`]; [`CtFileError::InUse`] if another open file holds the
+    /// As [`Conntrack::open_file`](CtTable::open_file); [`CtFileError::InUse`] if another open file holds the
     /// lock (the file was not handed over but opened again).
     pub fn open_handed_over(
         cfg: CtConfig,
@@ -561,12 +561,12 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
 
 impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// Takes the table back after a handover that did not complete: this process handed its
-    /// file to a successor ([`Conntrack::backing_file`], [`Conntrack::open_handed_over`]),
+    /// file to a successor ([`Conntrack::backing_file`](CtTable::backing_file), [`Conntrack::open_handed_over`](CtTable::open_handed_over)),
     /// which opened it (rebuilding it, maybe inserting and removing connections) and then
     /// gave up. The entries in the file are right, but what this process derived from them
     /// (the free stack's head, the length, the sweep cursor) no longer is: going on without
     /// this could hand out an entry the successor made live, or lose free entries. So the
-    /// table is rebuilt from its entries as [`Conntrack::open_file`] does (what it kept and
+    /// table is rebuilt from its entries as [`Conntrack::open_file`](CtTable::open_file) does (what it kept and
     /// freed is returned), and the file is marked in use by this process again (the
     /// successor's table, when dropped, marked it cleanly detached).
     ///
@@ -601,9 +601,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
 }
 
 impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
-    /// The open file of a table made by [`Conntrack::open_file`] (`None` for anonymous
+    /// The open file of a table made by [`Conntrack::open_file`](CtTable::open_file) (`None` for anonymous
     /// memory), to hand it to another process that goes on with the table
-    /// ([`Conntrack::open_handed_over`]).
+    /// ([`Conntrack::open_handed_over`](CtTable::open_handed_over)).
     pub fn backing_file(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.ct_file().map(|f| f.file.as_fd())

@@ -275,13 +275,16 @@ impl Tuple6 {
     /// (`sport << 48 | dport << 32 | proto << 16 | zone`).
     #[inline]
     pub fn to_words(&self) -> [u64; 5] {
-        let s = u128::from(self.src);
-        let d = u128::from(self.dst);
+        let half = |a: &Ipv6Addr, i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&a.octets()[i * 8..i * 8 + 8]);
+            u64::from_be_bytes(w)
+        };
         [
-            (s >> 64) as u64,
-            s as u64,
-            (d >> 64) as u64,
-            d as u64,
+            half(&self.src, 0),
+            half(&self.src, 1),
+            half(&self.dst, 0),
+            half(&self.dst, 1),
             u64::from(self.sport) << 48
                 | u64::from(self.dport) << 32
                 | u64::from(self.proto) << 16

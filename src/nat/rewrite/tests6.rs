@@ -130,7 +130,7 @@ fn pseudo_partial(src: Ipv6Addr, dst: Ipv6Addr, nh: u8, len: usize) -> u16 {
     while s > 0xffff {
         s = (s & 0xffff) + (s >> 16);
     }
-    s as u16
+    u16::try_from(s).unwrap()
 }
 
 #[test]

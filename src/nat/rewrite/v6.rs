@@ -43,15 +43,16 @@ enum Plan {
 /// returns their change, which is also recorded in `outer`.
 fn set_addrs6(ip: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, outer: &mut Delta) -> Delta {
     let mut p = Ipv6Packet::new_unchecked(ip);
-    let (os, od) = (
-        u128::from_be_bytes(p.src_addr()),
-        u128::from_be_bytes(p.dst_addr()),
-    );
-    let (ns, nd) = (u128::from(src), u128::from(dst));
+    let (os, od) = (p.src_addr(), p.dst_addr());
+    let (ns, nd) = (src.octets(), dst.octets());
     let mut d = Delta::default();
-    for sh in [96u32, 64, 32, 0] {
-        d.word32((os >> sh) as u32, (ns >> sh) as u32);
-        d.word32((od >> sh) as u32, (nd >> sh) as u32);
+    for (o, n) in [(os, ns), (od, nd)] {
+        for (a, b) in o.chunks_exact(2).zip(n.chunks_exact(2)) {
+            d.word(
+                u16::from_be_bytes([a[0], a[1]]),
+                u16::from_be_bytes([b[0], b[1]]),
+            );
+        }
     }
     if os != ns {
         p.set_src_addr(src);
@@ -197,7 +198,8 @@ fn plan6(
 /// Translates the IPv6 packet at `l3` (checked into `info` by [`crate::wire::ipv6::check`])
 /// in place so that it carries `new` (same protocol): addresses, TCP/UDP ports or the ICMPv6
 /// echo identifier (`new.sport`), every checksum updated incrementally (see the [module
-/// docs](self)). `kind` is what [`Tuple6::from_ipv6`] gave for this packet; `new.zone` is
+/// docs](super); for IPv6: no header checksum, and the address change goes into the TCP, UDP
+/// and ICMPv6 checksums, whose pseudo-headers hold the addresses). `kind` is what [`Tuple6::from_ipv6`] gave for this packet; `new.zone` is
 /// ignored. [`L4Kind::Other`] rewrites the addresses only (ICMPv6 types other than echo
 /// and errors get their checksum's pseudo-header change too).
 ///
