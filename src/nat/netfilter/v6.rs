@@ -4,7 +4,8 @@
 //! What is done (same rules as IPv4, see the [module docs](super)):
 //!
 //! * every IPv6 TCP, UDP and ICMPv6 echo packet through the router is tracked in the IPv6
-//!   table (INVALID ones dropped, as the IPv4 path, unless `liberal`);
+//!   table (INVALID ones dropped, as the IPv4 path, unless `liberal`); other ICMPv6 (NDP, MLD,
+//!   RS/RA) passes untracked;
 //! * a packet of a connection whose entry translates (DNAT or SNAT: reply tuple other than the
 //!   inverse of the original) is translated with [`crate::nat::rewrite6`] (pseudo-header
 //!   checksums, full or virtio-partial);
@@ -37,7 +38,7 @@ use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::tcp::TcpPacket;
-use crate::wire::tuple::{L4Kind, Tuple6};
+use crate::wire::tuple::{L4Kind, Tuple6, PROTO_ICMPV6};
 
 /// The IPv6 table of a [`Netfilter`], made on first use.
 #[derive(Debug, Default)]
@@ -117,6 +118,13 @@ impl Netfilter {
             self.counters.untracked.add(1);
             return Hook::Accept;
         };
+        if t.proto == PROTO_ICMPV6 && kind == L4Kind::Other {
+            // NDP, MLD, router solicitations and advertisements and other informational
+            // ICMPv6: link-local control traffic, not connections (Linux's `icmpv6_new`
+            // refuses to create entries for them); never dropped as INVALID here.
+            self.counters.untracked.add(1);
+            return Hook::Accept;
+        }
         let ct = self.conntrack6();
         if let L4Kind::IcmpError { inner_l3 } = kind {
             let inner = usize::from(inner_l3);
@@ -393,6 +401,15 @@ mod tests {
         assert_eq!(out, tcp_frame(&t, true), "not NAT'd: untouched");
         let d = nf.conntrack6().dump(now);
         assert_eq!((d.len(), d[0].orig, d[0].protocol), (1, t, "tcp"));
+        // Neighbour discovery is not a connection: accepted untracked.
+        let mut ns = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv6(a6("fe80::1").octets(), a6("ff02::1:ff00:2").octets(), 255)
+            .icmpv6(Icmpv6Type::NeighborSolicitation)
+            .write(&mut ns, &[0; 16])
+            .unwrap();
+        assert!(matches!(run(&nf, &ns, now).0, Hook::Accept));
+        assert_eq!(nf.conntrack6().len(), 1);
         // An ACK of no connection is INVALID (not liberal), as in IPv4.
         let other = Tuple6 { sport: 40001, ..t };
         assert!(matches!(
