@@ -59,7 +59,6 @@ fn is_natted6(hit: &CtHit<Tuple6>) -> bool {
 }
 
 /// The TCP flags of the segment at `info.l4_off` (0 for other kinds or a short segment).
-#[allow(dead_code)] // Used by prerouting6/bridged6, wired by the lead.
 fn tcp_flags6(ip: &[u8], info: &Ipv6Info, kind: L4Kind) -> u8 {
     match kind {
         L4Kind::Tcp => ip
@@ -101,7 +100,6 @@ impl Netfilter {
     /// [`crate::wire::ipv6::check`] (updated when the packet is translated): tracks it,
     /// translates packets of NAT'd connections and RELATED ICMPv6 errors. See the [module
     /// docs](self) for what new connections get.
-    #[allow(dead_code)] // The pipeline's NatHook::prerouting6 calls it once wired (lead).
     pub(crate) fn prerouting6(
         &self,
         b: &mut PacketBuf,
@@ -158,7 +156,6 @@ impl Netfilter {
     }
 
     /// Translates a packet of a known connection (a no-op for one that is not NAT'd).
-    #[allow(dead_code)] // Reached from prerouting6/bridged6.
     fn apply6(
         &self,
         ip: &mut [u8],
@@ -187,7 +184,6 @@ impl Netfilter {
 
     /// The first packet of an IPv6 connection: inserted untranslated (see the module docs).
     #[allow(clippy::too_many_arguments)]
-    #[allow(dead_code)] // Reached from prerouting6.
     fn new_connection6(
         &self,
         ip: &mut [u8],
@@ -265,7 +261,6 @@ impl Netfilter {
     /// The hook for an IPv6 frame switched between two ports of one bridge (`br_netfilter`):
     /// a packet of a NAT'd connection the router tracks is tracked and translated; anything
     /// else passes untouched. `l3` is the IPv6 header's offset.
-    #[allow(dead_code)] // The bridge path calls it once wired (lead), as `bridged`.
     pub(crate) fn bridged6(&self, b: &mut PacketBuf, l3: usize, now: Instant) -> Hook {
         let Some(ct) = self.ct6_if_made().filter(|c| !c.is_empty()) else {
             return Hook::Accept;
