@@ -271,6 +271,8 @@ pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
     table6: Option<&'a RouteTable6>,
     routes6: Option<RouteReader6<'a>>,
+    /// The IPv6 memo: (destination, egress interface, next hop MAC).
+    pub(crate) memo6: Option<(Ipv6Addr, IfaceId, MacAddr)>,
     /// (destination, egress interface, next hop address, next hop MAC).
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
 }
@@ -281,6 +283,7 @@ impl<'a> L3Batch<'a> {
             routes,
             table6: None,
             routes6: None,
+            memo6: None,
             memo: None,
         }
     }
@@ -550,9 +553,31 @@ impl Router {
             },
             ethertype::IPV4 if group => L3::Drop(DropReason::L3Multicast),
             ethertype::IPV4 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
-            ethertype::IPV6 => self.ip6_input(b, l3, in_if, group, ctx, hook, now, sink),
-            _ => L3::Drop(DropReason::UnsupportedProtocol),
+            // IPv6 off the IPv4 fast path's code: one cold call.
+            _ => self.input_other(b, l3, ether_type, in_if, group, ctx, hook, now, sink),
         }
+    }
+
+    /// [`Router::input`] for what is neither ARP nor IPv4: IPv6, or unsupported.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn input_other(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        ether_type: u16,
+        in_if: IfaceId,
+        group: bool,
+        ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        if ether_type == ethertype::IPV6 {
+            return self.ip6_input(b, l3, in_if, group, ctx, hook, now, sink);
+        }
+        L3::Drop(DropReason::UnsupportedProtocol)
     }
 
     /// Looks at a frame flooded on the bridge of `in_if` (the router gets a copy, as Linux's

@@ -164,23 +164,29 @@ impl Router {
             err(Icmp6Error::HopLimit, b, &info, sink);
             return L3::Drop(DropReason::TtlExpired);
         }
-        let (out_if, nh) = match ctx.routes6().lookup(info.dst) {
-            None => {
-                err(Icmp6Error::Unreach(codes::NO_ROUTE), b, &info, sink);
-                return L3::Drop(DropReason::NoRoute);
-            }
-            Some(NextHop6::Blackhole) => return L3::Drop(DropReason::Blackhole),
-            Some(NextHop6::Unreachable { reject }) => {
-                let code = if reject {
-                    codes::REJECT_ROUTE
-                } else {
-                    codes::NO_ROUTE
-                };
-                err(Icmp6Error::Unreach(code), b, &info, sink);
-                return L3::Drop(DropReason::Unreachable);
-            }
-            Some(NextHop6::Link(i)) => (i, info.dst),
-            Some(NextHop6::Via(i, gw)) => (i, gw),
+        // A run of packets to one destination (a flow) does the route and neighbour
+        // lookups once per batch, as the IPv4 memo.
+        let memo = ctx.memo6.filter(|m| m.0 == info.dst);
+        let (out_if, nh) = match memo.map(|m| m.1) {
+            Some(o) => (o, info.dst),
+            None => match ctx.routes6().lookup(info.dst) {
+                None => {
+                    err(Icmp6Error::Unreach(codes::NO_ROUTE), b, &info, sink);
+                    return L3::Drop(DropReason::NoRoute);
+                }
+                Some(NextHop6::Blackhole) => return L3::Drop(DropReason::Blackhole),
+                Some(NextHop6::Unreachable { reject }) => {
+                    let code = if reject {
+                        codes::REJECT_ROUTE
+                    } else {
+                        codes::NO_ROUTE
+                    };
+                    err(Icmp6Error::Unreach(code), b, &info, sink);
+                    return L3::Drop(DropReason::Unreachable);
+                }
+                Some(NextHop6::Link(i)) => (i, info.dst),
+                Some(NextHop6::Via(i, gw)) => (i, gw),
+            },
         };
         let Some(egress) = self.iface(out_if) else {
             return L3::Drop(DropReason::NoRoute);
@@ -203,12 +209,17 @@ impl Router {
         if let Some(ip) = b.frame_mut().get_mut(l3..) {
             ipv6::decrement_hop_limit(ip);
         }
-        match self.neigh6.lookup(out_if, nh, now) {
+        let mac = match memo {
+            Some((.., m)) => Some(m),
+            None => self.neigh6.lookup(out_if, nh, now),
+        };
+        match mac {
             Some(m) => {
                 if let Ok(mut e) = EthernetFrame::new_checked(b.frame_mut()) {
                     e.set_dst_addr(m);
                     e.set_src_addr(egress.cfg.mac);
                 }
+                ctx.memo6 = Some((info.dst, out_if, m));
                 L3::Forward(out_if)
             }
             None if b.offload.is_none() => self.resolve_later6(out_if, nh, b.frame(), now, sink),

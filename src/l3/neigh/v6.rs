@@ -17,13 +17,13 @@
 //! never creates one; an NA without the override flag does not change a known MAC
 //! ([`NeighTable6::input_advert`]).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::slots::key_of;
@@ -167,7 +167,7 @@ impl NeighTable6 {
         let mut map = HashMap::clone(&self.ids.load());
         if map.len() >= self.cap {
             // Reclaim the ids the table no longer holds.
-            let live: std::collections::HashSet<u32> = self
+            let live: hashbrown::HashSet<u32> = self
                 .table
                 .dump(now)
                 .into_iter()
