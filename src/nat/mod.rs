@@ -66,8 +66,8 @@ pub use rewrite::{
     RewriteError,
 };
 pub use service::{
-    AffinityStats, Endpoint, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec, Services,
-    DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+    AffinityStats, Endpoint, Endpoint6, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec,
+    Services, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 
 #[doc(no_inline)]
