@@ -144,8 +144,7 @@ impl Prefix6 {
     /// Whether `a` is inside the prefix.
     #[inline]
     pub fn contains(&self, a: Ipv6Addr) -> bool {
-        self.len == 0
-            || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
+        self.len == 0 || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
     }
 }
 
