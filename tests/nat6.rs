@@ -8,12 +8,13 @@
 mod common;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::path::{Path, PathBuf};
 
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop6, Route6, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, MasqueradeRule6, NatConfig, NatRules, Prefix6};
 use tapyard::nat::{LbAlgo, ServiceSpec};
-use tapyard::{BridgeConfig, Datapath, Instant, MacAddr, PortId, Verdict, Worker};
+use tapyard::{BridgeConfig, Clock, Datapath, Instant, MacAddr, PortId, Verdict, Worker};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -61,7 +62,20 @@ fn ep6(ip: &str, port: u16, local: bool) -> Endpoint6 {
 }
 
 fn node() -> Node {
+    node_at(None)
+}
+
+/// The node, its connection tables in `file` (and `file` + "6") when given.
+fn node_at(file: Option<&Path>) -> Node {
     let mut b = Datapath::builder();
+    let now = match file {
+        Some(f) => {
+            let now = Clock::new().now();
+            b.conntrack_file(f, now);
+            now
+        }
+        None => Instant::from_secs(1),
+    };
     let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
     assert_eq!(b.add_port("pod-a", Some(br)).unwrap(), PA);
     assert_eq!(b.add_port("pod-b", Some(br)).unwrap(), PB);
@@ -87,7 +101,6 @@ fn node() -> Node {
     })
     .unwrap();
     let dp = b.build();
-    let now = Instant::from_secs(1);
     let route = |p: &str, len, next_hop| Route6 {
         prefix: a(p),
         len,
@@ -141,6 +154,11 @@ fn node() -> Node {
     dual.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 8081), true)];
     dual.endpoints6 = vec![ep6(B, 8082, true)];
     nf.upsert_service(dual, now).unwrap();
+    if file.is_some() {
+        let nf = dp.netfilter().unwrap();
+        nf.services().relink(nf.conntrack(), now);
+        nf.services().relink6(nf.conntrack6(), now);
+    }
     let w = dp.worker();
     let mut n = Node { dp, w, now };
     for (p, mac) in [(PA, POD_A), (PB, POD_B)] {
@@ -444,4 +462,48 @@ fn retransmitted_syns_keep_their_endpoint() {
         let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 46000, WEB, 80, SYN));
         assert_eq!(flow(one(&out).1), first);
     }
+}
+
+/// Removes the tables' files when the test ends, however it ends.
+struct TempFiles(PathBuf);
+
+impl Drop for TempFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(tapyard::conntrack6_path(&self.0));
+    }
+}
+
+#[test]
+fn ipv6_connections_are_kept_across_a_reopen_of_the_table_file() {
+    let dir = std::env::temp_dir();
+    let f = TempFiles(dir.join(format!("tapyard-nat6-{}.ct", std::process::id())));
+    let (sport, ep) = {
+        let mut n = node_at(Some(&f.0));
+        let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 47000, WEB, 80, SYN));
+        let (port, fr) = one(&out);
+        let (_, _, dst, _) = flow(fr);
+        (47000, (port, dst))
+    };
+    assert!(
+        tapyard::conntrack6_path(&f.0).exists(),
+        "IPv6 table file beside"
+    );
+    // A new process on the same files: the endpoint's reply is still un-NAT'd.
+    let mut n = node_at(Some(&f.0));
+    assert_eq!(n.dp.netfilter().unwrap().conntrack6().len(), 1);
+    let reply = match ep {
+        (PB, d) => {
+            assert_eq!(d, a(B));
+            tcp(POD_B, GW_MAC, B, 8080, A, sport, SYNACK)
+        }
+        (_, d) => {
+            assert_eq!(d, a(REMOTE));
+            tcp(PEER, UP_MAC, REMOTE, 8080, A, sport, SYNACK)
+        }
+    };
+    let (_, back) = send(&mut n, ep.0, &reply);
+    let (p, fr) = one(&back);
+    assert_eq!(p, PA);
+    assert_eq!(flow(fr), (a(WEB), 80, a(A), sport));
 }

@@ -25,14 +25,14 @@
 //!
 //! **Not done yet**: SNAT rules to a fixed IPv6 address (`SnatRule` is IPv4 only).
 //!
-//! The IPv6 table is made, with the IPv4 table's configuration, on first use (the first
-//! IPv6 packet, or [`Netfilter::conntrack6`]): a node without IPv6 pays no memory for it. One
-//! made elsewhere (kept in a file, [`Conntrack6::open_file`]) is installed with
-//! [`Netfilter::set_conntrack6`] before traffic flows.
-
-use std::sync::OnceLock;
+//! The IPv6 table is made with the engine ([`Netfilter::new`], with
+//! [`super::NatConfig::conntrack6`] or else the IPv4 table's settings), beside the IPv4 one in
+//! a file when that is kept in a file (`DatapathBuilder::conntrack_file`: `<path>6`). An
+//! engine made on a caller's IPv4 table alone ([`Netfilter::with_conntrack`]) makes it on
+//! first use unless one is installed with [`Netfilter::set_conntrack6`].
 
 use std::net::Ipv6Addr;
+use std::sync::OnceLock;
 
 use super::{csum_mode, NatCtx, Netfilter, Routing6};
 use crate::buf::PacketBuf;
