@@ -507,3 +507,56 @@ fn ipv6_connections_are_kept_across_a_reopen_of_the_table_file() {
     assert_eq!(p, PA);
     assert_eq!(flow(fr), (a(WEB), 80, a(A), sport));
 }
+
+#[test]
+fn packet_too_big_about_a_dnat_connection_reaches_the_client_translated() {
+    let mut n = node();
+    // A connection that the Service sent over the uplink (to the remote endpoint).
+    let (sport, sent) = (48000..48100u16)
+        .find_map(|sport| {
+            let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, sport, WEB, 80, SYN));
+            let (p, f) = one(&out);
+            (p == ETH0).then(|| (sport, f[14..].to_vec()))
+        })
+        .expect("some connection goes to the remote endpoint");
+    // A router on the path answers with a packet too big quoting the DNAT'd packet.
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2(PEER.0, UP_MAC.0)
+        .ipv6(a("fd00:172:18::3").octets(), a(A).octets(), 64)
+        .icmpv6(Icmpv6Type::PacketTooBig { mtu: 1280 })
+        .write(&mut f, &sent)
+        .unwrap();
+    let (_, out) = send(&mut n, ETH0, &f);
+    let (p, fr) = one(&out);
+    assert_eq!(p, PA);
+    let s = SlicedPacket::from_ethernet(fr).unwrap();
+    let Some(NetSlice::Ipv6(ip)) = &s.net else {
+        panic!()
+    };
+    let h = ip.header().to_header();
+    let Some(TransportSlice::Icmpv6(i)) = &s.transport else {
+        panic!("{s:?}")
+    };
+    assert_eq!(i.icmp_type(), Icmpv6Type::PacketTooBig { mtu: 1280 });
+    let want = i
+        .icmp_type()
+        .calc_checksum(h.source, h.destination, i.payload())
+        .unwrap();
+    assert_eq!(i.checksum(), want, "ICMPv6 checksum");
+    // The quoted packet reads as the client sent it: to the ClusterIP, TCP checksum right.
+    let q = SlicedPacket::from_ip(i.payload()).unwrap();
+    let Some(NetSlice::Ipv6(qip)) = &q.net else {
+        panic!()
+    };
+    let qh = qip.header().to_header();
+    let Some(TransportSlice::Tcp(t)) = &q.transport else {
+        panic!()
+    };
+    assert_eq!((Ipv6Addr::from(qh.source), t.source_port()), (a(A), sport));
+    assert_eq!(
+        (Ipv6Addr::from(qh.destination), t.destination_port()),
+        (a(WEB), 80)
+    );
+    let want = t.to_header().calc_checksum_ipv6(&qh, t.payload()).unwrap();
+    assert_eq!(t.checksum(), want, "quoted TCP checksum");
+}
