@@ -767,3 +767,87 @@ fn router_advertisements_periodic_and_solicited() {
     );
     assert!(n.dp.router().unwrap().counters.snapshot().ra_sent >= 2);
 }
+
+#[test]
+fn echo_with_extension_headers_answered_without_them_as_linux() {
+    let mut n = node();
+    // Hop-by-hop (PadN) and destination options before the echo request, as `ping -6` with
+    // options would send: Linux answers with a plain echo reply.
+    let mut f = ping6(POD_A, GW0_MAC, "fd00:10:244:1::2", "fd00:10:244:1::1");
+    let ext = [60u8, 0, 1, 4, 0, 0, 0, 0, 58, 0, 1, 4, 0, 0, 0, 0];
+    f[20] = 0;
+    let pl = u16::from_be_bytes([f[18], f[19]]) + 16;
+    f[18..20].copy_from_slice(&pl.to_be_bytes());
+    f.splice(54..54, ext);
+    let (v, out) = send(&mut n, PA, &f);
+    assert_eq!(v, Verdict::Local);
+    let (p, r) = &out[0];
+    assert_eq!(*p, PA);
+    assert_eq!(
+        r.len(),
+        f.len() - 16,
+        "the reply carries no extension headers"
+    );
+    let (s, d, m) = parse_icmp(r);
+    assert_eq!((s, d), (a("fd00:10:244:1::1"), a("fd00:10:244:1::2")));
+    assert!(matches!(
+        m,
+        Icmpv6Repr::EchoReply {
+            ident: 7,
+            seq_no: 1,
+            data: b"ping6"
+        }
+    ));
+    // A fragment of an echo request is not reassembled: no answer, counted.
+    let mut frag = ping6(POD_A, GW0_MAC, "fd00:10:244:1::2", "fd00:10:244:1::1");
+    frag[20] = 44;
+    let pl = u16::from_be_bytes([frag[18], frag[19]]) + 8;
+    frag[18..20].copy_from_slice(&pl.to_be_bytes());
+    frag.splice(54..54, [58u8, 0, 0, 1, 0, 0, 0, 9]);
+    let (v, out) = send(&mut n, PA, &frag);
+    assert!(matches!(v, Verdict::Drop(_)), "{v:?}");
+    assert!(out.is_empty());
+}
+
+#[test]
+fn na_without_override_makes_reachable_entry_stale_as_linux() {
+    let mut n = node();
+    pod_a_resolves_gateway(&mut n);
+    let pod = a("fd00:10:244:1::2");
+    let gw = a("fd00:10:244:1::1");
+    let na = |mac: MacAddr, solicited: bool, override_: bool| {
+        let r = Icmpv6Repr::NeighborAdvert {
+            flags: NaFlags {
+                router: false,
+                solicited,
+                override_,
+            },
+            target: pod,
+            target_lladdr: Some(mac),
+        };
+        icmp(mac, GW0_MAC, pod, gw, &r)
+    };
+    // A solicited NA with pod A's MAC confirms it.
+    assert_eq!(send(&mut n, PA, &na(POD_A, true, true)).0, Verdict::Local);
+    assert_eq!(
+        neigh_state(&n, "fd00:10:244:1::2"),
+        Some(NeighState::Reachable)
+    );
+    // Another MAC without the override flag: REACHABLE -> STALE, the MAC kept
+    // (neigh_update with NEIGH_UPDATE_F_WEAK_OVERRIDE).
+    let other = MacAddr([0x02, 0, 0, 0, 1, 9]);
+    assert_eq!(send(&mut n, PA, &na(other, true, false)).0, Verdict::Local);
+    let dump = n.dp.router().unwrap().neigh6().dump(n.now);
+    let e = dump.iter().find(|e| e.ip == pod).unwrap();
+    assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
+    // Again, now STALE: ignored (the MAC still kept).
+    assert_eq!(send(&mut n, PA, &na(other, false, false)).0, Verdict::Local);
+    let dump = n.dp.router().unwrap().neigh6().dump(n.now);
+    let e = dump.iter().find(|e| e.ip == pod).unwrap();
+    assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
+    // With the override flag the new MAC is taken.
+    assert_eq!(send(&mut n, PA, &na(other, false, true)).0, Verdict::Local);
+    let dump = n.dp.router().unwrap().neigh6().dump(n.now);
+    let e = dump.iter().find(|e| e.ip == pod).unwrap();
+    assert_eq!(e.mac, Some(other));
+}

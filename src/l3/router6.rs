@@ -4,13 +4,16 @@
 //! forwarding as Linux's `ip6_forward`, ICMPv6 errors and echo.
 //!
 //! Where tapyard differs from Linux, on purpose: no redirects; packets to the router's own
-//! addresses are answered only for ICMPv6 echo without extension headers (UDP gets a port
-//! unreachable, TCP a drop); hop-by-hop options are not processed (forwarded untouched, as
+//! addresses are answered only for ICMPv6 echo (UDP gets a port unreachable, TCP a drop);
+//! an echo request with extension headers gets a reply without them, as Linux, but a
+//! fragmented one is not answered (no reassembly) and a routing header with segments left is
+//! not processed (Linux would forward to its next segment or answer with a parameter
+//! problem); hop-by-hop options are not processed (forwarded untouched, as
 //! Linux does with the unknown options whose action is "skip"); IPv6 multicast is not
 //! routed (NDP groups are taken in, the rest is bridged by flooding); RS are answered with a
-//! multicast RA to all nodes (radvd without `AdvRASolicitedUnicast`); an NA without the
-//! override flag for a `REACHABLE` entry with another MAC leaves the entry as it is (Linux
-//! makes it `STALE`).
+//! multicast RA to all nodes (radvd without `AdvRASolicitedUnicast`). As Linux, an NA
+//! without the override flag for a `REACHABLE` entry with another MAC makes it `STALE` with
+//! its MAC kept (`NEIGH_UPDATE_F_WEAK_OVERRIDE`).
 
 use std::net::Ipv6Addr;
 use std::time::Duration;
@@ -478,9 +481,12 @@ impl Router {
         let Some(iface) = self.iface(in_if) else {
             return L3::Drop(DropReason::LocalNoService);
         };
-        if info.next_header == ipv6::NH_ICMPV6
-            && ipv6::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
-        {
+        let reply = match info.next_header {
+            ipv6::NH_ICMPV6 => ipv6::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac),
+            _ => None,
+        };
+        if let Some(len) = reply {
+            b.set_len(len);
             self.counters.echo_replies.add(1);
             let f = b.frame();
             sink.emit(in_if, &mut |out| {

@@ -702,38 +702,52 @@ pub fn write_tcp_rst(
 
 /// Turns an ICMPv6 echo request frame addressed to us into the echo reply, in place: MACs
 /// swapped (`our_mac` as the source), the reply's source `from` (the address the request was
-/// sent to), destination the requester, hop limit 64, type 129, checksum recomputed. Only a
-/// request without extension headers is answered in place. Returns `false` (frame untouched)
-/// if it is not a well-formed echo request.
-pub fn echo_reply_in_place(frame: &mut [u8], l3: usize, info: &Ipv6Info, our_mac: MacAddr) -> bool {
-    if info.next_header != NH_ICMPV6 || info.l4_off != HEADER_LEN || l3 < ETH_LEN {
-        return false;
+/// sent to), destination the requester, hop limit 64, type 129, checksum recomputed. A request
+/// with extension headers (hop-by-hop, destination options, a routing header) is answered as
+/// Linux's `icmpv6_echo_reply` does: the reply carries none, its ICMPv6 message moved up to
+/// right after the fixed header. A fragment is not answered (tapyard does not reassemble).
+/// Returns the reply's frame length (at most the request's), or `None` (frame untouched) if
+/// it is not a well-formed, unfragmented echo request.
+pub fn echo_reply_in_place(
+    frame: &mut [u8],
+    l3: usize,
+    info: &Ipv6Info,
+    our_mac: MacAddr,
+) -> Option<usize> {
+    if info.next_header != NH_ICMPV6
+        || info.frag.is_some()
+        || info.l4_off < HEADER_LEN
+        || l3 < ETH_LEN
+    {
+        return None;
     }
-    let Some(msg) = frame.get(l3 + HEADER_LEN..l3 + info.total_len()) else {
-        return false;
-    };
-    let Ok(req) = Icmpv6Packet::new_checked(msg) else {
-        return false;
-    };
+    let (start, end) = (l3 + info.l4_off, l3 + info.total_len());
+    let msg = frame.get(start..end)?;
+    let req = Icmpv6Packet::new_checked(msg).ok()?;
     if req.msg_type() != icmpv6::codes::ECHO_REQUEST
         || req.code() != 0
         || !req.verify_checksum(info.src, info.dst)
     {
-        return false;
+        return None;
     }
     let mut eth = EthernetFrame::new_unchecked(&mut *frame);
     let peer = eth.src_addr();
     eth.set_dst_addr(peer);
     eth.set_src_addr(our_mac);
-    let end = l3 + info.total_len();
+    // Extension headers dropped: the message follows the fixed header.
+    let msg_len = end - start;
+    frame.copy_within(start..end, l3 + HEADER_LEN);
+    let end = l3 + HEADER_LEN + msg_len;
     let mut ip = Ipv6Packet::new_unchecked(&mut frame[l3..end]);
     ip.set_src_addr(info.dst);
     ip.set_dst_addr(info.src);
     ip.set_hop_limit(64);
+    ip.set_next_header(NH_ICMPV6);
+    ip.set_payload_len(u16::try_from(msg_len).ok()?);
     let mut icmp = Icmpv6Packet::new_unchecked(ip.payload_mut());
     icmp.set_msg_type(icmpv6::codes::ECHO_REPLY);
     icmp.fill_checksum(info.dst, info.src);
-    true
+    Some(end)
 }
 
 /// Decrements the hop limit of the IPv6 header at the start of `l3` (no header checksum in
@@ -973,7 +987,10 @@ mod tests {
             .write(&mut f, b"ping")
             .unwrap();
         let info = check(&f[14..]).unwrap();
-        assert!(echo_reply_in_place(&mut f, 14, &info, MacAddr::local(9)));
+        assert_eq!(
+            echo_reply_in_place(&mut f, 14, &info, MacAddr::local(9)),
+            Some(f.len())
+        );
         let p = etherparse::SlicedPacket::from_ethernet(&f).unwrap();
         let Some(etherparse::TransportSlice::Icmpv6(i)) = p.transport else {
             panic!()

@@ -711,6 +711,25 @@ impl NeighTable {
         learned
     }
 
+    /// Linux's `neigh_update` with `NEIGH_UPDATE_F_WEAK_OVERRIDE` and without
+    /// `NEIGH_UPDATE_F_OVERRIDE`, for a different MAC than the entry's (an NDP advertisement
+    /// without the override flag): a `REACHABLE` entry becomes `STALE`, keeping its MAC (so the
+    /// next use probes it); any other state is left as it is. `true` when it changed.
+    pub(crate) fn weaken(&self, iface: IfaceId, ip: Ipv4Addr, now: Instant) -> bool {
+        let now = now.micros();
+        let mut guard = self.writer.lock();
+        let w = &mut *guard;
+        let Some(idx) = self.find_w(key_of(iface, ip)) else {
+            return false;
+        };
+        let word = self.slot_word(idx);
+        if decode(word) != Some(NeighState::Reachable) {
+            return false;
+        }
+        self.to_stale(w, idx, mac_of(word), now);
+        true
+    }
+
     /// Does all work due at `now`: registers `DELAY` timers of entries readers marked, sends
     /// (through `out`) the requests due for `INCOMPLETE` and `PROBE` entries, moves
     /// `REACHABLE → STALE` and `DELAY → PROBE`, fails entries out of solicitations (their

@@ -280,7 +280,8 @@ impl NeighTable6 {
     /// Learns from a Neighbor Advertisement for `ip` with target link-layer address `mac`, as
     /// Linux's `ndisc_recv_na`: never creates an entry; `solicited` confirms it (`REACHABLE`),
     /// an unsolicited one sets it `STALE` when the MAC changes; without `override_`, a
-    /// different MAC than the entry's is ignored.
+    /// different MAC than the entry's makes a `REACHABLE` entry `STALE` with its MAC kept (Linux's
+    /// `NEIGH_UPDATE_F_WEAK_OVERRIDE`) and is ignored in any other state.
     #[allow(clippy::too_many_arguments)]
     pub fn input_advert(
         &self,
@@ -300,8 +301,14 @@ impl NeighTable6 {
         };
         match self.peek(iface, ip) {
             None => return Learned::Ignored,
+            // NEIGH_UPDATE_F_WEAK_OVERRIDE: a REACHABLE entry goes STALE with its MAC kept;
+            // another valid state ignores the advertisement.
             Some((st, old)) if !override_ && old != mac && st.is_valid() => {
-                return Learned::Locked;
+                return if self.table.weaken(iface, stand_in(id), now) {
+                    Learned::Updated
+                } else {
+                    Learned::Locked
+                };
             }
             Some(_) => {}
         }
