@@ -48,7 +48,7 @@ impl Diff {
     }
 }
 
-fn route_key(r: &RouteCfg) -> (crate::config::Cidr, u32) {
+fn route_key(r: &RouteCfg) -> (crate::config::IpCidr, u32) {
     (r.to, r.metric)
 }
 
@@ -126,6 +126,16 @@ fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &
                     opt(&n.address)
                 ));
             }
+            if o.address6 != n.address6 {
+                f.push(format!(
+                    "IPv6 address {} -> {}",
+                    opt(&o.address6),
+                    opt(&n.address6)
+                ));
+            }
+            if o.ra != n.ra {
+                f.push(format!("ra {} -> {}", o.ra, n.ra));
+            }
             if o.mac != n.mac {
                 f.push("mac".into());
             }
@@ -150,8 +160,24 @@ fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &
     for line in v {
         let detail = old.iter().find_map(|o| {
             let n = new.iter().find(|n| n.name == o.name)?;
-            (o.value != n.value && o.address != n.address)
-                .then(|| format!(" (address {} -> {})", o.address, n.address))
+            if o.value == n.value {
+                return None;
+            }
+            let mut f = Vec::new();
+            if o.address != n.address {
+                f.push(format!("address {} -> {}", o.address, n.address));
+            }
+            if o.address6 != n.address6 {
+                f.push(format!(
+                    "IPv6 address {} -> {}",
+                    opt(&o.address6),
+                    opt(&n.address6)
+                ));
+            }
+            if o.mtu != n.mtu {
+                f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
+            }
+            (!f.is_empty()).then(|| format!(" ({})", f.join(", ")))
         });
         out.push(format!("{line}{}", detail.unwrap_or_default()));
     }
@@ -380,6 +406,14 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         d.summary.push(format!(
             "node.cluster_cidr {} -> {}",
             old.node.cluster_cidr, new.node.cluster_cidr
+        ));
+        d.nat_rules = true;
+    }
+    if old.node.cluster_cidr6 != new.node.cluster_cidr6 {
+        d.summary.push(format!(
+            "node.cluster_cidr (IPv6) {} -> {}",
+            opt(&old.node.cluster_cidr6),
+            opt(&new.node.cluster_cidr6)
         ));
         d.nat_rules = true;
     }

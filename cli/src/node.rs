@@ -1,6 +1,7 @@
 //! A running node: the datapath built from a [`Config`], its TAP devices and worker threads,
 //! and the live changes of a reload.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use tapyard_cni::netlink::{Link, Netlink};
 
 use crate::capture::CaptureTap;
 use crate::config::{
-    self, proto_name, Config, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
+    self, proto_name, Config, IpCidr, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
 };
 use crate::diff::{self, Diff};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
@@ -55,12 +56,31 @@ impl std::fmt::Debug for Node {
     }
 }
 
+/// The MTU of a config TAP: its uplink's, or its bridge's (`mtu` sets the router
+/// interface's and the TAP devices'), 1500 for a bridge without an address.
+fn tap_mtu(cfg: &Config, name: &str, bridge: Option<&str>) -> u16 {
+    match bridge {
+        Some(b) => cfg
+            .bridges
+            .iter()
+            .find(|x| x.name == b)
+            .map_or(1500, |x| x.mtu),
+        None => cfg
+            .uplinks
+            .iter()
+            .find(|u| u.name == name)
+            .map_or(1500, |u| u.mtu),
+    }
+}
+
 /// Creates (or attaches to) config TAP `tap` in tapyard's namespace; a TAP it creates gets
-/// the MAC derived from the node's and its names. Returns it with its link, when readable.
+/// the MAC derived from the node's and its names, and every one the MTU `mtu`. Returns it
+/// with its link, when readable.
 fn open_config_tap(
     tap: &str,
     offload: bool,
     node: &str,
+    mtu: u16,
 ) -> Result<(TapPort, Option<Link>), String> {
     let mut nl = Netlink::open().ok();
     let existed = nl
@@ -76,6 +96,14 @@ fn open_config_tap(
         match nl.set_mac(l.index, m.0) {
             Ok(()) => l.mac = m.to_string(),
             Err(e) => log::warn!("TAP {tap}: cannot set its MAC {m}: {e}"),
+        }
+    }
+    if let (Some(nl), Some(l)) = (nl.as_mut(), link.as_mut()) {
+        if l.mtu != u32::from(mtu) {
+            match nl.set_mtu(l.index, u32::from(mtu)) {
+                Ok(()) => l.mtu = u32::from(mtu),
+                Err(e) => log::warn!("TAP {tap}: cannot set its MTU to {mtu}: {e}"),
+            }
         }
     }
     Ok((dev, link))
@@ -96,14 +124,22 @@ fn tunnel_offload(cfg: &Config, name: &str, offload: bool, dev: &mut TapPort) {
     }
 }
 
-/// The library route for a configured one; interfaces are resolved by name, a gateway
+/// The library route for a configured IPv4 one; interfaces are resolved by name, a gateway
 /// without `dev` goes out of the interface whose subnet holds it.
 pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, String> {
+    let IpCidr::V4(to) = r.to else {
+        return Err(format!("route to {}: not an IPv4 route", r.to));
+    };
     let iface = |name: &str| {
         dp.iface_by_name(name)
             .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
     };
-    let next_hop = match (r.kind, r.via, &r.dev) {
+    let via = match r.via {
+        Some(IpAddr::V4(gw)) => Some(gw),
+        Some(IpAddr::V6(gw)) => return Err(format!("route to {}: via {gw} is IPv6", r.to)),
+        None => None,
+    };
+    let next_hop = match (r.kind, via, &r.dev) {
         (RouteType::Blackhole, _, _) => NextHop::Blackhole,
         (RouteType::Unreachable, _, _) => NextHop::Unreachable,
         (RouteType::Unicast, Some(gw), Some(dev)) => NextHop::Via(iface(dev)?, gw),
@@ -122,13 +158,35 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
         }
     };
     Ok(Route {
-        prefix: r.to.network(),
-        len: r.to.len,
+        prefix: to.network(),
+        len: to.len,
         next_hop,
         metric: r.metric,
         proto: RouteProto::Static,
         src: None,
     })
+}
+
+/// Adds a configured route of either family.
+fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result<(), String> {
+    let route = to_route(dp, cfg, r)?;
+    if replace {
+        dp.replace_route(route).map(|_| ())
+    } else {
+        dp.add_route(route)
+    }
+    .map_err(|e| format!("route {}: {e}", r.describe()))
+}
+
+/// Removes a configured route of either family.
+fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
+    match r.to {
+        IpCidr::V4(to) => dp
+            .remove_route(to.network(), to.len, Some(r.metric))
+            .map(|_| ())
+            .map_err(|e| format!("route {}: {e}", r.describe())),
+        IpCidr::V6(_) => Err(format!("route {}: IPv6 routes are not supported yet", r.describe())),
+    }
 }
 
 /// Why a TAP could not be opened, with the likely cause when a device of another kind has
@@ -147,8 +205,11 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
     let iface = dp
         .iface_by_name(&n.dev)
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
-    dp.add_static_neigh(iface, n.ip, n.mac, now)
-        .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
+    match n.ip {
+        IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
+        IpAddr::V6(_) => return Err(format!("neighbor {}: IPv6 is not supported yet", n.ip)),
+    }
+    .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
 }
 
 /// The library's peer for a `[[vxlan.peer]]`.
@@ -173,7 +234,11 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
             n.ip, n.dev
         ));
     };
-    if !dp.remove_static_neigh(iface, n.ip) {
+    let removed = match n.ip {
+        IpAddr::V4(ip) => dp.remove_static_neigh(iface, ip),
+        IpAddr::V6(_) => false,
+    };
+    if !removed {
         log::warn!(
             "neighbor {} dev {}: no permanent entry to remove",
             n.ip,
@@ -236,7 +301,18 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
     for round in 0..2 {
         let mut refused = Vec::new();
         for s in pending {
-            let spec = s.value.clone();
+            if s.vip6().is_some() {
+                errors.push(format!(
+                    "{}:{}: service {:?}: IPv6 ClusterIPs are not supported yet (config key cluster_ip)",
+                    node.config_path.display(),
+                    s.lines.of("cluster_ip"),
+                    s.name
+                ));
+                continue;
+            }
+            let Some(spec) = s.spec_v4() else {
+                continue;
+            };
             if nf
                 .services()
                 .get(&s.name)
@@ -248,7 +324,7 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
                 Ok(id) => done.push(format!(
                     "service {:?} applied (id {id}): {}:{}/{}{} -> {} endpoint(s)",
                     s.name,
-                    s.vip,
+                    s.describe_ips(),
                     s.port,
                     proto_name(s.proto),
                     s.node_port
@@ -284,7 +360,7 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
         E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => s
             .endpoints
             .iter()
-            .rposition(|x| x.addr == *endpoint)
+            .rposition(|x| x.addr == std::net::SocketAddr::V4(*endpoint))
             .map_or("endpoints".into(), |i| format!("endpoints.{i}")),
         E::BadAffinityTimeout { .. } => "session_affinity_timeout".into(),
         _ => "name".into(),
@@ -477,7 +553,9 @@ impl Plan {
             .taps
             .get(i)
             .ok_or_else(|| format!("no config port {i}"))?;
-        let (mut dev, link) = open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name)?;
+        let mtu = tap_mtu(&self.cfg, name, bridge.as_deref());
+        let (mut dev, link) =
+            open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name, mtu)?;
         if bridge.is_none() {
             tunnel_offload(&self.cfg, name, self.cfg.node.offload, &mut dev);
         }
@@ -549,9 +627,7 @@ impl Plan {
         }
         let dp = Arc::new(self.b.build());
         for r in &cfg.routes {
-            let route = to_route(&dp, cfg, r)?;
-            dp.add_route(route)
-                .map_err(|e| format!("route {}: {e}", r.describe()))?;
+            add_route(&dp, cfg, r, false)?;
         }
         Ok(Built {
             dp,
@@ -783,7 +859,9 @@ impl Node {
                     (f.tap, f.ifname, Some(f.link), f.netns, offload)
                 }
                 None => {
-                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name)?;
+                    let mtu = tap_mtu(cfg, name, bridge.as_deref());
+                    let (dev, link) =
+                        open_config_tap(tap, cfg.node.offload, &cfg.node.name, mtu)?;
                     (dev, tap.clone(), link, None, cfg.node.offload)
                 }
             };
@@ -922,23 +1000,13 @@ impl Node {
             if d.routes_added.iter().any(|n| same_key(n, r)) {
                 continue;
             }
-            if let Err(e) = self
-                .dp
-                .remove_route(r.to.network(), r.to.len, Some(r.metric))
-            {
-                errors.push(format!("route {}: {e}", r.describe()));
+            if let Err(e) = remove_route(&self.dp, r) {
+                errors.push(e);
             }
         }
         for r in &d.routes_added {
             let replace = d.routes_removed.iter().any(|o| same_key(o, r));
-            if let Err(e) = to_route(&self.dp, new, r).and_then(|route| {
-                if replace {
-                    self.dp.replace_route(route).map(|_| ())
-                } else {
-                    self.dp.add_route(route)
-                }
-                .map_err(|e| format!("route {}: {e}", r.describe()))
-            }) {
+            if let Err(e) = add_route(&self.dp, new, r, replace) {
                 errors.push(e);
             }
         }
@@ -1027,7 +1095,7 @@ mod tests {
         let c = cfg(&EXAMPLE
             .replacen("session_affinity = \"none\"", "session_affinity = \"client-ip\"\nsession_affinity_timeout = 600\nalgorithm = \"maglev\"", 1)
             .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
-        let web = c.services[0].value.clone();
+        let web = c.services[0].spec_v4().unwrap();
         assert_eq!(web.name, "web");
         assert_eq!(web.vip.to_string(), "10.96.0.10");
         assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
@@ -1046,7 +1114,7 @@ mod tests {
         assert_eq!(web.affinity, Some(Duration::from_secs(600)));
         assert_eq!(web.algo, LbAlgo::Maglev);
         assert!(web.external_local);
-        let dns = c.services[1].value.clone();
+        let dns = c.services[1].spec_v4().unwrap();
         assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
         assert_eq!(dns.affinity, None);
         assert_eq!(dns.algo, LbAlgo::Random);
@@ -1081,7 +1149,7 @@ mod tests {
         );
         let e = ServiceError::DuplicateVip {
             service: "web".into(),
-            vip: web.vip,
+            vip: web.vip4().unwrap(),
             port: 80,
             proto: 6,
             other: "x".into(),
