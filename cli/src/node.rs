@@ -185,7 +185,10 @@ fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| format!("route {}: {e}", r.describe())),
-        IpCidr::V6(_) => Err(format!("route {}: IPv6 routes are not supported yet", r.describe())),
+        IpCidr::V6(_) => Err(format!(
+            "route {}: IPv6 routes are not supported yet",
+            r.describe()
+        )),
     }
 }
 
@@ -860,8 +863,7 @@ impl Node {
                 }
                 None => {
                     let mtu = tap_mtu(cfg, name, bridge.as_deref());
-                    let (dev, link) =
-                        open_config_tap(tap, cfg.node.offload, &cfg.node.name, mtu)?;
+                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name, mtu)?;
                     (dev, tap.clone(), link, None, cfg.node.offload)
                 }
             };

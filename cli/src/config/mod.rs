@@ -302,7 +302,9 @@ impl ServiceDef {
             .endpoints
             .iter()
             .filter_map(|e| match e.addr {
-                SocketAddr::V4(a) => Some(Endpoint::new(SocketAddrV4::new(*a.ip(), a.port()), e.local)),
+                SocketAddr::V4(a) => {
+                    Some(Endpoint::new(SocketAddrV4::new(*a.ip(), a.port()), e.local))
+                }
                 SocketAddr::V6(_) => None,
             })
             .collect();
@@ -420,6 +422,7 @@ impl Config {
     }
 
     /// The interface whose IPv6 subnet holds `ip`, if any (the longest prefix).
+    #[allow(dead_code)] // for IPv6 routes, once the library routes IPv6
     pub fn connected_iface6(&self, ip: Ipv6Addr) -> Option<String> {
         self.connected()
             .into_iter()
@@ -673,12 +676,18 @@ endpoints = ["10.244.2.5:8080"]
         assert_eq!(ch.diags, Vec::new());
         let c = ch.config.unwrap();
         assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
-        assert_eq!(c.node.cluster_cidr6.unwrap().to_string(), "fd00:10:244::/56");
+        assert_eq!(
+            c.node.cluster_cidr6.unwrap().to_string(),
+            "fd00:10:244::/56"
+        );
         let b = &c.bridges[0];
         assert_eq!(b.address.unwrap().to_string(), "10.244.1.1/24");
         assert_eq!(b.address6.unwrap().to_string(), "fd00:10:244:1::1/64");
         assert!(b.ra);
-        assert_eq!(c.uplinks[0].address6.unwrap().to_string(), "fd00:172:18::2/64");
+        assert_eq!(
+            c.uplinks[0].address6.unwrap().to_string(),
+            "fd00:172:18::2/64"
+        );
         let routes: Vec<String> = c.routes.iter().map(|r| r.describe()).collect();
         assert_eq!(
             routes,
@@ -724,7 +733,10 @@ endpoints = ["10.244.2.5:8080"]
             "{DUAL}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"fe80::1\"\ndev = \"eth0\"\n\n[[neighbor]]\nip = \"fe80::1\"\nmac = \"02:00:00:00:00:01\"\ndev = \"eth0\"\n\n[[neighbor]]\nip = \"fd00:172:18::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n"
         ));
         assert_eq!(ll.errors().count(), 0, "{:?}", ll.diags);
-        assert_eq!(ll.config.unwrap().neighbors[1].ip.to_string(), "fd00:172:18::3");
+        assert_eq!(
+            ll.config.unwrap().neighbors[1].ip.to_string(),
+            "fd00:172:18::3"
+        );
     }
 
     #[test]

@@ -332,7 +332,12 @@ impl Parser<'_> {
             DeValue::String(x) => vec![(self.line(v.span()), None, x.as_ref())],
             DeValue::Array(items) => {
                 if items.is_empty() {
-                    self.bad(s, key, v, "is an empty list, expected an address or a list of one per family");
+                    self.bad(
+                        s,
+                        key,
+                        v,
+                        "is an empty list, expected an address or a list of one per family",
+                    );
                     return None;
                 }
                 let mut out = Vec::new();
@@ -925,7 +930,11 @@ impl Parser<'_> {
         let ctx = s.ctx.clone();
         let mut ep_lines = Vec::new();
         for (i, e) in endpoints.iter().enumerate() {
-            let has = if e.is_ipv6() { v6.is_some() } else { v4.is_some() };
+            let has = if e.is_ipv6() {
+                v6.is_some()
+            } else {
+                v4.is_some()
+            };
             if !has {
                 let fam = if e.is_ipv6() { "IPv6" } else { "IPv4" };
                 let l = s.lines.of(&format!("endpoints.{i}"));

@@ -147,11 +147,10 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             b.address6
                 .map(|a| (b.name.as_str(), a, b.lines.of("address")))
         })
-        .chain(
-            c.uplinks
-                .iter()
-                .filter_map(|u| u.address6.map(|a| (u.name.as_str(), a, u.lines.of("address")))),
-        )
+        .chain(c.uplinks.iter().filter_map(|u| {
+            u.address6
+                .map(|a| (u.name.as_str(), a, u.lines.of("address")))
+        }))
         .collect();
     let kind_of = |n: &str| {
         if c.bridges.iter().any(|x| x.name == n) {
@@ -185,7 +184,11 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
     for b in c.bridges.iter().filter(|b| b.ra && b.address6.is_none()) {
         err(b.lines.of("ra"), format!("bridge {:?}: ra = true needs an IPv6 address on the bridge (address = [\"<IPv4>/<len>\", \"<IPv6>/64\"]): Router Advertisements announce it", b.name));
     }
-    for u in c.uplinks.iter().filter(|u| u.address6.is_some() && u.mtu < 1280) {
+    for u in c
+        .uplinks
+        .iter()
+        .filter(|u| u.address6.is_some() && u.mtu < 1280)
+    {
         err(u.lines.of("mtu"), format!("uplink {:?}: mtu = {} is below 1280, IPv6's minimum MTU, on an interface with an IPv6 address", u.name, u.mtu));
     }
     let iface_of = |name: &str| conn.iter().find(|(n, _, _)| *n == name);
@@ -261,7 +264,10 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                         err(r.lines.of("via"), format!("{ctx}: via = \"{gw}\" is link-local: give `dev` (the interface it is on), as `ip -6 route ... via {gw} dev eth0`"));
                     }
                 } else if gw.is_multicast() || gw.is_unspecified() || gw.is_loopback() {
-                    err(r.lines.of("via"), format!("{ctx}: via = \"{gw}\" is not a unicast address"));
+                    err(
+                        r.lines.of("via"),
+                        format!("{ctx}: via = \"{gw}\" is not a unicast address"),
+                    );
                 } else {
                     let on = match &r.dev {
                         Some(d) => iface6_of(d).is_none_or(|(_, a, _)| a.contains(gw)),
@@ -334,7 +340,10 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             (Some(_), IpAddr::V6(ip)) => match iface6_of(&n.dev) {
                 None => err(
                     n.lines.of("dev"),
-                    format!("{ctx}: dev = {:?} has no IPv6 address (an NDP entry needs one)", n.dev),
+                    format!(
+                        "{ctx}: dev = {:?} has no IPv6 address (an NDP entry needs one)",
+                        n.dev
+                    ),
                 ),
                 Some(_) if is_link_local6(ip) => {}
                 Some((_, a, _)) if !a.contains(ip) => err(
@@ -486,10 +495,10 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             }
             IpAddr::V6(ip) => conn6.iter().any(|(_, a, _)| a.contains(ip)),
         };
-        connected || c
-            .routes
-            .iter()
-            .any(|r| r.kind == RouteType::Unicast && r.to.contains(ip))
+        connected
+            || c.routes
+                .iter()
+                .any(|r| r.kind == RouteType::Unicast && r.to.contains(ip))
     };
     let own = |ip: IpAddr| match ip {
         IpAddr::V4(ip) => conn.iter().any(|(_, a, _)| a.addr == ip),
@@ -529,7 +538,11 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             } else if in_cluster(*vip) {
                 let cc = match vip {
                     IpAddr::V4(_) => c.node.cluster_cidr.to_string(),
-                    IpAddr::V6(_) => c.node.cluster_cidr6.map(|c| c.to_string()).unwrap_or_default(),
+                    IpAddr::V6(_) => c
+                        .node
+                        .cluster_cidr6
+                        .map(|c| c.to_string())
+                        .unwrap_or_default(),
                 };
                 err(
                     line,
