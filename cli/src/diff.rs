@@ -479,6 +479,54 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_routes_neighbours_and_services_are_live() {
+        let dual = include_str!("../../examples/node-dual-stack.toml");
+        let a = cfg(dual);
+        let b = cfg(&format!(
+            "{}\n[[neighbor]]\nip = \"fe80::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n",
+            dual.replace("via = \"fd00:172:18::3\"", "via = \"fd00:172:18::4\"")
+                .replace(
+                    "\"[fd00:10:244:2::2]:8080\"]\n\n# A dual",
+                    "\"[fd00:10:244:2::3]:8080\"]\n\n# A dual"
+                )
+                .replace("fd00:10:244::/56", "fd00:10:240::/52")
+        ));
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(
+            d.summary,
+            [
+                "route fd00:10:244:2::/64 via fd00:172:18::3 -> fd00:10:244:2::/64 via fd00:172:18::4",
+                "neighbor fe80::3 lladdr 02:00:00:00:00:03 dev eth0 added",
+                "service \"web6\" changed (endpoints +[fd00:10:244:2::3]:8080 -[fd00:10:244:2::2]:8080)",
+                "node.cluster_cidr (IPv6) fd00:10:244::/56 -> fd00:10:240::/52"
+            ]
+        );
+        assert!(d.nat_rules);
+        assert_eq!(d.routes_added[0].via.unwrap().to_string(), "fd00:172:18::4");
+        // A second ClusterIP added to a Service is a live change too.
+        let c = cfg(&dual.replace(
+            "cluster_ip = \"fd00:10:96::10\"",
+            "cluster_ip = [\"10.96.0.11\", \"fd00:10:96::10\"]",
+        ));
+        assert_eq!(
+            diff(&a, &c).unwrap().summary,
+            ["service \"web6\" changed (settings)"]
+        );
+        // The bridge's IPv6 address and RA need a restart.
+        let e = diff(
+            &a,
+            &cfg(&dual
+                .replace("fd00:10:244:1::1/64", "fd00:10:244:1::fe/64")
+                .replace("ra = true", "ra = false")),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ["bridge \"cni0\" changed (IPv6 address fd00:10:244:1::1/64 -> fd00:10:244:1::fe/64, ra true -> false): this needs a restart of tapyard"]
+        );
+    }
+
+    #[test]
     fn identical_configs_differ_in_nothing_even_when_laid_out_differently() {
         let a = cfg(EXAMPLE);
         let b = cfg(&format!("\n\n# moved down\n{EXAMPLE}"));
