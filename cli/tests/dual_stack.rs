@@ -41,6 +41,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::*;
+#[path = "common/cni_plugin.rs"]
+mod cni_plugin;
+use cni_plugin::{cni, cni_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
 
@@ -946,4 +949,137 @@ fn dual_stack_node() {
         .map(|(n, _)| *n)
         .collect();
     assert!(failed.is_empty(), "failed cases: {failed:?}");
+}
+
+/// The CNI plugin with a dual-stack IPAM result: `host-local` with a range of each family
+/// hands out both addresses, the pod's `eth0` gets both and a default route of each family
+/// (IPv6 via the bridge's global address), the ADD result lists both (1.0.0, and 0.4.0 with
+/// each IP's `version`), the pods reach each other and their gateway over IPv6, CHECK passes,
+/// DEL releases both leases.
+#[test]
+fn cni_dual_stack_ipam() {
+    let why = skip_reason().or_else(|| {
+        plugin_dir().is_none().then(|| {
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into()
+        })
+    });
+    if skip_or_fail("cni_dual_stack_ipam", why) {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let dir = std::env::temp_dir().join(format!("tapyard-cni6-{id}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("ipam")).unwrap();
+    let mut n = Names::new();
+    n.ns_node = format!("t6c-node-{id}");
+    n.dir = dir.clone();
+    n.socket = dir.join("ctl.sock");
+    n.config = dir.join("node.toml");
+    n.log = dir.join("run.log");
+    let bridge = format!("t6k{id}");
+    std::fs::write(
+        &n.config,
+        format!(
+            "[node]\nname = \"cni6-{id}\"\ncluster_cidr = [\"10.219.0.0/16\", \"fd00:219::/56\"]\nsocket = \"{}\"\nstate_dir = \"{}\"\nworkers = 2\n\n[[bridge]]\nname = \"{bridge}\"\naddress = [\"{GW4}/24\", \"{GW6}/64\"]\n",
+            n.socket.display(),
+            dir.join("state").display()
+        ),
+    )
+    .unwrap();
+    let mut g = Guard {
+        n,
+        node: None,
+        children: Vec::new(),
+        namespaces: Vec::new(),
+    };
+    let ns_node = g.n.ns_node.clone();
+    g.ns(&ns_node);
+    g.start();
+    let pods = [format!("t6c-p1-{id}"), format!("t6c-p2-{id}")];
+    for p in &pods {
+        g.ns(p);
+    }
+    let conf = |version: &str| {
+        serde_json::json!({
+            "cniVersion": version,
+            "name": "tapyard",
+            "type": "tapyard-cni",
+            "bridge": bridge,
+            "socket": g.n.socket.display().to_string(),
+            "mtu": 1500,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [
+                    [{"subnet": "10.219.1.0/24", "gateway": GW4}],
+                    [{"subnet": "fd00:219:0:1::/64", "gateway": GW6}]
+                ],
+                "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+                "dataDir": dir.join("ipam").display().to_string(),
+            }
+        })
+    };
+    let mut addrs6 = Vec::new();
+    for (i, (p, version)) in pods.iter().zip(["1.0.0", "0.4.0"]).enumerate() {
+        let ctr = format!("ctr{i}-{id}");
+        let r = cni_ok("ADD", &ctr, p, &conf(version));
+        let ips = r["ips"].as_array().cloned().unwrap_or_default();
+        assert_eq!(ips.len(), 2, "ADD result: {r}");
+        let v6 = ips
+            .iter()
+            .find(|ip| ip["address"].as_str().is_some_and(|a| a.contains(':')))
+            .unwrap_or_else(|| panic!("no IPv6 address in {r}"));
+        let v4 = ips
+            .iter()
+            .find(|ip| ip["address"].as_str().is_some_and(|a| !a.contains(':')))
+            .unwrap_or_else(|| panic!("no IPv4 address in {r}"));
+        assert_eq!(v6["gateway"], GW6, "{r}");
+        assert_eq!(v4["gateway"], GW4, "{r}");
+        assert_eq!(
+            (v4["interface"].clone(), v6["interface"].clone()),
+            (0.into(), 0.into())
+        );
+        if version == "0.4.0" {
+            assert_eq!(
+                (v4["version"].clone(), v6["version"].clone()),
+                ("4".into(), "6".into()),
+                "{r}"
+            );
+        }
+        let routes = r["routes"].to_string();
+        for want in [
+            format!(r#"{{"dst":"0.0.0.0/0","gw":"{GW4}"}}"#),
+            format!(r#"{{"dst":"::/0","gw":"{GW6}"}}"#),
+        ] {
+            assert!(routes.contains(&want), "no {want} in {routes}");
+        }
+        let a6 = v6["address"].as_str().unwrap().to_string();
+        let (_, addr) = in_ns(p, &["ip", "-6", "addr", "show", "dev", "eth0"]);
+        assert!(addr.contains(&a6) && !addr.contains("tentative"), "{addr}");
+        let (_, rt) = in_ns(p, &["ip", "-6", "route", "show", "default"]);
+        assert!(rt.contains(&format!("via {GW6} dev eth0")), "{rt}");
+        let (_, rt) = in_ns(p, &["ip", "-4", "route", "show", "default"]);
+        assert!(rt.contains(&format!("via {GW4} dev eth0")), "{rt}");
+        // CHECK with the ADD result as prevResult.
+        let mut c = conf(version);
+        c["prevResult"] = r.clone();
+        cni_ok("CHECK", &ctr, p, &c);
+        addrs6.push(a6.split('/').next().unwrap().to_string());
+    }
+    ping6_ok(&pods[0], &addrs6[1]);
+    ping6_ok(&pods[1], &addrs6[0]);
+    ping6_ok(&pods[0], GW6);
+    for (i, (p, version)) in pods.iter().zip(["1.0.0", "0.4.0"]).enumerate() {
+        let ctr = format!("ctr{i}-{id}");
+        let (ok, v) = cni("DEL", &ctr, p, &conf(version));
+        assert!(ok, "DEL: {v}");
+    }
+    let leases: Vec<String> = std::fs::read_dir(dir.join("ipam/tapyard"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(leases.is_empty(), "leases left: {leases:?}");
 }
