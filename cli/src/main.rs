@@ -220,8 +220,18 @@ fn cmd_run(
         }
         None => None,
     };
-    for (n, mac, addr) in &node.ifaces {
-        log::info!("interface {n} {addr} mac {mac}");
+    {
+        let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+        let v6 = |n: &str| {
+            cur.connected()
+                .into_iter()
+                .find(|c| c.name == n)
+                .and_then(|c| c.address6)
+                .map_or(String::new(), |a| format!(" {a}"))
+        };
+        for (n, mac, addr) in &node.ifaces {
+            log::info!("interface {n} {addr}{} mac {mac}", v6(n));
+        }
     }
     let taps: Vec<String> = node.ports.list().into_iter().map(|e| e.tap).collect();
     log::info!(
