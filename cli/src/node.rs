@@ -992,8 +992,19 @@ impl Node {
             }
         }
         for (bridge, name) in &d.ports_added {
-            if let Err(e) = self.port_add_local(bridge, name, None, Origin::Config) {
-                errors.push(format!("bridge {bridge:?}: port {name:?}: {e}"));
+            match self.port_add_local(bridge, name, None, Origin::Config) {
+                Ok(e) => {
+                    // The bridge's MTU, as the ports it started with.
+                    let mtu = u32::from(tap_mtu(new, name, Some(bridge)));
+                    if let (Some(l), Ok(mut nl)) = (&e.link, Netlink::open()) {
+                        if l.mtu != mtu {
+                            if let Err(err) = nl.set_mtu(l.index, mtu) {
+                                log::warn!("TAP {}: cannot set its MTU to {mtu}: {err}", e.tap);
+                            }
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("bridge {bridge:?}: port {name:?}: {e}")),
             }
         }
         let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
