@@ -17,6 +17,7 @@ use crate::conntrack::{Conntrack, CtConfigError, CtFileError, Recovery};
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
+use crate::l3::route6::{NextHop6, Route6};
 use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
@@ -352,6 +353,39 @@ impl DatapathBuilder {
                 expected: "68 to 65000",
             });
         }
+        if let Some((a6, len)) = cfg.addr6 {
+            if len > 128
+                || a6.is_unspecified()
+                || a6.is_multicast()
+                || a6.is_loopback()
+                || crate::wire::ipv6::is_link_local(&a6)
+            {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: format!("{a6}/{len}"),
+                    expected:
+                        "a global or unique-local IPv6 address with a prefix length of 0 to 128",
+                });
+            }
+            if cfg.mtu < 1280 {
+                return Err(ConfigError::OutOfRange {
+                    field: "mtu",
+                    value: cfg.mtu.to_string(),
+                    expected: "at least 1280 on an interface with an IPv6 address",
+                });
+            }
+            if self
+                .ifaces
+                .iter()
+                .any(|i| i.cfg.addr6.is_some_and(|(o, _)| o == a6))
+            {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: a6.to_string(),
+                    expected: "an IPv6 address not used by another interface",
+                });
+            }
+        }
         if let Some(other) = self.ifaces.iter().find(|i| i.cfg.addr == cfg.addr) {
             return Err(ConfigError::OutOfRange {
                 field: "address",
@@ -390,11 +424,7 @@ impl DatapathBuilder {
             br.router_mac = crate::l2::fdb::word(cfg.mac);
             br.fdb.add_static(cfg.mac, port);
         }
-        self.ifaces.push(Iface {
-            cfg,
-            port,
-            bridge: on,
-        });
+        self.ifaces.push(Iface::new(cfg, port, on));
         Ok((id, port))
     }
 
@@ -533,6 +563,15 @@ impl DatapathBuilder {
                     proto: RouteProto::Kernel,
                     src: Some(c.addr),
                 });
+                if let Some((a6, len)) = c.addr6 {
+                    let _ = r.routes6.add(Route6 {
+                        prefix: crate::wire::ipv6::mask(a6, len),
+                        len,
+                        next_hop: NextHop6::Link(id),
+                        metric: 256,
+                        proto: RouteProto::Kernel,
+                    });
+                }
             }
             r
         });

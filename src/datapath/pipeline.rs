@@ -292,7 +292,7 @@ impl Datapath {
         } = w;
         let mut sink = PoolSink::new(pool, extra, shard);
         let mut ctx = self.router.as_ref().map(|r| BatchCtx {
-            l3: L3Batch::new(r.routes.reader()),
+            l3: L3Batch::new(r.routes.reader()).with_v6(&r.routes6),
             egress: None,
             nat: self.nf.as_ref().map(|nf| NatHook { nf, cx: &mut *nat }),
         });

@@ -183,9 +183,11 @@ mod state;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod v6;
 
 pub use config::{NeighConfig, NeighError, MAX_ENTRIES};
 pub use state::NeighState;
+pub use v6::{NeighEntry6, NeighEvent6, NeighTable6, Released6};
 
 use requests::{Queue, TokenBucket};
 use slots::{key_of, occupied, split_key, Bucket, Padded, SLOTS};
