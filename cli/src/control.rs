@@ -502,9 +502,27 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                             "queued": e.queued,
                         })
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             });
-            Ok(Value::Array(rows))
+            // The NDP table after the ARP table (as `ip neigh` lists both families).
+            let rows6 = dp.router().map_or_else(Vec::new, |r| {
+                r.neigh6()
+                    .dump(now)
+                    .into_iter()
+                    .map(|e| {
+                        json!({
+                            "dst": e.ip.to_string(),
+                            "dev": dp.iface_name(e.iface).unwrap_or("?"),
+                            "lladdr": e.mac.map(|m| m.to_string()),
+                            "state": e.state.name(),
+                            "confirmed_ago_secs": e.confirmed_ago.map(|d| d.as_secs_f64()),
+                            "updated_ago_secs": e.updated_ago.as_secs_f64(),
+                            "queued": e.queued,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            Ok(Value::Array(rows.into_iter().chain(rows6).collect()))
         }
         "routes" => {
             if !as_json {
@@ -532,9 +550,33 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                             "prefsrc": r.src.map(|s| s.to_string()),
                         })
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             });
-            Ok(Value::Array(rows))
+            // IPv6 routes, after IPv4's (as `ip route; ip -6 route`).
+            use tapyard::l3::NextHop6;
+            let rows6 = dp.routes6().map_or_else(Vec::new, |t| {
+                t.routes()
+                    .into_iter()
+                    .map(|r| {
+                        let (kind, gw, dev) = match r.next_hop {
+                            NextHop6::Link(i) => ("unicast", None, dp.iface_name(i)),
+                            NextHop6::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
+                            NextHop6::Blackhole => ("blackhole", None, None),
+                            NextHop6::Unreachable { .. } => ("unreachable", None, None),
+                        };
+                        json!({
+                            "dst": format!("{}/{}", r.prefix, r.len),
+                            "type": kind,
+                            "gateway": gw,
+                            "dev": dev,
+                            "metric": r.metric,
+                            "protocol": match r.proto { RouteProto::Kernel => "kernel", RouteProto::Static => "static" },
+                            "prefsrc": Value::Null,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            Ok(Value::Array(rows.into_iter().chain(rows6).collect()))
         }
         "stats" => {
             let s = dp.stats();

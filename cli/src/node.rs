@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tapyard::conntrack::Opened;
-use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
-use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
+use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
+use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Observed, Port, TapPort};
@@ -167,15 +167,71 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
     })
 }
 
-/// Adds a configured route of either family.
+/// The library route for a configured IPv6 one; a gateway without `dev` goes out of the
+/// interface whose IPv6 subnet holds it (a link-local one has its `dev`: `check` says so).
+pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route6, String> {
+    let IpCidr::V6(to) = r.to else {
+        return Err(format!("route to {}: not an IPv6 route", r.to));
+    };
+    let iface = |name: &str| {
+        dp.iface_by_name(name)
+            .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
+    };
+    let via = match r.via {
+        Some(IpAddr::V6(gw)) => Some(gw),
+        Some(IpAddr::V4(gw)) => return Err(format!("route to {}: via {gw} is IPv4", r.to)),
+        None => None,
+    };
+    let next_hop = match (r.kind, via, &r.dev) {
+        (RouteType::Blackhole, _, _) => NextHop6::Blackhole,
+        (RouteType::Unreachable, _, _) => NextHop6::Unreachable { reject: false },
+        (RouteType::Unicast, Some(gw), Some(dev)) => NextHop6::Via(iface(dev)?, gw),
+        (RouteType::Unicast, Some(gw), None) => {
+            let dev = cfg.connected_iface6(gw).ok_or_else(|| {
+                format!(
+                    "route to {}: gateway {gw} is not on a connected IPv6 subnet",
+                    r.to
+                )
+            })?;
+            NextHop6::Via(iface(&dev)?, gw)
+        }
+        (RouteType::Unicast, None, Some(dev)) => NextHop6::Link(iface(dev)?),
+        (RouteType::Unicast, None, None) => {
+            return Err(format!("route to {}: no via, dev or type", r.to))
+        }
+    };
+    Ok(Route6 {
+        prefix: to.network(),
+        len: to.len,
+        next_hop,
+        metric: r.metric,
+        proto: RouteProto::Static,
+    })
+}
+
+/// Adds a configured route of either family (`replace`: in place of the one with its prefix
+/// and metric).
 fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result<(), String> {
-    let route = to_route(dp, cfg, r)?;
-    if replace {
-        dp.replace_route(route).map(|_| ())
-    } else {
-        dp.add_route(route)
+    let fail = |e: &dyn std::fmt::Display| format!("route {}: {e}", r.describe());
+    match r.to {
+        IpCidr::V4(_) => {
+            let route = to_route(dp, cfg, r)?;
+            if replace {
+                dp.replace_route(route).map(|_| ())
+            } else {
+                dp.add_route(route)
+            }
+            .map_err(|e| fail(&e))
+        }
+        IpCidr::V6(to) => {
+            let route = to_route6(dp, cfg, r)?;
+            if replace {
+                // The table has no replace for IPv6: a moment without the route.
+                let _ = dp.remove_route6(to.network(), to.len, Some(r.metric));
+            }
+            dp.add_route6(route).map_err(|e| fail(&e))
+        }
     }
-    .map_err(|e| format!("route {}: {e}", r.describe()))
 }
 
 /// Removes a configured route of either family.
@@ -185,10 +241,10 @@ fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| format!("route {}: {e}", r.describe())),
-        IpCidr::V6(_) => Err(format!(
-            "route {}: IPv6 routes are not supported yet",
-            r.describe()
-        )),
+        IpCidr::V6(to) => dp
+            .remove_route6(to.network(), to.len, Some(r.metric))
+            .map(|_| ())
+            .map_err(|e| format!("route {}: {e}", r.describe())),
     }
 }
 
@@ -210,7 +266,7 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
     match n.ip {
         IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
-        IpAddr::V6(_) => return Err(format!("neighbor {}: IPv6 is not supported yet", n.ip)),
+        IpAddr::V6(ip) => dp.add_static_neigh6(iface, ip, n.mac, now),
     }
     .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
 }
@@ -239,7 +295,7 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
     };
     let removed = match n.ip {
         IpAddr::V4(ip) => dp.remove_static_neigh(iface, ip),
-        IpAddr::V6(_) => false,
+        IpAddr::V6(ip) => dp.remove_static_neigh6(iface, ip),
     };
     if !removed {
         log::warn!(
@@ -455,7 +511,12 @@ impl Plan {
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
-        let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
+        let mut iface_cfg = |name: &str,
+                             addr: config::Cidr,
+                             addr6: Option<config::Cidr6>,
+                             ra: bool,
+                             mac: Option<MacAddr>,
+                             mtu: u16| {
             let given = macs.iter().find(|(n, _)| n == name).map(|(_, m)| *m);
             let mac = mac
                 .or(given)
@@ -463,6 +524,8 @@ impl Plan {
             ifaces.push((name.to_string(), mac, addr));
             let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
             c.mtu = mtu;
+            c.addr6 = addr6.map(|a| (a.addr, a.len));
+            c.ra = ra.then(RaConfig::default);
             c
         };
         // (datapath port id, datapath port name, TAP name, bridge)
@@ -478,7 +541,10 @@ impl Plan {
             bridge_ids.push((br.name.clone(), id));
             if let Some(a) = br.address {
                 let (iid, _) = b
-                    .add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
+                    .add_router_iface(
+                        iface_cfg(&br.name, a, br.address6, br.ra, br.mac, br.mtu),
+                        Some(id),
+                    )
                     .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
                 iface_ids.push((br.name.clone(), iid));
             }
@@ -491,7 +557,10 @@ impl Plan {
         }
         for u in &cfg.uplinks {
             let (iid, pid) = b
-                .add_router_iface(iface_cfg(&u.name, u.address, u.mac, u.mtu), None)
+                .add_router_iface(
+                    iface_cfg(&u.name, u.address, u.address6, false, u.mac, u.mtu),
+                    None,
+                )
                 .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));

@@ -422,7 +422,6 @@ impl Config {
     }
 
     /// The interface whose IPv6 subnet holds `ip`, if any (the longest prefix).
-    #[allow(dead_code)] // for IPv6 routes, once the library routes IPv6
     pub fn connected_iface6(&self, ip: Ipv6Addr) -> Option<String> {
         self.connected()
             .into_iter()
