@@ -864,6 +864,13 @@ fn dual_stack_node() {
                         && l.contains("lladdr")),
                 "show neigh:\n{neigh}"
             );
+            let rows = json(n, "neigh");
+            assert!(
+                rows.as_array().is_some_and(|r| r
+                    .iter()
+                    .any(|e| e["dst"] == POD_A6 && e["dev"] == n.cni.as_str())),
+                "{rows}"
+            );
             let routes = tapyard_ok(n, &["show", "routes"]);
             for want in [
                 format!("fd00:219:0:2::/64 via {NODE_B6} dev {}", n.uplink),
@@ -875,39 +882,41 @@ fn dual_stack_node() {
                     "no `{want}` in show routes:\n{routes}"
                 );
             }
-            // A connection to keep in the table while it is listed.
-            talk_ok(&a, "udp", DNS6, 53, 1);
-            let ct = tapyard_ok(n, &["show", "conntrack"]);
-            assert!(
-                ct.lines()
-                    .any(|l| l.contains(&format!("src={POD_A6} dst={DNS6}"))),
-                "show conntrack:\n{ct}"
-            );
-            let rows = json(n, "conntrack");
-            assert!(
-                rows.as_array()
-                    .is_some_and(|r| r.iter().any(|e| e["orig"]["src"] == POD_A6)),
-                "{rows}"
-            );
-            let svcs = json(n, "services");
-            let dual = svcs
-                .as_array()
-                .and_then(|s| s.iter().find(|s| s["name"] == "dual"))
-                .unwrap_or_else(|| panic!("no Service dual: {svcs}"));
-            assert_eq!(
-                dual["cluster_ips"],
-                serde_json::json!([DUAL4, DUAL6]),
-                "{dual}"
-            );
-            let text = tapyard_ok(n, &["show", "services"]);
-            assert!(
-                text.contains(WEB6) || text.contains(&format!("[{WEB6}]")),
-                "{text}"
-            );
-            let neigh = json(n, "neigh");
-            assert!(neigh.to_string().contains(POD_A6), "{neigh}");
         },
     );
+    case("show conntrack/services print IPv6", &mut || {
+        // A connection to keep in the table while it is listed.
+        talk_ok(&a, "udp", DNS6, 53, 1);
+        let ct = tapyard_ok(n, &["show", "conntrack"]);
+        assert!(
+            ct.lines()
+                .any(|l| l.contains(&format!("src={POD_A6} dst={DNS6}"))),
+            "show conntrack:\n{ct}"
+        );
+        let rows = json(n, "conntrack");
+        assert!(
+            rows.as_array()
+                .is_some_and(|r| r.iter().any(|e| e["orig"]["src"] == POD_A6)),
+            "{rows}"
+        );
+        let svcs = json(n, "services");
+        let dual = svcs
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == "dual"))
+            .unwrap_or_else(|| panic!("no Service dual: {svcs}"));
+        assert_eq!(
+            dual["cluster_ips"],
+            serde_json::json!([DUAL4, DUAL6]),
+            "{dual}"
+        );
+        let text = tapyard_ok(n, &["show", "services"]);
+        assert!(
+            text.contains(WEB6) || text.contains(&format!("[{WEB6}]")),
+            "{text}"
+        );
+        let neigh = json(n, "neigh");
+        assert!(neigh.to_string().contains(POD_A6), "{neigh}");
+    });
     // A restart: the pods keep their interfaces, the router its link-local address.
     let restarted = std::panic::catch_unwind(AssertUnwindSafe(|| {
         g.stop();
