@@ -292,7 +292,8 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 "ports": node.ports.list().iter().map(|e| json!({"name": e.name, "tap": e.tap})).collect::<Vec<_>>(),
                 "interfaces": node.ifaces.iter().map(|(n, m, a)| {
                     let v6 = cur.connected().into_iter().find(|c| c.name == n).and_then(|c| c.address6);
-                    json!({"name": n, "mac": m.to_string(), "address": a.to_string(), "address6": v6.map(|a| a.to_string())})
+                    let ll = node.dp.iface_by_name(n).and_then(|i| node.dp.router()?.link_local6(i));
+                    json!({"name": n, "mac": m.to_string(), "address": a.to_string(), "address6": v6.map(|a| a.to_string()), "link_local6": ll.map(|a| a.to_string())})
                 }).collect::<Vec<_>>(),
             }});
             drop(cur);

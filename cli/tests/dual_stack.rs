@@ -917,6 +917,18 @@ fn dual_stack_node() {
         let neigh = json(n, "neigh");
         assert!(neigh.to_string().contains(POD_A6), "{neigh}");
     });
+    // The RA bridge's link-local address, as `status` gives it.
+    let status_ll = |n: &Names| -> String {
+        let out = tapyard_ok(n, &["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v["interfaces"]
+            .as_array()
+            .and_then(|i| i.iter().find(|i| i["name"] == n.rab.as_str()))
+            .and_then(|i| i["link_local6"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let ll_before = status_ll(n);
     // A restart: the pods keep their interfaces, the router its link-local address.
     let restarted = std::panic::catch_unwind(AssertUnwindSafe(|| {
         g.stop();
@@ -930,6 +942,8 @@ fn dual_stack_node() {
                 !router_ll.is_empty(),
                 "no router address was learned before"
             );
+            assert_eq!(ll_before, router_ll, "status and the pod's RA route differ");
+            assert_eq!(status_ll(n), router_ll, "status after the restart");
             let to = format!("{router_ll}%{}", n.tap_r);
             wait_for(
                 "pod-r reaches its router's link-local address",
