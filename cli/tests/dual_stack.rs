@@ -177,6 +177,52 @@ for i in range(count):
             time.sleep(0.2)
 "#;
 
+/// The Services, added by a reload once the node runs.
+fn services_toml() -> String {
+    format!(
+        r#"
+[[service]]
+name = "web6"
+cluster_ip = "{WEB6}"
+port = 80
+node_port = 30086
+endpoints = ["[{POD_B6}]:8080", "[{NODE_B_POD6}]:8080"]
+
+[[service]]
+name = "self6"
+cluster_ip = "{SELF6}"
+port = 80
+endpoints = ["[{POD_A6}]:8080"]
+
+[[service]]
+name = "local6"
+cluster_ip = "{LOCAL6}"
+port = 80
+node_port = 30087
+external_traffic_policy = "local"
+endpoints = ["[{POD_B6}]:8080", "[{NODE_B_POD6}]:8080"]
+
+[[service]]
+name = "dns6"
+cluster_ip = "{DNS6}"
+protocol = "udp"
+port = 53
+endpoints = ["[{POD_B6}]:5353"]
+
+[[service]]
+name = "empty6"
+cluster_ip = "{EMPTY6}"
+port = 80
+
+[[service]]
+name = "dual"
+cluster_ip = ["{DUAL4}", "{DUAL6}"]
+port = 80
+endpoints = ["{POD_B4}:8080", "[{POD_B6}]:8080"]
+"#
+    )
+}
+
 /// Names and paths of one run.
 #[derive(Clone)]
 struct Names {
@@ -226,7 +272,16 @@ impl Names {
         }
     }
 
-    fn config(&self) -> String {
+    /// The node's file; `services`: with the Services (a reload adds them).
+    fn config(&self, services: bool) -> String {
+        let mut c = self.base_config();
+        if services {
+            c.push_str(&services_toml());
+        }
+        c
+    }
+
+    fn base_config(&self) -> String {
         format!(
             r#"[node]
 name = "dual-{id}"
@@ -271,45 +326,6 @@ via = "{OUTSIDE4}"
 [[route]]
 to = "::/0"
 via = "{OUTSIDE6}"
-
-[[service]]
-name = "web6"
-cluster_ip = "{WEB6}"
-port = 80
-node_port = 30086
-endpoints = ["[{POD_B6}]:8080", "[{NODE_B_POD6}]:8080"]
-
-[[service]]
-name = "self6"
-cluster_ip = "{SELF6}"
-port = 80
-endpoints = ["[{POD_A6}]:8080"]
-
-[[service]]
-name = "local6"
-cluster_ip = "{LOCAL6}"
-port = 80
-node_port = 30087
-external_traffic_policy = "local"
-endpoints = ["[{POD_B6}]:8080", "[{NODE_B_POD6}]:8080"]
-
-[[service]]
-name = "dns6"
-cluster_ip = "{DNS6}"
-protocol = "udp"
-port = 53
-endpoints = ["[{POD_B6}]:5353"]
-
-[[service]]
-name = "empty6"
-cluster_ip = "{EMPTY6}"
-port = 80
-
-[[service]]
-name = "dual"
-cluster_ip = ["{DUAL4}", "{DUAL6}"]
-port = 80
-endpoints = ["{POD_B4}:8080", "[{POD_B6}]:8080"]
 
 [masquerade]
 out = "{up}"
@@ -619,9 +635,11 @@ fn dual_stack_node() {
     let n = Names::new();
     let _ = std::fs::remove_dir_all(&n.dir);
     std::fs::create_dir_all(&n.dir).unwrap();
-    std::fs::write(&n.config, n.config()).unwrap();
+    // The whole file is valid; the node starts without its Services (a reload adds them).
+    std::fs::write(&n.config, n.config(true)).unwrap();
     let check = run(&[BIN, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
+    std::fs::write(&n.config, n.config(false)).unwrap();
     let mut g = Guard {
         n,
         node: None,
@@ -710,6 +728,13 @@ fn dual_stack_node() {
         ping6_ok(&nb, POD_A6);
         let v = talk_ok(&nb, "tcp", POD_A6, 8080, 1);
         assert_eq!(v, [("a".to_string(), NODE_B6.to_string())]);
+    });
+    case("reload adds the IPv6 and dual-stack Services", &mut || {
+        std::fs::write(&n.config, n.config(true)).unwrap();
+        let out = tapyard_ok(n, &["reload"]);
+        for s in ["web6", "self6", "local6", "dns6", "empty6", "dual"] {
+            assert!(out.contains(&format!("service \"{s}\" was added")), "{out}");
+        }
     });
     case("ClusterIP spread, client address kept", &mut || {
         let v = talk_ok(&a, "tcp", WEB6, 80, 16);
