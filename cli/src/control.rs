@@ -893,16 +893,32 @@ fn nat_show(
         return Ok(Value::String(nf.services().fmt_services()));
     }
     use tapyard::nat::LbAlgo;
+    // Every ClusterIP of each Service (one per family), as the file gives them.
+    let cluster_ips: std::collections::HashMap<String, Vec<String>> = {
+        let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+        cur.services
+            .iter()
+            .map(|s| {
+                let ips = s.cluster_ips.iter().map(|ip| ip.to_string()).collect();
+                (s.name.clone(), ips)
+            })
+            .collect()
+    };
     let rows = nf
         .services()
         .list()
         .into_iter()
         .map(|s| {
             let id = nf.services().get(&s.name).map(|r| r.id().get());
+            let ips = cluster_ips
+                .get(&s.name)
+                .cloned()
+                .unwrap_or_else(|| vec![s.vip.to_string()]);
             json!({
                 "name": s.name,
                 "id": id,
                 "cluster_ip": s.vip.to_string(),
+                "cluster_ips": ips,
                 "protocol": match s.proto { 6 => "tcp", 17 => "udp", _ => "?" },
                 "port": s.port,
                 "node_port": s.node_port,

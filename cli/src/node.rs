@@ -852,6 +852,11 @@ impl Built {
                 m.out,
                 m.out
             );
+            if let Some(c6) = cfg.node.cluster_cidr6 {
+                log::warn!(
+                    "masquerade: IPv6 pod traffic from {c6} is not masqueraded: the library has no IPv6 masquerade yet"
+                );
+            }
         }
         Ok(node)
     }
@@ -1249,6 +1254,59 @@ mod tests {
             "{msg}"
         );
         assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
+    }
+
+    /// The dual-stack example builds: the interfaces' IPv6 addresses (and RA on cni0), the
+    /// IPv6 routes beside the IPv4 ones, as `ip -6 route` prints them.
+    #[test]
+    fn dual_stack_config_builds_the_ipv6_router() {
+        let dir = std::env::temp_dir().join(format!("tapyard-plan6-{}", std::process::id()));
+        let text = include_str!("../../examples/node-dual-stack.toml").replace(
+            "name = \"node-a\"\n",
+            &format!("name = \"node-a\"\nstate_dir = \"{}\"\n", dir.display()),
+        );
+        let mut c = cfg(&text);
+        c.routes.push(
+            cfg(&format!(
+                "{text}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"fe80::1\"\ndev = \"eth0\"\n"
+            ))
+            .routes
+            .pop()
+            .unwrap(),
+        );
+        let built = Plan::new(c, PathBuf::from("x.toml"), &[])
+            .unwrap()
+            .build(None)
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let dp = &built.dp;
+        let r = dp.router().unwrap();
+        let cni0 = dp.iface_by_name("cni0").unwrap();
+        let eth0 = dp.iface_by_name("eth0").unwrap();
+        assert_eq!(
+            r.iface_addr6(cni0),
+            Some(("fd00:10:244:1::1".parse().unwrap(), 64))
+        );
+        assert_eq!(
+            r.iface_addr6(eth0),
+            Some(("fd00:172:18::2".parse().unwrap(), 64))
+        );
+        assert!(r
+            .link_local6(cni0)
+            .unwrap()
+            .to_string()
+            .starts_with("fe80::"));
+        let mut text = String::new();
+        dp.fmt_routes(&mut text).unwrap();
+        for want in [
+            "10.244.2.0/24 via 172.18.0.3 dev eth0",
+            "fd00:10:244:2::/64 via fd00:172:18::3 dev eth0",
+            "fd00:99::/64 via fe80::1 dev eth0",
+            "default via fd00:172:18::1 dev eth0",
+            "fd00:10:244:1::/64 dev cni0",
+        ] {
+            assert!(text.contains(want), "no {want:?} in\n{text}");
+        }
     }
 
     #[test]

@@ -907,39 +907,47 @@ fn dual_stack_node() {
             );
         }
     });
-    case("show conntrack/services print IPv6", &mut || {
-        // A connection to keep in the table while it is listed.
-        talk_ok(&a, "udp", DNS6, 53, 1);
-        let ct = tapyard_ok(n, &["show", "conntrack"]);
-        assert!(
-            ct.lines()
-                .any(|l| l.contains(&format!("src={POD_A6} dst={DNS6}"))),
-            "show conntrack:\n{ct}"
-        );
-        let rows = json(n, "conntrack");
-        assert!(
-            rows.as_array()
-                .is_some_and(|r| r.iter().any(|e| e["orig"]["src"] == POD_A6)),
-            "{rows}"
-        );
-        let svcs = json(n, "services");
-        let dual = svcs
-            .as_array()
-            .and_then(|s| s.iter().find(|s| s["name"] == "dual"))
-            .unwrap_or_else(|| panic!("no Service dual: {svcs}"));
-        assert_eq!(
-            dual["cluster_ips"],
-            serde_json::json!([DUAL4, DUAL6]),
-            "{dual}"
-        );
-        let text = tapyard_ok(n, &["show", "services"]);
-        assert!(
-            text.contains(WEB6) || text.contains(&format!("[{WEB6}]")),
-            "{text}"
-        );
-        let neigh = json(n, "neigh");
-        assert!(neigh.to_string().contains(POD_A6), "{neigh}");
-    });
+    case(
+        "show conntrack lists IPv6 connections (and --json)",
+        &mut || {
+            // A routed connection (closed: its entry stays for TIME_WAIT).
+            talk_ok(&a, "tcp", NODE_B_POD6, 8080, 1);
+            let ct = tapyard_ok(n, &["show", "conntrack"]);
+            assert!(
+                ct.lines()
+                    .any(|l| l.contains(&format!("src={POD_A6} dst={NODE_B_POD6}"))),
+                "show conntrack:\n{ct}"
+            );
+            let rows = json(n, "conntrack");
+            assert!(
+                rows.as_array()
+                    .is_some_and(|r| r.iter().any(|e| e["orig"]["src"] == POD_A6)),
+                "{rows}"
+            );
+        },
+    );
+    case(
+        "show services lists both ClusterIPs of a dual-stack Service",
+        &mut || {
+            let svcs = json(n, "services");
+            let dual = svcs
+                .as_array()
+                .and_then(|s| s.iter().find(|s| s["name"] == "dual"))
+                .unwrap_or_else(|| panic!("no Service dual: {svcs}"));
+            assert_eq!(
+                dual["cluster_ips"],
+                serde_json::json!([DUAL4, DUAL6]),
+                "{dual}"
+            );
+            let text = tapyard_ok(n, &["show", "services"]);
+            assert!(
+                text.contains(WEB6) || text.contains(&format!("[{WEB6}]")),
+                "{text}"
+            );
+            let neigh = json(n, "neigh");
+            assert!(neigh.to_string().contains(POD_A6), "{neigh}");
+        },
+    );
     // The RA bridge's link-local address, as `status` gives it.
     let status_ll = |n: &Names| -> String {
         let out = tapyard_ok(n, &["status", "--json"]);
