@@ -16,12 +16,14 @@ use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
 use crate::l3::route::{NextHop, RouteReader};
+use crate::l3::route6::RouteReader6;
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
 use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame};
 use crate::wire::ipv4::Ipv4Info;
+use crate::wire::ipv6::Ipv6Info;
 use crate::wire::mac::MacAddr;
 use crate::wire::EthMeta;
 
@@ -159,6 +161,19 @@ impl Prerouting for NatHook<'_> {
     ) -> Hook {
         let view = RouterView { router, routes };
         self.nf.prerouting(&view, b, l3, info, self.cx, now)
+    }
+
+    #[inline]
+    fn prerouting6(
+        &mut self,
+        _router: &Router,
+        _routes: &RouteReader6<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv6Info,
+        now: Instant,
+    ) -> Hook {
+        self.nf.prerouting6(b, l3, info, now)
     }
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
@@ -549,15 +564,19 @@ impl Datapath {
             },
             None => Self::flood(br, BridgeId(p.id)),
         };
-        // br_netfilter: switched IPv4 of a NAT'd connection is translated here.
+        // br_netfilter: switched IPv4 and IPv6 of a NAT'd connection is translated here.
         if let Some(nf) = nf {
             let meta = L3Hint::of(b);
-            if meta.ether_type == ethertype::IPV4 && !meta.tagged {
-                match nf.bridged(b, usize::from(meta.l3), now) {
-                    Hook::Accept => {}
-                    Hook::Drop(r) => return Verdict::Drop(r),
-                    Hook::Reject { .. } => return Verdict::Drop(DropReason::NoEndpoint),
-                }
+            let hook = match meta.ether_type {
+                _ if meta.tagged => Hook::Accept,
+                ethertype::IPV4 => nf.bridged(b, usize::from(meta.l3), now),
+                ethertype::IPV6 => nf.bridged6(b, usize::from(meta.l3), now),
+                _ => Hook::Accept,
+            };
+            match hook {
+                Hook::Accept => {}
+                Hook::Drop(r) => return Verdict::Drop(r),
+                Hook::Reject { .. } => return Verdict::Drop(DropReason::NoEndpoint),
             }
         }
         v

@@ -372,9 +372,13 @@ impl NatCtx {
     }
 }
 
+mod v6;
+
 /// The conntrack + NAT engine of one datapath (see the module docs).
 pub struct Netfilter {
     ct: Conntrack,
+    /// The IPv6 table, made on first use (see [`Netfilter::conntrack6`]).
+    ct6: v6::Ct6,
     services: Services,
     rules: ArcSwap<NatRules>,
     counters: Counters,
@@ -449,6 +453,7 @@ impl Netfilter {
             .min(MEMO_WINDOW_MAX_US);
         Netfilter {
             ct,
+            ct6: v6::Ct6::default(),
             services: Services::new(cfg.max_affinity_entries.unwrap_or(65_536)),
             rules: ArcSwap::from_pointee(cfg.rules),
             counters: Counters::default(),
@@ -933,6 +938,15 @@ impl ErrorNat for Netfilter {
             Hook::Accept => true,
             Hook::Drop(_) | Hook::Reject { .. } => false,
         }
+    }
+
+    fn translate_error6(
+        &self,
+        ip: &mut [u8],
+        info: &mut crate::wire::ipv6::Ipv6Info,
+        now: Instant,
+    ) -> bool {
+        v6::translate_error6(self, ip, info, now)
     }
 }
 
