@@ -258,7 +258,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 let e = no_nat(&what);
                 return reply(&mut s, &json!({"ok": false, "error": e}));
             };
-            write_conntrack_reply(nf, node.now(), &mut s)
+            write_conntrack_reply(nf, node.now(), has_v6(node), &mut s)
         }
         Request::Show { what, json } => {
             let v = match show(node, &what, json) {
@@ -770,23 +770,47 @@ fn service_names(nf: &tapyard::nat::Netfilter) -> std::collections::HashMap<u32,
         .collect()
 }
 
-/// A tuple in a `show conntrack --json` row.
+/// A tuple in a `show conntrack --json` row (addresses of either family, written as
+/// strings as before).
 #[derive(Serialize)]
 struct TupleRow {
     dport: u16,
-    dst: std::net::Ipv4Addr,
+    dst: std::net::IpAddr,
     sport: u16,
-    src: std::net::Ipv4Addr,
+    src: std::net::IpAddr,
 }
 
-impl From<&tapyard::wire::tuple::Tuple> for TupleRow {
-    fn from(t: &tapyard::wire::tuple::Tuple) -> TupleRow {
+/// A connection table's tuple, as a row's.
+trait RowTuple {
+    fn row(&self) -> TupleRow;
+    fn zone(&self) -> u16;
+}
+
+impl RowTuple for tapyard::wire::tuple::Tuple {
+    fn row(&self) -> TupleRow {
         TupleRow {
-            dport: t.dport,
-            dst: t.dst,
-            sport: t.sport,
-            src: t.src,
+            dport: self.dport,
+            dst: self.dst.into(),
+            sport: self.sport,
+            src: self.src.into(),
         }
+    }
+    fn zone(&self) -> u16 {
+        self.zone
+    }
+}
+
+impl RowTuple for tapyard::wire::tuple::Tuple6 {
+    fn row(&self) -> TupleRow {
+        TupleRow {
+            dport: self.dport,
+            dst: self.dst.into(),
+            sport: self.sport,
+            src: self.src.into(),
+        }
+    }
+    fn zone(&self) -> u16 {
+        self.zone
     }
 }
 
@@ -816,20 +840,20 @@ struct CtRow<'a> {
 }
 
 impl<'a> CtRow<'a> {
-    fn of(
-        v: &tapyard::conntrack::CtView,
+    fn of<K: RowTuple>(
+        v: &tapyard::conntrack::CtView<K>,
         names: &'a std::collections::HashMap<u32, String>,
     ) -> Self {
         CtRow {
             assured: v.assured,
             dnat: v.status.dnat(),
             mark: v.mark,
-            orig: (&v.orig).into(),
+            orig: v.orig.row(),
             orig_bytes: v.orig_bytes,
             orig_packets: v.orig_packets,
             proto: v.proto,
             protocol: v.protocol,
-            reply: (&v.reply).into(),
+            reply: v.reply.row(),
             reply_bytes: v.reply_bytes,
             reply_packets: v.reply_packets,
             service: names.get(&v.service).map(String::as_str),
@@ -838,7 +862,7 @@ impl<'a> CtRow<'a> {
             state: v.state.map(|s| s.name()),
             timeout_secs: v.timeout_secs,
             unreplied: v.unreplied,
-            zone: v.orig.zone,
+            zone: v.orig.zone(),
         }
     }
 }
@@ -851,6 +875,7 @@ impl<'a> CtRow<'a> {
 pub fn write_conntrack_reply(
     nf: &tapyard::nat::Netfilter,
     now: tapyard::Instant,
+    v6: bool,
     out: impl Write,
 ) -> io::Result<()> {
     let names = service_names(nf);
@@ -863,8 +888,25 @@ pub fn write_conntrack_reply(
         }
         serde_json::to_writer(&mut w, &CtRow::of(v, &names))?;
     }
+    let first = rows.is_empty();
+    drop(rows);
+    if v6 {
+        for (i, v) in nf.conntrack6().dump(now).iter().enumerate() {
+            if i > 0 || !first {
+                w.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut w, &CtRow::of(v, &names))?;
+        }
+    }
     w.write_all(b"]}\n")?;
     w.flush()
+}
+
+/// Whether the node has IPv6 (an interface with an IPv6 address): its IPv6 connection table
+/// is listed (looking at it makes it, so a node without IPv6 does not).
+fn has_v6(node: &Node) -> bool {
+    let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+    cur.connected().iter().any(|c| c.address6.is_some())
 }
 
 /// `show conntrack` (the library's `conntrack -L` text, or the entries' fields) and `show
@@ -879,15 +921,30 @@ fn nat_show(
         return Err(no_nat(what));
     };
     if what == "conntrack" {
+        let v6 = has_v6(node);
         if !as_json {
-            return Ok(Value::String(nf.conntrack().fmt_dump(now)));
+            // `conntrack -L`, then `conntrack -L -f ipv6`.
+            let mut text = nf.conntrack().fmt_dump(now);
+            if v6 {
+                text.push_str(&nf.conntrack6().fmt_dump(now));
+            }
+            return Ok(Value::String(text));
         }
         // The control socket streams this one (`write_conntrack_reply`); the same rows as
         // one value, for callers that want it so.
         let names = service_names(nf);
         let rows = nf.conntrack().dump(now);
-        let rows: Vec<CtRow<'_>> = rows.iter().map(|v| CtRow::of(v, &names)).collect();
-        return serde_json::to_value(rows).map_err(|e| e.to_string());
+        let mut rows: Vec<Value> = rows
+            .iter()
+            .map(|v| serde_json::to_value(CtRow::of(v, &names)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        if v6 {
+            for v in nf.conntrack6().dump(now) {
+                rows.push(serde_json::to_value(CtRow::of(&v, &names)).map_err(|e| e.to_string())?);
+            }
+        }
+        return Ok(Value::Array(rows));
     }
     if !as_json {
         return Ok(Value::String(nf.services().fmt_services()));
@@ -1327,7 +1384,7 @@ mod tests {
         let want = conntrack_rows_as_values(nf, now);
         assert_eq!(want.as_array().unwrap().len(), 100);
         let mut line = Vec::new();
-        write_conntrack_reply(nf, now, &mut line).unwrap();
+        write_conntrack_reply(nf, now, false, &mut line).unwrap();
         assert_eq!(line.last(), Some(&b'\n'), "one line");
         let v: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v, json!({"ok": true, "data": want}));
@@ -1402,7 +1459,7 @@ mod tests {
             let server = {
                 let dp = dp.clone();
                 std::thread::spawn(move || {
-                    write_conntrack_reply(dp.netfilter().unwrap(), now, &a).unwrap();
+                    write_conntrack_reply(dp.netfilter().unwrap(), now, false, &a).unwrap();
                 })
             };
             let mut printed = io::BufWriter::with_capacity(1 << 20, io::sink());
@@ -1448,7 +1505,7 @@ mod tests {
                 let dp = dp.clone();
                 std::thread::spawn(move || {
                     let cpu = thread_cpu();
-                    write_conntrack_reply(dp.netfilter().unwrap(), now, &a).unwrap();
+                    write_conntrack_reply(dp.netfilter().unwrap(), now, false, &a).unwrap();
                     thread_cpu() - cpu
                 })
             };
