@@ -662,6 +662,7 @@ impl Plan {
     /// running node handed it over), finishes the datapath and adds the routes.
     pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
         let cfg = &self.cfg;
+        let handed_over_ct = handed_over.is_some();
         let mut kept_connections = 0;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
@@ -698,6 +699,41 @@ impl Plan {
             }
         }
         let dp = Arc::new(self.b.build());
+        // The IPv6 connection table beside the IPv4 one (<state_dir>/conntrack6), on a node
+        // with IPv6: its connections survive a restart too. At a takeover the running node
+        // still holds it: the new one starts an empty IPv6 table (logged).
+        let has_v6 = cfg.connected().iter().any(|c| c.address6.is_some());
+        if let (Some(nf), true) = (dp.netfilter(), has_v6) {
+            let path = cfg.node.state_dir_path().join("conntrack6");
+            if handed_over_ct {
+                log::warn!(
+                    "conntrack6: {} is the running node's: IPv6 connections start anew",
+                    path.display()
+                );
+            } else {
+                match tapyard::conntrack::Conntrack6::open_file(
+                    cfg.conntrack,
+                    &path,
+                    Clock::new().now(),
+                ) {
+                    Ok((ct, r)) => {
+                        if nf.set_conntrack6(ct).is_err() {
+                            log::warn!(
+                                "conntrack6: the IPv6 table was already made: {} not used",
+                                path.display()
+                            );
+                        } else {
+                            log::info!("conntrack6: {}: {r}", path.display());
+                        }
+                    }
+                    Err(e) => log::warn!(
+                        "conntrack6: {}: {} (IPv6 connections are kept in memory only)",
+                        path.display(),
+                        error_chain(&e)
+                    ),
+                }
+            }
+        }
         for r in &cfg.routes {
             add_route(&dp, cfg, r, false)?;
         }

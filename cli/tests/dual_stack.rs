@@ -979,6 +979,12 @@ fn dual_stack_node() {
             );
             assert_eq!(ll_before, router_ll, "status and the pod's RA route differ");
             assert_eq!(status_ll(n), router_ll, "status after the restart");
+            // The IPv6 connection table was kept (<state_dir>/conntrack6).
+            let ct = tapyard_ok(n, &["show", "conntrack"]);
+            assert!(
+                ct.contains(&format!("src={POD_A6} dst={NODE_B_POD6}")),
+                "the IPv6 connection of before the restart is gone:\n{ct}"
+            );
             let to = format!("{router_ll}%{}", n.tap_r);
             wait_for(
                 "pod-r reaches its router's link-local address",
