@@ -7,7 +7,7 @@
 //! table version and the router's memo, the egress memo, and the worker's NAT state lent to
 //! the PREROUTING hook.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use crate::l2::fdb::Loc;
 use crate::l3::route::{NextHop, RouteReader};
 use crate::l3::route6::RouteReader6;
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
-use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
+use crate::nat::netfilter::{NatCtx, Netfilter, Routing, Routing6};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame};
@@ -166,14 +166,15 @@ impl Prerouting for NatHook<'_> {
     #[inline]
     fn prerouting6(
         &mut self,
-        _router: &Router,
-        _routes: &RouteReader6<'_>,
+        router: &Router,
+        routes: &RouteReader6<'_>,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv6Info,
         now: Instant,
     ) -> Hook {
-        self.nf.prerouting6(b, l3, info, now)
+        let view = RouterView6 { router, routes };
+        self.nf.prerouting6(&view, b, l3, info, self.cx, now)
     }
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
@@ -200,6 +201,25 @@ impl Routing for RouterView<'_, '_> {
             NextHop::Link(i) | NextHop::Via(i, _) => self.router.iface(i).map(|f| (i, f.cfg.addr)),
             NextHop::Blackhole | NextHop::Unreachable => None,
         }
+    }
+}
+
+/// [`RouterView`] for IPv6.
+struct RouterView6<'r, 'a> {
+    router: &'r Router,
+    routes: &'r RouteReader6<'a>,
+}
+
+impl Routing6 for RouterView6<'_, '_> {
+    #[inline]
+    fn is_local6(&self, addr: Ipv6Addr) -> bool {
+        self.router.local_iface6(addr).is_some()
+    }
+
+    #[inline]
+    fn egress6(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)> {
+        let i = self.routes.lookup(dst)?.iface()?;
+        Some((i, self.router.iface_addr6(i).map(|a| a.0)))
     }
 }
 

@@ -75,7 +75,7 @@
 //! TCP windows are not tracked (see [`crate::conntrack`]). Connections are tracked only when
 //! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use arc_swap::ArcSwap;
 
@@ -123,6 +123,50 @@ impl std::fmt::Display for Prefix {
     }
 }
 
+/// An IPv6 prefix, `addr/len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix6 {
+    /// The network address (host bits are ignored).
+    pub addr: Ipv6Addr,
+    /// The prefix length, 0 to 128.
+    pub len: u8,
+}
+
+impl Prefix6 {
+    /// `addr/len`.
+    pub fn new(addr: Ipv6Addr, len: u8) -> Prefix6 {
+        Prefix6 {
+            addr,
+            len: len.min(128),
+        }
+    }
+
+    /// Whether `a` is inside the prefix.
+    #[inline]
+    pub fn contains(&self, a: Ipv6Addr) -> bool {
+        self.len == 0
+            || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
+    }
+}
+
+impl std::fmt::Display for Prefix6 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// [`MasqueradeRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <cluster6> ! -d
+/// <cluster6> -o eth0 -j MASQUERADE`): the new source is `out`'s global IPv6 address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MasqueradeRule6 {
+    /// The egress interface.
+    pub out: IfaceId,
+    /// Sources it applies to (`None`: any).
+    pub src: Option<Prefix6>,
+    /// Destinations it does not apply to (`None`: none excepted).
+    pub except_dst: Option<Prefix6>,
+}
+
 /// Masquerade pod traffic that leaves through an interface (CNI `ipMasq`, or the node's
 /// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`): a new
 /// connection whose egress interface is `out`, whose source is inside `src` and whose
@@ -157,6 +201,11 @@ pub struct NatRules {
     /// Every pod address in the cluster (kube-proxy's `--cluster-cidr`): Service traffic from
     /// outside it is masqueraded. `None`: no source is "outside".
     pub cluster_cidr: Option<Prefix>,
+    /// The cluster's IPv6 pod prefix, as `cluster_cidr` for IPv6 Service traffic.
+    pub cluster_cidr6: Option<Prefix6>,
+    /// IPv6 masquerade rules, first match wins (checked after Service marks). The port
+    /// settings below apply to both families.
+    pub masquerade6: Vec<MasqueradeRule6>,
     /// Masquerade rules, first match wins (checked after Service marks).
     pub masquerade: Vec<MasqueradeRule>,
     /// SNAT rules, first match wins (checked after masquerade rules).
@@ -350,6 +399,15 @@ pub(crate) trait Routing {
     /// The interface a packet to `dst` leaves by, and that interface's address; `None` when
     /// no route delivers it (none, blackhole, unreachable).
     fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)>;
+}
+
+/// [`Routing`] for IPv6: the router's IPv6 addresses and a lookup in the batch's IPv6 table.
+pub(crate) trait Routing6 {
+    /// Whether `addr` is one of the node's own IPv6 addresses (global or link-local).
+    fn is_local6(&self, addr: Ipv6Addr) -> bool;
+    /// The interface a packet to the IPv6 `dst` leaves by, and that interface's global IPv6
+    /// address if it has one; `None` when no route delivers it.
+    fn egress6(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)>;
 }
 
 /// A worker's own NAT state, lent to the hook for a batch: its random source (endpoint

@@ -15,9 +15,15 @@
 //!   router makes it (`ErrorNat::translate_error6`);
 //! * bridged IPv6 frames of a NAT'd connection ([`Netfilter::bridged6`], `br_netfilter`).
 //!
-//! **Not done yet**: new IPv6 connections are tracked untranslated: Services with IPv6
-//! ClusterIPs/NodePorts, masquerade and SNAT of IPv6 (which need IPv6 prefixes in the
-//! rules) and REJECT are the IPv4 path's only.
+//! * a new connection to a Service's IPv6 ClusterIP, or to a node port on one of the node's
+//!   IPv6 addresses (Services with an IPv6 ClusterIP only, as kube-proxy's ip6tables), is
+//!   DNAT'd to an IPv6 endpoint, or rejected (TCP RST / ICMPv6 port unreachable, answered by
+//!   the router) without one; masqueraded to the egress interface's global IPv6 address on
+//!   the same marks as IPv4 (outside [`super::NatRules::cluster_cidr6`], NodePort with
+//!   policy Cluster, hairpin) or by a [`super::MasqueradeRule6`], with a free source port
+//!   from the IPv6 table ([`crate::nat::alloc_source6`]).
+//!
+//! **Not done yet**: SNAT rules to a fixed IPv6 address (`SnatRule` is IPv4 only).
 //!
 //! The IPv6 table is made, with the IPv4 table's configuration, on first use (the first
 //! IPv6 packet, or [`Netfilter::conntrack6`]): a node without IPv6 pays no memory for it. One
@@ -26,7 +32,13 @@
 
 use std::sync::OnceLock;
 
-use super::{csum_mode, Netfilter};
+use std::net::Ipv6Addr;
+
+use super::{csum_mode, NatCtx, Netfilter, Routing6};
+use crate::conntrack::CtTag;
+use crate::narrow::low32;
+use crate::nat::PortRange;
+use crate::wire::ipv4::PROTO_TCP;
 use crate::buf::PacketBuf;
 use crate::conntrack::{Conntrack6, CtHit, Dir, InsertError, Pkt, Track};
 #[cfg(test)]
@@ -56,6 +68,14 @@ fn target6(hit: &CtHit<Tuple6>) -> Tuple6 {
 #[inline]
 fn is_natted6(hit: &CtHit<Tuple6>) -> bool {
     hit.orig.invert() != hit.reply
+}
+
+/// A flow hash of an IPv6 tuple (Maglev's key, the port search's start).
+fn flow_hash6(t: &Tuple6) -> u64 {
+    let h = t.to_words().iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &w| {
+        (h ^ w).wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(29)
+    });
+    (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb)
 }
 
 /// The TCP flags of the segment at `info.l4_off` (0 for other kinds or a short segment).
@@ -102,9 +122,11 @@ impl Netfilter {
     /// docs](self) for what new connections get.
     pub(crate) fn prerouting6(
         &self,
+        routing: &impl Routing6,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv6Info,
+        cx: &mut NatCtx,
         now: Instant,
     ) -> Hook {
         let mode = csum_mode(b);
@@ -147,12 +169,12 @@ impl Netfilter {
                 Track::Invalid(_) if ct.config().liberal => {}
                 Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
                 Track::Reopen | Track::Gone => {
-                    return self.new_connection6(ip, info, t, kind, &pkt, now, mode)
+                    return self.new_connection6(routing, ip, info, t, kind, &pkt, cx, now, mode)
                 }
             }
             return self.apply6(ip, info, &t, kind, &hit, mode);
         }
-        self.new_connection6(ip, info, t, kind, &pkt, now, mode)
+        self.new_connection6(routing, ip, info, t, kind, &pkt, cx, now, mode)
     }
 
     /// Translates a packet of a known connection (a no-op for one that is not NAT'd).
@@ -182,33 +204,132 @@ impl Netfilter {
         }
     }
 
-    /// The first packet of an IPv6 connection: inserted untranslated (see the module docs).
+    /// The first packet of an IPv6 connection, as the IPv4 path's `new_connection`: a
+    /// Service's ClusterIP (or a node port on one of the node's IPv6 addresses) is DNAT'd to
+    /// an IPv6 endpoint (REJECT without one), the new destination routed, masqueraded to the
+    /// egress interface's global IPv6 address when marked (from outside `cluster_cidr6`,
+    /// NodePort with policy Cluster, hairpin) or when a [`super::MasqueradeRule6`] matches,
+    /// a free source port taken from the IPv6 table, and the entry inserted.
     #[allow(clippy::too_many_arguments)]
     fn new_connection6(
         &self,
+        routing: &impl Routing6,
         ip: &mut [u8],
         info: &mut Ipv6Info,
         t: Tuple6,
         kind: L4Kind,
         pkt: &Pkt,
+        cx: &mut NatCtx,
         now: Instant,
         mode: CsumMode,
     ) -> Hook {
         let ct = self.conntrack6();
-        match ct.insert(t, t.invert(), Default::default(), pkt, now) {
-            Ok(_) => {
-                self.counters.new.add(1);
-                Hook::Accept
+        let rules = self.rules.load();
+        let outside = |a| rules.cluster_cidr6.is_some_and(|c| !c.contains(a));
+        let hash = flow_hash6(&t);
+        let mut tag = CtTag::default();
+        let mut masq = false;
+        let mut after = t;
+        let mut hairpin = false;
+        if matches!(kind, L4Kind::Tcp | L4Kind::Udp) {
+            let (svc, node_port) = match self.services.by_vip6(t.dst, t.dport, t.proto) {
+                Some(s) => (Some(s), false),
+                None if routing.is_local6(t.dst) => {
+                    (self.services.by_node_port6(t.dport, t.proto), true)
+                }
+                None => (None, false),
+            };
+            if let Some(svc) = svc {
+                let from_pod = rules.cluster_cidr6.is_some_and(|c| c.contains(t.src));
+                let local_only = node_port && svc.spec().external_local && !from_pod;
+                let r = cx.rng.next_u64();
+                let Some(ep) = self.services.select6(&svc, t.src, hash, r, local_only, now)
+                else {
+                    self.counters.rejected.add(1);
+                    return if local_only && !svc.endpoints6().is_empty() {
+                        Hook::Drop(DropReason::NoEndpoint)
+                    } else {
+                        Hook::Reject {
+                            tcp: t.proto == PROTO_TCP,
+                        }
+                    };
+                };
+                after.dst = *ep.ip();
+                after.dport = ep.port();
+                tag.service = svc.id().get();
+                // The endpoint tag is 32 bits: the low word of the IPv6 address.
+                tag.endpoint = low32(u64::from_be_bytes(
+                    ep.ip().octets()[8..].try_into().unwrap_or_default(),
+                ));
+                hairpin = after.dst == t.src;
+                masq = if node_port {
+                    !svc.spec().external_local
+                } else {
+                    outside(t.src)
+                } || hairpin;
             }
+        }
+        let mut snat: Option<Ipv6Addr> = None;
+        if let Some((out, addr)) = routing.egress6(after.dst) {
+            let rule = || {
+                rules.masquerade6.iter().any(|r| {
+                    r.out == out
+                        && r.src.is_none_or(|p| p.contains(t.src))
+                        && r.except_dst.is_none_or(|p| !p.contains(after.dst))
+                })
+            };
+            if masq || rule() {
+                // MASQUERADE on an interface without a global address: Linux drops the
+                // packet (no source address to take); so do we.
+                match addr {
+                    Some(a) => snat = Some(a),
+                    None => return Hook::Drop(DropReason::NatExhausted),
+                }
+            }
+        }
+        let fin = match snat {
+            None => after,
+            Some(addr) => {
+                let range = rules
+                    .masquerade_ports
+                    .unwrap_or_else(|| PortRange::linux_default(after.sport));
+                let in_use = |c: &Tuple6| ct.tuple_in_use(c, now);
+                let chosen = if rules.random_fully {
+                    nat::alloc_source6_random_fully(&after, addr, range, hash, in_use)
+                } else {
+                    nat::alloc_source6(&after, addr, range, hash, in_use)
+                };
+                match chosen {
+                    Some(c) => c,
+                    None => return Hook::Drop(DropReason::NatExhausted),
+                }
+            }
+        };
+        let hit = match ct.insert(t, fin.invert(), tag, pkt, now) {
+            Ok(h) => h,
             Err(InsertError::Clash { existing: Some(h) }) => {
                 let _ = ct.track(&h, pkt, now);
-                self.apply6(ip, info, &t, kind, &h, mode)
+                return self.apply6(ip, info, &t, kind, &h, mode);
             }
-            Err(InsertError::Clash { existing: None }) => Hook::Drop(DropReason::CtFull),
-            Err(InsertError::Full) => Hook::Drop(DropReason::CtFull),
-            Err(InsertError::Invalid(_)) if ct.config().liberal => Hook::Accept,
-            Err(InsertError::Invalid(_)) => Hook::Drop(DropReason::CtInvalid),
+            Err(InsertError::Clash { existing: None }) => {
+                return Hook::Drop(DropReason::NatExhausted)
+            }
+            Err(InsertError::Full) => return Hook::Drop(DropReason::CtFull),
+            Err(InsertError::Invalid(_)) if ct.config().liberal => return Hook::Accept,
+            Err(InsertError::Invalid(_)) => return Hook::Drop(DropReason::CtInvalid),
+        };
+        let c = &self.counters;
+        c.new.add(1);
+        if after != t {
+            c.dnat.add(1);
         }
+        if fin.src != t.src || fin.sport != t.sport {
+            c.snat.add(1);
+        }
+        if hairpin {
+            c.hairpin.add(1);
+        }
+        self.apply6(ip, info, &t, kind, &hit, mode)
     }
 
     /// An ICMPv6 error quoting a packet with tuple `q`: RELATED to its connection (translated
@@ -365,10 +486,22 @@ mod tests {
         v
     }
 
+    /// No local address, no route: what the hook sees of a router without IPv6 routes.
+    struct NoRoutes;
+    impl Routing6 for NoRoutes {
+        fn is_local6(&self, _: Ipv6Addr) -> bool {
+            false
+        }
+        fn egress6(&self, _: Ipv6Addr) -> Option<(crate::IfaceId, Option<Ipv6Addr>)> {
+            None
+        }
+    }
+
     fn run(nf: &Netfilter, frame: &[u8], now: Instant) -> (Hook, Vec<u8>) {
         let mut b = PacketBuf::from_frame(frame);
         let mut info = ipv6::check(&frame[14..]).unwrap();
-        let h = nf.prerouting6(&mut b, 14, &mut info, now);
+        let mut cx = NatCtx::new(1);
+        let h = nf.prerouting6(&NoRoutes, &mut b, 14, &mut info, &mut cx, now);
         (h, b.frame().to_vec())
     }
 
