@@ -10,7 +10,7 @@ use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
-use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
@@ -307,16 +307,23 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
     Ok(())
 }
 
-/// The NAT rules besides Services: `node.cluster_cidr` (kube-proxy's `--cluster-cidr`:
-/// Service traffic from outside it is masqueraded) and `[masquerade]` (pod traffic leaving
-/// the cluster CIDR through `out` takes `out`'s address). `iface` resolves interface names.
+/// The NAT rules besides Services, for both families: `node.cluster_cidr` (kube-proxy's
+/// `--cluster-cidr`, one prefix per family: Service traffic from outside it is masqueraded)
+/// and `[masquerade]` (pod traffic leaving the cluster CIDR of its family through `out`
+/// takes `out`'s address of that family, as `iptables` and `ip6tables` MASQUERADE rules).
+/// `iface` resolves interface names.
 pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
 ) -> Result<NatRules, String> {
     let cluster = Prefix::new(cfg.node.cluster_cidr.network(), cfg.node.cluster_cidr.len);
+    let cluster6 = cfg
+        .node
+        .cluster_cidr6
+        .map(|c| Prefix6::new(c.network(), c.len));
     let mut rules = NatRules {
         cluster_cidr: Some(cluster),
+        cluster_cidr6: cluster6,
         ..NatRules::default()
     };
     if let Some(m) = &cfg.masquerade {
@@ -327,6 +334,15 @@ pub fn to_nat_rules(
             src: Some(cluster),
             except_dst: Some(cluster),
         });
+        // IPv6 pod traffic is masqueraded only from the IPv6 cluster CIDR (without one the
+        // IPv6 pods are not cluster pods: `check` warns), to `out`'s global IPv6 address.
+        if let Some(c6) = cluster6 {
+            rules.masquerade6.push(MasqueradeRule6 {
+                out,
+                src: Some(c6),
+                except_dst: Some(c6),
+            });
+        }
     }
     Ok(rules)
 }
@@ -360,18 +376,7 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
     for round in 0..2 {
         let mut refused = Vec::new();
         for s in pending {
-            if s.vip6().is_some() {
-                errors.push(format!(
-                    "{}:{}: service {:?}: IPv6 ClusterIPs are not supported yet (config key cluster_ip)",
-                    node.config_path.display(),
-                    s.lines.of("cluster_ip"),
-                    s.name
-                ));
-                continue;
-            }
-            let Some(spec) = s.spec_v4() else {
-                continue;
-            };
+            let spec = s.spec();
             if nf
                 .services()
                 .get(&s.name)
@@ -381,10 +386,9 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
             }
             match nf.upsert_service(spec, now) {
                 Ok(id) => done.push(format!(
-                    "service {:?} applied (id {id}): {}:{}/{}{} -> {} endpoint(s)",
+                    "service {:?} applied (id {id}): {}/{}{} -> {} endpoint(s)",
                     s.name,
-                    s.describe_ips(),
-                    s.port,
+                    s.describe_frontends(),
                     proto_name(s.proto),
                     s.node_port
                         .map_or(String::new(), |p| format!(" node port {p}")),
@@ -413,20 +417,50 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     let key = match e {
         E::ZeroPort { field, .. } if *field == "node_port" => "node_port".to_string(),
         E::ZeroPort { .. } => "port".into(),
-        E::BadVip { .. } | E::DuplicateVip { .. } => "cluster_ip".into(),
+        E::BadVip { .. } | E::DuplicateVip { .. } => cluster_ip_key(s, false),
+        E::BadVip6 { .. } | E::DuplicateVip6 { .. } => cluster_ip_key(s, true),
         E::UnsupportedProto { .. } => "protocol".into(),
         E::DuplicateNodePort { .. } => "node_port".into(),
-        E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => s
-            .endpoints
-            .iter()
-            .rposition(|x| x.addr == std::net::SocketAddr::V4(*endpoint))
-            .map_or("endpoints".into(), |i| format!("endpoints.{i}")),
+        E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => {
+            endpoint_key(s, |a| a == std::net::SocketAddr::V4(*endpoint))
+        }
+        E::DuplicateEndpoint6 { endpoint, .. } | E::BadEndpoint6 { endpoint, .. } => {
+            endpoint_key(s, |a| match a {
+                std::net::SocketAddr::V6(a) => {
+                    a.ip() == endpoint.ip() && a.port() == endpoint.port()
+                }
+                std::net::SocketAddr::V4(_) => false,
+            })
+        }
+        E::TooManyEndpoints { .. } => "endpoints".into(),
+        E::NoClusterIp { field, .. } => {
+            let v6 = *field == "endpoints6";
+            endpoint_key(s, |a| a.is_ipv6() == v6)
+        }
         E::BadAffinityTimeout { .. } => "session_affinity_timeout".into(),
         _ => "name".into(),
     };
     let line = s.lines.of(&key);
     let key = key.split('.').next().unwrap_or_default().to_string();
     format!("{}:{line}: {e} (config key {key})", file.display())
+}
+
+/// The key of a Service's ClusterIP of a family (`cluster_ip.N` when the file gives a list).
+fn cluster_ip_key(s: &ServiceCfg, v6: bool) -> String {
+    s.cluster_ips
+        .iter()
+        .position(|ip| ip.is_ipv6() == v6)
+        .map(|i| format!("cluster_ip.{i}"))
+        .filter(|k| s.lines.has(k))
+        .unwrap_or_else(|| "cluster_ip".into())
+}
+
+/// The key of a Service's last endpoint that `is` picks (`endpoints.N`), else `endpoints`.
+fn endpoint_key(s: &ServiceCfg, is: impl Fn(std::net::SocketAddr) -> bool) -> String {
+    s.endpoints
+        .iter()
+        .rposition(|x| is(x.addr))
+        .map_or("endpoints".into(), |i| format!("endpoints.{i}"))
 }
 
 /// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed.
@@ -664,6 +698,7 @@ impl Plan {
         let cfg = &self.cfg;
         let handed_over_ct = handed_over.is_some();
         let mut kept_connections = 0;
+        let mut kept_connections6 = 0;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
         // a reload without a restart.
@@ -717,7 +752,9 @@ impl Plan {
                     Clock::new().now(),
                 ) {
                     Ok((ct, r)) => {
+                        kept_connections6 = r.kept;
                         if nf.set_conntrack6(ct).is_err() {
+                            kept_connections6 = 0;
                             log::warn!(
                                 "conntrack6: the IPv6 table was already made: {} not used",
                                 path.display()
@@ -740,6 +777,7 @@ impl Plan {
         Ok(Built {
             dp,
             kept_connections,
+            kept_connections6,
             taps: self.taps,
             cfg: self.cfg,
             config_path: self.config_path,
@@ -754,6 +792,8 @@ pub struct Built {
     pub dp: Arc<Datapath>,
     /// Connections found in the connection table's file.
     kept_connections: usize,
+    /// IPv6 connections found in `<state_dir>/conntrack6`.
+    kept_connections6: usize,
     /// As [`Plan::taps`].
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
@@ -777,6 +817,7 @@ impl Built {
         let Built {
             dp,
             kept_connections,
+            kept_connections6,
             taps,
             cfg,
             config_path,
@@ -862,6 +903,12 @@ impl Built {
                 "conntrack: kept connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );
         }
+        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections6 > 0) {
+            let (retagged, affinity) = nf.services().relink6(nf.conntrack6(), node.now());
+            log::info!(
+                "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
+            );
+        }
         // Everything is in place: from now on the TAPs outlive the process.
         for e in node.ports.list() {
             if let Some(dev) = &e.dev {
@@ -889,8 +936,10 @@ impl Built {
                 m.out
             );
             if let Some(c6) = cfg.node.cluster_cidr6 {
-                log::warn!(
-                    "masquerade: IPv6 pod traffic from {c6} is not masqueraded: the library has no IPv6 masquerade yet"
+                log::info!(
+                    "masquerade: IPv6 pod traffic from {c6} leaving through {} to outside it takes {}'s IPv6 address",
+                    m.out,
+                    m.out
                 );
             }
         }
@@ -1218,7 +1267,7 @@ mod tests {
         let c = cfg(&EXAMPLE
             .replacen("session_affinity = \"none\"", "session_affinity = \"client-ip\"\nsession_affinity_timeout = 600\nalgorithm = \"maglev\"", 1)
             .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
-        let web = c.services[0].spec_v4().unwrap();
+        let web = c.services[0].spec();
         assert_eq!(web.name, "web");
         assert_eq!(web.vip.to_string(), "10.96.0.10");
         assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
@@ -1237,7 +1286,7 @@ mod tests {
         assert_eq!(web.affinity, Some(Duration::from_secs(600)));
         assert_eq!(web.algo, LbAlgo::Maglev);
         assert!(web.external_local);
-        let dns = c.services[1].spec_v4().unwrap();
+        let dns = c.services[1].spec();
         assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
         assert_eq!(dns.affinity, None);
         assert_eq!(dns.algo, LbAlgo::Random);
@@ -1290,6 +1339,67 @@ mod tests {
             "{msg}"
         );
         assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
+    }
+
+    /// An IPv6 frontend or endpoint the library refuses is reported at the line of the
+    /// ClusterIP or the endpoint of that family.
+    #[test]
+    fn a_refused_ipv6_service_names_the_line_of_its_family() {
+        let text = include_str!("../../examples/node-dual-stack.toml").replace(
+            "cluster_ip = [\"10.96.0.10\", \"fd00:10:96::a\"]",
+            "cluster_ip = [\n  \"10.96.0.10\",\n  \"fd00:10:96::a\",\n]",
+        ).replace(
+            "endpoints = [\"10.244.1.2:8080\", \"10.244.2.2:8080\", \"[fd00:10:244:1::2]:8080\", \"[fd00:10:244:2::2]:8080\"]",
+            "endpoints = [\n  \"10.244.1.2:8080\",\n  \"[fd00:10:244:1::2]:8080\",\n  \"10.244.2.2:8080\",\n  \"[fd00:10:244:2::2]:8080\",\n]",
+        );
+        let c = cfg(&text);
+        let web = c.services.iter().find(|s| s.name == "web").unwrap();
+        let line = |pat: &str| text.lines().position(|l| l.contains(pat)).unwrap() + 1;
+        let file = std::path::Path::new("node.toml");
+        let vip6: std::net::Ipv6Addr = "fd00:10:96::a".parse().unwrap();
+        let e = ServiceError::DuplicateVip6 {
+            service: "web".into(),
+            vip6,
+            port: 80,
+            proto: 6,
+            other: "web6".into(),
+        };
+        let msg = service_error(file, web, &e);
+        assert!(
+            msg.starts_with(&format!(
+                "node.toml:{}: service \"web\": vip6:port [fd00:10:96::a]:80/TCP",
+                line("\"fd00:10:96::a\",")
+            )),
+            "{msg}"
+        );
+        assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
+        let e = ServiceError::BadVip {
+            service: "web".into(),
+            vip: std::net::Ipv4Addr::new(10, 96, 0, 10),
+        };
+        assert!(service_error(file, web, &e)
+            .starts_with(&format!("node.toml:{}:", line("\"10.96.0.10\","))));
+        let e = ServiceError::DuplicateEndpoint6 {
+            service: "web".into(),
+            endpoint: "[fd00:10:244:2::2]:8080".parse().unwrap(),
+        };
+        let msg = service_error(file, web, &e);
+        assert!(
+            msg.starts_with(&format!(
+                "node.toml:{}:",
+                line("\"[fd00:10:244:2::2]:8080\",")
+            )),
+            "{msg}"
+        );
+        assert!(msg.ends_with("(config key endpoints)"), "{msg}");
+        let e = ServiceError::NoClusterIp {
+            service: "web".into(),
+            field: "endpoints6",
+        };
+        assert!(service_error(file, web, &e).starts_with(&format!(
+            "node.toml:{}:",
+            line("\"[fd00:10:244:2::2]:8080\",")
+        )));
     }
 
     /// The dual-stack example builds: the interfaces' IPv6 addresses (and RA on cni0), the
@@ -1437,11 +1547,44 @@ mod tests {
             }]
         );
         assert!(r.snat.is_empty() && !r.random_fully);
+        // An IPv4-only file: no IPv6 rules.
+        assert_eq!(r.cluster_cidr6, None);
+        assert!(r.masquerade6.is_empty());
         assert!(to_nat_rules(&c, |_| None)
             .unwrap_err()
             .contains("[masquerade]: out = \"eth0\""));
         let mut none = c.clone();
         none.masquerade = None;
         assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    }
+
+    /// A dual-stack file: the IPv6 cluster CIDR and `[masquerade]` for IPv6 too
+    /// (`ip6tables -t nat -A POSTROUTING -s fd00:10:244::/56 ! -d fd00:10:244::/56 -o eth0
+    /// -j MASQUERADE`); without `[masquerade]` none of either family.
+    #[test]
+    fn nat_rules_for_both_families() {
+        let c = cfg(include_str!("../../examples/node-dual-stack.toml"));
+        let ids = |n: &str| match n {
+            "cni0" => Some(IfaceId(0)),
+            "eth0" => Some(IfaceId(1)),
+            _ => None,
+        };
+        let r = to_nat_rules(&c, ids).unwrap();
+        let c6 = Prefix6::new("fd00:10:244::".parse().unwrap(), 56);
+        assert_eq!(r.cluster_cidr6, Some(c6));
+        assert_eq!(
+            r.masquerade6,
+            [MasqueradeRule6 {
+                out: IfaceId(1),
+                src: Some(c6),
+                except_dst: Some(c6)
+            }]
+        );
+        assert_eq!(r.masquerade.len(), 1);
+        let mut none = c.clone();
+        none.masquerade = None;
+        let r = to_nat_rules(&none, ids).unwrap();
+        assert!(r.masquerade.is_empty() && r.masquerade6.is_empty());
+        assert_eq!(r.cluster_cidr6, Some(c6));
     }
 }

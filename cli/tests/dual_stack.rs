@@ -823,7 +823,9 @@ fn dual_stack_node() {
                 !ok && text
                     .lines()
                     .any(|l| l.contains("Address unreachable") && !l.contains(POD_A6)),
-                "expected Destination unreachable: Address unreachable from the router:\n{text}"
+                "expected Destination unreachable: Address unreachable from the router:\n{text}\n{}\n{}",
+                tapyard_ok(n, &["show", "stats"]),
+                tapyard_ok(n, &["show", "neigh"])
             );
         },
     );
@@ -1007,7 +1009,12 @@ fn dual_stack_node() {
     for (name, r) in &results {
         match r {
             Ok(()) => eprintln!("PASS {name}"),
-            Err(e) => eprintln!("FAIL {name}: {}", e.lines().next().unwrap_or_default()),
+            Err(e) => {
+                eprintln!("FAIL {name}: {}", e.lines().next().unwrap_or_default());
+                for l in e.lines().skip(1).take(200) {
+                    eprintln!("     {l}");
+                }
+            }
         }
     }
     let failed: Vec<&str> = results

@@ -19,13 +19,13 @@
 //! ([`Lines`]), for the cross-checks and the errors of a reload. Comparing configurations (a
 //! reload's difference) compares the values only, never the lines.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tapyard::conntrack::CtConfig;
 use tapyard::l3::neigh::NeighConfig;
-use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::nat::{Endpoint, Endpoint6, LbAlgo, ServiceSpec};
 use tapyard::MacAddr;
 use toml::de::DeTable;
 
@@ -284,34 +284,39 @@ impl ServiceDef {
         })
     }
 
-    /// The ClusterIPs as `ip` and `[ip]`, comma separated (for messages).
-    pub fn describe_ips(&self) -> String {
+    /// The frontends as `ip:port` and `[ip]:port`, comma separated (for messages).
+    pub fn describe_frontends(&self) -> String {
         self.cluster_ips
             .iter()
-            .map(IpAddr::to_string)
+            .map(|ip| SocketAddr::new(*ip, self.port).to_string())
             .collect::<Vec<_>>()
             .join(",")
     }
 
-    /// The library's Service for the IPv4 frontend (the IPv4 ClusterIP with the IPv4
-    /// endpoints), if the Service has an IPv4 ClusterIP.
-    pub fn spec_v4(&self) -> Option<ServiceSpec> {
-        let mut spec = ServiceSpec::new(self.name.clone(), self.vip4()?, self.port, self.proto);
+    /// The library's Service: a frontend per ClusterIP (`vip` for the IPv4 one, 0.0.0.0
+    /// without one; `vip6` for the IPv6 one), each with the endpoints of its family.
+    pub fn spec(&self) -> ServiceSpec {
+        let mut spec = ServiceSpec::new(
+            self.name.clone(),
+            self.vip4().unwrap_or(Ipv4Addr::UNSPECIFIED),
+            self.port,
+            self.proto,
+        );
+        spec.vip6 = self.vip6();
         spec.node_port = self.node_port;
-        spec.endpoints = self
-            .endpoints
-            .iter()
-            .filter_map(|e| match e.addr {
-                SocketAddr::V4(a) => {
-                    Some(Endpoint::new(SocketAddrV4::new(*a.ip(), a.port()), e.local))
-                }
-                SocketAddr::V6(_) => None,
-            })
-            .collect();
+        for e in &self.endpoints {
+            match e.addr {
+                SocketAddr::V4(a) => spec.endpoints.push(Endpoint::new(a, e.local)),
+                SocketAddr::V6(a) => spec.endpoints6.push(Endpoint6::new(
+                    SocketAddrV6::new(*a.ip(), a.port(), 0, 0),
+                    e.local,
+                )),
+            }
+        }
         spec.affinity = self.affinity;
         spec.algo = self.algo;
         spec.external_local = self.external_local;
-        Some(spec)
+        spec
     }
 }
 
@@ -700,7 +705,12 @@ endpoints = ["10.244.2.5:8080"]
         let web6 = &c.services[0];
         assert_eq!(web6.vip4(), None);
         assert_eq!(web6.vip6(), Some("fd00:10:96::10".parse().unwrap()));
-        assert!(web6.spec_v4().is_none());
+        let spec6 = web6.spec();
+        assert!(!spec6.has_v4());
+        assert_eq!(spec6.vip6, web6.vip6());
+        assert!(spec6.endpoints.is_empty());
+        assert_eq!(spec6.endpoints6.len(), 2);
+        assert_eq!((spec6.port, spec6.node_port), (80, Some(30086)));
         let eps: Vec<(String, bool)> = web6
             .endpoints
             .iter()
@@ -714,10 +724,16 @@ endpoints = ["10.244.2.5:8080"]
             ]
         );
         let web = &c.services[1];
-        assert_eq!(web.describe_ips(), "10.96.0.10,fd00:10:96::a");
-        // The IPv4 frontend takes the IPv4 endpoints only.
-        let v4 = web.spec_v4().unwrap();
-        assert_eq!(v4.endpoints.len(), 2);
+        assert_eq!(web.describe_frontends(), "10.96.0.10:80,[fd00:10:96::a]:80");
+        // Each frontend takes the endpoints of its family.
+        let spec = web.spec();
+        assert_eq!(spec.vip, Ipv4Addr::new(10, 96, 0, 10));
+        assert_eq!(spec.vip6, Some("fd00:10:96::a".parse().unwrap()));
+        assert_eq!(spec.endpoints.len(), 2);
+        assert_eq!(
+            spec.endpoints6.len(),
+            web.endpoints.iter().filter(|e| e.addr.is_ipv6()).count()
+        );
         assert_eq!(web.lines.of("cluster_ip.1"), web.lines.of("cluster_ip"));
         // A single string is the same as a list of one.
         let one = check_str(&DUAL.replace(
