@@ -718,6 +718,7 @@ impl Plan {
             self.b
                 .netfilter(NatConfig {
                     conntrack: cfg.conntrack,
+                    conntrack6: None,
                     max_affinity_entries: None,
                     rules,
                 })

@@ -149,6 +149,7 @@ fuzz_target!(|data: &[u8]| {
             max_entries: MAX_CT,
             ..CtConfig::default()
         },
+        conntrack6: None,
         max_affinity_entries: Some(16),
         rules: NatRules {
             cluster_cidr: Some(cluster),

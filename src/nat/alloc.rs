@@ -182,7 +182,10 @@ fn alloc(
     let Some(range) = kind else {
         return (!in_use(&base.invert())).then_some(base);
     };
-    search(orig.sport, range, hash, keep, |p| !in_use(&with(p).invert())).map(with)
+    search(orig.sport, range, hash, keep, |p| {
+        !in_use(&with(p).invert())
+    })
+    .map(with)
 }
 
 /// As [`alloc_source`] for an IPv6 connection (ICMPv6 echo identifiers as ICMP's).
@@ -233,7 +236,10 @@ fn alloc6(
     let Some(range) = kind else {
         return (!in_use(&base.invert())).then_some(base);
     };
-    search(orig.sport, range, hash, keep, |p| !in_use(&with(p).invert())).map(with)
+    search(orig.sport, range, hash, keep, |p| {
+        !in_use(&with(p).invert())
+    })
+    .map(with)
 }
 
 /// The port search shared by both families: `sport` if `keep` and it is free, else a

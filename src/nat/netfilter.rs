@@ -82,7 +82,8 @@ use arc_swap::ArcSwap;
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::conntrack::{
-    Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
+    Conntrack, Conntrack6, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt,
+    Track,
 };
 use crate::l3::router::{ErrorNat, Hook};
 use crate::narrow::len32;
@@ -144,8 +145,7 @@ impl Prefix6 {
     /// Whether `a` is inside the prefix.
     #[inline]
     pub fn contains(&self, a: Ipv6Addr) -> bool {
-        self.len == 0
-            || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
+        self.len == 0 || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
     }
 }
 
@@ -224,6 +224,8 @@ pub struct NatRules {
 pub struct NatConfig {
     /// The connection table.
     pub conntrack: CtConfig,
+    /// The IPv6 connection table (`None`: the same settings as `conntrack`).
+    pub conntrack6: Option<CtConfig>,
     /// Limit of the Services' client-IP affinity table (default 65536).
     pub max_affinity_entries: Option<usize>,
     /// Initial rules.
@@ -485,15 +487,27 @@ fn csum_mode(b: &PacketBuf) -> CsumMode {
 }
 
 impl Netfilter {
-    /// A NAT engine with `cfg`; errors name the bad field and value.
+    /// A NAT engine with `cfg`, both connection tables made now (IPv6's with
+    /// `cfg.conntrack6`, else `cfg.conntrack`); errors name the bad field and value.
     pub fn new(cfg: NatConfig) -> Result<Netfilter, CtConfigError> {
         let ct = Conntrack::new(cfg.conntrack)?;
-        Ok(Netfilter::with_conntrack(cfg, ct))
+        let ct6 = Conntrack6::new(cfg.conntrack6.unwrap_or(cfg.conntrack))?;
+        Ok(Netfilter::with_conntracks(cfg, ct, ct6))
+    }
+
+    /// A NAT engine on both connection tables made by the caller (e.g. kept in files,
+    /// [`Conntrack::open_file`], [`Conntrack6::open_file`](crate::conntrack::CtTable::open_file)).
+    pub fn with_conntracks(cfg: NatConfig, ct: Conntrack, ct6: Conntrack6) -> Netfilter {
+        let nf = Netfilter::with_conntrack(cfg, ct);
+        // Freshly made: the cell is empty.
+        let _ = nf.set_conntrack6(ct6);
+        nf
     }
 
     /// A NAT engine with `cfg` on a connection table made by the caller (e.g. one kept in a
     /// file, [`Conntrack::open_file`]); `cfg.conntrack` is not used, the table's own
-    /// configuration is.
+    /// configuration is. The IPv6 table is then made on first use (see
+    /// [`Netfilter::conntrack6`]) unless installed with [`Netfilter::set_conntrack6`].
     pub fn with_conntrack(cfg: NatConfig, ct: Conntrack) -> Netfilter {
         // A memoized connection was seen live (and refreshed, to within REFRESH) at its
         // stamp, so it cannot expire before the shortest timeout less REFRESH has passed.

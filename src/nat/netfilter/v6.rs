@@ -25,29 +25,29 @@
 //!
 //! **Not done yet**: SNAT rules to a fixed IPv6 address (`SnatRule` is IPv4 only).
 //!
-//! The IPv6 table is made, with the IPv4 table's configuration, on first use (the first
-//! IPv6 packet, or [`Netfilter::conntrack6`]): a node without IPv6 pays no memory for it. One
-//! made elsewhere (kept in a file, [`Conntrack6::open_file`]) is installed with
-//! [`Netfilter::set_conntrack6`] before traffic flows.
-
-use std::sync::OnceLock;
+//! The IPv6 table is made with the engine ([`Netfilter::new`], with
+//! [`super::NatConfig::conntrack6`] or else the IPv4 table's settings), beside the IPv4 one in
+//! a file when that is kept in a file (`DatapathBuilder::conntrack_file`: `<path>6`). An
+//! engine made on a caller's IPv4 table alone ([`Netfilter::with_conntrack`]) makes it on
+//! first use unless one is installed with [`Netfilter::set_conntrack6`].
 
 use std::net::Ipv6Addr;
+use std::sync::OnceLock;
 
 use super::{csum_mode, NatCtx, Netfilter, Routing6};
-use crate::conntrack::CtTag;
-use crate::narrow::low32;
-use crate::nat::PortRange;
-use crate::wire::ipv4::PROTO_TCP;
 use crate::buf::PacketBuf;
+use crate::conntrack::CtTag;
 use crate::conntrack::{Conntrack6, CtHit, Dir, InsertError, Pkt, Track};
 #[cfg(test)]
 use crate::l3::router::ErrorNat;
 use crate::l3::router::Hook;
 use crate::narrow::len32;
+use crate::narrow::low32;
+use crate::nat::PortRange;
 use crate::nat::{self, CsumMode};
 use crate::stats::DropReason;
 use crate::time::Instant;
+use crate::wire::ipv4::PROTO_TCP;
 use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::tcp::TcpPacket;
 use crate::wire::tuple::{L4Kind, Tuple6, PROTO_ICMPV6};
@@ -243,8 +243,7 @@ impl Netfilter {
                 let from_pod = rules.cluster_cidr6.is_some_and(|c| c.contains(t.src));
                 let local_only = node_port && svc.spec().external_local && !from_pod;
                 let r = cx.rng.next_u64();
-                let Some(ep) = self.services.select6(&svc, t.src, hash, r, local_only, now)
-                else {
+                let Some(ep) = self.services.select6(&svc, t.src, hash, r, local_only, now) else {
                     self.counters.rejected.add(1);
                     return if local_only && !svc.endpoints6().is_empty() {
                         Hook::Drop(DropReason::NoEndpoint)
