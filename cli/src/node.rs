@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tapyard::conntrack::Opened;
+use tapyard::conntrack::{CtConfig, Opened};
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
@@ -697,6 +697,7 @@ impl Plan {
     pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
         let cfg = &self.cfg;
         let handed_over_ct = handed_over.is_some();
+        let has_v6 = cfg.connected().iter().any(|c| c.address6.is_some());
         let mut kept_connections = 0;
         let mut kept_connections6 = 0;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
@@ -718,7 +719,11 @@ impl Plan {
             self.b
                 .netfilter(NatConfig {
                     conntrack: cfg.conntrack,
-                    conntrack6: None,
+                    // A node without IPv6 routes no IPv6: a small IPv6 table.
+                    conntrack6: (!has_v6).then_some(CtConfig {
+                        max_entries: 1024,
+                        ..cfg.conntrack
+                    }),
                     max_affinity_entries: None,
                     rules,
                 })
@@ -733,45 +738,28 @@ impl Plan {
                     _ => log::info!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display()),
                 }
             }
-        }
-        let dp = Arc::new(self.b.build());
-        // The IPv6 connection table beside the IPv4 one (<state_dir>/conntrack6), on a node
-        // with IPv6: its connections survive a restart too. At a takeover the running node
-        // still holds it: the new one starts an empty IPv6 table (logged).
-        let has_v6 = cfg.connected().iter().any(|c| c.address6.is_some());
-        if let (Some(nf), true) = (dp.netfilter(), has_v6) {
-            let path = cfg.node.state_dir_path().join("conntrack6");
-            if handed_over_ct {
-                log::warn!(
-                    "conntrack6: {} is the running node's: IPv6 connections start anew",
-                    path.display()
-                );
-            } else {
-                match tapyard::conntrack::Conntrack6::open_file(
-                    cfg.conntrack,
-                    &path,
-                    Clock::new().now(),
-                ) {
-                    Ok((ct, r)) => {
-                        kept_connections6 = r.kept;
-                        if nf.set_conntrack6(ct).is_err() {
-                            kept_connections6 = 0;
-                            log::warn!(
-                                "conntrack6: the IPv6 table was already made: {} not used",
-                                path.display()
-                            );
-                        } else {
-                            log::info!("conntrack6: {}: {r}", path.display());
+            // The IPv6 table beside it (<state_dir>/conntrack6), so IPv6 connections survive
+            // a restart too. At a takeover the running node still holds it: the new one
+            // starts an empty IPv6 table (logged).
+            let ct6_file = tapyard::conntrack6_path(&ct_file);
+            match self.b.recovery6() {
+                Some(r) => {
+                    kept_connections6 = r.kept;
+                    match r.opened {
+                        Opened::Refused(_) => {
+                            log::warn!("conntrack6: {}: {r}", ct6_file.display())
                         }
+                        _ => log::info!("conntrack6: {}: {r}", ct6_file.display()),
                     }
-                    Err(e) => log::warn!(
-                        "conntrack6: {}: {} (IPv6 connections are kept in memory only)",
-                        path.display(),
-                        error_chain(&e)
-                    ),
                 }
+                None if handed_over_ct && has_v6 => log::warn!(
+                    "conntrack6: {} is the running node's: IPv6 connections start anew",
+                    ct6_file.display()
+                ),
+                None => {}
             }
         }
+        let dp = Arc::new(self.b.build());
         for r in &cfg.routes {
             add_route(&dp, cfg, r, false)?;
         }
