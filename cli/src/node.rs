@@ -692,6 +692,12 @@ impl Plan {
         !self.iface_ids.is_empty()
     }
 
+    /// The IPv6 connection table's file (`<state_dir>/conntrack6`) as the running node
+    /// handed it over at a takeover; call before [`Plan::build`].
+    pub fn conntrack6_handed_over(&mut self, f: std::fs::File) {
+        self.b.conntrack6_file_handed_over(f);
+    }
+
     /// Opens the connection table (`<state_dir>/conntrack`; `handed_over`: that file as the
     /// running node handed it over), finishes the datapath and adds the routes.
     pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
@@ -739,8 +745,8 @@ impl Plan {
                 }
             }
             // The IPv6 table beside it (<state_dir>/conntrack6), so IPv6 connections survive
-            // a restart too. At a takeover the running node still holds it: the new one
-            // starts an empty IPv6 table (logged).
+            // a restart and a takeover too (a running node that does not hand it over still
+            // holds it: the new one then starts an empty IPv6 table, logged).
             let ct6_file = tapyard::conntrack6_path(&ct_file);
             match self.b.recovery6() {
                 Some(r) => {
