@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per frame of tapyard's per-packet datapath work, counted by callgrind, for
-# three cases: bridged (bench `bridge`, forwarding_decision/tapyard_fdb/1000), routed
-# (bench `datapath`, datapath_routed/tapyard) and NAT (bench `nat`, established DNAT'd TCP,
+# four cases: bridged (bench `bridge`, forwarding_decision/tapyard_fdb/1000), routed
+# (bench `datapath`, datapath_routed/tapyard), routed IPv6 (datapath_routed/tapyard_ipv6, the
+# same packets over IPv6) and NAT (bench `nat`, established DNAT'd TCP,
 # datapath_dnat/tapyard_dnat_established_one_flow).
 #
 # usage: bash benches/callgrind.sh [REPO_DIR]      (benches built: cargo bench --no-run)
@@ -94,6 +95,8 @@ PY
 
 run_case bridge bridge '^forwarding_decision/tapyard_fdb/1000$'
 run_case routed datapath '^datapath_routed/tapyard$'
+# ROUTED6=0 skips it (benches older than the IPv6 case).
+[[ ${ROUTED6:-1} == 1 ]] && run_case routed6 datapath '^datapath_routed/tapyard_ipv6$'
 run_case nat nat '^datapath_dnat/tapyard_dnat_established_one_flow$'
 # FILE_BACKED=1: also the NAT case with the connection table in a file (/dev/shm).
 [[ ${FILE_BACKED:-0} == 1 ]] &&

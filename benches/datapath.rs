@@ -148,7 +148,7 @@ fn bench(c: &mut Criterion) {
 criterion_group!(benches, bench);
 criterion_main!(benches, routed_benches, vxlan_benches);
 
-/// IPv4 forwarding through the whole datapath: 64-byte UDP packets from 4 hosts on bridge
+/// IPv4 (`tapyard`) and IPv6 (`tapyard_ipv6`) forwarding through the whole datapath: 64-byte UDP packets from 4 hosts on bridge
 /// br0 (10.0.0.0/24) to 4 hosts on bridge br1 (10.0.1.0/24), routed by the router interfaces
 /// of both bridges with neighbours resolved; in-memory ports; one pump round per iteration
 /// (bridge lookup, router: header check, LPM, neighbour, TTL and MAC rewrite, bridge lookup on
@@ -165,18 +165,13 @@ fn routed(c: &mut Criterion) {
     let br1 = b.add_bridge(BridgeConfig::new("br1")).unwrap();
     let gw0 = MacAddr::local(0xfe00);
     let gw1 = MacAddr::local(0xfe01);
-    let (if0, _) = b
-        .add_router_iface(
-            IfaceConfig::new("gw0", gw0, Ipv4Addr::new(10, 0, 0, 254), 24),
-            Some(br0),
-        )
-        .unwrap();
-    let (if1, _) = b
-        .add_router_iface(
-            IfaceConfig::new("gw1", gw1, Ipv4Addr::new(10, 0, 1, 254), 24),
-            Some(br1),
-        )
-        .unwrap();
+    let v6 = |i: u16, h: u16| std::net::Ipv6Addr::new(0xfd00, 0, i, 0, 0, 0, 0, h);
+    let mut c0 = IfaceConfig::new("gw0", gw0, Ipv4Addr::new(10, 0, 0, 254), 24);
+    c0.addr6 = Some((v6(0, 0xfe), 64));
+    let mut c1 = IfaceConfig::new("gw1", gw1, Ipv4Addr::new(10, 0, 1, 254), 24);
+    c1.addr6 = Some((v6(1, 0xfe), 64));
+    let (if0, _) = b.add_router_iface(c0, Some(br0)).unwrap();
+    let (if1, _) = b.add_router_iface(c1, Some(br1)).unwrap();
     let mut hosts = Vec::new();
     let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
     let mut sinks = Vec::new();
@@ -200,7 +195,27 @@ fn routed(c: &mut Criterion) {
         dp.add_static_neigh(if1, ip, dst_mac(i), now).unwrap();
         let ip = Ipv4Addr::new(10, 0, 0, 10 + i as u8);
         dp.add_static_neigh(if0, ip, src_mac(i), now).unwrap();
+        dp.add_static_neigh6(if1, v6(1, 10 + i as u16), dst_mac(i), now)
+            .unwrap();
+        dp.add_static_neigh6(if0, v6(0, 10 + i as u16), src_mac(i), now)
+            .unwrap();
     }
+    // The same packets over IPv6 (UDP, 18 bytes of payload).
+    let frames6: Vec<Vec<u8>> = (0..PORTS)
+        .map(|i| {
+            let mut f = Vec::new();
+            etherparse::PacketBuilder::ethernet2(src_mac(i).0, gw0.0)
+                .ipv6(
+                    v6(0, 10 + i as u16).octets(),
+                    v6(1, 10 + i as u16).octets(),
+                    64,
+                )
+                .udp(1000, 2000)
+                .write(&mut f, &[0u8; 18])
+                .unwrap();
+            f
+        })
+        .collect();
     let frames: Vec<Vec<u8>> = (0..PORTS)
         .map(|i| {
             let mut f = Vec::new();
@@ -221,13 +236,15 @@ fn routed(c: &mut Criterion) {
         f.resize(60, 0);
         s.send_frame(&f).unwrap();
     }
-    let inject = || {
-        for (h, f) in hosts.iter().zip(&frames) {
+    let inject_frames = |frames: &[Vec<u8>]| {
+        for (h, f) in hosts.iter().zip(frames) {
             for _ in 0..BATCH_SIZE {
                 h.send_frame(f).unwrap();
             }
         }
     };
+    let inject = || inject_frames(&frames);
+    let inject6 = || inject_frames(&frames6);
     let drain = || {
         for s in &sinks {
             while let Some(b) = s.recv_frame() {
@@ -248,6 +265,21 @@ fn routed(c: &mut Criterion) {
             || {
                 drain();
                 inject();
+            },
+            |()| black_box(pump.poll(now).unwrap()),
+            BatchSize::PerIteration,
+        )
+    });
+    // IPv6, same run (header check and extension-header walk, LPM on the IPv6 FIB, NDP
+    // neighbour, hop limit and MAC rewrite).
+    inject6();
+    pump.drain(now, 8);
+    drain();
+    g.bench_function("tapyard_ipv6", |bch| {
+        bch.iter_batched(
+            || {
+                drain();
+                inject6();
             },
             |()| black_box(pump.poll(now).unwrap()),
             BatchSize::PerIteration,

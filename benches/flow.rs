@@ -8,6 +8,10 @@
 //! (scoped), each does `iters × 1024` lookups, and the sample's time is the wall time of the
 //! slowest; the throughput counts all threads' lookups.
 //!
+//! `ct_lookup_v4_v6_{10,100}k` looks the same connections up in the IPv4 table and, with
+//! IPv6 addresses (a /64 per node and the IPv4 pattern in the low bits), in the IPv6 table
+//! (`Conntrack6`, 128-byte entries, five-word keys), one thread, one at a time.
+//!
 //! `cargo bench --bench flow -- --warm-up-time 1 --measurement-time 3`
 #![allow(
     clippy::cast_possible_truncation,
@@ -22,8 +26,8 @@ use std::time::{Duration, Instant as StdInstant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
 use parking_lot::Mutex;
-use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtHit, CtTag, Pkt};
-use tapyard::wire::tuple::{L4Kind, Tuple};
+use tapyard::conntrack::{tcp::flags, Conntrack, Conntrack6, CtConfig, CtHit, CtTag, Pkt};
+use tapyard::wire::tuple::{L4Kind, Tuple, Tuple6};
 use tapyard::Instant;
 
 #[path = "common.rs"]
@@ -93,6 +97,85 @@ fn lookups(c: &mut Criterion) {
     // 10 k connections fit in cache (compute-bound); 100 k do not (memory-bound).
     lookups_n(c, 10_000);
     lookups_n(c, CONNS);
+    lookups_v4_v6(c, 10_000);
+    lookups_v4_v6(c, CONNS);
+}
+
+/// Connection `i` of [`conn`] with IPv6 addresses: `fd00:<v4 high half>::<v4>`.
+fn conn6(i: u32) -> (Tuple6, Tuple6) {
+    let (o, r) = conn(i);
+    let a = |v: Ipv4Addr| {
+        let x = u32::from(v);
+        std::net::Ipv6Addr::from(0xfd00_u128 << 112 | u128::from(x >> 16) << 64 | u128::from(x))
+    };
+    let six = |t: Tuple| Tuple6 {
+        src: a(t.src),
+        dst: a(t.dst),
+        sport: t.sport,
+        dport: t.dport,
+        proto: t.proto,
+        zone: t.zone,
+    };
+    (six(o), six(r))
+}
+
+fn lookups_v4_v6(c: &mut Criterion, conns: u32) {
+    let now = Instant::from_secs(1);
+    let cfg = CtConfig {
+        max_entries: 262_144,
+        ..CtConfig::default()
+    };
+    let ct = Conntrack::new(cfg).unwrap();
+    let ct6 = Conntrack6::new(cfg).unwrap();
+    for i in 0..conns {
+        let (o, r) = conn(i);
+        ct.insert(o, r, CtTag::default(), &SYN, now).unwrap();
+        let (o, r) = conn6(i);
+        ct6.insert(o, r, CtTag::default(), &SYN, now).unwrap();
+    }
+    let mut rng = Rng(0x51ed_2701);
+    let picks: Vec<(u32, bool)> = (0..(1 << 18))
+        .map(|_| ((rng.next() % u64::from(conns)) as u32, rng.next() & 1 == 0))
+        .collect();
+    let seq4: Vec<Tuple> = picks
+        .iter()
+        .map(|&(i, o)| if o { conn(i).0 } else { conn(i).1 })
+        .collect();
+    let seq6: Vec<Tuple6> = picks
+        .iter()
+        .map(|&(i, o)| if o { conn6(i).0 } else { conn6(i).1 })
+        .collect();
+    let mask = (1usize << 18) - 1;
+    let mut g = c.benchmark_group(format!("ct_lookup_v4_v6_{}k", conns / 1000));
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(CHUNK as u64));
+    g.bench_function("ipv4", |b| {
+        b.iter_custom(|iters| {
+            par(1, iters, &|th, iters| {
+                walk(&seq4, mask, th, iters, |t| {
+                    ct.lookup(t, now).map(|h| h.id.slot)
+                })
+            })
+        })
+    });
+    g.bench_function("ipv6", |b| {
+        b.iter_custom(|iters| {
+            par(1, iters, &|_, iters| {
+                let mut k = 0usize;
+                let mut n = 0u32;
+                for _ in 0..iters {
+                    for _ in 0..CHUNK {
+                        k = (k + 1) & mask;
+                        if let Some(h) = ct6.lookup(&seq6[k], now) {
+                            n = n.wrapping_add(h.id.slot);
+                        }
+                    }
+                }
+                black_box(n);
+            })
+        })
+    });
+    g.finish();
 }
 
 fn lookups_n(c: &mut Criterion, conns: u32) {

@@ -28,7 +28,7 @@
 )]
 
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -37,8 +37,8 @@ use tapyard::conntrack::{CtConfig, CtTag, Pkt};
 use tapyard::l3::IfaceConfig;
 use tapyard::nat::NatConfig;
 use tapyard::nat::{
-    alloc_source, rewrite, CsumMode, Endpoint, LbAlgo, PortRange, Rng, ServiceSpec, Services,
-    DEFAULT_AFFINITY_TIMEOUT,
+    alloc_source, rewrite, CsumMode, Endpoint, Endpoint6, LbAlgo, PortRange, Rng, ServiceSpec,
+    Services, DEFAULT_AFFINITY_TIMEOUT,
 };
 use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::Pump;
@@ -49,6 +49,38 @@ use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId
 
 const PORTS: usize = 4;
 const VIP: [u8; 4] = [10, 96, 0, 1];
+const VIP6: &str = "fd00:96::1";
+
+fn client_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 10 + i as u16)
+}
+fn server_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0, 0, 1, 0, 0, 0, 10 + i as u16)
+}
+
+fn tcp6(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: Ipv6Addr,
+    sport: u16,
+    dst: Ipv6Addr,
+    dport: u16,
+    flags: u8,
+) -> Vec<u8> {
+    let mut f = Vec::new();
+    let mut b = etherparse::PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
+        .ipv6(src.octets(), dst.octets(), 64)
+        .tcp(sport, dport, 1, 64240);
+    if flags & 2 != 0 {
+        b = b.syn();
+    }
+    if flags & 0x10 != 0 {
+        b = b.ack(1);
+    }
+    let payload = if flags & 2 != 0 { 0 } else { 10 };
+    b.write(&mut f, &vec![0u8; payload]).unwrap();
+    f
+}
 
 fn client_ip(i: usize) -> [u8; 4] {
     [10, 0, 0, 10 + i as u8]
@@ -136,13 +168,21 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
     let br1 = b.add_bridge(BridgeConfig::new("br1")).unwrap();
     let (if0, _) = b
         .add_router_iface(
-            IfaceConfig::new("gw0", GW0, Ipv4Addr::new(10, 0, 0, 254), 24),
+            {
+                let mut c = IfaceConfig::new("gw0", GW0, Ipv4Addr::new(10, 0, 0, 254), 24);
+                c.addr6 = Some(("fd00::fe".parse().unwrap(), 64));
+                c
+            },
             Some(br0),
         )
         .unwrap();
     let (if1, _) = b
         .add_router_iface(
-            IfaceConfig::new("gw1", GW1, Ipv4Addr::new(10, 0, 1, 254), 24),
+            {
+                let mut c = IfaceConfig::new("gw1", GW1, Ipv4Addr::new(10, 0, 1, 254), 24);
+                c.addr6 = Some(("fd00:0:0:1::fe".parse().unwrap(), 64));
+                c
+            },
             Some(br1),
         )
         .unwrap();
@@ -175,6 +215,10 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
         dp.add_static_neigh(if0, client_ip(i).into(), client_mac(i), now)
             .unwrap();
         dp.add_static_neigh(if1, server_ip(i).into(), server_mac(i), now)
+            .unwrap();
+        dp.add_static_neigh6(if0, client_ip6(i), client_mac(i), now)
+            .unwrap();
+        dp.add_static_neigh6(if1, server_ip6(i), server_mac(i), now)
             .unwrap();
     }
     if let Some(nf) = dp.netfilter() {
@@ -521,5 +565,80 @@ fn parts(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_connections, parts);
+/// Established DNAT'd IPv6 TCP beside the IPv4 figure: the same rig with IPv6 addresses on
+/// both router interfaces and an IPv6 ClusterIP over the same four servers, 32 connections per
+/// client, the same segment mix.
+fn established6(c: &mut Criterion) {
+    let mut g = c.benchmark_group("datapath_dnat");
+    g.throughput(Throughput::Elements((PORTS * BATCH_SIZE) as u64));
+    let r = rig(true, 65_536, None);
+    let nf = r.dp.netfilter().unwrap();
+    let mut s = ServiceSpec::new6("web6", VIP6.parse().unwrap(), 80, 6);
+    s.endpoints6 = (0..PORTS)
+        .map(|i| Endpoint6::new(SocketAddrV6::new(server_ip6(i), 8080, 0, 0), true))
+        .collect();
+    nf.upsert_service(s, r.now).unwrap();
+    let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
+    r.announce(&mut pump);
+    let vip6: Ipv6Addr = VIP6.parse().unwrap();
+    let sport = |k: usize| 10_000 + k as u16;
+    let mut data: Vec<Vec<Vec<u8>>> = vec![Vec::new(); PORTS];
+    for (i, h) in r.clients.iter().enumerate() {
+        for k in 0..BATCH_SIZE {
+            let f = |fl| tcp6(client_mac(i), GW0, client_ip6(i), sport(k), vip6, 80, fl);
+            h.send_frame(&f(2)).unwrap();
+            data[i].push(f(0x10));
+        }
+    }
+    pump.drain(r.now, 8);
+    for (j, s) in r.servers.iter().enumerate() {
+        let mut answers = Vec::new();
+        while let Some(b) = s.recv_frame() {
+            let f = b.frame();
+            if f.len() >= 74 && f[12..14] == [0x86, 0xdd] {
+                let src = Ipv6Addr::from(<[u8; 16]>::try_from(&f[22..38]).unwrap());
+                let sp = u16::from_be_bytes([f[54], f[55]]);
+                answers.push(tcp6(server_mac(j), GW1, server_ip6(j), 8080, src, sp, 0x12));
+            }
+            s.recycle(b);
+        }
+        for a in answers {
+            s.send_frame(&a).unwrap();
+        }
+    }
+    pump.drain(r.now, 8);
+    r.drain();
+    let inject = || {
+        for (h, fs) in r.clients.iter().zip(&data) {
+            for f in fs {
+                h.send_frame(f).unwrap();
+            }
+        }
+    };
+    inject();
+    pump.drain(r.now, 8);
+    r.drain();
+    let est = nf
+        .conntrack6()
+        .dump(r.now)
+        .iter()
+        .filter(|v| v.assured)
+        .count();
+    assert_eq!(est, PORTS * BATCH_SIZE, "every IPv6 connection established");
+    g.bench_function("tapyard_dnat_established_v6", |bch| {
+        bch.iter_batched(
+            || {
+                r.drain();
+                inject();
+            },
+            |()| black_box(pump.poll(r.now).unwrap()),
+            BatchSize::PerIteration,
+        )
+    });
+    let st = r.dp.stats();
+    assert_eq!(st.rx_drops(), 0, "{st}");
+    g.finish();
+}
+
+criterion_group!(benches, established, established6, new_connections, parts);
 criterion_main!(benches);

@@ -117,8 +117,8 @@ pub mod wire;
 pub use base::{BridgeId, IfaceId, PortId, Verdict};
 pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE, DEFAULT_FRAME_ROOM, HEADROOM};
 pub use datapath::{
-    Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker, DEFAULT_MAX_PORTS,
-    MAX_EXTRA,
+    conntrack6_path, Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker,
+    DEFAULT_MAX_PORTS, MAX_EXTRA,
 };
 pub use stats::{DropReason, StatsSnapshot};
 pub use time::{Clock, Instant};

@@ -251,6 +251,22 @@ drop_reasons! {
         /// A frame routed into a VXLAN interface whose destination MAC is no peer's VTEP MAC
         /// (no FDB entry: Linux drops it too, with `nolearning` and no default destination).
         VxlanNoPeer = "vxlan_no_peer",
+        /// An IPv6 packet that fails Linux's `ipv6_rcv` checks (version, payload length, a
+        /// jumbogram, a multicast source, a `::1` destination) or whose extension-header chain
+        /// is truncated, misordered, or longer than 8 headers or 2048 bytes.
+        BadIpv6Header = "bad_ipv6_header",
+        /// An ICMPv6 message to the router whose checksum does not verify.
+        BadIcmpv6Checksum = "bad_icmpv6_checksum",
+        /// An NDP message to the router that RFC 4861 says to discard: hop limit not 255,
+        /// nonzero code, bad option lengths, a multicast target, a DAD probe with a link-layer
+        /// option, a solicited advertisement to a multicast group.
+        BadNdp = "bad_ndp",
+        /// An IPv6 packet with a link-local source or destination that would have to be
+        /// forwarded (link-local addresses never leave their link).
+        Ipv6LinkLocal = "ipv6_link_local",
+        /// An IPv6 packet larger than the egress MTU (routers never fragment IPv6; an ICMPv6
+        /// packet too big is sent).
+        PacketTooBig = "packet_too_big",
     }
 }
 

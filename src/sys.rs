@@ -292,6 +292,21 @@ macro_rules! atomic_words {
         #[allow(unsafe_code)]
         unsafe impl $crate::sys::AnyBits for $name {}
     };
+    // A struct generic over one `const` length (e.g. `[AtomicU64; W]` fields): `AnyBits` is
+    // implemented for every length at which all fields are `AnyBits`.
+    ($(#[$m:meta])* $vis:vis struct $name:ident<const $w:ident: usize> {
+        $($(#[$fm:meta])* $fvis:vis $f:ident : $t:ty),* $(,)?
+    }) => {
+        $(#[$m])*
+        $vis struct $name<const $w: usize> { $($(#[$fm])* $fvis $f: $t),* }
+        // SAFETY: as above; the where-clause makes the impl exist only where every field is
+        // `AnyBits`.
+        #[allow(unsafe_code)]
+        unsafe impl<const $w: usize> $crate::sys::AnyBits for $name<$w>
+        where
+            $($t: $crate::sys::AnyBits),*
+        {}
+    };
 }
 pub(crate) use atomic_words;
 

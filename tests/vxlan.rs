@@ -843,3 +843,123 @@ fn tunnel_super_frame_crosses_real_taps_both_ways() {
     assert!(payload == want, "segments' payload");
     drop((t1, t2, t3));
 }
+
+/// IPv6 pod traffic inside the overlay, over the IPv4 underlay (as flannel's dual-stack
+/// VXLAN with an IPv4 underlay): an IPv6 route via the peer's link-local VTEP address on
+/// `flannel.1` (`fd00:10:244:2::/64 via fe80::... dev flannel.1`) and its static NDP entry
+/// with the peer's VTEP MAC, as `ip -6 route` / `ip -6 neigh` show on a flannel node.
+#[test]
+fn ipv6_pod_traffic_crosses_the_ipv4_underlay() {
+    use std::net::Ipv6Addr;
+    use tapyard::l3::{NextHop6, Route6, RouteProto};
+    let v6 = |n: u8, h: u16| Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(n), 0, 0, 0, h);
+    let vtep_ll =
+        |n: u8| tapyard::wire::ipv6::link_local_from_mac(default_mac(Ipv4Addr::new(10, 244, n, 0)));
+    let (mut a, mut c) = (node(1), node(2));
+    for (n, node) in [(1u8, &a), (2u8, &c)] {
+        let other = 3 - n;
+        let dp = &node.dp;
+        let flannel = dp.iface_by_name("flannel.1").unwrap();
+        let cni0 = dp.iface_by_name("cni0").unwrap();
+        dp.add_route6(Route6 {
+            prefix: v6(n, 0),
+            len: 64,
+            next_hop: NextHop6::Link(cni0),
+            metric: 256,
+            proto: RouteProto::Kernel,
+        })
+        .unwrap();
+        dp.add_route6(Route6 {
+            prefix: v6(other, 0),
+            len: 64,
+            next_hop: NextHop6::Via(flannel, vtep_ll(other)),
+            metric: 1024,
+            proto: RouteProto::Static,
+        })
+        .unwrap();
+        dp.add_static_neigh6(
+            flannel,
+            vtep_ll(other),
+            default_mac(Ipv4Addr::new(10, 244, other, 0)),
+            node.now,
+        )
+        .unwrap();
+        dp.add_static_neigh6(cni0, v6(n, 2), MacAddr([2, 0, n, 0, 0, 2]), node.now)
+            .unwrap();
+    }
+    let mut inner = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
+        .ipv6(v6(1, 2).octets(), v6(2, 2).octets(), 64)
+        .udp(40000, 5201)
+        .write(&mut inner, &[0x5a; 100])
+        .unwrap();
+    let (v, out) = a.run(POD, &inner);
+    assert_eq!(v, Verdict::Output(ETH0));
+    let (port, wire) = &out[0];
+    assert_eq!(*port, ETH0);
+    // Outer IPv4 + UDP to 8472, VNI 1; inner an IPv6 frame between the VTEPs, hop limit 63.
+    let s = SlicedPacket::from_ethernet(wire).unwrap();
+    let Some(NetSlice::Ipv4(ip)) = s.net else {
+        panic!("outer not IPv4")
+    };
+    assert_eq!(
+        (ip.header().source_addr(), ip.header().destination_addr()),
+        (node_ip(1), node_ip(2))
+    );
+    let Some(TransportSlice::Udp(u)) = s.transport else {
+        panic!()
+    };
+    assert_eq!(u.destination_port(), 8472);
+    assert_eq!(
+        u.to_header()
+            .calc_checksum_ipv4(&ip.header().to_header(), u.payload())
+            .unwrap(),
+        u.checksum()
+    );
+    let inner_out = &u.payload()[8..];
+    assert_eq!(
+        &inner_out[..6],
+        &default_mac(Ipv4Addr::new(10, 244, 2, 0)).0
+    );
+    assert_eq!(&inner_out[12..14], &[0x86, 0xdd]);
+    let i = SlicedPacket::from_ethernet(inner_out).unwrap();
+    let Some(NetSlice::Ipv6(i6)) = i.net else {
+        panic!("inner not IPv6")
+    };
+    assert_eq!(i6.header().hop_limit(), 63);
+    assert_eq!(i6.header().destination_addr(), v6(2, 2));
+
+    // Node C decapsulates and routes to its pod: hop limit 62, UDP checksum still valid.
+    let (v, out) = c.run(ETH0, wire);
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    let (p, f) = &out[0];
+    assert_eq!(*p, POD);
+    assert_eq!(&f[..6], &[2, 0, 2, 0, 0, 2]);
+    let s = SlicedPacket::from_ethernet(f).unwrap();
+    let Some(NetSlice::Ipv6(i6)) = s.net else {
+        panic!()
+    };
+    assert_eq!(i6.header().hop_limit(), 62);
+    assert_eq!(i6.header().source_addr(), v6(1, 2));
+    let Some(TransportSlice::Udp(u)) = s.transport else {
+        panic!()
+    };
+    assert_eq!(
+        u.to_header()
+            .calc_checksum_ipv6(&i6.header().to_header(), u.payload())
+            .unwrap(),
+        u.checksum()
+    );
+    assert_eq!(u.payload(), &[0x5a; 100][..]);
+    // Every frame on both nodes accounted.
+    for n in [&a, &c] {
+        let st = n.dp.stats();
+        assert_eq!(
+            st.accounted(),
+            st.ports.iter().map(|p| p.rx_packets).sum::<u64>()
+        );
+    }
+}

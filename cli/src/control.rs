@@ -258,7 +258,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 let e = no_nat(&what);
                 return reply(&mut s, &json!({"ok": false, "error": e}));
             };
-            write_conntrack_reply(nf, node.now(), &mut s)
+            write_conntrack_reply(nf, node.now(), has_v6(node), &mut s)
         }
         Request::Show { what, json } => {
             let v = match show(node, &what, json) {
@@ -290,7 +290,11 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 "config": node.config_path.display().to_string(),
                 "workers": node.workers,
                 "ports": node.ports.list().iter().map(|e| json!({"name": e.name, "tap": e.tap})).collect::<Vec<_>>(),
-                "interfaces": node.ifaces.iter().map(|(n, m, a)| json!({"name": n, "mac": m.to_string(), "address": a.to_string()})).collect::<Vec<_>>(),
+                "interfaces": node.ifaces.iter().map(|(n, m, a)| {
+                    let v6 = cur.connected().into_iter().find(|c| c.name == n).and_then(|c| c.address6);
+                    let ll = node.dp.iface_by_name(n).and_then(|i| node.dp.router()?.link_local6(i));
+                    json!({"name": n, "mac": m.to_string(), "address": a.to_string(), "address6": v6.map(|a| a.to_string()), "link_local6": ll.map(|a| a.to_string())})
+                }).collect::<Vec<_>>(),
             }});
             drop(cur);
             reply(&mut s, &v)
@@ -499,9 +503,27 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                             "queued": e.queued,
                         })
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             });
-            Ok(Value::Array(rows))
+            // The NDP table after the ARP table (as `ip neigh` lists both families).
+            let rows6 = dp.router().map_or_else(Vec::new, |r| {
+                r.neigh6()
+                    .dump(now)
+                    .into_iter()
+                    .map(|e| {
+                        json!({
+                            "dst": e.ip.to_string(),
+                            "dev": dp.iface_name(e.iface).unwrap_or("?"),
+                            "lladdr": e.mac.map(|m| m.to_string()),
+                            "state": e.state.name(),
+                            "confirmed_ago_secs": e.confirmed_ago.map(|d| d.as_secs_f64()),
+                            "updated_ago_secs": e.updated_ago.as_secs_f64(),
+                            "queued": e.queued,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            Ok(Value::Array(rows.into_iter().chain(rows6).collect()))
         }
         "routes" => {
             if !as_json {
@@ -529,9 +551,33 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                             "prefsrc": r.src.map(|s| s.to_string()),
                         })
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             });
-            Ok(Value::Array(rows))
+            // IPv6 routes, after IPv4's (as `ip route; ip -6 route`).
+            use tapyard::l3::NextHop6;
+            let rows6 = dp.routes6().map_or_else(Vec::new, |t| {
+                t.routes()
+                    .into_iter()
+                    .map(|r| {
+                        let (kind, gw, dev) = match r.next_hop {
+                            NextHop6::Link(i) => ("unicast", None, dp.iface_name(i)),
+                            NextHop6::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
+                            NextHop6::Blackhole => ("blackhole", None, None),
+                            NextHop6::Unreachable { .. } => ("unreachable", None, None),
+                        };
+                        json!({
+                            "dst": format!("{}/{}", r.prefix, r.len),
+                            "type": kind,
+                            "gateway": gw,
+                            "dev": dev,
+                            "metric": r.metric,
+                            "protocol": match r.proto { RouteProto::Kernel => "kernel", RouteProto::Static => "static" },
+                            "prefsrc": Value::Null,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            Ok(Value::Array(rows.into_iter().chain(rows6).collect()))
         }
         "stats" => {
             let s = dp.stats();
@@ -724,23 +770,47 @@ fn service_names(nf: &tapyard::nat::Netfilter) -> std::collections::HashMap<u32,
         .collect()
 }
 
-/// A tuple in a `show conntrack --json` row.
+/// A tuple in a `show conntrack --json` row (addresses of either family, written as
+/// strings as before).
 #[derive(Serialize)]
 struct TupleRow {
     dport: u16,
-    dst: std::net::Ipv4Addr,
+    dst: std::net::IpAddr,
     sport: u16,
-    src: std::net::Ipv4Addr,
+    src: std::net::IpAddr,
 }
 
-impl From<&tapyard::wire::tuple::Tuple> for TupleRow {
-    fn from(t: &tapyard::wire::tuple::Tuple) -> TupleRow {
+/// A connection table's tuple, as a row's.
+trait RowTuple {
+    fn row(&self) -> TupleRow;
+    fn zone(&self) -> u16;
+}
+
+impl RowTuple for tapyard::wire::tuple::Tuple {
+    fn row(&self) -> TupleRow {
         TupleRow {
-            dport: t.dport,
-            dst: t.dst,
-            sport: t.sport,
-            src: t.src,
+            dport: self.dport,
+            dst: self.dst.into(),
+            sport: self.sport,
+            src: self.src.into(),
         }
+    }
+    fn zone(&self) -> u16 {
+        self.zone
+    }
+}
+
+impl RowTuple for tapyard::wire::tuple::Tuple6 {
+    fn row(&self) -> TupleRow {
+        TupleRow {
+            dport: self.dport,
+            dst: self.dst.into(),
+            sport: self.sport,
+            src: self.src.into(),
+        }
+    }
+    fn zone(&self) -> u16 {
+        self.zone
     }
 }
 
@@ -770,20 +840,20 @@ struct CtRow<'a> {
 }
 
 impl<'a> CtRow<'a> {
-    fn of(
-        v: &tapyard::conntrack::CtView,
+    fn of<K: RowTuple>(
+        v: &tapyard::conntrack::CtView<K>,
         names: &'a std::collections::HashMap<u32, String>,
     ) -> Self {
         CtRow {
             assured: v.assured,
             dnat: v.status.dnat(),
             mark: v.mark,
-            orig: (&v.orig).into(),
+            orig: v.orig.row(),
             orig_bytes: v.orig_bytes,
             orig_packets: v.orig_packets,
             proto: v.proto,
             protocol: v.protocol,
-            reply: (&v.reply).into(),
+            reply: v.reply.row(),
             reply_bytes: v.reply_bytes,
             reply_packets: v.reply_packets,
             service: names.get(&v.service).map(String::as_str),
@@ -792,7 +862,7 @@ impl<'a> CtRow<'a> {
             state: v.state.map(|s| s.name()),
             timeout_secs: v.timeout_secs,
             unreplied: v.unreplied,
-            zone: v.orig.zone,
+            zone: v.orig.zone(),
         }
     }
 }
@@ -805,6 +875,7 @@ impl<'a> CtRow<'a> {
 pub fn write_conntrack_reply(
     nf: &tapyard::nat::Netfilter,
     now: tapyard::Instant,
+    v6: bool,
     out: impl Write,
 ) -> io::Result<()> {
     let names = service_names(nf);
@@ -817,8 +888,25 @@ pub fn write_conntrack_reply(
         }
         serde_json::to_writer(&mut w, &CtRow::of(v, &names))?;
     }
+    let first = rows.is_empty();
+    drop(rows);
+    if v6 {
+        for (i, v) in nf.conntrack6().dump(now).iter().enumerate() {
+            if i > 0 || !first {
+                w.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut w, &CtRow::of(v, &names))?;
+        }
+    }
     w.write_all(b"]}\n")?;
     w.flush()
+}
+
+/// Whether the node has IPv6 (an interface with an IPv6 address): its IPv6 connection table
+/// is listed (looking at it makes it, so a node without IPv6 does not).
+fn has_v6(node: &Node) -> bool {
+    let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+    cur.connected().iter().any(|c| c.address6.is_some())
 }
 
 /// `show conntrack` (the library's `conntrack -L` text, or the entries' fields) and `show
@@ -833,30 +921,61 @@ fn nat_show(
         return Err(no_nat(what));
     };
     if what == "conntrack" {
+        let v6 = has_v6(node);
         if !as_json {
-            return Ok(Value::String(nf.conntrack().fmt_dump(now)));
+            // `conntrack -L`, then `conntrack -L -f ipv6`.
+            let mut text = nf.conntrack().fmt_dump(now);
+            if v6 {
+                text.push_str(&nf.conntrack6().fmt_dump(now));
+            }
+            return Ok(Value::String(text));
         }
         // The control socket streams this one (`write_conntrack_reply`); the same rows as
         // one value, for callers that want it so.
         let names = service_names(nf);
         let rows = nf.conntrack().dump(now);
-        let rows: Vec<CtRow<'_>> = rows.iter().map(|v| CtRow::of(v, &names)).collect();
-        return serde_json::to_value(rows).map_err(|e| e.to_string());
+        let mut rows: Vec<Value> = rows
+            .iter()
+            .map(|v| serde_json::to_value(CtRow::of(v, &names)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        if v6 {
+            for v in nf.conntrack6().dump(now) {
+                rows.push(serde_json::to_value(CtRow::of(&v, &names)).map_err(|e| e.to_string())?);
+            }
+        }
+        return Ok(Value::Array(rows));
     }
     if !as_json {
         return Ok(Value::String(nf.services().fmt_services()));
     }
     use tapyard::nat::LbAlgo;
+    // Every ClusterIP of each Service (one per family), as the file gives them.
+    let cluster_ips: std::collections::HashMap<String, Vec<String>> = {
+        let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+        cur.services
+            .iter()
+            .map(|s| {
+                let ips = s.cluster_ips.iter().map(|ip| ip.to_string()).collect();
+                (s.name.clone(), ips)
+            })
+            .collect()
+    };
     let rows = nf
         .services()
         .list()
         .into_iter()
         .map(|s| {
             let id = nf.services().get(&s.name).map(|r| r.id().get());
+            let ips = cluster_ips
+                .get(&s.name)
+                .cloned()
+                .unwrap_or_else(|| vec![s.vip.to_string()]);
             json!({
                 "name": s.name,
                 "id": id,
                 "cluster_ip": s.vip.to_string(),
+                "cluster_ips": ips,
                 "protocol": match s.proto { 6 => "tcp", 17 => "udp", _ => "?" },
                 "port": s.port,
                 "node_port": s.node_port,
@@ -1265,7 +1384,7 @@ mod tests {
         let want = conntrack_rows_as_values(nf, now);
         assert_eq!(want.as_array().unwrap().len(), 100);
         let mut line = Vec::new();
-        write_conntrack_reply(nf, now, &mut line).unwrap();
+        write_conntrack_reply(nf, now, false, &mut line).unwrap();
         assert_eq!(line.last(), Some(&b'\n'), "one line");
         let v: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v, json!({"ok": true, "data": want}));
@@ -1340,7 +1459,7 @@ mod tests {
             let server = {
                 let dp = dp.clone();
                 std::thread::spawn(move || {
-                    write_conntrack_reply(dp.netfilter().unwrap(), now, &a).unwrap();
+                    write_conntrack_reply(dp.netfilter().unwrap(), now, false, &a).unwrap();
                 })
             };
             let mut printed = io::BufWriter::with_capacity(1 << 20, io::sink());
@@ -1386,7 +1505,7 @@ mod tests {
                 let dp = dp.clone();
                 std::thread::spawn(move || {
                     let cpu = thread_cpu();
-                    write_conntrack_reply(dp.netfilter().unwrap(), now, &a).unwrap();
+                    write_conntrack_reply(dp.netfilter().unwrap(), now, false, &a).unwrap();
                     thread_cpu() - cpu
                 })
             };

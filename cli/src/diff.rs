@@ -48,7 +48,7 @@ impl Diff {
     }
 }
 
-fn route_key(r: &RouteCfg) -> (crate::config::Cidr, u32) {
+fn route_key(r: &RouteCfg) -> (crate::config::IpCidr, u32) {
     (r.to, r.metric)
 }
 
@@ -126,6 +126,16 @@ fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &
                     opt(&n.address)
                 ));
             }
+            if o.address6 != n.address6 {
+                f.push(format!(
+                    "IPv6 address {} -> {}",
+                    opt(&o.address6),
+                    opt(&n.address6)
+                ));
+            }
+            if o.ra != n.ra {
+                f.push(format!("ra {} -> {}", o.ra, n.ra));
+            }
             if o.mac != n.mac {
                 f.push("mac".into());
             }
@@ -150,8 +160,24 @@ fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &
     for line in v {
         let detail = old.iter().find_map(|o| {
             let n = new.iter().find(|n| n.name == o.name)?;
-            (o.value != n.value && o.address != n.address)
-                .then(|| format!(" (address {} -> {})", o.address, n.address))
+            if o.value == n.value {
+                return None;
+            }
+            let mut f = Vec::new();
+            if o.address != n.address {
+                f.push(format!("address {} -> {}", o.address, n.address));
+            }
+            if o.address6 != n.address6 {
+                f.push(format!(
+                    "IPv6 address {} -> {}",
+                    opt(&o.address6),
+                    opt(&n.address6)
+                ));
+            }
+            if o.mtu != n.mtu {
+                f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
+            }
+            (!f.is_empty()).then(|| format!(" ({})", f.join(", ")))
         });
         out.push(format!("{line}{}", detail.unwrap_or_default()));
     }
@@ -383,6 +409,14 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         ));
         d.nat_rules = true;
     }
+    if old.node.cluster_cidr6 != new.node.cluster_cidr6 {
+        d.summary.push(format!(
+            "node.cluster_cidr (IPv6) {} -> {}",
+            opt(&old.node.cluster_cidr6),
+            opt(&new.node.cluster_cidr6)
+        ));
+        d.nat_rules = true;
+    }
     let masq = |c: &Config| c.masquerade.as_ref().map(|m| m.value.clone());
     if masq(old) != masq(new) {
         let out = |m: &Option<Located<crate::config::MasqueradeCfg>>| {
@@ -441,6 +475,54 @@ mod tests {
                 "vxlan \"flannel.1\" changed (vni 1 -> 2): this needs a restart of tapyard"
                     .to_string()
             ]
+        );
+    }
+
+    #[test]
+    fn ipv6_routes_neighbours_and_services_are_live() {
+        let dual = include_str!("../../examples/node-dual-stack.toml");
+        let a = cfg(dual);
+        let b = cfg(&format!(
+            "{}\n[[neighbor]]\nip = \"fe80::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n",
+            dual.replace("via = \"fd00:172:18::3\"", "via = \"fd00:172:18::4\"")
+                .replace(
+                    "\"[fd00:10:244:2::2]:8080\"]\n\n# A dual",
+                    "\"[fd00:10:244:2::3]:8080\"]\n\n# A dual"
+                )
+                .replace("fd00:10:244::/56", "fd00:10:240::/52")
+        ));
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(
+            d.summary,
+            [
+                "route fd00:10:244:2::/64 via fd00:172:18::3 -> fd00:10:244:2::/64 via fd00:172:18::4",
+                "neighbor fe80::3 lladdr 02:00:00:00:00:03 dev eth0 added",
+                "service \"web6\" changed (endpoints +[fd00:10:244:2::3]:8080 -[fd00:10:244:2::2]:8080)",
+                "node.cluster_cidr (IPv6) fd00:10:244::/56 -> fd00:10:240::/52"
+            ]
+        );
+        assert!(d.nat_rules);
+        assert_eq!(d.routes_added[0].via.unwrap().to_string(), "fd00:172:18::4");
+        // A second ClusterIP added to a Service is a live change too.
+        let c = cfg(&dual.replace(
+            "cluster_ip = \"fd00:10:96::10\"",
+            "cluster_ip = [\"10.96.0.11\", \"fd00:10:96::10\"]",
+        ));
+        assert_eq!(
+            diff(&a, &c).unwrap().summary,
+            ["service \"web6\" changed (settings)"]
+        );
+        // The bridge's IPv6 address and RA need a restart.
+        let e = diff(
+            &a,
+            &cfg(&dual
+                .replace("fd00:10:244:1::1/64", "fd00:10:244:1::fe/64")
+                .replace("ra = true", "ra = false")),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ["bridge \"cni0\" changed (IPv6 address fd00:10:244:1::1/64 -> fd00:10:244:1::fe/64, ra true -> false): this needs a restart of tapyard"]
         );
     }
 

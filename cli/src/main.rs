@@ -220,8 +220,27 @@ fn cmd_run(
         }
         None => None,
     };
-    for (n, mac, addr) in &node.ifaces {
-        log::info!("interface {n} {addr} mac {mac}");
+    {
+        let cur = node.current.lock().unwrap_or_else(|e| e.into_inner());
+        let v6 = |n: &str| {
+            let ll = node
+                .dp
+                .iface_by_name(n)
+                .and_then(|i| node.dp.router()?.link_local6(i));
+            cur.connected()
+                .into_iter()
+                .find(|c| c.name == n)
+                .and_then(|c| c.address6)
+                .map_or(String::new(), |a| {
+                    format!(
+                        " {a}{}",
+                        ll.map_or(String::new(), |l| format!(" link-local {l}"))
+                    )
+                })
+        };
+        for (n, mac, addr) in &node.ifaces {
+            log::info!("interface {n} {addr}{} mac {mac}", v6(n));
+        }
     }
     let taps: Vec<String> = node.ports.list().into_iter().map(|e| e.tap).collect();
     log::info!(
@@ -416,8 +435,12 @@ fn cmd_status(json: bool, client: &args::Client) -> Result<(), Fail> {
         sock.display()
     );
     for i in d["interfaces"].as_array().into_iter().flatten() {
+        let v6 = match (i["address6"].as_str(), i["link_local6"].as_str()) {
+            (Some(a), Some(l)) => format!(" {a} link-local {l}"),
+            _ => String::new(),
+        };
         println!(
-            "interface {} {} mac {}",
+            "interface {} {}{v6} mac {}",
             s(&i["name"]),
             s(&i["address"]),
             s(&i["mac"])

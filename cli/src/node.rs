@@ -1,15 +1,16 @@
 //! A running node: the datapath built from a [`Config`], its TAP devices and worker threads,
 //! and the live changes of a reload.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tapyard::conntrack::Opened;
-use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
-use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
+use tapyard::conntrack::{CtConfig, Opened};
+use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
+use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
-use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
@@ -17,7 +18,7 @@ use tapyard_cni::netlink::{Link, Netlink};
 
 use crate::capture::CaptureTap;
 use crate::config::{
-    self, proto_name, Config, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
+    self, proto_name, Config, IpCidr, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
 };
 use crate::diff::{self, Diff};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
@@ -55,12 +56,31 @@ impl std::fmt::Debug for Node {
     }
 }
 
+/// The MTU of a config TAP: its uplink's, or its bridge's (`mtu` sets the router
+/// interface's and the TAP devices'), 1500 for a bridge without an address.
+fn tap_mtu(cfg: &Config, name: &str, bridge: Option<&str>) -> u16 {
+    match bridge {
+        Some(b) => cfg
+            .bridges
+            .iter()
+            .find(|x| x.name == b)
+            .map_or(1500, |x| x.mtu),
+        None => cfg
+            .uplinks
+            .iter()
+            .find(|u| u.name == name)
+            .map_or(1500, |u| u.mtu),
+    }
+}
+
 /// Creates (or attaches to) config TAP `tap` in tapyard's namespace; a TAP it creates gets
-/// the MAC derived from the node's and its names. Returns it with its link, when readable.
+/// the MAC derived from the node's and its names, and every one the MTU `mtu`. Returns it
+/// with its link, when readable.
 fn open_config_tap(
     tap: &str,
     offload: bool,
     node: &str,
+    mtu: u16,
 ) -> Result<(TapPort, Option<Link>), String> {
     let mut nl = Netlink::open().ok();
     let existed = nl
@@ -76,6 +96,14 @@ fn open_config_tap(
         match nl.set_mac(l.index, m.0) {
             Ok(()) => l.mac = m.to_string(),
             Err(e) => log::warn!("TAP {tap}: cannot set its MAC {m}: {e}"),
+        }
+    }
+    if let (Some(nl), Some(l)) = (nl.as_mut(), link.as_mut()) {
+        if l.mtu != u32::from(mtu) {
+            match nl.set_mtu(l.index, u32::from(mtu)) {
+                Ok(()) => l.mtu = u32::from(mtu),
+                Err(e) => log::warn!("TAP {tap}: cannot set its MTU to {mtu}: {e}"),
+            }
         }
     }
     Ok((dev, link))
@@ -96,14 +124,22 @@ fn tunnel_offload(cfg: &Config, name: &str, offload: bool, dev: &mut TapPort) {
     }
 }
 
-/// The library route for a configured one; interfaces are resolved by name, a gateway
+/// The library route for a configured IPv4 one; interfaces are resolved by name, a gateway
 /// without `dev` goes out of the interface whose subnet holds it.
 pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, String> {
+    let IpCidr::V4(to) = r.to else {
+        return Err(format!("route to {}: not an IPv4 route", r.to));
+    };
     let iface = |name: &str| {
         dp.iface_by_name(name)
             .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
     };
-    let next_hop = match (r.kind, r.via, &r.dev) {
+    let via = match r.via {
+        Some(IpAddr::V4(gw)) => Some(gw),
+        Some(IpAddr::V6(gw)) => return Err(format!("route to {}: via {gw} is IPv6", r.to)),
+        None => None,
+    };
+    let next_hop = match (r.kind, via, &r.dev) {
         (RouteType::Blackhole, _, _) => NextHop::Blackhole,
         (RouteType::Unreachable, _, _) => NextHop::Unreachable,
         (RouteType::Unicast, Some(gw), Some(dev)) => NextHop::Via(iface(dev)?, gw),
@@ -122,13 +158,94 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
         }
     };
     Ok(Route {
-        prefix: r.to.network(),
-        len: r.to.len,
+        prefix: to.network(),
+        len: to.len,
         next_hop,
         metric: r.metric,
         proto: RouteProto::Static,
         src: None,
     })
+}
+
+/// The library route for a configured IPv6 one; a gateway without `dev` goes out of the
+/// interface whose IPv6 subnet holds it (a link-local one has its `dev`: `check` says so).
+pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route6, String> {
+    let IpCidr::V6(to) = r.to else {
+        return Err(format!("route to {}: not an IPv6 route", r.to));
+    };
+    let iface = |name: &str| {
+        dp.iface_by_name(name)
+            .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
+    };
+    let via = match r.via {
+        Some(IpAddr::V6(gw)) => Some(gw),
+        Some(IpAddr::V4(gw)) => return Err(format!("route to {}: via {gw} is IPv4", r.to)),
+        None => None,
+    };
+    let next_hop = match (r.kind, via, &r.dev) {
+        (RouteType::Blackhole, _, _) => NextHop6::Blackhole,
+        (RouteType::Unreachable, _, _) => NextHop6::Unreachable { reject: false },
+        (RouteType::Unicast, Some(gw), Some(dev)) => NextHop6::Via(iface(dev)?, gw),
+        (RouteType::Unicast, Some(gw), None) => {
+            let dev = cfg.connected_iface6(gw).ok_or_else(|| {
+                format!(
+                    "route to {}: gateway {gw} is not on a connected IPv6 subnet",
+                    r.to
+                )
+            })?;
+            NextHop6::Via(iface(&dev)?, gw)
+        }
+        (RouteType::Unicast, None, Some(dev)) => NextHop6::Link(iface(dev)?),
+        (RouteType::Unicast, None, None) => {
+            return Err(format!("route to {}: no via, dev or type", r.to))
+        }
+    };
+    Ok(Route6 {
+        prefix: to.network(),
+        len: to.len,
+        next_hop,
+        metric: r.metric,
+        proto: RouteProto::Static,
+    })
+}
+
+/// Adds a configured route of either family (`replace`: in place of the one with its prefix
+/// and metric).
+fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result<(), String> {
+    let fail = |e: &dyn std::fmt::Display| format!("route {}: {e}", r.describe());
+    match r.to {
+        IpCidr::V4(_) => {
+            let route = to_route(dp, cfg, r)?;
+            if replace {
+                dp.replace_route(route).map(|_| ())
+            } else {
+                dp.add_route(route)
+            }
+            .map_err(|e| fail(&e))
+        }
+        IpCidr::V6(to) => {
+            let route = to_route6(dp, cfg, r)?;
+            if replace {
+                // The table has no replace for IPv6: a moment without the route.
+                let _ = dp.remove_route6(to.network(), to.len, Some(r.metric));
+            }
+            dp.add_route6(route).map_err(|e| fail(&e))
+        }
+    }
+}
+
+/// Removes a configured route of either family.
+fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
+    match r.to {
+        IpCidr::V4(to) => dp
+            .remove_route(to.network(), to.len, Some(r.metric))
+            .map(|_| ())
+            .map_err(|e| format!("route {}: {e}", r.describe())),
+        IpCidr::V6(to) => dp
+            .remove_route6(to.network(), to.len, Some(r.metric))
+            .map(|_| ())
+            .map_err(|e| format!("route {}: {e}", r.describe())),
+    }
 }
 
 /// Why a TAP could not be opened, with the likely cause when a device of another kind has
@@ -147,8 +264,11 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
     let iface = dp
         .iface_by_name(&n.dev)
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
-    dp.add_static_neigh(iface, n.ip, n.mac, now)
-        .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
+    match n.ip {
+        IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
+        IpAddr::V6(ip) => dp.add_static_neigh6(iface, ip, n.mac, now),
+    }
+    .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
 }
 
 /// The library's peer for a `[[vxlan.peer]]`.
@@ -173,7 +293,11 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
             n.ip, n.dev
         ));
     };
-    if !dp.remove_static_neigh(iface, n.ip) {
+    let removed = match n.ip {
+        IpAddr::V4(ip) => dp.remove_static_neigh(iface, ip),
+        IpAddr::V6(ip) => dp.remove_static_neigh6(iface, ip),
+    };
+    if !removed {
         log::warn!(
             "neighbor {} dev {}: no permanent entry to remove",
             n.ip,
@@ -183,16 +307,23 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
     Ok(())
 }
 
-/// The NAT rules besides Services: `node.cluster_cidr` (kube-proxy's `--cluster-cidr`:
-/// Service traffic from outside it is masqueraded) and `[masquerade]` (pod traffic leaving
-/// the cluster CIDR through `out` takes `out`'s address). `iface` resolves interface names.
+/// The NAT rules besides Services, for both families: `node.cluster_cidr` (kube-proxy's
+/// `--cluster-cidr`, one prefix per family: Service traffic from outside it is masqueraded)
+/// and `[masquerade]` (pod traffic leaving the cluster CIDR of its family through `out`
+/// takes `out`'s address of that family, as `iptables` and `ip6tables` MASQUERADE rules).
+/// `iface` resolves interface names.
 pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
 ) -> Result<NatRules, String> {
     let cluster = Prefix::new(cfg.node.cluster_cidr.network(), cfg.node.cluster_cidr.len);
+    let cluster6 = cfg
+        .node
+        .cluster_cidr6
+        .map(|c| Prefix6::new(c.network(), c.len));
     let mut rules = NatRules {
         cluster_cidr: Some(cluster),
+        cluster_cidr6: cluster6,
         ..NatRules::default()
     };
     if let Some(m) = &cfg.masquerade {
@@ -203,6 +334,15 @@ pub fn to_nat_rules(
             src: Some(cluster),
             except_dst: Some(cluster),
         });
+        // IPv6 pod traffic is masqueraded only from the IPv6 cluster CIDR (without one the
+        // IPv6 pods are not cluster pods: `check` warns), to `out`'s global IPv6 address.
+        if let Some(c6) = cluster6 {
+            rules.masquerade6.push(MasqueradeRule6 {
+                out,
+                src: Some(c6),
+                except_dst: Some(c6),
+            });
+        }
     }
     Ok(rules)
 }
@@ -236,7 +376,7 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
     for round in 0..2 {
         let mut refused = Vec::new();
         for s in pending {
-            let spec = s.value.clone();
+            let spec = s.spec();
             if nf
                 .services()
                 .get(&s.name)
@@ -246,10 +386,9 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
             }
             match nf.upsert_service(spec, now) {
                 Ok(id) => done.push(format!(
-                    "service {:?} applied (id {id}): {}:{}/{}{} -> {} endpoint(s)",
+                    "service {:?} applied (id {id}): {}/{}{} -> {} endpoint(s)",
                     s.name,
-                    s.vip,
-                    s.port,
+                    s.describe_frontends(),
                     proto_name(s.proto),
                     s.node_port
                         .map_or(String::new(), |p| format!(" node port {p}")),
@@ -278,20 +417,50 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     let key = match e {
         E::ZeroPort { field, .. } if *field == "node_port" => "node_port".to_string(),
         E::ZeroPort { .. } => "port".into(),
-        E::BadVip { .. } | E::DuplicateVip { .. } => "cluster_ip".into(),
+        E::BadVip { .. } | E::DuplicateVip { .. } => cluster_ip_key(s, false),
+        E::BadVip6 { .. } | E::DuplicateVip6 { .. } => cluster_ip_key(s, true),
         E::UnsupportedProto { .. } => "protocol".into(),
         E::DuplicateNodePort { .. } => "node_port".into(),
-        E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => s
-            .endpoints
-            .iter()
-            .rposition(|x| x.addr == *endpoint)
-            .map_or("endpoints".into(), |i| format!("endpoints.{i}")),
+        E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => {
+            endpoint_key(s, |a| a == std::net::SocketAddr::V4(*endpoint))
+        }
+        E::DuplicateEndpoint6 { endpoint, .. } | E::BadEndpoint6 { endpoint, .. } => {
+            endpoint_key(s, |a| match a {
+                std::net::SocketAddr::V6(a) => {
+                    a.ip() == endpoint.ip() && a.port() == endpoint.port()
+                }
+                std::net::SocketAddr::V4(_) => false,
+            })
+        }
+        E::TooManyEndpoints { .. } => "endpoints".into(),
+        E::NoClusterIp { field, .. } => {
+            let v6 = *field == "endpoints6";
+            endpoint_key(s, |a| a.is_ipv6() == v6)
+        }
         E::BadAffinityTimeout { .. } => "session_affinity_timeout".into(),
         _ => "name".into(),
     };
     let line = s.lines.of(&key);
     let key = key.split('.').next().unwrap_or_default().to_string();
     format!("{}:{line}: {e} (config key {key})", file.display())
+}
+
+/// The key of a Service's ClusterIP of a family (`cluster_ip.N` when the file gives a list).
+fn cluster_ip_key(s: &ServiceCfg, v6: bool) -> String {
+    s.cluster_ips
+        .iter()
+        .position(|ip| ip.is_ipv6() == v6)
+        .map(|i| format!("cluster_ip.{i}"))
+        .filter(|k| s.lines.has(k))
+        .unwrap_or_else(|| "cluster_ip".into())
+}
+
+/// The key of a Service's last endpoint that `is` picks (`endpoints.N`), else `endpoints`.
+fn endpoint_key(s: &ServiceCfg, is: impl Fn(std::net::SocketAddr) -> bool) -> String {
+    s.endpoints
+        .iter()
+        .rposition(|x| is(x.addr))
+        .map_or("endpoints".into(), |i| format!("endpoints.{i}"))
 }
 
 /// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed.
@@ -376,7 +545,12 @@ impl Plan {
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
-        let mut iface_cfg = |name: &str, addr: config::Cidr, mac: Option<MacAddr>, mtu: u16| {
+        let mut iface_cfg = |name: &str,
+                             addr: config::Cidr,
+                             addr6: Option<config::Cidr6>,
+                             ra: bool,
+                             mac: Option<MacAddr>,
+                             mtu: u16| {
             let given = macs.iter().find(|(n, _)| n == name).map(|(_, m)| *m);
             let mac = mac
                 .or(given)
@@ -384,6 +558,8 @@ impl Plan {
             ifaces.push((name.to_string(), mac, addr));
             let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
             c.mtu = mtu;
+            c.addr6 = addr6.map(|a| (a.addr, a.len));
+            c.ra = ra.then(RaConfig::default);
             c
         };
         // (datapath port id, datapath port name, TAP name, bridge)
@@ -399,7 +575,10 @@ impl Plan {
             bridge_ids.push((br.name.clone(), id));
             if let Some(a) = br.address {
                 let (iid, _) = b
-                    .add_router_iface(iface_cfg(&br.name, a, br.mac, br.mtu), Some(id))
+                    .add_router_iface(
+                        iface_cfg(&br.name, a, br.address6, br.ra, br.mac, br.mtu),
+                        Some(id),
+                    )
                     .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
                 iface_ids.push((br.name.clone(), iid));
             }
@@ -412,7 +591,10 @@ impl Plan {
         }
         for u in &cfg.uplinks {
             let (iid, pid) = b
-                .add_router_iface(iface_cfg(&u.name, u.address, u.mac, u.mtu), None)
+                .add_router_iface(
+                    iface_cfg(&u.name, u.address, u.address6, false, u.mac, u.mtu),
+                    None,
+                )
                 .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
@@ -477,7 +659,9 @@ impl Plan {
             .taps
             .get(i)
             .ok_or_else(|| format!("no config port {i}"))?;
-        let (mut dev, link) = open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name)?;
+        let mtu = tap_mtu(&self.cfg, name, bridge.as_deref());
+        let (mut dev, link) =
+            open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name, mtu)?;
         if bridge.is_none() {
             tunnel_offload(&self.cfg, name, self.cfg.node.offload, &mut dev);
         }
@@ -508,11 +692,20 @@ impl Plan {
         !self.iface_ids.is_empty()
     }
 
+    /// The IPv6 connection table's file (`<state_dir>/conntrack6`) as the running node
+    /// handed it over at a takeover; call before [`Plan::build`].
+    pub fn conntrack6_handed_over(&mut self, f: std::fs::File) {
+        self.b.conntrack6_file_handed_over(f);
+    }
+
     /// Opens the connection table (`<state_dir>/conntrack`; `handed_over`: that file as the
     /// running node handed it over), finishes the datapath and adds the routes.
     pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
         let cfg = &self.cfg;
+        let handed_over_ct = handed_over.is_some();
+        let has_v6 = cfg.connected().iter().any(|c| c.address6.is_some());
         let mut kept_connections = 0;
+        let mut kept_connections6 = 0;
         // Conntrack and NAT whenever the node routes (as a Linux node with kube-proxy, where
         // conntrack sees every routed packet): Services and masquerade can then be added by
         // a reload without a restart.
@@ -532,6 +725,11 @@ impl Plan {
             self.b
                 .netfilter(NatConfig {
                     conntrack: cfg.conntrack,
+                    // A node without IPv6 routes no IPv6: a small IPv6 table.
+                    conntrack6: (!has_v6).then_some(CtConfig {
+                        max_entries: 1024,
+                        ..cfg.conntrack
+                    }),
                     max_affinity_entries: None,
                     rules,
                 })
@@ -546,16 +744,35 @@ impl Plan {
                     _ => log::info!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display()),
                 }
             }
+            // The IPv6 table beside it (<state_dir>/conntrack6), so IPv6 connections survive
+            // a restart and a takeover too (a running node that does not hand it over still
+            // holds it: the new one then starts an empty IPv6 table, logged).
+            let ct6_file = tapyard::conntrack6_path(&ct_file);
+            match self.b.recovery6() {
+                Some(r) => {
+                    kept_connections6 = r.kept;
+                    match r.opened {
+                        Opened::Refused(_) => {
+                            log::warn!("conntrack6: {}: {r}", ct6_file.display())
+                        }
+                        _ => log::info!("conntrack6: {}: {r}", ct6_file.display()),
+                    }
+                }
+                None if handed_over_ct && has_v6 => log::warn!(
+                    "conntrack6: {} is the running node's: IPv6 connections start anew",
+                    ct6_file.display()
+                ),
+                None => {}
+            }
         }
         let dp = Arc::new(self.b.build());
         for r in &cfg.routes {
-            let route = to_route(&dp, cfg, r)?;
-            dp.add_route(route)
-                .map_err(|e| format!("route {}: {e}", r.describe()))?;
+            add_route(&dp, cfg, r, false)?;
         }
         Ok(Built {
             dp,
             kept_connections,
+            kept_connections6,
             taps: self.taps,
             cfg: self.cfg,
             config_path: self.config_path,
@@ -570,6 +787,8 @@ pub struct Built {
     pub dp: Arc<Datapath>,
     /// Connections found in the connection table's file.
     kept_connections: usize,
+    /// IPv6 connections found in `<state_dir>/conntrack6`.
+    kept_connections6: usize,
     /// As [`Plan::taps`].
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
@@ -593,6 +812,7 @@ impl Built {
         let Built {
             dp,
             kept_connections,
+            kept_connections6,
             taps,
             cfg,
             config_path,
@@ -682,6 +902,12 @@ impl Built {
                 "conntrack: kept connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );
         }
+        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections6 > 0) {
+            let (retagged, affinity) = nf.services().relink6(nf.conntrack6(), node.now());
+            log::info!(
+                "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
+            );
+        }
         // Everything is in place: from now on the TAPs outlive the process.
         for e in node.ports.list() {
             if let Some(dev) = &e.dev {
@@ -708,6 +934,13 @@ impl Built {
                 m.out,
                 m.out
             );
+            if let Some(c6) = cfg.node.cluster_cidr6 {
+                log::info!(
+                    "masquerade: IPv6 pod traffic from {c6} leaving through {} to outside it takes {}'s IPv6 address",
+                    m.out,
+                    m.out
+                );
+            }
         }
         Ok(node)
     }
@@ -787,7 +1020,8 @@ impl Node {
                     (f.tap, f.ifname, Some(f.link), f.netns, offload)
                 }
                 None => {
-                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name)?;
+                    let mtu = tap_mtu(cfg, name, bridge.as_deref());
+                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name, mtu)?;
                     (dev, tap.clone(), link, None, cfg.node.offload)
                 }
             };
@@ -916,8 +1150,19 @@ impl Node {
             }
         }
         for (bridge, name) in &d.ports_added {
-            if let Err(e) = self.port_add_local(bridge, name, None, Origin::Config) {
-                errors.push(format!("bridge {bridge:?}: port {name:?}: {e}"));
+            match self.port_add_local(bridge, name, None, Origin::Config) {
+                Ok(e) => {
+                    // The bridge's MTU, as the ports it started with.
+                    let mtu = u32::from(tap_mtu(new, name, Some(bridge)));
+                    if let (Some(l), Ok(mut nl)) = (&e.link, Netlink::open()) {
+                        if l.mtu != mtu {
+                            if let Err(err) = nl.set_mtu(l.index, mtu) {
+                                log::warn!("TAP {}: cannot set its MTU to {mtu}: {err}", e.tap);
+                            }
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("bridge {bridge:?}: port {name:?}: {e}")),
             }
         }
         let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
@@ -926,23 +1171,13 @@ impl Node {
             if d.routes_added.iter().any(|n| same_key(n, r)) {
                 continue;
             }
-            if let Err(e) = self
-                .dp
-                .remove_route(r.to.network(), r.to.len, Some(r.metric))
-            {
-                errors.push(format!("route {}: {e}", r.describe()));
+            if let Err(e) = remove_route(&self.dp, r) {
+                errors.push(e);
             }
         }
         for r in &d.routes_added {
             let replace = d.routes_removed.iter().any(|o| same_key(o, r));
-            if let Err(e) = to_route(&self.dp, new, r).and_then(|route| {
-                if replace {
-                    self.dp.replace_route(route).map(|_| ())
-                } else {
-                    self.dp.add_route(route)
-                }
-                .map_err(|e| format!("route {}: {e}", r.describe()))
-            }) {
+            if let Err(e) = add_route(&self.dp, new, r, replace) {
                 errors.push(e);
             }
         }
@@ -1031,7 +1266,7 @@ mod tests {
         let c = cfg(&EXAMPLE
             .replacen("session_affinity = \"none\"", "session_affinity = \"client-ip\"\nsession_affinity_timeout = 600\nalgorithm = \"maglev\"", 1)
             .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
-        let web = c.services[0].value.clone();
+        let web = c.services[0].spec();
         assert_eq!(web.name, "web");
         assert_eq!(web.vip.to_string(), "10.96.0.10");
         assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
@@ -1050,7 +1285,7 @@ mod tests {
         assert_eq!(web.affinity, Some(Duration::from_secs(600)));
         assert_eq!(web.algo, LbAlgo::Maglev);
         assert!(web.external_local);
-        let dns = c.services[1].value.clone();
+        let dns = c.services[1].spec();
         assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
         assert_eq!(dns.affinity, None);
         assert_eq!(dns.algo, LbAlgo::Random);
@@ -1085,7 +1320,7 @@ mod tests {
         );
         let e = ServiceError::DuplicateVip {
             service: "web".into(),
-            vip: web.vip,
+            vip: web.vip4().unwrap(),
             port: 80,
             proto: 6,
             other: "x".into(),
@@ -1103,6 +1338,120 @@ mod tests {
             "{msg}"
         );
         assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
+    }
+
+    /// An IPv6 frontend or endpoint the library refuses is reported at the line of the
+    /// ClusterIP or the endpoint of that family.
+    #[test]
+    fn a_refused_ipv6_service_names_the_line_of_its_family() {
+        let text = include_str!("../../examples/node-dual-stack.toml").replace(
+            "cluster_ip = [\"10.96.0.10\", \"fd00:10:96::a\"]",
+            "cluster_ip = [\n  \"10.96.0.10\",\n  \"fd00:10:96::a\",\n]",
+        ).replace(
+            "endpoints = [\"10.244.1.2:8080\", \"10.244.2.2:8080\", \"[fd00:10:244:1::2]:8080\", \"[fd00:10:244:2::2]:8080\"]",
+            "endpoints = [\n  \"10.244.1.2:8080\",\n  \"[fd00:10:244:1::2]:8080\",\n  \"10.244.2.2:8080\",\n  \"[fd00:10:244:2::2]:8080\",\n]",
+        );
+        let c = cfg(&text);
+        let web = c.services.iter().find(|s| s.name == "web").unwrap();
+        let line = |pat: &str| text.lines().position(|l| l.contains(pat)).unwrap() + 1;
+        let file = std::path::Path::new("node.toml");
+        let vip6: std::net::Ipv6Addr = "fd00:10:96::a".parse().unwrap();
+        let e = ServiceError::DuplicateVip6 {
+            service: "web".into(),
+            vip6,
+            port: 80,
+            proto: 6,
+            other: "web6".into(),
+        };
+        let msg = service_error(file, web, &e);
+        assert!(
+            msg.starts_with(&format!(
+                "node.toml:{}: service \"web\": vip6:port [fd00:10:96::a]:80/TCP",
+                line("\"fd00:10:96::a\",")
+            )),
+            "{msg}"
+        );
+        assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
+        let e = ServiceError::BadVip {
+            service: "web".into(),
+            vip: std::net::Ipv4Addr::new(10, 96, 0, 10),
+        };
+        assert!(service_error(file, web, &e)
+            .starts_with(&format!("node.toml:{}:", line("\"10.96.0.10\","))));
+        let e = ServiceError::DuplicateEndpoint6 {
+            service: "web".into(),
+            endpoint: "[fd00:10:244:2::2]:8080".parse().unwrap(),
+        };
+        let msg = service_error(file, web, &e);
+        assert!(
+            msg.starts_with(&format!(
+                "node.toml:{}:",
+                line("\"[fd00:10:244:2::2]:8080\",")
+            )),
+            "{msg}"
+        );
+        assert!(msg.ends_with("(config key endpoints)"), "{msg}");
+        let e = ServiceError::NoClusterIp {
+            service: "web".into(),
+            field: "endpoints6",
+        };
+        assert!(service_error(file, web, &e).starts_with(&format!(
+            "node.toml:{}:",
+            line("\"[fd00:10:244:2::2]:8080\",")
+        )));
+    }
+
+    /// The dual-stack example builds: the interfaces' IPv6 addresses (and RA on cni0), the
+    /// IPv6 routes beside the IPv4 ones, as `ip -6 route` prints them.
+    #[test]
+    fn dual_stack_config_builds_the_ipv6_router() {
+        let dir = std::env::temp_dir().join(format!("tapyard-plan6-{}", std::process::id()));
+        let text = include_str!("../../examples/node-dual-stack.toml").replace(
+            "name = \"node-a\"\n",
+            &format!("name = \"node-a\"\nstate_dir = \"{}\"\n", dir.display()),
+        );
+        let mut c = cfg(&text);
+        c.routes.push(
+            cfg(&format!(
+                "{text}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"fe80::1\"\ndev = \"eth0\"\n"
+            ))
+            .routes
+            .pop()
+            .unwrap(),
+        );
+        let built = Plan::new(c, PathBuf::from("x.toml"), &[])
+            .unwrap()
+            .build(None)
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let dp = &built.dp;
+        let r = dp.router().unwrap();
+        let cni0 = dp.iface_by_name("cni0").unwrap();
+        let eth0 = dp.iface_by_name("eth0").unwrap();
+        assert_eq!(
+            r.iface_addr6(cni0),
+            Some(("fd00:10:244:1::1".parse().unwrap(), 64))
+        );
+        assert_eq!(
+            r.iface_addr6(eth0),
+            Some(("fd00:172:18::2".parse().unwrap(), 64))
+        );
+        assert!(r
+            .link_local6(cni0)
+            .unwrap()
+            .to_string()
+            .starts_with("fe80::"));
+        let mut text = String::new();
+        dp.fmt_routes(&mut text).unwrap();
+        for want in [
+            "10.244.2.0/24 via 172.18.0.3 dev eth0",
+            "fd00:10:244:2::/64 via fd00:172:18::3 dev eth0",
+            "fd00:99::/64 via fe80::1 dev eth0",
+            "default via fd00:172:18::1 dev eth0",
+            "fd00:10:244:1::/64 dev cni0",
+        ] {
+            assert!(text.contains(want), "no {want:?} in\n{text}");
+        }
     }
 
     #[test]
@@ -1197,11 +1546,44 @@ mod tests {
             }]
         );
         assert!(r.snat.is_empty() && !r.random_fully);
+        // An IPv4-only file: no IPv6 rules.
+        assert_eq!(r.cluster_cidr6, None);
+        assert!(r.masquerade6.is_empty());
         assert!(to_nat_rules(&c, |_| None)
             .unwrap_err()
             .contains("[masquerade]: out = \"eth0\""));
         let mut none = c.clone();
         none.masquerade = None;
         assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    }
+
+    /// A dual-stack file: the IPv6 cluster CIDR and `[masquerade]` for IPv6 too
+    /// (`ip6tables -t nat -A POSTROUTING -s fd00:10:244::/56 ! -d fd00:10:244::/56 -o eth0
+    /// -j MASQUERADE`); without `[masquerade]` none of either family.
+    #[test]
+    fn nat_rules_for_both_families() {
+        let c = cfg(include_str!("../../examples/node-dual-stack.toml"));
+        let ids = |n: &str| match n {
+            "cni0" => Some(IfaceId(0)),
+            "eth0" => Some(IfaceId(1)),
+            _ => None,
+        };
+        let r = to_nat_rules(&c, ids).unwrap();
+        let c6 = Prefix6::new("fd00:10:244::".parse().unwrap(), 56);
+        assert_eq!(r.cluster_cidr6, Some(c6));
+        assert_eq!(
+            r.masquerade6,
+            [MasqueradeRule6 {
+                out: IfaceId(1),
+                src: Some(c6),
+                except_dst: Some(c6)
+            }]
+        );
+        assert_eq!(r.masquerade.len(), 1);
+        let mut none = c.clone();
+        none.masquerade = None;
+        let r = to_nat_rules(&none, ids).unwrap();
+        assert!(r.masquerade.is_empty() && r.masquerade6.is_empty());
+        assert_eq!(r.cluster_cidr6, Some(c6));
     }
 }

@@ -21,7 +21,8 @@
 //!  the interfaces' MACs)
 //!  ready                                 ──►    pauses its workers at a batch boundary
 //!                                        ◄──    handover {fds: [control, takeover,
-//!                                                      conntrack, port {name}...]}
+//!                                                      conntrack, conntrack6,
+//!                                                      port {name}...]}
 //!                                                      + descriptors
 //!  maps the connection table (the old
 //!  process no longer writes to it), adopts
@@ -180,6 +181,8 @@ pub enum FdRole {
     Takeover,
     /// The connection table's file (`<state_dir>/conntrack`), with its lock.
     Conntrack,
+    /// The IPv6 connection table's file (`<state_dir>/conntrack6`), with its lock.
+    Conntrack6,
     /// The TAP of the port record called `name`.
     Port {
         /// The record's name.
@@ -624,6 +627,12 @@ fn take_back(node: &Node) {
         let t = Instant::now();
         let r = nf.conntrack().take_back(now);
         let (retagged, affinity) = nf.services().relink(nf.conntrack(), now);
+        let r6 = nf.conntrack6().take_back(now);
+        let (retagged6, _) = nf.services().relink6(nf.conntrack6(), now);
+        log::info!(
+            "takeover: IPv6 connection table taken back: {} connections ({retagged6} relinked to the Services)",
+            r6.kept
+        );
         log::info!(
             "takeover: connection table taken back in {:.1} ms: {} connections ({} freed as half-written, {} invalid, {} expired; {retagged} relinked to the Services, {affinity} client affinities)",
             t.elapsed().as_secs_f64() * 1000.0,
@@ -693,6 +702,14 @@ fn offer_and_hand_over(
         .and_then(|nf| nf.conntrack().backing_file())
     {
         roles.push(FdRole::Conntrack);
+        fds.push(f);
+    }
+    if let Some(f) = node
+        .dp
+        .netfilter()
+        .and_then(|nf| nf.conntrack6().backing_file())
+    {
+        roles.push(FdRole::Conntrack6);
         fds.push(f);
     }
     for (e, tap) in entries.iter().zip(&taps) {
@@ -984,7 +1001,7 @@ fn adopt(
         Some("exit") => std::process::exit(3),
         _ => {}
     }
-    let (mut control, mut takeover, mut conntrack) = (None, None, None);
+    let (mut control, mut takeover, mut conntrack, mut conntrack6) = (None, None, None, None);
     let mut taps = Vec::with_capacity(records.len());
     let mut gone = Vec::new();
     for (role, fd) in pairs {
@@ -992,6 +1009,7 @@ fn adopt(
             FdRole::Control => control = Some(UnixListener::from(fd)),
             FdRole::Takeover => takeover = Some(UnixListener::from(fd)),
             FdRole::Conntrack => conntrack = Some(std::fs::File::from(fd)),
+            FdRole::Conntrack6 => conntrack6 = Some(std::fs::File::from(fd)),
             FdRole::Port { name } => {
                 let i = records.iter().position(|r| r.name == name).ok_or_else(|| {
                     format!("a descriptor for port {name:?}, which was not offered")
@@ -1018,6 +1036,9 @@ fn adopt(
     // The old process has stopped writing to its connection table: map it (with its lock).
     let conntrack = conntrack.filter(|_| plan.has_conntrack());
     let t_build = Instant::now();
+    if let Some(f) = conntrack6 {
+        plan.conntrack6_handed_over(f);
+    }
     let built = plan.build(conntrack)?;
     let build_ms = t_build.elapsed().as_secs_f64() * 1000.0;
     let mut ports = taps;

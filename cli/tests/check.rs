@@ -403,3 +403,223 @@ fn busy_poll_us_is_checked() {
         );
     }
 }
+
+/// A valid dual-stack base (line numbers below refer to it).
+const BASE6: &str = r#"[node]
+name = "node-a"
+cluster_cidr = ["10.244.0.0/16", "fd00:10:244::/56"]
+
+[[bridge]]
+name = "cni0"
+address = ["10.244.1.1/24", "fd00:10:244:1::1/64"]
+ports = ["pod-a", "pod-b"]
+
+[[uplink]]
+name = "eth0"
+address = ["172.18.0.2/24", "fd00:172:18::2/64"]
+
+[[route]]
+to = "fd00:10:244:2::/64"
+via = "fd00:172:18::3"
+
+[[service]]
+name = "web"
+cluster_ip = ["10.96.0.10", "fd00:10:96::10"]
+port = 80
+node_port = 30080
+endpoints = ["10.244.1.2:8080", "[fd00:10:244:1::2]:8080"]
+"#;
+
+#[test]
+fn dual_stack_base_and_example_pass() {
+    let (o, _) = check_file("base6.toml", BASE6);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/node-dual-stack.toml"
+    );
+    let o = Command::new(BIN).args(["check", root]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.is_empty(), "{err}");
+}
+
+#[test]
+fn dual_stack_addresses_one_prefix_per_family() {
+    let text = BASE6
+        .replace(
+            "address = [\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]",
+            "address = [\"10.244.1.1/24\",\n  \"fd00:10:244:1::1/64\",\n  \"fd00:10:244:9::1/64\"]",
+        )
+        .replace(
+            "cluster_cidr = [\"10.244.0.0/16\", \"fd00:10:244::/56\"]",
+            "cluster_cidr = [\"10.244.0.0/16\", \"10.245.0.0/16\"]",
+        );
+    expect_errors(
+        "two-per-family",
+        &text,
+        &[
+            (
+                3,
+                "[node]: cluster_cidr[1] = \"10.245.0.0/16\" is a second IPv4 value after 10.244.0.0/16 (at most one per family)",
+            ),
+            (
+                9,
+                "bridge \"cni0\": address[2] = \"fd00:10:244:9::1/64\" is a second IPv6 value after fd00:10:244:1::1/64",
+            ),
+        ],
+    );
+    // An interface needs an IPv4 address; an IPv6 one may not be link-local.
+    let text = BASE6
+        .replace(
+            "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
+            "address = \"fd00:172:18::2/64\"",
+        )
+        .replace("fd00:10:244:1::1/64", "fe80::1/64");
+    expect_errors(
+        "v6-only",
+        &text,
+        &[
+            (
+                7,
+                "bridge \"cni0\": address[1] = \"fe80::1/64\" is link-local",
+            ),
+            (12, "uplink \"eth0\": address has no IPv4 address"),
+        ],
+    );
+    let text = BASE6.replace("fd00:10:244:1::1/64", "fd00:10:244:1::/64");
+    expect_errors(
+        "v6-anycast",
+        &text,
+        &[(
+            7,
+            "address[1] = \"fd00:10:244:1::/64\" is the subnet-router anycast address",
+        )],
+    );
+}
+
+#[test]
+fn dual_stack_mtu_ra_and_routes() {
+    let text = BASE6
+        .replace(
+            "ports = [\"pod-a\", \"pod-b\"]",
+            "ports = [\"pod-a\", \"pod-b\"]\nmtu = 1279\nra = true",
+        )
+        .replace(
+            "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
+            "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]\nmtu = 1000",
+        );
+    expect_errors(
+        "mtu",
+        &text,
+        &[
+            (
+                9,
+                "bridge \"cni0\": mtu = 1279 is below 1280, IPv6's minimum MTU",
+            ),
+            (15, "uplink \"eth0\": mtu = 1000 is below 1280"),
+        ],
+    );
+    // A v4-only bridge: RA needs an IPv6 address; below 1280 is fine without one.
+    let text = BASE6
+        .replace(
+            "address = [\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]",
+            "address = \"10.244.1.1/24\"\nra = true\nmtu = 576",
+        )
+        .replace(", \"[fd00:10:244:1::2]:8080\"", "");
+    expect_errors(
+        "ra",
+        &text,
+        &[(8, "bridge \"cni0\": ra = true needs an IPv6 address")],
+    );
+    let (o, _) = check_file("ra-off.toml", &text.replace("ra = true\n", ""));
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let routes = format!(
+        "{BASE6}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"172.18.0.3\"\n\n[[route]]\nto = \"10.99.0.0/16\"\nvia = \"fd00:172:18::3\"\n\n[[route]]\nto = \"fd00:98::/64\"\nvia = \"fe80::1\"\n\n[[route]]\nto = \"fd00:97::/64\"\nvia = \"fd00:173::1\"\n\n[[route]]\nto = \"fd00:96::1/64\"\nvia = \"fd00:172:18::2\"\n"
+    );
+    expect_errors(
+        "routes6",
+        &routes,
+        &[
+            (
+                27,
+                "route to fd00:99::/64: via = \"172.18.0.3\" is an IPv4 address but to = \"fd00:99::/64\" is IPv6",
+            ),
+            (
+                31,
+                "route to 10.99.0.0/16: via = \"fd00:172:18::3\" is an IPv6 address but to = \"10.99.0.0/16\" is IPv4",
+            ),
+            (35, "via = \"fe80::1\" is link-local: give `dev`"),
+            (
+                39,
+                "via = \"fd00:173::1\" is not on a connected IPv6 subnet (connected: cni0 fd00:10:244:1::/64, eth0 fd00:172:18::/64)",
+            ),
+            (42, "to = \"fd00:96::1/64\" has host bits set (expected \"fd00:96::/64\")"),
+            (43, "via = \"fd00:172:18::2\" is this node's own address"),
+        ],
+    );
+    // A dev without IPv6 for an IPv6 route; a link-local gateway with its dev is fine.
+    let text = format!(
+        "{}\n[[uplink]]\nname = \"eth1\"\naddress = \"172.19.0.2/24\"\n\n[[route]]\nto = \"fd00:95::/64\"\ndev = \"eth1\"\n\n[[route]]\nto = \"fd00:94::/64\"\nvia = \"fe80::1\"\ndev = \"eth0\"\n",
+        BASE6
+    );
+    expect_errors(
+        "dev6",
+        &text,
+        &[(
+            31,
+            "route to fd00:95::/64: dev = \"eth1\" has no IPv6 address",
+        )],
+    );
+}
+
+#[test]
+fn dual_stack_services_and_neighbours() {
+    // An endpoint of a family without a ClusterIP; two ClusterIPs of one family.
+    let text = BASE6
+        .replace(
+            "cluster_ip = [\"10.96.0.10\", \"fd00:10:96::10\"]",
+            "cluster_ip = \"10.96.0.10\"",
+        )
+        + "\n[[service]]\nname = \"two\"\ncluster_ip = [\"fd00:10:96::11\", \"fd00:10:96::12\"]\nport = 80\n\n[[service]]\nname = \"in-pods\"\ncluster_ip = \"fd00:10:244:5::1\"\nport = 80\nendpoints = [\"[fd00:10:244:1::2]:80\", \"[fd00:10:244:1::1]:80\", \"[fd00:77::1]:80\"]\n";
+    expect_errors(
+        "svc6",
+        &text,
+        &[
+            (
+                23,
+                "service \"web\": endpoint [fd00:10:244:1::2]:8080 is IPv6 but the Service has no IPv6 cluster_ip",
+            ),
+            (
+                27,
+                "service \"two\": cluster_ip[1] = \"fd00:10:96::12\" is a second IPv6 value after fd00:10:96::11",
+            ),
+            (
+                32,
+                "service \"in-pods\": cluster_ip = \"fd00:10:244:5::1\" is inside node.cluster_cidr fd00:10:244::/56",
+            ),
+            (
+                34,
+                "service \"in-pods\": endpoint [fd00:10:244:1::1]:80 is this node's own address",
+            ),
+            (
+                34,
+                "service \"in-pods\": endpoint [fd00:77::1]:80 is outside every connected subnet and route",
+            ),
+        ],
+    );
+    let text = format!(
+        "{BASE6}\n[[neighbor]]\nip = \"fd00:172:19::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n\n[[uplink]]\nname = \"eth1\"\naddress = \"172.19.0.2/24\"\n\n[[neighbor]]\nip = \"fe80::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth1\"\n"
+    );
+    expect_errors(
+        "neigh6",
+        &text,
+        &[
+            (
+                26,
+                "neighbor fd00:172:19::3: ip = \"fd00:172:19::3\" is not in eth0's IPv6 subnet fd00:172:18::/64",
+            ),
+            (37, "neighbor fe80::3: dev = \"eth1\" has no IPv6 address"),
+        ],
+    );
+}

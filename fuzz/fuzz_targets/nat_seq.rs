@@ -9,16 +9,20 @@
 //! Input: records `[port: u8][dt: u8][len_hi: u8][len_lo: u8][bytes]`. A record whose first
 //! byte is even becomes a well-formed TCP, UDP, ICMP echo or ICMP error packet between
 //! addresses and ports drawn from a small set (pods, Service addresses, the node, outside), so
-//! connections really form; odd ones are sent raw.
+//! connections really form (when its second bit is also set: an IPv6 one, TCP, UDP, ICMPv6
+//! echo or an ICMPv6 error, between IPv6 pods, IPv6 and dual-stack Service addresses, the
+//! node and outside, checked the same way: L4 checksums after NAT, the IPv6 table's limit);
+//! odd ones are sent raw.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint, ServiceSpec};
-use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::l3::{NextHop6, Route6};
+use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
+use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
@@ -36,6 +40,85 @@ const ADDRS: [[u8; 4]; 8] = [
     [172, 18, 0, 2],
     [192, 0, 2, 9],
 ];
+const ADDRS6: [&str; 8] = [
+    "fd00:10:244:1::2",
+    "fd00:10:244:1::3",
+    "fd00:10:244:2::2",
+    "fd00:10:96::10",
+    "fd00:10:96::11",
+    "fd00:10:96::99",
+    "fd00:172:18::2",
+    "2001:db8::9",
+];
+
+fn a6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+/// TCP/UDP/ICMPv6 checksum of a whole IPv6 packet without extension headers.
+fn checksums6_ok(ip: &[u8]) -> bool {
+    let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let Some(l4) = ip.get(40..40 + plen) else {
+        return true;
+    };
+    let nh = ip[6];
+    let pseudo = sum16(&ip[8..40]) + u32::from(nh) + l4.len() as u32;
+    match nh {
+        6 | 17 | 58 => fold(pseudo + sum16(l4)) == 0xffff,
+        _ => true,
+    }
+}
+
+fn packet6(r: &[u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let src = a6(ADDRS6[usize::from(g(1)) % ADDRS6.len()]).octets();
+    let dst = a6(ADDRS6[usize::from(g(2)) % ADDRS6.len()]).octets();
+    let sport = PORTS[usize::from(g(3)) % PORTS.len()];
+    let dport = PORTS[usize::from(g(4)) % PORTS.len()];
+    let payload = vec![g(6); usize::from(g(7) % 32)];
+    let mut f = Vec::new();
+    let b = etherparse::PacketBuilder::ethernet2(src_mac, dst_mac).ipv6(src, dst, 64);
+    let _ = match g(5) % 4 {
+        0 => {
+            let mut t = b.tcp(sport, dport, u32::from(g(8)), 1000);
+            let fl = g(9);
+            if fl & 1 != 0 {
+                t = t.syn();
+            }
+            if fl & 2 != 0 {
+                t = t.ack(7);
+            }
+            if fl & 4 != 0 {
+                t = t.fin();
+            }
+            if fl & 8 != 0 {
+                t = t.rst();
+            }
+            t.write(&mut f, &payload)
+        }
+        1 => b.udp(sport, dport).write(&mut f, &payload),
+        2 => b.icmpv6_echo_request(sport, 1).write(&mut f, &payload),
+        _ => {
+            // An ICMPv6 error quoting a UDP packet between drawn addresses.
+            let mut q = Vec::new();
+            let _ = etherparse::PacketBuilder::ipv6(dst, src, 64)
+                .udp(dport, sport)
+                .write(&mut q, &payload);
+            let ty = match g(8) % 3 {
+                0 => etherparse::Icmpv6Type::PacketTooBig { mtu: 1280 },
+                1 => etherparse::Icmpv6Type::DestinationUnreachable(
+                    etherparse::icmpv6::DestUnreachableCode::Port,
+                ),
+                _ => etherparse::Icmpv6Type::TimeExceeded(
+                    etherparse::icmpv6::TimeExceededCode::HopLimitExceeded,
+                ),
+            };
+            b.icmpv6(ty).write(&mut f, &q)
+        }
+    };
+    f
+}
+
 const PORTS: [u16; 6] = [80, 8080, 30080, 53, 40000, 40001];
 
 fn sum16(b: &[u8]) -> u32 {
@@ -133,13 +216,21 @@ fuzz_target!(|data: &[u8]| {
     }
     let (cni0, _) = b
         .add_router_iface(
-            IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24),
+            {
+                let mut c = IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24);
+                c.addr6 = Some((a6("fd00:10:244:1::1"), 64));
+                c
+            },
             Some(br),
         )
         .unwrap();
     let (eth0, _) = b
         .add_router_iface(
-            IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24),
+            {
+                let mut c = IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24);
+                c.addr6 = Some((a6("fd00:172:18::2"), 64));
+                c
+            },
             None,
         )
         .unwrap();
@@ -149,6 +240,7 @@ fuzz_target!(|data: &[u8]| {
             max_entries: MAX_CT,
             ..CtConfig::default()
         },
+        conntrack6: None,
         max_affinity_entries: Some(16),
         rules: NatRules {
             cluster_cidr: Some(cluster),
@@ -156,6 +248,12 @@ fuzz_target!(|data: &[u8]| {
                 out: eth0,
                 src: Some(cluster),
                 except_dst: Some(cluster),
+            }],
+            cluster_cidr6: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
+            masquerade6: vec![MasqueradeRule6 {
+                out: eth0,
+                src: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
+                except_dst: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
             }],
             ..NatRules::default()
         },
@@ -193,7 +291,48 @@ fuzz_target!(|data: &[u8]| {
         dp.add_static_neigh(i, ip.into(), MacAddr([2, 0, 0, 0, 1, m]), now)
             .unwrap();
     }
+    let route6 = |p: &str, len, next_hop| Route6 {
+        prefix: a6(p),
+        len,
+        next_hop,
+        metric: 1024,
+        proto: RouteProto::Static,
+    };
+    dp.add_route6(route6(
+        "fd00:10:244:2::",
+        64,
+        NextHop6::Via(eth0, a6("fd00:172:18::3")),
+    ))
+    .unwrap();
+    dp.add_route6(route6("::", 0, NextHop6::Via(eth0, a6("fd00:172:18::1"))))
+        .unwrap();
+    for (i, ip, m) in [
+        (cni0, "fd00:10:244:1::2", 2u8),
+        (cni0, "fd00:10:244:1::3", 3),
+        (eth0, "fd00:172:18::3", 4),
+        (eth0, "fd00:172:18::1", 5),
+    ] {
+        dp.add_static_neigh6(i, a6(ip), MacAddr([2, 0, 0, 0, 1, m]), now)
+            .unwrap();
+    }
     let nf = dp.netfilter().unwrap();
+    let ep6 = |ip: &str, port| Endpoint6::new(SocketAddrV6::new(a6(ip), port, 0, 0), true);
+    let mut web6 = ServiceSpec::new6("web6", a6("fd00:10:96::10"), 80, 6);
+    web6.vip = Ipv4Addr::new(10, 96, 0, 12);
+    web6.node_port = Some(30081);
+    web6.endpoints6 = vec![ep6("fd00:10:244:1::3", 8080), ep6("fd00:10:244:2::2", 8080)];
+    nf.upsert_service(web6, now).unwrap();
+    let mut dns6 = ServiceSpec::new6("dns6", a6("fd00:10:96::10"), 53, 17);
+    dns6.endpoints6 = vec![ep6("fd00:10:244:1::3", 53)];
+    nf.upsert_service(dns6, now).unwrap();
+    let mut me6 = ServiceSpec::new6("self6", a6("fd00:10:96::11"), 80, 6);
+    me6.endpoints6 = vec![ep6("fd00:10:244:1::2", 8080)];
+    nf.upsert_service(me6, now).unwrap();
+    nf.upsert_service(
+        ServiceSpec::new6("empty6", a6("fd00:10:96::99"), 80, 6),
+        now,
+    )
+    .unwrap();
     let ep = |ip: [u8; 4], port| Endpoint::new(SocketAddrV4::new(ip.into(), port), true);
     let mut web = ServiceSpec::new("web", [10, 96, 0, 10].into(), 80, 6);
     web.node_port = Some(30080);
@@ -216,6 +355,8 @@ fuzz_target!(|data: &[u8]| {
     let mut received = 0u64;
     // Per batch entry: the tuple and kind of a generated (valid) packet, before processing.
     let mut gen: Vec<Option<(Tuple, L4Kind)>> = Vec::new();
+    // Per batch entry: whether it is a generated (valid) IPv6 packet.
+    let mut batch_src: Vec<bool> = Vec::new();
     while rest.len() >= 4 {
         let (port, dt) = (rest[0], rest[1]);
         let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]) % 1024);
@@ -232,7 +373,9 @@ fuzz_target!(|data: &[u8]| {
         } else {
             GW.0
         };
-        let (frame, info) = if raw.first().is_some_and(|b| b & 1 == 0) {
+        let (frame, info) = if raw.first().is_some_and(|b| b & 3 == 2) {
+            (packet6(raw, src_mac, dst_mac), None)
+        } else if raw.first().is_some_and(|b| b & 1 == 0) {
             let f = packet(raw, src_mac, dst_mac);
             let t = (f.len() > 34)
                 .then(|| Tuple::from_ipv4(&f[14..], usize::from(f[14] & 15) * 4, f.len() - 14))
@@ -244,8 +387,10 @@ fuzz_target!(|data: &[u8]| {
         now = now + Duration::from_millis(u64::from(dt) * 250);
         let mut pb = PacketBuf::from_frame(&frame);
         pb.port = port;
+        let is6 = raw.first().is_some_and(|b| b & 3 == 2);
         if batch.push(pb).is_ok() {
             gen.push(info);
+            batch_src.push(is6);
         }
         received += 1;
         if batch.is_full() || rest.len() < 4 {
@@ -260,6 +405,13 @@ fuzz_target!(|data: &[u8]| {
                     && gen.get(i).is_some_and(|g| g.is_some())
                 {
                     assert!(checksums_ok(&f[14..]), "bad checksum after NAT: {f:?}");
+                }
+                let generated6 = batch_src.get(i).is_some_and(|g| *g);
+                if fwd && generated6 && f.len() >= 54 && f[12..14] == [0x86, 0xdd] {
+                    assert!(
+                        checksums6_ok(&f[14..]),
+                        "bad IPv6 checksum after NAT: {f:?}"
+                    );
                 }
                 // Reversibility: what left carries the translation its connection records,
                 // and the reply to it belongs to the same connection.
@@ -286,10 +438,13 @@ fuzz_target!(|data: &[u8]| {
             });
             batch.recycle(&mut w.pool);
             gen.clear();
+            batch_src.clear();
             dp.poll(&mut w, now, &mut batch);
             dp.dispatch(&mut w, &batch, |_, _| Ok(()));
             batch.recycle(&mut w.pool);
             assert!(ct.len() <= MAX_CT, "conntrack over its limit: {}", ct.len());
+            let ct6 = nf.conntrack6().len();
+            assert!(ct6 <= MAX_CT, "IPv6 conntrack over its limit: {ct6}");
         }
     }
     let s = dp.stats();

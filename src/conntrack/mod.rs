@@ -197,15 +197,102 @@ mod table;
 pub mod tcp;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests6;
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::stats::counter_set;
-use crate::wire::tuple::{L4Kind, Tuple};
+use crate::wire::tuple::{L4Kind, Tuple, Tuple6, PROTO_ICMPV6};
 
 pub use persist::{CtFileError, Opened, Recovery, Refusal, FORMAT_VERSION};
-pub use table::{Conntrack, CtLoc};
+pub use table::{Conntrack, Conntrack6, CtLoc, CtTable};
+
+/// A connection tuple a [`CtTable`] keys on, packed into `W` 64-bit words: [`Tuple`] (IPv4,
+/// 2 words) and [`Tuple6`] (IPv6, 5 words).
+///
+/// Contract: `from_words(to_words(t)) == t`, and the **last** word is packed as
+/// `sport << 48 | dport << 32 | proto << 16 | zone` (the table reads the protocol there).
+pub trait CtKey<const W: usize>:
+    Copy + Eq + Ord + std::hash::Hash + TupleFmt + fmt::Debug + Send + Sync + 'static
+{
+    /// The address family, 4 or 6 (names the table in logs, tells the files apart).
+    const FAMILY: u8;
+    /// This family's ICMP protocol number (1, or 58 for ICMPv6): echo is tracked by it.
+    const ICMP: u8;
+    /// The tuple packed into words.
+    fn to_words(&self) -> [u64; W];
+    /// The inverse of [`CtKey::to_words`].
+    fn from_words(w: [u64; W]) -> Self;
+    /// The IP protocol number.
+    fn proto(&self) -> u8;
+    /// The same connection seen from the other end.
+    fn invert(&self) -> Self;
+    /// Whether `reply` translates `orig`'s destination (its source differs from `orig`'s
+    /// destination address or port).
+    fn is_dnat(orig: &Self, reply: &Self) -> bool;
+    /// Whether `reply` translates `orig`'s source.
+    fn is_snat(orig: &Self, reply: &Self) -> bool;
+}
+
+impl CtKey<2> for Tuple {
+    const FAMILY: u8 = 4;
+    const ICMP: u8 = crate::wire::ipv4::PROTO_ICMP;
+    #[inline(always)]
+    fn to_words(&self) -> [u64; 2] {
+        Tuple::to_words(self)
+    }
+    #[inline(always)]
+    fn from_words(w: [u64; 2]) -> Self {
+        Tuple::from_words(w)
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn invert(&self) -> Self {
+        Tuple::invert(self)
+    }
+    #[inline(always)]
+    fn is_dnat(orig: &Self, reply: &Self) -> bool {
+        (reply.src, reply.sport) != (orig.dst, orig.dport)
+    }
+    #[inline(always)]
+    fn is_snat(orig: &Self, reply: &Self) -> bool {
+        (reply.dst, reply.dport) != (orig.src, orig.sport)
+    }
+}
+
+impl CtKey<5> for Tuple6 {
+    const FAMILY: u8 = 6;
+    const ICMP: u8 = PROTO_ICMPV6;
+    #[inline(always)]
+    fn to_words(&self) -> [u64; 5] {
+        Tuple6::to_words(self)
+    }
+    #[inline(always)]
+    fn from_words(w: [u64; 5]) -> Self {
+        Tuple6::from_words(w)
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn invert(&self) -> Self {
+        Tuple6::invert(self)
+    }
+    #[inline(always)]
+    fn is_dnat(orig: &Self, reply: &Self) -> bool {
+        (reply.src, reply.sport) != (orig.dst, orig.dport)
+    }
+    #[inline(always)]
+    fn is_snat(orig: &Self, reply: &Self) -> bool {
+        (reply.dst, reply.dport) != (orig.src, orig.sport)
+    }
+}
 pub use tcp::CtState;
 
 /// A non-state-changing packet refreshes its entry's timeout at most this often.
@@ -439,17 +526,17 @@ pub struct Pkt {
     pub len: u32,
 }
 
-/// A found (or inserted) entry, as it was when read.
+/// A found (or inserted) entry, as it was when read; `K` is the table's tuple type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtHit {
+pub struct CtHit<K = Tuple> {
     /// Identity, for [`Conntrack::track`] and [`Conntrack::remove`].
     pub id: CtId,
     /// Which of the entry's tuples matched.
     pub dir: Dir,
     /// The original tuple.
-    pub orig: Tuple,
+    pub orig: K,
     /// The reply tuple.
-    pub reply: Tuple,
+    pub reply: K,
     /// Status bits.
     pub status: CtStatus,
     /// Connection mark.
@@ -481,14 +568,14 @@ pub enum InvalidReason {
 
 /// Why [`Conntrack::insert`] did not insert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InsertError {
+pub enum InsertError<K = Tuple> {
     /// One of the tuples belongs to another entry (e.g. another thread inserted the same
     /// connection first). `existing` is that entry when it was already live, with `dir` saying
     /// which of its tuples equals the new ORIGINAL tuple (or `Original` if only the reply
     /// clashed): track the packet on it.
     Clash {
         /// The entry that won, if live.
-        existing: Option<CtHit>,
+        existing: Option<CtHit<K>>,
     },
     /// No room: no free entry, nothing expired or early-droppable among the candidates.
     Full,
@@ -496,7 +583,7 @@ pub enum InsertError {
     Invalid(InvalidReason),
 }
 
-impl fmt::Display for InsertError {
+impl<K> fmt::Display for InsertError<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             InsertError::Clash { .. } => write!(f, "conntrack: tuple already tracked"),
@@ -506,7 +593,7 @@ impl fmt::Display for InsertError {
     }
 }
 
-impl std::error::Error for InsertError {}
+impl<K: fmt::Debug> std::error::Error for InsertError<K> {}
 
 /// What [`Conntrack::track`] made of a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -556,23 +643,24 @@ counter_set! {
     }
 }
 
-/// A snapshot of an entry for display and JSON (`conntrack -L`).
+/// A snapshot of an entry for display and JSON (`conntrack -L`; `conntrack -L -f ipv6` for
+/// `CtView<Tuple6>`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtView {
+pub struct CtView<K = Tuple> {
     /// Identity.
     pub id: CtId,
     /// IP protocol number.
     pub proto: u8,
-    /// Protocol name as `conntrack -L` prints it (`tcp`, `udp`, `icmp`, `unknown`).
+    /// Protocol name as `conntrack -L` prints it (`tcp`, `udp`, `icmp`, `icmpv6`, `unknown`).
     pub protocol: &'static str,
     /// TCP state (None for other protocols).
     pub state: Option<CtState>,
     /// Seconds until the entry expires if nothing refreshes it.
     pub timeout_secs: u64,
     /// Original tuple.
-    pub orig: Tuple,
+    pub orig: K,
     /// Reply tuple.
-    pub reply: Tuple,
+    pub reply: K,
     /// Packets in the original direction.
     pub orig_packets: u64,
     /// Bytes in the original direction.
@@ -595,7 +683,7 @@ pub struct CtView {
     pub endpoint: u32,
 }
 
-impl fmt::Display for CtView {
+impl<K: TupleFmt> fmt::Display for CtView<K> {
     /// One `conntrack -L` line (without newline).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -628,30 +716,62 @@ impl fmt::Display for CtView {
     }
 }
 
-/// A tuple as `conntrack -L` prints it: ICMP echo with `type= code= id=`.
-fn fmt_tuple(f: &mut fmt::Formatter<'_>, t: &Tuple, dir: Dir) -> fmt::Result {
-    if t.proto == crate::wire::ipv4::PROTO_ICMP {
-        let ty = if dir == Dir::Original { 8 } else { 0 };
-        write!(
-            f,
-            "src={} dst={} type={ty} code=0 id={}",
-            t.src, t.dst, t.sport
-        )?;
-        if t.zone != 0 {
-            write!(f, " zone={}", t.zone)?;
+/// A tuple as `conntrack -L` prints it (see [`CtView`]'s `Display`).
+pub trait TupleFmt: fmt::Display {
+    /// Writes the tuple of direction `dir`: ICMP echo with `type= code= id=` (types 8/0, or
+    /// 128/129 for ICMPv6), other protocols as the tuple's `Display`.
+    fn fmt_ct(&self, f: &mut fmt::Formatter<'_>, dir: Dir) -> fmt::Result;
+}
+
+impl TupleFmt for Tuple {
+    fn fmt_ct(&self, f: &mut fmt::Formatter<'_>, dir: Dir) -> fmt::Result {
+        if self.proto == crate::wire::ipv4::PROTO_ICMP {
+            let ty = if dir == Dir::Original { 8 } else { 0 };
+            fmt_echo(f, &self.src, &self.dst, ty, self.sport, self.zone)
+        } else {
+            fmt::Display::fmt(self, f)
         }
-        Ok(())
-    } else {
-        fmt::Display::fmt(t, f)
     }
 }
 
-/// The protocol name `conntrack -L` prints.
-pub(crate) fn proto_name(p: u8) -> &'static str {
-    match p {
-        6 => "tcp",
-        17 => "udp",
-        1 => "icmp",
+impl TupleFmt for Tuple6 {
+    fn fmt_ct(&self, f: &mut fmt::Formatter<'_>, dir: Dir) -> fmt::Result {
+        if self.proto == PROTO_ICMPV6 {
+            let ty = if dir == Dir::Original { 128 } else { 129 };
+            fmt_echo(f, &self.src, &self.dst, ty, self.sport, self.zone)
+        } else {
+            fmt::Display::fmt(self, f)
+        }
+    }
+}
+
+fn fmt_echo(
+    f: &mut fmt::Formatter<'_>,
+    src: &dyn fmt::Display,
+    dst: &dyn fmt::Display,
+    ty: u8,
+    id: u16,
+    zone: u16,
+) -> fmt::Result {
+    write!(f, "src={src} dst={dst} type={ty} code=0 id={id}")?;
+    if zone != 0 {
+        write!(f, " zone={zone}")?;
+    }
+    Ok(())
+}
+
+fn fmt_tuple<K: TupleFmt>(f: &mut fmt::Formatter<'_>, t: &K, dir: Dir) -> fmt::Result {
+    t.fmt_ct(f, dir)
+}
+
+/// The protocol name `conntrack -L` prints (`family` 4 or 6: protocol 58 is `icmpv6` in an
+/// IPv6 table).
+pub(crate) fn proto_name(p: u8, family: u8) -> &'static str {
+    match (p, family) {
+        (6, _) => "tcp",
+        (17, _) => "udp",
+        (1, 4) => "icmp",
+        (58, 6) => "icmpv6",
         _ => "unknown",
     }
 }

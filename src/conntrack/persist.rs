@@ -1,5 +1,5 @@
 //! The connection table in a shared-memory file, so that connections outlive the process
-//! ([`Conntrack::open_file`]); the format and what is kept after a crash are described in the
+//! ([`Conntrack::open_file`](CtTable::open_file)); the format and what is kept after a crash are described in the
 //! [`conntrack`](super) module docs ("Keeping the table in a file").
 
 use std::fmt;
@@ -9,13 +9,26 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::table::{bucket_count, validate, Acct, Bucket, Entry, Rebuilt};
-use super::{Conntrack, CtConfig, CtConfigError};
+use super::{CtConfig, CtConfigError, CtKey, CtTable};
 use crate::hash::SeededHash;
 use crate::sys::{self, BigSlice, FileMap, HUGE_PAGE};
 use crate::time::Instant;
 
-/// "TAPYCT" and two bytes of version family, as the file's first word.
+/// "TAPYCT" and two bytes of version family, as the file's first word (an IPv4 table's).
 const MAGIC: u64 = u64::from_le_bytes(*b"TAPYCT\0\x01");
+/// The first word of an IPv6 table's file ([`super::Conntrack6`]): another magic, so that
+/// either table refuses the other's file as [`Refusal::Magic`] (never reads its entries as
+/// its own), and IPv4 files written before tables had families open unchanged.
+const MAGIC6: u64 = u64::from_le_bytes(*b"TAPYCT\x06\x01");
+
+/// The magic number of a table file of address family `family`.
+fn magic(family: u8) -> u64 {
+    if family == 6 {
+        MAGIC6
+    } else {
+        MAGIC
+    }
+}
 /// The file format's version; a file of another version is refused.
 pub const FORMAT_VERSION: u64 = 1;
 /// Bytes of header before the first array's boundary are read as one page.
@@ -55,11 +68,11 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(n: usize) -> Layout {
+    fn of<const W: usize>(n: usize) -> Layout {
         let up = |x: usize| x.next_multiple_of(HUGE_PAGE);
         let buckets = bucket_count(n);
         let entries_off = HUGE_PAGE;
-        let acct_off = up(entries_off + n * size_of::<Entry>());
+        let acct_off = up(entries_off + n * size_of::<Entry<W>>());
         let index_off = up(acct_off + n * size_of::<Acct>());
         let file_len = up(index_off + buckets * size_of::<Bucket>());
         Layout {
@@ -73,12 +86,12 @@ impl Layout {
     }
 
     /// The header words this build writes, checksum included.
-    fn header(&self, hash: [u64; 3], boot: [u8; 16]) -> [u64; H_WORDS] {
+    fn header<const W: usize>(&self, magic: u64, hash: [u64; 3], boot: [u8; 16]) -> [u64; H_WORDS] {
         let mut h = [0u64; H_WORDS];
-        h[H_MAGIC] = MAGIC;
+        h[H_MAGIC] = magic;
         h[H_VERSION] = FORMAT_VERSION;
         h[H_HEADER] = HEADER_BYTES as u64;
-        h[H_ENTRY_SIZE] = size_of::<Entry>() as u64;
+        h[H_ENTRY_SIZE] = size_of::<Entry<W>>() as u64;
         h[H_ACCT_SIZE] = size_of::<Acct>() as u64;
         h[H_BUCKET_SIZE] = size_of::<Bucket>() as u64;
         h[H_ENTRIES] = self.entries as u64;
@@ -170,7 +183,7 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// What [`Conntrack::open_file`] did with the file it found.
+/// What [`Conntrack::open_file`](CtTable::open_file) did with the file it found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Opened {
     /// There was no file (or an empty one): a new, empty table.
@@ -181,7 +194,7 @@ pub enum Opened {
     Reused,
 }
 
-/// What [`Conntrack::open_file`] found and kept. Its `Display` is a one-line summary for a
+/// What [`Conntrack::open_file`](CtTable::open_file) found and kept. Its `Display` is a one-line summary for a
 /// log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recovery {
@@ -228,12 +241,12 @@ impl fmt::Display for Recovery {
     }
 }
 
-/// Why [`Conntrack::open_file`] could not give a table at all (a file it could read but did
+/// Why [`Conntrack::open_file`](CtTable::open_file) could not give a table at all (a file it could read but did
 /// not trust is not an error: it is replaced, see [`Recovery`]). Two I/O errors are equal when
 /// their operation, file and kind of error are.
 #[derive(Clone, Debug)]
 pub enum CtFileError {
-    /// The configuration is refused, as by [`Conntrack::new`].
+    /// The configuration is refused, as by [`Conntrack::new`](CtTable::new).
     Config(CtConfigError),
     /// Another process has the file open as its table.
     InUse {
@@ -330,7 +343,7 @@ fn read_header(file: &File, len: u64) -> io::Result<[u64; H_WORDS]> {
 /// Checks a header against the one this build would write (`want`, whose hash words are
 /// ignored). The checks go from what says "not a table file" to what says "another table".
 fn check(h: &[u64; H_WORDS], want: &[u64; H_WORDS], len: u64) -> Result<(), Refusal> {
-    if h[H_MAGIC] != MAGIC {
+    if h[H_MAGIC] != want[H_MAGIC] {
         if len < HEADER_BYTES as u64 {
             return Err(Refusal::Length {
                 found: len,
@@ -381,7 +394,7 @@ fn check(h: &[u64; H_WORDS], want: &[u64; H_WORDS], len: u64) -> Result<(), Refu
     Ok(())
 }
 
-impl Conntrack {
+impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// A table for at most `cfg.max_entries` connections that lives in the file at `path`
     /// (created with mode 0600 if missing; its directory must exist), so that its connections
     /// outlive the process: a later `open_file` of the same file — after a restart, or a
@@ -392,7 +405,7 @@ impl Conntrack {
     ///
     /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
     /// header, a wrong length) is replaced by an empty table: that is not an error, and
-    /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`]'s
+    /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`](CtTable::new)'s
     /// anonymous memory (the arrays are the same, only mapped from a file).
     ///
     /// # Errors
@@ -417,7 +430,7 @@ impl Conntrack {
         cfg: CtConfig,
         path: &Path,
         now: Instant,
-    ) -> Result<(Conntrack, Recovery), CtFileError> {
+    ) -> Result<(CtTable<K, W>, Recovery), CtFileError> {
         validate(&cfg).map_err(CtFileError::Config)?;
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -435,22 +448,22 @@ impl Conntrack {
         Self::open_handed_over(cfg, file, path, now)
     }
 
-    /// [`Conntrack::open_file`] on a file already open: one that the process using it as
-    /// its table handed over ([`Conntrack::backing_file`], passed with `SCM_RIGHTS` at
+    /// [`Conntrack::open_file`](CtTable::open_file) on a file already open: one that the process using it as
+    /// its table handed over ([`Conntrack::backing_file`](CtTable::backing_file), passed with `SCM_RIGHTS` at
     /// `tapyard run --takeover`). The lock belongs to the open file, so the two share it and
     /// no third process can take the file meanwhile; the giving process must have stopped
     /// writing to the table (its workers paused) and must not write again. `path` names the
     /// file in errors and the log.
     ///
     /// # Errors
-    /// As [`Conntrack::open_file`]; [`CtFileError::InUse`] if another open file holds the
+    /// As [`Conntrack::open_file`](CtTable::open_file); [`CtFileError::InUse`] if another open file holds the
     /// lock (the file was not handed over but opened again).
     pub fn open_handed_over(
         cfg: CtConfig,
         file: File,
         path: &Path,
         now: Instant,
-    ) -> Result<(Conntrack, Recovery), CtFileError> {
+    ) -> Result<(CtTable<K, W>, Recovery), CtFileError> {
         validate(&cfg).map_err(CtFileError::Config)?;
         let io_err = |op: &'static str| {
             move |err: io::Error| CtFileError::Io {
@@ -464,10 +477,10 @@ impl Conntrack {
                 path: path.to_path_buf(),
             });
         }
-        let layout = Layout::of(cfg.max_entries);
+        let layout = Layout::of::<W>(cfg.max_entries);
         let boot = sys::boot_id().unwrap_or([0; 16]);
         let len = file.metadata().map_err(io_err("stat"))?.len();
-        let mut want = layout.header([0; 3], boot);
+        let mut want = layout.header::<W>(magic(K::FAMILY), [0; 3], boot);
         let found = read_header(&file, len).map_err(io_err("read header"))?;
         let mut rec = Recovery {
             opened: Opened::Created,
@@ -510,7 +523,7 @@ impl Conntrack {
                 SeededHash::random()
             }
         };
-        want = layout.header(hash.to_words(), boot);
+        want = layout.header::<W>(magic(K::FAMILY), hash.to_words(), boot);
         want[H_CLEAN] = 0;
         want[H_PID] = u64::from(std::process::id());
         let mut bytes = Vec::with_capacity(H_WORDS * 8);
@@ -521,7 +534,7 @@ impl Conntrack {
             .map_err(io_err("write header"))?;
         let map = FileMap::map(&file, layout.file_len).map_err(io_err("mmap"))?;
         let n = cfg.max_entries;
-        let entries = BigSlice::<Entry>::in_map(&map, layout.entries_off, n)
+        let entries = BigSlice::<Entry<W>>::in_map(&map, layout.entries_off, n)
             .map_err(io_err("map entries"))?;
         let acct =
             BigSlice::<Acct>::in_map(&map, layout.acct_off, n).map_err(io_err("map counters"))?;
@@ -529,7 +542,7 @@ impl Conntrack {
             .map_err(io_err("map index"))?;
         debug_assert!(map.len() >= layout.file_len);
         drop(map);
-        let ct = Conntrack::assemble(cfg, entries, acct, index, hash, Some(CtFile { file }));
+        let ct = CtTable::assemble(cfg, entries, acct, index, hash, Some(CtFile { file }));
         let Rebuilt {
             kept,
             half_written,
@@ -546,14 +559,14 @@ impl Conntrack {
     }
 }
 
-impl Conntrack {
+impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// Takes the table back after a handover that did not complete: this process handed its
-    /// file to a successor ([`Conntrack::backing_file`], [`Conntrack::open_handed_over`]),
+    /// file to a successor ([`Conntrack::backing_file`](CtTable::backing_file), [`Conntrack::open_handed_over`](CtTable::open_handed_over)),
     /// which opened it (rebuilding it, maybe inserting and removing connections) and then
     /// gave up. The entries in the file are right, but what this process derived from them
     /// (the free stack's head, the length, the sweep cursor) no longer is: going on without
     /// this could hand out an entry the successor made live, or lose free entries. So the
-    /// table is rebuilt from its entries as [`Conntrack::open_file`] does (what it kept and
+    /// table is rebuilt from its entries as [`Conntrack::open_file`](CtTable::open_file) does (what it kept and
     /// freed is returned), and the file is marked in use by this process again (the
     /// successor's table, when dropped, marked it cleanly detached).
     ///
@@ -587,10 +600,10 @@ impl Conntrack {
     }
 }
 
-impl Conntrack {
-    /// The open file of a table made by [`Conntrack::open_file`] (`None` for anonymous
+impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
+    /// The open file of a table made by [`Conntrack::open_file`](CtTable::open_file) (`None` for anonymous
     /// memory), to hand it to another process that goes on with the table
-    /// ([`Conntrack::open_handed_over`]).
+    /// ([`Conntrack::open_handed_over`](CtTable::open_handed_over)).
     pub fn backing_file(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.ct_file().map(|f| f.file.as_fd())

@@ -1,18 +1,19 @@
 //! The lock-free table behind [`Conntrack`] (design and contract in the module docs).
 
+use std::marker::PhantomData;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::tcp::{self, flags, CtState, Next};
 use super::{
-    proto_name, CtConfig, CtConfigError, CtCounters, CtHit, CtId, CtStatus, CtTag, CtView, Dir,
-    InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
+    proto_name, CtConfig, CtConfigError, CtCounters, CtHit, CtId, CtKey, CtStatus, CtTag, CtView,
+    Dir, InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
 };
 use crate::hash::{self, SeededHash};
 use crate::narrow::{low16, low32, low8};
 use crate::sys::BigSlice;
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
-use crate::wire::tuple::{L4Kind, Tuple};
+use crate::wire::tuple::{L4Kind, Tuple, Tuple6};
 
 // ---- control word -----------------------------------------------------------------------
 // bits 0..16 status, 16..20 TCP state, 20..23 life stage, 32..64 generation.
@@ -89,19 +90,42 @@ fn tagged_add(w: &AtomicU64, gen: u32, d: u64) {
 // ---- layout ------------------------------------------------------------------------------
 
 crate::sys::atomic_words! {
-    /// The line lookups read. `words` = orig `to_words()`, reply `to_words()`. Only atomics, in
-    /// a fixed order (`repr(C)`): it may live in a shared file ([`Conntrack::open_file`]).
+    /// The line lookups read. `words` = orig `to_words()`, reply `to_words()` (`W` words
+    /// each: 64 bytes an entry for IPv4's 2, 128 for IPv6's 5). Only atomics, in a fixed order
+    /// (`repr(C)`): it may live in a shared file ([`Conntrack::open_file`]).
     #[repr(C, align(64))]
-    #[derive(Default)]
-    pub(super) struct Entry {
+    pub(super) struct Entry<const W: usize> {
         ctl: AtomicU64,
-        words: [AtomicU64; 4],
+        words: [[AtomicU64; W]; 2],
         /// Generation tag (16 bits) | last refresh in milliseconds (48 bits).
         last: AtomicU64,
         /// mark << 32 | service.
         tag: AtomicU64,
         /// endpoint << 32 | free-stack link (next free slot + 1, 0 = none) while FREE.
         aux: AtomicU64,
+    }
+}
+
+impl<const W: usize> Default for Entry<W> {
+    fn default() -> Self {
+        Entry {
+            ctl: AtomicU64::new(0),
+            words: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            last: AtomicU64::new(0),
+            tag: AtomicU64::new(0),
+            aux: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<const W: usize> Entry<W> {
+    /// Both tuples' words (relaxed loads: the caller validates them, seqlock-style).
+    #[inline(always)]
+    fn load_words(&self) -> [[u64; W]; 2] {
+        [
+            std::array::from_fn(|i| self.words[0][i].load(Ordering::Relaxed)),
+            std::array::from_fn(|i| self.words[1][i].load(Ordering::Relaxed)),
+        ]
     }
 }
 
@@ -205,8 +229,8 @@ thread_local! {
 /// Where a tuple lives in a table: its packed words, signature and two candidate buckets,
 /// computed once by [`Conntrack::locate`] and reused for prefetching and lookups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtLoc {
-    w: [u64; 2],
+pub struct CtLoc<const W: usize = 2> {
+    w: [u64; W],
     sig: u32,
     b1: u32,
     b2: u32,
@@ -232,25 +256,32 @@ fn slot_entry(v: u64) -> (usize, Dir) {
 
 /// A consistent read of an entry (seqlock-validated).
 #[derive(Clone, Copy)]
-struct Snap {
+struct Snap<const W: usize> {
     c: u64,
-    w: [u64; 4],
+    w: [[u64; W]; 2],
     last: u64,
     tag: u64,
     aux: u64,
 }
 
-impl Snap {
+/// The protocol of a tuple's words (the last word is `sport, dport, proto, zone`; see
+/// [`CtKey`]).
+#[inline(always)]
+fn proto_of<const W: usize>(w: &[u64; W]) -> u8 {
+    w.last().map_or(0, |r| low8(r >> 16))
+}
+
+impl<const W: usize> Snap<W> {
     #[inline]
-    fn tuple_words(&self, dir: Dir) -> [u64; 2] {
+    fn tuple_words(&self, dir: Dir) -> [u64; W] {
         match dir {
-            Dir::Original => [self.w[0], self.w[1]],
-            Dir::Reply => [self.w[2], self.w[3]],
+            Dir::Original => self.w[0],
+            Dir::Reply => self.w[1],
         }
     }
     #[inline]
     fn proto(&self) -> u8 {
-        low8(self.w[1] >> 16)
+        proto_of(&self.w[0])
     }
     #[inline]
     fn last_ms(&self) -> u64 {
@@ -258,14 +289,22 @@ impl Snap {
     }
 }
 
-enum Resolve {
+enum Resolve<const W: usize> {
     Win,
-    Lose(Option<(usize, Dir, Snap)>),
+    Lose(Option<(usize, Dir, Snap<W>)>),
 }
 
-/// Connection tracking table (see the [module docs](super)).
-pub struct Conntrack {
-    entries: BigSlice<Entry>,
+/// The IPv4 connection table: entries of 64 bytes (see the [module docs](super)).
+pub type Conntrack = CtTable<Tuple, 2>;
+
+/// The IPv6 connection table: the same design with [`Tuple6`] keys of five words, so its
+/// entries take 128 bytes. A node runs one table per family, each with its own limit.
+pub type Conntrack6 = CtTable<Tuple6, 5>;
+
+/// A connection tracking table keyed by tuples of `W` words ([`CtKey`]): [`Conntrack`] for
+/// IPv4, [`Conntrack6`] for IPv6 (see the [module docs](super)).
+pub struct CtTable<K, const W: usize> {
+    entries: BigSlice<Entry<W>>,
     acct: BigSlice<Acct>,
     index: BigSlice<Bucket>,
     mask: usize,
@@ -285,15 +324,20 @@ pub struct Conntrack {
     cfg: CtConfig,
     /// The file the arrays live in ([`Conntrack::open_file`]); `None` for anonymous memory.
     file: Option<super::persist::CtFile>,
+    key: PhantomData<fn() -> K>,
 }
 
-impl std::fmt::Debug for Conntrack {
+impl<K: CtKey<W>, const W: usize> std::fmt::Debug for CtTable<K, W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conntrack")
-            .field("max_entries", &self.entries.len())
-            .field("buckets", &self.index.len())
-            .field("counters", &self.counters())
-            .finish()
+        f.debug_struct(if K::FAMILY == 6 {
+            "Conntrack6"
+        } else {
+            "Conntrack"
+        })
+        .field("max_entries", &self.entries.len())
+        .field("buckets", &self.index.len())
+        .field("counters", &self.counters())
+        .finish()
     }
 }
 
@@ -341,9 +385,27 @@ pub(super) fn validate(cfg: &CtConfig) -> Result<(), CtConfigError> {
     Ok(())
 }
 
-impl Conntrack {
+/// The hash of a tuple's words: [`SeededHash::hash_pair`] for IPv4's two (as before tables
+/// were generic), folded pairwise for more.
+#[inline(always)]
+fn hash_words<const W: usize>(h: &SeededHash, w: &[u64; W]) -> u64 {
+    if let Ok(p) = <[u64; 2]>::try_from(&w[..]) {
+        return h.hash_pair(p);
+    }
+    let mut acc = 0u64;
+    for c in w.chunks(2) {
+        let pair = [
+            c.first().copied().unwrap_or(0),
+            c.get(1).copied().unwrap_or(0),
+        ];
+        acc = h.hash_pair([pair[0] ^ acc, pair[1]]);
+    }
+    acc
+}
+
+impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// A table for at most `cfg.max_entries` connections, all memory allocated now.
-    pub fn new(cfg: CtConfig) -> Result<Conntrack, CtConfigError> {
+    pub fn new(cfg: CtConfig) -> Result<CtTable<K, W>, CtConfigError> {
         validate(&cfg)?;
         let n = cfg.max_entries;
         // Free stack: 0 -> 1 -> ... -> n-1.
@@ -351,7 +413,7 @@ impl Conntrack {
             aux: AtomicU64::new(if i + 1 < n { i as u64 + 2 } else { 0 }),
             ..Entry::default()
         });
-        let mut ct = Conntrack::assemble(
+        let mut ct = CtTable::assemble(
             cfg,
             entries,
             BigSlice::from_fn(n, |_| Acct::default()),
@@ -367,12 +429,12 @@ impl Conntrack {
     /// and a length of zero: the caller sets them.
     pub(super) fn assemble(
         cfg: CtConfig,
-        entries: BigSlice<Entry>,
+        entries: BigSlice<Entry<W>>,
         acct: BigSlice<Acct>,
         index: BigSlice<Bucket>,
         hash: SeededHash,
         file: Option<super::persist::CtFile>,
-    ) -> Conntrack {
+    ) -> CtTable<K, W> {
         let t = &cfg.timeouts;
         let tcp_to = [
             us(t.tcp_close), // NONE: never stays there
@@ -387,7 +449,7 @@ impl Conntrack {
             us(t.tcp_syn_sent),
         ];
         let nbuckets = index.len();
-        Conntrack {
+        CtTable {
             acct,
             entries,
             index,
@@ -405,6 +467,7 @@ impl Conntrack {
             generic_to: us(t.generic),
             cfg,
             file,
+            key: PhantomData,
         }
     }
 
@@ -475,8 +538,8 @@ impl Conntrack {
     // ---- hashing -------------------------------------------------------------------------
 
     #[inline]
-    fn locate_words(&self, w: [u64; 2]) -> CtLoc {
-        let h = self.hash.hash_pair(w);
+    fn locate_words(&self, w: [u64; W]) -> CtLoc<W> {
+        let h = hash_words(&self.hash, &w);
         // The signature is the high half of `h`; the buckets come from a second hash of it, so
         // entries sharing a bucket do not share signature bits.
         let b = self.hash.hash(h);
@@ -490,14 +553,14 @@ impl Conntrack {
 
     /// Hashes `t` once, for [`Conntrack::prefetch`] and [`Conntrack::lookup_loc`].
     #[inline]
-    pub fn locate(&self, t: &Tuple) -> CtLoc {
+    pub fn locate(&self, t: &K) -> CtLoc<W> {
         self.locate_words(t.to_words())
     }
 
     /// Hints the CPU to fetch both candidate buckets of a located tuple (before a batch's
     /// lookups).
     #[inline]
-    pub fn prefetch(&self, l: &CtLoc) {
+    pub fn prefetch(&self, l: &CtLoc<W>) {
         if let Some(b) = self.index.get(l.b1 as usize) {
             crate::sys::prefetch(b);
         }
@@ -512,7 +575,7 @@ impl Conntrack {
     /// [`Conntrack::lookup_loc`] that follows finds both of its lines in cache. Call it on a
     /// whole batch after prefetching the whole batch's buckets, then look the batch up.
     #[inline]
-    pub fn prefetch_entry(&self, l: &CtLoc) {
+    pub fn prefetch_entry(&self, l: &CtLoc<W>) {
         let sig = u64::from(l.sig);
         for b in self.buckets(l) {
             let (mut m, v) = b.matches(sig);
@@ -530,7 +593,7 @@ impl Conntrack {
     }
 
     #[inline]
-    fn buckets(&self, l: &CtLoc) -> impl Iterator<Item = &Bucket> {
+    fn buckets(&self, l: &CtLoc<W>) -> impl Iterator<Item = &Bucket> {
         [l.b1, l.b2]
             .into_iter()
             .filter_map(|b| self.index.get(b as usize))
@@ -540,18 +603,13 @@ impl Conntrack {
 
     /// A seqlock-consistent snapshot of entry `idx` if its life stage passes `ok`.
     #[inline]
-    fn snap(&self, idx: usize, ok: impl Fn(u64) -> bool) -> Option<Snap> {
+    fn snap(&self, idx: usize, ok: impl Fn(u64) -> bool) -> Option<Snap<W>> {
         let e = self.entries.get(idx)?;
         let c1 = e.ctl.load(Ordering::Acquire);
         if !ok(life(c1)) {
             return None;
         }
-        let w = [
-            e.words[0].load(Ordering::Relaxed),
-            e.words[1].load(Ordering::Relaxed),
-            e.words[2].load(Ordering::Relaxed),
-            e.words[3].load(Ordering::Relaxed),
-        ];
+        let w = e.load_words();
         let last = e.last.load(Ordering::Relaxed);
         let tag = e.tag.load(Ordering::Relaxed);
         let aux = e.aux.load(Ordering::Relaxed);
@@ -571,7 +629,7 @@ impl Conntrack {
 
     #[inline]
     fn timeout_us(&self, proto: u8, c: u64) -> u64 {
-        match proto {
+        match pclass::<K, W>(proto) {
             PROTO_TCP => self.tcp_to[state_of(c) as usize],
             PROTO_UDP => {
                 if status_of(c).assured() {
@@ -587,26 +645,26 @@ impl Conntrack {
 
     /// When the entry expires, in microseconds.
     #[inline]
-    fn deadline(&self, s: &Snap) -> u64 {
+    fn deadline(&self, s: &Snap<W>) -> u64 {
         s.last_ms()
             .saturating_mul(1000)
             .saturating_add(self.timeout_us(s.proto(), s.c))
     }
 
     #[inline]
-    fn expired(&self, s: &Snap, now_us: u64) -> bool {
+    fn expired(&self, s: &Snap<W>, now_us: u64) -> bool {
         now_us >= self.deadline(s)
     }
 
-    fn hit_of(idx: usize, dir: Dir, s: &Snap) -> CtHit {
+    fn hit_of(idx: usize, dir: Dir, s: &Snap<W>) -> CtHit<K> {
         CtHit {
             id: CtId {
                 slot: slot_id(idx),
                 gen: gen_of(s.c),
             },
             dir,
-            orig: Tuple::from_words([s.w[0], s.w[1]]),
-            reply: Tuple::from_words([s.w[2], s.w[3]]),
+            orig: K::from_words(s.w[0]),
+            reply: K::from_words(s.w[1]),
             status: status_of(s.c),
             mark: (s.tag >> 32) as u32,
             service: low32(s.tag),
@@ -620,10 +678,10 @@ impl Conntrack {
     #[inline]
     fn find(
         &self,
-        l: &CtLoc,
+        l: &CtLoc<W>,
         now_us: u64,
         ok: impl Fn(u64) -> bool + Copy,
-    ) -> Option<(usize, Dir, Snap)> {
+    ) -> Option<(usize, Dir, Snap<W>)> {
         let sig = u64::from(l.sig);
         for b in self.buckets(l) {
             for s in &b.slots {
@@ -647,7 +705,7 @@ impl Conntrack {
     /// The live entry with `t` as its original or reply tuple. Lock-free, no writes except a
     /// per-thread counter; an expired entry is a miss.
     #[inline]
-    pub fn lookup(&self, t: &Tuple, now: Instant) -> Option<CtHit> {
+    pub fn lookup(&self, t: &K, now: Instant) -> Option<CtHit<K>> {
         self.lookup_loc(&self.locate(t), now)
     }
 
@@ -655,7 +713,7 @@ impl Conntrack {
     // Always inlined: out of line (as the inliner chose once `prefetch_entry` existed) the plain
     // 100k lookup measured up to 2x slower.
     #[inline(always)]
-    pub fn lookup_loc(&self, l: &CtLoc, now: Instant) -> Option<CtHit> {
+    pub fn lookup_loc(&self, l: &CtLoc<W>, now: Instant) -> Option<CtHit<K>> {
         let (idx, dir, s) = self.find(l, now.micros(), |x| x == LIVE)?;
         self.count(C_FOUND, 1);
         Some(Self::hit_of(idx, dir, &s))
@@ -663,7 +721,7 @@ impl Conntrack {
 
     /// Whether `t` is the original or reply tuple of a live (or being inserted) entry: for a
     /// NAT port allocator choosing a free reply tuple.
-    pub fn tuple_in_use(&self, t: &Tuple, now: Instant) -> bool {
+    pub fn tuple_in_use(&self, t: &K, now: Instant) -> bool {
         self.find(&self.locate(t), now.micros(), |x| x == LIVE || x == PENDING)
             .is_some()
     }
@@ -713,7 +771,7 @@ impl Conntrack {
     /// Puts index word `v` into an empty slot of the tuple's first bucket while at least half
     /// of its slots are free (so most lookups read one bucket), else of the emptier of its two
     /// buckets (two-choice balancing, so both are rarely full). False when both are full.
-    fn publish(&self, l: &CtLoc, v: u64) -> bool {
+    fn publish(&self, l: &CtLoc<W>, v: u64) -> bool {
         let (Some(b1), Some(b2)) = (self.index.get(l.b1 as usize), self.index.get(l.b2 as usize))
         else {
             return false;
@@ -752,7 +810,7 @@ impl Conntrack {
         false
     }
 
-    fn unpublish(&self, l: &CtLoc, v: u64) {
+    fn unpublish(&self, l: &CtLoc<W>, v: u64) {
         for b in self.buckets(l) {
             for s in &b.slots {
                 if s.load(Ordering::Relaxed) == v {
@@ -796,14 +854,9 @@ impl Conntrack {
         let Some(e) = self.entries.get(idx) else {
             return;
         };
-        let w = [
-            e.words[0].load(Ordering::Relaxed),
-            e.words[1].load(Ordering::Relaxed),
-            e.words[2].load(Ordering::Relaxed),
-            e.words[3].load(Ordering::Relaxed),
-        ];
-        let lo = self.locate_words([w[0], w[1]]);
-        let lr = self.locate_words([w[2], w[3]]);
+        let [wo, wr] = e.load_words();
+        let lo = self.locate_words(wo);
+        let lr = self.locate_words(wr);
         self.unpublish(&lo, slot_value(lo.sig, idx, Dir::Original));
         self.unpublish(&lr, slot_value(lr.sig, idx, Dir::Reply));
         e.ctl.store(
@@ -832,11 +885,11 @@ impl Conntrack {
 
     // ---- insert --------------------------------------------------------------------------
 
-    fn initial(&self, orig: &Tuple, reply: &Tuple, p: &Pkt) -> Result<CtState, InvalidReason> {
-        if orig.proto != reply.proto {
+    fn initial(&self, orig: &K, reply: &K, p: &Pkt) -> Result<CtState, InvalidReason> {
+        if orig.proto() != reply.proto() {
             return Err(InvalidReason::ProtoMismatch);
         }
-        match (orig.proto, p.kind) {
+        match (pclass::<K, W>(orig.proto()), p.kind) {
             (PROTO_TCP, L4Kind::Tcp) => {
                 match tcp::next(Dir::Original, p.tcp_flags, CtState::None) {
                     Next::To(CtState::SynSent) => Ok(CtState::SynSent),
@@ -863,12 +916,12 @@ impl Conntrack {
     /// entry, and [`InsertError::Full`].
     pub fn insert(
         &self,
-        orig: Tuple,
-        reply: Tuple,
+        orig: K,
+        reply: K,
         tag: CtTag,
         first: &Pkt,
         now: Instant,
-    ) -> Result<CtHit, InsertError> {
+    ) -> Result<CtHit<K>, InsertError<K>> {
         // The entry we are about to pop: fetch its lines while we hash.
         let top = low32(self.free_head.load(Ordering::Relaxed));
         if let Some(i) = (top as usize).checked_sub(1) {
@@ -885,10 +938,10 @@ impl Conntrack {
             }
         };
         let mut status = tag.status.0 & CtStatus::NAT_MASK;
-        if (reply.src, reply.sport) != (orig.dst, orig.dport) {
+        if K::is_dnat(&orig, &reply) {
             status |= CtStatus::DST_NAT;
         }
-        if (reply.dst, reply.dport) != (orig.src, orig.sport) {
+        if K::is_snat(&orig, &reply) {
             status |= CtStatus::SRC_NAT;
         }
         let status = CtStatus(status);
@@ -912,8 +965,10 @@ impl Conntrack {
         );
         fence(Ordering::Release);
         let t = tag16(gen);
-        for (slot, v) in e.words.iter().zip([lo.w[0], lo.w[1], lr.w[0], lr.w[1]]) {
-            slot.store(v, Ordering::Relaxed);
+        for (slots, w) in e.words.iter().zip([lo.w, lr.w]) {
+            for (slot, v) in slots.iter().zip(w) {
+                slot.store(v, Ordering::Relaxed);
+            }
         }
         e.last
             .store(t | ((now_us / 1000) & LOW48), Ordering::Relaxed);
@@ -996,7 +1051,7 @@ impl Conntrack {
     /// After publishing entry `idx` (PENDING), decides whether it may become LIVE: it loses
     /// to a LIVE entry with an equal tuple, or to a PENDING one in a lower slot; it aborts
     /// PENDING ones in higher slots and frees expired ones.
-    fn resolve(&self, idx: usize, lo: &CtLoc, lr: &CtLoc, now_us: u64) -> Resolve {
+    fn resolve(&self, idx: usize, lo: &CtLoc<W>, lr: &CtLoc<W>, now_us: u64) -> Resolve<W> {
         for l in [lo, lr] {
             let sig = u64::from(l.sig);
             for b in self.buckets(l) {
@@ -1054,7 +1109,7 @@ impl Conntrack {
     }
 
     /// A free slot, making room when there is none (see the module docs).
-    fn alloc(&self, lo: &CtLoc, lr: &CtLoc, now_us: u64) -> Result<usize, InsertError> {
+    fn alloc(&self, lo: &CtLoc<W>, lr: &CtLoc<W>, now_us: u64) -> Result<usize, InsertError<K>> {
         for _ in 0..4 {
             if let Some(i) = self.pop() {
                 return Ok(i);
@@ -1069,7 +1124,7 @@ impl Conntrack {
 
     /// Frees one entry: an expired candidate, else whatever a short sweep finds, else an
     /// unassured candidate (early drop). Returns false if nothing could be freed.
-    fn make_room(&self, lo: &CtLoc, lr: &CtLoc, now_us: u64) -> bool {
+    fn make_room(&self, lo: &CtLoc<W>, lr: &CtLoc<W>, now_us: u64) -> bool {
         // (unreplied first, then oldest) victim among unassured candidates
         let mut victim: Option<(usize, u64, (bool, u64))> = None;
         for l in [lo, lr] {
@@ -1122,8 +1177,8 @@ impl Conntrack {
     /// that direction. Lock-free. See [`Track`] for the outcomes; an entry removed since the
     /// lookup (or whose slot was reused) is [`Track::Gone`] and is never touched.
     #[inline]
-    pub fn track(&self, hit: &CtHit, pkt: &Pkt, now: Instant) -> Track {
-        self.track_id(hit.id, hit.dir, hit.orig.proto, pkt, now)
+    pub fn track(&self, hit: &CtHit<K>, pkt: &Pkt, now: Instant) -> Track {
+        self.track_id(hit.id, hit.dir, hit.orig.proto(), pkt, now)
     }
 
     /// [`Conntrack::track`] from the parts of a hit it needs: the entry's id, the direction
@@ -1140,6 +1195,7 @@ impl Conntrack {
         // table's ES/ack cell is ES both ways), so it needs no CAS on the control word.
         const SEEN: u64 = (CtStatus::ASSURED | CtStatus::SEEN_REPLY) as u64;
         const EST: u64 = (LIVE << 20) | ((CtState::Established as u64) << 16);
+        let proto = pclass::<K, W>(proto);
         if proto == PROTO_TCP
             && matches!(pkt.kind, L4Kind::Tcp)
             && pkt.tcp_flags & (flags::SYN | flags::FIN | flags::RST | flags::ACK) == flags::ACK
@@ -1247,7 +1303,7 @@ impl Conntrack {
     #[inline]
     fn refresh_count(
         &self,
-        e: &Entry,
+        e: &Entry<W>,
         a: &Acct,
         gen: u32,
         dir: Dir,
@@ -1309,7 +1365,7 @@ impl Conntrack {
         freed
     }
 
-    fn view_of(&self, idx: usize, s: &Snap, now_us: u64) -> CtView {
+    fn view_of(&self, idx: usize, s: &Snap<W>, now_us: u64) -> CtView<K> {
         let h = Self::hit_of(idx, Dir::Original, s);
         let g = tag16(gen_of(s.c));
         let ctr = |i: usize| {
@@ -1323,11 +1379,11 @@ impl Conntrack {
                 0
             }
         };
-        let proto = h.orig.proto;
+        let proto = h.orig.proto();
         CtView {
             id: h.id,
             proto,
-            protocol: proto_name(proto),
+            protocol: proto_name(proto, K::FAMILY),
             state: (proto == PROTO_TCP).then_some(h.state),
             timeout_secs: self.deadline(s).saturating_sub(now_us) / 1_000_000,
             orig: h.orig,
@@ -1348,7 +1404,7 @@ impl Conntrack {
     /// Removes every live entry for which `keep` returns false (e.g. UDP flows to a removed
     /// endpoint), and frees expired entries on the way. Returns how many `keep` removed.
     /// O(table size); lock-free like everything else.
-    pub fn retain(&self, now: Instant, mut keep: impl FnMut(&CtView) -> bool) -> usize {
+    pub fn retain(&self, now: Instant, mut keep: impl FnMut(&CtView<K>) -> bool) -> usize {
         let now_us = now.micros();
         let mut removed = 0;
         let mut expired = 0;
@@ -1380,7 +1436,7 @@ impl Conntrack {
     pub fn retag_services(
         &self,
         now: Instant,
-        mut f: impl FnMut(&CtView, Instant) -> u32,
+        mut f: impl FnMut(&CtView<K>, Instant) -> u32,
     ) -> usize {
         let now_us = now.micros();
         let mut changed = 0;
@@ -1418,9 +1474,9 @@ impl Conntrack {
     }
 
     /// Every live entry at `now`, sorted by protocol and original tuple.
-    pub fn dump(&self, now: Instant) -> Vec<CtView> {
+    pub fn dump(&self, now: Instant) -> Vec<CtView<K>> {
         let now_us = now.micros();
-        let mut v: Vec<CtView> = (0..self.entries.len())
+        let mut v: Vec<CtView<K>> = (0..self.entries.len())
             .filter_map(|idx| {
                 let sn = self.snap(idx, |x| x == LIVE)?;
                 (!self.expired(&sn, now_us)).then(|| self.view_of(idx, &sn, now_us))
@@ -1451,7 +1507,7 @@ pub(super) struct Rebuilt {
     pub(super) duplicates: usize,
 }
 
-impl Conntrack {
+impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// Whether the arrays live in a file.
     pub fn is_file_backed(&self) -> bool {
         self.file.is_some()
@@ -1489,17 +1545,12 @@ impl Conntrack {
             }
             let sn = Snap {
                 c,
-                w: [
-                    e.words[0].load(Ordering::Relaxed),
-                    e.words[1].load(Ordering::Relaxed),
-                    e.words[2].load(Ordering::Relaxed),
-                    e.words[3].load(Ordering::Relaxed),
-                ],
+                w: e.load_words(),
                 last: e.last.load(Ordering::Relaxed),
                 tag: e.tag.load(Ordering::Relaxed),
                 aux: e.aux.load(Ordering::Relaxed),
             };
-            if !sane(&sn, now_ms) {
+            if !sane::<K, W>(&sn, now_ms) {
                 r.invalid += 1;
                 self.free_slot(e, c);
                 continue;
@@ -1568,7 +1619,7 @@ impl Conntrack {
     }
 
     /// Marks an untrusted entry FREE with the next generation (rebuild only).
-    fn free_slot(&self, e: &Entry, c: u64) {
+    fn free_slot(&self, e: &Entry<W>, c: u64) {
         e.ctl.store(
             ctl(gen_of(c).wrapping_add(1), FREE, CtState::None, CtStatus(0)),
             Ordering::Relaxed,
@@ -1585,7 +1636,7 @@ impl Conntrack {
         use std::collections::HashMap;
         let n = self.entries.len();
         let mut live = vec![false; n];
-        let mut tuples: HashMap<[u64; 2], usize> = HashMap::new();
+        let mut tuples: HashMap<[u64; W], usize> = HashMap::new();
         for (idx, e) in self.entries.iter().enumerate() {
             let c = e.ctl.load(Ordering::Acquire);
             match life(c) {
@@ -1594,17 +1645,12 @@ impl Conntrack {
                 l => return Err(format!("entry {idx}: life stage {l} in a quiescent table")),
             }
             live[idx] = true;
-            let w = [
-                e.words[0].load(Ordering::Relaxed),
-                e.words[1].load(Ordering::Relaxed),
-                e.words[2].load(Ordering::Relaxed),
-                e.words[3].load(Ordering::Relaxed),
-            ];
-            for (dir, tw) in [(Dir::Original, [w[0], w[1]]), (Dir::Reply, [w[2], w[3]])] {
+            let [wo, wr] = e.load_words();
+            for (dir, tw) in [(Dir::Original, wo), (Dir::Reply, wr)] {
                 if let Some(other) = tuples.insert(tw, idx) {
                     return Err(format!(
                         "tuple {} held by entries {other} and {idx}",
-                        Tuple::from_words(tw)
+                        K::from_words(tw)
                     ));
                 }
                 let l = self.locate_words(tw);
@@ -1621,7 +1667,7 @@ impl Conntrack {
                 if found != 1 {
                     return Err(format!(
                         "entry {idx} ({dir:?} {}) indexed {found} times",
-                        Tuple::from_words(tw)
+                        K::from_words(tw)
                     ));
                 }
             }
@@ -1674,20 +1720,34 @@ impl Conntrack {
     }
 }
 
+/// The protocol class the state machines and timeouts match on: the family's ICMP
+/// ([`CtKey::ICMP`]) as [`PROTO_ICMP`], another family's ICMP number as an unknown protocol
+/// (255, reserved), anything else as itself. For IPv4 it is the identity.
+#[inline(always)]
+fn pclass<K: CtKey<W>, const W: usize>(p: u8) -> u8 {
+    if p == K::ICMP {
+        PROTO_ICMP
+    } else if p == PROTO_ICMP {
+        255
+    } else {
+        p
+    }
+}
+
 /// Whether a LIVE entry read from a file looks like one an insert wrote: both tuples of one
 /// protocol, a TCP state only for TCP, known status bits only (and the NAT bits the tuples
 /// imply), no stray control bits, its refresh time of its generation and not in the future.
-fn sane(s: &Snap, now_ms: u64) -> bool {
+fn sane<K: CtKey<W>, const W: usize>(s: &Snap<W>, now_ms: u64) -> bool {
     let proto = s.proto();
-    let reply_proto = low8(s.w[3] >> 16);
+    let reply_proto = proto_of(&s.w[1]);
     let c = s.c;
     let state_bits = (c >> 16) & 0xf;
     let known = CtStatus::SEEN_REPLY | CtStatus::ASSURED | CtStatus::NAT_MASK;
-    let orig = Tuple::from_words(s.tuple_words(Dir::Original));
-    let reply = Tuple::from_words(s.tuple_words(Dir::Reply));
+    let orig = K::from_words(s.tuple_words(Dir::Original));
+    let reply = K::from_words(s.tuple_words(Dir::Reply));
     let st = status_of(c);
-    let dnat = (reply.src, reply.sport) != (orig.dst, orig.dport);
-    let snat = (reply.dst, reply.dport) != (orig.src, orig.sport);
+    let dnat = K::is_dnat(&orig, &reply);
+    let snat = K::is_snat(&orig, &reply);
     proto == reply_proto
         && (c >> 23) & 0x1ff == 0
         && st.0 & !known == 0
@@ -1705,7 +1765,7 @@ fn sane(s: &Snap, now_ms: u64) -> bool {
 #[cfg(test)]
 pub(crate) fn entry_sizes() -> (usize, usize, usize) {
     (
-        std::mem::size_of::<Entry>(),
+        std::mem::size_of::<Entry<2>>(),
         std::mem::size_of::<Acct>(),
         std::mem::size_of::<Bucket>(),
     )

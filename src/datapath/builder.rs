@@ -13,10 +13,11 @@ use parking_lot::Mutex;
 
 use super::{word, Bridge, Datapath, PortInfo, PortKind, Topo};
 use crate::base::{BridgeId, IfaceId, PortId};
-use crate::conntrack::{Conntrack, CtConfigError, CtFileError, Recovery};
+use crate::conntrack::{Conntrack, Conntrack6, CtConfigError, CtFileError, Recovery};
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
+use crate::l3::route6::{NextHop6, Route6};
 use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
@@ -191,8 +192,20 @@ pub struct DatapathBuilder {
     ct_file: Option<(PathBuf, Instant)>,
     /// The open file to use for it, handed over by another process.
     ct_handed_over: Option<std::fs::File>,
+    /// The open file of the IPv6 table, handed over by another process.
+    ct6_handed_over: Option<std::fs::File>,
     recovery: Option<Recovery>,
+    recovery6: Option<Recovery>,
     tunnels: Vec<Tunnel>,
+}
+
+/// Where the IPv6 connection table lives beside the IPv4 one at `path`
+/// ([`DatapathBuilder::conntrack_file`]): the same name with `6` appended
+/// (`/run/tapyard/conntrack` → `/run/tapyard/conntrack6`).
+pub fn conntrack6_path(path: &std::path::Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push("6");
+    PathBuf::from(p)
 }
 
 impl Default for DatapathBuilder {
@@ -206,7 +219,9 @@ impl Default for DatapathBuilder {
             nf: None,
             ct_file: None,
             ct_handed_over: None,
+            ct6_handed_over: None,
             recovery: None,
+            recovery6: None,
             tunnels: Vec::new(),
         }
     }
@@ -352,6 +367,39 @@ impl DatapathBuilder {
                 expected: "68 to 65000",
             });
         }
+        if let Some((a6, len)) = cfg.addr6 {
+            if len > 128
+                || a6.is_unspecified()
+                || a6.is_multicast()
+                || a6.is_loopback()
+                || crate::wire::ipv6::is_link_local(&a6)
+            {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: format!("{a6}/{len}"),
+                    expected:
+                        "a global or unique-local IPv6 address with a prefix length of 0 to 128",
+                });
+            }
+            if cfg.mtu < 1280 {
+                return Err(ConfigError::OutOfRange {
+                    field: "mtu",
+                    value: cfg.mtu.to_string(),
+                    expected: "at least 1280 on an interface with an IPv6 address",
+                });
+            }
+            if self
+                .ifaces
+                .iter()
+                .any(|i| i.cfg.addr6.is_some_and(|(o, _)| o == a6))
+            {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: a6.to_string(),
+                    expected: "an IPv6 address not used by another interface",
+                });
+            }
+        }
         if let Some(other) = self.ifaces.iter().find(|i| i.cfg.addr == cfg.addr) {
             return Err(ConfigError::OutOfRange {
                 field: "address",
@@ -390,11 +438,7 @@ impl DatapathBuilder {
             br.router_mac = crate::l2::fdb::word(cfg.mac);
             br.fdb.add_static(cfg.mac, port);
         }
-        self.ifaces.push(Iface {
-            cfg,
-            port,
-            bridge: on,
-        });
+        self.ifaces.push(Iface::new(cfg, port, on));
         Ok((id, port))
     }
 
@@ -469,6 +513,7 @@ impl DatapathBuilder {
         let nf = match &self.ct_file {
             None => Netfilter::new(cfg).map_err(ConfigError::Conntrack)?,
             Some((path, now)) => {
+                let handed_over = self.ct_handed_over.is_some();
                 let opened = match self.ct_handed_over.take() {
                     Some(file) => Conntrack::open_handed_over(cfg.conntrack, file, path, *now),
                     None => Conntrack::open_file(cfg.conntrack, path, *now),
@@ -478,7 +523,28 @@ impl DatapathBuilder {
                     e => ConfigError::ConntrackFile(e),
                 })?;
                 self.recovery = Some(rec);
-                Netfilter::with_conntrack(cfg, ct)
+                let path6 = conntrack6_path(path);
+                let cfg6 = cfg.conntrack6.unwrap_or(cfg.conntrack);
+                let opened6 = match (self.ct6_handed_over.take(), handed_over) {
+                    (Some(file), _) => Some(Conntrack6::open_handed_over(cfg6, file, &path6, *now)),
+                    // The IPv4 file was handed over but not the IPv6 one: the giving process
+                    // still holds its lock, so the IPv6 table starts empty in memory (its
+                    // connections are lost) rather than failing the takeover.
+                    (None, true) => None,
+                    (None, false) => Some(Conntrack6::open_file(cfg6, &path6, *now)),
+                };
+                let ct6 = match opened6 {
+                    Some(o) => {
+                        let (ct6, rec6) = o.map_err(|e| match e {
+                            CtFileError::Config(c) => ConfigError::Conntrack(c),
+                            e => ConfigError::ConntrackFile(e),
+                        })?;
+                        self.recovery6 = Some(rec6);
+                        ct6
+                    }
+                    None => Conntrack6::new(cfg6).map_err(ConfigError::Conntrack)?,
+                };
+                Netfilter::with_conntracks(cfg, ct, ct6)
             }
         };
         self.nf = Some(nf);
@@ -516,6 +582,18 @@ impl DatapathBuilder {
         self.recovery.as_ref()
     }
 
+    /// As [`DatapathBuilder::recovery`] for the IPv6 table's file (see [`conntrack6_path`]).
+    pub fn recovery6(&self) -> Option<&Recovery> {
+        self.recovery6.as_ref()
+    }
+
+    /// The IPv6 table's open file, handed over with the IPv4 one's
+    /// ([`DatapathBuilder::conntrack_file_handed_over`]); call both before
+    /// [`DatapathBuilder::netfilter`].
+    pub fn conntrack6_file_handed_over(&mut self, file: std::fs::File) {
+        self.ct6_handed_over = Some(file);
+    }
+
     /// Finishes the datapath.
     pub fn build(self) -> Datapath {
         let router = (!self.ifaces.is_empty()).then(|| {
@@ -533,6 +611,15 @@ impl DatapathBuilder {
                     proto: RouteProto::Kernel,
                     src: Some(c.addr),
                 });
+                if let Some((a6, len)) = c.addr6 {
+                    let _ = r.routes6.add(Route6 {
+                        prefix: crate::wire::ipv6::mask(a6, len),
+                        len,
+                        next_hop: NextHop6::Link(id),
+                        metric: 256,
+                        proto: RouteProto::Kernel,
+                    });
+                }
             }
             r
         });

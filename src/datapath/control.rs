@@ -8,6 +8,7 @@ use super::{word, Bridge, Datapath};
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::l2::fdb::FdbEntry;
 use crate::l3::route::{NextHop, Route, RouteTable};
+use crate::l3::route6::{NextHop6, Route6, RouteError6, RouteTable6};
 use crate::l3::router::Router;
 use crate::nat::netfilter::Netfilter;
 use crate::stats::StatsSnapshot;
@@ -143,6 +144,47 @@ impl Datapath {
         router.routes.replace(r)
     }
 
+    /// The IPv6 routing table, if the datapath has a router.
+    pub fn routes6(&self) -> Option<&RouteTable6> {
+        self.router.as_ref().map(|r| &r.routes6)
+    }
+
+    /// Adds an IPv6 route (`ip -6 route add`), checked against the interfaces: the interface
+    /// must exist, and a gateway must be link-local or on a connected subnet of that
+    /// interface.
+    pub fn add_route6(&self, r: Route6) -> Result<(), RouteError6> {
+        let Some(router) = &self.router else {
+            return Err(RouteError6::NoInterface(0));
+        };
+        if let Some(i) = r.next_hop.iface() {
+            if router.iface(i).is_none() {
+                return Err(RouteError6::NoInterface(i.0));
+            }
+        }
+        if let NextHop6::Via(i, gw) = r.next_hop {
+            let on_link = crate::wire::ipv6::is_link_local(&gw)
+                || matches!(router.routes6.lookup(gw), Some(NextHop6::Link(j)) if j == i);
+            if !on_link || gw.is_multicast() {
+                return Err(RouteError6::GatewayNotOnLink(gw));
+            }
+        }
+        router.routes6.add(r)
+    }
+
+    /// Removes the IPv6 route to `prefix/len` with `metric` (the best one if `None`), as
+    /// `ip -6 route del`.
+    pub fn remove_route6(
+        &self,
+        prefix: std::net::Ipv6Addr,
+        len: u8,
+        metric: Option<u32>,
+    ) -> Result<Route6, RouteError6> {
+        let Some(router) = &self.router else {
+            return Err(RouteError6::NotFound(prefix, len));
+        };
+        router.routes6.remove(prefix, len, metric)
+    }
+
     fn check_route(&self, router: &Router, r: &Route) -> Result<(), crate::l3::route::RouteError> {
         if let Some(i) = r.next_hop.iface() {
             if router.iface(i).is_none() {
@@ -184,18 +226,46 @@ impl Datapath {
         r.neigh.add_static(iface, ip, mac, now).map(|_| ())
     }
 
+    /// Adds a permanent IPv6 neighbour entry (`ip -6 neigh add IP lladdr MAC dev IFACE nud
+    /// permanent`); packets that were waiting for it are released at the next use. Errors
+    /// name the bad value.
+    pub fn add_static_neigh6(
+        &self,
+        iface: IfaceId,
+        ip: std::net::Ipv6Addr,
+        mac: crate::wire::mac::MacAddr,
+        now: Instant,
+    ) -> Result<(), crate::l3::neigh::NeighError> {
+        let Some(r) = &self.router else {
+            return Err(crate::l3::neigh::NeighError::BadAddress6(ip));
+        };
+        r.neigh6.add_static(iface, ip, mac, now).map(|_| ())
+    }
+
+    /// Removes a permanent IPv6 neighbour entry; `false` when there was none for `ip` on
+    /// `iface` (dynamic entries are left alone).
+    pub fn remove_static_neigh6(&self, iface: IfaceId, ip: std::net::Ipv6Addr) -> bool {
+        let Some(r) = &self.router else { return false };
+        let permanent = r.neigh6.dump(Instant::ZERO).iter().any(|e| {
+            e.iface == iface && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
+        });
+        permanent && r.neigh6.remove(iface, ip)
+    }
+
     /// Writes the routing table like `ip route show`.
     pub fn fmt_routes(&self, out: &mut impl fmt::Write) -> fmt::Result {
         let Some(r) = &self.router else { return Ok(()) };
-        r.routes
-            .fmt_routes(out, &|i| self.iface_name(i).unwrap_or("?").to_string())
+        let name = |i| self.iface_name(i).unwrap_or("?").to_string();
+        r.routes.fmt_routes(out, &name)?;
+        r.routes6.fmt_routes(out, &name)
     }
 
     /// Writes the neighbour table like `ip neigh show`.
     pub fn fmt_neigh(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
         let Some(r) = &self.router else { return Ok(()) };
-        r.neigh
-            .fmt_dump(now, out, &|i| self.iface_name(i).unwrap_or("?").to_string())
+        let name = |i| self.iface_name(i).unwrap_or("?").to_string();
+        r.neigh.fmt_dump(now, out, &name)?;
+        r.neigh6.fmt_dump(now, out, &name)
     }
 
     /// The FDB of `bridge` at `now`, like `bridge fdb show br <bridge>`.

@@ -96,7 +96,7 @@ mod tests;
 mod topology;
 mod tunnel;
 
-pub use builder::{BridgeConfig, ConfigError, DatapathBuilder, DEFAULT_MAX_PORTS};
+pub use builder::{conntrack6_path, BridgeConfig, ConfigError, DatapathBuilder, DEFAULT_MAX_PORTS};
 
 /// The most frames the router may make while processing one batch (ARP replies, ICMP, packets
 /// released from ARP queues); more are dropped and counted.

@@ -13,14 +13,16 @@
 //! unreachable, TCP a drop, counted) since the router has no sockets; IPv4 options are
 //! forwarded untouched (no record-route or timestamp processing).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{Enqueue, NeighTable, Refusal};
+use crate::l3::neigh::{Enqueue, NeighTable, NeighTable6, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
+use crate::l3::route6::{RouteReader6, RouteTable6};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
@@ -29,6 +31,7 @@ use crate::wire::ethernet::{
 };
 use crate::wire::icmp::codes as icmp;
 use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet};
+use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::mac::MacAddr;
 
 /// Settings of one router interface.
@@ -46,6 +49,47 @@ pub struct IfaceConfig {
     pub mtu: u16,
     /// Answer ARP for any address routed through another interface (Linux `proxy_arp`).
     pub proxy_arp: bool,
+    /// The interface's global IPv6 address and prefix length (the connected route
+    /// `prefix/len` is made from it); `None`: IPv6 on this interface has only its link-local
+    /// address, `fe80::` + the EUI-64 of [`IfaceConfig::mac`].
+    pub addr6: Option<(Ipv6Addr, u8)>,
+    /// Router Advertisements sent on this interface (`None`: none, the default).
+    pub ra: Option<RaConfig>,
+}
+
+/// Router Advertisements on one interface (RFC 4861 6.2), with radvd's defaults: unsolicited
+/// RAs at a random interval between `min_interval` and `max_interval` (the first three at
+/// most 16 s apart, RFC 4861 6.2.4), Router Solicitations answered after a random delay of
+/// at most 0.5 s. Each RA carries the source link-layer address, the MTU when it is not
+/// 1500, and the prefix of [`IfaceConfig::addr6`] as on-link and autonomous (so pods can form
+/// addresses with SLAAC and learn their default router).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaConfig {
+    /// MaxRtrAdvInterval (default 600 s).
+    pub max_interval: Duration,
+    /// MinRtrAdvInterval (default 198 s, 0.33 × the maximum).
+    pub min_interval: Duration,
+    /// AdvDefaultLifetime in seconds (default 1800; 0: not a default router).
+    pub router_lifetime: u16,
+    /// AdvCurHopLimit (default 64).
+    pub hop_limit: u8,
+    /// AdvValidLifetime of the prefix in seconds (default 86400).
+    pub valid_lifetime: u32,
+    /// AdvPreferredLifetime of the prefix in seconds (default 14400).
+    pub preferred_lifetime: u32,
+}
+
+impl Default for RaConfig {
+    fn default() -> Self {
+        RaConfig {
+            max_interval: Duration::from_secs(600),
+            min_interval: Duration::from_secs(198),
+            router_lifetime: 1800,
+            hop_limit: 64,
+            valid_lifetime: 86400,
+            preferred_lifetime: 14400,
+        }
+    }
 }
 
 impl IfaceConfig {
@@ -58,6 +102,8 @@ impl IfaceConfig {
             prefix_len,
             mtu: 1500,
             proxy_arp: false,
+            addr6: None,
+            ra: None,
         }
     }
 }
@@ -70,6 +116,27 @@ pub(crate) struct Iface {
     pub(crate) port: PortId,
     /// The bridge it sits on, if any.
     pub(crate) bridge: Option<BridgeId>,
+    /// Its link-local address (`fe80::` + EUI-64 of its MAC).
+    pub(crate) ll6: Ipv6Addr,
+}
+
+impl Iface {
+    /// An interface on `port` (and `bridge`), its link-local address derived from its MAC.
+    pub(crate) fn new(cfg: IfaceConfig, port: PortId, bridge: Option<BridgeId>) -> Iface {
+        let ll6 = ipv6::link_local_from_mac(cfg.mac);
+        Iface {
+            cfg,
+            port,
+            bridge,
+            ll6,
+        }
+    }
+
+    /// True when `a` is one of its IPv6 addresses (global or link-local).
+    #[inline]
+    pub(crate) fn has_addr6(&self, a: Ipv6Addr) -> bool {
+        a == self.ll6 || self.cfg.addr6.is_some_and(|(g, _)| g == a)
+    }
 }
 
 /// What the router did with a frame addressed to it.
@@ -111,6 +178,12 @@ counter_set! {
         released,
         /// Packets dropped after waiting for a next hop that never answered.
         neigh_failed,
+        /// Neighbor Solicitations sent to resolve or probe IPv6 next hops.
+        ndp_solicits,
+        /// Neighbor Advertisements sent for the router's IPv6 addresses.
+        ndp_adverts,
+        /// Router Advertisements sent.
+        ra_sent,
     }
 }
 
@@ -119,14 +192,14 @@ counter_set! {
 /// path, so a small mutex-protected table is enough; it holds at most 1024 destinations and
 /// forgets the least recently limited one when full.
 #[derive(Debug)]
-struct IcmpLimiter {
+pub(crate) struct IcmpLimiter {
     inner: Mutex<LimiterState>,
 }
 
 #[derive(Debug)]
 struct LimiterState {
     global: (f64, Instant),
-    peers: hashbrown::HashMap<Ipv4Addr, (f64, Instant)>,
+    peers: hashbrown::HashMap<std::net::IpAddr, (f64, Instant)>,
 }
 
 const PEER_RATE: f64 = 1.0;
@@ -145,7 +218,7 @@ impl IcmpLimiter {
         }
     }
 
-    fn allow(&self, dst: Ipv4Addr, now: Instant) -> bool {
+    pub(crate) fn allow(&self, dst: std::net::IpAddr, now: Instant) -> bool {
         fn refill(b: &mut (f64, Instant), now: Instant, rate: f64, burst: f64) {
             let dt = now.saturating_since(b.1).as_secs_f64();
             b.0 = (b.0 + dt * rate).min(burst);
@@ -178,11 +251,17 @@ impl IcmpLimiter {
 pub struct Router {
     pub(crate) ifaces: Vec<Iface>,
     pub(crate) routes: RouteTable,
+    pub(crate) routes6: RouteTable6,
     pub(crate) neigh: NeighTable,
-    icmp: IcmpLimiter,
+    pub(crate) neigh6: NeighTable6,
+    pub(crate) icmp: IcmpLimiter,
+    pub(crate) ra: Mutex<Vec<crate::l3::router6::RaState>>,
     /// Event counters.
     pub counters: RouterCounters,
 }
+
+/// An empty IPv6 table, for batches of a router built without one (tests).
+static EMPTY6: std::sync::LazyLock<RouteTable6> = std::sync::LazyLock::new(RouteTable6::new);
 
 /// One batch's view of the routing state: a routing-table version, plus a memo of the last
 /// forwarding decision so that a run of packets to one destination (a flow) does the route
@@ -190,13 +269,36 @@ pub struct Router {
 /// version it was made from, so it is never staler than that version.
 pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
+    table6: Option<&'a RouteTable6>,
+    routes6: Option<RouteReader6<'a>>,
+    /// The IPv6 memo: (destination, egress interface, next hop MAC).
+    pub(crate) memo6: Option<(Ipv6Addr, IfaceId, MacAddr)>,
     /// (destination, egress interface, next hop address, next hop MAC).
     memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
 }
 
 impl<'a> L3Batch<'a> {
     pub(crate) fn new(routes: RouteReader<'a>) -> L3Batch<'a> {
-        L3Batch { routes, memo: None }
+        L3Batch {
+            routes,
+            table6: None,
+            routes6: None,
+            memo6: None,
+            memo: None,
+        }
+    }
+
+    /// With the IPv6 table, read (one version per batch) at the batch's first IPv6 packet.
+    pub(crate) fn with_v6(mut self, t: &'a RouteTable6) -> L3Batch<'a> {
+        self.table6 = Some(t);
+        self
+    }
+
+    /// The batch's IPv6 routing-table version.
+    pub(crate) fn routes6(&mut self) -> &RouteReader6<'a> {
+        let t = self.table6;
+        self.routes6
+            .get_or_insert_with(|| t.map_or_else(|| EMPTY6.reader(), |t| t.reader()))
     }
 }
 
@@ -263,6 +365,12 @@ pub(crate) trait ErrorNat {
     /// becomes the original sender and the quoted header what that sender sent. `false`:
     /// the error cannot be translated and must not be sent.
     fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool;
+
+    /// As `translate_error` for an ICMPv6 error the router makes.
+    fn translate_error6(&self, ip: &mut [u8], info: &mut Ipv6Info, now: Instant) -> bool {
+        let _ = (ip, info, now);
+        true
+    }
 }
 
 /// What a hook decided about a packet.
@@ -296,6 +404,22 @@ pub(crate) trait Prerouting {
 
     /// The NAT that ICMP errors about packets this hook translated must go through.
     fn error_nat(&self) -> Option<&dyn ErrorNat>;
+
+    /// Looks at (and may translate) the IPv6 packet at offset `l3` of `b` (`info` checked,
+    /// updated when translated).
+    #[allow(clippy::too_many_arguments)]
+    fn prerouting6(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader6<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv6Info,
+        now: Instant,
+    ) -> Hook {
+        let _ = (router, routes, b, l3, info, now);
+        Hook::Accept
+    }
 }
 
 /// An optional hook: none accepts every packet.
@@ -319,13 +443,34 @@ impl<H: Prerouting> Prerouting for Option<H> {
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
         self.as_ref().and_then(|h| h.error_nat())
     }
+
+    #[inline(always)]
+    fn prerouting6(
+        &mut self,
+        router: &Router,
+        routes: &RouteReader6<'_>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv6Info,
+        now: Instant,
+    ) -> Hook {
+        match self {
+            Some(h) => h.prerouting6(router, routes, b, l3, info, now),
+            None => Hook::Accept,
+        }
+    }
 }
 
 impl Router {
     pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
+        let neigh6 = NeighTable6::new(neigh.config().clone());
+        let ra = Mutex::new(vec![Default::default(); ifaces.len()]);
         Router {
+            neigh6,
+            ra,
             ifaces,
             routes: RouteTable::new(),
+            routes6: RouteTable6::new(),
             neigh,
             icmp: IcmpLimiter::new(),
             counters: RouterCounters::default(),
@@ -337,9 +482,38 @@ impl Router {
         &self.neigh
     }
 
+    /// The IPv6 neighbour (NDP) table.
+    pub fn neigh6(&self) -> &NeighTable6 {
+        &self.neigh6
+    }
+
     /// The routing table.
     pub fn routes(&self) -> &RouteTable {
         &self.routes
+    }
+
+    /// The IPv6 routing table.
+    pub fn routes6(&self) -> &RouteTable6 {
+        &self.routes6
+    }
+
+    /// The interface whose global or link-local IPv6 address is `addr`, if it is one of ours.
+    pub fn local_iface6(&self, addr: Ipv6Addr) -> Option<IfaceId> {
+        self.ifaces
+            .iter()
+            .position(|i| i.has_addr6(addr))
+            .and_then(|i| u16::try_from(i).ok())
+            .map(IfaceId)
+    }
+
+    /// The global IPv6 address and prefix length of interface `i`, if it has one.
+    pub fn iface_addr6(&self, i: IfaceId) -> Option<(Ipv6Addr, u8)> {
+        self.iface(i).and_then(|i| i.cfg.addr6)
+    }
+
+    /// The link-local IPv6 address of interface `i` (`fe80::` + the EUI-64 of its MAC).
+    pub fn link_local6(&self, i: IfaceId) -> Option<Ipv6Addr> {
+        self.iface(i).map(|i| i.ll6)
     }
 
     /// The interface with this id.
@@ -379,8 +553,27 @@ impl Router {
             },
             ethertype::IPV4 if group => L3::Drop(DropReason::L3Multicast),
             ethertype::IPV4 => self.ip_input(b, l3, in_if, ctx, hook, now, sink),
+            // IPv6 comes in through `Router::input6`.
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
+    }
+
+    /// [`Router::input`] for IPv6 (the datapath sends IPv6 here, not through `input`, so
+    /// that the IPv4 path's inlined code has no IPv6 call site in it).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn input6(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        in_if: IfaceId,
+        ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let group = b.frame().first().is_some_and(|d| d & 1 == 1);
+        self.ip6_input(b, l3, in_if, group, ctx, hook, now, sink)
     }
 
     /// Looks at a frame flooded on the bridge of `in_if` (the router gets a copy, as Linux's
@@ -397,6 +590,8 @@ impl Router {
         if ether_type == ethertype::ARP {
             // The frame is flooded whatever the router makes of it: nothing to count here.
             let _ = self.arp_input(frame, l3, in_if, now, sink);
+        } else if ether_type == ethertype::IPV6 {
+            self.observe6(frame, l3, in_if, now, sink);
         }
     }
 
@@ -909,7 +1104,7 @@ impl Router {
         if self.local_iface(dst_ip).is_some() {
             return;
         }
-        if !self.icmp.allow(dst_ip, now) {
+        if !self.icmp.allow(dst_ip.into(), now) {
             self.counters.icmp_rate_limited.add(1);
             return;
         }
@@ -949,6 +1144,7 @@ impl Router {
     /// for packets whose next hop failed to resolve (translated back through `nat`: the
     /// packets waited after their translation).
     pub(crate) fn poll(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
+        self.poll6(now, nat, sink);
         self.neigh.poll(now, &mut |ev| match ev {
             crate::l3::neigh::NeighEvent::Solicit { iface, ip, unicast } => {
                 self.send_arp_request(iface, ip, unicast, sink);

@@ -48,11 +48,11 @@
 //! assert_ne!(t.sport, 40000);
 //! ```
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::narrow::{low16, low32};
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
-use crate::wire::tuple::Tuple;
+use crate::wire::tuple::{Tuple, Tuple6, PROTO_ICMPV6};
 
 /// Tries in the first round (Linux's `NF_NAT_MAX_ATTEMPTS`).
 pub const MAX_ATTEMPTS: u32 = 128;
@@ -164,26 +164,95 @@ fn alloc(
     keep: bool,
     mut in_use: impl FnMut(&Tuple) -> bool,
 ) -> Option<Tuple> {
-    let mut t = Tuple {
+    let base = Tuple {
         src: to_addr,
         ..*orig
     };
-    let (range, icmp) = match orig.proto {
-        PROTO_TCP | PROTO_UDP => (range, false),
-        PROTO_ICMP => (PortRange::ALL, true),
-        _ => return (!in_use(&t.invert())).then_some(t),
+    let icmp = orig.proto == PROTO_ICMP;
+    let with = |p: u16| Tuple {
+        sport: p,
+        dport: if icmp { p } else { base.dport },
+        ..base
     };
-    let set = |t: &mut Tuple, p: u16| {
-        t.sport = p;
-        if icmp {
-            t.dport = p;
-        }
+    let kind = match orig.proto {
+        PROTO_TCP | PROTO_UDP => Some(range),
+        PROTO_ICMP => Some(PortRange::ALL),
+        _ => None,
     };
-    if keep && range.contains(orig.sport) {
-        set(&mut t, orig.sport);
-        if !in_use(&t.invert()) {
-            return Some(t);
-        }
+    let Some(range) = kind else {
+        return (!in_use(&base.invert())).then_some(base);
+    };
+    search(orig.sport, range, hash, keep, |p| {
+        !in_use(&with(p).invert())
+    })
+    .map(with)
+}
+
+/// As [`alloc_source`] for an IPv6 connection (ICMPv6 echo identifiers as ICMP's).
+pub fn alloc_source6(
+    orig: &Tuple6,
+    to_addr: Ipv6Addr,
+    range: PortRange,
+    hash: u64,
+    in_use: impl FnMut(&Tuple6) -> bool,
+) -> Option<Tuple6> {
+    alloc6(orig, to_addr, range, hash, true, in_use)
+}
+
+/// As [`alloc_source_random_fully`] for an IPv6 connection.
+pub fn alloc_source6_random_fully(
+    orig: &Tuple6,
+    to_addr: Ipv6Addr,
+    range: PortRange,
+    hash: u64,
+    in_use: impl FnMut(&Tuple6) -> bool,
+) -> Option<Tuple6> {
+    alloc6(orig, to_addr, range, hash, false, in_use)
+}
+
+fn alloc6(
+    orig: &Tuple6,
+    to_addr: Ipv6Addr,
+    range: PortRange,
+    hash: u64,
+    keep: bool,
+    mut in_use: impl FnMut(&Tuple6) -> bool,
+) -> Option<Tuple6> {
+    let base = Tuple6 {
+        src: to_addr,
+        ..*orig
+    };
+    let icmp = orig.proto == PROTO_ICMPV6;
+    let with = |p: u16| Tuple6 {
+        sport: p,
+        dport: if icmp { p } else { base.dport },
+        ..base
+    };
+    let kind = match orig.proto {
+        PROTO_TCP | PROTO_UDP => Some(range),
+        PROTO_ICMPV6 => Some(PortRange::ALL),
+        _ => None,
+    };
+    let Some(range) = kind else {
+        return (!in_use(&base.invert())).then_some(base);
+    };
+    search(orig.sport, range, hash, keep, |p| {
+        !in_use(&with(p).invert())
+    })
+    .map(with)
+}
+
+/// The port search shared by both families: `sport` if `keep` and it is free, else a
+/// hash-chosen start in `range` and a bounded linear probe (halving rounds).
+fn search(
+    sport: u16,
+    range: PortRange,
+    hash: u64,
+    keep: bool,
+    mut free: impl FnMut(u16) -> bool,
+) -> Option<u16> {
+    if keep && range.contains(sport) && free(sport) {
+        return Some(sport);
     }
     let size = range.len();
     if size == 0 {
@@ -196,9 +265,9 @@ fn alloc(
             low32(mix64(hash ^ round.wrapping_mul(0x2545_f491_4f6c_dd1d)) % u64::from(size));
         for _ in 0..attempts {
             // `off < size ≤ 65536` and `lo + off ≤ hi`: no overflow.
-            set(&mut t, low16(u64::from(u32::from(range.lo) + off)));
-            if !in_use(&t.invert()) {
-                return Some(t);
+            let p = low16(u64::from(u32::from(range.lo) + off));
+            if free(p) {
+                return Some(p);
             }
             off += 1;
             if off == size {

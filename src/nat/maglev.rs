@@ -18,7 +18,7 @@
 //! than 1 % (65537 slots is the largest table). Names are hashed with a fixed function, so every node (and
 //! every restart) builds the same table for the same endpoints and size.
 
-use std::net::SocketAddrV4;
+use std::net::{SocketAddrV4, SocketAddrV6};
 
 use super::alloc::mix64;
 use crate::narrow::{low32, reduce};
@@ -59,22 +59,44 @@ fn is_prime(m: u32) -> bool {
     m >= 2 && (2..).take_while(|d| d * d <= m).all(|d| m % d != 0)
 }
 
-fn name_hash(addr: &SocketAddrV4, seed: u64) -> u64 {
-    let v = u64::from(u32::from(*addr.ip())) << 16 | u64::from(addr.port());
-    mix64(mix64(v ^ seed) ^ 0x5851_f42d_4c95_7f2d)
+/// A backend's address as Maglev hashes it (an IPv4 or IPv6 endpoint).
+pub trait Backend {
+    /// A fixed 64-bit name of the backend (the same on every node and every run).
+    fn name(&self) -> u64;
+}
+
+impl Backend for SocketAddrV4 {
+    fn name(&self) -> u64 {
+        u64::from(u32::from(*self.ip())) << 16 | u64::from(self.port())
+    }
+}
+
+impl Backend for SocketAddrV6 {
+    fn name(&self) -> u64 {
+        let o = self.ip().octets();
+        let (h, l) = o.split_at(8);
+        // Both halves mixed, so endpoints differing only in their interface id differ.
+        let hi = u64::from_be_bytes(h.try_into().unwrap_or_default());
+        let lo = u64::from_be_bytes(l.try_into().unwrap_or_default());
+        mix64(hi ^ 0x9e37_79b9_7f4a_7c15) ^ mix64(lo) ^ u64::from(self.port()) << 1
+    }
+}
+
+fn name_hash<B: Backend>(addr: &B, seed: u64) -> u64 {
+    mix64(mix64(addr.name() ^ seed) ^ 0x5851_f42d_4c95_7f2d)
 }
 
 impl Maglev {
     /// Builds the table for `backends` (in the order given: lookups return indices into it),
     /// of [`table_size`] slots. Returns `None` for an empty list or more than
     /// [`MAX_BACKENDS`].
-    pub fn new(backends: &[SocketAddrV4]) -> Option<Maglev> {
+    pub fn new<B: Backend>(backends: &[B]) -> Option<Maglev> {
         Maglev::with_size(backends, table_size(backends.len()))
     }
 
     /// As [`Maglev::new`] with `m` slots, which must be a prime up to 65537 (as
     /// [`TABLE_SIZES`]) and at least the number of backends (`None` otherwise).
-    pub fn with_size(backends: &[SocketAddrV4], m: u32) -> Option<Maglev> {
+    pub fn with_size<B: Backend>(backends: &[B], m: u32) -> Option<Maglev> {
         let n = backends.len();
         if n == 0 || n > MAX_BACKENDS || !is_prime(m) || m > 65537 || (m as usize) < n {
             return None;
@@ -167,7 +189,7 @@ mod tests {
         assert_eq!(table_size(1), 1021);
         assert_eq!(table_size(10), 4093);
         assert_eq!(table_size(1000), 65537);
-        assert!(Maglev::new(&[]).is_none());
+        assert!(Maglev::new::<SocketAddrV4>(&[]).is_none());
     }
 
     #[test]

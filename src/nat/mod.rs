@@ -58,17 +58,24 @@ pub mod rewrite;
 pub mod service;
 
 pub use alloc::{
-    alloc_source, alloc_source_random_fully, PortRange, MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
+    alloc_source, alloc_source6, alloc_source6_random_fully, alloc_source_random_fully, PortRange,
+    MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
 };
-pub use netfilter::{MasqueradeRule, NatConfig, NatRules, Netfilter, NfCounters, Prefix, SnatRule};
-pub use rewrite::{rewrite, rewrite_addrs, rewrite_icmp_error, CsumMode, RewriteError};
+pub use netfilter::{
+    MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Netfilter, NfCounters, Prefix, Prefix6,
+    SnatRule,
+};
+pub use rewrite::{
+    rewrite, rewrite6, rewrite_addrs, rewrite_icmp_error, rewrite_icmp_error6, CsumMode,
+    RewriteError,
+};
 pub use service::{
-    AffinityStats, Endpoint, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec, Services,
-    DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+    AffinityStats, Endpoint, Endpoint6, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec,
+    Services, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 
 #[doc(no_inline)]
-pub use crate::wire::tuple::{L4Kind, Tuple};
+pub use crate::wire::tuple::{L4Kind, Tuple, Tuple6};
 
 /// A small, fast, non-cryptographic PRNG (wyrand), one per worker thread: random endpoint
 /// choice without a shared generator or lock. Seed each worker differently (e.g. from its

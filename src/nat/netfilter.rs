@@ -75,14 +75,15 @@
 //! TCP windows are not tracked (see [`crate::conntrack`]). Connections are tracked only when
 //! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use arc_swap::ArcSwap;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::conntrack::{
-    Conntrack, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt, Track,
+    Conntrack, Conntrack6, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt,
+    Track,
 };
 use crate::l3::router::{ErrorNat, Hook};
 use crate::narrow::len32;
@@ -123,6 +124,49 @@ impl std::fmt::Display for Prefix {
     }
 }
 
+/// An IPv6 prefix, `addr/len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix6 {
+    /// The network address (host bits are ignored).
+    pub addr: Ipv6Addr,
+    /// The prefix length, 0 to 128.
+    pub len: u8,
+}
+
+impl Prefix6 {
+    /// `addr/len`.
+    pub fn new(addr: Ipv6Addr, len: u8) -> Prefix6 {
+        Prefix6 {
+            addr,
+            len: len.min(128),
+        }
+    }
+
+    /// Whether `a` is inside the prefix.
+    #[inline]
+    pub fn contains(&self, a: Ipv6Addr) -> bool {
+        self.len == 0 || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
+    }
+}
+
+impl std::fmt::Display for Prefix6 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// [`MasqueradeRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <cluster6> ! -d
+/// <cluster6> -o eth0 -j MASQUERADE`): the new source is `out`'s global IPv6 address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MasqueradeRule6 {
+    /// The egress interface.
+    pub out: IfaceId,
+    /// Sources it applies to (`None`: any).
+    pub src: Option<Prefix6>,
+    /// Destinations it does not apply to (`None`: none excepted).
+    pub except_dst: Option<Prefix6>,
+}
+
 /// Masquerade pod traffic that leaves through an interface (CNI `ipMasq`, or the node's
 /// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`): a new
 /// connection whose egress interface is `out`, whose source is inside `src` and whose
@@ -157,6 +201,11 @@ pub struct NatRules {
     /// Every pod address in the cluster (kube-proxy's `--cluster-cidr`): Service traffic from
     /// outside it is masqueraded. `None`: no source is "outside".
     pub cluster_cidr: Option<Prefix>,
+    /// The cluster's IPv6 pod prefix, as `cluster_cidr` for IPv6 Service traffic.
+    pub cluster_cidr6: Option<Prefix6>,
+    /// IPv6 masquerade rules, first match wins (checked after Service marks). The port
+    /// settings below apply to both families.
+    pub masquerade6: Vec<MasqueradeRule6>,
     /// Masquerade rules, first match wins (checked after Service marks).
     pub masquerade: Vec<MasqueradeRule>,
     /// SNAT rules, first match wins (checked after masquerade rules).
@@ -175,6 +224,8 @@ pub struct NatRules {
 pub struct NatConfig {
     /// The connection table.
     pub conntrack: CtConfig,
+    /// The IPv6 connection table (`None`: the same settings as `conntrack`).
+    pub conntrack6: Option<CtConfig>,
     /// Limit of the Services' client-IP affinity table (default 65536).
     pub max_affinity_entries: Option<usize>,
     /// Initial rules.
@@ -352,6 +403,15 @@ pub(crate) trait Routing {
     fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)>;
 }
 
+/// [`Routing`] for IPv6: the router's IPv6 addresses and a lookup in the batch's IPv6 table.
+pub(crate) trait Routing6 {
+    /// Whether `addr` is one of the node's own IPv6 addresses (global or link-local).
+    fn is_local6(&self, addr: Ipv6Addr) -> bool;
+    /// The interface a packet to the IPv6 `dst` leaves by, and that interface's global IPv6
+    /// address if it has one; `None` when no route delivers it.
+    fn egress6(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)>;
+}
+
 /// A worker's own NAT state, lent to the hook for a batch: its random source (endpoint
 /// choice) and its cache of recent connections (see `FlowMemo`).
 #[derive(Debug)]
@@ -372,9 +432,13 @@ impl NatCtx {
     }
 }
 
+mod v6;
+
 /// The conntrack + NAT engine of one datapath (see the module docs).
 pub struct Netfilter {
     ct: Conntrack,
+    /// The IPv6 table, made on first use (see [`Netfilter::conntrack6`]).
+    ct6: v6::Ct6,
     services: Services,
     rules: ArcSwap<NatRules>,
     counters: Counters,
@@ -423,15 +487,27 @@ fn csum_mode(b: &PacketBuf) -> CsumMode {
 }
 
 impl Netfilter {
-    /// A NAT engine with `cfg`; errors name the bad field and value.
+    /// A NAT engine with `cfg`, both connection tables made now (IPv6's with
+    /// `cfg.conntrack6`, else `cfg.conntrack`); errors name the bad field and value.
     pub fn new(cfg: NatConfig) -> Result<Netfilter, CtConfigError> {
         let ct = Conntrack::new(cfg.conntrack)?;
-        Ok(Netfilter::with_conntrack(cfg, ct))
+        let ct6 = Conntrack6::new(cfg.conntrack6.unwrap_or(cfg.conntrack))?;
+        Ok(Netfilter::with_conntracks(cfg, ct, ct6))
+    }
+
+    /// A NAT engine on both connection tables made by the caller (e.g. kept in files,
+    /// [`Conntrack::open_file`], [`Conntrack6::open_file`](crate::conntrack::CtTable::open_file)).
+    pub fn with_conntracks(cfg: NatConfig, ct: Conntrack, ct6: Conntrack6) -> Netfilter {
+        let nf = Netfilter::with_conntrack(cfg, ct);
+        // Freshly made: the cell is empty.
+        let _ = nf.set_conntrack6(ct6);
+        nf
     }
 
     /// A NAT engine with `cfg` on a connection table made by the caller (e.g. one kept in a
     /// file, [`Conntrack::open_file`]); `cfg.conntrack` is not used, the table's own
-    /// configuration is.
+    /// configuration is. The IPv6 table is then made on first use (see
+    /// [`Netfilter::conntrack6`]) unless installed with [`Netfilter::set_conntrack6`].
     pub fn with_conntrack(cfg: NatConfig, ct: Conntrack) -> Netfilter {
         // A memoized connection was seen live (and refreshed, to within REFRESH) at its
         // stamp, so it cannot expire before the shortest timeout less REFRESH has passed.
@@ -449,6 +525,7 @@ impl Netfilter {
             .min(MEMO_WINDOW_MAX_US);
         Netfilter {
             ct,
+            ct6: v6::Ct6::default(),
             services: Services::new(cfg.max_affinity_entries.unwrap_or(65_536)),
             rules: ArcSwap::from_pointee(cfg.rules),
             counters: Counters::default(),
@@ -933,6 +1010,15 @@ impl ErrorNat for Netfilter {
             Hook::Accept => true,
             Hook::Drop(_) | Hook::Reject { .. } => false,
         }
+    }
+
+    fn translate_error6(
+        &self,
+        ip: &mut [u8],
+        info: &mut crate::wire::ipv6::Ipv6Info,
+        now: Instant,
+    ) -> bool {
+        v6::translate_error6(self, ip, info, now)
     }
 }
 

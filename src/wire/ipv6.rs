@@ -1,10 +1,39 @@
-//! IPv6 (RFC 8200) fixed headers: the view [`Ipv6Packet`].
+//! IPv6 (RFC 8200): the fixed-header view [`Ipv6Packet`], the header as a value
+//! [`Ipv6Repr`], the extension-header walker ([`ExtHeaders`]) and what the router does with
+//! IPv6 packets: the `ipv6_rcv` checks ([`check`], giving an [`Ipv6Info`]), ICMPv6 errors
+//! quoting the offending packet ([`write_icmp_error`]), echo replies, TCP resets, and the
+//! address helpers of NDP (solicited-node groups, their `33:33` MACs, EUI-64 link-local
+//! addresses).
 //!
-//! Only the 40-byte fixed header for now — what TCP segmentation of offloaded IPv6
-//! super-frames needs (payload length, next header, the addresses of the pseudo-header).
-//! Extension headers, `Ipv6Repr` and forwarding come with IPv6 routing; `wire/mod.rs` says
-//! where they go.
+//! Field offsets are named once in the private `field` module; every function bounds-checks
+//! its input and returns an error value instead of panicking.
+//!
+//! ```
+//! use std::net::Ipv6Addr;
+//! use tapyard::wire::ipv6::{self, Ipv6Packet, Ipv6Repr};
+//!
+//! let repr = Ipv6Repr {
+//!     src_addr: "fd00::1".parse().unwrap(),
+//!     dst_addr: "fd00::2".parse().unwrap(),
+//!     next_header: ipv6::NH_UDP,
+//!     payload_len: 8,
+//!     hop_limit: 64,
+//! };
+//! let mut buf = [0u8; 48];
+//! repr.emit(&mut Ipv6Packet::new_unchecked(&mut buf[..]));
+//! let info = ipv6::check(&buf).unwrap();
+//! assert_eq!((info.next_header, info.l4_off, info.hop_limit), (ipv6::NH_UDP, 40, 64));
+//! assert_eq!(Ipv6Repr::parse(&Ipv6Packet::new_checked(&buf[..]).unwrap()), Ok(repr));
+//! ```
 
+use std::net::Ipv6Addr;
+
+use crate::narrow::len16;
+use crate::wire::checksum::{self, PseudoHeader};
+use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
+use crate::wire::icmpv6::{self, Icmpv6Packet, Icmpv6Repr};
+use crate::wire::mac::MacAddr;
+use crate::wire::tcp::{TcpPacket, TcpRepr};
 use crate::wire::Error;
 
 mod field {
@@ -20,6 +49,36 @@ mod field {
 
 /// Length of the IPv6 fixed header.
 pub const HEADER_LEN: usize = field::PAYLOAD;
+/// Next header: hop-by-hop options (only right after the fixed header).
+pub const NH_HOPOPTS: u8 = 0;
+/// Next header: TCP.
+pub const NH_TCP: u8 = 6;
+/// Next header: UDP.
+pub const NH_UDP: u8 = 17;
+/// Next header: routing header.
+pub const NH_ROUTING: u8 = 43;
+/// Next header: fragment header.
+pub const NH_FRAGMENT: u8 = 44;
+/// Next header: ESP (ends the walk: what follows is encrypted).
+pub const NH_ESP: u8 = 50;
+/// Next header: authentication header (length in 4-byte units).
+pub const NH_AH: u8 = 51;
+/// Next header: ICMPv6.
+pub const NH_ICMPV6: u8 = 58;
+/// Next header: no next header.
+pub const NH_NONE: u8 = 59;
+/// Next header: destination options.
+pub const NH_DSTOPTS: u8 = 60;
+/// The most extension headers [`check`] walks; a longer chain is [`Error::Malformed`].
+pub const MAX_EXT_HEADERS: usize = 8;
+/// The most bytes of extension headers [`check`] walks; more is [`Error::Malformed`].
+pub const MAX_EXT_BYTES: usize = 2048;
+/// The minimum link MTU of IPv6 (RFC 8200 5), also the largest ICMPv6 error (RFC 4443 2.4).
+pub const MIN_MTU: usize = 1280;
+/// The all-nodes link-local group `ff02::1`.
+pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+/// The all-routers link-local group `ff02::2`.
+pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
 
 /// A view of an IPv6 packet. [`Ipv6Packet::new_checked`] checks that the fixed header is
 /// there, that the version is 6 and that the payload length fits the buffer; after it no
@@ -114,19 +173,604 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         a.copy_from_slice(&self.fixed()[field::DST_ADDR]);
         a
     }
+
+    /// The traffic class.
+    #[inline]
+    pub fn traffic_class(&self) -> u8 {
+        let h = self.fixed();
+        (h[0] << 4) | (h[1] >> 4)
+    }
+
+    /// The flow label (20 bits).
+    #[inline]
+    pub fn flow_label(&self) -> u32 {
+        let h = self.fixed();
+        u32::from_be_bytes([0, h[1] & 0x0f, h[2], h[3]])
+    }
+
+    /// The bytes after the fixed header up to the payload length (or the buffer's end).
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        let end = self.total_len().min(b.len());
+        &b[HEADER_LEN.min(end)..end]
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
+    #[inline(always)]
+    fn fixed_mut(&mut self) -> &mut [u8; HEADER_LEN] {
+        self.buffer
+            .as_mut()
+            .first_chunk_mut()
+            .expect("IPv6 fixed header checked by new_checked")
+    }
+
     /// Sets the payload length field.
     #[inline]
     pub fn set_payload_len(&mut self, len: u16) {
-        let h: &mut [u8; HEADER_LEN] = self
-            .buffer
-            .as_mut()
-            .first_chunk_mut()
-            .expect("IPv6 fixed header checked by new_checked");
-        h[field::PAYLOAD_LEN].copy_from_slice(&len.to_be_bytes());
+        self.fixed_mut()[field::PAYLOAD_LEN].copy_from_slice(&len.to_be_bytes());
     }
+
+    /// Sets version 6, the traffic class and the flow label (20 bits).
+    #[inline]
+    pub fn set_version_tc_flow(&mut self, tc: u8, flow: u32) {
+        let w = (6u32 << 28) | (u32::from(tc) << 20) | (flow & 0xf_ffff);
+        self.fixed_mut()[..4].copy_from_slice(&w.to_be_bytes());
+    }
+
+    /// Sets the next header.
+    #[inline]
+    pub fn set_next_header(&mut self, v: u8) {
+        self.fixed_mut()[field::NEXT_HEADER] = v;
+    }
+
+    /// Sets the hop limit.
+    #[inline]
+    pub fn set_hop_limit(&mut self, v: u8) {
+        self.fixed_mut()[field::HOP_LIMIT] = v;
+    }
+
+    /// Sets the source address.
+    #[inline]
+    pub fn set_src_addr(&mut self, a: Ipv6Addr) {
+        self.fixed_mut()[field::SRC_ADDR].copy_from_slice(&a.octets());
+    }
+
+    /// Sets the destination address.
+    #[inline]
+    pub fn set_dst_addr(&mut self, a: Ipv6Addr) {
+        self.fixed_mut()[field::DST_ADDR].copy_from_slice(&a.octets());
+    }
+
+    /// The bytes after the fixed header up to the payload length (or the buffer's end),
+    /// mutable.
+    #[inline]
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let end = self.total_len();
+        let b = self.buffer.as_mut();
+        let end = end.min(b.len());
+        &mut b[HEADER_LEN.min(end)..end]
+    }
+}
+
+/// The fixed IPv6 header as a value: what the router builds for the packets it sends
+/// (traffic class and flow label 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv6Repr {
+    /// Source address.
+    pub src_addr: Ipv6Addr,
+    /// Destination address.
+    pub dst_addr: Ipv6Addr,
+    /// Next header (the upper-layer protocol when there are no extension headers).
+    pub next_header: u8,
+    /// Bytes after the fixed header.
+    pub payload_len: usize,
+    /// Hop limit.
+    pub hop_limit: u8,
+}
+
+impl Ipv6Repr {
+    /// Reads a checked packet's fixed header (traffic class and flow label are not kept).
+    pub fn parse<T: AsRef<[u8]>>(p: &Ipv6Packet<T>) -> Result<Ipv6Repr, Error> {
+        Ok(Ipv6Repr {
+            src_addr: Ipv6Addr::from(p.src_addr()),
+            dst_addr: Ipv6Addr::from(p.dst_addr()),
+            next_header: p.next_header(),
+            payload_len: usize::from(p.payload_len()),
+            hop_limit: p.hop_limit(),
+        })
+    }
+
+    /// The header length (40).
+    #[inline]
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the fixed header (the payload is the caller's).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv6Packet<T>) {
+        p.set_version_tc_flow(0, 0);
+        p.set_payload_len(len16(self.payload_len));
+        p.set_next_header(self.next_header);
+        p.set_hop_limit(self.hop_limit);
+        p.set_src_addr(self.src_addr);
+        p.set_dst_addr(self.dst_addr);
+    }
+}
+
+/// The fragment header of a fragmented packet (RFC 8200 4.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv6Frag {
+    /// Fragment offset in 8-byte units (0: the first fragment).
+    pub offset: u16,
+    /// The M flag: more fragments follow.
+    pub more: bool,
+    /// Identification.
+    pub id: u32,
+}
+
+/// The facts about a valid IPv6 packet, from [`check`].
+///
+/// For a fragment other than the first (`frag` with a nonzero offset), the bytes at `l4_off`
+/// are the middle of the original payload, **not** an upper-layer header: `next_header`
+/// names the protocol of the whole datagram, but no ports or ICMPv6 type can be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv6Info {
+    /// Source address.
+    pub src: Ipv6Addr,
+    /// Destination address.
+    pub dst: Ipv6Addr,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Bytes after the fixed header, from the header (extension headers included).
+    pub payload_len: u16,
+    /// The upper-layer protocol after the extension-header chain.
+    pub next_header: u8,
+    /// Offset of the upper-layer header from the start of the IPv6 header.
+    pub l4_off: usize,
+    /// The fragment header, when there is one.
+    pub frag: Option<Ipv6Frag>,
+    /// A hop-by-hop options header is present.
+    pub has_hbh: bool,
+}
+
+impl Ipv6Info {
+    /// The packet's length from its header (fixed header + payload).
+    #[inline]
+    pub fn total_len(&self) -> usize {
+        HEADER_LEN + usize::from(self.payload_len)
+    }
+
+    /// True for a fragment other than the first (no upper-layer header in it).
+    #[inline]
+    pub fn is_later_fragment(&self) -> bool {
+        self.frag.is_some_and(|f| f.offset != 0)
+    }
+}
+
+/// One extension header found by [`ExtHeaders`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtHeader {
+    /// Its type (the next-header value that named it).
+    pub kind: u8,
+    /// Its offset from the start of the IPv6 header.
+    pub offset: usize,
+    /// Its length in bytes.
+    pub len: usize,
+    /// The next header it names.
+    pub next_header: u8,
+}
+
+/// True for the next-header values [`ExtHeaders`] walks through.
+#[inline]
+pub const fn is_ext_header(nh: u8) -> bool {
+    matches!(
+        nh,
+        NH_HOPOPTS | NH_ROUTING | NH_FRAGMENT | NH_DSTOPTS | NH_AH
+    )
+}
+
+/// Walks the extension-header chain of a packet (`l3` from the IPv6 header to the end of its
+/// payload): yields each header, stops at the first upper-layer protocol (or ESP / no next
+/// header), after a fragment header with a nonzero offset (what follows is not a header), or
+/// with an error: [`Error::Truncated`] for a header past the end, [`Error::Malformed`] for a
+/// hop-by-hop header not first, more than [`MAX_EXT_HEADERS`] headers or
+/// [`MAX_EXT_BYTES`] bytes of them. Bounded work whatever the bytes.
+#[derive(Clone, Debug)]
+pub struct ExtHeaders<'a> {
+    l3: &'a [u8],
+    next: u8,
+    off: usize,
+    count: usize,
+    done: bool,
+}
+
+impl<'a> ExtHeaders<'a> {
+    /// A walker over `l3` (fixed header included; its length is where the payload ends).
+    pub fn new(l3: &'a [u8]) -> ExtHeaders<'a> {
+        let next = l3.get(field::NEXT_HEADER).copied().unwrap_or(NH_NONE);
+        ExtHeaders {
+            l3,
+            next,
+            off: HEADER_LEN,
+            count: 0,
+            done: l3.len() < HEADER_LEN,
+        }
+    }
+
+    /// The next header after the headers walked so far, and its offset.
+    pub fn position(&self) -> (u8, usize) {
+        (self.next, self.off)
+    }
+}
+
+impl Iterator for ExtHeaders<'_> {
+    type Item = Result<ExtHeader, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || !is_ext_header(self.next) {
+            return None;
+        }
+        let fail = |s: &mut Self, e| {
+            s.done = true;
+            Some(Err(e))
+        };
+        if self.next == NH_HOPOPTS && self.off != HEADER_LEN {
+            return fail(self, Error::Malformed);
+        }
+        if self.count >= MAX_EXT_HEADERS {
+            return fail(self, Error::Malformed);
+        }
+        let Some(h) = self.l3.get(self.off..).and_then(|b| b.first_chunk::<8>()) else {
+            return fail(self, Error::Truncated);
+        };
+        let len = match self.next {
+            NH_FRAGMENT => 8,
+            NH_AH => (usize::from(h[1]) + 2) * 4,
+            _ => (usize::from(h[1]) + 1) * 8,
+        };
+        if self.off + len - HEADER_LEN > MAX_EXT_BYTES {
+            return fail(self, Error::Malformed);
+        }
+        if self.off + len > self.l3.len() {
+            return fail(self, Error::Truncated);
+        }
+        let e = ExtHeader {
+            kind: self.next,
+            offset: self.off,
+            len,
+            next_header: h[0],
+        };
+        self.count += 1;
+        self.next = h[0];
+        self.off += len;
+        if e.kind == NH_FRAGMENT && u16::from_be_bytes([h[2], h[3]]) >> 3 != 0 {
+            // A later fragment: the rest is payload, not headers.
+            self.done = true;
+        }
+        Some(Ok(e))
+    }
+}
+
+/// Checks an IPv6 packet as Linux's `ipv6_rcv` does, and walks its extension headers:
+/// version 6, the fixed header and the payload length within the bytes present (a payload
+/// length of 0 with a hop-by-hop header, a jumbogram, is refused), a source that is not
+/// multicast, a destination that is not `::1`, and an extension-header chain within the
+/// bounds of [`ExtHeaders`]. `l3` starts at the IPv6 header; bytes past the payload length
+/// (Ethernet padding) are ignored.
+pub fn check(l3: &[u8]) -> Result<Ipv6Info, Error> {
+    let p = Ipv6Packet::new_checked(l3)?;
+    let (src, dst) = (Ipv6Addr::from(p.src_addr()), Ipv6Addr::from(p.dst_addr()));
+    if src.is_multicast() || dst.is_loopback() {
+        return Err(Error::Malformed);
+    }
+    let payload_len = p.payload_len();
+    let first = p.next_header();
+    if payload_len == 0 && first == NH_HOPOPTS {
+        return Err(Error::Malformed);
+    }
+    let pkt = &l3[..p.total_len()];
+    let mut info = Ipv6Info {
+        src,
+        dst,
+        hop_limit: p.hop_limit(),
+        payload_len,
+        next_header: first,
+        l4_off: HEADER_LEN,
+        frag: None,
+        has_hbh: false,
+    };
+    if !is_ext_header(first) {
+        return Ok(info);
+    }
+    let mut w = ExtHeaders::new(pkt);
+    for h in &mut w {
+        let h = h?;
+        match h.kind {
+            NH_HOPOPTS => info.has_hbh = true,
+            NH_FRAGMENT => {
+                let b = &pkt[h.offset..h.offset + 8];
+                let fo = u16::from_be_bytes([b[2], b[3]]);
+                info.frag = Some(Ipv6Frag {
+                    offset: fo >> 3,
+                    more: fo & 1 != 0,
+                    id: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
+                });
+            }
+            _ => {}
+        }
+    }
+    (info.next_header, info.l4_off) = w.position();
+    Ok(info)
+}
+
+/// True for `fe80::/10`, the link-local unicast scope (never forwarded).
+#[inline]
+pub const fn is_link_local(a: &Ipv6Addr) -> bool {
+    a.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// The solicited-node multicast group of `a` (`ff02::1:ffXX:XXXX`, RFC 4291 2.7.1).
+pub fn solicited_node(a: Ipv6Addr) -> Ipv6Addr {
+    let o = a.octets();
+    Ipv6Addr::from([
+        0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15],
+    ])
+}
+
+/// The Ethernet group address an IPv6 multicast group maps to (`33:33` and its low 32 bits,
+/// RFC 2464 7).
+pub fn multicast_mac(group: Ipv6Addr) -> MacAddr {
+    let o = group.octets();
+    MacAddr([0x33, 0x33, o[12], o[13], o[14], o[15]])
+}
+
+/// The link-local address `fe80::/64` with the modified EUI-64 interface identifier of
+/// `mac` (RFC 4291 appendix A: `ff:fe` in the middle, the universal/local bit flipped), as
+/// Linux gives an interface.
+pub fn link_local_from_mac(mac: MacAddr) -> Ipv6Addr {
+    let m = mac.0;
+    Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m[0] ^ 0x02,
+        m[1],
+        m[2],
+        0xff,
+        0xfe,
+        m[3],
+        m[4],
+        m[5],
+    ])
+}
+
+/// `addr` with the bits past `len` (0..=128) cleared.
+pub fn mask(addr: Ipv6Addr, len: u8) -> Ipv6Addr {
+    let a = u128::from(addr);
+    Ipv6Addr::from(if len == 0 {
+        0
+    } else {
+        a & (u128::MAX << (128 - u32::from(len.min(128))))
+    })
+}
+
+/// The pseudo-header of an upper-layer message of `len` bytes.
+#[inline]
+pub(crate) fn pseudo(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, len: usize) -> PseudoHeader {
+    PseudoHeader::Ipv6 {
+        src: src.octets(),
+        dst: dst.octets(),
+        next_header,
+        len: u32::try_from(len).unwrap_or(u32::MAX),
+    }
+}
+
+/// True when an ICMPv6 error may be sent about this packet (RFC 4443 2.4 (e) and Linux's
+/// `icmp6_send`): not about an ICMPv6 error or a redirect, not from the unspecified, a
+/// multicast or loopback source, not about a packet sent to a multicast group or an L2 group
+/// (`l2_group_dst`), not about a later fragment. (RFC 4443 lets packet too big and parameter
+/// problem through to multicast; tapyard, which routes no multicast, never sends them.)
+pub fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bool {
+    if l2_group_dst || info.is_later_fragment() {
+        return false;
+    }
+    if info.src.is_unspecified()
+        || info.src.is_multicast()
+        || info.src.is_loopback()
+        || info.dst.is_multicast()
+    {
+        return false;
+    }
+    if info.next_header == NH_ICMPV6 {
+        let Some(&ty) = l3.get(info.l4_off) else {
+            return false;
+        };
+        return !icmpv6::is_error(ty) && ty != icmpv6::codes::REDIRECT;
+    }
+    true
+}
+
+/// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
+/// `out` is too small.
+fn emit_frame(
+    out: &mut [u8],
+    src: MacAddr,
+    dst: MacAddr,
+    ip: &Ipv6Repr,
+    l4: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let len = ETH_LEN + HEADER_LEN + ip.payload_len;
+    let f = out.get_mut(..len)?;
+    let mut eth = EthernetFrame::new_unchecked(&mut *f);
+    EthernetRepr {
+        src_addr: src,
+        dst_addr: dst,
+        ethertype: ethertype::IPV6,
+    }
+    .emit(&mut eth);
+    let mut p = Ipv6Packet::new_unchecked(eth.payload_mut());
+    ip.emit(&mut p);
+    l4(p.payload_mut());
+    Some(len)
+}
+
+/// Writes an Ethernet + IPv6 + ICMPv6 message (`repr`, checksummed) from `src_ip` to
+/// `dst_ip` with `hop_limit`. Returns the frame length, or `None` when `out` is too small.
+#[allow(clippy::too_many_arguments)]
+pub fn write_icmp(
+    out: &mut [u8],
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src_ip: Ipv6Addr,
+    dst_ip: Ipv6Addr,
+    hop_limit: u8,
+    repr: &Icmpv6Repr<'_>,
+) -> Option<usize> {
+    let ip = Ipv6Repr {
+        src_addr: src_ip,
+        dst_addr: dst_ip,
+        next_header: NH_ICMPV6,
+        payload_len: repr.buffer_len(),
+        hop_limit,
+    };
+    emit_frame(out, src_mac, dst_mac, &ip, |p| {
+        repr.emit(&mut Icmpv6Packet::new_unchecked(p), src_ip, dst_ip)
+    })
+}
+
+/// Writes an Ethernet + IPv6 + ICMPv6 error about the packet `orig_l3`, quoting as much of
+/// it as fits in the minimum MTU of 1280 bytes (RFC 4443 2.4 (c)). `error` is the error
+/// without its data ([`Icmpv6Repr::DstUnreachable`], [`Icmpv6Repr::PacketTooBig`], ...; its
+/// `data` is replaced by the quote). Hop limit 64. Returns the frame length, or `None` when
+/// `out` is too small or `error` is not an error.
+#[allow(clippy::too_many_arguments)]
+pub fn write_icmp_error(
+    out: &mut [u8],
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src_ip: Ipv6Addr,
+    dst_ip: Ipv6Addr,
+    error: Icmpv6Repr<'_>,
+    orig_l3: &[u8],
+) -> Option<usize> {
+    let quote = orig_l3.len().min(MIN_MTU - HEADER_LEN - icmpv6::HEADER_LEN);
+    let repr = error.with_data(&orig_l3[..quote])?;
+    write_icmp(out, src_mac, dst_mac, src_ip, dst_ip, 64, &repr)
+}
+
+/// Writes the TCP reset that refuses the segment in `orig_l3` (a checked IPv6 packet whose
+/// TCP header is at `info.l4_off`), as Linux's `nf_send_reset6`. Returns the frame length, or
+/// `None` when `out` is too small, the TCP header is not there, or the segment is a reset.
+pub fn write_tcp_rst(
+    out: &mut [u8],
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    orig_l3: &[u8],
+    info: &Ipv6Info,
+) -> Option<usize> {
+    if info.next_header != NH_TCP || info.is_later_fragment() {
+        return None;
+    }
+    let seg = TcpPacket::new_checked(orig_l3.get(info.l4_off..info.total_len())?).ok()?;
+    let rst = TcpRepr::reset_for(&seg)?;
+    let (src, dst) = (info.dst, info.src);
+    let r = Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: NH_TCP,
+        payload_len: rst.buffer_len(),
+        hop_limit: 64,
+    };
+    emit_frame(out, src_mac, dst_mac, &r, |p| {
+        let mut t = TcpPacket::new_unchecked(p);
+        rst.emit(
+            &mut t,
+            std::net::Ipv4Addr::UNSPECIFIED,
+            std::net::Ipv4Addr::UNSPECIFIED,
+        );
+        let ph = pseudo(src, dst, NH_TCP, rst.buffer_len());
+        t.fill_checksum_with(&ph);
+    })
+}
+
+/// Turns an ICMPv6 echo request frame addressed to us into the echo reply, in place: MACs
+/// swapped (`our_mac` as the source), the reply's source `from` (the address the request was
+/// sent to), destination the requester, hop limit 64, type 129, checksum recomputed. A request
+/// with extension headers (hop-by-hop, destination options, a routing header) is answered as
+/// Linux's `icmpv6_echo_reply` does: the reply carries none, its ICMPv6 message moved up to
+/// right after the fixed header. A fragment is not answered (tapyard does not reassemble).
+/// Returns the reply's frame length (at most the request's), or `None` (frame untouched) if
+/// it is not a well-formed, unfragmented echo request.
+pub fn echo_reply_in_place(
+    frame: &mut [u8],
+    l3: usize,
+    info: &Ipv6Info,
+    our_mac: MacAddr,
+) -> Option<usize> {
+    if info.next_header != NH_ICMPV6
+        || info.frag.is_some()
+        || info.l4_off < HEADER_LEN
+        || l3 < ETH_LEN
+    {
+        return None;
+    }
+    let (start, end) = (l3 + info.l4_off, l3 + info.total_len());
+    let msg = frame.get(start..end)?;
+    let req = Icmpv6Packet::new_checked(msg).ok()?;
+    if req.msg_type() != icmpv6::codes::ECHO_REQUEST
+        || req.code() != 0
+        || !req.verify_checksum(info.src, info.dst)
+    {
+        return None;
+    }
+    let mut eth = EthernetFrame::new_unchecked(&mut *frame);
+    let peer = eth.src_addr();
+    eth.set_dst_addr(peer);
+    eth.set_src_addr(our_mac);
+    // Extension headers dropped: the message follows the fixed header.
+    let msg_len = end - start;
+    frame.copy_within(start..end, l3 + HEADER_LEN);
+    let end = l3 + HEADER_LEN + msg_len;
+    let mut ip = Ipv6Packet::new_unchecked(&mut frame[l3..end]);
+    ip.set_src_addr(info.dst);
+    ip.set_dst_addr(info.src);
+    ip.set_hop_limit(64);
+    ip.set_next_header(NH_ICMPV6);
+    ip.set_payload_len(u16::try_from(msg_len).ok()?);
+    let mut icmp = Icmpv6Packet::new_unchecked(ip.payload_mut());
+    icmp.set_msg_type(icmpv6::codes::ECHO_REPLY);
+    icmp.fill_checksum(info.dst, info.src);
+    Some(end)
+}
+
+/// Decrements the hop limit of the IPv6 header at the start of `l3` (no header checksum in
+/// IPv6). Does nothing on a buffer shorter than the fixed header.
+#[inline]
+pub fn decrement_hop_limit(l3: &mut [u8]) {
+    if let Some(h) = l3.get_mut(field::HOP_LIMIT) {
+        *h = h.wrapping_sub(1);
+    }
+}
+
+/// Sums a pseudo-header plus `data` and tells whether it verifies (for ICMPv6 and the other
+/// upper layers over IPv6).
+#[inline]
+pub(crate) fn l4_verifies(src: Ipv6Addr, dst: Ipv6Addr, nh: u8, data: &[u8]) -> bool {
+    pseudo(src, dst, nh, data.len()).verifies(data)
+}
+
+/// The checksum field value for `data` (its checksum field zero) over IPv6.
+#[inline]
+pub(crate) fn l4_checksum(src: Ipv6Addr, dst: Ipv6Addr, nh: u8, data: &[u8]) -> u16 {
+    let acc = checksum::sum(pseudo(src, dst, nh, data.len()).sum(), data);
+    u16::from_be_bytes(checksum::finish(acc))
 }
 
 #[cfg(test)]
@@ -165,6 +809,256 @@ mod tests {
         let mut v4 = b.clone();
         v4[0] = 0x45;
         assert_eq!(Ipv6Packet::new_checked(&v4[..]), Err(Error::Malformed));
+    }
+
+    fn with_ext(chain: &[(u8, Vec<u8>)], upper: u8, payload: usize) -> Vec<u8> {
+        // chain: (kind, body after next-header byte) pairs.
+        let mut ext = Vec::new();
+        for (i, (_, body)) in chain.iter().enumerate() {
+            let next = chain.get(i + 1).map_or(upper, |c| c.0);
+            ext.push(next);
+            ext.extend_from_slice(body);
+        }
+        let mut p = packet(ext.len() + payload);
+        p[6] = chain.first().map_or(upper, |c| c.0);
+        p[40..40 + ext.len()].copy_from_slice(&ext);
+        p
+    }
+
+    fn opts(n8: usize) -> Vec<u8> {
+        // Hdr ext len, then Pad1 options to n8 * 8 bytes in all.
+        let mut b = vec![0u8; n8 * 8 - 1];
+        b[0] = u8::try_from(n8 - 1).unwrap();
+        b
+    }
+
+    #[test]
+    fn walks_extension_headers_to_the_upper_layer() {
+        let p = with_ext(
+            &[
+                (NH_HOPOPTS, opts(1)),
+                (NH_DSTOPTS, opts(2)),
+                (NH_ROUTING, opts(1)),
+            ],
+            NH_UDP,
+            8,
+        );
+        let i = check(&p).unwrap();
+        assert_eq!(
+            (i.next_header, i.l4_off, i.has_hbh, i.frag),
+            (NH_UDP, 40 + 32, true, None)
+        );
+        // A first fragment has its upper-layer header; a later one does not.
+        let frag = |off: u16, m: bool| {
+            let fo = (off << 3) | u16::from(m);
+            let mut b = vec![0, 0, 0, 0, 0, 0, 7];
+            b[1..3].copy_from_slice(&fo.to_be_bytes());
+            b
+        };
+        let p = with_ext(&[(NH_FRAGMENT, frag(0, true))], NH_TCP, 20);
+        let i = check(&p).unwrap();
+        assert_eq!(
+            i.frag,
+            Some(Ipv6Frag {
+                offset: 0,
+                more: true,
+                id: 7
+            })
+        );
+        assert_eq!(
+            (i.next_header, i.l4_off, i.is_later_fragment()),
+            (NH_TCP, 48, false)
+        );
+        let mut p = with_ext(&[(NH_FRAGMENT, frag(100, false))], NH_DSTOPTS, 20);
+        // Bytes after a later fragment's header are payload, even if they look like headers.
+        p[48] = 99;
+        let i = check(&p).unwrap();
+        assert!(i.is_later_fragment());
+        assert_eq!((i.next_header, i.l4_off), (NH_DSTOPTS, 48));
+        // Jumbograms, ESP and no-next-header.
+        let mut j = with_ext(&[(NH_HOPOPTS, opts(1))], NH_UDP, 0);
+        j[4..6].fill(0);
+        assert_eq!(check(&j), Err(Error::Malformed));
+        let e = with_ext(&[(NH_DSTOPTS, opts(1))], NH_ESP, 16);
+        assert_eq!(check(&e).unwrap().next_header, NH_ESP);
+    }
+
+    #[test]
+    fn refuses_long_or_lying_chains() {
+        let nine: Vec<_> = (0..9).map(|_| (NH_DSTOPTS, opts(1))).collect();
+        assert_eq!(check(&with_ext(&nine, NH_UDP, 8)), Err(Error::Malformed));
+        let eight: Vec<_> = (0..8).map(|_| (NH_DSTOPTS, opts(1))).collect();
+        assert!(check(&with_ext(&eight, NH_UDP, 8)).is_ok());
+        // Too many bytes: 256 * 8 > 2048 with the next header.
+        let big = with_ext(
+            &[(NH_DSTOPTS, opts(200)), (NH_DSTOPTS, opts(57))],
+            NH_UDP,
+            0,
+        );
+        assert_eq!(check(&big), Err(Error::Malformed));
+        // Hop-by-hop not first.
+        let hbh = with_ext(&[(NH_DSTOPTS, opts(1)), (NH_HOPOPTS, opts(1))], NH_UDP, 8);
+        assert_eq!(check(&hbh), Err(Error::Malformed));
+        // A header running past the payload length.
+        let mut cut = with_ext(&[(NH_DSTOPTS, opts(2))], NH_UDP, 0);
+        cut[4..6].copy_from_slice(&8u16.to_be_bytes());
+        assert_eq!(check(&cut[..48]), Err(Error::Truncated));
+        // Multicast source, loopback destination.
+        let mut m = packet(8);
+        m[8] = 0xff;
+        assert_eq!(check(&m), Err(Error::Malformed));
+    }
+
+    #[test]
+    fn ndp_address_helpers() {
+        let a: Ipv6Addr = "fd00:10:244:1::1234:5678".parse().unwrap();
+        assert_eq!(
+            solicited_node(a),
+            "ff02::1:ff34:5678".parse::<Ipv6Addr>().unwrap()
+        );
+        assert_eq!(
+            multicast_mac(solicited_node(a)),
+            MacAddr([0x33, 0x33, 0xff, 0x34, 0x56, 0x78])
+        );
+        let ll = link_local_from_mac(MacAddr([0x52, 0x54, 0x00, 0x12, 0x34, 0x56]));
+        assert_eq!(ll, "fe80::5054:ff:fe12:3456".parse::<Ipv6Addr>().unwrap());
+        assert!(is_link_local(&ll) && !is_link_local(&a));
+        assert_eq!(mask(a, 64), "fd00:10:244:1::".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(mask(a, 0), Ipv6Addr::UNSPECIFIED);
+    }
+
+    #[test]
+    fn errors_quote_up_to_1280_bytes_and_parse_in_etherparse() {
+        let mut f = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv6(
+                [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+                1,
+            )
+            .udp(1000, 2000)
+            .write(&mut f, &[0xab; 1452])
+            .unwrap();
+        let info = check(&f[14..]).unwrap();
+        assert!(may_send_icmp_error(&f[14..], &info, false));
+        assert!(!may_send_icmp_error(&f[14..], &info, true));
+        let mut out = [0u8; 1400];
+        let gw: Ipv6Addr = "fd00::fe".parse().unwrap();
+        let n = write_icmp_error(
+            &mut out,
+            MacAddr::local(9),
+            MacAddr::local(1),
+            gw,
+            info.src,
+            Icmpv6Repr::PacketTooBig {
+                mtu: 1400,
+                data: &[],
+            },
+            &f[14..],
+        )
+        .unwrap();
+        assert_eq!(n, 14 + MIN_MTU);
+        let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
+        let Some(etherparse::TransportSlice::Icmpv6(i)) = p.transport else {
+            panic!("not ICMPv6")
+        };
+        assert_eq!(
+            i.icmp_type(),
+            etherparse::Icmpv6Type::PacketTooBig { mtu: 1400 }
+        );
+        let e = check(&out[14..n]).unwrap();
+        let m = Icmpv6Packet::new_checked(&out[14 + 40..n]).unwrap();
+        assert!(m.verify_checksum(e.src, e.dst));
+        assert_eq!(&m.data()[..40], &f[14..54]);
+        // Never about an ICMPv6 error.
+        assert!(!may_send_icmp_error(&out[14..n], &e, false));
+    }
+
+    #[test]
+    fn echo_reply_and_tcp_reset() {
+        let (a, b) = (
+            [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xfe],
+        );
+        let mut f = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9])
+            .ipv6(a, b, 64)
+            .icmpv6_echo_request(3, 4)
+            .write(&mut f, b"ping")
+            .unwrap();
+        let info = check(&f[14..]).unwrap();
+        assert_eq!(
+            echo_reply_in_place(&mut f, 14, &info, MacAddr::local(9)),
+            Some(f.len())
+        );
+        let p = etherparse::SlicedPacket::from_ethernet(&f).unwrap();
+        let Some(etherparse::TransportSlice::Icmpv6(i)) = p.transport else {
+            panic!()
+        };
+        assert!(
+            matches!(i.icmp_type(), etherparse::Icmpv6Type::EchoReply(h) if h.id == 3 && h.seq == 4)
+        );
+        let e = check(&f[14..]).unwrap();
+        assert_eq!((e.src.octets(), e.dst.octets()), (b, a));
+        assert!(Icmpv6Packet::new_checked(&f[54..])
+            .unwrap()
+            .verify_checksum(e.src, e.dst));
+
+        let mut s = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9])
+            .ipv6(a, b, 64)
+            .tcp(40000, 80, 1000, 64240)
+            .syn()
+            .write(&mut s, &[])
+            .unwrap();
+        let info = check(&s[14..]).unwrap();
+        let mut out = [0u8; 128];
+        let n = write_tcp_rst(
+            &mut out,
+            MacAddr::local(9),
+            MacAddr::local(1),
+            &s[14..],
+            &info,
+        )
+        .unwrap();
+        let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
+        let (Some(etherparse::NetSlice::Ipv6(ip)), Some(etherparse::TransportSlice::Tcp(t))) =
+            (&p.net, &p.transport)
+        else {
+            panic!()
+        };
+        assert!(t.rst() && t.ack());
+        assert_eq!(t.acknowledgment_number(), 1001);
+        let want = t
+            .to_header()
+            .calc_checksum_ipv6(&ip.header().to_header(), &[])
+            .unwrap();
+        assert_eq!(t.checksum(), want);
+    }
+
+    proptest! {
+        #[test]
+        fn repr_round_trip(src in any::<u128>(), dst in any::<u128>(), nh in any::<u8>(), len in 0usize..64, hl in any::<u8>()) {
+            let r = Ipv6Repr { src_addr: src.into(), dst_addr: dst.into(), next_header: nh, payload_len: len, hop_limit: hl };
+            let mut b = vec![0u8; HEADER_LEN + len];
+            r.emit(&mut Ipv6Packet::new_unchecked(&mut b[..]));
+            prop_assert_eq!(Ipv6Repr::parse(&Ipv6Packet::new_checked(&b[..]).unwrap()), Ok(r));
+            for n in 0..b.len() {
+                prop_assert!(Ipv6Packet::new_checked(&b[..n]).is_err());
+                prop_assert!(check(&b[..n]).is_err());
+            }
+        }
+
+        #[test]
+        fn ext_chain_garbage_is_bounded(tail in proptest::collection::vec(any::<u8>(), 0..3000), nh in any::<u8>()) {
+            let mut b = packet(tail.len().min(0xffff));
+            b[6] = nh;
+            b[40..].copy_from_slice(&tail);
+            if let Ok(i) = check(&b) {
+                prop_assert!(i.l4_off <= i.total_len());
+                prop_assert!(i.l4_off - HEADER_LEN <= MAX_EXT_BYTES + 8);
+            }
+        }
     }
 
     proptest! {

@@ -50,12 +50,12 @@
 //!
 //! # Where the next protocols go
 //!
-//! * [`ipv6`]: today the fixed 40-byte header ([`ipv6::Ipv6Packet`], what offload's TCP
-//!   segmentation needs); extension headers (walked by an iterator view) and `Ipv6Repr` go
-//!   beside it. Its pseudo-header is already a variant of `checksum::PseudoHeader` (16-byte
-//!   addresses, 32-bit length), so TCP/UDP checksums take it unchanged.
-//! * `icmpv6.rs` with NDP (`NdiscRepr`: neighbour solicitation/advertisement and their
-//!   options) beside [`icmp`]; the neighbour table takes it as it takes [`arp`].
+//! * [`ipv6`]: the fixed header ([`ipv6::Ipv6Packet`], [`ipv6::Ipv6Repr`]), the bounded
+//!   extension-header walker ([`ipv6::ExtHeaders`]) and the `ipv6_rcv` checks
+//!   ([`ipv6::check`] → [`ipv6::Ipv6Info`]); its pseudo-header is a variant of
+//!   `checksum::PseudoHeader`, so TCP/UDP/ICMPv6 checksums share the summing code.
+//! * [`icmpv6`]: ICMPv6 and NDP ([`icmpv6::Icmpv6Repr`]: echo, errors, RS/RA, NS/NA and
+//!   their options); the router's NDP takes it as its ARP takes [`arp`].
 //! * [`vxlan`]: the 8-byte `VxlanPacket` (flags, VNI) after [`udp`], and the outer
 //!   [`ethernet`] + [`ipv4`] + [`udp`] + VXLAN headers encapsulation writes into a buffer's
 //!   headroom; an IPv6 underlay adds an outer IPv6 variant beside it.
@@ -65,6 +65,7 @@ pub mod arp;
 pub(crate) mod checksum;
 pub mod ethernet;
 pub mod icmp;
+pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
 pub mod mac;
@@ -140,6 +141,17 @@ mod tests {
             }
             if let Ok(p) = vxlan::VxlanPacket::new_checked(&b[..]) {
                 let _ = (p.flags(), p.vni(), p.is_plain(), p.payload(), vxlan::VxlanRepr::parse(&p));
+            }
+            if let Ok(p) = ipv6::Ipv6Packet::new_checked(&b[..]) {
+                let _ = (p.payload(), p.traffic_class(), p.flow_label(), ipv6::Ipv6Repr::parse(&p));
+            }
+            if let Ok(i) = ipv6::check(&b) {
+                prop_assert!(i.l4_off <= i.total_len() && i.total_len() <= b.len());
+                let _ = ipv6::may_send_icmp_error(&b, &i, false);
+            }
+            let a6 = std::net::Ipv6Addr::LOCALHOST;
+            if let Ok(p) = icmpv6::Icmpv6Packet::new_checked(&b[..]) {
+                let _ = (p.msg_type(), p.code(), p.rest(), p.data(), icmpv6::Icmpv6Repr::parse(&p, a6, a6));
             }
             let _ = vxlan::flow_words(&b);
             let _ = virtio::VirtioNetHdr::parse(&b);

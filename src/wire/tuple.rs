@@ -10,11 +10,13 @@
 //! input.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::narrow::{len16, low16, low32, low8};
 use crate::wire::icmp::{self, Icmpv4Packet};
+use crate::wire::icmpv6::{self, Icmpv6Packet};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::wire::ipv6::{self as ip6, ExtHeaders, Ipv6Info, Ipv6Packet};
 use crate::wire::Error;
 
 mod field {
@@ -233,6 +235,218 @@ impl Tuple {
     }
 }
 
+/// ICMPv6's protocol (next header) number.
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// One direction of an IPv6 connection: as [`Tuple`], with 128-bit addresses. ICMPv6 echo
+/// request/reply (types 128/129) are keyed by their identifier in both port fields.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple6 {
+    /// Source address.
+    pub src: Ipv6Addr,
+    /// Destination address.
+    pub dst: Ipv6Addr,
+    /// Source port (TCP/UDP), or the echo identifier (ICMPv6).
+    pub sport: u16,
+    /// Destination port (TCP/UDP), or the echo identifier (ICMPv6).
+    pub dport: u16,
+    /// Upper-layer protocol number (after the extension headers).
+    pub proto: u8,
+    /// Conntrack zone (0 unless zones are configured).
+    pub zone: u16,
+}
+
+impl Tuple6 {
+    /// The same connection seen from the other end: addresses and ports swapped.
+    #[inline]
+    pub fn invert(&self) -> Tuple6 {
+        Tuple6 {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+            zone: self.zone,
+        }
+    }
+
+    /// The tuple packed into five words, for hashing and lock-free storage: `[src high, src
+    /// low, dst high, dst low, rest]`, `rest` packed as [`Tuple::to_words`]'s second word
+    /// (`sport << 48 | dport << 32 | proto << 16 | zone`).
+    #[inline]
+    pub fn to_words(&self) -> [u64; 5] {
+        let half = |a: &Ipv6Addr, i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&a.octets()[i * 8..i * 8 + 8]);
+            u64::from_be_bytes(w)
+        };
+        [
+            half(&self.src, 0),
+            half(&self.src, 1),
+            half(&self.dst, 0),
+            half(&self.dst, 1),
+            u64::from(self.sport) << 48
+                | u64::from(self.dport) << 32
+                | u64::from(self.proto) << 16
+                | u64::from(self.zone),
+        ]
+    }
+
+    /// The inverse of [`Tuple6::to_words`].
+    #[inline]
+    pub fn from_words(w: [u64; 5]) -> Tuple6 {
+        Tuple6 {
+            src: Ipv6Addr::from(u128::from(w[0]) << 64 | u128::from(w[1])),
+            dst: Ipv6Addr::from(u128::from(w[2]) << 64 | u128::from(w[3])),
+            sport: (w[4] >> 48) as u16,
+            dport: low16(w[4] >> 32),
+            proto: low8(w[4] >> 16),
+            zone: low16(w[4]),
+        }
+    }
+}
+
+impl Tuple6 {
+    /// Extracts the tuple of the IPv6 packet `l3` (from its fixed header to the end of its
+    /// payload or further), checked by [`crate::wire::ipv6::check`] into `info`: the
+    /// upper-layer header is at `info.l4_off`, after the extension headers. As
+    /// [`Tuple::from_ipv4`]: for an ICMPv6 error (types 1–4) the tuple of the packet it quotes
+    /// (its own extension headers walked, within the quote's bytes) with
+    /// [`L4Kind::IcmpError`], for an echo request/reply (128/129) the identifier in both port
+    /// fields. `None` when the L4 header the tuple needs is truncated, for a fragment other
+    /// than the first of TCP/UDP/ICMPv6 (no L4 header: Linux reassembles first, we do not
+    /// track it), and for an error quoting an error. Never panics.
+    pub fn from_ipv6(l3: &[u8], info: &Ipv6Info) -> Option<(Tuple6, L4Kind)> {
+        let end = info.total_len().min(l3.len());
+        let l4 = l3.get(info.l4_off..end)?;
+        let t = Tuple6 {
+            src: info.src,
+            dst: info.dst,
+            sport: 0,
+            dport: 0,
+            proto: info.next_header,
+            zone: 0,
+        };
+        if matches!(t.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMPV6) && info.is_later_fragment() {
+            return None;
+        }
+        Tuple6::from_l4(t, l4, info.l4_off, false)
+    }
+
+    /// `t` with its ports read from the upper-layer bytes `l4` at offset `l4_off` of the
+    /// packet; `quoted`: inside an ICMPv6 error (no error about an error).
+    fn from_l4(mut t: Tuple6, l4: &[u8], l4_off: usize, quoted: bool) -> Option<(Tuple6, L4Kind)> {
+        match t.proto {
+            PROTO_TCP | PROTO_UDP => {
+                let p = L4Ports::new_checked(l4).ok()?;
+                t.sport = p.src_port();
+                t.dport = p.dst_port();
+                let kind = if t.proto == PROTO_TCP {
+                    L4Kind::Tcp
+                } else {
+                    L4Kind::Udp
+                };
+                Some((t, kind))
+            }
+            PROTO_ICMPV6 => {
+                let h = Icmpv6Packet::new_checked(l4).ok()?;
+                let ty = h.msg_type();
+                if ty == icmpv6::codes::ECHO_REQUEST || ty == icmpv6::codes::ECHO_REPLY {
+                    let id = h.echo_ident();
+                    t.sport = id;
+                    t.dport = id;
+                    Some((
+                        t,
+                        L4Kind::IcmpEcho {
+                            request: ty == icmpv6::codes::ECHO_REQUEST,
+                        },
+                    ))
+                } else if icmpv6::is_error(ty) {
+                    if quoted {
+                        // An error about an error is never sent (RFC 4443 2.4 e.1).
+                        return None;
+                    }
+                    let (q, kind) = Tuple6::from_quote(h.data())?;
+                    if matches!(kind, L4Kind::IcmpError { .. }) {
+                        return None;
+                    }
+                    Some((
+                        q,
+                        L4Kind::IcmpError {
+                            inner_l3: len16(l4_off + icmpv6::HEADER_LEN),
+                        },
+                    ))
+                } else {
+                    Some((t, L4Kind::Other))
+                }
+            }
+            _ => Some((t, L4Kind::Other)),
+        }
+    }
+
+    /// The tuple of the packet an ICMPv6 error quotes: its fixed header, then its extension
+    /// headers as far as the quote goes (truncated by design: RFC 4443 quotes as much as fits
+    /// in 1280 bytes), then its ports.
+    fn from_quote(q: &[u8]) -> Option<(Tuple6, L4Kind)> {
+        // The quote's payload length may run past its end: check the fixed header only.
+        if q.len() < ip6::HEADER_LEN {
+            return None;
+        }
+        let p = Ipv6Packet::new_unchecked(q);
+        if p.version() != 6 {
+            return None;
+        }
+        let t = Tuple6 {
+            src: Ipv6Addr::from(p.src_addr()),
+            dst: Ipv6Addr::from(p.dst_addr()),
+            sport: 0,
+            dport: 0,
+            proto: p.next_header(),
+            zone: 0,
+        };
+        let mut w = ExtHeaders::new(q);
+        let mut later_fragment = false;
+        for h in &mut w {
+            let h = h.ok()?;
+            if h.kind == ip6::NH_FRAGMENT {
+                // The fragment header's offset field (bytes 2..4, the low 3 bits flags); the
+                // walker bounds-checked its 8 bytes.
+                let b = q.get(h.offset + 2..h.offset + 4)?;
+                later_fragment = u16::from_be_bytes([b[0], b[1]]) >> 3 != 0;
+            }
+        }
+        let (nh, off) = w.position();
+        let t = Tuple6 { proto: nh, ..t };
+        if later_fragment && matches!(nh, PROTO_TCP | PROTO_UDP | PROTO_ICMPV6) {
+            return None;
+        }
+        Tuple6::from_l4(t, q.get(off..)?, off, true)
+    }
+}
+
+impl fmt::Debug for Tuple6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Tuple6 {
+    /// `conntrack -L -f ipv6` style: `src=fd00::1 dst=fd00::2 sport=1234 dport=80`
+    /// (ICMPv6: `id=`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "src={} dst={}", self.src, self.dst)?;
+        match self.proto {
+            PROTO_TCP | PROTO_UDP => write!(f, " sport={} dport={}", self.sport, self.dport)?,
+            PROTO_ICMPV6 => write!(f, " id={}", self.sport)?,
+            _ => {}
+        }
+        if self.zone != 0 {
+            write!(f, " zone={}", self.zone)?;
+        }
+        Ok(())
+    }
+}
+
 /// What kind of L4 packet a tuple came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L4Kind {
@@ -307,6 +521,36 @@ mod tests {
     }
 
     #[test]
+    fn tuple6_words_round_trip_and_print() {
+        let t = Tuple6 {
+            src: "fd00:10:244:1::2".parse().unwrap(),
+            dst: "fd00:10:96::10".parse().unwrap(),
+            sport: 40000,
+            dport: 80,
+            proto: PROTO_TCP,
+            zone: 3,
+        };
+        assert_eq!(Tuple6::from_words(t.to_words()), t);
+        assert_eq!(t.invert().invert(), t);
+        assert_eq!(
+            t.to_words()[4],
+            Tuple {
+                src: Ipv4Addr::UNSPECIFIED,
+                dst: Ipv4Addr::UNSPECIFIED,
+                sport: 40000,
+                dport: 80,
+                proto: 6,
+                zone: 3
+            }
+            .to_words()[1]
+        );
+        assert_eq!(
+            t.to_string(),
+            "src=fd00:10:244:1::2 dst=fd00:10:96::10 sport=40000 dport=80 zone=3"
+        );
+    }
+
+    #[test]
     fn echo_id_in_both_ports() {
         let p = ip(1, &[8, 0, 0, 0, 0x12, 0x34, 0, 1]);
         let (t, k) = Tuple::from_ipv4(&p, 20, p.len()).unwrap();
@@ -324,6 +568,112 @@ mod tests {
         let (t, k) = Tuple::from_ipv4(&p, 20, p.len()).unwrap();
         assert_eq!(k, L4Kind::IcmpError { inner_l3: 28 });
         assert_eq!((t.proto, t.sport, t.dport), (17, 53, 12345));
+    }
+
+    /// An IPv6 packet: fixed header, `ext` extension-header bytes (first next header
+    /// `first`), then `l4`.
+    fn ip6(first: u8, ext: &[u8], l4: &[u8]) -> Vec<u8> {
+        let mut v = vec![0x60, 0, 0, 0, 0, 0, first, 64];
+        v.extend_from_slice(&"fd00::1".parse::<Ipv6Addr>().unwrap().octets());
+        v.extend_from_slice(&"fd00::2".parse::<Ipv6Addr>().unwrap().octets());
+        v.extend_from_slice(ext);
+        v.extend_from_slice(l4);
+        let n = u16::try_from(v.len() - 40).unwrap();
+        v[4..6].copy_from_slice(&n.to_be_bytes());
+        v
+    }
+
+    fn t6(p: &[u8]) -> Option<(Tuple6, L4Kind)> {
+        let info = ip6::check(p).ok()?;
+        Tuple6::from_ipv6(p, &info)
+    }
+
+    #[test]
+    fn ipv6_tcp_after_extension_headers() {
+        // Hop-by-hop (8 bytes) -> destination options (16 bytes) -> TCP.
+        let mut ext = vec![60, 0, 1, 4, 0, 0, 0, 0];
+        ext.extend_from_slice(&[6, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let p = ip6(0, &ext, &[0x9c, 0x40, 0, 80, 0, 0, 0, 0]);
+        let (t, k) = t6(&p).unwrap();
+        assert_eq!(k, L4Kind::Tcp);
+        assert_eq!((t.proto, t.sport, t.dport), (6, 40000, 80));
+        assert_eq!(t.src, "fd00::1".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn ipv6_echo_ids_and_later_fragments() {
+        let p = ip6(58, &[], &[128, 0, 0, 0, 0x12, 0x34, 0, 1]);
+        let (t, k) = t6(&p).unwrap();
+        assert_eq!(k, L4Kind::IcmpEcho { request: true });
+        assert_eq!((t.proto, t.sport, t.dport), (58, 0x1234, 0x1234));
+        let p = ip6(58, &[], &[129, 0, 0, 0, 0x12, 0x34, 0, 1]);
+        assert_eq!(t6(&p).unwrap().1, L4Kind::IcmpEcho { request: false });
+        // A first fragment has ports; a later one has none to read.
+        let first = ip6(44, &[17, 0, 0, 1, 0, 0, 0, 9], &[0, 53, 0, 54, 0, 8, 0, 0]);
+        assert_eq!(t6(&first).unwrap().0.dport, 54);
+        let later = ip6(
+            44,
+            &[17, 0, 0, 0x10, 0, 0, 0, 9],
+            &[0, 53, 0, 54, 0, 8, 0, 0],
+        );
+        assert!(t6(&later).is_none());
+        // Other protocols: addresses and protocol only.
+        let p = ip6(47, &[], &[0; 8]);
+        assert_eq!(t6(&p).unwrap().1, L4Kind::Other);
+    }
+
+    #[test]
+    fn icmpv6_error_quotes_inner_tuple_through_its_extension_headers() {
+        // The quoted packet: a UDP datagram with a destination-options header, truncated
+        // after its ports (its payload length says more).
+        let mut inner = ip6(
+            60,
+            &[17, 0, 1, 4, 0, 0, 0, 0],
+            &[0, 53, 0x30, 0x39, 0, 100, 0, 0],
+        );
+        inner[4..6].copy_from_slice(&500u16.to_be_bytes());
+        inner.truncate(40 + 8 + 4);
+        let mut l4 = vec![1, 4, 0, 0, 0, 0, 0, 0];
+        l4.extend_from_slice(&inner);
+        let p = ip6(58, &[], &l4);
+        let (t, k) = t6(&p).unwrap();
+        assert_eq!(k, L4Kind::IcmpError { inner_l3: 48 });
+        assert_eq!((t.proto, t.sport, t.dport), (17, 53, 12345));
+        // Packet too big (type 2) quoting an echo request.
+        let inner = ip6(58, &[], &[128, 0, 0, 0, 0, 7, 0, 1]);
+        let mut l4 = vec![2, 0, 0, 0, 0, 0, 5, 0];
+        l4.extend_from_slice(&inner);
+        let (t, k) = t6(&ip6(58, &[], &l4)).unwrap();
+        assert_eq!(
+            (k, t.proto, t.sport),
+            (L4Kind::IcmpError { inner_l3: 48 }, 58, 7)
+        );
+        // An error quoting an error is dropped.
+        let inner = ip6(58, &[], &[1, 0, 0, 0, 0, 0, 0, 0]);
+        let mut l4 = vec![3, 0, 0, 0, 0, 0, 0, 0];
+        l4.extend_from_slice(&inner);
+        assert!(t6(&ip6(58, &[], &l4)).is_none());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn from_ipv6_never_panics(
+            nh in proptest::prelude::any::<u8>(),
+            rest in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..160),
+            cut in 0usize..200,
+        ) {
+            let mut p = ip6(nh, &[], &rest);
+            let _ = t6(&p);
+            // An ICMPv6 error quoting these bytes, as sent or cut anywhere.
+            let mut l4 = vec![1, 0, 0, 0, 0, 0, 0, 0];
+            l4.extend_from_slice(&p);
+            let e = ip6(58, &[], &l4);
+            let _ = t6(&e);
+            p.truncate(cut.min(p.len()));
+            let _ = t6(&p);
+            let info = ip6::check(&e).unwrap();
+            let _ = Tuple6::from_ipv6(&e[..cut.min(e.len())], &info);
+        }
     }
 
     #[test]

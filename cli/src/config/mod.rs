@@ -11,18 +11,21 @@
 //! * `summary`: `check`'s one line.
 //!
 //! Sections the library has a type for are parsed into it: `[neigh]` into
-//! [`NeighConfig`], `[conntrack]` into [`CtConfig`], each `[[service]]` into a
-//! [`ServiceSpec`]. Each list item is [`Located`]: its value and the lines of its fields
+//! [`NeighConfig`], `[conntrack]` into [`CtConfig`]; each `[[service]]` is a [`ServiceDef`]
+//! (one or two ClusterIPs, one per family) from which the library's Services are made. The
+//! keys that take an address (`address`, `cluster_cidr`, `cluster_ip`) take a string or a list
+//! of at most one per family; the IPv6 one is kept apart (`address6`, `cluster_cidr6`), since
+//! every router interface has an IPv4 address and may have an IPv6 one. Each list item is [`Located`]: its value and the lines of its fields
 //! ([`Lines`]), for the cross-checks and the errors of a reload. Comparing configurations (a
 //! reload's difference) compares the values only, never the lines.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tapyard::conntrack::CtConfig;
 use tapyard::l3::neigh::NeighConfig;
-use tapyard::nat::ServiceSpec;
+use tapyard::nat::{Endpoint, Endpoint6, LbAlgo, ServiceSpec};
 use tapyard::MacAddr;
 use toml::de::DeTable;
 
@@ -35,7 +38,7 @@ pub mod values;
 use parse::{LineMap, Parser};
 pub use summary::summary;
 pub use validate::validate;
-pub use values::Cidr;
+pub use values::{Cidr, Cidr6, IpCidr};
 
 /// Where the fields of one table were, by name (`ports.N` for the N-th item of a list).
 #[derive(Clone, Debug, Default)]
@@ -83,6 +86,8 @@ pub struct NodeCfg {
     pub name: String,
     /// Every pod address in the cluster.
     pub cluster_cidr: Cidr,
+    /// Every IPv6 pod address in the cluster (a dual-stack cluster).
+    pub cluster_cidr6: Option<Cidr6>,
     /// Worker threads; `None`: one per TAP, at most the CPU count.
     pub workers: Option<usize>,
     /// Busy polling: microseconds a worker keeps reading its ports after the last frame
@@ -132,6 +137,11 @@ pub struct BridgeCfg {
     pub name: String,
     /// The gateway address on it; `None`: a plain L2 bridge.
     pub address: Option<Cidr>,
+    /// The gateway's IPv6 address on it (with `address`: a dual-stack gateway).
+    pub address6: Option<Cidr6>,
+    /// Send Router Advertisements on it (radvd's defaults), so that pods learn their default
+    /// IPv6 router.
+    pub ra: bool,
     /// The router interface's MAC; `None`: derived from the node's and the bridge's names.
     pub mac: Option<MacAddr>,
     /// The router interface's MTU.
@@ -153,6 +163,8 @@ pub struct UplinkCfg {
     pub tap: String,
     /// Its address.
     pub address: Cidr,
+    /// Its IPv6 address.
+    pub address6: Option<Cidr6>,
     /// Its MAC; `None`: derived from the node's and the uplink's names.
     pub mac: Option<MacAddr>,
     /// Its MTU.
@@ -173,10 +185,10 @@ pub enum RouteType {
 /// `[[route]]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouteCfg {
-    /// The destination prefix.
-    pub to: Cidr,
-    /// The gateway.
-    pub via: Option<Ipv4Addr>,
+    /// The destination prefix (either family).
+    pub to: IpCidr,
+    /// The gateway, of `to`'s family (an IPv6 one may be link-local, with `dev`).
+    pub via: Option<IpAddr>,
     /// The interface (a bridge with an address, or an uplink).
     pub dev: Option<String>,
     /// The route type.
@@ -206,21 +218,107 @@ impl RouteCfg {
     }
 }
 
-/// `[[neighbor]]`: a permanent ARP entry.
+/// `[[neighbor]]`: a permanent ARP (IPv4) or NDP (IPv6) entry.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NeighborCfg {
     /// The neighbour's address.
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// Its MAC.
     pub mac: MacAddr,
     /// The interface it is on.
     pub dev: String,
 }
 
-/// `[[service]]`: the library's Service as configured (an endpoint is local when it is inside
-/// one of this node's bridge subnets), with the lines of its keys (`endpoints.N` for the N-th
-/// endpoint).
-pub type ServiceCfg = Located<ServiceSpec>;
+/// `[[service]]` as configured (an endpoint is local when it is inside one of this node's
+/// bridge subnets), with the lines of its keys (`endpoints.N` for the N-th endpoint,
+/// `cluster_ip.N` for the N-th ClusterIP of a list).
+pub type ServiceCfg = Located<ServiceDef>;
+
+/// An endpoint of a [`ServiceDef`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointCfg {
+    /// Its address and port.
+    pub addr: SocketAddr,
+    /// Inside one of this node's bridge subnets.
+    pub local: bool,
+}
+
+/// A `[[service]]`: one frontend per ClusterIP (at most one per family, as a dual-stack
+/// Kubernetes Service), each with the endpoints of its family.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceDef {
+    /// The Service's name.
+    pub name: String,
+    /// Its ClusterIPs, as written (one or two, of different families).
+    pub cluster_ips: Vec<IpAddr>,
+    /// Its port on each ClusterIP.
+    pub port: u16,
+    /// 6 (TCP) or 17 (UDP).
+    pub proto: u8,
+    /// Its node port, on the node's addresses of its ClusterIPs' families.
+    pub node_port: Option<u16>,
+    /// The endpoints, of both families.
+    pub endpoints: Vec<EndpointCfg>,
+    /// Client-IP affinity and its timeout.
+    pub affinity: Option<Duration>,
+    /// How an endpoint is chosen.
+    pub algo: LbAlgo,
+    /// `externalTrafficPolicy: Local`.
+    pub external_local: bool,
+}
+
+impl ServiceDef {
+    /// Its IPv4 ClusterIP.
+    pub fn vip4(&self) -> Option<Ipv4Addr> {
+        self.cluster_ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        })
+    }
+
+    /// Its IPv6 ClusterIP.
+    pub fn vip6(&self) -> Option<Ipv6Addr> {
+        self.cluster_ips.iter().find_map(|ip| match ip {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        })
+    }
+
+    /// The frontends as `ip:port` and `[ip]:port`, comma separated (for messages).
+    pub fn describe_frontends(&self) -> String {
+        self.cluster_ips
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, self.port).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The library's Service: a frontend per ClusterIP (`vip` for the IPv4 one, 0.0.0.0
+    /// without one; `vip6` for the IPv6 one), each with the endpoints of its family.
+    pub fn spec(&self) -> ServiceSpec {
+        let mut spec = ServiceSpec::new(
+            self.name.clone(),
+            self.vip4().unwrap_or(Ipv4Addr::UNSPECIFIED),
+            self.port,
+            self.proto,
+        );
+        spec.vip6 = self.vip6();
+        spec.node_port = self.node_port;
+        for e in &self.endpoints {
+            match e.addr {
+                SocketAddr::V4(a) => spec.endpoints.push(Endpoint::new(a, e.local)),
+                SocketAddr::V6(a) => spec.endpoints6.push(Endpoint6::new(
+                    SocketAddrV6::new(*a.ip(), a.port(), 0, 0),
+                    e.local,
+                )),
+            }
+        }
+        spec.affinity = self.affinity;
+        spec.algo = self.algo;
+        spec.external_local = self.external_local;
+        spec
+    }
+}
 
 /// A Service's protocol as written in the file.
 pub fn proto_name(proto: u8) -> &'static str {
@@ -304,6 +402,8 @@ pub struct Connected<'a> {
     pub name: &'a str,
     /// Its address and prefix.
     pub address: Cidr,
+    /// Its IPv6 address and prefix.
+    pub address6: Option<Cidr6>,
 }
 
 impl Config {
@@ -315,13 +415,24 @@ impl Config {
                 b.address.map(|a| Connected {
                     name: &b.name,
                     address: a,
+                    address6: b.address6,
                 })
             })
             .chain(self.uplinks.iter().map(|u| Connected {
                 name: &u.name,
                 address: u.address,
+                address6: u.address6,
             }))
             .collect()
+    }
+
+    /// The interface whose IPv6 subnet holds `ip`, if any (the longest prefix).
+    pub fn connected_iface6(&self, ip: Ipv6Addr) -> Option<String> {
+        self.connected()
+            .into_iter()
+            .filter_map(|c| c.address6.filter(|a| a.contains(ip)).map(|a| (c.name, a)))
+            .max_by_key(|(_, a)| a.len)
+            .map(|(n, _)| n.to_string())
     }
 
     /// The interface whose subnet holds `ip`, if any (the first, as the router's connected
@@ -545,11 +656,11 @@ endpoints = ["10.244.2.5:8080"]
         assert_eq!(c.bridges[0].address.unwrap().to_string(), "10.244.1.1/24");
         assert_eq!(c.uplinks[0].tap, "eth0");
         assert_eq!(c.routes.len(), 2);
-        assert_eq!(c.routes[1].to.len, 0);
+        assert_eq!(c.routes[1].to.len(), 0);
         let web = &c.services[0];
         assert_eq!(web.proto, 6);
         assert_eq!(web.node_port, Some(30080));
-        assert_eq!(web.vip, Ipv4Addr::new(10, 96, 0, 10));
+        assert_eq!(web.vip4(), Some(Ipv4Addr::new(10, 96, 0, 10)));
         assert_eq!(web.endpoints.len(), 2);
         assert_eq!(c.services[1].proto, 17);
         assert_eq!(c.services[1].affinity, None);
@@ -558,6 +669,88 @@ endpoints = ["10.244.2.5:8080"]
         assert_eq!(
             c.connected_iface("172.18.0.3".parse().unwrap()).as_deref(),
             Some("eth0")
+        );
+    }
+
+    const DUAL: &str = include_str!("../../../examples/node-dual-stack.toml");
+
+    #[test]
+    fn dual_stack_example_parses_into_the_model() {
+        let ch = check_str(DUAL);
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(
+            c.node.cluster_cidr6.unwrap().to_string(),
+            "fd00:10:244::/56"
+        );
+        let b = &c.bridges[0];
+        assert_eq!(b.address.unwrap().to_string(), "10.244.1.1/24");
+        assert_eq!(b.address6.unwrap().to_string(), "fd00:10:244:1::1/64");
+        assert!(b.ra);
+        assert_eq!(
+            c.uplinks[0].address6.unwrap().to_string(),
+            "fd00:172:18::2/64"
+        );
+        let routes: Vec<String> = c.routes.iter().map(|r| r.describe()).collect();
+        assert_eq!(
+            routes,
+            [
+                "10.244.2.0/24 via 172.18.0.3",
+                "fd00:10:244:2::/64 via fd00:172:18::3",
+                "0.0.0.0/0 via 172.18.0.1",
+                "::/0 via fd00:172:18::1"
+            ]
+        );
+        let web6 = &c.services[0];
+        assert_eq!(web6.vip4(), None);
+        assert_eq!(web6.vip6(), Some("fd00:10:96::10".parse().unwrap()));
+        let spec6 = web6.spec();
+        assert!(!spec6.has_v4());
+        assert_eq!(spec6.vip6, web6.vip6());
+        assert!(spec6.endpoints.is_empty());
+        assert_eq!(spec6.endpoints6.len(), 2);
+        assert_eq!((spec6.port, spec6.node_port), (80, Some(30086)));
+        let eps: Vec<(String, bool)> = web6
+            .endpoints
+            .iter()
+            .map(|e| (e.addr.to_string(), e.local))
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                ("[fd00:10:244:1::2]:8080".to_string(), true),
+                ("[fd00:10:244:2::2]:8080".to_string(), false)
+            ]
+        );
+        let web = &c.services[1];
+        assert_eq!(web.describe_frontends(), "10.96.0.10:80,[fd00:10:96::a]:80");
+        // Each frontend takes the endpoints of its family.
+        let spec = web.spec();
+        assert_eq!(spec.vip, Ipv4Addr::new(10, 96, 0, 10));
+        assert_eq!(spec.vip6, Some("fd00:10:96::a".parse().unwrap()));
+        assert_eq!(spec.endpoints.len(), 2);
+        assert_eq!(
+            spec.endpoints6.len(),
+            web.endpoints.iter().filter(|e| e.addr.is_ipv6()).count()
+        );
+        assert_eq!(web.lines.of("cluster_ip.1"), web.lines.of("cluster_ip"));
+        // A single string is the same as a list of one.
+        let one = check_str(&DUAL.replace(
+            "cluster_cidr = [\"10.244.0.0/16\", \"fd00:10:244::/56\"]",
+            "cluster_cidr = \"10.244.0.0/16\"",
+        ));
+        assert!(one.config.as_ref().unwrap().node.cluster_cidr6.is_none());
+        // Without IPv6 on the bridge the pods are outside the cluster: a warning.
+        assert!(one.diags.iter().all(|d| d.warning), "{:?}", one.diags);
+        // Link-local gateways with their interface, static NDP entries.
+        let ll = check_str(&format!(
+            "{DUAL}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"fe80::1\"\ndev = \"eth0\"\n\n[[neighbor]]\nip = \"fe80::1\"\nmac = \"02:00:00:00:00:01\"\ndev = \"eth0\"\n\n[[neighbor]]\nip = \"fd00:172:18::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n"
+        ));
+        assert_eq!(ll.errors().count(), 0, "{:?}", ll.diags);
+        assert_eq!(
+            ll.config.unwrap().neighbors[1].ip.to_string(),
+            "fd00:172:18::3"
         );
     }
 

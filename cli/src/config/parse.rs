@@ -3,24 +3,25 @@
 //! as a [`Diag`] with its line.
 
 use std::collections::HashSet;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tapyard::conntrack::{CtConfig, CtTimeouts};
 use tapyard::l3::neigh::NeighConfig;
-use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::nat::LbAlgo;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::schema::{self, Dflt, Section, Ty};
 use super::values::{
-    is_host, parse_iface_addr, parse_ifname, parse_ip, parse_mac, parse_port_range, parse_prefix,
+    is_host, is_host6, parse_iface_addr, parse_iface_addr_any, parse_ifname, parse_ip,
+    parse_ip_any, parse_mac, parse_port_range, parse_prefix, parse_prefix_any, IpCidr,
 };
 use super::{
-    BridgeCfg, Cidr, Config, Diag, Lines, Located, MasqueradeCfg, NeighborCfg, NodeCfg, PeerCfg,
-    RouteCfg, RouteType, ServiceCfg, UplinkCfg, VxlanCfg,
+    BridgeCfg, Cidr, Cidr6, Config, Diag, EndpointCfg, Lines, Located, MasqueradeCfg, NeighborCfg,
+    NodeCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, UplinkCfg, VxlanCfg,
 };
 
 /// Byte offsets to 1-based line numbers.
@@ -316,6 +317,97 @@ impl Parser<'_> {
         out
     }
 
+    /// A string, or an array of strings, each parsed by `f` into a value of either family;
+    /// at most one of each family. A list item's line is kept as `key.N`. `None` when absent
+    /// or when nothing could be read.
+    fn addrs<T: Copy + std::fmt::Display>(
+        &mut self,
+        s: &mut Sec<'_, '_>,
+        key: &'static str,
+        f: impl Fn(&str) -> Result<T, String>,
+        is_v6: impl Fn(&T) -> bool,
+    ) -> Option<(Option<T>, Option<T>)> {
+        let v = self.raw(s, key)?;
+        let items: Vec<(usize, Option<usize>, &str)> = match v.get_ref() {
+            DeValue::String(x) => vec![(self.line(v.span()), None, x.as_ref())],
+            DeValue::Array(items) => {
+                if items.is_empty() {
+                    self.bad(
+                        s,
+                        key,
+                        v,
+                        "is an empty list, expected an address or a list of one per family",
+                    );
+                    return None;
+                }
+                let mut out = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    let line = self.line(item.span());
+                    s.lines.fields.push((format!("{key}.{i}"), line));
+                    if let Some(t) = self.str_of(s, key, item) {
+                        out.push((line, Some(i), t));
+                    }
+                }
+                out
+            }
+            other => {
+                let t = other.type_str();
+                let problem = format!("is a {t}, expected a string or an array of strings");
+                self.bad(s, key, v, &problem);
+                return None;
+            }
+        };
+        let (mut v4, mut v6): (Option<T>, Option<T>) = (None, None);
+        let ctx = s.ctx.clone();
+        for (line, i, text) in items {
+            let field = match i {
+                Some(i) => format!("{key}[{i}]"),
+                None => key.to_string(),
+            };
+            match f(text) {
+                Ok(x) => {
+                    let (slot, fam) = if is_v6(&x) {
+                        (&mut v6, "IPv6")
+                    } else {
+                        (&mut v4, "IPv4")
+                    };
+                    match slot {
+                        Some(first) => {
+                            s.ok = false;
+                            let msg = format!("{ctx}: {field} = {text:?} is a second {fam} value after {first} (at most one per family)");
+                            self.err(line, msg);
+                        }
+                        None => *slot = Some(x),
+                    }
+                }
+                Err(e) => {
+                    s.ok = false;
+                    self.err(line, format!("{ctx}: {field} = {text:?} {e}"));
+                }
+            }
+        }
+        (v4.is_some() || v6.is_some()).then_some((v4, v6))
+    }
+
+    /// An interface's `address`: IPv4 and maybe IPv6. An interface with only an IPv6 address
+    /// is refused (every router interface has an IPv4 address).
+    fn iface_addrs(&mut self, s: &mut Sec<'_, '_>) -> Option<(Cidr, Option<Cidr6>)> {
+        let (v4, v6) = self.addrs(s, "address", parse_iface_addr_any, IpCidr::is_v6)?;
+        let v6 = v6.and_then(|c| match c {
+            IpCidr::V6(c) => Some(c),
+            IpCidr::V4(_) => None,
+        });
+        match v4 {
+            Some(IpCidr::V4(c)) => Some((c, v6)),
+            _ => {
+                s.ok = false;
+                let (line, ctx) = (s.lines.of("address"), s.ctx.clone());
+                self.err(line, format!("{ctx}: address has no IPv4 address: tapyard's router interfaces are IPv4 or dual-stack (add one, like [\"10.244.1.1/24\", \"{}\"])", v6.map_or("fd00:10:244:1::1/64".into(), |c| c.to_string())));
+                None
+            }
+        }
+    }
+
     fn tables<'t, 'i>(
         &mut self,
         doc: &'t DeTable<'i>,
@@ -434,8 +526,9 @@ impl Parser<'_> {
         let routes = self.items(doc, &schema::ROUTE, &mut broken, Self::route);
         let neighbors = self.items(doc, &schema::NEIGHBOR, &mut broken, Self::neighbor);
         let local: Vec<Cidr> = bridges.iter().filter_map(|b| b.address).collect();
+        let local6: Vec<Cidr6> = bridges.iter().filter_map(|b| b.address6).collect();
         let services = self.items(doc, &schema::SERVICE, &mut broken, |p, s, t| {
-            p.service(s, t, &local)
+            p.service(s, t, &local, &local6)
         });
         let vxlans = self.items(doc, &schema::VXLAN, &mut broken, Self::vxlan);
         let masquerade = self.table(doc, "masquerade").and_then(|(t, span)| {
@@ -462,6 +555,7 @@ impl Parser<'_> {
                 addr: Ipv4Addr::UNSPECIFIED,
                 len: 0,
             },
+            cluster_cidr6: None,
             workers: None,
             busy_poll_us: 0,
             socket: None,
@@ -506,7 +600,20 @@ impl Parser<'_> {
                 Ok(n.to_string())
             }
         });
-        let cluster_cidr = self.text(&mut s, "cluster_cidr", parse_prefix);
+        let cidrs = self.addrs(&mut s, "cluster_cidr", parse_prefix_any, IpCidr::is_v6);
+        let cluster_cidr6 = cidrs.and_then(|(_, v6)| match v6 {
+            Some(IpCidr::V6(c)) => Some(c),
+            _ => None,
+        });
+        let cluster_cidr = match cidrs {
+            Some((Some(IpCidr::V4(c)), _)) => Some(c),
+            Some(_) => {
+                let l = s.lines.of("cluster_cidr");
+                self.err(l, "[node]: cluster_cidr has no IPv4 prefix: tapyard's clusters are IPv4 or dual-stack (like [\"10.244.0.0/16\", \"fd00:10:244::/56\"])".into());
+                None
+            }
+            None => None,
+        };
         let workers = self.given_int_as(&mut s, "workers");
         if workers == Some(0) {
             if let Some(v) = t.get("workers") {
@@ -541,6 +648,7 @@ impl Parser<'_> {
         Some(NodeCfg {
             name: name?,
             cluster_cidr: cluster_cidr?,
+            cluster_cidr6,
             workers,
             busy_poll_us,
             socket,
@@ -552,9 +660,11 @@ impl Parser<'_> {
 
     fn bridge(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<BridgeCfg>> {
         let name = self.text(&mut s, "name", parse_ifname);
-        let address = self.text(&mut s, "address", parse_iface_addr);
+        let addrs = self.iface_addrs(&mut s);
+        let (address, address6) = (addrs.map(|a| a.0), addrs.and_then(|a| a.1));
         let mac = self.text(&mut s, "mac", parse_mac);
         let mtu = self.int_as::<u16>(&mut s, "mtu");
+        let ra = self.boolean(&mut s, "ra");
         let ports = self.list(&mut s, "ports", parse_ifname);
         let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
         let fdb_aging = self.secs(&mut s, "fdb_aging");
@@ -571,6 +681,8 @@ impl Parser<'_> {
         let value = BridgeCfg {
             name: name.or_else(|| raw_name(t))?,
             address,
+            address6,
+            ra,
             mac,
             mtu,
             ports,
@@ -585,7 +697,7 @@ impl Parser<'_> {
 
     fn uplink(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<UplinkCfg>> {
         let name = self.text(&mut s, "name", parse_ifname);
-        let address = self.text(&mut s, "address", parse_iface_addr);
+        let addrs = self.iface_addrs(&mut s);
         let tap = self.text(&mut s, "tap", parse_ifname);
         let mac = self.text(&mut s, "mac", parse_mac);
         let mtu = self.int_as::<u16>(&mut s, "mtu");
@@ -593,7 +705,8 @@ impl Parser<'_> {
         let value = UplinkCfg {
             tap: tap.unwrap_or_else(|| name.clone()),
             name,
-            address: address?,
+            address: addrs?.0,
+            address6: addrs?.1,
             mac,
             mtu,
         };
@@ -604,8 +717,8 @@ impl Parser<'_> {
     }
 
     fn route(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<RouteCfg>> {
-        let to = self.text(&mut s, "to", parse_prefix);
-        let via = self.text(&mut s, "via", parse_ip);
+        let to = self.text(&mut s, "to", parse_prefix_any);
+        let via = self.text(&mut s, "via", parse_ip_any);
         let dev = self.text(&mut s, "dev", parse_ifname);
         let before = self.diags.len();
         let kind = match self.choice(&mut s, "type") {
@@ -630,14 +743,26 @@ impl Parser<'_> {
             _ => {}
         }
         let to = to?;
-        if to.addr != to.network() {
+        if to.addr() != to.network() {
             let l = s.lines.of("to");
             self.err(
                 l,
                 format!(
                     "{ctx}: to = \"{to}\" has host bits set (expected \"{}/{}\")",
                     to.network(),
-                    to.len
+                    to.len()
+                ),
+            );
+        }
+        if let Some(gw) = via.filter(|gw| gw.is_ipv6() != to.is_v6()) {
+            let l = s.lines.of("via");
+            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            self.err(
+                l,
+                format!(
+                    "{ctx}: via = \"{gw}\" is an {} address but to = \"{to}\" is {} (a route's gateway is of its destination's family)",
+                    fam(gw.is_ipv6()),
+                    fam(to.is_v6())
                 ),
             );
         }
@@ -715,7 +840,7 @@ impl Parser<'_> {
     }
 
     fn neighbor(&mut self, mut s: Sec<'_, '_>, _: &DeTable<'_>) -> Option<Located<NeighborCfg>> {
-        let ip = self.text(&mut s, "ip", parse_ip);
+        let ip = self.text(&mut s, "ip", parse_ip_any);
         let mac = self.text(&mut s, "mac", parse_mac);
         let dev = self.text(&mut s, "dev", parse_ifname);
         let value = NeighborCfg {
@@ -729,12 +854,14 @@ impl Parser<'_> {
         })
     }
 
-    /// A Service; an endpoint inside one of `local` (the bridges' subnets) is local.
+    /// A Service; an endpoint inside one of `local` or `local6` (the bridges' subnets) is
+    /// local.
     fn service(
         &mut self,
         mut s: Sec<'_, '_>,
         t: &DeTable<'_>,
         local: &[Cidr],
+        local6: &[Cidr6],
     ) -> Option<ServiceCfg> {
         let name = self.text(&mut s, "name", |n| {
             let ok = !n.is_empty()
@@ -749,7 +876,23 @@ impl Parser<'_> {
                 Err("is not a Service name (1 to 63 of a-z, 0-9 and '-', as Kubernetes)".into())
             }
         });
-        let cluster_ip = self.text(&mut s, "cluster_ip", parse_ip);
+        let cluster_ips = self.addrs(
+            &mut s,
+            "cluster_ip",
+            |t| {
+                let ip = parse_ip_any(t)?;
+                let ok = match ip {
+                    IpAddr::V4(a) => is_host(a),
+                    IpAddr::V6(a) => is_host6(a),
+                };
+                if ok {
+                    Ok(ip)
+                } else {
+                    Err("is not a unicast address".to_string())
+                }
+            },
+            IpAddr::is_ipv6,
+        );
         let proto = match self.choice(&mut s, "protocol") {
             "udp" => 17,
             _ => 6,
@@ -757,12 +900,17 @@ impl Parser<'_> {
         let port = self.given_int_as(&mut s, "port");
         let node_port = self.given_int_as(&mut s, "node_port");
         let endpoints = self.list(&mut s, "endpoints", |e| {
-            let a = e
-                .parse::<SocketAddrV4>()
-                .map_err(|_| "is not IP:PORT (like \"10.244.1.2:8080\")".to_string())?;
+            let a = e.parse::<SocketAddr>().map_err(|_| {
+                "is not IP:PORT (like \"10.244.1.2:8080\" or \"[fd00:10:244:1::2]:8080\")"
+                    .to_string()
+            })?;
+            let host = match a.ip() {
+                IpAddr::V4(ip) => is_host(ip),
+                IpAddr::V6(ip) => is_host6(ip),
+            };
             if a.port() == 0 {
                 Err("has port 0".into())
-            } else if !is_host(*a.ip()) {
+            } else if !host {
                 Err("is not a unicast host address".into())
             } else {
                 Ok(a)
@@ -776,17 +924,49 @@ impl Parser<'_> {
             _ => LbAlgo::Random,
         };
         let name = name.or_else(|| raw_name(t))?;
-        let mut spec = ServiceSpec::new(name, cluster_ip?, port?, proto);
-        spec.node_port = node_port;
-        spec.endpoints = endpoints
-            .into_iter()
-            .map(|e| Endpoint::new(e, local.iter().any(|a| a.contains(*e.ip()))))
-            .collect();
-        spec.affinity = client_ip.then_some(affinity_timeout);
-        spec.algo = algo;
-        spec.external_local = external_local;
+        let (v4, v6) = cluster_ips?;
+        let cluster_ips: Vec<IpAddr> = v4.into_iter().chain(v6).collect();
+        // Each family's endpoints go to that family's frontend: one without is refused.
+        let ctx = s.ctx.clone();
+        let mut ep_lines = Vec::new();
+        for (i, e) in endpoints.iter().enumerate() {
+            let has = if e.is_ipv6() {
+                v6.is_some()
+            } else {
+                v4.is_some()
+            };
+            if !has {
+                let fam = if e.is_ipv6() { "IPv6" } else { "IPv4" };
+                let l = s.lines.of(&format!("endpoints.{i}"));
+                ep_lines.push((l, format!("{ctx}: endpoint {e} is {fam} but the Service has no {fam} cluster_ip (cluster_ip = [\"{}\"]; give one of each family for a dual-stack Service)", cluster_ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join("\", \""))));
+            }
+        }
+        for (l, m) in ep_lines {
+            self.err(l, m);
+        }
+        let is_local = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => local.iter().any(|c| c.contains(a)),
+            IpAddr::V6(a) => local6.iter().any(|c| c.contains(a)),
+        };
+        let value = ServiceDef {
+            name,
+            cluster_ips,
+            port: port?,
+            proto,
+            node_port,
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| EndpointCfg {
+                    addr: e,
+                    local: is_local(e.ip()),
+                })
+                .collect(),
+            affinity: client_ip.then_some(affinity_timeout),
+            algo,
+            external_local,
+        };
         Some(Located {
-            value: spec,
+            value,
             lines: s.lines,
         })
     }

@@ -28,6 +28,9 @@ pub enum Ty {
     Bool,
     /// An array of strings; the example shown in the reference.
     Strings(&'static str),
+    /// Addresses or prefixes: a string, or an array of at most one per family; the example
+    /// shown in the reference.
+    Addrs(&'static str),
     /// One of a few strings.
     Choice {
         /// What the value is, for the error message ("a route type").
@@ -130,7 +133,7 @@ const MTU: Key = key(
     "mtu",
     int(68, 65000),
     Dflt::Int(1500),
-    "the router interface's MTU",
+    "the router interface's and its TAPs' MTU (at least 1280 with an IPv6 address)",
 );
 const DAY: i64 = 86_400;
 
@@ -148,9 +151,9 @@ pub const NODE: Section = Section {
         ),
         key(
             "cluster_cidr",
-            Ty::Str("10.244.0.0/16"),
+            Ty::Addrs("[\"10.244.0.0/16\", \"fd00:10:244::/56\"]"),
             Dflt::Required("every pod address in the cluster, like \"10.244.0.0/16\""),
-            "every pod address in the cluster",
+            "every pod address in the cluster (IPv4, and IPv6 for a dual-stack cluster)",
         ),
         key(
             "workers",
@@ -205,9 +208,9 @@ pub const BRIDGE: Section = Section {
         ),
         key(
             "address",
-            Ty::Str("10.244.1.1/24"),
+            Ty::Addrs("[\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]"),
             Dflt::Unset("a plain L2 bridge"),
-            "the gateway address on it",
+            "the gateway address on it (IPv4, and IPv6 for dual-stack pods)",
         ),
         key(
             "ports",
@@ -222,6 +225,12 @@ pub const BRIDGE: Section = Section {
             "the gateway's MAC (needs address)",
         ),
         MTU,
+        key(
+            "ra",
+            Ty::Bool,
+            Dflt::Bool(false),
+            "send IPv6 Router Advertisements (radvd's defaults) so pods learn their default router (needs an IPv6 address)",
+        ),
         key(
             "fdb_max_entries",
             int(1, 1 << 24),
@@ -251,9 +260,9 @@ pub const UPLINK: Section = Section {
         ),
         key(
             "address",
-            Ty::Str("172.18.0.2/24"),
+            Ty::Addrs("[\"172.18.0.2/24\", \"fd00:172:18::2/64\"]"),
             Dflt::Required("the node's address on the link, like \"172.18.0.2/24\""),
-            "the node's address on the link",
+            "the node's address on the link (IPv4, and IPv6 for a dual-stack node)",
         ),
         key(
             "tap",
@@ -280,14 +289,14 @@ pub const ROUTE: Section = Section {
         key(
             "to",
             Ty::Str("10.244.2.0/24"),
-            Dflt::Required("the destination, like \"10.244.2.0/24\" or \"0.0.0.0/0\""),
-            "the destination prefix",
+            Dflt::Required("the destination, like \"10.244.2.0/24\", \"0.0.0.0/0\" or \"::/0\""),
+            "the destination prefix (IPv4 or IPv6)",
         ),
         key(
             "via",
             Ty::Str("172.18.0.3"),
             Dflt::Unset("none"),
-            "the gateway",
+            "the gateway, of to's family (an IPv6 link-local one needs dev)",
         ),
         key(
             "dev",
@@ -318,12 +327,12 @@ pub const ROUTE: Section = Section {
 pub const NEIGHBOR: Section = Section {
     name: "neighbor",
     array: true,
-    help: "a permanent ARP entry (ip neigh add ... nud permanent)",
+    help: "a permanent ARP or NDP entry (ip neigh add ... nud permanent)",
     keys: &[
         key(
             "ip",
             Ty::Str("172.18.0.1"),
-            Dflt::Required("the neighbour's IPv4 address"),
+            Dflt::Required("the neighbour's IPv4 or IPv6 address"),
             "the neighbour's address",
         ),
         key(
@@ -355,9 +364,9 @@ pub const SERVICE: Section = Section {
         ),
         key(
             "cluster_ip",
-            Ty::Str("10.96.0.10"),
+            Ty::Addrs("[\"10.96.0.10\", \"fd00:10:96::10\"]"),
             Dflt::Required("the Service's virtual address"),
-            "its virtual address",
+            "its virtual address, or one per family (dual-stack)",
         ),
         key(
             "port",
@@ -379,13 +388,13 @@ pub const SERVICE: Section = Section {
             "node_port",
             int(1, 65535),
             Dflt::Unset("none"),
-            "its port on every node address",
+            "its port on every node address of its ClusterIPs' families",
         ),
         key(
             "endpoints",
             Ty::Strings("[\"10.244.1.2:8080\"]"),
             Dflt::Unset("none: connections are refused"),
-            "the backends, IP:PORT",
+            "the backends, IP:PORT or [IPv6]:PORT, each of a family with a ClusterIP",
         ),
         key(
             "session_affinity",
@@ -518,12 +527,12 @@ pub const VXLAN_PEER: Section = Section {
 pub const MASQUERADE: Section = Section {
     name: "masquerade",
     array: false,
-    help: "pod traffic leaving the cluster CIDR takes an address",
+    help: "pod traffic leaving the cluster CIDRs takes an address (both families)",
     keys: &[key(
         "out",
         Ty::Str("eth0"),
         Dflt::Required("the interface pod traffic leaves through, like \"eth0\""),
-        "the interface whose address it takes",
+        "the interface whose address (of the packet's family) it takes",
     )],
 };
 
@@ -531,7 +540,7 @@ pub const MASQUERADE: Section = Section {
 pub const NEIGH: Section = Section {
     name: "neigh",
     array: false,
-    help: "ARP table limits (Linux sysctl names and defaults)",
+    help: "ARP and NDP table limits, each table (Linux sysctl names and defaults)",
     keys: &[
         key(
             "gc_thresh1",
@@ -692,7 +701,7 @@ pub fn reference() -> String {
 fn example(ty: Ty) -> String {
     match ty {
         Ty::Str(e) => format!("{e:?}"),
-        Ty::Strings(e) => e.to_string(),
+        Ty::Strings(e) | Ty::Addrs(e) => e.to_string(),
         Ty::Int { lo, .. } | Ty::Secs { lo, .. } => lo.max(1).to_string(),
         Ty::Bool => "false".into(),
         Ty::Choice { values, .. } => format!("{:?}", values[0]),

@@ -3,10 +3,10 @@
 //! endpoints.
 
 use std::collections::{HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use super::values::is_host;
-use super::{proto_name, Cidr, Config, Diag, RouteType};
+use super::values::{is_host, is_link_local6};
+use super::{proto_name, Cidr, Cidr6, Config, Diag, IpCidr, RouteType};
 
 /// The cross-checks between sections, on a parsed configuration.
 /// `broken` holds names of items that could not be read (references to them are not
@@ -139,7 +139,60 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             });
         }
     }
+    // IPv6: the same for the interfaces' IPv6 subnets, and IPv6's minimum MTU.
+    let conn6: Vec<(&str, Cidr6, usize)> = c
+        .bridges
+        .iter()
+        .filter_map(|b| {
+            b.address6
+                .map(|a| (b.name.as_str(), a, b.lines.of("address")))
+        })
+        .chain(c.uplinks.iter().filter_map(|u| {
+            u.address6
+                .map(|a| (u.name.as_str(), a, u.lines.of("address")))
+        }))
+        .collect();
+    let kind_of = |n: &str| {
+        if c.bridges.iter().any(|x| x.name == n) {
+            "bridge"
+        } else {
+            "uplink"
+        }
+    };
+    for (i, (n, a, line)) in conn6.iter().enumerate() {
+        for (m, b, l2) in &conn6[..i] {
+            if a.overlaps(b) {
+                err(*line, format!("{} {n:?}: address = \"{a}\" overlaps {m}'s subnet {}/{} (line {l2}); interface subnets must not overlap", kind_of(n), b.network(), b.len));
+            }
+        }
+        if kind_of(n) == "bridge" && !c.node.cluster_cidr6.is_some_and(|cc| cc.covers(a)) {
+            warnings.push(Diag {
+                line: *line,
+                warning: true,
+                msg: match c.node.cluster_cidr6 {
+                    Some(cc) => format!("bridge {n:?}: address = \"{a}\" is outside node.cluster_cidr {cc} (pods on it are not cluster pods)"),
+                    None => format!("bridge {n:?}: address = \"{a}\" is IPv6 but node.cluster_cidr has no IPv6 prefix (its pods are not cluster pods: no masquerade for them)"),
+                },
+            });
+        }
+    }
+    for b in c.bridges.iter().filter(|b| b.address6.is_some()) {
+        if b.mtu < 1280 {
+            err(b.lines.of("mtu"), format!("bridge {:?}: mtu = {} is below 1280, IPv6's minimum MTU, on an interface with an IPv6 address", b.name, b.mtu));
+        }
+    }
+    for b in c.bridges.iter().filter(|b| b.ra && b.address6.is_none()) {
+        err(b.lines.of("ra"), format!("bridge {:?}: ra = true needs an IPv6 address on the bridge (address = [\"<IPv4>/<len>\", \"<IPv6>/64\"]): Router Advertisements announce it", b.name));
+    }
+    for u in c
+        .uplinks
+        .iter()
+        .filter(|u| u.address6.is_some() && u.mtu < 1280)
+    {
+        err(u.lines.of("mtu"), format!("uplink {:?}: mtu = {} is below 1280, IPv6's minimum MTU, on an interface with an IPv6 address", u.name, u.mtu));
+    }
     let iface_of = |name: &str| conn.iter().find(|(n, _, _)| *n == name);
+    let iface6_of = |name: &str| conn6.iter().find(|(n, _, _)| *n == name);
     let known = |name: &str| iface_of(name).is_some() || broken.contains(name);
     let describe_iface = |name: &str| -> String {
         if c.bridges.iter().any(|b| b.name == name) {
@@ -149,7 +202,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
         }
     };
     // Routes.
-    let mut seen_routes: HashMap<(Cidr, u32), usize> = HashMap::new();
+    let mut seen_routes: HashMap<(IpCidr, u32), usize> = HashMap::new();
     for r in &c.routes {
         let ctx = format!("route to {}", r.to);
         if let Some(first) = seen_routes.insert((r.to, r.metric), r.lines.of("to")) {
@@ -164,48 +217,101 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                         describe_iface(d)
                     ),
                 );
+            } else if r.to.is_v6() && iface6_of(d).is_none() && !broken.contains(d) {
+                err(
+                    r.lines.of("dev"),
+                    format!("{ctx}: dev = {d:?} has no IPv6 address (an IPv6 route goes out of an interface with one)"),
+                );
             }
         }
-        if let Some(gw) = r.via {
-            let on = match &r.dev {
-                Some(d) => iface_of(d).is_none_or(|(_, a, _)| a.contains(gw)),
-                None => conn.iter().any(|(_, a, _)| a.contains(gw)),
-            };
-            if !on {
-                let subnets: Vec<String> = conn
-                    .iter()
-                    .map(|(n, a, _)| format!("{n} {}/{}", a.network(), a.len))
-                    .collect();
-                err(
-                    r.lines.of("via"),
-                    format!(
-                        "{ctx}: via = \"{gw}\" is not on a connected subnet{} (connected: {})",
-                        r.dev
-                            .as_ref()
-                            .map(|d| format!(" of {d}"))
-                            .unwrap_or_default(),
-                        if subnets.is_empty() {
-                            "none".into()
-                        } else {
-                            subnets.join(", ")
-                        }
-                    ),
-                );
-            } else if conn.iter().any(|(_, a, _)| a.addr == gw) {
-                err(
-                    r.lines.of("via"),
-                    format!("{ctx}: via = \"{gw}\" is this node's own address"),
-                );
+        match r.via {
+            Some(IpAddr::V4(gw)) if !r.to.is_v6() => {
+                let on = match &r.dev {
+                    Some(d) => iface_of(d).is_none_or(|(_, a, _)| a.contains(gw)),
+                    None => conn.iter().any(|(_, a, _)| a.contains(gw)),
+                };
+                if !on {
+                    let subnets: Vec<String> = conn
+                        .iter()
+                        .map(|(n, a, _)| format!("{n} {}/{}", a.network(), a.len))
+                        .collect();
+                    err(
+                        r.lines.of("via"),
+                        format!(
+                            "{ctx}: via = \"{gw}\" is not on a connected subnet{} (connected: {})",
+                            r.dev
+                                .as_ref()
+                                .map(|d| format!(" of {d}"))
+                                .unwrap_or_default(),
+                            if subnets.is_empty() {
+                                "none".into()
+                            } else {
+                                subnets.join(", ")
+                            }
+                        ),
+                    );
+                } else if conn.iter().any(|(_, a, _)| a.addr == gw) {
+                    err(
+                        r.lines.of("via"),
+                        format!("{ctx}: via = \"{gw}\" is this node's own address"),
+                    );
+                }
             }
+            Some(IpAddr::V6(gw)) if r.to.is_v6() => {
+                if is_link_local6(gw) {
+                    // As `ip -6 route add ... via fe80::1`: a link-local gateway needs its link.
+                    if r.dev.is_none() {
+                        err(r.lines.of("via"), format!("{ctx}: via = \"{gw}\" is link-local: give `dev` (the interface it is on), as `ip -6 route ... via {gw} dev eth0`"));
+                    }
+                } else if gw.is_multicast() || gw.is_unspecified() || gw.is_loopback() {
+                    err(
+                        r.lines.of("via"),
+                        format!("{ctx}: via = \"{gw}\" is not a unicast address"),
+                    );
+                } else {
+                    let on = match &r.dev {
+                        Some(d) => iface6_of(d).is_none_or(|(_, a, _)| a.contains(gw)),
+                        None => conn6.iter().any(|(_, a, _)| a.contains(gw)),
+                    };
+                    if !on {
+                        let subnets: Vec<String> = conn6
+                            .iter()
+                            .map(|(n, a, _)| format!("{n} {}/{}", a.network(), a.len))
+                            .collect();
+                        err(
+                            r.lines.of("via"),
+                            format!(
+                                "{ctx}: via = \"{gw}\" is not on a connected IPv6 subnet{} (connected: {})",
+                                r.dev
+                                    .as_ref()
+                                    .map(|d| format!(" of {d}"))
+                                    .unwrap_or_default(),
+                                if subnets.is_empty() {
+                                    "none".into()
+                                } else {
+                                    subnets.join(", ")
+                                }
+                            ),
+                        );
+                    } else if conn6.iter().any(|(_, a, _)| a.addr == gw) {
+                        err(
+                            r.lines.of("via"),
+                            format!("{ctx}: via = \"{gw}\" is this node's own address"),
+                        );
+                    }
+                }
+            }
+            // The other family: the parser reported it.
+            _ => {}
         }
     }
     // Static neighbours.
-    let mut seen_neigh: HashMap<(&str, Ipv4Addr), usize> = HashMap::new();
+    let mut seen_neigh: HashMap<(&str, IpAddr), usize> = HashMap::new();
     for n in &c.neighbors {
         let ctx = format!("neighbor {}", n.ip);
-        match iface_of(&n.dev) {
-            None if broken.contains(&n.dev) => {}
-            None => err(
+        match (iface_of(&n.dev), n.ip) {
+            (None, _) if broken.contains(&n.dev) => {}
+            (None, _) => err(
                 n.lines.of("dev"),
                 format!(
                     "{ctx}: dev = {:?}: {} (expected a bridge with an address or an uplink)",
@@ -213,25 +319,48 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     describe_iface(&n.dev)
                 ),
             ),
-            Some((_, a, _)) => {
-                if !a.contains(n.ip) {
+            (Some((_, a, _)), IpAddr::V4(ip)) => {
+                if !a.contains(ip) {
                     err(
                         n.lines.of("ip"),
                         format!(
-                            "{ctx}: ip = \"{}\" is not in {}'s subnet {}/{}",
-                            n.ip,
+                            "{ctx}: ip = \"{ip}\" is not in {}'s subnet {}/{}",
                             n.dev,
                             a.network(),
                             a.len
                         ),
                     );
-                } else if a.addr == n.ip {
+                } else if a.addr == ip {
                     err(
                         n.lines.of("ip"),
-                        format!("{ctx}: ip = \"{}\" is {}'s own address", n.ip, n.dev),
+                        format!("{ctx}: ip = \"{ip}\" is {}'s own address", n.dev),
                     );
                 }
             }
+            (Some(_), IpAddr::V6(ip)) => match iface6_of(&n.dev) {
+                None => err(
+                    n.lines.of("dev"),
+                    format!(
+                        "{ctx}: dev = {:?} has no IPv6 address (an NDP entry needs one)",
+                        n.dev
+                    ),
+                ),
+                Some(_) if is_link_local6(ip) => {}
+                Some((_, a, _)) if !a.contains(ip) => err(
+                    n.lines.of("ip"),
+                    format!(
+                        "{ctx}: ip = \"{ip}\" is not in {}'s IPv6 subnet {}/{} (nor link-local)",
+                        n.dev,
+                        a.network(),
+                        a.len
+                    ),
+                ),
+                Some((_, a, _)) if a.addr == ip => err(
+                    n.lines.of("ip"),
+                    format!("{ctx}: ip = \"{ip}\" is {}'s own address", n.dev),
+                ),
+                Some(_) => {}
+            },
         }
         if let Some(first) = seen_neigh.insert((n.dev.as_str(), n.ip), n.lines.of("ip")) {
             err(
@@ -358,15 +487,29 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
         }
     }
     // Services.
-    let routed = |ip: Ipv4Addr| -> bool {
-        conn.iter().any(|(_, a, _)| a.contains(ip))
+    let routed = |ip: IpAddr| -> bool {
+        let connected = match ip {
+            IpAddr::V4(ip) => {
+                conn.iter().any(|(_, a, _)| a.contains(ip))
+                    || pod_cidrs.iter().any(|(p, _)| p.contains(ip))
+            }
+            IpAddr::V6(ip) => conn6.iter().any(|(_, a, _)| a.contains(ip)),
+        };
+        connected
             || c.routes
                 .iter()
                 .any(|r| r.kind == RouteType::Unicast && r.to.contains(ip))
-            || pod_cidrs.iter().any(|(p, _)| p.contains(ip))
+    };
+    let own = |ip: IpAddr| match ip {
+        IpAddr::V4(ip) => conn.iter().any(|(_, a, _)| a.addr == ip),
+        IpAddr::V6(ip) => conn6.iter().any(|(_, a, _)| a.addr == ip),
+    };
+    let in_cluster = |ip: IpAddr| match ip {
+        IpAddr::V4(ip) => c.node.cluster_cidr.contains(ip),
+        IpAddr::V6(ip) => c.node.cluster_cidr6.is_some_and(|cc| cc.contains(ip)),
     };
     let mut svc_names: HashMap<&str, usize> = HashMap::new();
-    let mut frontends: HashMap<(Ipv4Addr, u16, u8), (String, usize)> = HashMap::new();
+    let mut frontends: HashMap<(IpAddr, u16, u8), (String, usize)> = HashMap::new();
     let mut node_ports: HashMap<(u16, u8), (String, usize)> = HashMap::new();
     let (lo, hi) = c.node.node_port_range;
     for s in &c.services {
@@ -380,35 +523,47 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 ),
             );
         }
-        if let Some((n, _, _)) = conn.iter().find(|(_, a, _)| a.contains(s.vip)) {
-            err(s.lines.of("cluster_ip"), format!("{ctx}: cluster_ip = \"{}\" is inside {n}'s connected subnet; a Service address must not belong to a link", s.vip));
-        } else if !is_host(s.vip) {
-            err(
-                s.lines.of("cluster_ip"),
-                format!("{ctx}: cluster_ip = \"{}\" is not a unicast address", s.vip),
-            );
-        } else if c.node.cluster_cidr.contains(s.vip) {
-            err(
-                s.lines.of("cluster_ip"),
-                format!(
-                    "{ctx}: cluster_ip = \"{}\" is inside node.cluster_cidr {} (pod addresses)",
-                    s.vip, c.node.cluster_cidr
-                ),
-            );
-        }
-        if let Some((first, l)) = frontends.insert(
-            (s.vip, s.port, s.proto),
-            (s.name.clone(), s.lines.of("port")),
-        ) {
-            err(
-                s.lines.of("port"),
-                format!(
-                    "{ctx}: {}:{}/{} is already service {first:?}'s (line {l})",
-                    s.vip,
-                    s.port,
-                    proto_name(s.proto)
-                ),
-            );
+        for (i, vip) in s.cluster_ips.iter().enumerate() {
+            let line = if s.lines.has(&format!("cluster_ip.{i}")) {
+                s.lines.of(&format!("cluster_ip.{i}"))
+            } else {
+                s.lines.of("cluster_ip")
+            };
+            let link = match vip {
+                IpAddr::V4(v) => conn.iter().find(|(_, a, _)| a.contains(*v)).map(|x| x.0),
+                IpAddr::V6(v) => conn6.iter().find(|(_, a, _)| a.contains(*v)).map(|x| x.0),
+            };
+            if let Some(n) = link {
+                err(line, format!("{ctx}: cluster_ip = \"{vip}\" is inside {n}'s connected subnet; a Service address must not belong to a link"));
+            } else if in_cluster(*vip) {
+                let cc = match vip {
+                    IpAddr::V4(_) => c.node.cluster_cidr.to_string(),
+                    IpAddr::V6(_) => c
+                        .node
+                        .cluster_cidr6
+                        .map(|c| c.to_string())
+                        .unwrap_or_default(),
+                };
+                err(
+                    line,
+                    format!(
+                        "{ctx}: cluster_ip = \"{vip}\" is inside node.cluster_cidr {cc} (pod addresses)"
+                    ),
+                );
+            }
+            if let Some((first, l)) = frontends.insert(
+                (*vip, s.port, s.proto),
+                (s.name.clone(), s.lines.of("port")),
+            ) {
+                err(
+                    s.lines.of("port"),
+                    format!(
+                        "{ctx}: {}/{} is already service {first:?}'s (line {l})",
+                        std::net::SocketAddr::new(*vip, s.port),
+                        proto_name(s.proto)
+                    ),
+                );
+            }
         }
         if let Some(np) = s.node_port {
             if !(lo..=hi).contains(&np) {
@@ -432,16 +587,16 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             if !seen.insert(*e) {
                 err(line, format!("{ctx}: endpoint {e} is listed twice"));
             }
-            if !routed(*e.ip()) && !c.vxlans.is_empty() && c.node.cluster_cidr.contains(*e.ip()) {
+            if !routed(e.ip()) && !c.vxlans.is_empty() && e.is_ipv4() && in_cluster(e.ip()) {
                 // A node that left (its peer removed) while the Service still lists its pods.
                 warnings.push(Diag {
                     line,
                     warning: true,
                     msg: format!("{ctx}: endpoint {e} is in no peer's pod_cidr (a removed node?): connections sent to it will get no route"),
                 });
-            } else if !routed(*e.ip()) {
+            } else if !routed(e.ip()) {
                 err(line, format!("{ctx}: endpoint {e} is outside every connected subnet and route (no way to reach it)"));
-            } else if conn.iter().any(|(_, a, _)| a.addr == *e.ip()) {
+            } else if own(e.ip()) {
                 err(
                     line,
                     format!(

@@ -2,7 +2,7 @@
 //! error says what is wrong with the value and what was expected.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use tapyard::l3::mask;
 use tapyard::MacAddr;
@@ -63,6 +63,190 @@ impl std::str::FromStr for Cidr {
             .filter(|l| *l <= 32)
             .ok_or_else(|| format!("has prefix length {l:?}, expected 0 to 32"))?;
         Ok(Cidr { addr, len })
+    }
+}
+
+/// An IPv6 address with a prefix length, as written `ADDR/LEN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr6 {
+    /// The address as written (for an interface, its own address).
+    pub addr: Ipv6Addr,
+    /// The prefix length, 0..=128.
+    pub len: u8,
+}
+
+/// `addr` with all but its first `len` bits cleared.
+pub fn mask6(addr: Ipv6Addr, len: u8) -> Ipv6Addr {
+    let a = u128::from(addr);
+    Ipv6Addr::from(if len == 0 {
+        0
+    } else {
+        a & (u128::MAX << (128 - u32::from(len.min(128))))
+    })
+}
+
+impl Cidr6 {
+    /// The network (host bits cleared).
+    pub fn network(&self) -> Ipv6Addr {
+        mask6(self.addr, self.len)
+    }
+
+    /// True when `ip` is inside the prefix.
+    pub fn contains(&self, ip: Ipv6Addr) -> bool {
+        mask6(ip, self.len) == self.network()
+    }
+
+    /// True when the two prefixes share an address.
+    pub fn overlaps(&self, o: &Cidr6) -> bool {
+        let len = self.len.min(o.len);
+        mask6(self.addr, len) == mask6(o.addr, len)
+    }
+
+    /// True when `o` is entirely inside `self`.
+    pub fn covers(&self, o: &Cidr6) -> bool {
+        o.len >= self.len && self.contains(o.addr)
+    }
+}
+
+impl fmt::Display for Cidr6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl std::str::FromStr for Cidr6 {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Cidr6, String> {
+        let (a, l) = s
+            .split_once('/')
+            .ok_or("is not ADDRESS/LENGTH (expected like \"fd00:10:244:1::/64\")")?;
+        let addr: Ipv6Addr = a
+            .parse()
+            .map_err(|_| format!("has {a:?}, which is not an IPv6 address"))?;
+        let len: u8 = l
+            .parse()
+            .ok()
+            .filter(|l| *l <= 128)
+            .ok_or_else(|| format!("has prefix length {l:?}, expected 0 to 128"))?;
+        Ok(Cidr6 { addr, len })
+    }
+}
+
+/// A prefix of either family (a route's destination).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpCidr {
+    /// IPv4.
+    V4(Cidr),
+    /// IPv6.
+    V6(Cidr6),
+}
+
+impl IpCidr {
+    /// The prefix length.
+    pub fn len(&self) -> u8 {
+        match self {
+            IpCidr::V4(c) => c.len,
+            IpCidr::V6(c) => c.len,
+        }
+    }
+
+    /// The address as written.
+    pub fn addr(&self) -> IpAddr {
+        match self {
+            IpCidr::V4(c) => c.addr.into(),
+            IpCidr::V6(c) => c.addr.into(),
+        }
+    }
+
+    /// The network (host bits cleared).
+    pub fn network(&self) -> IpAddr {
+        match self {
+            IpCidr::V4(c) => c.network().into(),
+            IpCidr::V6(c) => c.network().into(),
+        }
+    }
+
+    /// True for an IPv6 prefix.
+    pub fn is_v6(&self) -> bool {
+        matches!(self, IpCidr::V6(_))
+    }
+
+    /// True when `ip` is inside the prefix (never for the other family).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self, ip) {
+            (IpCidr::V4(c), IpAddr::V4(a)) => c.contains(a),
+            (IpCidr::V6(c), IpAddr::V6(a)) => c.contains(a),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for IpCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpCidr::V4(c) => c.fmt(f),
+            IpCidr::V6(c) => c.fmt(f),
+        }
+    }
+}
+
+/// A prefix of either family, `A.B.C.D/LEN` or `X:Y::Z/LEN`.
+pub fn parse_prefix_any(s: &str) -> Result<IpCidr, String> {
+    let (a, _) = s.split_once('/').ok_or(
+        "is not ADDRESS/LENGTH (expected like \"10.244.2.0/24\" or \"fd00:10:244:2::/64\")",
+    )?;
+    if a.contains(':') {
+        s.parse::<Cidr6>().map(IpCidr::V6)
+    } else {
+        s.parse::<Cidr>().map(IpCidr::V4)
+    }
+}
+
+/// An address of either family.
+pub fn parse_ip_any(s: &str) -> Result<IpAddr, String> {
+    if !s.contains(':') {
+        return parse_ip(s).map(IpAddr::V4);
+    }
+    s.parse::<Ipv6Addr>()
+        .map(IpAddr::V6)
+        .map_err(|_| "is not an IPv6 address (expected like \"fd00:10:244:1::2\")".to_string())
+}
+
+/// Not unspecified, multicast, loopback or link-local (`fe80::/10`): an address a node can
+/// be configured with and route to.
+pub fn is_host6(ip: Ipv6Addr) -> bool {
+    !(ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() || is_link_local6(ip))
+}
+
+/// In `fe80::/10`.
+pub fn is_link_local6(ip: Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// An interface address of either family: a host address with its prefix length. An IPv6
+/// one may not be link-local: the router derives its link-local address from its MAC, as
+/// Linux does.
+pub fn parse_iface_addr_any(s: &str) -> Result<IpCidr, String> {
+    match parse_prefix_any(s)? {
+        IpCidr::V4(_) => parse_iface_addr(s).map(IpCidr::V4),
+        IpCidr::V6(c) => {
+            if is_link_local6(c.addr) {
+                return Err("is link-local: the interface's link-local address is derived from its MAC (give a global or unique local address)".into());
+            }
+            if !is_host6(c.addr) {
+                return Err("is not a unicast host address".into());
+            }
+            if c.len < 127 && c.len > 0 && c.addr == c.network() {
+                return Err(format!(
+                    "is the subnet-router anycast address of {}/{}; an interface needs a host address (like \"{}/{}\")",
+                    c.network(),
+                    c.len,
+                    Ipv6Addr::from(u128::from(c.network()) + 1),
+                    c.len
+                ));
+            }
+            Ok(IpCidr::V6(c))
+        }
     }
 }
 

@@ -3,7 +3,7 @@
     reason = "test fixtures: small counters and random draws narrowed into addresses, ports and bytes"
 )]
 use super::*;
-use crate::conntrack::{tcp::flags, CtState, CtTag, Dir, InsertError, Pkt, Track};
+use crate::conntrack::{tcp::flags, Conntrack, CtState, CtTag, Dir, InsertError, Pkt, Track};
 use crate::wire::tuple::{L4Kind, Tuple};
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
@@ -270,7 +270,7 @@ fn wrong_version_is_refused_naming_both_versions() {
 #[test]
 fn random_bytes_are_refused() {
     let f = TempFile::new("random");
-    let len = Layout::of(512).file_len;
+    let len = Layout::of::<2>(512).file_len;
     let mut x = 0x1234_5678_9abc_def0u64;
     let bytes: Vec<u8> = (0..len)
         .map(|_| {
@@ -317,7 +317,7 @@ fn garbage_in_the_arrays_is_never_read_as_a_connection() {
     // A valid header over random arrays: every entry is freed, none kept.
     let f = filled("garbage", 4096, 0);
     let file = std::fs::OpenOptions::new().write(true).open(&f.0).unwrap();
-    let lay = Layout::of(4096);
+    let lay = Layout::of::<2>(4096);
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let junk: Vec<u8> = (0..lay.file_len - lay.entries_off)
         .map(|_| {

@@ -147,6 +147,8 @@ pub enum NeighError {
     TableFull,
     /// Not a neighbour address (unspecified, broadcast or multicast).
     BadAddress(Ipv4Addr),
+    /// An IPv6 address that cannot be a neighbour (unspecified, multicast, loopback).
+    BadAddress6(std::net::Ipv6Addr),
     /// Not a station MAC (zero or group address).
     BadMac(MacAddr),
 }
@@ -163,6 +165,7 @@ impl fmt::Display for NeighError {
                 f.write_str("neighbour table full and nothing could be collected")
             }
             NeighError::BadAddress(ip) => write!(f, "{ip} is not a neighbour address"),
+            NeighError::BadAddress6(ip) => write!(f, "{ip} is not a neighbour address"),
             NeighError::BadMac(m) => write!(f, "{m} is not a station MAC address"),
         }
     }

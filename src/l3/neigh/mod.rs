@@ -183,9 +183,11 @@ mod state;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod v6;
 
 pub use config::{NeighConfig, NeighError, MAX_ENTRIES};
 pub use state::NeighState;
+pub use v6::{NeighEntry6, NeighEvent6, NeighTable6, Released6};
 
 use requests::{Queue, TokenBucket};
 use slots::{key_of, occupied, split_key, Bucket, Padded, SLOTS};
@@ -707,6 +709,25 @@ impl NeighTable {
             release(r);
         }
         learned
+    }
+
+    /// Linux's `neigh_update` with `NEIGH_UPDATE_F_WEAK_OVERRIDE` and without
+    /// `NEIGH_UPDATE_F_OVERRIDE`, for a different MAC than the entry's (an NDP advertisement
+    /// without the override flag): a `REACHABLE` entry becomes `STALE`, keeping its MAC (so the
+    /// next use probes it); any other state is left as it is. `true` when it changed.
+    pub(crate) fn weaken(&self, iface: IfaceId, ip: Ipv4Addr, now: Instant) -> bool {
+        let now = now.micros();
+        let mut guard = self.writer.lock();
+        let w = &mut *guard;
+        let Some(idx) = self.find_w(key_of(iface, ip)) else {
+            return false;
+        };
+        let word = self.slot_word(idx);
+        if decode(word) != Some(NeighState::Reachable) {
+            return false;
+        }
+        self.to_stale(w, idx, mac_of(word), now);
+        true
     }
 
     /// Does all work due at `now`: registers `DELAY` timers of entries readers marked, sends

@@ -610,5 +610,11 @@ pub fn rewrite_icmp_error(
     Ok(())
 }
 
+mod v6;
+
+pub use v6::{rewrite6, rewrite_icmp_error6};
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests6;

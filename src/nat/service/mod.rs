@@ -33,12 +33,23 @@
 //!   with `--set` on each connection); an entry whose endpoint is gone (or not eligible) is
 //!   replaced.
 //!
+//! # Dual stack
+//!
+//! A service has an IPv4 ClusterIP ([`ServiceSpec::vip`]), an IPv6 one
+//! ([`ServiceSpec::vip6`]), or both: two frontends, each with the endpoints of its own family
+//! ([`ServiceSpec::endpoints`], [`ServiceSpec::endpoints6`]) and its own choice among them
+//! (random, Maglev over that family's endpoints, affinity keyed by the client's address of
+//! that family), as kube-proxy programs iptables and ip6tables from one Service. An
+//! IPv6-only service is made with [`ServiceSpec::new6`] (its `vip` is 0.0.0.0, meaning "no
+//! IPv4 frontend"). A node port answers on the families the service has ClusterIPs of
+//! ([`Services::by_node_port`] for IPv4, [`Services::by_node_port6`] for IPv6).
+//!
 //! Every service has a [`ServiceId`], stable across upserts of the same name and never reused
 //! after removal, for conntrack to store with its flows (to flush them per service later).
 
 use std::fmt::{self, Write as _};
 use std::hash::BuildHasher;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,8 +57,8 @@ use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 
-use super::maglev::{self, Maglev};
-use crate::conntrack::Conntrack;
+use super::maglev::{self, Backend, Maglev};
+use crate::conntrack::{Conntrack, Conntrack6};
 use crate::narrow::{reduce, scale};
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
@@ -87,13 +98,35 @@ impl Endpoint {
     }
 }
 
+/// One IPv6 backend of a service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Endpoint6 {
+    /// Address and port traffic is sent to.
+    pub addr: SocketAddrV6,
+    /// True if the endpoint runs on this node (for `externalTrafficPolicy: Local`).
+    pub local: bool,
+}
+
+impl Endpoint6 {
+    /// An endpoint at `addr` (its flow info and scope id are ignored).
+    pub fn new(addr: SocketAddrV6, local: bool) -> Endpoint6 {
+        Endpoint6 {
+            addr: SocketAddrV6::new(*addr.ip(), addr.port(), 0, 0),
+            local,
+        }
+    }
+}
+
 /// A service as configured.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceSpec {
     /// Unique name (`namespace/name:port` in Kubernetes terms); upserts are keyed by it.
     pub name: String,
-    /// The cluster IP.
+    /// The IPv4 cluster IP; 0.0.0.0 for a service without one (IPv6-only, which then needs
+    /// [`ServiceSpec::vip6`]).
     pub vip: Ipv4Addr,
+    /// The IPv6 cluster IP, if the service has one.
+    pub vip6: Option<Ipv6Addr>,
     /// The service port on the cluster IP (nonzero).
     pub port: u16,
     /// IP protocol: TCP (6) or UDP (17). (SCTP services are not supported: the tuple and
@@ -101,8 +134,12 @@ pub struct ServiceSpec {
     pub proto: u8,
     /// The node port, if the service is of type NodePort (nonzero, unique per protocol).
     pub node_port: Option<u16>,
-    /// The backends (distinct addresses, nonzero ports). Empty: connections are rejected.
+    /// The IPv4 backends (distinct addresses, nonzero ports; only with an IPv4 `vip`). Empty:
+    /// connections to the IPv4 frontend are rejected.
     pub endpoints: Vec<Endpoint>,
+    /// The IPv6 backends (distinct addresses, nonzero ports; only with a `vip6`). Empty:
+    /// connections to the IPv6 frontend are rejected.
+    pub endpoints6: Vec<Endpoint6>,
     /// `sessionAffinity: ClientIP` with its timeout (1 s ..= 1 day;
     /// [`DEFAULT_AFFINITY_TIMEOUT`] in Kubernetes), or `None`.
     pub affinity: Option<Duration>,
@@ -119,14 +156,35 @@ impl ServiceSpec {
         ServiceSpec {
             name: name.into(),
             vip,
+            vip6: None,
             port,
             proto,
             node_port: None,
             endpoints: Vec::new(),
+            endpoints6: Vec::new(),
             affinity: None,
             algo: LbAlgo::Random,
             external_local: false,
         }
+    }
+
+    /// An IPv6-only service (`vip` 0.0.0.0): no node port, no endpoints, no affinity, random
+    /// choice. Give it an IPv4 ClusterIP too by setting `vip`.
+    pub fn new6(name: impl Into<String>, vip6: Ipv6Addr, port: u16, proto: u8) -> ServiceSpec {
+        ServiceSpec {
+            vip6: Some(vip6),
+            ..ServiceSpec::new(name, Ipv4Addr::UNSPECIFIED, port, proto)
+        }
+    }
+
+    /// True if the service has an IPv4 ClusterIP (an IPv4 frontend).
+    pub fn has_v4(&self) -> bool {
+        !self.vip.is_unspecified()
+    }
+
+    /// True if the service has an IPv6 ClusterIP (an IPv6 frontend).
+    pub fn has_v6(&self) -> bool {
+        self.vip6.is_some()
     }
 }
 
@@ -238,6 +296,48 @@ pub enum ServiceError {
     },
     /// Every service identifier has been used (2^32 - 1 services created).
     IdsExhausted,
+    /// The IPv6 VIP is unspecified, loopback, multicast or IPv4-mapped.
+    BadVip6 {
+        /// The service.
+        service: String,
+        /// The value.
+        vip6: Ipv6Addr,
+    },
+    /// Another service already has this IPv6 VIP, port and protocol.
+    DuplicateVip6 {
+        /// The service.
+        service: String,
+        /// The value of `vip6`.
+        vip6: Ipv6Addr,
+        /// The value of `port`.
+        port: u16,
+        /// The value of `proto`.
+        proto: u8,
+        /// The service that has it.
+        other: String,
+    },
+    /// An IPv6 endpoint is listed twice.
+    DuplicateEndpoint6 {
+        /// The service.
+        service: String,
+        /// The value.
+        endpoint: SocketAddrV6,
+    },
+    /// An IPv6 endpoint has port 0 or an unspecified, multicast or IPv4-mapped address.
+    BadEndpoint6 {
+        /// The service.
+        service: String,
+        /// The value.
+        endpoint: SocketAddrV6,
+    },
+    /// Endpoints of a family the service has no ClusterIP of (`field` is `endpoints` for
+    /// IPv4 ones without an IPv4 `vip`, `endpoints6` for IPv6 ones without a `vip6`).
+    NoClusterIp {
+        /// The service.
+        service: String,
+        /// The field holding the endpoints.
+        field: &'static str,
+    },
 }
 
 fn proto_name(p: u8) -> &'static str {
@@ -300,23 +400,53 @@ impl fmt::Display for ServiceError {
                 maglev::MAX_BACKENDS
             ),
             IdsExhausted => f.write_str("service ids exhausted"),
+            BadVip6 { service, vip6 } => {
+                write!(f, "service {service:?}: vip6 {vip6} is not a unicast address")
+            }
+            DuplicateVip6 {
+                service,
+                vip6,
+                port,
+                proto,
+                other,
+            } => write!(
+                f,
+                "service {service:?}: vip6:port [{vip6}]:{port}/{} already used by service {other:?}",
+                proto_name(*proto)
+            ),
+            DuplicateEndpoint6 { service, endpoint } => {
+                write!(f, "service {service:?}: endpoint {endpoint} listed twice")
+            }
+            BadEndpoint6 { service, endpoint } => write!(
+                f,
+                "service {service:?}: endpoint {endpoint} needs a unicast address and a nonzero port"
+            ),
+            NoClusterIp { service, field } => write!(
+                f,
+                "service {service:?}: {field} given without a ClusterIP of their family ({})",
+                if *field == "endpoints6" { "vip6" } else { "vip" }
+            ),
         }
     }
 }
 
 impl std::error::Error for ServiceError {}
 
-/// One version of one service, with everything `select` needs precomputed.
+/// An endpoint address of either family (what a frontend is generic over).
+trait EpAddr: Copy + Ord + Backend + fmt::Debug {}
+impl EpAddr for SocketAddrV4 {}
+impl EpAddr for SocketAddrV6 {}
+
+/// One family's frontend of one version of a service, with everything `select` needs
+/// precomputed.
 #[derive(Debug)]
-struct SvcState {
-    id: ServiceId,
-    spec: ServiceSpec,
+struct Frontend<A> {
     /// Endpoint addresses, in spec order.
-    eps: Box<[SocketAddrV4]>,
+    eps: Box<[A]>,
     /// Indices (into `eps`) of the local endpoints.
     local: Box<[u32]>,
     /// (address, local) sorted by address, for membership tests.
-    sorted: Box<[(SocketAddrV4, bool)]>,
+    sorted: Box<[(A, bool)]>,
     /// Maglev over all endpoints (algo Maglev, nonempty), built over them in address order so
     /// the table does not depend on the order endpoints are listed in; indices into `sorted`.
     maglev: Option<Maglev>,
@@ -324,18 +454,27 @@ struct SvcState {
     /// `sorted_local`.
     maglev_local: Option<Maglev>,
     /// The local endpoints' addresses, sorted.
-    sorted_local: Box<[SocketAddrV4]>,
+    sorted_local: Box<[A]>,
 }
 
-impl SvcState {
-    fn eligible(&self, ep: SocketAddrV4, local_only: bool) -> bool {
+/// One version of one service.
+#[derive(Debug)]
+struct SvcState {
+    id: ServiceId,
+    spec: ServiceSpec,
+    v4: Frontend<SocketAddrV4>,
+    v6: Frontend<SocketAddrV6>,
+}
+
+impl<A: EpAddr> Frontend<A> {
+    fn eligible(&self, ep: A, local_only: bool) -> bool {
         match self.sorted.binary_search_by_key(&ep, |e| e.0) {
             Ok(i) => !local_only || self.sorted.get(i).is_some_and(|e| e.1),
             Err(_) => false,
         }
     }
 
-    fn pick(&self, flow_hash: u64, rand: u64, local_only: bool) -> Option<SocketAddrV4> {
+    fn pick(&self, algo: LbAlgo, flow_hash: u64, rand: u64, local_only: bool) -> Option<A> {
         let all_local = self.local.len() == self.eps.len();
         let n = if local_only {
             self.local.len()
@@ -346,7 +485,7 @@ impl SvcState {
             return None;
         }
         let restricted = local_only && !all_local;
-        match (self.spec.algo, restricted, &self.maglev, &self.maglev_local) {
+        match (algo, restricted, &self.maglev, &self.maglev_local) {
             (LbAlgo::Maglev, false, Some(m), _) => {
                 return self.sorted.get(m.lookup(flow_hash)).map(|e| e.0)
             }
@@ -363,6 +502,52 @@ impl SvcState {
             i
         };
         self.eps.get(i).copied()
+    }
+
+    /// The frontend over `list` (address, local); `Err(addr)` for an address listed twice.
+    fn build(list: &[(A, bool)], algo: LbAlgo, prev: Option<&Frontend<A>>) -> Result<Self, A> {
+        let eps: Box<[A]> = list.iter().map(|e| e.0).collect();
+        let mut sorted: Vec<(A, bool)> = list.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(w[0].0);
+        }
+        let local: Box<[u32]> = list
+            .iter()
+            .zip(0u32..) // at most MAX_BACKENDS (checked by validate): the indices fit
+            .filter(|(e, _)| e.1)
+            .map(|(_, i)| i)
+            .collect();
+        let sorted_local: Box<[A]> = sorted.iter().filter(|e| e.1).map(|e| e.0).collect();
+        let (mut maglev, mut maglev_local) = (None, None);
+        if algo == LbAlgo::Maglev && !eps.is_empty() {
+            let all: Vec<A> = sorted.iter().map(|e| e.0).collect();
+            let prev_size = |local: bool| {
+                prev.and_then(|p| {
+                    if local {
+                        p.maglev_local.as_ref()
+                    } else {
+                        p.maglev.as_ref()
+                    }
+                })
+                // A table has at most 65537 slots; one that did not fit would just not be reused.
+                .and_then(|m| u32::try_from(m.len()).ok())
+            };
+            let m = maglev::table_size_for_update(prev_size(false), eps.len());
+            maglev = Maglev::with_size(&all, m);
+            if !local.is_empty() && local.len() < eps.len() {
+                let m = maglev::table_size_for_update(prev_size(true), sorted_local.len());
+                maglev_local = Maglev::with_size(&sorted_local, m);
+            }
+        }
+        Ok(Frontend {
+            eps,
+            local,
+            sorted: sorted.into_boxed_slice(),
+            maglev,
+            maglev_local,
+            sorted_local,
+        })
     }
 }
 
@@ -388,18 +573,28 @@ impl ServiceRef {
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.0.spec.endpoints
     }
-    /// True if `ep` is one of this version's endpoints (and local, with `local_only`).
+    /// The IPv6 endpoints.
+    pub fn endpoints6(&self) -> &[Endpoint6] {
+        &self.0.spec.endpoints6
+    }
+    /// True if `ep` is one of this version's IPv4 endpoints (and local, with `local_only`).
     pub fn has_endpoint(&self, ep: SocketAddrV4, local_only: bool) -> bool {
-        self.0.eligible(ep, local_only)
+        self.0.v4.eligible(ep, local_only)
+    }
+    /// True if `ep` is one of this version's IPv6 endpoints (and local, with `local_only`).
+    pub fn has_endpoint6(&self, ep: SocketAddrV6, local_only: bool) -> bool {
+        self.0.v6.eligible(ep, local_only)
     }
 }
 
 type VipKey = (u32, u16, u8);
+type Vip6Key = (u128, u16, u8);
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 struct Snapshot {
     by_name: HashMap<String, Arc<SvcState>>,
     by_vip: HashMap<VipKey, Arc<SvcState>>,
+    by_vip6: HashMap<Vip6Key, Arc<SvcState>>,
     by_node_port: HashMap<(u16, u8), Arc<SvcState>>,
 }
 
@@ -422,30 +617,48 @@ pub struct AffinityStats {
     pub capacity: u64,
 }
 
+/// An affinity key: `K::default()` marks an empty slot (service ids are nonzero, so no real
+/// key is the default).
+trait AffKey: Copy + Default + Eq + std::hash::Hash {}
+impl AffKey for u64 {}
+impl AffKey for (u32, u128) {}
+
 #[derive(Clone, Copy, Default, Debug)]
-struct Slot {
-    /// `service id << 32 | client`; 0 = empty (ids are nonzero).
-    key: u64,
-    ep_ip: u32,
-    ep_port: u16,
+struct Slot<K, E> {
+    /// IPv4: `service id << 32 | client`; IPv6: `(service id, client)`. Default = empty.
+    key: K,
+    ep: Option<E>,
     expires: Instant,
 }
 
-#[derive(Default, Debug)]
-struct Set {
-    slots: [Slot; WAYS],
+#[derive(Debug)]
+struct Set<K, E> {
+    slots: [Slot<K, E>; WAYS],
     stats: AffinityStats,
 }
 
+impl<K: AffKey, E: Copy> Default for Set<K, E> {
+    fn default() -> Self {
+        Set {
+            slots: [Slot {
+                key: K::default(),
+                ep: None,
+                expires: Instant::default(),
+            }; WAYS],
+            stats: AffinityStats::default(),
+        }
+    }
+}
+
 #[derive(Debug)]
-struct Affinity {
-    sets: Box<[Mutex<Set>]>,
+struct Affinity<K, E> {
+    sets: Box<[Mutex<Set<K, E>>]>,
     ways: usize,
     hasher: std::collections::hash_map::RandomState,
 }
 
-impl Affinity {
-    fn new(max: usize) -> Affinity {
+impl<K: AffKey, E: Copy> Affinity<K, E> {
+    fn new(max: usize) -> Self {
         let ways = max.min(WAYS);
         let n = max.checked_div(ways).unwrap_or(0);
         Affinity {
@@ -459,14 +672,13 @@ impl Affinity {
     /// remembered. Without capacity, just `choose()`.
     fn get_or_insert(
         &self,
-        key: u64,
+        key: K,
         now: Instant,
         timeout: Duration,
-        valid: impl Fn(SocketAddrV4) -> bool,
-        choose: impl FnOnce() -> Option<SocketAddrV4>,
-    ) -> Option<SocketAddrV4> {
-        let n = self.sets.len() as u64;
-        if n == 0 {
+        valid: impl Fn(E) -> bool,
+        choose: impl FnOnce() -> Option<E>,
+    ) -> Option<E> {
+        if self.sets.is_empty() {
             return choose();
         }
         let h = self.hasher.hash_one(key);
@@ -478,9 +690,9 @@ impl Affinity {
         let set = &mut *set;
         let slots = &mut set.slots[..ways];
         let expires = now + timeout;
+        let empty = K::default();
         if let Some(s) = slots.iter_mut().find(|s| s.key == key) {
-            let ep = SocketAddrV4::new(Ipv4Addr::from(s.ep_ip), s.ep_port);
-            if now < s.expires && valid(ep) {
+            if let Some(ep) = s.ep.filter(|&ep| now < s.expires && valid(ep)) {
                 set.stats.hits += 1;
                 s.expires = expires;
                 return Some(ep);
@@ -493,8 +705,7 @@ impl Affinity {
             let ep = choose()?;
             *s = Slot {
                 key,
-                ep_ip: u32::from(*ep.ip()),
-                ep_port: ep.port(),
+                ep: Some(ep),
                 expires,
             };
             return Some(ep);
@@ -504,9 +715,9 @@ impl Affinity {
         // Victim: an empty slot, else an expired one, else the one closest to expiry.
         let victim = slots
             .iter_mut()
-            .min_by_key(|s| (s.key != 0, s.expires > now, s.expires));
+            .min_by_key(|s| (s.key != empty, s.expires > now, s.expires));
         if let Some(v) = victim {
-            if v.key != 0 {
+            if v.key != empty {
                 if v.expires > now {
                     set.stats.evictions += 1;
                 } else {
@@ -515,8 +726,7 @@ impl Affinity {
             }
             *v = Slot {
                 key,
-                ep_ip: u32::from(*ep.ip()),
-                ep_port: ep.port(),
+                ep: Some(ep),
                 expires,
             };
         }
@@ -526,7 +736,7 @@ impl Affinity {
     /// Remembers `ep` for `key` until `expires` (a restart's rebuild from kept connections),
     /// unless the set already has a later entry for the key. Evicts as `get_or_insert` does;
     /// counts nothing.
-    fn restore(&self, key: u64, ep: SocketAddrV4, expires: Instant, now: Instant) {
+    fn restore(&self, key: K, ep: E, expires: Instant, now: Instant) {
         if self.sets.is_empty() || expires <= now {
             return;
         }
@@ -539,10 +749,10 @@ impl Affinity {
         let slots = &mut set.slots[..ways];
         let slot = Slot {
             key,
-            ep_ip: u32::from(*ep.ip()),
-            ep_port: ep.port(),
+            ep: Some(ep),
             expires,
         };
+        let empty = K::default();
         if let Some(s) = slots.iter_mut().find(|s| s.key == key) {
             if s.expires < expires {
                 *s = slot;
@@ -551,9 +761,9 @@ impl Affinity {
         }
         if let Some(v) = slots
             .iter_mut()
-            .min_by_key(|s| (s.key != 0, s.expires > now, s.expires))
+            .min_by_key(|s| (s.key != empty, s.expires > now, s.expires))
         {
-            if v.key == 0 || v.expires < expires {
+            if v.key == empty || v.expires < expires {
                 *v = slot;
             }
         }
@@ -571,7 +781,7 @@ impl Affinity {
             t.expired += s.stats.expired;
             t.stale += s.stats.stale;
             t.evictions += s.stats.evictions;
-            t.entries += s.slots.iter().filter(|x| x.key != 0).count() as u64;
+            t.entries += s.slots.iter().filter(|x| x.key != K::default()).count() as u64;
         }
         t
     }
@@ -587,14 +797,15 @@ struct Writer {
 pub struct Services {
     snap: ArcSwap<Snapshot>,
     writer: Mutex<Writer>,
-    affinity: Affinity,
+    affinity: Affinity<u64, SocketAddrV4>,
+    affinity6: Affinity<(u32, u128), SocketAddrV6>,
 }
 
 impl fmt::Debug for Services {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Services")
             .field("services", &self.snap.load().by_name.len())
-            .field("affinity", &self.affinity.stats())
+            .field("affinity", &self.affinity_stats())
             .finish()
     }
 }
@@ -616,10 +827,33 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             field: "node_port",
         });
     }
-    if spec.vip.is_unspecified() || spec.vip.is_broadcast() || spec.vip.is_multicast() {
+    if (spec.vip.is_unspecified() && spec.vip6.is_none())
+        || spec.vip.is_broadcast()
+        || spec.vip.is_multicast()
+    {
         return Err(ServiceError::BadVip {
             service: service(),
             vip: spec.vip,
+        });
+    }
+    if let Some(v6) = spec.vip6 {
+        if !unicast6(v6) {
+            return Err(ServiceError::BadVip6 {
+                service: service(),
+                vip6: v6,
+            });
+        }
+    }
+    if !spec.has_v4() && !spec.endpoints.is_empty() {
+        return Err(ServiceError::NoClusterIp {
+            service: service(),
+            field: "endpoints",
+        });
+    }
+    if !spec.has_v6() && !spec.endpoints6.is_empty() {
+        return Err(ServiceError::NoClusterIp {
+            service: service(),
+            field: "endpoints6",
         });
     }
     if !matches!(spec.proto, PROTO_TCP | PROTO_UDP) {
@@ -636,11 +870,21 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             });
         }
     }
-    if spec.endpoints.len() > maglev::MAX_BACKENDS {
-        return Err(ServiceError::TooManyEndpoints {
-            service: service(),
-            count: spec.endpoints.len(),
-        });
+    for count in [spec.endpoints.len(), spec.endpoints6.len()] {
+        if count > maglev::MAX_BACKENDS {
+            return Err(ServiceError::TooManyEndpoints {
+                service: service(),
+                count,
+            });
+        }
+    }
+    for e in &spec.endpoints6 {
+        if e.addr.port() == 0 || !unicast6(*e.addr.ip()) {
+            return Err(ServiceError::BadEndpoint6 {
+                service: service(),
+                endpoint: e.addr,
+            });
+        }
     }
     for e in &spec.endpoints {
         if e.addr.port() == 0 || e.addr.ip().is_unspecified() {
@@ -653,71 +897,45 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
     Ok(())
 }
 
+/// True for an address a ClusterIP or endpoint may have: not unspecified, loopback,
+/// multicast or IPv4-mapped.
+fn unicast6(a: Ipv6Addr) -> bool {
+    !(a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.to_ipv4_mapped().is_some())
+}
+
 fn build(
     id: ServiceId,
     spec: ServiceSpec,
     prev: Option<&SvcState>,
 ) -> Result<SvcState, ServiceError> {
-    let eps: Box<[SocketAddrV4]> = spec.endpoints.iter().map(|e| e.addr).collect();
-    let mut sorted: Vec<(SocketAddrV4, bool)> =
-        spec.endpoints.iter().map(|e| (e.addr, e.local)).collect();
-    sorted.sort_unstable();
-    if let Some(w) = sorted.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(ServiceError::DuplicateEndpoint {
+    let l4: Vec<(SocketAddrV4, bool)> = spec.endpoints.iter().map(|e| (e.addr, e.local)).collect();
+    let v4 = Frontend::build(&l4, spec.algo, prev.map(|p| &p.v4)).map_err(|endpoint| {
+        ServiceError::DuplicateEndpoint {
             service: spec.name.clone(),
-            endpoint: w[0].0,
-        });
-    }
-    let local: Box<[u32]> = spec
-        .endpoints
-        .iter()
-        .zip(0u32..) // at most MAX_BACKENDS (checked above): the indices fit
-        .filter(|(e, _)| e.local)
-        .map(|(_, i)| i)
-        .collect();
-    let sorted_local: Box<[SocketAddrV4]> = sorted.iter().filter(|e| e.1).map(|e| e.0).collect();
-    let (mut maglev, mut maglev_local) = (None, None);
-    if spec.algo == LbAlgo::Maglev && !eps.is_empty() {
-        let all: Vec<SocketAddrV4> = sorted.iter().map(|e| e.0).collect();
-        let prev_size = |local: bool| {
-            prev.and_then(|p| {
-                if local {
-                    p.maglev_local.as_ref()
-                } else {
-                    p.maglev.as_ref()
-                }
-            })
-            // A table has at most 65537 slots; one that did not fit would just not be reused.
-            .and_then(|m| u32::try_from(m.len()).ok())
-        };
-        let m = maglev::table_size_for_update(prev_size(false), eps.len());
-        maglev = Maglev::with_size(&all, m);
-        if !local.is_empty() && local.len() < eps.len() {
-            let m = maglev::table_size_for_update(prev_size(true), sorted_local.len());
-            maglev_local = Maglev::with_size(&sorted_local, m);
+            endpoint,
         }
-    }
-    Ok(SvcState {
-        id,
-        spec,
-        eps,
-        local,
-        sorted: sorted.into_boxed_slice(),
-        maglev,
-        maglev_local,
-        sorted_local,
-    })
+    })?;
+    let l6: Vec<(SocketAddrV6, bool)> = spec.endpoints6.iter().map(|e| (e.addr, e.local)).collect();
+    let v6 = Frontend::build(&l6, spec.algo, prev.map(|p| &p.v6)).map_err(|endpoint| {
+        ServiceError::DuplicateEndpoint6 {
+            service: spec.name.clone(),
+            endpoint,
+        }
+    })?;
+    Ok(SvcState { id, spec, v4, v6 })
 }
 
 impl Services {
-    /// An empty table whose affinity table holds at most `max_affinity_entries` entries
-    /// (rounded down to a multiple of 8 above 8; 0 disables affinity: every connection is
-    /// then balanced as without it).
+    /// An empty table whose affinity tables hold at most `max_affinity_entries` entries each
+    /// (one for IPv4 clients, one for IPv6 clients, so one family's clients cannot evict the
+    /// other's; rounded down to a multiple of 8 above 8; 0 disables affinity: every
+    /// connection is then balanced as without it).
     pub fn new(max_affinity_entries: usize) -> Services {
         Services {
             snap: ArcSwap::from_pointee(Snapshot::default()),
             writer: Mutex::new(Writer { next_id: 1 }),
             affinity: Affinity::new(max_affinity_entries),
+            affinity6: Affinity::new(max_affinity_entries),
         }
     }
 
@@ -732,7 +950,11 @@ impl Services {
         let mut w = self.writer.lock();
         let cur = self.snap.load_full();
         let vkey = (u32::from(spec.vip), spec.port, spec.proto);
-        if let Some(o) = cur.by_vip.get(&vkey).filter(|o| o.spec.name != spec.name) {
+        if let Some(o) = cur
+            .by_vip
+            .get(&vkey)
+            .filter(|o| spec.has_v4() && o.spec.name != spec.name)
+        {
             return Err(ServiceError::DuplicateVip {
                 service: spec.name.clone(),
                 vip: spec.vip,
@@ -740,6 +962,18 @@ impl Services {
                 proto: spec.proto,
                 other: o.spec.name.clone(),
             });
+        }
+        if let Some(v6) = spec.vip6 {
+            let k = (u128::from(v6), spec.port, spec.proto);
+            if let Some(o) = cur.by_vip6.get(&k).filter(|o| o.spec.name != spec.name) {
+                return Err(ServiceError::DuplicateVip6 {
+                    service: spec.name.clone(),
+                    vip6: v6,
+                    port: spec.port,
+                    proto: spec.proto,
+                    other: o.spec.name.clone(),
+                });
+            }
         }
         if let Some(np) = spec.node_port {
             if let Some(o) = cur
@@ -764,17 +998,19 @@ impl Services {
             ),
         };
         let state = Arc::new(build(id, spec, prev.as_deref())?);
-        let mut next = Snapshot {
-            by_name: cur.by_name.clone(),
-            by_vip: cur.by_vip.clone(),
-            by_node_port: cur.by_node_port.clone(),
-        };
+        let mut next = Snapshot::clone(&cur);
         if let Some(p) = &prev {
             unlink(&mut next, p);
         }
         let s = &state.spec;
-        next.by_vip
-            .insert((u32::from(s.vip), s.port, s.proto), state.clone());
+        if s.has_v4() {
+            next.by_vip
+                .insert((u32::from(s.vip), s.port, s.proto), state.clone());
+        }
+        if let Some(v6) = s.vip6 {
+            next.by_vip6
+                .insert((u128::from(v6), s.port, s.proto), state.clone());
+        }
         if let Some(np) = s.node_port {
             next.by_node_port.insert((np, s.proto), state.clone());
         }
@@ -791,11 +1027,7 @@ impl Services {
         let _w = self.writer.lock();
         let cur = self.snap.load_full();
         let prev = cur.by_name.get(name)?.clone();
-        let mut next = Snapshot {
-            by_name: cur.by_name.clone(),
-            by_vip: cur.by_vip.clone(),
-            by_node_port: cur.by_node_port.clone(),
-        };
+        let mut next = Snapshot::clone(&cur);
         unlink(&mut next, &prev);
         next.by_name.remove(name);
         self.snap.store(Arc::new(next));
@@ -811,13 +1043,37 @@ impl Services {
             .map(|s| ServiceRef(s.clone()))
     }
 
-    /// The service with node port `dport` for protocol `proto` (the caller has checked that
-    /// the destination is one of the node's addresses). Lock-free; does not allocate.
+    /// The service at `[dst]:dport` (its IPv6 ClusterIP) for protocol `proto`. Lock-free; does
+    /// not allocate.
+    #[inline]
+    pub fn by_vip6(&self, dst: Ipv6Addr, dport: u16, proto: u8) -> Option<ServiceRef> {
+        let snap = self.snap.load();
+        snap.by_vip6
+            .get(&(u128::from(dst), dport, proto))
+            .map(|s| ServiceRef(s.clone()))
+    }
+
+    /// The service with node port `dport` for protocol `proto`, for IPv4 traffic (the caller
+    /// has checked that the destination is one of the node's IPv4 addresses): only services
+    /// with an IPv4 ClusterIP. Lock-free; does not allocate.
     #[inline]
     pub fn by_node_port(&self, dport: u16, proto: u8) -> Option<ServiceRef> {
         let snap = self.snap.load();
         snap.by_node_port
             .get(&(dport, proto))
+            .filter(|s| s.spec.has_v4())
+            .map(|s| ServiceRef(s.clone()))
+    }
+
+    /// The service with node port `dport` for protocol `proto`, for IPv6 traffic to one of
+    /// the node's IPv6 addresses: only services with an IPv6 ClusterIP (kube-proxy programs
+    /// a node port in ip6tables only for Services of that family). Lock-free; no allocation.
+    #[inline]
+    pub fn by_node_port6(&self, dport: u16, proto: u8) -> Option<ServiceRef> {
+        let snap = self.snap.load();
+        snap.by_node_port
+            .get(&(dport, proto))
+            .filter(|s| s.spec.has_v6())
             .map(|s| ServiceRef(s.clone()))
     }
 
@@ -839,18 +1095,45 @@ impl Services {
         now: Instant,
     ) -> Option<SocketAddrV4> {
         let s = &*svc.0;
+        let (f, algo) = (&s.v4, s.spec.algo);
         match s.spec.affinity {
-            None => s.pick(flow_hash, rand, local_only),
+            None => f.pick(algo, flow_hash, rand, local_only),
             Some(timeout) => {
                 let key = u64::from(s.id.0) << 32 | u64::from(u32::from(client));
                 self.affinity.get_or_insert(
                     key,
                     now,
                     timeout,
-                    |ep| s.eligible(ep, local_only),
-                    || s.pick(flow_hash, rand, local_only),
+                    |ep| f.eligible(ep, local_only),
+                    || f.pick(algo, flow_hash, rand, local_only),
                 )
             }
+        }
+    }
+
+    /// As [`Services::select`] for the service's IPv6 frontend: an IPv6 endpoint for a new
+    /// connection from the IPv6 `client` (the affinity key), or `None` when the frontend has
+    /// no eligible endpoint. Does not allocate.
+    pub fn select6(
+        &self,
+        svc: &ServiceRef,
+        client: Ipv6Addr,
+        flow_hash: u64,
+        rand: u64,
+        local_only: bool,
+        now: Instant,
+    ) -> Option<SocketAddrV6> {
+        let s = &*svc.0;
+        let (f, algo) = (&s.v6, s.spec.algo);
+        match s.spec.affinity {
+            None => f.pick(algo, flow_hash, rand, local_only),
+            Some(timeout) => self.affinity6.get_or_insert(
+                (s.id.0, u128::from(client)),
+                now,
+                timeout,
+                |ep| f.eligible(ep, local_only),
+                || f.pick(algo, flow_hash, rand, local_only),
+            ),
         }
     }
 
@@ -884,7 +1167,7 @@ impl Services {
             let s = &*svc.0;
             if let Some(timeout) = s.spec.affinity {
                 let ep = SocketAddrV4::new(v.reply.src, v.reply.sport);
-                if s.eps.contains(&ep) {
+                if s.v4.eps.contains(&ep) {
                     let key = u64::from(s.id.0) << 32 | u64::from(u32::from(t.src));
                     self.affinity.restore(key, ep, last + timeout, now);
                     restored += 1;
@@ -895,9 +1178,49 @@ impl Services {
         (changed, restored)
     }
 
-    /// The affinity table's counters.
+    /// As [`Services::relink`] for the IPv6 table: each live IPv6 entry of a Service gets the
+    /// id of the Service now at its original destination (IPv6 ClusterIP and port, else a
+    /// node port of a Service with an IPv6 ClusterIP), or 0; IPv6 clients' affinity is
+    /// restored from their connections. Returns (tags changed, affinity entries restored).
+    pub fn relink6(&self, ct: &Conntrack6, now: Instant) -> (usize, usize) {
+        let mut restored = 0;
+        let changed = ct.retag_services(now, |v, last| {
+            if v.service == 0 {
+                return 0;
+            }
+            let t = &v.orig;
+            let Some(svc) = self
+                .by_vip6(t.dst, t.dport, t.proto)
+                .or_else(|| self.by_node_port6(t.dport, t.proto))
+            else {
+                return 0;
+            };
+            let s = &*svc.0;
+            if let Some(timeout) = s.spec.affinity {
+                let ep = SocketAddrV6::new(v.reply.src, v.reply.sport, 0, 0);
+                if s.v6.eps.contains(&ep) {
+                    let key = (s.id.0, u128::from(t.src));
+                    self.affinity6.restore(key, ep, last + timeout, now);
+                    restored += 1;
+                }
+            }
+            s.id.0
+        });
+        (changed, restored)
+    }
+
+    /// The affinity tables' counters (IPv4 and IPv6 clients together).
     pub fn affinity_stats(&self) -> AffinityStats {
-        self.affinity.stats()
+        let (a, b) = (self.affinity.stats(), self.affinity6.stats());
+        AffinityStats {
+            hits: a.hits + b.hits,
+            misses: a.misses + b.misses,
+            expired: a.expired + b.expired,
+            stale: a.stale + b.stale,
+            evictions: a.evictions + b.evictions,
+            entries: a.entries + b.entries,
+            capacity: a.capacity + b.capacity,
+        }
     }
 
     /// The number of services.
@@ -947,44 +1270,56 @@ impl Services {
         );
         for s in v {
             let sp = &s.spec;
-            let _ = write!(
-                out,
-                "{:<4} {}:{} {}",
-                proto_name(sp.proto),
-                sp.vip,
-                sp.port,
-                match sp.algo {
-                    LbAlgo::Random => "rr",
-                    LbAlgo::Maglev => "mh",
-                }
-            );
-            if let Some(t) = sp.affinity {
-                let _ = write!(out, " persistent {}", t.as_secs());
-            }
-            let _ = write!(out, " [id {} {}]", s.id, sp.name);
-            if let Some(np) = sp.node_port {
-                let _ = write!(out, " nodeport {np}");
-                if sp.external_local {
-                    out.push_str(" external-local");
-                }
-            }
-            out.push('\n');
-            for e in &sp.endpoints {
-                let _ = writeln!(
+            // One block per frontend, as ipvsadm lists an IPv4 and an IPv6 virtual service.
+            let v4 = sp.has_v4().then(|| format!("{}:{}", sp.vip, sp.port));
+            let v6 = sp.vip6.map(|a| format!("[{a}]:{}", sp.port));
+            let eps4 = sp.endpoints.iter().map(|e| (e.addr.to_string(), e.local));
+            let eps6 = sp.endpoints6.iter().map(|e| (e.addr.to_string(), e.local));
+            let fronts: [(Option<String>, Vec<Listed>); 2] =
+                [(v4, eps4.collect()), (v6, eps6.collect())];
+            for (front, eps) in fronts {
+                let Some(front) = front else { continue };
+                let _ = write!(
                     out,
-                    "  -> {:<28} {}",
-                    e.addr.to_string(),
-                    if e.local { "yes" } else { "no" }
+                    "{:<4} {} {}",
+                    proto_name(sp.proto),
+                    front,
+                    match sp.algo {
+                        LbAlgo::Random => "rr",
+                        LbAlgo::Maglev => "mh",
+                    }
                 );
+                if let Some(t) = sp.affinity {
+                    let _ = write!(out, " persistent {}", t.as_secs());
+                }
+                let _ = write!(out, " [id {} {}]", s.id, sp.name);
+                if let Some(np) = sp.node_port {
+                    let _ = write!(out, " nodeport {np}");
+                    if sp.external_local {
+                        out.push_str(" external-local");
+                    }
+                }
+                out.push('\n');
+                for (addr, local) in eps {
+                    let _ = writeln!(out, "  -> {addr:<28} {}", if local { "yes" } else { "no" });
+                }
             }
         }
         out
     }
 }
 
+/// An endpoint as listed: address text and local flag.
+type Listed = (String, bool);
+
 fn unlink(next: &mut Snapshot, p: &SvcState) {
     let s = &p.spec;
-    next.by_vip.remove(&(u32::from(s.vip), s.port, s.proto));
+    if s.has_v4() {
+        next.by_vip.remove(&(u32::from(s.vip), s.port, s.proto));
+    }
+    if let Some(v6) = s.vip6 {
+        next.by_vip6.remove(&(u128::from(v6), s.port, s.proto));
+    }
     if let Some(np) = s.node_port {
         next.by_node_port.remove(&(np, s.proto));
     }

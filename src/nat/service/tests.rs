@@ -300,8 +300,9 @@ fn affinity_table_bounded() {
     s.upsert(a).unwrap();
     let r = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
     let mut rng = Rng::new(3);
+    // Two tables (IPv4 and IPv6 clients), each of 96..=100 entries.
     let cap = s.affinity_stats().capacity;
-    assert!((96..=100).contains(&cap), "{cap}");
+    assert!((192..=200).contains(&cap), "{cap}");
     for i in 0..10_000u32 {
         let c = Ipv4Addr::from(0x0a00_0000 + i);
         s.select(
@@ -315,9 +316,13 @@ fn affinity_table_bounded() {
         .unwrap();
     }
     let st = s.affinity_stats();
-    assert_eq!(st.entries, cap);
+    assert_eq!(
+        st.entries,
+        cap / 2,
+        "the IPv4 table full, the IPv6 one empty"
+    );
     assert_eq!(st.misses, 10_000);
-    assert_eq!(st.evictions, 10_000 - cap);
+    assert_eq!(st.evictions, 10_000 - cap / 2);
     // The most recent client of a set survives; the oldest were evicted.
     let last = Ipv4Addr::from(0x0a00_0000 + 9_999);
     let e = s
@@ -353,7 +358,7 @@ fn affinity_table_bounded() {
     assert!(z.select(&r, CLIENT, 0, 1, false, Instant::ZERO).is_some());
     assert_eq!(z.affinity_stats().capacity, 0);
     // Tiny capacity.
-    assert_eq!(Services::new(3).affinity_stats().capacity, 3);
+    assert_eq!(Services::new(3).affinity_stats().capacity, 6);
 }
 
 fn maglev_map(s: &Services, keys: u64) -> Vec<SocketAddrV4> {
@@ -685,4 +690,166 @@ fn relink_retags_kept_connections_and_restores_affinity() {
     s2.upsert(web).unwrap();
     s2.relink(&ct, past);
     assert_eq!(s2.affinity_stats().entries, 0, "expired: not restored");
+}
+
+// ---- dual stack ----
+
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 9, 0, 0, 0, 9);
+
+fn ep6(i: u16, port: u16, local: bool) -> Endpoint6 {
+    let a = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, i);
+    Endpoint6::new(SocketAddrV6::new(a, port, 0, 0), local)
+}
+
+fn dual(name: &str, n4: u8, n6: u16) -> ServiceSpec {
+    let mut s = spec(name, n4);
+    s.vip6 = Some(VIP6);
+    s.endpoints6 = (1..=n6).map(|i| ep6(i, 8080, false)).collect();
+    s
+}
+
+#[test]
+fn dual_stack_frontends_each_choose_their_family() {
+    let s = Services::new(64);
+    let mut d = dual("web", 2, 3);
+    d.node_port = Some(30080);
+    let id = s.upsert(d).unwrap();
+    let r4 = s.by_vip(VIP, 80, PROTO_TCP).unwrap();
+    let r6 = s.by_vip6(VIP6, 80, PROTO_TCP).unwrap();
+    assert_eq!((r4.id(), r6.id()), (id, id));
+    assert!(s.by_vip6(VIP6, 81, PROTO_TCP).is_none());
+    assert_eq!(s.by_node_port(30080, PROTO_TCP).unwrap().id(), id);
+    assert_eq!(s.by_node_port6(30080, PROTO_TCP).unwrap().id(), id);
+    let mut rng = Rng::new(7);
+    let mut seen4 = HashSet::new();
+    let mut seen6 = HashSet::new();
+    for _ in 0..300 {
+        let t = Instant::ZERO;
+        seen4.insert(s.select(&r4, CLIENT, 0, rng.next_u64(), false, t).unwrap());
+        seen6.insert(
+            s.select6(&r6, CLIENT6, 0, rng.next_u64(), false, t)
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen4.len(), 2);
+    assert_eq!(seen6.len(), 3, "every IPv6 endpoint chosen, and only those");
+    assert!(seen6.iter().all(|e| r6.has_endpoint6(*e, false)));
+    let txt = s.fmt_services();
+    assert!(
+        txt.contains("TCP  10.96.0.10:80 rr [id 1 web] nodeport 30080"),
+        "{txt}"
+    );
+    assert!(
+        txt.contains("TCP  [fd00:10:96::10]:80 rr [id 1 web]"),
+        "{txt}"
+    );
+    assert!(txt.contains("  -> [fd00:10:244:1::3]:8080"), "{txt}");
+    // Removal unlinks both frontends.
+    s.remove("web").unwrap();
+    assert!(s.by_vip(VIP, 80, PROTO_TCP).is_none());
+    assert!(s.by_vip6(VIP6, 80, PROTO_TCP).is_none());
+}
+
+#[test]
+fn ipv6_only_service_not_on_ipv4() {
+    let s = Services::new(64);
+    let mut d = ServiceSpec::new6("web6", VIP6, 80, PROTO_TCP);
+    d.endpoints6 = vec![ep6(1, 8080, true), ep6(2, 8080, false)];
+    d.node_port = Some(30086);
+    assert!(!d.has_v4() && d.has_v6());
+    s.upsert(d).unwrap();
+    assert!(
+        s.by_node_port(30086, PROTO_TCP).is_none(),
+        "no IPv4 node port"
+    );
+    assert!(s.by_node_port6(30086, PROTO_TCP).is_some());
+    assert!(s.by_vip(Ipv4Addr::UNSPECIFIED, 80, PROTO_TCP).is_none());
+    // An IPv4-only service does not answer IPv6 node ports.
+    let mut v4 = spec("web4", 1);
+    v4.node_port = Some(30087);
+    s.upsert(v4).unwrap();
+    assert!(s.by_node_port6(30087, PROTO_TCP).is_none());
+    // local_only picks the local IPv6 endpoint.
+    let r = s.by_vip6(VIP6, 80, PROTO_TCP).unwrap();
+    for k in 0..50 {
+        let e = s.select6(&r, CLIENT6, k, k * 7919, true, Instant::ZERO);
+        assert_eq!(e, Some(ep6(1, 8080, true).addr));
+    }
+    // Another service may not take the same IPv6 VIP:port.
+    let e = s
+        .upsert(ServiceSpec::new6("other", VIP6, 80, PROTO_TCP))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "service \"other\": vip6:port [fd00:10:96::10]:80/TCP already used by service \"web6\""
+    );
+}
+
+#[test]
+fn dual_stack_validation_names_the_field() {
+    let s = Services::new(0);
+    let mut a = ServiceSpec::new6("a", VIP6, 80, PROTO_TCP);
+    a.endpoints = vec![ep(1, 80, false)];
+    assert_eq!(
+        s.upsert(a).unwrap_err().to_string(),
+        "service \"a\": endpoints given without a ClusterIP of their family (vip)"
+    );
+    let mut b = spec("b", 1);
+    b.endpoints6 = vec![ep6(1, 80, false)];
+    assert_eq!(
+        s.upsert(b).unwrap_err().to_string(),
+        "service \"b\": endpoints6 given without a ClusterIP of their family (vip6)"
+    );
+    let c = ServiceSpec::new6("c", Ipv6Addr::LOCALHOST, 80, PROTO_TCP);
+    assert!(matches!(s.upsert(c), Err(ServiceError::BadVip6 { .. })));
+    let mut d = dual("d", 0, 0);
+    d.endpoints6 = vec![ep6(1, 80, false), ep6(1, 80, true)];
+    assert!(matches!(
+        s.upsert(d),
+        Err(ServiceError::DuplicateEndpoint6 { .. })
+    ));
+    let mut e = dual("e", 0, 0);
+    e.endpoints6 = vec![ep6(1, 0, false)];
+    assert!(matches!(
+        s.upsert(e),
+        Err(ServiceError::BadEndpoint6 { .. })
+    ));
+    // Neither family: refused as before.
+    let f = ServiceSpec::new("f", Ipv4Addr::UNSPECIFIED, 80, PROTO_TCP);
+    assert!(matches!(s.upsert(f), Err(ServiceError::BadVip { .. })));
+    assert!(s.is_empty());
+}
+
+#[test]
+fn ipv6_affinity_and_maglev() {
+    let s = Services::new(64);
+    let mut d = dual("web", 0, 5);
+    d.vip = Ipv4Addr::UNSPECIFIED;
+    d.affinity = Some(Duration::from_secs(10));
+    s.upsert(d.clone()).unwrap();
+    let r = s.by_vip6(VIP6, 80, PROTO_TCP).unwrap();
+    let t0 = Instant::ZERO;
+    let first = s.select6(&r, CLIENT6, 0, 1, false, t0).unwrap();
+    let mut rng = Rng::new(3);
+    for _ in 0..50 {
+        let e = s
+            .select6(&r, CLIENT6, 0, rng.next_u64(), false, t0)
+            .unwrap();
+        assert_eq!(e, first, "affinity keeps the IPv6 client on its endpoint");
+    }
+    assert!(s.affinity_stats().hits >= 50);
+    // Maglev: the same flow hash gives the same endpoint, over all five.
+    d.affinity = None;
+    d.algo = LbAlgo::Maglev;
+    s.upsert(d).unwrap();
+    let r = s.by_vip6(VIP6, 80, PROTO_TCP).unwrap();
+    let mut seen = HashSet::new();
+    for k in 0..2000u64 {
+        let h = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let a = s.select6(&r, CLIENT6, h, 1, false, t0).unwrap();
+        assert_eq!(s.select6(&r, CLIENT6, h, 99, false, t0), Some(a));
+        seen.insert(a);
+    }
+    assert_eq!(seen.len(), 5);
 }

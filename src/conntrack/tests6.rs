@@ -1,0 +1,418 @@
+//! The IPv6 table ([`Conntrack6`]): the same state machines and invariants as the IPv4 one,
+//! with five-word keys, ICMPv6 echo, and its own file.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: small loop counters narrowed into ports and address bytes"
+)]
+use std::collections::HashMap;
+use std::net::Ipv6Addr;
+
+use proptest::prelude::*;
+
+use super::tcp::flags::*;
+use super::*;
+use crate::time::Instant;
+use crate::wire::tuple::{L4Kind, Tuple6, PROTO_ICMPV6};
+
+fn a6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+fn table6(max: usize) -> Conntrack6 {
+    Conntrack6::new(CtConfig {
+        max_entries: max,
+        ..CtConfig::default()
+    })
+    .unwrap()
+}
+
+fn tcp(f: u8) -> Pkt {
+    Pkt {
+        kind: L4Kind::Tcp,
+        tcp_flags: f,
+        len: 80,
+    }
+}
+
+const UDP: Pkt = Pkt {
+    kind: L4Kind::Udp,
+    tcp_flags: 0,
+    len: 100,
+};
+
+/// Client `k` to an IPv6 ClusterIP, and its reply DNAT'd to an endpoint when `nat`. The
+/// addresses differ only in their low 64 bits, or only in their high ones, so a table that
+/// dropped either half of a word would mix connections up.
+fn conn(k: u16, nat: bool) -> (Tuple6, Tuple6) {
+    let o = Tuple6 {
+        src: Ipv6Addr::from(0xfd00_0010_0244_0001_u128 << 64 | u128::from(k)),
+        dst: a6("fd00:10:96::10"),
+        sport: 1000 + k,
+        dport: 53,
+        proto: 17,
+        zone: 0,
+    };
+    let r = if nat {
+        Tuple6 {
+            src: Ipv6Addr::from((0xfd00_0010_0244_0002_u128 + u128::from(k)) << 64 | 2),
+            sport: 5353,
+            ..o.invert()
+        }
+    } else {
+        o.invert()
+    };
+    (o, r)
+}
+
+#[test]
+fn entries_take_128_bytes_and_the_ipv4_ones_stay_64() {
+    assert_eq!(std::mem::size_of::<super::table::Entry<5>>(), 128);
+    assert_eq!(std::mem::size_of::<super::table::Entry<2>>(), 64);
+    let ct = table6(4096);
+    let per = ct.memory_bytes() / 4096;
+    assert!(per <= 192 + 64, "{per} bytes per IPv6 connection");
+}
+
+#[test]
+fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
+    let ct = table6(64);
+    let o = Tuple6 {
+        src: a6("fd00:10:244:1::2"),
+        dst: a6("fd00:10:96::10"),
+        sport: 40000,
+        dport: 80,
+        proto: 6,
+        zone: 0,
+    };
+    let r = Tuple6 {
+        src: a6("fd00:10:244:2::2"),
+        sport: 8080,
+        ..o.invert()
+    };
+    let now = Instant::from_secs(1);
+    let h = ct.insert(o, r, CtTag::default(), &tcp(SYN), now).unwrap();
+    assert!(h.status.dnat() && !h.status.snat());
+    assert_eq!(h.state, CtState::SynSent);
+    let b = ct.lookup(&r, now).unwrap();
+    assert_eq!((b.id, b.dir, b.orig, b.reply), (h.id, Dir::Reply, o, r));
+    assert_eq!(
+        ct.track(&b, &tcp(SYN | ACK), now),
+        Track::Ok(CtState::SynRecv)
+    );
+    let f = ct.lookup(&o, now).unwrap();
+    assert_eq!(
+        ct.track(&f, &tcp(ACK), now),
+        Track::Ok(CtState::Established)
+    );
+    let f = ct.lookup(&o, now).unwrap();
+    assert!(f.status.assured());
+    // Another client port, and the same port from a client differing only in the high
+    // half of its address, are other connections.
+    assert!(ct.lookup(&Tuple6 { sport: 40001, ..o }, now).is_none());
+    assert!(ct
+        .lookup(
+            &Tuple6 {
+                src: a6("fd01:10:244:1::2"),
+                ..o
+            },
+            now
+        )
+        .is_none());
+    ct.check_invariants().unwrap();
+}
+
+#[test]
+fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
+    let ct = table6(64);
+    let o = Tuple6 {
+        src: a6("fd00:10:244:1::2"),
+        dst: a6("2001:db8::1"),
+        sport: 77,
+        dport: 77,
+        proto: PROTO_ICMPV6,
+        zone: 0,
+    };
+    let now = Instant::from_secs(1);
+    let req = Pkt {
+        kind: L4Kind::IcmpEcho { request: true },
+        tcp_flags: 0,
+        len: 64,
+    };
+    let rep = Pkt {
+        kind: L4Kind::IcmpEcho { request: false },
+        ..req
+    };
+    // A reply cannot open one.
+    assert_eq!(
+        ct.insert(o, o.invert(), CtTag::default(), &rep, now),
+        Err(InsertError::Invalid(InvalidReason::IcmpNotRequest))
+    );
+    let h = ct
+        .insert(o, o.invert(), CtTag::default(), &req, now)
+        .unwrap();
+    let b = ct.lookup(&o.invert(), now).unwrap();
+    assert_eq!(b.dir, Dir::Reply);
+    assert_eq!(ct.track(&b, &rep, now), Track::Ok(CtState::None));
+    assert_eq!(
+        ct.track(&b, &req, now),
+        Track::Invalid(InvalidReason::IcmpDirection)
+    );
+    // 30 s, as ICMP echo in IPv4.
+    assert!(ct.lookup(&o, Instant::from_secs(30)).is_some());
+    assert!(ct.lookup(&o, Instant::from_secs(32)).is_none());
+    let _ = h;
+    // Protocol 1 in an IPv6 packet is not ICMP: tracked as a generic protocol, 600 s.
+    let g = Tuple6 {
+        proto: 1,
+        sport: 0,
+        dport: 0,
+        ..o
+    };
+    let other = Pkt {
+        kind: L4Kind::Other,
+        ..req
+    };
+    ct.insert(g, g.invert(), CtTag::default(), &other, now)
+        .unwrap();
+    assert!(ct.lookup(&g, Instant::from_secs(500)).is_some());
+}
+
+#[test]
+fn fmt_dump_prints_like_conntrack_l_f_ipv6() {
+    let ct = table6(64);
+    let now = Instant::from_millis(1_000);
+    let e = Tuple6 {
+        src: a6("fd00::1"),
+        dst: a6("fd00::2"),
+        sport: 9,
+        dport: 9,
+        proto: PROTO_ICMPV6,
+        zone: 0,
+    };
+    let req = Pkt {
+        kind: L4Kind::IcmpEcho { request: true },
+        tcp_flags: 0,
+        len: 64,
+    };
+    ct.insert(e, e.invert(), CtTag::default(), &req, now)
+        .unwrap();
+    let (u, r) = conn(1, true);
+    ct.insert(u, r, CtTag::default(), &UDP, now).unwrap();
+    assert_eq!(
+        ct.fmt_dump(Instant::from_millis(1_500)),
+        "udp      17 29 src=fd00:10:244:1::1 dst=fd00:10:96::10 sport=1001 dport=53 packets=1 \
+         bytes=100 [UNREPLIED] src=fd00:10:244:3::2 dst=fd00:10:244:1::1 sport=5353 \
+         dport=1001 packets=0 bytes=0 mark=0 use=1\n\
+         icmpv6   58 29 src=fd00::1 dst=fd00::2 type=128 code=0 id=9 packets=1 bytes=64 \
+         [UNREPLIED] src=fd00::2 dst=fd00::1 type=129 code=0 id=9 packets=0 bytes=0 mark=0 \
+         use=1\n"
+    );
+    assert_eq!(ct.dump(now)[1].protocol, "icmpv6");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u8, bool),
+    Lookup(u8, bool),
+    Packet(u8, bool),
+    Remove(u8),
+    Advance(u8),
+    Sweep(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..24, any::<bool>()).prop_map(|(k, n)| Op::Insert(k, n)),
+        4 => (0u8..24, any::<bool>()).prop_map(|(k, d)| Op::Lookup(k, d)),
+        3 => (0u8..24, any::<bool>()).prop_map(|(k, d)| Op::Packet(k, d)),
+        1 => (0u8..24).prop_map(Op::Remove),
+        2 => (0u8..40).prop_map(Op::Advance),
+        1 => (1u8..64).prop_map(Op::Sweep),
+    ]
+}
+
+/// The model: a HashMap from each tuple to its connection's id, direction and timing.
+#[derive(Debug, Clone, Copy)]
+struct M {
+    orig: Tuple6,
+    reply: Tuple6,
+    last: u64,
+    seen_reply: bool,
+    assured: bool,
+    id: CtId,
+}
+
+impl M {
+    fn live(&self, now: u64) -> bool {
+        now < self.last + if self.assured { 120 } else { 30 }
+    }
+}
+
+proptest! {
+    #[test]
+    fn ipv6_table_matches_a_hashmap_model(ops in proptest::collection::vec(op(), 1..200)) {
+        let ct = table6(64);
+        let mut model: HashMap<Tuple6, (M, Dir)> = HashMap::new();
+        let mut now = 0u64;
+        for o in ops {
+            let t = Instant::from_secs(now);
+            model.retain(|_, (m, _)| m.live(now));
+            match o {
+                Op::Insert(k, nat) => {
+                    let (orig, reply) = conn(u16::from(k), nat);
+                    let clash = model.get(&orig).or_else(|| model.get(&reply)).map(|x| x.0);
+                    match (clash, ct.insert(orig, reply, CtTag::default(), &UDP, t)) {
+                        (Some(m), Err(InsertError::Clash { existing: Some(e) })) => {
+                            prop_assert_eq!(e.id, m.id);
+                        }
+                        (None, Ok(h)) => {
+                            let m = M { orig, reply, last: now, seen_reply: false, assured: false, id: h.id };
+                            model.insert(orig, (m, Dir::Original));
+                            model.insert(reply, (m, Dir::Reply));
+                        }
+                        (c, g) => prop_assert!(false, "model {:?} got {:?}", c, g),
+                    }
+                }
+                Op::Lookup(k, rdir) => {
+                    for nat in [false, true] {
+                        let (orig, reply) = conn(u16::from(k), nat);
+                        let q = if rdir { reply } else { orig };
+                        let want = model.get(&q).map(|(m, d)| (m.id, *d));
+                        prop_assert_eq!(ct.lookup(&q, t).map(|h| (h.id, h.dir)), want);
+                        prop_assert_eq!(ct.tuple_in_use(&q, t), want.is_some());
+                    }
+                }
+                Op::Packet(k, rdir) => {
+                    let (orig, _) = conn(u16::from(k), false);
+                    if let Some((m, _)) = model.get(&orig).copied() {
+                        let q = if rdir { m.reply } else { m.orig };
+                        let h = ct.lookup(&q, t).unwrap();
+                        prop_assert_eq!(ct.track(&h, &UDP, t), Track::Ok(CtState::None));
+                        let mut m = m;
+                        if m.seen_reply { m.assured = true; }
+                        if rdir { m.seen_reply = true; }
+                        m.last = now;
+                        model.insert(m.orig, (m, Dir::Original));
+                        model.insert(m.reply, (m, Dir::Reply));
+                        let h = ct.lookup(&q, t).unwrap();
+                        prop_assert_eq!(h.status.seen_reply(), m.seen_reply);
+                        prop_assert_eq!(h.status.assured(), m.assured);
+                    }
+                }
+                Op::Remove(k) => {
+                    let (orig, _) = conn(u16::from(k), false);
+                    if let Some((m, _)) = model.get(&orig).copied() {
+                        prop_assert!(ct.remove(m.id));
+                        model.remove(&m.orig);
+                        model.remove(&m.reply);
+                    }
+                }
+                Op::Advance(d) => now += u64::from(d),
+                Op::Sweep(b) => { ct.sweep(t, usize::from(b)); }
+            }
+            prop_assert!(ct.len() <= 64);
+            let live = model.values().filter(|(m, d)| *d == Dir::Original && m.live(now)).count();
+            prop_assert_eq!(ct.dump(Instant::from_secs(now)).len(), live);
+        }
+        ct.check_invariants().map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+fn full_ipv6_table_early_drops_and_stays_bounded() {
+    let ct = table6(32);
+    let now = Instant::from_secs(1);
+    for k in 0..200u16 {
+        let (o, r) = conn(k, k % 2 == 0);
+        let _ = ct.insert(o, r, CtTag::default(), &UDP, now);
+        assert!(ct.len() <= 32);
+    }
+    assert_eq!(ct.len(), 32);
+    assert!(ct.counters().early_drop > 0);
+    ct.check_invariants().unwrap();
+}
+
+// ---- the file ------------------------------------------------------------------------------
+
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(tag: &str) -> TempFile {
+        let dir = std::path::Path::new("/dev/shm");
+        let dir = if dir.is_dir() {
+            dir.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        TempFile(dir.join(format!("tapyard-ct6-{tag}-{}", std::process::id())))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn now() -> Instant {
+    crate::time::Clock::new().now()
+}
+
+#[test]
+fn ipv6_entries_survive_a_reopen_of_their_file() {
+    let f = TempFile::new("reopen");
+    let c = CtConfig {
+        max_entries: 1024,
+        ..CtConfig::default()
+    };
+    let t0 = now();
+    let (ct, rec) = Conntrack6::open_file(c, &f.0, t0).unwrap();
+    assert_eq!(rec.opened, Opened::Created);
+    let tag = CtTag {
+        service: 4,
+        endpoint: 2,
+        ..CtTag::default()
+    };
+    for k in 0..300 {
+        let (o, r) = conn(k, k % 3 == 0);
+        ct.insert(o, r, tag, &UDP, t0).unwrap();
+    }
+    let before = ct.dump(t0);
+    drop(ct);
+    let (ct, rec) = Conntrack6::open_file(c, &f.0, t0).unwrap();
+    assert_eq!(
+        (rec.opened, rec.kept, rec.invalid),
+        (Opened::Reused, 300, 0)
+    );
+    ct.check_invariants().unwrap();
+    assert_eq!(ct.dump(t0), before);
+    let (o, r) = conn(3, true);
+    let h = ct.lookup(&r, t0).unwrap();
+    assert_eq!(
+        (h.orig, h.dir, h.service, h.endpoint),
+        (o, Dir::Reply, 4, 2)
+    );
+}
+
+#[test]
+fn each_family_refuses_the_others_file_by_its_magic() {
+    let c = CtConfig {
+        max_entries: 256,
+        ..CtConfig::default()
+    };
+    let f4 = TempFile::new("v4");
+    let (ct, _) = Conntrack::open_file(c, &f4.0, now()).unwrap();
+    drop(ct);
+    let (ct6, rec) = Conntrack6::open_file(c, &f4.0, now()).unwrap();
+    assert!(
+        matches!(rec.opened, Opened::Refused(Refusal::Magic { .. })),
+        "{:?}",
+        rec.opened
+    );
+    assert!(ct6.is_empty());
+    drop(ct6);
+    // Now the file is an IPv6 one: the IPv4 table refuses it in turn.
+    let (ct, rec) = Conntrack::open_file(c, &f4.0, now()).unwrap();
+    assert!(matches!(rec.opened, Opened::Refused(Refusal::Magic { .. })));
+    assert!(ct.is_empty());
+}
