@@ -851,3 +851,91 @@ fn na_without_override_makes_reachable_entry_stale_as_linux() {
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!(e.mac, Some(other));
 }
+
+/// Linux answers a unicast probe (NS to its own address) with a solicited NA without a Target
+/// Link-Layer Address option (`ndisc_recv_ns`: the option only for a multicast NS): that NA
+/// confirms the entry's MAC (RFC 4861 7.2.5). Here pod A is in PROBE when it sends to a next
+/// hop that never answers: it must answer the probes and so get the address unreachable,
+/// instead of going FAILED before the error is due (the dual-stack e2e case).
+#[test]
+fn probe_answered_without_target_lladdr_confirms_and_error_is_delivered() {
+    let mut n = node();
+    pod_a_resolves_gateway(&mut n);
+    let pod_a = a("fd00:10:244:1::2");
+    // Pod C pings pod A: the STALE entry is used (DELAY), then probed 5 s later.
+    let (v, _) = send(
+        &mut n,
+        PC,
+        &ping6(POD_C, GW1_MAC, "fd00:10:244:2::2", "fd00:10:244:1::2"),
+    );
+    assert_eq!(v, Verdict::Output(PA));
+    assert_eq!(neigh_state(&n, "fd00:10:244:1::2"), Some(NeighState::Delay));
+    let is_probe = |f: &[u8]| {
+        f[..6] == POD_A.0
+            && f[12..14] == [0x86, 0xdd]
+            && matches!(parse_icmp(f).2, Icmpv6Repr::NeighborSolicit { target, .. } if target == pod_a)
+    };
+    let mut probes = Vec::new();
+    for _ in 0..26 {
+        for (p, f) in tick(&mut n, Duration::from_millis(200)) {
+            if p == PA && is_probe(&f) {
+                probes.push(f);
+            }
+        }
+    }
+    assert_eq!(probes.len(), 1, "one unicast probe so far");
+    assert_eq!(neigh_state(&n, "fd00:10:244:1::2"), Some(NeighState::Probe));
+    // Pod A sends to a next hop on cni1 that never answers.
+    let f = udp6(
+        POD_A,
+        GW0_MAC,
+        "fd00:10:244:1::2",
+        "fd00:10:244:2::99",
+        64,
+        20,
+    );
+    assert_eq!(send(&mut n, PA, &f).0, Verdict::Queued);
+    let na = Icmpv6Repr::NeighborAdvert {
+        flags: NaFlags {
+            router: false,
+            solicited: true,
+            override_: false,
+        },
+        target: pod_a,
+        target_lladdr: None,
+    };
+    let answer = icmp(POD_A, GW0_MAC, pod_a, a("fd00:10:244:1::1"), &na);
+    let mut answered = false;
+    let mut errors = Vec::new();
+    for _ in 0..50 {
+        for (p, f) in tick(&mut n, Duration::from_millis(200)) {
+            if p != PA || f[0] & 1 == 1 {
+                continue;
+            }
+            if is_probe(&f) {
+                probes.push(f);
+            } else if matches!(parse_icmp(&f).2, Icmpv6Repr::DstUnreachable { .. }) {
+                errors.push(f);
+            }
+        }
+        // Pod A's kernel answers the probe it got (once, as a pod answers at once).
+        if probes.len() > 1 && !answered {
+            answered = true;
+            assert_eq!(send(&mut n, PA, &answer).0, Verdict::Local);
+            assert_eq!(
+                neigh_state(&n, "fd00:10:244:1::2"),
+                Some(NeighState::Reachable),
+                "a solicited NA without a target link-layer address confirms the entry"
+            );
+        }
+    }
+    assert!(answered, "probes: {}", probes.len());
+    assert_eq!(errors.len(), 1, "one address unreachable to pod A");
+    let (src, dst, r) = parse_icmp(&errors[0]);
+    assert_eq!((src, dst), (a("fd00:10:244:1::1"), pod_a));
+    assert!(
+        matches!(r, Icmpv6Repr::DstUnreachable { code: 3, .. }),
+        "{r:?}"
+    );
+    assert_eq!(n.dp.stats().drop_count(DropReason::NeighFailed), 1);
+}

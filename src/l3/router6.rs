@@ -406,17 +406,17 @@ impl Router {
                     // Someone else claims our address: nothing to learn.
                     return Ok(());
                 }
-                if let Some(m) = target_lladdr {
-                    let _ = self.neigh6.input_advert(
-                        in_if,
-                        target,
-                        m,
-                        flags.solicited,
-                        flags.override_,
-                        now,
-                        &mut |r| self.release6(r, sink),
-                    );
-                }
+                // Without a target link-layer address (Linux's answer to a unicast probe),
+                // it confirms the entry's own MAC.
+                let _ = self.neigh6.input_advert(
+                    in_if,
+                    target,
+                    target_lladdr,
+                    flags.solicited,
+                    flags.override_,
+                    now,
+                    &mut |r| self.release6(r, sink),
+                );
             }
             Icmpv6Repr::RouterSolicit { source_lladdr } => {
                 if info.src.is_unspecified() && source_lladdr.is_some() {

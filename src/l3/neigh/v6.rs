@@ -282,17 +282,29 @@ impl NeighTable6 {
     /// an unsolicited one sets it `STALE` when the MAC changes; without `override_`, a
     /// different MAC than the entry's makes a `REACHABLE` entry `STALE` with its MAC kept (Linux's
     /// `NEIGH_UPDATE_F_WEAK_OVERRIDE`) and is ignored in any other state.
+    ///
+    /// `mac` is `None` for an advertisement without a Target Link-Layer Address option, which
+    /// is what Linux answers a unicast probe with (RFC 4861 7.2.4, 7.2.5): it stands for the
+    /// entry's own MAC, so a solicited one confirms a valid entry (`PROBE` → `REACHABLE`); it
+    /// is ignored for an `INCOMPLETE` or `FAILED` entry, and an unsolicited one changes nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn input_advert(
         &self,
         iface: IfaceId,
         ip: Ipv6Addr,
-        mac: MacAddr,
+        mac: Option<MacAddr>,
         solicited: bool,
         override_: bool,
         now: Instant,
         release: &mut dyn FnMut(Released6),
     ) -> Learned {
+        let mac = match mac {
+            Some(m) => m,
+            None => match self.peek(iface, ip) {
+                Some((st, m)) if solicited && st.is_valid() => m,
+                _ => return Learned::Ignored,
+            },
+        };
         if !is_neighbour_addr(ip) || !mac.is_station() {
             return Learned::Ignored;
         }
