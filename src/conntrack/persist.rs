@@ -611,4 +611,4 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -334,25 +334,7 @@ fn full_ipv6_table_early_drops_and_stays_bounded() {
 
 // ---- the file ------------------------------------------------------------------------------
 
-struct TempFile(std::path::PathBuf);
-
-impl TempFile {
-    fn new(tag: &str) -> TempFile {
-        let dir = std::path::Path::new("/dev/shm");
-        let dir = if dir.is_dir() {
-            dir.to_path_buf()
-        } else {
-            std::env::temp_dir()
-        };
-        TempFile(dir.join(format!("tapyard-ct6-{tag}-{}", std::process::id())))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use super::persist::tests::TempFile;
 
 fn now() -> Instant {
     crate::time::Clock::new().now()

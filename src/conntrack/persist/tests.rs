@@ -9,22 +9,37 @@ use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// A file in the temporary directory, removed when dropped.
-struct TempFile(PathBuf);
+/// While a test forks a child (`kill_9_...`), the child holds a copy of every descriptor the
+/// test process has open until it execs, and with them the `flock` of any table file open at
+/// that moment: a test that closes its table and opens it again in that window would find it
+/// [`CtFileError::InUse`]. Tests hold this for reading while they have a file; the forking
+/// test takes it for writing around the fork.
+static FORKING: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
+
+/// A file in the temporary directory, removed when dropped; no child is forked while it lives.
+pub(crate) struct TempFile(
+    pub(crate) PathBuf,
+    #[allow(dead_code, reason = "held, not read")] parking_lot::RwLockReadGuard<'static, ()>,
+);
 
 impl TempFile {
-    fn new(tag: &str) -> TempFile {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // /dev/shm when there is one: a tmpfs, as in production.
-        let dir = Path::new("/dev/shm");
-        let dir = if dir.is_dir() {
-            dir.to_path_buf()
-        } else {
-            std::env::temp_dir()
-        };
-        TempFile(dir.join(format!("tapyard-ct-{tag}-{}-{n}", std::process::id())))
+    pub(crate) fn new(tag: &str) -> TempFile {
+        TempFile(temp_path(tag), FORKING.read_recursive())
     }
+}
+
+/// A fresh path in /dev/shm when there is one (a tmpfs, as in production), else the
+/// temporary directory.
+fn temp_path(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = Path::new("/dev/shm");
+    let dir = if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("tapyard-ct-{tag}-{}-{n}", std::process::id()))
 }
 
 impl Drop for TempFile {
@@ -399,7 +414,15 @@ fn child_churns_until_killed() {
 
 #[test]
 fn kill_9_at_random_moments_never_leaves_an_inconsistent_table() {
-    let f = TempFile::new("kill");
+    // Not a `TempFile`: this test forks, so it must not hold the guard for reading.
+    let f = temp_path("kill");
+    struct Remove<'a>(&'a Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(&f);
     let exe = std::env::current_exe().unwrap();
     let mut x = 0x5151_7777_1234_9876u64 ^ u64::from(std::process::id());
     let rounds = 40;
@@ -408,6 +431,7 @@ fn kill_9_at_random_moments_never_leaves_an_inconsistent_table() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
+        let forking = FORKING.write();
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
@@ -415,11 +439,12 @@ fn kill_9_at_random_moments_never_leaves_an_inconsistent_table() {
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env("CT_CHILD_FILE", &f.0)
+            .env("CT_CHILD_FILE", &f)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        drop(forking);
         // Most rounds wait for the child to be churning; some kill it while it opens and
         // rebuilds the table.
         if round % 5 != 0 {
@@ -439,7 +464,7 @@ fn kill_9_at_random_moments_never_leaves_an_inconsistent_table() {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
 
-        let (ct, rec) = Conntrack::open_file(cfg(CHILD_MAX), &f.0, now()).unwrap();
+        let (ct, rec) = Conntrack::open_file(cfg(CHILD_MAX), &f, now()).unwrap();
         assert!(
             matches!(rec.opened, Opened::Reused | Opened::Created),
             "round {round}: {rec}"
@@ -475,7 +500,7 @@ fn kill_9_at_random_moments_never_leaves_an_inconsistent_table() {
         ct.check_invariants().unwrap();
         // Leave it as after a crash: the next child finds `clean` unset.
         drop(ct);
-        write_word(&f.0, H_CLEAN, 0);
+        write_word(&f, H_CLEAN, 0);
     }
     assert!(kept > 0, "the children inserted nothing");
     eprintln!("{rounds} kills: {kept} connections kept, {half} half-written entries freed");
