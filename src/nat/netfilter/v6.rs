@@ -112,7 +112,7 @@ impl Netfilter {
     }
 
     /// Whether the IPv6 table exists yet (without making it).
-    fn ct6_if_made(&self) -> Option<&Conntrack6> {
+    pub(super) fn ct6_if_made(&self) -> Option<&Conntrack6> {
         self.ct6.0.get()
     }
 
