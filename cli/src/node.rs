@@ -223,13 +223,14 @@ fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result
             }
             .map_err(|e| fail(&e))
         }
-        IpCidr::V6(to) => {
+        IpCidr::V6(_) => {
             let route = to_route6(dp, cfg, r)?;
             if replace {
-                // The table has no replace for IPv6: a moment without the route.
-                let _ = dp.remove_route6(to.network(), to.len, Some(r.metric));
+                dp.replace_route6(route).map(|_| ())
+            } else {
+                dp.add_route6(route)
             }
-            dp.add_route6(route).map_err(|e| fail(&e))
+            .map_err(|e| fail(&e))
         }
     }
 }
