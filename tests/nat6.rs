@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop6, Route6, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, MasqueradeRule6, NatConfig, NatRules, Prefix6};
-use tapyard::nat::{LbAlgo, ServiceSpec};
-use tapyard::{BridgeConfig, Clock, Datapath, Instant, MacAddr, PortId, Verdict, Worker};
+use tapyard::nat::{LbAlgo, PortRange, ServiceSpec, SnatRule6};
+use tapyard::{
+    BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
+};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -660,4 +662,63 @@ fn a_changed_ipv6_cluster_ip_flushes_the_old_frontend_s_udp_flows_only() {
     dns.vip6 = Some(a("fd00:10:96::5353"));
     nf.upsert_service(dns, n.now).unwrap();
     assert_eq!(nf.conntrack6().len(), 0);
+}
+
+#[test]
+fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion() {
+    let mut n = node();
+    let nf = n.dp.netfilter().unwrap();
+    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    let to = a("fd00:172:18::50");
+    // ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -o eth0 -j SNAT
+    //   --to-source [fd00:172:18::50]:5000-5001 (the masquerade rule replaced by it).
+    nf.set_rules(NatRules {
+        cluster_cidr6: Some(Prefix6::new(a("fd00:10:244::"), 56)),
+        snat6: vec![SnatRule6 {
+            out: Some(eth0),
+            src: Prefix6::new(a("fd00:10:244:1::"), 64),
+            to,
+            ports: PortRange { lo: 5000, hi: 5001 },
+        }],
+        ..NatRules::default()
+    });
+    let mut ports = Vec::new();
+    for sport in [48000u16, 48001] {
+        let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, sport, OUTSIDE, 443, SYN));
+        let (p, f) = one(&out);
+        assert_eq!(p, ETH0);
+        let (src, sp, dst, dp) = flow(f);
+        assert_eq!((src, dst, dp), (to, a(OUTSIDE), 443));
+        ports.push((sp, sport));
+    }
+    ports.sort();
+    assert_eq!(
+        ports.iter().map(|p| p.0).collect::<Vec<_>>(),
+        vec![5000, 5001]
+    );
+    // The reply to the SNAT address reaches the pod, un-NAT'd.
+    let (sp, sport) = ports[0];
+    let (_, back) = send(
+        &mut n,
+        ETH0,
+        &tcp(OUTGW, UP_MAC, OUTSIDE, 443, &to.to_string(), sp, SYNACK),
+    );
+    let (p, f) = one(&back);
+    assert_eq!(p, PA);
+    assert_eq!(flow(f), (a(OUTSIDE), 443, a(A), sport));
+    // The range is used up: the next new connection is dropped and counted.
+    let (v, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 48002, OUTSIDE, 443, SYN));
+    assert_eq!(v, Verdict::Drop(DropReason::NatExhausted));
+    assert!(out.is_empty());
+    assert_eq!(n.dp.stats().drop_count(DropReason::NatExhausted), 1);
+    // Sources outside the rule's prefix are not translated by it.
+    let (_, out) = send(
+        &mut n,
+        ETH0,
+        &tcp(OUTGW, UP_MAC, CLIENT, 48100, REMOTE, 80, SYN),
+    );
+    let (p, f) = one(&out);
+    assert_eq!(p, ETH0);
+    assert_eq!(flow(f), (a(CLIENT), 48100, a(REMOTE), 80));
+    assert_eq!(n.dp.netfilter().unwrap().counters().snat, 2);
 }

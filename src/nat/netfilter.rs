@@ -195,6 +195,21 @@ pub struct SnatRule {
     pub ports: PortRange,
 }
 
+/// [`SnatRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <src> [-o <out>] -j SNAT
+/// --to-source <to>[:<ports>]`): a new IPv6 connection from `src` leaving through `out` (or
+/// any interface) takes `to` as its source, with a port from `ports`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnatRule6 {
+    /// The egress interface (`None`: any).
+    pub out: Option<IfaceId>,
+    /// Sources it applies to.
+    pub src: Prefix6,
+    /// The new source address.
+    pub to: Ipv6Addr,
+    /// Source ports to use.
+    pub ports: PortRange,
+}
+
 /// The rules besides Services, replaced as a whole by [`Netfilter::set_rules`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NatRules {
@@ -210,6 +225,8 @@ pub struct NatRules {
     pub masquerade: Vec<MasqueradeRule>,
     /// SNAT rules, first match wins (checked after masquerade rules).
     pub snat: Vec<SnatRule>,
+    /// IPv6 SNAT rules, first match wins (checked after the IPv6 masquerade rules).
+    pub snat6: Vec<SnatRule6>,
     /// Ports MASQUERADE remaps a source port into when the original is taken (default
     /// as Linux: the source port is kept when free; otherwise 1024-65535, or 1-1023 for a
     /// privileged source port).
