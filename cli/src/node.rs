@@ -10,7 +10,10 @@ use tapyard::conntrack::{CtConfig, Opened};
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
-use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
+use tapyard::nat::{
+    MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, PortRange, Prefix, Prefix6, SnatRule,
+    SnatRule6,
+};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
@@ -311,8 +314,9 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
 /// The NAT rules besides Services, for both families: `node.cluster_cidr` (kube-proxy's
 /// `--cluster-cidr`, one prefix per family: Service traffic from outside it is masqueraded)
 /// and `[masquerade]` (pod traffic leaving the cluster CIDR of its family through `out`
-/// takes `out`'s address of that family, as `iptables` and `ip6tables` MASQUERADE rules).
-/// `iface` resolves interface names.
+/// takes `out`'s address of that family, as `iptables` and `ip6tables` MASQUERADE rules) and
+/// the `[[snat]]`s (each of its `src`'s family, in file order). `iface` resolves interface
+/// names.
 pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
@@ -343,6 +347,40 @@ pub fn to_nat_rules(
                 src: Some(c6),
                 except_dst: Some(c6),
             });
+        }
+    }
+    for s in &cfg.snats {
+        let out =
+            match &s.out {
+                Some(o) => Some(iface(o).ok_or_else(|| {
+                    format!("snat from {}: out = {o:?}: no router interface", s.src)
+                })?),
+                None => None,
+            };
+        let ports = PortRange {
+            lo: s.ports.0,
+            hi: s.ports.1,
+        };
+        match (s.src, s.to) {
+            (IpCidr::V4(src), std::net::IpAddr::V4(to)) => rules.snat.push(SnatRule {
+                out,
+                src: Prefix::new(src.network(), src.len),
+                to,
+                ports,
+            }),
+            (IpCidr::V6(src), std::net::IpAddr::V6(to)) => rules.snat6.push(SnatRule6 {
+                out,
+                src: Prefix6::new(src.network(), src.len),
+                to,
+                ports,
+            }),
+            // `check` refuses a family mix-up.
+            _ => {
+                return Err(format!(
+                    "snat from {}: to = {} is of the other family",
+                    s.src, s.to
+                ))
+            }
         }
     }
     Ok(rules)
@@ -942,6 +980,18 @@ impl Built {
                     m.out
                 );
             }
+        }
+        for s in &cfg.snats {
+            log::info!(
+                "snat: new connections from {}{} take the source {} (ports {}-{})",
+                s.src,
+                s.out
+                    .as_ref()
+                    .map_or(String::new(), |o| format!(" leaving through {o}")),
+                s.to,
+                s.ports.0,
+                s.ports.1
+            );
         }
         Ok(node)
     }
@@ -1556,6 +1606,50 @@ mod tests {
         let mut none = c.clone();
         none.masquerade = None;
         assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    }
+
+    /// `[[snat]]`s go to the rules of their family, in file order, with their ports and
+    /// interface (`ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -j SNAT
+    /// --to-source [fd00:172:18::50]:1024-65535` for the second).
+    #[test]
+    fn snat_rules_of_both_families() {
+        let src = format!(
+            "{}\n[[snat]]\nsrc = \"10.244.1.0/24\"\nto = \"172.18.0.50\"\nout = \"eth0\"\nports = \"5000-5999\"\n\n[[snat]]\nsrc = \"fd00:10:244:1::/64\"\nto = \"fd00:172:18::50\"\n",
+            include_str!("../../examples/node-dual-stack.toml")
+        );
+        let c = cfg(&src);
+        let ids = |n: &str| (n == "eth0").then_some(IfaceId(1));
+        let r = to_nat_rules(&c, ids).unwrap();
+        assert_eq!(
+            r.snat,
+            [SnatRule {
+                out: Some(IfaceId(1)),
+                src: Prefix::new(std::net::Ipv4Addr::new(10, 244, 1, 0), 24),
+                to: std::net::Ipv4Addr::new(172, 18, 0, 50),
+                ports: PortRange { lo: 5000, hi: 5999 },
+            }]
+        );
+        assert_eq!(
+            r.snat6,
+            [SnatRule6 {
+                out: None,
+                src: Prefix6::new("fd00:10:244:1::".parse().unwrap(), 64),
+                to: "fd00:172:18::50".parse().unwrap(),
+                ports: PortRange::MASQUERADE,
+            }]
+        );
+        // A reload that changes them sets the rules anew.
+        let d = crate::diff::diff(
+            &cfg(include_str!("../../examples/node-dual-stack.toml")),
+            &c,
+        )
+        .unwrap();
+        assert!(d.nat_rules, "{:?}", d.summary);
+        assert!(
+            d.summary.iter().any(|l| l.starts_with("snat none -> 10.244.1.0/24 to 172.18.0.50:5000-5999 out eth0, fd00:10:244:1::/64 to fd00:172:18::50:1024-65535")),
+            "{:?}",
+            d.summary
+        );
     }
 
     /// A dual-stack file: the IPv6 cluster CIDR and `[masquerade]` for IPv6 too

@@ -336,6 +336,20 @@ pub struct MasqueradeCfg {
     pub out: String,
 }
 
+/// `[[snat]]`: source NAT to a fixed address (`iptables`/`ip6tables -t nat -A POSTROUTING
+/// -s <src> [-o <out>] -j SNAT --to-source <to>:<ports>`), checked after `[masquerade]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnatCfg {
+    /// The sources it applies to (either family).
+    pub src: IpCidr,
+    /// The new source address, of `src`'s family.
+    pub to: IpAddr,
+    /// The egress interface (`None`: any).
+    pub out: Option<String>,
+    /// The source ports to use.
+    pub ports: (u16, u16),
+}
+
 /// `[[vxlan]]`: a VXLAN interface and its peers.
 #[derive(Clone, Debug)]
 pub struct VxlanCfg {
@@ -389,6 +403,8 @@ pub struct Config {
     pub vxlans: Vec<Located<VxlanCfg>>,
     /// `[masquerade]`.
     pub masquerade: Option<Located<MasqueradeCfg>>,
+    /// `[[snat]]`s, first match wins.
+    pub snats: Vec<Located<SnatCfg>>,
     /// `[conntrack]`, as the library's table configuration.
     pub conntrack: CtConfig,
     /// `[neigh]`, as the library's neighbour table configuration.

@@ -21,7 +21,7 @@ use super::values::{
 };
 use super::{
     BridgeCfg, Cidr, Cidr6, Config, Diag, EndpointCfg, Lines, Located, MasqueradeCfg, NeighborCfg,
-    NodeCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, UplinkCfg, VxlanCfg,
+    NodeCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
 };
 
 /// Byte offsets to 1-based line numbers.
@@ -485,6 +485,10 @@ impl Parser<'_> {
                     Some(ip) => format!("neighbor {ip}"),
                     None => format!("neighbor #{}", i + 1),
                 },
+                "snat" => match t.get("src").and_then(|v| v.get_ref().as_str()) {
+                    Some(src) => format!("snat from {src}"),
+                    None => format!("snat #{}", i + 1),
+                },
                 kind => match t.get("name").and_then(|v| v.get_ref().as_str()) {
                     Some(n) => format!("{kind} {n:?}"),
                     None => format!("{kind} #{}", i + 1),
@@ -535,6 +539,7 @@ impl Parser<'_> {
             let s = self.sec(t, span, "[masquerade]".into(), &schema::MASQUERADE);
             self.masquerade(s)
         });
+        let snats = self.items(doc, &schema::SNAT, &mut broken, Self::snat);
         let conntrack = match self.table(doc, "conntrack") {
             Some((t, span)) => {
                 let s = self.sec(t, span, "[conntrack]".into(), &schema::CONNTRACK);
@@ -572,6 +577,7 @@ impl Parser<'_> {
             services,
             vxlans,
             masquerade,
+            snats,
             conntrack,
             neigh,
         };
@@ -975,6 +981,39 @@ impl Parser<'_> {
         let out = self.text(&mut s, "out", parse_ifname)?;
         Some(Located {
             value: MasqueradeCfg { out },
+            lines: s.lines,
+        })
+    }
+
+    fn snat(&mut self, mut s: Sec<'_, '_>, _: &DeTable<'_>) -> Option<Located<SnatCfg>> {
+        let src = self.text(&mut s, "src", parse_prefix_any);
+        let to = self.text(&mut s, "to", parse_ip_any);
+        let out = self.text(&mut s, "out", parse_ifname);
+        let ports = self
+            .text(&mut s, "ports", parse_port_range)
+            .unwrap_or_else(|| default_str(&s, "ports", parse_port_range));
+        let (src, to) = (src?, to?);
+        if to.is_ipv6() != src.is_v6() {
+            let l = s.lines.of("to");
+            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            self.err(
+                l,
+                format!(
+                    "{}: to = \"{to}\" is an {} address but src = \"{src}\" is {} (a connection keeps its family: SNAT to an address of the source's family)",
+                    s.ctx,
+                    fam(to.is_ipv6()),
+                    fam(src.is_v6())
+                ),
+            );
+            return None;
+        }
+        Some(Located {
+            value: SnatCfg {
+                src,
+                to,
+                out,
+                ports,
+            },
             lines: s.lines,
         })
     }
