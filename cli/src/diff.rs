@@ -326,7 +326,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     bridge_changes(&old.bridges, &new.bridges, &mut restart);
     uplink_changes(&old.uplinks, &new.uplinks, &mut restart);
     vxlan_changes(&old.vxlans, &new.vxlans, &mut restart);
-    if old.conntrack != new.conntrack {
+    if old.conntrack != new.conntrack || old.max_entries6 != new.max_entries6 {
         restart.push("[conntrack] changed".into());
     }
     if old.neigh != new.neigh {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tapyard::conntrack::{CtConfig, Opened};
+use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
@@ -764,11 +764,8 @@ impl Plan {
             self.b
                 .netfilter(NatConfig {
                     conntrack: cfg.conntrack,
-                    // A node without IPv6 routes no IPv6: a small IPv6 table.
-                    conntrack6: (!has_v6).then_some(CtConfig {
-                        max_entries: 1024,
-                        ..cfg.conntrack
-                    }),
+                    // A node without IPv6 routes no IPv6: a minimal IPv6 table.
+                    conntrack6: Some(cfg.conntrack6()),
                     max_affinity_entries: None,
                     rules,
                 })
@@ -964,6 +961,12 @@ impl Built {
                 ct.config().max_entries,
                 ct.memory_bytes() >> 20,
                 if ct.config().liberal { ", liberal" } else { "" }
+            );
+            let ct6 = nf.conntrack6();
+            log::info!(
+                "conntrack6: at most {} IPv6 connections ({} KiB reserved)",
+                ct6.config().max_entries,
+                ct6.memory_bytes() >> 10,
             );
         }
         if let Some(m) = &cfg.masquerade {
@@ -1606,6 +1609,42 @@ mod tests {
         let mut none = c.clone();
         none.masquerade = None;
         assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    }
+
+    /// The IPv6 table follows `max_entries` on a node with an IPv6 address, is minimal on one
+    /// without, and `max_entries6` sets it on both; changing it needs a restart.
+    #[test]
+    fn ipv6_conntrack_size_follows_the_node_s_families() {
+        let dual = include_str!("../../examples/node-dual-stack.toml");
+        let v4 = cfg(EXAMPLE);
+        assert_eq!(v4.conntrack6().max_entries, crate::config::MIN_CONNTRACK6);
+        assert_eq!(v4.conntrack.max_entries, 262_144);
+        let c = cfg(dual);
+        assert_eq!(c.conntrack6().max_entries, 262_144);
+        let c = cfg(&format!("{dual}\n[conntrack]\nmax_entries = 5000\n"));
+        assert_eq!(c.conntrack6().max_entries, 5000);
+        assert_eq!(c.conntrack6().timeouts, c.conntrack.timeouts);
+        let own = cfg(&format!(
+            "{dual}\n[conntrack]\nmax_entries = 5000\nmax_entries6 = 700\n"
+        ));
+        assert_eq!(
+            (own.conntrack.max_entries, own.conntrack6().max_entries),
+            (5000, 700)
+        );
+        let v4own = cfg(&format!("{EXAMPLE}\n[conntrack]\nmax_entries6 = 300\n"));
+        assert_eq!(v4own.conntrack6().max_entries, 300);
+        let e = crate::diff::diff(&c, &own).unwrap_err();
+        assert_eq!(e, ["[conntrack] changed: this needs a restart of tapyard"]);
+        // The tables are made with them.
+        let nf = tapyard::nat::Netfilter::new(NatConfig {
+            conntrack: v4.conntrack,
+            conntrack6: Some(v4.conntrack6()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(nf.conntrack6().config().max_entries, 64);
+        assert!(nf.conntrack6().memory_bytes() < 64 << 10);
+        assert!(nf.conntrack6().fmt_dump(Instant::ZERO).is_empty());
     }
 
     /// `[[snat]]`s go to the rules of their family, in file order, with their ports and

@@ -407,6 +407,8 @@ pub struct Config {
     pub snats: Vec<Located<SnatCfg>>,
     /// `[conntrack]`, as the library's table configuration.
     pub conntrack: CtConfig,
+    /// `[conntrack] max_entries6`, if given (see [`Config::conntrack6`]).
+    pub max_entries6: Option<usize>,
     /// `[neigh]`, as the library's neighbour table configuration.
     pub neigh: NeighConfig,
 }
@@ -422,7 +424,28 @@ pub struct Connected<'a> {
     pub address6: Option<Cidr6>,
 }
 
+/// Entries of the IPv6 connection table of a node without an IPv6 address (unless
+/// `[conntrack] max_entries6` says otherwise): such a node routes no IPv6, so its IPv6 table
+/// only ever holds the few ICMPv6 echoes to the router's link-local addresses.
+pub const MIN_CONNTRACK6: usize = 64;
+
 impl Config {
+    /// The IPv6 connection table's configuration: `[conntrack]`'s, with `max_entries6` entries
+    /// when given, else `max_entries` on a node with an IPv6 address and [`MIN_CONNTRACK6`]
+    /// on one without.
+    pub fn conntrack6(&self) -> CtConfig {
+        let has_v6 = self.connected().iter().any(|c| c.address6.is_some());
+        let max_entries = match self.max_entries6 {
+            Some(n) => n,
+            None if has_v6 => self.conntrack.max_entries,
+            None => MIN_CONNTRACK6,
+        };
+        CtConfig {
+            max_entries,
+            ..self.conntrack
+        }
+    }
+
     /// Every interface with an address (bridges first, then uplinks: the router's order).
     pub fn connected(&self) -> Vec<Connected<'_>> {
         self.bridges

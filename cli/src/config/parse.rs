@@ -540,7 +540,7 @@ impl Parser<'_> {
             self.masquerade(s)
         });
         let snats = self.items(doc, &schema::SNAT, &mut broken, Self::snat);
-        let conntrack = match self.table(doc, "conntrack") {
+        let (conntrack, max_entries6) = match self.table(doc, "conntrack") {
             Some((t, span)) => {
                 let s = self.sec(t, span, "[conntrack]".into(), &schema::CONNTRACK);
                 self.conntrack(s)
@@ -579,6 +579,7 @@ impl Parser<'_> {
             masquerade,
             snats,
             conntrack,
+            max_entries6,
             neigh,
         };
         (config, broken)
@@ -1022,7 +1023,7 @@ impl Parser<'_> {
     /// library's (closing states, opening states) sets them all when it is given in the file,
     /// else only the one whose Linux default it has, so that an absent section means Linux's
     /// defaults (with kube-proxy's established and close-wait timeouts and limit).
-    fn conntrack(&mut self, mut s: Sec<'_, '_>) -> CtConfig {
+    fn conntrack(&mut self, mut s: Sec<'_, '_>) -> (CtConfig, Option<usize>) {
         let mut t = CtTimeouts {
             tcp_established: self.secs(&mut s, "tcp_established_timeout"),
             tcp_close_wait: self.secs(&mut s, "tcp_close_wait_timeout"),
@@ -1041,11 +1042,13 @@ impl Parser<'_> {
             t.tcp_last_ack = t.tcp_time_wait;
             t.tcp_close = t.tcp_time_wait;
         }
-        CtConfig {
+        let max_entries6 = self.given_int_as::<usize>(&mut s, "max_entries6");
+        let ct = CtConfig {
             max_entries: self.int_as::<usize>(&mut s, "max_entries"),
             liberal: self.boolean(&mut s, "liberal"),
             timeouts: t,
-        }
+        };
+        (ct, max_entries6)
     }
 
     /// `[neigh]` as the library's configuration, checked by the library.

@@ -622,6 +622,12 @@ pub const CONNTRACK: Section = Section {
             "entries (nf_conntrack_max)",
         ),
         key(
+            "max_entries6",
+            int(1, 1 << 26),
+            Dflt::Unset("max_entries on a node with an IPv6 address, 64 on one without"),
+            "entries of the IPv6 table (its own file, <state_dir>/conntrack6)",
+        ),
+        key(
             "tcp_established_timeout",
             secs(1, 30 * DAY),
             Dflt::Int(DAY),
