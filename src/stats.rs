@@ -179,10 +179,15 @@ drop_reasons! {
         /// Offload metadata (virtio-net header) that cannot be honoured: bad checksum offsets,
         /// an unsupported GSO type, or a super-frame that does not parse.
         BadOffload = "bad_offload",
-        /// The output port refused the frame (an I/O error, or the interface is down).
+        /// The output port refused the frame with an I/O error (other than the two below).
         TxError = "tx_error",
         /// The output port's queue was full.
         TxQueueFull = "tx_queue_full",
+        /// The output TAP's interface is not up (`EIO`: not yet, at start, until the pod's
+        /// side sets it up; or set down since). Not an error: Linux does not send to a bridge
+        /// port whose link is down either, and a normal start counts a few of these (frames
+        /// flooded before the pods' links come up: router solicitations, MLD, ARP).
+        TxLinkDown = "tx_link_down",
         /// The output port was removed ([`Datapath::remove_port`](crate::Datapath::remove_port))
         /// after the frame was forwarded or flooded to it, before it was sent; counted at
         /// transmit time.
@@ -275,7 +280,10 @@ impl DropReason {
     pub fn is_tx(self) -> bool {
         matches!(
             self,
-            DropReason::TxError | DropReason::TxQueueFull | DropReason::PortGone
+            DropReason::TxError
+                | DropReason::TxQueueFull
+                | DropReason::TxLinkDown
+                | DropReason::PortGone
         )
     }
 }

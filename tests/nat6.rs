@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop6, Route6, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, MasqueradeRule6, NatConfig, NatRules, Prefix6};
-use tapyard::nat::{LbAlgo, ServiceSpec};
-use tapyard::{BridgeConfig, Clock, Datapath, Instant, MacAddr, PortId, Verdict, Worker};
+use tapyard::nat::{LbAlgo, PortRange, ServiceSpec, SnatRule6};
+use tapyard::{
+    BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
+};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -559,4 +561,164 @@ fn packet_too_big_about_a_dnat_connection_reaches_the_client_translated() {
     );
     let want = t.to_header().calc_checksum_ipv6(&qh, t.payload()).unwrap();
     assert_eq!(t.checksum(), want, "quoted TCP checksum");
+}
+
+/// The UDP flows a dual-stack Service has to `endpoint` (by reply source), per family.
+fn udp_flows_to(n: &Node, ep4: Ipv4Addr, ep6: Ipv6Addr) -> (usize, usize) {
+    let nf = n.dp.netfilter().unwrap();
+    let v4 = nf
+        .conntrack()
+        .dump(n.now)
+        .iter()
+        .filter(|v| v.proto == 17 && v.reply.src == ep4)
+        .count();
+    let v6 = nf
+        .conntrack6()
+        .dump(n.now)
+        .iter()
+        .filter(|v| v.proto == 17 && v.reply.src == ep6)
+        .count();
+    (v4, v6)
+}
+
+#[test]
+fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy_does() {
+    let mut n = node();
+    let nf = n.dp.netfilter().unwrap();
+    // A dual-stack UDP Service (DNS-like) with one IPv4 and two IPv6 endpoints.
+    let (vip4, vip6) = ([10, 96, 0, 54], "fd00:10:96::54");
+    let mut dns = ServiceSpec::new("dns-dual", vip4.into(), 53, 17);
+    dns.vip6 = Some(a(vip6));
+    dns.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 5353), true)];
+    dns.endpoints6 = vec![ep6(B, 5353, true), ep6(REMOTE, 5353, false)];
+    nf.upsert_service(dns.clone(), n.now).unwrap();
+    // Clients send queries from many ports: some flows go to each IPv6 endpoint.
+    let mut to_remote = Vec::new();
+    for sport in 34000..34040u16 {
+        let (_, out) = send(&mut n, PA, &udp(POD_A, GW_MAC, A, sport, vip6, 53));
+        let (_, _, dst, _) = flow(one(&out).1);
+        if dst == a(REMOTE) {
+            to_remote.push(sport);
+        }
+    }
+    let mut f4 = Vec::new();
+    PacketBuilder::ethernet2(POD_A.0, GW_MAC.0)
+        .ipv4(A4, vip4, 64)
+        .udp(34100, 53)
+        .write(&mut f4, b"query")
+        .unwrap();
+    send(&mut n, PA, &f4);
+    assert!(to_remote.len() > 5 && to_remote.len() < 35, "{to_remote:?}");
+    let before = udp_flows_to(&n, B4.into(), a(REMOTE));
+    assert_eq!(before, (1, to_remote.len()));
+    let on_b = udp_flows_to(&n, B4.into(), a(B)).1;
+    assert_eq!(on_b, 40 - to_remote.len());
+    // A masqueraded UDP flow to the outside is no Service's: kept throughout.
+    send(&mut n, PA, &udp(POD_A, GW_MAC, A, 34200, OUTSIDE, 53));
+
+    // The remote endpoint goes away: its UDP flows are deleted (`conntrack -D -f ipv6`),
+    // the other endpoint's and the IPv4 family's are kept.
+    let nf = n.dp.netfilter().unwrap();
+    dns.endpoints6 = vec![ep6(B, 5353, true)];
+    nf.upsert_service(dns.clone(), n.now).unwrap();
+    assert_eq!(udp_flows_to(&n, B4.into(), a(REMOTE)), (1, 0));
+    assert_eq!(udp_flows_to(&n, B4.into(), a(B)).1, on_b);
+    // The client's next datagram on a flow that went to the removed endpoint now reaches
+    // the remaining one, instead of being sent to the gone pod until the flow times out.
+    for &sport in &to_remote {
+        let (_, out) = send(&mut n, PA, &udp(POD_A, GW_MAC, A, sport, vip6, 53));
+        let (p, f) = one(&out);
+        assert_eq!(p, PB);
+        assert_eq!(flow(f), (a(A), sport, a(B), 5353));
+    }
+
+    // The Service is removed: all its UDP flows go, in both families; others stay.
+    let nf = n.dp.netfilter().unwrap();
+    nf.remove_service("dns-dual", n.now).unwrap();
+    assert_eq!(udp_flows_to(&n, B4.into(), a(B)), (0, 0));
+    let rest: Vec<_> = nf
+        .conntrack6()
+        .dump(n.now)
+        .into_iter()
+        .filter(|v| v.proto == 17)
+        .map(|v| v.orig.dst)
+        .collect();
+    assert_eq!(rest, vec![a(OUTSIDE)], "the masqueraded flow is kept");
+}
+
+#[test]
+fn a_changed_ipv6_cluster_ip_flushes_the_old_frontend_s_udp_flows_only() {
+    let mut n = node();
+    send(&mut n, PA, &udp(POD_A, GW_MAC, A, 35000, DNS, 53));
+    let nf = n.dp.netfilter().unwrap();
+    assert_eq!(nf.conntrack6().len(), 1);
+    // Same endpoints, the IPv4 side added: the IPv6 flow stays.
+    let mut dns = nf.services().get("dns6").unwrap().spec().clone();
+    dns.vip = Ipv4Addr::new(10, 96, 0, 53);
+    dns.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 5353), true)];
+    nf.upsert_service(dns.clone(), n.now).unwrap();
+    assert_eq!(nf.conntrack6().len(), 1);
+    // The IPv6 ClusterIP changes: the flow to the old one is deleted.
+    dns.vip6 = Some(a("fd00:10:96::5353"));
+    nf.upsert_service(dns, n.now).unwrap();
+    assert_eq!(nf.conntrack6().len(), 0);
+}
+
+#[test]
+fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion() {
+    let mut n = node();
+    let nf = n.dp.netfilter().unwrap();
+    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    let to = a("fd00:172:18::50");
+    // ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -o eth0 -j SNAT
+    //   --to-source [fd00:172:18::50]:5000-5001 (the masquerade rule replaced by it).
+    nf.set_rules(NatRules {
+        cluster_cidr6: Some(Prefix6::new(a("fd00:10:244::"), 56)),
+        snat6: vec![SnatRule6 {
+            out: Some(eth0),
+            src: Prefix6::new(a("fd00:10:244:1::"), 64),
+            to,
+            ports: PortRange { lo: 5000, hi: 5001 },
+        }],
+        ..NatRules::default()
+    });
+    let mut ports = Vec::new();
+    for sport in [48000u16, 48001] {
+        let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, sport, OUTSIDE, 443, SYN));
+        let (p, f) = one(&out);
+        assert_eq!(p, ETH0);
+        let (src, sp, dst, dp) = flow(f);
+        assert_eq!((src, dst, dp), (to, a(OUTSIDE), 443));
+        ports.push((sp, sport));
+    }
+    ports.sort();
+    assert_eq!(
+        ports.iter().map(|p| p.0).collect::<Vec<_>>(),
+        vec![5000, 5001]
+    );
+    // The reply to the SNAT address reaches the pod, un-NAT'd.
+    let (sp, sport) = ports[0];
+    let (_, back) = send(
+        &mut n,
+        ETH0,
+        &tcp(OUTGW, UP_MAC, OUTSIDE, 443, &to.to_string(), sp, SYNACK),
+    );
+    let (p, f) = one(&back);
+    assert_eq!(p, PA);
+    assert_eq!(flow(f), (a(OUTSIDE), 443, a(A), sport));
+    // The range is used up: the next new connection is dropped and counted.
+    let (v, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 48002, OUTSIDE, 443, SYN));
+    assert_eq!(v, Verdict::Drop(DropReason::NatExhausted));
+    assert!(out.is_empty());
+    assert_eq!(n.dp.stats().drop_count(DropReason::NatExhausted), 1);
+    // Sources outside the rule's prefix are not translated by it.
+    let (_, out) = send(
+        &mut n,
+        ETH0,
+        &tcp(OUTGW, UP_MAC, CLIENT, 48100, REMOTE, 80, SYN),
+    );
+    let (p, f) = one(&out);
+    assert_eq!(p, ETH0);
+    assert_eq!(flow(f), (a(CLIENT), 48100, a(REMOTE), 80));
+    assert_eq!(n.dp.netfilter().unwrap().counters().snat, 2);
 }

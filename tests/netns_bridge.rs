@@ -359,7 +359,7 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
         "TAP transmit queue overflowed:\n{st}"
     );
     common::assert_no_drops(&st, &[]);
-    let tx_err = st.drop_count(DropReason::TxError);
+    let tx_err = st.drop_count(DropReason::TxError) + st.drop_count(DropReason::TxLinkDown);
     let tx_dropped: u64 = st.ports.iter().map(|p| p.tx_dropped).sum();
     assert_eq!(
         tx_dropped, tx_err,

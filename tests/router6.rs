@@ -939,3 +939,71 @@ fn probe_answered_without_target_lladdr_confirms_and_error_is_delivered() {
     );
     assert_eq!(n.dp.stats().drop_count(DropReason::NeighFailed), 1);
 }
+
+#[test]
+fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
+    let mut n = node();
+    let (peer3, peer4) = (
+        MacAddr([2, 0, 0, 0, 0x12, 3]),
+        MacAddr([2, 0, 0, 0, 0x12, 4]),
+    );
+    let eth0 = IfaceId(2);
+    n.dp.add_static_neigh6(eth0, a("fd00:172:18::4"), peer4, n.now)
+        .unwrap();
+    let to_remote = |n: &mut Node| {
+        let (_, out) = send(
+            n,
+            PA,
+            &udp6(
+                POD_A,
+                GW0_MAC,
+                "fd00:10:244:1::2",
+                "fd00:10:244:3::5",
+                64,
+                8,
+            ),
+        );
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].0, ETH0);
+        MacAddr(out[0].1[..6].try_into().unwrap())
+    };
+    assert_eq!(to_remote(&mut n), peer3);
+    let route = |gw: &str| Route6 {
+        prefix: a("fd00:10:244:3::"),
+        len: 64,
+        next_hop: NextHop6::Via(eth0, a(gw)),
+        metric: 1024,
+        proto: RouteProto::Static,
+    };
+    // `ip -6 route replace`: the route with that prefix and metric is swapped, returned.
+    let old = n.dp.replace_route6(route("fd00:172:18::4")).unwrap();
+    assert_eq!(old, Some(route("fd00:172:18::3")));
+    assert_eq!(to_remote(&mut n), peer4);
+    // Checked as an add: a gateway off every connected subnet is refused, and the route in
+    // place is kept (a remove + add would have lost it).
+    assert!(n
+        .dp
+        .replace_route6(route("fd00:1::1"))
+        .unwrap_err()
+        .to_string()
+        .contains("connected subnet"));
+    assert_eq!(to_remote(&mut n), peer4);
+    let routes = n.dp.routes6().unwrap().routes();
+    assert_eq!(
+        routes
+            .iter()
+            .filter(|r| r.prefix == a("fd00:10:244:3::"))
+            .count(),
+        1
+    );
+    // A prefix without a route: added.
+    let new = Route6 {
+        prefix: a("fd00:10:244:4::"),
+        ..route("fd00:172:18::4")
+    };
+    assert_eq!(n.dp.replace_route6(new), Ok(None));
+    assert_eq!(
+        n.dp.routes6().unwrap().lookup(a("fd00:10:244:4::1")),
+        Some(new.next_hop)
+    );
+}

@@ -1,6 +1,6 @@
 //! What a reload changes: a pure comparison of the running configuration with the new one.
 //!
-//! Routes, static neighbours, Services, `[masquerade]`, `node.cluster_cidr` (the NAT rules),
+//! Routes, static neighbours, Services, `[masquerade]`, `[[snat]]`, `node.cluster_cidr` (the NAT rules),
 //! the `ports` of a bridge and the peers of a `[[vxlan]]` are applied live; everything else (the node's identity and threads,
 //! bridges' other settings, uplinks, addresses, `[conntrack]` and `[neigh]` table limits) needs
 //! a restart, and a reload that changes any of it is refused as a whole, naming each change.
@@ -27,7 +27,8 @@ pub struct Diff {
     pub neighbors_added: Vec<NeighborCfg>,
     /// The new Service list, when any Service changed.
     pub services: Option<Vec<ServiceCfg>>,
-    /// The NAT rules changed (`[masquerade]` or `node.cluster_cidr`): set them anew.
+    /// The NAT rules changed (`[masquerade]`, `[[snat]]` or `node.cluster_cidr`): set them
+    /// anew.
     pub nat_rules: bool,
     /// Ports to remove, as (bridge, port), before the additions.
     pub ports_removed: Vec<(String, String)>,
@@ -325,7 +326,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     bridge_changes(&old.bridges, &new.bridges, &mut restart);
     uplink_changes(&old.uplinks, &new.uplinks, &mut restart);
     vxlan_changes(&old.vxlans, &new.vxlans, &mut restart);
-    if old.conntrack != new.conntrack {
+    if old.conntrack != new.conntrack || old.max_entries6 != new.max_entries6 {
         restart.push("[conntrack] changed".into());
     }
     if old.neigh != new.neigh {
@@ -428,6 +429,30 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
             out(&old.masquerade),
             out(&new.masquerade)
         ));
+        d.nat_rules = true;
+    }
+    let snats = |c: &Config| c.snats.iter().map(|s| s.value.clone()).collect::<Vec<_>>();
+    if snats(old) != snats(new) {
+        let list = |c: &Config| {
+            let v: Vec<String> = c
+                .snats
+                .iter()
+                .map(|s| {
+                    let out = s
+                        .out
+                        .as_ref()
+                        .map_or(String::new(), |o| format!(" out {o}"));
+                    format!("{} to {}:{}-{}{out}", s.src, s.to, s.ports.0, s.ports.1)
+                })
+                .collect();
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        d.summary
+            .push(format!("snat {} -> {}", list(old), list(new)));
         d.nat_rules = true;
     }
     if old.node.node_port_range != new.node.node_port_range {

@@ -9,6 +9,10 @@
 //! actions are described where they are checked.
 
 /// The variable naming the failure points to hit (debug builds only).
+#[cfg_attr(
+    not(debug_assertions),
+    allow(dead_code, reason = "a release build never reads it")
+)]
 pub const ENV: &str = "TAPYARD_TEST_FAILPOINT";
 
 /// The action [`ENV`] sets for failure point `point`; always `None` in a release build.

@@ -6,11 +6,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tapyard::conntrack::{CtConfig, Opened};
+use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
 use tapyard::nat::ServiceError;
-use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
+use tapyard::nat::{
+    MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, PortRange, Prefix, Prefix6, SnatRule,
+    SnatRule6,
+};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
@@ -223,13 +226,14 @@ fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result
             }
             .map_err(|e| fail(&e))
         }
-        IpCidr::V6(to) => {
+        IpCidr::V6(_) => {
             let route = to_route6(dp, cfg, r)?;
             if replace {
-                // The table has no replace for IPv6: a moment without the route.
-                let _ = dp.remove_route6(to.network(), to.len, Some(r.metric));
+                dp.replace_route6(route).map(|_| ())
+            } else {
+                dp.add_route6(route)
             }
-            dp.add_route6(route).map_err(|e| fail(&e))
+            .map_err(|e| fail(&e))
         }
     }
 }
@@ -310,8 +314,9 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
 /// The NAT rules besides Services, for both families: `node.cluster_cidr` (kube-proxy's
 /// `--cluster-cidr`, one prefix per family: Service traffic from outside it is masqueraded)
 /// and `[masquerade]` (pod traffic leaving the cluster CIDR of its family through `out`
-/// takes `out`'s address of that family, as `iptables` and `ip6tables` MASQUERADE rules).
-/// `iface` resolves interface names.
+/// takes `out`'s address of that family, as `iptables` and `ip6tables` MASQUERADE rules) and
+/// the `[[snat]]`s (each of its `src`'s family, in file order). `iface` resolves interface
+/// names.
 pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
@@ -342,6 +347,40 @@ pub fn to_nat_rules(
                 src: Some(c6),
                 except_dst: Some(c6),
             });
+        }
+    }
+    for s in &cfg.snats {
+        let out =
+            match &s.out {
+                Some(o) => Some(iface(o).ok_or_else(|| {
+                    format!("snat from {}: out = {o:?}: no router interface", s.src)
+                })?),
+                None => None,
+            };
+        let ports = PortRange {
+            lo: s.ports.0,
+            hi: s.ports.1,
+        };
+        match (s.src, s.to) {
+            (IpCidr::V4(src), std::net::IpAddr::V4(to)) => rules.snat.push(SnatRule {
+                out,
+                src: Prefix::new(src.network(), src.len),
+                to,
+                ports,
+            }),
+            (IpCidr::V6(src), std::net::IpAddr::V6(to)) => rules.snat6.push(SnatRule6 {
+                out,
+                src: Prefix6::new(src.network(), src.len),
+                to,
+                ports,
+            }),
+            // `check` refuses a family mix-up.
+            _ => {
+                return Err(format!(
+                    "snat from {}: to = {} is of the other family",
+                    s.src, s.to
+                ))
+            }
         }
     }
     Ok(rules)
@@ -725,11 +764,8 @@ impl Plan {
             self.b
                 .netfilter(NatConfig {
                     conntrack: cfg.conntrack,
-                    // A node without IPv6 routes no IPv6: a small IPv6 table.
-                    conntrack6: (!has_v6).then_some(CtConfig {
-                        max_entries: 1024,
-                        ..cfg.conntrack
-                    }),
+                    // A node without IPv6 routes no IPv6: a minimal IPv6 table.
+                    conntrack6: Some(cfg.conntrack6()),
                     max_affinity_entries: None,
                     rules,
                 })
@@ -926,6 +962,12 @@ impl Built {
                 ct.memory_bytes() >> 20,
                 if ct.config().liberal { ", liberal" } else { "" }
             );
+            let ct6 = nf.conntrack6();
+            log::info!(
+                "conntrack6: at most {} IPv6 connections ({} KiB reserved)",
+                ct6.config().max_entries,
+                ct6.memory_bytes() >> 10,
+            );
         }
         if let Some(m) = &cfg.masquerade {
             log::info!(
@@ -941,6 +983,18 @@ impl Built {
                     m.out
                 );
             }
+        }
+        for s in &cfg.snats {
+            log::info!(
+                "snat: new connections from {}{} take the source {} (ports {}-{})",
+                s.src,
+                s.out
+                    .as_ref()
+                    .map_or(String::new(), |o| format!(" leaving through {o}")),
+                s.to,
+                s.ports.0,
+                s.ports.1
+            );
         }
         Ok(node)
     }
@@ -1555,6 +1609,86 @@ mod tests {
         let mut none = c.clone();
         none.masquerade = None;
         assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    }
+
+    /// The IPv6 table follows `max_entries` on a node with an IPv6 address, is minimal on one
+    /// without, and `max_entries6` sets it on both; changing it needs a restart.
+    #[test]
+    fn ipv6_conntrack_size_follows_the_node_s_families() {
+        let dual = include_str!("../../examples/node-dual-stack.toml");
+        let v4 = cfg(EXAMPLE);
+        assert_eq!(v4.conntrack6().max_entries, crate::config::MIN_CONNTRACK6);
+        assert_eq!(v4.conntrack.max_entries, 262_144);
+        let c = cfg(dual);
+        assert_eq!(c.conntrack6().max_entries, 262_144);
+        let c = cfg(&format!("{dual}\n[conntrack]\nmax_entries = 5000\n"));
+        assert_eq!(c.conntrack6().max_entries, 5000);
+        assert_eq!(c.conntrack6().timeouts, c.conntrack.timeouts);
+        let own = cfg(&format!(
+            "{dual}\n[conntrack]\nmax_entries = 5000\nmax_entries6 = 700\n"
+        ));
+        assert_eq!(
+            (own.conntrack.max_entries, own.conntrack6().max_entries),
+            (5000, 700)
+        );
+        let v4own = cfg(&format!("{EXAMPLE}\n[conntrack]\nmax_entries6 = 300\n"));
+        assert_eq!(v4own.conntrack6().max_entries, 300);
+        let e = crate::diff::diff(&c, &own).unwrap_err();
+        assert_eq!(e, ["[conntrack] changed: this needs a restart of tapyard"]);
+        // The tables are made with them.
+        let nf = tapyard::nat::Netfilter::new(NatConfig {
+            conntrack: v4.conntrack,
+            conntrack6: Some(v4.conntrack6()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(nf.conntrack6().config().max_entries, 64);
+        assert!(nf.conntrack6().memory_bytes() < 64 << 10);
+        assert!(nf.conntrack6().fmt_dump(Instant::ZERO).is_empty());
+    }
+
+    /// `[[snat]]`s go to the rules of their family, in file order, with their ports and
+    /// interface (`ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -j SNAT
+    /// --to-source [fd00:172:18::50]:1024-65535` for the second).
+    #[test]
+    fn snat_rules_of_both_families() {
+        let src = format!(
+            "{}\n[[snat]]\nsrc = \"10.244.1.0/24\"\nto = \"172.18.0.50\"\nout = \"eth0\"\nports = \"5000-5999\"\n\n[[snat]]\nsrc = \"fd00:10:244:1::/64\"\nto = \"fd00:172:18::50\"\n",
+            include_str!("../../examples/node-dual-stack.toml")
+        );
+        let c = cfg(&src);
+        let ids = |n: &str| (n == "eth0").then_some(IfaceId(1));
+        let r = to_nat_rules(&c, ids).unwrap();
+        assert_eq!(
+            r.snat,
+            [SnatRule {
+                out: Some(IfaceId(1)),
+                src: Prefix::new(std::net::Ipv4Addr::new(10, 244, 1, 0), 24),
+                to: std::net::Ipv4Addr::new(172, 18, 0, 50),
+                ports: PortRange { lo: 5000, hi: 5999 },
+            }]
+        );
+        assert_eq!(
+            r.snat6,
+            [SnatRule6 {
+                out: None,
+                src: Prefix6::new("fd00:10:244:1::".parse().unwrap(), 64),
+                to: "fd00:172:18::50".parse().unwrap(),
+                ports: PortRange::MASQUERADE,
+            }]
+        );
+        // A reload that changes them sets the rules anew.
+        let d = crate::diff::diff(
+            &cfg(include_str!("../../examples/node-dual-stack.toml")),
+            &c,
+        )
+        .unwrap();
+        assert!(d.nat_rules, "{:?}", d.summary);
+        assert!(
+            d.summary.iter().any(|l| l.starts_with("snat none -> 10.244.1.0/24 to 172.18.0.50:5000-5999 out eth0, fd00:10:244:1::/64 to fd00:172:18::50:1024-65535")),
+            "{:?}",
+            d.summary
+        );
     }
 
     /// A dual-stack file: the IPv6 cluster CIDR and `[masquerade]` for IPv6 too

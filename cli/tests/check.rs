@@ -623,3 +623,57 @@ fn dual_stack_services_and_neighbours() {
         ],
     );
 }
+
+#[test]
+fn snat_rules_of_both_families_and_a_family_mix_up() {
+    // Valid: an IPv4 and an IPv6 rule (a dual-stack node), with and without `out`/`ports`.
+    let dual = BASE
+        .replace(
+            "cluster_cidr = \"10.244.0.0/16\"",
+            "cluster_cidr = [\"10.244.0.0/16\", \"fd00:10:244::/56\"]",
+        )
+        .replace(
+            "address = \"172.18.0.2/24\"",
+            "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
+        );
+    let ok = format!(
+        "{dual}\n[[snat]]\nsrc = \"10.244.1.0/24\"\nto = \"172.18.0.50\"\nout = \"eth0\"\nports = \"5000-5999\"\n\n[[snat]]\nsrc = \"fd00:10:244:1::/64\"\nto = \"fd00:172:18::50\"\n"
+    );
+    let (o, _) = check_file("snat-ok.toml", &ok);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+    // BASE has 24 lines: the first [[snat]] starts on line 26.
+    let text = format!(
+        "{BASE}\n[[snat]]\nsrc = \"10.244.1.0/24\"\nto = \"fd00:172:18::50\"\n\n[[snat]]\nsrc = \"fd00:10:244:1::/64\"\nto = \"172.18.0.50\"\nout = \"eth0\"\n\n[[snat]]\nsrc = \"10.244.2.0/24\"\nto = \"172.18.0.51\"\nout = \"eth9\"\nports = \"6000-5000\"\n"
+    );
+    expect_errors(
+        "snat",
+        &text,
+        &[
+            (
+                28,
+                "snat from 10.244.1.0/24: to = \"fd00:172:18::50\" is an IPv6 address but src = \"10.244.1.0/24\" is IPv4",
+            ),
+            (
+                32,
+                "snat from fd00:10:244:1::/64: to = \"172.18.0.50\" is an IPv4 address but src = \"fd00:10:244:1::/64\" is IPv6",
+            ),
+            (39, "snat from 10.244.2.0/24: ports = \"6000-5000\" is not a port range"),
+        ],
+    );
+    let (o, file) = check_file(
+        "snat-out.toml",
+        &format!(
+            "{BASE}\n[[snat]]\nsrc = \"10.244.2.0/24\"\nto = \"172.18.0.51\"\nout = \"eth9\"\n"
+        ),
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let want = format!(
+        "{file}:29: snat from 10.244.2.0/24: out = \"eth9\": no bridge or uplink is named \"eth9\""
+    );
+    assert!(
+        o.stderr.contains(&want),
+        "missing {want:?} in:\n{}",
+        o.stderr
+    );
+}

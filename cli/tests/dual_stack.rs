@@ -700,6 +700,11 @@ fn dual_stack_node() {
         results.push((name, r));
     };
 
+    case("a normal start shows no transmit error", &mut || {
+        // Frames flooded to the pods' TAPs before their links came up are `tx_link_down`.
+        let st = tapyard_ok(n, &["show", "stats"]);
+        assert!(!st.contains("tx_error"), "{st}");
+    });
     case("pod to pod (ping -6, TCP)", &mut || {
         ping6_ok(&a, POD_B6);
         let v = talk_ok(&a, "tcp", POD_B6, 8080, 2);

@@ -518,6 +518,18 @@ fn corrupted_state_file_is_refused_and_replaced() {
     n.plumb();
     n.start_server();
     n.web_works(Duration::from_secs(10));
+    // An IPv4-only node: its IPv6 table is the minimal one (it routes no IPv6), and `show
+    // conntrack` lists the IPv4 connections all the same.
+    let log = std::fs::read_to_string(&n.log).unwrap();
+    assert!(
+        log.contains("conntrack6: at most 64 IPv6 connections"),
+        "{log}"
+    );
+    let shown = tapyard_ok_at(&n.socket, &["show", "conntrack"]);
+    assert!(
+        shown.lines().any(|l| l.contains(&format!("dst={WEB_VIP}"))),
+        "{shown}"
+    );
     let file = n.table_file();
     let corruptions: [Corruption; 3] = [
         (

@@ -8,7 +8,8 @@
 //!
 //! Checked: an iperf3 TCP stream from pod-a to a ClusterIP Service (DNAT'd to pod-b) runs
 //! across a `--takeover` and completes with exit 0, its connection still in `show conntrack`
-//! (the table is handed over); the old process exits 0; the control socket answers afterwards and `show
+//! (the table is handed over), and so does an IPv6 stream beside it to the Service's IPv6
+//! ClusterIP (the node is dual-stack: the IPv6 table, `<conntrack>6`, is handed over too); the old process exits 0; the control socket answers afterwards and `show
 //! ports` lists the same ports (name, origin, bridge, MAC); a second takeover works too, with
 //! a UDP stream at a fixed rate across it whose loss is printed (the frames lost during a
 //! takeover) with the handover time from both processes' logs; a third one with a port taken
@@ -19,7 +20,8 @@
 //! Needs root, `ip`, `ping`, `iperf3`; without them the test prints why and passes, except
 //! with `CI=true`, where it fails. Names carry the process id; a guard kills every tapyard
 //! and iperf3 it started, deletes the namespaces and the TAP it added, on success and failure
-//! alike. Traffic goes only to addresses in namespaces the test creates (10.219.1.x).
+//! alike. Traffic goes only to addresses in namespaces the test creates (10.219.1.x,
+//! fd00:219:1::x).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +36,12 @@ const GW: &str = "10.219.1.1";
 /// A ClusterIP Service whose endpoint is pod-b's iperf3: the stream is DNAT'd, so it lives
 /// only if the connection table survives the takeover.
 const VIP: &str = "10.96.0.30";
+const POD_A6: &str = "fd00:219:1::2";
+const POD_B6: &str = "fd00:219:1::3";
+const GW6: &str = "fd00:219:1::1";
+/// The Service's IPv6 ClusterIP, DNAT'd to pod-b's second iperf3 (port 5202): an IPv6 stream
+/// lives across a takeover only if the IPv6 connection table survives it.
+const VIP6: &str = "fd00:96::30";
 
 fn skip_reason() -> Option<String> {
     if euid() != Some(0) {
@@ -115,22 +123,22 @@ impl Names {
         format!(
             r#"[node]
 name = "{node}"
-cluster_cidr = "10.219.0.0/16"
+cluster_cidr = ["10.219.0.0/16", "fd00:219::/56"]
 socket = "{socket}"
 state_dir = "{state}"
 workers = 2
 
 [[bridge]]
 name = "{bridge}"
-address = "{GW}/24"
+address = ["{GW}/24", "{GW6}/64"]
 ports = ["{a}", "{b}"]
 
 [[service]]
 name = "bulk"
-cluster_ip = "{VIP}"
+cluster_ip = ["{VIP}", "{VIP6}"]
 protocol = "tcp"
 port = 5201
-endpoints = ["{POD_B}:5201"]
+endpoints = ["{POD_B}:5201", "[{POD_B6}]:5202"]
 "#,
             socket = self.socket.display(),
             state = self.state.display(),
@@ -181,7 +189,7 @@ fn wait_exit(g: &mut Guard, i: usize, secs: u64) -> std::process::ExitStatus {
     }
 }
 
-fn attach_pod(ns: &str, tap: &str, addr: &str) {
+fn attach_pod(ns: &str, tap: &str, addr: &str, addr6: &str) {
     run(&["ip", "link", "set", tap, "netns", ns]);
     run(&[
         "ip",
@@ -196,6 +204,18 @@ fn attach_pod(ns: &str, tap: &str, addr: &str) {
     run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     run(&["ip", "-n", ns, "link", "set", tap, "up"]);
     run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
+    run(&[
+        "ip",
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{addr6}/64"),
+        "dev",
+        tap,
+        "nodad",
+    ]);
+    run(&["ip", "-n", ns, "-6", "route", "add", "default", "via", GW6]);
 }
 
 /// `show ports --json`, reduced to what must not change: name, origin, bridge, MAC.
@@ -283,11 +303,13 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
         run(&["ip", "netns", "add", ns]);
         g.namespaces.push(ns.to_string());
     }
-    attach_pod(&n.ns_a, &n.tap_a, POD_A);
-    attach_pod(&n.ns_b, &n.tap_b, POD_B);
+    attach_pod(&n.ns_a, &n.tap_a, POD_A, POD_A6);
+    attach_pod(&n.ns_b, &n.tap_b, POD_B, POD_B6);
     tapyard_ok_at(&n.socket, &["port", "add", &n.bridge, &n.extra]);
     ping_ok(&n.ns_a, POD_B);
     ping_ok(&n.ns_a, GW);
+    ping_ok(&n.ns_a, POD_B6);
+    ping_ok(&n.ns_a, GW6);
     let before = ports(&n);
     assert_eq!(before.len(), 3, "{before:?}");
     let record = recorded(&n);
@@ -376,9 +398,11 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     }
 
     spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5201"]);
+    spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5202"]);
     wait_listening(&n.ns_b, 5201);
+    wait_listening(&n.ns_b, 5202);
 
-    // Takeover 1, under an 8 s TCP stream through the ClusterIP.
+    // Takeover 1, under two 8 s TCP streams through the ClusterIPs, one per family.
     let tcp_out = dir.join("tcp.json");
     let tcp = iperf3(
         &mut g,
@@ -386,8 +410,20 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
         &["-c", VIP, "-p", "5201", "-t", "8"],
         &tcp_out,
     );
+    let tcp6_out = dir.join("tcp6.json");
+    let tcp6 = iperf3(
+        &mut g,
+        &n.ns_a,
+        &["-6", "-c", VIP6, "-p", "5201", "-t", "8"],
+        &tcp6_out,
+    );
     std::thread::sleep(Duration::from_secs(2));
     let ct = tapyard_ok_at(&n.socket, &["show", "conntrack"]);
+    assert!(
+        ct.contains(&format!("dst={VIP6}")) && ct.contains(&format!("src={POD_B6}")),
+        "{ct}\niperf3 -6: {}",
+        std::fs::read_to_string(&tcp6_out).unwrap_or_default(),
+    );
     assert!(
         ct.contains(&format!("dst={VIP}")),
         "{ct}\niperf3: {}\n{}\n{}",
@@ -402,19 +438,24 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
         g.procs[second].try_wait().unwrap().is_none(),
         "the new process is not running"
     );
-    let st = wait_exit(&mut g, tcp, 20);
-    assert!(st.success(), "iperf3 failed across the takeover: {st}");
-    let r = report(&tcp_out);
-    assert!(r.get("error").is_none(), "iperf3: {}", r["error"]);
-    let secs = r["end"]["sum_received"]["seconds"].as_f64().unwrap_or(0.0);
-    let bytes = r["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
-    let retrans = r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
-    assert!(secs >= 7.5, "the stream stopped early: {secs} s");
-    assert!(bytes > 0.0);
-    println!(
-        "takeover 1 under TCP: {:.0} Mbit/s over {secs:.1} s, {retrans} retransmits",
-        bytes * 8.0 / secs / 1e6
-    );
+    for (family, proc, out) in [("IPv4", tcp, &tcp_out), ("IPv6", tcp6, &tcp6_out)] {
+        let st = wait_exit(&mut g, proc, 20);
+        assert!(
+            st.success(),
+            "{family} iperf3 failed across the takeover: {st}"
+        );
+        let r = report(out);
+        assert!(r.get("error").is_none(), "{family} iperf3: {}", r["error"]);
+        let secs = r["end"]["sum_received"]["seconds"].as_f64().unwrap_or(0.0);
+        let bytes = r["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+        let retrans = r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+        assert!(secs >= 7.5, "the {family} stream stopped early: {secs} s");
+        assert!(bytes > 0.0);
+        println!(
+            "takeover 1 under TCP ({family}): {:.0} Mbit/s over {secs:.1} s, {retrans} retransmits",
+            bytes * 8.0 / secs / 1e6
+        );
+    }
     wait_for_socket(Some(&mut g.procs[second]), &n.socket);
     assert_eq!(ports(&n), before, "show ports changed across the takeover");
     assert_eq!(
@@ -427,7 +468,12 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
         ct.contains(&format!("dst={VIP}")),
         "the connection was lost: {ct}"
     );
+    assert!(
+        ct.contains(&format!("dst={VIP6}")),
+        "the IPv6 connection was lost: {ct}"
+    );
     ping_ok(&n.ns_a, POD_B);
+    ping_ok(&n.ns_a, POD_B6);
     ping_ok(&n.ns_a, GW);
     let log1 = g.logs[0].clone();
     let log2 = g.logs[1].clone();

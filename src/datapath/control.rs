@@ -156,6 +156,22 @@ impl Datapath {
         let Some(router) = &self.router else {
             return Err(RouteError6::NoInterface(0));
         };
+        Self::check_route6(router, &r)?;
+        router.routes6.add(r)
+    }
+
+    /// Adds an IPv6 route or replaces the one with the same prefix, length and metric in one
+    /// update (`ip -6 route replace`), checked as [`Datapath::add_route6`]. Returns the route
+    /// replaced.
+    pub fn replace_route6(&self, r: Route6) -> Result<Option<Route6>, RouteError6> {
+        let Some(router) = &self.router else {
+            return Err(RouteError6::NoInterface(0));
+        };
+        Self::check_route6(router, &r)?;
+        router.routes6.replace(r)
+    }
+
+    fn check_route6(router: &Router, r: &Route6) -> Result<(), RouteError6> {
         if let Some(i) = r.next_hop.iface() {
             if router.iface(i).is_none() {
                 return Err(RouteError6::NoInterface(i.0));
@@ -168,7 +184,7 @@ impl Datapath {
                 return Err(RouteError6::GatewayNotOnLink(gw));
             }
         }
-        router.routes6.add(r)
+        Ok(())
     }
 
     /// Removes the IPv6 route to `prefix/len` with `metric` (the best one if `None`), as

@@ -254,6 +254,37 @@ impl RouteTable6 {
         res
     }
 
+    /// Adds `r`, or replaces the route with the same prefix, length and metric in one update
+    /// (`ip -6 route replace`): readers see the old route or the new one, never neither (the
+    /// prefix's FIB entry is overwritten in place and published at once). Returns the route
+    /// replaced, if any; a refused replacement (too many next hops) changes nothing.
+    pub fn replace(&self, r: Route6) -> Result<Option<Route6>, RouteError6> {
+        let key = rib_key(&r)?;
+        let mut w = self.writer.lock();
+        let v = w.rib.entry(key).or_default();
+        let old = v
+            .iter()
+            .position(|x| x.metric == r.metric)
+            .map(|at| v.remove(at));
+        let at = v.partition_point(|x| x.metric <= r.metric);
+        v.insert(at, r);
+        match self.publish(&mut w, key) {
+            Ok(()) => Ok(old),
+            Err(e) => {
+                // Undo, so a refused replacement changes nothing.
+                if let Some(v) = w.rib.get_mut(&key) {
+                    v.retain(|x| x.metric != r.metric);
+                    if let Some(o) = old {
+                        let at = v.partition_point(|x| x.metric <= o.metric);
+                        v.insert(at, o);
+                    }
+                }
+                let _ = self.publish(&mut w, key);
+                Err(e)
+            }
+        }
+    }
+
     /// Removes the route to `prefix/len` with `metric` (any metric if `None`: the best one).
     pub fn remove(
         &self,
@@ -396,6 +427,50 @@ mod tests {
             s.contains("default via fe80::1 dev eth1 proto static metric 0"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn replace_swaps_one_metric_in_place_and_readers_never_see_a_gap() {
+        let t = std::sync::Arc::new(RouteTable6::new());
+        let (e0, e1) = (IfaceId(0), IfaceId(1));
+        let gw = |i: u16| Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, i);
+        // A new prefix: added.
+        assert_eq!(t.replace(r("::", 0, NextHop6::Via(e0, gw(1)), 0)), Ok(None));
+        t.add(r("::", 0, NextHop6::Blackhole, 100)).unwrap();
+        // The same prefix and metric: replaced, the old one returned, the other metric kept.
+        assert_eq!(
+            t.replace(r("::", 0, NextHop6::Via(e1, gw(2)), 0)),
+            Ok(Some(r("::", 0, NextHop6::Via(e0, gw(1)), 0)))
+        );
+        let dst: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        assert_eq!(t.lookup(dst), Some(NextHop6::Via(e1, gw(2))));
+        assert_eq!(t.routes().len(), 2);
+        assert_eq!(
+            t.replace(r("fd00::1", 64, NextHop6::Blackhole, 0)),
+            Err(RouteError6::HostBitsSet("fd00::1".parse().unwrap(), 64))
+        );
+        // Readers looking up while the default route's gateway flips never find no route
+        // (as `ip -6 route replace`; a remove + add would leave a moment without one).
+        t.remove("::".parse().unwrap(), 0, Some(100)).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (t, stop) = (t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert!(t.reader().lookup(dst).is_some(), "a gap after {n} lookups");
+                    n += 1;
+                }
+                n
+            })
+        };
+        for i in 0..2000u16 {
+            let nh = NextHop6::Via(if i % 2 == 0 { e0 } else { e1 }, gw(i % 8 + 1));
+            t.replace(r("::", 0, nh, 0)).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        assert_eq!(t.routes().len(), 1);
     }
 
     proptest! {

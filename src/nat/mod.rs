@@ -63,7 +63,7 @@ pub use alloc::{
 };
 pub use netfilter::{
     MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Netfilter, NfCounters, Prefix, Prefix6,
-    SnatRule,
+    SnatRule, SnatRule6,
 };
 pub use rewrite::{
     rewrite, rewrite6, rewrite_addrs, rewrite_icmp_error, rewrite_icmp_error6, CsumMode,

@@ -195,6 +195,21 @@ pub struct SnatRule {
     pub ports: PortRange,
 }
 
+/// [`SnatRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <src> [-o <out>] -j SNAT
+/// --to-source <to>[:<ports>]`): a new IPv6 connection from `src` leaving through `out` (or
+/// any interface) takes `to` as its source, with a port from `ports`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnatRule6 {
+    /// The egress interface (`None`: any).
+    pub out: Option<IfaceId>,
+    /// Sources it applies to.
+    pub src: Prefix6,
+    /// The new source address.
+    pub to: Ipv6Addr,
+    /// Source ports to use.
+    pub ports: PortRange,
+}
+
 /// The rules besides Services, replaced as a whole by [`Netfilter::set_rules`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NatRules {
@@ -210,6 +225,8 @@ pub struct NatRules {
     pub masquerade: Vec<MasqueradeRule>,
     /// SNAT rules, first match wins (checked after masquerade rules).
     pub snat: Vec<SnatRule>,
+    /// IPv6 SNAT rules, first match wins (checked after the IPv6 masquerade rules).
+    pub snat6: Vec<SnatRule6>,
     /// Ports MASQUERADE remaps a source port into when the original is taken (default
     /// as Linux: the source port is kept when free; otherwise 1024-65535, or 1-1023 for a
     /// privileged source port).
@@ -556,7 +573,9 @@ impl Netfilter {
 
     /// Adds or changes a Service (by name). When its endpoint list shrinks, UDP flows to
     /// removed endpoints are flushed, as kube-proxy does (`conntrack -D --orig-dst <vip>
-    /// --reply-src <endpoint> -p udp`); TCP connections to them are left to finish or time out.
+    /// --reply-src <endpoint> -p udp`, with `-f ipv6` for IPv6 endpoints); all of a
+    /// family's UDP flows of the Service are flushed when that family's ClusterIP or the port
+    /// changes. TCP connections to them are left to finish or time out.
     pub fn upsert_service(
         &self,
         spec: nat::ServiceSpec,
@@ -571,30 +590,57 @@ impl Netfilter {
                 .filter(|e| !spec.endpoints.iter().any(|n| n.addr == e.addr))
                 .map(|e| e.addr)
                 .collect();
-            if !gone.is_empty() || old.vip != spec.vip || old.port != spec.port {
-                self.flush_udp(
-                    id.get(),
-                    &gone,
-                    old.vip != spec.vip || old.port != spec.port,
-                    now,
-                );
+            let moved = old.vip != spec.vip || old.port != spec.port;
+            if !gone.is_empty() || moved {
+                self.flush_udp(id.get(), &gone, moved, now);
+            }
+            let gone6: Vec<_> = old
+                .endpoints6
+                .iter()
+                .filter(|e| !spec.endpoints6.iter().any(|n| n.addr == e.addr))
+                .map(|e| e.addr)
+                .collect();
+            let moved6 = old.vip6 != spec.vip6 || old.port != spec.port;
+            if !gone6.is_empty() || moved6 {
+                self.flush_udp6(id.get(), &gone6, moved6, now);
             }
         }
         Ok(id)
     }
 
-    /// Removes a Service; its UDP flows are flushed, TCP connections finish on their own.
+    /// Removes a Service; its UDP flows (both families) are flushed, TCP connections finish
+    /// on their own.
     pub fn remove_service(&self, name: &str, now: Instant) -> Option<nat::ServiceSpec> {
         let id = self.services.get(name).map(|s| s.id().get());
         let spec = self.services.remove(name)?;
         if let Some(id) = id {
             self.flush_udp(id, &[], true, now);
+            self.flush_udp6(id, &[], true, now);
         }
         Some(spec)
     }
 
     fn flush_udp(&self, service: u32, gone: &[std::net::SocketAddrV4], all: bool, now: Instant) {
         self.ct.retain(now, |v| {
+            if v.service != service || v.orig.proto != PROTO_UDP {
+                return true;
+            }
+            if all {
+                return false;
+            }
+            !gone
+                .iter()
+                .any(|g| *g.ip() == v.reply.src && g.port() == v.reply.sport)
+        });
+    }
+
+    /// [`Netfilter::flush_udp`] in the IPv6 table (if it was made: a table not made yet
+    /// holds no flow).
+    fn flush_udp6(&self, service: u32, gone: &[std::net::SocketAddrV6], all: bool, now: Instant) {
+        let Some(ct6) = self.ct6_if_made() else {
+            return;
+        };
+        ct6.retain(now, |v| {
             if v.service != service || v.orig.proto != PROTO_UDP {
                 return true;
             }

@@ -51,6 +51,18 @@ pub use observe::{Direction, Observed, Observer};
 pub use smol::SmolHost;
 pub use tap::{TapPort, MAX_QUEUES};
 
+/// The drop reason of a frame a TAP's `write` refused with `errno`: its queue full (`EAGAIN`,
+/// `ENOBUFS`) is [`DropReason::TxQueueFull`]; its interface not up (`EIO`, the kernel's
+/// `tun_get_user` refuses frames while the device is down) is [`DropReason::TxLinkDown`];
+/// anything else is [`DropReason::TxError`].
+pub fn tx_drop_reason(errno: i32) -> DropReason {
+    match errno {
+        libc::EAGAIN | libc::ENOBUFS => DropReason::TxQueueFull,
+        libc::EIO => DropReason::TxLinkDown,
+        _ => DropReason::TxError,
+    }
+}
+
 /// Something that carries Ethernet frames.
 pub trait Port: Send + Sync {
     /// The port's name (the interface name for a TAP).

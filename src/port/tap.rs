@@ -332,10 +332,7 @@ impl std::os::fd::AsFd for TapPort {
 }
 
 fn tx_reason(e: &io::Error) -> DropReason {
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::ENOBUFS) => DropReason::TxQueueFull,
-        _ => DropReason::TxError,
-    }
+    super::tx_drop_reason(e.raw_os_error().unwrap_or(0))
 }
 
 impl Port for TapPort {

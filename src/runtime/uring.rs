@@ -41,10 +41,7 @@ impl std::fmt::Debug for UringIo {
 pub(super) struct RingFailed(pub(super) io::Error);
 
 fn tx_reason(errno: i32) -> DropReason {
-    match errno {
-        libc::EAGAIN | libc::ENOBUFS => DropReason::TxQueueFull,
-        _ => DropReason::TxError,
-    }
+    crate::port::tx_drop_reason(errno)
 }
 
 impl UringIo {

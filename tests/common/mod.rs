@@ -345,19 +345,22 @@ pub fn name_tag() -> (u32, u64) {
 }
 
 /// Frames flooded towards a TAP before its interface is up are refused (`EIO`, counted as
-/// `tx_error`): IPv6 router solicitations, MLD reports and the like. Allow a few of them.
-pub const MAX_EARLY_TX_ERRORS: u64 = 50;
+/// `tx_link_down`): IPv6 router solicitations, MLD reports and the like. Allow a few of them.
+pub const MAX_EARLY_LINK_DOWN: u64 = 50;
 
-/// Panics, printing the counters, if any of `reasons` counted a drop or if there were more
-/// transmit errors than the few expected before the links came up.
+/// Panics, printing the counters, if any of `reasons` counted a drop, if a transmit failed
+/// with an error, or if more frames met a link not up than the few expected before the links
+/// came up.
 pub fn assert_no_drops(st: &tapyard::StatsSnapshot, reasons: &[tapyard::DropReason]) {
     for &r in reasons {
         assert_eq!(st.drop_count(r), 0, "unexpected {r} drops:\n{st}");
     }
     let tx_err = st.drop_count(tapyard::DropReason::TxError);
+    assert_eq!(tx_err, 0, "transmit errors:\n{st}");
+    let down = st.drop_count(tapyard::DropReason::TxLinkDown);
     assert!(
-        tx_err <= MAX_EARLY_TX_ERRORS,
-        "{tx_err} tx errors (more than the few expected before the links came up):\n{st}"
+        down <= MAX_EARLY_LINK_DOWN,
+        "{down} frames to links not up (more than the few expected before the links came up):\n{st}"
     );
 }
 

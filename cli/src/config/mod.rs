@@ -336,6 +336,20 @@ pub struct MasqueradeCfg {
     pub out: String,
 }
 
+/// `[[snat]]`: source NAT to a fixed address (`iptables`/`ip6tables -t nat -A POSTROUTING
+/// -s <src> [-o <out>] -j SNAT --to-source <to>:<ports>`), checked after `[masquerade]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnatCfg {
+    /// The sources it applies to (either family).
+    pub src: IpCidr,
+    /// The new source address, of `src`'s family.
+    pub to: IpAddr,
+    /// The egress interface (`None`: any).
+    pub out: Option<String>,
+    /// The source ports to use.
+    pub ports: (u16, u16),
+}
+
 /// `[[vxlan]]`: a VXLAN interface and its peers.
 #[derive(Clone, Debug)]
 pub struct VxlanCfg {
@@ -389,8 +403,12 @@ pub struct Config {
     pub vxlans: Vec<Located<VxlanCfg>>,
     /// `[masquerade]`.
     pub masquerade: Option<Located<MasqueradeCfg>>,
+    /// `[[snat]]`s, first match wins.
+    pub snats: Vec<Located<SnatCfg>>,
     /// `[conntrack]`, as the library's table configuration.
     pub conntrack: CtConfig,
+    /// `[conntrack] max_entries6`, if given (see [`Config::conntrack6`]).
+    pub max_entries6: Option<usize>,
     /// `[neigh]`, as the library's neighbour table configuration.
     pub neigh: NeighConfig,
 }
@@ -406,7 +424,28 @@ pub struct Connected<'a> {
     pub address6: Option<Cidr6>,
 }
 
+/// Entries of the IPv6 connection table of a node without an IPv6 address (unless
+/// `[conntrack] max_entries6` says otherwise): such a node routes no IPv6, so its IPv6 table
+/// only ever holds the few ICMPv6 echoes to the router's link-local addresses.
+pub const MIN_CONNTRACK6: usize = 64;
+
 impl Config {
+    /// The IPv6 connection table's configuration: `[conntrack]`'s, with `max_entries6` entries
+    /// when given, else `max_entries` on a node with an IPv6 address and [`MIN_CONNTRACK6`]
+    /// on one without.
+    pub fn conntrack6(&self) -> CtConfig {
+        let has_v6 = self.connected().iter().any(|c| c.address6.is_some());
+        let max_entries = match self.max_entries6 {
+            Some(n) => n,
+            None if has_v6 => self.conntrack.max_entries,
+            None => MIN_CONNTRACK6,
+        };
+        CtConfig {
+            max_entries,
+            ..self.conntrack
+        }
+    }
+
     /// Every interface with an address (bridges first, then uplinks: the router's order).
     pub fn connected(&self) -> Vec<Connected<'_>> {
         self.bridges

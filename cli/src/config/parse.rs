@@ -21,7 +21,7 @@ use super::values::{
 };
 use super::{
     BridgeCfg, Cidr, Cidr6, Config, Diag, EndpointCfg, Lines, Located, MasqueradeCfg, NeighborCfg,
-    NodeCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, UplinkCfg, VxlanCfg,
+    NodeCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
 };
 
 /// Byte offsets to 1-based line numbers.
@@ -485,6 +485,10 @@ impl Parser<'_> {
                     Some(ip) => format!("neighbor {ip}"),
                     None => format!("neighbor #{}", i + 1),
                 },
+                "snat" => match t.get("src").and_then(|v| v.get_ref().as_str()) {
+                    Some(src) => format!("snat from {src}"),
+                    None => format!("snat #{}", i + 1),
+                },
                 kind => match t.get("name").and_then(|v| v.get_ref().as_str()) {
                     Some(n) => format!("{kind} {n:?}"),
                     None => format!("{kind} #{}", i + 1),
@@ -535,7 +539,8 @@ impl Parser<'_> {
             let s = self.sec(t, span, "[masquerade]".into(), &schema::MASQUERADE);
             self.masquerade(s)
         });
-        let conntrack = match self.table(doc, "conntrack") {
+        let snats = self.items(doc, &schema::SNAT, &mut broken, Self::snat);
+        let (conntrack, max_entries6) = match self.table(doc, "conntrack") {
             Some((t, span)) => {
                 let s = self.sec(t, span, "[conntrack]".into(), &schema::CONNTRACK);
                 self.conntrack(s)
@@ -572,7 +577,9 @@ impl Parser<'_> {
             services,
             vxlans,
             masquerade,
+            snats,
             conntrack,
+            max_entries6,
             neigh,
         };
         (config, broken)
@@ -979,11 +986,44 @@ impl Parser<'_> {
         })
     }
 
+    fn snat(&mut self, mut s: Sec<'_, '_>, _: &DeTable<'_>) -> Option<Located<SnatCfg>> {
+        let src = self.text(&mut s, "src", parse_prefix_any);
+        let to = self.text(&mut s, "to", parse_ip_any);
+        let out = self.text(&mut s, "out", parse_ifname);
+        let ports = self
+            .text(&mut s, "ports", parse_port_range)
+            .unwrap_or_else(|| default_str(&s, "ports", parse_port_range));
+        let (src, to) = (src?, to?);
+        if to.is_ipv6() != src.is_v6() {
+            let l = s.lines.of("to");
+            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            self.err(
+                l,
+                format!(
+                    "{}: to = \"{to}\" is an {} address but src = \"{src}\" is {} (a connection keeps its family: SNAT to an address of the source's family)",
+                    s.ctx,
+                    fam(to.is_ipv6()),
+                    fam(src.is_v6())
+                ),
+            );
+            return None;
+        }
+        Some(Located {
+            value: SnatCfg {
+                src,
+                to,
+                out,
+                ports,
+            },
+            lines: s.lines,
+        })
+    }
+
     /// `[conntrack]` as the library's configuration. A timeout that stands for several of the
     /// library's (closing states, opening states) sets them all when it is given in the file,
     /// else only the one whose Linux default it has, so that an absent section means Linux's
     /// defaults (with kube-proxy's established and close-wait timeouts and limit).
-    fn conntrack(&mut self, mut s: Sec<'_, '_>) -> CtConfig {
+    fn conntrack(&mut self, mut s: Sec<'_, '_>) -> (CtConfig, Option<usize>) {
         let mut t = CtTimeouts {
             tcp_established: self.secs(&mut s, "tcp_established_timeout"),
             tcp_close_wait: self.secs(&mut s, "tcp_close_wait_timeout"),
@@ -1002,11 +1042,13 @@ impl Parser<'_> {
             t.tcp_last_ack = t.tcp_time_wait;
             t.tcp_close = t.tcp_time_wait;
         }
-        CtConfig {
+        let max_entries6 = self.given_int_as::<usize>(&mut s, "max_entries6");
+        let ct = CtConfig {
             max_entries: self.int_as::<usize>(&mut s, "max_entries"),
             liberal: self.boolean(&mut s, "liberal"),
             timeouts: t,
-        }
+        };
+        (ct, max_entries6)
     }
 
     /// `[neigh]` as the library's configuration, checked by the library.

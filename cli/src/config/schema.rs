@@ -536,6 +536,39 @@ pub const MASQUERADE: Section = Section {
     )],
 };
 
+/// `[[snat]]`.
+pub const SNAT: Section = Section {
+    name: "snat",
+    array: true,
+    help: "new connections from `src` take the fixed source `to` (iptables/ip6tables SNAT), after [masquerade]; first match wins",
+    keys: &[
+        key(
+            "src",
+            Ty::Str("10.244.1.0/24"),
+            Dflt::Required("the sources, an IPv4 or IPv6 prefix like \"10.244.1.0/24\""),
+            "the sources it applies to",
+        ),
+        key(
+            "to",
+            Ty::Str("172.18.0.50"),
+            Dflt::Required("the new source address, of src's family"),
+            "the new source address",
+        ),
+        key(
+            "out",
+            Ty::Str("eth0"),
+            Dflt::Unset("any interface"),
+            "only connections leaving through this interface",
+        ),
+        key(
+            "ports",
+            Ty::Str("1024-65535"),
+            Dflt::Str("1024-65535"),
+            "source ports to use (the original one when free and inside)",
+        ),
+    ],
+};
+
 /// `[neigh]`.
 pub const NEIGH: Section = Section {
     name: "neigh",
@@ -587,6 +620,12 @@ pub const CONNTRACK: Section = Section {
             int(1, 1 << 26),
             Dflt::Int(262_144),
             "entries (nf_conntrack_max)",
+        ),
+        key(
+            "max_entries6",
+            int(1, 1 << 26),
+            Dflt::Unset("max_entries on a node with an IPv6 address, 64 on one without"),
+            "entries of the IPv6 table (its own file, <state_dir>/conntrack6)",
         ),
         key(
             "tcp_established_timeout",
@@ -645,6 +684,7 @@ pub const SECTIONS: &[&Section] = &[
     &VXLAN,
     &VXLAN_PEER,
     &MASQUERADE,
+    &SNAT,
     &NEIGH,
     &CONNTRACK,
 ];

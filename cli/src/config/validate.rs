@@ -644,5 +644,18 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             );
         }
     }
+    // SNAT.
+    for r in &c.snats {
+        if let Some(out) = r.out.as_deref().filter(|o| !known(o)) {
+            err(
+                r.lines.of("out"),
+                format!(
+                    "snat from {}: out = {out:?}: {} (expected an uplink or a bridge with an address)",
+                    r.src,
+                    describe_iface(out)
+                ),
+            );
+        }
+    }
     diags.extend(warnings);
 }

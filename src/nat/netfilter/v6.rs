@@ -20,10 +20,9 @@
 //!   DNAT'd to an IPv6 endpoint, or rejected (TCP RST / ICMPv6 port unreachable, answered by
 //!   the router) without one; masqueraded to the egress interface's global IPv6 address on
 //!   the same marks as IPv4 (outside [`super::NatRules::cluster_cidr6`], NodePort with
-//!   policy Cluster, hairpin) or by a [`super::MasqueradeRule6`], with a free source port
-//!   from the IPv6 table ([`crate::nat::alloc_source6`]).
-//!
-//! **Not done yet**: SNAT rules to a fixed IPv6 address (`SnatRule` is IPv4 only).
+//!   policy Cluster, hairpin) or by a [`super::MasqueradeRule6`], else source-NAT'd to a
+//!   fixed address by a [`super::SnatRule6`], with a free source port from the IPv6 table
+//!   ([`crate::nat::alloc_source6`]).
 //!
 //! The IPv6 table is made with the engine ([`Netfilter::new`], with
 //! [`super::NatConfig::conntrack6`] or else the IPv4 table's settings), beside the IPv4 one in
@@ -112,7 +111,7 @@ impl Netfilter {
     }
 
     /// Whether the IPv6 table exists yet (without making it).
-    fn ct6_if_made(&self) -> Option<&Conntrack6> {
+    pub(super) fn ct6_if_made(&self) -> Option<&Conntrack6> {
         self.ct6.0.get()
     }
 
@@ -268,7 +267,7 @@ impl Netfilter {
                 } || hairpin;
             }
         }
-        let mut snat: Option<Ipv6Addr> = None;
+        let mut snat: Option<(Ipv6Addr, Option<PortRange>)> = None;
         if let Some((out, addr)) = routing.egress6(after.dst) {
             let rule = || {
                 rules.masquerade6.iter().any(|r| {
@@ -281,17 +280,21 @@ impl Netfilter {
                 // MASQUERADE on an interface without a global address: Linux drops the
                 // packet (no source address to take); so do we.
                 match addr {
-                    Some(a) => snat = Some(a),
+                    Some(a) => snat = Some((a, rules.masquerade_ports)),
                     None => return Hook::Drop(DropReason::NatExhausted),
                 }
+            } else if let Some(r) = rules
+                .snat6
+                .iter()
+                .find(|r| r.out.is_none_or(|o| o == out) && r.src.contains(t.src))
+            {
+                snat = Some((r.to, Some(r.ports)));
             }
         }
         let fin = match snat {
             None => after,
-            Some(addr) => {
-                let range = rules
-                    .masquerade_ports
-                    .unwrap_or_else(|| PortRange::linux_default(after.sport));
+            Some((addr, ports)) => {
+                let range = ports.unwrap_or_else(|| PortRange::linux_default(after.sport));
                 let in_use = |c: &Tuple6| ct.tuple_in_use(c, now);
                 let chosen = if rules.random_fully {
                     nat::alloc_source6_random_fully(&after, addr, range, hash, in_use)
