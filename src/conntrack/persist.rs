@@ -214,13 +214,17 @@ pub struct Recovery {
     pub expired: usize,
     /// Entries freed because a kept entry already held one of their tuples.
     pub duplicates: usize,
+    /// At a takeover ([`Conntrack::open_handed_over`](CtTable::open_handed_over)) of a table
+    /// whose size differs from the configuration's: `Some(configured max_entries)`, and the
+    /// table keeps the file's size (its connections with it); a restart applies the new size.
+    pub size_kept_over: Option<usize>,
 }
 
 impl fmt::Display for Recovery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.opened {
-            Opened::Created => write!(f, "new connection table"),
-            Opened::Refused(r) => write!(f, "connection table file refused ({r}): new table"),
+            Opened::Created => write!(f, "new connection table")?,
+            Opened::Refused(r) => write!(f, "connection table file refused ({r}): new table")?,
             Opened::Reused => write!(
                 f,
                 "connection table reused after {} (pid {}): {} connections kept; freed {} \
@@ -236,8 +240,15 @@ impl fmt::Display for Recovery {
                 self.invalid,
                 self.expired,
                 self.duplicates
-            ),
+            )?,
         }
+        if let Some(asked) = self.size_kept_over {
+            write!(
+                f,
+                "; kept the handed-over table's size (max_entries {asked} applies at the next restart)"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -342,6 +353,31 @@ fn read_header(file: &File, len: u64) -> io::Result<[u64; H_WORDS]> {
 
 /// Checks a header against the one this build would write (`want`, whose hash words are
 /// ignored). The checks go from what says "not a table file" to what says "another table".
+/// A new, empty, locked file that takes `path`'s name (created beside it, then renamed over
+/// it, so that `path` always names a whole file); whoever has the old one open keeps it.
+fn replace_file(path: &Path) -> io::Result<File> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".new-{}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    let _ = std::fs::remove_file(&tmp);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&tmp)?;
+    if !sys::try_lock_exclusive(&file)? {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io::Error::from(io::ErrorKind::WouldBlock));
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(file)
+}
+
 fn check(h: &[u64; H_WORDS], want: &[u64; H_WORDS], len: u64) -> Result<(), Refusal> {
     if h[H_MAGIC] != want[H_MAGIC] {
         if len < HEADER_BYTES as u64 {
@@ -445,7 +481,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 path: path.to_path_buf(),
                 err: std::sync::Arc::new(err),
             })?;
-        Self::open_handed_over(cfg, file, path, now)
+        Self::open_inner(cfg, file, path, now, false)
     }
 
     /// [`Conntrack::open_file`](CtTable::open_file) on a file already open: one that the process using it as
@@ -458,11 +494,29 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// # Errors
     /// As [`Conntrack::open_file`](CtTable::open_file); [`CtFileError::InUse`] if another open file holds the
     /// lock (the file was not handed over but opened again).
+    ///
+    /// The giving process still maps the file, and takes it back if the takeover fails, so a
+    /// handed-over file is never resized or rewritten under it: a table of another size is
+    /// kept at the file's size ([`Recovery::size_kept_over`]; a restart applies the
+    /// configured one), and a file refused for another reason (another build's format) is
+    /// replaced by a new file at `path`, the giver's one left as it was.
     pub fn open_handed_over(
         cfg: CtConfig,
         file: File,
         path: &Path,
         now: Instant,
+    ) -> Result<(CtTable<K, W>, Recovery), CtFileError> {
+        Self::open_inner(cfg, file, path, now, true)
+    }
+
+    /// [`Conntrack::open_file`](CtTable::open_file) (`handed` false) or
+    /// [`Conntrack::open_handed_over`](CtTable::open_handed_over) (`handed` true) on the open `file`.
+    fn open_inner(
+        mut cfg: CtConfig,
+        mut file: File,
+        path: &Path,
+        now: Instant,
+        handed: bool,
     ) -> Result<(CtTable<K, W>, Recovery), CtFileError> {
         validate(&cfg).map_err(CtFileError::Config)?;
         let io_err = |op: &'static str| {
@@ -477,11 +531,34 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 path: path.to_path_buf(),
             });
         }
-        let layout = Layout::of::<W>(cfg.max_entries);
+        let mut layout = Layout::of::<W>(cfg.max_entries);
         let boot = sys::boot_id().unwrap_or([0; 16]);
         let len = file.metadata().map_err(io_err("stat"))?.len();
         let mut want = layout.header::<W>(magic(K::FAMILY), [0; 3], boot);
         let found = read_header(&file, len).map_err(io_err("read header"))?;
+        let mut size_kept_over = None;
+        if handed {
+            // Another size only: keep the file's, if it is one this build could have made.
+            if let Err(Refusal::Layout {
+                field: "max_entries",
+                found: n,
+                ..
+            }) = check(&found, &want, len)
+            {
+                let theirs = CtConfig {
+                    max_entries: usize::try_from(n).unwrap_or(usize::MAX),
+                    ..cfg
+                };
+                if validate(&theirs).is_ok() {
+                    let l = Layout::of::<W>(theirs.max_entries);
+                    let w = l.header::<W>(magic(K::FAMILY), [0; 3], boot);
+                    if check(&found, &w, len).is_ok() {
+                        size_kept_over = Some(cfg.max_entries);
+                        (cfg, layout, want) = (theirs, l, w);
+                    }
+                }
+            }
+        }
         let mut rec = Recovery {
             opened: Opened::Created,
             clean: false,
@@ -491,6 +568,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             invalid: 0,
             expired: 0,
             duplicates: 0,
+            size_kept_over,
         };
         let hash = if len == 0 {
             None
@@ -515,6 +593,11 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         let hash = match hash {
             Some(h) => h,
             None => {
+                if handed && len > 0 {
+                    // The giver maps this file and may take it back: start over in a new
+                    // file at `path` instead, leaving the giver's as it is.
+                    file = replace_file(path).map_err(io_err("replace"))?;
+                }
                 // Start over: zeroes everywhere (every entry FREE), then the header. A process
                 // killed in between leaves a file with no magic, refused next time.
                 file.set_len(0).map_err(io_err("truncate"))?;
@@ -596,6 +679,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             invalid,
             expired,
             duplicates,
+            size_kept_over: None,
         }
     }
 }

@@ -594,3 +594,100 @@ fn a_table_taken_back_after_a_failed_handover_is_consistent() {
     assert_eq!(h[H_CLEAN], 0);
     assert_eq!(h[H_PID], u64::from(std::process::id()));
 }
+
+/// A takeover by a successor configured for another table size: the giver still maps the
+/// file (and takes it back if the takeover fails), so the successor keeps the file's size
+/// and every connection instead of resizing the file under it; a restart applies the size.
+#[test]
+fn a_handed_over_table_of_another_size_keeps_its_size_and_connections() {
+    let f = TempFile::new("handover-size");
+    let t0 = now();
+    let (ct, _) = Conntrack::open_file(cfg(1024), &f.0, t0).unwrap();
+    for k in 0..50 {
+        let (o, r) = conn(k);
+        ct.insert(o, r, CtTag::default(), &first(k), t0).unwrap();
+    }
+    let before = ct.dump(t0);
+    let len = std::fs::metadata(&f.0).unwrap().len();
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (next, rec) = Conntrack::open_handed_over(cfg(64), File::from(fd), &f.0, t0).unwrap();
+    assert_eq!((&rec.opened, rec.kept), (&Opened::Reused, 50), "{rec}");
+    assert_eq!(rec.size_kept_over, Some(64));
+    assert!(
+        rec.to_string()
+            .contains("max_entries 64 applies at the next restart"),
+        "{rec}"
+    );
+    assert_eq!(next.config().max_entries, 1024);
+    assert_eq!(next.dump(t0), before);
+    assert_eq!(
+        std::fs::metadata(&f.0).unwrap().len(),
+        len,
+        "the file was resized"
+    );
+    // The successor gives up: the giver takes back a whole table.
+    drop(next);
+    let rec = ct.take_back(t0);
+    assert_eq!(rec.kept, 50, "{rec}");
+    ct.check_invariants().unwrap();
+    for k in 0..50 {
+        assert!(ct.lookup(&conn(k).0, t0).is_some(), "connection {k}");
+    }
+    // A restart (a fresh open) applies the configured size.
+    drop(ct);
+    let (ct, rec) = Conntrack::open_file(cfg(64), &f.0, t0).unwrap();
+    assert!(matches!(rec.opened, Opened::Refused(_)), "{rec}");
+    assert_eq!(ct.config().max_entries, 64);
+}
+
+/// A handed-over file the successor cannot use (another build's format): the successor
+/// starts a new file at the path, and the giver's file, which it still maps, is left whole
+/// for it to take back.
+#[test]
+fn a_refused_handed_over_file_is_replaced_not_rewritten_under_the_giver() {
+    let f = TempFile::new("handover-refused");
+    let t0 = now();
+    let (ct, _) = Conntrack::open_file(cfg(256), &f.0, t0).unwrap();
+    for k in 0..30 {
+        let (o, r) = conn(k);
+        ct.insert(o, r, CtTag::default(), &first(k), t0).unwrap();
+    }
+    // As if the giver were another build: its header names another format version.
+    write_word(&f.0, H_VERSION, 99);
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (next, rec) = Conntrack::open_handed_over(cfg(256), File::from(fd), &f.0, t0).unwrap();
+    assert!(
+        matches!(
+            rec.opened,
+            Opened::Refused(Refusal::Version { found: 99, .. })
+        ),
+        "{rec}"
+    );
+    assert!(next.is_empty());
+    let (o, r) = conn(500);
+    next.insert(o, r, CtTag::default(), &first(500), t0)
+        .unwrap();
+    next.check_invariants().unwrap();
+    // The giver's table is untouched: it takes it back whole.
+    drop(next);
+    let rec = ct.take_back(t0);
+    assert_eq!(rec.kept, 30, "{rec}");
+    ct.check_invariants().unwrap();
+    assert!(ct.lookup(&conn(7).0, t0).is_some());
+    // The path names the successor's file, whole, with its one connection.
+    drop(ct);
+    let (ct, rec) = Conntrack::open_file(cfg(256), &f.0, t0).unwrap();
+    assert_eq!((&rec.opened, rec.kept), (&Opened::Reused, 1), "{rec}");
+    assert!(ct.lookup(&conn(500).0, t0).is_some());
+    let dir = f.0.parent().unwrap();
+    let stray = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("tapyard-ct-handover-refused")
+                && e.file_name().to_string_lossy().contains(".new-")
+        });
+    assert!(!stray, "a temporary file was left behind");
+}
