@@ -546,7 +546,7 @@ fn masquerade_never_reuses_a_tuple_and_snat_counts_exhaustion() {
             out: Some(eth0),
             src: Prefix::new(Ipv4Addr::new(10, 244, 1, 0), 24),
             to: Ipv4Addr::new(172, 18, 0, 50),
-            ports: tapyard::nat::PortRange { lo: 5000, hi: 5001 },
+            ports: Some(tapyard::nat::PortRange { lo: 5000, hi: 5001 }),
         }],
         ..NatRules::default()
     });
@@ -567,6 +567,28 @@ fn masquerade_never_reuses_a_tuple_and_snat_counts_exhaustion() {
     // Established connections made under the old rules keep their translation.
     let (_, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 47000, OUTSIDE, 80, ACK));
     assert_eq!(flow(one(&out).1), (NODE, sport, OUTSIDE, 80));
+
+    // SNAT without a port range, as iptables' `-j SNAT --to-source 172.18.0.50`: the
+    // original port when free, else one of its class (a privileged port stays privileged).
+    n.dp.netfilter().unwrap().set_rules(NatRules {
+        cluster_cidr: Some(Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16)),
+        snat: vec![tapyard::nat::SnatRule {
+            out: Some(eth0),
+            src: Prefix::new(Ipv4Addr::new(10, 244, 1, 0), 24),
+            to: Ipv4Addr::new(172, 18, 0, 50),
+            ports: None,
+        }],
+        ..NatRules::default()
+    });
+    let (_, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 700, OUTSIDE, 443, SYN));
+    assert_eq!(flow(one(&out).1), ([172, 18, 0, 50], 700, OUTSIDE, 443));
+    // The same source port from the other pod: taken, so another of 600-1023.
+    let (_, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 700, OUTSIDE, 443, SYN));
+    let (src, p, _, _) = flow(one(&out).1);
+    assert_eq!(src, [172, 18, 0, 50]);
+    assert!((600..=1023).contains(&p) && p != 700, "port {p}");
+    let (_, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 40000, OUTSIDE, 443, SYN));
+    assert_eq!(flow(one(&out).1).1, 40000);
 }
 
 // -- TSO super-frames from offload TAPs, routed and NAT'd ------------------------------------

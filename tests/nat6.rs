@@ -678,7 +678,7 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
             out: Some(eth0),
             src: Prefix6::new(a("fd00:10:244:1::"), 64),
             to,
-            ports: PortRange { lo: 5000, hi: 5001 },
+            ports: Some(PortRange { lo: 5000, hi: 5001 }),
         }],
         ..NatRules::default()
     });

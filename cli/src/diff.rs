@@ -442,7 +442,10 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
                         .out
                         .as_ref()
                         .map_or(String::new(), |o| format!(" out {o}"));
-                    format!("{} to {}:{}-{}{out}", s.src, s.to, s.ports.0, s.ports.1)
+                    let ports = s
+                        .ports
+                        .map_or(String::new(), |(lo, hi)| format!(":{lo}-{hi}"));
+                    format!("{} to {}{ports}{out}", s.src, s.to)
                 })
                 .collect();
             if v.is_empty() {

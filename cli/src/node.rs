@@ -357,10 +357,7 @@ pub fn to_nat_rules(
                 })?),
                 None => None,
             };
-        let ports = PortRange {
-            lo: s.ports.0,
-            hi: s.ports.1,
-        };
+        let ports = s.ports.map(|(lo, hi)| PortRange { lo, hi });
         match (s.src, s.to) {
             (IpCidr::V4(src), std::net::IpAddr::V4(to)) => rules.snat.push(SnatRule {
                 out,
@@ -986,14 +983,16 @@ impl Built {
         }
         for s in &cfg.snats {
             log::info!(
-                "snat: new connections from {}{} take the source {} (ports {}-{})",
+                "snat: new connections from {}{} take the source {} ({})",
                 s.src,
                 s.out
                     .as_ref()
                     .map_or(String::new(), |o| format!(" leaving through {o}")),
                 s.to,
-                s.ports.0,
-                s.ports.1
+                s.ports.map_or(
+                    "ports of the original one's class".to_string(),
+                    |(lo, hi)| { format!("ports {lo}-{hi}") }
+                )
             );
         }
         Ok(node)
@@ -1665,7 +1664,7 @@ mod tests {
                 out: Some(IfaceId(1)),
                 src: Prefix::new(std::net::Ipv4Addr::new(10, 244, 1, 0), 24),
                 to: std::net::Ipv4Addr::new(172, 18, 0, 50),
-                ports: PortRange { lo: 5000, hi: 5999 },
+                ports: Some(PortRange { lo: 5000, hi: 5999 }),
             }]
         );
         assert_eq!(
@@ -1674,7 +1673,8 @@ mod tests {
                 out: None,
                 src: Prefix6::new("fd00:10:244:1::".parse().unwrap(), 64),
                 to: "fd00:172:18::50".parse().unwrap(),
-                ports: PortRange::MASQUERADE,
+                // No range given: iptables' default, the original port's class.
+                ports: None,
             }]
         );
         // A reload that changes them sets the rules anew.
@@ -1685,7 +1685,7 @@ mod tests {
         .unwrap();
         assert!(d.nat_rules, "{:?}", d.summary);
         assert!(
-            d.summary.iter().any(|l| l.starts_with("snat none -> 10.244.1.0/24 to 172.18.0.50:5000-5999 out eth0, fd00:10:244:1::/64 to fd00:172:18::50:1024-65535")),
+            d.summary.iter().any(|l| l.starts_with("snat none -> 10.244.1.0/24 to 172.18.0.50:5000-5999 out eth0, fd00:10:244:1::/64 to fd00:172:18::50")),
             "{:?}",
             d.summary
         );

@@ -191,8 +191,10 @@ pub struct SnatRule {
     pub src: Prefix,
     /// The new source address.
     pub to: Ipv4Addr,
-    /// Source ports to use.
-    pub ports: PortRange,
+    /// Source ports to use; `None` as iptables' SNAT without a port range: the original port
+    /// when free, else one of its class ([`PortRange::linux_default`]: privileged ports stay
+    /// privileged).
+    pub ports: Option<PortRange>,
 }
 
 /// [`SnatRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <src> [-o <out>] -j SNAT
@@ -206,8 +208,8 @@ pub struct SnatRule6 {
     pub src: Prefix6,
     /// The new source address.
     pub to: Ipv6Addr,
-    /// Source ports to use.
-    pub ports: PortRange,
+    /// Source ports to use; `None`: as [`SnatRule::ports`].
+    pub ports: Option<PortRange>,
 }
 
 /// The rules besides Services, replaced as a whole by [`Netfilter::set_rules`].
@@ -950,7 +952,7 @@ impl Netfilter {
                 .iter()
                 .find(|r| r.out.is_none_or(|o| o == out.0) && r.src.contains(t.src))
             {
-                snat = Some((r.to, Some(r.ports)));
+                snat = Some((r.to, r.ports));
             }
         }
         let fin = match snat {

@@ -346,8 +346,9 @@ pub struct SnatCfg {
     pub to: IpAddr,
     /// The egress interface (`None`: any).
     pub out: Option<String>,
-    /// The source ports to use.
-    pub ports: (u16, u16),
+    /// The source ports to use (`None`: the original port's class, as iptables' SNAT
+    /// without a range).
+    pub ports: Option<(u16, u16)>,
 }
 
 /// `[[vxlan]]`: a VXLAN interface and its peers.

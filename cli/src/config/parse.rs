@@ -990,9 +990,7 @@ impl Parser<'_> {
         let src = self.text(&mut s, "src", parse_prefix_any);
         let to = self.text(&mut s, "to", parse_ip_any);
         let out = self.text(&mut s, "out", parse_ifname);
-        let ports = self
-            .text(&mut s, "ports", parse_port_range)
-            .unwrap_or_else(|| default_str(&s, "ports", parse_port_range));
+        let ports = self.text(&mut s, "ports", parse_port_range);
         let (src, to) = (src?, to?);
         if to.is_ipv6() != src.is_v6() {
             let l = s.lines.of("to");

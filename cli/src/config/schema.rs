@@ -563,7 +563,7 @@ pub const SNAT: Section = Section {
         key(
             "ports",
             Ty::Str("1024-65535"),
-            Dflt::Str("1024-65535"),
+            Dflt::Unset("the original port when free, else one of its class, as iptables' SNAT without a range (below 512: 1-511, 512-1023: 600-1023, else 1024-65535)"),
             "source ports to use (the original one when free and inside)",
         ),
     ],

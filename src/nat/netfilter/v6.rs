@@ -288,7 +288,7 @@ impl Netfilter {
                 .iter()
                 .find(|r| r.out.is_none_or(|o| o == out) && r.src.contains(t.src))
             {
-                snat = Some((r.to, Some(r.ports)));
+                snat = Some((r.to, r.ports));
             }
         }
         let fin = match snat {
