@@ -723,7 +723,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
 
     /// Finds the entry holding tuple `l` whose life stage passes `ok` and that has not
     /// expired at `now_us`.
-    #[inline]
+    #[inline(always)]
     fn find(
         &self,
         l: &CtLoc<W>,
