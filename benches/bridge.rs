@@ -71,12 +71,11 @@ fn bench(c: &mut Criterion) {
             .collect();
         g.throughput(Throughput::Elements(BATCH_SIZE as u64));
         let mut k = 0usize;
-        g.bench_function(BenchmarkId::new("tapyard_fdb", stations), |bch| {
-            bch.iter(|| {
-                k = (k + 1) & 63;
-                dp.process(&mut w, now, &mut bufs[k]);
-                black_box(bufs[k].verdicts());
-            })
+        let id = format!("tapyard_fdb/{stations}");
+        common::bench_iter(&mut g, "forwarding_decision", &id, || {
+            k = (k + 1) & 63;
+            dp.process(&mut w, now, &mut bufs[k]);
+            black_box(bufs[k].verdicts());
         });
         let mut k = 0usize;
         g.bench_function(BenchmarkId::new("mutex_hashmap", stations), |bch| {

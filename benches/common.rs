@@ -83,3 +83,71 @@ impl Rng {
 pub fn mac_of(i: u32) -> MacAddr {
     MacAddr::local(i.wrapping_mul(0x9e37_79b9) | 1)
 }
+
+/// The deterministic mode of `benches/callgrind.sh`: with `TAPYARD_BENCH_ITERS=N` set, a
+/// bench registered through [`bench_batched`] is not handed to criterion (whose iteration
+/// count follows the wall clock); the one whose id (`group/name`) equals
+/// `TAPYARD_BENCH_ID` runs exactly N iterations inside [`measured`], the function callgrind
+/// collects in. The others are skipped (their set-up, outside `measured`, still runs).
+pub fn deterministic() -> Option<(u64, String)> {
+    let n = std::env::var("TAPYARD_BENCH_ITERS").ok()?;
+    let n = n
+        .parse()
+        .expect("TAPYARD_BENCH_ITERS: a number of iterations");
+    Some((n, std::env::var("TAPYARD_BENCH_ID").unwrap_or_default()))
+}
+
+/// `g.bench_function(name, |b| b.iter_batched(setup, routine, PerIteration))`, or in the
+/// deterministic mode ([`deterministic`]) exactly N rounds of `setup` then `routine` when
+/// `group/name` is the selected id.
+pub fn bench_batched<I, O>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    group: &str,
+    name: &str,
+    mut setup: impl FnMut() -> I,
+    mut routine: impl FnMut(I) -> O,
+) {
+    match deterministic() {
+        Some((n, id)) => {
+            if id == format!("{group}/{name}") {
+                println!("{id}: {n} deterministic iterations");
+                measured(n, &mut setup, &mut routine);
+            }
+        }
+        None => {
+            g.bench_function(name, |b| {
+                b.iter_batched(&mut setup, &mut routine, criterion::BatchSize::PerIteration)
+            });
+        }
+    }
+}
+
+/// `n` rounds of `setup` then `routine` (callgrind's `--toggle-collect` target).
+#[inline(never)]
+pub fn measured<I, O>(n: u64, setup: &mut impl FnMut() -> I, routine: &mut impl FnMut(I) -> O) {
+    for _ in 0..n {
+        let i = setup();
+        std::hint::black_box(routine(i));
+    }
+}
+
+/// `g.bench_function(id, |b| b.iter(routine))`, or in the deterministic mode
+/// ([`deterministic`]) exactly N calls of `routine` when `group/id` is the selected id.
+pub fn bench_iter<O>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    group: &str,
+    id: &str,
+    mut routine: impl FnMut() -> O,
+) {
+    match deterministic() {
+        Some((n, sel)) => {
+            if sel == format!("{group}/{id}") {
+                println!("{sel}: {n} deterministic iterations");
+                measured(n, &mut || (), &mut |()| routine());
+            }
+        }
+        None => {
+            g.bench_function(id, |b| b.iter(&mut routine));
+        }
+    }
+}

@@ -260,31 +260,31 @@ fn routed(c: &mut Criterion) {
     inject();
     pump.drain(now, 8);
     drain();
-    g.bench_function("tapyard", |bch| {
-        bch.iter_batched(
-            || {
-                drain();
-                inject();
-            },
-            |()| black_box(pump.poll(now).unwrap()),
-            BatchSize::PerIteration,
-        )
-    });
+    common::bench_batched(
+        &mut g,
+        "datapath_routed",
+        "tapyard",
+        || {
+            drain();
+            inject();
+        },
+        |()| black_box(pump.poll(now).unwrap()),
+    );
     // IPv6, same run (header check and extension-header walk, LPM on the IPv6 FIB, NDP
     // neighbour, hop limit and MAC rewrite).
     inject6();
     pump.drain(now, 8);
     drain();
-    g.bench_function("tapyard_ipv6", |bch| {
-        bch.iter_batched(
-            || {
-                drain();
-                inject6();
-            },
-            |()| black_box(pump.poll(now).unwrap()),
-            BatchSize::PerIteration,
-        )
-    });
+    common::bench_batched(
+        &mut g,
+        "datapath_routed",
+        "tapyard_ipv6",
+        || {
+            drain();
+            inject6();
+        },
+        |()| black_box(pump.poll(now).unwrap()),
+    );
     let s = dp.stats();
     assert_eq!(s.rx_drops(), 0, "{s}");
     assert!(s.forwarded >= (PORTS * BATCH_SIZE) as u64, "{s}");

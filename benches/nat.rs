@@ -32,7 +32,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tapyard::conntrack::{CtConfig, CtTag, Pkt};
 use tapyard::l3::IfaceConfig;
 use tapyard::nat::NatConfig;
@@ -46,6 +46,9 @@ use tapyard::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_TCP};
 use tapyard::wire::tcp::{TcpPacket, TcpRepr};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, BATCH_SIZE};
+
+#[path = "common.rs"]
+mod common;
 
 const PORTS: usize = 4;
 const VIP: [u8; 4] = [10, 96, 0, 1];
@@ -342,16 +345,16 @@ fn established(c: &mut Criterion) {
             } else {
                 format!("tapyard_routed_no_nat{variant}")
             };
-            g.bench_function(name, |bch| {
-                bch.iter_batched(
-                    || {
-                        r.drain();
-                        inject();
-                    },
-                    |()| black_box(pump.poll(r.now).unwrap()),
-                    BatchSize::PerIteration,
-                )
-            });
+            common::bench_batched(
+                &mut g,
+                "datapath_dnat",
+                &name,
+                || {
+                    r.drain();
+                    inject();
+                },
+                |()| black_box(pump.poll(r.now).unwrap()),
+            );
         }
         let s = r.dp.stats();
         assert!(s.forwarded >= before, "{s}");
@@ -625,16 +628,16 @@ fn established6(c: &mut Criterion) {
         .filter(|v| v.assured)
         .count();
     assert_eq!(est, PORTS * BATCH_SIZE, "every IPv6 connection established");
-    g.bench_function("tapyard_dnat_established_v6", |bch| {
-        bch.iter_batched(
-            || {
-                r.drain();
-                inject();
-            },
-            |()| black_box(pump.poll(r.now).unwrap()),
-            BatchSize::PerIteration,
-        )
-    });
+    common::bench_batched(
+        &mut g,
+        "datapath_dnat",
+        "tapyard_dnat_established_v6",
+        || {
+            r.drain();
+            inject();
+        },
+        |()| black_box(pump.poll(r.now).unwrap()),
+    );
     let st = r.dp.stats();
     assert_eq!(st.rx_drops(), 0, "{st}");
     g.finish();

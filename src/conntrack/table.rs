@@ -386,21 +386,22 @@ pub(super) fn validate(cfg: &CtConfig) -> Result<(), CtConfigError> {
 }
 
 /// The hash of a tuple's words: [`SeededHash::hash_pair`] for IPv4's two (as before tables
-/// were generic), folded pairwise for more.
+/// were generic), [`SeededHash::hash_words`] for more (IPv6: the pairs multiplied in
+/// parallel, not one after the other). The index is not kept across binaries (a table found
+/// in a file is indexed again by [`CtTable::rebuild`]), so the hash may change between them.
 #[inline(always)]
 fn hash_words<const W: usize>(h: &SeededHash, w: &[u64; W]) -> u64 {
     if let Ok(p) = <[u64; 2]>::try_from(&w[..]) {
         return h.hash_pair(p);
     }
-    let mut acc = 0u64;
-    for c in w.chunks(2) {
-        let pair = [
-            c.first().copied().unwrap_or(0),
-            c.get(1).copied().unwrap_or(0),
-        ];
-        acc = h.hash_pair([pair[0] ^ acc, pair[1]]);
-    }
-    acc
+    h.hash_words(w)
+}
+
+/// Whether two tuples' words are equal: one OR of XORs, no branch per word and no `memcmp`
+/// (which `==` on five words became).
+#[inline(always)]
+fn same_words<const W: usize>(a: &[u64; W], b: &[u64; W]) -> bool {
+    a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
@@ -627,6 +628,52 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         })
     }
 
+    /// [`CtTable::snap`] of entry `idx` when its tuple in direction `dir` is `want`: that
+    /// tuple is read and compared first, so a signature collision reads one tuple, not the
+    /// whole entry. The same consistency as `snap`: a tuple read while the entry changed
+    /// either mismatches (a miss, as `snap` would have refused it) or is validated by the
+    /// generation check after everything else is read.
+    #[inline(always)]
+    fn snap_of(
+        &self,
+        idx: usize,
+        dir: Dir,
+        want: &[u64; W],
+        ok: impl Fn(u64) -> bool,
+    ) -> Option<Snap<W>> {
+        let e = self.entries.get(idx)?;
+        let c1 = e.ctl.load(Ordering::Acquire);
+        if !ok(life(c1)) {
+            return None;
+        }
+        let (d, o) = match dir {
+            Dir::Original => (0, 1),
+            Dir::Reply => (1, 0),
+        };
+        let mine: [u64; W] = std::array::from_fn(|i| e.words[d][i].load(Ordering::Relaxed));
+        if !same_words(&mine, want) {
+            return None;
+        }
+        let other: [u64; W] = std::array::from_fn(|i| e.words[o][i].load(Ordering::Relaxed));
+        let last = e.last.load(Ordering::Relaxed);
+        let tag = e.tag.load(Ordering::Relaxed);
+        let aux = e.aux.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let c2 = e.ctl.load(Ordering::Relaxed);
+        if gen_of(c1) != gen_of(c2) || !ok(life(c2)) {
+            return None;
+        }
+        let mut w = [mine; 2];
+        w[o] = other;
+        Some(Snap {
+            c: c2,
+            w,
+            last,
+            tag,
+            aux,
+        })
+    }
+
     #[inline]
     fn timeout_us(&self, proto: u8, c: u64) -> u64 {
         match pclass::<K, W>(proto) {
@@ -656,6 +703,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         now_us >= self.deadline(s)
     }
 
+    #[inline(always)]
     fn hit_of(idx: usize, dir: Dir, s: &Snap<W>) -> CtHit<K> {
         CtHit {
             id: CtId {
@@ -675,7 +723,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
 
     /// Finds the entry holding tuple `l` whose life stage passes `ok` and that has not
     /// expired at `now_us`.
-    #[inline]
+    #[inline(always)]
     fn find(
         &self,
         l: &CtLoc<W>,
@@ -690,11 +738,10 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                     continue;
                 }
                 let (idx, dir) = slot_entry(v);
-                let Some(sn) = self.snap(idx, ok) else {
+                let Some(sn) = self.snap_of(idx, dir, &l.w, ok) else {
                     continue;
                 };
-                if sn.tuple_words(dir) == l.w && (life(sn.c) != LIVE || !self.expired(&sn, now_us))
-                {
+                if life(sn.c) != LIVE || !self.expired(&sn, now_us) {
                     return Some((idx, dir, sn));
                 }
             }

@@ -365,13 +365,12 @@ impl Datapath {
         self.shards.lock().push(shard.clone());
         let epoch = Arc::new(Epoch::default());
         self.topo.lock().epochs.push(epoch.clone());
-        let seed = std::collections::hash_map::RandomState::new();
         Worker {
             shard,
             epoch,
             pool,
             extra: Vec::with_capacity(MAX_EXTRA),
-            nat: NatCtx::new(std::hash::BuildHasher::hash_one(&seed, 0x5eed_u64)),
+            nat: NatCtx::new(crate::hash::random_u64()),
         }
     }
 }

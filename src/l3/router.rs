@@ -23,6 +23,7 @@ use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighTable, NeighTable6, Refusal};
 use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
 use crate::l3::route6::{RouteReader6, RouteTable6};
+use crate::narrow::low64;
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
@@ -118,24 +119,31 @@ pub(crate) struct Iface {
     pub(crate) bridge: Option<BridgeId>,
     /// Its link-local address (`fe80::` + EUI-64 of its MAC).
     pub(crate) ll6: Ipv6Addr,
+    /// Its IPv6 addresses (link-local, then global or the link-local again) as native-endian
+    /// words, so [`Iface::has_addr6`] is two 128-bit compares (no byte swaps, no `Option`).
+    addrs6: [u128; 2],
 }
 
 impl Iface {
     /// An interface on `port` (and `bridge`), its link-local address derived from its MAC.
     pub(crate) fn new(cfg: IfaceConfig, port: PortId, bridge: Option<BridgeId>) -> Iface {
         let ll6 = ipv6::link_local_from_mac(cfg.mac);
+        let word = |a: Ipv6Addr| u128::from_ne_bytes(a.octets());
+        let addrs6 = [word(ll6), word(cfg.addr6.map_or(ll6, |(g, _)| g))];
         Iface {
             cfg,
             port,
             bridge,
             ll6,
+            addrs6,
         }
     }
 
     /// True when `a` is one of its IPv6 addresses (global or link-local).
     #[inline]
     pub(crate) fn has_addr6(&self, a: Ipv6Addr) -> bool {
-        a == self.ll6 || self.cfg.addr6.is_some_and(|(g, _)| g == a)
+        let k = u128::from_ne_bytes(a.octets());
+        k == self.addrs6[0] || k == self.addrs6[1]
     }
 }
 
@@ -256,8 +264,21 @@ pub struct Router {
     pub(crate) neigh6: NeighTable6,
     pub(crate) icmp: IcmpLimiter,
     pub(crate) ra: Mutex<Vec<crate::l3::router6::RaState>>,
+    /// A bit set ([`filter_bit6`]) for each IPv6 address of an interface:
+    /// [`Router::local_iface6`] rejects most forwarded destinations with one test.
+    local6_filter: u64,
     /// Event counters.
     pub counters: RouterCounters,
+}
+
+/// The bit of `a` in [`Router`]'s filter of its IPv6 addresses: 6 bits of a multiplicative
+/// hash of both halves (addresses alike in their low bits, `fd00::1` and `fd00:96::1`, fall
+/// apart).
+#[inline(always)]
+fn filter_bit6(a: Ipv6Addr) -> u64 {
+    let x = u128::from_ne_bytes(a.octets());
+    let f = low64(x) ^ low64(x >> 64);
+    1 << (f.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58)
 }
 
 /// An empty IPv6 table, for batches of a router built without one (tests).
@@ -295,6 +316,7 @@ impl<'a> L3Batch<'a> {
     }
 
     /// The batch's IPv6 routing-table version.
+    #[inline]
     pub(crate) fn routes6(&mut self) -> &RouteReader6<'a> {
         let t = self.table6;
         self.routes6
@@ -406,18 +428,19 @@ pub(crate) trait Prerouting {
     fn error_nat(&self) -> Option<&dyn ErrorNat>;
 
     /// Looks at (and may translate) the IPv6 packet at offset `l3` of `b` (`info` checked,
-    /// updated when translated).
+    /// updated when translated). The batch's IPv6 routes are read from `batch` only when the
+    /// hook needs them ([`L3Batch::routes6`]): without a hook nothing is loaded.
     #[allow(clippy::too_many_arguments)]
     fn prerouting6(
         &mut self,
         router: &Router,
-        routes: &RouteReader6<'_>,
+        batch: &mut L3Batch<'_>,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv6Info,
         now: Instant,
     ) -> Hook {
-        let _ = (router, routes, b, l3, info, now);
+        let _ = (router, batch, b, l3, info, now);
         Hook::Accept
     }
 }
@@ -448,14 +471,14 @@ impl<H: Prerouting> Prerouting for Option<H> {
     fn prerouting6(
         &mut self,
         router: &Router,
-        routes: &RouteReader6<'_>,
+        batch: &mut L3Batch<'_>,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv6Info,
         now: Instant,
     ) -> Hook {
         match self {
-            Some(h) => h.prerouting6(router, routes, b, l3, info, now),
+            Some(h) => h.prerouting6(router, batch, b, l3, info, now),
             None => Hook::Accept,
         }
     }
@@ -465,7 +488,13 @@ impl Router {
     pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
         let neigh6 = NeighTable6::new(neigh.config().clone());
         let ra = Mutex::new(vec![Default::default(); ifaces.len()]);
+        let local6_filter = ifaces
+            .iter()
+            .flat_map(|i| [Some(i.ll6), i.cfg.addr6.map(|(a, _)| a)])
+            .flatten()
+            .fold(0, |f, a| f | filter_bit6(a));
         Router {
+            local6_filter,
             neigh6,
             ra,
             ifaces,
@@ -498,7 +527,11 @@ impl Router {
     }
 
     /// The interface whose global or link-local IPv6 address is `addr`, if it is one of ours.
+    #[inline]
     pub fn local_iface6(&self, addr: Ipv6Addr) -> Option<IfaceId> {
+        if self.local6_filter & filter_bit6(addr) == 0 {
+            return None;
+        }
         self.ifaces
             .iter()
             .position(|i| i.has_addr6(addr))
@@ -561,7 +594,7 @@ impl Router {
     /// [`Router::input`] for IPv6 (the datapath sends IPv6 here, not through `input`, so
     /// that the IPv4 path's inlined code has no IPv6 call site in it).
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     pub(crate) fn input6(
         &self,
         b: &mut PacketBuf,
@@ -846,7 +879,9 @@ impl Router {
                     e.set_dst_addr(m);
                     e.set_src_addr(egress.cfg.mac);
                 }
-                ctx.memo = Some((info.dst, out_if, nh_ip, m));
+                if memo.is_none() {
+                    ctx.memo = Some((info.dst, out_if, nh_ip, m));
+                }
                 L3::Forward(out_if)
             }
             None if b.offload.is_none() => self.resolve_later(out_if, nh_ip, b.frame(), now, sink),

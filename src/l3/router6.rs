@@ -103,9 +103,11 @@ impl Router {
                 .is_some_and(|(a, _)| dst == ipv6::solicited_node(a))
     }
 
-    /// The IPv6 input of a frame addressed to the router (`group`: to an L2 group).
+    /// The IPv6 input of a frame addressed to the router (`group`: to an L2 group). Inlined
+    /// into its one caller (`Router::input6`, itself inlined into the datapath's out-of-line
+    /// IPv6 route): one call per packet, not two.
     #[allow(clippy::too_many_arguments)]
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn ip6_input(
         &self,
         b: &mut PacketBuf,
@@ -144,8 +146,8 @@ impl Router {
                 };
             }
         }
-        let routes = ctx.routes6();
-        match hook.prerouting6(self, routes, b, l3, &mut info, now) {
+        let dst = info.dst;
+        match hook.prerouting6(self, ctx, b, l3, &mut info, now) {
             Hook::Accept => {}
             Hook::Drop(r) => return L3::Drop(r),
             Hook::Reject { tcp } => {
@@ -154,7 +156,13 @@ impl Router {
             }
         }
         let nat = hook.error_nat();
-        if self.local_iface6(info.dst).is_some() {
+        // The hook may have translated the destination (DNAT): only then look again.
+        let local = if info.dst == dst {
+            local
+        } else {
+            self.local_iface6(info.dst).is_some()
+        };
+        if local {
             return self.local_input6(b, l3, &info, in_if, nat, now, sink);
         }
         if ipv6::is_link_local(&info.src) || ipv6::is_link_local(&info.dst) {
@@ -209,20 +217,23 @@ impl Router {
             err(Icmp6Error::TooBig(egress.cfg.mtu), b, &info, sink);
             return L3::Drop(DropReason::PacketTooBig);
         }
-        if let Some(ip) = b.frame_mut().get_mut(l3..) {
-            ipv6::decrement_hop_limit(ip);
-        }
         let mac = match memo {
             Some((.., m)) => Some(m),
             None => self.neigh6.lookup(out_if, nh, now),
         };
+        let frame = b.frame_mut();
+        if let Some(ip) = frame.get_mut(l3..) {
+            ipv6::decrement_hop_limit(ip);
+        }
         match mac {
             Some(m) => {
-                if let Ok(mut e) = EthernetFrame::new_checked(b.frame_mut()) {
+                if let Ok(mut e) = EthernetFrame::new_checked(frame) {
                     e.set_dst_addr(m);
                     e.set_src_addr(egress.cfg.mac);
                 }
-                ctx.memo6 = Some((info.dst, out_if, m));
+                if memo.is_none() {
+                    ctx.memo6 = Some((info.dst, out_if, m));
+                }
                 L3::Forward(out_if)
             }
             None if b.offload.is_none() => self.resolve_later6(out_if, nh, b.frame(), now, sink),
