@@ -16,8 +16,14 @@ const ROOT_WORDS: usize = 6;
 /// Smallest and largest direct-pointing width (see [`ideal_bits`]).
 pub(crate) const MIN_DIRECT_BITS: u8 = 8;
 pub(crate) const MAX_DIRECT_BITS: u8 = 18;
-/// Bits indexing the IPv6 `top` array (see [`Lpm`]'s `top` field).
-const TOP_BITS: u8 = 8;
+/// Bits indexing the IPv6 `top` array (see [`Lpm`]'s `top` field): `s` clamped to
+/// `MIN_TOP_BITS..=MAX_TOP_BITS`, so the array is at most 16 KiB (it stays in the L1 cache)
+/// and never much larger than `direct`.
+const MIN_TOP_BITS: u8 = 8;
+const MAX_TOP_BITS: u8 = 12;
+/// The IPv6 walk is branch-free down to this bit (see [`Lpm::lookup_raw_wide`]): most IPv6
+/// prefixes are at most /48 long.
+const BRANCH_FREE_END: u8 = 48;
 /// Look-ups interleaved by [`Lpm::lookup_batch`] (at most 64: lanes are bits of a `u64`).
 /// 32 measured better than 8, 16 and 64 on the full IPv4 table.
 const LANES: usize = 32;
@@ -52,10 +58,22 @@ fn upto(v: usize) -> u64 {
     u64::MAX >> (63 - v)
 }
 
-/// The `top` index of an address's top 64 bits.
+/// One branch-free step of the IPv6 walk (see [`Lpm::lookup_raw_wide`]) from `node`, whose
+/// slot is the top 6 bits of `key`. While `live` is all ones, a leaf slot sets `leaf` to its
+/// index in `leaves` and clears `live`; afterwards nothing changes. Returns the index in
+/// `nodes` of the next node: the child, or 0 (the sentinel node, which has no child) once
+/// `live` is clear.
 #[inline(always)]
-fn top_index(hi: u64) -> usize {
-    (hi >> (64 - TOP_BITS)) as usize
+fn step_wide(node: &Node, key: u64, live: &mut usize, leaf: &mut usize) -> usize {
+    let sh = !key >> (64 - STRIDE); // 63 - v
+    let vec = node.vector << sh;
+    let child = (node.base1 as usize + vec.count_ones() as usize).wrapping_sub(1);
+    let at = (node.base0 as usize + (node.leafvec << sh).count_ones() as usize).wrapping_sub(1);
+    let is_node = 0usize.wrapping_sub((vec >> 63) as usize);
+    let take = *live & !is_node;
+    *leaf = (at & take) | (*leaf & !take);
+    *live &= is_node;
+    child & *live
 }
 
 /// Converts an internal leaf value to the public [`NO_ROUTE`] convention.
@@ -82,17 +100,20 @@ use crate::sys::prefetch_ptr as prefetch;
 pub struct Lpm<A: Address> {
     /// Direct-pointing width `s`.
     bits: u8,
-    /// IPv6 only: for each value of the top 8 address bits, the leaf value shared by all the
-    /// `direct` slots under it, or `NODE_FLAG` if they differ or hold nodes. Most of the IPv6
-    /// space has no route (the Internet table lies in 2000::/3 and a few other /8s), so an
-    /// address outside the table is answered from this 1 KiB array, which stays in the L1
-    /// cache, without touching the 2^s-entry `direct` array (single look-ups only). Empty for
+    /// IPv6 only: the width `t` of `top` (`s` clamped to 8..=12).
+    top_bits: u8,
+    /// IPv6 only: for each value of the top `t` address bits, the leaf value shared by all
+    /// the `direct` slots under it, or `NODE_FLAG` if they differ or hold nodes. Most of the
+    /// IPv6 space has no route (the Internet table lies in 2000::/3, and in 10 of its /12s
+    /// only), so an address outside the table is answered from this array of at most 16 KiB,
+    /// which stays in the L1 cache, without touching the 2^s-entry `direct` array. Empty for
     /// IPv4.
     top: Box<[u32]>,
     /// `2^s` entries: a leaf value, or `NODE_FLAG | i` for the root node stored in
     /// `leaves[i..i + ROOT_WORDS]`.
     direct: Vec<u32>,
-    /// The non-root nodes.
+    /// The non-root nodes. For IPv6, `nodes[0]` is a sentinel without children that the
+    /// branch-free walk steps through once it has found its leaf.
     nodes: Vec<Node>,
     /// Leaf runs, and root nodes (each followed by its own leaf runs when compiled).
     leaves: Vec<u32>,
@@ -128,15 +149,21 @@ impl<A: Address> Lpm<A> {
     /// An empty table with a `2^bits` direct array.
     pub(crate) fn empty(bits: u8) -> Self {
         assert!((1..=24).contains(&bits));
+        let top_bits = bits.clamp(MIN_TOP_BITS, MAX_TOP_BITS);
         Lpm {
             bits,
+            top_bits,
             top: if A::WIDTH > 64 {
-                vec![NONE; 1 << TOP_BITS].into_boxed_slice()
+                vec![NONE; 1 << top_bits].into_boxed_slice()
             } else {
                 Box::default()
             },
             direct: vec![NONE; 1 << bits],
-            nodes: Vec::new(),
+            nodes: if A::WIDTH > 64 {
+                vec![Node::default()]
+            } else {
+                Vec::new()
+            },
             leaves: Vec::new(),
             routes: 0,
             generation: 0,
@@ -163,16 +190,17 @@ impl<A: Address> Lpm<A> {
     /// The longest-prefix match for `addr`: the next hop of the longest prefix containing it.
     ///
     /// For many addresses, [`Lpm::lookup_batch`] is two to four times faster.
-    #[inline]
+    #[inline(always)]
     pub fn lookup(&self, addr: A) -> Option<u32> {
         let v = if A::WIDTH > 64 {
-            // An IPv6 address outside the table is answered from the tiny `top` array, with
-            // no function call (the POPCNT dispatch below is one).
-            let t = self.top[top_index(addr.hi64())];
+            // An IPv6 address outside the table is answered from the small `top` array,
+            // inline; the walk is a function call (out of line, so that this fast path
+            // needs no registers saved).
+            let t = self.top[low_usize(addr.hi64() >> (64 - self.top_bits))];
             if t & NODE_FLAG == 0 {
                 t
             } else {
-                self.lookup_dispatch(addr)
+                self.lookup_walk_wide(addr)
             }
         } else {
             self.lookup_dispatch(addr)
@@ -274,6 +302,7 @@ impl<A: Address> Lpm<A> {
         }
         Lpm {
             bits: self.bits,
+            top_bits: self.top_bits,
             top: self.top.clone(),
             direct: self.direct.clone(),
             nodes: copy(&self.nodes),
@@ -299,6 +328,12 @@ impl<A: Address> Lpm<A> {
             return unsafe { self.lookup_raw_popcnt(addr) };
         }
         self.lookup_raw(addr)
+    }
+
+    /// The IPv6 walk, out of line (see [`Lpm::lookup`]).
+    #[inline(never)]
+    fn lookup_walk_wide(&self, addr: A) -> u32 {
+        self.lookup_dispatch(addr)
     }
 
     /// [`Lpm::lookup_raw`] compiled with POPCNT.
@@ -340,8 +375,17 @@ impl<A: Address> Lpm<A> {
         }
     }
 
-    /// [`Lpm::lookup_raw`] for IPv6: walks the top 64 address bits with 64-bit shifts (most
-    /// prefixes end in them), then the rest with the generic 128-bit extraction.
+    /// [`Lpm::lookup_raw`] for IPv6.
+    ///
+    /// Down to bit [`BRANCH_FREE_END`] (48) the walk has no data-dependent branch: every
+    /// level is stepped through ([`step_wide`]), a look-up that has found its leaf going on
+    /// through the sentinel node `nodes[0]` (an L1 hit). Whether an address ends at a /32,
+    /// a /44 or a /48 is unpredictable, and a mispredicted exit would throw away the work the
+    /// CPU has started on the next look-ups, so a branch-free walk lets the cache misses of
+    /// successive look-ups overlap. The top 64 address bits are walked with 64-bit shifts
+    /// (the slot's bit and its rank come from one left shift of the bitmap); below bit 48
+    /// the walk branches again (routes longer than /48 are rare), and below bit 64 it uses
+    /// the generic 128-bit extraction.
     #[inline(always)]
     fn lookup_raw_wide(&self, addr: A) -> u32 {
         let hi = addr.hi64();
@@ -351,11 +395,24 @@ impl<A: Address> Lpm<A> {
         }
         let root = (e & !NODE_FLAG) as usize;
         prefetch(self.leaves.as_ptr().wrapping_add(root + 16));
-        let mut node = self.root(root);
         let mut off = self.bits;
-        // `key`'s top 6 bits are the next slot `v`. Shifting a bitmap left by `63 - v` keeps
-        // its bits `0..=v` (bit `v` on top), so one shift gives both the test and the rank.
         let mut key = hi << off;
+        let mut live = usize::MAX;
+        let mut leaf = 0usize;
+        let mut next = step_wide(&self.root(root), key, &mut live, &mut leaf);
+        let mut node = self.nodes[next];
+        key <<= STRIDE;
+        off += STRIDE;
+        // The trip count depends on `s` only: a predictable branch.
+        while off < BRANCH_FREE_END {
+            next = step_wide(&node, key, &mut live, &mut leaf);
+            node = self.nodes[next];
+            key <<= STRIDE;
+            off += STRIDE;
+        }
+        if live == 0 {
+            return self.leaves[leaf];
+        }
         while off <= 64 - STRIDE {
             let sh = !key >> (64 - STRIDE); // 63 - v
             let vec = node.vector << sh;
@@ -387,19 +444,20 @@ impl<A: Address> Lpm<A> {
         if A::WIDTH <= 64 {
             return;
         }
-        // A `top` entry covers 2^(s - 8) slots, or part of one slot (tests use s < 8).
-        let (shift, (first_t, last_t)) = if self.bits >= TOP_BITS {
-            let shift = self.bits - TOP_BITS;
+        // A `top` entry covers 2^(s - t) slots, or part of one slot (tests use s < 8).
+        let tb = self.top_bits;
+        let (shift, (first_t, last_t)) = if self.bits >= tb {
+            let shift = self.bits - tb;
             (shift, (lo >> shift, hi >> shift))
         } else {
-            let up = TOP_BITS - self.bits;
+            let up = tb - self.bits;
             (0, (lo << up, ((hi + 1) << up) - 1))
         };
         for t in first_t..=last_t {
-            let slots = if self.bits >= TOP_BITS {
+            let slots = if self.bits >= tb {
                 &self.direct[t << shift..(t + 1) << shift]
             } else {
-                let slot = t >> (TOP_BITS - self.bits);
+                let slot = t >> (tb - self.bits);
                 &self.direct[slot..=slot]
             };
             let first = slots[0];
@@ -459,6 +517,9 @@ impl<A: Address> Lpm<A> {
     fn lookup_group(&self, a: &[A], o: &mut [u32]) {
         let a: &[A; LANES] = a.try_into().expect("group of LANES addresses");
         let o: &mut [u32; LANES] = o.try_into().expect("group of LANES results");
+        if A::WIDTH > 64 {
+            return self.lookup_group_wide(a, o);
+        }
         let mut cur = [0usize; LANES];
         for i in 0..LANES {
             cur[i] = a[i].extract(0, self.bits);
@@ -514,6 +575,89 @@ impl<A: Address> Lpm<A> {
         }
         for x in o.iter_mut() {
             *x = public(*x);
+        }
+    }
+
+    /// [`Lpm::lookup_group`] for IPv6: the lanes' `top` entries first (without a branch),
+    /// then the others level by level as for IPv4, except that each lane's step is
+    /// branch-free (it computes both the child's and the leaf's index and prefetches the
+    /// one it takes), so that lanes ending at different depths cost no mispredicted branch.
+    #[inline(always)]
+    fn lookup_group_wide(&self, a: &[A; LANES], o: &mut [u32; LANES]) {
+        let mut pending = 0u64;
+        for i in 0..LANES {
+            let t = self.top[low_usize(a[i].hi64() >> (64 - self.top_bits))];
+            o[i] = t;
+            pending |= u64::from(t >> 31) << i;
+        }
+        if pending != 0 {
+            self.walk_group_wide(a, o, pending);
+        }
+        for x in o.iter_mut() {
+            *x = public(*x);
+        }
+    }
+
+    /// Looks up the lanes of `pending` (those `top` did not answer) into `o`.
+    #[inline(always)]
+    fn walk_group_wide(&self, a: &[A; LANES], o: &mut [u32; LANES], mut pending: u64) {
+        let mut cur = [0usize; LANES];
+        let mut p = pending;
+        while p != 0 {
+            let i = p.trailing_zeros() as usize;
+            p &= p - 1;
+            cur[i] = low_usize(a[i].hi64() >> (64 - self.bits));
+            prefetch(self.direct.as_ptr().wrapping_add(cur[i]));
+        }
+        let mut p = pending;
+        pending = 0;
+        while p != 0 {
+            let i = p.trailing_zeros() as usize;
+            p &= p - 1;
+            let e = self.direct[cur[i]];
+            o[i] = e;
+            // A root node and, in the next cache line, the start of its leaf runs.
+            cur[i] = (e & !NODE_FLAG) as usize;
+            prefetch(self.leaves.as_ptr().wrapping_add(cur[i]));
+            prefetch(self.leaves.as_ptr().wrapping_add(cur[i] + 16));
+            pending |= u64::from(e >> 31) << i;
+        }
+        let mut at_leaf = 0u64;
+        let mut off = self.bits;
+        let mut at_root = true;
+        while pending != 0 {
+            let mut next = 0u64;
+            let mut p = pending;
+            while p != 0 {
+                let i = p.trailing_zeros() as usize;
+                p &= p - 1;
+                let node = if at_root {
+                    self.root(cur[i])
+                } else {
+                    self.nodes[cur[i]]
+                };
+                let sh = 63 - a[i].extract(off, STRIDE);
+                let vec = node.vector << sh;
+                let child = (node.base1 as usize + vec.count_ones() as usize).wrapping_sub(1);
+                let at = (node.base0 as usize + (node.leafvec << sh).count_ones() as usize)
+                    .wrapping_sub(1);
+                let is_node = vec >> 63;
+                let mask = 0usize.wrapping_sub(low_usize(is_node));
+                cur[i] = (child & mask) | (at & !mask);
+                let node_p = self.nodes.as_ptr().wrapping_add(child).cast::<u8>();
+                let leaf_p = self.leaves.as_ptr().wrapping_add(at).cast::<u8>();
+                prefetch(if is_node != 0 { node_p } else { leaf_p });
+                next |= is_node << i;
+                at_leaf |= (is_node ^ 1) << i;
+            }
+            pending = next;
+            off += STRIDE;
+            at_root = false;
+        }
+        while at_leaf != 0 {
+            let i = at_leaf.trailing_zeros() as usize;
+            at_leaf &= at_leaf - 1;
+            o[i] = self.leaves[cur[i]];
         }
     }
 
