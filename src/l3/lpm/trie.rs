@@ -58,24 +58,6 @@ fn upto(v: usize) -> u64 {
     u64::MAX >> (63 - v)
 }
 
-/// One branch-free step of the IPv6 walk (see [`Lpm::lookup_raw_wide`]) from `node`, whose
-/// slot is the top 6 bits of `key`. While `live` is all ones, a leaf slot sets `leaf` to its
-/// index in `leaves` and clears `live`; afterwards nothing changes. Returns the index in
-/// `nodes` of the next node: the child, or 0 (the sentinel node, which has no child) once
-/// `live` is clear.
-#[inline(always)]
-fn step_wide(node: &Node, key: u64, live: &mut usize, leaf: &mut usize) -> usize {
-    let sh = !key >> (64 - STRIDE); // 63 - v
-    let vec = node.vector << sh;
-    let child = (node.base1 as usize + vec.count_ones() as usize).wrapping_sub(1);
-    let at = (node.base0 as usize + (node.leafvec << sh).count_ones() as usize).wrapping_sub(1);
-    let is_node = 0usize.wrapping_sub((vec >> 63) as usize);
-    let take = *live & !is_node;
-    *leaf = (at & take) | (*leaf & !take);
-    *live &= is_node;
-    child & *live
-}
-
 /// Converts an internal leaf value to the public [`NO_ROUTE`] convention.
 #[inline(always)]
 fn public(v: u32) -> u32 {
@@ -378,7 +360,7 @@ impl<A: Address> Lpm<A> {
     /// [`Lpm::lookup_raw`] for IPv6.
     ///
     /// Down to bit [`BRANCH_FREE_END`] (48) the walk has no data-dependent branch: every
-    /// level is stepped through ([`step_wide`]), a look-up that has found its leaf going on
+    /// level is stepped through, a look-up that has found its leaf going on
     /// through the sentinel node `nodes[0]` (an L1 hit). Whether an address ends at a /32,
     /// a /44 or a /48 is unpredictable, and a mispredicted exit would throw away the work the
     /// CPU has started on the next look-ups, so a branch-free walk lets the cache misses of
@@ -397,21 +379,32 @@ impl<A: Address> Lpm<A> {
         prefetch(self.leaves.as_ptr().wrapping_add(root + 16));
         let mut off = self.bits;
         let mut key = hi << off;
-        let mut live = usize::MAX;
-        let mut leaf = 0usize;
-        let mut next = step_wide(&self.root(root), key, &mut live, &mut leaf);
-        let mut node = self.nodes[next];
-        key <<= STRIDE;
-        off += STRIDE;
-        // The trip count depends on `s` only: a predictable branch.
-        while off < BRANCH_FREE_END {
-            next = step_wide(&node, key, &mut live, &mut leaf);
-            node = self.nodes[next];
+        // Walking: `live` all ones. At the first leaf slot, `(lbase, lbits)` keep its node's
+        // `base0` and `leafvec` shifted like the slot (its rank is their popcount) and the
+        // walk goes on through the sentinel `nodes[0]`, which has no child.
+        let mut live = u64::MAX;
+        let mut lbase = 0u32;
+        let mut lbits = 0u64;
+        let mut node = self.root(root);
+        loop {
+            let sh = !key >> (64 - STRIDE); // 63 - v
+            let vec = node.vector << sh;
+            let is_node = 0u64.wrapping_sub(vec >> 63);
+            let take = live & !is_node;
+            lbits = ((node.leafvec << sh) & take) | (lbits & !take);
+            lbase = (node.base0 & low32(take)) | (lbase & !low32(take));
+            live &= is_node;
+            let child = (node.base1 as usize + vec.count_ones() as usize).wrapping_sub(1);
+            node = self.nodes[child & low_usize(live)];
             key <<= STRIDE;
             off += STRIDE;
+            // The trip count depends on `s` only: a predictable branch.
+            if off >= BRANCH_FREE_END {
+                break;
+            }
         }
         if live == 0 {
-            return self.leaves[leaf];
+            return self.leaves[(lbase as usize + lbits.count_ones() as usize).wrapping_sub(1)];
         }
         while off <= 64 - STRIDE {
             let sh = !key >> (64 - STRIDE); // 63 - v
