@@ -11,6 +11,9 @@
 //! Before criterion's wall-clock groups, each set prints a `cpu-time` line: the same
 //! look-ups timed by the thread's CPU clock (best of 5 passes over the set), which other jobs
 //! on a shared machine disturb less than the wall clock (they still share the caches).
+//!
+//! `LPM_LOOP=set/kind` (`random|global|inside` / `single|batch`) runs only 20 passes of one
+//! IPv6 loop, for profilers; `LPM_CALLGRIND=random|inside` a short one for callgrind.
 #![allow(
     clippy::cast_possible_truncation,
     reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"

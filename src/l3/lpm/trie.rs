@@ -21,9 +21,6 @@ pub(crate) const MAX_DIRECT_BITS: u8 = 18;
 /// and never much larger than `direct`.
 const MIN_TOP_BITS: u8 = 8;
 const MAX_TOP_BITS: u8 = 12;
-/// The IPv6 walk is branch-free down to this bit (see [`Lpm::lookup_raw_wide`]): most IPv6
-/// prefixes are at most /48 long.
-const BRANCH_FREE_END: u8 = 48;
 /// Look-ups interleaved by [`Lpm::lookup_batch`] (at most 64: lanes are bits of a `u64`).
 /// 32 measured better than 8, 16 and 64 on the full IPv4 table.
 const LANES: usize = 32;
@@ -94,8 +91,7 @@ pub struct Lpm<A: Address> {
     /// `2^s` entries: a leaf value, or `NODE_FLAG | i` for the root node stored in
     /// `leaves[i..i + ROOT_WORDS]`.
     direct: Vec<u32>,
-    /// The non-root nodes. For IPv6, `nodes[0]` is a sentinel without children that the
-    /// branch-free walk steps through once it has found its leaf.
+    /// The non-root nodes.
     nodes: Vec<Node>,
     /// Leaf runs, and root nodes (each followed by its own leaf runs when compiled).
     leaves: Vec<u32>,
@@ -141,11 +137,7 @@ impl<A: Address> Lpm<A> {
                 Box::default()
             },
             direct: vec![NONE; 1 << bits],
-            nodes: if A::WIDTH > 64 {
-                vec![Node::default()]
-            } else {
-                Vec::new()
-            },
+            nodes: Vec::new(),
             leaves: Vec::new(),
             routes: 0,
             generation: 0,
@@ -357,17 +349,8 @@ impl<A: Address> Lpm<A> {
         }
     }
 
-    /// [`Lpm::lookup_raw`] for IPv6.
-    ///
-    /// Down to bit [`BRANCH_FREE_END`] (48) the walk has no data-dependent branch: every
-    /// level is stepped through, a look-up that has found its leaf going on
-    /// through the sentinel node `nodes[0]` (an L1 hit). Whether an address ends at a /32,
-    /// a /44 or a /48 is unpredictable, and a mispredicted exit would throw away the work the
-    /// CPU has started on the next look-ups, so a branch-free walk lets the cache misses of
-    /// successive look-ups overlap. The top 64 address bits are walked with 64-bit shifts
-    /// (the slot's bit and its rank come from one left shift of the bitmap); below bit 48
-    /// the walk branches again (routes longer than /48 are rare), and below bit 64 it uses
-    /// the generic 128-bit extraction.
+    /// [`Lpm::lookup_raw`] for IPv6: walks the top 64 address bits with 64-bit shifts (most
+    /// prefixes end in them), then the rest with the generic 128-bit extraction.
     #[inline(always)]
     fn lookup_raw_wide(&self, addr: A) -> u32 {
         let hi = addr.hi64();
@@ -377,35 +360,11 @@ impl<A: Address> Lpm<A> {
         }
         let root = (e & !NODE_FLAG) as usize;
         prefetch(self.leaves.as_ptr().wrapping_add(root + 16));
-        let mut off = self.bits;
-        let mut key = hi << off;
-        // Walking: `live` all ones. At the first leaf slot, `(lbase, lbits)` keep its node's
-        // `base0` and `leafvec` shifted like the slot (its rank is their popcount) and the
-        // walk goes on through the sentinel `nodes[0]`, which has no child.
-        let mut live = u64::MAX;
-        let mut lbase = 0u32;
-        let mut lbits = 0u64;
         let mut node = self.root(root);
-        loop {
-            let sh = !key >> (64 - STRIDE); // 63 - v
-            let vec = node.vector << sh;
-            let is_node = 0u64.wrapping_sub(vec >> 63);
-            let take = live & !is_node;
-            lbits = ((node.leafvec << sh) & take) | (lbits & !take);
-            lbase = (node.base0 & low32(take)) | (lbase & !low32(take));
-            live &= is_node;
-            let child = (node.base1 as usize + vec.count_ones() as usize).wrapping_sub(1);
-            node = self.nodes[child & low_usize(live)];
-            key <<= STRIDE;
-            off += STRIDE;
-            // The trip count depends on `s` only: a predictable branch.
-            if off >= BRANCH_FREE_END {
-                break;
-            }
-        }
-        if live == 0 {
-            return self.leaves[(lbase as usize + lbits.count_ones() as usize).wrapping_sub(1)];
-        }
+        let mut off = self.bits;
+        // `key`'s top 6 bits are the next slot `v`. Shifting a bitmap left by `63 - v` keeps
+        // its bits `0..=v` (bit `v` on top), so one shift gives both the test and the rank.
+        let mut key = hi << off;
         while off <= 64 - STRIDE {
             let sh = !key >> (64 - STRIDE); // 63 - v
             let vec = node.vector << sh;
@@ -511,7 +470,25 @@ impl<A: Address> Lpm<A> {
         let a: &[A; LANES] = a.try_into().expect("group of LANES addresses");
         let o: &mut [u32; LANES] = o.try_into().expect("group of LANES results");
         if A::WIDTH > 64 {
-            return self.lookup_group_wide(a, o);
+            // IPv6: most addresses outside the table are answered by `top` (without a
+            // branch per lane). A group with a few other lanes walks just those; one with
+            // many goes the whole way below (cheaper per lane than skipping lanes), where
+            // `direct` gives the top-answered lanes the same answer again.
+            let mut pending = 0u64;
+            for i in 0..LANES {
+                let t = self.top[low_usize(a[i].hi64() >> (64 - self.top_bits))];
+                o[i] = t;
+                pending |= u64::from(t >> 31) << i;
+            }
+            if pending.count_ones() as usize <= LANES / 4 {
+                if pending != 0 {
+                    self.walk_group_wide(a, o, pending);
+                }
+                for x in o.iter_mut() {
+                    *x = public(*x);
+                }
+                return;
+            }
         }
         let mut cur = [0usize; LANES];
         for i in 0..LANES {
@@ -571,27 +548,8 @@ impl<A: Address> Lpm<A> {
         }
     }
 
-    /// [`Lpm::lookup_group`] for IPv6: the lanes' `top` entries first (without a branch),
-    /// then the others level by level as for IPv4, except that each lane's step is
-    /// branch-free (it computes both the child's and the leaf's index and prefetches the
-    /// one it takes), so that lanes ending at different depths cost no mispredicted branch.
-    #[inline(always)]
-    fn lookup_group_wide(&self, a: &[A; LANES], o: &mut [u32; LANES]) {
-        let mut pending = 0u64;
-        for i in 0..LANES {
-            let t = self.top[low_usize(a[i].hi64() >> (64 - self.top_bits))];
-            o[i] = t;
-            pending |= u64::from(t >> 31) << i;
-        }
-        if pending != 0 {
-            self.walk_group_wide(a, o, pending);
-        }
-        for x in o.iter_mut() {
-            *x = public(*x);
-        }
-    }
-
-    /// Looks up the lanes of `pending` (those `top` did not answer) into `o`.
+    /// [`Lpm::lookup_group`] for the few lanes of `pending` (those `top` did not answer) of
+    /// an IPv6 group: as for a whole group, but skipping the others.
     #[inline(always)]
     fn walk_group_wide(&self, a: &[A; LANES], o: &mut [u32; LANES], mut pending: u64) {
         let mut cur = [0usize; LANES];
@@ -629,19 +587,17 @@ impl<A: Address> Lpm<A> {
                 } else {
                     self.nodes[cur[i]]
                 };
-                let sh = 63 - a[i].extract(off, STRIDE);
-                let vec = node.vector << sh;
-                let child = (node.base1 as usize + vec.count_ones() as usize).wrapping_sub(1);
-                let at = (node.base0 as usize + (node.leafvec << sh).count_ones() as usize)
-                    .wrapping_sub(1);
-                let is_node = vec >> 63;
-                let mask = 0usize.wrapping_sub(low_usize(is_node));
-                cur[i] = (child & mask) | (at & !mask);
-                let node_p = self.nodes.as_ptr().wrapping_add(child).cast::<u8>();
-                let leaf_p = self.leaves.as_ptr().wrapping_add(at).cast::<u8>();
-                prefetch(if is_node != 0 { node_p } else { leaf_p });
-                next |= is_node << i;
-                at_leaf |= (is_node ^ 1) << i;
+                let v = a[i].extract(off, STRIDE);
+                let m = upto(v);
+                if (node.vector >> v) & 1 != 0 {
+                    cur[i] = node.base1 as usize + (node.vector & m).count_ones() as usize - 1;
+                    prefetch(self.nodes.as_ptr().wrapping_add(cur[i]));
+                    next |= 1 << i;
+                } else {
+                    cur[i] = node.base0 as usize + (node.leafvec & m).count_ones() as usize - 1;
+                    prefetch(self.leaves.as_ptr().wrapping_add(cur[i]));
+                    at_leaf |= 1 << i;
+                }
             }
             pending = next;
             off += STRIDE;
