@@ -166,19 +166,29 @@ impl<A: Address> Lpm<A> {
     /// For many addresses, [`Lpm::lookup_batch`] is two to four times faster.
     #[inline(always)]
     pub fn lookup(&self, addr: A) -> Option<u32> {
-        let v = if A::WIDTH > 64 {
-            // An IPv6 address outside the table is answered from the small `top` array,
-            // inline; the walk is a function call (out of line, so that this fast path
-            // needs no registers saved).
-            let t = self.top[low_usize(addr.hi64() >> (64 - self.top_bits))];
-            if t & NODE_FLAG == 0 {
-                t
-            } else {
-                self.lookup_walk_wide(addr)
-            }
+        if A::WIDTH <= 64 {
+            return self.lookup_narrow(addr);
+        }
+        // An IPv6 address outside the table is answered from the small `top` array, inline;
+        // the walk is a function call (out of line, so that this fast path needs no
+        // registers saved).
+        let t = self.top[low_usize(addr.hi64() >> (64 - self.top_bits))];
+        let v = if t & NODE_FLAG == 0 {
+            t
         } else {
-            self.lookup_dispatch(addr)
+            self.lookup_walk_wide(addr)
         };
+        if v == NONE {
+            None
+        } else {
+            Some(v)
+        }
+    }
+
+    /// [`Lpm::lookup`] for IPv4 (inlined as the compiler sees fit).
+    #[inline]
+    fn lookup_narrow(&self, addr: A) -> Option<u32> {
+        let v = self.lookup_dispatch(addr);
         if v == NONE {
             None
         } else {

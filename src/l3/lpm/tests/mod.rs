@@ -498,8 +498,8 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
         ];
         for round in 0..40 {
             let base = bases[rng.below(bases.len())];
-            // Around /48, where the branch-free walk hands over to the branching one, and
-            // around /64, where the 64-bit walk hands over to the 128-bit one.
+            // Around /48 (the deepest level of most of the Internet table) and around /64,
+            // where the 64-bit walk hands over to the 128-bit one.
             let lens = [
                 12, 16, 29, 32, 40, 44, 47, 48, 49, 54, 56, 58, 63, 64, 65, 96, 127, 128,
             ];
