@@ -11,6 +11,9 @@
 //! Before criterion's wall-clock groups, each set prints a `cpu-time` line: the same
 //! look-ups timed by the thread's CPU clock (best of 5 passes over the set), which other jobs
 //! on a shared machine disturb less than the wall clock (they still share the caches).
+//!
+//! `LPM_LOOP=set/kind` (`random|global|inside` / `single|batch`) runs only 20 passes of one
+//! IPv6 loop, for profilers; `LPM_CALLGRIND=random|inside` a short one for callgrind.
 #![allow(
     clippy::cast_possible_truncation,
     reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
@@ -217,7 +220,7 @@ fn cg_batch(lpm: &Lpm<u128>, ch: &[u128], out: &mut [u32]) -> u32 {
 }
 
 fn ipv4(c: &mut Criterion) {
-    if std::env::var_os("LPM_CALLGRIND").is_some() {
+    if std::env::var_os("LPM_CALLGRIND").is_some() || std::env::var_os("LPM_LOOP").is_some() {
         return;
     }
     let Some(routes) = load("bart-tier1-v4.txt", |s| {
@@ -476,6 +479,29 @@ fn ipv6(c: &mut Criterion) {
         }
         b.build()
     });
+    if let Ok(what) = std::env::var("LPM_LOOP") {
+        // `LPM_LOOP=set/kind` (e.g. `inside/single`, `random/batch`): 20 passes of one loop
+        // over one set, for `perf stat`/`perf record`.
+        let (set, kind) = what.split_once('/').expect("LPM_LOOP=set/kind");
+        let addrs = match set {
+            "random" => &random,
+            "global" => &global,
+            _ => &inside,
+        };
+        let mut out = vec![0u32; CHUNK];
+        let mut sum = 0u32;
+        for _ in 0..20 {
+            for ch in addrs.chunks(CHUNK) {
+                sum = sum.wrapping_add(if kind == "batch" {
+                    cg_batch(&lpm, ch, &mut out)
+                } else {
+                    cg_single(&lpm, ch)
+                });
+            }
+        }
+        println!("{what}: {sum}");
+        return;
+    }
     if std::env::var_os("LPM_CALLGRIND").is_some() {
         // A short deterministic run for `valgrind --tool=callgrind
         // --toggle-collect='lpm::cg_*'`: instructions per look-up of each kind.

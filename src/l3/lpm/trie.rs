@@ -16,8 +16,11 @@ const ROOT_WORDS: usize = 6;
 /// Smallest and largest direct-pointing width (see [`ideal_bits`]).
 pub(crate) const MIN_DIRECT_BITS: u8 = 8;
 pub(crate) const MAX_DIRECT_BITS: u8 = 18;
-/// Bits indexing the IPv6 `top` array (see [`Lpm`]'s `top` field).
-const TOP_BITS: u8 = 8;
+/// Bits indexing the IPv6 `top` array (see [`Lpm`]'s `top` field): `s` clamped to
+/// `MIN_TOP_BITS..=MAX_TOP_BITS`, so the array is at most 16 KiB (it stays in the L1 cache)
+/// and never much larger than `direct`.
+const MIN_TOP_BITS: u8 = 8;
+const MAX_TOP_BITS: u8 = 12;
 /// Look-ups interleaved by [`Lpm::lookup_batch`] (at most 64: lanes are bits of a `u64`).
 /// 32 measured better than 8, 16 and 64 on the full IPv4 table.
 const LANES: usize = 32;
@@ -52,12 +55,6 @@ fn upto(v: usize) -> u64 {
     u64::MAX >> (63 - v)
 }
 
-/// The `top` index of an address's top 64 bits.
-#[inline(always)]
-fn top_index(hi: u64) -> usize {
-    (hi >> (64 - TOP_BITS)) as usize
-}
-
 /// Converts an internal leaf value to the public [`NO_ROUTE`] convention.
 #[inline(always)]
 fn public(v: u32) -> u32 {
@@ -82,11 +79,13 @@ use crate::sys::prefetch_ptr as prefetch;
 pub struct Lpm<A: Address> {
     /// Direct-pointing width `s`.
     bits: u8,
-    /// IPv6 only: for each value of the top 8 address bits, the leaf value shared by all the
-    /// `direct` slots under it, or `NODE_FLAG` if they differ or hold nodes. Most of the IPv6
-    /// space has no route (the Internet table lies in 2000::/3 and a few other /8s), so an
-    /// address outside the table is answered from this 1 KiB array, which stays in the L1
-    /// cache, without touching the 2^s-entry `direct` array (single look-ups only). Empty for
+    /// IPv6 only: the width `t` of `top` (`s` clamped to 8..=12).
+    top_bits: u8,
+    /// IPv6 only: for each value of the top `t` address bits, the leaf value shared by all
+    /// the `direct` slots under it, or `NODE_FLAG` if they differ or hold nodes. Most of the
+    /// IPv6 space has no route (the Internet table lies in 2000::/3, and in 10 of its /12s
+    /// only), so an address outside the table is answered from this array of at most 16 KiB,
+    /// which stays in the L1 cache, without touching the 2^s-entry `direct` array. Empty for
     /// IPv4.
     top: Box<[u32]>,
     /// `2^s` entries: a leaf value, or `NODE_FLAG | i` for the root node stored in
@@ -128,10 +127,12 @@ impl<A: Address> Lpm<A> {
     /// An empty table with a `2^bits` direct array.
     pub(crate) fn empty(bits: u8) -> Self {
         assert!((1..=24).contains(&bits));
+        let top_bits = bits.clamp(MIN_TOP_BITS, MAX_TOP_BITS);
         Lpm {
             bits,
+            top_bits,
             top: if A::WIDTH > 64 {
-                vec![NONE; 1 << TOP_BITS].into_boxed_slice()
+                vec![NONE; 1 << top_bits].into_boxed_slice()
             } else {
                 Box::default()
             },
@@ -163,20 +164,31 @@ impl<A: Address> Lpm<A> {
     /// The longest-prefix match for `addr`: the next hop of the longest prefix containing it.
     ///
     /// For many addresses, [`Lpm::lookup_batch`] is two to four times faster.
-    #[inline]
+    #[inline(always)]
     pub fn lookup(&self, addr: A) -> Option<u32> {
-        let v = if A::WIDTH > 64 {
-            // An IPv6 address outside the table is answered from the tiny `top` array, with
-            // no function call (the POPCNT dispatch below is one).
-            let t = self.top[top_index(addr.hi64())];
-            if t & NODE_FLAG == 0 {
-                t
-            } else {
-                self.lookup_dispatch(addr)
-            }
+        if A::WIDTH <= 64 {
+            return self.lookup_narrow(addr);
+        }
+        // An IPv6 address outside the table is answered from the small `top` array, inline;
+        // the walk is a function call (out of line, so that this fast path needs no
+        // registers saved).
+        let t = self.top[low_usize(addr.hi64() >> (64 - self.top_bits))];
+        let v = if t & NODE_FLAG == 0 {
+            t
         } else {
-            self.lookup_dispatch(addr)
+            self.lookup_walk_wide(addr)
         };
+        if v == NONE {
+            None
+        } else {
+            Some(v)
+        }
+    }
+
+    /// [`Lpm::lookup`] for IPv4 (inlined as the compiler sees fit).
+    #[inline]
+    fn lookup_narrow(&self, addr: A) -> Option<u32> {
+        let v = self.lookup_dispatch(addr);
         if v == NONE {
             None
         } else {
@@ -274,6 +286,7 @@ impl<A: Address> Lpm<A> {
         }
         Lpm {
             bits: self.bits,
+            top_bits: self.top_bits,
             top: self.top.clone(),
             direct: self.direct.clone(),
             nodes: copy(&self.nodes),
@@ -299,6 +312,12 @@ impl<A: Address> Lpm<A> {
             return unsafe { self.lookup_raw_popcnt(addr) };
         }
         self.lookup_raw(addr)
+    }
+
+    /// The IPv6 walk, out of line (see [`Lpm::lookup`]).
+    #[inline(never)]
+    fn lookup_walk_wide(&self, addr: A) -> u32 {
+        self.lookup_dispatch(addr)
     }
 
     /// [`Lpm::lookup_raw`] compiled with POPCNT.
@@ -387,19 +406,20 @@ impl<A: Address> Lpm<A> {
         if A::WIDTH <= 64 {
             return;
         }
-        // A `top` entry covers 2^(s - 8) slots, or part of one slot (tests use s < 8).
-        let (shift, (first_t, last_t)) = if self.bits >= TOP_BITS {
-            let shift = self.bits - TOP_BITS;
+        // A `top` entry covers 2^(s - t) slots, or part of one slot (tests use s < 8).
+        let tb = self.top_bits;
+        let (shift, (first_t, last_t)) = if self.bits >= tb {
+            let shift = self.bits - tb;
             (shift, (lo >> shift, hi >> shift))
         } else {
-            let up = TOP_BITS - self.bits;
+            let up = tb - self.bits;
             (0, (lo << up, ((hi + 1) << up) - 1))
         };
         for t in first_t..=last_t {
-            let slots = if self.bits >= TOP_BITS {
+            let slots = if self.bits >= tb {
                 &self.direct[t << shift..(t + 1) << shift]
             } else {
-                let slot = t >> (TOP_BITS - self.bits);
+                let slot = t >> (tb - self.bits);
                 &self.direct[slot..=slot]
             };
             let first = slots[0];
@@ -459,6 +479,27 @@ impl<A: Address> Lpm<A> {
     fn lookup_group(&self, a: &[A], o: &mut [u32]) {
         let a: &[A; LANES] = a.try_into().expect("group of LANES addresses");
         let o: &mut [u32; LANES] = o.try_into().expect("group of LANES results");
+        if A::WIDTH > 64 {
+            // IPv6: most addresses outside the table are answered by `top` (without a
+            // branch per lane). A group with a few other lanes walks just those; one with
+            // many goes the whole way below (cheaper per lane than skipping lanes), where
+            // `direct` gives the top-answered lanes the same answer again.
+            let mut pending = 0u64;
+            for i in 0..LANES {
+                let t = self.top[low_usize(a[i].hi64() >> (64 - self.top_bits))];
+                o[i] = t;
+                pending |= u64::from(t >> 31) << i;
+            }
+            if pending.count_ones() as usize <= LANES / 4 {
+                if pending != 0 {
+                    self.walk_group_wide(a, o, pending);
+                }
+                for x in o.iter_mut() {
+                    *x = public(*x);
+                }
+                return;
+            }
+        }
         let mut cur = [0usize; LANES];
         for i in 0..LANES {
             cur[i] = a[i].extract(0, self.bits);
@@ -514,6 +555,68 @@ impl<A: Address> Lpm<A> {
         }
         for x in o.iter_mut() {
             *x = public(*x);
+        }
+    }
+
+    /// [`Lpm::lookup_group`] for the few lanes of `pending` (those `top` did not answer) of
+    /// an IPv6 group: as for a whole group, but skipping the others.
+    #[inline(always)]
+    fn walk_group_wide(&self, a: &[A; LANES], o: &mut [u32; LANES], mut pending: u64) {
+        let mut cur = [0usize; LANES];
+        let mut p = pending;
+        while p != 0 {
+            let i = p.trailing_zeros() as usize;
+            p &= p - 1;
+            cur[i] = low_usize(a[i].hi64() >> (64 - self.bits));
+            prefetch(self.direct.as_ptr().wrapping_add(cur[i]));
+        }
+        let mut p = pending;
+        pending = 0;
+        while p != 0 {
+            let i = p.trailing_zeros() as usize;
+            p &= p - 1;
+            let e = self.direct[cur[i]];
+            o[i] = e;
+            // A root node and, in the next cache line, the start of its leaf runs.
+            cur[i] = (e & !NODE_FLAG) as usize;
+            prefetch(self.leaves.as_ptr().wrapping_add(cur[i]));
+            prefetch(self.leaves.as_ptr().wrapping_add(cur[i] + 16));
+            pending |= u64::from(e >> 31) << i;
+        }
+        let mut at_leaf = 0u64;
+        let mut off = self.bits;
+        let mut at_root = true;
+        while pending != 0 {
+            let mut next = 0u64;
+            let mut p = pending;
+            while p != 0 {
+                let i = p.trailing_zeros() as usize;
+                p &= p - 1;
+                let node = if at_root {
+                    self.root(cur[i])
+                } else {
+                    self.nodes[cur[i]]
+                };
+                let v = a[i].extract(off, STRIDE);
+                let m = upto(v);
+                if (node.vector >> v) & 1 != 0 {
+                    cur[i] = node.base1 as usize + (node.vector & m).count_ones() as usize - 1;
+                    prefetch(self.nodes.as_ptr().wrapping_add(cur[i]));
+                    next |= 1 << i;
+                } else {
+                    cur[i] = node.base0 as usize + (node.leafvec & m).count_ones() as usize - 1;
+                    prefetch(self.leaves.as_ptr().wrapping_add(cur[i]));
+                    at_leaf |= 1 << i;
+                }
+            }
+            pending = next;
+            off += STRIDE;
+            at_root = false;
+        }
+        while at_leaf != 0 {
+            let i = at_leaf.trailing_zeros() as usize;
+            at_leaf &= at_leaf - 1;
+            o[i] = self.leaves[cur[i]];
         }
     }
 

@@ -474,7 +474,9 @@ fn fib_adapts_direct_width_and_compacts() {
 /// and one narrower than `top`.
 #[test]
 fn ipv6_top_array_and_long_routes_follow_updates() {
-    for bits in [4, 18] {
+    // 8 <= s < 12 gives a `top` as wide as `direct`; s < 8 a wider one; s >= 12 a 12-bit
+    // one over several slots.
+    for bits in [4, 8, 10, 12, 14, 18] {
         let fib = Fib6::with_fixed_bits(bits);
         let mut model = Model::<u128>::default();
         let mut rng = SplitMix(bits.into());
@@ -496,7 +498,12 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
         ];
         for round in 0..40 {
             let base = bases[rng.below(bases.len())];
-            let len = [16, 32, 48, 56, 64, 65, 96, 127, 128][rng.below(9)];
+            // Around /48 (the deepest level of most of the Internet table) and around /64,
+            // where the 64-bit walk hands over to the 128-bit one.
+            let lens = [
+                12, 16, 29, 32, 40, 44, 47, 48, 49, 54, 56, 58, 63, 64, 65, 96, 127, 128,
+            ];
+            let len = lens[rng.below(lens.len())];
             let prefix = base | (rng.next_u128() & host_mask6(20));
             step(&fib, &mut model, prefix, len, rng.below(4) != 0);
             if round % 10 == 5 {
@@ -515,4 +522,126 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
             check_batch(&lpm, &probes);
         }
     }
+}
+
+/// An IPv6 FIB that grows across the direct-width thresholds and shrinks back (rebuilds and
+/// in-place patches) while a reader thread looks up, single and batched, addresses whose
+/// answer never changes (routes outside the churned space: a default route, a /16, a /32, a
+/// /48 under it, a /64 and a /128 host route), and the whole table matches the model after
+/// every version.
+#[test]
+fn ipv6_fib_grows_and_shrinks_while_readers_run() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let fib = Arc::new(Fib6::new());
+    let mut model = Model::<u128>::default();
+    let fixed: [(u128, u8, u32); 6] = [
+        (0, 0, 1),
+        (0xfd00u128 << 112, 16, 2),
+        (0x2001_0db8u128 << 96, 32, 3),
+        ((0x2001_0db8u128 << 96) | (7 << 80), 48, 4),
+        ((0x2001_0db8u128 << 96) | (7 << 80) | (5 << 64), 64, 5),
+        ((0x2001_0db8u128 << 96) | (7 << 80) | (5 << 64) | 9, 128, 6),
+    ];
+    for &(p, len, nh) in &fixed {
+        fib.insert(p, len, nh).unwrap();
+        model.insert(p, len, nh);
+    }
+    // (address, answer) pairs that no churned route changes.
+    let probes: Vec<(u128, u32)> = vec![
+        (0x3fff_u128 << 112, 1),
+        ((0xfd00u128 << 112) | 77, 2),
+        ((0x2001_0db8u128 << 96) | (8 << 80), 3),
+        ((0x2001_0db8u128 << 96) | (7 << 80) | (6 << 64), 4),
+        ((0x2001_0db8u128 << 96) | (7 << 80) | (5 << 64) | 10, 5),
+        ((0x2001_0db8u128 << 96) | (7 << 80) | (5 << 64) | 9, 6),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (fib, stop, probes) = (Arc::clone(&fib), Arc::clone(&stop), probes.clone());
+        std::thread::spawn(move || {
+            let addrs: Vec<u128> = probes.iter().map(|p| p.0).cycle().take(40).collect();
+            let mut out = vec![0u32; addrs.len()];
+            let mut reader = fib.reader();
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                for &(a, nh) in &probes {
+                    assert_eq!(reader.lookup(a), Some(nh), "{a:x}");
+                }
+                reader.lookup_batch(&addrs, &mut out);
+                for (a, o) in addrs.iter().zip(&out) {
+                    let want = probes.iter().find(|p| p.0 == *a).map(|p| p.1);
+                    assert_eq!(Some(*o), want, "{a:x}");
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    // Churned routes: under 2a00::/12, /20 to /128.
+    let mut rng = SplitMix(11);
+    let mut added = Vec::new();
+    let check = |fib: &Fib6, model: &Model<u128>, rng: &mut SplitMix| {
+        let lpm = fib.snapshot();
+        let mut addrs: Vec<u128> = probes.iter().map(|p| p.0).collect();
+        for r in model.routes().iter().step_by(23) {
+            addrs.push(r.prefix | (rng.next_u128() & host_mask6(r.len)));
+        }
+        for _ in 0..64 {
+            addrs.push((0x2a0u128 << 116) | (rng.next_u128() >> 12));
+        }
+        for &a in &addrs {
+            assert_eq!(lpm.lookup(a), model.lookup(a), "{a:x} {lpm:?}");
+        }
+        check_batch(&lpm, &addrs);
+    };
+    let mut widths = Vec::new();
+    for batch in 0..12u32 {
+        fib.update(|b| {
+            for i in 0..400 {
+                let len = 20 + rng.below(109) as u8;
+                let p = ((0x2a0u128 << 116) | (rng.next_u128() >> 12)) & !host_mask6(len);
+                b.insert(p, len, 100 + batch * 400 + i)?;
+                model.insert(p, len, 100 + batch * 400 + i);
+                added.push((p, len));
+            }
+            Ok::<_, LpmError>(())
+        })
+        .unwrap();
+        widths.push(fib.snapshot().direct_bits());
+        check(&fib, &model, &mut rng);
+    }
+    // Single changes (patches), then shrink back in batches.
+    for i in 0..300u32 {
+        let (p, len) = added[rng.below(added.len())];
+        if i % 3 == 0 {
+            fib.insert(p, len, 90_000 + i).unwrap();
+            model.insert(p, len, 90_000 + i);
+        } else {
+            fib.remove(p, len).unwrap();
+            model.remove(p, len);
+        }
+        if i % 50 == 0 {
+            check(&fib, &model, &mut rng);
+        }
+    }
+    for chunk in added.chunks(500) {
+        fib.update(|b| {
+            for &(p, len) in chunk {
+                b.remove(p, len)?;
+            }
+            Ok::<_, LpmError>(())
+        })
+        .unwrap();
+        for &(p, len) in chunk {
+            model.remove(p, len);
+        }
+        widths.push(fib.snapshot().direct_bits());
+        check(&fib, &model, &mut rng);
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    assert_eq!(fib.len(), fixed.len());
+    assert!(widths.iter().max() > widths.last(), "{widths:?}");
+    assert!(*widths.iter().max().unwrap() >= 12, "{widths:?}");
 }
