@@ -64,6 +64,12 @@ fn init_logger() {
         .target(env_logger::Target::Stderr)
         .format_timestamp_millis()
         .init();
+    if std::env::var_os("TAPYARD_HASH_SEED").is_some() {
+        log::warn!(
+            "TAPYARD_HASH_SEED is set: every table's hash secrets are fixed (a benchmark aid); \
+             whoever knows the value can aim connections at one bucket: unset it in production"
+        );
+    }
 }
 
 fn cmd_check(path: &Path) -> Result<(), Fail> {
