@@ -518,41 +518,7 @@ impl<A: Address> Lpm<A> {
                 o[i] = e;
             }
         }
-        let mut at_leaf = 0u64;
-        let mut off = self.bits;
-        let mut at_root = true;
-        while pending != 0 {
-            let mut next = 0u64;
-            let mut p = pending;
-            while p != 0 {
-                let i = p.trailing_zeros() as usize;
-                p &= p - 1;
-                let node = if at_root {
-                    self.root(cur[i])
-                } else {
-                    self.nodes[cur[i]]
-                };
-                let v = a[i].extract(off, STRIDE);
-                let m = upto(v);
-                if (node.vector >> v) & 1 != 0 {
-                    cur[i] = node.base1 as usize + (node.vector & m).count_ones() as usize - 1;
-                    prefetch(self.nodes.as_ptr().wrapping_add(cur[i]));
-                    next |= 1 << i;
-                } else {
-                    cur[i] = node.base0 as usize + (node.leafvec & m).count_ones() as usize - 1;
-                    prefetch(self.leaves.as_ptr().wrapping_add(cur[i]));
-                    at_leaf |= 1 << i;
-                }
-            }
-            pending = next;
-            off += STRIDE;
-            at_root = false;
-        }
-        while at_leaf != 0 {
-            let i = at_leaf.trailing_zeros() as usize;
-            at_leaf &= at_leaf - 1;
-            o[i] = self.leaves[cur[i]];
-        }
+        self.walk_lanes(a, o, &mut cur, pending);
         for x in o.iter_mut() {
             *x = public(*x);
         }
@@ -583,6 +549,21 @@ impl<A: Address> Lpm<A> {
             prefetch(self.leaves.as_ptr().wrapping_add(cur[i] + 16));
             pending |= u64::from(e >> 31) << i;
         }
+        self.walk_lanes(a, o, &mut cur, pending);
+    }
+
+    /// The trie walk shared by [`Lpm::lookup_group`] and [`Lpm::walk_group_wide`]: walks
+    /// the lanes of `pending`, whose `cur` is the index of their root node in `leaves`
+    /// (prefetched), level by level, prefetching each lane's next node or leaf for all lanes
+    /// before reading any, and writes each lane's leaf value to `o`.
+    #[inline(always)]
+    fn walk_lanes(
+        &self,
+        a: &[A; LANES],
+        o: &mut [u32; LANES],
+        cur: &mut [usize; LANES],
+        mut pending: u64,
+    ) {
         let mut at_leaf = 0u64;
         let mut off = self.bits;
         let mut at_root = true;
