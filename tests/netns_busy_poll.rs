@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use common::{name_tag, open_tap, skip, skip_reason, Guard, TapKind};
 use tapyard::runtime::{Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, Datapath};
 
 #[test]
 fn busy_polling_bridge_pings_then_goes_idle() {
@@ -25,11 +24,8 @@ fn busy_polling_bridge_pings_then_goes_idle() {
     let (pid, tag) = name_tag();
     let subnet = 10 + pid % 240;
     let (ta, tb) = (format!("tbp{pid}a"), format!("tbp{pid}b"));
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let ia = b.add_port(ta.clone(), Some(br)).unwrap();
-    let ib = b.add_port(tb.clone(), Some(br)).unwrap();
-    let dp = Arc::new(b.build());
+    let (dp, ia, ib) = common::two_port_bridge(&ta, &tb);
+    let dp = Arc::new(dp);
     let mut guard = Guard::default();
     for (id, name) in [(ia, &ta), (ib, &tb)] {
         let p = open_tap(TapKind::Offload, name).expect("open TAP");

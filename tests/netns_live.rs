@@ -35,13 +35,8 @@ fn a_tap_added_at_run_time_carries_a_ping() {
     let id_a = builder.add_port(tap_a.clone(), Some(br)).unwrap();
     let dp = Arc::new(builder.build());
     let mut guard = Guard::default();
-    let a: Arc<dyn Port> = match TapPort::open(&tap_a) {
-        Ok(p) => Arc::new(p),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            skip(&format!("skipping: cannot create TAP {tap_a} ({e})"));
-            return;
-        }
-        Err(e) => panic!("cannot open TAP {tap_a}: {e}"),
+    let Some(a) = common::open_tap_or_skip(&tap_a) else {
+        return;
     };
     guard.ports.push((id_a, a.clone()));
     let rt = Runtime::start(

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use common::{name_tag, skip, skip_reason, Guard};
 use tapyard::port::{Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, Datapath};
 
 /// Receives `flows * count` datagrams (or stops after 10 s of silence) and prints
 /// `<received> <out of order>`.
@@ -65,11 +64,8 @@ fn multi_queue_taps_keep_each_flow_in_order() {
     let (pid, tag) = name_tag();
     let subnet = 10 + pid % 240;
     let (ta, tb) = (format!("tmq{pid}a"), format!("tmq{pid}b"));
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let ia = b.add_port(ta.clone(), Some(br)).unwrap();
-    let ib = b.add_port(tb.clone(), Some(br)).unwrap();
-    let dp = Arc::new(b.build());
+    let (dp, ia, ib) = common::two_port_bridge(&ta, &tb);
+    let dp = Arc::new(dp);
     let mut guard = Guard::default();
     for (id, name) in [(ia, &ta), (ib, &tb)] {
         let p = TapPort::open_multi_queue(name, 2, true).expect("open multi-queue TAP");

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{run_output, skip, skip_reason, Guard};
-use tapyard::port::{Port, TapPort};
+use tapyard::port::Port;
 use tapyard::runtime::{Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, Datapath, DropReason};
+use tapyard::DropReason;
 
 #[test]
 fn frames_to_a_tap_not_up_yet_are_link_down_not_errors() {
@@ -29,21 +29,13 @@ fn frames_to_a_tap_not_up_yet_are_link_down_not_errors() {
     let (tap_a, tap_b) = (format!("ld{pid}a"), format!("ld{pid}b"));
     let (addr_a, addr_b) = (format!("10.215.{subnet}.1"), format!("10.215.{subnet}.2"));
 
-    let mut builder = Datapath::builder();
-    let br = builder.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let id_a = builder.add_port(tap_a.clone(), Some(br)).unwrap();
-    let id_b = builder.add_port(tap_b.clone(), Some(br)).unwrap();
-    let dp = Arc::new(builder.build());
+    let (dp, id_a, id_b) = common::two_port_bridge(&tap_a, &tap_b);
+    let dp = Arc::new(dp);
     let mut guard = Guard::default();
     let mut ports: Vec<(tapyard::PortId, Arc<dyn Port>)> = Vec::new();
     for (id, name) in [(id_a, &tap_a), (id_b, &tap_b)] {
-        let p: Arc<dyn Port> = match TapPort::open(name) {
-            Ok(p) => Arc::new(p),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                skip(&format!("skipping: cannot create TAP {name} ({e})"));
-                return;
-            }
-            Err(e) => panic!("cannot open TAP {name}: {e}"),
+        let Some(p) = common::open_tap_or_skip(name) else {
+            return;
         };
         guard.ports.push((id, p.clone()));
         ports.push((id, p));

@@ -15,17 +15,14 @@ use std::sync::Arc;
 
 use common::{name_tag, open_tap, skip, skip_reason, Guard, TapKind};
 use tapyard::runtime::{IoMode, Runtime, RuntimeConfig};
-use tapyard::{BridgeConfig, Datapath};
+use tapyard::Datapath;
 
 fn bridge_in(io: IoMode, kind: TapKind, n: u32) {
     let (pid, tag) = name_tag();
     let subnet = (10 + pid % 60) * 4 + n;
     let (ta, tb) = (format!("tur{pid}a{n}"), format!("tur{pid}b{n}"));
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let ia = b.add_port(ta.clone(), Some(br)).unwrap();
-    let ib = b.add_port(tb.clone(), Some(br)).unwrap();
-    let dp = Arc::new(b.build());
+    let (dp, ia, ib) = common::two_port_bridge(&ta, &tb);
+    let dp = Arc::new(dp);
     let mut guard = Guard::default();
     for (id, name) in [(ia, &ta), (ib, &tb)] {
         let p = open_tap(kind, name).expect("open TAP");

@@ -124,6 +124,19 @@ fn tick(n: &mut Node, d: Duration) -> Vec<(PortId, Vec<u8>)> {
     out
 }
 
+/// A UDP datagram from pod A (fd00:10:244:1::2, behind port A) to a pod on a remote node
+/// (fd00:10:244:3::5), sent to the gateway, with hop limit `hop` and `len` payload bytes.
+fn pod_a_to_remote(hop: u8, len: usize) -> Vec<u8> {
+    udp6(
+        POD_A,
+        GW0_MAC,
+        "fd00:10:244:1::2",
+        "fd00:10:244:3::5",
+        hop,
+        len,
+    )
+}
+
 fn udp6(src_mac: MacAddr, dst_mac: MacAddr, src: &str, dst: &str, hop: u8, len: usize) -> Vec<u8> {
     let mut f = Vec::new();
     PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
@@ -469,11 +482,7 @@ fn hop_limit_too_big_routes_and_link_local() {
         format!("{:?}", parse_icmp(f).2)
     };
     // Hop limit 1: time exceeded.
-    let (v, out) = send(
-        &mut n,
-        PA,
-        &udp6(POD_A, GW0_MAC, "fd00:10:244:1::2", "fd00:10:244:3::5", 1, 8),
-    );
+    let (v, out) = send(&mut n, PA, &pod_a_to_remote(1, 8));
     assert_eq!(v, Verdict::Drop(DropReason::TtlExpired));
     assert!(
         err(&out).starts_with("TimeExceeded { code: 0"),
@@ -481,18 +490,7 @@ fn hop_limit_too_big_routes_and_link_local() {
         err(&out)
     );
     // Bigger than eth0's MTU: packet too big with 1400, quoting at most 1280 bytes in all.
-    let (v, out) = send(
-        &mut n,
-        PA,
-        &udp6(
-            POD_A,
-            GW0_MAC,
-            "fd00:10:244:1::2",
-            "fd00:10:244:3::5",
-            64,
-            1400,
-        ),
-    );
+    let (v, out) = send(&mut n, PA, &pod_a_to_remote(64, 1400));
     assert_eq!(v, Verdict::Drop(DropReason::PacketTooBig));
     let (_, f) = out.iter().find(|(_, f)| f[..6] == POD_A.0).unwrap();
     assert_eq!(f.len(), 14 + 1280);
@@ -502,18 +500,7 @@ fn hop_limit_too_big_routes_and_link_local() {
     };
     assert_eq!(i.icmp_type(), Icmpv6Type::PacketTooBig { mtu: 1400 });
     // Fits: forwarded to the static neighbour on eth0.
-    let (v, _) = send(
-        &mut n,
-        PA,
-        &udp6(
-            POD_A,
-            GW0_MAC,
-            "fd00:10:244:1::2",
-            "fd00:10:244:3::5",
-            64,
-            1300,
-        ),
-    );
+    let (v, _) = send(&mut n, PA, &pod_a_to_remote(64, 1300));
     assert_eq!(v, Verdict::Output(ETH0));
     // Blackhole: silent. Unreachable: code 0; prohibit: code 6; no route: code 0.
     let (v, out) = send(
@@ -632,14 +619,7 @@ fn extension_header_chains_are_walked_and_bounded() {
     pod_a_resolves_gateway(&mut n);
     // UDP after hop-by-hop and destination options: forwarded.
     let build = |chain: &[u8], hdrs: usize| {
-        let mut f = udp6(
-            POD_A,
-            GW0_MAC,
-            "fd00:10:244:1::2",
-            "fd00:10:244:3::5",
-            64,
-            8,
-        );
+        let mut f = pod_a_to_remote(64, 8);
         let mut ext = Vec::new();
         for (i, k) in chain.iter().enumerate().take(hdrs) {
             let next = chain.get(i + 1).copied().unwrap_or(17);
@@ -674,14 +654,7 @@ fn extension_header_chains_are_walked_and_bounded() {
     // Garbage after an IPv6 EtherType to the router: counted, never a crash.
     let mut seed = 7u64;
     for len in 0..300 {
-        let mut f = udp6(
-            POD_A,
-            GW0_MAC,
-            "fd00:10:244:1::2",
-            "fd00:10:244:3::5",
-            64,
-            8,
-        );
+        let mut f = pod_a_to_remote(64, 8);
         f.truncate(14);
         for _ in 0..len {
             seed ^= seed << 13;
@@ -951,18 +924,7 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
     n.dp.add_static_neigh6(eth0, a("fd00:172:18::4"), peer4, n.now)
         .unwrap();
     let to_remote = |n: &mut Node| {
-        let (_, out) = send(
-            n,
-            PA,
-            &udp6(
-                POD_A,
-                GW0_MAC,
-                "fd00:10:244:1::2",
-                "fd00:10:244:3::5",
-                64,
-                8,
-            ),
-        );
+        let (_, out) = send(n, PA, &pod_a_to_remote(64, 8));
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].0, ETH0);
         MacAddr(out[0].1[..6].try_into().unwrap())

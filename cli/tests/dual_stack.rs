@@ -469,27 +469,8 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, Str
 /// default routes via the gateways (`gw6` none: from Router Advertisements).
 fn attach_pod(n: &Names, ns: &str, tap: &str, v4: &str, v6: &str, gw4: &str, gw6: Option<&str>) {
     run(&["ip", "-n", &n.ns_node, "link", "set", tap, "netns", ns]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{v4}/24"),
-        "dev",
-        tap,
-    ]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{v6}/64"),
-        "dev",
-        tap,
-        "nodad",
-    ]);
+    addr_add(ns, &format!("{v4}/24"), tap);
+    addr_add6(ns, &format!("{v6}/64"), tap);
     run(&["ip", "-n", ns, "link", "set", tap, "up"]);
     run(&["ip", "-n", ns, "route", "add", "default", "via", gw4]);
     if let Some(gw6) = gw6 {
@@ -528,51 +509,13 @@ fn build_wire(n: &Names) {
         ]);
         run(&["ip", "-n", w, "link", "set", end, "master", "br0"]);
         run(&["ip", "-n", w, "link", "set", end, "up"]);
-        run(&[
-            "ip",
-            "-n",
-            peer,
-            "addr",
-            "add",
-            &format!("{v4}/24"),
-            "dev",
-            "eth0",
-        ]);
-        run(&[
-            "ip",
-            "-n",
-            peer,
-            "addr",
-            "add",
-            &format!("{v6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ]);
+        addr_add(peer, &format!("{v4}/24"), "eth0");
+        addr_add6(peer, &format!("{v6}/64"), "eth0");
         run(&["ip", "-n", peer, "link", "set", "eth0", "up"]);
     }
     let nb = &n.ns_nb;
-    run(&[
-        "ip",
-        "-n",
-        nb,
-        "addr",
-        "add",
-        &format!("{NODE_B_POD4}/32"),
-        "dev",
-        "lo",
-    ]);
-    run(&[
-        "ip",
-        "-n",
-        nb,
-        "addr",
-        "add",
-        &format!("{NODE_B_POD6}/128"),
-        "dev",
-        "lo",
-        "nodad",
-    ]);
+    addr_add(nb, &format!("{NODE_B_POD4}/32"), "lo");
+    addr_add6(nb, &format!("{NODE_B_POD6}/128"), "lo");
     run(&[
         "ip",
         "-n",

@@ -230,16 +230,7 @@ fn tapyard_ok(n: &Names, args: &[&str]) -> String {
 /// Moves a pod TAP into its namespace with an address and a default route via the gateway.
 fn attach_pod(ns: &str, tap: &str, addr: &str) {
     run(&["ip", "link", "set", tap, "netns", ns]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{addr}/24"),
-        "dev",
-        tap,
-    ]);
+    addr_add(ns, &format!("{addr}/24"), tap);
     run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     run(&["ip", "-n", ns, "link", "set", tap, "up"]);
     run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
@@ -262,40 +253,13 @@ fn build_wire(n: &Names) {
         ]);
         run(&["ip", "-n", w, "link", "set", wire_end, "master", "br0"]);
         run(&["ip", "-n", w, "link", "set", wire_end, "up"]);
-        run(&[
-            "ip",
-            "-n",
-            peer_ns,
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            "eth0",
-        ]);
+        addr_add(peer_ns, &format!("{addr}/24"), "eth0");
         run(&["ip", "-n", peer_ns, "link", "set", "eth0", "up"]);
         run(&["ip", "-n", peer_ns, "link", "set", "lo", "up"]);
     }
     // node-b's pods: addresses on its loopback (no dummy module needed).
-    run(&[
-        "ip",
-        "-n",
-        nb,
-        "addr",
-        "add",
-        &format!("{NODE_B_POD}/32"),
-        "dev",
-        "lo",
-    ]);
-    run(&[
-        "ip",
-        "-n",
-        nb,
-        "addr",
-        "add",
-        &format!("{NODE_B_POD2}/32"),
-        "dev",
-        "lo",
-    ]);
+    addr_add(nb, &format!("{NODE_B_POD}/32"), "lo");
+    addr_add(nb, &format!("{NODE_B_POD2}/32"), "lo");
     run(&[
         "ip",
         "-n",

@@ -253,16 +253,7 @@ max_entries = {max}
         {
             let t = &self.tap_pod;
             run(&["ip", "link", "set", t, "netns", &pod]);
-            run(&[
-                "ip",
-                "-n",
-                &pod,
-                "addr",
-                "add",
-                &format!("{POD}/24"),
-                "dev",
-                t,
-            ]);
+            addr_add(&pod, &format!("{POD}/24"), t);
             run(&["ip", "-n", &pod, "link", "set", "lo", "up"]);
             run(&["ip", "-n", &pod, "link", "set", t, "up"]);
             run(&["ip", "-n", &pod, "route", "add", "default", "via", GW]);
@@ -273,16 +264,7 @@ max_entries = {max}
         {
             let t = &self.tap_up;
             run(&["ip", "link", "set", t, "netns", &srv]);
-            run(&[
-                "ip",
-                "-n",
-                &srv,
-                "addr",
-                "add",
-                &format!("{SERVER}/24"),
-                "dev",
-                t,
-            ]);
+            addr_add(&srv, &format!("{SERVER}/24"), t);
             run(&["ip", "-n", &srv, "link", "set", "lo", "up"]);
             run(&["ip", "-n", &srv, "link", "set", t, "up"]);
             run(&[

@@ -191,30 +191,11 @@ fn wait_exit(g: &mut Guard, i: usize, secs: u64) -> std::process::ExitStatus {
 
 fn attach_pod(ns: &str, tap: &str, addr: &str, addr6: &str) {
     run(&["ip", "link", "set", tap, "netns", ns]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{addr}/24"),
-        "dev",
-        tap,
-    ]);
+    addr_add(ns, &format!("{addr}/24"), tap);
     run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     run(&["ip", "-n", ns, "link", "set", tap, "up"]);
     run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{addr6}/64"),
-        "dev",
-        tap,
-        "nodad",
-    ]);
+    addr_add6(ns, &format!("{addr6}/64"), tap);
     run(&["ip", "-n", ns, "-6", "route", "add", "default", "via", GW6]);
 }
 

@@ -202,16 +202,7 @@ fn start_node(g: &mut Guard, n: &Names, node: &str, conf: &str) {
 /// A pod TAP into its namespace: address, MTU 1500, default route via the gateway.
 fn attach_pod(ns: &str, tap: &str, addr: &str, gw: &str) {
     run(&["ip", "link", "set", tap, "netns", ns]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{addr}/24"),
-        "dev",
-        tap,
-    ]);
+    addr_add(ns, &format!("{addr}/24"), tap);
     run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     run(&["ip", "-n", ns, "link", "set", tap, "up"]);
     run(&["ip", "-n", ns, "route", "add", "default", "via", gw]);
@@ -281,16 +272,7 @@ fn overlay_with_linux_and_tapyard_nodes() {
     run(&["ip", "-n", w, "link", "set", "vb", "up"]);
     // Node B: Linux, with Flannel's vxlan device and a pod behind a veth.
     let b = &n.ns_b;
-    run(&[
-        "ip",
-        "-n",
-        b,
-        "addr",
-        "add",
-        &format!("{NODE_B}/24"),
-        "dev",
-        "eth0",
-    ]);
+    addr_add(b, &format!("{NODE_B}/24"), "eth0");
     run(&["ip", "-n", b, "link", "set", "eth0", "up"]);
     run(&["ip", "-n", b, "link", "set", "lo", "up"]);
     run(&[
@@ -328,16 +310,7 @@ fn overlay_with_linux_and_tapyard_nodes() {
     run(&["ip", "-n", b, "addr", "add", "10.216.2.1/24", "dev", "vpod"]);
     run(&["ip", "-n", b, "link", "set", "vpod", "up"]);
     let pb = &n.ns_pb;
-    run(&[
-        "ip",
-        "-n",
-        pb,
-        "addr",
-        "add",
-        &format!("{POD_B}/24"),
-        "dev",
-        "eth0",
-    ]);
+    addr_add(pb, &format!("{POD_B}/24"), "eth0");
     run(&["ip", "-n", pb, "link", "set", "eth0", "up"]);
     run(&["ip", "-n", pb, "link", "set", "lo", "up"]);
     run(&[

@@ -283,28 +283,14 @@ impl RouteTable {
     pub fn replace(&self, r: Route) -> Result<Option<Route>, RouteError> {
         let key = rib_key(&r)?;
         let mut w = self.writer.lock();
-        let v = w.rib.entry(key).or_default();
-        let old = v
-            .iter()
-            .position(|x| x.metric == r.metric)
-            .map(|at| v.remove(at));
-        let at = v.partition_point(|x| x.metric <= r.metric);
-        v.insert(at, r);
-        match self.publish(&mut w, key) {
-            Ok(()) => Ok(old),
-            Err(e) => {
-                // Undo, so a refused replacement changes nothing.
-                if let Some(v) = w.rib.get_mut(&key) {
-                    v.retain(|x| x.metric != r.metric);
-                    if let Some(o) = old {
-                        let at = v.partition_point(|x| x.metric <= o.metric);
-                        v.insert(at, o);
-                    }
-                }
-                let _ = self.publish(&mut w, key);
-                Err(e)
-            }
-        }
+        replace_in_rib(
+            &mut w,
+            |w| &mut w.rib,
+            |x| x.metric,
+            key,
+            r,
+            |w, key| self.publish(w, key),
+        )
     }
 
     /// Removes the route to `prefix/len` with `metric` (any metric if `None`: the best one).
@@ -423,6 +409,39 @@ fn rib_key(r: &Route) -> Result<(u32, u8), RouteError> {
         return Err(RouteError::HostBitsSet(r.prefix, r.len));
     }
     Ok((u32::from(r.prefix), r.len))
+}
+
+/// `replace` for both families' tables (`ip route replace`): puts `r` into its prefix's
+/// routes (kept ordered by `metric`) in place of the one with its metric, publishes the
+/// prefix, and returns the route replaced. When publishing fails, it puts the old route back
+/// and publishes again, so a refused replacement changes nothing.
+pub(crate) fn replace_in_rib<W, K: Ord + Copy, R: Copy, E>(
+    w: &mut W,
+    rib: fn(&mut W) -> &mut BTreeMap<K, Vec<R>>,
+    metric: fn(&R) -> u32,
+    key: K,
+    r: R,
+    mut publish: impl FnMut(&mut W, K) -> Result<(), E>,
+) -> Result<Option<R>, E> {
+    let m = metric(&r);
+    let v = rib(w).entry(key).or_default();
+    let old = v.iter().position(|x| metric(x) == m).map(|at| v.remove(at));
+    let at = v.partition_point(|x| metric(x) <= m);
+    v.insert(at, r);
+    match publish(w, key) {
+        Ok(()) => Ok(old),
+        Err(e) => {
+            if let Some(v) = rib(w).get_mut(&key) {
+                v.retain(|x| metric(x) != m);
+                if let Some(o) = old {
+                    let at = v.partition_point(|x| metric(x) <= metric(&o));
+                    v.insert(at, o);
+                }
+            }
+            let _ = publish(w, key);
+            Err(e)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use crate::base::IfaceId;
 use crate::l3::lpm::Fib6;
-use crate::l3::route::RouteProto;
+use crate::l3::route::{replace_in_rib, RouteProto};
 use crate::wire::ipv6::mask;
 
 /// Distinct IPv6 next hops a table can hold.
@@ -261,28 +261,14 @@ impl RouteTable6 {
     pub fn replace(&self, r: Route6) -> Result<Option<Route6>, RouteError6> {
         let key = rib_key(&r)?;
         let mut w = self.writer.lock();
-        let v = w.rib.entry(key).or_default();
-        let old = v
-            .iter()
-            .position(|x| x.metric == r.metric)
-            .map(|at| v.remove(at));
-        let at = v.partition_point(|x| x.metric <= r.metric);
-        v.insert(at, r);
-        match self.publish(&mut w, key) {
-            Ok(()) => Ok(old),
-            Err(e) => {
-                // Undo, so a refused replacement changes nothing.
-                if let Some(v) = w.rib.get_mut(&key) {
-                    v.retain(|x| x.metric != r.metric);
-                    if let Some(o) = old {
-                        let at = v.partition_point(|x| x.metric <= o.metric);
-                        v.insert(at, o);
-                    }
-                }
-                let _ = self.publish(&mut w, key);
-                Err(e)
-            }
-        }
+        replace_in_rib(
+            &mut w,
+            |w| &mut w.rib,
+            |x| x.metric,
+            key,
+            r,
+            |w, key| self.publish(w, key),
+        )
     }
 
     /// Removes the route to `prefix/len` with `metric` (any metric if `None`: the best one).

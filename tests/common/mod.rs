@@ -321,6 +321,31 @@ pub fn open_tap(kind: TapKind, name: &str) -> std::io::Result<TapPort> {
     }
 }
 
+/// A datapath with one bridge, `br0`, holding ports `a` and `b`: the datapath and the ports'
+/// ids.
+pub fn two_port_bridge(a: &str, b: &str) -> (tapyard::Datapath, PortId, PortId) {
+    let mut builder = tapyard::Datapath::builder();
+    let br = builder
+        .add_bridge(tapyard::BridgeConfig::new("br0"))
+        .unwrap();
+    let ia = builder.add_port(a.to_owned(), Some(br)).unwrap();
+    let ib = builder.add_port(b.to_owned(), Some(br)).unwrap();
+    (builder.build(), ia, ib)
+}
+
+/// Opens (plain) TAP `name`; `None`, having said why the test skips, when this process may
+/// not create TAP devices. Any other error panics.
+pub fn open_tap_or_skip(name: &str) -> Option<Arc<dyn Port>> {
+    match TapPort::open(name) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            skip(&format!("skipping: cannot create TAP {name} ({e})"));
+            None
+        }
+        Err(e) => panic!("cannot open TAP {name}: {e}"),
+    }
+}
+
 /// A static route to `dst/len`.
 pub fn route(dst: &str, len: u8, next_hop: NextHop) -> Route {
     let prefix = dst.parse().expect("prefix");

@@ -11,7 +11,7 @@
 
 use std::process::{Command, Stdio};
 
-use super::run;
+use super::{addr_add, run};
 
 /// A remote node as Flannel programs it.
 pub struct Remote<'a> {
@@ -61,16 +61,7 @@ pub fn linux_flannel(
         dev,
         "nolearning",
     ]);
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{vtep}/32"),
-        "dev",
-        "flannel.1",
-    ]);
+    addr_add(ns, &format!("{vtep}/32"), "flannel.1");
     run(&["ip", "-n", ns, "link", "set", "flannel.1", "up"]);
     for r in remotes {
         add_remote(ns, r);

@@ -109,6 +109,17 @@ pub fn wait_output(mut child: Child, timeout: Duration, what: &str) -> Output {
     }
 }
 
+/// `ip -n <ns> addr add <cidr> dev <dev>`, which must succeed.
+pub fn addr_add(ns: &str, cidr: &str, dev: &str) {
+    run(&["ip", "-n", ns, "addr", "add", cidr, "dev", dev]);
+}
+
+/// [`addr_add`] for an IPv6 address, without duplicate address detection (`nodad`): usable
+/// at once.
+pub fn addr_add6(ns: &str, cidr: &str, dev: &str) {
+    run(&["ip", "-n", ns, "addr", "add", cidr, "dev", dev, "nodad"]);
+}
+
 /// Runs a command (with [`CMD_TIMEOUT`]).
 pub fn run_output(args: &[&str]) -> Output {
     let child = Command::new(args[0])
