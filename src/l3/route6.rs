@@ -438,24 +438,40 @@ mod tests {
         // Readers looking up while the default route's gateway flips never find no route
         // (as `ip -6 route replace`; a remove + add would leave a moment without one).
         t.remove("::".parse().unwrap(), 0, Some(100)).unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let seen = std::sync::Arc::new(AtomicU64::new(0));
         let reader = {
-            let (t, stop) = (t.clone(), stop.clone());
+            let (t, stop, seen) = (t.clone(), stop.clone(), seen.clone());
             std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Relaxed) {
+                    let n = seen.load(Relaxed);
                     assert!(t.reader().lookup(dst).is_some(), "a gap after {n} lookups");
-                    n += 1;
+                    seen.store(n + 1, Relaxed);
                 }
-                n
             })
         };
-        for i in 0..2000u16 {
+        // The reader must be looking up while the writer replaces (on a busy machine it
+        // may not have been scheduled yet): wait for it, then replace until it has done
+        // some lookups meanwhile (within a bound).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while seen.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let start = seen.load(Relaxed);
+        let mut i = 0u16;
+        while i < 2000 || (seen.load(Relaxed) < start + 100 && std::time::Instant::now() < deadline)
+        {
             let nh = NextHop6::Via(if i % 2 == 0 { e0 } else { e1 }, gw(i % 8 + 1));
             t.replace(r("::", 0, nh, 0)).unwrap();
+            i = i.wrapping_add(1);
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(reader.join().unwrap() > 0);
+        stop.store(true, Relaxed);
+        reader.join().unwrap();
+        assert!(
+            seen.load(Relaxed) > start,
+            "the reader never ran during the replaces"
+        );
         assert_eq!(t.routes().len(), 1);
     }
 

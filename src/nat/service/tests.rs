@@ -456,7 +456,7 @@ fn update_while_reading() {
             std::thread::spawn(move || {
                 let mut rng = Rng::new(t);
                 let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) || n == 0 {
                     let r = s
                         .by_vip(VIP, 80, PROTO_TCP)
                         .expect("never missing during updates");
