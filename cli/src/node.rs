@@ -23,7 +23,7 @@ use crate::capture::CaptureTap;
 use crate::config::{
     self, proto_name, Config, IpCidr, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
 };
-use crate::diff::{self, Diff};
+use crate::diff::{self, Diff, Item, Refusal};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
 use crate::state::{self, MacFor, StateDir};
 
@@ -47,8 +47,21 @@ pub struct Node {
     pub workers: usize,
     /// Where the port record is kept (`[node] state_dir`), the node's name and namespace.
     pub state: StateDir,
+    /// What the library refused at the last reload (retried by the next one).
+    refused: Mutex<Vec<Refusal>>,
     clock: Clock,
     rt: Mutex<Option<Runtime>>,
+}
+
+/// What a reload did ([`Node::reload`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// One line per change applied (none: the file changes nothing); a change refused at
+    /// the previous reload and applied now says so.
+    pub changes: Vec<String>,
+    /// One line per change the library refused, with its reason: it does not run, the
+    /// running configuration keeps what it had, and the next reload retries it.
+    pub refused: Vec<String>,
 }
 
 impl std::fmt::Debug for Node {
@@ -389,13 +402,25 @@ pub fn to_nat_rules(
 /// does), and every Service the NAT has that `services` lacks is removed. Each refusal names
 /// the Service and the field; the others are still applied.
 pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String>, Vec<String>> {
+    apply_services_named(node, services)
+        .map_err(|refused| refused.into_iter().map(|(_, e)| e).collect())
+}
+
+/// As [`apply_services`], each refusal with the name of its Service (a refused Service keeps
+/// what it had: the library changes nothing of a Service it refuses).
+fn apply_services_named(
+    node: &Node,
+    services: &[ServiceCfg],
+) -> Result<Vec<String>, Vec<(String, String)>> {
     let Some(nf) = node.dp.netfilter() else {
         if services.is_empty() {
             return Ok(Vec::new());
         }
-        return Err(vec![
-            "Services need a router interface (a bridge with an address or an uplink)".into(),
-        ]);
+        let e = "Services need a router interface (a bridge with an address or an uplink)";
+        return Err(services
+            .iter()
+            .map(|s| (s.name.clone(), e.to_string()))
+            .collect());
     };
     let now = node.now();
     let mut errors = Vec::new();
@@ -431,7 +456,7 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
                     s.endpoints.len()
                 )),
                 Err(_) if round == 0 => refused.push(s),
-                Err(e) => errors.push(service_error(&node.config_path, s, &e)),
+                Err(e) => errors.push((s.name.clone(), service_error(&node.config_path, s, &e))),
             }
         }
         pending = refused;
@@ -917,6 +942,7 @@ impl Built {
             ifaces,
             workers,
             state: sd,
+            refused: Mutex::default(),
             clock,
             rt: Mutex::new(Some(rt)),
         };
@@ -1163,38 +1189,73 @@ impl Node {
             .map(f)
     }
 
-    /// Re-reads the configuration file and applies what changed. Returns the changes made,
-    /// or the reasons the file was refused (its errors, or changes that need a restart); a
-    /// refused reload changes nothing.
-    pub fn reload(&self) -> Result<Vec<String>, Vec<String>> {
+    /// Re-reads the configuration file and applies what changed. Returns the changes made
+    /// and those the library refused ([`Reloaded`]), or the reasons the whole file was
+    /// refused (its errors, or changes that need a restart; then nothing changes).
+    ///
+    /// The configuration recorded as running ([`Node::current`]) is what runs: the file,
+    /// with each refused change left as it was before ([`diff::running`]). So a reload of
+    /// the same file retries what was refused, and says so.
+    pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
         let file = self.config_path.display().to_string();
         let checked = config::load(&self.config_path);
         let Some(new) = checked.config else {
             return Err(checked.errors().map(|d| d.render(&file)).collect());
         };
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         let d = diff::diff(&cur, &new)?;
         if d.is_empty() {
-            return Ok(Vec::new());
+            // What was refused last time is no longer in the file.
+            last.clear();
+            return Ok(Reloaded::default());
         }
-        let errors = self.apply(&d, &new);
-        *cur = new;
-        if errors.is_empty() {
-            Ok(d.summary)
-        } else {
-            Err(errors)
+        let refusals = self.apply(&d, &new);
+        let mut out = Reloaded::default();
+        for (line, item) in d.summary.iter().zip(&d.items) {
+            let before = last.iter().find(|r| &r.item == item);
+            let now: Vec<&str> = refusals
+                .iter()
+                .filter(|r| &r.item == item)
+                .map(|r| r.reason.as_str())
+                .collect();
+            match (now.is_empty(), before) {
+                (true, None) => out.changes.push(line.clone()),
+                (true, Some(_)) => out
+                    .changes
+                    .push(format!("{line} (retried: refused at the last reload)")),
+                (false, b) => out.refused.push(format!(
+                    "{line}: refused{}: {}",
+                    if b.is_some() { " again" } else { "" },
+                    now.join("; ")
+                )),
+            }
         }
+        for r in &refusals {
+            if !d.touches(&r.item) {
+                out.refused
+                    .push(format!("{}: refused: {}", r.item, r.reason));
+            }
+        }
+        *cur = diff::running(&cur, &new, &refusals);
+        *last = refusals;
+        Ok(out)
     }
 
     /// Applies a diff: removals first, then additions; returns what the library refused.
-    fn apply(&self, d: &Diff, new: &Config) -> Vec<String> {
+    fn apply(&self, d: &Diff, new: &Config) -> Vec<Refusal> {
         let mut errors = Vec::new();
+        let refuse = |item: Item, reason: String, old_kept: bool| Refusal {
+            item,
+            reason,
+            old_kept,
+        };
         for (bridge, name) in &d.ports_removed {
             let _change = self.ports.changing();
             match self.ports.by_name(name) {
                 Some(e) if e.origin == Origin::Config => {
                     if let Err(e) = self.port_remove(e) {
-                        errors.push(e);
+                        errors.push(refuse(Item::Port(bridge.clone(), name.clone()), e, true));
                     }
                 }
                 _ => {
@@ -1215,7 +1276,11 @@ impl Node {
                         }
                     }
                 }
-                Err(e) => errors.push(format!("bridge {bridge:?}: port {name:?}: {e}")),
+                Err(e) => errors.push(refuse(
+                    Item::Port(bridge.clone(), name.clone()),
+                    format!("bridge {bridge:?}: port {name:?}: {e}"),
+                    false,
+                )),
             }
         }
         let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
@@ -1225,54 +1290,59 @@ impl Node {
                 continue;
             }
             if let Err(e) = remove_route(&self.dp, r) {
-                errors.push(e);
+                errors.push(refuse(Item::Route(r.to, r.metric), e, true));
             }
         }
         for r in &d.routes_added {
             let replace = d.routes_removed.iter().any(|o| same_key(o, r));
+            // A refused replacement leaves the old route in place.
             if let Err(e) = add_route(&self.dp, new, r, replace) {
-                errors.push(e);
+                errors.push(refuse(Item::Route(r.to, r.metric), e, true));
             }
         }
         // A removed peer stops at once: nothing is sent to it or accepted from it from the
         // workers' next batch on.
         for (v, p) in &d.peers_removed {
             if let Err(e) = self.dp.remove_vxlan_peer(v, p.node_ip) {
-                errors.push(format!("vxlan {v:?}: peer {}: {e}", p.node_ip));
+                let e = format!("vxlan {v:?}: peer {}: {e}", p.node_ip);
+                errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, true));
             }
         }
         for (v, p) in &d.peers_added {
             if let Err(e) = add_peer(&self.dp, v, p, self.now()) {
-                errors.push(e);
+                errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, false));
             }
         }
         for n in &d.neighbors_removed {
             if let Err(e) = remove_neighbor(&self.dp, n) {
-                errors.push(e);
+                errors.push(refuse(Item::Neighbor(n.dev.clone(), n.ip), e, true));
             }
         }
         let now = self.now();
         for n in &d.neighbors_added {
             if let Err(e) = add_neighbor(&self.dp, n, now) {
-                errors.push(e);
+                errors.push(refuse(Item::Neighbor(n.dev.clone(), n.ip), e, false));
             }
         }
         if d.nat_rules {
             if let Some(nf) = self.dp.netfilter() {
                 match to_nat_rules(new, |n| self.dp.iface_by_name(n)) {
                     Ok(rules) => nf.set_rules(rules),
-                    Err(e) => errors.push(e),
+                    Err(e) => errors.push(refuse(Item::NatRules, e, true)),
                 }
             }
         }
         if let Some(s) = &d.services {
-            match apply_services(self, s) {
+            match apply_services_named(self, s) {
                 Ok(done) => {
                     for line in done {
                         log::debug!("{line}");
                     }
                 }
-                Err(e) => errors.extend(e),
+                Err(e) => errors.extend(
+                    e.into_iter()
+                        .map(|(name, e)| refuse(Item::Service(name), e, true)),
+                ),
             }
         }
         errors
