@@ -299,7 +299,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 "interfaces": node.ifaces.iter().map(|(n, m, a)| {
                     let v6 = cur.connected().into_iter().find(|c| c.name == n).and_then(|c| c.address6);
                     let ll = node.dp.iface_by_name(n).and_then(|i| node.dp.router()?.link_local6(i));
-                    json!({"name": n, "mac": m.to_string(), "address": a.to_string(), "address6": v6.map(|a| a.to_string()), "link_local6": ll.map(|a| a.to_string())})
+                    json!({"name": n, "mac": m.to_string(), "address": a.map(|a| a.to_string()), "address6": v6.map(|a| a.to_string()), "link_local6": ll.map(|a| a.to_string())})
                 }).collect::<Vec<_>>(),
             }});
             drop(cur);

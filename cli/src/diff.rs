@@ -310,7 +310,11 @@ fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &
             }
             let mut f = Vec::new();
             if o.address != n.address {
-                f.push(format!("address {} -> {}", o.address, n.address));
+                f.push(format!(
+                    "address {} -> {}",
+                    opt(&o.address),
+                    opt(&n.address)
+                ));
             }
             if o.address6 != n.address6 {
                 f.push(format!(
@@ -580,7 +584,8 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
             Item::NatRules,
             format!(
                 "node.cluster_cidr {} -> {}",
-                old.node.cluster_cidr, new.node.cluster_cidr
+                opt(&old.node.cluster_cidr),
+                opt(&new.node.cluster_cidr)
             ),
         );
         d.nat_rules = true;

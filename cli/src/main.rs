@@ -245,6 +245,7 @@ fn cmd_run(
                 })
         };
         for (n, mac, addr) in &node.ifaces {
+            let addr = addr.map_or("(no IPv4)".to_string(), |a| a.to_string());
             log::info!("interface {n} {addr}{} mac {mac}", v6(n));
         }
     }

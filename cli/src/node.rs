@@ -42,7 +42,7 @@ pub struct Node {
     /// a node that starts with none has buffers for plain frames only).
     pub offload: bool,
     /// Interface name, MAC, address of each router interface (for the log).
-    pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    pub ifaces: Vec<(String, MacAddr, Option<config::Cidr>)>,
     /// Worker threads in use.
     pub workers: usize,
     /// Where the port record is kept (`[node] state_dir`), the node's name and namespace.
@@ -334,24 +334,31 @@ pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
 ) -> Result<NatRules, String> {
-    let cluster = Prefix::new(cfg.node.cluster_cidr.network(), cfg.node.cluster_cidr.len);
+    let cluster = cfg
+        .node
+        .cluster_cidr
+        .map(|c| Prefix::new(c.network(), c.len));
     let cluster6 = cfg
         .node
         .cluster_cidr6
         .map(|c| Prefix6::new(c.network(), c.len));
     let mut rules = NatRules {
-        cluster_cidr: Some(cluster),
+        cluster_cidr: cluster,
         cluster_cidr6: cluster6,
         ..NatRules::default()
     };
     if let Some(m) = &cfg.masquerade {
         let out = iface(&m.out)
             .ok_or_else(|| format!("[masquerade]: out = {:?}: no router interface", m.out))?;
-        rules.masquerade.push(MasqueradeRule {
-            out,
-            src: Some(cluster),
-            except_dst: Some(cluster),
-        });
+        // Each family's pod traffic from its cluster CIDR (an IPv6-only cluster has no IPv4
+        // one, and so no IPv4 rule).
+        if let Some(c) = cluster {
+            rules.masquerade.push(MasqueradeRule {
+                out,
+                src: Some(c),
+                except_dst: Some(c),
+            });
+        }
         // IPv6 pod traffic is masqueraded only from the IPv6 cluster CIDR (without one the
         // IPv6 pods are not cluster pods: `check` warns), to `out`'s global IPv6 address.
         if let Some(c6) = cluster6 {
@@ -578,7 +585,7 @@ pub struct Plan {
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
     config_path: PathBuf,
-    ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    ifaces: Vec<(String, MacAddr, Option<config::Cidr>)>,
     iface_ids: Vec<(String, IfaceId)>,
     bridge_ids: Vec<(String, BridgeId)>,
 }
@@ -607,7 +614,7 @@ impl Plan {
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
         let mut iface_cfg = |name: &str,
-                             addr: config::Cidr,
+                             addr: Option<config::Cidr>,
                              addr6: Option<config::Cidr6>,
                              ra: bool,
                              mac: Option<MacAddr>,
@@ -617,7 +624,8 @@ impl Plan {
                 .or(given)
                 .unwrap_or_else(|| state::stable_mac(MacFor::Iface, &cfg.node.name, name));
             ifaces.push((name.to_string(), mac, addr));
-            let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
+            let mut c = IfaceConfig::new6(name, mac, std::net::Ipv6Addr::UNSPECIFIED, 0);
+            c.addr = addr.map(|a| (a.addr, a.len));
             c.mtu = mtu;
             c.addr6 = addr6.map(|a| (a.addr, a.len));
             c.ra = ra.then(RaConfig::default);
@@ -634,10 +642,10 @@ impl Plan {
                 .add_bridge(bc)
                 .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
             bridge_ids.push((br.name.clone(), id));
-            if let Some(a) = br.address {
+            if br.address.is_some() || br.address6.is_some() {
                 let (iid, _) = b
                     .add_router_iface(
-                        iface_cfg(&br.name, a, br.address6, br.ra, br.mac, br.mtu),
+                        iface_cfg(&br.name, br.address, br.address6, br.ra, br.mac, br.mtu),
                         Some(id),
                     )
                     .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
@@ -674,7 +682,7 @@ impl Plan {
             }
             vc.mtu = v.mtu;
             vc.src_ports = v.src_ports;
-            ifaces.push((v.name.clone(), vc.mac, v.address));
+            ifaces.push((v.name.clone(), vc.mac, Some(v.address)));
             let iid = b
                 .add_vxlan(vc)
                 .map_err(|e| format!("vxlan {:?}: {e}", v.name))?;
@@ -851,7 +859,7 @@ pub struct Built {
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
     config_path: PathBuf,
-    ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    ifaces: Vec<(String, MacAddr, Option<config::Cidr>)>,
 }
 
 impl std::fmt::Debug for Built {
@@ -992,13 +1000,14 @@ impl Built {
                 ct6.memory_bytes() >> 10,
             );
         }
-        if let Some(m) = &cfg.masquerade {
+        if let (Some(m), Some(cc)) = (&cfg.masquerade, cfg.node.cluster_cidr) {
             log::info!(
-                "masquerade: pod traffic from {} leaving through {} to outside it takes {}'s address",
-                cfg.node.cluster_cidr,
+                "masquerade: pod traffic from {cc} leaving through {} to outside it takes {}'s address",
                 m.out,
                 m.out
             );
+        }
+        if let Some(m) = &cfg.masquerade {
             if let Some(c6) = cfg.node.cluster_cidr6 {
                 log::info!(
                     "masquerade: IPv6 pod traffic from {c6} leaving through {} to outside it takes {}'s IPv6 address",

@@ -641,15 +641,17 @@ impl Drop for DelLink {
     }
 }
 
-/// A reload the node partly refuses: a new port whose TAP cannot be opened (a dummy
-/// interface has its name) beside a new route. The route is applied, the port named with its
+/// A reload the node partly refuses: a new port whose TAP cannot be opened (a veth has
+/// its name) beside a new route. The route is applied, the port named with its
 /// reason, `reload` exits 1; the same file reloaded again is not "nothing changed" but the
 /// port refused again; once the name is free, the same file's reload adds it and says it is
 /// a retry. Then the port is taken out of the file again (its TAP deleted).
 fn partly_refused_reload(n: &Names, extra: &str) {
     let port = format!("tyx{}", std::process::id() % 100_000);
     let _del = DelLink(port.clone());
-    run(&["ip", "link", "add", &port, "type", "dummy"]);
+    // A veth pair (the dummy driver may be missing): deleting one end deletes both.
+    let peer = format!("tyz{}", std::process::id() % 100_000);
+    run(&["ip", "link", "add", &port, "type", "veth", "peer", "name", &peer]);
     let with_port = |text: String| {
         text.replacen(
             &format!("ports = [\"{}\", \"{}\"]", n.tap_a, n.tap_b),

@@ -84,8 +84,8 @@ impl<T> std::ops::Deref for Located<T> {
 pub struct NodeCfg {
     /// The node's name (also names the default control socket).
     pub name: String,
-    /// Every pod address in the cluster.
-    pub cluster_cidr: Cidr,
+    /// Every IPv4 pod address in the cluster; `None`: a single-stack IPv6 cluster.
+    pub cluster_cidr: Option<Cidr>,
     /// Every IPv6 pod address in the cluster (a dual-stack cluster).
     pub cluster_cidr6: Option<Cidr6>,
     /// Worker threads; `None`: one per TAP, at most the CPU count.
@@ -135,9 +135,10 @@ pub fn default_socket(name: &str) -> PathBuf {
 pub struct BridgeCfg {
     /// The bridge's name (and its router interface's).
     pub name: String,
-    /// The gateway address on it; `None`: a plain L2 bridge.
+    /// The gateway's IPv4 address on it; `None` (and no `address6`): a plain L2 bridge.
     pub address: Option<Cidr>,
-    /// The gateway's IPv6 address on it (with `address`: a dual-stack gateway).
+    /// The gateway's IPv6 address on it (with `address`: a dual-stack gateway; alone: an
+    /// IPv6-only one).
     pub address6: Option<Cidr6>,
     /// Send Router Advertisements on it (radvd's defaults), so that pods learn their default
     /// IPv6 router.
@@ -161,8 +162,8 @@ pub struct UplinkCfg {
     pub name: String,
     /// The TAP device's name.
     pub tap: String,
-    /// Its address.
-    pub address: Cidr,
+    /// Its IPv4 address; `None`: an IPv6-only uplink (then `address6` is set).
+    pub address: Option<Cidr>,
     /// Its IPv6 address.
     pub address6: Option<Cidr6>,
     /// Its MAC; `None`: derived from the node's and the uplink's names.
@@ -419,9 +420,9 @@ pub struct Config {
 pub struct Connected<'a> {
     /// Its name.
     pub name: &'a str,
-    /// Its address and prefix.
-    pub address: Cidr,
-    /// Its IPv6 address and prefix.
+    /// Its IPv4 address and prefix; `None`: an IPv6-only interface.
+    pub address: Option<Cidr>,
+    /// Its IPv6 address and prefix (at least one of the two is set).
     pub address6: Option<Cidr6>,
 }
 
@@ -451,12 +452,11 @@ impl Config {
     pub fn connected(&self) -> Vec<Connected<'_>> {
         self.bridges
             .iter()
-            .filter_map(|b| {
-                b.address.map(|a| Connected {
-                    name: &b.name,
-                    address: a,
-                    address6: b.address6,
-                })
+            .filter(|b| b.address.is_some() || b.address6.is_some())
+            .map(|b| Connected {
+                name: &b.name,
+                address: b.address,
+                address6: b.address6,
             })
             .chain(self.uplinks.iter().map(|u| Connected {
                 name: &u.name,
@@ -480,9 +480,9 @@ impl Config {
     pub fn connected_iface(&self, ip: Ipv4Addr) -> Option<String> {
         self.connected()
             .into_iter()
-            .filter(|c| c.address.contains(ip))
-            .max_by_key(|c| c.address.len)
-            .map(|c| c.name.to_string())
+            .filter_map(|c| c.address.filter(|a| a.contains(ip)).map(|a| (c.name, a)))
+            .max_by_key(|(_, a)| a.len)
+            .map(|(n, _)| n.to_string())
     }
 }
 
@@ -686,7 +686,7 @@ endpoints = ["10.244.2.5:8080"]
         assert_eq!(ch.errors().count(), 0, "{:?}", ch.diags);
         let c = ch.config.unwrap();
         assert_eq!(c.node.name, "node-a");
-        assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(c.node.cluster_cidr.unwrap().to_string(), "10.244.0.0/16");
         assert_eq!(c.node.node_port_range, (30000, 32767));
         assert_eq!(
             c.node.socket_path(),
@@ -719,7 +719,7 @@ endpoints = ["10.244.2.5:8080"]
         let ch = check_str(DUAL);
         assert_eq!(ch.diags, Vec::new());
         let c = ch.config.unwrap();
-        assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(c.node.cluster_cidr.unwrap().to_string(), "10.244.0.0/16");
         assert_eq!(
             c.node.cluster_cidr6.unwrap().to_string(),
             "fd00:10:244::/56"
