@@ -651,7 +651,9 @@ fn partly_refused_reload(n: &Names, extra: &str) {
     let _del = DelLink(port.clone());
     // A veth pair (the dummy driver may be missing): deleting one end deletes both.
     let peer = format!("tyz{}", std::process::id() % 100_000);
-    run(&["ip", "link", "add", &port, "type", "veth", "peer", "name", &peer]);
+    run(&[
+        "ip", "link", "add", &port, "type", "veth", "peer", "name", &peer,
+    ]);
     let with_port = |text: String| {
         text.replacen(
             &format!("ports = [\"{}\", \"{}\"]", n.tap_a, n.tap_b),

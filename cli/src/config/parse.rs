@@ -663,7 +663,10 @@ impl Parser<'_> {
         let ports = self.list(&mut s, "ports", parse_ifname);
         let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
         let fdb_aging = self.secs(&mut s, "fdb_aging");
-        if address.is_none() && address6.is_none() && (t.contains_key("mac") || t.contains_key("mtu")) {
+        if address.is_none()
+            && address6.is_none()
+            && (t.contains_key("mac") || t.contains_key("mtu"))
+        {
             let line = s.lines.of("mac").min(s.lines.of("mtu"));
             let ctx = s.ctx.clone();
             self.err(

@@ -195,9 +195,8 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
     }
     let iface_of = |name: &str| conn.iter().find(|(n, _, _)| *n == name);
     let iface6_of = |name: &str| conn6.iter().find(|(n, _, _)| *n == name);
-    let known = |name: &str| {
-        iface_of(name).is_some() || iface6_of(name).is_some() || broken.contains(name)
-    };
+    let known =
+        |name: &str| iface_of(name).is_some() || iface6_of(name).is_some() || broken.contains(name);
     let describe_iface = |name: &str| -> String {
         if c.bridges.iter().any(|b| b.name == name) {
             format!("bridge {name:?} has no address")
