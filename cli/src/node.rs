@@ -1586,6 +1586,44 @@ mod tests {
         }
     }
 
+    /// The IPv6-only example builds: its interfaces have no IPv4 address and no IPv4
+    /// connected route; the NAT rules have no IPv4 masquerade.
+    #[test]
+    fn ipv6_only_config_builds_a_router_without_ipv4() {
+        let dir = std::env::temp_dir().join(format!("tapyard-plan6only-{}", std::process::id()));
+        let text = include_str!("../../examples/node-ipv6-only.toml").replace(
+            "name = \"node-a\"\n",
+            &format!("name = \"node-a\"\nstate_dir = \"{}\"\n", dir.display()),
+        );
+        let c = cfg(&text);
+        let rules = to_nat_rules(&c, |n| (n == "eth0").then_some(IfaceId(1))).unwrap();
+        assert!(rules.masquerade.is_empty() && rules.cluster_cidr.is_none());
+        assert_eq!(rules.masquerade6.len(), 1);
+        let built = Plan::new(c, PathBuf::from("x.toml"), &[])
+            .unwrap()
+            .build(None)
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let dp = &built.dp;
+        let r = dp.router().unwrap();
+        for name in ["cni0", "eth0"] {
+            let i = dp.iface_by_name(name).unwrap();
+            assert_eq!(r.iface_addr(i), None);
+            assert!(r.iface_addr6(i).is_some());
+        }
+        let mut text = String::new();
+        dp.fmt_routes(&mut text).unwrap();
+        assert!(text.contains("fd00:10:244:1::/64 dev cni0"), "{text}");
+        assert!(
+            text.contains("default via fd00:172:18::1 dev eth0"),
+            "{text}"
+        );
+        assert!(
+            !text.contains('.'),
+            "an IPv4 route on an IPv6-only node:\n{text}"
+        );
+    }
+
     #[test]
     fn the_state_dir_file_system_is_found() {
         assert_eq!(

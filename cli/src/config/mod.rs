@@ -713,6 +713,105 @@ endpoints = ["10.244.2.5:8080"]
     }
 
     const DUAL: &str = include_str!("../../../examples/node-dual-stack.toml");
+    const V6ONLY: &str = include_str!("../../../examples/node-ipv6-only.toml");
+
+    /// A single-stack IPv6 node: interfaces and cluster without IPv4; what could never work
+    /// there (an IPv4 gateway, an IPv4 Service, an IPv4 route or neighbour out of an
+    /// IPv6-only interface) is refused at its line.
+    #[test]
+    fn ipv6_only_example_parses_and_ipv4_items_are_refused_at_their_line() {
+        let ch = check_str(V6ONLY);
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        assert_eq!(c.node.cluster_cidr, None);
+        assert_eq!(
+            c.node.cluster_cidr6.unwrap().to_string(),
+            "fd00:10:244::/56"
+        );
+        assert_eq!(c.bridges[0].address, None);
+        assert_eq!(
+            c.bridges[0].address6.unwrap().to_string(),
+            "fd00:10:244:1::1/64"
+        );
+        assert_eq!(c.uplinks[0].address, None);
+        let conn = c.connected();
+        assert_eq!(conn.len(), 2);
+        assert!(conn
+            .iter()
+            .all(|i| i.address.is_none() && i.address6.is_some()));
+        assert_eq!(c.connected_iface("172.18.0.3".parse().unwrap()), None);
+        let bad = format!(
+            "{V6ONLY}
+[[route]]
+to = \"10.244.2.0/24\"
+via = \"172.18.0.3\"
+
+[[route]]
+to = \"10.244.3.0/24\"
+dev = \"eth0\"
+
+[[neighbor]]
+ip = \"172.18.0.9\"
+mac = \"02:00:00:00:00:09\"
+dev = \"eth0\"
+
+[[neighbor]]
+ip = \"fd00:172:18::9\"
+mac = \"02:00:00:00:00:09\"
+dev = \"eth0\"
+
+[[service]]
+name = \"web4\"
+cluster_ip = \"10.96.0.10\"
+port = 80
+"
+        );
+        let line = |pat: &str| bad.lines().position(|l| l == pat).unwrap() + 1;
+        let ch = check_str(&bad);
+        let errs: Vec<(usize, String)> = ch.errors().map(|d| (d.line, d.msg.clone())).collect();
+        let has = |l: usize, s: &str| errs.iter().any(|(x, m)| *x == l && m.contains(s));
+        assert!(
+            has(
+                line("via = \"172.18.0.3\""),
+                "no bridge or uplink has an IPv4 address"
+            ),
+            "{errs:?}"
+        );
+        assert!(
+            has(line("dev = \"eth0\""), "has no IPv4 address (an IPv4 route"),
+            "{errs:?}"
+        );
+        assert!(
+            has(
+                line("ip = \"172.18.0.9\"") + 2,
+                "has no IPv4 address (an ARP entry"
+            ),
+            "{errs:?}"
+        );
+        assert!(
+            has(
+                line("cluster_ip = \"10.96.0.10\""),
+                "is IPv4, and no bridge or uplink has an IPv4 address"
+            ),
+            "{errs:?}"
+        );
+        // The IPv6 neighbour on the same interface is fine.
+        assert!(
+            !errs.iter().any(|(_, m)| m.contains("fd00:172:18::9")),
+            "{errs:?}"
+        );
+        // An IPv4 bridge in an IPv6-only cluster.
+        let ch = check_str(&V6ONLY.replace(
+            "address = \"fd00:10:244:1::1/64\"",
+            "address = [\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]",
+        ));
+        assert!(
+            ch.errors()
+                .any(|d| d.msg.contains("node.cluster_cidr has no IPv4 prefix")),
+            "{:?}",
+            ch.diags
+        );
+    }
 
     #[test]
     fn dual_stack_example_parses_into_the_model() {
