@@ -14,8 +14,8 @@
 //! [`NeighConfig`], `[conntrack]` into [`CtConfig`]; each `[[service]]` is a [`ServiceDef`]
 //! (one or two ClusterIPs, one per family) from which the library's Services are made. The
 //! keys that take an address (`address`, `cluster_cidr`, `cluster_ip`) take a string or a list
-//! of at most one per family; the IPv6 one is kept apart (`address6`, `cluster_cidr6`), since
-//! every router interface has an IPv4 address and may have an IPv6 one. Each list item is [`Located`]: its value and the lines of its fields
+//! of at most one per family; the IPv6 one is kept apart (`address6`, `cluster_cidr6`): a
+//! router interface has an IPv4 address, an IPv6 one, or both. Each list item is [`Located`]: its value and the lines of its fields
 //! ([`Lines`]), for the cross-checks and the errors of a reload. Comparing configurations (a
 //! reload's difference) compares the values only, never the lines.
 
