@@ -683,7 +683,7 @@ fn partly_refused_reload(n: &Names, extra: &str) {
         stderr.contains(&format!(
             "port {port:?} added to bridge {:?}: refused:",
             n.bridge
-        )) && stderr.contains("not a TAP"),
+        )) && stderr.contains("exists already as an interface"),
         "{stderr}"
     );
     assert!(tapyard_ok(n, &["show", "routes"]).contains("10.217.4.0/24"));
