@@ -46,11 +46,13 @@ pub struct IfaceConfig {
     /// made from it); `None`: an IPv6-only interface, as on a single-stack IPv6 node. Such an
     /// interface answers no ARP and the router sends no IPv4 of its own from it (ICMP errors
     /// about packets it forwards take another interface's IPv4 address, as Linux's
-    /// `inet_select_addr`); IPv4 addressed to the router that arrives on it is dropped
-    /// (`DropReason::NoIpv4Addr`), and IPv4 arriving on it is still forwarded when a route
-    /// says where (as Linux with `rp_filter` 0, its default; with `rp_filter` 1 or 2, as
-    /// systemd sets it, Linux drops IPv4 that arrives on an interface without an IPv4
-    /// address).
+    /// `inet_select_addr`). IPv4 arriving on it is forwarded when a route says where, as
+    /// Linux with `rp_filter` 0 (the kernel's default); IPv4 addressed to one of the
+    /// router's own addresses that arrives on it is dropped (`DropReason::NoIpv4Addr`), as
+    /// Linux with `rp_filter` 1 or 2 (systemd's default) does (`__fib_validate_source`
+    /// refuses any source on an interface without an IPv4 address; with `rp_filter` 0 Linux
+    /// would deliver it: tapyard differs there on purpose, so an IPv6-only link never
+    /// reaches the node's IPv4 services).
     pub addr: Option<(Ipv4Addr, u8)>,
     /// The largest IP packet sent out of it (default 1500).
     pub mtu: u16,
