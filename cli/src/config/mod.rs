@@ -800,6 +800,16 @@ port = 80
             !errs.iter().any(|(_, m)| m.contains("fd00:172:18::9")),
             "{errs:?}"
         );
+        // VXLAN over an IPv6-only uplink.
+        let vx = format!("{V6ONLY}\n[[vxlan]]\nname = \"flannel.1\"\nvni = 1\nuplink = \"eth0\"\naddress = \"10.244.1.0/32\"\n");
+        let l = vx.lines().position(|l| l == "uplink = \"eth0\"").unwrap() + 1;
+        assert!(
+            check_str(&vx)
+                .errors()
+                .any(|d| d.line == l && d.msg.contains("has no IPv4 address (VXLAN runs over IPv4")),
+            "{:?}",
+            check_str(&vx).diags
+        );
         // An IPv4 bridge in an IPv6-only cluster.
         let ch = check_str(&V6ONLY.replace(
             "address = \"fd00:10:244:1::1/64\"",

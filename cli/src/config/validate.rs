@@ -406,6 +406,12 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 format!("{ctx}: uplink = {:?}: no [[uplink]] is named so (encapsulated packets leave and arrive on an uplink)", v.uplink),
             ),
             Some(u) => {
+                if u.address.is_none() {
+                    err(
+                        v.lines.of("uplink"),
+                        format!("{ctx}: uplink = {:?} has no IPv4 address (VXLAN runs over IPv4: the outer packets need one)", v.uplink),
+                    );
+                }
                 if let Some(m) = v.mtu.filter(|&m| usize::from(m) + 50 > usize::from(u.mtu)) {
                     err(v.lines.of("mtu"), format!("{ctx}: mtu = {m} is above uplink {:?}'s MTU {} minus 50 (the VXLAN overhead)", u.name, u.mtu));
                 }
