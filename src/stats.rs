@@ -272,6 +272,9 @@ drop_reasons! {
         /// An IPv6 packet larger than the egress MTU (routers never fragment IPv6; an ICMPv6
         /// packet too big is sent).
         PacketTooBig = "packet_too_big",
+        /// An IPv4 packet to one of the router's addresses that arrived on an interface
+        /// without an IPv4 address (an IPv6-only interface; see `l3::IfaceConfig::addr`).
+        NoIpv4Addr = "no_ipv4_addr",
     }
 }
 

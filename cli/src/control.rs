@@ -6,6 +6,8 @@
 //! {"cmd":"show","what":"fdb","json":false}   -> {"ok":true,"text":"02:.. dev pod-a master cni0 age 1.2s\n"}
 //! {"cmd":"show","what":"routes","json":true} -> {"ok":true,"data":[{"dst":"10.244.2.0/24",...}]}
 //! {"cmd":"reload"}                           -> {"ok":true,"changes":["route added: ..."]}
+//!                                               (some refused by the library: {"ok":false,
+//!                                               "changes":[applied...],"errors":[refused...]})
 //! {"cmd":"capture","port":"pod-a","count":10} -> {"ok":true,...} then binary records (capture.rs)
 //! {"cmd":"status"}                           -> {"ok":true,"data":{"node":"node-a",...}}
 //! {"cmd":"show","what":"ports","json":true}  -> {"ok":true,"data":[{"name":"pod-a","kind":"pod",...}]}
@@ -270,9 +272,13 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
         }
         Request::Reload {} => {
             let v = match node.reload() {
-                Ok(changes) => {
-                    log_changes(&changes);
-                    json!({"ok": true, "changes": changes})
+                Ok(r) if r.refused.is_empty() => {
+                    log_changes(&r.changes);
+                    json!({"ok": true, "changes": r.changes})
+                }
+                Ok(r) => {
+                    log_reloaded(&r);
+                    json!({"ok": false, "error": partly_refused(&r), "changes": r.changes, "errors": r.refused})
                 }
                 Err(errors) => {
                     for e in &errors {
@@ -293,7 +299,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
                 "interfaces": node.ifaces.iter().map(|(n, m, a)| {
                     let v6 = cur.connected().into_iter().find(|c| c.name == n).and_then(|c| c.address6);
                     let ll = node.dp.iface_by_name(n).and_then(|i| node.dp.router()?.link_local6(i));
-                    json!({"name": n, "mac": m.to_string(), "address": a.to_string(), "address6": v6.map(|a| a.to_string()), "link_local6": ll.map(|a| a.to_string())})
+                    json!({"name": n, "mac": m.to_string(), "address": a.map(|a| a.to_string()), "address6": v6.map(|a| a.to_string()), "link_local6": ll.map(|a| a.to_string())})
                 }).collect::<Vec<_>>(),
             }});
             drop(cur);
@@ -337,6 +343,24 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
             }
             reply(&mut s, &v)
         }
+    }
+}
+
+/// The `reload` reply's error when the library refused some changes.
+pub fn partly_refused(r: &crate::node::Reloaded) -> String {
+    format!(
+        "reload partly refused: {} change(s) not applied (the others are; the next reload retries these)",
+        r.refused.len()
+    )
+}
+
+/// Logs what a reload did: the changes made, and each refused one as an error.
+pub fn log_reloaded(r: &crate::node::Reloaded) {
+    if !r.changes.is_empty() || r.refused.is_empty() {
+        log_changes(&r.changes);
+    }
+    for e in &r.refused {
+        log::error!("reload: {e}");
     }
 }
 

@@ -40,6 +40,56 @@ pub struct Diff {
     pub peers_added: Vec<(String, PeerCfg)>,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
+    /// What each line of [`Diff::summary`] changes (`items[i]` for `summary[i]`).
+    pub items: Vec<Item>,
+}
+
+/// One thing a reload changes live, by its key: the unit the library applies or refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item {
+    /// The route with this destination and metric.
+    Route(crate::config::IpCidr, u32),
+    /// The static neighbour with this interface and address.
+    Neighbor(String, std::net::IpAddr),
+    /// The Service with this name.
+    Service(String),
+    /// The NAT rules: `[masquerade]`, `[[snat]]`, `node.cluster_cidr`.
+    NatRules,
+    /// `node.node_port_range` (checked by `check`; nothing in the library).
+    NodePortRange,
+    /// The port of a bridge, as (bridge, port).
+    Port(String, String),
+    /// The peer of a VXLAN interface, as (interface, node IP).
+    Peer(String, std::net::Ipv4Addr),
+}
+
+impl std::fmt::Display for Item {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Item::Route(to, metric) => write!(f, "route to {to} metric {metric}"),
+            Item::Neighbor(dev, ip) => write!(f, "neighbor {ip} dev {dev}"),
+            Item::Service(name) => write!(f, "service {name:?}"),
+            Item::NatRules => {
+                f.write_str("the NAT rules ([masquerade], [[snat]], node.cluster_cidr)")
+            }
+            Item::NodePortRange => f.write_str("node.node_port_range"),
+            Item::Port(bridge, port) => write!(f, "port {port:?} of bridge {bridge:?}"),
+            Item::Peer(vxlan, ip) => write!(f, "vxlan {vxlan:?}: peer {ip}"),
+        }
+    }
+}
+
+/// A change of a reload the library refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// What was not changed.
+    pub item: Item,
+    /// Why, as the library (or the TAP, for a port) said.
+    pub reason: String,
+    /// The running configuration's value of `item` (if it had one) still runs: true when the
+    /// refused step was a removal or a replacement that left the old one in place; false when
+    /// the old one was removed and the new one refused (nothing of `item` runs).
+    pub old_kept: bool,
 }
 
 impl Diff {
@@ -47,6 +97,96 @@ impl Diff {
     pub fn is_empty(&self) -> bool {
         self.summary.is_empty()
     }
+
+    fn push(&mut self, item: Item, line: String) {
+        self.summary.push(line);
+        self.items.push(item);
+    }
+
+    /// True when the reload changes `item`.
+    pub fn touches(&self, item: &Item) -> bool {
+        self.items.contains(item)
+    }
+}
+
+/// The configuration that runs after a reload from `old` to `new` in which the library
+/// refused `refused`: `new`, with each refused item as it was in `old` when the old one
+/// still runs ([`Refusal::old_kept`]) and absent otherwise. A reload records it as the
+/// running configuration, so the next reload of the same file finds the refused changes
+/// again and retries them.
+pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
+    let mut run = new.clone();
+    for (i, r) in refused.iter().enumerate() {
+        if refused[..i].iter().any(|x| x.item == r.item) {
+            continue;
+        }
+        // A removal refused beside an addition refused: the old one still runs.
+        let keep = refused.iter().any(|x| x.item == r.item && x.old_kept);
+        match &r.item {
+            Item::Route(to, metric) => {
+                let key = (*to, *metric);
+                run.routes.retain(|x| route_key(x) != key);
+                if keep {
+                    run.routes
+                        .extend(old.routes.iter().filter(|x| route_key(x) == key).cloned());
+                }
+            }
+            Item::Neighbor(dev, ip) => {
+                let is = |n: &Located<NeighborCfg>| &n.dev == dev && n.ip == *ip;
+                run.neighbors.retain(|n| !is(n));
+                if keep {
+                    run.neighbors
+                        .extend(old.neighbors.iter().filter(|n| is(n)).cloned());
+                }
+            }
+            Item::Service(name) => {
+                let pos = run.services.iter().position(|s| &s.name == name);
+                let was = old.services.iter().find(|s| &s.name == name).cloned();
+                match (pos, was) {
+                    (Some(i), Some(o)) if keep => run.services[i] = o,
+                    (Some(i), _) => {
+                        run.services.remove(i);
+                    }
+                    (None, Some(o)) if keep => run.services.push(o),
+                    (None, _) => {}
+                }
+            }
+            Item::NatRules => {
+                run.masquerade.clone_from(&old.masquerade);
+                run.snats.clone_from(&old.snats);
+                run.node.cluster_cidr = old.node.cluster_cidr;
+                run.node.cluster_cidr6 = old.node.cluster_cidr6;
+            }
+            Item::NodePortRange => run.node.node_port_range = old.node.node_port_range,
+            Item::Port(bridge, port) => {
+                let had = old
+                    .bridges
+                    .iter()
+                    .any(|b| &b.name == bridge && b.ports.contains(port));
+                if let Some(b) = run.bridges.iter_mut().find(|b| &b.name == bridge) {
+                    b.value.ports.retain(|p| p != port);
+                    if keep && had {
+                        b.value.ports.push(port.clone());
+                    }
+                }
+            }
+            Item::Peer(vxlan, ip) => {
+                let was: Vec<_> = old
+                    .vxlans
+                    .iter()
+                    .filter(|v| &v.name == vxlan)
+                    .flat_map(|v| v.peers.iter().filter(|p| p.node_ip == *ip).cloned())
+                    .collect();
+                if let Some(v) = run.vxlans.iter_mut().find(|v| &v.name == vxlan) {
+                    v.value.peers.retain(|p| p.node_ip != *ip);
+                    if keep {
+                        v.value.peers.extend(was);
+                    }
+                }
+            }
+        }
+    }
+    run
 }
 
 fn route_key(r: &RouteCfg) -> (crate::config::IpCidr, u32) {
@@ -96,13 +236,17 @@ fn port_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], d: &mut 
             continue;
         };
         for p in o.ports.iter().filter(|p| !n.ports.contains(p)) {
-            d.summary
-                .push(format!("port {p:?} removed from bridge {:?}", o.name));
+            d.push(
+                Item::Port(o.name.clone(), p.clone()),
+                format!("port {p:?} removed from bridge {:?}", o.name),
+            );
             d.ports_removed.push((o.name.clone(), p.clone()));
         }
         for p in n.ports.iter().filter(|p| !o.ports.contains(p)) {
-            d.summary
-                .push(format!("port {p:?} added to bridge {:?}", n.name));
+            d.push(
+                Item::Port(n.name.clone(), p.clone()),
+                format!("port {p:?} added to bridge {:?}", n.name),
+            );
             d.ports_added.push((n.name.clone(), p.clone()));
         }
     }
@@ -166,7 +310,11 @@ fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &
             }
             let mut f = Vec::new();
             if o.address != n.address {
-                f.push(format!("address {} -> {}", o.address, n.address));
+                f.push(format!(
+                    "address {} -> {}",
+                    opt(&o.address),
+                    opt(&n.address)
+                ));
             }
             if o.address6 != n.address6 {
                 f.push(format!(
@@ -238,10 +386,13 @@ fn peer_changes(old: &[Located<VxlanCfg>], new: &[Located<VxlanCfg>], d: &mut Di
             .iter()
             .filter(|p| !n.peers.iter().any(|q| q.value == p.value))
         {
-            d.summary.push(format!(
-                "vxlan {:?}: peer {} ({}, {}) removed",
-                o.name, p.node_ip, p.vtep_mac, p.pod_cidr
-            ));
+            d.push(
+                Item::Peer(o.name.clone(), p.node_ip),
+                format!(
+                    "vxlan {:?}: peer {} ({}, {}) removed",
+                    o.name, p.node_ip, p.vtep_mac, p.pod_cidr
+                ),
+            );
             d.peers_removed.push((o.name.clone(), p.value));
         }
         for p in n
@@ -249,10 +400,13 @@ fn peer_changes(old: &[Located<VxlanCfg>], new: &[Located<VxlanCfg>], d: &mut Di
             .iter()
             .filter(|p| !o.peers.iter().any(|q| q.value == p.value))
         {
-            d.summary.push(format!(
-                "vxlan {:?}: peer {} ({}, {}) added",
-                n.name, p.node_ip, p.vtep_mac, p.pod_cidr
-            ));
+            d.push(
+                Item::Peer(n.name.clone(), p.node_ip),
+                format!(
+                    "vxlan {:?}: peer {} ({}, {}) added",
+                    n.name, p.node_ip, p.vtep_mac, p.pod_cidr
+                ),
+            );
             d.peers_added.push((n.name.clone(), p.value));
         }
     }
@@ -345,20 +499,28 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         match new.routes.iter().find(|n| route_key(n) == route_key(o)) {
             Some(n) if n.value == o.value => {}
             Some(n) => {
-                d.summary
-                    .push(format!("route {} -> {}", o.describe(), n.describe()));
+                d.push(
+                    Item::Route(o.to, o.metric),
+                    format!("route {} -> {}", o.describe(), n.describe()),
+                );
                 d.routes_removed.push(o.value.clone());
                 d.routes_added.push(n.value.clone());
             }
             None => {
-                d.summary.push(format!("route removed: {}", o.describe()));
+                d.push(
+                    Item::Route(o.to, o.metric),
+                    format!("route removed: {}", o.describe()),
+                );
                 d.routes_removed.push(o.value.clone());
             }
         }
     }
     for n in &new.routes {
         if !old.routes.iter().any(|o| route_key(o) == route_key(n)) {
-            d.summary.push(format!("route added: {}", n.describe()));
+            d.push(
+                Item::Route(n.to, n.metric),
+                format!("route added: {}", n.describe()),
+            );
             d.routes_added.push(n.value.clone());
         }
     }
@@ -367,16 +529,19 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         match new.neighbors.iter().find(|n| nkey(n) == nkey(o)) {
             Some(n) if n.value == o.value => {}
             found => {
-                d.summary.push(format!(
-                    "neighbor {} dev {} removed{}",
-                    o.ip,
-                    o.dev,
-                    if found.is_some() {
-                        " (MAC changed)"
-                    } else {
-                        ""
-                    }
-                ));
+                d.push(
+                    Item::Neighbor(o.dev.clone(), o.ip),
+                    format!(
+                        "neighbor {} dev {} removed{}",
+                        o.ip,
+                        o.dev,
+                        if found.is_some() {
+                            " (MAC changed)"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
                 d.neighbors_removed.push(o.value.clone());
                 if let Some(n) = found {
                     d.neighbors_added.push(n.value.clone());
@@ -386,10 +551,10 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     }
     for n in &new.neighbors {
         if !old.neighbors.iter().any(|o| nkey(o) == nkey(n)) {
-            d.summary.push(format!(
-                "neighbor {} lladdr {} dev {} added",
-                n.ip, n.mac, n.dev
-            ));
+            d.push(
+                Item::Neighbor(n.dev.clone(), n.ip),
+                format!("neighbor {} lladdr {} dev {} added", n.ip, n.mac, n.dev),
+            );
             d.neighbors_added.push(n.value.clone());
         }
     }
@@ -398,24 +563,42 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         let mut v = Vec::new();
         changed_fields("service", &old.services, &new.services, |s| &s.name, &mut v);
         for line in v {
-            d.summary
-                .push(service_detail(&old.services, &new.services, line));
+            // Each line names its Service: `service "NAME" ...`.
+            let name = old
+                .services
+                .iter()
+                .chain(&new.services)
+                .map(|s| &s.name)
+                .find(|n| line.starts_with(&format!("service {n:?} ")))
+                .cloned()
+                .unwrap_or_default();
+            d.push(
+                Item::Service(name),
+                service_detail(&old.services, &new.services, line),
+            );
         }
         d.services = Some(new.services.clone());
     }
     if old.node.cluster_cidr != new.node.cluster_cidr {
-        d.summary.push(format!(
-            "node.cluster_cidr {} -> {}",
-            old.node.cluster_cidr, new.node.cluster_cidr
-        ));
+        d.push(
+            Item::NatRules,
+            format!(
+                "node.cluster_cidr {} -> {}",
+                opt(&old.node.cluster_cidr),
+                opt(&new.node.cluster_cidr)
+            ),
+        );
         d.nat_rules = true;
     }
     if old.node.cluster_cidr6 != new.node.cluster_cidr6 {
-        d.summary.push(format!(
-            "node.cluster_cidr (IPv6) {} -> {}",
-            opt(&old.node.cluster_cidr6),
-            opt(&new.node.cluster_cidr6)
-        ));
+        d.push(
+            Item::NatRules,
+            format!(
+                "node.cluster_cidr (IPv6) {} -> {}",
+                opt(&old.node.cluster_cidr6),
+                opt(&new.node.cluster_cidr6)
+            ),
+        );
         d.nat_rules = true;
     }
     let masq = |c: &Config| c.masquerade.as_ref().map(|m| m.value.clone());
@@ -424,11 +607,14 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
             m.as_ref()
                 .map_or("none".to_string(), |m| format!("out {}", m.out))
         };
-        d.summary.push(format!(
-            "masquerade {} -> {}",
-            out(&old.masquerade),
-            out(&new.masquerade)
-        ));
+        d.push(
+            Item::NatRules,
+            format!(
+                "masquerade {} -> {}",
+                out(&old.masquerade),
+                out(&new.masquerade)
+            ),
+        );
         d.nat_rules = true;
     }
     let snats = |c: &Config| c.snats.iter().map(|s| s.value.clone()).collect::<Vec<_>>();
@@ -454,18 +640,23 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
                 v.join(", ")
             }
         };
-        d.summary
-            .push(format!("snat {} -> {}", list(old), list(new)));
+        d.push(
+            Item::NatRules,
+            format!("snat {} -> {}", list(old), list(new)),
+        );
         d.nat_rules = true;
     }
     if old.node.node_port_range != new.node.node_port_range {
-        d.summary.push(format!(
-            "node.node_port_range {}-{} -> {}-{}",
-            old.node.node_port_range.0,
-            old.node.node_port_range.1,
-            new.node.node_port_range.0,
-            new.node.node_port_range.1
-        ));
+        d.push(
+            Item::NodePortRange,
+            format!(
+                "node.node_port_range {}-{} -> {}-{}",
+                old.node.node_port_range.0,
+                old.node.node_port_range.1,
+                new.node.node_port_range.0,
+                new.node.node_port_range.1
+            ),
+        );
     }
     Ok(d)
 }
@@ -480,6 +671,104 @@ mod tests {
     fn cfg(src: &str) -> Config {
         let c = check_str(src);
         c.config.unwrap_or_else(|| panic!("{:?}", c.diags))
+    }
+
+    /// The configuration recorded after a partly refused reload: the refused changes are as
+    /// before, the others as in the new file, so diffing it with the file again finds exactly
+    /// the refused ones (what the next reload retries).
+    #[test]
+    fn the_running_config_keeps_refused_changes_out() {
+        let dual = include_str!("../../examples/node-dual-stack.toml");
+        let vx = crate::config::tests::VXLAN;
+        let old = cfg(&format!(
+            "{dual}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"fd00:172:18::7\"\n"
+        ));
+        let new = cfg(&format!(
+            "{}\n[[neighbor]]\nip = \"fe80::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n",
+            dual.replace("via = \"fd00:172:18::3\"", "via = \"fd00:172:18::4\"")
+                .replace(
+                    "\"[fd00:10:244:2::2]:8080\"]\n\n# A dual",
+                    "\"[fd00:10:244:2::3]:8080\"]\n\n# A dual"
+                )
+                .replace("fd00:10:244::/56", "fd00:10:240::/52")
+                .replace(
+                    "ports = [\"pod-a\", \"pod-b\"]",
+                    "ports = [\"pod-a\", \"pod-c\"]"
+                )
+        ));
+        let d = diff(&old, &new).unwrap();
+        assert_eq!(d.summary.len(), 7, "{:?}", d.summary);
+        assert_eq!(d.items.len(), d.summary.len());
+        let lines = |d: &Diff| d.summary.clone();
+        // Nothing refused: the new file runs.
+        let all = running(&old, &new, &[]);
+        assert!(diff(&all, &new).unwrap().is_empty());
+        // Everything refused, each the way the library leaves it: nothing changed.
+        let route = d.routes_added[0].to;
+        let metric = d.routes_added[0].metric;
+        let removed = d.routes_removed.iter().find(|r| r.to != route).unwrap();
+        let refuse = |item: Item, old_kept: bool| Refusal {
+            item,
+            reason: "no".into(),
+            old_kept,
+        };
+        let ip = "fe80::3".parse().unwrap();
+        let every = [
+            refuse(Item::Route(route, metric), true),
+            refuse(Item::Route(removed.to, removed.metric), true),
+            refuse(Item::Neighbor("eth0".into(), ip), false),
+            refuse(Item::Service("web6".into()), true),
+            refuse(Item::NatRules, true),
+            refuse(Item::Port("cni0".into(), "pod-b".into()), true),
+            refuse(Item::Port("cni0".into(), "pod-c".into()), false),
+        ];
+        let none = running(&old, &new, &every);
+        assert!(
+            diff(&old, &none).unwrap().is_empty(),
+            "{:?}",
+            diff(&old, &none).unwrap().summary
+        );
+        assert_eq!(lines(&diff(&none, &new).unwrap()), lines(&d));
+        // Only the Service and the new port refused: the next reload retries just them.
+        let part = running(&old, &new, &[every[3].clone(), every[6].clone()]);
+        assert_eq!(
+            lines(&diff(&part, &new).unwrap()),
+            [
+                "port \"pod-c\" added to bridge \"cni0\"",
+                "service \"web6\" changed (endpoints +[fd00:10:244:2::3]:8080 -[fd00:10:244:2::2]:8080)"
+            ]
+        );
+        assert_eq!(diff(&old, &part).unwrap().summary.len(), 5);
+        // A neighbour whose old entry could not be removed and new one not added: the old
+        // one runs.
+        let b = cfg(&format!(
+            "{dual}\n[[neighbor]]\nip = \"fe80::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n"
+        ));
+        let c = cfg(&format!(
+            "{dual}\n[[neighbor]]\nip = \"fe80::3\"\nmac = \"02:00:00:00:00:04\"\ndev = \"eth0\"\n"
+        ));
+        let r = running(
+            &b,
+            &c,
+            &[
+                refuse(Item::Neighbor("eth0".into(), ip), true),
+                refuse(Item::Neighbor("eth0".into(), ip), false),
+            ],
+        );
+        assert!(diff(&b, &r).unwrap().is_empty());
+        let r = running(&b, &c, &[refuse(Item::Neighbor("eth0".into(), ip), false)]);
+        assert!(r.neighbors.iter().all(|n| n.ip != ip));
+        // A peer refused.
+        let a = cfg(vx);
+        let b = cfg(&vx.replace("172.18.0.3", "172.18.0.5"));
+        let ip5 = "172.18.0.5".parse().unwrap();
+        let r = running(
+            &a,
+            &b,
+            &[refuse(Item::Peer("flannel.1".into(), ip5), false)],
+        );
+        assert!(r.vxlans[0].peers.is_empty());
+        assert_eq!(lines(&diff(&r, &b).unwrap()).len(), 1);
     }
 
     #[test]

@@ -245,6 +245,7 @@ fn cmd_run(
                 })
         };
         for (n, mac, addr) in &node.ifaces {
+            let addr = addr.map_or("(no IPv4)".to_string(), |a| a.to_string());
             log::info!("interface {n} {addr}{} mac {mac}", v6(n));
         }
     }
@@ -271,7 +272,7 @@ fn cmd_run(
         if hup.swap(false, Ordering::Relaxed) {
             log::info!("SIGHUP: reloading {file}");
             match node.reload() {
-                Ok(changes) => control::log_changes(&changes),
+                Ok(r) => control::log_reloaded(&r),
                 Err(errors) => {
                     for e in errors {
                         log::error!("reload refused: {e}");
@@ -490,19 +491,21 @@ fn cmd_port(op: args::PortOp) -> Result<(), Fail> {
 fn cmd_reload(client: &args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
     let (v, _) = control::request(&sock, &json!({"cmd": "reload"}))?;
-    if v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(fail_reply(&v));
-    }
+    let ok = v.get("ok") == Some(&Value::Bool(true));
     let changes = v
         .get("changes")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    if changes.is_empty() {
+    if ok && changes.is_empty() {
         println!("reloaded: nothing changed");
     }
+    // A partly refused reload: what was applied on stdout, what was refused on stderr.
     for c in changes {
         println!("{}", c.as_str().unwrap_or_default());
+    }
+    if !ok {
+        return Err(fail_reply(&v));
     }
     Ok(())
 }

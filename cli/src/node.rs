@@ -23,7 +23,7 @@ use crate::capture::CaptureTap;
 use crate::config::{
     self, proto_name, Config, IpCidr, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
 };
-use crate::diff::{self, Diff};
+use crate::diff::{self, Diff, Item, Refusal};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
 use crate::state::{self, MacFor, StateDir};
 
@@ -42,13 +42,26 @@ pub struct Node {
     /// a node that starts with none has buffers for plain frames only).
     pub offload: bool,
     /// Interface name, MAC, address of each router interface (for the log).
-    pub ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    pub ifaces: Vec<(String, MacAddr, Option<config::Cidr>)>,
     /// Worker threads in use.
     pub workers: usize,
     /// Where the port record is kept (`[node] state_dir`), the node's name and namespace.
     pub state: StateDir,
+    /// What the library refused at the last reload (retried by the next one).
+    refused: Mutex<Vec<Refusal>>,
     clock: Clock,
     rt: Mutex<Option<Runtime>>,
+}
+
+/// What a reload did ([`Node::reload`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// One line per change applied (none: the file changes nothing); a change refused at
+    /// the previous reload and applied now says so.
+    pub changes: Vec<String>,
+    /// One line per change the library refused, with its reason: it does not run, the
+    /// running configuration keeps what it had, and the next reload retries it.
+    pub refused: Vec<String>,
 }
 
 impl std::fmt::Debug for Node {
@@ -321,24 +334,31 @@ pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
 ) -> Result<NatRules, String> {
-    let cluster = Prefix::new(cfg.node.cluster_cidr.network(), cfg.node.cluster_cidr.len);
+    let cluster = cfg
+        .node
+        .cluster_cidr
+        .map(|c| Prefix::new(c.network(), c.len));
     let cluster6 = cfg
         .node
         .cluster_cidr6
         .map(|c| Prefix6::new(c.network(), c.len));
     let mut rules = NatRules {
-        cluster_cidr: Some(cluster),
+        cluster_cidr: cluster,
         cluster_cidr6: cluster6,
         ..NatRules::default()
     };
     if let Some(m) = &cfg.masquerade {
         let out = iface(&m.out)
             .ok_or_else(|| format!("[masquerade]: out = {:?}: no router interface", m.out))?;
-        rules.masquerade.push(MasqueradeRule {
-            out,
-            src: Some(cluster),
-            except_dst: Some(cluster),
-        });
+        // Each family's pod traffic from its cluster CIDR (an IPv6-only cluster has no IPv4
+        // one, and so no IPv4 rule).
+        if let Some(c) = cluster {
+            rules.masquerade.push(MasqueradeRule {
+                out,
+                src: Some(c),
+                except_dst: Some(c),
+            });
+        }
         // IPv6 pod traffic is masqueraded only from the IPv6 cluster CIDR (without one the
         // IPv6 pods are not cluster pods: `check` warns), to `out`'s global IPv6 address.
         if let Some(c6) = cluster6 {
@@ -389,13 +409,25 @@ pub fn to_nat_rules(
 /// does), and every Service the NAT has that `services` lacks is removed. Each refusal names
 /// the Service and the field; the others are still applied.
 pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String>, Vec<String>> {
+    apply_services_named(node, services)
+        .map_err(|refused| refused.into_iter().map(|(_, e)| e).collect())
+}
+
+/// As [`apply_services`], each refusal with the name of its Service (a refused Service keeps
+/// what it had: the library changes nothing of a Service it refuses).
+fn apply_services_named(
+    node: &Node,
+    services: &[ServiceCfg],
+) -> Result<Vec<String>, Vec<(String, String)>> {
     let Some(nf) = node.dp.netfilter() else {
         if services.is_empty() {
             return Ok(Vec::new());
         }
-        return Err(vec![
-            "Services need a router interface (a bridge with an address or an uplink)".into(),
-        ]);
+        let e = "Services need a router interface (a bridge with an address or an uplink)";
+        return Err(services
+            .iter()
+            .map(|s| (s.name.clone(), e.to_string()))
+            .collect());
     };
     let now = node.now();
     let mut errors = Vec::new();
@@ -431,7 +463,7 @@ pub fn apply_services(node: &Node, services: &[ServiceCfg]) -> Result<Vec<String
                     s.endpoints.len()
                 )),
                 Err(_) if round == 0 => refused.push(s),
-                Err(e) => errors.push(service_error(&node.config_path, s, &e)),
+                Err(e) => errors.push((s.name.clone(), service_error(&node.config_path, s, &e))),
             }
         }
         pending = refused;
@@ -553,7 +585,7 @@ pub struct Plan {
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
     config_path: PathBuf,
-    ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    ifaces: Vec<(String, MacAddr, Option<config::Cidr>)>,
     iface_ids: Vec<(String, IfaceId)>,
     bridge_ids: Vec<(String, BridgeId)>,
 }
@@ -582,7 +614,7 @@ impl Plan {
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
         let mut iface_cfg = |name: &str,
-                             addr: config::Cidr,
+                             addr: Option<config::Cidr>,
                              addr6: Option<config::Cidr6>,
                              ra: bool,
                              mac: Option<MacAddr>,
@@ -592,7 +624,8 @@ impl Plan {
                 .or(given)
                 .unwrap_or_else(|| state::stable_mac(MacFor::Iface, &cfg.node.name, name));
             ifaces.push((name.to_string(), mac, addr));
-            let mut c = IfaceConfig::new(name, mac, addr.addr, addr.len);
+            let mut c = IfaceConfig::new6(name, mac, std::net::Ipv6Addr::UNSPECIFIED, 0);
+            c.addr = addr.map(|a| (a.addr, a.len));
             c.mtu = mtu;
             c.addr6 = addr6.map(|a| (a.addr, a.len));
             c.ra = ra.then(RaConfig::default);
@@ -609,10 +642,10 @@ impl Plan {
                 .add_bridge(bc)
                 .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
             bridge_ids.push((br.name.clone(), id));
-            if let Some(a) = br.address {
+            if br.address.is_some() || br.address6.is_some() {
                 let (iid, _) = b
                     .add_router_iface(
-                        iface_cfg(&br.name, a, br.address6, br.ra, br.mac, br.mtu),
+                        iface_cfg(&br.name, br.address, br.address6, br.ra, br.mac, br.mtu),
                         Some(id),
                     )
                     .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
@@ -649,7 +682,7 @@ impl Plan {
             }
             vc.mtu = v.mtu;
             vc.src_ports = v.src_ports;
-            ifaces.push((v.name.clone(), vc.mac, v.address));
+            ifaces.push((v.name.clone(), vc.mac, Some(v.address)));
             let iid = b
                 .add_vxlan(vc)
                 .map_err(|e| format!("vxlan {:?}: {e}", v.name))?;
@@ -826,7 +859,7 @@ pub struct Built {
     pub taps: Vec<(PortId, String, String, Option<String>)>,
     cfg: Config,
     config_path: PathBuf,
-    ifaces: Vec<(String, MacAddr, config::Cidr)>,
+    ifaces: Vec<(String, MacAddr, Option<config::Cidr>)>,
 }
 
 impl std::fmt::Debug for Built {
@@ -917,6 +950,7 @@ impl Built {
             ifaces,
             workers,
             state: sd,
+            refused: Mutex::default(),
             clock,
             rt: Mutex::new(Some(rt)),
         };
@@ -966,13 +1000,14 @@ impl Built {
                 ct6.memory_bytes() >> 10,
             );
         }
-        if let Some(m) = &cfg.masquerade {
+        if let (Some(m), Some(cc)) = (&cfg.masquerade, cfg.node.cluster_cidr) {
             log::info!(
-                "masquerade: pod traffic from {} leaving through {} to outside it takes {}'s address",
-                cfg.node.cluster_cidr,
+                "masquerade: pod traffic from {cc} leaving through {} to outside it takes {}'s address",
                 m.out,
                 m.out
             );
+        }
+        if let Some(m) = &cfg.masquerade {
             if let Some(c6) = cfg.node.cluster_cidr6 {
                 log::info!(
                     "masquerade: IPv6 pod traffic from {c6} leaving through {} to outside it takes {}'s IPv6 address",
@@ -1163,38 +1198,73 @@ impl Node {
             .map(f)
     }
 
-    /// Re-reads the configuration file and applies what changed. Returns the changes made,
-    /// or the reasons the file was refused (its errors, or changes that need a restart); a
-    /// refused reload changes nothing.
-    pub fn reload(&self) -> Result<Vec<String>, Vec<String>> {
+    /// Re-reads the configuration file and applies what changed. Returns the changes made
+    /// and those the library refused ([`Reloaded`]), or the reasons the whole file was
+    /// refused (its errors, or changes that need a restart; then nothing changes).
+    ///
+    /// The configuration recorded as running ([`Node::current`]) is what runs: the file,
+    /// with each refused change left as it was before ([`diff::running`]). So a reload of
+    /// the same file retries what was refused, and says so.
+    pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
         let file = self.config_path.display().to_string();
         let checked = config::load(&self.config_path);
         let Some(new) = checked.config else {
             return Err(checked.errors().map(|d| d.render(&file)).collect());
         };
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         let d = diff::diff(&cur, &new)?;
         if d.is_empty() {
-            return Ok(Vec::new());
+            // What was refused last time is no longer in the file.
+            last.clear();
+            return Ok(Reloaded::default());
         }
-        let errors = self.apply(&d, &new);
-        *cur = new;
-        if errors.is_empty() {
-            Ok(d.summary)
-        } else {
-            Err(errors)
+        let refusals = self.apply(&d, &new);
+        let mut out = Reloaded::default();
+        for (line, item) in d.summary.iter().zip(&d.items) {
+            let before = last.iter().find(|r| &r.item == item);
+            let now: Vec<&str> = refusals
+                .iter()
+                .filter(|r| &r.item == item)
+                .map(|r| r.reason.as_str())
+                .collect();
+            match (now.is_empty(), before) {
+                (true, None) => out.changes.push(line.clone()),
+                (true, Some(_)) => out
+                    .changes
+                    .push(format!("{line} (retried: refused at the last reload)")),
+                (false, b) => out.refused.push(format!(
+                    "{line}: refused{}: {}",
+                    if b.is_some() { " again" } else { "" },
+                    now.join("; ")
+                )),
+            }
         }
+        for r in &refusals {
+            if !d.touches(&r.item) {
+                out.refused
+                    .push(format!("{}: refused: {}", r.item, r.reason));
+            }
+        }
+        *cur = diff::running(&cur, &new, &refusals);
+        *last = refusals;
+        Ok(out)
     }
 
     /// Applies a diff: removals first, then additions; returns what the library refused.
-    fn apply(&self, d: &Diff, new: &Config) -> Vec<String> {
+    fn apply(&self, d: &Diff, new: &Config) -> Vec<Refusal> {
         let mut errors = Vec::new();
+        let refuse = |item: Item, reason: String, old_kept: bool| Refusal {
+            item,
+            reason,
+            old_kept,
+        };
         for (bridge, name) in &d.ports_removed {
             let _change = self.ports.changing();
             match self.ports.by_name(name) {
                 Some(e) if e.origin == Origin::Config => {
                     if let Err(e) = self.port_remove(e) {
-                        errors.push(e);
+                        errors.push(refuse(Item::Port(bridge.clone(), name.clone()), e, true));
                     }
                 }
                 _ => {
@@ -1215,7 +1285,11 @@ impl Node {
                         }
                     }
                 }
-                Err(e) => errors.push(format!("bridge {bridge:?}: port {name:?}: {e}")),
+                Err(e) => errors.push(refuse(
+                    Item::Port(bridge.clone(), name.clone()),
+                    format!("bridge {bridge:?}: port {name:?}: {e}"),
+                    false,
+                )),
             }
         }
         let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
@@ -1225,54 +1299,59 @@ impl Node {
                 continue;
             }
             if let Err(e) = remove_route(&self.dp, r) {
-                errors.push(e);
+                errors.push(refuse(Item::Route(r.to, r.metric), e, true));
             }
         }
         for r in &d.routes_added {
             let replace = d.routes_removed.iter().any(|o| same_key(o, r));
+            // A refused replacement leaves the old route in place.
             if let Err(e) = add_route(&self.dp, new, r, replace) {
-                errors.push(e);
+                errors.push(refuse(Item::Route(r.to, r.metric), e, true));
             }
         }
         // A removed peer stops at once: nothing is sent to it or accepted from it from the
         // workers' next batch on.
         for (v, p) in &d.peers_removed {
             if let Err(e) = self.dp.remove_vxlan_peer(v, p.node_ip) {
-                errors.push(format!("vxlan {v:?}: peer {}: {e}", p.node_ip));
+                let e = format!("vxlan {v:?}: peer {}: {e}", p.node_ip);
+                errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, true));
             }
         }
         for (v, p) in &d.peers_added {
             if let Err(e) = add_peer(&self.dp, v, p, self.now()) {
-                errors.push(e);
+                errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, false));
             }
         }
         for n in &d.neighbors_removed {
             if let Err(e) = remove_neighbor(&self.dp, n) {
-                errors.push(e);
+                errors.push(refuse(Item::Neighbor(n.dev.clone(), n.ip), e, true));
             }
         }
         let now = self.now();
         for n in &d.neighbors_added {
             if let Err(e) = add_neighbor(&self.dp, n, now) {
-                errors.push(e);
+                errors.push(refuse(Item::Neighbor(n.dev.clone(), n.ip), e, false));
             }
         }
         if d.nat_rules {
             if let Some(nf) = self.dp.netfilter() {
                 match to_nat_rules(new, |n| self.dp.iface_by_name(n)) {
                     Ok(rules) => nf.set_rules(rules),
-                    Err(e) => errors.push(e),
+                    Err(e) => errors.push(refuse(Item::NatRules, e, true)),
                 }
             }
         }
         if let Some(s) = &d.services {
-            match apply_services(self, s) {
+            match apply_services_named(self, s) {
                 Ok(done) => {
                     for line in done {
                         log::debug!("{line}");
                     }
                 }
-                Err(e) => errors.extend(e),
+                Err(e) => errors.extend(
+                    e.into_iter()
+                        .map(|(name, e)| refuse(Item::Service(name), e, true)),
+                ),
             }
         }
         errors
@@ -1505,6 +1584,44 @@ mod tests {
         ] {
             assert!(text.contains(want), "no {want:?} in\n{text}");
         }
+    }
+
+    /// The IPv6-only example builds: its interfaces have no IPv4 address and no IPv4
+    /// connected route; the NAT rules have no IPv4 masquerade.
+    #[test]
+    fn ipv6_only_config_builds_a_router_without_ipv4() {
+        let dir = std::env::temp_dir().join(format!("tapyard-plan6only-{}", std::process::id()));
+        let text = include_str!("../../examples/node-ipv6-only.toml").replace(
+            "name = \"node-a\"\n",
+            &format!("name = \"node-a\"\nstate_dir = \"{}\"\n", dir.display()),
+        );
+        let c = cfg(&text);
+        let rules = to_nat_rules(&c, |n| (n == "eth0").then_some(IfaceId(1))).unwrap();
+        assert!(rules.masquerade.is_empty() && rules.cluster_cidr.is_none());
+        assert_eq!(rules.masquerade6.len(), 1);
+        let built = Plan::new(c, PathBuf::from("x.toml"), &[])
+            .unwrap()
+            .build(None)
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let dp = &built.dp;
+        let r = dp.router().unwrap();
+        for name in ["cni0", "eth0"] {
+            let i = dp.iface_by_name(name).unwrap();
+            assert_eq!(r.iface_addr(i), None);
+            assert!(r.iface_addr6(i).is_some());
+        }
+        let mut text = String::new();
+        dp.fmt_routes(&mut text).unwrap();
+        assert!(text.contains("fd00:10:244:1::/64 dev cni0"), "{text}");
+        assert!(
+            text.contains("default via fd00:172:18::1 dev eth0"),
+            "{text}"
+        );
+        assert!(
+            !text.contains('.'),
+            "an IPv4 route on an IPv6-only node:\n{text}"
+        );
     }
 
     #[test]

@@ -505,6 +505,8 @@ impl Node {
         let ports = self.ports.list();
         let mut sent = 0;
         for (name, mac, cidr) in &self.ifaces {
+            // An IPv6-only interface sends no IPv4 (and no ARP).
+            let Some(cidr) = cidr else { continue };
             let garp = ArpRepr {
                 operation: REQUEST,
                 sha: *mac,

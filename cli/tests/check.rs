@@ -469,12 +469,15 @@ fn dual_stack_addresses_one_prefix_per_family() {
             ),
         ],
     );
-    // An interface needs an IPv4 address; an IPv6 one may not be link-local.
-    let text = BASE6
-        .replace(
-            "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
-            "address = \"fd00:172:18::2/64\"",
-        )
+    // An interface may have only an IPv6 address (an IPv6-only uplink passes), but not a
+    // link-local one; an IPv4 gateway behind it is refused at its line.
+    let v6_uplink = BASE6.replace(
+        "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
+        "address = \"fd00:172:18::2/64\"",
+    );
+    let (o, _) = check_file("v6-uplink.toml", &v6_uplink);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let text = format!("{v6_uplink}\n[[route]]\nto = \"10.244.2.0/24\"\nvia = \"172.18.0.3\"\n")
         .replace("fd00:10:244:1::1/64", "fe80::1/64");
     expect_errors(
         "v6-only",
@@ -484,7 +487,10 @@ fn dual_stack_addresses_one_prefix_per_family() {
                 7,
                 "bridge \"cni0\": address[1] = \"fe80::1/64\" is link-local",
             ),
-            (12, "uplink \"eth0\": address has no IPv4 address"),
+            (
+                27,
+                "route to 10.244.2.0/24: via = \"172.18.0.3\" is not on a connected subnet (connected: cni0 10.244.1.0/24)",
+            ),
         ],
     );
     let text = BASE6.replace("fd00:10:244:1::1/64", "fd00:10:244:1::/64");

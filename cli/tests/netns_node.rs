@@ -629,6 +629,99 @@ fn reload(n: &Names) {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node.toml:2:"));
     ping_ok(&n.ns_a, NODE_B_POD2);
     std::fs::write(&n.config, n.config(&extra)).unwrap();
+    partly_refused_reload(n, &extra);
+}
+
+/// Deletes a link of the test's own (by its unique name) on drop, whatever it became.
+struct DelLink(String);
+
+impl Drop for DelLink {
+    fn drop(&mut self) {
+        let _ = run_output(&["ip", "link", "del", &self.0]);
+    }
+}
+
+/// A reload the node partly refuses: a new port whose TAP cannot be opened (a veth has
+/// its name) beside a new route. The route is applied, the port named with its
+/// reason, `reload` exits 1; the same file reloaded again is not "nothing changed" but the
+/// port refused again; once the name is free, the same file's reload adds it and says it is
+/// a retry. Then the port is taken out of the file again (its TAP deleted).
+fn partly_refused_reload(n: &Names, extra: &str) {
+    let port = format!("tyx{}", std::process::id() % 100_000);
+    let _del = DelLink(port.clone());
+    // A veth pair (the dummy driver may be missing): deleting one end deletes both.
+    let peer = format!("tyz{}", std::process::id() % 100_000);
+    run(&[
+        "ip", "link", "add", &port, "type", "veth", "peer", "name", &peer,
+    ]);
+    let with_port = |text: String| {
+        text.replacen(
+            &format!("ports = [\"{}\", \"{}\"]", n.tap_a, n.tap_b),
+            &format!("ports = [\"{}\", \"{}\", \"{port}\"]", n.tap_a, n.tap_b),
+            1,
+        )
+    };
+    let route = "\n[[route]]\nto = \"10.217.4.0/24\"\nvia = \"10.218.0.3\"\n";
+    let file = with_port(n.config(&format!("{extra}{route}")));
+    assert!(file.contains(&port), "{file}");
+    std::fs::write(&n.config, &file).unwrap();
+    let out = tapyard(n, &["reload"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("route added: 10.217.4.0/24 via 10.218.0.3"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("reload partly refused: 1 change(s)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "port {port:?} added to bridge {:?}: refused:",
+            n.bridge
+        )) && stderr.contains("exists already as an interface"),
+        "{stderr}"
+    );
+    assert!(tapyard_ok(n, &["show", "routes"]).contains("10.217.4.0/24"));
+    assert!(!tapyard_ok(n, &["show", "ports"]).contains(&port));
+    // The same file again: the refused port is retried (and refused again), the route is
+    // not applied twice.
+    let out = tapyard(n, &["reload"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        !stdout.contains("nothing changed") && !stdout.contains("route added"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("refused again:"), "{stderr}");
+    // The name is free: the same file's reload adds the port, as a retry.
+    run(&["ip", "link", "del", &port]);
+    let out = tapyard_ok(n, &["reload"]);
+    assert_eq!(
+        out.trim(),
+        format!(
+            "port {port:?} added to bridge {:?} (retried: refused at the last reload)",
+            n.bridge
+        ),
+        "{out}"
+    );
+    assert!(tapyard_ok(n, &["show", "ports"]).contains(&port));
+    assert_eq!(
+        tapyard_ok(n, &["reload"]).trim(),
+        "reloaded: nothing changed"
+    );
+    // Back to the file the next cases expect: the port and the route go.
+    std::fs::write(&n.config, n.config(extra)).unwrap();
+    let out = tapyard_ok(n, &["reload"]);
+    assert!(out.contains(&format!("port {port:?} removed")), "{out}");
+    assert!(!tapyard_ok(n, &["show", "ports"]).contains(&port));
 }
 
 /// Services, NodePorts and masquerade through the built binary: pod-b to `web` (spread over

@@ -28,7 +28,8 @@ fuzz_target!(|data: &[u8]| {
         let mut out = [0u8; 14 + ipv6::MIN_MTU];
         let e = Icmpv6Repr::TimeExceeded { code: 0, data: &[] };
         let z = MacAddr::ZERO;
-        let n = ipv6::write_icmp_error(&mut out, z, z, Ipv6Addr::LOCALHOST, i.src, e, data).unwrap();
+        let n =
+            ipv6::write_icmp_error(&mut out, z, z, Ipv6Addr::LOCALHOST, i.src, e, data).unwrap();
         assert!(n <= 14 + ipv6::MIN_MTU);
         // An error the router may send (never to a loopback source, which `check` refuses
         // as a destination, as Linux does) is itself a packet `check` accepts.

@@ -74,9 +74,19 @@ fn ipv6_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
         ipv6::ALL_ROUTERS,
     ];
     let dst = dsts[usize::from(g(4)) % dsts.len()];
-    let src = if g(6) & 7 == 0 { Ipv6Addr::UNSPECIFIED } else { v6(10, 1, u16::from(g(7))) };
+    let src = if g(6) & 7 == 0 {
+        Ipv6Addr::UNSPECIFIED
+    } else {
+        v6(10, 1, u16::from(g(7)))
+    };
     let hop = if g(8) & 1 == 0 { 255 } else { g(8) % 4 };
-    let dst_mac = if dst.is_multicast() { ipv6::multicast_mac(dst).0 } else if g(10) & 1 == 0 { GW.0 } else { UP.0 };
+    let dst_mac = if dst.is_multicast() {
+        ipv6::multicast_mac(dst).0
+    } else if g(10) & 1 == 0 {
+        GW.0
+    } else {
+        UP.0
+    };
     let body = r.get(12..).unwrap_or(&[]);
     let target = v6(10, 1, u16::from(g(9)) % 4);
     let mut l4 = vec![0u8; 8 + body.len() + 24];
@@ -86,20 +96,37 @@ fn ipv6_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
             (ipv6::NH_UDP, 8)
         }
         1 => {
-            let m = Icmpv6Repr::EchoRequest { ident: 1, seq_no: 2, data: body };
-            m.emit(&mut Icmpv6Packet::new_unchecked(&mut l4[..m.buffer_len()]), src, dst);
+            let m = Icmpv6Repr::EchoRequest {
+                ident: 1,
+                seq_no: 2,
+                data: body,
+            };
+            m.emit(
+                &mut Icmpv6Packet::new_unchecked(&mut l4[..m.buffer_len()]),
+                src,
+                dst,
+            );
             (ipv6::NH_ICMPV6, m.buffer_len())
         }
         k => {
             // NDP with raw options: type, fixed part, then the record's bytes.
             let m = match k {
-                2 => Icmpv6Repr::NeighborSolicit { target, source_lladdr: None },
+                2 => Icmpv6Repr::NeighborSolicit {
+                    target,
+                    source_lladdr: None,
+                },
                 3 => Icmpv6Repr::NeighborAdvert {
-                    flags: NaFlags { router: false, solicited: g(3) & 1 == 1, override_: g(3) & 2 == 2 },
+                    flags: NaFlags {
+                        router: false,
+                        solicited: g(3) & 1 == 1,
+                        override_: g(3) & 2 == 2,
+                    },
                     target,
                     target_lladdr: None,
                 },
-                _ => Icmpv6Repr::RouterSolicit { source_lladdr: None },
+                _ => Icmpv6Repr::RouterSolicit {
+                    source_lladdr: None,
+                },
             };
             let n = m.buffer_len();
             m.emit(&mut Icmpv6Packet::new_unchecked(&mut l4[..n]), src, dst);
@@ -123,7 +150,13 @@ fn ipv6_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
     f[..6].copy_from_slice(&dst_mac);
     f[6..12].copy_from_slice(&mac);
     f[12..14].copy_from_slice(&[0x86, 0xdd]);
-    let repr = ipv6::Ipv6Repr { src_addr: src, dst_addr: dst, next_header: first, payload_len: plen, hop_limit: hop };
+    let repr = ipv6::Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: first,
+        payload_len: plen,
+        hop_limit: hop,
+    };
     repr.emit(&mut ipv6::Ipv6Packet::new_unchecked(&mut f[14..]));
     f[54..54 + ext.len()].copy_from_slice(&ext);
     f[54 + ext.len()..].copy_from_slice(&l4[..l4len]);
@@ -175,9 +208,13 @@ fuzz_target!(|data: &[u8]| {
         metric: 0,
         proto: RouteProto::Static,
     };
-    dp.add_route6(route6(9, tapyard::l3::NextHop6::Blackhole)).unwrap();
-    dp.add_route6(route6(2, tapyard::l3::NextHop6::Link(tapyard::l3::IfaceId(0))))
+    dp.add_route6(route6(9, tapyard::l3::NextHop6::Blackhole))
         .unwrap();
+    dp.add_route6(route6(
+        2,
+        tapyard::l3::NextHop6::Link(tapyard::l3::IfaceId(0)),
+    ))
+    .unwrap();
     let mut w = dp.worker();
     let mut now = Instant::from_secs(1);
     let mut batch = Batch::new();
@@ -206,7 +243,10 @@ fuzz_target!(|data: &[u8]| {
                     let i = ipv6::check(&f[14..]).expect("a valid IPv6 packet out of the router");
                     if i.next_header == ipv6::NH_ICMPV6 && !i.is_later_fragment() {
                         let m = Icmpv6Packet::new_checked(&f[14 + i.l4_off..14 + i.total_len()]);
-                        assert!(m.is_ok_and(|m| m.verify_checksum(i.src, i.dst)), "bad ICMPv6 checksum");
+                        assert!(
+                            m.is_ok_and(|m| m.verify_checksum(i.src, i.dst)),
+                            "bad ICMPv6 checksum"
+                        );
                     }
                 }
             }

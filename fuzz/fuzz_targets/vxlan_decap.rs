@@ -40,11 +40,18 @@ fn datagram(r: &[u8]) -> Vec<u8> {
     // The inner frame: to this VTEP or not, IPv4 built or raw.
     let body = r.get(16..).unwrap_or(&[]);
     let mut inner = Vec::new();
-    let dst = if g(0) & 1 == 0 { vtep.0 } else { [g(1), 2, 3, 4, 5, 6] };
+    let dst = if g(0) & 1 == 0 {
+        vtep.0
+    } else {
+        [g(1), 2, 3, 4, 5, 6]
+    };
     let src = [0x0a, 0x58, 10, 244, 2, 0];
     if g(0) & 2 == 0 {
-        let b = etherparse::PacketBuilder::ethernet2(src, dst)
-            .ipv4([10, 244, 2, g(2)], [10, 244, 1, g(3)], g(4) % 4 + 1);
+        let b = etherparse::PacketBuilder::ethernet2(src, dst).ipv4(
+            [10, 244, 2, g(2)],
+            [10, 244, 1, g(3)],
+            g(4) % 4 + 1,
+        );
         let _ = b.udp(1, 2).write(&mut inner, body);
     } else {
         inner.extend_from_slice(&dst);
@@ -57,7 +64,11 @@ fn datagram(r: &[u8]) -> Vec<u8> {
     };
     let mut payload = vx.to_vec();
     payload.extend_from_slice(&inner);
-    let from = if g(14) & 1 == 0 { [172, 18, 0, 3] } else { [172, 18, 0, g(15)] };
+    let from = if g(14) & 1 == 0 {
+        [172, 18, 0, 3]
+    } else {
+        [172, 18, 0, g(15)]
+    };
     let dport = if g(14) & 2 == 0 { 8472 } else { 4789 };
     let mut f = Vec::new();
     let _ = etherparse::PacketBuilder::ethernet2([2, 0xaa, 0, 0, 0, 3], UP.0)
@@ -92,13 +103,25 @@ fuzz_target!(|data: &[u8]| {
     let mut b = Datapath::builder();
     let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
     b.add_port("pod0", Some(br)).unwrap();
-    b.add_router_iface(IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24), Some(br))
-        .unwrap();
+    b.add_router_iface(
+        IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24),
+        Some(br),
+    )
+    .unwrap();
     let (eth0, _) = b
-        .add_router_iface(IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24), None)
+        .add_router_iface(
+            IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24),
+            None,
+        )
         .unwrap();
-    b.add_vxlan(VxlanConfig::new("flannel.1", 1, 8472, "eth0", Ipv4Addr::new(10, 244, 1, 0)))
-        .unwrap();
+    b.add_vxlan(VxlanConfig::new(
+        "flannel.1",
+        1,
+        8472,
+        "eth0",
+        Ipv4Addr::new(10, 244, 1, 0),
+    ))
+    .unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
     dp.add_vxlan_peer(
@@ -112,8 +135,13 @@ fuzz_target!(|data: &[u8]| {
         now,
     )
     .unwrap();
-    dp.add_static_neigh(eth0, Ipv4Addr::new(172, 18, 0, 3), MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
-        .unwrap();
+    dp.add_static_neigh(
+        eth0,
+        Ipv4Addr::new(172, 18, 0, 3),
+        MacAddr([2, 0xaa, 0, 0, 0, 3]),
+        now,
+    )
+    .unwrap();
     let mut w = dp.worker();
     let mut batch = Batch::new();
     let mut rest = data;
@@ -153,7 +181,12 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
                 if !buf.offload.is_none() {
-                    let _ = tapyard::offload::segment(buf.frame(), &buf.offload, &mut scratch, &mut |_| {});
+                    let _ = tapyard::offload::segment(
+                        buf.frame(),
+                        &buf.offload,
+                        &mut scratch,
+                        &mut |_| {},
+                    );
                 }
             }
             dp.dispatch(&mut w, &batch, |p, _| {

@@ -353,12 +353,22 @@ impl DatapathBuilder {
                 expected: "a unicast, non-zero MAC address",
             });
         }
-        if cfg.prefix_len > 32 || cfg.addr.is_unspecified() || cfg.addr.is_multicast() {
-            return Err(ConfigError::OutOfRange {
-                field: "address",
-                value: format!("{}/{}", cfg.addr, cfg.prefix_len),
-                expected: "a unicast IPv4 address with a prefix length of 0 to 32",
-            });
+        match cfg.addr {
+            Some((a, len)) if len > 32 || a.is_unspecified() || a.is_multicast() => {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: format!("{a}/{len}"),
+                    expected: "a unicast IPv4 address with a prefix length of 0 to 32",
+                });
+            }
+            None if cfg.addr6.is_none() => {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: "none".into(),
+                    expected: "an IPv4 or an IPv6 address (or both)",
+                });
+            }
+            _ => {}
         }
         if !(68..=65_000).contains(&cfg.mtu) {
             return Err(ConfigError::OutOfRange {
@@ -400,10 +410,13 @@ impl DatapathBuilder {
                 });
             }
         }
-        if let Some(other) = self.ifaces.iter().find(|i| i.cfg.addr == cfg.addr) {
+        if let Some((other, a)) = cfg.addr4().and_then(|a| {
+            let o = self.ifaces.iter().find(|i| i.cfg.addr4() == Some(a))?;
+            Some((o, a))
+        }) {
             return Err(ConfigError::OutOfRange {
                 field: "address",
-                value: cfg.addr.to_string(),
+                value: a.to_string(),
                 expected: if other.cfg.name == cfg.name {
                     "an address used once"
                 } else {
@@ -491,7 +504,13 @@ impl DatapathBuilder {
                 expected: "68 to the uplink's MTU minus 50",
             });
         }
-        let local = up.cfg.addr;
+        let Some(local) = up.cfg.addr4() else {
+            return Err(ConfigError::OutOfRange {
+                field: "uplink",
+                value: cfg.uplink.clone(),
+                expected: "an uplink with an IPv4 address (VXLAN runs over IPv4)",
+            });
+        };
         let mut icfg = IfaceConfig::new(cfg.name.clone(), cfg.mac, cfg.addr, cfg.prefix_len);
         icfg.mtu = mtu;
         let (id, _) = self.add_router_iface(icfg, None)?;
@@ -603,14 +622,16 @@ impl DatapathBuilder {
                 let c = &iface.cfg;
                 // Two interfaces in one subnet: the first one's connected route wins, as the
                 // second `add` fails with `Exists` (Linux keeps both; the first is used).
-                let _ = r.routes.add(Route {
-                    prefix: mask(c.addr, c.prefix_len),
-                    len: c.prefix_len,
-                    next_hop: NextHop::Link(id),
-                    metric: 0,
-                    proto: RouteProto::Kernel,
-                    src: Some(c.addr),
-                });
+                if let Some((a, len)) = c.addr {
+                    let _ = r.routes.add(Route {
+                        prefix: mask(a, len),
+                        len,
+                        next_hop: NextHop::Link(id),
+                        metric: 0,
+                        proto: RouteProto::Kernel,
+                        src: Some(a),
+                    });
+                }
                 if let Some((a6, len)) = c.addr6 {
                     let _ = r.routes6.add(Route6 {
                         prefix: crate::wire::ipv6::mask(a6, len),

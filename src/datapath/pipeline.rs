@@ -197,9 +197,11 @@ impl Routing for RouterView<'_, '_> {
     }
 
     #[inline]
-    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)> {
+    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Option<Ipv4Addr>)> {
         match self.routes.lookup(dst)? {
-            NextHop::Link(i) | NextHop::Via(i, _) => self.router.iface(i).map(|f| (i, f.cfg.addr)),
+            NextHop::Link(i) | NextHop::Via(i, _) => {
+                self.router.iface(i).map(|f| (i, f.cfg.addr4()))
+            }
             NextHop::Blackhole | NextHop::Unreachable => None,
         }
     }

@@ -42,10 +42,18 @@ pub struct IfaceConfig {
     pub name: String,
     /// The interface's MAC address (the pods' gateway MAC).
     pub mac: MacAddr,
-    /// The interface's IPv4 address.
-    pub addr: Ipv4Addr,
-    /// Its prefix length: the connected route `addr/prefix_len` is made from it.
-    pub prefix_len: u8,
+    /// The interface's IPv4 address and prefix length (the connected route `addr/len` is
+    /// made from it); `None`: an IPv6-only interface, as on a single-stack IPv6 node. Such an
+    /// interface answers no ARP and the router sends no IPv4 of its own from it (ICMP errors
+    /// about packets it forwards take another interface's IPv4 address, as Linux's
+    /// `inet_select_addr`). IPv4 arriving on it is forwarded when a route says where, as
+    /// Linux with `rp_filter` 0 (the kernel's default); IPv4 addressed to one of the
+    /// router's own addresses that arrives on it is dropped (`DropReason::NoIpv4Addr`), as
+    /// Linux with `rp_filter` 1 or 2 (systemd's default) does (`__fib_validate_source`
+    /// refuses any source on an interface without an IPv4 address; with `rp_filter` 0 Linux
+    /// would deliver it: tapyard differs there on purpose, so an IPv6-only link never
+    /// reaches the node's IPv4 services).
+    pub addr: Option<(Ipv4Addr, u8)>,
     /// The largest IP packet sent out of it (default 1500).
     pub mtu: u16,
     /// Answer ARP for any address routed through another interface (Linux `proxy_arp`).
@@ -94,18 +102,31 @@ impl Default for RaConfig {
 }
 
 impl IfaceConfig {
-    /// An interface with MTU 1500 and no proxy ARP.
+    /// An interface with the IPv4 address `addr/prefix_len`, MTU 1500 and no proxy ARP.
     pub fn new(name: impl Into<String>, mac: MacAddr, addr: Ipv4Addr, prefix_len: u8) -> Self {
+        IfaceConfig {
+            addr: Some((addr, prefix_len)),
+            ..IfaceConfig::new6(name, mac, Ipv6Addr::UNSPECIFIED, 0)
+        }
+    }
+
+    /// An IPv6-only interface (no IPv4 address) with the IPv6 address `addr6/prefix_len`
+    /// (`::`: none, only its link-local address), MTU 1500.
+    pub fn new6(name: impl Into<String>, mac: MacAddr, addr6: Ipv6Addr, prefix_len: u8) -> Self {
         IfaceConfig {
             name: name.into(),
             mac,
-            addr,
-            prefix_len,
+            addr: None,
             mtu: 1500,
             proxy_arp: false,
-            addr6: None,
+            addr6: (!addr6.is_unspecified()).then_some((addr6, prefix_len)),
             ra: None,
         }
+    }
+
+    /// Its IPv4 address, if it has one.
+    pub fn addr4(&self) -> Option<Ipv4Addr> {
+        self.addr.map(|(a, _)| a)
     }
 }
 
@@ -558,9 +579,22 @@ impl Router {
     pub(crate) fn local_iface(&self, addr: Ipv4Addr) -> Option<IfaceId> {
         self.ifaces
             .iter()
-            .position(|i| i.cfg.addr == addr)
+            .position(|i| i.cfg.addr.is_some_and(|(a, _)| a == addr))
             .and_then(|i| u16::try_from(i).ok())
             .map(IfaceId)
+    }
+
+    /// The IPv4 source of what the router sends out of `i`: its address, else (an IPv6-only
+    /// interface) the first interface's that has one, as Linux's `inet_select_addr`.
+    pub(crate) fn src4(&self, i: &Iface) -> Option<Ipv4Addr> {
+        i.cfg
+            .addr4()
+            .or_else(|| self.ifaces.iter().find_map(|o| o.cfg.addr4()))
+    }
+
+    /// The IPv4 address of interface `i`, if it has one.
+    pub fn iface_addr(&self, i: IfaceId) -> Option<(Ipv4Addr, u8)> {
+        self.iface(i).and_then(|i| i.cfg.addr)
     }
 
     /// Handles a frame sent to the router on interface `in_if` (its destination MAC is the
@@ -657,10 +691,12 @@ impl Router {
         // Never learn from a frame whose Ethernet source disagrees with its ARP sender, nor
         // from ARP probes (sender 0.0.0.0) or from our own addresses.
         let l2_src = eth.src_addr();
-        if a.sha != l2_src || !a.sha.is_station() || a.spa == iface.cfg.addr {
+        let own = iface.cfg.addr4();
+        if a.sha != l2_src || !a.sha.is_station() || Some(a.spa) == own {
             return Err(DropReason::BadArp);
         }
-        let for_us = a.tpa == iface.cfg.addr;
+        // An interface without an IPv4 address answers no ARP (not even proxy ARP).
+        let for_us = Some(a.tpa) == own;
         if !a.spa.is_unspecified() {
             let _ = self.neigh.input(
                 in_if,
@@ -687,6 +723,7 @@ impl Router {
         }
         let answer = for_us
             || (iface.cfg.proxy_arp
+                && own.is_some()
                 && a.tpa != a.spa
                 && matches!(self.routes.lookup(a.tpa), Some(nh) if nh.iface().is_some_and(|e| e != in_if)));
         if !answer {
@@ -903,9 +940,11 @@ impl Router {
 
     fn is_directed_broadcast(&self, dst: Ipv4Addr) -> bool {
         self.ifaces.iter().any(|i| {
-            i.cfg.prefix_len < 31
-                && mask(dst, i.cfg.prefix_len) == mask(i.cfg.addr, i.cfg.prefix_len)
-                && u32::from(dst) | (u32::MAX << (32 - u32::from(i.cfg.prefix_len))) == u32::MAX
+            i.cfg.addr.is_some_and(|(a, len)| {
+                len < 31
+                    && mask(dst, len) == mask(a, len)
+                    && u32::from(dst) | (u32::MAX << (32 - u32::from(len))) == u32::MAX
+            })
         })
     }
 
@@ -952,11 +991,14 @@ impl Router {
         sink: &mut dyn Sink,
     ) {
         let Some(i) = self.iface(out_if) else { return };
+        // Out of an IPv6-only interface (a `dev` route): another interface's address, as
+        // Linux's `arp_solicit`; on a node without any IPv4 address, no request.
+        let Some(spa) = self.src4(i) else { return };
         self.counters.arp_requests.add(1);
         let req = ArpRepr {
             operation: arp::REQUEST,
             sha: i.cfg.mac,
-            spa: i.cfg.addr,
+            spa,
             tha: MacAddr::ZERO,
             tpa: target,
         };
@@ -982,6 +1024,11 @@ impl Router {
         let Some(iface) = self.iface(in_if) else {
             return L3::Drop(DropReason::LocalNoService);
         };
+        if iface.cfg.addr.is_none() {
+            // IPv4 to the router on an interface that has no IPv4 address (see
+            // `IfaceConfig::addr`).
+            return L3::Drop(DropReason::NoIpv4Addr);
+        }
         if info.proto == ipv4::PROTO_ICMP
             && ipv4::echo_reply_in_place(b.frame_mut(), l3, info, iface.cfg.mac)
         {
@@ -1160,11 +1207,14 @@ impl Router {
             None => return,
         };
         if src_ip.is_none() {
+            let Some(src) = self.src4(egress) else {
+                return;
+            };
             let Some(ip) = buf.get_mut(ETH_HEADER_LEN..len) else {
                 return;
             };
             let mut p = Ipv4Packet::new_unchecked(ip);
-            p.set_src_addr(egress.cfg.addr);
+            p.set_src_addr(src);
             p.fill_checksum();
         }
         self.counters.icmp_errors.add(1);

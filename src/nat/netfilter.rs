@@ -417,9 +417,10 @@ const INVALID: Hook = Hook::Drop(DropReason::CtInvalid);
 pub(crate) trait Routing {
     /// Whether `addr` is one of the node's own interface addresses.
     fn is_local(&self, addr: Ipv4Addr) -> bool;
-    /// The interface a packet to `dst` leaves by, and that interface's address; `None` when
-    /// no route delivers it (none, blackhole, unreachable).
-    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Ipv4Addr)>;
+    /// The interface a packet to `dst` leaves by, and that interface's IPv4 address (none on
+    /// an IPv6-only interface); `None` when no route delivers it (none, blackhole,
+    /// unreachable).
+    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Option<Ipv4Addr>)>;
 }
 
 /// [`Routing`] for IPv6: the router's IPv6 addresses and a lookup in the batch's IPv6 table.
@@ -939,14 +940,20 @@ impl Netfilter {
         // Route the translated destination to learn the egress interface.
         let mut snat: Option<(Ipv4Addr, Option<PortRange>)> = None;
         if let Some(out) = routing.egress(after.dst) {
-            if masq {
-                snat = Some((out.1, rules.masquerade_ports));
-            } else if let Some(_r) = rules.masquerade.iter().find(|r| {
-                r.out == out.0
-                    && r.src.is_none_or(|p| p.contains(t.src))
-                    && r.except_dst.is_none_or(|p| !p.contains(after.dst))
-            }) {
-                snat = Some((out.1, rules.masquerade_ports));
+            let rule = || {
+                rules.masquerade.iter().any(|r| {
+                    r.out == out.0
+                        && r.src.is_none_or(|p| p.contains(t.src))
+                        && r.except_dst.is_none_or(|p| !p.contains(after.dst))
+                })
+            };
+            if masq || rule() {
+                // MASQUERADE out of an interface without an IPv4 address: Linux drops the
+                // packet (no source address to take); so do we.
+                match out.1 {
+                    Some(a) => snat = Some((a, rules.masquerade_ports)),
+                    None => return Hook::Drop(DropReason::NatExhausted),
+                }
             } else if let Some(r) = rules
                 .snat
                 .iter()

@@ -14,8 +14,8 @@
 //! [`NeighConfig`], `[conntrack]` into [`CtConfig`]; each `[[service]]` is a [`ServiceDef`]
 //! (one or two ClusterIPs, one per family) from which the library's Services are made. The
 //! keys that take an address (`address`, `cluster_cidr`, `cluster_ip`) take a string or a list
-//! of at most one per family; the IPv6 one is kept apart (`address6`, `cluster_cidr6`), since
-//! every router interface has an IPv4 address and may have an IPv6 one. Each list item is [`Located`]: its value and the lines of its fields
+//! of at most one per family; the IPv6 one is kept apart (`address6`, `cluster_cidr6`): a
+//! router interface has an IPv4 address, an IPv6 one, or both. Each list item is [`Located`]: its value and the lines of its fields
 //! ([`Lines`]), for the cross-checks and the errors of a reload. Comparing configurations (a
 //! reload's difference) compares the values only, never the lines.
 
@@ -84,8 +84,8 @@ impl<T> std::ops::Deref for Located<T> {
 pub struct NodeCfg {
     /// The node's name (also names the default control socket).
     pub name: String,
-    /// Every pod address in the cluster.
-    pub cluster_cidr: Cidr,
+    /// Every IPv4 pod address in the cluster; `None`: a single-stack IPv6 cluster.
+    pub cluster_cidr: Option<Cidr>,
     /// Every IPv6 pod address in the cluster (a dual-stack cluster).
     pub cluster_cidr6: Option<Cidr6>,
     /// Worker threads; `None`: one per TAP, at most the CPU count.
@@ -135,9 +135,10 @@ pub fn default_socket(name: &str) -> PathBuf {
 pub struct BridgeCfg {
     /// The bridge's name (and its router interface's).
     pub name: String,
-    /// The gateway address on it; `None`: a plain L2 bridge.
+    /// The gateway's IPv4 address on it; `None` (and no `address6`): a plain L2 bridge.
     pub address: Option<Cidr>,
-    /// The gateway's IPv6 address on it (with `address`: a dual-stack gateway).
+    /// The gateway's IPv6 address on it (with `address`: a dual-stack gateway; alone: an
+    /// IPv6-only one).
     pub address6: Option<Cidr6>,
     /// Send Router Advertisements on it (radvd's defaults), so that pods learn their default
     /// IPv6 router.
@@ -161,8 +162,8 @@ pub struct UplinkCfg {
     pub name: String,
     /// The TAP device's name.
     pub tap: String,
-    /// Its address.
-    pub address: Cidr,
+    /// Its IPv4 address; `None`: an IPv6-only uplink (then `address6` is set).
+    pub address: Option<Cidr>,
     /// Its IPv6 address.
     pub address6: Option<Cidr6>,
     /// Its MAC; `None`: derived from the node's and the uplink's names.
@@ -419,9 +420,9 @@ pub struct Config {
 pub struct Connected<'a> {
     /// Its name.
     pub name: &'a str,
-    /// Its address and prefix.
-    pub address: Cidr,
-    /// Its IPv6 address and prefix.
+    /// Its IPv4 address and prefix; `None`: an IPv6-only interface.
+    pub address: Option<Cidr>,
+    /// Its IPv6 address and prefix (at least one of the two is set).
     pub address6: Option<Cidr6>,
 }
 
@@ -451,12 +452,11 @@ impl Config {
     pub fn connected(&self) -> Vec<Connected<'_>> {
         self.bridges
             .iter()
-            .filter_map(|b| {
-                b.address.map(|a| Connected {
-                    name: &b.name,
-                    address: a,
-                    address6: b.address6,
-                })
+            .filter(|b| b.address.is_some() || b.address6.is_some())
+            .map(|b| Connected {
+                name: &b.name,
+                address: b.address,
+                address6: b.address6,
             })
             .chain(self.uplinks.iter().map(|u| Connected {
                 name: &u.name,
@@ -480,9 +480,9 @@ impl Config {
     pub fn connected_iface(&self, ip: Ipv4Addr) -> Option<String> {
         self.connected()
             .into_iter()
-            .filter(|c| c.address.contains(ip))
-            .max_by_key(|c| c.address.len)
-            .map(|c| c.name.to_string())
+            .filter_map(|c| c.address.filter(|a| a.contains(ip)).map(|a| (c.name, a)))
+            .max_by_key(|(_, a)| a.len)
+            .map(|(n, _)| n.to_string())
     }
 }
 
@@ -686,7 +686,7 @@ endpoints = ["10.244.2.5:8080"]
         assert_eq!(ch.errors().count(), 0, "{:?}", ch.diags);
         let c = ch.config.unwrap();
         assert_eq!(c.node.name, "node-a");
-        assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(c.node.cluster_cidr.unwrap().to_string(), "10.244.0.0/16");
         assert_eq!(c.node.node_port_range, (30000, 32767));
         assert_eq!(
             c.node.socket_path(),
@@ -713,13 +713,122 @@ endpoints = ["10.244.2.5:8080"]
     }
 
     const DUAL: &str = include_str!("../../../examples/node-dual-stack.toml");
+    const V6ONLY: &str = include_str!("../../../examples/node-ipv6-only.toml");
+
+    /// A single-stack IPv6 node: interfaces and cluster without IPv4; what could never work
+    /// there (an IPv4 gateway, an IPv4 Service, an IPv4 route or neighbour out of an
+    /// IPv6-only interface) is refused at its line.
+    #[test]
+    fn ipv6_only_example_parses_and_ipv4_items_are_refused_at_their_line() {
+        let ch = check_str(V6ONLY);
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        assert_eq!(c.node.cluster_cidr, None);
+        assert_eq!(
+            c.node.cluster_cidr6.unwrap().to_string(),
+            "fd00:10:244::/56"
+        );
+        assert_eq!(c.bridges[0].address, None);
+        assert_eq!(
+            c.bridges[0].address6.unwrap().to_string(),
+            "fd00:10:244:1::1/64"
+        );
+        assert_eq!(c.uplinks[0].address, None);
+        let conn = c.connected();
+        assert_eq!(conn.len(), 2);
+        assert!(conn
+            .iter()
+            .all(|i| i.address.is_none() && i.address6.is_some()));
+        assert_eq!(c.connected_iface("172.18.0.3".parse().unwrap()), None);
+        let bad = format!(
+            "{V6ONLY}
+[[route]]
+to = \"10.244.2.0/24\"
+via = \"172.18.0.3\"
+
+[[route]]
+to = \"10.244.3.0/24\"
+dev = \"eth0\"
+
+[[neighbor]]
+ip = \"172.18.0.9\"
+mac = \"02:00:00:00:00:09\"
+dev = \"eth0\"
+
+[[neighbor]]
+ip = \"fd00:172:18::9\"
+mac = \"02:00:00:00:00:09\"
+dev = \"eth0\"
+
+[[service]]
+name = \"web4\"
+cluster_ip = \"10.96.0.10\"
+port = 80
+"
+        );
+        let line = |pat: &str| bad.lines().position(|l| l == pat).unwrap() + 1;
+        let ch = check_str(&bad);
+        let errs: Vec<(usize, String)> = ch.errors().map(|d| (d.line, d.msg.clone())).collect();
+        let has = |l: usize, s: &str| errs.iter().any(|(x, m)| *x == l && m.contains(s));
+        assert!(
+            has(
+                line("via = \"172.18.0.3\""),
+                "no bridge or uplink has an IPv4 address"
+            ),
+            "{errs:?}"
+        );
+        assert!(
+            has(line("dev = \"eth0\""), "has no IPv4 address (an IPv4 route"),
+            "{errs:?}"
+        );
+        assert!(
+            has(
+                line("ip = \"172.18.0.9\"") + 2,
+                "has no IPv4 address (an ARP entry"
+            ),
+            "{errs:?}"
+        );
+        assert!(
+            has(
+                line("cluster_ip = \"10.96.0.10\""),
+                "is IPv4, and no bridge or uplink has an IPv4 address"
+            ),
+            "{errs:?}"
+        );
+        // The IPv6 neighbour on the same interface is fine.
+        assert!(
+            !errs.iter().any(|(_, m)| m.contains("fd00:172:18::9")),
+            "{errs:?}"
+        );
+        // VXLAN over an IPv6-only uplink.
+        let vx = format!("{V6ONLY}\n[[vxlan]]\nname = \"flannel.1\"\nvni = 1\nuplink = \"eth0\"\naddress = \"10.244.1.0/32\"\n");
+        let l = vx.lines().position(|l| l == "uplink = \"eth0\"").unwrap() + 1;
+        assert!(
+            check_str(&vx)
+                .errors()
+                .any(|d| d.line == l && d.msg.contains("has no IPv4 address (VXLAN runs over IPv4")),
+            "{:?}",
+            check_str(&vx).diags
+        );
+        // An IPv4 bridge in an IPv6-only cluster.
+        let ch = check_str(&V6ONLY.replace(
+            "address = \"fd00:10:244:1::1/64\"",
+            "address = [\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]",
+        ));
+        assert!(
+            ch.errors()
+                .any(|d| d.msg.contains("node.cluster_cidr has no IPv4 prefix")),
+            "{:?}",
+            ch.diags
+        );
+    }
 
     #[test]
     fn dual_stack_example_parses_into_the_model() {
         let ch = check_str(DUAL);
         assert_eq!(ch.diags, Vec::new());
         let c = ch.config.unwrap();
-        assert_eq!(c.node.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(c.node.cluster_cidr.unwrap().to_string(), "10.244.0.0/16");
         assert_eq!(
             c.node.cluster_cidr6.unwrap().to_string(),
             "fd00:10:244::/56"

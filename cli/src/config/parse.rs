@@ -3,7 +3,7 @@
 //! as a [`Diag`] with its line.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -389,23 +389,18 @@ impl Parser<'_> {
         (v4.is_some() || v6.is_some()).then_some((v4, v6))
     }
 
-    /// An interface's `address`: IPv4 and maybe IPv6. An interface with only an IPv6 address
-    /// is refused (every router interface has an IPv4 address).
-    fn iface_addrs(&mut self, s: &mut Sec<'_, '_>) -> Option<(Cidr, Option<Cidr6>)> {
+    /// An interface's `address`: IPv4, IPv6 or both (at least one when given).
+    fn iface_addrs(&mut self, s: &mut Sec<'_, '_>) -> Option<(Option<Cidr>, Option<Cidr6>)> {
         let (v4, v6) = self.addrs(s, "address", parse_iface_addr_any, IpCidr::is_v6)?;
         let v6 = v6.and_then(|c| match c {
             IpCidr::V6(c) => Some(c),
             IpCidr::V4(_) => None,
         });
-        match v4 {
-            Some(IpCidr::V4(c)) => Some((c, v6)),
-            _ => {
-                s.ok = false;
-                let (line, ctx) = (s.lines.of("address"), s.ctx.clone());
-                self.err(line, format!("{ctx}: address has no IPv4 address: tapyard's router interfaces are IPv4 or dual-stack (add one, like [\"10.244.1.1/24\", \"{}\"])", v6.map_or("fd00:10:244:1::1/64".into(), |c| c.to_string())));
-                None
-            }
-        }
+        let v4 = v4.and_then(|c| match c {
+            IpCidr::V4(c) => Some(c),
+            IpCidr::V6(_) => None,
+        });
+        Some((v4, v6))
     }
 
     fn tables<'t, 'i>(
@@ -556,10 +551,7 @@ impl Parser<'_> {
         };
         let node = node.unwrap_or_else(|| NodeCfg {
             name: String::new(),
-            cluster_cidr: Cidr {
-                addr: Ipv4Addr::UNSPECIFIED,
-                len: 0,
-            },
+            cluster_cidr: None,
             cluster_cidr6: None,
             workers: None,
             busy_poll_us: 0,
@@ -612,15 +604,11 @@ impl Parser<'_> {
             Some(IpCidr::V6(c)) => Some(c),
             _ => None,
         });
-        let cluster_cidr = match cidrs {
-            Some((Some(IpCidr::V4(c)), _)) => Some(c),
-            Some(_) => {
-                let l = s.lines.of("cluster_cidr");
-                self.err(l, "[node]: cluster_cidr has no IPv4 prefix: tapyard's clusters are IPv4 or dual-stack (like [\"10.244.0.0/16\", \"fd00:10:244::/56\"])".into());
-                None
-            }
-            None => None,
-        };
+        // Some: given, with at least one family (an IPv6-only cluster has no IPv4 prefix).
+        let cluster_cidr = cidrs.map(|(v4, _)| match v4 {
+            Some(IpCidr::V4(c)) => Some(c),
+            _ => None,
+        });
         let workers = self.given_int_as(&mut s, "workers");
         if workers == Some(0) {
             if let Some(v) = t.get("workers") {
@@ -668,14 +656,17 @@ impl Parser<'_> {
     fn bridge(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<BridgeCfg>> {
         let name = self.text(&mut s, "name", parse_ifname);
         let addrs = self.iface_addrs(&mut s);
-        let (address, address6) = (addrs.map(|a| a.0), addrs.and_then(|a| a.1));
+        let (address, address6) = (addrs.and_then(|a| a.0), addrs.and_then(|a| a.1));
         let mac = self.text(&mut s, "mac", parse_mac);
         let mtu = self.int_as::<u16>(&mut s, "mtu");
         let ra = self.boolean(&mut s, "ra");
         let ports = self.list(&mut s, "ports", parse_ifname);
         let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
         let fdb_aging = self.secs(&mut s, "fdb_aging");
-        if address.is_none() && (t.contains_key("mac") || t.contains_key("mtu")) {
+        if address.is_none()
+            && address6.is_none()
+            && (t.contains_key("mac") || t.contains_key("mtu"))
+        {
             let line = s.lines.of("mac").min(s.lines.of("mtu"));
             let ctx = s.ctx.clone();
             self.err(

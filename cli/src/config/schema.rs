@@ -153,7 +153,7 @@ pub const NODE: Section = Section {
             "cluster_cidr",
             Ty::Addrs("[\"10.244.0.0/16\", \"fd00:10:244::/56\"]"),
             Dflt::Required("every pod address in the cluster, like \"10.244.0.0/16\""),
-            "every pod address in the cluster (IPv4, and IPv6 for a dual-stack cluster)",
+            "every pod address in the cluster (IPv4, IPv6, or one of each for a dual-stack cluster)",
         ),
         key(
             "workers",
@@ -210,7 +210,7 @@ pub const BRIDGE: Section = Section {
             "address",
             Ty::Addrs("[\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]"),
             Dflt::Unset("a plain L2 bridge"),
-            "the gateway address on it (IPv4, and IPv6 for dual-stack pods)",
+            "the gateway address on it (IPv4, IPv6, or one of each for dual-stack pods)",
         ),
         key(
             "ports",
@@ -262,7 +262,7 @@ pub const UPLINK: Section = Section {
             "address",
             Ty::Addrs("[\"172.18.0.2/24\", \"fd00:172:18::2/64\"]"),
             Dflt::Required("the node's address on the link, like \"172.18.0.2/24\""),
-            "the node's address on the link (IPv4, and IPv6 for a dual-stack node)",
+            "the node's address on the link (IPv4, IPv6, or one of each for a dual-stack node)",
         ),
         key(
             "tap",

@@ -111,11 +111,10 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             b.address
                 .map(|a| (b.name.as_str(), a, b.lines.of("address")))
         })
-        .chain(
-            c.uplinks
-                .iter()
-                .map(|u| (u.name.as_str(), u.address, u.lines.of("address"))),
-        )
+        .chain(c.uplinks.iter().filter_map(|u| {
+            u.address
+                .map(|a| (u.name.as_str(), a, u.lines.of("address")))
+        }))
         .collect();
     for (i, (n, a, line)) in conn.iter().enumerate() {
         for (m, b, l2) in &conn[..i] {
@@ -128,15 +127,18 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 err(*line, format!("{kind} {n:?}: address = \"{a}\" overlaps {m}'s subnet {}/{} (line {l2}); interface subnets must not overlap", b.network(), b.len));
             }
         }
-        if !c.node.cluster_cidr.covers(a) && c.bridges.iter().any(|b| b.name == *n) {
-            warnings.push(Diag {
-                line: *line,
-                warning: true,
-                msg: format!(
-                    "bridge {n:?}: address = \"{a}\" is outside node.cluster_cidr {} (pods on it are not cluster pods)",
-                    c.node.cluster_cidr
-                ),
-            });
+        if c.bridges.iter().any(|b| b.name == *n) {
+            match c.node.cluster_cidr {
+                Some(cc) if !cc.covers(a) => warnings.push(Diag {
+                    line: *line,
+                    warning: true,
+                    msg: format!(
+                        "bridge {n:?}: address = \"{a}\" is outside node.cluster_cidr {cc} (pods on it are not cluster pods)"
+                    ),
+                }),
+                Some(_) => {}
+                None => err(*line, format!("bridge {n:?}: address = \"{a}\" is IPv4, and node.cluster_cidr has no IPv4 prefix (an IPv6-only cluster): give cluster_cidr an IPv4 prefix too")),
+            }
         }
     }
     // IPv6: the same for the interfaces' IPv6 subnets, and IPv6's minimum MTU.
@@ -193,7 +195,8 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
     }
     let iface_of = |name: &str| conn.iter().find(|(n, _, _)| *n == name);
     let iface6_of = |name: &str| conn6.iter().find(|(n, _, _)| *n == name);
-    let known = |name: &str| iface_of(name).is_some() || broken.contains(name);
+    let known =
+        |name: &str| iface_of(name).is_some() || iface6_of(name).is_some() || broken.contains(name);
     let describe_iface = |name: &str| -> String {
         if c.bridges.iter().any(|b| b.name == name) {
             format!("bridge {name:?} has no address")
@@ -222,6 +225,11 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     r.lines.of("dev"),
                     format!("{ctx}: dev = {d:?} has no IPv6 address (an IPv6 route goes out of an interface with one)"),
                 );
+            } else if !r.to.is_v6() && iface_of(d).is_none() && !broken.contains(d) {
+                err(
+                    r.lines.of("dev"),
+                    format!("{ctx}: dev = {d:?} has no IPv4 address (an IPv4 route goes out of an interface with one)"),
+                );
             }
         }
         match r.via {
@@ -244,7 +252,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                                 .map(|d| format!(" of {d}"))
                                 .unwrap_or_default(),
                             if subnets.is_empty() {
-                                "none".into()
+                                "none: no bridge or uplink has an IPv4 address".into()
                             } else {
                                 subnets.join(", ")
                             }
@@ -309,14 +317,22 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
     let mut seen_neigh: HashMap<(&str, IpAddr), usize> = HashMap::new();
     for n in &c.neighbors {
         let ctx = format!("neighbor {}", n.ip);
+        let any = iface_of(&n.dev).is_some() || iface6_of(&n.dev).is_some();
         match (iface_of(&n.dev), n.ip) {
             (None, _) if broken.contains(&n.dev) => {}
-            (None, _) => err(
+            (None, _) if !any => err(
                 n.lines.of("dev"),
                 format!(
                     "{ctx}: dev = {:?}: {} (expected a bridge with an address or an uplink)",
                     n.dev,
                     describe_iface(&n.dev)
+                ),
+            ),
+            (None, IpAddr::V4(_)) => err(
+                n.lines.of("dev"),
+                format!(
+                    "{ctx}: dev = {:?} has no IPv4 address (an ARP entry needs one)",
+                    n.dev
                 ),
             ),
             (Some((_, a, _)), IpAddr::V4(ip)) => {
@@ -337,7 +353,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     );
                 }
             }
-            (Some(_), IpAddr::V6(ip)) => match iface6_of(&n.dev) {
+            (_, IpAddr::V6(ip)) => match iface6_of(&n.dev) {
                 None => err(
                     n.lines.of("dev"),
                     format!(
@@ -390,6 +406,12 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 format!("{ctx}: uplink = {:?}: no [[uplink]] is named so (encapsulated packets leave and arrive on an uplink)", v.uplink),
             ),
             Some(u) => {
+                if u.address.is_none() {
+                    err(
+                        v.lines.of("uplink"),
+                        format!("{ctx}: uplink = {:?} has no IPv4 address (VXLAN runs over IPv4: the outer packets need one)", v.uplink),
+                    );
+                }
                 if let Some(m) = v.mtu.filter(|&m| usize::from(m) + 50 > usize::from(u.mtu)) {
                     err(v.lines.of("mtu"), format!("{ctx}: mtu = {m} is above uplink {:?}'s MTU {} minus 50 (the VXLAN overhead)", u.name, u.mtu));
                 }
@@ -505,7 +527,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
         IpAddr::V6(ip) => conn6.iter().any(|(_, a, _)| a.addr == ip),
     };
     let in_cluster = |ip: IpAddr| match ip {
-        IpAddr::V4(ip) => c.node.cluster_cidr.contains(ip),
+        IpAddr::V4(ip) => c.node.cluster_cidr.is_some_and(|cc| cc.contains(ip)),
         IpAddr::V6(ip) => c.node.cluster_cidr6.is_some_and(|cc| cc.contains(ip)),
     };
     let mut svc_names: HashMap<&str, usize> = HashMap::new();
@@ -533,11 +555,27 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 IpAddr::V4(v) => conn.iter().find(|(_, a, _)| a.contains(*v)).map(|x| x.0),
                 IpAddr::V6(v) => conn6.iter().find(|(_, a, _)| a.contains(*v)).map(|x| x.0),
             };
-            if let Some(n) = link {
+            let family_missing = match vip {
+                IpAddr::V4(_) => conn.is_empty(),
+                IpAddr::V6(_) => conn6.is_empty(),
+            };
+            if family_missing {
+                // As kube-proxy on a single-stack node: a Service of the other family has no
+                // clients here and no way to its endpoints.
+                let (fam, other) = match vip {
+                    IpAddr::V4(_) => ("IPv4", "IPv6"),
+                    IpAddr::V6(_) => ("IPv6", "IPv4"),
+                };
+                err(line, format!("{ctx}: cluster_ip = \"{vip}\" is {fam}, and no bridge or uplink has an {fam} address (an {other}-only node): it could never be reached"));
+            } else if let Some(n) = link {
                 err(line, format!("{ctx}: cluster_ip = \"{vip}\" is inside {n}'s connected subnet; a Service address must not belong to a link"));
             } else if in_cluster(*vip) {
                 let cc = match vip {
-                    IpAddr::V4(_) => c.node.cluster_cidr.to_string(),
+                    IpAddr::V4(_) => c
+                        .node
+                        .cluster_cidr
+                        .map(|c| c.to_string())
+                        .unwrap_or_default(),
                     IpAddr::V6(_) => c
                         .node
                         .cluster_cidr6

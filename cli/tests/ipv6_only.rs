@@ -1,0 +1,479 @@
+//! End-to-end test of a single-stack IPv6 node: `tapyard run` whose bridge and uplink have
+//! only IPv6 addresses, pods and an outside host in network namespaces.
+//!
+//! ```text
+//!  pod-a fd00:221:0:1::2 ─ TAP ─┐
+//!  pod-b fd00:221:0:1::3 ─ TAP ─┴ bridge (gw fd00:221:0:1::1/64, no IPv4) ┐
+//!                                                     tapyard node (own ns) ┤
+//!  wire ns: Linux bridge ── uplink TAP (fd00:222::2/64, no IPv4) ──────────┘
+//!     └─ veth ── outside ns: fd00:222::1 (no route to the pods: what it sees of
+//!                them is masqueraded)
+//! ```
+//!
+//! Cases, each run and reported before the test fails: pod to pod (ping -6); the gateway in
+//! the pod's `ip -6 neigh` with its MAC; a TCP Service on an IPv6 ClusterIP reached with the
+//! client's address kept; its NodePort on the uplink's IPv6 address from the outside host;
+//! pod to outside masqueraded to the uplink's IPv6 address; the gateway answers no ARP (a
+//! pod that gives itself an IPv4 address finds no IPv4 router); IPv4 sent to the gateway's
+//! MAC dropped as `no_route` in `show stats`, unanswered; `show routes [--json]` IPv6 only.
+//!
+//! Needs root, `ip`, `ping` and `python3`; without them it says why and passes, except with
+//! `CI=true`, where it fails. Every namespace has `accept_dad=0` and addresses are added with
+//! `nodad`. Names carry the process id; a guard kills the node and deletes the namespaces on
+//! success and failure alike. Traffic goes only to addresses inside the namespaces the test
+//! creates. Run with `flock /tmp/e2e.lock` beside other root e2e tests.
+
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+mod common;
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
+
+const GW6: &str = "fd00:221:0:1::1";
+const GW_MAC: &str = "02:00:0a:dd:01:01";
+const POD_A6: &str = "fd00:221:0:1::2";
+const POD_B6: &str = "fd00:221:0:1::3";
+const UPLINK6: &str = "fd00:222::2";
+const OUTSIDE6: &str = "fd00:222::1";
+const WEB6: &str = "fd00:97::10";
+const NODE_PORT: u16 = 30096;
+
+fn skip_reason() -> Option<String> {
+    if euid() != Some(0) {
+        return Some("needs root to create TAP devices and network namespaces".into());
+    }
+    for (cmd, arg, pkg) in [
+        ("ip", "-V", "iproute2"),
+        ("ping", "-V", "iputils-ping"),
+        ("python3", "-V", "python3"),
+    ] {
+        if !have(cmd, arg) {
+            return Some(format!("`{cmd}` ({pkg}) is not installed"));
+        }
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun does not exist".into());
+    }
+    if !Path::new("/proc/sys/net/ipv6").exists() {
+        return Some("the kernel has no IPv6".into());
+    }
+    None
+}
+
+/// An IPv6 TCP server on `argv[2]`: each connection gets `<ident> <peer address>\n`.
+const SERVER6_PY: &str = r#"
+import socket, sys
+ident, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", port))
+s.listen(64)
+while True:
+    c, p = s.accept()
+    try:
+        c.sendall(("%s %s\n" % (ident, p[0])).encode())
+    except OSError:
+        pass
+    c.close()
+"#;
+
+/// `<addr> <port> <count>`: `count` TCP connections, one line each: the server's answer or
+/// `error <why>` (each retried for 5 s: a server may still be starting).
+const CLIENT6_PY: &str = r#"
+import socket, sys, time
+addr, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(count):
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            c.settimeout(3)
+            c.connect((addr, port))
+            data = b""
+            while not data.endswith(b"\n"):
+                d = c.recv(256)
+                if not d:
+                    break
+                data += d
+            c.close()
+            print(data.decode().strip(), flush=True)
+            break
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                print("error %s" % e, flush=True)
+                break
+            time.sleep(0.2)
+"#;
+
+#[derive(Clone)]
+struct Names {
+    id: u32,
+    cni: String,
+    tap_a: String,
+    tap_b: String,
+    uplink: String,
+    ns_node: String,
+    ns_a: String,
+    ns_b: String,
+    ns_wire: String,
+    ns_out: String,
+    dir: PathBuf,
+    socket: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl Names {
+    fn new() -> Names {
+        let id = std::process::id() % 100_000;
+        let dir = std::env::temp_dir().join(format!("tapyard-v6only-{id}"));
+        Names {
+            id,
+            cni: format!("t7c{id}"),
+            tap_a: format!("t7a{id}"),
+            tap_b: format!("t7b{id}"),
+            uplink: format!("t7u{id}"),
+            ns_node: format!("t7-node-{id}"),
+            ns_a: format!("t7-a-{id}"),
+            ns_b: format!("t7-b-{id}"),
+            ns_wire: format!("t7-wire-{id}"),
+            ns_out: format!("t7-out-{id}"),
+            socket: dir.join("ctl.sock"),
+            config: dir.join("node.toml"),
+            log: dir.join("run.log"),
+            dir,
+        }
+    }
+
+    fn config(&self) -> String {
+        format!(
+            r#"[node]
+name = "v6only-{id}"
+cluster_cidr = "fd00:221::/56"
+socket = "{socket}"
+state_dir = "{state}"
+workers = 2
+
+[[bridge]]
+name = "{cni}"
+address = "{GW6}/64"
+mac = "{GW_MAC}"
+ports = ["{a}", "{b}"]
+
+[[uplink]]
+name = "{up}"
+address = ["{UPLINK6}/64"]
+
+[[route]]
+to = "::/0"
+via = "{OUTSIDE6}"
+
+[[service]]
+name = "web6"
+cluster_ip = "{WEB6}"
+port = 80
+node_port = {NODE_PORT}
+endpoints = ["[{POD_B6}]:8080"]
+
+[masquerade]
+out = "{up}"
+"#,
+            id = self.id,
+            socket = self.socket.display(),
+            state = self.dir.join("state").display(),
+            cni = self.cni,
+            a = self.tap_a,
+            b = self.tap_b,
+            up = self.uplink,
+        )
+    }
+}
+
+/// Everything the test made; removed on drop.
+struct Guard {
+    n: Names,
+    node: Option<Child>,
+    children: Vec<Child>,
+    namespaces: Vec<String>,
+}
+
+impl Guard {
+    fn ns(&mut self, name: &str) {
+        run(&["ip", "netns", "add", name]);
+        self.namespaces.push(name.to_string());
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            name,
+            "sh",
+            "-c",
+            "echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad",
+        ]);
+        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let procs = self.children.iter_mut().chain(self.node.as_mut());
+        tear_down(procs, &self.namespaces, &self.n.log, &self.n.dir);
+    }
+}
+
+/// A command in `ns`: (success, stdout + stderr).
+fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
+    let mut v = vec!["ip", "netns", "exec", ns];
+    v.extend_from_slice(args);
+    let out = run_output(&v);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `count` TCP connections from `ns` to `[addr]:port`, every one answered: (server, the
+/// client address it saw).
+fn talk_ok(ns: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
+    let (port, n) = (port.to_string(), count.to_string());
+    let (_, out) = in_ns(ns, &["python3", "-c", CLIENT6_PY, addr, &port, &n]);
+    let v: Vec<(String, String)> = out
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap_or((l, ""));
+            (a.to_string(), b.to_string())
+        })
+        .collect();
+    assert_eq!(v.len(), count, "{ns} -> [{addr}]:{port}: {out}");
+    for (who, seen) in &v {
+        assert_ne!(who, "error", "{ns} -> [{addr}]:{port}: {seen}");
+    }
+    v
+}
+
+fn attach_pod(n: &Names, ns: &str, tap: &str, v6: &str) {
+    run(&["ip", "-n", &n.ns_node, "link", "set", tap, "netns", ns]);
+    addr_add6(ns, &format!("{v6}/64"), tap);
+    run(&["ip", "-n", ns, "link", "set", tap, "up"]);
+    run(&["ip", "-n", ns, "-6", "route", "add", "default", "via", GW6]);
+}
+
+/// The uplink TAP into the wire namespace's Linux bridge, with the outside host on a veth.
+fn build_wire(n: &Names) {
+    let w = &n.ns_wire;
+    run(&["ip", "-n", &n.ns_node, "link", "set", &n.uplink, "netns", w]);
+    run(&[
+        "ip",
+        "-n",
+        w,
+        "link",
+        "add",
+        "br0",
+        "type",
+        "bridge",
+        "mcast_snooping",
+        "0",
+    ]);
+    run(&["ip", "-n", w, "link", "set", "br0", "up"]);
+    run(&["ip", "-n", w, "link", "set", &n.uplink, "master", "br0"]);
+    run(&["ip", "-n", w, "link", "set", &n.uplink, "up"]);
+    run(&[
+        "ip", "-n", w, "link", "add", "vout", "type", "veth", "peer", "name", "eth0", "netns",
+        &n.ns_out,
+    ]);
+    run(&["ip", "-n", w, "link", "set", "vout", "master", "br0"]);
+    run(&["ip", "-n", w, "link", "set", "vout", "up"]);
+    addr_add6(&n.ns_out, &format!("{OUTSIDE6}/64"), "eth0");
+    run(&["ip", "-n", &n.ns_out, "link", "set", "eth0", "up"]);
+}
+
+#[test]
+fn ipv6_only_node() {
+    if skip_or_fail("ipv6_only", skip_reason()) {
+        return;
+    }
+    let n = Names::new();
+    let _ = std::fs::remove_dir_all(&n.dir);
+    std::fs::create_dir_all(&n.dir).unwrap();
+    std::fs::write(&n.config, n.config()).unwrap();
+    let check = run(&[BIN, "check", &n.config.display().to_string()]);
+    assert!(check.contains("ok"), "{check}");
+    let mut g = Guard {
+        n: n.clone(),
+        node: None,
+        children: Vec::new(),
+        namespaces: Vec::new(),
+    };
+    g.ns(&n.ns_node);
+    let log = std::fs::File::create(&n.log).unwrap();
+    g.node = Some(
+        Command::new("ip")
+            .args(["netns", "exec", &n.ns_node, BIN, "run"])
+            .arg(&n.config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start tapyard run"),
+    );
+    wait_for_socket(g.node.as_mut(), &n.socket);
+    for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_out] {
+        g.ns(ns);
+    }
+    attach_pod(&n, &n.ns_a, &n.tap_a, POD_A6);
+    attach_pod(&n, &n.ns_b, &n.tap_b, POD_B6);
+    build_wire(&n);
+    spawn_in(
+        &mut g.children,
+        &n.ns_b,
+        &["python3", "-c", SERVER6_PY, "b", "8080"],
+    );
+    spawn_in(
+        &mut g.children,
+        &n.ns_out,
+        &["python3", "-c", SERVER6_PY, "out", "9000"],
+    );
+    wait_listening(&n.ns_b, 8080);
+    wait_listening(&n.ns_out, 9000);
+    let (a, out) = (n.ns_a.clone(), n.ns_out.clone());
+    let tapyard_ok = |args: &[&str]| tapyard_ok_at(&n.socket, args);
+
+    let mut results: Vec<(&str, Result<(), String>)> = Vec::new();
+    let mut case = |name: &'static str, f: &mut dyn FnMut()| {
+        eprintln!("---- case: {name}");
+        let r = std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into())
+        });
+        results.push((name, r));
+    };
+
+    case("pod to pod (ping -6)", &mut || {
+        ping_ok(&a, POD_B6);
+        ping_ok(&a, GW6);
+    });
+    case("the gateway in the pod's ip -6 neigh", &mut || {
+        let (_, text) = in_ns(&a, &["ip", "-6", "neigh", "show", GW6]);
+        assert!(
+            text.contains(&format!("lladdr {GW_MAC}"))
+                && ["REACHABLE", "STALE", "DELAY", "PROBE"]
+                    .iter()
+                    .any(|s| text.contains(s)),
+            "pod-a's neighbour entry for the gateway: {text}"
+        );
+    });
+    case(
+        "TCP Service on an IPv6 ClusterIP, client address kept",
+        &mut || {
+            let v = talk_ok(&a, WEB6, 80, 3);
+            assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A6), "{v:?}");
+        },
+    );
+    case("NodePort on the uplink's IPv6 address", &mut || {
+        let v = talk_ok(&out, UPLINK6, NODE_PORT, 2);
+        // externalTrafficPolicy Cluster: the client is masqueraded, as kube-proxy does.
+        assert!(v.iter().all(|(w, _)| w == "b"), "{v:?}");
+    });
+    case(
+        "pod to outside, masqueraded to the uplink's IPv6 address",
+        &mut || {
+            let v = talk_ok(&a, OUTSIDE6, 9000, 2);
+            assert!(v.iter().all(|(w, s)| w == "out" && s == UPLINK6), "{v:?}");
+        },
+    );
+    case("the gateway answers no ARP", &mut || {
+        // The pod gives itself an IPv4 address and looks for a router at .1: no answer.
+        addr_add(&a, "10.221.1.2/24", &n.tap_a);
+        ping_fails(&a, "10.221.1.1");
+        let (_, text) = in_ns(&a, &["ip", "-4", "neigh", "show", "10.221.1.1"]);
+        assert!(
+            !text.contains("lladdr"),
+            "an ARP answer on an IPv6-only bridge: {text}"
+        );
+        run(&[
+            "ip",
+            "-n",
+            &a,
+            "addr",
+            "del",
+            "10.221.1.2/24",
+            "dev",
+            &n.tap_a,
+        ]);
+    });
+    case(
+        "IPv4 sent to the gateway's MAC is dropped and counted",
+        &mut || {
+            // Sent to the gateway's MAC by hand: a static neighbour and a route.
+            addr_add(&a, "10.221.1.2/24", &n.tap_a);
+            run(&[
+                "ip",
+                "-n",
+                &a,
+                "neigh",
+                "replace",
+                "10.221.1.1",
+                "lladdr",
+                GW_MAC,
+                "dev",
+                &n.tap_a,
+            ]);
+            ping_fails(&a, "10.221.1.1");
+            run(&[
+                "ip",
+                "-n",
+                &a,
+                "addr",
+                "del",
+                "10.221.1.2/24",
+                "dev",
+                &n.tap_a,
+            ]);
+            let st = tapyard_ok(&["show", "stats", "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&st).unwrap();
+            // The node has no IPv4 address and no IPv4 route: `no_route` (with no ICMP error:
+            // there is no IPv4 source to send one from).
+            assert!(
+                v["drops"]["no_route"].as_u64().is_some_and(|d| d > 0),
+                "{st}"
+            );
+            assert_eq!(v["router"]["icmp_errors"], 0, "{st}");
+        },
+    );
+    case("show routes and --json: IPv6 only", &mut || {
+        let text = tapyard_ok(&["show", "routes"]);
+        assert!(
+            text.contains(&format!("fd00:221:0:1::/64 dev {}", n.cni)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("default via {OUTSIDE6} dev {}", n.uplink)),
+            "{text}"
+        );
+        assert!(!text.contains('.'), "an IPv4 route:\n{text}");
+        let json = tapyard_ok(&["show", "routes", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert!(v.as_array().is_some_and(|a| !a.is_empty()), "{json}");
+        assert!(!json.contains("0.0.0.0"), "{json}");
+    });
+
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
+        .collect();
+    for (name, r) in &results {
+        eprintln!(
+            "case {name}: {}",
+            if r.is_ok() { "passed" } else { "FAILED" }
+        );
+    }
+    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}
