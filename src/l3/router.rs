@@ -305,18 +305,70 @@ fn filter_bit6(a: Ipv6Addr) -> u64 {
 /// An empty IPv6 table, for batches of a router built without one (tests).
 static EMPTY6: std::sync::LazyLock<RouteTable6> = std::sync::LazyLock::new(RouteTable6::new);
 
+/// Destinations a batch's memo remembers: a batch's packets usually go to a few next hops
+/// (a Service's endpoints, a handful of pods), and four cover those without a route and a
+/// neighbour lookup each (the Service benchmark's four endpoints measured 2,335 → see
+/// ARCHITECTURE.md's table).
+const MEMO_WAYS: usize = 4;
+
+/// The older decisions of a batch's memo (the most recent one is the memo itself, checked
+/// inline): a hit here is swapped with the memo, and a new decision pushes the memo's into
+/// the oldest slot.
+#[derive(Clone, Copy)]
+pub(crate) struct Older<K, V> {
+    slots: [Option<(K, V)>; MEMO_WAYS - 1],
+    /// The slot the next push replaces.
+    next: u8,
+}
+
+impl<K: Copy + PartialEq, V: Copy> Older<K, V> {
+    const EMPTY: Self = Older {
+        slots: [None; MEMO_WAYS - 1],
+        next: 0,
+    };
+
+    /// The decision remembered for `k`, which becomes `last` (whose decision takes its slot).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn take(&mut self, k: K, last: &mut Option<(K, V)>) -> Option<(K, V)> {
+        let i = self
+            .slots
+            .iter()
+            .position(|e| e.is_some_and(|(key, _)| key == k))?;
+        let hit = self.slots[i];
+        self.slots[i] = *last;
+        *last = hit;
+        hit
+    }
+
+    /// Keeps `old`, the decision a new one replaces as the memo.
+    #[inline]
+    pub(crate) fn push(&mut self, old: Option<(K, V)>) {
+        if old.is_some() {
+            let i = usize::from(self.next) % (MEMO_WAYS - 1);
+            self.slots[i] = old;
+            self.next = u8::try_from((i + 1) % (MEMO_WAYS - 1)).unwrap_or(0);
+        }
+    }
+}
+
 /// One batch's view of the routing state: a routing-table version, plus a memo of the last
-/// forwarding decision so that a run of packets to one destination (a flow) does the route
-/// and neighbour lookups once. The memo lives for one batch only, as long as the table
-/// version it was made from, so it is never staler than that version.
+/// few forwarding decisions so that the packets of a batch to one destination (a flow, or a
+/// Service endpoint) do the route and neighbour lookups once. The memo lives for one batch
+/// only, as long as the table version it was made from, so it is never staler than that
+/// version.
 pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
     table6: Option<&'a RouteTable6>,
     routes6: Option<RouteReader6<'a>>,
     /// The IPv6 memo: (destination, egress interface, next hop MAC).
-    pub(crate) memo6: Option<(Ipv6Addr, IfaceId, MacAddr)>,
-    /// (destination, egress interface, next hop address, next hop MAC).
-    memo: Option<(Ipv4Addr, IfaceId, Ipv4Addr, MacAddr)>,
+    pub(crate) memo6: Option<(Ipv6Addr, (IfaceId, MacAddr))>,
+    /// Older IPv6 decisions.
+    pub(crate) older6: Older<Ipv6Addr, (IfaceId, MacAddr)>,
+    /// (destination, (egress interface, next hop address, next hop MAC)).
+    memo: Option<(Ipv4Addr, (IfaceId, Ipv4Addr, MacAddr))>,
+    /// Older IPv4 decisions.
+    older: Older<Ipv4Addr, (IfaceId, Ipv4Addr, MacAddr)>,
 }
 
 impl<'a> L3Batch<'a> {
@@ -326,7 +378,9 @@ impl<'a> L3Batch<'a> {
             table6: None,
             routes6: None,
             memo6: None,
+            older6: Older::EMPTY,
             memo: None,
+            older: Older::EMPTY,
         }
     }
 
@@ -769,7 +823,10 @@ impl Router {
             }
         }
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
-        let memo = ctx.memo.filter(|m| m.0 == info.dst);
+        let memo = match ctx.memo {
+            Some(m) if m.0 == info.dst => Some(m.1),
+            _ => ctx.older.take(info.dst, &mut ctx.memo).map(|m| m.1),
+        };
         if memo.is_none() {
             if info.dst.is_broadcast()
                 || info.dst.is_multicast()
@@ -801,7 +858,7 @@ impl Router {
             return L3::Drop(DropReason::TtlExpired);
         }
         let (out_if, nh_ip) = match memo {
-            Some((_, out_if, nh_ip, _)) => (out_if, nh_ip),
+            Some((out_if, nh_ip, _)) => (out_if, nh_ip),
             None => match ctx.routes.lookup(info.dst) {
                 None => {
                     self.icmp_error(
@@ -917,7 +974,8 @@ impl Router {
                     e.set_src_addr(egress.cfg.mac);
                 }
                 if memo.is_none() {
-                    ctx.memo = Some((info.dst, out_if, nh_ip, m));
+                    let old = ctx.memo.replace((info.dst, (out_if, nh_ip, m)));
+                    ctx.older.push(old);
                 }
                 L3::Forward(out_if)
             }
@@ -1257,5 +1315,31 @@ impl Router {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod memo_tests {
+    use super::*;
+
+    #[test]
+    fn older_decisions_are_found_swapped_in_and_the_oldest_is_replaced() {
+        let mut last: Option<(u32, u32)> = None;
+        let mut older = Older::<u32, u32>::EMPTY;
+        // Five destinations, each decided once: the memo keeps the last four.
+        for k in 1..=5 {
+            let old = last.replace((k, k * 10));
+            older.push(old);
+        }
+        assert_eq!(last, Some((5, 50)));
+        assert_eq!(older.take(1, &mut last), None, "the oldest was replaced");
+        for k in 2..=4 {
+            assert_eq!(older.take(k, &mut last), Some((k, k * 10)));
+            assert_eq!(last, Some((k, k * 10)), "a hit becomes the most recent");
+        }
+        // 5 went into the slot 4 left: still found.
+        assert_eq!(older.take(5, &mut last), Some((5, 50)));
+        assert_eq!(older.take(9, &mut last), None);
+        assert_eq!(last, Some((5, 50)), "a miss changes nothing");
     }
 }

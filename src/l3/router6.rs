@@ -177,8 +177,11 @@ impl Router {
         }
         // A run of packets to one destination (a flow) does the route and neighbour
         // lookups once per batch, as the IPv4 memo.
-        let memo = ctx.memo6.filter(|m| m.0 == info.dst);
-        let (out_if, nh) = match memo.map(|m| m.1) {
+        let memo = match ctx.memo6 {
+            Some(m) if m.0 == info.dst => Some(m.1),
+            _ => ctx.older6.take(info.dst, &mut ctx.memo6).map(|m| m.1),
+        };
+        let (out_if, nh) = match memo.map(|m| m.0) {
             Some(o) => (o, info.dst),
             None => match ctx.routes6().lookup(info.dst) {
                 None => {
@@ -232,7 +235,8 @@ impl Router {
                     e.set_src_addr(egress.cfg.mac);
                 }
                 if memo.is_none() {
-                    ctx.memo6 = Some((info.dst, out_if, m));
+                    let old = ctx.memo6.replace((info.dst, (out_if, m)));
+                    ctx.older6.push(old);
                 }
                 L3::Forward(out_if)
             }
