@@ -362,8 +362,8 @@ pub struct VxlanCfg {
     pub port: u16,
     /// The uplink it sends from and receives on.
     pub uplink: String,
-    /// The VTEP's address.
-    pub address: Cidr,
+    /// The VTEP's address; its family is the underlay's.
+    pub address: IpCidr,
     /// The VTEP MAC; `None`: 0a:58 and the address's bytes.
     pub mac: Option<MacAddr>,
     /// The MTU; `None`: the uplink's minus 50.
@@ -377,12 +377,12 @@ pub struct VxlanCfg {
 /// `[[vxlan.peer]]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PeerCfg {
-    /// The node's underlay address.
-    pub node_ip: Ipv4Addr,
+    /// The node's underlay address, of the interface's underlay family (its `address`'s).
+    pub node_ip: IpAddr,
     /// Its VTEP MAC.
     pub vtep_mac: MacAddr,
-    /// Its pod subnet.
-    pub pod_cidr: Cidr,
+    /// Its pod subnet, of the interface address's family.
+    pub pod_cidr: IpCidr,
 }
 
 /// A whole configuration file.
