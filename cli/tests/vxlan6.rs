@@ -514,6 +514,15 @@ fn ipv6_underlay_with_a_linux_flannel_node() {
         );
     }
 
+    // Super-frames from pod A's offload TAP were segmented before encapsulation over IPv6
+    // (see the library's tunnel docs): how many segments that made, and lost.
+    let st: serde_json::Value =
+        serde_json::from_str(&tapyard_ok_at(&sock, &["show", "stats", "--json"])).unwrap();
+    println!(
+        "node A: frames generated {} (segments among them), generated_lost {}",
+        st["generated"], st["generated_lost"]
+    );
+
     // The tables, as Linux prints Flannel's entries.
     let routes = tapyard_ok_at(&sock, &["show", "routes"]);
     assert!(

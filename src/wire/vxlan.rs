@@ -1,6 +1,8 @@
 //! VXLAN (RFC 7348): the 8-byte header ([`VxlanPacket`], [`VxlanRepr`]) and the outer
 //! headers of an encapsulated frame over IPv4 ([`Outer`]: Ethernet + IPv4 + UDP + VXLAN,
-//! [`OVERHEAD`] bytes written into a buffer's headroom).
+//! [`OVERHEAD`] bytes written into a buffer's headroom) or over IPv6 ([`Outer6`]: Ethernet +
+//! IPv6 + UDP + VXLAN, [`OVERHEAD6`] bytes). Decapsulation reads them with [`parse_udp`] and
+//! [`parse_udp6`] (which refuses a zero UDP checksum, as Linux does over IPv6).
 //!
 //! The outer UDP checksum is filled the way Linux's vxlan device does on 6.x: computed (not
 //! zero). Three ways are offered, cheapest first: [`Outer::partial_csum`] leaves it for the
