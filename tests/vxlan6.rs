@@ -495,3 +495,79 @@ fn a_tso_super_frame_is_segmented_before_ipv6_encapsulation() {
     }
     assert_eq!(got, data);
 }
+
+#[test]
+fn a_udp_tunnel_ipv6_super_frame_is_decapsulated_whole() {
+    let mut c = node(2);
+    // From node A's uplink TAP with UDP-tunnel GSO: one IPv6 VXLAN super-frame whose inner
+    // frame is a TCP/IPv6 super-frame of 5 segments of 1370, checksums partial.
+    let data: Vec<u8> = (0..6850u32).map(|k| (k % 251) as u8).collect();
+    let mut inner = Vec::new();
+    PacketBuilder::ethernet2(default_mac(pod_net6(1)).0, default_mac(pod_net6(2)).0)
+        .ipv6(pod6(1).octets(), pod6(2).octets(), 63)
+        .tcp(40000, 5201, 1000, 65535)
+        .ack(1)
+        .write(&mut inner, &data)
+        .unwrap();
+    let mut payload = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+    payload.extend_from_slice(&inner);
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2([2, 0xaa, 1, 0, 0, 2], c.up_mac.0)
+        .ipv6(node_ip6(1).octets(), node_ip6(2).octets(), 64)
+        .udp(40001, 8472)
+        .write(&mut f, &payload)
+        .unwrap();
+    let mut b = PacketBuf::new(70_000);
+    b.room_mut()[..f.len()].copy_from_slice(&f);
+    b.set_len(f.len());
+    b.port = ETH0;
+    let inner_l4 = 70 + 14 + 40;
+    b.offload = VirtioNetHdr {
+        flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6
+            | tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+        hdr_len: u16::try_from(inner_l4 + 20).unwrap(),
+        gso_size: 1370,
+        csum_start: u16::try_from(inner_l4).unwrap(),
+        csum_offset: 16,
+    };
+    let mut batch = Batch::new();
+    batch.push(b).unwrap();
+    c.dp.process(&mut c.w, c.now, &mut batch);
+    let v = batch.verdicts()[0];
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    let mut got = Vec::new();
+    c.dp.dispatch(&mut c.w, &batch, |p, b| {
+        got.push((p, b.len(), b.offload));
+        Ok(())
+    });
+    let (p, len, off) = got[0];
+    assert_eq!(p, POD);
+    // The inner super-frame whole for the pod's offload TAP: TCPv6 GSO, no tunnel bit, the
+    // partial checksum now from the inner frame's start.
+    assert_eq!(len, inner.len());
+    assert_eq!(off.gso_type, tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6);
+    assert_eq!((off.csum_start, off.gso_size), (54, 1370));
+    assert_eq!(off.hdr_len, 74);
+    // A super-frame whose GSO type lies (IPv4 tunnel bit on an IPv6 outer header) is refused.
+    let mut b = PacketBuf::new(70_000);
+    b.room_mut()[..f.len()].copy_from_slice(&f);
+    b.set_len(f.len());
+    b.port = ETH0;
+    b.offload = VirtioNetHdr {
+        flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6
+            | tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+        hdr_len: u16::try_from(inner_l4 + 20).unwrap(),
+        gso_size: 1370,
+        csum_start: u16::try_from(inner_l4).unwrap(),
+        csum_offset: 16,
+    };
+    let mut batch = Batch::new();
+    batch.push(b).unwrap();
+    c.dp.process(&mut c.w, c.now, &mut batch);
+    assert_eq!(batch.verdicts()[0], Verdict::Drop(DropReason::BadOffload));
+}
