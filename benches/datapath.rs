@@ -350,15 +350,15 @@ fn vxlan(c: &mut Criterion) {
         let dp = Arc::new(b.build());
         let now = Instant::from_secs(1);
         let peer = VxlanPeer {
-            node_ip: Ipv4Addr::new(172, 18, 0, other),
+            node_ip: Ipv4Addr::new(172, 18, 0, other).into(),
             vtep_mac: tapyard::l3::vxlan::default_mac(Ipv4Addr::new(10, 244, other, 0)),
-            pod_cidr: Ipv4Addr::new(10, 244, other, 0),
+            pod_cidr: Ipv4Addr::new(10, 244, other, 0).into(),
             pod_prefix_len: 24,
         };
         dp.add_vxlan_peer("flannel.1", peer, now).unwrap();
         dp.add_static_neigh(
             eth0,
-            peer.node_ip,
+            Ipv4Addr::new(172, 18, 0, other),
             MacAddr::local(0xfd00 + u32::from(other)),
             now,
         )

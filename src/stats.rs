@@ -248,6 +248,9 @@ drop_reasons! {
         VxlanBadVni = "vxlan_bad_vni",
         /// A VXLAN datagram whose outer UDP checksum is neither zero nor right.
         VxlanBadChecksum = "vxlan_bad_checksum",
+        /// A VXLAN datagram over IPv6 with a zero outer UDP checksum (refused as Linux's
+        /// vxlan does by default, `udp6zerocsumrx` off; RFC 8200 8.1).
+        VxlanZeroChecksum = "vxlan_zero_checksum",
         /// A decapsulated frame not addressed to the VXLAN interface's MAC (the VTEP).
         VxlanUnknownMac = "vxlan_unknown_mac",
         /// A VXLAN datagram from an outer source that is not a configured peer (stricter than

@@ -123,9 +123,9 @@ fn node_ip(n: u8) -> Ipv4Addr {
 
 fn peer(n: u8) -> VxlanPeer {
     VxlanPeer {
-        node_ip: node_ip(n),
+        node_ip: node_ip(n).into(),
         vtep_mac: default_mac(Ipv4Addr::new(10, 244, n, 0)),
-        pod_cidr: Ipv4Addr::new(10, 244, n, 0),
+        pod_cidr: Ipv4Addr::new(10, 244, n, 0).into(),
         pod_prefix_len: 24,
     }
 }
@@ -553,21 +553,21 @@ fn bad_input_is_dropped_under_its_own_reason() {
     for (bad, what) in [
         (
             VxlanPeer {
-                node_ip: node_ip(1),
+                node_ip: node_ip(1).into(),
                 ..peer(3)
             },
             "node_ip = 172.18.0.2",
         ),
         (
             VxlanPeer {
-                pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
+                pod_cidr: Ipv4Addr::new(10, 244, 2, 0).into(),
                 ..peer(3)
             },
             "overlaps",
         ),
         (
             VxlanPeer {
-                pod_cidr: Ipv4Addr::new(10, 244, 1, 0),
+                pod_cidr: Ipv4Addr::new(10, 244, 1, 0).into(),
                 ..peer(3)
             },
             "overlaps",

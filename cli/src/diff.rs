@@ -60,7 +60,7 @@ pub enum Item {
     /// The port of a bridge, as (bridge, port).
     Port(String, String),
     /// The peer of a VXLAN interface, as (interface, node IP).
-    Peer(String, std::net::Ipv4Addr),
+    Peer(String, std::net::IpAddr),
 }
 
 impl std::fmt::Display for Item {

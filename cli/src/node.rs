@@ -290,12 +290,12 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
 
 /// The library's peer for a `[[vxlan.peer]]`.
 pub fn to_peer(p: &PeerCfg) -> VxlanPeer {
-    VxlanPeer {
-        node_ip: p.node_ip,
-        vtep_mac: p.vtep_mac,
-        pod_cidr: p.pod_cidr.network(),
-        pod_prefix_len: p.pod_cidr.len,
-    }
+    VxlanPeer::new(
+        p.node_ip,
+        p.vtep_mac,
+        p.pod_cidr.network(),
+        p.pod_cidr.len(),
+    )
 }
 
 fn add_peer(dp: &Datapath, vxlan: &str, p: &PeerCfg, now: Instant) -> Result<(), String> {
@@ -674,15 +674,21 @@ impl Plan {
                 v.vni,
                 v.port,
                 v.uplink.clone(),
-                v.address.addr,
+                v.address.addr(),
             );
-            vc.prefix_len = v.address.len;
+            vc.prefix_len = v.address.len();
             if let Some(m) = v.mac {
                 vc.mac = m;
             }
             vc.mtu = v.mtu;
             vc.src_ports = v.src_ports;
-            ifaces.push((v.name.clone(), vc.mac, Some(v.address)));
+            // An IPv6 VXLAN interface has no IPv4 address (no gratuitous ARP at start); its
+            // MAC is derived from its address (or given), so stable anyway.
+            let a4 = match v.address {
+                config::IpCidr::V4(a) => Some(a),
+                config::IpCidr::V6(_) => None,
+            };
+            ifaces.push((v.name.clone(), vc.mac, a4));
             let iid = b
                 .add_vxlan(vc)
                 .map_err(|e| format!("vxlan {:?}: {e}", v.name))?;

@@ -7,10 +7,14 @@
 //! uplink has a valid header checksum; the port-side completion of what leaves (checksums,
 //! segmentation with the outer headers replicated) never panics either.
 //!
+//! The node is dual-stack with a second VXLAN interface over IPv6 (Flannel's `flannel-v6.1`):
+//! IPv6 datagrams to it (any source, UDP length and checksum, zero included, VXLAN header and
+//! inner frame) and IPv6 pod packets to be encapsulated over IPv6 are fed too.
+//!
 //! Input: records `[kind: u8][vnet: 10 bytes][len_hi: u8][len_lo: u8][bytes]`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use tapyard::l3::vxlan::default_mac;
 use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
 use tapyard::offload::VirtioNetHdr;
@@ -21,6 +25,83 @@ const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
 const POD: PortId = PortId(0);
 const ETH0: PortId = PortId(2);
 const VX_PORT: PortId = PortId(3);
+const VX6_PORT: PortId = PortId(4);
+const NODE6_A: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x172, 0x18, 0, 0, 0, 0, 2);
+const NODE6_C: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x172, 0x18, 0, 0, 0, 0, 3);
+const NET6_A: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0);
+const NET6_C: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 0);
+
+/// A VXLAN datagram over IPv6 to the uplink whose every field the input picks.
+fn datagram6(r: &[u8]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let vtep = default_mac(NET6_A);
+    let body = r.get(16..).unwrap_or(&[]);
+    let mut inner = Vec::new();
+    let dst = if g(0) & 1 == 0 {
+        vtep.0
+    } else {
+        [g(1), 2, 3, 4, 5, 6]
+    };
+    let src = default_mac(NET6_C).0;
+    if g(0) & 2 == 0 {
+        let mut to = NET6_A.octets();
+        to[15] = g(3);
+        let mut from = NET6_C.octets();
+        from[15] = g(2);
+        let b = etherparse::PacketBuilder::ethernet2(src, dst).ipv6(from, to, g(4) % 4 + 1);
+        let _ = b.udp(1, 2).write(&mut inner, body);
+    } else {
+        inner.extend_from_slice(&dst);
+        inner.extend_from_slice(body);
+    }
+    let vx: [u8; 8] = if g(5) & 3 != 0 {
+        [0x08, 0, 0, 0, 0, 0, 1, 0]
+    } else {
+        [g(6), g(7), g(8), g(9), g(10), g(11), g(12), g(13)]
+    };
+    let mut payload = vx.to_vec();
+    payload.extend_from_slice(&inner);
+    let mut from = NODE6_C.octets();
+    if g(14) & 1 != 0 {
+        from[15] = g(15);
+    }
+    let dport = if g(14) & 2 == 0 { 8472 } else { 4789 };
+    let mut f = Vec::new();
+    let _ = etherparse::PacketBuilder::ethernet2([2, 0xaa, 0, 0, 0, 3], UP.0)
+        .ipv6(from, NODE6_A.octets(), 64)
+        .udp(40000, dport)
+        .write(&mut f, &payload);
+    // Lie in the UDP length or checksum (zero: refused over IPv6).
+    if f.len() >= 62 {
+        match g(14) >> 2 & 3 {
+            1 => f[58..60].copy_from_slice(&[g(6), g(7)]),
+            2 => f[60..62].copy_from_slice(&[g(8), g(9)]),
+            3 => f[60..62].fill(0),
+            _ => {}
+        }
+    }
+    f
+}
+
+/// A pod's IPv6 packet to the peer's pods (encapsulated over IPv6) or elsewhere.
+fn pod_packet6(r: &[u8]) -> Vec<u8> {
+    let g = |i: usize| r.get(i).copied().unwrap_or(0);
+    let mut f = Vec::new();
+    let len = usize::from(g(1)) * 8;
+    let mut src = NET6_A.octets();
+    src[15] = 2;
+    let mut dst = if g(2) & 1 == 0 {
+        NET6_C.octets()
+    } else {
+        NET6_A.octets()
+    };
+    dst[15] = g(3);
+    let _ = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 2], GW.0)
+        .ipv6(src, dst, g(4) % 3 + 1)
+        .tcp(40000, 80, 1, 1000)
+        .write(&mut f, &vec![g(5); len]);
+    f
+}
 
 fn checksum_ok(hdr: &[u8]) -> bool {
     let mut s: u32 = 0;
@@ -103,17 +184,12 @@ fuzz_target!(|data: &[u8]| {
     let mut b = Datapath::builder();
     let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
     b.add_port("pod0", Some(br)).unwrap();
-    b.add_router_iface(
-        IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24),
-        Some(br),
-    )
-    .unwrap();
-    let (eth0, _) = b
-        .add_router_iface(
-            IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24),
-            None,
-        )
-        .unwrap();
+    let mut cni0 = IfaceConfig::new("cni0", GW, Ipv4Addr::new(10, 244, 1, 1), 24);
+    cni0.addr6 = Some((Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 1), 64));
+    b.add_router_iface(cni0, Some(br)).unwrap();
+    let mut up = IfaceConfig::new("eth0", UP, Ipv4Addr::new(172, 18, 0, 2), 24);
+    up.addr6 = Some((NODE6_A, 64));
+    let (eth0, _) = b.add_router_iface(up, None).unwrap();
     b.add_vxlan(VxlanConfig::new(
         "flannel.1",
         1,
@@ -122,19 +198,29 @@ fuzz_target!(|data: &[u8]| {
         Ipv4Addr::new(10, 244, 1, 0),
     ))
     .unwrap();
+    b.add_vxlan(VxlanConfig::new("flannel-v6.1", 1, 8472, "eth0", NET6_A))
+        .unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
     dp.add_vxlan_peer(
         "flannel.1",
-        VxlanPeer {
-            node_ip: Ipv4Addr::new(172, 18, 0, 3),
-            vtep_mac: default_mac(Ipv4Addr::new(10, 244, 2, 0)),
-            pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
-            pod_prefix_len: 24,
-        },
+        VxlanPeer::new(
+            Ipv4Addr::new(172, 18, 0, 3),
+            default_mac(Ipv4Addr::new(10, 244, 2, 0)),
+            Ipv4Addr::new(10, 244, 2, 0),
+            24,
+        ),
         now,
     )
     .unwrap();
+    dp.add_vxlan_peer(
+        "flannel-v6.1",
+        VxlanPeer::new(NODE6_C, default_mac(NET6_C), NET6_C, 64),
+        now,
+    )
+    .unwrap();
+    dp.add_static_neigh6(eth0, NODE6_C, MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
+        .unwrap();
     dp.add_static_neigh(
         eth0,
         Ipv4Addr::new(172, 18, 0, 3),
@@ -155,10 +241,12 @@ fuzz_target!(|data: &[u8]| {
         let len = len.min(rest.len());
         let raw = &rest[..len];
         rest = &rest[len..];
-        let (port, frame) = match kind % 3 {
+        let (port, frame) = match kind % 5 {
             0 => (ETH0, raw.to_vec()),
             1 => (ETH0, datagram(raw)),
-            _ => (POD, pod_packet(raw)),
+            2 => (POD, pod_packet(raw)),
+            3 => (ETH0, datagram6(raw)),
+            _ => (POD, pod_packet6(raw)),
         };
         let mut pb = PacketBuf::new(frame.len().max(64) + 256);
         pb.room_mut()[..frame.len()].copy_from_slice(&frame);
@@ -174,6 +262,7 @@ fuzz_target!(|data: &[u8]| {
             for (buf, v) in batch.bufs().iter().zip(batch.verdicts()) {
                 if let Verdict::Output(p) = v {
                     assert_ne!(*p, VX_PORT, "sent to the VXLAN interface's own port");
+                    assert_ne!(*p, VX6_PORT, "sent to the IPv6 VXLAN interface's own port");
                     let f = buf.frame();
                     if *p == ETH0 && f.len() >= 34 && f[12..14] == [8, 0] {
                         let hl = usize::from(f[14] & 15) * 4;
@@ -191,6 +280,7 @@ fuzz_target!(|data: &[u8]| {
             }
             dp.dispatch(&mut w, &batch, |p, _| {
                 assert_ne!(p, VX_PORT);
+                assert_ne!(p, VX6_PORT);
                 Ok(())
             });
             batch.recycle(&mut w.pool);

@@ -22,7 +22,7 @@ use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
 use crate::time::Instant;
-use crate::wire::vxlan::OVERHEAD;
+use crate::wire::vxlan::{OVERHEAD, OVERHEAD6};
 
 /// Settings of one bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -484,34 +484,61 @@ impl DatapathBuilder {
                 expected: "an uplink (a router interface on no bridge, not a VXLAN interface)",
             });
         }
-        if self
-            .tunnels
-            .iter()
-            .any(|t| t.uplink == up_id && t.cfg.port == cfg.port)
-        {
+        if self.tunnels.iter().any(|t| {
+            t.uplink == up_id
+                && t.cfg.port == cfg.port
+                && t.cfg.addr.is_ipv4() == cfg.addr.is_ipv4()
+        }) {
             return Err(ConfigError::OutOfRange {
                 field: "port",
                 value: cfg.port.to_string(),
-                expected: "a port no other VXLAN interface on this uplink uses",
+                expected: "a port no other VXLAN interface of this family on this uplink uses",
             });
         }
-        let max = up.cfg.mtu.saturating_sub(crate::narrow::len16(OVERHEAD));
+        // The underlay's family is the interface address's (Flannel's flannel-v6.1).
+        let v6 = cfg.addr.is_ipv6();
+        let (overhead, min, expected) = if v6 {
+            (OVERHEAD6, 1280, "1280 to the uplink's MTU minus 70")
+        } else {
+            (OVERHEAD, 68, "68 to the uplink's MTU minus 50")
+        };
+        let max = up.cfg.mtu.saturating_sub(crate::narrow::len16(overhead));
         let mtu = cfg.mtu.unwrap_or(max);
-        if mtu > max || mtu < 68 {
+        if mtu > max || mtu < min {
             return Err(ConfigError::OutOfRange {
                 field: "mtu",
                 value: mtu.to_string(),
-                expected: "68 to the uplink's MTU minus 50",
+                expected,
             });
         }
-        let Some(local) = up.cfg.addr4() else {
-            return Err(ConfigError::OutOfRange {
-                field: "uplink",
-                value: cfg.uplink.clone(),
-                expected: "an uplink with an IPv4 address (VXLAN runs over IPv4)",
-            });
+        let (local, mut icfg) = match cfg.addr {
+            std::net::IpAddr::V4(a) => {
+                let Some(local) = up.cfg.addr4() else {
+                    return Err(ConfigError::OutOfRange {
+                        field: "uplink",
+                        value: cfg.uplink.clone(),
+                        expected: "an uplink with an IPv4 address (the interface's address is IPv4: VXLAN over IPv4)",
+                    });
+                };
+                (
+                    local.into(),
+                    IfaceConfig::new(cfg.name.clone(), cfg.mac, a, cfg.prefix_len),
+                )
+            }
+            std::net::IpAddr::V6(a) => {
+                let Some((local, _)) = up.cfg.addr6 else {
+                    return Err(ConfigError::OutOfRange {
+                        field: "uplink",
+                        value: cfg.uplink.clone(),
+                        expected: "an uplink with an IPv6 address (the interface's address is IPv6: VXLAN over IPv6)",
+                    });
+                };
+                (
+                    local.into(),
+                    IfaceConfig::new6(cfg.name.clone(), cfg.mac, a, cfg.prefix_len),
+                )
+            }
         };
-        let mut icfg = IfaceConfig::new(cfg.name.clone(), cfg.mac, cfg.addr, cfg.prefix_len);
         icfg.mtu = mtu;
         let (id, _) = self.add_router_iface(icfg, None)?;
         self.tunnels.push(Tunnel::new(cfg, id, up_id, local, mtu));

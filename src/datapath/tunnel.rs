@@ -18,16 +18,25 @@
 //! inside the inner frame; a lie is `bad_offload`), so that a pod's offload TAP takes it
 //! whole too.
 //!
+//! Over an IPv6 underlay (Flannel's `flannel-v6.1`) super-frames are segmented before
+//! encapsulation: each segment re-enters as a frame routed into the tunnel (the batch's
+//! extra frames, at most [`super::MAX_EXTRA`] per batch) and is encapsulated alone, with the
+//! outer UDP checksum completed the same ways as over IPv4. Linux 6.17's TAP has a
+//! UDP-tunnel-over-IPv6 GSO type (`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`) but tapyard's
+//! software segmentation replicates IPv4 outer headers only, so it is not produced; such
+//! super-frames *from* an uplink TAP are decapsulated whole as over IPv4.
+//!
 //! Nothing here allocates per packet or takes a lock: the peer set is read through one
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
 //! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use super::Datapath;
 use crate::base::{IfaceId, Verdict};
 use crate::buf::{Offload, PacketBuf};
 use crate::l3::route::{NextHop, Route, RouteProto, RouteReader};
+use crate::l3::route6::{NextHop6, Route6};
 use crate::l3::router::{Sink, L3};
 use crate::l3::vxlan::{PeerError, Tunnel, VxlanPeer};
 use crate::narrow::{len16, low16};
@@ -35,13 +44,15 @@ use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame, HEADER_LEN as ETH_LEN};
 use crate::wire::ipv4::{self, FRAG_OFFSET, MF};
+use crate::wire::ipv6;
 use crate::wire::mac::MacAddr;
 use crate::wire::udp::UdpPacket;
 use crate::wire::virtio::{
     VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
-    VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+    VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+    VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
 };
-use crate::wire::vxlan::{self, DecapError, Outer, OVERHEAD};
+use crate::wire::vxlan::{self, DecapError, Outer, Outer6, OuterInfo, OVERHEAD, OVERHEAD6};
 
 impl Datapath {
     /// The VXLAN interface that is router interface `i`, if any.
@@ -83,6 +94,9 @@ impl Datapath {
     fn decap_vxlan(&self, b: &mut PacketBuf, up: IfaceId) -> Option<Result<IfaceId, DropReason>> {
         let f = b.frame();
         let e = EthernetFrame::new_checked(f).ok()?;
+        if e.ethertype() == ethertype::IPV6 {
+            return self.decap_vxlan6(b, up);
+        }
         if e.ethertype() != ethertype::IPV4 {
             return None;
         }
@@ -96,7 +110,7 @@ impl Datapath {
         let t = self
             .tunnels
             .iter()
-            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == info.dst)?;
+            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == IpAddr::V4(info.dst))?;
         // VXLAN from here on: whatever is wrong is counted under its own reason.
         let set = t.peers();
         let Some(peer) = set.by_ip(info.src) else {
@@ -117,52 +131,60 @@ impl Datapath {
         // A partial checksum (from a sender on this host) or one the device checked is
         // trusted, as Linux trusts CHECKSUM_PARTIAL / CHECKSUM_UNNECESSARY.
         let verify = !b.offload.needs_csum() && b.offload.flags & VIRTIO_NET_HDR_F_DATA_VALID == 0;
-        let o = match vxlan::parse_udp(f, ETH_LEN, &info, t.cfg.vni, verify) {
-            Ok(o) => o,
-            Err(e) => {
-                return Some(Err(match e {
-                    DecapError::Short => DropReason::VxlanShort,
-                    DecapError::BadFlags => DropReason::VxlanBadFlags,
-                    DecapError::BadVni => DropReason::VxlanBadVni,
-                    DecapError::BadChecksum => DropReason::VxlanBadChecksum,
-                }))
-            }
+        let r = vxlan::parse_udp(f, ETH_LEN, &info, t.cfg.vni, verify);
+        Some(finish_decap(
+            b,
+            t,
+            peer,
+            r,
+            ETH_LEN + info.total_len,
+            tunnel_gso,
+            VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+        ))
+    }
+
+    /// [`Datapath::decap_vxlan`] for an IPv6 frame (Flannel's `flannel-v6.1`): UDP right after
+    /// the fixed header or an extension-header chain, not a fragment, to the uplink's IPv6
+    /// address; the outer UDP checksum must be nonzero and right.
+    fn decap_vxlan6(&self, b: &mut PacketBuf, up: IfaceId) -> Option<Result<IfaceId, DropReason>> {
+        let f = b.frame();
+        let info = ipv6::check(f.get(ETH_LEN..)?).ok()?;
+        if info.next_header != ipv6::NH_UDP || info.frag.is_some() {
+            return None;
+        }
+        let dport = UdpPacket::new_checked(f.get(ETH_LEN + info.l4_off..)?)
+            .ok()?
+            .dst_port();
+        let t = self
+            .tunnels
+            .iter()
+            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == IpAddr::V6(info.dst))?;
+        let set = t.peers();
+        let Some(peer) = set.by_ip(info.src) else {
+            return Some(Err(DropReason::VxlanUnknownPeer));
         };
-        let end = ETH_LEN + info.total_len;
-        let inner_dst = f.get(o.inner..o.inner + 6).map(MacAddr::from_slice);
-        if inner_dst != Some(t.cfg.mac) {
-            return Some(Err(DropReason::VxlanUnknownMac));
+        let tunnel_gso = b.offload.is_gso();
+        if tunnel_gso
+            && (!matches!(
+                b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN & !VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+                VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6
+            ) || b.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6 == 0
+                || !b.offload.needs_csum()
+                || b.offload.gso_size == 0)
+        {
+            return Some(Err(DropReason::BadOffload));
         }
-        peer.count_rx(end - o.inner);
-        if tunnel_gso {
-            // The inner TCP super-frame: its checksum field (at `csum_start` + 16, past the
-            // inner Ethernet and a minimal IPv4 header) stays partial.
-            let off = b.offload;
-            let start = usize::from(off.csum_start).checked_sub(o.inner);
-            let Some(start) = start.filter(|&s| {
-                s >= ETH_LEN + ipv4::HEADER_LEN && off.csum_offset == 16 && o.inner + s + 20 <= end
-            }) else {
-                return Some(Err(DropReason::BadOffload));
-            };
-            b.offload = Offload {
-                flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
-                gso_type: off.gso_type & !VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
-                hdr_len: len16(usize::from(off.hdr_len).saturating_sub(o.inner)),
-                gso_size: off.gso_size,
-                csum_start: len16(start),
-                csum_offset: off.csum_offset,
-            };
-        } else if b.offload.needs_csum() {
-            match usize::from(b.offload.csum_start).checked_sub(o.inner) {
-                // The inner L4 checksum is the partial one: keep it, from the inner frame.
-                Some(s) => b.offload.csum_start = len16(s),
-                // The outer UDP checksum was the partial one: the inner is complete.
-                None => b.offload = Offload::NONE,
-            }
-        }
-        b.set_len(end);
-        b.pull_front(o.inner);
-        Some(Ok(t.iface))
+        let verify = !b.offload.needs_csum() && b.offload.flags & VIRTIO_NET_HDR_F_DATA_VALID == 0;
+        let r = vxlan::parse_udp6(f, ETH_LEN, &info, t.cfg.vni, verify);
+        Some(finish_decap(
+            b,
+            t,
+            peer,
+            r,
+            ETH_LEN + info.total_len(),
+            tunnel_gso,
+            VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+        ))
     }
 
     /// Encapsulates a packet the router forwarded into tunnel `t` (its inner MACs are this
@@ -181,6 +203,9 @@ impl Datapath {
         now: Instant,
         sink: Option<&mut dyn Sink>,
     ) -> Verdict {
+        if t.is_v6() {
+            return self.encap6(t, b, now, sink);
+        }
         let Some(r) = &self.router else {
             return Verdict::Drop(DropReason::NoRoute);
         };
@@ -191,7 +216,9 @@ impl Datapath {
         let Some(peer) = set.by_mac(dst) else {
             return Verdict::Drop(DropReason::VxlanNoPeer);
         };
-        let node = peer.peer.node_ip;
+        let (IpAddr::V4(node), IpAddr::V4(local)) = (peer.peer.node_ip, t.local) else {
+            return Verdict::Drop(DropReason::VxlanNoPeer);
+        };
         let nh = match routes {
             Some(rr) => rr.lookup(node),
             None => r.routes.lookup(node),
@@ -208,7 +235,7 @@ impl Datapath {
         let outer = Outer {
             src_mac: egress.cfg.mac,
             dst_mac: r.neigh.lookup(out_if, gw, now).unwrap_or(MacAddr::ZERO),
-            src_ip: t.local,
+            src_ip: local,
             dst_ip: node,
             ident: low16(peer.count_tx(inner_len)),
             ttl: t.cfg.ttl,
@@ -284,6 +311,123 @@ impl Datapath {
         }
     }
 
+    /// [`Datapath::encap`] over an IPv6 underlay: outer IPv6 (hop limit `ttl`, flow label
+    /// 0) from the uplink's IPv6 address, the outer UDP checksum always computed (left
+    /// partial for the port, or from the inner partial one), the outer next hop from the
+    /// IPv6 routes and NDP. A super-frame is segmented first (see the module docs).
+    #[cold]
+    #[inline(never)]
+    fn encap6(
+        &self,
+        t: &Tunnel,
+        b: &mut PacketBuf,
+        now: Instant,
+        sink: Option<&mut dyn Sink>,
+    ) -> Verdict {
+        let Some(r) = &self.router else {
+            return Verdict::Drop(DropReason::NoRoute);
+        };
+        if b.offload.is_gso() {
+            // Each segment comes back as a frame routed into the tunnel.
+            let Some(sink) = sink else {
+                return Verdict::Drop(DropReason::BadOffload);
+            };
+            let res = crate::offload::send_completed(b, &mut |f| {
+                sink.emit(t.iface, &mut |room| {
+                    room.get_mut(..f.len())?.copy_from_slice(f);
+                    Some(f.len())
+                });
+                Ok(())
+            });
+            return match res {
+                Ok(()) => Verdict::Local,
+                Err(reason) => Verdict::Drop(reason),
+            };
+        }
+        let Some(dst) = b.frame().get(..6).map(MacAddr::from_slice) else {
+            return Verdict::Drop(DropReason::Truncated);
+        };
+        let set = t.peers();
+        let Some(peer) = set.by_mac(dst) else {
+            return Verdict::Drop(DropReason::VxlanNoPeer);
+        };
+        let (IpAddr::V6(node), IpAddr::V6(local)) = (peer.peer.node_ip, t.local) else {
+            return Verdict::Drop(DropReason::VxlanNoPeer);
+        };
+        let (out_if, gw) = match r.routes6.lookup(node) {
+            Some(NextHop6::Link(i)) => (i, node),
+            Some(NextHop6::Via(i, gw)) => (i, gw),
+            _ => return Verdict::Drop(DropReason::NoRoute),
+        };
+        let Some(egress) = r.iface(out_if).filter(|_| self.tunnel_of(out_if).is_none()) else {
+            return Verdict::Drop(DropReason::NoRoute);
+        };
+        let inner_len = b.len();
+        if inner_len + OVERHEAD6 > 65_535 + ETH_LEN + ipv6::HEADER_LEN {
+            return Verdict::Drop(DropReason::Oversize);
+        }
+        peer.count_tx(inner_len);
+        let outer = Outer6 {
+            src_mac: egress.cfg.mac,
+            dst_mac: r.neigh6.lookup(out_if, gw, now).unwrap_or(MacAddr::ZERO),
+            src_ip: local,
+            dst_ip: node,
+            hop_limit: t.cfg.ttl,
+            src_port: t.src_port(b.frame()),
+            dst_port: t.cfg.port,
+            vni: t.cfg.vni,
+        };
+        let resolved = outer.dst_mac != MacAddr::ZERO;
+        let off = b.offload;
+        let Some(front) = b.push_front(OVERHEAD6) else {
+            return Verdict::Drop(DropReason::Oversize);
+        };
+        let Ok(hdr) = <&mut [u8; OVERHEAD6]>::try_from(front) else {
+            return Verdict::Drop(DropReason::Oversize);
+        };
+        outer.emit(hdr, inner_len);
+        if off.needs_csum() {
+            // The inner checksum stays partial; the outer one follows from it (LCO).
+            let start = usize::from(off.csum_start) + OVERHEAD6;
+            let field = start + usize::from(off.csum_offset);
+            let frame = b.frame_mut();
+            let partial = match frame.get(field..field + 2) {
+                Some(p) => [p[0], p[1]],
+                None => return Verdict::Drop(DropReason::BadOffload),
+            };
+            if vxlan::fill_csum_lco(frame, start, partial).is_none() {
+                return Verdict::Drop(DropReason::BadOffload);
+            }
+            b.offload.csum_start = off.csum_start.saturating_add(len16(OVERHEAD6));
+        } else {
+            let Some((start, offset)) = Outer::partial_csum(b.frame_mut()) else {
+                return Verdict::Drop(DropReason::Truncated);
+            };
+            b.offload = Offload {
+                flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+                csum_start: start,
+                csum_offset: offset,
+                ..Offload::NONE
+            };
+        }
+        if resolved {
+            return self.egress(out_if, b, now);
+        }
+        let Some(sink) = sink else {
+            return Verdict::Drop(DropReason::NeighFailed);
+        };
+        let mut last = L3::Queued;
+        let res = crate::offload::send_completed(b, &mut |f| {
+            last = r.resolve_later6(out_if, gw, f, now, &mut *sink);
+            Ok(())
+        });
+        match (res, last) {
+            (Err(reason), _) | (Ok(()), L3::Drop(reason)) => Verdict::Drop(reason),
+            (Ok(()), L3::Queued) => Verdict::Queued,
+            (Ok(()), _) => Verdict::Local,
+        }
+    }
+
     /// The VXLAN interfaces.
     pub fn tunnels(&self) -> &[crate::l3::vxlan::Tunnel] {
         &self.tunnels
@@ -309,18 +453,39 @@ impl Datapath {
         };
         let _w = t.lock();
         t.check_peer(&peer)?;
-        if crate::l3::route::mask(t.cfg.addr, peer.pod_prefix_len) == peer.pod_cidr {
+        if crate::l3::vxlan::mask_ip(t.cfg.addr, peer.pod_prefix_len) == peer.pod_cidr {
             return Err(PeerError::Overlap {
                 pod_cidr: (peer.pod_cidr, peer.pod_prefix_len),
                 other: (t.cfg.addr, t.cfg.prefix_len),
             });
         }
-        let gw = peer.gateway();
+        let (gw, pod_cidr) = match (peer.gateway(), peer.pod_cidr) {
+            (IpAddr::V4(gw), IpAddr::V4(c)) => (gw, c),
+            (IpAddr::V6(gw), IpAddr::V6(c)) => {
+                r.neigh6
+                    .add_static(t.iface, gw, peer.vtep_mac, now)
+                    .map_err(|e| PeerError::Table(e.to_string()))?;
+                let route = Route6 {
+                    prefix: c,
+                    len: peer.pod_prefix_len,
+                    next_hop: NextHop6::Via(t.iface, gw),
+                    metric: 0,
+                    proto: RouteProto::Static,
+                };
+                if let Err(e) = r.routes6.add(route) {
+                    r.neigh6.remove(t.iface, gw);
+                    return Err(PeerError::Table(e.to_string()));
+                }
+                t.publish_add(peer);
+                return Ok(());
+            }
+            _ => return Err(PeerError::WrongFamily("pod_cidr", peer.pod_cidr)),
+        };
         r.neigh
             .add_static(t.iface, gw, peer.vtep_mac, now)
             .map_err(|e| PeerError::Table(e.to_string()))?;
         let route = Route {
-            prefix: peer.pod_cidr,
+            prefix: pod_cidr,
             len: peer.pod_prefix_len,
             next_hop: NextHop::Via(t.iface, gw),
             metric: 0,
@@ -340,8 +505,9 @@ impl Datapath {
     pub fn remove_vxlan_peer(
         &self,
         tunnel: &str,
-        node_ip: Ipv4Addr,
+        node_ip: impl Into<IpAddr>,
     ) -> Result<VxlanPeer, PeerError> {
+        let node_ip = node_ip.into();
         let (Some(t), Some(r)) = (self.tunnel_by_name(tunnel), &self.router) else {
             return Err(PeerError::NoSuchTunnel(tunnel.to_string()));
         };
@@ -349,9 +515,16 @@ impl Datapath {
         let peer = t
             .publish_remove(node_ip)
             .ok_or(PeerError::NotFound(node_ip))?;
-        let gw = peer.gateway();
+        let (gw, pod_cidr) = match (peer.gateway(), peer.pod_cidr) {
+            (IpAddr::V4(gw), IpAddr::V4(c)) => (gw, c),
+            (IpAddr::V6(gw), IpAddr::V6(c)) => {
+                self.remove_peer_route6(t.iface, gw, c, peer.pod_prefix_len);
+                return Ok(peer);
+            }
+            _ => return Ok(peer),
+        };
         let ours = r.routes.routes().into_iter().find(|x| {
-            x.prefix == peer.pod_cidr
+            x.prefix == pod_cidr
                 && x.len == peer.pod_prefix_len
                 && x.next_hop == NextHop::Via(t.iface, gw)
         });
@@ -360,6 +533,20 @@ impl Datapath {
         }
         r.neigh.remove(t.iface, gw);
         Ok(peer)
+    }
+
+    /// Removes an IPv6 peer's route (when it is still the peer's) and neighbour.
+    fn remove_peer_route6(&self, iface: IfaceId, gw: Ipv6Addr, pod_cidr: Ipv6Addr, len: u8) {
+        let Some(r) = &self.router else {
+            return;
+        };
+        let ours = r.routes6.routes().into_iter().find(|x| {
+            x.prefix == pod_cidr && x.len == len && x.next_hop == NextHop6::Via(iface, gw)
+        });
+        if let Some(x) = ours {
+            let _ = r.routes6.remove(x.prefix, x.len, Some(x.metric));
+        }
+        r.neigh6.remove(iface, gw);
     }
 
     /// Writes the FDB entries the VXLAN peers imply, as `bridge fdb show dev flannel.1`
@@ -376,4 +563,60 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// The end of decapsulation for either family: the parse result `r` mapped to its drop
+/// reason, the inner destination MAC checked, the peer counted, the offload metadata moved
+/// to the inner frame (`tunnel_flag`: the outer family's UDP-tunnel GSO bit), and the frame
+/// cut to the inner one (which ends at `end`).
+fn finish_decap(
+    b: &mut PacketBuf,
+    t: &Tunnel,
+    peer: &crate::l3::vxlan::PeerEntry,
+    r: Result<OuterInfo, DecapError>,
+    end: usize,
+    tunnel_gso: bool,
+    tunnel_flag: u8,
+) -> Result<IfaceId, DropReason> {
+    let o = r.map_err(|e| match e {
+        DecapError::Short => DropReason::VxlanShort,
+        DecapError::BadFlags => DropReason::VxlanBadFlags,
+        DecapError::BadVni => DropReason::VxlanBadVni,
+        DecapError::BadChecksum => DropReason::VxlanBadChecksum,
+        DecapError::ZeroChecksum => DropReason::VxlanZeroChecksum,
+    })?;
+    let inner_dst = b.frame().get(o.inner..o.inner + 6).map(MacAddr::from_slice);
+    if inner_dst != Some(t.cfg.mac) {
+        return Err(DropReason::VxlanUnknownMac);
+    }
+    peer.count_rx(end - o.inner);
+    if tunnel_gso {
+        // The inner TCP super-frame: its checksum field (at `csum_start` + 16, past the
+        // inner Ethernet and at least a minimal IPv4 header) stays partial.
+        let off = b.offload;
+        let start = usize::from(off.csum_start).checked_sub(o.inner);
+        let Some(start) = start.filter(|&s| {
+            s >= ETH_LEN + ipv4::HEADER_LEN && off.csum_offset == 16 && o.inner + s + 20 <= end
+        }) else {
+            return Err(DropReason::BadOffload);
+        };
+        b.offload = Offload {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: off.gso_type & !tunnel_flag,
+            hdr_len: len16(usize::from(off.hdr_len).saturating_sub(o.inner)),
+            gso_size: off.gso_size,
+            csum_start: len16(start),
+            csum_offset: off.csum_offset,
+        };
+    } else if b.offload.needs_csum() {
+        match usize::from(b.offload.csum_start).checked_sub(o.inner) {
+            // The inner L4 checksum is the partial one: keep it, from the inner frame.
+            Some(s) => b.offload.csum_start = len16(s),
+            // The outer UDP checksum was the partial one: the inner is complete.
+            None => b.offload = Offload::NONE,
+        }
+    }
+    b.set_len(end);
+    b.pull_front(o.inner);
+    Ok(t.iface)
 }

@@ -331,7 +331,18 @@ impl RouteTable6 {
         out: &mut impl fmt::Write,
         name: &dyn Fn(IfaceId) -> String,
     ) -> fmt::Result {
-        for r in self.routes() {
+        let all = self.routes();
+        // `onlink` (as Flannel's VXLAN routes): a global gateway inside no connected subnet
+        // of its interface.
+        let on_link = |i: IfaceId, gw: Ipv6Addr| {
+            crate::wire::ipv6::is_link_local(&gw)
+                || all.iter().any(|c| {
+                    c.proto == RouteProto::Kernel
+                        && c.next_hop == NextHop6::Link(i)
+                        && mask(gw, c.len) == c.prefix
+                })
+        };
+        for r in all.iter().copied() {
             let dst = if r.len == 0 {
                 "default".to_string()
             } else {
@@ -348,7 +359,11 @@ impl RouteTable6 {
                 RouteProto::Kernel => write!(out, " proto kernel")?,
                 RouteProto::Static => write!(out, " proto static")?,
             }
-            writeln!(out, " metric {}", r.metric)?;
+            write!(out, " metric {}", r.metric)?;
+            match r.next_hop {
+                NextHop6::Via(i, gw) if !on_link(i, gw) => writeln!(out, " onlink")?,
+                _ => writeln!(out)?,
+            }
         }
         Ok(())
     }

@@ -335,10 +335,8 @@ impl<K: Copy + PartialEq, V: Copy> Older<K, V> {
             .slots
             .iter()
             .position(|e| e.is_some_and(|(key, _)| key == k))?;
-        let hit = self.slots[i];
-        self.slots[i] = *last;
-        *last = hit;
-        hit
+        std::mem::swap(&mut self.slots[i], last);
+        *last
     }
 
     /// Keeps `old`, the decision a new one replaces as the memo.

@@ -2,6 +2,15 @@
 //! its own address and VTEP MAC, a VNI, a UDP port, an uplink the encapsulated packets leave
 //! and arrive on, and a set of peers.
 //!
+//! # Underlay families
+//!
+//! The interface's `addr` picks its family, as Flannel's two devices on a dual-stack node:
+//! `flannel.1` (an IPv4 address such as `10.244.1.0/32`) runs over the uplink's IPv4
+//! address, `flannel-v6.1` (an IPv6 address such as `fd00:10:244:1::/128`) over the uplink's
+//! IPv6 address, with an MTU of the uplink's minus 70 ([`vxlan::OVERHEAD6`]) and the outer
+//! UDP checksum always computed and required on receive (Linux's `udp6zerocsumtx`/`rx` off).
+//! Its peers' node addresses and pod subnets are of the same family. Both can run at once.
+//!
 //! A peer ([`VxlanPeer`]) stands for the three kernel objects Flannel programs per remote
 //! node: a route `<pod_cidr> via <pod_cidr's first address> dev flannel.1 onlink`, a
 //! permanent neighbour `<that address> lladdr <vtep_mac>` and an FDB entry `<vtep_mac> dst
@@ -32,9 +41,9 @@
 //! b.add_vxlan(cfg)?;
 //! let dp = b.build();
 //! let node_b = VxlanPeer {
-//!     node_ip: Ipv4Addr::new(172, 18, 0, 3),
+//!     node_ip: Ipv4Addr::new(172, 18, 0, 3).into(),
 //!     vtep_mac: default_mac(Ipv4Addr::new(10, 244, 2, 0)),
-//!     pod_cidr: Ipv4Addr::new(10, 244, 2, 0),
+//!     pod_cidr: Ipv4Addr::new(10, 244, 2, 0).into(),
 //!     pod_prefix_len: 24,
 //! };
 //! dp.add_vxlan_peer("flannel.1", node_b, Instant::from_secs(1))?;
@@ -45,7 +54,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -72,39 +81,43 @@ pub struct VxlanConfig {
     /// UDP destination port (Flannel: 8472; IANA: 4789).
     pub port: u16,
     /// The router interface (without a bridge) encapsulated packets leave and arrive on; the
-    /// outer source address is its address.
+    /// outer source address is its address of the family of [`VxlanConfig::addr`].
     pub uplink: String,
-    /// The interface's own address (Flannel: the pod subnet's network address, as a /32).
-    pub addr: Ipv4Addr,
-    /// Its prefix length (32 for Flannel's).
+    /// The interface's own address (Flannel: the pod subnet's network address, as a /32 or
+    /// a /128); its family is the underlay's.
+    pub addr: IpAddr,
+    /// Its prefix length (32 or 128 for Flannel's).
     pub prefix_len: u8,
     /// The VTEP MAC.
     pub mac: MacAddr,
-    /// The interface MTU; `None`: the uplink's minus [`vxlan::OVERHEAD`] (50).
+    /// The interface MTU; `None`: the uplink's minus [`vxlan::OVERHEAD`] (50) over IPv4,
+    /// [`vxlan::OVERHEAD6`] (70) over IPv6.
     pub mtu: Option<u16>,
     /// UDP source ports, inclusive: a hash of the inner flow picks one.
     pub src_ports: (u16, u16),
-    /// Outer TTL.
+    /// Outer TTL (IPv4) or hop limit (IPv6).
     pub ttl: u8,
 }
 
 impl VxlanConfig {
-    /// An interface with the default MAC (`0a:58` and the address's four bytes, as Flannel's
-    /// CNI does for pods), the uplink's MTU minus 50, source ports 32768–60999 and TTL 64.
+    /// An interface with the address `addr` as a host prefix (/32 or /128), the default MAC
+    /// ([`default_mac`]), the uplink's MTU minus the overhead (50 or 70), source ports
+    /// 32768–60999 and TTL (hop limit) 64.
     pub fn new(
         name: impl Into<String>,
         vni: u32,
         port: u16,
         uplink: impl Into<String>,
-        addr: Ipv4Addr,
+        addr: impl Into<IpAddr>,
     ) -> VxlanConfig {
+        let addr = addr.into();
         VxlanConfig {
             name: name.into(),
             vni,
             port,
             uplink: uplink.into(),
             addr,
-            prefix_len: 32,
+            prefix_len: host_len(addr),
             mac: default_mac(addr),
             mtu: None,
             src_ports: DEFAULT_SRC_PORTS,
@@ -113,30 +126,71 @@ impl VxlanConfig {
     }
 }
 
-/// The default VTEP MAC for an address: `0a:58:` followed by its four bytes.
-pub fn default_mac(addr: Ipv4Addr) -> MacAddr {
-    let o = addr.octets();
+/// The default VTEP MAC for an address: `0a:58:` followed by its four bytes; for an IPv6
+/// address, by its bytes 4 to 7 (where a /64 pod subnet's number sits under a /32 to /64
+/// cluster CIDR: `fd00:10:244:1::` gives `0a:58:02:44:00:01`). Linux gives a vxlan device a
+/// random MAC and Flannel publishes it; tapyard derives one so that it is stable.
+pub fn default_mac(addr: impl Into<IpAddr>) -> MacAddr {
+    let o = match addr.into() {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(a) => {
+            let b = a.octets();
+            [b[4], b[5], b[6], b[7]]
+        }
+    };
     MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+}
+
+/// The host prefix length of an address's family (32 or 128).
+pub fn host_len(a: IpAddr) -> u8 {
+    if a.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+/// `a` with all but its first `len` bits cleared, in its family.
+pub fn mask_ip(a: IpAddr, len: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(a) => mask(a, len).into(),
+        IpAddr::V6(a) => crate::wire::ipv6::mask(a, len).into(),
+    }
 }
 
 /// A remote node reached through a VXLAN interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VxlanPeer {
-    /// The node's underlay address (outer destination).
-    pub node_ip: Ipv4Addr,
+    /// The node's underlay address (outer destination), of the interface's underlay family.
+    pub node_ip: IpAddr,
     /// Its VTEP MAC (inner destination).
     pub vtep_mac: MacAddr,
-    /// Its pod subnet.
-    pub pod_cidr: Ipv4Addr,
+    /// Its pod subnet, of the interface's address family.
+    pub pod_cidr: IpAddr,
     /// The pod subnet's prefix length.
     pub pod_prefix_len: u8,
 }
 
 impl VxlanPeer {
+    /// A peer from addresses of either family (`Ipv4Addr`, `Ipv6Addr` or `IpAddr`).
+    pub fn new(
+        node_ip: impl Into<IpAddr>,
+        vtep_mac: MacAddr,
+        pod_cidr: impl Into<IpAddr>,
+        pod_prefix_len: u8,
+    ) -> VxlanPeer {
+        VxlanPeer {
+            node_ip: node_ip.into(),
+            vtep_mac,
+            pod_cidr: pod_cidr.into(),
+            pod_prefix_len,
+        }
+    }
+
     /// The next hop the peer's route goes through: its pod subnet's first (network) address,
     /// which is the remote VTEP's own address under Flannel's convention.
-    pub fn gateway(&self) -> Ipv4Addr {
-        mask(self.pod_cidr, self.pod_prefix_len)
+    pub fn gateway(&self) -> IpAddr {
+        mask_ip(self.pod_cidr, self.pod_prefix_len)
     }
 }
 
@@ -206,7 +260,7 @@ impl PeerEntry {
 pub struct PeerSet {
     list: Vec<Arc<PeerEntry>>,
     by_mac: hashbrown::HashMap<MacAddr, usize>,
-    by_ip: hashbrown::HashMap<Ipv4Addr, usize>,
+    by_ip: hashbrown::HashMap<IpAddr, usize>,
 }
 
 impl PeerSet {
@@ -236,8 +290,8 @@ impl PeerSet {
 
     /// The peer whose node has this address.
     #[inline]
-    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<&Arc<PeerEntry>> {
-        self.by_ip.get(&ip).and_then(|&i| self.list.get(i))
+    pub fn by_ip(&self, ip: impl Into<IpAddr>) -> Option<&Arc<PeerEntry>> {
+        self.by_ip.get(&ip.into()).and_then(|&i| self.list.get(i))
     }
 
     /// Every peer, in the order they were added.
@@ -260,24 +314,27 @@ impl PeerSet {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerError {
     /// The node address is this node's own uplink address, or not a unicast address.
-    BadNodeIp(Ipv4Addr),
+    BadNodeIp(IpAddr),
+    /// An address of the other family than the interface's: the node address against the
+    /// underlay's, or the pod subnet against the interface address's.
+    WrongFamily(&'static str, IpAddr),
     /// The VTEP MAC is not a unicast, non-zero address, or is this interface's.
     BadVtepMac(MacAddr),
     /// Another peer has this node address.
-    DuplicateNodeIp(Ipv4Addr),
+    DuplicateNodeIp(IpAddr),
     /// Another peer has this VTEP MAC.
     DuplicateVtepMac(MacAddr),
     /// The pod subnet overlaps another peer's.
     Overlap {
         /// The new pod subnet.
-        pod_cidr: (Ipv4Addr, u8),
+        pod_cidr: (IpAddr, u8),
         /// The peer's it overlaps.
-        other: (Ipv4Addr, u8),
+        other: (IpAddr, u8),
     },
-    /// The pod subnet's prefix length is above 32 or its address is not the network's.
-    BadPodCidr(Ipv4Addr, u8),
+    /// The pod subnet's prefix length is above 32 (128) or its address is not the network's.
+    BadPodCidr(IpAddr, u8),
     /// No peer with that node address.
-    NotFound(Ipv4Addr),
+    NotFound(IpAddr),
     /// No VXLAN interface of that name.
     NoSuchTunnel(String),
     /// The route or neighbour the peer implies could not be added.
@@ -295,6 +352,11 @@ impl std::fmt::Display for PeerError {
                 f,
                 "vtep_mac = {m} is invalid: expected a unicast, non-zero MAC other than this VTEP's"
             ),
+            PeerError::WrongFamily(field, a) => write!(
+                f,
+                "{field} = {a} is of the other IP family than this VXLAN interface's ({})",
+                if *field == "node_ip" { "its underlay: the uplink address it sends from" } else { "its address" }
+            ),
             PeerError::DuplicateNodeIp(a) => write!(f, "node_ip = {a} is used by another peer"),
             PeerError::DuplicateVtepMac(m) => write!(f, "vtep_mac = {m} is used by another peer"),
             PeerError::Overlap { pod_cidr, other } => write!(
@@ -304,7 +366,7 @@ impl std::fmt::Display for PeerError {
             ),
             PeerError::BadPodCidr(a, l) => write!(
                 f,
-                "pod_cidr = {a}/{l} is invalid: expected a network address and a prefix length of 0 to 32"
+                "pod_cidr = {a}/{l} is invalid: expected a network address and a prefix length within its family's"
             ),
             PeerError::NotFound(a) => write!(f, "no peer has node_ip = {a}"),
             PeerError::NoSuchTunnel(n) => write!(f, "no VXLAN interface is called {n:?}"),
@@ -323,8 +385,8 @@ pub struct Tunnel {
     pub(crate) iface: IfaceId,
     /// The uplink interface.
     pub(crate) uplink: IfaceId,
-    /// The uplink's address: the outer source.
-    pub(crate) local: Ipv4Addr,
+    /// The uplink's address of the underlay's family: the outer source.
+    pub(crate) local: IpAddr,
     /// The MTU in effect.
     pub(crate) mtu: u16,
     peers: ArcSwap<PeerSet>,
@@ -337,7 +399,7 @@ impl Tunnel {
         cfg: VxlanConfig,
         iface: IfaceId,
         uplink: IfaceId,
-        local: Ipv4Addr,
+        local: IpAddr,
         mtu: u16,
     ) -> Tunnel {
         Tunnel {
@@ -367,9 +429,15 @@ impl Tunnel {
         self.uplink
     }
 
-    /// The outer source address (the uplink's).
-    pub fn local(&self) -> Ipv4Addr {
+    /// The outer source address (the uplink's, of the underlay's family).
+    pub fn local(&self) -> IpAddr {
         self.local
+    }
+
+    /// True when the underlay is IPv6 (Flannel's `flannel-v6.1`).
+    #[inline]
+    pub fn is_v6(&self) -> bool {
+        self.local.is_ipv6()
     }
 
     /// The MTU in effect.
@@ -395,17 +463,30 @@ impl Tunnel {
 
     /// Checks a peer against the interface and the other peers.
     pub(crate) fn check_peer(&self, p: &VxlanPeer) -> Result<(), PeerError> {
+        if p.node_ip.is_ipv4() != self.local.is_ipv4() {
+            return Err(PeerError::WrongFamily("node_ip", p.node_ip));
+        }
+        if p.pod_cidr.is_ipv4() != self.cfg.addr.is_ipv4() {
+            return Err(PeerError::WrongFamily("pod_cidr", p.pod_cidr));
+        }
+        let bad = match p.node_ip {
+            IpAddr::V4(a) => a.is_broadcast(),
+            IpAddr::V6(a) => crate::wire::ipv6::is_link_local(&a),
+        };
         if p.node_ip == self.local
             || p.node_ip.is_unspecified()
             || p.node_ip.is_multicast()
-            || p.node_ip.is_broadcast()
+            || p.node_ip.is_loopback()
+            || bad
         {
             return Err(PeerError::BadNodeIp(p.node_ip));
         }
         if !p.vtep_mac.is_station() || p.vtep_mac == self.cfg.mac {
             return Err(PeerError::BadVtepMac(p.vtep_mac));
         }
-        if p.pod_prefix_len > 32 || mask(p.pod_cidr, p.pod_prefix_len) != p.pod_cidr {
+        if p.pod_prefix_len > host_len(p.pod_cidr)
+            || mask_ip(p.pod_cidr, p.pod_prefix_len) != p.pod_cidr
+        {
             return Err(PeerError::BadPodCidr(p.pod_cidr, p.pod_prefix_len));
         }
         let set = self.peers.load();
@@ -417,7 +498,7 @@ impl Tunnel {
                 return Err(PeerError::DuplicateVtepMac(p.vtep_mac));
             }
             let l = o.pod_prefix_len.min(p.pod_prefix_len);
-            if mask(o.pod_cidr, l) == mask(p.pod_cidr, l) {
+            if mask_ip(o.pod_cidr, l) == mask_ip(p.pod_cidr, l) {
                 return Err(PeerError::Overlap {
                     pod_cidr: (p.pod_cidr, p.pod_prefix_len),
                     other: (o.pod_cidr, o.pod_prefix_len),
@@ -435,7 +516,7 @@ impl Tunnel {
     }
 
     /// Publishes the set without the peer at `node_ip`; returns it.
-    pub(crate) fn publish_remove(&self, node_ip: Ipv4Addr) -> Option<VxlanPeer> {
+    pub(crate) fn publish_remove(&self, node_ip: IpAddr) -> Option<VxlanPeer> {
         let cur = self.peers.load();
         let i = cur.list.iter().position(|e| e.peer.node_ip == node_ip)?;
         let mut list = cur.list.clone();
@@ -474,6 +555,7 @@ pub(crate) fn check_config(cfg: &VxlanConfig) -> Result<(), (&'static str, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn tunnel() -> Tunnel {
         let cfg = VxlanConfig::new("flannel.1", 1, 8472, "eth0", Ipv4Addr::new(10, 244, 1, 0));
@@ -481,18 +563,18 @@ mod tests {
             cfg,
             IfaceId(2),
             IfaceId(1),
-            Ipv4Addr::new(172, 18, 0, 2),
+            Ipv4Addr::new(172, 18, 0, 2).into(),
             1450,
         )
     }
 
     fn peer(n: u8) -> VxlanPeer {
-        VxlanPeer {
-            node_ip: Ipv4Addr::new(172, 18, 0, n),
-            vtep_mac: default_mac(Ipv4Addr::new(10, 244, n, 0)),
-            pod_cidr: Ipv4Addr::new(10, 244, n, 0),
-            pod_prefix_len: 24,
-        }
+        VxlanPeer::new(
+            Ipv4Addr::new(172, 18, 0, n),
+            default_mac(Ipv4Addr::new(10, 244, n, 0)),
+            Ipv4Addr::new(10, 244, n, 0),
+            24,
+        )
     }
 
     #[test]
@@ -518,14 +600,14 @@ mod tests {
         own.node_ip = t.local;
         assert_eq!(t.check_peer(&own), Err(PeerError::BadNodeIp(t.local)));
         let mut wide = peer(4);
-        wide.pod_cidr = Ipv4Addr::new(10, 244, 0, 0);
+        wide.pod_cidr = Ipv4Addr::new(10, 244, 0, 0).into();
         wide.pod_prefix_len = 16;
         assert!(matches!(
             t.check_peer(&wide),
             Err(PeerError::Overlap { .. })
         ));
         let mut host = peer(4);
-        host.pod_cidr = Ipv4Addr::new(10, 244, 4, 1);
+        host.pod_cidr = Ipv4Addr::new(10, 244, 4, 1).into();
         assert!(matches!(
             t.check_peer(&host),
             Err(PeerError::BadPodCidr(..))
@@ -535,7 +617,21 @@ mod tests {
         assert!(t.peers().is_empty());
         // A reader keeps the version it loaded.
         assert_eq!(old.len(), 1);
-        assert_eq!(peer(3).gateway(), Ipv4Addr::new(10, 244, 3, 0));
+        assert_eq!(peer(3).gateway(), IpAddr::from([10, 244, 3, 0]));
+        let v6 = VxlanPeer::new(
+            "fd00:172:18::3".parse::<std::net::Ipv6Addr>().unwrap(),
+            MacAddr([0x0a, 0x58, 2, 0x44, 0, 3]),
+            "fd00:10:244:3::".parse::<std::net::Ipv6Addr>().unwrap(),
+            64,
+        );
+        assert_eq!(
+            t.check_peer(&v6),
+            Err(PeerError::WrongFamily("node_ip", v6.node_ip))
+        );
+        assert_eq!(
+            default_mac("fd00:10:244:1::".parse::<IpAddr>().unwrap()).to_string(),
+            "0a:58:02:44:00:01"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! VXLAN (RFC 7348): the 8-byte header ([`VxlanPacket`], [`VxlanRepr`]) and the outer
 //! headers of an encapsulated frame over IPv4 ([`Outer`]: Ethernet + IPv4 + UDP + VXLAN,
-//! [`OVERHEAD`] bytes written into a buffer's headroom).
+//! [`OVERHEAD`] bytes written into a buffer's headroom) or over IPv6 ([`Outer6`]: Ethernet +
+//! IPv6 + UDP + VXLAN, [`OVERHEAD6`] bytes). Decapsulation reads them with [`parse_udp`] and
+//! [`parse_udp6`] (which refuses a zero UDP checksum, as Linux does over IPv6).
 //!
 //! The outer UDP checksum is filled the way Linux's vxlan device does on 6.x: computed (not
 //! zero). Three ways are offered, cheapest first: [`Outer::partial_csum`] leaves it for the
@@ -16,12 +18,13 @@
 //! assert_eq!(VxlanRepr::parse(&p), Ok(VxlanRepr { vni: 1 }));
 //! ```
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::narrow::len16;
 use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ethernet::{self, ethertype, EthernetFrame};
 use crate::wire::ipv4::{self, Ipv4Packet, PROTO_UDP};
+use crate::wire::ipv6::{self, Ipv6Packet};
 use crate::wire::mac::MacAddr;
 use crate::wire::udp::{self, UdpPacket};
 use crate::wire::Error;
@@ -57,6 +60,19 @@ pub const OUTER_VXLAN: usize = OUTER_L4 + udp::HEADER_LEN;
 /// Bytes in front of the inner frame: outer Ethernet (14), IPv4 (20), UDP (8), VXLAN (8). The
 /// VXLAN interface's MTU is its uplink's minus this.
 pub const OVERHEAD: usize = OUTER_VXLAN + HEADER_LEN;
+
+/// Where the outer UDP header starts over an IPv6 underlay.
+pub const OUTER6_L4: usize = OUTER_L3 + ipv6::HEADER_LEN;
+/// Where the VXLAN header starts over an IPv6 underlay.
+pub const OUTER6_VXLAN: usize = OUTER6_L4 + udp::HEADER_LEN;
+/// Bytes in front of the inner frame over an IPv6 underlay: outer Ethernet (14), IPv6 (40),
+/// UDP (8), VXLAN (8). The interface's MTU is its uplink's minus this, as Linux's
+/// (`VXLAN6_HEADROOM`) and Flannel's.
+pub const OVERHEAD6: usize = OUTER6_VXLAN + HEADER_LEN;
+
+/// Linux's default outer hop limit for a vxlan device over IPv6 (`ttl` unset: the route's
+/// hop limit, `ip6_dst_hoplimit`, 64 with the default `net.ipv6.conf.all.hop_limit`).
+pub const DEFAULT_HOP_LIMIT: u8 = 64;
 
 /// A view of a VXLAN header. [`VxlanPacket::new_checked`] checks that the 8 bytes are there;
 /// after it no accessor panics.
@@ -238,30 +254,100 @@ impl Outer {
     /// Leaves the outer UDP checksum partial (the pseudo-header sum, as `CHECKSUM_PARTIAL`)
     /// in `frame` (an encapsulated frame); returns `(csum_start, csum_offset)` for the
     /// virtio-net header, so that the port (or the kernel behind an offload TAP) finishes it.
+    /// Either family (the outer EtherType tells).
     pub fn partial_csum(frame: &mut [u8]) -> Option<(u16, u16)> {
-        let (src, dst, udp_len) = outer_addrs(frame)?;
+        let (l4, ph) = outer_pseudo(frame)?;
         // `partial` is in memory order: the bytes are stored as they are.
-        let c = PseudoHeader::ipv4(src, dst, PROTO_UDP, udp_len).partial();
-        frame
-            .get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?
-            .copy_from_slice(&c);
-        Some((len16(OUTER_L4), 6))
+        let c = ph.partial();
+        frame.get_mut(l4 + 6..l4 + 8)?.copy_from_slice(&c);
+        Some((len16(l4), 6))
     }
 }
 
-/// The outer source, destination and UDP length of an encapsulated frame.
-fn outer_addrs(frame: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr, usize)> {
-    let ip = Ipv4Packet::new_checked_header(frame.get(OUTER_L3..)?).ok()?;
-    let udp_len = frame.len().checked_sub(OUTER_L4)?;
-    Some((ip.src_addr(), ip.dst_addr(), udp_len))
+/// The outer headers of one frame encapsulated over an IPv6 underlay ([`OVERHEAD6`] bytes):
+/// traffic class and flow label 0 (Linux's vxlan defaults: `tos 0`, `flowlabel 0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outer6 {
+    /// Outer source MAC (the uplink's).
+    pub src_mac: MacAddr,
+    /// Outer destination MAC (the next hop's on the underlay).
+    pub dst_mac: MacAddr,
+    /// Outer source address (the uplink's IPv6 address, Linux's `local`).
+    pub src_ip: Ipv6Addr,
+    /// Outer destination address (the peer's node address).
+    pub dst_ip: Ipv6Addr,
+    /// Outer hop limit.
+    pub hop_limit: u8,
+    /// UDP source port (a hash of the inner flow).
+    pub src_port: u16,
+    /// UDP destination port (the VXLAN port).
+    pub dst_port: u16,
+    /// The VNI.
+    pub vni: u32,
 }
 
-/// Fills the outer UDP checksum of an encapsulated frame by summing every byte.
+impl Outer6 {
+    /// Writes the outer headers for an inner frame of `inner_len` bytes (at most 65535 - 16)
+    /// into `hdr` (the frame's first [`OVERHEAD6`] bytes), the UDP checksum zero: fill it
+    /// with [`Outer::partial_csum`], [`fill_csum_lco`] or [`fill_csum`], which read the
+    /// family from the frame. IPv6 forbids a zero UDP checksum (RFC 8200 8.1; Linux's
+    /// `udp6zerocsumtx` is off by default).
+    pub fn emit(&self, hdr: &mut [u8; OVERHEAD6], inner_len: usize) {
+        let (eth, rest) = hdr.split_at_mut(OUTER_L3);
+        let mut e = EthernetFrame::new_unchecked(eth);
+        e.set_dst_addr(self.dst_mac);
+        e.set_src_addr(self.src_mac);
+        e.set_ethertype(ethertype::IPV6);
+        let (ip, rest) = rest.split_at_mut(ipv6::HEADER_LEN);
+        let mut p = Ipv6Packet::new_unchecked(ip);
+        p.set_version_tc_flow(0, 0);
+        p.set_payload_len(len16((OVERHEAD6 - OUTER6_L4 + inner_len).min(65_535)));
+        p.set_next_header(ipv6::NH_UDP);
+        p.set_hop_limit(self.hop_limit);
+        p.set_src_addr(self.src_ip);
+        p.set_dst_addr(self.dst_ip);
+        let (u, vx) = rest.split_at_mut(udp::HEADER_LEN);
+        let mut u = UdpPacket::new_unchecked(u);
+        u.set_src_port(self.src_port);
+        u.set_dst_port(self.dst_port);
+        u.set_len(len16((OVERHEAD6 - OUTER6_L4 + inner_len).min(65_535)));
+        u.set_checksum(0);
+        VxlanRepr { vni: self.vni }.emit(&mut VxlanPacket::new_unchecked(vx));
+    }
+}
+
+/// The outer UDP header's offset and its pseudo-header in an encapsulated frame, over IPv4
+/// or IPv6 (told apart by the outer EtherType).
+fn outer_pseudo(frame: &[u8]) -> Option<(usize, PseudoHeader)> {
+    let e = EthernetFrame::new_checked(frame).ok()?;
+    if e.ethertype() == ethertype::IPV6 {
+        let ip = Ipv6Packet::new_checked(frame.get(OUTER_L3..)?).ok()?;
+        let udp_len = frame.len().checked_sub(OUTER6_L4)?;
+        let ph = PseudoHeader::Ipv6 {
+            src: ip.src_addr(),
+            dst: ip.dst_addr(),
+            next_header: ipv6::NH_UDP,
+            len: u32::try_from(udp_len).ok()?,
+        };
+        return Some((OUTER6_L4, ph));
+    }
+    let ip = Ipv4Packet::new_checked_header(frame.get(OUTER_L3..)?).ok()?;
+    let udp_len = frame.len().checked_sub(OUTER_L4)?;
+    Some((
+        OUTER_L4,
+        PseudoHeader::ipv4(ip.src_addr(), ip.dst_addr(), PROTO_UDP, udp_len),
+    ))
+}
+
+/// Fills the outer UDP checksum of an encapsulated frame (either family) by summing every
+/// byte.
 pub fn fill_csum(frame: &mut [u8]) -> Option<()> {
-    let (src, dst, _) = outer_addrs(frame)?;
-    UdpPacket::new_checked(frame.get_mut(OUTER_L4..)?)
-        .ok()?
-        .fill_checksum(src, dst);
+    let (l4, ph) = outer_pseudo(frame)?;
+    let dgram = frame.get_mut(l4..)?;
+    let mut u = UdpPacket::new_checked(&mut *dgram).ok()?;
+    u.set_checksum(0);
+    let c = checksum::finish_l4(checksum::sum(ph.sum(), dgram));
+    frame.get_mut(l4 + 6..l4 + 8)?.copy_from_slice(&c);
     Some(())
 }
 
@@ -271,16 +357,14 @@ pub fn fill_csum(frame: &mut [u8]) -> Option<()> {
 /// `partial`: the folded pseudo-header sum the field holds under `NEEDS_CSUM` (in memory
 /// order, as read from the frame). The result is right once the inner checksum is complete.
 pub fn fill_csum_lco(frame: &mut [u8], inner_l4: usize, partial: [u8; 2]) -> Option<()> {
-    let (src, dst, udp_len) = outer_addrs(frame)?;
-    frame.get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?.fill(0);
-    let hdrs = frame.get(OUTER_L4..inner_l4)?;
+    let (l4, ph) = outer_pseudo(frame)?;
+    frame.get_mut(l4 + 6..l4 + 8)?.fill(0);
+    let hdrs = frame.get(l4..inner_l4)?;
     // The inner L4 bytes, once checksummed, sum to the complement of its pseudo-header.
     let inner = u64::from(!u16::from_ne_bytes(partial));
-    let acc = checksum::sum(PseudoHeader::ipv4(src, dst, PROTO_UDP, udp_len).sum(), hdrs) + inner;
+    let acc = checksum::sum(ph.sum(), hdrs) + inner;
     let c = checksum::finish_l4(acc);
-    frame
-        .get_mut(OUTER_L4 + 6..OUTER_L4 + 8)?
-        .copy_from_slice(&c);
+    frame.get_mut(l4 + 6..l4 + 8)?.copy_from_slice(&c);
     Some(())
 }
 
@@ -313,7 +397,7 @@ pub fn fix_outer_lengths(frame: &mut [u8], ident: u16) -> Option<()> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OuterInfo {
     /// Outer source address.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// UDP source port.
     pub src_port: u16,
     /// Offset of the UDP header in the frame.
@@ -333,6 +417,9 @@ pub enum DecapError {
     BadVni,
     /// The outer UDP checksum does not verify.
     BadChecksum,
+    /// A zero outer UDP checksum over IPv6 (refused as Linux's vxlan does by default,
+    /// `udp6zerocsumrx` off; RFC 8200 8.1).
+    ZeroChecksum,
 }
 
 /// Reads the UDP and VXLAN headers of the IPv4 datagram at `frame[l3..]` whose header
@@ -349,6 +436,57 @@ pub fn parse_udp(
     let (hdr_len, total_len, src, dst) = (ip.hdr_len, ip.total_len, ip.src, ip.dst);
     let l4 = l3 + hdr_len;
     let dgram = frame.get(l4..l3 + total_len).ok_or(DecapError::Short)?;
+    let u = vxlan_dgram(dgram, vni)?;
+    if verify && !u.verify_checksum(src, dst) {
+        return Err(DecapError::BadChecksum);
+    }
+    Ok(OuterInfo {
+        src: src.into(),
+        src_port: u.src_port(),
+        l4,
+        inner: l4 + udp::HEADER_LEN + HEADER_LEN,
+    })
+}
+
+/// [`parse_udp`] for an IPv6 datagram at `frame[l3..]` whose header `ip` describes (already
+/// checked by [`ipv6::check`], UDP its upper layer, not a fragment): a zero checksum is
+/// [`DecapError::ZeroChecksum`] whether or not `verify` (Linux's default).
+pub fn parse_udp6(
+    frame: &[u8],
+    l3: usize,
+    ip: &ipv6::Ipv6Info,
+    vni: u32,
+    verify: bool,
+) -> Result<OuterInfo, DecapError> {
+    let l4 = l3 + ip.l4_off;
+    let dgram = frame
+        .get(l4..l3 + ip.total_len())
+        .ok_or(DecapError::Short)?;
+    let u = vxlan_dgram(dgram, vni)?;
+    if u.checksum() == 0 {
+        return Err(DecapError::ZeroChecksum);
+    }
+    if verify {
+        let ph = PseudoHeader::Ipv6 {
+            src: ip.src.octets(),
+            dst: ip.dst.octets(),
+            next_header: ipv6::NH_UDP,
+            len: u32::try_from(dgram.len()).map_err(|_| DecapError::Short)?,
+        };
+        if !ph.verifies(dgram) {
+            return Err(DecapError::BadChecksum);
+        }
+    }
+    Ok(OuterInfo {
+        src: ip.src.into(),
+        src_port: u.src_port(),
+        l4,
+        inner: l4 + udp::HEADER_LEN + HEADER_LEN,
+    })
+}
+
+/// The UDP datagram `dgram` as VXLAN: its length, flags and VNI checked.
+fn vxlan_dgram(dgram: &[u8], vni: u32) -> Result<UdpPacket<&[u8]>, DecapError> {
     let u = UdpPacket::new_checked(dgram).map_err(|_| DecapError::Short)?;
     if usize::from(u.len()) != dgram.len()
         || dgram.len() < udp::HEADER_LEN + HEADER_LEN + ethernet::HEADER_LEN
@@ -362,15 +500,7 @@ pub fn parse_udp(
     if vx.vni() != vni {
         return Err(DecapError::BadVni);
     }
-    if verify && !u.verify_checksum(src, dst) {
-        return Err(DecapError::BadChecksum);
-    }
-    Ok(OuterInfo {
-        src,
-        src_port: u.src_port(),
-        l4,
-        inner: l4 + udp::HEADER_LEN + HEADER_LEN,
-    })
+    Ok(u)
 }
 
 /// Reads what a flow hash needs from an inner Ethernet frame: for untagged IPv4, the two
@@ -380,6 +510,9 @@ pub fn flow_words(inner: &[u8]) -> [u64; 2] {
         return [0, 0];
     };
     let (d, s) = e.addr_words();
+    if e.ethertype() == ethertype::IPV6 {
+        return flow_words6(e.payload()).unwrap_or([d, s]);
+    }
     if e.ethertype() != ethertype::IPV4 {
         return [d, s];
     }
@@ -398,6 +531,27 @@ pub fn flow_words(inner: &[u8]) -> [u64; 2] {
         _ => 0,
     };
     [addrs, ports << 8 | proto]
+}
+
+/// [`flow_words`] for an inner IPv6 packet: its two addresses folded and, when TCP or UDP
+/// follows the fixed header, the two ports (Linux hashes the flow label in too; it is 0 from
+/// pods that do not set one).
+fn flow_words6(l3: &[u8]) -> Option<[u64; 2]> {
+    let ip = Ipv6Packet::new_checked(l3).ok()?;
+    let word = |a: [u8; 16]| {
+        let (hi, lo) = a.split_at(8);
+        let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
+        w(hi) ^ w(lo).rotate_left(32)
+    };
+    let addrs = word(ip.src_addr()) ^ word(ip.dst_addr()).rotate_left(17);
+    let nh = ip.next_header();
+    let ports = match nh {
+        ipv6::NH_TCP | ipv6::NH_UDP => ip.payload().get(..4).map_or(0, |p| {
+            u64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+        }),
+        _ => 0,
+    };
+    Some([addrs, ports << 8 | u64::from(nh)])
 }
 
 #[cfg(test)]

@@ -363,8 +363,8 @@ pub struct VxlanCfg {
     pub port: u16,
     /// The uplink it sends from and receives on.
     pub uplink: String,
-    /// The VTEP's address.
-    pub address: Cidr,
+    /// The VTEP's address; its family is the underlay's.
+    pub address: IpCidr,
     /// The VTEP MAC; `None`: 0a:58 and the address's bytes.
     pub mac: Option<MacAddr>,
     /// The MTU; `None`: the uplink's minus 50.
@@ -378,12 +378,12 @@ pub struct VxlanCfg {
 /// `[[vxlan.peer]]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PeerCfg {
-    /// The node's underlay address.
-    pub node_ip: Ipv4Addr,
+    /// The node's underlay address, of the interface's underlay family (its `address`'s).
+    pub node_ip: IpAddr,
     /// Its VTEP MAC.
     pub vtep_mac: MacAddr,
-    /// Its pod subnet.
-    pub pod_cidr: Cidr,
+    /// Its pod subnet, of the interface address's family.
+    pub pod_cidr: IpCidr,
 }
 
 /// A whole configuration file.
@@ -680,6 +680,112 @@ endpoints = ["10.244.2.5:8080"]
                 .contains("endpoint 10.244.2.5:8080 is in no peer's pod_cidr")));
     }
 
+    /// Flannel's dual-stack node: flannel.1 over IPv4 and flannel-v6.1 over IPv6.
+    pub(crate) const VXLAN6: &str = r#"[node]
+name = "node-a"
+cluster_cidr = ["10.244.0.0/16", "fd00:10:244::/56"]
+
+[[bridge]]
+name = "cni0"
+address = ["10.244.1.1/24", "fd00:10:244:1::1/64"]
+
+[[uplink]]
+name = "eth0"
+address = ["172.18.0.2/24", "fd00:172:18::2/64"]
+
+[[vxlan]]
+name = "flannel.1"
+uplink = "eth0"
+address = "10.244.1.0/32"
+
+[[vxlan.peer]]
+node_ip = "172.18.0.3"
+vtep_mac = "0a:58:0a:f4:02:00"
+pod_cidr = "10.244.2.0/24"
+
+[[vxlan]]
+name = "flannel-v6.1"
+uplink = "eth0"
+address = "fd00:10:244:1::/128"
+
+[[vxlan.peer]]
+node_ip = "fd00:172:18::3"
+vtep_mac = "0a:58:02:44:00:02"
+pod_cidr = "fd00:10:244:2::/64"
+"#;
+
+    #[test]
+    fn vxlan_over_ipv6_as_flannel_dual_stack_is_valid_and_family_checked() {
+        let ch = check_str(VXLAN6);
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        let v = &c.vxlans[1];
+        assert!(v.address.is_v6());
+        assert_eq!(v.peers[0].node_ip.to_string(), "fd00:172:18::3");
+        assert_eq!(v.peers[0].pod_cidr.to_string(), "fd00:10:244:2::/64");
+        // An IPv6 peer on the IPv4-underlay interface and the reverse; a pod subnet of the
+        // other family.
+        let mixed = VXLAN6
+            .replacen(
+                "node_ip = \"172.18.0.3\"",
+                "node_ip = \"fd00:172:18::4\"",
+                1,
+            )
+            .replacen(
+                "node_ip = \"fd00:172:18::3\"",
+                "node_ip = \"172.18.0.4\"",
+                1,
+            )
+            .replacen(
+                "pod_cidr = \"fd00:10:244:2::/64\"",
+                "pod_cidr = \"10.244.3.0/24\"",
+                1,
+            );
+        let e = errors(&mixed).join("\n");
+        for want in [
+            "f:19: vxlan \"flannel.1\" peer fd00:172:18::4: node_ip = \"fd00:172:18::4\" is IPv6, but this [[vxlan]]'s address = \"10.244.1.0/32\" makes its underlay IPv4",
+            "f:29: vxlan \"flannel-v6.1\" peer 172.18.0.4: node_ip = \"172.18.0.4\" is IPv4, but this [[vxlan]]'s address = \"fd00:10:244:1::/128\" makes its underlay IPv6",
+            "f:31: vxlan \"flannel-v6.1\" peer 172.18.0.4: pod_cidr = \"10.244.3.0/24\" is IPv4, but this [[vxlan]]'s address = \"fd00:10:244:1::/128\" is IPv6",
+        ] {
+            assert!(e.contains(want), "{want}\nnot in\n{e}");
+        }
+        // An uplink without an IPv6 address cannot carry an IPv6 underlay.
+        let v4_uplink = VXLAN6.replace(
+            "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
+            "address = \"172.18.0.2/24\"",
+        );
+        let e = errors(&v4_uplink).join("\n");
+        assert!(
+            e.contains("f:25: vxlan \"flannel-v6.1\": uplink = \"eth0\" has no IPv6 address"),
+            "{e}"
+        );
+        let e = errors(&VXLAN6.replace(
+            "address = \"fd00:10:244:1::/128\"",
+            "address = \"fd00:10:244:1::/128\"\nmtu = 1431",
+        ))
+        .join("\n");
+        assert!(
+            e.contains("mtu = 1431 is above uplink \"eth0\"'s MTU 1500 minus 70"),
+            "{e}"
+        );
+        // Overlapping IPv6 pod subnets and a node_ip that is this node's own.
+        let e = errors(
+            &(VXLAN6.replace("node_ip = \"fd00:172:18::3\"", "node_ip = \"fd00:172:18::2\"")
+                + "\n[[vxlan.peer]]\nnode_ip = \"fd00:172:18::5\"\nvtep_mac = \"0a:58:02:44:00:05\"\npod_cidr = \"fd00:10:244:2::/63\"\n"),
+        )
+        .join("\n");
+        assert!(
+            e.contains("node_ip = \"fd00:172:18::2\" is this node's own uplink address"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "pod_cidr = \"fd00:10:244:2::/63\" overlaps another peer's fd00:10:244:2::/64"
+            ),
+            "{e}"
+        );
+    }
+
     #[test]
     fn example_parses_into_the_model() {
         let ch = check_str(EXAMPLE);
@@ -804,11 +910,23 @@ port = 80
         let vx = format!("{V6ONLY}\n[[vxlan]]\nname = \"flannel.1\"\nvni = 1\nuplink = \"eth0\"\naddress = \"10.244.1.0/32\"\n");
         let l = vx.lines().position(|l| l == "uplink = \"eth0\"").unwrap() + 1;
         assert!(
-            check_str(&vx)
-                .errors()
-                .any(|d| d.line == l && d.msg.contains("has no IPv4 address (VXLAN runs over IPv4")),
+            check_str(&vx).errors().any(|d| d.line == l
+                && d.msg
+                    .contains("has no IPv4 address, but address = \"10.244.1.0/32\" is IPv4")),
             "{:?}",
             check_str(&vx).diags
+        );
+        // VXLAN over IPv6 (Flannel's flannel-v6.1) on the same IPv6-only uplink is fine.
+        let vx6 = format!("{V6ONLY}\n[[vxlan]]\nname = \"flannel-v6.1\"\nvni = 1\nuplink = \"eth0\"\naddress = \"fd00:10:244:1::/128\"\n");
+        let first = vx6
+            .lines()
+            .position(|l| l == "name = \"flannel-v6.1\"")
+            .unwrap()
+            + 1;
+        assert!(
+            !check_str(&vx6).errors().any(|d| d.line >= first),
+            "{:?}",
+            check_str(&vx6).diags
         );
         // An IPv4 bridge in an IPv6-only cluster.
         let ch = check_str(&V6ONLY.replace(

@@ -16,8 +16,8 @@ use toml::Spanned;
 
 use super::schema::{self, Dflt, Section, Ty};
 use super::values::{
-    is_host, is_host6, parse_iface_addr, parse_iface_addr_any, parse_ifname, parse_ip,
-    parse_ip_any, parse_mac, parse_port_range, parse_prefix, parse_prefix_any, IpCidr,
+    is_host, is_host6, parse_iface_addr_any, parse_ifname, parse_ip_any, parse_mac,
+    parse_port_range, parse_prefix_any, IpCidr,
 };
 use super::{
     BridgeCfg, Cidr, Cidr6, Config, Diag, EndpointCfg, Lines, Located, MasqueradeCfg, NeighborCfg,
@@ -792,7 +792,7 @@ impl Parser<'_> {
         let vni = self.int_as::<u32>(&mut s, "vni");
         let port = self.int_as::<u16>(&mut s, "port");
         let uplink = self.text(&mut s, "uplink", parse_ifname);
-        let address = self.text(&mut s, "address", parse_iface_addr);
+        let address = self.text(&mut s, "address", parse_iface_addr_any);
         let mac = self.text(&mut s, "mac", parse_mac);
         let mtu = self.given_int_as::<u16>(&mut s, "mtu");
         let src_ports = self
@@ -806,9 +806,9 @@ impl Parser<'_> {
                 None => format!("vxlan {name:?} peer #{}", i + 1),
             };
             let mut ps = self.sec(pt, span, ctx, &schema::VXLAN_PEER);
-            let node_ip = self.text(&mut ps, "node_ip", parse_ip);
+            let node_ip = self.text(&mut ps, "node_ip", parse_ip_any);
             let vtep_mac = self.text(&mut ps, "vtep_mac", parse_mac);
-            let pod_cidr = self.text(&mut ps, "pod_cidr", parse_prefix);
+            let pod_cidr = self.text(&mut ps, "pod_cidr", parse_prefix_any);
             if let (Some(node_ip), Some(vtep_mac), Some(pod_cidr)) = (node_ip, vtep_mac, pod_cidr) {
                 peers.push(Located {
                     value: PeerCfg {

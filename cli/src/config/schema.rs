@@ -439,7 +439,7 @@ pub const SERVICE: Section = Section {
 pub const VXLAN: Section = Section {
     name: "vxlan",
     array: true,
-    help: "a VXLAN interface, as Flannel's flannel.1",
+    help: "a VXLAN interface, as Flannel's flannel.1 (IPv4 underlay) or flannel-v6.1 (IPv6 underlay)",
     keys: &[
         key(
             "name",
@@ -465,26 +465,26 @@ pub const VXLAN: Section = Section {
             Dflt::Required(
                 "the [[uplink]] encapsulated packets leave and arrive on, like \"eth0\"",
             ),
-            "the uplink whose address is the outer source",
+            "the uplink whose address (of the underlay's family) is the outer source",
         ),
         key(
             "address",
             Ty::Str("10.244.1.0/32"),
             Dflt::Required(
-                "the VTEP's address, like \"10.244.1.0/32\" (the pod subnet's network address)",
+                "the VTEP's address, like \"10.244.1.0/32\" or \"fd00:10:244:1::/128\" (the pod subnet's network address)",
             ),
-            "the interface's address",
+            "the interface's address; an IPv6 one makes the underlay IPv6 (Flannel's flannel-v6.1)",
         ),
         key(
             "mac",
             Ty::Str("0a:58:0a:f4:01:00"),
-            Dflt::Unset("0a:58 and the four bytes of address"),
+            Dflt::Unset("0a:58 and the four bytes of address (bytes 4 to 7 of an IPv6 one)"),
             "the VTEP MAC",
         ),
         key(
             "mtu",
             int(68, 65000),
-            Dflt::Unset("the uplink's MTU minus 50"),
+            Dflt::Unset("the uplink's MTU minus 50 (minus 70 over IPv6)"),
             "the interface's MTU",
         ),
         key(
@@ -505,7 +505,7 @@ pub const VXLAN_PEER: Section = Section {
         key(
             "node_ip",
             Ty::Str("172.18.0.3"),
-            Dflt::Required("the node's underlay address, like \"172.18.0.3\""),
+            Dflt::Required("the node's underlay address, like \"172.18.0.3\" (of the family of the [[vxlan]]'s address)"),
             "the outer destination",
         ),
         key(
@@ -517,7 +517,7 @@ pub const VXLAN_PEER: Section = Section {
         key(
             "pod_cidr",
             Ty::Str("10.244.2.0/24"),
-            Dflt::Required("the node's pod subnet, like \"10.244.2.0/24\""),
+            Dflt::Required("the node's pod subnet, like \"10.244.2.0/24\" (of the family of the [[vxlan]]'s address)"),
             "routed via its first address dev <vxlan> onlink",
         ),
     ],

@@ -3,9 +3,9 @@
 //! endpoints.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use super::values::{is_host, is_link_local6};
+use super::values::{is_host, is_host6, is_link_local6};
 use super::{proto_name, Cidr, Cidr6, Config, Diag, IpCidr, RouteType};
 
 /// The cross-checks between sections, on a parsed configuration.
@@ -385,12 +385,21 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             );
         }
     }
-    // VXLAN interfaces and their peers.
-    let mut pod_cidrs: Vec<(Cidr, usize)> = Vec::new();
-    let mut node_ips: HashMap<Ipv4Addr, usize> = HashMap::new();
+    // VXLAN interfaces and their peers. The underlay's family is the interface address's
+    // (Flannel's flannel.1 over IPv4, flannel-v6.1 over IPv6); its peers' node_ip and
+    // pod_cidr are of that family.
+    let conn_any: Vec<(&str, IpCidr, usize)> = conn
+        .iter()
+        .map(|(n, a, l)| (*n, IpCidr::V4(*a), *l))
+        .chain(conn6.iter().map(|(n, a, l)| (*n, IpCidr::V6(*a), *l)))
+        .collect();
+    let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+    let mut pod_cidrs: Vec<(IpCidr, usize)> = Vec::new();
+    let mut node_ips: HashMap<IpAddr, usize> = HashMap::new();
     let mut vteps: HashMap<tapyard::MacAddr, usize> = HashMap::new();
     for v in &c.vxlans {
         let ctx = format!("vxlan {:?}", v.name);
+        let v6 = v.address.is_v6();
         claim(
             &mut names,
             &v.name,
@@ -399,6 +408,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             &mut err,
         );
         let up = c.uplinks.iter().find(|u| u.name == v.uplink);
+        let overhead = if v6 { 70 } else { 50 };
         match up {
             None if broken.contains(&v.uplink) => {}
             None => err(
@@ -406,22 +416,34 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 format!("{ctx}: uplink = {:?}: no [[uplink]] is named so (encapsulated packets leave and arrive on an uplink)", v.uplink),
             ),
             Some(u) => {
-                if u.address.is_none() {
+                if !v6 && u.address.is_none() {
                     err(
                         v.lines.of("uplink"),
-                        format!("{ctx}: uplink = {:?} has no IPv4 address (VXLAN runs over IPv4: the outer packets need one)", v.uplink),
+                        format!("{ctx}: uplink = {:?} has no IPv4 address, but address = \"{}\" is IPv4: the underlay is IPv4 (as Flannel's flannel.1), sent from the uplink's IPv4 address (add one to its address, or give this [[vxlan]] an IPv6 address)", v.uplink, v.address),
                     );
                 }
-                if let Some(m) = v.mtu.filter(|&m| usize::from(m) + 50 > usize::from(u.mtu)) {
-                    err(v.lines.of("mtu"), format!("{ctx}: mtu = {m} is above uplink {:?}'s MTU {} minus 50 (the VXLAN overhead)", u.name, u.mtu));
+                if v6 && u.address6.is_none() {
+                    err(v.lines.of("uplink"), format!("{ctx}: uplink = {:?} has no IPv6 address, but address = \"{}\" is IPv6: the underlay is IPv6 (as Flannel's flannel-v6.1), sent from the uplink's IPv6 address (add one to its address, or give this [[vxlan]] an IPv4 address)", v.uplink, v.address));
+                }
+                if let Some(m) = v.mtu.filter(|&m| usize::from(m) + overhead > usize::from(u.mtu)) {
+                    err(v.lines.of("mtu"), format!("{ctx}: mtu = {m} is above uplink {:?}'s MTU {} minus {overhead} (the VXLAN overhead over {})", u.name, u.mtu, fam(v6)));
                 }
             }
         }
-        // Flannel's VTEP address is the pod subnet's network address as a /32: inside the
-        // bridge's subnet but not one of its hosts, so not an overlap.
-        for (n, a, l) in &conn {
-            let clash = if v.address.len == 32 {
-                a.addr == v.address.addr
+        if let Some(m) = v.mtu.filter(|&m| v6 && m < 1280) {
+            err(
+                v.lines.of("mtu"),
+                format!("{ctx}: mtu = {m} is below IPv6's minimum of 1280"),
+            );
+        }
+        // Flannel's VTEP address is the pod subnet's network address as a /32 (/128): inside
+        // the bridge's subnet but not one of its hosts, so not an overlap.
+        for (n, a, l) in &conn_any {
+            if a.is_v6() != v6 {
+                continue;
+            }
+            let clash = if v.address.len() == if v6 { 128 } else { 32 } {
+                a.addr() == v.address.addr()
             } else {
                 a.overlaps(&v.address)
             };
@@ -437,10 +459,17 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
         }
         let own_mac = v
             .mac
-            .unwrap_or_else(|| tapyard::l3::vxlan::default_mac(v.address.addr));
+            .unwrap_or_else(|| tapyard::l3::vxlan::default_mac(v.address.addr()));
         for p in &v.peers {
             let pctx = format!("{ctx} peer {}", p.node_ip);
-            if conn.iter().any(|(_, a, _)| a.addr == p.node_ip) || !is_host(p.node_ip) {
+            if p.node_ip.is_ipv6() != v6 {
+                err(p.lines.of("node_ip"), format!("{pctx}: node_ip = \"{}\" is {}, but this [[vxlan]]'s address = \"{}\" makes its underlay {} (a peer over {} belongs on a [[vxlan]] with an {} address, as Flannel's {})", p.node_ip, fam(!v6), v.address, fam(v6), fam(!v6), fam(!v6), if v6 { "flannel.1" } else { "flannel-v6.1" }));
+            }
+            let host = match p.node_ip {
+                IpAddr::V4(a) => is_host(a),
+                IpAddr::V6(a) => is_host6(a),
+            };
+            if conn_any.iter().any(|(_, a, _)| a.addr() == p.node_ip) || !host {
                 err(p.lines.of("node_ip"), format!("{pctx}: node_ip = \"{}\" is this node's own uplink address or not a unicast address", p.node_ip));
             }
             if let Some(first) = node_ips.insert(p.node_ip, p.lines.of("node_ip")) {
@@ -471,13 +500,17 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 );
             }
             let pc = p.pod_cidr;
-            if pc.addr != pc.network() {
+            if pc.is_v6() != v6 {
+                err(p.lines.of("pod_cidr"), format!("{pctx}: pod_cidr = \"{pc}\" is {}, but this [[vxlan]]'s address = \"{}\" is {} (its peers' pod subnets are of its family)", fam(!v6), v.address, fam(v6)));
+                continue;
+            }
+            if pc.addr() != pc.network() {
                 err(
                     p.lines.of("pod_cidr"),
                     format!(
                         "{pctx}: pod_cidr = \"{pc}\" is not a network address (expected \"{}/{}\")",
                         pc.network(),
-                        pc.len
+                        pc.len()
                     ),
                 );
             }
@@ -487,21 +520,21 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     format!("{pctx}: pod_cidr = \"{pc}\" overlaps another peer's {o} (line {l})"),
                 );
             }
-            if let Some((n, a, _)) = conn.iter().find(|(_, a, _)| a.overlaps(&pc)) {
+            if let Some((n, a, _)) = conn_any.iter().find(|(_, a, _)| a.overlaps(&pc)) {
                 err(
                     p.lines.of("pod_cidr"),
                     format!(
                         "{pctx}: pod_cidr = \"{pc}\" overlaps this node's {n} subnet {}/{}",
                         a.network(),
-                        a.len
+                        a.len()
                     ),
                 );
-            } else if pc.contains(v.address.addr) {
+            } else if pc.contains(v.address.addr()) {
                 err(
                     p.lines.of("pod_cidr"),
                     format!(
                         "{pctx}: pod_cidr = \"{pc}\" holds this VTEP's own address {}",
-                        v.address.addr
+                        v.address.addr()
                     ),
                 );
             }
@@ -511,12 +544,9 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
     // Services.
     let routed = |ip: IpAddr| -> bool {
         let connected = match ip {
-            IpAddr::V4(ip) => {
-                conn.iter().any(|(_, a, _)| a.contains(ip))
-                    || pod_cidrs.iter().any(|(p, _)| p.contains(ip))
-            }
-            IpAddr::V6(ip) => conn6.iter().any(|(_, a, _)| a.contains(ip)),
-        };
+            IpAddr::V4(a) => conn.iter().any(|(_, c, _)| c.contains(a)),
+            IpAddr::V6(a) => conn6.iter().any(|(_, c, _)| c.contains(a)),
+        } || pod_cidrs.iter().any(|(p, _)| p.contains(ip));
         connected
             || c.routes
                 .iter()
@@ -625,7 +655,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             if !seen.insert(*e) {
                 err(line, format!("{ctx}: endpoint {e} is listed twice"));
             }
-            if !routed(e.ip()) && !c.vxlans.is_empty() && e.is_ipv4() && in_cluster(e.ip()) {
+            if !routed(e.ip()) && !c.vxlans.is_empty() && in_cluster(e.ip()) {
                 // A node that left (its peer removed) while the Service still lists its pods.
                 warnings.push(Diag {
                     line,

@@ -171,6 +171,15 @@ impl IpCidr {
         matches!(self, IpCidr::V6(_))
     }
 
+    /// True when the two prefixes (of one family) share an address.
+    pub fn overlaps(&self, o: &IpCidr) -> bool {
+        match (self, o) {
+            (IpCidr::V4(a), IpCidr::V4(b)) => a.overlaps(b),
+            (IpCidr::V6(a), IpCidr::V6(b)) => a.overlaps(b),
+            _ => false,
+        }
+    }
+
     /// True when `ip` is inside the prefix (never for the other family).
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self, ip) {
@@ -280,11 +289,6 @@ pub fn parse_ip(s: &str) -> Result<Ipv4Addr, String> {
 /// Not unspecified, multicast, broadcast or loopback.
 pub fn is_host(ip: Ipv4Addr) -> bool {
     !(ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() || ip.is_loopback())
-}
-
-/// A prefix, `A.B.C.D/LEN`.
-pub fn parse_prefix(s: &str) -> Result<Cidr, String> {
-    s.parse::<Cidr>()
 }
 
 /// An interface address: a host address with its prefix length.
