@@ -130,6 +130,24 @@
 //!     then `MADV_COLLAPSE` once built; 5.2 MB instead of 3.8): IPv6 look-ups inside the
 //!     table ran at the same rate (23-28 M/s against 22-29 M/s, alternating runs); only
 //!     IPv4 batches gained (15-20 %), for 27 % more memory.
+//!   * (session 8, the same `LPM_LOOP=inside/single` loop, runs interleaved on a loaded
+//!     machine) prefetching each node's first leaf line as the walk reaches it: 22-28 M/s
+//!     against 20-26 for the current walk, within the noise; hash tables from the top 30 and
+//!     42 address bits straight to the trie's nodes at those levels (skipping `direct`, the
+//!     root and up to three levels): 25-27 M/s against 25-27, no gain; and one hash table per
+//!     band of lengths (29-32, 33-36, ..., 45-48, expanded, all probed at once, the longest
+//!     hit wins: one dependent read instead of seven): 9-10 M/s in 3.5-5 MB, worse.
+//!
+//!   Why 60 M/s single look-ups inside the table is out of reach here: on this VM a dependent
+//!   read costs 7 ns while the data fits 1 MB, 29 ns at 2 MB (the L2 size) and 52 ns at 4 MB
+//!   (a pointer chase); a loop of independent look-ups with minimal code reaches 116 M/s with
+//!   two dependent reads (1 MB, then 4 MB), 61 M/s with three (1, 2, 2 MB) and 56 M/s with four
+//!   (4 MB in all). A look-up inside a /48 of this table makes seven, of which the last four
+//!   land in 2.7 MB of nodes and leaves (160,147 distinct next hops: 640 KB of leaves at
+//!   least), and drawing the addresses from a third of the routes (1.3 MB touched) already
+//!   gives 43-50 M/s, from a twelfth 58 M/s. Reaching 60 M/s would take a first read that
+//!   resolves 48 address bits in under 1 MB and one read of the leaf: none of the layouts
+//!   above does.
 //! * A single change to the full IPv4 table publishes in 10-20 µs when the previous version
 //!   is free to patch in place, 1.4-2 ms when a reader still holds it (the writer copies the
 //!   table); a batch of 10,000 changes in ~60 ms.
