@@ -267,23 +267,34 @@ impl Datapath {
             if Outer::partial_csum(b.frame_mut()).is_none() {
                 return Verdict::Drop(DropReason::Truncated);
             }
-        } else if off.needs_csum() {
-            // The inner checksum stays partial; the outer one follows from it (LCO).
-            let start = usize::from(off.csum_start) + OVERHEAD;
+        } else if let Err(reason) = Self::outer_csum(b, off, OVERHEAD) {
+            return Verdict::Drop(reason);
+        }
+        self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
+            r.resolve_later(out_if, gw, f, now, sink)
+        })
+    }
+
+    /// The outer UDP checksum of a frame just encapsulated (`overhead` bytes in front of the
+    /// inner frame, whose offload state was `off`): from the inner partial one (LCO), the
+    /// inner one staying partial; or left partial for the port (or the kernel behind an
+    /// offload TAP) to complete.
+    fn outer_csum(b: &mut PacketBuf, off: Offload, overhead: usize) -> Result<(), DropReason> {
+        if off.needs_csum() {
+            let start = usize::from(off.csum_start) + overhead;
             let field = start + usize::from(off.csum_offset);
             let frame = b.frame_mut();
             let partial = match frame.get(field..field + 2) {
                 Some(p) => [p[0], p[1]],
-                None => return Verdict::Drop(DropReason::BadOffload),
+                None => return Err(DropReason::BadOffload),
             };
             if vxlan::fill_csum_lco(frame, start, partial).is_none() {
-                return Verdict::Drop(DropReason::BadOffload);
+                return Err(DropReason::BadOffload);
             }
-            b.offload.csum_start = off.csum_start.saturating_add(shift);
+            b.offload.csum_start = off.csum_start.saturating_add(len16(overhead));
         } else {
-            // Left partial: the port (or the kernel behind an offload TAP) completes it.
             let Some((start, offset)) = Outer::partial_csum(b.frame_mut()) else {
-                return Verdict::Drop(DropReason::Truncated);
+                return Err(DropReason::Truncated);
             };
             b.offload = Offload {
                 flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
@@ -292,16 +303,30 @@ impl Datapath {
                 ..Offload::NONE
             };
         }
+        Ok(())
+    }
+
+    /// An encapsulated frame out of uplink `out_if` when its next hop is `resolved`, else
+    /// queued on the neighbour by `resolve` (the family's `resolve_later`), its offload work
+    /// finished first: the neighbour queue holds plain frames.
+    fn encap_out(
+        &self,
+        b: &mut PacketBuf,
+        resolved: bool,
+        out_if: IfaceId,
+        now: Instant,
+        sink: Option<&mut dyn Sink>,
+        resolve: &mut dyn FnMut(&[u8], &mut dyn Sink) -> L3,
+    ) -> Verdict {
         if resolved {
             return self.egress(out_if, b, now);
         }
         let Some(sink) = sink else {
             return Verdict::Drop(DropReason::NeighFailed);
         };
-        // The neighbour queue holds plain frames: finish the offload work first.
         let mut last = L3::Queued;
         let res = crate::offload::send_completed(b, &mut |f| {
-            last = r.resolve_later(out_if, gw, f, now, &mut *sink);
+            last = resolve(f, &mut *sink);
             Ok(())
         });
         match (res, last) {
@@ -386,46 +411,12 @@ impl Datapath {
             return Verdict::Drop(DropReason::Oversize);
         };
         outer.emit(hdr, inner_len);
-        if off.needs_csum() {
-            // The inner checksum stays partial; the outer one follows from it (LCO).
-            let start = usize::from(off.csum_start) + OVERHEAD6;
-            let field = start + usize::from(off.csum_offset);
-            let frame = b.frame_mut();
-            let partial = match frame.get(field..field + 2) {
-                Some(p) => [p[0], p[1]],
-                None => return Verdict::Drop(DropReason::BadOffload),
-            };
-            if vxlan::fill_csum_lco(frame, start, partial).is_none() {
-                return Verdict::Drop(DropReason::BadOffload);
-            }
-            b.offload.csum_start = off.csum_start.saturating_add(len16(OVERHEAD6));
-        } else {
-            let Some((start, offset)) = Outer::partial_csum(b.frame_mut()) else {
-                return Verdict::Drop(DropReason::Truncated);
-            };
-            b.offload = Offload {
-                flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
-                csum_start: start,
-                csum_offset: offset,
-                ..Offload::NONE
-            };
+        if let Err(reason) = Self::outer_csum(b, off, OVERHEAD6) {
+            return Verdict::Drop(reason);
         }
-        if resolved {
-            return self.egress(out_if, b, now);
-        }
-        let Some(sink) = sink else {
-            return Verdict::Drop(DropReason::NeighFailed);
-        };
-        let mut last = L3::Queued;
-        let res = crate::offload::send_completed(b, &mut |f| {
-            last = r.resolve_later6(out_if, gw, f, now, &mut *sink);
-            Ok(())
-        });
-        match (res, last) {
-            (Err(reason), _) | (Ok(()), L3::Drop(reason)) => Verdict::Drop(reason),
-            (Ok(()), L3::Queued) => Verdict::Queued,
-            (Ok(()), _) => Verdict::Local,
-        }
+        self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
+            r.resolve_later6(out_if, gw, f, now, sink)
+        })
     }
 
     /// The VXLAN interfaces.
