@@ -72,15 +72,22 @@ fn datagram6(r: &[u8]) -> Vec<u8> {
         .udp(40000, dport)
         .write(&mut f, &payload);
     // Lie in the UDP length or checksum (zero: refused over IPv6).
-    if f.len() >= 62 {
-        match g(14) >> 2 & 3 {
-            1 => f[58..60].copy_from_slice(&[g(6), g(7)]),
-            2 => f[60..62].copy_from_slice(&[g(8), g(9)]),
-            3 => f[60..62].fill(0),
-            _ => {}
-        }
-    }
+    lie_in_udp(&mut f, 14 + 40, g(14) >> 2 & 3, [g(6), g(7), g(8), g(9)]);
     f
+}
+
+/// Lies in the UDP header at `udp` as `how` says: 1 its length, 2 its checksum (both from
+/// `bytes`), 3 a zero checksum; 0 no lie.
+fn lie_in_udp(f: &mut [u8], udp: usize, how: u8, bytes: [u8; 4]) {
+    let Some(h) = f.get_mut(udp + 4..udp + 8) else {
+        return;
+    };
+    match how {
+        1 => h[..2].copy_from_slice(&bytes[..2]),
+        2 => h[2..].copy_from_slice(&bytes[2..]),
+        3 => h[2..].fill(0),
+        _ => {}
+    }
 }
 
 /// A pod's IPv6 packet to the peer's pods (encapsulated over IPv6) or elsewhere.
@@ -157,14 +164,7 @@ fn datagram(r: &[u8]) -> Vec<u8> {
         .udp(40000, dport)
         .write(&mut f, &payload);
     // Lie in the UDP length or checksum.
-    if f.len() >= 42 {
-        match g(14) >> 2 & 3 {
-            1 => f[38..40].copy_from_slice(&[g(6), g(7)]),
-            2 => f[40..42].copy_from_slice(&[g(8), g(9)]),
-            3 => f[40..42].fill(0),
-            _ => {}
-        }
-    }
+    lie_in_udp(&mut f, 14 + 20, g(14) >> 2 & 3, [g(6), g(7), g(8), g(9)]);
     f
 }
 
