@@ -517,22 +517,26 @@ fn a_udp_tunnel_ipv6_super_frame_is_decapsulated_whole() {
         .udp(40001, 8472)
         .write(&mut f, &payload)
         .unwrap();
-    let mut b = PacketBuf::new(70_000);
-    b.room_mut()[..f.len()].copy_from_slice(&f);
-    b.set_len(f.len());
-    b.port = ETH0;
-    let inner_l4 = 70 + 14 + 40;
-    b.offload = VirtioNetHdr {
-        flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
-        gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6
-            | tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
-        hdr_len: u16::try_from(inner_l4 + 20).unwrap(),
-        gso_size: 1370,
-        csum_start: u16::try_from(inner_l4).unwrap(),
-        csum_offset: 16,
+    // The super-frame as the uplink TAP hands it over, with GSO type `tunnel`.
+    let super_frame = |tunnel: u8| {
+        let mut b = PacketBuf::new(70_000);
+        b.room_mut()[..f.len()].copy_from_slice(&f);
+        b.set_len(f.len());
+        b.port = ETH0;
+        let inner_l4 = 70 + 14 + 40;
+        b.offload = VirtioNetHdr {
+            flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6 | tunnel,
+            hdr_len: u16::try_from(inner_l4 + 20).unwrap(),
+            gso_size: 1370,
+            csum_start: u16::try_from(inner_l4).unwrap(),
+            csum_offset: 16,
+        };
+        let mut batch = Batch::new();
+        batch.push(b).unwrap();
+        batch
     };
-    let mut batch = Batch::new();
-    batch.push(b).unwrap();
+    let mut batch = super_frame(tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6);
     c.dp.process(&mut c.w, c.now, &mut batch);
     let v = batch.verdicts()[0];
     assert!(
@@ -553,21 +557,7 @@ fn a_udp_tunnel_ipv6_super_frame_is_decapsulated_whole() {
     assert_eq!((off.csum_start, off.gso_size), (54, 1370));
     assert_eq!(off.hdr_len, 74);
     // A super-frame whose GSO type lies (IPv4 tunnel bit on an IPv6 outer header) is refused.
-    let mut b = PacketBuf::new(70_000);
-    b.room_mut()[..f.len()].copy_from_slice(&f);
-    b.set_len(f.len());
-    b.port = ETH0;
-    b.offload = VirtioNetHdr {
-        flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
-        gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6
-            | tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
-        hdr_len: u16::try_from(inner_l4 + 20).unwrap(),
-        gso_size: 1370,
-        csum_start: u16::try_from(inner_l4).unwrap(),
-        csum_offset: 16,
-    };
-    let mut batch = Batch::new();
-    batch.push(b).unwrap();
+    let mut batch = super_frame(tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4);
     c.dp.process(&mut c.w, c.now, &mut batch);
     assert_eq!(batch.verdicts()[0], Verdict::Drop(DropReason::BadOffload));
 }
