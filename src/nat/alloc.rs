@@ -50,6 +50,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use crate::conntrack::CtKey;
 use crate::narrow::{low16, low32};
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::{Tuple, Tuple6, PROTO_ICMPV6};
@@ -162,7 +163,7 @@ fn alloc(
     range: PortRange,
     hash: u64,
     keep: bool,
-    mut in_use: impl FnMut(&Tuple) -> bool,
+    in_use: impl FnMut(&Tuple) -> bool,
 ) -> Option<Tuple> {
     let base = Tuple {
         src: to_addr,
@@ -174,18 +175,7 @@ fn alloc(
         dport: if icmp { p } else { base.dport },
         ..base
     };
-    let kind = match orig.proto {
-        PROTO_TCP | PROTO_UDP => Some(range),
-        PROTO_ICMP => Some(PortRange::ALL),
-        _ => None,
-    };
-    let Some(range) = kind else {
-        return (!in_use(&base.invert())).then_some(base);
-    };
-    search(orig.sport, range, hash, keep, |p| {
-        !in_use(&with(p).invert())
-    })
-    .map(with)
+    choose(base, orig.sport, with, range, hash, keep, in_use)
 }
 
 /// As [`alloc_source`] for an IPv6 connection (ICMPv6 echo identifiers as ICMP's).
@@ -216,7 +206,7 @@ fn alloc6(
     range: PortRange,
     hash: u64,
     keep: bool,
-    mut in_use: impl FnMut(&Tuple6) -> bool,
+    in_use: impl FnMut(&Tuple6) -> bool,
 ) -> Option<Tuple6> {
     let base = Tuple6 {
         src: to_addr,
@@ -228,18 +218,28 @@ fn alloc6(
         dport: if icmp { p } else { base.dport },
         ..base
     };
-    let kind = match orig.proto {
-        PROTO_TCP | PROTO_UDP => Some(range),
-        PROTO_ICMPV6 => Some(PortRange::ALL),
-        _ => None,
+    choose(base, orig.sport, with, range, hash, keep, in_use)
+}
+
+/// The choice shared by both families: `base` is the original tuple with the new source
+/// address, `with(p)` the same with source port (ICMP: identifier) `p`. TCP and UDP search
+/// `range`, ICMP echo every identifier; other protocols keep their ports and only need
+/// `base` to be free.
+fn choose<T: CtKey<W>, const W: usize>(
+    base: T,
+    sport: u16,
+    with: impl Fn(u16) -> T,
+    range: PortRange,
+    hash: u64,
+    keep: bool,
+    mut in_use: impl FnMut(&T) -> bool,
+) -> Option<T> {
+    let range = match base.proto() {
+        PROTO_TCP | PROTO_UDP => range,
+        p if p == T::ICMP => PortRange::ALL,
+        _ => return (!in_use(&base.invert())).then_some(base),
     };
-    let Some(range) = kind else {
-        return (!in_use(&base.invert())).then_some(base);
-    };
-    search(orig.sport, range, hash, keep, |p| {
-        !in_use(&with(p).invert())
-    })
-    .map(with)
+    search(sport, range, hash, keep, |p| !in_use(&with(p).invert())).map(with)
 }
 
 /// The port search shared by both families: `sport` if `keep` and it is free, else a
