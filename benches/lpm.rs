@@ -14,6 +14,8 @@
 //!
 //! `LPM_LOOP=set/kind` (`random|global|inside` / `single|batch`) runs only 20 passes of one
 //! IPv6 loop, for profilers; `LPM_CALLGRIND=random|inside` a short one for callgrind.
+//! `LPM_LENS=48` (or `32,48`, ...) prints only the IPv6 `cpu-time` rates for addresses inside
+//! the routes of those lengths: how the walk's depth, and a mix of depths, set the rate.
 #![allow(
     clippy::cast_possible_truncation,
     reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
@@ -220,7 +222,10 @@ fn cg_batch(lpm: &Lpm<u128>, ch: &[u128], out: &mut [u32]) -> u32 {
 }
 
 fn ipv4(c: &mut Criterion) {
-    if std::env::var_os("LPM_CALLGRIND").is_some() || std::env::var_os("LPM_LOOP").is_some() {
+    if ["LPM_CALLGRIND", "LPM_LOOP", "LPM_LENS"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
         return;
     }
     let Some(routes) = load("bart-tier1-v4.txt", |s| {
@@ -479,6 +484,39 @@ fn ipv6(c: &mut Criterion) {
         }
         b.build()
     });
+    if let Ok(lens) = std::env::var("LPM_LENS") {
+        // Addresses inside the routes of the given lengths only.
+        let want: Vec<u8> = lens
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .expect("LPM_LENS: prefix lengths, comma-separated")
+            })
+            .collect();
+        let sel: Vec<_> = routes
+            .iter()
+            .filter(|r| want.contains(&r.len))
+            .copied()
+            .collect();
+        assert!(!sel.is_empty(), "LPM_LENS: no route of length {lens}");
+        let mut rng = Rng(7);
+        let set: Vec<u128> = (0..ADDRS)
+            .map(|_| {
+                let r = sel[(rng.next_u64() % sel.len() as u64) as usize];
+                let host = u128::MAX.checked_shr(u32::from(r.len)).unwrap_or(0);
+                r.prefix | (rng.next_u128() & host)
+            })
+            .collect();
+        let mut out = vec![0u32; CHUNK];
+        let s = cpu_rate(&set, |ch| cg_single(&lpm, ch));
+        let b = cpu_rate(&set, |ch| cg_batch(&lpm, ch, &mut out));
+        println!(
+            "cpu-time ipv6/inside /{lens} ({} routes): tapyard_single={s:.1} tapyard_batch={b:.1}  (M/s)",
+            sel.len()
+        );
+        return;
+    }
     if let Ok(what) = std::env::var("LPM_LOOP") {
         // `LPM_LOOP=set/kind` (e.g. `inside/single`, `random/batch`): 20 passes of one loop
         // over one set, for `perf stat`/`perf record`.
