@@ -135,7 +135,8 @@ struct Rig {
 }
 
 /// A file for a file-backed table: in /dev/shm (a tmpfs, as /run on a node) when there is
-/// one, or `TAPYARD_BENCH_SHM`; removed when dropped.
+/// one, or `TAPYARD_BENCH_SHM`; unlinked once the datapath has mapped it (see `rig`), and
+/// again when dropped.
 struct CtFile(std::path::PathBuf);
 
 impl CtFile {
@@ -213,6 +214,11 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
         servers.push(h);
     }
     let dp = Arc::new(b.build());
+    if let Some(f) = file {
+        // Unlinked at once (the table keeps its mapping), so that a run killed before the
+        // `CtFile` drops leaves no file of up to 400 MB behind in /dev/shm, which is memory.
+        let _ = std::fs::remove_file(&f.0);
+    }
     let now = Instant::from_secs(1);
     for i in 0..PORTS {
         dp.add_static_neigh(if0, client_ip(i).into(), client_mac(i), now)

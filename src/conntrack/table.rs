@@ -119,6 +119,28 @@ impl<const W: usize> Default for Entry<W> {
 }
 
 impl<const W: usize> Entry<W> {
+    /// The end of a seqlock-style snapshot begun with control word `c1`, once the tuple
+    /// words `w` are read: the other fields, then the check that the generation did not
+    /// change and the entry's life still passes `ok` (else `None`: the entry changed).
+    #[inline(always)]
+    fn finish_snap(&self, c1: u64, w: [[u64; W]; 2], ok: impl Fn(u64) -> bool) -> Option<Snap<W>> {
+        let last = self.last.load(Ordering::Relaxed);
+        let tag = self.tag.load(Ordering::Relaxed);
+        let aux = self.aux.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let c2 = self.ctl.load(Ordering::Relaxed);
+        if gen_of(c1) != gen_of(c2) || !ok(life(c2)) {
+            return None;
+        }
+        Some(Snap {
+            c: c2,
+            w,
+            last,
+            tag,
+            aux,
+        })
+    }
+
     /// Both tuples' words (relaxed loads: the caller validates them, seqlock-style).
     #[inline(always)]
     fn load_words(&self) -> [[u64; W]; 2] {
@@ -610,22 +632,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         if !ok(life(c1)) {
             return None;
         }
-        let w = e.load_words();
-        let last = e.last.load(Ordering::Relaxed);
-        let tag = e.tag.load(Ordering::Relaxed);
-        let aux = e.aux.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        let c2 = e.ctl.load(Ordering::Relaxed);
-        if gen_of(c1) != gen_of(c2) || !ok(life(c2)) {
-            return None;
-        }
-        Some(Snap {
-            c: c2,
-            w,
-            last,
-            tag,
-            aux,
-        })
+        e.finish_snap(c1, e.load_words(), ok)
     }
 
     /// [`CtTable::snap`] of entry `idx` when its tuple in direction `dir` is `want`: that
@@ -654,24 +661,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         if !same_words(&mine, want) {
             return None;
         }
-        let other: [u64; W] = std::array::from_fn(|i| e.words[o][i].load(Ordering::Relaxed));
-        let last = e.last.load(Ordering::Relaxed);
-        let tag = e.tag.load(Ordering::Relaxed);
-        let aux = e.aux.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        let c2 = e.ctl.load(Ordering::Relaxed);
-        if gen_of(c1) != gen_of(c2) || !ok(life(c2)) {
-            return None;
-        }
         let mut w = [mine; 2];
-        w[o] = other;
-        Some(Snap {
-            c: c2,
-            w,
-            last,
-            tag,
-            aux,
-        })
+        w[o] = std::array::from_fn(|i| e.words[o][i].load(Ordering::Relaxed));
+        e.finish_snap(c1, w, ok)
     }
 
     #[inline]
