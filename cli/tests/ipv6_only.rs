@@ -15,7 +15,9 @@
 //! client's address kept; its NodePort on the uplink's IPv6 address from the outside host;
 //! pod to outside masqueraded to the uplink's IPv6 address; the gateway answers no ARP (a
 //! pod that gives itself an IPv4 address finds no IPv4 router); IPv4 sent to the gateway's
-//! MAC dropped as `no_route` in `show stats`, unanswered; `show routes [--json]` IPv6 only.
+//! MAC dropped as `no_route` in `show stats`, unanswered; `show routes [--json]` IPv6 only;
+//! after a takeover, a pod whose entry for the gateway held a wrong MAC (STALE) has the
+//! gateway's MAC at once, from its unsolicited Neighbor Advertisement.
 //!
 //! Needs root, `ip`, `ping` and `python3`; without them it says why and passes, except with
 //! `CI=true`, where it fails. Every namespace has `accept_dad=0` and addresses are added with
@@ -26,6 +28,7 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 mod common;
 use common::*;
@@ -256,6 +259,25 @@ fn talk_ok(ns: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String
     v
 }
 
+/// `tapyard run ARGS` in the node's namespace, its log appended to `n.log`.
+fn start_node(n: &Names, args: &[&str]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&n.log)
+        .unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", &n.ns_node, BIN, "run"])
+        .arg(&n.config)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start tapyard run")
+}
+
 fn attach_pod(n: &Names, ns: &str, tap: &str, v6: &str) {
     run(&["ip", "-n", &n.ns_node, "link", "set", tap, "netns", ns]);
     addr_add6(ns, &format!("{v6}/64"), tap);
@@ -310,18 +332,7 @@ fn ipv6_only_node() {
         namespaces: Vec::new(),
     };
     g.ns(&n.ns_node);
-    let log = std::fs::File::create(&n.log).unwrap();
-    g.node = Some(
-        Command::new("ip")
-            .args(["netns", "exec", &n.ns_node, BIN, "run"])
-            .arg(&n.config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start tapyard run"),
-    );
+    g.node = Some(start_node(&n, &[]));
     wait_for_socket(g.node.as_mut(), &n.socket);
     for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_out] {
         g.ns(ns);
@@ -464,6 +475,47 @@ fn ipv6_only_node() {
         assert!(v.as_array().is_some_and(|a| !a.is_empty()), "{json}");
         assert!(!json.contains("0.0.0.0"), "{json}");
     });
+    case(
+        "a takeover corrects a pod's wrong entry for the gateway (unsolicited NA)",
+        &mut || {
+            // Pod A holds a wrong MAC for its gateway, STALE (as after a node that had
+            // another MAC). A takeover keeps the TAPs up (a restart takes their carrier
+            // down, which flushes the pod's entries anyway); the new process announces the
+            // gateway, where Linux (`ndisc_notify` 0) would announce nothing and the pod
+            // would keep the wrong MAC until it next sends and its probes fail.
+            let wrong = "02:00:0a:dd:01:99";
+            run(&[
+                "ip", "-n", &a, "-6", "neigh", "replace", GW6, "lladdr", wrong, "nud", "stale",
+                "dev", &n.tap_a,
+            ]);
+            let neigh = || in_ns(&a, &["ip", "-6", "neigh", "show", GW6]).1;
+            std::thread::sleep(Duration::from_secs(1));
+            let text = neigh();
+            assert!(text.contains(wrong), "the wrong entry did not stay: {text}");
+            let mut old = g.node.take().expect("the node runs");
+            g.node = Some(start_node(&n, &["--takeover"]));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while old.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "the old process did not exit");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            wait_for_socket(g.node.as_mut(), &n.socket);
+            // No traffic from the pod: only the gateway's NA can change the entry.
+            let deadline = Instant::now() + Duration::from_secs(3);
+            loop {
+                let text = neigh();
+                if text.contains(&format!("lladdr {GW_MAC}")) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "pod-a's entry for the gateway after the takeover: {text}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            ping_ok(&a, GW6);
+        },
+    );
 
     let failed: Vec<String> = results
         .iter()
