@@ -19,7 +19,14 @@
 //! after a takeover, a pod whose entry for the gateway held a wrong MAC (STALE) has the
 //! gateway's MAC at once, from its unsolicited Neighbor Advertisement.
 //!
-//! Needs root, `ip`, `ping` and `python3`; without them it says why and passes, except with
+//! A second test, `cni_ipv6_only_ipam`, attaches pods with the CNI plugin and `host-local`
+//! IPAM holding only an IPv6 range, on an IPv6-only node: each pod gets its IPv6 address (no
+//! IPv4) and a default route via the gateway's global address (1.0.0 and 0.4.0 results);
+//! the pods ping the gateway and each other (`ping -6`) and talk TCP; CHECK passes; DEL
+//! removes the port and the pod's `eth0` and frees the address; an `mtu` below IPv6's 1280 is
+//! refused (code 7, saying why) with the lease given back.
+//!
+//! Needs root, `ip`, `ping` and `python3` (the CNI test also host-local); without them it says why and passes, except with
 //! `CI=true`, where it fails. Every namespace has `accept_dad=0` and addresses are added with
 //! `nodad`. Names carry the process id; a guard kills the node and deletes the namespaces on
 //! success and failure alike. Traffic goes only to addresses inside the namespaces the test
@@ -32,6 +39,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::*;
+#[path = "common/cni_plugin.rs"]
+mod cni_plugin;
+use cni_plugin::{cni, cni_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
 
@@ -528,4 +538,162 @@ fn ipv6_only_node() {
         );
     }
     assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}
+
+/// The CNI plugin with IPv6-only IPAM on an IPv6-only node (see the module docs).
+#[test]
+fn cni_ipv6_only_ipam() {
+    let why = skip_reason().or_else(|| {
+        plugin_dir().is_none().then(|| {
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into()
+        })
+    });
+    if skip_or_fail("cni_ipv6_only_ipam", why) {
+        return;
+    }
+    const GW: &str = "fd00:223:0:1::1";
+    let id = std::process::id() % 100_000;
+    let mut n = Names::new();
+    n.dir = std::env::temp_dir().join(format!("tapyard-cni-v6only-{id}"));
+    n.ns_node = format!("t7k-node-{id}");
+    n.socket = n.dir.join("ctl.sock");
+    n.config = n.dir.join("node.toml");
+    n.log = n.dir.join("run.log");
+    let bridge = format!("t7k{id}");
+    let _ = std::fs::remove_dir_all(&n.dir);
+    std::fs::create_dir_all(n.dir.join("ipam")).unwrap();
+    std::fs::write(
+        &n.config,
+        format!(
+            "[node]\nname = \"cni-v6only-{id}\"\ncluster_cidr = \"fd00:223::/56\"\nsocket = \"{}\"\nstate_dir = \"{}\"\nworkers = 2\n\n[[bridge]]\nname = \"{bridge}\"\naddress = \"{GW}/64\"\n",
+            n.socket.display(),
+            n.dir.join("state").display()
+        ),
+    )
+    .unwrap();
+    let mut g = Guard {
+        n: n.clone(),
+        node: None,
+        children: Vec::new(),
+        namespaces: Vec::new(),
+    };
+    g.ns(&n.ns_node);
+    g.node = Some(start_node(&n, &[]));
+    wait_for_socket(g.node.as_mut(), &n.socket);
+    let pods = [format!("t7k-p1-{id}"), format!("t7k-p2-{id}")];
+    for p in &pods {
+        g.ns(p);
+    }
+    let ipam_dir = n.dir.join("ipam");
+    let conf = |version: &str| {
+        serde_json::json!({
+            "cniVersion": version,
+            "name": "tapyard",
+            "type": "tapyard-cni",
+            "bridge": bridge,
+            "socket": n.socket.display().to_string(),
+            "mtu": 1500,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "fd00:223:0:1::/64", "gateway": GW}]],
+                "routes": [{"dst": "::/0"}],
+                "dataDir": ipam_dir.display().to_string(),
+            }
+        })
+    };
+    let leases = || -> Vec<String> {
+        std::fs::read_dir(ipam_dir.join("tapyard"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // An MTU IPv6 cannot have is refused with its reason; the lease taken is given back.
+    let mut small = conf("1.0.0");
+    small["mtu"] = 1000.into();
+    let (ok, err) = cni("ADD", &format!("small-{id}"), &pods[0], &small);
+    assert!(!ok, "ADD with mtu 1000: {err}");
+    assert_eq!(err["code"], 7, "{err}");
+    assert!(
+        err["msg"].as_str().is_some_and(|m| m.contains("1280")),
+        "{err}"
+    );
+    assert!(leases().is_empty(), "the lease was kept: {:?}", leases());
+    let (has, _) = in_ns(&pods[0], &["ip", "link", "show", "eth0"]);
+    assert!(!has, "an eth0 was left in {}", pods[0]);
+    let versions = ["1.0.0", "0.4.0"];
+    let mut addrs = Vec::new();
+    for (i, (p, version)) in pods.iter().zip(versions).enumerate() {
+        let ctr = format!("ctr{i}-{id}");
+        let r = cni_ok("ADD", &ctr, p, &conf(version));
+        let ips = r["ips"].as_array().cloned().unwrap_or_default();
+        assert_eq!(ips.len(), 1, "ADD result: {r}");
+        let a6 = ips[0]["address"].as_str().unwrap().to_string();
+        assert!(
+            a6.starts_with("fd00:223:0:1::") && a6.ends_with("/64"),
+            "{r}"
+        );
+        assert_eq!(ips[0]["gateway"], GW, "{r}");
+        assert_eq!(ips[0]["interface"], 0, "{r}");
+        if version == "0.4.0" {
+            assert_eq!(ips[0]["version"], "6", "{r}");
+        }
+        assert_eq!(
+            r["routes"],
+            serde_json::json!([{"dst": "::/0", "gw": GW}]),
+            "{r}"
+        );
+        let (_, addr) = in_ns(p, &["ip", "-6", "addr", "show", "dev", "eth0"]);
+        assert!(addr.contains(&a6) && !addr.contains("tentative"), "{addr}");
+        let (_, addr4) = in_ns(p, &["ip", "-4", "addr", "show", "dev", "eth0"]);
+        assert!(addr4.trim().is_empty(), "an IPv4 address on eth0: {addr4}");
+        let (_, rt) = in_ns(p, &["ip", "-6", "route", "show", "default"]);
+        assert!(rt.contains(&format!("via {GW} dev eth0")), "{rt}");
+        let ports = tapyard_ok_at(&n.socket, &["show", "ports", "--json"]);
+        assert!(ports.contains(&format!("{ctr}/eth0")), "{ports}");
+        let mut c = conf(version);
+        c["prevResult"] = r.clone();
+        cni_ok("CHECK", &ctr, p, &c);
+        addrs.push(a6.split('/').next().unwrap().to_string());
+    }
+    assert_eq!(leases().len(), 2, "{:?}", leases());
+    for (p, other) in [(&pods[0], &addrs[1]), (&pods[1], &addrs[0])] {
+        for to in [GW, other.as_str()] {
+            let (ok, text) = in_ns(
+                p,
+                &["ping", "-6", "-n", "-c", "3", "-i", "0.2", "-W", "2", to],
+            );
+            assert!(
+                ok && text.contains(" 0% packet loss"),
+                "ping -6 {p} -> {to}:\n{text}"
+            );
+        }
+    }
+    spawn_in(
+        &mut g.children,
+        &pods[1],
+        &["python3", "-c", SERVER6_PY, "p2", "8080"],
+    );
+    wait_listening(&pods[1], 8080);
+    let v = talk_ok(&pods[0], &addrs[1], 8080, 2);
+    assert!(v.iter().all(|(w, s)| w == "p2" && *s == addrs[0]), "{v:?}");
+    for (i, (p, version)) in pods.iter().zip(versions).enumerate() {
+        let ctr = format!("ctr{i}-{id}");
+        cni_ok("DEL", &ctr, p, &conf(version));
+        let (has, _) = in_ns(p, &["ip", "link", "show", "eth0"]);
+        assert!(!has, "eth0 left in {p}");
+        assert!(
+            !leases().contains(&addrs[i]),
+            "the lease of {} left",
+            addrs[i]
+        );
+        let ports = tapyard_ok_at(&n.socket, &["show", "ports", "--json"]);
+        assert!(!ports.contains(&ctr), "the port of {ctr} left: {ports}");
+        // DEL again: nothing to do, still a success.
+        cni_ok("DEL", &ctr, p, &conf(version));
+    }
+    assert!(leases().is_empty(), "leases left: {:?}", leases());
 }
