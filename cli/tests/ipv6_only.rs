@@ -33,15 +33,14 @@
 //! creates. Run with `flock /tmp/e2e.lock` beside other root e2e tests.
 
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 mod common;
 use common::*;
 #[path = "common/cni_plugin.rs"]
 mod cni_plugin;
-use cni_plugin::{cni, cni_ok};
+use cni_plugin::{cni, cni_ok, leases, net_conf};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
 
@@ -55,71 +54,12 @@ const WEB6: &str = "fd00:97::10";
 const NODE_PORT: u16 = 30096;
 
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    for (cmd, arg, pkg) in [
+    missing6(&[
         ("ip", "-V", "iproute2"),
         ("ping", "-V", "iputils-ping"),
         ("python3", "-V", "python3"),
-    ] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` ({pkg}) is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if !Path::new("/proc/sys/net/ipv6").exists() {
-        return Some("the kernel has no IPv6".into());
-    }
-    None
+    ])
 }
-
-/// An IPv6 TCP server on `argv[2]`: each connection gets `<ident> <peer address>\n`.
-const SERVER6_PY: &str = r#"
-import socket, sys
-ident, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("::", port))
-s.listen(64)
-while True:
-    c, p = s.accept()
-    try:
-        c.sendall(("%s %s\n" % (ident, p[0])).encode())
-    except OSError:
-        pass
-    c.close()
-"#;
-
-/// `<addr> <port> <count>`: `count` TCP connections, one line each: the server's answer or
-/// `error <why>` (each retried for 5 s: a server may still be starting).
-const CLIENT6_PY: &str = r#"
-import socket, sys, time
-addr, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-for i in range(count):
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            c.settimeout(3)
-            c.connect((addr, port))
-            data = b""
-            while not data.endswith(b"\n"):
-                d = c.recv(256)
-                if not d:
-                    break
-                data += d
-            c.close()
-            print(data.decode().strip(), flush=True)
-            break
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                print("error %s" % e, flush=True)
-                break
-            time.sleep(0.2)
-"#;
 
 #[derive(Clone)]
 struct Names {
@@ -163,13 +103,7 @@ impl Names {
 
     fn config(&self) -> String {
         format!(
-            r#"[node]
-name = "v6only-{id}"
-cluster_cidr = "fd00:221::/56"
-socket = "{socket}"
-state_dir = "{state}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "{cni}"
 address = "{GW6}/64"
@@ -194,9 +128,12 @@ endpoints = ["[{POD_B6}]:8080"]
 [masquerade]
 out = "{up}"
 "#,
-            id = self.id,
-            socket = self.socket.display(),
-            state = self.dir.join("state").display(),
+            node = node_toml(
+                &format!("v6only-{}", self.id),
+                r#""fd00:221::/56""#,
+                &self.socket,
+                Some(&self.dir.join("state")),
+            ),
             cni = self.cni,
             a = self.tap_a,
             b = self.tap_b,
@@ -205,87 +142,9 @@ out = "{up}"
     }
 }
 
-/// Everything the test made; removed on drop.
-struct Guard {
-    n: Names,
-    node: Option<Child>,
-    children: Vec<Child>,
-    namespaces: Vec<String>,
-}
-
-impl Guard {
-    fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-        run(&[
-            "ip",
-            "netns",
-            "exec",
-            name,
-            "sh",
-            "-c",
-            "echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad",
-        ]);
-        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let procs = self.children.iter_mut().chain(self.node.as_mut());
-        tear_down(procs, &self.namespaces, &self.n.log, &self.n.dir);
-    }
-}
-
-/// A command in `ns`: (success, stdout + stderr).
-fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend_from_slice(args);
-    let out = run_output(&v);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// `count` TCP connections from `ns` to `[addr]:port`, every one answered: (server, the
-/// client address it saw).
-fn talk_ok(ns: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
-    let (port, n) = (port.to_string(), count.to_string());
-    let (_, out) = in_ns(ns, &["python3", "-c", CLIENT6_PY, addr, &port, &n]);
-    let v: Vec<(String, String)> = out
-        .lines()
-        .map(|l| {
-            let (a, b) = l.split_once(' ').unwrap_or((l, ""));
-            (a.to_string(), b.to_string())
-        })
-        .collect();
-    assert_eq!(v.len(), count, "{ns} -> [{addr}]:{port}: {out}");
-    for (who, seen) in &v {
-        assert_ne!(who, "error", "{ns} -> [{addr}]:{port}: {seen}");
-    }
-    v
-}
-
-/// `tapyard run ARGS` in the node's namespace, its log appended to `n.log`.
-fn start_node(n: &Names, args: &[&str]) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&n.log)
-        .unwrap();
-    Command::new("ip")
-        .args(["netns", "exec", &n.ns_node, BIN, "run"])
-        .arg(&n.config)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start tapyard run")
+/// A guard for the run's directory and its node's log.
+fn guard(n: &Names) -> Guard {
+    Guard::new(&n.dir, &n.log)
 }
 
 fn attach_pod(n: &Names, ns: &str, tap: &str, v6: &str) {
@@ -335,15 +194,9 @@ fn ipv6_only_node() {
     std::fs::write(&n.config, n.config()).unwrap();
     let check = run(&[BIN, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
-    let mut g = Guard {
-        n: n.clone(),
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-    };
+    let mut g = guard(&n);
     g.ns(&n.ns_node);
-    g.node = Some(start_node(&n, &[]));
-    wait_for_socket(g.node.as_mut(), &n.socket);
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
     for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_out] {
         g.ns(ns);
     }
@@ -353,12 +206,12 @@ fn ipv6_only_node() {
     spawn_in(
         &mut g.children,
         &n.ns_b,
-        &["python3", "-c", SERVER6_PY, "b", "8080"],
+        &["python3", "-c", SERVER_PY, "b", "8080", "0"],
     );
     spawn_in(
         &mut g.children,
         &n.ns_out,
-        &["python3", "-c", SERVER6_PY, "out", "9000"],
+        &["python3", "-c", SERVER_PY, "out", "9000", "0"],
     );
     wait_listening(&n.ns_b, 8080);
     wait_listening(&n.ns_out, 9000);
@@ -394,19 +247,19 @@ fn ipv6_only_node() {
     case(
         "TCP Service on an IPv6 ClusterIP, client address kept",
         &mut || {
-            let v = talk_ok(&a, WEB6, 80, 3);
+            let v = exchange(&a, "tcp", WEB6, 80, 3);
             assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A6), "{v:?}");
         },
     );
     case("NodePort on the uplink's IPv6 address", &mut || {
-        let v = talk_ok(&out, UPLINK6, NODE_PORT, 2);
+        let v = exchange(&out, "tcp", UPLINK6, NODE_PORT, 2);
         // externalTrafficPolicy Cluster: the client is masqueraded, as kube-proxy does.
         assert!(v.iter().all(|(w, _)| w == "b"), "{v:?}");
     });
     case(
         "pod to outside, masqueraded to the uplink's IPv6 address",
         &mut || {
-            let v = talk_ok(&a, OUTSIDE6, 9000, 2);
+            let v = exchange(&a, "tcp", OUTSIDE6, 9000, 2);
             assert!(v.iter().all(|(w, s)| w == "out" && s == UPLINK6), "{v:?}");
         },
     );
@@ -503,26 +356,33 @@ fn ipv6_only_node() {
             let text = neigh();
             assert!(text.contains(wrong), "the wrong entry did not stay: {text}");
             let mut old = g.node.take().expect("the node runs");
-            g.node = Some(start_node(&n, &["--takeover"]));
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while old.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "the old process did not exit");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            g.children.push(
+                tapyard_run(Some(&n.ns_node), &n.config, &["--takeover"], &n.log)
+                    .spawn()
+                    .expect("start tapyard run --takeover"),
+            );
+            wait_for(
+                "the old process's exit",
+                Duration::from_secs(20),
+                || match old.try_wait().unwrap() {
+                    Some(_) => Ok(()),
+                    None => Err("running".into()),
+                },
+            );
+            g.node = g.children.pop();
             wait_for_socket(g.node.as_mut(), &n.socket);
             // No traffic from the pod: only the gateway's NA can change the entry.
-            let deadline = Instant::now() + Duration::from_secs(3);
-            loop {
-                let text = neigh();
-                if text.contains(&format!("lladdr {GW_MAC}")) {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "pod-a's entry for the gateway after the takeover: {text}"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            wait_for(
+                "pod-a's entry for the gateway after the takeover",
+                Duration::from_secs(3),
+                || {
+                    let text = neigh();
+                    match text.contains(&format!("lladdr {GW_MAC}")) {
+                        true => Ok(()),
+                        false => Err(text),
+                    }
+                },
+            );
             ping_ok(&a, GW6);
         },
     );
@@ -562,55 +422,31 @@ fn cni_ipv6_only_ipam() {
     let bridge = format!("t7k{id}");
     let _ = std::fs::remove_dir_all(&n.dir);
     std::fs::create_dir_all(n.dir.join("ipam")).unwrap();
+    let node = node_toml(
+        &format!("cni-v6only-{id}"),
+        r#""fd00:223::/56""#,
+        &n.socket,
+        Some(&n.dir.join("state")),
+    );
     std::fs::write(
         &n.config,
-        format!(
-            "[node]\nname = \"cni-v6only-{id}\"\ncluster_cidr = \"fd00:223::/56\"\nsocket = \"{}\"\nstate_dir = \"{}\"\nworkers = 2\n\n[[bridge]]\nname = \"{bridge}\"\naddress = \"{GW}/64\"\n",
-            n.socket.display(),
-            n.dir.join("state").display()
-        ),
+        format!("{node}\n[[bridge]]\nname = \"{bridge}\"\naddress = \"{GW}/64\"\n"),
     )
     .unwrap();
-    let mut g = Guard {
-        n: n.clone(),
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-    };
+    let mut g = guard(&n);
     g.ns(&n.ns_node);
-    g.node = Some(start_node(&n, &[]));
-    wait_for_socket(g.node.as_mut(), &n.socket);
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
     let pods = [format!("t7k-p1-{id}"), format!("t7k-p2-{id}")];
     for p in &pods {
         g.ns(p);
     }
     let ipam_dir = n.dir.join("ipam");
     let conf = |version: &str| {
-        serde_json::json!({
-            "cniVersion": version,
-            "name": "tapyard",
-            "type": "tapyard-cni",
-            "bridge": bridge,
-            "socket": n.socket.display().to_string(),
-            "mtu": 1500,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": "fd00:223:0:1::/64", "gateway": GW}]],
-                "routes": [{"dst": "::/0"}],
-                "dataDir": ipam_dir.display().to_string(),
-            }
-        })
+        let ranges = serde_json::json!([[{"subnet": "fd00:223:0:1::/64", "gateway": GW}]]);
+        let routes = serde_json::json!([{"dst": "::/0"}]);
+        net_conf(version, &bridge, &n.socket, ranges, routes, &ipam_dir)
     };
-    let leases = || -> Vec<String> {
-        std::fs::read_dir(ipam_dir.join("tapyard"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let leases = || leases(&ipam_dir);
     // An MTU IPv6 cannot have is refused with its reason; the lease taken is given back.
     let mut small = conf("1.0.0");
     small["mtu"] = 1000.into();
@@ -675,10 +511,10 @@ fn cni_ipv6_only_ipam() {
     spawn_in(
         &mut g.children,
         &pods[1],
-        &["python3", "-c", SERVER6_PY, "p2", "8080"],
+        &["python3", "-c", SERVER_PY, "p2", "8080", "0"],
     );
     wait_listening(&pods[1], 8080);
-    let v = talk_ok(&pods[0], &addrs[1], 8080, 2);
+    let v = exchange(&pods[0], "tcp", &addrs[1], 8080, 2);
     assert!(v.iter().all(|(w, s)| w == "p2" && *s == addrs[0]), "{v:?}");
     for (i, (p, version)) in pods.iter().zip(versions).enumerate() {
         let ctr = format!("ctr{i}-{id}");
