@@ -158,6 +158,41 @@ fn ipv6_only_gateway_answers_echo6_but_no_arp() {
     ));
 }
 
+/// An IPv6-only gateway announces itself with unsolicited NAs (global, then link-local
+/// address; router and override flags) and no gratuitous ARP: it has no IPv4 address.
+#[test]
+fn ipv6_only_gateway_announces_with_nas_and_no_arp() {
+    let n = node();
+    let r = n.dp.router().unwrap();
+    let cni0 = n.dp.iface_by_name("cni0").unwrap();
+    let mut frames = Vec::new();
+    r.announce(cni0, |f| frames.push(f.to_vec()));
+    let mut targets = Vec::new();
+    for f in &frames {
+        assert_eq!(&f[..6], &[0x33, 0x33, 0, 0, 0, 1], "to all nodes");
+        let info = ipv6::check(&f[14..]).unwrap();
+        assert_eq!((info.hop_limit, info.dst), (255, ipv6::ALL_NODES));
+        let m = Icmpv6Packet::new_checked(&f[14 + info.l4_off..14 + info.total_len()]).unwrap();
+        assert!(m.verify_checksum(info.src, info.dst));
+        match Icmpv6Repr::parse(&m, info.src, info.dst).unwrap() {
+            Icmpv6Repr::NeighborAdvert {
+                flags,
+                target,
+                target_lladdr,
+            } => {
+                assert!(flags.router && flags.override_ && !flags.solicited);
+                assert_eq!((info.src, target_lladdr), (target, Some(GW_MAC)));
+                targets.push(target);
+            }
+            other => panic!("not an NA: {other:?}"),
+        }
+    }
+    assert_eq!(
+        targets,
+        [a("fd00:10:244:1::1"), ipv6::link_local_from_mac(GW_MAC)]
+    );
+}
+
 #[test]
 fn ipv4_to_the_router_on_an_ipv6_only_interface_is_dropped_and_counted() {
     let mut n = node();

@@ -969,3 +969,152 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         Some(new.next_hop)
     );
 }
+
+/// An unsolicited NA of [`tapyard::l3::Router::announce`], checked by etherparse: to
+/// all-nodes from the address itself, hop limit 255, router and override flags set,
+/// solicited clear, the checksum right. Returns the target and its link-layer address.
+fn check_unsolicited_na(f: &[u8], mac: MacAddr) -> (Ipv6Addr, Option<MacAddr>) {
+    let p = SlicedPacket::from_ethernet(f).unwrap();
+    let eth = p.link.as_ref().unwrap().to_header().unwrap();
+    let eth = match eth {
+        etherparse::LinkHeader::Ethernet2(e) => e,
+        other => panic!("not Ethernet II: {other:?}"),
+    };
+    assert_eq!(
+        (eth.source, eth.destination),
+        (mac.0, [0x33, 0x33, 0, 0, 0, 1])
+    );
+    let Some(etherparse::NetSlice::Ipv6(ip)) = &p.net else {
+        panic!("not IPv6")
+    };
+    let h = ip.header();
+    assert_eq!(h.hop_limit(), 255);
+    assert_eq!(h.destination_addr(), ipv6::ALL_NODES);
+    let Some(TransportSlice::Icmpv6(icmp)) = &p.transport else {
+        panic!("not ICMPv6")
+    };
+    assert!(icmp.is_checksum_valid(h.source(), h.destination()));
+    let Icmpv6Type::NeighborAdvertisement(na) = icmp.icmp_type() else {
+        panic!("not an NA: {:?}", icmp.icmp_type())
+    };
+    assert!(na.router && na.r#override && !na.solicited, "{na:?}");
+    let (src, dst, r) = parse_icmp(f);
+    assert_eq!(dst, ipv6::ALL_NODES);
+    let Icmpv6Repr::NeighborAdvert {
+        target,
+        target_lladdr,
+        ..
+    } = r
+    else {
+        panic!("{r:?}")
+    };
+    assert_eq!(src, target, "sent from the address it announces");
+    (target, target_lladdr)
+}
+
+/// A router interface comes up (tapyard starts, or takes over from another process): it
+/// announces itself with a gratuitous ARP and, having an IPv6 address, an unsolicited NA for
+/// its global and one for its link-local address, so that a pod holding another MAC for its
+/// gateway takes the right one at once (Linux does this only with `arp_notify` and
+/// `ndisc_notify` set). An IPv4-only interface sends no IPv6.
+#[test]
+fn announce_sends_gratuitous_arp_and_unsolicited_nas_for_both_addresses() {
+    let n = node();
+    let r = n.dp.router().unwrap();
+    let cni0 = n.dp.iface_by_name("cni0").unwrap();
+    let mut frames = Vec::new();
+    r.announce(cni0, |f| frames.push(f.to_vec()));
+    assert_eq!(frames.len(), 3, "ARP, then an NA per address");
+    // The gratuitous ARP, as before: broadcast, sender = target = the IPv4 address.
+    let arp = etherparse::ArpPacketSlice::from_slice(&frames[0][14..]).unwrap();
+    assert_eq!(frames[0].len(), 60);
+    assert_eq!(&frames[0][..6], &[0xff; 6]);
+    assert_eq!(arp.sender_protocol_addr(), [10, 244, 1, 1]);
+    assert_eq!(arp.target_protocol_addr(), [10, 244, 1, 1]);
+    let ll = r.link_local6(cni0).unwrap();
+    assert_eq!(ll, ipv6::link_local_from_mac(GW0_MAC));
+    assert_eq!(
+        check_unsolicited_na(&frames[1], GW0_MAC),
+        (a("fd00:10:244:1::1"), Some(GW0_MAC))
+    );
+    assert_eq!(
+        check_unsolicited_na(&frames[2], GW0_MAC),
+        (ll, Some(GW0_MAC))
+    );
+    // The uplink announces its own addresses, from its own MAC.
+    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    let mut up = Vec::new();
+    r.announce(eth0, |f| up.push(f.to_vec()));
+    assert_eq!(up.len(), 3);
+    assert_eq!(check_unsolicited_na(&up[1], UP_MAC).0, a("fd00:172:18::2"));
+    // An unknown interface: nothing.
+    let mut none = 0;
+    r.announce(IfaceId(99), |_| none += 1);
+    assert_eq!(none, 0);
+
+    // An IPv4-only interface: the gratuitous ARP alone.
+    let mut b = Datapath::builder();
+    let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    let c = IfaceConfig::new("cni0", GW0_MAC, Ipv4Addr::new(10, 244, 1, 1), 24);
+    let (v4, _) = b.add_router_iface(c, Some(br)).unwrap();
+    let dp4 = b.build();
+    let mut only = Vec::new();
+    dp4.router()
+        .unwrap()
+        .announce(v4, |f| only.push(f.to_vec()));
+    assert_eq!(only.len(), 1);
+    assert_eq!(&only[0][12..14], &[0x08, 0x06], "ARP, no IPv6");
+}
+
+/// What a neighbour does with the announcement, with tapyard's own NDP (Linux's state
+/// machine) as the pod: an entry for the gateway holding another MAC (learned from an NS
+/// sent from an old MAC) takes the announced MAC at once and becomes STALE (the override
+/// flag; `ndisc_recv_na`), for the global and the link-local address alike.
+#[test]
+fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
+    let gw = a("fd00:10:244:1::1");
+    let n = node();
+    let r = n.dp.router().unwrap();
+    let cni0 = n.dp.iface_by_name("cni0").unwrap();
+    let ll = r.link_local6(cni0).unwrap();
+    let mut frames = Vec::new();
+    r.announce(cni0, |f| frames.push(f.to_vec()));
+
+    // The pod: a router interface of its own on an uplink port, in the gateway's subnet.
+    let mut b = Datapath::builder();
+    let pod_ip = a("fd00:10:244:1::2");
+    let (pod_if, pod_port) = b
+        .add_router_iface(IfaceConfig::new6("eth0", POD_A, pod_ip, 64), None)
+        .unwrap();
+    let pod = b.build();
+    let mut w = pod.worker();
+    let now = Instant::from_secs(5);
+    let old = MacAddr([0x02, 0xaa, 0, 0, 0, 0x99]);
+    for src in [gw, ll] {
+        // The old gateway asked for the pod from an old MAC: the pod keeps that MAC, STALE.
+        let ns = Icmpv6Repr::NeighborSolicit {
+            target: pod_ip,
+            source_lladdr: Some(old),
+        };
+        let g = ipv6::solicited_node(pod_ip);
+        let f = icmp(old, ipv6::multicast_mac(g), src, g, &ns);
+        common::send_one(&pod, &mut w, now, pod_port, &f);
+    }
+    let entry = |ip: Ipv6Addr| {
+        pod.router()
+            .unwrap()
+            .neigh6()
+            .dump(now)
+            .into_iter()
+            .find(|e| e.ip == ip && e.iface == pod_if)
+            .map(|e| (e.state, e.mac))
+    };
+    assert_eq!(entry(gw), Some((NeighState::Stale, Some(old))));
+    assert_eq!(entry(ll), Some((NeighState::Stale, Some(old))));
+    for f in &frames[1..] {
+        let (v, _) = common::send_one(&pod, &mut w, now, pod_port, f);
+        assert_eq!(v, Verdict::Local, "taken in by the pod");
+    }
+    assert_eq!(entry(gw), Some((NeighState::Stale, Some(GW0_MAC))));
+    assert_eq!(entry(ll), Some((NeighState::Stale, Some(GW0_MAC))));
+}

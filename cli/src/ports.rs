@@ -493,46 +493,40 @@ impl Node {
         })
     }
 
-    /// Announces each router interface on its link, as Linux does when an interface comes up
-    /// (`arp_notify`): a gratuitous ARP request (sender and target its own address) from its
-    /// MAC, out of every TAP of its bridge (or its uplink's TAP). A pod that was resolving its
-    /// gateway while nobody served it (its ARP retries come every second) takes the answer at
-    /// once instead of waiting for its next retry; the MAC is the one it had (derived). Sent at
-    /// start; a TAP that refuses a frame is skipped.
+    /// Announces each router interface on its link ([`tapyard::l3::Router::announce`]): a
+    /// gratuitous ARP request (sender and target its IPv4 address) and, when it has an IPv6
+    /// address, unsolicited Neighbor Advertisements (router and override flags) for its
+    /// global and link-local addresses, from its MAC, out of every TAP of its bridge (or its
+    /// uplink's TAP). As Linux with `arp_notify` and `ndisc_notify` set (both 0 by default):
+    /// a pod that was resolving its gateway while nobody served it (its ARP retries come every
+    /// second) takes the answer at once instead of waiting for its next retry, and one whose
+    /// entry holds another MAC (a takeover with another `mac`) is corrected at once (it keeps
+    /// it `STALE`, so its next packet confirms it). Sent at start and at a takeover
+    /// (addresses change only with a restart); a TAP that refuses a frame is skipped.
     pub fn announce(&self) {
-        use tapyard::wire::arp::{ArpRepr, REQUEST};
-        use tapyard::MacAddr;
+        let Some(router) = self.dp.router() else {
+            return;
+        };
         let ports = self.ports.list();
         let mut sent = 0;
-        for (name, mac, cidr) in &self.ifaces {
-            // An IPv6-only interface sends no IPv4 (and no ARP).
-            let Some(cidr) = cidr else { continue };
-            let garp = ArpRepr {
-                operation: REQUEST,
-                sha: *mac,
-                spa: cidr.addr,
-                tha: MacAddr::ZERO,
-                tpa: cidr.addr,
-            };
-            let mut frame = [0u8; 60];
-            if garp
-                .write_frame(*mac, MacAddr::BROADCAST, &mut frame)
-                .is_none()
-            {
+        for (name, _, _) in &self.ifaces {
+            let Some(iid) = self.dp.iface_by_name(name) else {
                 continue;
-            }
-            let buf = PacketBuf::from_frame(&frame);
+            };
             let on_link = |e: &&PortEntry| match e.kind {
                 Kind::Pod => e.bridge.as_deref() == Some(name.as_str()),
                 Kind::Uplink => e.name == *name,
             };
-            for e in ports.iter().filter(on_link) {
-                if let Some(dev) = &e.dev {
-                    sent += usize::from(dev.send(&buf).is_ok());
+            router.announce(iid, |frame| {
+                let buf = PacketBuf::from_frame(frame);
+                for e in ports.iter().filter(on_link) {
+                    if let Some(dev) = &e.dev {
+                        sent += usize::from(dev.send(&buf).is_ok());
+                    }
                 }
-            }
+            });
         }
-        log::debug!("gratuitous ARP sent on {sent} TAP(s)");
+        log::debug!("gratuitous ARP and unsolicited NA: {sent} frame(s) sent on the TAPs");
     }
 
     /// Reads where each TAP lives now (its namespace and name, from its fd) and records the

@@ -24,17 +24,18 @@
 //! Everything lives in namespaces named after the process id, removed (with the node) on
 //! success and failure alike.
 
+#[path = "common/cni_plugin.rs"]
+mod cni_plugin;
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use cni_plugin::{cni, cni_ok, leases, net_conf};
 use common::*;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
 const GW: &str = "10.244.1.1";
 const UPLINK: &str = "10.245.0.2";
 const NODE_B: &str = "10.245.0.3";
@@ -43,54 +44,21 @@ const WEB_VIP: &str = "10.96.0.10";
 
 /// Why this machine cannot run the tests, if it cannot.
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root (TAP devices, network namespaces)".into());
-    }
-    for (cmd, arg) in [("ip", "-V"), ("ping", "-V"), ("python3", "-V")] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` is not installed"));
-        }
-    }
-    if plugin_dir().is_none() {
-        return Some(
-            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into(),
-        );
-    }
-    None
-}
-
-fn skip(test: &str) -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) => {
-            eprintln!("SKIP {test}: {why}");
-            true
-        }
-    }
-}
-
-/// The `tapyard-cni` binary beside `tapyard`, built (same profile) if it is not there yet.
-fn plugin_exe() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = Path::new(BIN).parent().expect("the binary's directory");
-        let exe = dir.join("tapyard-cni");
-        let release = dir.ends_with("release");
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-q", "-p", "tapyard-cni", "--manifest-path"])
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"));
-        if release {
-            cmd.arg("--release");
-        }
-        let st = cmd.status().expect("run cargo build -p tapyard-cni");
-        assert!(
-            st.success() && exe.is_file(),
-            "cannot build {}",
-            exe.display()
-        );
-        exe
+    missing(&[
+        ("ip", "-V", "iproute2"),
+        ("ping", "-V", "iputils"),
+        ("python3", "-V", "python3"),
+    ])
+    .or_else(|| {
+        plugin_dir().is_none().then(|| {
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into()
+        })
     })
-    .clone()
+}
+
+/// Skips with a message, or fails under `CI=true`.
+fn skip(test: &str) -> bool {
+    skip_or_fail(test, skip_reason())
 }
 
 /// A running node, node-b and the pods' namespaces; all removed on drop.
@@ -99,12 +67,10 @@ struct Node {
     dir: PathBuf,
     ns_node: String,
     ns_b: String,
-    namespaces: Vec<String>,
-    node: Option<Child>,
-    children: Vec<Child>,
     socket: PathBuf,
     config: PathBuf,
-    log: PathBuf,
+    /// The node's process, the servers, the namespaces, the directory.
+    g: Guard,
 }
 
 impl Node {
@@ -120,30 +86,15 @@ impl Node {
             ns_b: format!("tyb-{tag}"),
             socket: dir.join("ctl.sock"),
             config: dir.join("node.toml"),
-            log: dir.join("run.log"),
+            g: Guard::new(&dir, &dir.join("run.log")),
             tag,
             dir,
-            namespaces: Vec::new(),
-            node: None,
-            children: Vec::new(),
         };
         let (node_ns, b) = (n.ns_node.clone(), n.ns_b.clone());
         n.ns(&node_ns);
         n.ns(&b);
         std::fs::write(&n.config, n.config_text(ports)).unwrap();
-        let log = std::fs::File::create(&n.log).unwrap();
-        n.node = Some(
-            Command::new("ip")
-                .args(["netns", "exec", &n.ns_node, BIN, "run"])
-                .arg(&n.config)
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start tapyard run"),
-        );
-        wait_for_socket(n.node.as_mut(), &n.socket);
+        n.g.start_node(Some(&node_ns), &n.config, &[], &n.socket);
         // node-b: the uplink TAP, its address and pod, the route back to cni0's pods.
         let nb = &n.ns_b;
         run(&["ip", "-n", &n.ns_node, "link", "set", "up0", "netns", nb]);
@@ -169,13 +120,7 @@ impl Node {
             format!("ports = [{}]\n", q.join(", "))
         };
         format!(
-            r#"[node]
-name = "cni-{tag}"
-cluster_cidr = "10.244.0.0/16"
-socket = "{socket}"
-state_dir = "{state}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "cni0"
 address = "{GW}/24"
@@ -195,21 +140,22 @@ protocol = "tcp"
 port = 80
 endpoints = ["{NODE_B_POD}:8080"]
 "#,
-            tag = self.tag,
-            socket = self.socket.display(),
-            state = self.socket.with_file_name("state").display(),
+            node = node_toml(
+                &format!("cni-{}", self.tag),
+                r#""10.244.0.0/16""#,
+                &self.socket,
+                Some(&self.socket.with_file_name("state")),
+            ),
         )
     }
 
     /// Creates a namespace removed on drop.
     fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
+        self.g.ns(name);
     }
 
     fn pid(&self) -> u32 {
-        self.node.as_ref().expect("the node runs").id()
+        self.g.node.as_ref().expect("the node runs").id()
     }
 
     fn tapyard(&self, args: &[&str]) -> Output {
@@ -263,32 +209,21 @@ endpoints = ["{NODE_B_POD}:8080"]
 
     /// The plugin's network configuration (as the runtime hands it over).
     fn net_conf(&self) -> Value {
-        json!({
-            "cniVersion": "1.0.0",
-            "name": "tapyard",
-            "type": "tapyard-cni",
-            "bridge": "cni0",
-            "socket": self.socket.display().to_string(),
-            "mtu": 1500,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": "10.244.1.0/24", "gateway": GW}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-                "dataDir": self.dir.join("ipam").display().to_string(),
-            }
-        })
+        let ranges = json!([[{"subnet": "10.244.1.0/24", "gateway": GW}]]);
+        let routes = json!([{"dst": "0.0.0.0/0"}]);
+        net_conf(
+            "1.0.0",
+            "cni0",
+            &self.socket,
+            ranges,
+            routes,
+            &self.dir.join("ipam"),
+        )
     }
 
     /// The lease files host-local holds.
     fn leases(&self) -> Vec<String> {
-        std::fs::read_dir(self.dir.join("ipam/tapyard"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                    .collect()
-            })
-            .unwrap_or_default()
+        leases(&self.dir.join("ipam"))
     }
 
     /// The gateway's MAC, from `tapyard status`.
@@ -303,50 +238,6 @@ endpoints = ["{NODE_B_POD}:8080"]
             .map(|i| i["mac"].as_str().unwrap().to_string())
             .unwrap()
     }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let procs = self.children.iter_mut().chain(self.node.as_mut());
-        tear_down(procs, &self.namespaces, &self.log, &self.dir);
-    }
-}
-
-/// One plugin run: `(exit status success, stdout as JSON)`.
-fn cni(cmd: &str, container: &str, netns: &str, conf: &Value) -> (bool, Value) {
-    use std::io::Write;
-    let dir = plugin_dir().expect("host-local");
-    let mut child = Command::new(plugin_exe())
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{netns}"))
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", &dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tapyard-cni");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = wait_output(child, CMD_TIMEOUT, &format!("tapyard-cni {cmd}"));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = if text.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{cmd}: {e}: {text}"))
-    };
-    (out.status.success(), v)
-}
-
-fn cni_ok(cmd: &str, container: &str, netns: &str, conf: &Value) -> Value {
-    let (ok, v) = cni(cmd, container, netns, conf);
-    assert!(ok, "CNI {cmd} {container} failed: {v}");
-    v
 }
 
 /// One request line on the control socket: the reply.
@@ -497,7 +388,7 @@ fn cni_pods_end_to_end() {
     let mut n = Node::start("ce", &[]);
     let nb = n.ns_b.clone();
     spawn_in(
-        &mut n.children,
+        &mut n.g.children,
         &nb,
         &["python3", "-c", SERVER_PY, "node-b", "8080", "0"],
     );
@@ -533,7 +424,7 @@ fn cni_pods_end_to_end() {
     }
     let p0 = pods[0].ns.clone();
     spawn_in(
-        &mut n.children,
+        &mut n.g.children,
         &p0,
         &["python3", "-c", SERVER_PY, "pod0", "7000", "0"],
     );
@@ -626,11 +517,10 @@ fn cni_pods_end_to_end() {
 
 #[test]
 fn churn_while_a_stream_runs() {
-    if skip("churn_while_a_stream_runs") {
-        return;
-    }
-    if !have("iperf3", "--version") {
-        eprintln!("SKIP churn_while_a_stream_runs: iperf3 is not installed");
+    let why = skip_reason().or_else(|| {
+        (!have("iperf3", "--version")).then(|| "`iperf3` (iperf3) is not installed".into())
+    });
+    if skip_or_fail("churn_while_a_stream_runs", why) {
         return;
     }
     let mut n = Node::start("ch", &[]);
@@ -638,7 +528,7 @@ fn churn_while_a_stream_runs() {
     let b = add_pod(&mut n, 1);
     ping_ok(&b.ns, &a.ip());
     let (ports0, fdb0, fds0) = (n.json("ports").len(), n.fdb(), n.fds());
-    spawn_in(&mut n.children, &a.ns, &["iperf3", "-s", "-p", "5201"]);
+    spawn_in(&mut n.g.children, &a.ns, &["iperf3", "-s", "-p", "5201"]);
     wait_listening(&a.ns, 5201);
     let stream = Command::new("ip")
         .args(["netns", "exec", &b.ns, "iperf3", "-c", &a.ip(), "-t", "20"])

@@ -35,15 +35,14 @@
 //! namespaces the test creates.
 
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 mod common;
 use common::*;
 #[path = "common/cni_plugin.rs"]
 mod cni_plugin;
-use cni_plugin::{cni, cni_ok};
+use cni_plugin::{cni, cni_ok, leases, net_conf};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
 
@@ -78,104 +77,14 @@ const DUAL6: &str = "fd00:96::30";
 
 /// Why this machine cannot run the test, if it cannot.
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    for (cmd, arg, pkg) in [
+    missing6(&[
         ("ip", "-V", "iproute2"),
         ("ping", "-V", "iputils-ping"),
         ("python3", "-V", "python3"),
         ("traceroute", "--version", "traceroute"),
         ("tracepath", "-V", "iputils-tracepath"),
-    ] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` ({pkg}) is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if !Path::new("/proc/sys/net/ipv6").exists() {
-        return Some("the kernel has no IPv6".into());
-    }
-    None
+    ])
 }
-
-/// A server on both families (`::`, not IPv6-only): TCP on `argv[2]` (each connection gets
-/// `<ident> <peer address>\n`) unless 0, UDP on `argv[3]` (each datagram is answered with
-/// `<ident> <peer address>`) unless 0. IPv4 peers are shown as IPv4 addresses.
-const SERVER_PY: &str = r#"
-import socket, sys, threading
-ident, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def peer(p):
-    a = p[0]
-    return a[7:] if a.startswith("::ffff:") else a
-def sock(kind):
-    s = socket.socket(socket.AF_INET6, kind)
-    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    return s
-def tcp():
-    s = sock(socket.SOCK_STREAM)
-    s.bind(("::", tport))
-    s.listen(128)
-    while True:
-        c, p = s.accept()
-        try:
-            c.sendall(("%s %s\n" % (ident, peer(p))).encode())
-        except OSError:
-            pass
-        c.close()
-def udp():
-    u = sock(socket.SOCK_DGRAM)
-    u.bind(("::", uport))
-    while True:
-        d, p = u.recvfrom(2048)
-        u.sendto(("%s %s" % (ident, peer(p))).encode(), p)
-ts = [threading.Thread(target=f, daemon=True) for f, p in ((tcp, tport), (udp, uport)) if p]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-"#;
-
-/// `tcp|udp|once <addr> <port> <count>`: `count` exchanges, one line each: the server's
-/// answer, or `error <why>` (tcp and udp retry for 5 s: a server may still be starting;
-/// `once` is one TCP connection attempt, to see how it is refused).
-const CLIENT_PY: &str = r#"
-import socket, sys, time
-mode, addr, port, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
-for i in range(count):
-    deadline = time.monotonic() + (0 if mode == "once" else 5)
-    while True:
-        try:
-            if mode in ("tcp", "once"):
-                c = socket.socket(fam, socket.SOCK_STREAM)
-                c.settimeout(3)
-                c.connect((addr, port))
-                data = b""
-                while not data.endswith(b"\n"):
-                    d = c.recv(256)
-                    if not d:
-                        break
-                    data += d
-                c.close()
-            else:
-                u = socket.socket(fam, socket.SOCK_DGRAM)
-                u.settimeout(2)
-                u.connect((addr, port))
-                u.send(b"q")
-                data = u.recv(2048)
-                u.close()
-            print(data.decode().strip(), flush=True)
-            break
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                print("error %s" % e, flush=True)
-                break
-            time.sleep(0.2)
-"#;
 
 /// The Services, added by a reload once the node runs.
 fn services_toml() -> String {
@@ -283,13 +192,7 @@ impl Names {
 
     fn base_config(&self) -> String {
         format!(
-            r#"[node]
-name = "dual-{id}"
-cluster_cidr = ["10.219.0.0/16", "fd00:219::/56"]
-socket = "{socket}"
-state_dir = "{state}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "{cni}"
 address = ["{GW4}/24", "{GW6}/64"]
@@ -330,9 +233,12 @@ via = "{OUTSIDE6}"
 [masquerade]
 out = "{up}"
 "#,
-            id = self.id,
-            socket = self.socket.display(),
-            state = self.dir.join("state").display(),
+            node = node_toml(
+                &format!("dual-{}", self.id),
+                r#"["10.219.0.0/16", "fd00:219::/56"]"#,
+                &self.socket,
+                Some(&self.dir.join("state")),
+            ),
             cni = self.cni,
             rab = self.rab,
             a = self.tap_a,
@@ -343,126 +249,9 @@ out = "{up}"
     }
 }
 
-/// Everything the test made; removed on drop.
-struct Guard {
-    n: Names,
-    node: Option<Child>,
-    children: Vec<Child>,
-    namespaces: Vec<String>,
-}
-
-impl Guard {
-    fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-        // No tentative addresses: interfaces created in or moved to it skip DAD.
-        sh(
-            name,
-            "echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad",
-        );
-        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
-    }
-
-    fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.n.log)
-            .unwrap();
-        self.node = Some(
-            Command::new("ip")
-                .args(["netns", "exec", &self.n.ns_node, BIN, "run"])
-                .arg(&self.n.config)
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start tapyard run"),
-        );
-        wait_for_socket(self.node.as_mut(), &self.n.socket);
-    }
-
-    /// SIGTERM (`ip netns exec` has exec'd tapyard), exit 0.
-    fn stop(&mut self) {
-        let c = self.node.take().expect("a running node");
-        run(&["kill", "-TERM", &c.id().to_string()]);
-        let out = wait_output(c, Duration::from_secs(10), "tapyard run (SIGTERM)");
-        assert!(out.status.success(), "exit status {}", out.status);
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let procs = self.children.iter_mut().chain(self.node.as_mut());
-        tear_down(procs, &self.namespaces, &self.n.log, &self.n.dir);
-    }
-}
-
-/// `sh -c SCRIPT` in `ns`, which must succeed; its stdout.
-fn sh(ns: &str, script: &str) -> String {
-    run(&["ip", "netns", "exec", ns, "sh", "-c", script])
-}
-
-/// A command in `ns`: (success, stdout + stderr).
-fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend_from_slice(args);
-    let out = run_output(&v);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// Three pings (either family) from `ns` to `to`, all answered.
-fn ping6_ok(ns: &str, to: &str) {
-    let (ok, text) = in_ns(ns, &["ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", to]);
-    assert!(
-        ok && text.contains(" 0% packet loss"),
-        "ping {ns} -> {to}:\n{text}"
-    );
-}
-
-/// `count` exchanges of [`CLIENT_PY`]: (server ident, client address it saw).
-fn talk(ns: &str, mode: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
-    let (port, n) = (port.to_string(), count.to_string());
-    let (_, out) = in_ns(ns, &["python3", "-c", CLIENT_PY, mode, addr, &port, &n]);
-    let v: Vec<(String, String)> = out
-        .lines()
-        .map(|l| {
-            let (a, b) = l.split_once(' ').unwrap_or((l, ""));
-            (a.to_string(), b.to_string())
-        })
-        .collect();
-    assert_eq!(v.len(), count, "{mode} {ns} -> {addr}:{port}: {out}");
-    v
-}
-
-/// [`talk`], every exchange answered.
-fn talk_ok(ns: &str, mode: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
-    let v = talk(ns, mode, addr, port, count);
-    for (who, seen) in &v {
-        assert_ne!(who, "error", "{mode} {ns} -> {addr}:{port}: {seen}");
-    }
-    v
-}
-
-/// Polls `f` every 100 ms until it returns `Some`, at most `limit`; the last state is in the
-/// failure message.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("{what}: not within {limit:?}; last: {last}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
+/// Starts the node in its namespace (its log appended to).
+fn start(g: &mut Guard, n: &Names) {
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
 }
 
 /// A pod: its TAP moved in from tapyard's namespace, addresses (IPv6 without DAD), and the
@@ -583,26 +372,13 @@ fn dual_stack_node() {
     let check = run(&[BIN, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
     std::fs::write(&n.config, n.config(false)).unwrap();
-    let mut g = Guard {
-        n,
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-    };
-    let ns_node = g.n.ns_node.clone();
-    g.ns(&ns_node);
-    g.start();
-    for ns in [
-        g.n.ns_a.clone(),
-        g.n.ns_b.clone(),
-        g.n.ns_r.clone(),
-        g.n.ns_wire.clone(),
-        g.n.ns_nb.clone(),
-        g.n.ns_out.clone(),
-    ] {
-        g.ns(&ns);
+    let mut g = Guard::new(&n.dir, &n.log);
+    g.ns(&n.ns_node);
+    start(&mut g, &n);
+    for ns in [&n.ns_a, &n.ns_b, &n.ns_r, &n.ns_wire, &n.ns_nb, &n.ns_out] {
+        g.ns(ns);
     }
-    let n = &g.n.clone();
+    let n = &n;
     attach_pod(n, &n.ns_a, &n.tap_a, POD_A4, POD_A6, GW4, Some(GW6));
     attach_pod(n, &n.ns_b, &n.tap_b, POD_B4, POD_B6, GW4, Some(GW6));
     attach_pod(n, &n.ns_r, &n.tap_r, POD_R4, POD_R6, "10.219.5.1", None);
@@ -630,8 +406,6 @@ fn dual_stack_node() {
     }
 
     let mut results: Vec<(&str, Result<(), String>)> = Vec::new();
-    let names = g.n.clone();
-    let n = &names;
     let mut case = |name: &'static str, f: &mut dyn FnMut()| {
         eprintln!("---- case: {name}");
         let r = std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
@@ -649,14 +423,14 @@ fn dual_stack_node() {
         assert!(!st.contains("tx_error"), "{st}");
     });
     case("pod to pod (ping -6, TCP)", &mut || {
-        ping6_ok(&a, POD_B6);
-        let v = talk_ok(&a, "tcp", POD_B6, 8080, 2);
+        ping_ok(&a, POD_B6);
+        let v = exchange(&a, "tcp", POD_B6, 8080, 2);
         assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A6), "{v:?}");
         // IPv4 beside it, unchanged.
-        ping6_ok(&a, POD_B4);
+        ping_ok(&a, POD_B4);
     });
     case("NDP as the pods see it", &mut || {
-        ping6_ok(&a, GW6);
+        ping_ok(&a, GW6);
         let (_, text) = in_ns(&a, &["ip", "-6", "neigh", "show", GW6]);
         assert!(
             text.contains(&format!("lladdr {GW_MAC}"))
@@ -667,14 +441,14 @@ fn dual_stack_node() {
         );
     });
     case("cross-node routed (ping -6, TCP)", &mut || {
-        ping6_ok(&a, NODE_B_POD6);
-        let v = talk_ok(&a, "tcp", NODE_B_POD6, 8080, 2);
+        ping_ok(&a, NODE_B_POD6);
+        let v = exchange(&a, "tcp", NODE_B_POD6, 8080, 2);
         assert!(v.iter().all(|(w, s)| w == "nb" && s == POD_A6), "{v:?}");
-        ping6_ok(&a, NODE_B_POD4);
+        ping_ok(&a, NODE_B_POD4);
     });
     case("node to pod", &mut || {
-        ping6_ok(&nb, POD_A6);
-        let v = talk_ok(&nb, "tcp", POD_A6, 8080, 1);
+        ping_ok(&nb, POD_A6);
+        let v = exchange(&nb, "tcp", POD_A6, 8080, 1);
         assert_eq!(v, [("a".to_string(), NODE_B6.to_string())]);
     });
     let mut services_in = false;
@@ -687,7 +461,7 @@ fn dual_stack_node() {
         services_in = true;
     });
     case("ClusterIP spread, client address kept", &mut || {
-        let v = talk_ok(&a, "tcp", WEB6, 80, 16);
+        let v = exchange(&a, "tcp", WEB6, 80, 16);
         assert!(v.iter().all(|(_, s)| s == POD_A6), "{v:?}");
         for who in ["b", "nb"] {
             assert!(
@@ -697,11 +471,11 @@ fn dual_stack_node() {
         }
     });
     case("hairpin (masqueraded to the gateway)", &mut || {
-        let v = talk_ok(&a, "tcp", SELF6, 80, 2);
+        let v = exchange(&a, "tcp", SELF6, 80, 2);
         assert!(v.iter().all(|(w, s)| w == "a" && s == GW6), "{v:?}");
     });
     case("NodePort, externalTrafficPolicy Cluster", &mut || {
-        let v = talk_ok(&out, "tcp", UPLINK6, 30086, 8);
+        let v = exchange(&out, "tcp", UPLINK6, 30086, 8);
         assert!(
             v.iter()
                 .all(|(w, s)| (w == "b" || w == "nb") && s != OUTSIDE6),
@@ -712,18 +486,18 @@ fn dual_stack_node() {
         assert_eq!(v[0].0, "error", "{v:?}");
     });
     case("NodePort, externalTrafficPolicy Local", &mut || {
-        let v = talk_ok(&out, "tcp", UPLINK6, 30087, 6);
+        let v = exchange(&out, "tcp", UPLINK6, 30087, 6);
         assert!(v.iter().all(|(w, s)| w == "b" && s == OUTSIDE6), "{v:?}");
     });
     case(
         "pod to outside, masqueraded to the uplink's IPv6 address",
         &mut || {
-            let v = talk_ok(&a, "tcp", OUTSIDE6, 9000, 2);
+            let v = exchange(&a, "tcp", OUTSIDE6, 9000, 2);
             assert!(v.iter().all(|(w, s)| w == "out" && s == UPLINK6), "{v:?}");
         },
     );
     case("UDP Service", &mut || {
-        let v = talk_ok(&a, "udp", DNS6, 53, 3);
+        let v = exchange(&a, "udp", DNS6, 53, 3);
         assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A6), "{v:?}");
     });
     case("no endpoints: refused at once", &mut || {
@@ -734,9 +508,9 @@ fn dual_stack_node() {
         );
     });
     case("dual-stack Service on both ClusterIPs", &mut || {
-        let v = talk_ok(&a, "tcp", DUAL4, 80, 2);
+        let v = exchange(&a, "tcp", DUAL4, 80, 2);
         assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A4), "{v:?}");
-        let v = talk_ok(&a, "tcp", DUAL6, 80, 2);
+        let v = exchange(&a, "tcp", DUAL6, 80, 2);
         assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A6), "{v:?}");
     });
     case("traceroute -6 shows the gateway's hop", &mut || {
@@ -828,7 +602,7 @@ fn dual_stack_node() {
     let mut router_ll = String::new();
     case("RA: the pod learns its default router", &mut || {
         router_ll = ra_default_router(n);
-        ping6_ok(&n.ns_r, POD_A6);
+        ping_ok(&n.ns_r, POD_A6);
     });
     case("show neigh/routes print IPv6 (and --json)", &mut || {
         let neigh = tapyard_ok(n, &["show", "neigh"]);
@@ -861,7 +635,7 @@ fn dual_stack_node() {
         "show conntrack lists IPv6 connections (and --json)",
         &mut || {
             // A routed connection (closed: its entry stays for TIME_WAIT).
-            talk_ok(&a, "tcp", NODE_B_POD6, 8080, 1);
+            exchange(&a, "tcp", NODE_B_POD6, 8080, 1);
             let ct = tapyard_ok(n, &["show", "conntrack"]);
             assert!(
                 ct.lines()
@@ -916,8 +690,9 @@ fn dual_stack_node() {
         std::fs::write(&n.config, n.config(false)).unwrap();
     }
     let restarted = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        g.stop();
-        g.start();
+        let st = g.stop_node();
+        assert!(st.success(), "exit status {st}");
+        start(&mut g, n);
     }));
     case(
         "after a restart: the same link-local router, traffic again",
@@ -948,8 +723,8 @@ fn dual_stack_node() {
                     }
                 },
             );
-            ping6_ok(&a, NODE_B_POD6);
-            ping6_ok(&n.ns_r, POD_A6);
+            ping_ok(&a, NODE_B_POD6);
+            ping_ok(&n.ns_r, POD_A6);
         },
     );
 
@@ -999,46 +774,34 @@ fn cni_dual_stack_ipam() {
     n.config = dir.join("node.toml");
     n.log = dir.join("run.log");
     let bridge = format!("t6k{id}");
+    let node = node_toml(
+        &format!("cni6-{id}"),
+        r#"["10.219.0.0/16", "fd00:219::/56"]"#,
+        &n.socket,
+        Some(&dir.join("state")),
+    );
     std::fs::write(
         &n.config,
         format!(
-            "[node]\nname = \"cni6-{id}\"\ncluster_cidr = [\"10.219.0.0/16\", \"fd00:219::/56\"]\nsocket = \"{}\"\nstate_dir = \"{}\"\nworkers = 2\n\n[[bridge]]\nname = \"{bridge}\"\naddress = [\"{GW4}/24\", \"{GW6}/64\"]\n",
-            n.socket.display(),
-            dir.join("state").display()
+            "{node}\n[[bridge]]\nname = \"{bridge}\"\naddress = [\"{GW4}/24\", \"{GW6}/64\"]\n"
         ),
     )
     .unwrap();
-    let mut g = Guard {
-        n,
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-    };
-    let ns_node = g.n.ns_node.clone();
-    g.ns(&ns_node);
-    g.start();
+    let mut g = Guard::new(&n.dir, &n.log);
+    g.ns(&n.ns_node);
+    start(&mut g, &n);
     let pods = [format!("t6c-p1-{id}"), format!("t6c-p2-{id}")];
     for p in &pods {
         g.ns(p);
     }
+    let ipam_dir = dir.join("ipam");
     let conf = |version: &str| {
-        serde_json::json!({
-            "cniVersion": version,
-            "name": "tapyard",
-            "type": "tapyard-cni",
-            "bridge": bridge,
-            "socket": g.n.socket.display().to_string(),
-            "mtu": 1500,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [
-                    [{"subnet": "10.219.1.0/24", "gateway": GW4}],
-                    [{"subnet": "fd00:219:0:1::/64", "gateway": GW6}]
-                ],
-                "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
-                "dataDir": dir.join("ipam").display().to_string(),
-            }
-        })
+        let ranges = serde_json::json!([
+            [{"subnet": "10.219.1.0/24", "gateway": GW4}],
+            [{"subnet": "fd00:219:0:1::/64", "gateway": GW6}]
+        ]);
+        let routes = serde_json::json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]);
+        net_conf(version, &bridge, &n.socket, ranges, routes, &ipam_dir)
     };
     let mut addrs6 = Vec::new();
     for (i, (p, version)) in pods.iter().zip(["1.0.0", "0.4.0"]).enumerate() {
@@ -1087,21 +850,14 @@ fn cni_dual_stack_ipam() {
         cni_ok("CHECK", &ctr, p, &c);
         addrs6.push(a6.split('/').next().unwrap().to_string());
     }
-    ping6_ok(&pods[0], &addrs6[1]);
-    ping6_ok(&pods[1], &addrs6[0]);
-    ping6_ok(&pods[0], GW6);
+    ping_ok(&pods[0], &addrs6[1]);
+    ping_ok(&pods[1], &addrs6[0]);
+    ping_ok(&pods[0], GW6);
     for (i, (p, version)) in pods.iter().zip(["1.0.0", "0.4.0"]).enumerate() {
         let ctr = format!("ctr{i}-{id}");
         let (ok, v) = cni("DEL", &ctr, p, &conf(version));
         assert!(ok, "DEL: {v}");
     }
-    let leases: Vec<String> = std::fs::read_dir(dir.join("ipam/tapyard"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                .collect()
-        })
-        .unwrap_or_default();
+    let leases = leases(&ipam_dir);
     assert!(leases.is_empty(), "leases left: {leases:?}");
 }

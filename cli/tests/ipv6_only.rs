@@ -15,20 +15,32 @@
 //! client's address kept; its NodePort on the uplink's IPv6 address from the outside host;
 //! pod to outside masqueraded to the uplink's IPv6 address; the gateway answers no ARP (a
 //! pod that gives itself an IPv4 address finds no IPv4 router); IPv4 sent to the gateway's
-//! MAC dropped as `no_route` in `show stats`, unanswered; `show routes [--json]` IPv6 only.
+//! MAC dropped as `no_route` in `show stats`, unanswered; `show routes [--json]` IPv6 only;
+//! after a takeover, a pod whose entry for the gateway held a wrong MAC (STALE) has the
+//! gateway's MAC at once, from its unsolicited Neighbor Advertisement.
 //!
-//! Needs root, `ip`, `ping` and `python3`; without them it says why and passes, except with
+//! A second test, `cni_ipv6_only_ipam`, attaches pods with the CNI plugin and `host-local`
+//! IPAM holding only an IPv6 range, on an IPv6-only node: each pod gets its IPv6 address (no
+//! IPv4) and a default route via the gateway's global address (1.0.0 and 0.4.0 results);
+//! the pods ping the gateway and each other (`ping -6`) and talk TCP; CHECK passes; DEL
+//! removes the port and the pod's `eth0` and frees the address; an `mtu` below IPv6's 1280 is
+//! refused (code 7, saying why) with the lease given back.
+//!
+//! Needs root, `ip`, `ping` and `python3` (the CNI test also host-local); without them it says why and passes, except with
 //! `CI=true`, where it fails. Every namespace has `accept_dad=0` and addresses are added with
 //! `nodad`. Names carry the process id; a guard kills the node and deletes the namespaces on
 //! success and failure alike. Traffic goes only to addresses inside the namespaces the test
 //! creates. Run with `flock /tmp/e2e.lock` beside other root e2e tests.
 
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::time::Duration;
 
 mod common;
 use common::*;
+#[path = "common/cni_plugin.rs"]
+mod cni_plugin;
+use cni_plugin::{cni, cni_ok, leases, net_conf};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tapyard");
 
@@ -42,71 +54,12 @@ const WEB6: &str = "fd00:97::10";
 const NODE_PORT: u16 = 30096;
 
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    for (cmd, arg, pkg) in [
+    missing6(&[
         ("ip", "-V", "iproute2"),
         ("ping", "-V", "iputils-ping"),
         ("python3", "-V", "python3"),
-    ] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` ({pkg}) is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if !Path::new("/proc/sys/net/ipv6").exists() {
-        return Some("the kernel has no IPv6".into());
-    }
-    None
+    ])
 }
-
-/// An IPv6 TCP server on `argv[2]`: each connection gets `<ident> <peer address>\n`.
-const SERVER6_PY: &str = r#"
-import socket, sys
-ident, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("::", port))
-s.listen(64)
-while True:
-    c, p = s.accept()
-    try:
-        c.sendall(("%s %s\n" % (ident, p[0])).encode())
-    except OSError:
-        pass
-    c.close()
-"#;
-
-/// `<addr> <port> <count>`: `count` TCP connections, one line each: the server's answer or
-/// `error <why>` (each retried for 5 s: a server may still be starting).
-const CLIENT6_PY: &str = r#"
-import socket, sys, time
-addr, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-for i in range(count):
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            c.settimeout(3)
-            c.connect((addr, port))
-            data = b""
-            while not data.endswith(b"\n"):
-                d = c.recv(256)
-                if not d:
-                    break
-                data += d
-            c.close()
-            print(data.decode().strip(), flush=True)
-            break
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                print("error %s" % e, flush=True)
-                break
-            time.sleep(0.2)
-"#;
 
 #[derive(Clone)]
 struct Names {
@@ -150,13 +103,7 @@ impl Names {
 
     fn config(&self) -> String {
         format!(
-            r#"[node]
-name = "v6only-{id}"
-cluster_cidr = "fd00:221::/56"
-socket = "{socket}"
-state_dir = "{state}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "{cni}"
 address = "{GW6}/64"
@@ -181,9 +128,12 @@ endpoints = ["[{POD_B6}]:8080"]
 [masquerade]
 out = "{up}"
 "#,
-            id = self.id,
-            socket = self.socket.display(),
-            state = self.dir.join("state").display(),
+            node = node_toml(
+                &format!("v6only-{}", self.id),
+                r#""fd00:221::/56""#,
+                &self.socket,
+                Some(&self.dir.join("state")),
+            ),
             cni = self.cni,
             a = self.tap_a,
             b = self.tap_b,
@@ -192,68 +142,9 @@ out = "{up}"
     }
 }
 
-/// Everything the test made; removed on drop.
-struct Guard {
-    n: Names,
-    node: Option<Child>,
-    children: Vec<Child>,
-    namespaces: Vec<String>,
-}
-
-impl Guard {
-    fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-        run(&[
-            "ip",
-            "netns",
-            "exec",
-            name,
-            "sh",
-            "-c",
-            "echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad",
-        ]);
-        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let procs = self.children.iter_mut().chain(self.node.as_mut());
-        tear_down(procs, &self.namespaces, &self.n.log, &self.n.dir);
-    }
-}
-
-/// A command in `ns`: (success, stdout + stderr).
-fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend_from_slice(args);
-    let out = run_output(&v);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// `count` TCP connections from `ns` to `[addr]:port`, every one answered: (server, the
-/// client address it saw).
-fn talk_ok(ns: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
-    let (port, n) = (port.to_string(), count.to_string());
-    let (_, out) = in_ns(ns, &["python3", "-c", CLIENT6_PY, addr, &port, &n]);
-    let v: Vec<(String, String)> = out
-        .lines()
-        .map(|l| {
-            let (a, b) = l.split_once(' ').unwrap_or((l, ""));
-            (a.to_string(), b.to_string())
-        })
-        .collect();
-    assert_eq!(v.len(), count, "{ns} -> [{addr}]:{port}: {out}");
-    for (who, seen) in &v {
-        assert_ne!(who, "error", "{ns} -> [{addr}]:{port}: {seen}");
-    }
-    v
+/// A guard for the run's directory and its node's log.
+fn guard(n: &Names) -> Guard {
+    Guard::new(&n.dir, &n.log)
 }
 
 fn attach_pod(n: &Names, ns: &str, tap: &str, v6: &str) {
@@ -303,26 +194,9 @@ fn ipv6_only_node() {
     std::fs::write(&n.config, n.config()).unwrap();
     let check = run(&[BIN, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
-    let mut g = Guard {
-        n: n.clone(),
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-    };
+    let mut g = guard(&n);
     g.ns(&n.ns_node);
-    let log = std::fs::File::create(&n.log).unwrap();
-    g.node = Some(
-        Command::new("ip")
-            .args(["netns", "exec", &n.ns_node, BIN, "run"])
-            .arg(&n.config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start tapyard run"),
-    );
-    wait_for_socket(g.node.as_mut(), &n.socket);
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
     for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_out] {
         g.ns(ns);
     }
@@ -332,12 +206,12 @@ fn ipv6_only_node() {
     spawn_in(
         &mut g.children,
         &n.ns_b,
-        &["python3", "-c", SERVER6_PY, "b", "8080"],
+        &["python3", "-c", SERVER_PY, "b", "8080", "0"],
     );
     spawn_in(
         &mut g.children,
         &n.ns_out,
-        &["python3", "-c", SERVER6_PY, "out", "9000"],
+        &["python3", "-c", SERVER_PY, "out", "9000", "0"],
     );
     wait_listening(&n.ns_b, 8080);
     wait_listening(&n.ns_out, 9000);
@@ -373,19 +247,19 @@ fn ipv6_only_node() {
     case(
         "TCP Service on an IPv6 ClusterIP, client address kept",
         &mut || {
-            let v = talk_ok(&a, WEB6, 80, 3);
+            let v = exchange(&a, "tcp", WEB6, 80, 3);
             assert!(v.iter().all(|(w, s)| w == "b" && s == POD_A6), "{v:?}");
         },
     );
     case("NodePort on the uplink's IPv6 address", &mut || {
-        let v = talk_ok(&out, UPLINK6, NODE_PORT, 2);
+        let v = exchange(&out, "tcp", UPLINK6, NODE_PORT, 2);
         // externalTrafficPolicy Cluster: the client is masqueraded, as kube-proxy does.
         assert!(v.iter().all(|(w, _)| w == "b"), "{v:?}");
     });
     case(
         "pod to outside, masqueraded to the uplink's IPv6 address",
         &mut || {
-            let v = talk_ok(&a, OUTSIDE6, 9000, 2);
+            let v = exchange(&a, "tcp", OUTSIDE6, 9000, 2);
             assert!(v.iter().all(|(w, s)| w == "out" && s == UPLINK6), "{v:?}");
         },
     );
@@ -464,6 +338,54 @@ fn ipv6_only_node() {
         assert!(v.as_array().is_some_and(|a| !a.is_empty()), "{json}");
         assert!(!json.contains("0.0.0.0"), "{json}");
     });
+    case(
+        "a takeover corrects a pod's wrong entry for the gateway (unsolicited NA)",
+        &mut || {
+            // Pod A holds a wrong MAC for its gateway, STALE (as after a node that had
+            // another MAC). A takeover keeps the TAPs up (a restart takes their carrier
+            // down, which flushes the pod's entries anyway); the new process announces the
+            // gateway, where Linux (`ndisc_notify` 0) would announce nothing and the pod
+            // would keep the wrong MAC until it next sends and its probes fail.
+            let wrong = "02:00:0a:dd:01:99";
+            run(&[
+                "ip", "-n", &a, "-6", "neigh", "replace", GW6, "lladdr", wrong, "nud", "stale",
+                "dev", &n.tap_a,
+            ]);
+            let neigh = || in_ns(&a, &["ip", "-6", "neigh", "show", GW6]).1;
+            std::thread::sleep(Duration::from_secs(1));
+            let text = neigh();
+            assert!(text.contains(wrong), "the wrong entry did not stay: {text}");
+            let mut old = g.node.take().expect("the node runs");
+            g.children.push(
+                tapyard_run(Some(&n.ns_node), &n.config, &["--takeover"], &n.log)
+                    .spawn()
+                    .expect("start tapyard run --takeover"),
+            );
+            wait_for(
+                "the old process's exit",
+                Duration::from_secs(20),
+                || match old.try_wait().unwrap() {
+                    Some(_) => Ok(()),
+                    None => Err("running".into()),
+                },
+            );
+            g.node = g.children.pop();
+            wait_for_socket(g.node.as_mut(), &n.socket);
+            // No traffic from the pod: only the gateway's NA can change the entry.
+            wait_for(
+                "pod-a's entry for the gateway after the takeover",
+                Duration::from_secs(3),
+                || {
+                    let text = neigh();
+                    match text.contains(&format!("lladdr {GW_MAC}")) {
+                        true => Ok(()),
+                        false => Err(text),
+                    }
+                },
+            );
+            ping_ok(&a, GW6);
+        },
+    );
 
     let failed: Vec<String> = results
         .iter()
@@ -476,4 +398,138 @@ fn ipv6_only_node() {
         );
     }
     assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}
+
+/// The CNI plugin with IPv6-only IPAM on an IPv6-only node (see the module docs).
+#[test]
+fn cni_ipv6_only_ipam() {
+    let why = skip_reason().or_else(|| {
+        plugin_dir().is_none().then(|| {
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into()
+        })
+    });
+    if skip_or_fail("cni_ipv6_only_ipam", why) {
+        return;
+    }
+    const GW: &str = "fd00:223:0:1::1";
+    let id = std::process::id() % 100_000;
+    let mut n = Names::new();
+    n.dir = std::env::temp_dir().join(format!("tapyard-cni-v6only-{id}"));
+    n.ns_node = format!("t7k-node-{id}");
+    n.socket = n.dir.join("ctl.sock");
+    n.config = n.dir.join("node.toml");
+    n.log = n.dir.join("run.log");
+    let bridge = format!("t7k{id}");
+    let _ = std::fs::remove_dir_all(&n.dir);
+    std::fs::create_dir_all(n.dir.join("ipam")).unwrap();
+    let node = node_toml(
+        &format!("cni-v6only-{id}"),
+        r#""fd00:223::/56""#,
+        &n.socket,
+        Some(&n.dir.join("state")),
+    );
+    std::fs::write(
+        &n.config,
+        format!("{node}\n[[bridge]]\nname = \"{bridge}\"\naddress = \"{GW}/64\"\n"),
+    )
+    .unwrap();
+    let mut g = guard(&n);
+    g.ns(&n.ns_node);
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
+    let pods = [format!("t7k-p1-{id}"), format!("t7k-p2-{id}")];
+    for p in &pods {
+        g.ns(p);
+    }
+    let ipam_dir = n.dir.join("ipam");
+    let conf = |version: &str| {
+        let ranges = serde_json::json!([[{"subnet": "fd00:223:0:1::/64", "gateway": GW}]]);
+        let routes = serde_json::json!([{"dst": "::/0"}]);
+        net_conf(version, &bridge, &n.socket, ranges, routes, &ipam_dir)
+    };
+    let leases = || leases(&ipam_dir);
+    // An MTU IPv6 cannot have is refused with its reason; the lease taken is given back.
+    let mut small = conf("1.0.0");
+    small["mtu"] = 1000.into();
+    let (ok, err) = cni("ADD", &format!("small-{id}"), &pods[0], &small);
+    assert!(!ok, "ADD with mtu 1000: {err}");
+    assert_eq!(err["code"], 7, "{err}");
+    assert!(
+        err["msg"].as_str().is_some_and(|m| m.contains("1280")),
+        "{err}"
+    );
+    assert!(leases().is_empty(), "the lease was kept: {:?}", leases());
+    let (has, _) = in_ns(&pods[0], &["ip", "link", "show", "eth0"]);
+    assert!(!has, "an eth0 was left in {}", pods[0]);
+    let versions = ["1.0.0", "0.4.0"];
+    let mut addrs = Vec::new();
+    for (i, (p, version)) in pods.iter().zip(versions).enumerate() {
+        let ctr = format!("ctr{i}-{id}");
+        let r = cni_ok("ADD", &ctr, p, &conf(version));
+        let ips = r["ips"].as_array().cloned().unwrap_or_default();
+        assert_eq!(ips.len(), 1, "ADD result: {r}");
+        let a6 = ips[0]["address"].as_str().unwrap().to_string();
+        assert!(
+            a6.starts_with("fd00:223:0:1::") && a6.ends_with("/64"),
+            "{r}"
+        );
+        assert_eq!(ips[0]["gateway"], GW, "{r}");
+        assert_eq!(ips[0]["interface"], 0, "{r}");
+        if version == "0.4.0" {
+            assert_eq!(ips[0]["version"], "6", "{r}");
+        }
+        assert_eq!(
+            r["routes"],
+            serde_json::json!([{"dst": "::/0", "gw": GW}]),
+            "{r}"
+        );
+        let (_, addr) = in_ns(p, &["ip", "-6", "addr", "show", "dev", "eth0"]);
+        assert!(addr.contains(&a6) && !addr.contains("tentative"), "{addr}");
+        let (_, addr4) = in_ns(p, &["ip", "-4", "addr", "show", "dev", "eth0"]);
+        assert!(addr4.trim().is_empty(), "an IPv4 address on eth0: {addr4}");
+        let (_, rt) = in_ns(p, &["ip", "-6", "route", "show", "default"]);
+        assert!(rt.contains(&format!("via {GW} dev eth0")), "{rt}");
+        let ports = tapyard_ok_at(&n.socket, &["show", "ports", "--json"]);
+        assert!(ports.contains(&format!("{ctr}/eth0")), "{ports}");
+        let mut c = conf(version);
+        c["prevResult"] = r.clone();
+        cni_ok("CHECK", &ctr, p, &c);
+        addrs.push(a6.split('/').next().unwrap().to_string());
+    }
+    assert_eq!(leases().len(), 2, "{:?}", leases());
+    for (p, other) in [(&pods[0], &addrs[1]), (&pods[1], &addrs[0])] {
+        for to in [GW, other.as_str()] {
+            let (ok, text) = in_ns(
+                p,
+                &["ping", "-6", "-n", "-c", "3", "-i", "0.2", "-W", "2", to],
+            );
+            assert!(
+                ok && text.contains(" 0% packet loss"),
+                "ping -6 {p} -> {to}:\n{text}"
+            );
+        }
+    }
+    spawn_in(
+        &mut g.children,
+        &pods[1],
+        &["python3", "-c", SERVER_PY, "p2", "8080", "0"],
+    );
+    wait_listening(&pods[1], 8080);
+    let v = exchange(&pods[0], "tcp", &addrs[1], 8080, 2);
+    assert!(v.iter().all(|(w, s)| w == "p2" && *s == addrs[0]), "{v:?}");
+    for (i, (p, version)) in pods.iter().zip(versions).enumerate() {
+        let ctr = format!("ctr{i}-{id}");
+        cni_ok("DEL", &ctr, p, &conf(version));
+        let (has, _) = in_ns(p, &["ip", "link", "show", "eth0"]);
+        assert!(!has, "eth0 left in {p}");
+        assert!(
+            !leases().contains(&addrs[i]),
+            "the lease of {} left",
+            addrs[i]
+        );
+        let ports = tapyard_ok_at(&n.socket, &["show", "ports", "--json"]);
+        assert!(!ports.contains(&ctr), "the port of {ctr} left: {ports}");
+        // DEL again: nothing to do, still a success.
+        cni_ok("DEL", &ctr, p, &conf(version));
+    }
+    assert!(leases().is_empty(), "leases left: {:?}", leases());
 }

@@ -36,7 +36,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -64,51 +64,16 @@ const OUTSIDE_PORT: u16 = 9000;
 
 /// Why this machine cannot run the test, if it cannot.
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    if !have("ip", "-V") {
-        return Some("`ip` (iproute2) is not installed".into());
-    }
-    if !have("ping", "-V") {
-        return Some("`ping` (iputils) is not installed".into());
-    }
-    if !have("python3", "-V") {
-        return Some("`python3` (the Services' servers and clients) is not installed".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
+    missing(&[
+        ("ip", "-V", "iproute2"),
+        ("ping", "-V", "iputils"),
+        ("python3", "-V", "the Services' servers and clients"),
+    ])
 }
 
 /// Skips with a message, or fails under `CI=true`.
 fn skip_or_fail() -> bool {
     common::skip_or_fail("netns_node", skip_reason())
-}
-
-/// Everything the test made; removed on drop (the node first, then the namespaces, which
-/// deletes the TAPs and veths in them). Prints the node's log when the test failed.
-struct Guard {
-    node: Option<Child>,
-    children: Vec<Child>,
-    namespaces: Vec<String>,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Guard {
-    fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let procs = self.children.iter_mut().chain(self.node.as_mut());
-        tear_down(procs, &self.namespaces, &self.log, &self.dir);
-    }
 }
 
 /// Names and paths of one test run.
@@ -162,13 +127,7 @@ impl Names {
             String::new()
         };
         format!(
-            r#"[node]
-name = "e2e"
-cluster_cidr = "10.217.0.0/16"
-socket = "{socket}"
-state_dir = "{state}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "{bridge}"
 address = "{GW}/24"
@@ -209,8 +168,12 @@ port = {BULK_PORT}
 endpoints = [{bulk_endpoints}]
 
 {masq}{extra}"#,
-            socket = self.socket.display(),
-            state = self.socket.with_file_name("state").display(),
+            node = node_toml(
+                "e2e",
+                r#""10.217.0.0/16""#,
+                &self.socket,
+                Some(&self.socket.with_file_name("state")),
+            ),
             bridge = self.bridge,
             a = self.tap_a,
             b = self.tap_b,
@@ -295,30 +258,11 @@ fn node_from_config_file() {
     let dir = std::env::temp_dir().join(format!("tapyard-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let n = Names::new(&dir);
-    let mut g = Guard {
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-        dir: dir.clone(),
-        log: dir.join("run.log"),
-    };
+    let mut g = Guard::new(&dir, &dir.join("run.log"));
     std::fs::write(&n.config, n.config("")).unwrap();
     let check = run(&[BIN, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
-    let log = std::fs::File::create(&g.log).unwrap();
-    g.node = Some(
-        Command::new(BIN)
-            .arg("run")
-            .arg(&n.config)
-            .args(["--metrics", "127.0.0.1:0"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start tapyard run"),
-    );
-    wait_for_socket(g.node.as_mut(), &n.socket);
+    g.start_node(None, &n.config, &["--metrics", "127.0.0.1:0"], &n.socket);
     for ns in [&n.ns_a, &n.ns_b, &n.ns_wire, &n.ns_node, &n.ns_out] {
         g.ns(ns);
     }
@@ -344,19 +288,10 @@ fn node_from_config_file() {
     services(&n, &mut g);
 
     // SIGTERM: a clean stop, exit 0, the socket removed.
-    let mut node = g.node.take().unwrap();
-    run(&["kill", "-TERM", &node.id().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(st) = node.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "tapyard did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = g.stop_node();
     assert!(status.success(), "exit status after SIGTERM: {status}");
     assert!(!n.socket.exists(), "the control socket was left behind");
-    let log = std::fs::read_to_string(&g.log).unwrap();
+    let log = std::fs::read_to_string(&g.logs[0]).unwrap();
     assert!(log.contains("service \"web\" applied"), "{log}");
     assert!(log.contains("stopped"), "{log}");
 }
@@ -458,7 +393,7 @@ fn metric(body: &str, name: &str) -> u64 {
 
 fn metrics_body(g: &Guard) -> String {
     use std::io::Read;
-    let log = std::fs::read_to_string(&g.log).unwrap();
+    let log = std::fs::read_to_string(&g.logs[0]).unwrap();
     let addr = log
         .split("metrics at http://")
         .nth(1)
@@ -1048,38 +983,17 @@ fn the_control_socket_refuses_unknown_fields_for_every_command() {
     let id = std::process::id() % 100_000;
     let dir = std::env::temp_dir().join(format!("tapyard-ctl-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut g = Guard {
-        node: None,
-        children: Vec::new(),
-        namespaces: Vec::new(),
-        dir: dir.clone(),
-        log: dir.join("run.log"),
-    };
+    let mut g = Guard::new(&dir, &dir.join("run.log"));
     let socket = dir.join("ctl.sock");
     let config = dir.join("node.toml");
     let bridge = format!("tyk{id}");
+    let node = node_toml("ctl", r#""10.217.0.0/16""#, &socket, None);
     std::fs::write(
         &config,
-        format!(
-            "[node]\nname = \"ctl\"\ncluster_cidr = \"10.217.0.0/16\"\nsocket = \"{}\"\n\n\
-             [[bridge]]\nname = \"{bridge}\"\naddress = \"{GW}/24\"\n",
-            socket.display()
-        ),
+        format!("{node}\n[[bridge]]\nname = \"{bridge}\"\naddress = \"{GW}/24\"\n"),
     )
     .unwrap();
-    let log = std::fs::File::create(&g.log).unwrap();
-    g.node = Some(
-        Command::new(BIN)
-            .arg("run")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start tapyard run"),
-    );
-    wait_for_socket(g.node.as_mut(), &socket);
+    g.start_node(None, &config, &[], &socket);
     let ask = |line: &str| -> serde_json::Value {
         let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
         s.write_all(format!("{line}\n").as_bytes()).unwrap();
@@ -1108,7 +1022,7 @@ fn the_control_socket_refuses_unknown_fields_for_every_command() {
     // Without the stray field the same requests are taken.
     assert_eq!(ask(r#"{"cmd":"status"}"#)["ok"], true);
     assert_eq!(ask(r#"{"cmd":"reload"}"#)["ok"], true);
-    let log = std::fs::read_to_string(&g.log).unwrap();
+    let log = std::fs::read_to_string(&g.logs[0]).unwrap();
     assert_eq!(
         log.matches("reload: ").count(),
         1,

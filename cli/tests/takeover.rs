@@ -24,7 +24,7 @@
 //! fd00:219:1::x).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -44,51 +44,15 @@ const GW6: &str = "fd00:219:1::1";
 const VIP6: &str = "fd00:96::30";
 
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    for (cmd, arg) in [("ip", "-V"), ("ping", "-V"), ("iperf3", "--version")] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
+    missing(&[
+        ("ip", "-V", "iproute2"),
+        ("ping", "-V", "iputils"),
+        ("iperf3", "--version", "iperf3"),
+    ])
 }
 
 fn skip_or_fail() -> bool {
     common::skip_or_fail("takeover", skip_reason())
-}
-
-/// Everything the test made, removed on drop; prints every tapyard log when failing.
-struct Guard {
-    procs: Vec<Child>,
-    namespaces: Vec<String>,
-    links: Vec<String>,
-    dir: PathBuf,
-    logs: Vec<PathBuf>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for l in &self.links {
-            let _ = Command::new("ip")
-                .args(["link", "del", l])
-                .stderr(Stdio::null())
-                .status();
-        }
-        if std::thread::panicking() {
-            for l in &self.logs {
-                if let Ok(t) = std::fs::read_to_string(l) {
-                    eprintln!("---- {} ----\n{t}", l.display());
-                }
-            }
-        }
-        let last = self.dir.join("none");
-        tear_down(self.procs.iter_mut(), &self.namespaces, &last, &self.dir);
-    }
 }
 
 struct Names {
@@ -121,13 +85,7 @@ impl Names {
 
     fn config(&self, node: &str) -> String {
         format!(
-            r#"[node]
-name = "{node}"
-cluster_cidr = ["10.219.0.0/16", "fd00:219::/56"]
-socket = "{socket}"
-state_dir = "{state}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "{bridge}"
 address = ["{GW}/24", "{GW6}/64"]
@@ -140,8 +98,12 @@ protocol = "tcp"
 port = 5201
 endpoints = ["{POD_B}:5201", "[{POD_B6}]:5202"]
 "#,
-            socket = self.socket.display(),
-            state = self.state.display(),
+            node = node_toml(
+                node,
+                r#"["10.219.0.0/16", "fd00:219::/56"]"#,
+                &self.socket,
+                Some(&self.state),
+            ),
             bridge = self.bridge,
             a = self.tap_a,
             b = self.tap_b,
@@ -157,28 +119,20 @@ fn start(g: &mut Guard, config: &Path, args: &[&str], log: &str) -> usize {
 /// [`start`] with `TAPYARD_TEST_FAILPOINT` set to `failpoint` (debug builds only).
 fn start_failing(g: &mut Guard, config: &Path, args: &[&str], log: &str, failpoint: &str) -> usize {
     let log = g.dir.join(log);
-    let f = std::fs::File::create(&log).unwrap();
-    let child = Command::new(TAPYARD)
-        .arg("run")
-        .arg(config)
-        .args(args)
+    let child = tapyard_run(None, config, args, &log)
         .env("TAPYARD_TEST_FAILPOINT", failpoint)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(f)
         .spawn()
         .expect("start tapyard run");
     g.logs.push(log);
-    g.procs.push(child);
-    g.procs.len() - 1
+    g.children.push(child);
+    g.children.len() - 1
 }
 
 /// Waits for process `i` to exit (at most `secs`); its status.
 fn wait_exit(g: &mut Guard, i: usize, secs: u64) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        if let Some(st) = g.procs[i].try_wait().unwrap() {
+        if let Some(st) = g.children[i].try_wait().unwrap() {
             return st;
         }
         assert!(
@@ -235,8 +189,8 @@ fn iperf3(g: &mut Guard, ns: &str, args: &[&str], out: &Path) -> usize {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    g.procs.push(child);
-    g.procs.len() - 1
+    g.children.push(child);
+    g.children.len() - 1
 }
 
 fn report(path: &Path) -> serde_json::Value {
@@ -269,20 +223,16 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     let dir = std::env::temp_dir().join(format!("tapyard-takeover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let n = Names::new(&dir);
-    let mut g = Guard {
-        procs: Vec::new(),
-        namespaces: Vec::new(),
-        links: vec![n.extra.clone()],
-        dir: dir.clone(),
-        logs: Vec::new(),
-    };
+    // Every tapyard it starts goes into `children`, its log into `logs`.
+    let mut g = Guard::new(&dir, &dir.join("run1.log"));
+    g.logs.clear();
+    g.links.push(n.extra.clone());
     let node = format!("tko{}", std::process::id() % 100_000);
     std::fs::write(&n.config, n.config(&node)).unwrap();
     let first = start(&mut g, &n.config, &[], "run1.log");
-    wait_for_socket(Some(&mut g.procs[first]), &n.socket);
+    wait_for_socket(Some(&mut g.children[first]), &n.socket);
     for ns in [&n.ns_a, &n.ns_b] {
-        run(&["ip", "netns", "add", ns]);
-        g.namespaces.push(ns.to_string());
+        g.ns(ns);
     }
     attach_pod(&n.ns_a, &n.tap_a, POD_A, POD_A6);
     attach_pod(&n.ns_b, &n.tap_b, POD_B, POD_B6);
@@ -353,7 +303,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
                 assert!(err.contains("goes on forwarding"), "{err}");
             }
             assert!(
-                g.procs[first].try_wait().unwrap().is_none(),
+                g.children[first].try_wait().unwrap().is_none(),
                 "the old process exited after a failed takeover ({how})"
             );
             ping_ok(&n.ns_a, POD_B);
@@ -378,8 +328,8 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
         println!("release build: no failure points, the failed takeovers are not tried");
     }
 
-    spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5201"]);
-    spawn_in(&mut g.procs, &n.ns_b, &["iperf3", "-s", "-p", "5202"]);
+    spawn_in(&mut g.children, &n.ns_b, &["iperf3", "-s", "-p", "5201"]);
+    spawn_in(&mut g.children, &n.ns_b, &["iperf3", "-s", "-p", "5202"]);
     wait_listening(&n.ns_b, 5201);
     wait_listening(&n.ns_b, 5202);
 
@@ -416,7 +366,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     let st = wait_exit(&mut g, first, 20);
     assert!(st.success(), "the old process exited with {st}");
     assert!(
-        g.procs[second].try_wait().unwrap().is_none(),
+        g.children[second].try_wait().unwrap().is_none(),
         "the new process is not running"
     );
     for (family, proc, out) in [("IPv4", tcp, &tcp_out), ("IPv6", tcp6, &tcp6_out)] {
@@ -437,7 +387,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
             bytes * 8.0 / secs / 1e6
         );
     }
-    wait_for_socket(Some(&mut g.procs[second]), &n.socket);
+    wait_for_socket(Some(&mut g.children[second]), &n.socket);
     assert_eq!(ports(&n), before, "show ports changed across the takeover");
     assert_eq!(
         recorded(&n),
@@ -489,7 +439,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     let r = report(&udp_out);
     let (lost, total) = lost_of(&r);
     assert!(total > 0, "{r}");
-    wait_for_socket(Some(&mut g.procs[third]), &n.socket);
+    wait_for_socket(Some(&mut g.children[third]), &n.socket);
     assert_eq!(
         ports(&n),
         before,
@@ -513,7 +463,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     let fourth = start(&mut g, &n.config, &["--takeover"], "run4.log");
     let st = wait_exit(&mut g, third, 20);
     assert!(st.success(), "the third process exited with {st}");
-    wait_for_socket(Some(&mut g.procs[fourth]), &n.socket);
+    wait_for_socket(Some(&mut g.children[fourth]), &n.socket);
     let left: Vec<String> = ports(&n).into_iter().map(|p| p.0).collect();
     assert!(!left.contains(&n.tap_b), "{left:?}");
     assert_eq!(left.len(), 2, "{left:?}");
@@ -530,7 +480,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     // The old process dies once it has sent the descriptors (before the ack): the new one,
     // holding them all, goes on with the node instead of stopping it too.
     let last = if cfg!(debug_assertions) {
-        let pid = g.procs[fourth].id().to_string();
+        let pid = g.children[fourth].id().to_string();
         run(&["kill", "-TERM", &pid]);
         assert!(wait_exit(&mut g, fourth, 10).success());
         let fifth = start_failing(
@@ -540,12 +490,12 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
             "run5.log",
             "takeover-old-after-handover=exit",
         );
-        wait_for_socket(Some(&mut g.procs[fifth]), &n.socket);
+        wait_for_socket(Some(&mut g.children[fifth]), &n.socket);
         ping_ok(&n.ns_a, GW);
         let sixth = start(&mut g, &n.config, &["--takeover"], "run6.log");
         let st = wait_exit(&mut g, fifth, 20);
         assert_eq!(st.code(), Some(137), "the old process exited with {st}");
-        wait_for_socket(Some(&mut g.procs[sixth]), &n.socket);
+        wait_for_socket(Some(&mut g.children[sixth]), &n.socket);
         let t = std::fs::read_to_string(g.logs.last().unwrap()).unwrap();
         assert!(t.contains("it died after handing over"), "{t}");
         ping_ok(&n.ns_a, GW);
@@ -557,7 +507,7 @@ fn takeover_keeps_a_tcp_stream_and_the_ports() {
     };
 
     // A clean stop of the last one: exit 0, its socket files removed.
-    let pid = g.procs[last].id().to_string();
+    let pid = g.children[last].id().to_string();
     run(&["kill", "-TERM", &pid]);
     let st = wait_exit(&mut g, last, 10);
     assert!(st.success(), "{st}");

@@ -26,8 +26,8 @@
 //! both nodes and deletes the namespaces on success and failure alike. Traffic goes only to
 //! addresses in namespaces the test creates (10.216.x.y, 10.219.0.x).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -50,62 +50,17 @@ const VTEP_C: &str = "0a:58:0a:d8:03:00";
 const WEB_VIP: &str = "10.96.0.10";
 
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some(
-            "needs root to create TAP devices, vxlan devices and network namespaces".into(),
-        );
-    }
-    for (cmd, arg, what) in [
-        ("ip", "-V", "`ip` (iproute2)"),
-        ("bridge", "-V", "`bridge` (iproute2)"),
-        ("ping", "-V", "`ping` (iputils)"),
-        (
-            "python3",
-            "-V",
-            "`python3` (servers, clients, the checked transfer)",
-        ),
-        ("tcpdump", "--version", "`tcpdump` (the underlay check)"),
-    ] {
-        if !have(cmd, arg) {
-            return Some(format!("{what} is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
+    missing(&[
+        ("ip", "-V", "iproute2"),
+        ("bridge", "-V", "iproute2"),
+        ("ping", "-V", "iputils"),
+        ("python3", "-V", "servers, clients, the checked transfer"),
+        ("tcpdump", "--version", "the underlay check"),
+    ])
 }
 
 fn skip_or_fail() -> bool {
     common::skip_or_fail("vxlan", skip_reason())
-}
-
-/// Everything the test made; removed on drop, the nodes first.
-struct Guard {
-    nodes: Vec<Child>,
-    children: Vec<Child>,
-    namespaces: Vec<String>,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Guard {
-    fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            if let Ok(log) = std::fs::read_to_string(self.dir.join("c.log")) {
-                eprintln!("---- node C log ----\n{log}---- end ----");
-            }
-        }
-        let procs = self.children.iter_mut().chain(self.nodes.iter_mut());
-        tear_down(procs, &self.namespaces, &self.log, &self.dir);
-    }
 }
 
 /// One run's names.
@@ -136,12 +91,7 @@ impl Names {
     /// number, VTEP MAC).
     fn config(&self, node: &str, n: u8, peers: &[(&str, u8, &str)]) -> String {
         let mut s = format!(
-            r#"[node]
-name = "vx-{node}"
-cluster_cidr = "10.216.0.0/16"
-socket = "{sock}"
-workers = 2
-
+            r#"{node}
 [[bridge]]
 name = "cni0"
 address = "10.216.{n}.1/24"
@@ -162,7 +112,12 @@ address = "10.216.{n}.0/32"
 [masquerade]
 out = "eth0"
 "#,
-            sock = self.sock(node).display(),
+            node = node_toml(
+                &format!("vx-{node}"),
+                r#""10.216.0.0/16""#,
+                &self.sock(node),
+                None,
+            ),
             pod = self.tap(&format!("p{node}")),
             up = self.tap(&format!("u{node}")),
             host = n + 1,
@@ -185,18 +140,12 @@ fn start_node(g: &mut Guard, n: &Names, node: &str, conf: &str) {
     std::fs::write(n.conf(node), conf).unwrap();
     let check = run(&[BIN, "check", &n.conf(node).display().to_string()]);
     assert!(check.contains("1 vxlan interface"), "{check}");
-    let log = std::fs::File::create(n.dir.join(format!("{node}.log"))).unwrap();
-    let mut child = Command::new(BIN)
-        .arg("run")
-        .arg(n.conf(node))
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
+    let log = n.dir.join(format!("{node}.log"));
+    let mut child = tapyard_run(None, &n.conf(node), &[], &log)
         .spawn()
         .expect("start tapyard run");
     wait_for_socket(Some(&mut child), &n.sock(node));
-    g.nodes.push(child);
+    g.children.push(child);
 }
 
 /// A pod TAP into its namespace: address, MTU 1500, default route via the gateway.
@@ -235,13 +184,8 @@ fn overlay_with_linux_and_tapyard_nodes() {
         ns_pb: format!("tyv-pb-{id}"),
         ns_pc: format!("tyv-pc-{id}"),
     };
-    let mut g = Guard {
-        nodes: Vec::new(),
-        children: Vec::new(),
-        namespaces: Vec::new(),
-        dir: dir.clone(),
-        log: dir.join("a.log"),
-    };
+    let mut g = Guard::new(&dir, &dir.join("a.log"));
+    g.logs.push(dir.join("c.log"));
     let a_peers = [(NODE_B, 2, VTEP_B), (NODE_C, 3, VTEP_C)];
     start_node(&mut g, &n, "a", &n.config("a", 1, &a_peers));
     start_node(

@@ -96,6 +96,7 @@ fn attach(
     path: &Path,
     leased: &CniResult,
 ) -> Result<CniResult, (CniError, bool)> {
+    mtu_fits(conf.mtu, leased).map_err(|e| (e, false))?;
     let netns = path.to_string_lossy();
     let port = client
         .port_add(&conf.bridge, &args.owner(), &netns, &args.ifname, conf.mtu)
@@ -133,6 +134,23 @@ fn attach(
         routes,
         dns,
     })
+}
+
+/// IPv6 needs an MTU of at least 1280 (RFC 8200 5): below it Linux disables IPv6 on the
+/// link and refuses its addresses (`EINVAL`). Checked once IPAM has said which families the
+/// pod gets, before tapyard is asked for a port.
+fn mtu_fits(mtu: u32, leased: &CniResult) -> Result<(), CniError> {
+    const IPV6_MIN_MTU: u32 = 1280;
+    match leased.ips.iter().find(|ip| ip.address.addr.is_ipv6()) {
+        Some(ip) if mtu < IPV6_MIN_MTU => Err(CniError::new(
+            INVALID_CONFIG,
+            format!(
+                "mtu {mtu} is below IPv6's minimum of {IPV6_MIN_MTU}, and IPAM gave the IPv6 address {}",
+                ip.address
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// IPAM's routes, each with a next hop: its own `gw`, else the gateway IPAM gave for an
@@ -305,6 +323,26 @@ fn check(args: &CniArgs, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_mtu_below_1280_is_refused_only_with_an_ipv6_address() {
+        let v6: CniResult =
+            serde_json::from_str(r#"{"ips":[{"address":"fd00::5/64","gateway":"fd00::1"}]}"#)
+                .unwrap();
+        let v4: CniResult =
+            serde_json::from_str(r#"{"ips":[{"address":"10.244.1.5/24","gateway":"10.244.1.1"}]}"#)
+                .unwrap();
+        let e = mtu_fits(1279, &v6).unwrap_err();
+        assert_eq!(e.code, INVALID_CONFIG);
+        assert!(
+            e.msg.contains("1280") && e.msg.contains("fd00::5/64"),
+            "{}",
+            e.msg
+        );
+        assert!(mtu_fits(1280, &v6).is_ok());
+        assert!(mtu_fits(576, &v4).is_ok());
+        assert!(mtu_fits(576, &CniResult::default()).is_ok());
+    }
 
     #[test]
     fn routes_take_their_gateway_from_ipam_by_family() {

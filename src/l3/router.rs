@@ -649,6 +649,45 @@ impl Router {
         self.iface(i).and_then(|i| i.cfg.addr)
     }
 
+    /// Announces interface `i` on its link, so that its neighbours (pods, a next node) learn
+    /// or correct its MAC at once: a gratuitous ARP request (sender and target its IPv4
+    /// address, to the broadcast MAC, padded to 60 bytes) when it has an IPv4 address, then,
+    /// when it has a global IPv6 address, an unsolicited Neighbor Advertisement (RFC 4861
+    /// 7.2.6: to `ff02::1`, hop limit 255, router and override flags set, solicited clear,
+    /// with the target link-layer address option) for that address and one for its
+    /// link-local address. Each frame is handed to `emit` (nothing for an unknown `i`); they
+    /// are written on the stack, nothing allocates. The caller sends them out of the
+    /// interface's ports when it comes up (the `tapyard` command does at start and at a
+    /// takeover).
+    ///
+    /// Where tapyard differs from Linux, on purpose: Linux sends these only with
+    /// `arp_notify` = 1 (gratuitous ARP when the device comes up) and `ndisc_notify` = 1
+    /// (unsolicited NAs when an address is added); both default to 0. A node whose router
+    /// restarts or is taken over wants its pods to take its (stable) MAC at once, not when
+    /// their stale entries time out, so tapyard announces both families. One of each is
+    /// sent, as Linux (RFC 4861 allows up to three NAs).
+    pub fn announce(&self, i: IfaceId, mut emit: impl FnMut(&[u8])) {
+        let Some(iface) = self.iface(i) else { return };
+        if let Some((addr, _)) = iface.cfg.addr {
+            let garp = ArpRepr {
+                operation: arp::REQUEST,
+                sha: iface.cfg.mac,
+                spa: addr,
+                tha: MacAddr::ZERO,
+                tpa: addr,
+            };
+            let mut frame = [0u8; 60];
+            if garp
+                .write_frame(iface.cfg.mac, MacAddr::BROADCAST, &mut frame)
+                .is_some()
+            {
+                emit(&frame);
+            }
+        }
+        let mut out = [0u8; 128];
+        self.announce6(i, &mut out, &mut emit);
+    }
+
     /// Handles a frame sent to the router on interface `in_if` (its destination MAC is the
     /// interface's or a group address). `l3` is the offset of the L3 header.
     #[allow(clippy::too_many_arguments)]

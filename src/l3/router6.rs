@@ -719,6 +719,37 @@ impl Router {
         }
     }
 
+    /// The unsolicited Neighbor Advertisements announcing interface `i`'s IPv6 addresses
+    /// (RFC 4861 7.2.6), its global address then its link-local one, each written into
+    /// `out` and handed to `emit`; none for an interface without a global IPv6 address (an
+    /// IPv4-only interface announces nothing in IPv6). See [`Router::announce`].
+    pub(crate) fn announce6(&self, i: IfaceId, out: &mut [u8], emit: &mut dyn FnMut(&[u8])) {
+        let Some(iface) = self.iface(i) else { return };
+        let Some((global, _)) = iface.cfg.addr6 else {
+            return;
+        };
+        let mac = iface.cfg.mac;
+        let dst_mac = ipv6::multicast_mac(ipv6::ALL_NODES);
+        for target in [global, iface.ll6] {
+            let na = Icmpv6Repr::NeighborAdvert {
+                // The router flag (tapyard forwards on every interface, as Linux with
+                // `forwarding` 1), override set, not solicited: Linux's `ndisc_send_unsol_na`.
+                flags: NaFlags {
+                    router: true,
+                    solicited: false,
+                    override_: true,
+                },
+                target,
+                target_lladdr: Some(mac),
+            };
+            // From the address itself, to all nodes, hop limit 255 (else receivers drop it).
+            if let Some(n) = ipv6::write_icmp(out, mac, dst_mac, target, ipv6::ALL_NODES, 255, &na)
+            {
+                emit(&out[..n]);
+            }
+        }
+    }
+
     /// Runs the IPv6 timers due at `now`: NS retransmissions and probes, ICMPv6 address
     /// unreachable for packets whose next hop failed, Router Advertisements.
     pub(crate) fn poll6(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {

@@ -73,3 +73,43 @@ pub fn cni_ok(cmd: &str, container: &str, netns: &str, conf: &Value) -> Value {
     assert!(ok, "CNI {cmd} {container} failed: {v}");
     v
 }
+
+/// The addresses `host-local` holds leases for in its `dataDir` `data_dir` (network
+/// `tapyard`).
+pub fn leases(data_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(data_dir.join("tapyard"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The plugin's network configuration, as the runtime hands it over: spec `version`, the
+/// tapyard `bridge` at control `socket`, MTU 1500, `host-local` IPAM with `ranges` and
+/// `routes` (JSON arrays, as in the spec) keeping its leases in `data_dir`.
+pub fn net_conf(
+    version: &str,
+    bridge: &str,
+    socket: &Path,
+    ranges: Value,
+    routes: Value,
+    data_dir: &Path,
+) -> Value {
+    serde_json::json!({
+        "cniVersion": version,
+        "name": "tapyard",
+        "type": "tapyard-cni",
+        "bridge": bridge,
+        "socket": socket.display().to_string(),
+        "mtu": 1500,
+        "ipam": {
+            "type": "host-local",
+            "ranges": ranges,
+            "routes": routes,
+            "dataDir": data_dir.display().to_string(),
+        }
+    })
+}

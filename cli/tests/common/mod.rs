@@ -1,5 +1,7 @@
-//! Helpers shared by the end-to-end tests: running commands with a timeout, pings between
-//! namespaces, and tiny Python TCP/UDP servers and clients.
+//! Helpers shared by the end-to-end tests: why a root test cannot run, running commands with
+//! a timeout, the cleanup [`Guard`] with its namespaces, `tapyard run` in a namespace, the
+//! `[node]` section of a test's config, pings between namespaces, and tiny Python TCP/UDP
+//! servers and clients (both families).
 
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -20,6 +22,31 @@ pub fn skip_or_fail(test: &str, why: Option<String>) -> bool {
             true
         }
     }
+}
+
+/// Why this machine cannot run a root end-to-end test, if it cannot: not root, one of `tools`
+/// (`(command, an argument that makes it print its version, what it is or its package)`)
+/// missing, no `/dev/net/tun`.
+pub fn missing(tools: &[(&str, &str, &str)]) -> Option<String> {
+    if euid() != Some(0) {
+        return Some("needs root to create TAP devices and network namespaces".into());
+    }
+    for (cmd, arg, what) in tools {
+        if !have(cmd, arg) {
+            return Some(format!("`{cmd}` ({what}) is not installed"));
+        }
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun does not exist".into());
+    }
+    None
+}
+
+/// [`missing`], and a kernel without IPv6 too.
+pub fn missing6(tools: &[(&str, &str, &str)]) -> Option<String> {
+    missing(tools).or_else(|| {
+        (!Path::new("/proc/sys/net/ipv6").exists()).then(|| "the kernel has no IPv6".into())
+    })
 }
 
 /// The directory holding the CNI reference plugins (host-local, bridge): `TAPYARD_CNI_PLUGINS`,
@@ -168,30 +195,42 @@ pub fn ping_fails(ns: &str, to: &str) {
     assert!(!out.status.success(), "ping {ns} -> {to} should fail");
 }
 
-/// A server: TCP on `argv[2]` (each connection gets `<ident> <peer address>\n`, then is
-/// closed) unless 0, and UDP on `argv[3]` (each datagram is answered with `<ident> <peer
-/// address>`) unless 0.
+/// A server on both families (`::`, not IPv6-only; plain IPv4 where the kernel has no IPv6):
+/// TCP on `argv[2]` (each connection gets `<ident> <peer address>\n`, then is closed) unless
+/// 0, UDP on `argv[3]` (each datagram is answered with `<ident> <peer address>`) unless 0.
+/// IPv4 peers are shown as IPv4 addresses.
 pub const SERVER_PY: &str = r#"
 import socket, sys, threading
 ident, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def tcp():
-    s = socket.socket()
+def peer(p):
+    a = p[0]
+    return a[7:] if a.startswith("::ffff:") else a
+def sock(kind, port):
+    try:
+        s = socket.socket(socket.AF_INET6, kind)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        any_addr = "::"
+    except OSError:
+        s = socket.socket(socket.AF_INET, kind)
+        any_addr = "0.0.0.0"
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", tport))
+    s.bind((any_addr, port))
+    return s
+def tcp():
+    s = sock(socket.SOCK_STREAM, tport)
     s.listen(128)
     while True:
-        c, peer = s.accept()
+        c, p = s.accept()
         try:
-            c.sendall(("%s %s\n" % (ident, peer[0])).encode())
+            c.sendall(("%s %s\n" % (ident, peer(p))).encode())
         except OSError:
             pass
         c.close()
 def udp():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("0.0.0.0", uport))
+    u = sock(socket.SOCK_DGRAM, uport)
     while True:
-        d, peer = u.recvfrom(2048)
-        u.sendto(("%s %s" % (ident, peer[0])).encode(), peer)
+        d, p = u.recvfrom(2048)
+        u.sendto(("%s %s" % (ident, peer(p))).encode(), p)
 ts = [threading.Thread(target=f, daemon=True) for f, p in ((tcp, tport), (udp, uport)) if p]
 for t in ts:
     t.start()
@@ -199,18 +238,22 @@ for t in ts:
     t.join()
 "#;
 
-/// `tcp|udp <addr> <port> <count>`: `count` exchanges, one line each: the server's answer
-/// (`<ident> <client address it saw>`), or `error <why>` after 5 s of retries (a server that
-/// is still starting refuses).
+/// `tcp|udp|once <addr> <port> <count>` (either family): `count` exchanges, one line each:
+/// the server's answer (`<ident> <client address it saw>`), or `error <why>` (tcp and udp
+/// retry for 5 s: a server that is still starting refuses; `once` is one TCP connection
+/// attempt, to see how it is refused).
 pub const CLIENT_PY: &str = r#"
 import socket, sys, time
 mode, addr, port, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 for i in range(count):
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + (0 if mode == "once" else 5)
     while True:
         try:
-            if mode == "tcp":
-                c = socket.create_connection((addr, port), timeout=3)
+            if mode in ("tcp", "once"):
+                c = socket.socket(fam, socket.SOCK_STREAM)
+                c.settimeout(3)
+                c.connect((addr, port))
                 data = b""
                 while not data.endswith(b"\n"):
                     d = c.recv(256)
@@ -219,7 +262,7 @@ for i in range(count):
                     data += d
                 c.close()
             else:
-                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                u = socket.socket(fam, socket.SOCK_DGRAM)
                 u.settimeout(2)
                 u.connect((addr, port))
                 u.send(b"q")
@@ -228,7 +271,7 @@ for i in range(count):
             print(data.decode().strip(), flush=True)
             break
         except OSError as e:
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 print("error %s" % e, flush=True)
                 break
             time.sleep(0.2)
@@ -247,14 +290,9 @@ pub fn spawn_in(children: &mut Vec<Child>, ns: &str, args: &[&str]) {
     children.push(child);
 }
 
-/// Runs [`CLIENT_PY`] in `ns`: `(server ident, client address it saw)` of each exchange.
-pub fn exchange(
-    ns: &str,
-    mode: &str,
-    addr: &str,
-    port: u16,
-    count: usize,
-) -> Vec<(String, String)> {
+/// Runs [`CLIENT_PY`] in `ns`: `(server ident, client address it saw)` of each exchange, an
+/// `error` among them (see [`exchange`]).
+pub fn talk(ns: &str, mode: &str, addr: &str, port: u16, count: usize) -> Vec<(String, String)> {
     let port = port.to_string();
     let count_s = count.to_string();
     let out = run(&[
@@ -268,6 +306,18 @@ pub fn exchange(
         })
         .collect();
     assert_eq!(v.len(), count, "{mode} {ns} -> {addr}:{port}: {out}");
+    v
+}
+
+/// [`talk`], every exchange answered.
+pub fn exchange(
+    ns: &str,
+    mode: &str,
+    addr: &str,
+    port: u16,
+    count: usize,
+) -> Vec<(String, String)> {
+    let v = talk(ns, mode, addr, port, count);
     for (who, seen) in &v {
         assert_ne!(who, "error", "{mode} {ns} -> {addr}:{port}: {seen}");
     }
@@ -343,21 +393,193 @@ pub fn tear_down<'a>(
     log: &Path,
     dir: &Path,
 ) {
+    clean_up(procs, &[], namespaces, &[log.to_path_buf()], dir);
+}
+
+/// [`tear_down`] with links of the test's own namespace to delete (after the processes) and
+/// any number of logs.
+fn clean_up<'a>(
+    procs: impl Iterator<Item = &'a mut Child>,
+    links: &[String],
+    namespaces: &[String],
+    logs: &[PathBuf],
+    dir: &Path,
+) {
     for c in procs {
         let _ = c.kill();
         let _ = c.wait();
     }
-    for ns in namespaces {
+    for (what, name) in links
+        .iter()
+        .map(|l| (["link", "del"], l))
+        .chain(namespaces.iter().map(|ns| (["netns", "del"], ns)))
+    {
         let _ = Command::new("ip")
-            .args(["netns", "del", ns])
+            .args(what)
+            .arg(name)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
     }
     if std::thread::panicking() {
-        if let Ok(log) = std::fs::read_to_string(log) {
-            eprintln!("---- tapyard run log ----\n{log}---- end ----");
+        for log in logs {
+            if let Ok(text) = std::fs::read_to_string(log) {
+                eprintln!("---- {} ----\n{text}---- end ----", log.display());
+            }
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Everything an end-to-end test made, undone on drop, on success and failure alike: its
+/// processes killed (`children`, then `node`), the `links` it left in the test's own
+/// namespace deleted, its `namespaces` deleted (with the TAPs and veths in them), each of
+/// `logs` printed if the test is failing, `dir` removed.
+pub struct Guard {
+    /// The node (`tapyard run`), when the test has one it stops and starts again.
+    pub node: Option<Child>,
+    /// Every other process: servers, clients, more nodes.
+    pub children: Vec<Child>,
+    /// Namespaces made with [`Guard::ns`].
+    pub namespaces: Vec<String>,
+    /// Links in the test's own namespace (a TAP tapyard left there).
+    pub links: Vec<String>,
+    /// The logs worth reading when the test fails.
+    pub logs: Vec<PathBuf>,
+    /// The test's directory (configs, sockets, state, logs).
+    pub dir: PathBuf,
+}
+
+impl Guard {
+    /// A guard for the test's directory `dir` (created) and its node's `log`.
+    pub fn new(dir: &Path, log: &Path) -> Guard {
+        std::fs::create_dir_all(dir).unwrap();
+        Guard {
+            node: None,
+            children: Vec::new(),
+            namespaces: Vec::new(),
+            links: Vec::new(),
+            logs: vec![log.to_path_buf()],
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Creates network namespace `name` (deleted on drop) with `lo` up and, where the kernel
+    /// has IPv6, no duplicate address detection (`accept_dad` 0): an IPv6 address given to
+    /// an interface made in or moved to it is usable at once, never tentative.
+    pub fn ns(&mut self, name: &str) {
+        run(&["ip", "netns", "add", name]);
+        self.namespaces.push(name.to_string());
+        if Path::new("/proc/sys/net/ipv6").exists() {
+            sh(
+                name,
+                "echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad",
+            );
+        }
+        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
+    }
+
+    /// Starts the node ([`tapyard_run`]) as [`Guard::node`] and waits for its control
+    /// socket.
+    pub fn start_node(&mut self, ns: Option<&str>, config: &Path, args: &[&str], socket: &Path) {
+        let log = self
+            .logs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| self.dir.join("run.log"));
+        let child = tapyard_run(ns, config, args, &log)
+            .spawn()
+            .expect("start tapyard run");
+        self.node = Some(child);
+        wait_for_socket(self.node.as_mut(), socket);
+    }
+}
+
+impl Guard {
+    /// Stops the node with SIGTERM (`ip netns exec` has exec'd tapyard) and waits for it (10 s
+    /// at most): its exit status.
+    pub fn stop_node(&mut self) -> std::process::ExitStatus {
+        let c = self.node.take().expect("a running node");
+        run(&["kill", "-TERM", &c.id().to_string()]);
+        wait_output(c, Duration::from_secs(10), "tapyard run (SIGTERM)").status
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let procs = self.children.iter_mut().chain(self.node.as_mut());
+        clean_up(procs, &self.links, &self.namespaces, &self.logs, &self.dir);
+    }
+}
+
+/// `tapyard run CONFIG ARGS`, in namespace `ns` (else in the test's own), with `RUST_LOG=info`
+/// and its stderr appended to `log`; the caller adds what it needs and spawns it.
+pub fn tapyard_run(ns: Option<&str>, config: &Path, args: &[&str], log: &Path) -> Command {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let mut c = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, TAPYARD]);
+            c
+        }
+        None => Command::new(TAPYARD),
+    };
+    c.arg("run")
+        .arg(config)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    c
+}
+
+/// The `[node]` section of a test's config: node `name`, `cluster_cidr` (its TOML value: a
+/// quoted prefix or a list), the control `socket`, the `state` directory (none: tapyard's
+/// default), two workers.
+pub fn node_toml(name: &str, cluster_cidr: &str, socket: &Path, state: Option<&Path>) -> String {
+    let state = state.map_or(String::new(), |s| {
+        format!("state_dir = \"{}\"\n", s.display())
+    });
+    format!(
+        "[node]\nname = \"{name}\"\ncluster_cidr = {cluster_cidr}\nsocket = \"{}\"\n{state}workers = 2\n",
+        socket.display()
+    )
+}
+
+/// `sh -c SCRIPT` in `ns`, which must succeed; its stdout.
+pub fn sh(ns: &str, script: &str) -> String {
+    run(&["ip", "netns", "exec", ns, "sh", "-c", script])
+}
+
+/// A command in `ns`: (success, stdout + stderr).
+pub fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
+    let mut v = vec!["ip", "netns", "exec", ns];
+    v.extend_from_slice(args);
+    let out = run_output(&v);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Polls `f` every 100 ms until it returns `Ok`, at most `limit`; the last state is in the
+/// failure message.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("{what}: not within {limit:?}; last: {last}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
