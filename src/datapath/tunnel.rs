@@ -561,27 +561,32 @@ impl Datapath {
 }
 
 /// Checks a TCP super-frame (from a pod's offload TAP) about to be encapsulated whole over
-/// IPv6 as Linux's `virtio_net_hdr_tnl_to_skb` will check the tunnel super-frame when the
-/// uplink TAP takes it: inner TCP/IPv4 or TCP/IPv6 (ECN allowed, no other GSO type, the
-/// frame's EtherType the same family), a
-/// partial TCP checksum (`csum_offset` 16) whose `csum_start` lies past the inner Ethernet
-/// and a minimal IP header of the family the GSO type names, with a whole TCP header
-/// before the frame's end, a nonzero `gso_size`, and a `hdr_len` within the frame. A lie is
-/// `bad_offload`, so that no port gets a super-frame it would refuse.
+/// IPv6, as Linux's `virtio_net_hdr_tnl_to_skb` and TCP segmentation will take the tunnel
+/// super-frame behind a UDP-tunnel GSO TAP: TCP/IPv4 (not a fragment) or TCP/IPv6 (TCP
+/// after the fixed header or an extension-header chain, not a fragment) of the family the
+/// GSO type names (ECN allowed, no other GSO type), the TCP checksum partial
+/// (`csum_offset` 16, `csum_start` at the TCP header, which lies within the frame), a
+/// nonzero `gso_size` and a `hdr_len` within the frame. A lie is `bad_offload`, so that no
+/// port is handed a super-frame the kernel or `offload::segment` would refuse or misread.
 fn check_gso6(b: &PacketBuf) -> Result<(), DropReason> {
     let off = b.offload;
-    let (min_l3, family) = match off.gso_type & !VIRTIO_NET_HDR_GSO_ECN {
-        VIRTIO_NET_HDR_GSO_TCPV4 => (ipv4::HEADER_LEN, ethertype::IPV4),
-        VIRTIO_NET_HDR_GSO_TCPV6 => (ipv6::HEADER_LEN, ethertype::IPV6),
-        _ => return Err(DropReason::BadOffload),
+    let e = EthernetFrame::new_checked(b.frame()).map_err(|_| DropReason::BadOffload)?;
+    let l4 = match (off.gso_type & !VIRTIO_NET_HDR_GSO_ECN, e.ethertype()) {
+        (VIRTIO_NET_HDR_GSO_TCPV4, ethertype::IPV4) => ipv4::check_header(e.payload())
+            .ok()
+            .filter(|i| i.proto == ipv4::PROTO_TCP && i.frag & (MF | FRAG_OFFSET) == 0)
+            .map(|i| i.hdr_len),
+        (VIRTIO_NET_HDR_GSO_TCPV6, ethertype::IPV6) => ipv6::check(e.payload())
+            .ok()
+            .filter(|i| i.next_header == ipv6::NH_TCP && i.frag.is_none())
+            .map(|i| i.l4_off),
+        _ => None,
     };
     let start = usize::from(off.csum_start);
-    let ty = EthernetFrame::new_checked(b.frame()).map(|e| e.ethertype());
-    if ty != Ok(family)
+    if l4.map(|l4| ETH_LEN + l4) != Some(start)
         || !off.needs_csum()
         || off.csum_offset != 16
         || off.gso_size == 0
-        || start < ETH_LEN + min_l3
         || start + 20 > b.len()
         || usize::from(off.hdr_len) > b.len()
     {
