@@ -689,7 +689,7 @@ fn a_full_batch_of_super_frames_loses_no_segment() {
     let payload = 47 * 1370;
     let bufs: Vec<PacketBuf> = (0..32).map(|_| pod_tso6(&a, payload)).collect();
     let pod_frame = bufs[0].frame().to_vec();
-    assert!(32 * 47 > tapyard::MAX_EXTRA);
+    const { assert!(32 * 47 > tapyard::MAX_EXTRA) };
     let (v, out) = a.run_batch_whole(bufs);
     assert!(v.iter().all(|v| *v == Verdict::Output(ETH0)), "{v:?}");
     assert_eq!(out.len(), 32);
@@ -767,18 +767,19 @@ fn lying_super_frames_from_a_pod_are_dropped_by_reason() {
     for _ in 0..rounds {
         let mut b = copy(&good);
         let r = rnd();
+        let rb = r.to_le_bytes();
         let o = &mut b.offload;
         match r % 6 {
-            0 => o.flags = (r >> 8) as u8,
-            1 => o.gso_type = (r >> 8) as u8,
+            0 => o.flags = rb[1],
+            1 => o.gso_type = rb[1],
             2 => o.csum_start = ((r >> 8) % 200) as u16,
             3 => o.csum_offset = ((r >> 8) % 40) as u16,
-            4 => o.hdr_len = (r >> 8) as u16,
+            4 => o.hdr_len = u16::from_le_bytes([rb[1], rb[2]]),
             _ => o.gso_size = ((r >> 8) % 3000) as u16,
         }
         for _ in 0..(rnd() % 3) {
             let at = (rnd() % 120) as usize;
-            b.frame_mut()[at] = rnd() as u8;
+            b.frame_mut()[at] = rnd().to_le_bytes()[0];
         }
         if rnd() % 4 == 0 {
             let cut = 14 + (rnd() % 200) as usize;
