@@ -28,7 +28,7 @@ pub use crate::wire::virtio::{
     VirtioNetHdr, VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
     VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
     VIRTIO_NET_HDR_GSO_UDP, VIRTIO_NET_HDR_GSO_UDP_L4, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
-    VNET_HDR_LEN,
+    VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6, VNET_HDR_LEN,
 };
 use crate::wire::vxlan;
 use crate::wire::Error as WireError;
@@ -265,6 +265,19 @@ pub fn complete_checksum(frame: &mut [u8], hdr: &VirtioNetHdr) -> Result<(), Off
 ///   payload (as the kernel's `tcp_gso_segment`, a result of 0 is sent as
 ///   is: for TCP, 0 and 0xffff are equivalent).
 ///
+/// A UDP-tunnel (VXLAN) super-frame, [`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`]
+/// or [`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`] on top of the inner TCP type
+/// (one of the two, never both), is the inner TCP/IPv4 or TCP/IPv6
+/// super-frame behind the fixed outer headers tapyard's encapsulation
+/// writes (Ethernet, IPv4 without options or IPv6 without extension
+/// headers, UDP, VXLAN; checked, [`OffloadError::GsoTypeMismatch`]
+/// otherwise), as Linux's `skb_udp_tunnel_segment`: every segment also
+/// carries a copy of the outer headers, with the outer lengths rewritten
+/// (IPv4: total length, identification = the super-frame's plus the segment
+/// index, header checksum; IPv6: payload length) and the outer UDP length and
+/// checksum computed (never zero: over IPv6 a zero UDP checksum is
+/// forbidden); the outer lengths of the super-frame itself are not read.
+///
 /// If the payload is not larger than `gso_size`, exactly one segment is
 /// produced (still with lengths and checksums recomputed).
 ///
@@ -288,36 +301,51 @@ pub fn segment(
     scratch: &mut [u8],
     emit: &mut dyn FnMut(&[u8]),
 ) -> Result<usize, OffloadError> {
-    let tunnel = hdr.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0;
-    let want_ipv4 =
-        match hdr.gso_type & !(VIRTIO_NET_HDR_GSO_ECN | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4) {
-            VIRTIO_NET_HDR_GSO_NONE if hdr.gso_type == VIRTIO_NET_HDR_GSO_NONE => {
-                return emit_whole(frame, hdr, scratch, emit);
-            }
-            VIRTIO_NET_HDR_GSO_TCPV4 => true,
-            VIRTIO_NET_HDR_GSO_TCPV6 => false,
-            _ => return Err(OffloadError::UnsupportedGsoType),
-        };
+    let tunnel_bits = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
+    let outer = match hdr.gso_type & tunnel_bits {
+        0 => OuterKind::None,
+        VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 => OuterKind::V4,
+        VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6 => OuterKind::V6,
+        _ => return Err(OffloadError::UnsupportedGsoType),
+    };
+    let want_ipv4 = match hdr.gso_type & !(VIRTIO_NET_HDR_GSO_ECN | tunnel_bits) {
+        VIRTIO_NET_HDR_GSO_NONE if hdr.gso_type == VIRTIO_NET_HDR_GSO_NONE => {
+            return emit_whole(frame, hdr, scratch, emit);
+        }
+        VIRTIO_NET_HDR_GSO_TCPV4 => true,
+        VIRTIO_NET_HDR_GSO_TCPV6 => false,
+        _ => return Err(OffloadError::UnsupportedGsoType),
+    };
     if hdr.gso_size == 0 {
         return Err(OffloadError::ZeroGsoSize);
     }
-    let layout = if tunnel {
+    let overhead = match outer {
+        OuterKind::None => 0,
+        OuterKind::V4 => vxlan::OVERHEAD,
+        OuterKind::V6 => vxlan::OVERHEAD6,
+    };
+    let layout = if overhead != 0 {
         // The inner frame after the outer headers; offsets stay the outer frame's.
-        let inner = frame
-            .get(vxlan::OVERHEAD..)
-            .ok_or(OffloadError::Truncated)?;
+        if !vxlan::is_outer(frame, outer == OuterKind::V6) {
+            return Err(if frame.len() < overhead {
+                OffloadError::Truncated
+            } else {
+                OffloadError::GsoTypeMismatch
+            });
+        }
+        let inner = frame.get(overhead..).ok_or(OffloadError::Truncated)?;
         let l = parse_tcp_frame(inner)?;
         TcpLayout {
-            l3_off: l.l3_off + vxlan::OVERHEAD,
-            l4_off: l.l4_off + vxlan::OVERHEAD,
-            payload_off: l.payload_off + vxlan::OVERHEAD,
-            end: l.end + vxlan::OVERHEAD,
+            l3_off: l.l3_off + overhead,
+            l4_off: l.l4_off + overhead,
+            payload_off: l.payload_off + overhead,
+            end: l.end + overhead,
             ..l
         }
     } else {
         parse_tcp_frame(frame)?
     };
-    if layout.ipv4 != want_ipv4 || (tunnel && !layout.ipv4) {
+    if layout.ipv4 != want_ipv4 {
         return Err(OffloadError::GsoTypeMismatch);
     }
     segment_tcp(
@@ -326,8 +354,19 @@ pub fn segment(
         usize::from(hdr.gso_size),
         scratch,
         emit,
-        tunnel,
+        outer,
     )
+}
+
+/// The outer headers of a UDP-tunnel (VXLAN) super-frame, which every segment gets a copy of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OuterKind {
+    /// A plain TCP super-frame.
+    None,
+    /// VXLAN over IPv4 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`], [`vxlan::OVERHEAD`] bytes).
+    V4,
+    /// VXLAN over IPv6 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`], [`vxlan::OVERHEAD6`] bytes).
+    V6,
 }
 
 /// Non-GSO path of [`segment`].
@@ -358,7 +397,7 @@ fn segment_tcp(
     mss: usize,
     scratch: &mut [u8],
     emit: &mut dyn FnMut(&[u8]),
-    tunnel: bool,
+    outer: OuterKind,
 ) -> Result<usize, OffloadError> {
     use OffloadError::*;
 
@@ -386,7 +425,7 @@ fn segment_tcp(
     };
 
     // The outer headers of a VXLAN super-frame: each segment gets its own identification.
-    let outer_id0 = if tunnel {
+    let outer_id0 = if outer == OuterKind::V4 {
         Ipv4Packet::new_checked_header(frame.get(vxlan::OUTER_L3..).ok_or(Truncated)?)
             .map_err(|_| Truncated)?
             .ident()
@@ -441,14 +480,18 @@ fn segment_tcp(
         tcp.set_flags(flags);
         tcp.payload_mut().copy_from_slice(chunk);
         tcp.fill_checksum_with(&pseudo);
-        if tunnel {
-            // Outer lengths, identification and UDP checksum (from the headers: the inner
-            // TCP checksum was just made complete).
-            let f = &mut scratch[..hdrs_len + n];
-            vxlan::fix_outer_lengths(f, outer_id0.wrapping_add(low16(i as u64)))
-                .and_then(|()| vxlan::fill_csum_over_tcp(f, l.l3_off, l.l4_off))
-                .ok_or(Truncated)?;
+        // Outer lengths (over IPv4 also the identification and the header checksum) and
+        // the outer UDP checksum, from the headers: the inner TCP checksum was just made
+        // complete. Over IPv6 it is never zero (`finish_l4` sends 0 as 0xffff).
+        let f = &mut scratch[..hdrs_len + n];
+        match outer {
+            OuterKind::None => Some(()),
+            OuterKind::V4 => vxlan::fix_outer_lengths(f, outer_id0.wrapping_add(low16(i as u64)))
+                .and_then(|()| vxlan::fill_csum_over_tcp(f, l.l3_off, l.l4_off)),
+            OuterKind::V6 => vxlan::fix_outer6_lengths(f)
+                .and_then(|()| vxlan::fill_csum_over_tcp(f, l.l3_off, l.l4_off)),
         }
+        .ok_or(Truncated)?;
 
         emit(&scratch[..hdrs_len + n]);
     }
@@ -1290,6 +1333,203 @@ mod tests {
         assert_ne!(TooManySegments.to_string(), ScratchTooSmall.to_string());
     }
 
+    // -- VXLAN over IPv6 (UDP-tunnel GSO) --------------------------------------
+
+    const OUT_SRC6: [u8; 16] = [0xfd, 0, 1, 0x72, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    const OUT_DST6: [u8; 16] = [0xfd, 0, 1, 0x72, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3];
+
+    /// `spec`'s super-frame encapsulated whole over IPv6, as tapyard's encapsulation hands it
+    /// to a port: outer Ethernet + IPv6 + UDP (source port `sport`) + VXLAN VNI 1, the GSO
+    /// type with the IPv6 tunnel bit, `csum_start`/`hdr_len` counted from the outer frame.
+    fn tunnel6_frame(spec: &Spec, payload: &[u8], gso: u16, sport: u16) -> (Vec<u8>, VirtioNetHdr) {
+        let (inner, h) = super_frame(spec, payload, gso);
+        let mut dgram = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+        dgram.extend_from_slice(&inner);
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2(MAC_B, MAC_A)
+            .ipv6(OUT_SRC6, OUT_DST6, 64)
+            .udp(sport, 8472)
+            .write(&mut f, &dgram)
+            .unwrap();
+        let shift = u16::try_from(vxlan::OVERHEAD6).unwrap();
+        let hdr = VirtioNetHdr {
+            gso_type: h.gso_type | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+            hdr_len: h.hdr_len + shift,
+            csum_start: h.csum_start + shift,
+            ..h
+        };
+        (f, hdr)
+    }
+
+    /// Segments a VXLAN-over-IPv6 super-frame and checks every segment: the inner frame
+    /// exactly the kernel's TSO segment, the outer headers copied with the IPv6 payload
+    /// length, UDP length and a nonzero, right UDP checksum of the segment. Returns the
+    /// segments.
+    fn check_tunnel6(spec: &Spec, payload: &[u8], gso: u16, sport: u16) -> Vec<Vec<u8>> {
+        let (frame, hdr) = tunnel6_frame(spec, payload, gso, sport);
+        check_tunnel6_segments(&frame, &hdr, spec, payload)
+    }
+
+    /// [`check_tunnel6`] on a frame built by the caller.
+    fn check_tunnel6_segments(
+        frame: &[u8],
+        hdr: &VirtioNetHdr,
+        spec: &Spec,
+        payload: &[u8],
+    ) -> Vec<Vec<u8>> {
+        let gso = hdr.gso_size;
+        let segs = run_segment(frame, hdr, usize::from(hdr.hdr_len) + usize::from(gso)).unwrap();
+        let want = expected_segments(spec, payload, usize::from(gso));
+        assert_eq!(segs.len(), want.len());
+        for (s, w) in segs.iter().zip(&want) {
+            assert!(s[70..] == w[..], "inner segment");
+            assert_eq!(
+                s[..18],
+                frame[..18],
+                "outer Ethernet, IPv6 version/class/flow"
+            );
+            assert_eq!(
+                s[20..58],
+                frame[20..58],
+                "next header, hop limit, addresses, ports"
+            );
+            assert_eq!(s[62..70], frame[62..70], "VXLAN header");
+            let p = SlicedPacket::from_ethernet(s).unwrap();
+            let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Udp(u))) = (p.net, p.transport)
+            else {
+                panic!("not UDP/IPv6")
+            };
+            let ip = ip.header().to_header();
+            assert_eq!(usize::from(ip.payload_length), s.len() - 54);
+            assert_eq!(usize::from(u.length()), s.len() - 54);
+            assert_ne!(u.checksum(), 0, "IPv6 forbids a zero UDP checksum");
+            assert_eq!(
+                u.to_header().calc_checksum_ipv6(&ip, u.payload()).unwrap(),
+                u.checksum(),
+                "outer UDP checksum"
+            );
+        }
+        segs
+    }
+
+    #[test]
+    fn tunnel6_super_frames_get_outer_ipv6_headers_per_segment() {
+        for v6 in [false, true] {
+            for tcp_opts in [false, true] {
+                let spec = Spec {
+                    v6,
+                    tcp_opts,
+                    psh: true,
+                    fin: true,
+                    seq: 0xffff_f000,
+                    ip_id: 0xfffe,
+                    ..Default::default()
+                };
+                let payload = fill(u64::from(tcp_opts) + 7, 13_700);
+                let segs = check_tunnel6(&spec, &payload, 1370, 40_001);
+                assert_eq!(segs.len(), 10);
+                // One segment when the payload fits; an empty payload still gives one.
+                assert_eq!(check_tunnel6(&spec, &payload[..100], 1370, 40_001).len(), 1);
+                assert_eq!(check_tunnel6(&spec, &[], 1370, 40_001).len(), 1);
+            }
+        }
+        // The largest inner super-frame: its outer lengths would not fit 16 bits, so they are
+        // written capped by the encapsulation and not read; every segment's are right.
+        let spec = Spec::default();
+        let payload = fill(3, 65_535 - 40);
+        let (inner, _) = super_frame(&spec, &payload, 1448);
+        let (small, hdr) = tunnel6_frame(&spec, &[], 1448, 1);
+        let mut frame = small[..vxlan::OVERHEAD6].to_vec();
+        frame.extend_from_slice(&inner);
+        assert!(frame.len() > 54 + 65_535);
+        frame[18..20].copy_from_slice(&[0xff, 0xff]);
+        frame[58..60].copy_from_slice(&[0xff, 0xff]);
+        let segs = check_tunnel6_segments(&frame, &hdr, &spec, &payload);
+        assert_eq!(segs.len(), payload.len().div_ceil(1448));
+    }
+
+    #[test]
+    fn tunnel6_outer_udp_checksum_is_never_zero() {
+        // Over every source port, one makes the segment's checksum fold to zero: it is
+        // sent as 0xffff (RFC 8200 8.1), as etherparse computes it.
+        let spec = Spec::default();
+        let mut seen_ffff = false;
+        for sport in 0..=u16::MAX {
+            let (frame, hdr) = tunnel6_frame(&spec, &[0x5a; 40], 1370, sport);
+            let segs = run_segment(&frame, &hdr, 300).unwrap();
+            let c = u16::from_be_bytes([segs[0][60], segs[0][61]]);
+            assert_ne!(c, 0);
+            seen_ffff |= c == 0xffff;
+        }
+        assert!(seen_ffff);
+    }
+
+    #[test]
+    fn tunnel_super_frames_that_lie_are_refused() {
+        use OffloadError::*;
+        let spec = Spec::default();
+        let (f, h) = tunnel6_frame(&spec, &fill(5, 5000), 1000, 9);
+        let seg = |f: &[u8], h: &VirtioNetHdr| run_segment(f, h, 70_000).map(|s| s.len());
+        assert_eq!(seg(&f, &h), Ok(5));
+        // Both tunnel bits, or one with no inner type.
+        let both = h.gso_type | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
+        assert_eq!(
+            seg(
+                &f,
+                &VirtioNetHdr {
+                    gso_type: both,
+                    ..h
+                }
+            ),
+            Err(UnsupportedGsoType)
+        );
+        let bare = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
+        assert_eq!(
+            seg(
+                &f,
+                &VirtioNetHdr {
+                    gso_type: bare,
+                    ..h
+                }
+            ),
+            Err(UnsupportedGsoType)
+        );
+        // The IPv4 tunnel bit on an IPv6 outer header, the inner family not the GSO type's.
+        let v4 = VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
+        assert_eq!(
+            seg(&f, &VirtioNetHdr { gso_type: v4, ..h }),
+            Err(GsoTypeMismatch)
+        );
+        let v6in = VIRTIO_NET_HDR_GSO_TCPV6 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
+        assert_eq!(
+            seg(
+                &f,
+                &VirtioNetHdr {
+                    gso_type: v6in,
+                    ..h
+                }
+            ),
+            Err(GsoTypeMismatch)
+        );
+        // An outer extension header (the inner frame would not be where it is assumed), an
+        // outer version that lies, an outer EtherType of the other family.
+        for (at, v) in [(20usize, 0u8), (20, 60), (14, 0x40), (12, 0x08)] {
+            let mut g = f.clone();
+            g[at] = v;
+            if at == 12 {
+                g[13] = 0;
+            }
+            assert_eq!(seg(&g, &h), Err(GsoTypeMismatch), "byte {at} = {v}");
+        }
+        // Cut inside the outer headers, inside the inner ones, and a zero gso_size.
+        assert_eq!(seg(&f[..60], &h), Err(Truncated));
+        assert_eq!(seg(&f[..100], &h), Err(Truncated));
+        assert_eq!(
+            seg(&f, &VirtioNetHdr { gso_size: 0, ..h }),
+            Err(ZeroGsoSize)
+        );
+    }
+
     // -- property tests -------------------------------------------------------
 
     fn spec_strategy() -> impl Strategy<Value = Spec> {
@@ -1426,6 +1666,34 @@ mod tests {
                 _ => hdr = hdr_mut,
             }
             segment_anything(&frame, &hdr, scratch_len);
+        }
+
+        #[test]
+        fn prop_tunnel6_segmentation_and_mutations(
+            spec in spec_strategy(),
+            len in 0usize..6000,
+            gso in 1u16..1500,
+            sport in any::<u16>(),
+            mutations in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+            cut in any::<prop::sample::Index>(),
+            hdr_mut in hdr_strategy(),
+            which in 0u8..4,
+        ) {
+            let payload = fill(len as u64 + 5, len);
+            check_tunnel6(&spec, &payload, gso, sport);
+            let (mut frame, mut hdr) = tunnel6_frame(&spec, &payload, gso, sport);
+            for (i, v) in &mutations {
+                let at = i.index(frame.len());
+                frame[at] = *v;
+            }
+            frame.truncate(cut.index(frame.len() + 1));
+            match which {
+                0 => {}
+                1 => hdr.gso_size = hdr_mut.gso_size,
+                2 => hdr.gso_type = hdr_mut.gso_type | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+                _ => hdr = hdr_mut,
+            }
+            segment_anything(&frame, &hdr, 70_000);
         }
 
         #[test]

@@ -2,16 +2,26 @@
 //! dual-stack nodes (A: pods 10.244.1.0/24 and fd00:10:244:1::/64; C: .2), each with
 //! `flannel.1` over IPv4 and `flannel-v6.1` over IPv6 on one uplink. Frames built byte by
 //! byte go in; what leaves A's uplink is checked as Linux's vxlan sends it over IPv6, then fed
-//! to C, whose pod must get the inner packet. Bad input is dropped under its own reason.
+//! to C, whose pod must get the inner packet. Bad input is dropped under its own reason. A
+//! pod's TSO super-frame leaves the uplink as one UDP-tunnel-IPv6 super-frame (for an offload
+//! TAP with UDP-tunnel GSO) or as correct segments (any other port), none lost in the batch.
+
+mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant as StdInstant};
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::vxlan::{default_mac, PeerError};
 use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
-use tapyard::offload::VirtioNetHdr;
+use tapyard::offload::{
+    VirtioNetHdr, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
+};
+use tapyard::port::{Port, TapPort};
+use tapyard::wire::virtio::{VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6};
 use tapyard::{
-    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
+    Batch, BridgeConfig, BufPool, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId,
+    Verdict, Worker,
 };
 
 const POD: PortId = PortId(0);
@@ -431,69 +441,366 @@ fn packet_too_big_across_the_ipv6_overlay() {
     );
 }
 
-#[test]
-fn a_tso_super_frame_is_segmented_before_ipv6_encapsulation() {
-    let mut a = node(1);
-    let mut c = node(2);
-    // 10 segments of MSS 1370 (the inner MTU 1430 - 40 - 20) from a pod's offload TAP.
-    let data: Vec<u8> = (0..13_700u32).map(|k| (k % 251) as u8).collect();
+/// Bytes of TCP payload: byte `k` is `k % 251`.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|k| u8::try_from(k % 251).unwrap()).collect()
+}
+
+/// The folded sum of 16-bit big-endian words (a pseudo-header's, unfinished).
+fn fold(words: impl IntoIterator<Item = u32>) -> u16 {
+    let mut s: u32 = words.into_iter().sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    u16::try_from(s).unwrap()
+}
+
+/// The words of two IPv6 addresses.
+fn addr_words(a: Ipv6Addr, b: Ipv6Addr) -> Vec<u32> {
+    a.segments()
+        .into_iter()
+        .chain(b.segments())
+        .map(u32::from)
+        .collect()
+}
+
+/// A TSO super-frame from pod A's offload TAP, as its kernel hands it over: TCP/IPv6 from
+/// pod A to pod C, `payload` bytes of [`pattern`] from sequence number 1000, MSS 1370 (the
+/// overlay's MTU 1430 - 40 - 20), the TCP checksum partial (the pseudo-header sum).
+fn pod_tso6(a: &Node, payload: usize) -> PacketBuf {
     let mut f = Vec::new();
     PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
         .ipv6(pod6(1).octets(), pod6(2).octets(), 64)
         .tcp(40000, 5201, 1000, 65535)
         .ack(1)
-        .write(&mut f, &data)
+        .write(&mut f, &pattern(payload))
         .unwrap();
     let mut b = PacketBuf::new(70_000);
     b.room_mut()[..f.len()].copy_from_slice(&f);
     b.set_len(f.len());
     b.port = POD;
-    // A partial checksum: the pseudo-header sum in the field.
     let tcp_len = u32::try_from(f.len() - 54).unwrap();
-    let mut s: u32 = 0;
-    for w in pod6(1).octets().chunks(2).chain(pod6(2).octets().chunks(2)) {
-        s += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    s += 6 + tcp_len;
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    b.frame_mut()[70..72].copy_from_slice(&u16::try_from(s).unwrap().to_be_bytes());
+    let mut words = addr_words(pod6(1), pod6(2));
+    words.extend([6, tcp_len]);
+    b.frame_mut()[70..72].copy_from_slice(&fold(words).to_be_bytes());
     b.offload = VirtioNetHdr {
-        flags: tapyard::offload::VIRTIO_NET_HDR_F_NEEDS_CSUM,
-        gso_type: tapyard::offload::VIRTIO_NET_HDR_GSO_TCPV6,
+        flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        gso_type: VIRTIO_NET_HDR_GSO_TCPV6,
         hdr_len: 74,
         gso_size: 1370,
         csum_start: 54,
         csum_offset: 16,
     };
-    let (v, out) = a.run_buf(b);
-    assert_eq!(v, Verdict::Local, "turned into segments");
-    let wires: Vec<&Vec<u8>> = out
-        .iter()
-        .filter(|(p, _)| *p == ETH0)
-        .map(|(_, f)| f)
-        .collect();
-    assert_eq!(wires.len(), 10);
+    b
+}
+
+impl Node {
+    /// Like [`Node::run_buf`] for a whole batch, but every frame as the datapath hands it to
+    /// a port, with its offload header (super-frames whole), as an offload TAP gets it.
+    fn run_batch_whole(
+        &mut self,
+        bufs: Vec<PacketBuf>,
+    ) -> (Vec<Verdict>, Vec<(PortId, PacketBuf)>) {
+        let mut batch = Batch::new();
+        for b in bufs {
+            batch.push(b).unwrap();
+        }
+        self.dp.process(&mut self.w, self.now, &mut batch);
+        let v = batch.verdicts().to_vec();
+        let mut out = Vec::new();
+        self.dp.dispatch(&mut self.w, &batch, |p, b| {
+            let mut c = PacketBuf::new(70_000);
+            c.room_mut()[..b.len()].copy_from_slice(b.frame());
+            c.set_len(b.len());
+            c.offload = b.offload;
+            out.push((p, c));
+            Ok(())
+        });
+        (v, out)
+    }
+}
+
+/// Checks the UDP-tunnel-IPv6 super-frame A's encapsulation makes of [`pod_tso6`]`(payload)`:
+/// the virtio header a UDP-tunnel GSO TAP takes (the kernel's `virtio_net_hdr_tnl_to_skb`
+/// wants the tunnel bit of the outer family and `csum_start` at the inner TCP header), the
+/// outer IPv6 and UDP lengths of the whole, its outer UDP checksum partial, the inner frame
+/// as routed (VTEP MACs, hop limit 63, TCP checksum still partial).
+fn check_tunnel6_super_frame(b: &PacketBuf, pod_frame: &[u8], payload: usize) {
+    assert_eq!(
+        b.offload,
+        VirtioNetHdr {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV6 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+            hdr_len: 70 + 74,
+            gso_size: 1370,
+            csum_start: 70 + 54,
+            csum_offset: 16,
+        }
+    );
+    let f = b.frame();
+    assert_eq!(f.len(), 70 + 74 + payload);
+    assert_eq!(&f[12..14], &[0x86, 0xdd], "outer IPv6");
+    let udp_len = u16::try_from(f.len() - 54).unwrap();
+    assert_eq!(&f[18..20], &udp_len.to_be_bytes(), "outer payload length");
+    assert_eq!(f[20], 17, "UDP right after the fixed header");
+    assert_eq!(&f[22..38], &node_ip6(1).octets());
+    assert_eq!(&f[38..54], &node_ip6(2).octets());
+    assert_eq!(&f[56..58], &8472u16.to_be_bytes());
+    assert_eq!(&f[58..60], &udp_len.to_be_bytes(), "outer UDP length");
+    let mut words = addr_words(node_ip6(1), node_ip6(2));
+    words.extend([17, u32::from(udp_len)]);
+    assert_eq!(
+        &f[60..62],
+        &fold(words).to_be_bytes(),
+        "outer UDP checksum partial"
+    );
+    assert_eq!(&f[62..70], &[0x08, 0, 0, 0, 0, 0, 1, 0]);
+    let inner = &f[70..];
+    assert_eq!(&inner[..6], &default_mac(pod_net6(2)).0);
+    assert_eq!(&inner[6..12], &default_mac(pod_net6(1)).0);
+    assert_eq!(inner[14 + 7], 63, "hop limit decremented once");
+    assert!(inner[12..21] == pod_frame[12..21] && inner[22..] == pod_frame[22..]);
+}
+
+/// The segments a port without UDP-tunnel GSO sends of a VXLAN-over-IPv6 super-frame
+/// carrying [`pod_tso6`]`(payload)`, checked one by one as a receiver would (outer IPv6
+/// payload length, UDP length, nonzero and right UDP checksum, inner TCP checksum, sequence
+/// numbers contiguous, at most the underlay's 1500 bytes); returns them.
+fn check_tunnel6_segments(b: &PacketBuf, payload: usize) -> Vec<Vec<u8>> {
+    let mut segs = Vec::new();
+    let mut scratch = vec![0u8; 70_000];
+    tapyard::offload::segment(b.frame(), &b.offload, &mut scratch, &mut |f| {
+        segs.push(f.to_vec())
+    })
+    .unwrap();
+    assert_eq!(segs.len(), payload.div_ceil(1370));
+    let (mut got, mut seq) = (Vec::new(), 1000u32);
+    for w in &segs {
+        check_segment6(w, &mut seq, &mut got);
+    }
+    assert!(got == pattern(payload), "reassembled payload");
+    segs
+}
+
+/// Checks one VXLAN-over-IPv6 segment of a pod's TCP/IPv6 flow as a receiver would: at most
+/// the underlay's 1500 bytes, outer IPv6 payload length and UDP length, a nonzero and right
+/// outer UDP checksum, a right inner TCP checksum, the sequence number `seq` (advanced past
+/// its payload, which is appended to `got`).
+fn check_segment6(w: &[u8], seq: &mut u32, got: &mut Vec<u8>) {
+    assert!(w.len() <= 14 + 1500, "{}", w.len());
+    let s = SlicedPacket::from_ethernet(w).unwrap();
+    let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Udp(u))) = (s.net, s.transport) else {
+        panic!("not UDP/IPv6")
+    };
+    assert_eq!(usize::from(ip.header().payload_length()), w.len() - 54);
+    assert_eq!(usize::from(u.length()), w.len() - 54);
+    assert_ne!(u.checksum(), 0);
+    assert!(udp6_checksum_ok(w), "outer UDP checksum");
+    let inner = SlicedPacket::from_ethernet(&u.payload()[8..]).unwrap();
+    let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Tcp(t))) = (inner.net, inner.transport)
+    else {
+        panic!("inner not TCP/IPv6")
+    };
+    assert_eq!(
+        t.to_header()
+            .calc_checksum_ipv6(&ip.header().to_header(), t.payload())
+            .unwrap(),
+        t.checksum(),
+        "inner TCP checksum"
+    );
+    assert_eq!(t.sequence_number(), *seq, "sequence numbers contiguous");
+    *seq = seq.wrapping_add(u32::try_from(t.payload().len()).unwrap());
+    got.extend_from_slice(t.payload());
+}
+
+#[test]
+fn a_tso_super_frame_crosses_an_ipv6_underlay_whole_or_as_segments() {
+    let (mut a, mut c) = (node(1), node(2));
+    let pod = pod_tso6(&a, 13_700);
+    let pod_frame = pod.frame().to_vec();
+    let (v, out) = a.run_batch_whole(vec![pod]);
+    assert_eq!(v, [Verdict::Output(ETH0)]);
+    assert_eq!(
+        out.len(),
+        1,
+        "one super-frame, no segments made in the batch"
+    );
+    let (port, sf) = &out[0];
+    assert_eq!(*port, ETH0);
+    // An offload uplink with UDP-tunnel GSO takes it as it is.
+    check_tunnel6_super_frame(sf, &pod_frame, 13_700);
+    let st = a.dp.stats();
+    assert_eq!((st.generated, st.generated_lost), (0, 0), "{st:?}");
+    assert_eq!(st.accounted(), 1);
+    let t = a.dp.tunnel_by_name("flannel-v6.1").unwrap();
+    let p = t.peers().by_ip(node_ip6(2)).unwrap().stats();
+    assert_eq!((p.tx_packets, p.tx_bytes), (1, pod_frame.len() as u64));
+
+    // Any other uplink sends it as 10 correct segments, each of which C decapsulates and
+    // routes to its pod.
+    let segs = check_tunnel6_segments(sf, 13_700);
+    assert_eq!(segs.len(), 10);
     let mut got = Vec::new();
-    for w in wires {
-        assert!(w.len() <= 14 + 1500, "{}", w.len());
-        assert!(udp6_checksum_ok(w));
+    for w in &segs {
         let (v, o) = c.run(ETH0, w);
-        assert!(matches!(v, Verdict::Output(POD) | Verdict::Flood(_)));
+        assert!(
+            matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+            "{v:?}"
+        );
         let s = SlicedPacket::from_ethernet(&o[0].1).unwrap();
-        let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Tcp(t))) = (s.net, s.transport) else {
+        let Some(TransportSlice::Tcp(t)) = s.transport else {
             panic!()
         };
-        assert_eq!(
-            t.to_header()
-                .calc_checksum_ipv6(&ip.header().to_header(), t.payload())
-                .unwrap(),
-            t.checksum()
-        );
         got.extend_from_slice(t.payload());
     }
-    assert_eq!(got, data);
+    assert!(got == pattern(13_700));
+
+    // And what a UDP-tunnel TAP on C's side hands over (the kernel keeps it whole, outer
+    // checksum partial): decapsulated whole into the inner TCP/IPv6 super-frame.
+    let mut rx = PacketBuf::new(70_000);
+    rx.room_mut()[..sf.len()].copy_from_slice(sf.frame());
+    rx.set_len(sf.len());
+    rx.offload = sf.offload;
+    rx.offload.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
+    rx.port = ETH0;
+    let (v, o) = c.run_batch_whole(vec![rx]);
+    assert!(
+        matches!(v[0], Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    let inner = &o[0].1;
+    assert_eq!(inner.len(), 74 + 13_700);
+    assert_eq!(
+        (
+            inner.offload.gso_type,
+            inner.offload.csum_start,
+            inner.offload.gso_size
+        ),
+        (VIRTIO_NET_HDR_GSO_TCPV6, 54, 1370)
+    );
+}
+
+#[test]
+fn a_full_batch_of_super_frames_loses_no_segment() {
+    // 32 super-frames of 47 segments each (64 KiB, what a pod's TCP sends in bulk): before,
+    // each was segmented before encapsulation into the batch's extra frames, at most
+    // MAX_EXTRA (256) of them, and the rest counted as `generated_lost`.
+    let mut a = node(1);
+    let payload = 47 * 1370;
+    let bufs: Vec<PacketBuf> = (0..32).map(|_| pod_tso6(&a, payload)).collect();
+    let pod_frame = bufs[0].frame().to_vec();
+    const { assert!(32 * 47 > tapyard::MAX_EXTRA) };
+    let (v, out) = a.run_batch_whole(bufs);
+    assert!(v.iter().all(|v| *v == Verdict::Output(ETH0)), "{v:?}");
+    assert_eq!(out.len(), 32);
+    let mut segs = 0;
+    for (_, sf) in &out {
+        check_tunnel6_super_frame(sf, &pod_frame, payload);
+        segs += check_tunnel6_segments(sf, payload).len();
+    }
+    assert_eq!(segs, 32 * 47);
+    let st = a.dp.stats();
+    assert_eq!((st.generated, st.generated_lost), (0, 0), "{st:?}");
+    assert_eq!(st.accounted(), 32);
+}
+
+#[test]
+fn lying_super_frames_from_a_pod_are_dropped_by_reason() {
+    let mut a = node(1);
+    let good = pod_tso6(&a, 5_000);
+    let copy = |g: &PacketBuf| {
+        let mut b = PacketBuf::new(70_000);
+        b.room_mut()[..g.len()].copy_from_slice(g.frame());
+        b.set_len(g.len());
+        b.port = g.port;
+        b.offload = g.offload;
+        b
+    };
+    let lie = |edit: &dyn Fn(&mut PacketBuf)| {
+        let mut b = copy(&good);
+        edit(&mut b);
+        b
+    };
+    let lies: [&dyn Fn(&mut PacketBuf); 9] = [
+        &|b| b.offload.flags = 0,                           // no partial checksum
+        &|b| b.offload.csum_start = 40,                     // inside the IPv6 header
+        &|b| b.offload.csum_start = 60,                     // inside the TCP header
+        &|b| b.offload.csum_offset = 6,                     // UDP's field, not TCP's
+        &|b| b.offload.gso_size = 0,                        // no segment size
+        &|b| b.offload.gso_type = VIRTIO_NET_HDR_GSO_TCPV4, // the other family
+        &|b| b.offload.gso_type = 5,                        // USO
+        &|b| b.offload.hdr_len = 60_000,                    // past the frame
+        &|b| b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6, // a tunnel already
+    ];
+    for (i, edit) in lies.into_iter().enumerate() {
+        let before = a.drops(DropReason::BadOffload);
+        let (v, out) = a.run_batch_whole(vec![lie(edit)]);
+        assert_eq!(v, [Verdict::Drop(DropReason::BadOffload)], "lie {i}");
+        assert!(out.is_empty());
+        assert_eq!(a.drops(DropReason::BadOffload), before + 1);
+    }
+    // UDP under a TCP GSO type (the router forwards it; encapsulation refuses it).
+    let mut udp = pod_udp6(1, a.gw_mac, pod6(2), 3000);
+    udp.resize(3000, 0);
+    let mut b = PacketBuf::new(70_000);
+    b.room_mut()[..udp.len()].copy_from_slice(&udp);
+    b.set_len(udp.len());
+    b.port = POD;
+    b.offload = good.offload;
+    let (v, _) = a.run_batch_whole(vec![b]);
+    assert!(matches!(v[0], Verdict::Drop(_)), "{v:?}");
+
+    // Fuzz-ish: random virtio headers and random header bytes never panic; every frame is
+    // accounted for (forwarded, flooded or dropped under a reason), and whatever leaves the uplink
+    // is either a super-frame `offload::segment` turns into right segments or one it
+    // refuses (a port counts that as `bad_offload`).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let before = a.dp.stats().accounted();
+    let bad_before = a.drops(DropReason::BadOffload);
+    let (rounds, mut sent) = (3000, 0);
+    for _ in 0..rounds {
+        let mut b = copy(&good);
+        let r = rnd();
+        let rb = r.to_le_bytes();
+        let o = &mut b.offload;
+        match r % 6 {
+            0 => o.flags = rb[1],
+            1 => o.gso_type = rb[1],
+            2 => o.csum_start = ((r >> 8) % 200) as u16,
+            3 => o.csum_offset = ((r >> 8) % 40) as u16,
+            4 => o.hdr_len = u16::from_le_bytes([rb[1], rb[2]]),
+            _ => o.gso_size = ((r >> 8) % 3000) as u16,
+        }
+        for _ in 0..(rnd() % 3) {
+            let at = (rnd() % 120) as usize;
+            b.frame_mut()[at] = rnd().to_le_bytes()[0];
+        }
+        if rnd() % 4 == 0 {
+            let cut = 14 + (rnd() % 200) as usize;
+            b.set_len(cut.min(b.len()));
+        }
+        let (_, out) = a.run_batch_whole(vec![b]);
+        for (_, o) in out.iter().filter(|(p, _)| *p == ETH0) {
+            sent += 1;
+            let mut scratch = vec![0u8; 70_000];
+            let _ = tapyard::offload::segment(o.frame(), &o.offload, &mut scratch, &mut |f| {
+                assert!(udp6_checksum_ok(f), "a segment with a wrong outer checksum");
+            });
+        }
+    }
+    assert_eq!(a.dp.stats().accounted() - before, rounds);
+    // Both outcomes were exercised.
+    let refused = a.drops(DropReason::BadOffload) - bad_before;
+    assert!(
+        sent > 100 && refused > 100,
+        "sent {sent}, refused {refused}"
+    );
 }
 
 #[test]
@@ -560,4 +867,148 @@ fn a_udp_tunnel_ipv6_super_frame_is_decapsulated_whole() {
     let mut batch = super_frame(tapyard::wire::virtio::VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4);
     c.dp.process(&mut c.w, c.now, &mut batch);
     assert_eq!(batch.verdicts()[0], Verdict::Drop(DropReason::BadOffload));
+}
+
+/// Reads frames from `tap` for up to two seconds, until `done` says it has them all.
+fn read_until(tap: &TapPort, pool: &mut BufPool, done: &mut dyn FnMut(&PacketBuf) -> bool) -> bool {
+    let deadline = StdInstant::now() + Duration::from_secs(2);
+    while StdInstant::now() < deadline {
+        let mut batch = Batch::new();
+        match tap.recv_batch(pool, &mut batch) {
+            Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(_) => {
+                let mut hit = false;
+                for b in batch.bufs() {
+                    hit = hit || done(b);
+                }
+                batch.recycle(pool);
+                if hit {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// A copy of `b` in a buffer of its own (frame and offload header).
+fn copy_buf(b: &PacketBuf) -> PacketBuf {
+    let mut c = PacketBuf::new(70_000);
+    c.room_mut()[..b.len()].copy_from_slice(b.frame());
+    c.set_len(b.len());
+    c.offload = b.offload;
+    c
+}
+
+/// Root: the kernel takes tapyard's VXLAN-over-IPv6 super-frame as it is written to a TAP
+/// with UDP-tunnel GSO (Linux checks its header in `virtio_net_hdr_tnl_to_skb`): across a
+/// Linux bridge it reaches another such TAP whole (read back as one UDP-tunnel-IPv6
+/// super-frame, which C decapsulates whole) and a plain TAP as segments the kernel made
+/// (outer IPv6 header replicated, each outer UDP checksum computed). Written to an offload
+/// TAP without UDP-tunnel GSO instead, it is segmented by tapyard and the plain TAP gets the
+/// same right segments.
+#[test]
+fn tunnel6_super_frame_crosses_real_taps() {
+    if let Some(why) = common::skip_reason(&[]) {
+        common::skip(&why);
+        return;
+    }
+    let (pid, tag) = common::name_tag();
+    let name = |i: u8| format!("tyv6{}{i}", pid % 10_000);
+    let mut t1 = TapPort::open_offload(&name(1)).unwrap();
+    if let Err(e) = t1.enable_tunnel_offload() {
+        common::skip(&format!(
+            "skipping: the kernel refuses UDP-tunnel GSO on a TAP ({e})"
+        ));
+        return;
+    }
+    let mut t2 = TapPort::open_offload(&name(2)).unwrap();
+    t2.enable_tunnel_offload().unwrap();
+    let t3 = TapPort::open(&name(3)).unwrap();
+    let t4 = TapPort::open_offload(&name(4)).unwrap();
+    assert!(!t4.tunnel_offload());
+    let mut g = common::Guard::default();
+    let ns = g.add_namespace(&format!("tyv6-{pid}-{tag}"));
+    ns.disable_ipv6();
+    ns.ip(&["link", "add", "br0", "type", "bridge"]);
+    ns.ip(&["link", "set", "br0", "up"]);
+    for i in 1..=4 {
+        common::run(&["ip", "link", "set", &name(i), "netns", &ns.name]);
+        ns.ip(&["link", "set", &name(i), "master", "br0"]);
+        ns.ip(&["link", "set", &name(i), "up"]);
+    }
+    let (mut a, mut c) = (node(1), node(2));
+    let pod = pod_tso6(&a, 30_000);
+    let pod_frame = pod.frame().to_vec();
+    let (_, out) = a.run_batch_whole(vec![pod]);
+    let sf = &out[0].1;
+    check_tunnel6_super_frame(sf, &pod_frame, 30_000);
+    let is_vxlan6 = |b: &PacketBuf| {
+        b.frame().get(12..14) == Some(&[0x86, 0xdd][..])
+            && b.frame().get(56..58) == Some(&8472u16.to_be_bytes()[..])
+    };
+    let want_segs = 30_000usize.div_ceil(1370);
+    // Nobody has C's MAC: the bridge floods to the other TAPs.
+    t1.send(sf).unwrap();
+    let mut pool = BufPool::new(t2.frame_room(), 64);
+    let mut whole = None;
+    assert!(
+        read_until(&t2, &mut pool, &mut |b| {
+            let hit = is_vxlan6(b);
+            if hit {
+                whole = Some(copy_buf(b));
+            }
+            hit
+        }),
+        "no super-frame on the UDP-tunnel TAP"
+    );
+    let mut whole = whole.unwrap();
+    assert!(
+        whole.frame() == sf.frame(),
+        "the super-frame crossed unchanged"
+    );
+    assert_eq!(
+        whole.offload.gso_type,
+        VIRTIO_NET_HDR_GSO_TCPV6 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6
+    );
+    assert_eq!(
+        (whole.offload.csum_start, whole.offload.gso_size),
+        (70 + 54, 1370)
+    );
+    whole.port = ETH0;
+    let (v, o) = c.run_batch_whole(vec![whole]);
+    assert!(
+        matches!(v[0], Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    assert_eq!(o[0].1.len(), 74 + 30_000);
+    assert_eq!(o[0].1.offload.gso_type, VIRTIO_NET_HDR_GSO_TCPV6);
+    // The plain TAP gets the kernel's segments; then the ones tapyard makes for an offload
+    // TAP without UDP-tunnel GSO.
+    let mut pool = BufPool::new(t3.frame_room(), 64);
+    for (sender, what) in [(None, "the kernel's"), (Some(&t4), "tapyard's")] {
+        if let Some(t) = sender {
+            t.send(sf).unwrap();
+        }
+        let (mut got, mut seq, mut n) = (Vec::new(), 1000u32, 0);
+        assert!(
+            read_until(&t3, &mut pool, &mut |b| {
+                if !is_vxlan6(b) {
+                    return false;
+                }
+                check_segment6(b.frame(), &mut seq, &mut got);
+                let (v, o) = c.run(ETH0, b.frame());
+                assert!(
+                    matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+                    "{v:?}"
+                );
+                assert_eq!(o[0].0, POD);
+                n += 1;
+                n == want_segs
+            }),
+            "{n} of {want_segs} of {what} segments on the plain TAP"
+        );
+        assert!(got == pattern(30_000), "{what} segments' payload");
+    }
+    drop((t1, t2, t3, t4));
 }

@@ -10,21 +10,24 @@
 //!      encap: peer by inner dst MAC, outer route + ARP on the uplink ──► Output(uplink)
 //! ```
 //!
-//! Super-frames: a TSO super-frame from a pod is encapsulated whole (tunnel GSO bit, outer
-//! UDP checksum left partial over the whole super-frame); an uplink TAP with UDP-tunnel GSO
-//! takes it as it is and the kernel segments it, any other port segments it in software. A
-//! UDP-tunnel super-frame from such a TAP is decapsulated whole into an inner TCP
-//! super-frame (its header checked: TCP/IPv4 inside, partial inner checksum, a `csum_start`
-//! inside the inner frame; a lie is `bad_offload`), so that a pod's offload TAP takes it
-//! whole too.
-//!
-//! Over an IPv6 underlay (Flannel's `flannel-v6.1`) super-frames are segmented before
-//! encapsulation: each segment re-enters as a frame routed into the tunnel (the batch's
-//! extra frames, at most [`super::MAX_EXTRA`] per batch) and is encapsulated alone, with the
-//! outer UDP checksum completed the same ways as over IPv4. Linux 6.17's TAP has a
-//! UDP-tunnel-over-IPv6 GSO type (`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`) but tapyard's
-//! software segmentation replicates IPv4 outer headers only, so it is not produced; such
-//! super-frames *from* an uplink TAP are decapsulated whole as over IPv4.
+//! Super-frames: a TSO super-frame from a pod is encapsulated whole over either underlay
+//! (GSO type + `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4` or `_IPV6`, `csum_start` and `hdr_len`
+//! moved past the outer headers, the outer UDP checksum left partial over the whole
+//! super-frame, its outer lengths capped at 65535); an uplink TAP with UDP-tunnel GSO takes
+//! it as it is and the kernel segments it, replicating the outer headers; any other port
+//! (an offload TAP without UDP-tunnel GSO, a plain TAP, an in-memory port, a super-frame
+//! whose outer length does not fit 16 bits) segments it in software (`offload::segment`:
+//! outer lengths, over IPv4 the identification and header checksum, and each outer UDP
+//! checksum rewritten per segment, never zero). So no segment goes through the batch's
+//! extra frames ([`super::MAX_EXTRA`]), and none is lost there. Over IPv4 the inner frame
+//! must be TCP/IPv4 (an inner TCP/IPv6 super-frame is `bad_offload`); over IPv6 it may be
+//! TCP/IPv4 or TCP/IPv6 (Flannel's `flannel-v6.1` carries IPv6 pods), and its virtio header
+//! is checked first as the kernel's `virtio_net_hdr_tnl_to_skb` will check it (a lie is
+//! `bad_offload`). A super-frame whose outer next hop is not resolved yet is segmented
+//! into the neighbour's queue. A UDP-tunnel super-frame from an uplink TAP is decapsulated
+//! whole into an inner TCP super-frame (its header checked: TCP inside, partial inner
+//! checksum, a `csum_start` inside the inner frame; a lie is `bad_offload`), so that a
+//! pod's offload TAP takes it whole too.
 //!
 //! Nothing here allocates per packet or takes a lock: the peer set is read through one
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
@@ -352,22 +355,12 @@ impl Datapath {
         let Some(r) = &self.router else {
             return Verdict::Drop(DropReason::NoRoute);
         };
-        if b.offload.is_gso() {
-            // Each segment comes back as a frame routed into the tunnel.
-            let Some(sink) = sink else {
-                return Verdict::Drop(DropReason::BadOffload);
-            };
-            let res = crate::offload::send_completed(b, &mut |f| {
-                sink.emit(t.iface, &mut |room| {
-                    room.get_mut(..f.len())?.copy_from_slice(f);
-                    Some(f.len())
-                });
-                Ok(())
-            });
-            return match res {
-                Ok(()) => Verdict::Local,
-                Err(reason) => Verdict::Drop(reason),
-            };
+        let off = b.offload;
+        let gso = off.is_gso();
+        if gso {
+            if let Err(reason) = check_gso6(b) {
+                return Verdict::Drop(reason);
+            }
         }
         let Some(dst) = b.frame().get(..6).map(MacAddr::from_slice) else {
             return Verdict::Drop(DropReason::Truncated);
@@ -388,7 +381,9 @@ impl Datapath {
             return Verdict::Drop(DropReason::NoRoute);
         };
         let inner_len = b.len();
-        if inner_len + OVERHEAD6 > 65_535 + ETH_LEN + ipv6::HEADER_LEN {
+        // A super-frame too long for one outer IPv6 packet is written with its outer lengths
+        // capped and leaves as segments (a port segments it, see `TapPort`'s send).
+        if !gso && inner_len + OVERHEAD6 > 65_535 + ETH_LEN + ipv6::HEADER_LEN {
             return Verdict::Drop(DropReason::Oversize);
         }
         peer.count_tx(inner_len);
@@ -403,7 +398,6 @@ impl Datapath {
             vni: t.cfg.vni,
         };
         let resolved = outer.dst_mac != MacAddr::ZERO;
-        let off = b.offload;
         let Some(front) = b.push_front(OVERHEAD6) else {
             return Verdict::Drop(DropReason::Oversize);
         };
@@ -411,7 +405,17 @@ impl Datapath {
             return Verdict::Drop(DropReason::Oversize);
         };
         outer.emit(hdr, inner_len);
-        if let Err(reason) = Self::outer_csum(b, off, OVERHEAD6) {
+        if gso {
+            // Segmented (and the outer headers replicated) by the port that sends it: the
+            // kernel behind a UDP-tunnel GSO TAP, `offload::segment` for any other port.
+            let shift = len16(OVERHEAD6);
+            b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
+            b.offload.csum_start = off.csum_start.saturating_add(shift);
+            b.offload.hdr_len = off.hdr_len.saturating_add(shift);
+            if Outer::partial_csum(b.frame_mut()).is_none() {
+                return Verdict::Drop(DropReason::Truncated);
+            }
+        } else if let Err(reason) = Self::outer_csum(b, off, OVERHEAD6) {
             return Verdict::Drop(reason);
         }
         self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
@@ -554,6 +558,41 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// Checks a TCP super-frame (from a pod's offload TAP) about to be encapsulated whole over
+/// IPv6, as Linux's `virtio_net_hdr_tnl_to_skb` and TCP segmentation will take the tunnel
+/// super-frame behind a UDP-tunnel GSO TAP: TCP/IPv4 (not a fragment) or TCP/IPv6 (TCP
+/// after the fixed header or an extension-header chain, not a fragment) of the family the
+/// GSO type names (ECN allowed, no other GSO type), the TCP checksum partial
+/// (`csum_offset` 16, `csum_start` at the TCP header, which lies within the frame), a
+/// nonzero `gso_size` and a `hdr_len` within the frame. A lie is `bad_offload`, so that no
+/// port is handed a super-frame the kernel or `offload::segment` would refuse or misread.
+fn check_gso6(b: &PacketBuf) -> Result<(), DropReason> {
+    let off = b.offload;
+    let e = EthernetFrame::new_checked(b.frame()).map_err(|_| DropReason::BadOffload)?;
+    let l4 = match (off.gso_type & !VIRTIO_NET_HDR_GSO_ECN, e.ethertype()) {
+        (VIRTIO_NET_HDR_GSO_TCPV4, ethertype::IPV4) => ipv4::check_header(e.payload())
+            .ok()
+            .filter(|i| i.proto == ipv4::PROTO_TCP && i.frag & (MF | FRAG_OFFSET) == 0)
+            .map(|i| i.hdr_len),
+        (VIRTIO_NET_HDR_GSO_TCPV6, ethertype::IPV6) => ipv6::check(e.payload())
+            .ok()
+            .filter(|i| i.next_header == ipv6::NH_TCP && i.frag.is_none())
+            .map(|i| i.l4_off),
+        _ => None,
+    };
+    let start = usize::from(off.csum_start);
+    if l4.map(|l4| ETH_LEN + l4) != Some(start)
+        || !off.needs_csum()
+        || off.csum_offset != 16
+        || off.gso_size == 0
+        || start + 20 > b.len()
+        || usize::from(off.hdr_len) > b.len()
+    {
+        return Err(DropReason::BadOffload);
+    }
+    Ok(())
 }
 
 /// The end of decapsulation for either family: the parse result `r` mapped to its drop

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use super::Port;
 use crate::buf::{Batch, BufPool, PacketBuf, DEFAULT_FRAME_ROOM};
 use crate::narrow::len16;
-use crate::offload::{VirtioNetHdr, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4, VNET_HDR_LEN};
+use crate::offload::{VirtioNetHdr, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6, VNET_HDR_LEN};
 use crate::stats::DropReason;
 use crate::wire::virtio::{VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM, VNET_HDR_TUNNEL_LEN};
 use crate::wire::{ethernet, vxlan};
@@ -74,7 +74,8 @@ fn flow_hash(f: &[u8]) -> u32 {
 ///
 /// An offload TAP can also carry UDP-tunnel GSO ([`TapPort::enable_tunnel_offload`], Linux
 /// 6.17 and later; meant for an uplink that carries VXLAN): the header grows to 24 bytes
-/// and VXLAN super-frames cross the device whole both ways — tapyard writes one
+/// and VXLAN super-frames (over an IPv4 or an IPv6 underlay: `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`
+/// or `_IPV6`) cross the device whole both ways — tapyard writes one
 /// encapsulated super-frame and the kernel segments it, replicating the outer headers and
 /// computing each outer UDP checksum; the kernel hands over the tunnel super-frames it
 /// would otherwise have segmented, and tapyard decapsulates them into an inner TCP
@@ -358,17 +359,34 @@ impl Port for TapPort {
 
     fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
         let file = self.tx_queue(buf.frame());
-        let tunnel_gso = buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0;
+        let tunnel_gso = buf.offload.is_tunnel_gso();
         if self.tunnel {
-            // A VXLAN super-frame (encapsulated by tapyard: 20-byte outer IPv4 header, outer
-            // UDP checksum left partial) whose outer length fits goes whole; the kernel
-            // segments it. Anything else goes with the offsets zero.
+            // A VXLAN super-frame (encapsulated by tapyard: a 20-byte outer IPv4 header or a
+            // 40-byte IPv6 one without extension headers, outer UDP checksum left partial)
+            // whose outer length fits goes whole; the kernel segments it. Anything else goes
+            // with the offsets zero.
             let mut hdr = [0u8; VNET_HDR_TUNNEL_LEN];
-            if tunnel_gso && buf.len() <= ethernet::HEADER_LEN + 65_535 {
+            // Where the outer UDP and the inner frame start, and the longest frame whose
+            // outer IPv4 total length or IPv6 payload length (16-bit) is true.
+            let (outer_th, overhead, max_len) =
+                if buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6 != 0 {
+                    (
+                        vxlan::OUTER6_L4,
+                        vxlan::OVERHEAD6,
+                        vxlan::OUTER6_L4 + 65_535,
+                    )
+                } else {
+                    (
+                        vxlan::OUTER_L4,
+                        vxlan::OVERHEAD,
+                        ethernet::HEADER_LEN + 65_535,
+                    )
+                };
+            if tunnel_gso && buf.len() <= max_len {
                 let mut h = buf.offload;
                 h.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
-                let inner_nh = vxlan::OVERHEAD + ethernet::HEADER_LEN;
-                h.emit_tunnel(&mut hdr, len16(vxlan::OUTER_L4), len16(inner_nh));
+                let inner_nh = overhead + ethernet::HEADER_LEN;
+                h.emit_tunnel(&mut hdr, len16(outer_th), len16(inner_nh));
             } else if !tunnel_gso {
                 buf.offload.emit_tunnel(&mut hdr, 0, 0);
             } else {
@@ -430,7 +448,7 @@ impl Port for TapPort {
         }
         let fd = self.tx_queue(buf.frame()).as_raw_fd();
         if self.vnet {
-            if buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 != 0 {
+            if buf.offload.is_tunnel_gso() {
                 return None;
             }
             let h: &mut [u8; VNET_HDR_LEN] = hdr.get_mut(..VNET_HDR_LEN)?.try_into().ok()?;

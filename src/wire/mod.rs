@@ -154,6 +154,7 @@ mod tests {
                 let _ = (p.msg_type(), p.code(), p.rest(), p.data(), icmpv6::Icmpv6Repr::parse(&p, a6, a6));
             }
             let _ = vxlan::flow_words(&b);
+            let _ = (vxlan::is_outer(&b, false), vxlan::is_outer(&b, true));
             let _ = virtio::VirtioNetHdr::parse(&b);
             let _ = tuple::Tuple::from_ipv4(&b, 20, b.len());
         }

@@ -43,7 +43,13 @@ pub const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
 /// a TAP with UDP-tunnel GSO ([`VNET_HDR_TUNNEL_LEN`]-byte header) takes and gives such
 /// frames whole; any other port gets them segmented with the outer headers replicated.
 pub const VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4: u8 = 0x20;
-/// GSO type bit: a UDP-tunnel super-frame over IPv6 (Linux 6.17); never accepted here.
+/// GSO type bit: the frame is a VXLAN-in-IPv6 super-frame (outer Ethernet + IPv6 without
+/// extension headers + UDP + VXLAN in front of the inner TCP/IPv4 or TCP/IPv6 frame the
+/// other GSO bits describe), as [`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`] is over IPv4. Linux
+/// 6.17's `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`: exactly one of the two bits is set, and the
+/// kernel then wants `NEEDS_CSUM` with `csum_start` at the inner TCP header, and the tunnel
+/// header's `outer_th_offset` ≥ 14 + 40 and `inner_nh_offset` ≥ `outer_th_offset` + 8
+/// (`virtio_net_hdr_tnl_to_skb`).
 pub const VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6: u8 = 0x40;
 /// `flags` bit of a UDP-tunnel super-frame: the outer UDP checksum is partial (the
 /// pseudo-header sum over the whole super-frame) and each segment gets its own

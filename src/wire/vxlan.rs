@@ -368,13 +368,28 @@ pub fn fill_csum_lco(frame: &mut [u8], inner_l4: usize, partial: [u8; 2]) -> Opt
     Some(())
 }
 
-/// Fills the outer UDP checksum of an encapsulated frame whose inner IPv4 packet carries a
-/// *complete* TCP checksum at `inner_l4` (a segment just made by TCP segmentation), from the
-/// headers only (see [`fill_csum_lco`]).
+/// Fills the outer UDP checksum of an encapsulated frame whose inner IPv4 or IPv6 packet
+/// (the version nibble tells) carries a *complete* TCP checksum at `inner_l4` (a segment just
+/// made by TCP segmentation; over IPv6, TCP right after the fixed header), from the headers
+/// only (see [`fill_csum_lco`]).
 pub fn fill_csum_over_tcp(frame: &mut [u8], inner_l3: usize, inner_l4: usize) -> Option<()> {
-    let ip = Ipv4Packet::new_checked_header(frame.get(inner_l3..)?).ok()?;
-    let tcp_len = ip.total_len().checked_sub(inner_l4 - inner_l3)?;
-    let pseudo = PseudoHeader::ipv4(ip.src_addr(), ip.dst_addr(), ipv4::PROTO_TCP, tcp_len);
+    let l3 = frame.get(inner_l3..)?;
+    let ip_hdr_len = inner_l4.checked_sub(inner_l3)?;
+    let pseudo = if l3.first()? >> 4 == 6 {
+        let ip = Ipv6Packet::new_checked(l3).ok()?;
+        PseudoHeader::Ipv6 {
+            src: ip.src_addr(),
+            dst: ip.dst_addr(),
+            next_header: ipv4::PROTO_TCP,
+            len: (ipv6::HEADER_LEN + usize::from(ip.payload_len()))
+                .checked_sub(ip_hdr_len)
+                .and_then(|l| u32::try_from(l).ok())?,
+        }
+    } else {
+        let ip = Ipv4Packet::new_checked_header(l3).ok()?;
+        let tcp_len = ip.total_len().checked_sub(ip_hdr_len)?;
+        PseudoHeader::ipv4(ip.src_addr(), ip.dst_addr(), ipv4::PROTO_TCP, tcp_len)
+    };
     fill_csum_lco(frame, inner_l4, pseudo.partial())
 }
 
@@ -390,6 +405,45 @@ pub fn fix_outer_lengths(frame: &mut [u8], ident: u16) -> Option<()> {
         .ok()?
         .set_len(len16(n - OUTER_L4));
     Some(())
+}
+
+/// Rewrites the outer IPv6 payload length and UDP length of a frame encapsulated over IPv6
+/// ([`Outer6`]) of `frame.len()` bytes (one segment of a super-frame); IPv6 has no header
+/// checksum and no identification to renumber.
+pub fn fix_outer6_lengths(frame: &mut [u8]) -> Option<()> {
+    let len = u16::try_from(frame.len().checked_sub(OUTER6_L4)?).ok()?;
+    let ip = frame.get_mut(OUTER_L3..OUTER6_L4)?;
+    Ipv6Packet::new_unchecked(ip).set_payload_len(len);
+    UdpPacket::new_checked(frame.get_mut(OUTER6_L4..)?)
+        .ok()?
+        .set_len(len);
+    Some(())
+}
+
+/// Whether `frame` starts with the fixed outer headers of a frame encapsulated over IPv4
+/// (`v6` false: [`Outer`], a 20-byte IPv4 header without fragmentation, UDP) or over IPv6
+/// (`v6`: [`Outer6`], UDP right after the fixed header), so that the inner frame is at
+/// [`OVERHEAD`] or [`OVERHEAD6`]. Lengths are not checked (a super-frame's are capped).
+pub fn is_outer(frame: &[u8], v6: bool) -> bool {
+    let Ok(e) = EthernetFrame::new_checked(frame) else {
+        return false;
+    };
+    let l3 = e.payload();
+    if v6 {
+        let Some(ip) = l3.get(..ipv6::HEADER_LEN) else {
+            return false;
+        };
+        let ip = Ipv6Packet::new_unchecked(ip);
+        e.ethertype() == ethertype::IPV6 && ip.version() == 6 && ip.next_header() == ipv6::NH_UDP
+    } else {
+        let Ok(ip) = Ipv4Packet::new_checked_header(l3) else {
+            return false;
+        };
+        e.ethertype() == ethertype::IPV4
+            && ip.header_len() == ipv4::HEADER_LEN
+            && ip.protocol() == PROTO_UDP
+            && ip.frag_field() & (ipv4::MF | ipv4::FRAG_OFFSET) == 0
+    }
 }
 
 /// What the outer headers of a frame say, for decapsulation: where the UDP datagram and the
