@@ -848,14 +848,19 @@ fn tunnel_super_frame_crosses_real_taps_both_ways() {
 /// VXLAN with an IPv4 underlay): an IPv6 route via the peer's link-local VTEP address on
 /// `flannel.1` (`fd00:10:244:2::/64 via fe80::... dev flannel.1`) and its static NDP entry
 /// with the peer's VTEP MAC, as `ip -6 route` / `ip -6 neigh` show on a flannel node.
-#[test]
-fn ipv6_pod_traffic_crosses_the_ipv4_underlay() {
-    use std::net::Ipv6Addr;
+/// Pod `h` of node `n`'s IPv6 pod network (fd00:10:244:n::/64).
+fn v6(n: u8, h: u16) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(n), 0, 0, 0, h)
+}
+
+/// Nodes A and C as dual-stack Flannel nodes whose IPv6 pods ride the IPv4 underlay
+/// (flannel.1): the remote pod /64 via the other VTEP's link-local address, its neighbour
+/// permanent, pod 2 of each node a static neighbour.
+fn dual_stack_nodes() -> (Node, Node) {
     use tapyard::l3::{NextHop6, Route6, RouteProto};
-    let v6 = |n: u8, h: u16| Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(n), 0, 0, 0, h);
     let vtep_ll =
         |n: u8| tapyard::wire::ipv6::link_local_from_mac(default_mac(Ipv4Addr::new(10, 244, n, 0)));
-    let (mut a, mut c) = (node(1), node(2));
+    let (a, c) = (node(1), node(2));
     for (n, node) in [(1u8, &a), (2u8, &c)] {
         let other = 3 - n;
         let dp = &node.dp;
@@ -887,6 +892,12 @@ fn ipv6_pod_traffic_crosses_the_ipv4_underlay() {
         dp.add_static_neigh6(cni0, v6(n, 2), MacAddr([2, 0, n, 0, 0, 2]), node.now)
             .unwrap();
     }
+    (a, c)
+}
+
+#[test]
+fn ipv6_pod_traffic_crosses_the_ipv4_underlay() {
+    let (mut a, mut c) = dual_stack_nodes();
     let mut inner = Vec::new();
     PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
         .ipv6(v6(1, 2).octets(), v6(2, 2).octets(), 64)
@@ -962,4 +973,137 @@ fn ipv6_pod_traffic_crosses_the_ipv4_underlay() {
             st.ports.iter().map(|p| p.rx_packets).sum::<u64>()
         );
     }
+}
+
+/// The TCP payload of an IPv6 frame whose TCP checksum must be complete and right.
+fn tcp6_payload_checked(frame: &[u8]) -> Vec<u8> {
+    let s = SlicedPacket::from_ethernet(frame).unwrap();
+    let Some(NetSlice::Ipv6(ip)) = s.net else {
+        panic!("not IPv6")
+    };
+    let Some(TransportSlice::Tcp(t)) = s.transport else {
+        panic!("not TCP")
+    };
+    assert_eq!(
+        t.to_header()
+            .calc_checksum_ipv6(&ip.header().to_header(), t.payload())
+            .unwrap(),
+        t.checksum(),
+        "TCP checksum"
+    );
+    t.payload().to_vec()
+}
+
+#[test]
+fn an_ipv6_pods_super_frame_crosses_the_ipv4_underlay_whole_or_as_segments() {
+    use tapyard::offload::{VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV6};
+    let (mut a, mut c) = dual_stack_nodes();
+    // A TSO super-frame from IPv6 pod A2 to C2: MSS 1378, TCP checksum partial (the
+    // pseudo-header sum in the field).
+    let payload = 20_000;
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 1, 0, 0, 2], a.gw_mac.0)
+        .ipv6(v6(1, 2).octets(), v6(2, 2).octets(), 64)
+        .tcp(40000, 5201, 1000, 65535)
+        .ack(1)
+        .write(&mut f, &pattern(payload))
+        .unwrap();
+    let mut sum = 6 + u32::try_from(f.len() - 54).unwrap();
+    for w in f[22..54].chunks(2) {
+        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    f[70..72].copy_from_slice(&u16::try_from(sum).unwrap().to_be_bytes());
+    let mut b = PacketBuf::new(70_000);
+    b.room_mut()[..f.len()].copy_from_slice(&f);
+    b.set_len(f.len());
+    b.port = POD;
+    b.offload = VirtioNetHdr {
+        flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+        gso_type: VIRTIO_NET_HDR_GSO_TCPV6,
+        hdr_len: 74,
+        gso_size: 1378,
+        csum_start: 54,
+        csum_offset: 16,
+    };
+    let mut lying = PacketBuf::new(70_000);
+    lying.room_mut()[..f.len()].copy_from_slice(&f);
+    lying.set_len(f.len());
+    lying.port = POD;
+    lying.offload = VirtioNetHdr {
+        csum_start: 34, // not the TCP header of an IPv6 packet
+        ..b.offload
+    };
+
+    // Encapsulated whole: UDP-tunnel-IPv4 GSO of an inner TCP/IPv6 super-frame, as Linux's
+    // vxlan device hands it to a device with tunnel GSO.
+    let (v, out) = a.run_whole(b);
+    assert_eq!(v, Verdict::Output(ETH0));
+    assert_eq!(out.len(), 1);
+    let sf = &out[0].1;
+    assert_eq!(
+        sf.offload,
+        VirtioNetHdr {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV6 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+            hdr_len: 74 + 50,
+            gso_size: 1378,
+            csum_start: 54 + 50,
+            csum_offset: 16,
+        }
+    );
+    assert_eq!(sf.len(), 50 + f.len());
+    assert_eq!(&sf.frame()[40..42], &outer_udp_partial(sf.frame()));
+    let st = a.dp.stats();
+    assert_eq!((st.generated, st.generated_lost), (0, 0), "{st:?}");
+
+    // Segmented in software (a port without UDP-tunnel GSO): every segment reaches C's pod
+    // with its TCP checksum right, the payload whole and in order.
+    let segs = segments(sf);
+    assert_eq!(segs.len(), payload.div_ceil(1378));
+    let mut got = Vec::new();
+    for seg in &segs {
+        let (v, o) = c.run(ETH0, seg);
+        assert!(
+            matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+            "{v:?}"
+        );
+        got.extend(tcp6_payload_checked(&o[0].1));
+    }
+    assert!(got == pattern(payload), "inner payload");
+
+    // Whole, from a UDP-tunnel TAP on C's side: decapsulated into the inner TCP/IPv6
+    // super-frame, which C's pod TAP takes whole.
+    let mut rx = PacketBuf::new(70_000);
+    rx.room_mut()[..sf.len()].copy_from_slice(sf.frame());
+    rx.set_len(sf.len());
+    rx.offload = sf.offload;
+    rx.offload.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
+    rx.port = ETH0;
+    let (v, o) = c.run_whole(rx);
+    assert!(
+        matches!(v, Verdict::Output(POD) | Verdict::Flood(_)),
+        "{v:?}"
+    );
+    let inner = &o[0].1;
+    assert_eq!(inner.len(), f.len());
+    assert_eq!(
+        (
+            inner.offload.gso_type,
+            inner.offload.csum_start,
+            inner.offload.gso_size
+        ),
+        (VIRTIO_NET_HDR_GSO_TCPV6, 54, 1378)
+    );
+    let got: Vec<u8> = segments(inner)
+        .iter()
+        .flat_map(|s| tcp6_payload_checked(s))
+        .collect();
+    assert!(got == pattern(payload), "inner payload after decapsulation");
+
+    // A lying TCP/IPv6 super-frame is refused before it is encapsulated.
+    assert_eq!(a.run_whole(lying).0, Verdict::Drop(DropReason::BadOffload));
+    assert_eq!(a.drops(DropReason::BadOffload), 1);
 }

@@ -19,11 +19,11 @@
 //! whose outer length does not fit 16 bits) segments it in software (`offload::segment`:
 //! outer lengths, over IPv4 the identification and header checksum, and each outer UDP
 //! checksum rewritten per segment, never zero). So no segment goes through the batch's
-//! extra frames ([`super::MAX_EXTRA`]), and none is lost there. Over IPv4 the inner frame
-//! must be TCP/IPv4 (an inner TCP/IPv6 super-frame is `bad_offload`); over IPv6 it may be
-//! TCP/IPv4 or TCP/IPv6 (Flannel's `flannel-v6.1` carries IPv6 pods), and its virtio header
-//! is checked first as the kernel's `virtio_net_hdr_tnl_to_skb` will check it (a lie is
-//! `bad_offload`). A super-frame whose outer next hop is not resolved yet is segmented
+//! extra frames ([`super::MAX_EXTRA`]), and none is lost there. The inner frame may be
+//! TCP/IPv4 or TCP/IPv6 over either underlay (IPv6 pods ride `flannel.1` on a node without
+//! an IPv6 underlay, Flannel's `flannel-v6.1` on one with), as Linux allows; a TCP/IPv6
+//! one, and any over IPv6, has its virtio header checked first as the kernel's
+//! `virtio_net_hdr_tnl_to_skb` will check it (a lie is `bad_offload`). A super-frame whose outer next hop is not resolved yet is segmented
 //! into the neighbour's queue. A UDP-tunnel super-frame from an uplink TAP is decapsulated
 //! whole into an inner TCP super-frame (its header checked: TCP inside, partial inner
 //! checksum, a `csum_start` inside the inner frame; a lie is `bad_offload`), so that a
@@ -119,13 +119,15 @@ impl Datapath {
         let Some(peer) = set.by_ip(info.src) else {
             return Some(Err(DropReason::VxlanUnknownPeer));
         };
-        // A UDP-tunnel super-frame (from an uplink TAP with UDP-tunnel GSO) must be
-        // TCP/IPv4 inside IPv4 with the inner TCP checksum partial; its outer UDP checksum is
-        // partial too when set.
+        // A UDP-tunnel super-frame (from an uplink TAP with UDP-tunnel GSO) must be TCP
+        // (over IPv4, or IPv6 for IPv6 pods over flannel.1) inside IPv4 with the inner TCP
+        // checksum partial; its outer UDP checksum is partial too when set.
         let tunnel_gso = b.offload.is_gso();
         if tunnel_gso
-            && (b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN
-                != VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4
+            && (!matches!(
+                b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN & !VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
+                VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6
+            ) || b.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 == 0
                 || !b.offload.needs_csum()
                 || b.offload.gso_size == 0)
         {
@@ -209,6 +211,12 @@ impl Datapath {
         if t.is_v6() {
             return self.encap6(t, b, now, sink);
         }
+        if b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN == VIRTIO_NET_HDR_GSO_TCPV6 {
+            // An IPv6 pod's super-frame (IPv6 pods over flannel.1): checked as over IPv6.
+            if let Err(reason) = check_super_frame(b) {
+                return Verdict::Drop(reason);
+            }
+        }
         let Some(r) = &self.router else {
             return Verdict::Drop(DropReason::NoRoute);
         };
@@ -259,7 +267,10 @@ impl Datapath {
         let shift = len16(OVERHEAD);
         if off.is_gso() {
             // Segmented (and the outer headers replicated) by the port that sends it.
-            if off.gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4 {
+            if !matches!(
+                off.gso_type & !VIRTIO_NET_HDR_GSO_ECN,
+                VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6
+            ) {
                 return Verdict::Drop(DropReason::BadOffload);
             }
             b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
@@ -358,7 +369,7 @@ impl Datapath {
         let off = b.offload;
         let gso = off.is_gso();
         if gso {
-            if let Err(reason) = check_gso6(b) {
+            if let Err(reason) = check_super_frame(b) {
                 return Verdict::Drop(reason);
             }
         }
@@ -560,15 +571,15 @@ impl Datapath {
     }
 }
 
-/// Checks a TCP super-frame (from a pod's offload TAP) about to be encapsulated whole over
-/// IPv6, as Linux's `virtio_net_hdr_tnl_to_skb` and TCP segmentation will take the tunnel
+/// Checks a TCP super-frame (from a pod's offload TAP) about to be encapsulated whole (over
+/// IPv6, or over IPv4 when it is TCP/IPv6), as Linux's `virtio_net_hdr_tnl_to_skb` and TCP segmentation will take the tunnel
 /// super-frame behind a UDP-tunnel GSO TAP: TCP/IPv4 (not a fragment) or TCP/IPv6 (TCP
 /// after the fixed header or an extension-header chain, not a fragment) of the family the
 /// GSO type names (ECN allowed, no other GSO type), the TCP checksum partial
 /// (`csum_offset` 16, `csum_start` at the TCP header, which lies within the frame), a
 /// nonzero `gso_size` and a `hdr_len` within the frame. A lie is `bad_offload`, so that no
 /// port is handed a super-frame the kernel or `offload::segment` would refuse or misread.
-fn check_gso6(b: &PacketBuf) -> Result<(), DropReason> {
+fn check_super_frame(b: &PacketBuf) -> Result<(), DropReason> {
     let off = b.offload;
     let e = EthernetFrame::new_checked(b.frame()).map_err(|_| DropReason::BadOffload)?;
     let l4 = match (off.gso_type & !VIRTIO_NET_HDR_GSO_ECN, e.ethertype()) {
