@@ -34,6 +34,7 @@ use crate::wire::icmp::codes as icmp;
 use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet};
 use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::mac::MacAddr;
+use crate::wire::tcp;
 
 /// Settings of one router interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -943,10 +944,11 @@ impl Router {
         // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
         let gso = b.offload.is_gso();
         let wire_len = if gso && info.proto == ipv4::PROTO_TCP {
-            let f = b.frame();
-            let doff = f
-                .get(l3 + info.hdr_len + 12)
-                .map_or(20, |d| usize::from(d >> 4) * 4);
+            let doff = b
+                .frame()
+                .get(l3 + info.hdr_len..)
+                .and_then(tcp::claimed_header_len)
+                .unwrap_or(tcp::HEADER_LEN);
             (info.hdr_len + doff + usize::from(b.offload.gso_size)).min(info.total_len)
         } else {
             info.total_len

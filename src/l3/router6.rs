@@ -29,6 +29,7 @@ use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_L
 use crate::wire::icmpv6::{self, codes, Icmpv6Packet, Icmpv6Repr, NaFlags, PrefixInfo};
 use crate::wire::ipv6::{self, Ipv6Info, Ipv6Packet};
 use crate::wire::mac::MacAddr;
+use crate::wire::tcp;
 
 /// RFC 4861 10: MAX_INITIAL_RTR_ADVERTISEMENTS and their largest interval.
 const INITIAL_RAS: u8 = 3;
@@ -210,8 +211,9 @@ impl Router {
         let wire_len = if gso && info.next_header == ipv6::NH_TCP {
             let doff = b
                 .frame()
-                .get(l3 + info.l4_off + 12)
-                .map_or(20, |d| usize::from(d >> 4) * 4);
+                .get(l3 + info.l4_off..)
+                .and_then(tcp::claimed_header_len)
+                .unwrap_or(tcp::HEADER_LEN);
             (info.l4_off + doff + usize::from(b.offload.gso_size)).min(info.total_len())
         } else {
             info.total_len()

@@ -27,6 +27,14 @@ pub const HEADER_LEN: usize = field::OPTIONS;
 /// Offset of the checksum field, for a `csum_offset` (virtio) comparison.
 pub const CHECKSUM_OFFSET: usize = field::CSUM.start;
 
+/// The header length (data offset × 4) a TCP segment starting at `seg[0]` claims, if the
+/// field is there; nothing else is checked. For sizing a TSO super-frame's segments, where
+/// a lie only changes the size judged against the MTU.
+#[inline]
+pub fn claimed_header_len(seg: &[u8]) -> Option<usize> {
+    seg.get(field::DATA_OFF).map(|d| usize::from(d >> 4) * 4)
+}
+
 /// TCP flag bits (the byte at offset 13).
 pub mod flags {
     /// FIN.
