@@ -114,8 +114,8 @@
 //!   33 MB once updates make it keep a spare version. Look-ups of random addresses:
 //!   15-30 M/s one at a time, 40-80 M/s with [`Lpm::lookup_batch`].
 //! * IPv6, 160,147 prefixes: 15-45 ms, 3.8 MB (23.6 B/prefix). Look-ups of random
-//!   addresses: 550-750 M/s single or batched (4-5x the best crate compared, prefix-trie),
-//!   of addresses inside the table's prefixes 21-27 M/s single (3-4x), 32-42 M/s batched
+//!   addresses: 550-850 M/s single or batched (3.3-5x the best crate compared, prefix-trie),
+//!   of addresses inside the table's prefixes 21-32 M/s single (3-4x), 32-51 M/s batched
 //!   (5-6x). Inside the table a look-up is bound by its chain of dependent cache misses
 //!   (`direct`, root, up to four nodes, leaf: the 3.8 MB do not fit a 2 MB L2): a branch-free
 //!   walk of a fixed depth (no mispredicted exit) measured 15-25 % slower than this one, and
@@ -148,6 +148,33 @@
 //!   gives 43-50 M/s, from a twelfth 58 M/s. Reaching 60 M/s would take a first read that
 //!   resolves 48 address bits in under 1 MB and one read of the leaf: none of the layouts
 //!   above does.
+//!
+//!   Session 9 found the second limit, the walk's exit branch. `LPM_LENS=…` in
+//!   `benches/lpm.rs` (single / batch, M/s, quiet machine) gives addresses inside the routes
+//!   of the given lengths only:
+//!
+//!   | lengths | routes | single | batch |
+//!   |---|---|---|---|
+//!   | /48 | 75,488 | 49.6 | 56.4 |
+//!   | /44 | 14,365 | 67.6 | 67.5 |
+//!   | /40 | 13,418 | 81.7 | 75.2 |
+//!   | /32 | 22,548 | 81.9 | 83.4 |
+//!   | /32 and /48 | 98,036 | 38.7 | 50.3 |
+//!   | /29, /32, /36, /40, /44, /48 | 136,186 | 34.2 | 46.0 |
+//!
+//!   A mix of depths runs slower than its slowest part. The loop's exit is mispredicted
+//!   whenever consecutive look-ups stop at different depths, and each misprediction throws
+//!   away the look-ups the CPU had started behind it, so single look-ups lose their overlap.
+//!   Even the deepest class alone, /48 (seven dependent reads, the branch well predicted),
+//!   stays under 60 M/s.
+//!
+//!   Two tries did not pay:
+//!   * a branch-free walk of a fixed depth (to bit 48: each level computes both the child
+//!     and the leaf candidate, and a finished walk steps through an empty sink node).
+//!     254 instructions a look-up instead of 171, and 27-34 M/s against 34-48 M/s for the
+//!     branching walk, alternating runs: the extra work costs more than the mispredictions;
+//!   * calling the POPCNT walk straight from [`Lpm::lookup`] (one frame instead of two):
+//!     154 instructions instead of 171, and the same 34-37 M/s.
 //! * A single change to the full IPv4 table publishes in 10-20 µs when the previous version
 //!   is free to patch in place, 1.4-2 ms when a reader still holds it (the writer copies the
 //!   table); a batch of 10,000 changes in ~60 ms.
