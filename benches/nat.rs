@@ -135,9 +135,18 @@ struct Rig {
 }
 
 /// A file for a file-backed table: in /dev/shm (a tmpfs, as /run on a node) when there is
-/// one, or `TAPYARD_BENCH_SHM`; unlinked once the datapath has mapped it (see `rig`), and
-/// again when dropped.
+/// one, or `TAPYARD_BENCH_SHM`. The datapath keeps its IPv6 table beside it
+/// ([`tapyard::conntrack6_path`]); both are unlinked once the datapath has mapped them (see
+/// `rig`), and again when dropped.
 struct CtFile(std::path::PathBuf);
+
+impl CtFile {
+    /// Unlinks both tables' files (a mapping stays valid).
+    fn unlink(&self) {
+        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(tapyard::conntrack6_path(&self.0));
+    }
+}
 
 impl CtFile {
     fn new(tag: &str) -> CtFile {
@@ -150,15 +159,15 @@ impl CtFile {
         } else {
             std::env::temp_dir()
         };
-        let p = dir.join(format!("tapyard-bench-ct-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        CtFile(p)
+        let f = CtFile(dir.join(format!("tapyard-bench-ct-{tag}-{}", std::process::id())));
+        f.unlink();
+        f
     }
 }
 
 impl Drop for CtFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        self.unlink();
     }
 }
 
@@ -215,9 +224,9 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
     }
     let dp = Arc::new(b.build());
     if let Some(f) = file {
-        // Unlinked at once (the table keeps its mapping), so that a run killed before the
-        // `CtFile` drops leaves no file of up to 400 MB behind in /dev/shm, which is memory.
-        let _ = std::fs::remove_file(&f.0);
+        // Unlinked at once (the tables keep their mappings), so that no run leaves a file of
+        // up to 400 MB behind in /dev/shm, which is memory.
+        f.unlink();
     }
     let now = Instant::from_secs(1);
     for i in 0..PORTS {
