@@ -42,12 +42,14 @@ struct Node {
     w: Worker,
 }
 
-/// Removes the table's file when the test ends, however it ends.
+/// Removes the table's file, and the IPv6 table's beside it, when the test ends, however it
+/// ends.
 struct TempFile(PathBuf);
 
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(tapyard::conntrack6_path(&self.0));
     }
 }
 
