@@ -119,23 +119,11 @@ impl Datapath {
         let Some(peer) = set.by_ip(info.src) else {
             return Some(Err(DropReason::VxlanUnknownPeer));
         };
-        // A UDP-tunnel super-frame (from an uplink TAP with UDP-tunnel GSO) must be TCP
-        // (over IPv4, or IPv6 for IPv6 pods over flannel.1) inside IPv4 with the inner TCP
-        // checksum partial; its outer UDP checksum is partial too when set.
-        let tunnel_gso = b.offload.is_gso();
-        if tunnel_gso
-            && (!matches!(
-                b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN & !VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
-                VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6
-            ) || b.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4 == 0
-                || !b.offload.needs_csum()
-                || b.offload.gso_size == 0)
-        {
-            return Some(Err(DropReason::BadOffload));
-        }
-        // A partial checksum (from a sender on this host) or one the device checked is
-        // trusted, as Linux trusts CHECKSUM_PARTIAL / CHECKSUM_UNNECESSARY.
-        let verify = !b.offload.needs_csum() && b.offload.flags & VIRTIO_NET_HDR_F_DATA_VALID == 0;
+        let tunnel_gso = match rx_tunnel_gso(b.offload, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4) {
+            Ok(g) => g,
+            Err(reason) => return Some(Err(reason)),
+        };
+        let verify = !csum_trusted(b.offload);
         let r = vxlan::parse_udp(f, ETH_LEN, &info, t.cfg.vni, verify);
         Some(finish_decap(
             b,
@@ -168,18 +156,11 @@ impl Datapath {
         let Some(peer) = set.by_ip(info.src) else {
             return Some(Err(DropReason::VxlanUnknownPeer));
         };
-        let tunnel_gso = b.offload.is_gso();
-        if tunnel_gso
-            && (!matches!(
-                b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN & !VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
-                VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6
-            ) || b.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6 == 0
-                || !b.offload.needs_csum()
-                || b.offload.gso_size == 0)
-        {
-            return Some(Err(DropReason::BadOffload));
-        }
-        let verify = !b.offload.needs_csum() && b.offload.flags & VIRTIO_NET_HDR_F_DATA_VALID == 0;
+        let tunnel_gso = match rx_tunnel_gso(b.offload, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6) {
+            Ok(g) => g,
+            Err(reason) => return Some(Err(reason)),
+        };
+        let verify = !csum_trusted(b.offload);
         let r = vxlan::parse_udp6(f, ETH_LEN, &info, t.cfg.vni, verify);
         Some(finish_decap(
             b,
@@ -569,6 +550,33 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// Whether a frame received on an uplink is a UDP-tunnel super-frame (from a TAP with
+/// UDP-tunnel GSO), checked for the outer family's tunnel bit `tunnel_flag`: TCP inside
+/// (over IPv4 or IPv6: IPv6 pods ride either underlay), the inner TCP checksum partial and a
+/// nonzero `gso_size`; any other GSO header is a lie, `bad_offload`.
+fn rx_tunnel_gso(off: Offload, tunnel_flag: u8) -> Result<bool, DropReason> {
+    if !off.is_gso() {
+        return Ok(false);
+    }
+    let inner = off.gso_type & !VIRTIO_NET_HDR_GSO_ECN & !tunnel_flag;
+    if matches!(inner, VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6)
+        && off.gso_type & tunnel_flag != 0
+        && off.needs_csum()
+        && off.gso_size != 0
+    {
+        Ok(true)
+    } else {
+        Err(DropReason::BadOffload)
+    }
+}
+
+/// Whether a received frame's outer UDP checksum is trusted unchecked: partial (from a
+/// sender on this host) or checked by the device, as Linux trusts CHECKSUM_PARTIAL /
+/// CHECKSUM_UNNECESSARY.
+fn csum_trusted(off: Offload) -> bool {
+    off.needs_csum() || off.flags & VIRTIO_NET_HDR_F_DATA_VALID != 0
 }
 
 /// Checks a TCP super-frame (from a pod's offload TAP) about to be encapsulated whole (over
