@@ -8,7 +8,6 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant as StdInstant};
 
 use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::vxlan::default_mac;
@@ -173,10 +172,7 @@ impl Node {
         let v = batch.verdicts()[0];
         let mut out = Vec::new();
         self.dp.dispatch(&mut self.w, &batch, |p, b| {
-            let mut c = PacketBuf::new(70_000);
-            c.room_mut()[..b.len()].copy_from_slice(b.frame());
-            c.set_len(b.len());
-            c.offload = b.offload;
+            let c = common::copy_buf(b);
             out.push((p, c));
             Ok(())
         });
@@ -656,10 +652,7 @@ fn tunnel_super_frames_cross_whole_both_ways() {
     check_tunnel_super_frame(sf, 30_000);
     // What a UDP-tunnel TAP hands over: the same super-frame, outer checksum partial too.
     let received = |edit: &dyn Fn(&mut PacketBuf)| {
-        let mut b = PacketBuf::new(70_000);
-        b.room_mut()[..sf.len()].copy_from_slice(sf.frame());
-        b.set_len(sf.len());
-        b.offload = sf.offload;
+        let mut b = common::copy_buf(sf);
         b.offload.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
         b.port = ETH0;
         edit(&mut b);
@@ -703,25 +696,6 @@ fn tunnel_super_frames_cross_whole_both_ways() {
     // A tunnel super-frame that is not VXLAN for this node (another UDP port).
     let other = received(&|b| b.frame_mut()[36..38].copy_from_slice(&4789u16.to_be_bytes()));
     assert_eq!(c.run_whole(other).0, Verdict::Drop(DropReason::BadOffload));
-}
-
-/// Reads frames from `tap` for up to two seconds, until `done` says it has them all.
-fn read_until(tap: &TapPort, pool: &mut BufPool, done: &mut dyn FnMut(&PacketBuf) -> bool) -> bool {
-    let deadline = StdInstant::now() + Duration::from_secs(2);
-    while StdInstant::now() < deadline {
-        let mut batch = Batch::new();
-        match tap.recv_batch(pool, &mut batch) {
-            Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            Ok(_) => {
-                let hit = batch.bufs().iter().any(&mut *done);
-                batch.recycle(pool);
-                if hit {
-                    return true;
-                }
-            }
-        }
-    }
-    false
 }
 
 /// Root: a VXLAN super-frame written to a TAP with UDP-tunnel GSO crosses a Linux bridge
@@ -775,13 +749,10 @@ fn tunnel_super_frame_crosses_real_taps_both_ways() {
     let mut pool = BufPool::new(t2.frame_room(), 64);
     let mut whole = None;
     assert!(
-        read_until(&t2, &mut pool, &mut |b| {
+        common::read_until(&t2, &mut pool, &mut |b| {
             let hit = is_vxlan(b);
             if hit {
-                let mut c = PacketBuf::new(70_000);
-                c.room_mut()[..b.len()].copy_from_slice(b.frame());
-                c.set_len(b.len());
-                c.offload = b.offload;
+                let c = common::copy_buf(b);
                 whole = Some(c);
             }
             hit
@@ -806,7 +777,7 @@ fn tunnel_super_frame_crosses_real_taps_both_ways() {
     let (mut payload, mut n) = (Vec::new(), 0);
     let want_segs = 30_000usize.div_ceil(1398);
     assert!(
-        read_until(&t3, &mut pool, &mut |b| {
+        common::read_until(&t3, &mut pool, &mut |b| {
             if !is_vxlan(b) {
                 return false;
             }
@@ -1057,10 +1028,7 @@ fn an_ipv6_pods_super_frame_crosses_the_ipv4_underlay_whole_or_as_segments() {
 
     // Whole, from a UDP-tunnel TAP on C's side: decapsulated into the inner TCP/IPv6
     // super-frame, which C's pod TAP takes whole.
-    let mut rx = PacketBuf::new(70_000);
-    rx.room_mut()[..sf.len()].copy_from_slice(sf.frame());
-    rx.set_len(sf.len());
-    rx.offload = sf.offload;
+    let mut rx = common::copy_buf(sf);
     rx.offload.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
     rx.port = ETH0;
     let (v, o) = c.run_whole(rx);

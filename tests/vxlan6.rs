@@ -9,7 +9,6 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::{Duration, Instant as StdInstant};
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::vxlan::{default_mac, PeerError};
@@ -509,10 +508,7 @@ impl Node {
         let v = batch.verdicts().to_vec();
         let mut out = Vec::new();
         self.dp.dispatch(&mut self.w, &batch, |p, b| {
-            let mut c = PacketBuf::new(70_000);
-            c.room_mut()[..b.len()].copy_from_slice(b.frame());
-            c.set_len(b.len());
-            c.offload = b.offload;
+            let c = common::copy_buf(b);
             out.push((p, c));
             Ok(())
         });
@@ -657,10 +653,7 @@ fn a_tso_super_frame_crosses_an_ipv6_underlay_whole_or_as_segments() {
 
     // And what a UDP-tunnel TAP on C's side hands over (the kernel keeps it whole, outer
     // checksum partial): decapsulated whole into the inner TCP/IPv6 super-frame.
-    let mut rx = PacketBuf::new(70_000);
-    rx.room_mut()[..sf.len()].copy_from_slice(sf.frame());
-    rx.set_len(sf.len());
-    rx.offload = sf.offload;
+    let mut rx = common::copy_buf(sf);
     rx.offload.flags |= VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM;
     rx.port = ETH0;
     let (v, o) = c.run_batch_whole(vec![rx]);
@@ -869,37 +862,6 @@ fn a_udp_tunnel_ipv6_super_frame_is_decapsulated_whole() {
     assert_eq!(batch.verdicts()[0], Verdict::Drop(DropReason::BadOffload));
 }
 
-/// Reads frames from `tap` for up to two seconds, until `done` says it has them all.
-fn read_until(tap: &TapPort, pool: &mut BufPool, done: &mut dyn FnMut(&PacketBuf) -> bool) -> bool {
-    let deadline = StdInstant::now() + Duration::from_secs(2);
-    while StdInstant::now() < deadline {
-        let mut batch = Batch::new();
-        match tap.recv_batch(pool, &mut batch) {
-            Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            Ok(_) => {
-                let mut hit = false;
-                for b in batch.bufs() {
-                    hit = hit || done(b);
-                }
-                batch.recycle(pool);
-                if hit {
-                    return true;
-                }
-            }
-        }
-    }
-    false
-}
-
-/// A copy of `b` in a buffer of its own (frame and offload header).
-fn copy_buf(b: &PacketBuf) -> PacketBuf {
-    let mut c = PacketBuf::new(70_000);
-    c.room_mut()[..b.len()].copy_from_slice(b.frame());
-    c.set_len(b.len());
-    c.offload = b.offload;
-    c
-}
-
 /// Root: the kernel takes tapyard's VXLAN-over-IPv6 super-frame as it is written to a TAP
 /// with UDP-tunnel GSO (Linux checks its header in `virtio_net_hdr_tnl_to_skb`): across a
 /// Linux bridge it reaches another such TAP whole (read back as one UDP-tunnel-IPv6
@@ -953,10 +915,10 @@ fn tunnel6_super_frame_crosses_real_taps() {
     let mut pool = BufPool::new(t2.frame_room(), 64);
     let mut whole = None;
     assert!(
-        read_until(&t2, &mut pool, &mut |b| {
+        common::read_until(&t2, &mut pool, &mut |b| {
             let hit = is_vxlan6(b);
             if hit {
-                whole = Some(copy_buf(b));
+                whole = Some(common::copy_buf(b));
             }
             hit
         }),
@@ -992,7 +954,7 @@ fn tunnel6_super_frame_crosses_real_taps() {
         }
         let (mut got, mut seq, mut n) = (Vec::new(), 1000u32, 0);
         assert!(
-            read_until(&t3, &mut pool, &mut |b| {
+            common::read_until(&t3, &mut pool, &mut |b| {
                 if !is_vxlan6(b) {
                     return false;
                 }

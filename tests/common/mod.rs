@@ -412,3 +412,36 @@ pub fn send_one(
     batch.recycle(&mut w.pool);
     (v, out)
 }
+
+/// Reads frames from `tap` for up to two seconds, until `done` says it has them all.
+pub fn read_until(
+    tap: &TapPort,
+    pool: &mut tapyard::BufPool,
+    done: &mut dyn FnMut(&tapyard::PacketBuf) -> bool,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let mut batch = tapyard::Batch::new();
+        match tap.recv_batch(pool, &mut batch) {
+            Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(_) => {
+                let hit = batch.bufs().iter().any(&mut *done);
+                batch.recycle(pool);
+                if hit {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// A copy of `b` (frame and offload header) in a buffer of its own, with room for any
+/// super-frame.
+pub fn copy_buf(b: &tapyard::PacketBuf) -> tapyard::PacketBuf {
+    let mut c = tapyard::PacketBuf::new(70_000);
+    c.room_mut()[..b.len()].copy_from_slice(b.frame());
+    c.set_len(b.len());
+    c.offload = b.offload;
+    c
+}
