@@ -37,6 +37,7 @@ mod live;
 mod metrics;
 mod node;
 mod ports;
+mod secure;
 mod state;
 mod takeover;
 
@@ -139,6 +140,8 @@ fn cmd_run(
     };
     let socket = socket.unwrap_or_else(|| cfg.node.socket_path());
     let state_dir = cfg.node.state_dir_path();
+    // Before anything is read from it or written to it (see secure.rs and SECURITY.md).
+    secure::check_dir(&state_dir, true).map_err(|e| Fail(2, e.to_string()))?;
     if !takeover {
         control::claim_socket(&socket).map_err(|e| Fail(2, e))?;
     }
@@ -162,7 +165,7 @@ fn cmd_run(
     let name = cfg.node.name.clone();
     let (node, listener, socket, takeover_listener, _files) = if takeover {
         let t0 = std::time::Instant::now();
-        let a = takeover::take_over(cfg, path).map_err(|e| Fail(2, e))?;
+        let a = takeover::take_over(cfg, path, &stop).map_err(|e| Fail(2, e))?;
         if a.control_socket != socket {
             log::warn!(
                 "the control socket stays where the old process bound it: {} (not {})",
@@ -282,9 +285,11 @@ fn cmd_run(
         }
     }
     log::info!("stopping; the TAPs stay in place for the next run");
-    node.refresh_ports();
+    // A takeover in progress sees this within 100 ms, gives up and resumes the node (its
+    // waits are sliced: see takeover::Wait), whatever its peer does.
     ctl_stop.store(true, Ordering::Relaxed);
     let _ = takeover_thread.join();
+    node.refresh_ports();
     control.stop();
     if let Some(m) = metrics {
         let _ = m.join();
@@ -335,6 +340,9 @@ fn cmd_cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
             ),
         ));
     }
+    // A record in a directory that others could have written is not acted on.
+    secure::check_dir(&cfg.node.state_dir_path(), false)
+        .map_err(|e| Fail(1, format!("{e}; nothing deleted")))?;
     let sd = state::StateDir::new(cfg.node.state_dir_path(), &cfg.node.name);
     let mut failed = Vec::new();
     let recs = sd.load_ports();

@@ -531,14 +531,10 @@ fn endpoint_key(s: &ServiceCfg, is: impl Fn(std::net::SocketAddr) -> bool) -> St
         .map_or("endpoints".into(), |i| format!("endpoints.{i}"))
 }
 
-/// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed.
+/// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed; a state
+/// directory that fails [`crate::secure::check_dir`] is refused.
 fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, String> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-        .map_err(|e| format!("[node] state_dir {}: {e}", state_dir.display()))?;
+    crate::secure::check_dir(state_dir, true).map_err(|e| format!("[node] state_dir: {e}"))?;
     if let Some(fs) = fs_type(state_dir).filter(|t| t != "tmpfs" && t != "ramfs") {
         log::warn!(
             "[node] state_dir {} is on {fs}, not a tmpfs: the connection table mapped there is written back to disk by the kernel (put the state directory on a tmpfs such as /run)",

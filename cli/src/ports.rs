@@ -382,15 +382,26 @@ pub fn reattach(r: &PortRecord, own: Option<NsId>) -> Result<Found, String> {
     }
 }
 
-/// Deletes the interface of record `r` where it lives (`RTM_DELLINK`, confirmed by MAC).
-/// `Ok(false)` if it is not there (its namespace went with it).
+/// Deletes the TAP of record `r` where it lives: the interface with the record's ifindex or
+/// name and its MAC is attached to as the TAP it was created as (`TUNSETIFF`, which only a
+/// TAP device accepts: a bridge, a veth or the host's `eth0` named by a forged record is
+/// refused by the kernel and left in place, with an error saying so), its persist flag is
+/// cleared and it goes when closed. `Ok(false)` if it is not there (its namespace went with
+/// it).
 pub fn delete_recorded(r: &PortRecord, own: Option<NsId>) -> Result<bool, String> {
     let del = |nl: &mut Netlink| -> Result<bool, String> {
-        let Some((_, l)) = find_link(nl, r).map_err(|e| format!("rtnetlink: {e}"))? else {
+        let Some((name, l)) = find_link(nl, r).map_err(|e| format!("rtnetlink: {e}"))? else {
             return Ok(false);
         };
-        nl.del_link(l.index)
-            .map_err(|e| format!("cannot delete {:?}: {e}", r.ifname))?;
+        let tap = open_tap_mode(&name, r.offload).map_err(|e| {
+            format!(
+                "interface {name:?} (ifindex {}, mac {}) is not a TAP device tapyard created ({e}): left in place",
+                l.index, l.mac
+            )
+        })?;
+        tap.set_persist(false)
+            .map_err(|e| format!("TAP {name:?}: cannot clear its persist flag: {e}"))?;
+        drop(tap);
         Ok(true)
     };
     match r.netns.as_ref().filter(|ns| Some(ns.id()) != own) {

@@ -181,12 +181,21 @@ impl StateDir {
 /// Reads `<dir>/ports.json`: `Ok(None)` when there is none, `Err(why)` when it cannot be
 /// trusted (the caller logs it and starts afresh).
 pub fn load(dir: &Path, node: &str) -> Result<Option<Record>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(PORTS_FILE);
-    let file = match File::open(&path) {
+    // Not through a symbolic link, and only a file of ours that nobody else can write.
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: cannot open it: {e}", path.display())),
     };
+    crate::secure::check_open(&path, &file)
+        .map_err(|e| format!("{}: {}", path.display(), e.why))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     if len > MAX_RECORD_BYTES {
         return Err(format!(
@@ -194,7 +203,9 @@ pub fn load(dir: &Path, node: &str) -> Result<Option<Record>, String> {
             path.display()
         ));
     }
-    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = Vec::new();
+    file.read_to_end(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     parse(&text, node)
         .map(Some)
         .map_err(|e| format!("{}: {e}", path.display()))
@@ -218,15 +229,24 @@ pub fn parse(text: &[u8], node: &str) -> Result<Record, String> {
 }
 
 /// Writes `<dir>/ports.json` atomically (a temporary file in `dir`, synced, then renamed over
-/// it), creating `dir` (mode 0700) if needed.
+/// it), creating `dir` (mode 0700) if needed. The directory is checked first
+/// ([`crate::secure::check_dir`]); the temporary file is created anew (`O_EXCL`, never
+/// through a link) with mode 0600.
 pub fn save(dir: &Path, r: &Record) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    crate::secure::check_dir(dir, true).map_err(io::Error::other)?;
     let tmp = dir.join(format!("{PORTS_FILE}.tmp"));
-    let mut f = File::create(&tmp)?;
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
     let mut text = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;
     text.push(b'\n');
     f.write_all(&text)?;
