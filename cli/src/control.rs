@@ -56,6 +56,56 @@ use crate::ports::Origin;
 /// The longest request line accepted.
 pub const MAX_REQUEST: u64 = 64 * 1024;
 
+/// How long a client has to send its whole request line (a slow or trickling client gets an
+/// error then, whatever it sends meanwhile); and how long one write of a reply may wait for
+/// a client that does not read.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Connections served at once; more are answered `busy` at once and closed (each one takes
+/// a thread).
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Reads one request line (up to `\n`, at most [`MAX_REQUEST`] bytes) within
+/// [`REQUEST_DEADLINE`] as a whole.
+fn read_request(s: &UnixStream) -> io::Result<Vec<u8>> {
+    let until = std::time::Instant::now() + REQUEST_DEADLINE;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no whole request within {REQUEST_DEADLINE:?}"),
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
+        let room = usize::try_from(MAX_REQUEST).unwrap_or(usize::MAX) - raw.len();
+        let take = room.min(buf.len());
+        let n = match (&*s).read(&mut buf[..take]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        raw.extend_from_slice(&buf[..n]);
+        if let Some(i) = raw.iter().position(|&b| b == b'\n') {
+            raw.truncate(i + 1);
+            return Ok(raw);
+        }
+        if n == 0 || raw.len() as u64 >= MAX_REQUEST {
+            return Ok(raw);
+        }
+    }
+}
+
 /// A request on the control socket.
 #[derive(Debug, Deserialize, PartialEq)]
 #[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
@@ -212,18 +262,36 @@ pub fn bind(path: &Path) -> Result<UnixListener, String> {
 
 /// Serves the socket until `stop` is set.
 pub fn serve(listener: UnixListener, node: Arc<Node>, stop: Arc<AtomicBool>) {
+    // Connections being served (each on its own thread).
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((s, _)) => {
+            Ok((mut s, _)) => {
+                if live.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                    log::warn!(
+                        "control socket: {MAX_CONNECTIONS} connections are being served already: one refused"
+                    );
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                    let e = format!("busy: {MAX_CONNECTIONS} requests are being served; retry");
+                    let _ = reply(&mut s, &json!({"ok": false, "error": e}));
+                    continue;
+                }
+                live.fetch_add(1, Ordering::Relaxed);
                 let node = node.clone();
                 let stop = stop.clone();
-                let _ = std::thread::Builder::new()
+                let mine = live.clone();
+                let spawned = std::thread::Builder::new()
                     .name("tapyard-conn".into())
                     .spawn(move || {
                         if let Err(e) = handle(s, &node, &stop) {
                             log::debug!("control connection: {e}");
                         }
+                        mine.fetch_sub(1, Ordering::Relaxed);
                     });
+                if spawned.is_err() {
+                    live.fetch_sub(1, Ordering::Relaxed);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Wake as soon as a client connects (a CNI ADD waits on this), or after
@@ -246,9 +314,8 @@ fn reply(s: &mut UnixStream, v: &Value) -> io::Result<()> {
 
 fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
     s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut raw = Vec::new();
-    BufReader::new((&s).take(MAX_REQUEST)).read_until(b'\n', &mut raw)?;
+    s.set_write_timeout(Some(REQUEST_DEADLINE))?;
+    let raw = read_request(&s)?;
     let req = match parse_request(&String::from_utf8_lossy(&raw)) {
         Ok(r) => r,
         Err(e) => return reply(&mut s, &json!({"ok": false, "error": e})),

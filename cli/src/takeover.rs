@@ -251,8 +251,54 @@ fn would_block(e: &io::Error) -> bool {
     )
 }
 
-/// Sends `msg` with `fds` attached (one `sendmsg`, the rest of a long message after it).
-pub fn send(sock: &UnixStream, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// How long one exchange may take as a whole, and the flag (SIGINT/SIGTERM) that ends it
+/// early. Every takeover read and write waits in slices of at most [`Wait::SLICE`], so a
+/// peer that trickles bytes cannot stretch the exchange past `until`, and a signal is seen
+/// within a slice whatever the peer does.
+#[derive(Clone, Copy, Debug)]
+pub struct Wait<'a> {
+    /// When the exchange gives up (`TimedOut`).
+    pub until: Instant,
+    /// Set: give up now (`Interrupted`).
+    pub stop: Option<&'a AtomicBool>,
+}
+
+impl<'a> Wait<'a> {
+    /// The longest single wait, and so how late a signal is seen.
+    pub const SLICE: Duration = Duration::from_millis(100);
+
+    /// An exchange that may take `d` from now, ended early by `stop`.
+    pub fn new(d: Duration, stop: Option<&'a AtomicBool>) -> Wait<'a> {
+        Wait {
+            until: Instant::now() + d,
+            stop,
+        }
+    }
+
+    /// The next slice to wait, or why not to wait any more.
+    fn slice(&self) -> io::Result<Duration> {
+        if self.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "stopping (signal)",
+            ));
+        }
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time"));
+        }
+        Ok(left.min(Self::SLICE))
+    }
+}
+
+/// Sends `msg` with `fds` attached (one `sendmsg`, the rest of a long message after it),
+/// within `wait`.
+pub fn send(
+    sock: &UnixStream,
+    msg: &Msg,
+    fds: &[BorrowedFd<'_>],
+    wait: Wait<'_>,
+) -> io::Result<()> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
     let len = u32::try_from(body.len())
         .ok()
@@ -263,7 +309,9 @@ pub fn send(sock: &UnixStream, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
     let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
-    let sent = loop {
+    // The descriptors go with the first byte sent: retry until that one is out.
+    let mut sent = loop {
+        sock.set_write_timeout(Some(wait.slice()?))?;
         match sendmsg::<()>(
             sock.as_raw_fd(),
             &[IoSlice::new(&bytes)],
@@ -272,18 +320,34 @@ pub fn send(sock: &UnixStream, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<
             None,
         ) {
             Ok(n) => break n,
-            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => continue,
             Err(e) => return Err(e.into()),
         }
     };
-    (&*sock).write_all(&bytes[sent..])
+    while sent < bytes.len() {
+        sock.set_write_timeout(Some(wait.slice()?))?;
+        match (&*sock).write(&bytes[sent..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
-/// Reads exactly `buf.len()` bytes, keeping every descriptor that comes with them.
+/// Reads exactly `buf.len()` bytes within `wait`, keeping every descriptor that comes with
+/// them.
 #[allow(unsafe_code)] // OwnedFd::from_raw_fd on received descriptors, with a SAFETY line
-fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<()> {
+fn recv_exact(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    wait: Wait<'_>,
+) -> io::Result<()> {
     let mut got = 0;
     while got < buf.len() {
+        sock.set_read_timeout(Some(wait.slice()?))?;
         let mut space = nix::cmsg_space!([RawFd; FDS_PER_MSG]);
         let mut iov = [IoSliceMut::new(&mut buf[got..])];
         let r = recvmsg::<()>(
@@ -294,7 +358,7 @@ fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::
         );
         let msg = match r {
             Ok(m) => m,
-            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => continue,
             Err(e) => return Err(e.into()),
         };
         let n = msg.bytes;
@@ -322,19 +386,13 @@ fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::
     Ok(())
 }
 
-/// Receives one message and the descriptors that came with it. A timeout (the socket's
-/// read timeout) is `TimedOut`; a message that is not valid JSON of [`Msg`] is `InvalidData`
-/// naming what is wrong.
-pub fn recv(sock: &UnixStream) -> io::Result<(Msg, Vec<OwnedFd>)> {
+/// Receives one message and the descriptors that came with it, within `wait`. Running out
+/// of time is `TimedOut`, `wait.stop` set is `Interrupted`; a message that is not valid JSON
+/// of [`Msg`] is `InvalidData` naming what is wrong.
+pub fn recv(sock: &UnixStream, wait: Wait<'_>) -> io::Result<(Msg, Vec<OwnedFd>)> {
     let mut fds = Vec::new();
     let mut len = [0u8; 4];
-    recv_exact(sock, &mut len, &mut fds).map_err(|e| {
-        if would_block(&e) {
-            io::Error::new(io::ErrorKind::TimedOut, "no answer in time")
-        } else {
-            e
-        }
-    })?;
+    recv_exact(sock, &mut len, &mut fds, wait)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_MSG {
         return Err(io::Error::new(
@@ -343,7 +401,7 @@ pub fn recv(sock: &UnixStream) -> io::Result<(Msg, Vec<OwnedFd>)> {
         ));
     }
     let mut body = vec![0u8; len];
-    recv_exact(sock, &mut body, &mut fds)?;
+    recv_exact(sock, &mut body, &mut fds, wait)?;
     let msg = serde_json::from_slice(&body).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -358,12 +416,13 @@ pub fn send_handover(
     sock: &UnixStream,
     roles: Vec<FdRole>,
     fds: &[BorrowedFd<'_>],
+    wait: Wait<'_>,
 ) -> io::Result<()> {
     let mut chunks = fds.chunks(FDS_PER_MSG);
     let first = chunks.next().unwrap_or(&[]);
-    send(sock, &Msg::Handover { fds: roles }, first)?;
+    send(sock, &Msg::Handover { fds: roles }, first, wait)?;
     for c in chunks {
-        send(sock, &Msg::Fds { count: c.len() }, c)?;
+        send(sock, &Msg::Fds { count: c.len() }, c, wait)?;
     }
     Ok(())
 }
@@ -374,9 +433,10 @@ pub fn recv_handover_rest(
     sock: &UnixStream,
     roles: Vec<FdRole>,
     mut fds: Vec<OwnedFd>,
+    wait: Wait<'_>,
 ) -> io::Result<Vec<(FdRole, OwnedFd)>> {
     while fds.len() < roles.len() {
-        match recv(sock)? {
+        match recv(sock, wait)? {
             (Msg::Fds { count }, more) if count == more.len() => fds.extend(more),
             (Msg::Fds { count }, more) => {
                 return Err(io::Error::new(
@@ -424,8 +484,7 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 /// removed, a live one (another tapyard with this state directory) refused.
 pub fn bind(dir: &Path) -> Result<UnixListener, String> {
     let path = socket_path(dir);
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("state_dir {}: cannot create it: {e}", dir.display()))?;
+    crate::secure::check_dir(dir, true).map_err(|e| e.to_string())?;
     if std::fs::symlink_metadata(&path).is_ok() {
         if UnixStream::connect(&path).is_ok() {
             return Err(format!(
@@ -528,13 +587,14 @@ impl std::fmt::Debug for OldSide {
 }
 
 /// Serves the takeover socket until `stop` is set; a successful takeover ends the process
-/// with exit status 0 (the socket files and TAPs stay for the new process).
+/// with exit status 0 (the socket files and TAPs stay for the new process). One takeover at
+/// a time: another one connecting meanwhile waits in the backlog.
 pub fn serve(old: OldSide, stop: Arc<AtomicBool>) {
     let _ = old.takeover.set_nonblocking(true);
     while !stop.load(Ordering::Relaxed) {
         match old.takeover.accept() {
             Ok((s, _)) => {
-                if let Err(e) = handle_old(&old, s) {
+                if let Err(e) = handle_old(&old, s, &stop) {
                     log::warn!("takeover failed, forwarding goes on here: {e}");
                 }
             }
@@ -549,13 +609,22 @@ pub fn serve(old: OldSide, stop: Arc<AtomicBool>) {
     }
 }
 
+/// How long the old process takes to send a refusal or an abort to a peer that may not read.
+const ABORT_SEND: Duration = Duration::from_secs(1);
+
 /// The old side of one takeover. Returns the reason it failed (everything resumed), `Ok`
 /// for a connection closed before `hello` (a probe); on success the process exits.
-fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
+///
+/// Nothing is held while the new process prepares (from `hello` to `ready`, up to
+/// [`READY_TIMEOUT`]): the node forwards, serves control requests and takes port changes
+/// and reloads as usual, so a peer that stalls there blocks no one. At `ready` the node is
+/// held still (control requests wait in the socket's backlog, changes wait) and its ports
+/// are compared with the offer: if one was added, removed or moved meanwhile, the takeover
+/// is refused (run it again). From then on the exchange is bounded by [`ACK_TIMEOUT`], and
+/// `stop` (SIGINT/SIGTERM) ends any wait within [`Wait::SLICE`].
+fn handle_old(old: &OldSide, s: UnixStream, stop: &AtomicBool) -> Result<(), String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(HELLO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let (hello, _) = match recv(&s) {
+    let (hello, _) = match recv(&s, Wait::new(HELLO_TIMEOUT, Some(stop))) {
         // Closed before a word: a probe (`tapyard cleanup` checking that a node runs).
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             log::debug!("takeover socket: a connection closed before hello (a probe)");
@@ -567,13 +636,10 @@ fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
         return Err(format!("expected hello, got {}", name(&hello)));
     };
     let refuse = |error: String| {
-        let _ = send(
-            &s,
-            &Msg::Abort {
-                error: error.clone(),
-            },
-            &[],
-        );
+        let abort = Msg::Abort {
+            error: error.clone(),
+        };
+        let _ = send(&s, &abort, &[], Wait::new(ABORT_SEND, None));
         Err(format!("refused pid {pid}: {error}"))
     };
     if version != VERSION {
@@ -588,31 +654,45 @@ fn handle_old(old: &OldSide, s: UnixStream) -> Result<(), String> {
             old.name
         ));
     }
-    log::info!("takeover: pid {pid} asks for this node; control requests and port changes wait");
+    log::info!(
+        "takeover: pid {pid} asks for this node; forwarding, control requests and changes go on until it is ready"
+    );
+    // The main loop defers SIGHUP reloads and port refreshes until this ends.
     old.busy.store(true, Ordering::Release);
-    // No reload, port change or control request from here on, until it fails (or for good).
-    let cur = old.node.current.lock().unwrap_or_else(|e| e.into_inner());
-    let changes = old.node.ports.changing();
-    old.control.stop();
-    let mut handed = false;
-    let e = match offer_and_hand_over(old, &s, pid, &mut handed) {
-        Ok(never) => match never {},
+    let e = match offer(old, &s, stop) {
         Err(e) => e,
+        Ok(offered) => {
+            // Held still from here on, until it fails (or for good).
+            let cur = old.node.current.lock().unwrap_or_else(|e| e.into_inner());
+            let changes = old.node.ports.changing();
+            old.control.stop();
+            let mut handed = false;
+            let e = match hand_over(old, &s, pid, &offered, stop, &mut handed) {
+                Ok(never) => match never {},
+                Err(e) => e,
+            };
+            // Only a failure returns: everything goes on.
+            if handed {
+                take_back(&old.node);
+            }
+            if old.node.with_runtime(|rt| rt.resume()).is_none() {
+                log::error!("takeover: the runtime is gone, cannot resume");
+            }
+            drop(changes);
+            drop(cur);
+            e
+        }
     };
-    // Only a failure returns: everything goes on.
-    if handed {
-        take_back(&old.node);
-    }
-    if old.node.with_runtime(|rt| rt.resume()).is_none() {
-        log::error!("takeover: the runtime is gone, cannot resume");
-    }
-    drop(changes);
-    drop(cur);
     old.busy.store(false, Ordering::Release);
     if let Err(e) = old.control.start() {
         log::error!("takeover: cannot serve the control socket again: {e}");
     }
-    let _ = send(&s, &Msg::Abort { error: e.clone() }, &[]);
+    let _ = send(
+        &s,
+        &Msg::Abort { error: e.clone() },
+        &[],
+        Wait::new(ABORT_SEND, None),
+    );
     Err(format!("pid {pid}: {e}"))
 }
 
@@ -645,27 +725,21 @@ fn take_back(node: &Node) {
     node.save_ports();
 }
 
-/// Offers the node, hands the descriptors over and, on `ack`, exits the process. Returns
-/// only on failure; `handed` is set once the descriptors were sent (the new process may
-/// have used them).
-fn offer_and_hand_over(
-    old: &OldSide,
-    s: &UnixStream,
-    pid: u32,
-    handed: &mut bool,
-) -> Result<std::convert::Infallible, String> {
-    let node = &old.node;
+/// The node's ports as the record describes them, with their TAPs.
+fn snapshot(node: &Node) -> Result<(Vec<PortEntry>, Vec<PortRecord>), String> {
     let entries = node.ports.list();
-    // Every port's TAP (the registry keeps the device it shares with the workers).
-    let mut taps = Vec::with_capacity(entries.len());
-    for e in &entries {
-        let dev = e
-            .dev
-            .clone()
-            .ok_or_else(|| format!("port {:?} has no TAP device", e.name))?;
-        taps.push(dev);
+    if let Some(e) = entries.iter().find(|e| e.dev.is_none()) {
+        return Err(format!("port {:?} has no TAP device", e.name));
     }
-    let records: Vec<PortRecord> = entries.iter().map(PortEntry::record).collect();
+    let records = entries.iter().map(PortEntry::record).collect();
+    Ok((entries, records))
+}
+
+/// Offers the node as it is now and waits for `ready` (the new process prepares meanwhile,
+/// while this one goes on as usual). Returns the ports offered.
+fn offer(old: &OldSide, s: &UnixStream, stop: &AtomicBool) -> Result<Vec<PortRecord>, String> {
+    let node = &old.node;
+    let (_, records) = snapshot(node)?;
     let ifaces = node
         .ifaces
         .iter()
@@ -681,15 +755,36 @@ fn offer_and_hand_over(
         control_socket: old.control_socket.clone(),
         ifaces,
         own_netns: node.state.own_netns(),
-        ports: records,
+        ports: records.clone(),
     };
-    send(s, &offer, &[]).map_err(|e| format!("offer: {e}"))?;
-    s.set_read_timeout(Some(READY_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    match recv(s).map_err(|e| format!("waiting for ready: {e}"))? {
-        (Msg::Ready {}, _) => {}
-        (m, _) => return Err(format!("expected ready, got {}", name(&m))),
+    send(s, &offer, &[], Wait::new(ACK_TIMEOUT, Some(stop))).map_err(|e| format!("offer: {e}"))?;
+    match recv(s, Wait::new(READY_TIMEOUT, Some(stop)))
+        .map_err(|e| format!("waiting for ready: {e}"))?
+    {
+        (Msg::Ready {}, _) => Ok(records),
+        (m, _) => Err(format!("expected ready, got {}", name(&m))),
     }
+}
+
+/// With the node held still: checks that its ports are still the ones offered, hands the
+/// descriptors over and, on `ack`, exits the process. Returns only on failure; `handed` is
+/// set once the descriptors were sent (the new process may have used them).
+fn hand_over(
+    old: &OldSide,
+    s: &UnixStream,
+    pid: u32,
+    offered: &[PortRecord],
+    stop: &AtomicBool,
+    handed: &mut bool,
+) -> Result<std::convert::Infallible, String> {
+    let node = &old.node;
+    let (entries, records) = snapshot(node)?;
+    if records != offered {
+        return Err(format!(
+            "the node's ports changed while pid {pid} prepared (a port was added, removed or moved): nothing was handed over; run --takeover again"
+        ));
+    }
+    let taps: Vec<_> = entries.iter().filter_map(|e| e.dev.clone()).collect();
     let paused_at = Instant::now();
     node.with_runtime(|rt| rt.pause())
         .ok_or("the node is stopping")?;
@@ -720,19 +815,18 @@ fn offer_and_hand_over(
     }
     // From the first descriptor sent, the new process may use them.
     *handed = true;
-    send_handover(s, roles, &fds).map_err(|e| format!("handover: {e}"))?;
+    let wait = Wait::new(ACK_TIMEOUT, Some(stop));
+    send_handover(s, roles, &fds, wait).map_err(|e| format!("handover: {e}"))?;
     if crate::failpoint::is(FAILPOINTS[2], "exit") {
         // As if killed: no destructor, no message.
         std::process::exit(137);
     }
-    s.set_read_timeout(Some(ACK_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    match recv(s).map_err(|e| format!("waiting for ack: {e}"))? {
+    match recv(s, wait).map_err(|e| format!("waiting for ack: {e}"))? {
         (Msg::Ack {}, _) => {}
         (m, _) => return Err(format!("expected ack, got {}", name(&m))),
     }
     let gap = paused_at.elapsed();
-    let _ = send(s, &Msg::Bye {}, &[]);
+    let _ = send(s, &Msg::Bye {}, &[], Wait::new(ABORT_SEND, None));
     let st = node.dp.stats();
     log::info!(
         "handed over to pid {pid}: {} port(s); workers paused {:.1} ms before the ack; exiting (forwarded {} flooded {} local {} dropped {})",
@@ -773,7 +867,8 @@ impl std::fmt::Debug for Adopted {
 
 /// Takes over from the tapyard that serves `<state_dir>/takeover.sock` for `cfg`'s node
 /// (see the module docs). On an error the old process goes on, and the message says why.
-pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
+/// Every wait is bounded (see [`Wait`]) and `stop` (SIGINT/SIGTERM) ends it.
+pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result<Adopted, String> {
     let dir = cfg.node.state_dir_path();
     let path = socket_path(&dir);
     let s = UnixStream::connect(&path).map_err(|e| {
@@ -782,59 +877,64 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
             path.display()
         )
     })?;
-    s.set_read_timeout(Some(READY_TIMEOUT))
-        .map_err(|e| e.to_string())?;
     let hello = Msg::Hello {
         version: VERSION,
         node: cfg.node.name.clone(),
         pid: std::process::id(),
     };
-    send(&s, &hello, &[]).map_err(|e| format!("--takeover: hello: {e}"))?;
-    let (ifaces, records, old_pid, control_socket, own_netns) = match recv(&s)
-        .map_err(|e| format!("--takeover: waiting for the running node's offer: {e}"))?
-    {
-        (
-            Msg::Offer {
-                version,
-                node,
-                pid,
-                control_socket,
-                ifaces,
-                own_netns,
-                ports,
-            },
-            _,
-        ) => {
-            if version != VERSION || node != cfg.node.name {
-                return Err(format!(
-                    "--takeover: the running node offered version {version} of node {node:?}"
-                ));
+    send(&s, &hello, &[], Wait::new(HELLO_TIMEOUT, Some(stop)))
+        .map_err(|e| format!("--takeover: hello: {e}"))?;
+    let (ifaces, records, old_pid, control_socket, own_netns) =
+        match recv(&s, Wait::new(READY_TIMEOUT, Some(stop)))
+            .map_err(|e| format!("--takeover: waiting for the running node's offer: {e}"))?
+        {
+            (
+                Msg::Offer {
+                    version,
+                    node,
+                    pid,
+                    control_socket,
+                    ifaces,
+                    own_netns,
+                    ports,
+                },
+                _,
+            ) => {
+                if version != VERSION || node != cfg.node.name {
+                    return Err(format!(
+                        "--takeover: the running node offered version {version} of node {node:?}"
+                    ));
+                }
+                (ifaces, ports, pid, control_socket, own_netns)
             }
-            (ifaces, ports, pid, control_socket, own_netns)
-        }
-        (Msg::Abort { error }, _) => {
-            return Err(format!(
-                "--takeover: refused by the running node: {error} (it goes on forwarding)"
-            ))
-        }
-        (m, _) => return Err(format!("--takeover: expected an offer, got {}", name(&m))),
-    };
+            (Msg::Abort { error }, _) => {
+                return Err(format!(
+                    "--takeover: refused by the running node: {error} (it goes on forwarding)"
+                ))
+            }
+            (m, _) => return Err(format!("--takeover: expected an offer, got {}", name(&m))),
+        };
     log::info!(
         "taking over from pid {old_pid}: {} port(s), control socket {}",
         records.len(),
         control_socket.display()
     );
     let abort = |error: String| {
-        let _ = send(
-            &s,
-            &Msg::Abort {
-                error: error.clone(),
-            },
-            &[],
-        );
+        let abort = Msg::Abort {
+            error: error.clone(),
+        };
+        let _ = send(&s, &abort, &[], Wait::new(ABORT_SEND, None));
         format!("--takeover: {error} (pid {old_pid} goes on forwarding)")
     };
-    match adopt(&s, cfg, config_path, &ifaces, &records, own_netns.as_ref()) {
+    match adopt(
+        &s,
+        cfg,
+        config_path,
+        &ifaces,
+        &records,
+        own_netns.as_ref(),
+        stop,
+    ) {
         Ok((node, control, takeover, gone)) => {
             if crate::failpoint::is(FAILPOINTS[1], "abort") {
                 give_up(node, &records);
@@ -843,8 +943,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
                     FAILPOINTS[1]
                 )));
             }
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .map_err(|e| e.to_string())?;
+            let wait = Wait::new(Duration::from_secs(5), None);
             // The old process closes the connection only after an `abort` (read first), or
             // by exiting: a connection closed without one means it died after handing over,
             // and this process, holding everything, goes on.
@@ -856,13 +955,13 @@ pub fn take_over(cfg: Config, config_path: PathBuf) -> Result<Adopted, String> {
                         | io::ErrorKind::ConnectionReset
                 )
             };
-            let confirmed = match send(&s, &Msg::Ack {}, &[]) {
+            let confirmed = match send(&s, &Msg::Ack {}, &[], wait) {
                 Err(e) if died(&e) => Err(e),
                 Err(e) => {
                     give_up(node, &records);
                     return Err(abort(format!("ack: {e}")));
                 }
-                Ok(()) => match recv(&s) {
+                Ok(()) => match recv(&s, wait) {
                     Ok((Msg::Bye {}, _)) => Ok(()),
                     Err(e) if died(&e) => Err(e),
                     other => {
@@ -942,6 +1041,7 @@ fn adopt(
     ifaces: &[IfaceRecord],
     records: &[PortRecord],
     own_netns: Option<&NetnsRecord>,
+    stop: &AtomicBool,
 ) -> Result<Taken, String> {
     let mut macs = Vec::new();
     for i in ifaces {
@@ -986,15 +1086,15 @@ fn adopt(
             fresh.push(plan.open_config_port(i)?);
         }
     }
-    s.set_read_timeout(Some(ACK_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    send(s, &Msg::Ready {}, &[]).map_err(|e| format!("ready: {e}"))?;
-    let (roles, fds) = match recv(s).map_err(|e| format!("waiting for the descriptors: {e}"))? {
-        (Msg::Handover { fds: roles }, fds) => (roles, fds),
-        (m, _) => return Err(format!("expected the descriptors, got {}", name(&m))),
-    };
+    let wait = Wait::new(ACK_TIMEOUT, Some(stop));
+    send(s, &Msg::Ready {}, &[], wait).map_err(|e| format!("ready: {e}"))?;
+    let (roles, fds) =
+        match recv(s, wait).map_err(|e| format!("waiting for the descriptors: {e}"))? {
+            (Msg::Handover { fds: roles }, fds) => (roles, fds),
+            (m, _) => return Err(format!("expected the descriptors, got {}", name(&m))),
+        };
     let got = Instant::now();
-    let pairs = recv_handover_rest(s, roles, fds).map_err(|e| format!("descriptors: {e}"))?;
+    let pairs = recv_handover_rest(s, roles, fds, wait).map_err(|e| format!("descriptors: {e}"))?;
     // For the tests of the old process's recovery: fail (or die) holding the descriptors.
     match crate::failpoint::action(FAILPOINTS[0]).as_deref() {
         Some("abort") => return Err(format!("failing on purpose ({}=abort)", FAILPOINTS[0])),
@@ -1101,8 +1201,9 @@ mod tests {
             own_netns: None,
             ports: vec![record("ty00000001")],
         };
-        send(&a, &offer, &[]).unwrap();
-        let (got, fds) = recv(&b).unwrap();
+        let w = || Wait::new(Duration::from_secs(5), None);
+        send(&a, &offer, &[], w()).unwrap();
+        let (got, fds) = recv(&b, w()).unwrap();
         assert_eq!(got, offer);
         assert!(fds.is_empty());
 
@@ -1123,13 +1224,13 @@ mod tests {
         let t = {
             let roles = roles.clone();
             std::thread::scope(|sc| {
-                sc.spawn(|| send_handover(&a, roles, &borrowed).unwrap());
-                let (m, fds) = recv(&b).unwrap();
+                sc.spawn(|| send_handover(&a, roles, &borrowed, w()).unwrap());
+                let (m, fds) = recv(&b, w()).unwrap();
                 let Msg::Handover { fds: r } = m else {
                     panic!("{m:?}")
                 };
                 assert_eq!(fds.len(), FDS_PER_MSG);
-                recv_handover_rest(&b, r, fds).unwrap()
+                recv_handover_rest(&b, r, fds, w()).unwrap()
             })
         };
         assert_eq!(t.len(), n);
@@ -1159,8 +1260,7 @@ mod tests {
     #[test]
     fn bad_messages_are_errors_not_crashes() {
         let (a, b) = UnixStream::pair().unwrap();
-        b.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
+        let w = || Wait::new(Duration::from_millis(300), None);
         // Unknown message, unknown field, not JSON, too long, cut short, nothing at all.
         for body in [
             &br#"{"msg":"frobnicate"}"#[..],
@@ -1170,19 +1270,49 @@ mod tests {
             (&a).write_all(&u32::try_from(body.len()).unwrap().to_le_bytes())
                 .unwrap();
             (&a).write_all(body).unwrap();
-            let e = recv(&b).unwrap_err();
+            let e = recv(&b, w()).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
             assert!(e.to_string().contains("bad takeover message"), "{e}");
         }
         (&a).write_all(&u32::MAX.to_le_bytes()).unwrap();
-        let e = recv(&b).unwrap_err();
+        let e = recv(&b, w()).unwrap_err();
         assert!(e.to_string().contains("over the limit"), "{e}");
-        assert_eq!(recv(&b).unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert_eq!(recv(&b, w()).unwrap_err().kind(), io::ErrorKind::TimedOut);
         (&a).write_all(&10u32.to_le_bytes()).unwrap();
         (&a).write_all(b"{\"ms").unwrap();
         drop(a);
-        let e = recv(&b).unwrap_err();
+        let e = recv(&b, w()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    }
+
+    #[test]
+    fn a_trickling_or_stopped_exchange_ends_at_its_deadline() {
+        let (a, b) = UnixStream::pair().unwrap();
+        // A length, then one byte every 50 ms for 2 s: each read gets something, so only
+        // the overall deadline ends the wait.
+        let t = std::thread::spawn(move || {
+            let _ = (&a).write_all(&100u32.to_le_bytes());
+            for _ in 0..40 {
+                if (&a).write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let t0 = Instant::now();
+        let e = recv(&b, Wait::new(Duration::from_millis(300), None)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            t0.elapsed()
+        );
+        // A signal ends a long wait at once.
+        let stop = AtomicBool::new(true);
+        let e = recv(&b, Wait::new(Duration::from_secs(60), Some(&stop))).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Interrupted, "{e}");
+        drop(b);
+        t.join().unwrap();
     }
 
     #[test]
@@ -1227,7 +1357,7 @@ mod tests {
         );
         let c = crate::config::check_str(&src);
         let cfg = c.config.unwrap_or_else(|| panic!("{:?}", c.diags));
-        let e = take_over(cfg, "x.toml".into()).unwrap_err();
+        let e = take_over(cfg, "x.toml".into(), &AtomicBool::new(false)).unwrap_err();
         assert!(e.contains("nobody to take over from"), "{e}");
         assert!(e.contains("takeover.sock"), "{e}");
     }
