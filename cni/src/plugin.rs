@@ -65,6 +65,7 @@ fn netns_path(args: &CniArgs) -> Result<&Path, CniError> {
 
 fn add(args: &CniArgs, conf: &NetConf, stdin: &[u8]) -> Result<CniResult, CniError> {
     let path = netns_path(args)?;
+    // Before IPAM: a CNI_NETNS that is not a network namespace must not take a lease.
     let ns = netns::open(path)?;
     let exe = ipam_exe(args, conf)?;
     let leased = match &exe {

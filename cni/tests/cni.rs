@@ -74,6 +74,84 @@ fn bad_input_has_the_right_code_and_allocates_nothing() {
     assert_eq!(data.leases(), Vec::<String>::new());
 }
 
+/// A `CNI_NETNS` that is not a network namespace: ADD and CHECK refuse it with code 4 and the
+/// reason, at once (a FIFO with no writer must not block the open), before IPAM or tapyard is
+/// asked anything; DEL, which never opens the namespace, still succeeds. Needs host-local (to
+/// show it never ran), not root: every path here is one a user can make or open.
+#[test]
+fn a_cni_netns_that_is_not_a_network_namespace_is_code_4_before_ipam() {
+    let Some(plugins) = plugin_dir() else {
+        eprintln!(
+            "SKIP not_a_netns: host-local not found (apt-get install containernetworking-plugins)"
+        );
+        return;
+    };
+    let (data, scratch) = (TempDir::new(), TempDir::new());
+    let tapyard = FakeTapyard::start(&scratch.0);
+    let fifo = scratch.0.join("fifo");
+    sh(&["mkfifo", fifo.to_str().unwrap()]);
+    let file = scratch.0.join("file");
+    std::fs::write(&file, "not a namespace").unwrap();
+    let conf = config("1.0.0", tapyard.socket(), &data.0);
+    let mut check = conf.clone();
+    check["prevResult"] = json!({ "cniVersion": "1.0.0",
+        "interfaces": [{ "name": "eth0", "sandbox": "/var/run/netns/x" }] });
+    let cases = [
+        (fifo.to_str().unwrap(), "is a FIFO, not a network namespace"),
+        (file.to_str().unwrap(), "not nsfs"),
+        (
+            scratch.0.to_str().unwrap(),
+            "is a directory, not a network namespace",
+        ),
+        (
+            "/proc/self/ns/mnt",
+            "is a mount namespace, not a network namespace",
+        ),
+    ];
+    // Far more than an answer takes; only there so a regression fails instead of hanging.
+    let limit = std::time::Duration::from_secs(10);
+    let mut refused = Vec::new();
+    for (netns, why) in cases {
+        let env = Env {
+            container_id: unique("ctr"),
+            netns: netns.into(),
+            ifname: "eth0".into(),
+            path: plugins.display().to_string(),
+        };
+        for (command, stdin) in [("ADD", &conf), ("CHECK", &check)] {
+            let out = run_plugin_within(&env.vars(command), &stdin.to_string(), limit);
+            assert_eq!(out.error_code(), 4, "{command} {netns}: {out:?}");
+            let msg = out.json()["msg"].as_str().unwrap().to_string();
+            assert!(
+                msg.contains(netns) && msg.contains(why),
+                "{command} {netns}: {msg}"
+            );
+        }
+        assert_eq!(data.leases(), Vec::<String>::new(), "{netns}: a lease");
+        // host-local leaves `lock` and `last_reserved_ip.0` even after a lease is released:
+        // nothing at all means it never ran.
+        assert_eq!(
+            data.files(),
+            Vec::<std::path::PathBuf>::new(),
+            "{netns}: IPAM ran"
+        );
+        refused.push(env);
+    }
+    // DEL runs host-local (whose lock file appears then), so after every ADD.
+    for env in &refused {
+        run_plugin_within(&env.vars("DEL"), &conf.to_string(), limit).ok();
+    }
+    assert!(
+        tapyard
+            .served
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(cmd, _)| cmd != "port_add"),
+        "tapyard was asked for a port"
+    );
+}
+
 #[test]
 fn tapyard_not_running_is_try_again_later_and_releases_the_lease() {
     let Some(plugins) = privileged("tapyard_not_running") else {

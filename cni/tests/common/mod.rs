@@ -5,13 +5,14 @@
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// A name unique to this process and call: `<prefix><pid % 10^5>n<k>`.
 pub fn unique(prefix: &str) -> String {
@@ -142,6 +143,24 @@ impl TempDir {
         walk(&self.0, &mut out);
         out
     }
+
+    /// Every file below, as paths relative to the directory: what host-local left there
+    /// (after a lease taken and released, its `lock` and `last_reserved_ip.0` remain).
+    pub fn files(&self) -> Vec<PathBuf> {
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(root, &path, out);
+                } else {
+                    out.push(path.strip_prefix(root).unwrap_or(&path).to_path_buf());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.0, &self.0, &mut out);
+        out
+    }
 }
 
 impl Drop for TempDir {
@@ -197,9 +216,30 @@ pub fn run_plugin(env: &[(&str, &str)], stdin: &str) -> Outcome {
     run_exe(Path::new(env!("CARGO_BIN_EXE_tapyard-cni")), env, stdin)
 }
 
+/// Runs the plugin as [`run_plugin`] does, but kills it and panics if it has not exited
+/// within `limit`: a test of something that must not block fails instead of hanging.
+pub fn run_plugin_within(env: &[(&str, &str)], stdin: &str, limit: Duration) -> Outcome {
+    run_exe_within(
+        Path::new(env!("CARGO_BIN_EXE_tapyard-cni")),
+        env,
+        stdin,
+        Some(limit),
+    )
+}
+
 /// Runs the executable `exe` as a runtime runs a plugin: exactly `env` (nothing inherited but
 /// PATH), `stdin` written whole.
 pub fn run_exe(exe: &Path, env: &[(&str, &str)], stdin: &str) -> Outcome {
+    run_exe_within(exe, env, stdin, None)
+}
+
+/// [`run_exe`], killing `exe` and panicking if it runs longer than `limit`.
+pub fn run_exe_within(
+    exe: &Path,
+    env: &[(&str, &str)],
+    stdin: &str,
+    limit: Option<Duration>,
+) -> Outcome {
     let mut child = Command::new(exe)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -215,11 +255,45 @@ pub fn run_exe(exe: &Path, env: &[(&str, &str)], stdin: &str) -> Outcome {
         .unwrap()
         .write_all(stdin.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let Some(limit) = limit else {
+        let out = child.wait_with_output().unwrap();
+        return Outcome {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+    };
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{} {env:?} still running after {limit:?}: killed (stderr: {})",
+                exe.display(),
+                stderr.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     Outcome {
-        status: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        status: status.code().unwrap_or(-1),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
 }
 
