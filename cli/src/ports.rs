@@ -736,7 +736,9 @@ impl Node {
             return Err(format!("mtu {mtu} is out of range: expected 68 to 65535"));
         }
         let path = Path::new(netns_path);
-        let ns = File::open(path).map_err(|e| field("netns", netns_path, e))?;
+        // Checked as the plugin checks CNI_NETNS: never blocks (a FIFO), only a network
+        // namespace passes.
+        let ns = netns::open(path).map_err(|e| field("netns", netns_path, e.msg))?;
         let tmp = temp_name(owner);
         let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
         self.check_free(&mut nl, "temporary TAP name", &tmp)?;
@@ -871,7 +873,7 @@ impl Node {
                 None => Some(same(Netlink::open().ok()?.link_by_name(&e.ifname).ok()?)),
                 Some(p) => {
                     let path = Path::new(p);
-                    let ns = File::open(path).ok()?;
+                    let ns = netns::open(path).ok()?;
                     let l = link_in(&ns, path, &e.ifname).ok()?;
                     Some(same(l))
                 }

@@ -313,7 +313,8 @@ pub fn find_ns(id: NsId) -> Option<PathBuf> {
 /// wherever it is reachable now. `None` when it is gone.
 pub fn open_ns(r: &NetnsRecord) -> Option<(File, PathBuf)> {
     let at = |p: PathBuf| -> Option<(File, PathBuf)> {
-        let f = File::open(&p).ok()?;
+        // Never blocks, and only a network namespace passes (the record may be stale).
+        let f = tapyard_cni::netns::open(&p).ok()?;
         (ns_id_of(&f).ok()? == r.id()).then_some((f, p))
     };
     at(PathBuf::from(&r.path)).or_else(|| at(find_ns(r.id())?))
