@@ -1160,3 +1160,288 @@ fn full_table_restart_time() {
         println!("{l}");
     }
 }
+
+/// The config of the small node of the hardening tests: bridge cni0 with TAP `tap`, its
+/// state in `state`.
+fn small_node(dir: &std::path::Path, state: &std::path::Path, tap: &str) -> (PathBuf, PathBuf) {
+    let socket = dir.join("node.sock");
+    let config = dir.join("node.toml");
+    let text = format!(
+        "{}\n[[bridge]]\nname = \"cni0\"\naddress = \"10.244.1.1/24\"\nports = [\"{tap}\"]\n",
+        node_toml("hs", "\"10.244.0.0/16\"", &socket, Some(state))
+    );
+    std::fs::write(&config, text).unwrap();
+    (config, socket)
+}
+
+/// `tapyard run` that must be refused at start: exit status 2, and its log names `path`
+/// and says `why`.
+fn refused_start(
+    ns: &str,
+    config: &std::path::Path,
+    log: &std::path::Path,
+    path: &std::path::Path,
+    why: &str,
+) {
+    let before = std::fs::read_to_string(log).map_or(0, |t| t.len());
+    let child = tapyard_run(Some(ns), config, &[], log).spawn().unwrap();
+    let out = wait_output(child, CMD_TIMEOUT, "tapyard run (to be refused)");
+    let text = std::fs::read_to_string(log).unwrap_or_default()[before..].to_string();
+    assert_eq!(out.status.code(), Some(2), "{}: {text}", path.display());
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains(why),
+        "expected {why:?} about {}: {text}",
+        path.display()
+    );
+}
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+fn set_mode(p: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn a_hostile_state_directory_is_refused_and_a_forged_record_deletes_no_other_link() {
+    if skip("a_hostile_state_directory_is_refused_and_a_forged_record_deletes_no_other_link") {
+        return;
+    }
+    let tag = format!("{}", std::process::id() % 100_000);
+    let dir = std::env::temp_dir().join(format!("tapyard-hostile-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = dir.join("run.log");
+    let mut g = Guard::new(&dir, &log);
+    let ns = format!("tyhs{tag}");
+    g.ns(&ns);
+    let state = dir.join("state");
+    let tap = format!("tyhs{tag}");
+    let (config, socket) = small_node(&dir, &state, &tap);
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "root's file").unwrap();
+
+    // A state directory another user made (and so could fill with links).
+    std::fs::create_dir(&state).unwrap();
+    set_mode(&state, 0o700);
+    run(&["chown", "65534:65534", &state.display().to_string()]);
+    refused_start(&ns, &config, &log, &state, "is owned by uid 65534");
+    run(&["chown", "0:0", &state.display().to_string()]);
+
+    // Links planted where tapyard writes: refused, the victim untouched.
+    for name in ["ports.json.tmp", "conntrack", "conntrack6", "ports.json"] {
+        let link = state.join(name);
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        refused_start(&ns, &config, &log, &link, "is a symbolic link");
+        std::fs::remove_file(&link).unwrap();
+    }
+    // A table file others may write (mapped shared, it would be theirs to rewrite).
+    let ct = state.join("conntrack");
+    std::fs::write(&ct, "").unwrap();
+    set_mode(&ct, 0o666);
+    refused_start(
+        &ns,
+        &config,
+        &log,
+        &ct,
+        "has mode 0666: writable by group or others",
+    );
+    std::fs::remove_file(&ct).unwrap();
+    // A hard link to root's file.
+    std::fs::hard_link(&victim, &ct).unwrap();
+    refused_start(&ns, &config, &log, &ct, "hard links");
+    std::fs::remove_file(&ct).unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's file");
+    // A parent others may write to (without the sticky bit of /tmp).
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    set_mode(&open, 0o777);
+    let (config2, _) = small_node(&dir, &open.join("state"), &tap);
+    refused_start(&ns, &config2, &log, &open, "(a parent) has mode 0777");
+    assert!(!open.join("state").exists());
+    small_node(&dir, &state, &tap);
+    // The state directory itself a link to another directory.
+    std::fs::rename(&state, dir.join("real-state")).unwrap();
+    std::os::unix::fs::symlink(dir.join("real-state"), &state).unwrap();
+    refused_start(&ns, &config, &log, &state, "is a symbolic link");
+    std::fs::remove_file(&state).unwrap();
+    std::fs::rename(dir.join("real-state"), &state).unwrap();
+
+    // Modes that let others read are fixed at start, with a log line; the files tapyard
+    // writes are 0600, the directory 0700.
+    set_mode(&state, 0o755);
+    std::fs::write(state.join("ports.json"), b"not a record").unwrap();
+    set_mode(&state.join("ports.json"), 0o644);
+    g.start_node(Some(&ns), &config, &[], &socket);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "{} had mode 0755, readable by others: set to 0700",
+            state.display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("had mode 0644, readable by others: set to 0600"),
+        "{text}"
+    );
+    wait_for("the port record", Duration::from_secs(10), || {
+        std::fs::read_to_string(state.join("ports.json"))
+            .ok()
+            .filter(|t| t.contains(&tap))
+            .ok_or_else(|| "not written yet".to_string())
+    });
+    assert_eq!(mode_of(&state), 0o700);
+    for f in ["ports.json", "conntrack", "takeover.sock"] {
+        assert_eq!(mode_of(&state.join(f)), 0o600, "{f}");
+    }
+    assert!(g.stop_node().success());
+
+    // A forged record naming a bridge and a veth (as it could name the host's eth0, whose
+    // name, ifindex and MAC are public): cleanup deletes the node's own TAP only.
+    let bridge = format!("tyhb{tag}");
+    let dummy = format!("tyhd{tag}");
+    run(&["ip", "-n", &ns, "link", "add", &bridge, "type", "bridge"]);
+    let peer = format!("tyhe{tag}");
+    run(&[
+        "ip", "-n", &ns, "link", "add", &dummy, "type", "veth", "peer", "name", &peer,
+    ]);
+    let mut rec: Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("ports.json")).unwrap()).unwrap();
+    let links: Value =
+        serde_json::from_str(&run(&["ip", "-n", &ns, "-j", "link", "show"])).unwrap();
+    for name in [&bridge, &dummy] {
+        let l = links
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["ifname"] == name.as_str())
+            .unwrap();
+        let mut forged = rec["ports"][0].clone();
+        forged["name"] = json!(name);
+        forged["tap"] = json!(name);
+        forged["ifname"] = json!(name);
+        forged["mac"] = l["address"].clone();
+        forged["ifindex"] = l["ifindex"].clone();
+        rec["ports"].as_array_mut().unwrap().push(forged);
+    }
+    std::fs::write(state.join("ports.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
+    set_mode(&state.join("ports.json"), 0o600);
+    let out = run_output(&[
+        "ip",
+        "netns",
+        "exec",
+        &ns,
+        TAPYARD,
+        "cleanup",
+        &config.display().to_string(),
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("cleanup:\n{stdout}{stderr}");
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("TAP {tap} in tapyard's namespace deleted")),
+        "{stdout}"
+    );
+    for name in [&bridge, &dummy] {
+        assert!(
+            stderr.contains(&format!("interface \"{name}\""))
+                && stderr.contains("is not a TAP device tapyard created"),
+            "{stderr}"
+        );
+        run(&["ip", "-n", &ns, "link", "show", name]);
+    }
+    assert!(!run_output(&["ip", "-n", &ns, "link", "show", &tap])
+        .status
+        .success());
+}
+
+/// One takeover message as the protocol frames it: a little-endian length, then JSON.
+fn takeover_send(s: &mut std::os::unix::net::UnixStream, v: &Value) {
+    use std::io::Write;
+    let body = serde_json::to_vec(v).unwrap();
+    s.write_all(&u32::try_from(body.len()).unwrap().to_le_bytes())
+        .unwrap();
+    s.write_all(&body).unwrap();
+}
+
+fn takeover_recv(s: &mut std::os::unix::net::UnixStream) -> Value {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[test]
+fn a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it() {
+    if skip("a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it") {
+        return;
+    }
+    let tag = format!("{}", std::process::id() % 100_000);
+    let dir = std::env::temp_dir().join(format!("tapyard-stall-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = dir.join("run.log");
+    let mut g = Guard::new(&dir, &log);
+    let ns = format!("tyst{tag}");
+    g.ns(&ns);
+    let state = dir.join("state");
+    let (config, socket) = small_node(&dir, &state, &format!("tyst{tag}"));
+    g.start_node(Some(&ns), &config, &[], &socket);
+    let hello = json!({"msg": "hello", "version": 1, "node": "hs", "pid": 4242});
+
+    // A peer says hello, takes the offer and stalls: the node goes on answering control
+    // requests, read-only and changing ones alike.
+    let mut peer = std::os::unix::net::UnixStream::connect(state.join("takeover.sock")).unwrap();
+    takeover_send(&mut peer, &hello);
+    let offer = takeover_recv(&mut peer);
+    assert_eq!(offer["msg"], "offer", "{offer}");
+    let t0 = Instant::now();
+    let status = tapyard_ok_at(&socket, &["status"]);
+    assert!(status.contains("node hs"), "{status}");
+    let added = format!("tysp{tag}");
+    tapyard_ok_at(&socket, &["port", "add", "cni0", &added]);
+    assert!(tapyard_ok_at(&socket, &["show", "ports"]).contains(&added));
+    println!(
+        "3 control requests answered during the stall in {:?}",
+        t0.elapsed()
+    );
+    // Ready at last: the node changed meanwhile, so nothing is handed over.
+    takeover_send(&mut peer, &json!({"msg": "ready"}));
+    let abort = takeover_recv(&mut peer);
+    assert_eq!(abort["msg"], "abort", "{abort}");
+    assert!(
+        abort["error"]
+            .as_str()
+            .unwrap()
+            .contains("the node's ports changed"),
+        "{abort}"
+    );
+    drop(peer);
+    // The node forwards and answers as before.
+    tapyard_ok_at(&socket, &["status"]);
+
+    // Stalled again, then SIGTERM: the node stops at once (exit 0), whatever the peer does.
+    let mut peer = std::os::unix::net::UnixStream::connect(state.join("takeover.sock")).unwrap();
+    takeover_send(&mut peer, &hello);
+    assert_eq!(takeover_recv(&mut peer)["msg"], "offer");
+    let node = g.node.take().unwrap();
+    let t0 = Instant::now();
+    run(&["kill", "-TERM", &node.id().to_string()]);
+    let out = wait_output(
+        node,
+        Duration::from_secs(5),
+        "tapyard run after SIGTERM during a stalled takeover",
+    );
+    println!("stopped {:?} after SIGTERM", t0.elapsed());
+    assert!(out.status.success(), "{}", out.status);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("stopping (signal)"), "{text}");
+}
