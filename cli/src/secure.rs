@@ -81,8 +81,15 @@ fn check_parents(dir: &Path) -> Result<(), Refused> {
     let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
         return Ok(());
     };
-    let real = std::fs::canonicalize(parent)
-        .map_err(|e| refused(parent, format!("cannot be resolved: {e}")))?;
+    // Parents that do not exist yet are created with the directory (0700, ours): the check
+    // starts at the deepest one that exists.
+    let existing = parent
+        .ancestors()
+        .find(|p| p.as_os_str().is_empty() || std::fs::symlink_metadata(p).is_ok())
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let real = std::fs::canonicalize(existing)
+        .map_err(|e| refused(existing, format!("cannot be resolved: {e}")))?;
     let me = euid();
     for p in real.ancestors() {
         let m = std::fs::metadata(p).map_err(|e| refused(p, format!("cannot be read: {e}")))?;
@@ -219,6 +226,10 @@ mod tests {
 
     #[test]
     fn a_new_directory_is_0700_and_loose_modes_are_fixed() {
+        // Missing parents are made too.
+        let top = tmp("deep");
+        assert_eq!(check_dir(&top.join("a/b"), true), Ok(true));
+        let _ = std::fs::remove_dir_all(&top);
         let d = tmp("new");
         assert_eq!(check_dir(&d, false), Ok(false));
         assert_eq!(check_dir(&d, true), Ok(true));
