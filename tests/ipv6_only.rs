@@ -56,7 +56,7 @@ fn node() -> Node {
     assert_eq!(r.iface_addr6(cni0), Some((a("fd00:10:244:1::1"), 64)));
     // No IPv4 connected route for cni0 (`ip route` shows only eth0's subnet).
     let v4: Vec<String> = r
-        .routes()
+        .routes::<Ipv4Addr>()
         .routes()
         .iter()
         .map(|r| format!("{}/{}", r.prefix, r.len))

@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
-use tapyard::l3::{IfaceConfig, NextHop6, Route6, RouteProto};
+use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, MasqueradeRule6, NatConfig, NatRules, Prefix6};
 use tapyard::nat::{LbAlgo, PortRange, ServiceSpec, SnatRule6};
 use tapyard::{
@@ -103,20 +103,21 @@ fn node_at(file: Option<&Path>) -> Node {
     })
     .unwrap();
     let dp = b.build();
-    let route = |p: &str, len, next_hop| Route6 {
+    let route = |p: &str, len, next_hop| Route {
         prefix: a(p),
         len,
         next_hop,
         metric: 1024,
         proto: RouteProto::Static,
+        src: None,
     };
-    dp.add_route6(route(
+    dp.add_route(route(
         "fd00:10:244:2::",
         64,
-        NextHop6::Via(eth0, a("fd00:172:18::3")),
+        NextHop::Via(eth0, a("fd00:172:18::3")),
     ))
     .unwrap();
-    dp.add_route6(route("::", 0, NextHop6::Via(eth0, a("fd00:172:18::1"))))
+    dp.add_route(route("::", 0, NextHop::Via(eth0, a("fd00:172:18::1"))))
         .unwrap();
     for (iface, ip, mac) in [
         (cni0, A, POD_A),

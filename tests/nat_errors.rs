@@ -78,7 +78,7 @@ fn node(dead_gateway: bool) -> Node {
     .unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
-    let route = |p: [u8; 4], len, next_hop| Route {
+    let route = |p: [u8; 4], len, next_hop| Route::<Ipv4Addr> {
         prefix: p.into(),
         len,
         next_hop,

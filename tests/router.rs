@@ -64,6 +64,8 @@ fn node() -> Node {
         .unwrap();
     dp.add_route(st([10, 244, 8, 0], 24, NextHop::Unreachable))
         .unwrap();
+    dp.add_route(st([10, 244, 7, 0], 24, NextHop::Prohibit))
+        .unwrap();
     assert!(dp
         .add_route(st(
             [10, 9, 0, 0],
@@ -299,6 +301,18 @@ fn icmp_errors_like_linux() {
         icmp_of(&out[0].1).2,
         Icmpv4Type::DestinationUnreachable(icmpv4::DestUnreachableHeader::Host)
     );
+    // Prohibit route: communication administratively prohibited (code 13), as Linux's
+    // `prohibit` type.
+    let (v, out) = send(
+        &mut n,
+        PA,
+        &udp(POD_A, GW_MAC, [10, 244, 1, 2], [10, 244, 7, 1], 64, 20),
+    );
+    assert_eq!(v, Verdict::Drop(DropReason::Unreachable));
+    assert_eq!(
+        icmp_of(&out[0].1).2,
+        Icmpv4Type::DestinationUnreachable(icmpv4::DestUnreachableHeader::FilterProhibited)
+    );
     // Too big with DF: fragmentation needed carrying the MTU.
     let mut f = Vec::new();
     let mut ip = etherparse::Ipv4Header::new(
@@ -382,6 +396,7 @@ fn route_dump_like_ip_route() {
         s,
         "10.244.1.0/24 dev cni0 proto kernel scope link src 10.244.1.1\n\
          10.244.2.0/24 via 172.18.0.3 dev eth0\n\
+         prohibit 10.244.7.0/24\n\
          unreachable 10.244.8.0/24\n\
          blackhole 10.244.9.0/24\n\
          172.18.0.0/24 dev eth0 proto kernel scope link src 172.18.0.2\n"

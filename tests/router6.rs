@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use etherparse::{Icmpv6Type, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::neigh::NeighState;
-use tapyard::l3::{IfaceConfig, IfaceId, NextHop6, RaConfig, Route6, RouteProto};
+use tapyard::l3::{IfaceConfig, IfaceId, NextHop, RaConfig, Route, RouteProto};
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
 use tapyard::wire::ipv6;
 use tapyard::{
@@ -56,40 +56,33 @@ fn node() -> Node {
     up.mtu = 1400;
     let (eth0_if, eth0) = b.add_router_iface(up, None).unwrap();
     let dp = b.build();
-    let st = |p: &str, len, next_hop| Route6 {
+    let st = |p: &str, len, next_hop| Route {
         prefix: a(p),
         len,
         next_hop,
         metric: 1024,
         proto: RouteProto::Static,
+        src: None,
     };
-    dp.add_route6(st(
+    dp.add_route(st(
         "fd00:10:244:3::",
         64,
-        NextHop6::Via(eth0_if, a("fd00:172:18::3")),
+        NextHop::Via(eth0_if, a("fd00:172:18::3")),
     ))
     .unwrap();
-    dp.add_route6(st("fd00:10:244:9::", 64, NextHop6::Blackhole))
+    dp.add_route(st("fd00:10:244:9::", 64, NextHop::Blackhole))
         .unwrap();
-    dp.add_route6(st(
-        "fd00:10:244:8::",
-        64,
-        NextHop6::Unreachable { reject: false },
-    ))
-    .unwrap();
-    dp.add_route6(st(
-        "fd00:10:244:7::",
-        64,
-        NextHop6::Unreachable { reject: true },
-    ))
-    .unwrap();
+    dp.add_route(st("fd00:10:244:8::", 64, NextHop::Unreachable))
+        .unwrap();
+    dp.add_route(st("fd00:10:244:7::", 64, NextHop::Prohibit))
+        .unwrap();
     assert!(dp
-        .add_route6(st("fd00:99::", 64, NextHop6::Via(eth0_if, a("fd00:1::1"))))
+        .add_route(st("fd00:99::", 64, NextHop::Via(eth0_if, a("fd00:1::1"))))
         .unwrap_err()
         .to_string()
         .contains("connected subnet"));
     // A link-local gateway is always on-link.
-    dp.add_route6(st("fd00:98::", 64, NextHop6::Via(eth0_if, a("fe80::1"))))
+    dp.add_route(st("fd00:98::", 64, NextHop::Via(eth0_if, a("fe80::1"))))
         .unwrap();
     dp.add_static_neigh6(
         eth0_if,
@@ -930,27 +923,28 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         MacAddr(out[0].1[..6].try_into().unwrap())
     };
     assert_eq!(to_remote(&mut n), peer3);
-    let route = |gw: &str| Route6 {
+    let route = |gw: &str| Route {
         prefix: a("fd00:10:244:3::"),
         len: 64,
-        next_hop: NextHop6::Via(eth0, a(gw)),
+        next_hop: NextHop::Via(eth0, a(gw)),
         metric: 1024,
         proto: RouteProto::Static,
+        src: None,
     };
     // `ip -6 route replace`: the route with that prefix and metric is swapped, returned.
-    let old = n.dp.replace_route6(route("fd00:172:18::4")).unwrap();
+    let old = n.dp.replace_route(route("fd00:172:18::4")).unwrap();
     assert_eq!(old, Some(route("fd00:172:18::3")));
     assert_eq!(to_remote(&mut n), peer4);
     // Checked as an add: a gateway off every connected subnet is refused, and the route in
     // place is kept (a remove + add would have lost it).
     assert!(n
         .dp
-        .replace_route6(route("fd00:1::1"))
+        .replace_route(route("fd00:1::1"))
         .unwrap_err()
         .to_string()
         .contains("connected subnet"));
     assert_eq!(to_remote(&mut n), peer4);
-    let routes = n.dp.routes6().unwrap().routes();
+    let routes = n.dp.routes::<Ipv6Addr>().unwrap().routes();
     assert_eq!(
         routes
             .iter()
@@ -959,13 +953,15 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         1
     );
     // A prefix without a route: added.
-    let new = Route6 {
+    let new = Route {
         prefix: a("fd00:10:244:4::"),
         ..route("fd00:172:18::4")
     };
-    assert_eq!(n.dp.replace_route6(new), Ok(None));
+    assert_eq!(n.dp.replace_route(new), Ok(None));
     assert_eq!(
-        n.dp.routes6().unwrap().lookup(a("fd00:10:244:4::1")),
+        n.dp.routes::<Ipv6Addr>()
+            .unwrap()
+            .lookup(a("fd00:10:244:4::1")),
         Some(new.next_hop)
     );
 }

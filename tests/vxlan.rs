@@ -828,7 +828,7 @@ fn v6(n: u8, h: u16) -> std::net::Ipv6Addr {
 /// (flannel.1): the remote pod /64 via the other VTEP's link-local address, its neighbour
 /// permanent, pod 2 of each node a static neighbour.
 fn dual_stack_nodes() -> (Node, Node) {
-    use tapyard::l3::{NextHop6, Route6, RouteProto};
+    use tapyard::l3::{NextHop, Route, RouteProto};
     let vtep_ll =
         |n: u8| tapyard::wire::ipv6::link_local_from_mac(default_mac(Ipv4Addr::new(10, 244, n, 0)));
     let (a, c) = (node(1), node(2));
@@ -837,20 +837,22 @@ fn dual_stack_nodes() -> (Node, Node) {
         let dp = &node.dp;
         let flannel = dp.iface_by_name("flannel.1").unwrap();
         let cni0 = dp.iface_by_name("cni0").unwrap();
-        dp.add_route6(Route6 {
+        dp.add_route(Route {
             prefix: v6(n, 0),
             len: 64,
-            next_hop: NextHop6::Link(cni0),
+            next_hop: NextHop::Link(cni0),
             metric: 256,
             proto: RouteProto::Kernel,
+            src: None,
         })
         .unwrap();
-        dp.add_route6(Route6 {
+        dp.add_route(Route {
             prefix: v6(other, 0),
             len: 64,
-            next_hop: NextHop6::Via(flannel, vtep_ll(other)),
+            next_hop: NextHop::Via(flannel, vtep_ll(other)),
             metric: 1024,
             proto: RouteProto::Static,
+            src: None,
         })
         .unwrap();
         dp.add_static_neigh6(

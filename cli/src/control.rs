@@ -621,54 +621,10 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Value, String> {
                 let _ = dp.fmt_routes(&mut text);
                 return Ok(Value::String(text));
             }
-            use tapyard::l3::{NextHop, RouteProto};
-            let rows = dp.routes().map_or_else(Vec::new, |t| {
-                t.routes()
-                    .into_iter()
-                    .map(|r| {
-                        let (kind, gw, dev) = match r.next_hop {
-                            NextHop::Link(i) => ("unicast", None, dp.iface_name(i)),
-                            NextHop::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
-                            NextHop::Blackhole => ("blackhole", None, None),
-                            NextHop::Unreachable => ("unreachable", None, None),
-                        };
-                        json!({
-                            "dst": format!("{}/{}", r.prefix, r.len),
-                            "type": kind,
-                            "gateway": gw,
-                            "dev": dev,
-                            "metric": r.metric,
-                            "protocol": match r.proto { RouteProto::Kernel => "kernel", RouteProto::Static => "static" },
-                            "prefsrc": r.src.map(|s| s.to_string()),
-                        })
-                    })
-                    .collect::<Vec<_>>()
-            });
-            // IPv6 routes, after IPv4's (as `ip route; ip -6 route`).
-            use tapyard::l3::NextHop6;
-            let rows6 = dp.routes6().map_or_else(Vec::new, |t| {
-                t.routes()
-                    .into_iter()
-                    .map(|r| {
-                        let (kind, gw, dev) = match r.next_hop {
-                            NextHop6::Link(i) => ("unicast", None, dp.iface_name(i)),
-                            NextHop6::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
-                            NextHop6::Blackhole => ("blackhole", None, None),
-                            NextHop6::Unreachable { .. } => ("unreachable", None, None),
-                        };
-                        json!({
-                            "dst": format!("{}/{}", r.prefix, r.len),
-                            "type": kind,
-                            "gateway": gw,
-                            "dev": dev,
-                            "metric": r.metric,
-                            "protocol": match r.proto { RouteProto::Kernel => "kernel", RouteProto::Static => "static" },
-                            "prefsrc": Value::Null,
-                        })
-                    })
-                    .collect::<Vec<_>>()
-            });
-            Ok(Value::Array(rows.into_iter().chain(rows6).collect()))
+            // IPv6 routes after IPv4's (as `ip route; ip -6 route`).
+            let mut rows = route_rows(dp, dp.routes::<std::net::Ipv4Addr>());
+            rows.extend(route_rows(dp, dp.routes::<std::net::Ipv6Addr>()));
+            Ok(Value::Array(rows))
         }
         "stats" => {
             let s = dp.stats();
@@ -1216,6 +1172,36 @@ impl<'de> serde::de::DeserializeSeed<'de> for PrettyData<'_> {
         serde_transcode::transcode(d, &mut ser).map_err(D::Error::custom)?;
         self.out.write_all(b"\n").map_err(D::Error::custom)
     }
+}
+
+/// `show routes --json`'s rows of one family's table (as `ip -j route` shows them).
+fn route_rows<A: tapyard::l3::RouteAddr>(
+    dp: &tapyard::Datapath,
+    t: Option<&tapyard::l3::RouteTable<A>>,
+) -> Vec<Value> {
+    use tapyard::l3::{NextHop, RouteProto};
+    let Some(t) = t else { return Vec::new() };
+    t.routes()
+        .into_iter()
+        .map(|r| {
+            let (kind, gw, dev) = match r.next_hop {
+                NextHop::Link(i) => ("unicast", None, dp.iface_name(i)),
+                NextHop::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
+                NextHop::Blackhole => ("blackhole", None, None),
+                NextHop::Unreachable => ("unreachable", None, None),
+                NextHop::Prohibit => ("prohibit", None, None),
+            };
+            json!({
+                "dst": format!("{}/{}", r.prefix, r.len),
+                "type": kind,
+                "gateway": gw,
+                "dev": dev,
+                "metric": r.metric,
+                "protocol": match r.proto { RouteProto::Kernel => "kernel", RouteProto::Static => "static" },
+                "prefsrc": r.src.map(|s| s.to_string()),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,14 +1,14 @@
 //! A running node: the datapath built from a [`Config`], its TAP devices and worker threads,
 //! and the live changes of a reload.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
-use tapyard::l3::{IfaceId, NextHop, NextHop6, Route, Route6, RouteProto};
+use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::ServiceError;
 use tapyard::nat::{
     MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, PortRange, Prefix, Prefix6, SnatRule,
@@ -185,7 +185,7 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
 
 /// The library route for a configured IPv6 one; a gateway without `dev` goes out of the
 /// interface whose IPv6 subnet holds it (a link-local one has its `dev`: `check` says so).
-pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route6, String> {
+pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6Addr>, String> {
     let IpCidr::V6(to) = r.to else {
         return Err(format!("route to {}: not an IPv6 route", r.to));
     };
@@ -199,9 +199,9 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route6, St
         None => None,
     };
     let next_hop = match (r.kind, via, &r.dev) {
-        (RouteType::Blackhole, _, _) => NextHop6::Blackhole,
-        (RouteType::Unreachable, _, _) => NextHop6::Unreachable { reject: false },
-        (RouteType::Unicast, Some(gw), Some(dev)) => NextHop6::Via(iface(dev)?, gw),
+        (RouteType::Blackhole, _, _) => NextHop::Blackhole,
+        (RouteType::Unreachable, _, _) => NextHop::Unreachable,
+        (RouteType::Unicast, Some(gw), Some(dev)) => NextHop::Via(iface(dev)?, gw),
         (RouteType::Unicast, Some(gw), None) => {
             let dev = cfg.connected_iface6(gw).ok_or_else(|| {
                 format!(
@@ -209,19 +209,20 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route6, St
                     r.to
                 )
             })?;
-            NextHop6::Via(iface(&dev)?, gw)
+            NextHop::Via(iface(&dev)?, gw)
         }
-        (RouteType::Unicast, None, Some(dev)) => NextHop6::Link(iface(dev)?),
+        (RouteType::Unicast, None, Some(dev)) => NextHop::Link(iface(dev)?),
         (RouteType::Unicast, None, None) => {
             return Err(format!("route to {}: no via, dev or type", r.to))
         }
     };
-    Ok(Route6 {
+    Ok(Route {
         prefix: to.network(),
         len: to.len,
         next_hop,
         metric: r.metric,
         proto: RouteProto::Static,
+        src: None,
     })
 }
 
@@ -242,9 +243,9 @@ fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result
         IpCidr::V6(_) => {
             let route = to_route6(dp, cfg, r)?;
             if replace {
-                dp.replace_route6(route).map(|_| ())
+                dp.replace_route(route).map(|_| ())
             } else {
-                dp.add_route6(route)
+                dp.add_route(route)
             }
             .map_err(|e| fail(&e))
         }
@@ -259,7 +260,7 @@ fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
             .map(|_| ())
             .map_err(|e| format!("route {}: {e}", r.describe())),
         IpCidr::V6(to) => dp
-            .remove_route6(to.network(), to.len, Some(r.metric))
+            .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| format!("route {}: {e}", r.describe())),
     }

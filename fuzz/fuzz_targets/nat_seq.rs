@@ -20,7 +20,6 @@ use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
-use tapyard::l3::{NextHop6, Route6};
 use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
 use tapyard::wire::tuple::{L4Kind, Tuple};
@@ -291,20 +290,21 @@ fuzz_target!(|data: &[u8]| {
         dp.add_static_neigh(i, ip.into(), MacAddr([2, 0, 0, 0, 1, m]), now)
             .unwrap();
     }
-    let route6 = |p: &str, len, next_hop| Route6 {
+    let route6 = |p: &str, len, next_hop| Route {
         prefix: a6(p),
         len,
         next_hop,
         metric: 1024,
         proto: RouteProto::Static,
+        src: None,
     };
-    dp.add_route6(route6(
+    dp.add_route(route6(
         "fd00:10:244:2::",
         64,
-        NextHop6::Via(eth0, a6("fd00:172:18::3")),
+        NextHop::Via(eth0, a6("fd00:172:18::3")),
     ))
     .unwrap();
-    dp.add_route6(route6("::", 0, NextHop6::Via(eth0, a6("fd00:172:18::1"))))
+    dp.add_route(route6("::", 0, NextHop::Via(eth0, a6("fd00:172:18::1"))))
         .unwrap();
     for (i, ip, m) in [
         (cni0, "fd00:10:244:1::2", 2u8),

@@ -201,18 +201,19 @@ fuzz_target!(|data: &[u8]| {
         .unwrap();
     dp.add_route(route([10, 244, 8, 0], NextHop::Unreachable))
         .unwrap();
-    let route6 = |p: u16, nh| tapyard::l3::Route6 {
+    let route6 = |p: u16, nh| tapyard::l3::Route {
         prefix: Ipv6Addr::new(0xfd00, 0, 10, p, 0, 0, 0, 0),
         len: 64,
         next_hop: nh,
         metric: 0,
         proto: RouteProto::Static,
+        src: None,
     };
-    dp.add_route6(route6(9, tapyard::l3::NextHop6::Blackhole))
+    dp.add_route(route6(9, tapyard::l3::NextHop::Blackhole))
         .unwrap();
-    dp.add_route6(route6(
+    dp.add_route(route6(
         2,
-        tapyard::l3::NextHop6::Link(tapyard::l3::IfaceId(0)),
+        tapyard::l3::NextHop::Link(tapyard::l3::IfaceId(0)),
     ))
     .unwrap();
     let mut w = dp.worker();

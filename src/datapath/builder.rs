@@ -17,7 +17,6 @@ use crate::conntrack::{Conntrack, Conntrack6, CtConfigError, CtFileError, Recove
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
-use crate::l3::route6::{NextHop6, Route6};
 use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
@@ -660,12 +659,13 @@ impl DatapathBuilder {
                     });
                 }
                 if let Some((a6, len)) = c.addr6 {
-                    let _ = r.routes6.add(Route6 {
+                    let _ = r.routes6.add(Route {
                         prefix: crate::wire::ipv6::mask(a6, len),
                         len,
-                        next_hop: NextHop6::Link(id),
+                        next_hop: NextHop::Link(id),
                         metric: 256,
                         proto: RouteProto::Kernel,
+                        src: None,
                     });
                 }
             }

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use super::{word, Bridge, Datapath};
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::l2::fdb::FdbEntry;
-use crate::l3::route::{NextHop, Route, RouteTable};
-use crate::l3::route6::{NextHop6, Route6, RouteError6, RouteTable6};
+
+use crate::l3::route::{NextHop, Route, RouteAddr, RouteError, RouteTable};
 use crate::l3::router::Router;
 use crate::nat::netfilter::Netfilter;
 use crate::stats::StatsSnapshot;
@@ -89,9 +89,10 @@ impl Datapath {
         self.nf.as_ref()
     }
 
-    /// The routing table, if the datapath has a router.
-    pub fn routes(&self) -> Option<&RouteTable> {
-        self.router.as_ref().map(|r| &r.routes)
+    /// The routing table of family `A` ([`Ipv4Addr`](std::net::Ipv4Addr), [`Ipv6Addr`]), if
+    /// the datapath has a router.
+    pub fn routes<A: RouteAddr>(&self) -> Option<&RouteTable<A>> {
+        self.router.as_ref().map(|r| r.routes::<A>())
     }
 
     /// The router interface called `name`.
@@ -109,111 +110,44 @@ impl Datapath {
         self.router.as_ref()?.iface(i).map(|i| i.cfg.name.as_str())
     }
 
-    /// Adds a route, checking it against the interfaces: the interface must exist, and a
-    /// gateway must be on a connected subnet (as Linux's "Nexthop has invalid gateway").
-    pub fn add_route(&self, r: Route) -> Result<(), crate::l3::route::RouteError> {
+    /// Adds a route of either family (`ip route add`, `ip -6 route add`), checking it
+    /// against the interfaces: the interface must exist, and a gateway must be on a
+    /// connected subnet of it (as Linux's "Nexthop has invalid gateway") or, for IPv6,
+    /// link-local; never multicast.
+    pub fn add_route<A: RouteAddr>(&self, r: Route<A>) -> Result<(), RouteError<A>> {
         let Some(router) = &self.router else {
-            return Err(crate::l3::route::RouteError::NoInterface(0));
+            return Err(RouteError::NoInterface(0));
         };
-        self.check_route(router, &r)?;
-        router.routes.add(r)
+        check_route(router, &r)?;
+        router.routes::<A>().add(r)
     }
 
     /// Removes the route to `prefix/len` with `metric` (the best one if `None`), as `ip route
     /// del`.
-    pub fn remove_route(
+    pub fn remove_route<A: RouteAddr>(
         &self,
-        prefix: std::net::Ipv4Addr,
+        prefix: A,
         len: u8,
         metric: Option<u32>,
-    ) -> Result<Route, crate::l3::route::RouteError> {
+    ) -> Result<Route<A>, RouteError<A>> {
         let Some(router) = &self.router else {
-            return Err(crate::l3::route::RouteError::NotFound(prefix, len));
+            return Err(RouteError::NotFound(prefix, len));
         };
-        router.routes.remove(prefix, len, metric)
+        router.routes::<A>().remove(prefix, len, metric)
     }
 
     /// Adds a route or replaces the one with the same prefix, length and metric in one
     /// update (`ip route replace`), checked as [`Datapath::add_route`]. Returns the route
     /// replaced.
-    pub fn replace_route(&self, r: Route) -> Result<Option<Route>, crate::l3::route::RouteError> {
-        let Some(router) = &self.router else {
-            return Err(crate::l3::route::RouteError::NoInterface(0));
-        };
-        self.check_route(router, &r)?;
-        router.routes.replace(r)
-    }
-
-    /// The IPv6 routing table, if the datapath has a router.
-    pub fn routes6(&self) -> Option<&RouteTable6> {
-        self.router.as_ref().map(|r| &r.routes6)
-    }
-
-    /// Adds an IPv6 route (`ip -6 route add`), checked against the interfaces: the interface
-    /// must exist, and a gateway must be link-local or on a connected subnet of that
-    /// interface.
-    pub fn add_route6(&self, r: Route6) -> Result<(), RouteError6> {
-        let Some(router) = &self.router else {
-            return Err(RouteError6::NoInterface(0));
-        };
-        Self::check_route6(router, &r)?;
-        router.routes6.add(r)
-    }
-
-    /// Adds an IPv6 route or replaces the one with the same prefix, length and metric in one
-    /// update (`ip -6 route replace`), checked as [`Datapath::add_route6`]. Returns the route
-    /// replaced.
-    pub fn replace_route6(&self, r: Route6) -> Result<Option<Route6>, RouteError6> {
-        let Some(router) = &self.router else {
-            return Err(RouteError6::NoInterface(0));
-        };
-        Self::check_route6(router, &r)?;
-        router.routes6.replace(r)
-    }
-
-    fn check_route6(router: &Router, r: &Route6) -> Result<(), RouteError6> {
-        if let Some(i) = r.next_hop.iface() {
-            if router.iface(i).is_none() {
-                return Err(RouteError6::NoInterface(i.0));
-            }
-        }
-        if let NextHop6::Via(i, gw) = r.next_hop {
-            let on_link = crate::wire::ipv6::is_link_local(&gw)
-                || matches!(router.routes6.lookup(gw), Some(NextHop6::Link(j)) if j == i);
-            if !on_link || gw.is_multicast() {
-                return Err(RouteError6::GatewayNotOnLink(gw));
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes the IPv6 route to `prefix/len` with `metric` (the best one if `None`), as
-    /// `ip -6 route del`.
-    pub fn remove_route6(
+    pub fn replace_route<A: RouteAddr>(
         &self,
-        prefix: std::net::Ipv6Addr,
-        len: u8,
-        metric: Option<u32>,
-    ) -> Result<Route6, RouteError6> {
+        r: Route<A>,
+    ) -> Result<Option<Route<A>>, RouteError<A>> {
         let Some(router) = &self.router else {
-            return Err(RouteError6::NotFound(prefix, len));
+            return Err(RouteError::NoInterface(0));
         };
-        router.routes6.remove(prefix, len, metric)
-    }
-
-    fn check_route(&self, router: &Router, r: &Route) -> Result<(), crate::l3::route::RouteError> {
-        if let Some(i) = r.next_hop.iface() {
-            if router.iface(i).is_none() {
-                return Err(crate::l3::route::RouteError::NoInterface(i.0));
-            }
-        }
-        if let NextHop::Via(i, gw) = r.next_hop {
-            let on_link = matches!(router.routes.lookup(gw), Some(NextHop::Link(j)) if j == i);
-            if !on_link {
-                return Err(crate::l3::route::RouteError::GatewayNotOnLink(gw));
-            }
-        }
-        Ok(())
+        check_route(router, &r)?;
+        router.routes::<A>().replace(r)
     }
 
     /// Removes a permanent neighbour entry (`ip neigh del IP dev IFACE`); `false` when there
@@ -325,4 +259,22 @@ impl Datapath {
         let shards = self.shards.lock().clone();
         StatsSnapshot::sum(&ports, &shards)
     }
+}
+
+/// [`Datapath::add_route`]'s checks: the interface exists; a gateway is on-link (inside a
+/// connected route of its interface, or IPv6 link-local) and not multicast.
+fn check_route<A: RouteAddr>(router: &Router, r: &Route<A>) -> Result<(), RouteError<A>> {
+    if let Some(i) = r.next_hop.iface() {
+        if router.iface(i).is_none() {
+            return Err(RouteError::NoInterface(i.0));
+        }
+    }
+    if let NextHop::Via(i, gw) = r.next_hop {
+        let on_link = gw.always_on_link()
+            || matches!(router.routes::<A>().lookup(gw), Some(NextHop::Link(j)) if j == i);
+        if !on_link || gw.is_multicast() {
+            return Err(RouteError::GatewayNotOnLink(gw));
+        }
+    }
+    Ok(())
 }

@@ -16,7 +16,6 @@ use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
 use crate::l3::route::{NextHop, RouteReader};
-use crate::l3::route6::RouteReader6;
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
 use crate::nat::netfilter::{NatCtx, Netfilter, Routing, Routing6};
 use crate::stats::{DropReason, Shard};
@@ -202,7 +201,7 @@ impl Routing for RouterView<'_, '_> {
             NextHop::Link(i) | NextHop::Via(i, _) => {
                 self.router.iface(i).map(|f| (i, f.cfg.addr4()))
             }
-            NextHop::Blackhole | NextHop::Unreachable => None,
+            NextHop::Blackhole | NextHop::Unreachable | NextHop::Prohibit => None,
         }
     }
 }
@@ -210,7 +209,7 @@ impl Routing for RouterView<'_, '_> {
 /// [`RouterView`] for IPv6.
 struct RouterView6<'r, 'a> {
     router: &'r Router,
-    routes: &'r RouteReader6<'a>,
+    routes: &'r RouteReader<'a, Ipv6Addr>,
 }
 
 impl Routing6 for RouterView6<'_, '_> {

@@ -39,7 +39,6 @@ use super::Datapath;
 use crate::base::{IfaceId, Verdict};
 use crate::buf::{Offload, PacketBuf};
 use crate::l3::route::{NextHop, Route, RouteProto, RouteReader};
-use crate::l3::route6::{NextHop6, Route6};
 use crate::l3::router::{Sink, L3};
 use crate::l3::vxlan::{PeerError, Tunnel, VxlanPeer};
 use crate::narrow::{len16, low16};
@@ -365,8 +364,8 @@ impl Datapath {
             return Verdict::Drop(DropReason::VxlanNoPeer);
         };
         let (out_if, gw) = match r.routes6.lookup(node) {
-            Some(NextHop6::Link(i)) => (i, node),
-            Some(NextHop6::Via(i, gw)) => (i, gw),
+            Some(NextHop::Link(i)) => (i, node),
+            Some(NextHop::Via(i, gw)) => (i, gw),
             _ => return Verdict::Drop(DropReason::NoRoute),
         };
         let Some(egress) = r.iface(out_if).filter(|_| self.tunnel_of(out_if).is_none()) else {
@@ -452,12 +451,13 @@ impl Datapath {
                 r.neigh6
                     .add_static(t.iface, gw, peer.vtep_mac, now)
                     .map_err(|e| PeerError::Table(e.to_string()))?;
-                let route = Route6 {
+                let route = Route {
                     prefix: c,
                     len: peer.pod_prefix_len,
-                    next_hop: NextHop6::Via(t.iface, gw),
+                    next_hop: NextHop::Via(t.iface, gw),
                     metric: 0,
                     proto: RouteProto::Static,
+                    src: None,
                 };
                 if let Err(e) = r.routes6.add(route) {
                     r.neigh6.remove(t.iface, gw);
@@ -528,7 +528,7 @@ impl Datapath {
             return;
         };
         let ours = r.routes6.routes().into_iter().find(|x| {
-            x.prefix == pod_cidr && x.len == len && x.next_hop == NextHop6::Via(iface, gw)
+            x.prefix == pod_cidr && x.len == len && x.next_hop == NextHop::Via(iface, gw)
         });
         if let Some(x) = ours {
             let _ = r.routes6.remove(x.prefix, x.len, Some(x.metric));

@@ -40,15 +40,13 @@
 pub mod lpm;
 pub mod neigh;
 pub(crate) mod route;
-pub(crate) mod route6;
 pub(crate) mod router;
 mod router6;
 pub mod vxlan;
 
 pub use crate::base::IfaceId;
 pub use route::{
-    mask, NextHop, Route, RouteError, RouteProto, RouteReader, RouteTable, MAX_NEXT_HOPS,
+    mask, NextHop, Route, RouteAddr, RouteError, RouteProto, RouteReader, RouteTable, MAX_NEXT_HOPS,
 };
-pub use route6::{NextHop6, Route6, RouteError6, RouteReader6, RouteTable6, MAX_NEXT_HOPS6};
 pub use router::{IfaceConfig, RaConfig, Router, RouterCounters, RouterCountersSnapshot};
 pub use vxlan::{PeerError, PeerStats, Tunnel, VxlanConfig, VxlanPeer};

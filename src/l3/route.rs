@@ -1,71 +1,141 @@
-//! The IPv4 routing table: routes like `ip route` holds them (connected, via a gateway, via an
-//! interface, blackhole, unreachable; a metric so several routes to one prefix coexist), compiled
-//! into a lock-free longest-prefix-match [`Fib4`].
+//! The routing table of either family: routes like `ip route` and `ip -6 route` hold them
+//! (connected, via a gateway, via an interface, blackhole, unreachable, prohibit; a metric so
+//! several routes to one prefix coexist), compiled into a lock-free longest-prefix-match
+//! [`Fib`](crate::l3::lpm::Fib). One table type for both families, [`RouteTable<A>`] with `A`
+//! = [`Ipv4Addr`] (the default) or [`Ipv6Addr`]: what differs is the address ([`RouteAddr`]:
+//! its LPM key, width, mask) and how `ip` prints a route.
 //!
 //! # Thread-safety contract
 //!
-//! * [`RouteTable::lookup`] is lock-free: one [`Fib4`] look-up (an atomic
-//!   pointer load and a trie walk) and one atomic load from the next-hop array.
-//! * Changes ([`RouteTable::add`], [`RouteTable::remove`], [`RouteTable::remove_iface`]) take the
-//!   table's writer mutex, update the RIB (every route, best or not), and publish the best route
-//!   per prefix into the FIB; readers see each change entirely or not at all.
+//! * [`RouteTable::lookup`] and [`RouteReader::lookup`] are lock-free: one FIB look-up (an
+//!   atomic pointer load and a trie walk) and one read of an interned next hop (a `OnceLock`
+//!   set before its id is published).
+//! * Changes ([`RouteTable::add`], [`RouteTable::replace`], [`RouteTable::remove`],
+//!   [`RouteTable::remove_iface`]) take the table's writer mutex, update the RIB (every route,
+//!   best or not), and publish the best route per prefix into the FIB; readers see each change
+//!   entirely or not at all.
 //! * Next hops are interned: each distinct next hop gets an id whose contents never change, and
 //!   ids are never reused, so a reader holding an id from an older FIB version still reads the
-//!   next hop that route had. The array is bounded ([`MAX_NEXT_HOPS`]); distinct next hops are
-//!   few (interfaces × gateways) in practice.
+//!   next hop that route had. The array is bounded ([`RouteAddr::MAX_NEXT_HOPS`]); distinct
+//!   next hops are few (interfaces × gateways) in practice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::Hash;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use crate::l3::lpm::Fib4;
-use crate::narrow::{low16, low32};
+use crate::l3::lpm::{self, Fib};
 
 pub use crate::base::IfaceId;
 
-/// Distinct next hops a table can hold.
-pub const MAX_NEXT_HOPS: usize = 1 << 16;
+/// Distinct IPv4 next hops a table can hold.
+pub const MAX_NEXT_HOPS: usize = <Ipv4Addr as RouteAddr>::MAX_NEXT_HOPS;
+
+/// An address family's address as the routing table needs it: [`Ipv4Addr`] or [`Ipv6Addr`].
+pub trait RouteAddr:
+    Copy + Eq + Ord + Hash + fmt::Debug + fmt::Display + Send + Sync + sealed::Sealed + 'static
+{
+    /// The address as the LPM's key (`u32`, `u128`).
+    type Key: lpm::Address;
+    /// Its width in bits (32, 128).
+    const BITS: u8;
+    /// Distinct next hops a table of this family can hold.
+    const MAX_NEXT_HOPS: usize;
+    /// The family as `ip` names it in messages: "" or "IPv6 ".
+    const NAME: &'static str;
+    /// The LPM key of the address.
+    fn key(self) -> Self::Key;
+    /// The address with the bits past `len` cleared.
+    fn mask(self, len: u8) -> Self;
+    /// A gateway on-link whatever the connected routes say (IPv6 link-local).
+    fn always_on_link(self) -> bool;
+    /// A multicast address (never a gateway).
+    fn is_multicast(self) -> bool;
+    /// The router's table of this family.
+    #[doc(hidden)]
+    fn table(router: &crate::l3::Router) -> &RouteTable<Self>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for std::net::Ipv4Addr {}
+    impl Sealed for std::net::Ipv6Addr {}
+}
+
+impl RouteAddr for Ipv4Addr {
+    type Key = u32;
+    const BITS: u8 = 32;
+    const MAX_NEXT_HOPS: usize = 1 << 16;
+    const NAME: &'static str = "";
+    #[inline]
+    fn key(self) -> u32 {
+        u32::from(self)
+    }
+    fn mask(self, len: u8) -> Ipv4Addr {
+        mask(self, len)
+    }
+    fn always_on_link(self) -> bool {
+        false
+    }
+    fn is_multicast(self) -> bool {
+        Ipv4Addr::is_multicast(&self)
+    }
+    fn table(router: &crate::l3::Router) -> &RouteTable<Ipv4Addr> {
+        &router.routes
+    }
+}
+
+impl RouteAddr for Ipv6Addr {
+    type Key = u128;
+    const BITS: u8 = 128;
+    const MAX_NEXT_HOPS: usize = 1 << 12;
+    const NAME: &'static str = "IPv6 ";
+    #[inline]
+    fn key(self) -> u128 {
+        u128::from(self)
+    }
+    fn mask(self, len: u8) -> Ipv6Addr {
+        crate::wire::ipv6::mask(self, len)
+    }
+    fn always_on_link(self) -> bool {
+        crate::wire::ipv6::is_link_local(&self)
+    }
+    fn is_multicast(self) -> bool {
+        Ipv6Addr::is_multicast(&self)
+    }
+    fn table(router: &crate::l3::Router) -> &RouteTable<Ipv6Addr> {
+        &router.routes6
+    }
+}
 
 /// Where a route sends matching packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum NextHop {
+pub enum NextHop<A = Ipv4Addr> {
     /// On-link through an interface: the destination itself is the next hop (connected routes
     /// and `ip route add PREFIX dev IFACE`).
     Link(IfaceId),
-    /// Through a gateway reached on an interface.
-    Via(IfaceId, Ipv4Addr),
+    /// Through a gateway reached on an interface (for IPv6 it may be link-local: `via fe80::1
+    /// dev eth0`).
+    Via(IfaceId, A),
     /// Dropped silently (counted).
     Blackhole,
-    /// Dropped with an ICMP host unreachable (as Linux's `unreachable` route type).
+    /// Dropped with a destination unreachable: ICMP host unreachable, ICMPv6 no route (code
+    /// 0), as Linux's `unreachable` route type.
     Unreachable,
+    /// Dropped with a destination unreachable that says the route rejects it: ICMP
+    /// communication administratively prohibited (code 13) as Linux's `prohibit` route type,
+    /// ICMPv6 reject route (code 6).
+    Prohibit,
 }
 
-impl NextHop {
-    fn pack(self) -> u64 {
-        match self {
-            NextHop::Link(i) => (1 << 56) | (u64::from(i.0) << 32),
-            NextHop::Via(i, gw) => (2 << 56) | (u64::from(i.0) << 32) | u64::from(u32::from(gw)),
-            NextHop::Blackhole => 3 << 56,
-            NextHop::Unreachable => 4 << 56,
-        }
-    }
-    fn unpack(v: u64) -> Option<NextHop> {
-        let iface = IfaceId(low16(v >> 32));
-        Some(match v >> 56 {
-            1 => NextHop::Link(iface),
-            2 => NextHop::Via(iface, Ipv4Addr::from(low32(v))),
-            3 => NextHop::Blackhole,
-            4 => NextHop::Unreachable,
-            _ => return None,
-        })
-    }
+impl<A> NextHop<A> {
     /// The interface, for routes that send packets out of one.
-    pub fn iface(self) -> Option<IfaceId> {
+    pub fn iface(&self) -> Option<IfaceId> {
         match self {
-            NextHop::Link(i) | NextHop::Via(i, _) => Some(i),
+            NextHop::Link(i) | NextHop::Via(i, _) => Some(*i),
             _ => None,
         }
     }
@@ -82,57 +152,65 @@ pub enum RouteProto {
 
 /// One route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Route {
+pub struct Route<A = Ipv4Addr> {
     /// The destination prefix (host bits zero).
-    pub prefix: Ipv4Addr,
-    /// Prefix length, 0..=32.
+    pub prefix: A,
+    /// Prefix length, 0 to the address width.
     pub len: u8,
     /// Where it sends packets.
-    pub next_hop: NextHop,
+    pub next_hop: NextHop<A>,
     /// Lower wins among routes to the same prefix.
     pub metric: u32,
     /// Its origin.
     pub proto: RouteProto,
     /// For connected routes: the interface's own address (`src`).
-    pub src: Option<Ipv4Addr>,
+    pub src: Option<A>,
 }
 
 /// An invalid route given to [`RouteTable::add`]: the message names the field and value.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RouteError {
-    /// Prefix length over 32.
+pub enum RouteError<A = Ipv4Addr> {
+    /// Prefix length over the address width.
     BadLength(u8),
     /// The prefix has bits set past its length.
-    HostBitsSet(Ipv4Addr, u8),
+    HostBitsSet(A, u8),
     /// An identical route (prefix, length, metric) exists.
-    Exists(Ipv4Addr, u8, u32),
+    Exists(A, u8, u32),
     /// No route with that prefix, length and metric.
-    NotFound(Ipv4Addr, u8),
+    NotFound(A, u8),
     /// The next-hop array is full.
     TooManyNextHops,
     /// The route names an interface that does not exist (or the datapath has no router).
     NoInterface(u16),
-    /// A gateway that is not on a connected subnet of the route's interface.
-    GatewayNotOnLink(Ipv4Addr),
+    /// A gateway that is not on a connected subnet of the route's interface (nor, for IPv6,
+    /// link-local).
+    GatewayNotOnLink(A),
 }
 
-impl fmt::Display for RouteError {
+impl<A: RouteAddr> fmt::Display for RouteError<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RouteError::BadLength(l) => write!(f, "prefix length {l} is invalid: expected 0 to 32"),
-            RouteError::HostBitsSet(p, l) => {
-                write!(
-                    f,
-                    "route {p}/{l} has host bits set: expected {}/{l}",
-                    mask(*p, *l)
-                )
+            RouteError::BadLength(l) => {
+                write!(f, "prefix length {l} is invalid: expected 0 to {}", A::BITS)
             }
+            RouteError::HostBitsSet(p, l) => write!(
+                f,
+                "route {p}/{l} has host bits set: expected {}/{l}",
+                p.mask(*l)
+            ),
             RouteError::Exists(p, l, m) => write!(f, "route {p}/{l} metric {m} already exists"),
             RouteError::NotFound(p, l) => write!(f, "no route {p}/{l}"),
-            RouteError::TooManyNextHops => {
-                write!(f, "too many distinct next hops (at most {MAX_NEXT_HOPS})")
-            }
+            RouteError::TooManyNextHops => write!(
+                f,
+                "too many distinct {}next hops (at most {})",
+                A::NAME,
+                A::MAX_NEXT_HOPS
+            ),
             RouteError::NoInterface(i) => write!(f, "interface id {i} does not exist"),
+            RouteError::GatewayNotOnLink(gw) if A::BITS == 128 => write!(
+                f,
+                "gateway {gw} is neither link-local nor on a connected subnet of the route's interface"
+            ),
             RouteError::GatewayNotOnLink(gw) => write!(
                 f,
                 "gateway {gw} is not on a connected subnet of the route's interface"
@@ -141,7 +219,7 @@ impl fmt::Display for RouteError {
     }
 }
 
-impl std::error::Error for RouteError {}
+impl<A: RouteAddr> std::error::Error for RouteError<A> {}
 
 /// `addr` with the bits past `len` cleared.
 pub fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
@@ -153,18 +231,18 @@ pub fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
     })
 }
 
-struct Writer {
-    rib: BTreeMap<(u32, u8), Vec<Route>>,
-    interned: HashMap<NextHop, u32>,
+struct Writer<A: RouteAddr> {
+    rib: BTreeMap<(A::Key, u8), Vec<Route<A>>>,
+    interned: HashMap<NextHop<A>, u32>,
 }
 
 /// One FIB version and the next-hop array, for a batch of look-ups ([`RouteTable::reader`]).
-pub struct RouteReader<'a> {
-    lpm: arc_swap::Guard<std::sync::Arc<crate::l3::lpm::Lpm4>>,
-    next_hops: &'a [AtomicU64],
+pub struct RouteReader<'a, A: RouteAddr = Ipv4Addr> {
+    lpm: arc_swap::Guard<std::sync::Arc<lpm::Lpm<A::Key>>>,
+    next_hops: &'a [OnceLock<NextHop<A>>],
 }
 
-impl fmt::Debug for RouteReader<'_> {
+impl<A: RouteAddr> fmt::Debug for RouteReader<'_, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteReader")
             .field("prefixes", &self.lpm.len())
@@ -172,24 +250,23 @@ impl fmt::Debug for RouteReader<'_> {
     }
 }
 
-impl RouteReader<'_> {
+impl<A: RouteAddr> RouteReader<'_, A> {
     /// The next hop for `dst` in this version.
     #[inline]
-    pub fn lookup(&self, dst: Ipv4Addr) -> Option<NextHop> {
-        let id = self.lpm.lookup(u32::from(dst))?;
-        let v = self.next_hops.get(id as usize)?.load(Ordering::Acquire);
-        NextHop::unpack(v)
+    pub fn lookup(&self, dst: A) -> Option<NextHop<A>> {
+        let id = self.lpm.lookup(dst.key())?;
+        self.next_hops.get(id as usize)?.get().copied()
     }
 }
 
-/// The routing table (see the module docs).
-pub struct RouteTable {
-    fib: Fib4,
-    next_hops: Box<[AtomicU64]>,
-    writer: Mutex<Writer>,
+/// The routing table of family `A` (see the module docs).
+pub struct RouteTable<A: RouteAddr = Ipv4Addr> {
+    fib: Fib<A::Key>,
+    next_hops: Box<[OnceLock<NextHop<A>>]>,
+    writer: Mutex<Writer<A>>,
 }
 
-impl fmt::Debug for RouteTable {
+impl<A: RouteAddr> fmt::Debug for RouteTable<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteTable")
             .field("prefixes", &self.fib.len())
@@ -197,18 +274,18 @@ impl fmt::Debug for RouteTable {
     }
 }
 
-impl Default for RouteTable {
+impl<A: RouteAddr> Default for RouteTable<A> {
     fn default() -> Self {
         RouteTable::new()
     }
 }
 
-impl RouteTable {
+impl<A: RouteAddr> RouteTable<A> {
     /// An empty table.
-    pub fn new() -> RouteTable {
+    pub fn new() -> RouteTable<A> {
         RouteTable {
-            fib: Fib4::new(),
-            next_hops: (0..MAX_NEXT_HOPS).map(|_| AtomicU64::new(0)).collect(),
+            fib: Fib::new(),
+            next_hops: (0..A::MAX_NEXT_HOPS).map(|_| OnceLock::new()).collect(),
             writer: Mutex::new(Writer {
                 rib: BTreeMap::new(),
                 interned: HashMap::new(),
@@ -218,38 +295,36 @@ impl RouteTable {
 
     /// The next hop for `dst`, by longest prefix match. Lock-free.
     #[inline]
-    pub fn lookup(&self, dst: Ipv4Addr) -> Option<NextHop> {
-        let id = self.fib.lookup(u32::from(dst))?;
-        let v = self.next_hops.get(id as usize)?.load(Ordering::Acquire);
-        NextHop::unpack(v)
+    pub fn lookup(&self, dst: A) -> Option<NextHop<A>> {
+        let id = self.fib.lookup(dst.key())?;
+        self.next_hops.get(id as usize)?.get().copied()
     }
 
     /// A consistent view for a batch of look-ups: the FIB version is loaded once.
     #[inline]
-    pub fn reader(&self) -> RouteReader<'_> {
+    pub fn reader(&self) -> RouteReader<'_, A> {
         RouteReader {
             lpm: self.fib.load(),
             next_hops: &self.next_hops,
         }
     }
 
-    fn intern(&self, w: &mut Writer, nh: NextHop) -> Result<u32, RouteError> {
+    fn intern(&self, w: &mut Writer<A>, nh: NextHop<A>) -> Result<u32, RouteError<A>> {
         if let Some(&id) = w.interned.get(&nh) {
             return Ok(id);
         }
         let n = w.interned.len();
         let id = match u32::try_from(n) {
-            Ok(id) if n < MAX_NEXT_HOPS => id,
+            Ok(id) if n < A::MAX_NEXT_HOPS => id,
             _ => return Err(RouteError::TooManyNextHops),
         };
-        self.next_hops[n].store(nh.pack(), Ordering::Release);
+        let _ = self.next_hops[n].set(nh);
         w.interned.insert(nh, id);
         Ok(id)
     }
 
-    fn publish(&self, w: &mut Writer, key: (u32, u8)) -> Result<(), RouteError> {
-        let best = w.rib.get(&key).and_then(|v| v.first().copied());
-        match best {
+    fn publish(&self, w: &mut Writer<A>, key: (A::Key, u8)) -> Result<(), RouteError<A>> {
+        match w.rib.get(&key).and_then(|v| v.first().copied()) {
             Some(r) => {
                 let id = self.intern(w, r.next_hop)?;
                 self.fib
@@ -264,8 +339,9 @@ impl RouteTable {
         Ok(())
     }
 
-    /// Adds a route. Routes to one prefix are kept ordered by metric; the lowest is used.
-    pub fn add(&self, r: Route) -> Result<(), RouteError> {
+    /// Adds a route. Routes to one prefix are kept ordered by metric; the lowest is used. A
+    /// refused route (too many next hops) changes nothing.
+    pub fn add(&self, r: Route<A>) -> Result<(), RouteError<A>> {
         let key = rib_key(&r)?;
         let mut w = self.writer.lock();
         let v = w.rib.entry(key).or_default();
@@ -274,34 +350,54 @@ impl RouteTable {
         }
         let at = v.partition_point(|x| x.metric <= r.metric);
         v.insert(at, r);
-        self.publish(&mut w, key)
+        let res = self.publish(&mut w, key);
+        if res.is_err() {
+            if let Some(v) = w.rib.get_mut(&key) {
+                v.retain(|x| x.metric != r.metric);
+            }
+            let _ = self.publish(&mut w, key);
+        }
+        res
     }
 
     /// Adds `r`, or replaces the route with the same prefix, length and metric in one update
-    /// (`ip route replace`): readers see the old route or the new one, never neither. Returns
-    /// the route replaced, if any.
-    pub fn replace(&self, r: Route) -> Result<Option<Route>, RouteError> {
+    /// (`ip route replace`): readers see the old route or the new one, never neither (the
+    /// prefix's FIB entry is overwritten in place and published at once). Returns the route
+    /// replaced, if any; a refused replacement (too many next hops) changes nothing.
+    pub fn replace(&self, r: Route<A>) -> Result<Option<Route<A>>, RouteError<A>> {
         let key = rib_key(&r)?;
         let mut w = self.writer.lock();
-        replace_in_rib(
-            &mut w,
-            |w| &mut w.rib,
-            |x| x.metric,
-            key,
-            r,
-            |w, key| self.publish(w, key),
-        )
+        let m = r.metric;
+        let v = w.rib.entry(key).or_default();
+        let old = v.iter().position(|x| x.metric == m).map(|at| v.remove(at));
+        let at = v.partition_point(|x| x.metric <= m);
+        v.insert(at, r);
+        match self.publish(&mut w, key) {
+            Ok(()) => Ok(old),
+            Err(e) => {
+                // Put the old route back, so a refused replacement changes nothing.
+                if let Some(v) = w.rib.get_mut(&key) {
+                    v.retain(|x| x.metric != m);
+                    if let Some(o) = old {
+                        let at = v.partition_point(|x| x.metric <= o.metric);
+                        v.insert(at, o);
+                    }
+                }
+                let _ = self.publish(&mut w, key);
+                Err(e)
+            }
+        }
     }
 
     /// Removes the route to `prefix/len` with `metric` (any metric if `None`: the best one).
     pub fn remove(
         &self,
-        prefix: Ipv4Addr,
+        prefix: A,
         len: u8,
         metric: Option<u32>,
-    ) -> Result<Route, RouteError> {
+    ) -> Result<Route<A>, RouteError<A>> {
         let mut w = self.writer.lock();
-        let key = (u32::from(prefix), len);
+        let key = (prefix.key(), len);
         let v = w
             .rib
             .get_mut(&key)
@@ -316,10 +412,10 @@ impl RouteTable {
         Ok(r)
     }
 
-    /// Removes every route through `iface` (when the interface goes away).
+    /// Removes every route through `iface` (when the interface goes away); returns how many.
     pub fn remove_iface(&self, iface: IfaceId) -> usize {
         let mut w = self.writer.lock();
-        let keys: Vec<(u32, u8)> = w.rib.keys().copied().collect();
+        let keys: Vec<(A::Key, u8)> = w.rib.keys().copied().collect();
         let mut n = 0;
         for k in keys {
             if let Some(v) = w.rib.get_mut(&k) {
@@ -333,7 +429,7 @@ impl RouteTable {
     }
 
     /// Every route, best first within a prefix, prefixes in address order.
-    pub fn routes(&self) -> Vec<Route> {
+    pub fn routes(&self) -> Vec<Route<A>> {
         self.writer.lock().rib.values().flatten().copied().collect()
     }
 
@@ -347,101 +443,81 @@ impl RouteTable {
         self.fib.is_empty()
     }
 
-    /// Writes the table like `ip route show`, naming interfaces with `name`.
+    /// Writes the table as `ip route show` (IPv4) or `ip -6 route show` (IPv6) prints it,
+    /// naming interfaces with `name`.
     pub fn fmt_routes(
         &self,
         out: &mut impl fmt::Write,
         name: &dyn Fn(IfaceId) -> String,
     ) -> fmt::Result {
+        let v6 = A::BITS == 128;
         let all = self.routes();
         // A gateway that none of its interface's connected routes holds is `onlink` (as
-        // Flannel's VXLAN routes: `via <peer's network address> dev flannel.1 onlink`); a
-        // table without connected routes says nothing about it.
-        let on_link = |i: IfaceId, gw: Ipv4Addr| {
+        // Flannel's VXLAN routes: `via <peer's network address> dev flannel.1 onlink`); an
+        // IPv4 table without connected routes says nothing about it, an IPv6 link-local
+        // gateway is always on-link.
+        let on_link = |i: IfaceId, gw: A| {
             let mut connected = all
                 .iter()
                 .filter(|c| c.proto == RouteProto::Kernel && c.next_hop == NextHop::Link(i))
                 .peekable();
-            connected.peek().is_none() || connected.any(|c| mask(gw, c.len) == c.prefix)
+            gw.always_on_link()
+                || (!v6 && connected.peek().is_none())
+                || connected.any(|c| gw.mask(c.len) == c.prefix)
         };
+        // `ip -6 route` names the loopback device for routes that drop.
+        let lo = if v6 { " dev lo" } else { "" };
         for r in all.iter().copied() {
             let dst = if r.len == 0 {
                 "default".to_string()
-            } else if r.len == 32 {
+            } else if r.len == A::BITS && !v6 {
                 r.prefix.to_string()
             } else {
                 format!("{}/{}", r.prefix, r.len)
             };
             match r.next_hop {
-                NextHop::Blackhole => write!(out, "blackhole {dst}")?,
-                NextHop::Unreachable => write!(out, "unreachable {dst}")?,
+                NextHop::Blackhole => write!(out, "blackhole {dst}{lo}")?,
+                NextHop::Unreachable => write!(out, "unreachable {dst}{lo}")?,
+                NextHop::Prohibit => write!(out, "prohibit {dst}{lo}")?,
                 NextHop::Via(i, gw) => {
                     write!(out, "{dst} via {gw} dev {}", name(i))?;
-                    if !on_link(i, gw) {
+                    if !v6 && !on_link(i, gw) {
                         write!(out, " onlink")?;
                     }
                 }
                 NextHop::Link(i) => write!(out, "{dst} dev {}", name(i))?,
             }
-            match r.proto {
-                RouteProto::Kernel => write!(out, " proto kernel scope link")?,
-                RouteProto::Static => {}
+            match (r.proto, v6) {
+                (RouteProto::Kernel, false) => write!(out, " proto kernel scope link")?,
+                (RouteProto::Kernel, true) => write!(out, " proto kernel")?,
+                (RouteProto::Static, false) => {}
+                (RouteProto::Static, true) => write!(out, " proto static")?,
             }
             if let Some(src) = r.src {
                 write!(out, " src {src}")?;
             }
-            if r.metric != 0 {
+            if r.metric != 0 || v6 {
                 write!(out, " metric {}", r.metric)?;
             }
-            writeln!(out)?;
+            match r.next_hop {
+                NextHop::Via(i, gw) if v6 && !on_link(i, gw) => writeln!(out, " onlink")?,
+                _ => writeln!(out)?,
+            }
         }
         Ok(())
     }
 }
 
 /// The RIB key of a route (its prefix as a number and its length), once its length and
-/// prefix are checked: no host bits set, at most 32 bits.
-fn rib_key(r: &Route) -> Result<(u32, u8), RouteError> {
-    if r.len > 32 {
+/// prefix are checked: no host bits set, at most the address width.
+fn rib_key<A: RouteAddr>(r: &Route<A>) -> Result<(A::Key, u8), RouteError<A>> {
+    if r.len > A::BITS {
         return Err(RouteError::BadLength(r.len));
     }
-    if mask(r.prefix, r.len) != r.prefix {
+    if r.prefix.mask(r.len) != r.prefix {
         return Err(RouteError::HostBitsSet(r.prefix, r.len));
     }
-    Ok((u32::from(r.prefix), r.len))
-}
-
-/// `replace` for both families' tables (`ip route replace`): puts `r` into its prefix's
-/// routes (kept ordered by `metric`) in place of the one with its metric, publishes the
-/// prefix, and returns the route replaced. When publishing fails, it puts the old route back
-/// and publishes again, so a refused replacement changes nothing.
-pub(crate) fn replace_in_rib<W, K: Ord + Copy, R: Copy, E>(
-    w: &mut W,
-    rib: fn(&mut W) -> &mut BTreeMap<K, Vec<R>>,
-    metric: fn(&R) -> u32,
-    key: K,
-    r: R,
-    mut publish: impl FnMut(&mut W, K) -> Result<(), E>,
-) -> Result<Option<R>, E> {
-    let m = metric(&r);
-    let v = rib(w).entry(key).or_default();
-    let old = v.iter().position(|x| metric(x) == m).map(|at| v.remove(at));
-    let at = v.partition_point(|x| metric(x) <= m);
-    v.insert(at, r);
-    match publish(w, key) {
-        Ok(()) => Ok(old),
-        Err(e) => {
-            if let Some(v) = rib(w).get_mut(&key) {
-                v.retain(|x| metric(x) != m);
-                if let Some(o) = old {
-                    let at = v.partition_point(|x| metric(x) <= metric(&o));
-                    v.insert(at, o);
-                }
-            }
-            let _ = publish(w, key);
-            Err(e)
-        }
-    }
+    Ok((r.prefix.key(), r.len))
 }
 
 #[cfg(test)]
@@ -543,6 +619,144 @@ mod tests {
                     .min_by_key(|r| (std::cmp::Reverse(r.len), r.metric))
                     .map(|r| r.next_hop);
                 prop_assert_eq!(t.lookup(ip), want);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests6 {
+    use super::*;
+    use crate::wire::ipv6::mask;
+    use proptest::prelude::*;
+
+    fn r(p: &str, len: u8, nh: NextHop<Ipv6Addr>, metric: u32) -> Route<Ipv6Addr> {
+        Route {
+            prefix: p.parse().unwrap(),
+            len,
+            next_hop: nh,
+            metric,
+            proto: RouteProto::Static,
+            src: None,
+        }
+    }
+
+    #[test]
+    fn longest_prefix_metrics_and_errors() {
+        let t = RouteTable::<Ipv6Addr>::new();
+        let (e0, e1) = (IfaceId(0), IfaceId(1));
+        let gw: Ipv6Addr = "fe80::1".parse().unwrap();
+        t.add(r("::", 0, NextHop::Via(e1, gw), 0)).unwrap();
+        t.add(r("fd00:10:244:1::", 64, NextHop::Link(e0), 0))
+            .unwrap();
+        t.add(r("fd00:10:244:1::", 64, NextHop::Blackhole, 10))
+            .unwrap();
+        t.add(r("fd00:dead::", 32, NextHop::Prohibit, 0)).unwrap();
+        let l = |a: &str| t.lookup(a.parse().unwrap());
+        assert_eq!(l("fd00:10:244:1::5"), Some(NextHop::Link(e0)));
+        assert_eq!(l("2001:db8::1"), Some(NextHop::Via(e1, gw)));
+        assert_eq!(l("fd00:dead::1"), Some(NextHop::Prohibit));
+        t.remove("fd00:10:244:1::".parse().unwrap(), 64, Some(0))
+            .unwrap();
+        assert_eq!(l("fd00:10:244:1::5"), Some(NextHop::Blackhole));
+        assert_eq!(
+            t.add(r("fd00::1", 64, NextHop::Blackhole, 0)),
+            Err(RouteError::HostBitsSet("fd00::1".parse().unwrap(), 64))
+        );
+        assert!(matches!(
+            t.add(r("::", 0, NextHop::Blackhole, 0)),
+            Err(RouteError::Exists(..))
+        ));
+        assert_eq!(t.remove_iface(e1), 1);
+        assert_eq!(l("2001:db8::1"), None);
+        let mut s = String::new();
+        t.add(r("::", 0, NextHop::Via(e1, gw), 0)).unwrap();
+        t.fmt_routes(&mut s, &|i| format!("eth{}", i.0)).unwrap();
+        assert!(
+            s.contains("default via fe80::1 dev eth1 proto static metric 0"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn replace_swaps_one_metric_in_place_and_readers_never_see_a_gap() {
+        let t = std::sync::Arc::new(RouteTable::<Ipv6Addr>::new());
+        let (e0, e1) = (IfaceId(0), IfaceId(1));
+        let gw = |i: u16| Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, i);
+        // A new prefix: added.
+        assert_eq!(t.replace(r("::", 0, NextHop::Via(e0, gw(1)), 0)), Ok(None));
+        t.add(r("::", 0, NextHop::Blackhole, 100)).unwrap();
+        // The same prefix and metric: replaced, the old one returned, the other metric kept.
+        assert_eq!(
+            t.replace(r("::", 0, NextHop::Via(e1, gw(2)), 0)),
+            Ok(Some(r("::", 0, NextHop::Via(e0, gw(1)), 0)))
+        );
+        let dst: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        assert_eq!(t.lookup(dst), Some(NextHop::Via(e1, gw(2))));
+        assert_eq!(t.routes().len(), 2);
+        assert_eq!(
+            t.replace(r("fd00::1", 64, NextHop::Blackhole, 0)),
+            Err(RouteError::HostBitsSet("fd00::1".parse().unwrap(), 64))
+        );
+        // Readers looking up while the default route's gateway flips never find no route
+        // (as `ip -6 route replace`; a remove + add would leave a moment without one).
+        t.remove("::".parse().unwrap(), 0, Some(100)).unwrap();
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let seen = std::sync::Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (t, stop, seen) = (t.clone(), stop.clone(), seen.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    let n = seen.load(Relaxed);
+                    assert!(t.reader().lookup(dst).is_some(), "a gap after {n} lookups");
+                    seen.store(n + 1, Relaxed);
+                }
+            })
+        };
+        // The reader must be looking up while the writer replaces (on a busy machine it
+        // may not have been scheduled yet): wait for it, then replace until it has done
+        // some lookups meanwhile (within a bound).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while seen.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let start = seen.load(Relaxed);
+        let mut i = 0u16;
+        while i < 2000 || (seen.load(Relaxed) < start + 100 && std::time::Instant::now() < deadline)
+        {
+            let nh = NextHop::Via(if i % 2 == 0 { e0 } else { e1 }, gw(i % 8 + 1));
+            t.replace(r("::", 0, nh, 0)).unwrap();
+            i = i.wrapping_add(1);
+        }
+        stop.store(true, Relaxed);
+        reader.join().unwrap();
+        assert!(
+            seen.load(Relaxed) > start,
+            "the reader never ran during the replaces"
+        );
+        assert_eq!(t.routes().len(), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_linear_scan(routes in proptest::collection::vec((any::<u128>(), 0u8..=128, 0u16..4), 0..40), probes in proptest::collection::vec(any::<u128>(), 0..40)) {
+            let t = RouteTable::<Ipv6Addr>::new();
+            let mut model: Vec<(u128, u8, NextHop<Ipv6Addr>)> = Vec::new();
+            for (p, len, i) in routes {
+                let p = u128::from(mask(Ipv6Addr::from(p), len));
+                let nh = NextHop::Link(IfaceId(i));
+                if t.add(Route { prefix: p.into(), len, next_hop: nh, metric: 0, proto: RouteProto::Static, src: None }).is_ok() {
+                    model.push((p, len, nh));
+                }
+            }
+            for a in probes.into_iter().chain(model.iter().map(|m| m.0)) {
+                let want = model
+                    .iter()
+                    .filter(|(p, len, _)| u128::from(mask(a.into(), *len)) == *p)
+                    .max_by_key(|m| m.1)
+                    .map(|m| m.2);
+                prop_assert_eq!(t.lookup(a.into()), want);
             }
         }
     }

@@ -21,8 +21,7 @@ use parking_lot::Mutex;
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighTable, NeighTable6, Refusal};
-use crate::l3::route::{mask, NextHop, RouteReader, RouteTable};
-use crate::l3::route6::{RouteReader6, RouteTable6};
+use crate::l3::route::{mask, NextHop, RouteAddr, RouteReader, RouteTable};
 use crate::narrow::low64;
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
@@ -281,7 +280,7 @@ impl IcmpLimiter {
 pub struct Router {
     pub(crate) ifaces: Vec<Iface>,
     pub(crate) routes: RouteTable,
-    pub(crate) routes6: RouteTable6,
+    pub(crate) routes6: RouteTable<Ipv6Addr>,
     pub(crate) neigh: NeighTable,
     pub(crate) neigh6: NeighTable6,
     pub(crate) icmp: IcmpLimiter,
@@ -304,7 +303,8 @@ fn filter_bit6(a: Ipv6Addr) -> u64 {
 }
 
 /// An empty IPv6 table, for batches of a router built without one (tests).
-static EMPTY6: std::sync::LazyLock<RouteTable6> = std::sync::LazyLock::new(RouteTable6::new);
+static EMPTY6: std::sync::LazyLock<RouteTable<Ipv6Addr>> =
+    std::sync::LazyLock::new(RouteTable::<Ipv6Addr>::new);
 
 /// Destinations a batch's memo remembers: a batch's packets usually go to a few next hops
 /// (a Service's endpoints, a handful of pods), and four cover those with one route and one
@@ -358,8 +358,8 @@ impl<K: Copy + PartialEq, V: Copy> Older<K, V> {
 /// version.
 pub(crate) struct L3Batch<'a> {
     pub(crate) routes: RouteReader<'a>,
-    table6: Option<&'a RouteTable6>,
-    routes6: Option<RouteReader6<'a>>,
+    table6: Option<&'a RouteTable<Ipv6Addr>>,
+    routes6: Option<RouteReader<'a, Ipv6Addr>>,
     /// The IPv6 memo: (destination, egress interface, next hop MAC).
     pub(crate) memo6: Option<(Ipv6Addr, (IfaceId, MacAddr))>,
     /// Older IPv6 decisions.
@@ -384,14 +384,14 @@ impl<'a> L3Batch<'a> {
     }
 
     /// With the IPv6 table, read (one version per batch) at the batch's first IPv6 packet.
-    pub(crate) fn with_v6(mut self, t: &'a RouteTable6) -> L3Batch<'a> {
+    pub(crate) fn with_v6(mut self, t: &'a RouteTable<Ipv6Addr>) -> L3Batch<'a> {
         self.table6 = Some(t);
         self
     }
 
     /// The batch's IPv6 routing-table version.
     #[inline]
-    pub(crate) fn routes6(&mut self) -> &RouteReader6<'a> {
+    pub(crate) fn routes6(&mut self) -> &RouteReader<'a, Ipv6Addr> {
         let t = self.table6;
         self.routes6
             .get_or_insert_with(|| t.map_or_else(|| EMPTY6.reader(), |t| t.reader()))
@@ -411,6 +411,9 @@ pub(crate) enum IcmpError {
     HostUnreachable,
     /// Destination unreachable, port: nothing serves it on the router's own address.
     PortUnreachable,
+    /// Destination unreachable, communication administratively prohibited: a `prohibit`
+    /// route.
+    Prohibited,
     /// Destination unreachable, fragmentation needed: too big with DF set, with the
     /// next-hop MTU.
     FragNeeded {
@@ -427,6 +430,7 @@ impl IcmpError {
             IcmpError::NetUnreachable => (icmp::DEST_UNREACH, icmp::NET_UNREACH, 0),
             IcmpError::HostUnreachable => (icmp::DEST_UNREACH, icmp::HOST_UNREACH, 0),
             IcmpError::PortUnreachable => (icmp::DEST_UNREACH, icmp::PORT_UNREACH, 0),
+            IcmpError::Prohibited => (icmp::DEST_UNREACH, icmp::ADMIN_PROHIBITED, 0),
             IcmpError::FragNeeded { mtu } => {
                 (icmp::DEST_UNREACH, icmp::FRAG_NEEDED, u32::from(mtu))
             }
@@ -573,7 +577,7 @@ impl Router {
             ra,
             ifaces,
             routes: RouteTable::new(),
-            routes6: RouteTable6::new(),
+            routes6: RouteTable::<Ipv6Addr>::new(),
             neigh,
             icmp: IcmpLimiter::new(),
             counters: RouterCounters::default(),
@@ -590,14 +594,9 @@ impl Router {
         &self.neigh6
     }
 
-    /// The routing table.
-    pub fn routes(&self) -> &RouteTable {
-        &self.routes
-    }
-
-    /// The IPv6 routing table.
-    pub fn routes6(&self) -> &RouteTable6 {
-        &self.routes6
+    /// The routing table of family `A` ([`Ipv4Addr`], [`Ipv6Addr`]).
+    pub fn routes<A: RouteAddr>(&self) -> &RouteTable<A> {
+        A::table(self)
     }
 
     /// The interface whose global or link-local IPv6 address is `addr`, if it is one of ours.
@@ -915,8 +914,9 @@ impl Router {
                     return L3::Drop(DropReason::NoRoute);
                 }
                 Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
-                Some(NextHop::Unreachable) => {
-                    // Linux's `unreachable` route type answers with host unreachable.
+                Some(hop @ (NextHop::Unreachable | NextHop::Prohibit)) => {
+                    // Linux's `unreachable` route type answers with host unreachable, its
+                    // `prohibit` with communication administratively prohibited.
                     self.icmp_error(
                         Offending {
                             frame: b.frame(),
@@ -925,7 +925,11 @@ impl Router {
                             in_if: Some(in_if),
                             queued: false,
                         },
-                        IcmpError::HostUnreachable,
+                        if hop == NextHop::Prohibit {
+                            IcmpError::Prohibited
+                        } else {
+                            IcmpError::HostUnreachable
+                        },
                         hook.error_nat(),
                         now,
                         sink,

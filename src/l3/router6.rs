@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, NeighEvent6, Refusal, Released6};
-use crate::l3::route6::NextHop6;
+use crate::l3::route::NextHop;
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -189,9 +189,9 @@ impl Router {
                     err(Icmp6Error::Unreach(codes::NO_ROUTE), b, &info, sink);
                     return L3::Drop(DropReason::NoRoute);
                 }
-                Some(NextHop6::Blackhole) => return L3::Drop(DropReason::Blackhole),
-                Some(NextHop6::Unreachable { reject }) => {
-                    let code = if reject {
+                Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
+                Some(hop @ (NextHop::Unreachable | NextHop::Prohibit)) => {
+                    let code = if hop == NextHop::Prohibit {
                         codes::REJECT_ROUTE
                     } else {
                         codes::NO_ROUTE
@@ -199,8 +199,8 @@ impl Router {
                     err(Icmp6Error::Unreach(code), b, &info, sink);
                     return L3::Drop(DropReason::Unreachable);
                 }
-                Some(NextHop6::Link(i)) => (i, info.dst),
-                Some(NextHop6::Via(i, gw)) => (i, gw),
+                Some(NextHop::Link(i)) => (i, info.dst),
+                Some(NextHop::Via(i, gw)) => (i, gw),
             },
         };
         let Some(egress) = self.iface(out_if) else {
@@ -620,8 +620,8 @@ impl Router {
             }
         } else {
             match self.routes6.lookup(dst_ip) {
-                Some(NextHop6::Link(i)) => (i, dst_ip),
-                Some(NextHop6::Via(i, gw)) => (i, gw),
+                Some(NextHop::Link(i)) => (i, dst_ip),
+                Some(NextHop::Via(i, gw)) => (i, gw),
                 _ => return,
             }
         };
