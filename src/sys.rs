@@ -363,6 +363,35 @@ impl FileMap {
     }
 }
 
+/// Allocates the first `len` bytes of `file` on its file system (`posix_fallocate`: blocks
+/// reserved, contents kept, the file extended to `len` bytes if shorter), so that a store into
+/// a shared mapping of it can never find the file system full (which is a `SIGBUS`). The error
+/// is the system's: `ENOSPC` when there is not room enough.
+pub(crate) fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large"))?;
+    // SAFETY: posix_fallocate on an fd we hold open, integer arguments only.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// Bytes free for an unprivileged user on `file`'s file system (`fstatvfs`).
+pub(crate) fn free_bytes(file: &std::fs::File) -> io::Result<u64> {
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs on an fd we hold open, writing into `st`, which we own.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(
+        clippy::useless_conversion,
+        reason = "the fields' types differ by target"
+    )]
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
 impl Drop for FileMap {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the range `map` mapped; no BigSlice on it is left (each holds

@@ -264,6 +264,17 @@ pub enum CtFileError {
         /// The file.
         path: PathBuf,
     },
+    /// The file system has no room for the whole table, which is reserved when the file is
+    /// opened (a table on unreserved pages of a full tmpfs would be killed by `SIGBUS` at its
+    /// next new connection).
+    NoSpace {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the table still needed (the file's size less what it already had).
+        needed: u64,
+        /// Bytes free on the file system.
+        free: u64,
+    },
     /// Opening, sizing, locking or mapping the file failed.
     Io {
         /// What was being done, e.g. `open` or `mmap`.
@@ -280,6 +291,14 @@ impl PartialEq for CtFileError {
         match (self, other) {
             (CtFileError::Config(a), CtFileError::Config(b)) => a == b,
             (CtFileError::InUse { path: a }, CtFileError::InUse { path: b }) => a == b,
+            (
+                CtFileError::NoSpace { path, needed, free },
+                CtFileError::NoSpace {
+                    path: path2,
+                    needed: needed2,
+                    free: free2,
+                },
+            ) => path == path2 && needed == needed2 && free == free2,
             (
                 CtFileError::Io { op, path, err },
                 CtFileError::Io {
@@ -304,6 +323,12 @@ impl fmt::Display for CtFileError {
                 "conntrack file {}: in use by another process",
                 path.display()
             ),
+            CtFileError::NoSpace { path, needed, free } => write!(
+                f,
+                "conntrack file {}: no room for the table: {needed} bytes needed, {free} bytes \
+                 free on its file system (lower max_entries or make room)",
+                path.display()
+            ),
             CtFileError::Io { op, path, err } => {
                 write!(f, "conntrack file {}: {op}: {err}", path.display())
             }
@@ -316,7 +341,7 @@ impl std::error::Error for CtFileError {
         match self {
             CtFileError::Config(e) => Some(e),
             CtFileError::Io { err, .. } => Some(&**err),
-            CtFileError::InUse { .. } => None,
+            CtFileError::InUse { .. } | CtFileError::NoSpace { .. } => None,
         }
     }
 }
@@ -439,14 +464,18 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// (`CLOCK_MONOTONIC`). See the [module docs](super) ("Keeping the table in a file") for
     /// the format, what is validated and what is kept.
     ///
+    /// The whole file is allocated on its file system before it is used (a full tmpfs is
+    /// [`CtFileError::NoSpace`] here, never a `SIGBUS` later).
+    ///
     /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
     /// header, a wrong length) is replaced by an empty table: that is not an error, and
     /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`](CtTable::new)'s
     /// anonymous memory (the arrays are the same, only mapped from a file).
     ///
     /// # Errors
-    /// A refused configuration, a file another process uses as its table, or an I/O error
-    /// (open, size, lock, map), each naming the file.
+    /// A refused configuration, a file another process uses as its table, no room for the
+    /// table on its file system ([`CtFileError::NoSpace`]), or an I/O error (open, size,
+    /// lock, map), each naming the file.
     ///
     /// ```
     /// use tapyard::conntrack::{Conntrack, CtConfig, Opened};
@@ -526,6 +555,21 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 err: std::sync::Arc::new(err),
             }
         };
+        // Reserves the file's first `len` bytes: no room is `NoSpace`, naming what is missing.
+        let reserve = |file: &File, len: u64| {
+            use std::os::unix::fs::MetadataExt;
+            let had = file
+                .metadata()
+                .map_or(0, |m| m.blocks().saturating_mul(512));
+            sys::reserve(file, len).map_err(|err| match err.raw_os_error() {
+                Some(libc::ENOSPC | libc::EDQUOT) => CtFileError::NoSpace {
+                    path: path.to_path_buf(),
+                    needed: len.saturating_sub(had),
+                    free: sys::free_bytes(file).unwrap_or(0),
+                },
+                _ => io_err("reserve (fallocate)")(err),
+            })
+        };
         if !sys::try_lock_exclusive(&file).map_err(io_err("flock"))? {
             return Err(CtFileError::InUse {
                 path: path.to_path_buf(),
@@ -591,7 +635,11 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             }
         };
         let hash = match hash {
-            Some(h) => h,
+            Some(h) => {
+                // An older file may be sparse: allocate its holes now (its data kept).
+                reserve(&file, len)?;
+                h
+            }
             None => {
                 if handed && len > 0 {
                     // The giver maps this file and may take it back: start over in a new
@@ -599,8 +647,11 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                     file = replace_file(path).map_err(io_err("replace"))?;
                 }
                 // Start over: zeroes everywhere (every entry FREE), then the header. A process
-                // killed in between leaves a file with no magic, refused next time.
+                // killed in between leaves a file with no magic, refused next time. Every
+                // byte is allocated, so no store into the mapping can find the file system
+                // full.
                 file.set_len(0).map_err(io_err("truncate"))?;
+                reserve(&file, layout.file_len as u64)?;
                 file.set_len(layout.file_len as u64)
                     .map_err(io_err("resize"))?;
                 SeededHash::random()

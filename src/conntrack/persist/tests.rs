@@ -99,6 +99,26 @@ fn now() -> Instant {
     crate::Clock::new().now()
 }
 
+/// Creates the file at `path`, mode 0600 whatever the umask (a group-writable file is refused).
+fn create_0600(path: &Path) -> File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    chmod(path, 0o600);
+    f
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
 fn write_word(path: &Path, word: usize, v: u64) {
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     f.write_all_at(&v.to_le_bytes(), (word * 8) as u64).unwrap();
@@ -690,4 +710,141 @@ fn a_refused_handed_over_file_is_replaced_not_rewritten_under_the_giver() {
                 && e.file_name().to_string_lossy().contains(".new-")
         });
     assert!(!stray, "a temporary file was left behind");
+}
+
+/// `f`'s length and contents.
+fn contents(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+/// A tmpfs of `size` mounted on a new directory (root only), unmounted and removed when
+/// dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` (and why, printed) when the mount fails (not root).
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = std::env::temp_dir().join(format!("tapyard-ct-tmpfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size},mode=0700"))
+            .arg("tapyard-test")
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!(
+                "skipping: cannot mount a tmpfs on {} (needs root)",
+                dir.display()
+            );
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Fills `path`'s file system with a file until it is full.
+fn fill(path: &Path) {
+    let f = create_0600(path);
+    let mb = vec![0x55u8; 1 << 20];
+    let mut off = 0u64;
+    while f.write_all_at(&mb, off).is_ok() {
+        off += mb.len() as u64;
+    }
+    for _ in 0..256 {
+        if f.write_all_at(&mb[..4096], off).is_err() {
+            break;
+        }
+        off += 4096;
+    }
+}
+
+#[test]
+fn a_full_tmpfs_is_an_error_at_open_not_a_sigbus_later() {
+    let _no_fork = FORKING.read_recursive();
+    let Some(fs) = Tmpfs::mount("16m") else {
+        return;
+    };
+    let small = Layout::of::<2>(1024).file_len as u64; // 8 MiB
+    let big = Layout::of::<2>(1 << 16).file_len as u64; // 10 MiB
+    assert_eq!((small, big), (8 << 20, 10 << 20));
+    // A table that fits, reserved whole: filling the file system after it cannot make its
+    // first touches of any page fail (a SIGBUS before: the file was sparse).
+    let a = fs.0.join("a");
+    let (ct, rec) = Conntrack::open_file(cfg(1024), &a, now()).unwrap();
+    assert_eq!(rec.opened, Opened::Created);
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            std::fs::metadata(&a).unwrap().blocks() * 512 >= small,
+            "allocated"
+        );
+    }
+    fill(&fs.0.join("filler"));
+    for k in 0..1024 {
+        let (o, r) = conn(k);
+        ct.insert(o, r, CtTag::default(), &first(k), now()).unwrap();
+    }
+    ct.check_invariants().unwrap();
+    drop(ct);
+    std::fs::remove_file(fs.0.join("filler")).unwrap();
+
+    // A table bigger than the room left: an error naming the file and both sizes, and no file
+    // of that size left behind.
+    let b = fs.0.join("b");
+    let e = Conntrack::open_file(cfg(1 << 16), &b, now()).unwrap_err();
+    let CtFileError::NoSpace { path, needed, free } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!((path, *needed), (&b, big));
+    assert!(*free < big && *free >= (7 << 20), "{free}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(b.to_str().unwrap())
+            && msg.contains(&format!("{big} bytes needed, {free} bytes free")),
+        "{msg}"
+    );
+    assert_eq!(std::fs::metadata(&b).unwrap().len(), 0);
+    std::fs::remove_file(&b).unwrap();
+
+    // An existing sparse table (as files were before they were reserved): reusing it reserves
+    // it first, refused when there is no room, and reused intact once there is.
+    let data = contents(&a);
+    std::fs::remove_file(&a).unwrap();
+    let c = fs.0.join("c");
+    let file = create_0600(&c);
+    for (i, page) in data.chunks(4096).enumerate() {
+        if page.iter().any(|&x| x != 0) {
+            file.write_all_at(page, (i * 4096) as u64).unwrap();
+        }
+    }
+    file.set_len(small).unwrap();
+    drop(file);
+    fill(&fs.0.join("filler"));
+    let e = Conntrack::open_file(cfg(1024), &c, now()).unwrap_err();
+    assert!(
+        matches!(e, CtFileError::NoSpace { ref path, .. } if *path == c),
+        "{e:?}"
+    );
+    assert_eq!(contents(&c), data, "left as it was");
+    std::fs::remove_file(fs.0.join("filler")).unwrap();
+    let (ct, rec) = Conntrack::open_file(cfg(1024), &c, now()).unwrap();
+    assert_eq!((&rec.opened, rec.kept), (&Opened::Reused, 1024), "{rec}");
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            std::fs::metadata(&c).unwrap().blocks() * 512 >= small,
+            "allocated"
+        );
+    }
+    drop(ct);
 }
