@@ -392,6 +392,12 @@ pub(crate) fn free_bytes(file: &std::fs::File) -> io::Result<u64> {
     Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
 }
 
+/// The effective user id of this process.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 impl Drop for FileMap {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the range `map` mapped; no BigSlice on it is left (each holds

@@ -218,6 +218,11 @@ pub struct Recovery {
     /// whose size differs from the configuration's: `Some(configured max_entries)`, and the
     /// table keeps the file's size (its connections with it); a restart applies the new size.
     pub size_kept_over: Option<usize>,
+    /// The file's permission bits when they gave more than reading and writing to its owner
+    /// (e.g. `0o644`: its group and others could read the connections and their NAT): they
+    /// were set to `0o600`. A file others could write is refused instead
+    /// ([`CtFileError::Unsafe`]).
+    pub mode_fixed: Option<u32>,
 }
 
 impl fmt::Display for Recovery {
@@ -248,6 +253,9 @@ impl fmt::Display for Recovery {
                 "; kept the handed-over table's size (max_entries {asked} applies at the next restart)"
             )?;
         }
+        if let Some(mode) = self.mode_fixed {
+            write!(f, "; file mode was {mode:04o}, set to 0600")?;
+        }
         Ok(())
     }
 }
@@ -263,6 +271,15 @@ pub enum CtFileError {
     InUse {
         /// The file.
         path: PathBuf,
+    },
+    /// The file is not one this process can trust with its connections: a symbolic link, not
+    /// a regular file, owned by another user, writable by its group or others, or with more
+    /// than one name (hard link). Nothing was written to it; it is left as it is.
+    Unsafe {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it, e.g. `owned by uid 1000, not by this process's uid 0`.
+        why: String,
     },
     /// The file system has no room for the whole table, which is reserved when the file is
     /// opened (a table on unreserved pages of a full tmpfs would be killed by `SIGBUS` at its
@@ -291,6 +308,13 @@ impl PartialEq for CtFileError {
         match (self, other) {
             (CtFileError::Config(a), CtFileError::Config(b)) => a == b,
             (CtFileError::InUse { path: a }, CtFileError::InUse { path: b }) => a == b,
+            (
+                CtFileError::Unsafe { path, why },
+                CtFileError::Unsafe {
+                    path: path2,
+                    why: why2,
+                },
+            ) => path == path2 && why == why2,
             (
                 CtFileError::NoSpace { path, needed, free },
                 CtFileError::NoSpace {
@@ -323,6 +347,11 @@ impl fmt::Display for CtFileError {
                 "conntrack file {}: in use by another process",
                 path.display()
             ),
+            CtFileError::Unsafe { path, why } => write!(
+                f,
+                "conntrack file {}: not used, {why} (remove it, and a new table is made)",
+                path.display()
+            ),
             CtFileError::NoSpace { path, needed, free } => write!(
                 f,
                 "conntrack file {}: no room for the table: {needed} bytes needed, {free} bytes \
@@ -341,7 +370,9 @@ impl std::error::Error for CtFileError {
         match self {
             CtFileError::Config(e) => Some(e),
             CtFileError::Io { err, .. } => Some(&**err),
-            CtFileError::InUse { .. } | CtFileError::NoSpace { .. } => None,
+            CtFileError::InUse { .. }
+            | CtFileError::Unsafe { .. }
+            | CtFileError::NoSpace { .. } => None,
         }
     }
 }
@@ -376,6 +407,65 @@ fn read_header(file: &File, len: u64) -> io::Result<[u64; H_WORDS]> {
     Ok(h)
 }
 
+/// Refuses a file this process cannot trust with its connections ([`CtFileError::Unsafe`]):
+/// not a regular file, owned by another user than the effective one, writable by its group or
+/// others, or with more than one name (another of them may be in a directory someone else
+/// controls). Otherwise gives its permission bits when they are more than reading and writing
+/// for its owner (to be set to 0600), `None` when they are not. Checks the open file
+/// (`fstat`), not the path, so nothing can swap the file between the check and its use.
+fn vet(file: &File, path: &Path) -> Result<Option<u32>, CtFileError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = file.metadata().map_err(|err| CtFileError::Io {
+        op: "stat",
+        path: path.to_path_buf(),
+        err: std::sync::Arc::new(err),
+    })?;
+    let refuse = |why: String| {
+        Err(CtFileError::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        })
+    };
+    let t = md.file_type();
+    if !t.is_file() {
+        let kind = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return refuse(format!("not a regular file ({kind})"));
+    }
+    let me = sys::euid();
+    if md.uid() != me {
+        return refuse(format!(
+            "owned by uid {}, not by this process's uid {me}",
+            md.uid()
+        ));
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        let who = match mode & 0o022 {
+            0o020 => "its group",
+            0o002 => "others",
+            _ => "its group and others",
+        };
+        return refuse(format!("writable by {who} (mode {mode:04o})"));
+    }
+    if md.nlink() > 1 {
+        return refuse(format!(
+            "{} hard links (another name of the file may be in someone else's directory)",
+            md.nlink()
+        ));
+    }
+    Ok((mode & !0o600 != 0).then_some(mode))
+}
+
 /// Checks a header against the one this build would write (`want`, whose hash words are
 /// ignored). The checks go from what says "not a table file" to what says "another table".
 /// A new, empty, locked file that takes `path`'s name (created beside it, then renamed over
@@ -390,7 +480,7 @@ fn replace_file(path: &Path) -> io::Result<File> {
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(&tmp)?;
     if !sys::try_lock_exclusive(&file)? {
         let _ = std::fs::remove_file(&tmp);
@@ -464,7 +554,11 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// (`CLOCK_MONOTONIC`). See the [module docs](super) ("Keeping the table in a file") for
     /// the format, what is validated and what is kept.
     ///
-    /// The whole file is allocated on its file system before it is used (a full tmpfs is
+    /// The file must be this process's own: a symbolic link is not followed, and a file that
+    /// is not a regular file, belongs to another user, can be written by its group or others,
+    /// or has more than one name is refused ([`CtFileError::Unsafe`]); a file its group or
+    /// others could read is set to mode 0600 ([`Recovery::mode_fixed`]). The whole file is
+    /// allocated on its file system before it is used (a full tmpfs is
     /// [`CtFileError::NoSpace`] here, never a `SIGBUS` later).
     ///
     /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
@@ -473,9 +567,10 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// anonymous memory (the arrays are the same, only mapped from a file).
     ///
     /// # Errors
-    /// A refused configuration, a file another process uses as its table, no room for the
-    /// table on its file system ([`CtFileError::NoSpace`]), or an I/O error (open, size,
-    /// lock, map), each naming the file.
+    /// A refused configuration, a file another process uses as its table, a file that is not
+    /// safe to use ([`CtFileError::Unsafe`]), no room for the table on its file system
+    /// ([`CtFileError::NoSpace`]), or an I/O error (open, size, lock, map), each naming the
+    /// file.
     ///
     /// ```
     /// use tapyard::conntrack::{Conntrack, CtConfig, Opened};
@@ -503,12 +598,23 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(path)
-            .map_err(|err| CtFileError::Io {
-                op: "open",
-                path: path.to_path_buf(),
-                err: std::sync::Arc::new(err),
+            .map_err(|err| {
+                let link = err.raw_os_error() == Some(libc::ELOOP)
+                    && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+                if link {
+                    CtFileError::Unsafe {
+                        path: path.to_path_buf(),
+                        why: "a symbolic link (not followed)".to_string(),
+                    }
+                } else {
+                    CtFileError::Io {
+                        op: "open",
+                        path: path.to_path_buf(),
+                        err: std::sync::Arc::new(err),
+                    }
+                }
             })?;
         Self::open_inner(cfg, file, path, now, false)
     }
@@ -521,8 +627,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// file in errors and the log.
     ///
     /// # Errors
-    /// As [`Conntrack::open_file`](CtTable::open_file); [`CtFileError::InUse`] if another open file holds the
-    /// lock (the file was not handed over but opened again).
+    /// As [`Conntrack::open_file`](CtTable::open_file), the handed file checked as a file
+    /// found at `path` would be; [`CtFileError::InUse`] if another open file holds the lock
+    /// (the file was not handed over but opened again).
     ///
     /// The giving process still maps the file, and takes it back if the takeover fails, so a
     /// handed-over file is never resized or rewritten under it: a table of another size is
@@ -570,10 +677,16 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 _ => io_err("reserve (fallocate)")(err),
             })
         };
+        let mode = vet(&file, path)?;
         if !sys::try_lock_exclusive(&file).map_err(io_err("flock"))? {
             return Err(CtFileError::InUse {
                 path: path.to_path_buf(),
             });
+        }
+        if mode.is_some() {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err("chmod"))?;
         }
         let mut layout = Layout::of::<W>(cfg.max_entries);
         let boot = sys::boot_id().unwrap_or([0; 16]);
@@ -613,6 +726,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             expired: 0,
             duplicates: 0,
             size_kept_over,
+            mode_fixed: mode,
         };
         let hash = if len == 0 {
             None
@@ -645,6 +759,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                     // The giver maps this file and may take it back: start over in a new
                     // file at `path` instead, leaving the giver's as it is.
                     file = replace_file(path).map_err(io_err("replace"))?;
+                    vet(&file, path)?;
                 }
                 // Start over: zeroes everywhere (every entry FREE), then the header. A process
                 // killed in between leaves a file with no magic, refused next time. Every
@@ -731,6 +846,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             expired,
             duplicates,
             size_kept_over: None,
+            mode_fixed: None,
         }
     }
 }

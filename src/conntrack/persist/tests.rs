@@ -119,6 +119,15 @@ fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
 fn write_word(path: &Path, word: usize, v: u64) {
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     f.write_all_at(&v.to_le_bytes(), (word * 8) as u64).unwrap();
@@ -315,7 +324,7 @@ fn random_bytes_are_refused() {
             x as u8
         })
         .collect();
-    std::fs::write(&f.0, bytes).unwrap();
+    create_0600(&f.0).write_all_at(&bytes, 0).unwrap();
     assert_refused(&f, 512, |r| matches!(r, Refusal::Magic { .. }));
 }
 
@@ -717,8 +726,167 @@ fn contents(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap()
 }
 
+#[test]
+fn a_symbolic_link_is_refused_and_its_target_untouched() {
+    let f = TempFile::new("link");
+    let victim = TempFile::new("victim");
+    create_0600(&victim.0)
+        .write_all_at(b"not a table", 0)
+        .unwrap();
+    std::os::unix::fs::symlink(&victim.0, &f.0).unwrap();
+    let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+    assert!(
+        matches!(&e, CtFileError::Unsafe { path, why } if *path == f.0 && why.contains("symbolic link")),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(f.0.to_str().unwrap()) && msg.contains("symbolic link"),
+        "{msg}"
+    );
+    assert_eq!(contents(&victim.0), b"not a table");
+    assert_eq!(mode_of(&victim.0), 0o600);
+    // A dangling one is not followed either (no file is created where it points).
+    let f2 = TempFile::new("dangling");
+    let nowhere = TempFile::new("nowhere");
+    std::os::unix::fs::symlink(&nowhere.0, &f2.0).unwrap();
+    let e = Conntrack::open_file(cfg(64), &f2.0, now()).unwrap_err();
+    assert!(matches!(e, CtFileError::Unsafe { .. }), "{e:?}");
+    assert!(!nowhere.0.exists());
+}
+
+#[test]
+fn a_file_others_can_write_is_refused_untouched() {
+    let f = filled("writable", 64, 10);
+    let before = contents(&f.0);
+    for (mode, who) in [
+        (0o666, "its group and others"),
+        (0o620, "its group"),
+        (0o602, "others"),
+    ] {
+        chmod(&f.0, mode);
+        let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+        let want = format!("writable by {who} (mode {mode:04o})");
+        assert_eq!(
+            e,
+            CtFileError::Unsafe {
+                path: f.0.clone(),
+                why: want.clone()
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(f.0.to_str().unwrap()) && msg.contains(&want),
+            "{msg}"
+        );
+        assert_eq!(mode_of(&f.0), mode, "left as it was");
+        // Handed over, it is checked as well.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&f.0)
+            .unwrap();
+        let e = Conntrack::open_handed_over(cfg(64), file, &f.0, now()).unwrap_err();
+        assert!(matches!(e, CtFileError::Unsafe { .. }), "{e:?}");
+    }
+    assert_eq!(contents(&f.0), before, "never written");
+}
+
+#[test]
+fn a_file_others_can_read_is_set_to_0600_and_used() {
+    let f = filled("readable", 64, 10);
+    chmod(&f.0, 0o644);
+    let (ct, rec) = Conntrack::open_file(cfg(64), &f.0, now()).unwrap();
+    assert_eq!(
+        (rec.opened.clone(), rec.kept, rec.mode_fixed),
+        (Opened::Reused, 10, Some(0o644))
+    );
+    assert!(
+        rec.to_string().contains("file mode was 0644, set to 0600"),
+        "{rec}"
+    );
+    assert_eq!(mode_of(&f.0), 0o600);
+    drop(ct);
+    let (ct, rec) = Conntrack::open_file(cfg(64), &f.0, now()).unwrap();
+    assert_eq!((rec.kept, rec.mode_fixed), (10, None));
+    // Handed over too (the giver's file: only its mode changes).
+    chmod(&f.0, 0o640);
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (_next, rec) = Conntrack::open_handed_over(cfg(64), File::from(fd), &f.0, now()).unwrap();
+    assert_eq!((rec.kept, rec.mode_fixed), (10, Some(0o640)));
+    assert_eq!(mode_of(&f.0), 0o600);
+    // A new file is made 0600 whatever the umask.
+    let g = TempFile::new("new-mode");
+    let (_ct, rec) = Conntrack::open_file(cfg(64), &g.0, now()).unwrap();
+    assert_eq!((rec.opened, rec.mode_fixed), (Opened::Created, None));
+    assert_eq!(mode_of(&g.0), 0o600);
+}
+
+#[test]
+fn a_file_with_two_names_is_refused() {
+    let f = filled("nlink", 64, 10);
+    let other = TempFile::new("nlink-other");
+    std::fs::hard_link(&f.0, &other.0).unwrap();
+    let before = contents(&f.0);
+    let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+    assert!(
+        matches!(&e, CtFileError::Unsafe { why, .. } if why.starts_with("2 hard links")),
+        "{e:?}"
+    );
+    assert_eq!(contents(&f.0), before);
+    std::fs::remove_file(&other.0).unwrap();
+    assert_eq!(
+        Conntrack::open_file(cfg(64), &f.0, now()).unwrap().1.kept,
+        10
+    );
+}
+
+#[test]
+fn a_fifo_is_refused() {
+    // Made by a child process: no table may be open meanwhile (see FORKING).
+    let path = temp_path("fifo");
+    let made = {
+        let _fork = FORKING.write();
+        Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let p = TempFile(path, FORKING.read_recursive());
+    if !made {
+        eprintln!("skipping: mkfifo failed");
+        return;
+    }
+    // Opening a FIFO for reading and writing does not block on Linux.
+    let e = Conntrack::open_file(cfg(64), &p.0, now()).unwrap_err();
+    assert!(
+        matches!(&e, CtFileError::Unsafe { why, .. } if why == "not a regular file (a FIFO)"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_file_of_another_user_is_refused() {
+    if sys::euid() != 0 {
+        eprintln!("skipping: needs root to give a file to another user");
+        return;
+    }
+    let f = filled("owner", 64, 10);
+    std::os::unix::fs::chown(&f.0, Some(65534), None).unwrap();
+    let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+    assert_eq!(
+        e,
+        CtFileError::Unsafe {
+            path: f.0.clone(),
+            why: "owned by uid 65534, not by this process's uid 0".to_string()
+        }
+    );
+    assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+}
+
 /// A tmpfs of `size` mounted on a new directory (root only), unmounted and removed when
-/// dropped.
+/// dropped. `mount` and `umount` are child processes: made and dropped with no table open in
+/// this test (see FORKING).
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
@@ -726,6 +894,7 @@ impl Tmpfs {
     fn mount(size: &str) -> Option<Tmpfs> {
         let dir = std::env::temp_dir().join(format!("tapyard-ct-tmpfs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let _fork = FORKING.write();
         let ok = Command::new("mount")
             .args(["-t", "tmpfs", "-o"])
             .arg(format!("size={size},mode=0700"))
@@ -747,6 +916,7 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
+        let _fork = FORKING.write();
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
         let _ = std::fs::remove_dir(&self.0);
     }
@@ -770,10 +940,10 @@ fn fill(path: &Path) {
 
 #[test]
 fn a_full_tmpfs_is_an_error_at_open_not_a_sigbus_later() {
-    let _no_fork = FORKING.read_recursive();
     let Some(fs) = Tmpfs::mount("16m") else {
         return;
     };
+    let _no_fork = FORKING.read_recursive();
     let small = Layout::of::<2>(1024).file_len as u64; // 8 MiB
     let big = Layout::of::<2>(1 << 16).file_len as u64; // 10 MiB
     assert_eq!((small, big), (8 << 20, 10 << 20));
