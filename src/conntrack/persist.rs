@@ -223,6 +223,11 @@ pub struct Recovery {
     /// were set to `0o600`. A file others could write is refused instead
     /// ([`CtFileError::Unsafe`]).
     pub mode_fixed: Option<u32>,
+    /// Whether the table is on transparent huge pages (its file's pages made 2 MiB pages with
+    /// `MADV_COLLAPSE` and mapped with them), as an anonymous table is. False where the kernel
+    /// could not (before Linux 6.1, `shmem_enabled` set to `deny`, a file on a disk file
+    /// system, no free huge page): the table works the same, with more TLB misses.
+    pub huge_pages: bool,
 }
 
 impl fmt::Display for Recovery {
@@ -382,6 +387,8 @@ impl std::error::Error for CtFileError {
 #[derive(Debug)]
 pub(super) struct CtFile {
     file: File,
+    /// [`Recovery::huge_pages`] at the open.
+    huge: bool,
 }
 
 impl Drop for CtFile {
@@ -559,7 +566,8 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// or has more than one name is refused ([`CtFileError::Unsafe`]); a file its group or
     /// others could read is set to mode 0600 ([`Recovery::mode_fixed`]). The whole file is
     /// allocated on its file system before it is used (a full tmpfs is
-    /// [`CtFileError::NoSpace`] here, never a `SIGBUS` later).
+    /// [`CtFileError::NoSpace`] here, never a `SIGBUS` later), mapped 2 MiB-aligned on
+    /// transparent huge pages where the kernel can ([`Recovery::huge_pages`]), and faulted in.
     ///
     /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
     /// header, a wrong length) is replaced by an empty table: that is not an error, and
@@ -727,6 +735,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             duplicates: 0,
             size_kept_over,
             mode_fixed: mode,
+            huge_pages: false,
         };
         let hash = if len == 0 {
             None
@@ -782,6 +791,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         file.write_all_at(&bytes, 0)
             .map_err(io_err("write header"))?;
         let map = FileMap::map(&file, layout.file_len).map_err(io_err("mmap"))?;
+        rec.huge_pages = map.huge();
         let n = cfg.max_entries;
         let entries = BigSlice::<Entry<W>>::in_map(&map, layout.entries_off, n)
             .map_err(io_err("map entries"))?;
@@ -791,7 +801,8 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             .map_err(io_err("map index"))?;
         debug_assert!(map.len() >= layout.file_len);
         drop(map);
-        let ct = CtTable::assemble(cfg, entries, acct, index, hash, Some(CtFile { file }));
+        let huge = rec.huge_pages;
+        let ct = CtTable::assemble(cfg, entries, acct, index, hash, Some(CtFile { file, huge }));
         let Rebuilt {
             kept,
             half_written,
@@ -823,7 +834,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// successor has stopped writing to it (it has exited, or dropped its table). O(table
     /// size), like an open.
     pub fn take_back(&self, now: Instant) -> Recovery {
+        let mut huge_pages = false;
         if let Some(f) = self.ct_file() {
+            huge_pages = f.huge;
             let mut words = [0u8; 16];
             words[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
             // H_CLEAN then H_PID: in use, by this process.
@@ -847,6 +860,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             duplicates,
             size_kept_over: None,
             mode_fixed: None,
+            huge_pages,
         }
     }
 }

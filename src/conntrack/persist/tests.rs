@@ -721,6 +721,75 @@ fn a_refused_handed_over_file_is_replaced_not_rewritten_under_the_giver() {
     assert!(!stray, "a temporary file was left behind");
 }
 
+/// Kilobytes of this process's mappings of `path`, and of them the kilobytes mapped with PMDs
+/// (2 MiB pages: `ShmemPmdMapped` for tmpfs, `FilePmdMapped` otherwise), from
+/// `/proc/self/smaps`.
+fn mapped_kb(path: &Path) -> (u64, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let name = path.to_str().unwrap();
+    let (mut size, mut pmd, mut ours) = (0, 0, false);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if !first.ends_with(':') {
+            // A mapping's first line: its range, ..., its file's name (with " (deleted)").
+            ours = line.split_whitespace().nth(5) == Some(name);
+            continue;
+        }
+        let kb = words
+            .next()
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+        match (ours, first) {
+            (true, "Size:") => size += kb,
+            (true, "ShmemPmdMapped:" | "FilePmdMapped:") => pmd += kb,
+            _ => {}
+        }
+    }
+    (size, pmd)
+}
+
+#[test]
+fn the_table_is_mapped_on_huge_pages_where_the_kernel_can() {
+    let f = TempFile::new("huge");
+    let (ct, rec) = Conntrack::open_file(cfg(1 << 16), &f.0, now()).unwrap();
+    let len = Layout::of::<2>(1 << 16).file_len as u64;
+    let (size, pmd) = mapped_kb(&f.0);
+    assert_eq!(size, len / 1024);
+    if !rec.huge_pages {
+        // Linux before 6.1, `shmem_enabled` = deny, a disk file system, or no free huge page.
+        eprintln!(
+            "no huge pages for {}: {size} kB mapped, {pmd} kB with PMDs",
+            f.0.display()
+        );
+        return;
+    }
+    assert_eq!(pmd, size, "huge_pages, so all of it is mapped with PMDs");
+    for k in 0..100 {
+        let (o, r) = conn(k);
+        ct.insert(o, r, CtTag::default(), &first(k), now()).unwrap();
+    }
+    // A successor mapping the same file (a takeover) finds its pages huge, and maps them so.
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (next, rec) =
+        Conntrack::open_handed_over(cfg(1 << 16), File::from(fd), &f.0, now()).unwrap();
+    assert!(rec.huge_pages);
+    assert_eq!(rec.kept, 100);
+    assert_eq!(
+        mapped_kb(&f.0),
+        (2 * size, 2 * size),
+        "both mappings on huge pages"
+    );
+    drop((next, ct));
+    // And so does the next process after a restart.
+    let (_ct, rec) = Conntrack::open_file(cfg(1 << 16), &f.0, now()).unwrap();
+    assert_eq!(
+        (rec.opened, rec.kept, rec.huge_pages),
+        (Opened::Reused, 100, true)
+    );
+    assert_eq!(mapped_kb(&f.0), (size, size));
+}
+
 /// `f`'s length and contents.
 fn contents(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap()
