@@ -165,6 +165,38 @@ impl CtFile {
     }
 }
 
+impl CtFile {
+    /// Prints how much of the tables' mappings is on huge pages (`ShmemPmdMapped` /
+    /// `FilePmdMapped` in /proc/self/smaps), to stderr: the file-backed table is meant to be
+    /// on them, as the anonymous one is.
+    fn report_pages(&self) {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+            return;
+        };
+        let name = self.0.to_string_lossy();
+        let (mut size, mut pmd, mut ours) = (0u64, 0u64, false);
+        for line in smaps.lines() {
+            let mut words = line.split_whitespace();
+            let Some(first) = words.next() else { continue };
+            if !first.ends_with(':') {
+                // The IPv6 table's file is this one's name and "6".
+                ours = line.contains(&*name);
+                continue;
+            }
+            let kb = words
+                .next()
+                .and_then(|w| w.parse::<u64>().ok())
+                .unwrap_or(0);
+            match (ours, first) {
+                (true, "Size:") => size += kb,
+                (true, "ShmemPmdMapped:" | "FilePmdMapped:") => pmd += kb,
+                _ => {}
+            }
+        }
+        eprintln!("conntrack files: {size} kB mapped, {pmd} kB of it on huge pages (PMDs)");
+    }
+}
+
 impl Drop for CtFile {
     fn drop(&mut self) {
         self.unlink();
@@ -227,6 +259,7 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
         // Unlinked at once (the tables keep their mappings), so that no run leaves a file of
         // up to 400 MB behind in /dev/shm, which is memory.
         f.unlink();
+        f.report_pages();
     }
     let now = Instant::from_secs(1);
     for i in 0..PORTS {

@@ -317,6 +317,8 @@ pub(crate) use atomic_words;
 pub(crate) struct FileMap {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    /// Whether the file's pages were made huge pages and mapped with them (see [`FileMap::map`]).
+    huge: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; it is only reached as `AnyBits` elements through
@@ -327,40 +329,178 @@ unsafe impl Sync for FileMap {}
 
 impl FileMap {
     /// Maps the first `len` bytes of `file` (open for reading and writing, at least `len`
-    /// bytes long), advised for transparent huge pages when it takes 2 MiB or more (tmpfs
-    /// gives them only when mounted with `huge=` or `shmem_enabled` allows them).
+    /// bytes long, and reserved: see [`reserve`]), and faults the whole mapping in, so that
+    /// no later access takes a page fault.
+    ///
+    /// When it takes 2 MiB or more, the mapping starts on a 2 MiB boundary and its pages are
+    /// made transparent huge pages: advised `MADV_HUGEPAGE`, then `MADV_COLLAPSE` (Linux 6.1+),
+    /// which turns a tmpfs file's pages into 2 MiB folios and maps them with PMDs even when
+    /// `shmem_enabled` is `never` and the mount has no `huge=` (only `deny` stops it). A
+    /// random lookup in a big table then costs no TLB miss, or a short page walk, as in an
+    /// anonymous [`BigSlice`]. Pages already huge (a takeover's successor mapping the same
+    /// file, a restart) are only mapped. Where that is not possible (an older kernel, a file
+    /// system without huge pages, no free huge page) the mapping stays on small pages:
+    /// [`FileMap::huge`] says which.
     pub(crate) fn map(file: &std::fs::File, len: usize) -> io::Result<std::sync::Arc<FileMap>> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
         }
-        // SAFETY: a new mapping at an address the kernel chooses, of an fd we hold open; no
-        // existing memory is touched. The result is checked against MAP_FAILED.
+        let big = len >= HUGE_PAGE;
+        // Where to map: a 2 MiB boundary inside a reservation 2 MiB longer than the file (an
+        // anonymous, inaccessible range), so that the file's offset 0 and every 2 MiB after it
+        // fall on PMD boundaries.
+        let at = if big {
+            Some(reserve_aligned(len)?)
+        } else {
+            None
+        };
+        // SAFETY: maps the fd we hold open either where the kernel chooses, or with MAP_FIXED
+        // over `at..at + len`, which lies inside our own PROT_NONE reservation (nothing else
+        // can be there: the range was mapped by us and nothing refers to it). The result is
+        // checked against MAP_FAILED.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                at.unwrap_or(std::ptr::null_mut()).cast(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | if at.is_some() { libc::MAP_FIXED } else { 0 },
                 file.as_raw_fd(),
                 0,
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+            let e = io::Error::last_os_error();
+            if let Some(at) = at {
+                // SAFETY: unmaps our own reservation, which nothing refers to.
+                unsafe { libc::munmap(at.cast(), len) };
+            }
+            return Err(e);
         }
         let Some(ptr) = std::ptr::NonNull::new(p.cast::<u8>()) else {
             return Err(io::Error::other("mmap returned null"));
         };
-        if len >= HUGE_PAGE {
+        let mut huge = false;
+        if big {
             advise_huge(ptr.as_ptr(), len);
+            huge = collapse(ptr.as_ptr(), len);
         }
-        Ok(std::sync::Arc::new(FileMap { ptr, len }))
+        populate_write(ptr.as_ptr(), len);
+        Ok(std::sync::Arc::new(FileMap { ptr, len, huge }))
     }
 
     /// Bytes mapped.
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Whether the whole mapping is on transparent huge pages (`MADV_COLLAPSE` succeeded).
+    pub(crate) fn huge(&self) -> bool {
+        self.huge
+    }
+}
+
+/// Reserves `len + 2 MiB` bytes of address space (anonymous, `PROT_NONE`, no memory
+/// committed) and gives back its first 2 MiB boundary, with the slack before it and after
+/// `len` bytes from it unmapped again: `len` bytes of address space, 2 MiB-aligned, for
+/// `MAP_FIXED`.
+fn reserve_aligned(len: usize) -> io::Result<*mut u8> {
+    let total = len
+        .checked_add(HUGE_PAGE)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "mapping too large"))?;
+    // SAFETY: a new anonymous mapping where the kernel chooses; no existing memory is
+    // touched. Checked against MAP_FAILED.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let base = base.cast::<u8>();
+    let lead = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
+    // SAFETY: `lead < HUGE_PAGE`, so `base + lead` and `base + lead + len` lie inside (or at
+    // the end of) the reservation; the two munmaps remove its head and tail, both ours and
+    // unused.
+    unsafe {
+        let at = base.add(lead);
+        if lead > 0 {
+            libc::munmap(base.cast(), lead);
+        }
+        let tail = total - lead - len;
+        if tail > 0 {
+            libc::munmap(at.add(len).cast(), tail);
+        }
+        Ok(at)
+    }
+}
+
+/// `MADV_COLLAPSE` on `len` bytes at `p` (2 MiB-aligned, a multiple of 2 MiB, a file mapping
+/// of ours): true when every 2 MiB of it is now a huge page mapped with a PMD. One retry of
+/// a transient failure (`EAGAIN`).
+fn collapse(p: *mut u8, len: usize) -> bool {
+    for _ in 0..2 {
+        // SAFETY: madvise(MADV_COLLAPSE) changes how the kernel backs the range (it copies
+        // the pages into huge ones), never its contents; the range is our mapping.
+        if unsafe { libc::madvise(p.cast(), len, libc::MADV_COLLAPSE) } == 0 {
+            return true;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+            return false;
+        }
+    }
+    false
+}
+
+/// Faults in `len` bytes at `p` for writing (`MADV_POPULATE_WRITE`, Linux 5.14+), so the
+/// fast path takes no page fault on its first touches. Only an optimisation: errors (an older
+/// kernel) are ignored.
+fn populate_write(p: *mut u8, len: usize) {
+    // SAFETY: madvise(MADV_POPULATE_WRITE) faults the pages in as a write would, without
+    // changing their contents; the range is our read-write mapping.
+    unsafe {
+        libc::madvise(p.cast(), len, libc::MADV_POPULATE_WRITE);
+    }
+}
+
+/// Allocates the first `len` bytes of `file` on its file system (`posix_fallocate`: blocks
+/// reserved, contents kept, the file extended to `len` bytes if shorter), so that a store into
+/// a shared mapping of it can never find the file system full (which is a `SIGBUS`). The error
+/// is the system's: `ENOSPC` when there is not room enough.
+pub(crate) fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large"))?;
+    // SAFETY: posix_fallocate on an fd we hold open, integer arguments only.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// Bytes free for an unprivileged user on `file`'s file system (`fstatvfs`).
+pub(crate) fn free_bytes(file: &std::fs::File) -> io::Result<u64> {
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs on an fd we hold open, writing into `st`, which we own.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(
+        clippy::useless_conversion,
+        reason = "the fields' types differ by target"
+    )]
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+/// The effective user id of this process.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 impl Drop for FileMap {

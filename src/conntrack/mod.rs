@@ -154,6 +154,20 @@
 //! (`/run`, `/dev/shm`): it then costs memory, not disk writes, and does not survive a reboot
 //! (the boot id in the header refuses one that did).
 //!
+//! Every open allocates the whole file (`posix_fallocate`), so a full tmpfs is an error at the
+//! open ([`CtFileError::NoSpace`]), never a `SIGBUS` at a later first touch of a page. The file
+//! is mapped at a 2 MiB boundary, its pages made huge pages with `MADV_COLLAPSE` (which works
+//! with `shmem_enabled` = `never`; not with `deny`, nor before Linux 6.1) and faulted in, so a
+//! file-backed table costs what an anonymous one on transparent huge pages does
+//! ([`Recovery::huge_pages`] says whether it is on them).
+//!
+//! The file holds every connection and its NAT, and a store into it is a store into the
+//! running table, so it must be this process's own: a symbolic link is not followed, and a
+//! file that is not a regular file, belongs to another user, can be written by its group or
+//! others, or has more than one name is refused ([`CtFileError::Unsafe`]); one its group or
+//! others can read is set to mode 0600 ([`Recovery::mode_fixed`]). Only the file itself is
+//! checked: its directory is the caller's to keep safe.
+//!
 //! The header (little-endian words) holds a magic number, the format version, the sizes of the
 //! three element types, the number of entries and buckets, the arrays' offsets, the file
 //! length, the hash secrets (the index is only right under the same secrets, so they persist

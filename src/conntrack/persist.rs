@@ -218,6 +218,16 @@ pub struct Recovery {
     /// whose size differs from the configuration's: `Some(configured max_entries)`, and the
     /// table keeps the file's size (its connections with it); a restart applies the new size.
     pub size_kept_over: Option<usize>,
+    /// The file's permission bits when they gave more than reading and writing to its owner
+    /// (e.g. `0o644`: its group and others could read the connections and their NAT): they
+    /// were set to `0o600`. A file others could write is refused instead
+    /// ([`CtFileError::Unsafe`]).
+    pub mode_fixed: Option<u32>,
+    /// Whether the table is on transparent huge pages (its file's pages made 2 MiB pages with
+    /// `MADV_COLLAPSE` and mapped with them), as an anonymous table is. False where the kernel
+    /// could not (before Linux 6.1, `shmem_enabled` set to `deny`, a file on a disk file
+    /// system, no free huge page): the table works the same, with more TLB misses.
+    pub huge_pages: bool,
 }
 
 impl fmt::Display for Recovery {
@@ -248,6 +258,9 @@ impl fmt::Display for Recovery {
                 "; kept the handed-over table's size (max_entries {asked} applies at the next restart)"
             )?;
         }
+        if let Some(mode) = self.mode_fixed {
+            write!(f, "; file mode was {mode:04o}, set to 0600")?;
+        }
         Ok(())
     }
 }
@@ -263,6 +276,26 @@ pub enum CtFileError {
     InUse {
         /// The file.
         path: PathBuf,
+    },
+    /// The file is not one this process can trust with its connections: a symbolic link, not
+    /// a regular file, owned by another user, writable by its group or others, or with more
+    /// than one name (hard link). Nothing was written to it; it is left as it is.
+    Unsafe {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it, e.g. `owned by uid 1000, not by this process's uid 0`.
+        why: String,
+    },
+    /// The file system has no room for the whole table, which is reserved when the file is
+    /// opened (a table on unreserved pages of a full tmpfs would be killed by `SIGBUS` at its
+    /// next new connection).
+    NoSpace {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the table still needed (the file's size less what it already had).
+        needed: u64,
+        /// Bytes free on the file system.
+        free: u64,
     },
     /// Opening, sizing, locking or mapping the file failed.
     Io {
@@ -280,6 +313,21 @@ impl PartialEq for CtFileError {
         match (self, other) {
             (CtFileError::Config(a), CtFileError::Config(b)) => a == b,
             (CtFileError::InUse { path: a }, CtFileError::InUse { path: b }) => a == b,
+            (
+                CtFileError::Unsafe { path, why },
+                CtFileError::Unsafe {
+                    path: path2,
+                    why: why2,
+                },
+            ) => path == path2 && why == why2,
+            (
+                CtFileError::NoSpace { path, needed, free },
+                CtFileError::NoSpace {
+                    path: path2,
+                    needed: needed2,
+                    free: free2,
+                },
+            ) => path == path2 && needed == needed2 && free == free2,
             (
                 CtFileError::Io { op, path, err },
                 CtFileError::Io {
@@ -304,6 +352,17 @@ impl fmt::Display for CtFileError {
                 "conntrack file {}: in use by another process",
                 path.display()
             ),
+            CtFileError::Unsafe { path, why } => write!(
+                f,
+                "conntrack file {}: not used, {why} (remove it, and a new table is made)",
+                path.display()
+            ),
+            CtFileError::NoSpace { path, needed, free } => write!(
+                f,
+                "conntrack file {}: no room for the table: {needed} bytes needed, {free} bytes \
+                 free on its file system (lower max_entries or make room)",
+                path.display()
+            ),
             CtFileError::Io { op, path, err } => {
                 write!(f, "conntrack file {}: {op}: {err}", path.display())
             }
@@ -316,7 +375,9 @@ impl std::error::Error for CtFileError {
         match self {
             CtFileError::Config(e) => Some(e),
             CtFileError::Io { err, .. } => Some(&**err),
-            CtFileError::InUse { .. } => None,
+            CtFileError::InUse { .. }
+            | CtFileError::Unsafe { .. }
+            | CtFileError::NoSpace { .. } => None,
         }
     }
 }
@@ -326,6 +387,8 @@ impl std::error::Error for CtFileError {
 #[derive(Debug)]
 pub(super) struct CtFile {
     file: File,
+    /// [`Recovery::huge_pages`] at the open.
+    huge: bool,
 }
 
 impl Drop for CtFile {
@@ -351,6 +414,65 @@ fn read_header(file: &File, len: u64) -> io::Result<[u64; H_WORDS]> {
     Ok(h)
 }
 
+/// Refuses a file this process cannot trust with its connections ([`CtFileError::Unsafe`]):
+/// not a regular file, owned by another user than the effective one, writable by its group or
+/// others, or with more than one name (another of them may be in a directory someone else
+/// controls). Otherwise gives its permission bits when they are more than reading and writing
+/// for its owner (to be set to 0600), `None` when they are not. Checks the open file
+/// (`fstat`), not the path, so nothing can swap the file between the check and its use.
+fn vet(file: &File, path: &Path) -> Result<Option<u32>, CtFileError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = file.metadata().map_err(|err| CtFileError::Io {
+        op: "stat",
+        path: path.to_path_buf(),
+        err: std::sync::Arc::new(err),
+    })?;
+    let refuse = |why: String| {
+        Err(CtFileError::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        })
+    };
+    let t = md.file_type();
+    if !t.is_file() {
+        let kind = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return refuse(format!("not a regular file ({kind})"));
+    }
+    let me = sys::euid();
+    if md.uid() != me {
+        return refuse(format!(
+            "owned by uid {}, not by this process's uid {me}",
+            md.uid()
+        ));
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        let who = match mode & 0o022 {
+            0o020 => "its group",
+            0o002 => "others",
+            _ => "its group and others",
+        };
+        return refuse(format!("writable by {who} (mode {mode:04o})"));
+    }
+    if md.nlink() > 1 {
+        return refuse(format!(
+            "{} hard links (another name of the file may be in someone else's directory)",
+            md.nlink()
+        ));
+    }
+    Ok((mode & !0o600 != 0).then_some(mode))
+}
+
 /// Checks a header against the one this build would write (`want`, whose hash words are
 /// ignored). The checks go from what says "not a table file" to what says "another table".
 /// A new, empty, locked file that takes `path`'s name (created beside it, then renamed over
@@ -365,7 +487,7 @@ fn replace_file(path: &Path) -> io::Result<File> {
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(&tmp)?;
     if !sys::try_lock_exclusive(&file)? {
         let _ = std::fs::remove_file(&tmp);
@@ -439,14 +561,24 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// (`CLOCK_MONOTONIC`). See the [module docs](super) ("Keeping the table in a file") for
     /// the format, what is validated and what is kept.
     ///
+    /// The file must be this process's own: a symbolic link is not followed, and a file that
+    /// is not a regular file, belongs to another user, can be written by its group or others,
+    /// or has more than one name is refused ([`CtFileError::Unsafe`]); a file its group or
+    /// others could read is set to mode 0600 ([`Recovery::mode_fixed`]). The whole file is
+    /// allocated on its file system before it is used (a full tmpfs is
+    /// [`CtFileError::NoSpace`] here, never a `SIGBUS` later), mapped 2 MiB-aligned on
+    /// transparent huge pages where the kernel can ([`Recovery::huge_pages`]), and faulted in.
+    ///
     /// A file that cannot be trusted as a whole (another version, size or boot, a damaged
     /// header, a wrong length) is replaced by an empty table: that is not an error, and
     /// [`Recovery::opened`] says why. Lookups and inserts cost the same as on [`Conntrack::new`](CtTable::new)'s
     /// anonymous memory (the arrays are the same, only mapped from a file).
     ///
     /// # Errors
-    /// A refused configuration, a file another process uses as its table, or an I/O error
-    /// (open, size, lock, map), each naming the file.
+    /// A refused configuration, a file another process uses as its table, a file that is not
+    /// safe to use ([`CtFileError::Unsafe`]), no room for the table on its file system
+    /// ([`CtFileError::NoSpace`]), or an I/O error (open, size, lock, map), each naming the
+    /// file.
     ///
     /// ```
     /// use tapyard::conntrack::{Conntrack, CtConfig, Opened};
@@ -474,12 +606,23 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(path)
-            .map_err(|err| CtFileError::Io {
-                op: "open",
-                path: path.to_path_buf(),
-                err: std::sync::Arc::new(err),
+            .map_err(|err| {
+                let link = err.raw_os_error() == Some(libc::ELOOP)
+                    && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+                if link {
+                    CtFileError::Unsafe {
+                        path: path.to_path_buf(),
+                        why: "a symbolic link (not followed)".to_string(),
+                    }
+                } else {
+                    CtFileError::Io {
+                        op: "open",
+                        path: path.to_path_buf(),
+                        err: std::sync::Arc::new(err),
+                    }
+                }
             })?;
         Self::open_inner(cfg, file, path, now, false)
     }
@@ -492,8 +635,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// file in errors and the log.
     ///
     /// # Errors
-    /// As [`Conntrack::open_file`](CtTable::open_file); [`CtFileError::InUse`] if another open file holds the
-    /// lock (the file was not handed over but opened again).
+    /// As [`Conntrack::open_file`](CtTable::open_file), the handed file checked as a file
+    /// found at `path` would be; [`CtFileError::InUse`] if another open file holds the lock
+    /// (the file was not handed over but opened again).
     ///
     /// The giving process still maps the file, and takes it back if the takeover fails, so a
     /// handed-over file is never resized or rewritten under it: a table of another size is
@@ -526,10 +670,31 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 err: std::sync::Arc::new(err),
             }
         };
+        // Reserves the file's first `len` bytes: no room is `NoSpace`, naming what is missing.
+        let reserve = |file: &File, len: u64| {
+            use std::os::unix::fs::MetadataExt;
+            let had = file
+                .metadata()
+                .map_or(0, |m| m.blocks().saturating_mul(512));
+            sys::reserve(file, len).map_err(|err| match err.raw_os_error() {
+                Some(libc::ENOSPC | libc::EDQUOT) => CtFileError::NoSpace {
+                    path: path.to_path_buf(),
+                    needed: len.saturating_sub(had),
+                    free: sys::free_bytes(file).unwrap_or(0),
+                },
+                _ => io_err("reserve (fallocate)")(err),
+            })
+        };
+        let mode = vet(&file, path)?;
         if !sys::try_lock_exclusive(&file).map_err(io_err("flock"))? {
             return Err(CtFileError::InUse {
                 path: path.to_path_buf(),
             });
+        }
+        if mode.is_some() {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err("chmod"))?;
         }
         let mut layout = Layout::of::<W>(cfg.max_entries);
         let boot = sys::boot_id().unwrap_or([0; 16]);
@@ -569,6 +734,8 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             expired: 0,
             duplicates: 0,
             size_kept_over,
+            mode_fixed: mode,
+            huge_pages: false,
         };
         let hash = if len == 0 {
             None
@@ -591,16 +758,24 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             }
         };
         let hash = match hash {
-            Some(h) => h,
+            Some(h) => {
+                // An older file may be sparse: allocate its holes now (its data kept).
+                reserve(&file, len)?;
+                h
+            }
             None => {
                 if handed && len > 0 {
                     // The giver maps this file and may take it back: start over in a new
                     // file at `path` instead, leaving the giver's as it is.
                     file = replace_file(path).map_err(io_err("replace"))?;
+                    vet(&file, path)?;
                 }
                 // Start over: zeroes everywhere (every entry FREE), then the header. A process
-                // killed in between leaves a file with no magic, refused next time.
+                // killed in between leaves a file with no magic, refused next time. Every
+                // byte is allocated, so no store into the mapping can find the file system
+                // full.
                 file.set_len(0).map_err(io_err("truncate"))?;
+                reserve(&file, layout.file_len as u64)?;
                 file.set_len(layout.file_len as u64)
                     .map_err(io_err("resize"))?;
                 SeededHash::random()
@@ -616,6 +791,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         file.write_all_at(&bytes, 0)
             .map_err(io_err("write header"))?;
         let map = FileMap::map(&file, layout.file_len).map_err(io_err("mmap"))?;
+        rec.huge_pages = map.huge();
         let n = cfg.max_entries;
         let entries = BigSlice::<Entry<W>>::in_map(&map, layout.entries_off, n)
             .map_err(io_err("map entries"))?;
@@ -625,7 +801,8 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             .map_err(io_err("map index"))?;
         debug_assert!(map.len() >= layout.file_len);
         drop(map);
-        let ct = CtTable::assemble(cfg, entries, acct, index, hash, Some(CtFile { file }));
+        let huge = rec.huge_pages;
+        let ct = CtTable::assemble(cfg, entries, acct, index, hash, Some(CtFile { file, huge }));
         let Rebuilt {
             kept,
             half_written,
@@ -657,7 +834,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// successor has stopped writing to it (it has exited, or dropped its table). O(table
     /// size), like an open.
     pub fn take_back(&self, now: Instant) -> Recovery {
+        let mut huge_pages = false;
         if let Some(f) = self.ct_file() {
+            huge_pages = f.huge;
             let mut words = [0u8; 16];
             words[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
             // H_CLEAN then H_PID: in use, by this process.
@@ -680,6 +859,8 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             expired,
             duplicates,
             size_kept_over: None,
+            mode_fixed: None,
+            huge_pages,
         }
     }
 }

@@ -99,6 +99,35 @@ fn now() -> Instant {
     crate::Clock::new().now()
 }
 
+/// Creates the file at `path`, mode 0600 whatever the umask (a group-writable file is refused).
+fn create_0600(path: &Path) -> File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    chmod(path, 0o600);
+    f
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
 fn write_word(path: &Path, word: usize, v: u64) {
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     f.write_all_at(&v.to_le_bytes(), (word * 8) as u64).unwrap();
@@ -295,7 +324,7 @@ fn random_bytes_are_refused() {
             x as u8
         })
         .collect();
-    std::fs::write(&f.0, bytes).unwrap();
+    create_0600(&f.0).write_all_at(&bytes, 0).unwrap();
     assert_refused(&f, 512, |r| matches!(r, Refusal::Magic { .. }));
 }
 
@@ -690,4 +719,371 @@ fn a_refused_handed_over_file_is_replaced_not_rewritten_under_the_giver() {
                 && e.file_name().to_string_lossy().contains(".new-")
         });
     assert!(!stray, "a temporary file was left behind");
+}
+
+/// Kilobytes of this process's mappings of `path`, and of them the kilobytes mapped with PMDs
+/// (2 MiB pages: `ShmemPmdMapped` for tmpfs, `FilePmdMapped` otherwise), from
+/// `/proc/self/smaps`.
+fn mapped_kb(path: &Path) -> (u64, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let name = path.to_str().unwrap();
+    let (mut size, mut pmd, mut ours) = (0, 0, false);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if !first.ends_with(':') {
+            // A mapping's first line: its range, ..., its file's name (with " (deleted)").
+            ours = line.split_whitespace().nth(5) == Some(name);
+            continue;
+        }
+        let kb = words
+            .next()
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+        match (ours, first) {
+            (true, "Size:") => size += kb,
+            (true, "ShmemPmdMapped:" | "FilePmdMapped:") => pmd += kb,
+            _ => {}
+        }
+    }
+    (size, pmd)
+}
+
+#[test]
+fn the_table_is_mapped_on_huge_pages_where_the_kernel_can() {
+    let f = TempFile::new("huge");
+    let (ct, rec) = Conntrack::open_file(cfg(1 << 16), &f.0, now()).unwrap();
+    let len = Layout::of::<2>(1 << 16).file_len as u64;
+    let (size, pmd) = mapped_kb(&f.0);
+    assert_eq!(size, len / 1024);
+    if !rec.huge_pages {
+        // Linux before 6.1, `shmem_enabled` = deny, a disk file system, or no free huge page.
+        eprintln!(
+            "no huge pages for {}: {size} kB mapped, {pmd} kB with PMDs",
+            f.0.display()
+        );
+        return;
+    }
+    assert_eq!(pmd, size, "huge_pages, so all of it is mapped with PMDs");
+    for k in 0..100 {
+        let (o, r) = conn(k);
+        ct.insert(o, r, CtTag::default(), &first(k), now()).unwrap();
+    }
+    // A successor mapping the same file (a takeover) finds its pages huge, and maps them so.
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (next, rec) =
+        Conntrack::open_handed_over(cfg(1 << 16), File::from(fd), &f.0, now()).unwrap();
+    assert!(rec.huge_pages);
+    assert_eq!(rec.kept, 100);
+    assert_eq!(
+        mapped_kb(&f.0),
+        (2 * size, 2 * size),
+        "both mappings on huge pages"
+    );
+    drop((next, ct));
+    // And so does the next process after a restart.
+    let (_ct, rec) = Conntrack::open_file(cfg(1 << 16), &f.0, now()).unwrap();
+    assert_eq!(
+        (rec.opened, rec.kept, rec.huge_pages),
+        (Opened::Reused, 100, true)
+    );
+    assert_eq!(mapped_kb(&f.0), (size, size));
+}
+
+/// `f`'s length and contents.
+fn contents(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+#[test]
+fn a_symbolic_link_is_refused_and_its_target_untouched() {
+    let f = TempFile::new("link");
+    let victim = TempFile::new("victim");
+    create_0600(&victim.0)
+        .write_all_at(b"not a table", 0)
+        .unwrap();
+    std::os::unix::fs::symlink(&victim.0, &f.0).unwrap();
+    let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+    assert!(
+        matches!(&e, CtFileError::Unsafe { path, why } if *path == f.0 && why.contains("symbolic link")),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(f.0.to_str().unwrap()) && msg.contains("symbolic link"),
+        "{msg}"
+    );
+    assert_eq!(contents(&victim.0), b"not a table");
+    assert_eq!(mode_of(&victim.0), 0o600);
+    // A dangling one is not followed either (no file is created where it points).
+    let f2 = TempFile::new("dangling");
+    let nowhere = TempFile::new("nowhere");
+    std::os::unix::fs::symlink(&nowhere.0, &f2.0).unwrap();
+    let e = Conntrack::open_file(cfg(64), &f2.0, now()).unwrap_err();
+    assert!(matches!(e, CtFileError::Unsafe { .. }), "{e:?}");
+    assert!(!nowhere.0.exists());
+}
+
+#[test]
+fn a_file_others_can_write_is_refused_untouched() {
+    let f = filled("writable", 64, 10);
+    let before = contents(&f.0);
+    for (mode, who) in [
+        (0o666, "its group and others"),
+        (0o620, "its group"),
+        (0o602, "others"),
+    ] {
+        chmod(&f.0, mode);
+        let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+        let want = format!("writable by {who} (mode {mode:04o})");
+        assert_eq!(
+            e,
+            CtFileError::Unsafe {
+                path: f.0.clone(),
+                why: want.clone()
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(f.0.to_str().unwrap()) && msg.contains(&want),
+            "{msg}"
+        );
+        assert_eq!(mode_of(&f.0), mode, "left as it was");
+        // Handed over, it is checked as well.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&f.0)
+            .unwrap();
+        let e = Conntrack::open_handed_over(cfg(64), file, &f.0, now()).unwrap_err();
+        assert!(matches!(e, CtFileError::Unsafe { .. }), "{e:?}");
+    }
+    assert_eq!(contents(&f.0), before, "never written");
+}
+
+#[test]
+fn a_file_others_can_read_is_set_to_0600_and_used() {
+    let f = filled("readable", 64, 10);
+    chmod(&f.0, 0o644);
+    let (ct, rec) = Conntrack::open_file(cfg(64), &f.0, now()).unwrap();
+    assert_eq!(
+        (rec.opened.clone(), rec.kept, rec.mode_fixed),
+        (Opened::Reused, 10, Some(0o644))
+    );
+    assert!(
+        rec.to_string().contains("file mode was 0644, set to 0600"),
+        "{rec}"
+    );
+    assert_eq!(mode_of(&f.0), 0o600);
+    drop(ct);
+    let (ct, rec) = Conntrack::open_file(cfg(64), &f.0, now()).unwrap();
+    assert_eq!((rec.kept, rec.mode_fixed), (10, None));
+    // Handed over too (the giver's file: only its mode changes).
+    chmod(&f.0, 0o640);
+    let fd = ct.backing_file().unwrap().try_clone_to_owned().unwrap();
+    let (_next, rec) = Conntrack::open_handed_over(cfg(64), File::from(fd), &f.0, now()).unwrap();
+    assert_eq!((rec.kept, rec.mode_fixed), (10, Some(0o640)));
+    assert_eq!(mode_of(&f.0), 0o600);
+    // A new file is made 0600 whatever the umask.
+    let g = TempFile::new("new-mode");
+    let (_ct, rec) = Conntrack::open_file(cfg(64), &g.0, now()).unwrap();
+    assert_eq!((rec.opened, rec.mode_fixed), (Opened::Created, None));
+    assert_eq!(mode_of(&g.0), 0o600);
+}
+
+#[test]
+fn a_file_with_two_names_is_refused() {
+    let f = filled("nlink", 64, 10);
+    let other = TempFile::new("nlink-other");
+    std::fs::hard_link(&f.0, &other.0).unwrap();
+    let before = contents(&f.0);
+    let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+    assert!(
+        matches!(&e, CtFileError::Unsafe { why, .. } if why.starts_with("2 hard links")),
+        "{e:?}"
+    );
+    assert_eq!(contents(&f.0), before);
+    std::fs::remove_file(&other.0).unwrap();
+    assert_eq!(
+        Conntrack::open_file(cfg(64), &f.0, now()).unwrap().1.kept,
+        10
+    );
+}
+
+#[test]
+fn a_fifo_is_refused() {
+    // Made by a child process: no table may be open meanwhile (see FORKING).
+    let path = temp_path("fifo");
+    let made = {
+        let _fork = FORKING.write();
+        Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let p = TempFile(path, FORKING.read_recursive());
+    if !made {
+        eprintln!("skipping: mkfifo failed");
+        return;
+    }
+    // Opening a FIFO for reading and writing does not block on Linux.
+    let e = Conntrack::open_file(cfg(64), &p.0, now()).unwrap_err();
+    assert!(
+        matches!(&e, CtFileError::Unsafe { why, .. } if why == "not a regular file (a FIFO)"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_file_of_another_user_is_refused() {
+    if sys::euid() != 0 {
+        eprintln!("skipping: needs root to give a file to another user");
+        return;
+    }
+    let f = filled("owner", 64, 10);
+    std::os::unix::fs::chown(&f.0, Some(65534), None).unwrap();
+    let e = Conntrack::open_file(cfg(64), &f.0, now()).unwrap_err();
+    assert_eq!(
+        e,
+        CtFileError::Unsafe {
+            path: f.0.clone(),
+            why: "owned by uid 65534, not by this process's uid 0".to_string()
+        }
+    );
+    assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+}
+
+/// A tmpfs of `size` mounted on a new directory (root only), unmounted and removed when
+/// dropped. `mount` and `umount` are child processes: made and dropped with no table open in
+/// this test (see FORKING).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` (and why, printed) when the mount fails (not root).
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = std::env::temp_dir().join(format!("tapyard-ct-tmpfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _fork = FORKING.write();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size},mode=0700"))
+            .arg("tapyard-test")
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!(
+                "skipping: cannot mount a tmpfs on {} (needs root)",
+                dir.display()
+            );
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _fork = FORKING.write();
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Fills `path`'s file system with a file until it is full.
+fn fill(path: &Path) {
+    let f = create_0600(path);
+    let mb = vec![0x55u8; 1 << 20];
+    let mut off = 0u64;
+    while f.write_all_at(&mb, off).is_ok() {
+        off += mb.len() as u64;
+    }
+    for _ in 0..256 {
+        if f.write_all_at(&mb[..4096], off).is_err() {
+            break;
+        }
+        off += 4096;
+    }
+}
+
+#[test]
+fn a_full_tmpfs_is_an_error_at_open_not_a_sigbus_later() {
+    let Some(fs) = Tmpfs::mount("16m") else {
+        return;
+    };
+    let _no_fork = FORKING.read_recursive();
+    let small = Layout::of::<2>(1024).file_len as u64; // 8 MiB
+    let big = Layout::of::<2>(1 << 16).file_len as u64; // 10 MiB
+    assert_eq!((small, big), (8 << 20, 10 << 20));
+    // A table that fits, reserved whole: filling the file system after it cannot make its
+    // first touches of any page fail (a SIGBUS before: the file was sparse).
+    let a = fs.0.join("a");
+    let (ct, rec) = Conntrack::open_file(cfg(1024), &a, now()).unwrap();
+    assert_eq!(rec.opened, Opened::Created);
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            std::fs::metadata(&a).unwrap().blocks() * 512 >= small,
+            "allocated"
+        );
+    }
+    fill(&fs.0.join("filler"));
+    for k in 0..1024 {
+        let (o, r) = conn(k);
+        ct.insert(o, r, CtTag::default(), &first(k), now()).unwrap();
+    }
+    ct.check_invariants().unwrap();
+    drop(ct);
+    std::fs::remove_file(fs.0.join("filler")).unwrap();
+
+    // A table bigger than the room left: an error naming the file and both sizes, and no file
+    // of that size left behind.
+    let b = fs.0.join("b");
+    let e = Conntrack::open_file(cfg(1 << 16), &b, now()).unwrap_err();
+    let CtFileError::NoSpace { path, needed, free } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!((path, *needed), (&b, big));
+    assert!(*free < big && *free >= (7 << 20), "{free}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(b.to_str().unwrap())
+            && msg.contains(&format!("{big} bytes needed, {free} bytes free")),
+        "{msg}"
+    );
+    assert_eq!(std::fs::metadata(&b).unwrap().len(), 0);
+    std::fs::remove_file(&b).unwrap();
+
+    // An existing sparse table (as files were before they were reserved): reusing it reserves
+    // it first, refused when there is no room, and reused intact once there is.
+    let data = contents(&a);
+    std::fs::remove_file(&a).unwrap();
+    let c = fs.0.join("c");
+    let file = create_0600(&c);
+    for (i, page) in data.chunks(4096).enumerate() {
+        if page.iter().any(|&x| x != 0) {
+            file.write_all_at(page, (i * 4096) as u64).unwrap();
+        }
+    }
+    file.set_len(small).unwrap();
+    drop(file);
+    fill(&fs.0.join("filler"));
+    let e = Conntrack::open_file(cfg(1024), &c, now()).unwrap_err();
+    assert!(
+        matches!(e, CtFileError::NoSpace { ref path, .. } if *path == c),
+        "{e:?}"
+    );
+    assert_eq!(contents(&c), data, "left as it was");
+    std::fs::remove_file(fs.0.join("filler")).unwrap();
+    let (ct, rec) = Conntrack::open_file(cfg(1024), &c, now()).unwrap();
+    assert_eq!((&rec.opened, rec.kept), (&Opened::Reused, 1024), "{rec}");
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            std::fs::metadata(&c).unwrap().blocks() * 512 >= small,
+            "allocated"
+        );
+    }
+    drop(ct);
 }
