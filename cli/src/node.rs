@@ -806,11 +806,21 @@ impl Plan {
             if let Some(r) = self.b.recovery() {
                 kept_connections = r.kept;
                 let ms = opening.elapsed().as_secs_f64() * 1000.0;
+                // Reserved whole at open (no SIGBUS when the tmpfs fills later), and on
+                // 2 MiB pages where the kernel can (MADV_COLLAPSE).
+                let pages = if r.huge_pages {
+                    "; reserved, on huge pages"
+                } else {
+                    "; reserved, on 4 KiB pages"
+                };
                 match r.opened {
                     Opened::Refused(_) => {
-                        log::warn!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display())
+                        log::warn!("conntrack: {}: {r}{pages} ({ms:.1} ms)", ct_file.display())
                     }
-                    _ => log::info!("conntrack: {}: {r} ({ms:.1} ms)", ct_file.display()),
+                    _ if r.mode_fixed.is_some() => {
+                        log::warn!("conntrack: {}: {r}{pages} ({ms:.1} ms)", ct_file.display())
+                    }
+                    _ => log::info!("conntrack: {}: {r}{pages} ({ms:.1} ms)", ct_file.display()),
                 }
             }
             // The IPv6 table beside it (<state_dir>/conntrack6), so IPv6 connections survive

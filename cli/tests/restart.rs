@@ -1445,3 +1445,66 @@ fn a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("stopping (signal)"), "{text}");
 }
+
+/// Unmounts a test's tmpfs on drop, failing or not.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = run_output(&["umount", "-l", &self.0.display().to_string()]);
+    }
+}
+
+#[test]
+fn a_state_tmpfs_without_room_for_the_table_is_a_start_error() {
+    if skip("a_state_tmpfs_without_room_for_the_table_is_a_start_error") {
+        return;
+    }
+    let tag = format!("{}", std::process::id() % 100_000);
+    let dir = std::env::temp_dir().join(format!("tapyard-small-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = dir.join("run.log");
+    let mut g = Guard::new(&dir, &log);
+    let ns = format!("tysm{tag}");
+    g.ns(&ns);
+    let small = dir.join("small");
+    std::fs::create_dir(&small).unwrap();
+    run(&[
+        "mount",
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=40m",
+        "tmpfs",
+        &small.display().to_string(),
+    ]);
+    let _mounted = Mounted(small.clone());
+    let state = small.join("state");
+    let tap = format!("tysm{tag}");
+    let (config, socket) = small_node(&dir, &state, &tap);
+    // The default table (262,144 entries, 32 MiB) fits: reserved whole at start.
+    g.start_node(Some(&ns), &config, &[], &socket);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("; reserved, on "), "{text}");
+    assert!(g.stop_node().success());
+    // Twice the entries no longer fit: refused at start, naming the file, the bytes needed
+    // and the bytes free, instead of a SIGBUS at some later new connection.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[conntrack]\nmax_entries = 524288\n"),
+    )
+    .unwrap();
+    refused_start(
+        &ns,
+        &config,
+        &log,
+        &state.join("conntrack"),
+        "no room for the table",
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("bytes needed") && text.contains("bytes free"),
+        "{text}"
+    );
+}

@@ -56,6 +56,9 @@ const H_CLEAN: usize = 18;
 const H_PID: usize = 19;
 const H_WORDS: usize = 20;
 
+/// The page of a small table's file.
+const SMALL_PAGE: usize = 4096;
+
 /// Where everything goes in a file for `n` entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
@@ -68,20 +71,31 @@ struct Layout {
 }
 
 impl Layout {
+    /// Each array starts on a page: a 2 MiB one (so each can be a huge page) when the table
+    /// takes 2 MiB or more, else a 4 KiB one (a small table, such as a node's IPv6 table
+    /// without IPv6 traffic, would otherwise reserve 8 MiB for a few KiB of entries).
     fn of<const W: usize>(n: usize) -> Layout {
-        let up = |x: usize| x.next_multiple_of(HUGE_PAGE);
-        let buckets = bucket_count(n);
-        let entries_off = HUGE_PAGE;
-        let acct_off = up(entries_off + n * size_of::<Entry<W>>());
-        let index_off = up(acct_off + n * size_of::<Acct>());
-        let file_len = up(index_off + buckets * size_of::<Bucket>());
-        Layout {
-            entries: n,
-            buckets,
-            entries_off,
-            acct_off,
-            index_off,
-            file_len,
+        let at = |page: usize| {
+            let up = |x: usize| x.next_multiple_of(page);
+            let buckets = bucket_count(n);
+            let entries_off = page;
+            let acct_off = up(entries_off + n * size_of::<Entry<W>>());
+            let index_off = up(acct_off + n * size_of::<Acct>());
+            let file_len = up(index_off + buckets * size_of::<Bucket>());
+            Layout {
+                entries: n,
+                buckets,
+                entries_off,
+                acct_off,
+                index_off,
+                file_len,
+            }
+        };
+        let small = at(SMALL_PAGE);
+        if small.file_len < HUGE_PAGE {
+            small
+        } else {
+            at(HUGE_PAGE)
         }
     }
 
