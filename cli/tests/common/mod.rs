@@ -5,6 +5,9 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod cni_plugin;
+pub mod flannel;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
