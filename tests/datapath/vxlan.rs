@@ -703,6 +703,10 @@ fn tunnel_super_frames_cross_whole_both_ways() {
 /// one inner TCP super-frame) and as correct segments to a plain TAP (the kernel segments it,
 /// outer headers replicated and each outer UDP checksum computed).
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn tunnel_super_frame_crosses_real_taps_both_ways() {
     if let Some(why) = common::skip_reason(&[]) {
         common::skip(&why);

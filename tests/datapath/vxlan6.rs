@@ -870,6 +870,10 @@ fn a_udp_tunnel_ipv6_super_frame_is_decapsulated_whole() {
 /// TAP without UDP-tunnel GSO instead, it is segmented by tapyard and the plain TAP gets the
 /// same right segments.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn tunnel6_super_frame_crosses_real_taps() {
     if let Some(why) = common::skip_reason(&[]) {
         common::skip(&why);

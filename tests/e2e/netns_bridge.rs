@@ -179,11 +179,19 @@ fn tcp_transfer(guard: &mut Guard, a: &Pod, b: &Pod) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn two_namespaces_bridged_by_plain_taps() {
     bridge_two_pods("tyb", TapKind::Plain, TapKind::Plain);
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn two_namespaces_bridged_by_offload_taps() {
     bridge_two_pods("tyo", TapKind::Offload, TapKind::Offload);
 }
@@ -191,6 +199,10 @@ fn two_namespaces_bridged_by_offload_taps() {
 /// TCP super-frames from an offload TAP leave through a plain TAP: the datapath must segment
 /// and checksum them in software, and the content check catches any mistake.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn offload_tap_to_plain_tap() {
     bridge_two_pods("tym", TapKind::Offload, TapKind::Plain);
 }

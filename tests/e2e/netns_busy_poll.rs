@@ -16,6 +16,10 @@ use crate::common::{name_tag, open_tap, skip, skip_reason, Guard, TapKind};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn busy_polling_bridge_pings_then_goes_idle() {
     if let Some(why) = skip_reason(&[("ping", "-V")]) {
         skip(&why);

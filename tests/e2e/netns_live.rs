@@ -17,6 +17,10 @@ use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason};
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_tap_added_at_run_time_carries_a_ping() {
     if let Some(why) = skip_reason(&[("ping", "-V")]) {
         skip(&why);

@@ -54,6 +54,10 @@ for n in range(count):
 "#;
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn multi_queue_taps_keep_each_flow_in_order() {
     if let Some(why) = skip_reason(&[("python3", "-V"), ("ping", "-V")]) {
         skip(&why);

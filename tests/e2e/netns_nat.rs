@@ -426,12 +426,20 @@ impl Drop for Step {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn kubernetes_services_with_offload_taps() {
     nat_node("tyn", TapKind::Offload);
 }
 
 /// The same on plain TAPs: the pods' kernels segment and checksum everything.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn kubernetes_services_with_plain_taps() {
     nat_node("tyq", TapKind::Plain);
 }
@@ -1077,6 +1085,10 @@ fn nat_node(prefix: &str, kind: TapKind) {
 /// in the same setup (the uplink's: the packet had left with it). A TTL-1 ping through the
 /// same NAT gets time exceeded from the pod's gateway, as on Linux. Plain TAPs, one worker.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_pod_behind_masquerade_is_told_its_dead_gateway_is_unreachable() {
     if let Some(why) = skip_reason(&[("ping", "-V")]) {
         skip(&why);

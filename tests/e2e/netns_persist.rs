@@ -51,6 +51,10 @@ fn wait_gone(ns: Option<&str>, dev: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn persistent_tap_outlives_its_fd_and_follows_its_moves() {
     if let Some(why) = skip_reason(&[]) {
         skip(&why);

@@ -292,12 +292,20 @@ fn traceroute(from: &Host, to: &str) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn routed_node_with_offload_taps() {
     routed_node("tyr", TapKind::Offload, true);
 }
 
 /// The same topology on plain TAPs: pod-to-pod and cross-node parts, no error cases.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn routed_node_with_plain_taps() {
     routed_node("typ", TapKind::Plain, false);
 }

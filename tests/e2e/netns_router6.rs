@@ -35,6 +35,10 @@ const TCP_PORT: &str = "42216";
 const TCP_BYTES: usize = 4 << 20;
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn ipv6_pods_ping_and_tcp_across_the_router_with_ra_and_ndp() {
     if let Some(why) = skip_reason(&[("ping", "-V")]) {
         skip(&why);

@@ -19,6 +19,10 @@ use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::DropReason;
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn frames_to_a_tap_not_up_yet_are_link_down_not_errors() {
     if let Some(why) = skip_reason(&[("ping", "-V")]) {
         skip(&why);

@@ -101,6 +101,10 @@ fn bridge_in(io: IoMode, kind: TapKind, n: u32) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn uring_and_plain_io_bridge_pods() {
     if let Some(why) = skip_reason(&[("ping", "-V")]) {
         skip(&why);

@@ -282,6 +282,10 @@ fn has_eth0(ns: &str) -> bool {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn port_add_show_del_and_reload() {
     if skip("port_add_show_del_and_reload") {
         return;
@@ -379,6 +383,10 @@ fn port_add_show_del_and_reload() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn cni_pods_end_to_end() {
     if skip("cni_pods_end_to_end") {
         return;
@@ -514,6 +522,10 @@ fn cni_pods_end_to_end() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn churn_while_a_stream_runs() {
     let why = skip_reason().or_else(|| {
         (!have("iperf3", "--version")).then(|| "`iperf3` (iperf3) is not installed".into())

@@ -358,6 +358,10 @@ fn ra_default_router(n: &Names) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn dual_stack_node() {
     if skip_or_fail("dual_stack", skip_reason()) {
         return;
@@ -752,6 +756,10 @@ fn dual_stack_node() {
 /// each IP's `version`), the pods reach each other and their gateway over IPv6, CHECK passes,
 /// DEL releases both leases.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn cni_dual_stack_ipam() {
     let why = skip_reason().or_else(|| {
         plugin_dir().is_none().then(|| {

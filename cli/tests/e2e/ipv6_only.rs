@@ -182,6 +182,10 @@ fn build_wire(n: &Names) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn ipv6_only_node() {
     if skip_or_fail("ipv6_only", skip_reason()) {
         return;
@@ -400,6 +404,10 @@ fn ipv6_only_node() {
 
 /// The CNI plugin with IPv6-only IPAM on an IPv6-only node (see the module docs).
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn cni_ipv6_only_ipam() {
     let why = skip_reason().or_else(|| {
         plugin_dir().is_none().then(|| {

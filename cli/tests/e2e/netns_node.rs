@@ -251,6 +251,10 @@ fn json(n: &Names, what: &str) -> serde_json::Value {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn node_from_config_file() {
     if skip_or_fail() {
         return;
@@ -975,6 +979,10 @@ fn iperf_through_reload(n: &Names, g: &mut Guard, extra: &str) {
 /// reload changed nothing. Then `show conntrack --json` (streamed) of the empty table prints
 /// `[]`, as before.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn the_control_socket_refuses_unknown_fields_for_every_command() {
     use std::io::{BufRead, BufReader};
     if skip_or_fail() {

@@ -572,6 +572,10 @@ impl Container {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn podman_containers_on_a_tapyard_cni_network() {
     if skip() {
         return;

@@ -637,6 +637,10 @@ fn wait_output_collects_more_than_a_pipe_holds() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn kill_and_clean_stop_keep_the_pods() {
     if skip("kill_and_clean_stop_keep_the_pods") {
         return;
@@ -708,6 +712,10 @@ fn kill_and_clean_stop_keep_the_pods() {
 /// making its TAP persistent (a failure point: debug builds only) leaves a TAP that went with
 /// the process, dropped from the record at the next start, and the name can be added again.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn port_add_never_leaves_an_unrecorded_tap() {
     if skip("port_add_never_leaves_an_unrecorded_tap") {
         return;
@@ -769,6 +777,10 @@ fn port_add_never_leaves_an_unrecorded_tap() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn gone_namespace_port_del_and_cleanup() {
     if skip("gone_namespace_port_del_and_cleanup") {
         return;
@@ -909,6 +921,10 @@ fn flow_lines(path: &std::path::Path) -> (Vec<(f64, String)>, Vec<String>) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn flows_survive_restart() {
     if skip("flows_survive_restart") {
         return;
@@ -1080,6 +1096,10 @@ impl Rig {
 /// middle of a second SYN flood (new connections evicting old ones from the full table): the
 /// restarted node keeps a full table and new connections work.
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn full_table_restart_time() {
     if skip("full_table_restart_time") {
         return;
@@ -1205,6 +1225,10 @@ fn set_mode(p: &std::path::Path, mode: u32) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_hostile_state_directory_is_refused_and_a_forged_record_deletes_no_other_link() {
     if skip("a_hostile_state_directory_is_refused_and_a_forged_record_deletes_no_other_link") {
         return;
@@ -1380,6 +1404,10 @@ fn takeover_recv(s: &mut std::os::unix::net::UnixStream) -> Value {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it() {
     if skip("a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it") {
         return;

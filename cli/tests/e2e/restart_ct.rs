@@ -372,6 +372,10 @@ fn kept_in(log: &str) -> usize {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn kill_9_during_a_syn_flood() {
     if skip_or_fail("kill_9_during_a_syn_flood") {
         return;
@@ -491,6 +495,10 @@ fn kill_9_during_a_syn_flood() {
 type Corruption<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn corrupted_state_file_is_refused_and_replaced() {
     if skip_or_fail("corrupted_state_file_is_refused_and_replaced") {
         return;

@@ -216,6 +216,10 @@ fn logged_ms(log: &Path, line: &str, key: &str) -> f64 {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn takeover_keeps_a_tcp_stream_and_the_ports() {
     if skip_or_fail() {
         return;

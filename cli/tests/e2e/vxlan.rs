@@ -167,6 +167,10 @@ fn drops(n: &Names, node: &str, reason: &str) -> u64 {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn overlay_with_linux_and_tapyard_nodes() {
     if skip_or_fail() {
         return;

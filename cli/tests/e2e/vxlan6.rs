@@ -253,6 +253,10 @@ fn drops(sock: &Path, reason: &str) -> u64 {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn ipv6_underlay_with_a_linux_flannel_node() {
     if common::skip_or_fail("vxlan6", skip_reason()) {
         return;

@@ -151,6 +151,10 @@ fn a_cni_netns_that_is_not_a_network_namespace_is_code_4_before_ipam() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn tapyard_not_running_is_try_again_later_and_releases_the_lease() {
     let Some(plugins) = privileged("tapyard_not_running") else {
         return;
@@ -182,6 +186,10 @@ fn tapyard_not_running_is_try_again_later_and_releases_the_lease() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_refused_port_and_a_failed_route_roll_everything_back() {
     let Some(plugins) = privileged("rollback") else {
         return;
@@ -319,16 +327,28 @@ fn add_check_del(version: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn add_check_del_1_0_0() {
     add_check_del("1.0.0");
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn add_check_del_0_4_0() {
     add_check_del("0.4.0");
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_second_add_of_the_same_owner_is_refused_and_keeps_the_first() {
     let Some(plugins) = privileged("second_add") else {
         return;
