@@ -2,7 +2,15 @@
 //! with `CI=true` a skip is a failure), running commands with a timeout, a cleanup [`Guard`],
 //! network namespaces ([`Ns`]) and long-running servers inside them.
 //!
-//! Each test binary uses only part of this module.
+//! Each test binary (`datapath`, `e2e`) uses only part of this module.
+//!
+//! Root tests: a test that needs root (TAP devices, network namespaces) carries
+//! `#[cfg_attr(not(tapyard_root), ignore = "needs root: ...")]`. The package's `build.rs` sets
+//! `cfg(tapyard_root)` when the build runs as root (effective uid 0, unless
+//! `TAPYARD_TEST_AS_USER=1`), so a user's `cargo test` lists these tests as `ignored` instead
+//! of reporting `ok` for a test that did not run; as root (and in CI) they run. Running, they
+//! still check for the tools they need: a missing one skips the test saying why, or fails it
+//! under `CI=true`.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};

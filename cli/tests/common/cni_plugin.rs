@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::common::{plugin_dir, wait_output, CMD_TIMEOUT, TAPYARD};
+use super::{plugin_dir, wait_output, CMD_TIMEOUT, TAPYARD};
 
 /// The `tapyard-cni` binary beside `tapyard`, built (same profile) if it is not there yet.
 pub fn plugin_exe() -> PathBuf {

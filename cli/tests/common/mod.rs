@@ -1,9 +1,21 @@
 //! Helpers shared by the end-to-end tests: why a root test cannot run, running commands with
 //! a timeout, the cleanup [`Guard`] with its namespaces, `tapyard run` in a namespace, the
 //! `[node]` section of a test's config, pings between namespaces, and tiny Python TCP/UDP
-//! servers and clients (both families).
+//! servers and clients (both families); [`cni_plugin`] runs the CNI plugin, [`flannel`] sets
+//! up a Linux node as Flannel's VXLAN backend does.
+//!
+//! Root tests: a test that needs root (TAP devices, network namespaces) carries
+//! `#[cfg_attr(not(tapyard_root), ignore = "needs root: ...")]`. The package's `build.rs` sets
+//! `cfg(tapyard_root)` when the build runs as root (effective uid 0, unless
+//! `TAPYARD_TEST_AS_USER=1`), so a user's `cargo test` lists these tests as `ignored` instead
+//! of reporting `ok` for a test that did not run; as root (and in CI) they run. Running, they
+//! still check for the tools they need: a missing one skips the test saying why, or fails it
+//! under `CI=true`.
 
 #![allow(dead_code)] // each test binary uses its own subset
+
+pub mod cni_plugin;
+pub mod flannel;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,6 +1,14 @@
 //! Test helpers: run the plugin as a runtime does, network namespaces that clean up after
 //! themselves, a private host-local data directory, and a fake tapyard control server that
 //! creates real TAPs.
+//!
+//! Root tests: a test that needs root (TAP devices, network namespaces) carries
+//! `#[cfg_attr(not(tapyard_root), ignore = "needs root: ...")]`. The package's `build.rs` sets
+//! `cfg(tapyard_root)` when the build runs as root (effective uid 0, unless
+//! `TAPYARD_TEST_AS_USER=1`), so a user's `cargo test` lists these tests as `ignored` instead
+//! of reporting `ok` for a test that did not run; as root (and in CI) they run. Running, they
+//! still look for host-local ([`privileged`]) and skip, saying why, without it.
+
 #![allow(dead_code)]
 
 use serde_json::{json, Value};
