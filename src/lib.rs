@@ -9,7 +9,7 @@
 //! ## The layers
 //!
 //! From the wire inwards; each layer uses only the ones above it in this list (a test,
-//! `tests/layers.rs`, keeps it so):
+//! `tests/datapath/layers.rs`, keeps it so):
 //!
 //! * [`wire`]: the packet-view layer: checked views over header bytes and plain values
 //!   (`Repr`s) for Ethernet/VLAN, ARP, IPv4, ICMP, TCP, UDP, VXLAN, the virtio-net header,

@@ -63,7 +63,7 @@
 //!
 //! What the pause costs: the old workers stop from `ready` until `ack`, while the new process
 //! maps the connection table (it must not before: the old one writes to it), finishes its
-//! datapath and starts its workers. `tests/takeover.rs` measured about 10 to 20 ms with the
+//! datapath and starts its workers. `cli/tests/e2e/takeover.rs` measured about 10 to 20 ms with the
 //! default 262,144-entry table (about 1 ms with none), during which frames wait in the TAPs'
 //! queues (`txqueuelen`, 500 frames by default) rather than being lost.
 

@@ -1483,6 +1483,10 @@ impl Drop for Mounted {
 }
 
 #[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
 fn a_state_tmpfs_without_room_for_the_table_is_a_start_error() {
     if skip("a_state_tmpfs_without_room_for_the_table_is_a_start_error") {
         return;

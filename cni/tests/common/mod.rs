@@ -51,20 +51,30 @@ pub fn plugin_dir() -> Option<PathBuf> {
         .find(|d| d.join("host-local").is_file())
 }
 
-/// Skips (returns `None` and says why) unless root and host-local are available.
+/// Skips (returns `None` and says why) unless root and host-local are available; under
+/// `CI=true` (where `.ci/run` installs both and runs as root) a test that cannot run fails.
 pub fn privileged(test: &str) -> Option<PathBuf> {
     if !root() {
-        eprintln!("SKIP {test}: needs root (network namespaces and TAPs)");
-        return None;
+        return skip(test, "needs root (network namespaces and TAPs)");
     }
     let dir = plugin_dir();
     if dir.is_none() {
-        eprintln!(
-            "SKIP {test}: host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin \
-             (apt-get install containernetworking-plugins)"
+        return skip(
+            test,
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin \
+             (apt-get install containernetworking-plugins)",
         );
     }
     dir
+}
+
+/// Says why `test` skips, or fails under `CI=true`.
+pub fn skip<T>(test: &str, why: &str) -> Option<T> {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true and {test} cannot run: {why}");
+    }
+    eprintln!("SKIP {test}: {why}");
+    None
 }
 
 /// Runs `cmd` and panics with its output if it fails.

@@ -78,10 +78,12 @@ fn bad_input_has_the_right_code_and_allocates_nothing() {
 /// show it never ran), not root: every path here is one a user can make or open.
 #[test]
 fn a_cni_netns_that_is_not_a_network_namespace_is_code_4_before_ipam() {
-    let Some(plugins) = plugin_dir() else {
-        eprintln!(
-            "SKIP not_a_netns: host-local not found (apt-get install containernetworking-plugins)"
-        );
+    let Some(plugins) = plugin_dir().or_else(|| {
+        skip(
+            "not_a_netns",
+            "host-local not found (apt-get install containernetworking-plugins)",
+        )
+    }) else {
         return;
     };
     let (data, scratch) = (TempDir::new(), TempDir::new());
