@@ -248,6 +248,13 @@ pub trait CtKey<const W: usize>:
     fn is_dnat(orig: &Self, reply: &Self) -> bool;
     /// Whether `reply` translates `orig`'s source.
     fn is_snat(orig: &Self, reply: &Self) -> bool;
+    /// The family's address ([`Ipv4Addr`](std::net::Ipv4Addr), [`Ipv6Addr`](std::net::Ipv6Addr)).
+    type Addr: Copy + Eq + fmt::Debug + fmt::Display + Send + Sync + 'static;
+    /// The source port (ICMP echo: the identifier).
+    fn sport(&self) -> u16;
+    /// The tuple with source `addr` and source port `port` (ICMP echo: the identifier, in
+    /// both port fields), the rest kept: a translated source.
+    fn with_source(&self, addr: Self::Addr, port: u16) -> Self;
 }
 
 impl CtKey<2> for Tuple {
@@ -277,6 +284,21 @@ impl CtKey<2> for Tuple {
     fn is_snat(orig: &Self, reply: &Self) -> bool {
         (reply.dst, reply.dport) != (orig.src, orig.sport)
     }
+    type Addr = std::net::Ipv4Addr;
+    #[inline(always)]
+    fn sport(&self) -> u16 {
+        self.sport
+    }
+    #[inline(always)]
+    fn with_source(&self, addr: std::net::Ipv4Addr, port: u16) -> Self {
+        let icmp = self.proto == Self::ICMP;
+        Self {
+            src: addr,
+            sport: port,
+            dport: if icmp { port } else { self.dport },
+            ..*self
+        }
+    }
 }
 
 impl CtKey<5> for Tuple6 {
@@ -305,6 +327,21 @@ impl CtKey<5> for Tuple6 {
     #[inline(always)]
     fn is_snat(orig: &Self, reply: &Self) -> bool {
         (reply.dst, reply.dport) != (orig.src, orig.sport)
+    }
+    type Addr = std::net::Ipv6Addr;
+    #[inline(always)]
+    fn sport(&self) -> u16 {
+        self.sport
+    }
+    #[inline(always)]
+    fn with_source(&self, addr: std::net::Ipv6Addr, port: u16) -> Self {
+        let icmp = self.proto == Self::ICMP;
+        Self {
+            src: addr,
+            sport: port,
+            dport: if icmp { port } else { self.dport },
+            ..*self
+        }
     }
 }
 pub use tcp::CtState;

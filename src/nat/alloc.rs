@@ -48,12 +48,11 @@
 //! assert_ne!(t.sport, 40000);
 //! ```
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 use crate::conntrack::CtKey;
 use crate::narrow::{low16, low32};
-use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
-use crate::wire::tuple::{Tuple, Tuple6, PROTO_ICMPV6};
+use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
+#[cfg(doc)]
+use crate::wire::tuple::Tuple;
 
 /// Tries in the first round (Linux's `NF_NAT_MAX_ATTEMPTS`).
 pub const MAX_ATTEMPTS: u32 = 128;
@@ -131,113 +130,52 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Chooses a translated source for `orig` (see the [module docs](self)): returns
-/// `{src: to_addr, sport: chosen, ..orig}` (ICMP: the identifier in both port fields) such that
+/// Chooses a translated source for `orig` (see the [module docs](self)), for either family
+/// ([`Tuple`], [`Tuple6`](crate::nat::Tuple6)): returns `{src: to_addr, sport: chosen,
+/// ..orig}` (ICMP and ICMPv6 echo: the identifier in both port fields) such that
 /// `in_use(&result.invert())` is false, or `None` when the tries are exhausted.
-pub fn alloc_source(
-    orig: &Tuple,
-    to_addr: Ipv4Addr,
+pub fn alloc_source<T: CtKey<W>, const W: usize>(
+    orig: &T,
+    to_addr: T::Addr,
     range: PortRange,
     hash: u64,
-    in_use: impl FnMut(&Tuple) -> bool,
-) -> Option<Tuple> {
-    alloc(orig, to_addr, range, hash, true, in_use)
+    in_use: impl FnMut(&T) -> bool,
+) -> Option<T> {
+    choose(orig, to_addr, range, hash, true, in_use)
 }
 
 /// As [`alloc_source`] but never keeps the original port unless the search picks it, as
 /// iptables' `MASQUERADE --random-fully` (which kube-proxy uses when available): the source
 /// port then leaks nothing and does not collide across nodes in a predictable way.
-pub fn alloc_source_random_fully(
-    orig: &Tuple,
-    to_addr: Ipv4Addr,
+pub fn alloc_source_random_fully<T: CtKey<W>, const W: usize>(
+    orig: &T,
+    to_addr: T::Addr,
     range: PortRange,
     hash: u64,
-    in_use: impl FnMut(&Tuple) -> bool,
-) -> Option<Tuple> {
-    alloc(orig, to_addr, range, hash, false, in_use)
+    in_use: impl FnMut(&T) -> bool,
+) -> Option<T> {
+    choose(orig, to_addr, range, hash, false, in_use)
 }
 
-fn alloc(
-    orig: &Tuple,
-    to_addr: Ipv4Addr,
-    range: PortRange,
-    hash: u64,
-    keep: bool,
-    in_use: impl FnMut(&Tuple) -> bool,
-) -> Option<Tuple> {
-    let base = Tuple {
-        src: to_addr,
-        ..*orig
-    };
-    let icmp = orig.proto == PROTO_ICMP;
-    let with = |p: u16| Tuple {
-        sport: p,
-        dport: if icmp { p } else { base.dport },
-        ..base
-    };
-    choose(base, orig.sport, with, range, hash, keep, in_use)
-}
-
-/// As [`alloc_source`] for an IPv6 connection (ICMPv6 echo identifiers as ICMP's).
-pub fn alloc_source6(
-    orig: &Tuple6,
-    to_addr: Ipv6Addr,
-    range: PortRange,
-    hash: u64,
-    in_use: impl FnMut(&Tuple6) -> bool,
-) -> Option<Tuple6> {
-    alloc6(orig, to_addr, range, hash, true, in_use)
-}
-
-/// As [`alloc_source_random_fully`] for an IPv6 connection.
-pub fn alloc_source6_random_fully(
-    orig: &Tuple6,
-    to_addr: Ipv6Addr,
-    range: PortRange,
-    hash: u64,
-    in_use: impl FnMut(&Tuple6) -> bool,
-) -> Option<Tuple6> {
-    alloc6(orig, to_addr, range, hash, false, in_use)
-}
-
-fn alloc6(
-    orig: &Tuple6,
-    to_addr: Ipv6Addr,
-    range: PortRange,
-    hash: u64,
-    keep: bool,
-    in_use: impl FnMut(&Tuple6) -> bool,
-) -> Option<Tuple6> {
-    let base = Tuple6 {
-        src: to_addr,
-        ..*orig
-    };
-    let icmp = orig.proto == PROTO_ICMPV6;
-    let with = |p: u16| Tuple6 {
-        sport: p,
-        dport: if icmp { p } else { base.dport },
-        ..base
-    };
-    choose(base, orig.sport, with, range, hash, keep, in_use)
-}
-
-/// The choice shared by both families: `base` is the original tuple with the new source
-/// address, `with(p)` the same with source port (ICMP: identifier) `p`. TCP and UDP search
-/// `range`, ICMP echo every identifier; other protocols keep their ports and only need
-/// `base` to be free.
+/// The choice for both families: TCP and UDP search `range`, ICMP echo every identifier;
+/// other protocols keep their ports and only need the tuple with the new address to be free.
 fn choose<T: CtKey<W>, const W: usize>(
-    base: T,
-    sport: u16,
-    with: impl Fn(u16) -> T,
+    orig: &T,
+    to_addr: T::Addr,
     range: PortRange,
     hash: u64,
     keep: bool,
     mut in_use: impl FnMut(&T) -> bool,
 ) -> Option<T> {
-    let range = match base.proto() {
+    let sport = orig.sport();
+    let with = |p: u16| orig.with_source(to_addr, p);
+    let range = match orig.proto() {
         PROTO_TCP | PROTO_UDP => range,
         p if p == T::ICMP => PortRange::ALL,
-        _ => return (!in_use(&base.invert())).then_some(base),
+        _ => {
+            let base = with(sport);
+            return (!in_use(&base.invert())).then_some(base);
+        }
     };
     search(sport, range, hash, keep, |p| !in_use(&with(p).invert())).map(with)
 }
@@ -285,7 +223,10 @@ fn search(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::ipv4::PROTO_ICMP;
+    use crate::wire::tuple::{Tuple, Tuple6, PROTO_ICMPV6};
     use std::collections::HashSet;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn orig(proto: u8, sport: u16) -> Tuple {
         Tuple {
@@ -382,6 +323,50 @@ mod tests {
         let t = alloc_source(&o, NODE, PortRange::MASQUERADE, 5, |r| r.sport == 77).unwrap();
         assert_eq!(t.sport, t.dport);
         assert_ne!(t.sport, 77);
+    }
+
+    /// The same choices for an IPv6 connection (one allocator for both families): the port
+    /// kept when free, moved when taken, the ICMPv6 echo identifier in both fields.
+    #[test]
+    fn ipv6_tuples_get_the_same_choices() {
+        let node6: Ipv6Addr = "fd00:172:18::2".parse().unwrap();
+        let o6 = |proto: u8, sport: u16| Tuple6 {
+            src: "fd00:10:244:1::5".parse().unwrap(),
+            dst: "2001:db8::7".parse().unwrap(),
+            sport,
+            dport: if proto == PROTO_ICMPV6 { sport } else { 8080 },
+            proto,
+            zone: 0,
+        };
+        for (proto, sport) in [(PROTO_TCP, 40000), (PROTO_UDP, 53), (PROTO_ICMPV6, 77)] {
+            let (o, o4) = (
+                o6(proto, sport),
+                orig(
+                    if proto == PROTO_ICMPV6 {
+                        PROTO_ICMP
+                    } else {
+                        proto
+                    },
+                    sport,
+                ),
+            );
+            let r = PortRange::MASQUERADE;
+            let t = alloc_source(&o, node6, r, 9, |_| false).unwrap();
+            let t4 = alloc_source(&o4, NODE, r, 9, |_| false).unwrap();
+            assert_eq!(
+                (t.src, t.sport, t.dport),
+                (node6, t4.sport, t4.dport),
+                "{proto}"
+            );
+            // Taken: both families move to the same port for the same hash.
+            let t = alloc_source(&o, node6, r, 9, |x| x.dport == sport).unwrap();
+            let t4 = alloc_source(&o4, NODE, r, 9, |x| x.dport == sport).unwrap();
+            assert_eq!((t.sport, t.dport), (t4.sport, t4.dport), "{proto}");
+            assert_ne!(t.sport, sport);
+            if proto == PROTO_ICMPV6 {
+                assert_eq!(t.sport, t.dport);
+            }
+        }
     }
 
     #[test]

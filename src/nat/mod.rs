@@ -58,8 +58,7 @@ pub mod rewrite;
 pub mod service;
 
 pub use alloc::{
-    alloc_source, alloc_source6, alloc_source6_random_fully, alloc_source_random_fully, PortRange,
-    MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
+    alloc_source, alloc_source_random_fully, PortRange, MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
 };
 pub use netfilter::{
     MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Netfilter, NfCounters, Prefix, Prefix6,

@@ -22,7 +22,7 @@
 //!   the same marks as IPv4 (outside [`super::NatRules::cluster_cidr6`], NodePort with
 //!   policy Cluster, hairpin) or by a [`super::MasqueradeRule6`], else source-NAT'd to a
 //!   fixed address by a [`super::SnatRule6`], with a free source port from the IPv6 table
-//!   ([`crate::nat::alloc_source6`]).
+//!   ([`crate::nat::alloc_source`]).
 //!
 //! The IPv6 table is made with the engine ([`Netfilter::new`], with
 //! [`super::NatConfig::conntrack6`] or else the IPv4 table's settings), beside the IPv4 one in
@@ -297,9 +297,9 @@ impl Netfilter {
                 let range = ports.unwrap_or_else(|| PortRange::linux_default(after.sport));
                 let in_use = |c: &Tuple6| ct.tuple_in_use(c, now);
                 let chosen = if rules.random_fully {
-                    nat::alloc_source6_random_fully(&after, addr, range, hash, in_use)
+                    nat::alloc_source_random_fully(&after, addr, range, hash, in_use)
                 } else {
-                    nat::alloc_source6(&after, addr, range, hash, in_use)
+                    nat::alloc_source(&after, addr, range, hash, in_use)
                 };
                 match chosen {
                     Some(c) => c,
