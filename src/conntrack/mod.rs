@@ -257,93 +257,65 @@ pub trait CtKey<const W: usize>:
     fn with_source(&self, addr: Self::Addr, port: u16) -> Self;
 }
 
-impl CtKey<2> for Tuple {
-    const FAMILY: u8 = 4;
-    const ICMP: u8 = crate::wire::ipv4::PROTO_ICMP;
-    #[inline(always)]
-    fn to_words(&self) -> [u64; 2] {
-        Tuple::to_words(self)
-    }
-    #[inline(always)]
-    fn from_words(w: [u64; 2]) -> Self {
-        Tuple::from_words(w)
-    }
-    #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn invert(&self) -> Self {
-        Tuple::invert(self)
-    }
-    #[inline(always)]
-    fn is_dnat(orig: &Self, reply: &Self) -> bool {
-        (reply.src, reply.sport) != (orig.dst, orig.dport)
-    }
-    #[inline(always)]
-    fn is_snat(orig: &Self, reply: &Self) -> bool {
-        (reply.dst, reply.dport) != (orig.src, orig.sport)
-    }
-    type Addr = std::net::Ipv4Addr;
-    #[inline(always)]
-    fn sport(&self) -> u16 {
-        self.sport
-    }
-    #[inline(always)]
-    fn with_source(&self, addr: std::net::Ipv4Addr, port: u16) -> Self {
-        let icmp = self.proto == Self::ICMP;
-        Self {
-            src: addr,
-            sport: port,
-            dport: if icmp { port } else { self.dport },
-            ..*self
+/// [`CtKey`] for a tuple type of either family: the two have the same fields, so one body
+/// serves both (`$w` words, family `$family`, ICMP protocol `$icmp`, address `$addr`).
+macro_rules! impl_ct_key {
+    ($tuple:ty, $w:literal, $family:literal, $icmp:expr, $addr:ty) => {
+        impl CtKey<$w> for $tuple {
+            const FAMILY: u8 = $family;
+            const ICMP: u8 = $icmp;
+            type Addr = $addr;
+            #[inline(always)]
+            fn to_words(&self) -> [u64; $w] {
+                <$tuple>::to_words(self)
+            }
+            #[inline(always)]
+            fn from_words(w: [u64; $w]) -> Self {
+                <$tuple>::from_words(w)
+            }
+            #[inline(always)]
+            fn proto(&self) -> u8 {
+                self.proto
+            }
+            #[inline(always)]
+            fn invert(&self) -> Self {
+                <$tuple>::invert(self)
+            }
+            #[inline(always)]
+            fn is_dnat(orig: &Self, reply: &Self) -> bool {
+                (reply.src, reply.sport) != (orig.dst, orig.dport)
+            }
+            #[inline(always)]
+            fn is_snat(orig: &Self, reply: &Self) -> bool {
+                (reply.dst, reply.dport) != (orig.src, orig.sport)
+            }
+            #[inline(always)]
+            fn sport(&self) -> u16 {
+                self.sport
+            }
+            #[inline(always)]
+            fn with_source(&self, addr: $addr, port: u16) -> Self {
+                let icmp = self.proto == Self::ICMP;
+                Self {
+                    src: addr,
+                    sport: port,
+                    dport: if icmp { port } else { self.dport },
+                    ..*self
+                }
+            }
         }
-    }
+    };
 }
 
-impl CtKey<5> for Tuple6 {
-    const FAMILY: u8 = 6;
-    const ICMP: u8 = PROTO_ICMPV6;
-    #[inline(always)]
-    fn to_words(&self) -> [u64; 5] {
-        Tuple6::to_words(self)
-    }
-    #[inline(always)]
-    fn from_words(w: [u64; 5]) -> Self {
-        Tuple6::from_words(w)
-    }
-    #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn invert(&self) -> Self {
-        Tuple6::invert(self)
-    }
-    #[inline(always)]
-    fn is_dnat(orig: &Self, reply: &Self) -> bool {
-        (reply.src, reply.sport) != (orig.dst, orig.dport)
-    }
-    #[inline(always)]
-    fn is_snat(orig: &Self, reply: &Self) -> bool {
-        (reply.dst, reply.dport) != (orig.src, orig.sport)
-    }
-    type Addr = std::net::Ipv6Addr;
-    #[inline(always)]
-    fn sport(&self) -> u16 {
-        self.sport
-    }
-    #[inline(always)]
-    fn with_source(&self, addr: std::net::Ipv6Addr, port: u16) -> Self {
-        let icmp = self.proto == Self::ICMP;
-        Self {
-            src: addr,
-            sport: port,
-            dport: if icmp { port } else { self.dport },
-            ..*self
-        }
-    }
-}
+impl_ct_key!(
+    Tuple,
+    2,
+    4,
+    crate::wire::ipv4::PROTO_ICMP,
+    std::net::Ipv4Addr
+);
+impl_ct_key!(Tuple6, 5, 6, PROTO_ICMPV6, std::net::Ipv6Addr);
+
 pub use tcp::CtState;
 
 /// A non-state-changing packet refreshes its entry's timeout at most this often.

@@ -1193,6 +1193,20 @@ fn small_node(dir: &std::path::Path, state: &std::path::Path, tap: &str) -> (Pat
     (config, socket)
 }
 
+/// The small node's test rig: its directory (`tapyard-<what>-<tag>` under the temp dir,
+/// removed first), the node's log, the cleanup guard and the node's namespace (`ty<ab><tag>`,
+/// `ab` two letters naming the test): `(tag, dir, log, guard, namespace)`.
+fn small_rig(what: &str, ab: &str) -> (String, PathBuf, PathBuf, Guard, String) {
+    let tag = format!("{}", std::process::id() % 100_000);
+    let dir = std::env::temp_dir().join(format!("tapyard-{what}-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = dir.join("run.log");
+    let mut g = Guard::new(&dir, &log);
+    let ns = format!("ty{ab}{tag}");
+    g.ns(&ns);
+    (tag, dir, log, g, ns)
+}
+
 /// `tapyard run` that must be refused at start: exit status 2, and its log names `path`
 /// and says `why`.
 fn refused_start(
@@ -1233,13 +1247,7 @@ fn a_hostile_state_directory_is_refused_and_a_forged_record_deletes_no_other_lin
     if skip("a_hostile_state_directory_is_refused_and_a_forged_record_deletes_no_other_link") {
         return;
     }
-    let tag = format!("{}", std::process::id() % 100_000);
-    let dir = std::env::temp_dir().join(format!("tapyard-hostile-{tag}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let log = dir.join("run.log");
-    let mut g = Guard::new(&dir, &log);
-    let ns = format!("tyhs{tag}");
-    g.ns(&ns);
+    let (tag, dir, log, mut g, ns) = small_rig("hostile", "hs");
     let state = dir.join("state");
     let tap = format!("tyhs{tag}");
     let (config, socket) = small_node(&dir, &state, &tap);
@@ -1412,13 +1420,7 @@ fn a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it() {
     if skip("a_stalled_takeover_peer_blocks_no_one_and_sigterm_ends_it") {
         return;
     }
-    let tag = format!("{}", std::process::id() % 100_000);
-    let dir = std::env::temp_dir().join(format!("tapyard-stall-{tag}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let log = dir.join("run.log");
-    let mut g = Guard::new(&dir, &log);
-    let ns = format!("tyst{tag}");
-    g.ns(&ns);
+    let (tag, dir, log, mut g, ns) = small_rig("stall", "st");
     let state = dir.join("state");
     let (config, socket) = small_node(&dir, &state, &format!("tyst{tag}"));
     g.start_node(Some(&ns), &config, &[], &socket);
@@ -1491,13 +1493,7 @@ fn a_state_tmpfs_without_room_for_the_table_is_a_start_error() {
     if skip("a_state_tmpfs_without_room_for_the_table_is_a_start_error") {
         return;
     }
-    let tag = format!("{}", std::process::id() % 100_000);
-    let dir = std::env::temp_dir().join(format!("tapyard-small-{tag}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let log = dir.join("run.log");
-    let mut g = Guard::new(&dir, &log);
-    let ns = format!("tysm{tag}");
-    g.ns(&ns);
+    let (tag, dir, log, mut g, ns) = small_rig("small", "sm");
     let small = dir.join("small");
     std::fs::create_dir(&small).unwrap();
     run(&[
