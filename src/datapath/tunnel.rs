@@ -33,12 +33,12 @@
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
 //! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 use super::Datapath;
 use crate::base::{IfaceId, Verdict};
 use crate::buf::{Offload, PacketBuf};
-use crate::l3::route::{NextHop, Route, RouteProto, RouteReader};
+use crate::l3::route::{NextHop, Route, RouteAddr, RouteProto, RouteReader, RouteTable};
 use crate::l3::router::{Sink, L3};
 use crate::l3::vxlan::{PeerError, Tunnel, VxlanPeer};
 use crate::narrow::{len16, low16};
@@ -445,43 +445,29 @@ impl Datapath {
                 other: (t.cfg.addr, t.cfg.prefix_len),
             });
         }
-        let (gw, pod_cidr) = match (peer.gateway(), peer.pod_cidr) {
-            (IpAddr::V4(gw), IpAddr::V4(c)) => (gw, c),
+        // The route and permanent neighbour Flannel programs per peer; the neighbour goes
+        // again when the route is refused.
+        let len = peer.pod_prefix_len;
+        match (peer.gateway(), peer.pod_cidr) {
+            (IpAddr::V4(gw), IpAddr::V4(c)) => {
+                r.neigh
+                    .add_static(t.iface, gw, peer.vtep_mac, now)
+                    .map_err(|e| PeerError::Table(e.to_string()))?;
+                if let Err(e) = r.routes.add(peer_route(t.iface, gw, c, len)) {
+                    r.neigh.remove(t.iface, gw);
+                    return Err(PeerError::Table(e.to_string()));
+                }
+            }
             (IpAddr::V6(gw), IpAddr::V6(c)) => {
                 r.neigh6
                     .add_static(t.iface, gw, peer.vtep_mac, now)
                     .map_err(|e| PeerError::Table(e.to_string()))?;
-                let route = Route {
-                    prefix: c,
-                    len: peer.pod_prefix_len,
-                    next_hop: NextHop::Via(t.iface, gw),
-                    metric: 0,
-                    proto: RouteProto::Static,
-                    src: None,
-                };
-                if let Err(e) = r.routes6.add(route) {
+                if let Err(e) = r.routes6.add(peer_route(t.iface, gw, c, len)) {
                     r.neigh6.remove(t.iface, gw);
                     return Err(PeerError::Table(e.to_string()));
                 }
-                t.publish_add(peer);
-                return Ok(());
             }
             _ => return Err(PeerError::WrongFamily("pod_cidr", peer.pod_cidr)),
-        };
-        r.neigh
-            .add_static(t.iface, gw, peer.vtep_mac, now)
-            .map_err(|e| PeerError::Table(e.to_string()))?;
-        let route = Route {
-            prefix: pod_cidr,
-            len: peer.pod_prefix_len,
-            next_hop: NextHop::Via(t.iface, gw),
-            metric: 0,
-            proto: RouteProto::Static,
-            src: None,
-        };
-        if let Err(e) = r.routes.add(route) {
-            r.neigh.remove(t.iface, gw);
-            return Err(PeerError::Table(e.to_string()));
         }
         t.publish_add(peer);
         Ok(())
@@ -502,38 +488,19 @@ impl Datapath {
         let peer = t
             .publish_remove(node_ip)
             .ok_or(PeerError::NotFound(node_ip))?;
-        let (gw, pod_cidr) = match (peer.gateway(), peer.pod_cidr) {
-            (IpAddr::V4(gw), IpAddr::V4(c)) => (gw, c),
-            (IpAddr::V6(gw), IpAddr::V6(c)) => {
-                self.remove_peer_route6(t.iface, gw, c, peer.pod_prefix_len);
-                return Ok(peer);
+        let len = peer.pod_prefix_len;
+        match (peer.gateway(), peer.pod_cidr) {
+            (IpAddr::V4(gw), IpAddr::V4(c)) => {
+                remove_peer_route(&r.routes, t.iface, gw, c, len);
+                r.neigh.remove(t.iface, gw);
             }
-            _ => return Ok(peer),
-        };
-        let ours = r.routes.routes().into_iter().find(|x| {
-            x.prefix == pod_cidr
-                && x.len == peer.pod_prefix_len
-                && x.next_hop == NextHop::Via(t.iface, gw)
-        });
-        if let Some(x) = ours {
-            let _ = r.routes.remove(x.prefix, x.len, Some(x.metric));
+            (IpAddr::V6(gw), IpAddr::V6(c)) => {
+                remove_peer_route(&r.routes6, t.iface, gw, c, len);
+                r.neigh6.remove(t.iface, gw);
+            }
+            _ => {}
         }
-        r.neigh.remove(t.iface, gw);
         Ok(peer)
-    }
-
-    /// Removes an IPv6 peer's route (when it is still the peer's) and neighbour.
-    fn remove_peer_route6(&self, iface: IfaceId, gw: Ipv6Addr, pod_cidr: Ipv6Addr, len: u8) {
-        let Some(r) = &self.router else {
-            return;
-        };
-        let ours = r.routes6.routes().into_iter().find(|x| {
-            x.prefix == pod_cidr && x.len == len && x.next_hop == NextHop::Via(iface, gw)
-        });
-        if let Some(x) = ours {
-            let _ = r.routes6.remove(x.prefix, x.len, Some(x.metric));
-        }
-        r.neigh6.remove(iface, gw);
     }
 
     /// Writes the FDB entries the VXLAN peers imply, as `bridge fdb show dev flannel.1`
@@ -668,4 +635,34 @@ fn finish_decap(
     b.set_len(end);
     b.pull_front(o.inner);
     Ok(t.iface)
+}
+
+/// A VXLAN peer's route, as Flannel programs it: `pod_cidr/len via gw dev <tunnel> onlink`.
+fn peer_route<A: RouteAddr>(iface: IfaceId, gw: A, pod_cidr: A, len: u8) -> Route<A> {
+    Route {
+        prefix: pod_cidr,
+        len,
+        next_hop: NextHop::Via(iface, gw),
+        metric: 0,
+        proto: RouteProto::Static,
+        src: None,
+    }
+}
+
+/// Removes a VXLAN peer's route when it is still the peer's (a route configured over it
+/// since is left alone).
+fn remove_peer_route<A: RouteAddr>(
+    routes: &RouteTable<A>,
+    iface: IfaceId,
+    gw: A,
+    pod_cidr: A,
+    len: u8,
+) {
+    let ours = routes
+        .routes()
+        .into_iter()
+        .find(|x| x.prefix == pod_cidr && x.len == len && x.next_hop == NextHop::Via(iface, gw));
+    if let Some(x) = ours {
+        let _ = routes.remove(x.prefix, x.len, Some(x.metric));
+    }
 }
