@@ -89,7 +89,7 @@ impl Datapath {
         self.nf.as_ref()
     }
 
-    /// The routing table of family `A` ([`Ipv4Addr`](std::net::Ipv4Addr), [`Ipv6Addr`]), if
+    /// The routing table of family `A` ([`Ipv4Addr`](std::net::Ipv4Addr), [`Ipv6Addr`](std::net::Ipv6Addr)), if
     /// the datapath has a router.
     pub fn routes<A: RouteAddr>(&self) -> Option<&RouteTable<A>> {
         self.router.as_ref().map(|r| r.routes::<A>())
