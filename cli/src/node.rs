@@ -486,19 +486,12 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     let key = match e {
         E::ZeroPort { field, .. } if *field == "node_port" => "node_port".to_string(),
         E::ZeroPort { .. } => "port".into(),
-        E::BadVip { .. } | E::DuplicateVip { .. } => cluster_ip_key(s, false),
-        E::BadVip6 { .. } | E::DuplicateVip6 { .. } => cluster_ip_key(s, true),
+        E::BadVip { vip, .. } | E::DuplicateVip { vip, .. } => cluster_ip_key(s, vip.is_ipv6()),
         E::UnsupportedProto { .. } => "protocol".into(),
         E::DuplicateNodePort { .. } => "node_port".into(),
         E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => {
-            endpoint_key(s, |a| a == std::net::SocketAddr::V4(*endpoint))
-        }
-        E::DuplicateEndpoint6 { endpoint, .. } | E::BadEndpoint6 { endpoint, .. } => {
-            endpoint_key(s, |a| match a {
-                std::net::SocketAddr::V6(a) => {
-                    a.ip() == endpoint.ip() && a.port() == endpoint.port()
-                }
-                std::net::SocketAddr::V4(_) => false,
+            endpoint_key(s, |a| {
+                a.ip() == endpoint.ip() && a.port() == endpoint.port()
             })
         }
         E::TooManyEndpoints { .. } => "endpoints".into(),
@@ -1465,7 +1458,7 @@ mod tests {
         );
         let e = ServiceError::DuplicateVip {
             service: "web".into(),
-            vip: web.vip4().unwrap(),
+            vip: web.vip4().unwrap().into(),
             port: 80,
             proto: 6,
             other: "x".into(),
@@ -1501,9 +1494,9 @@ mod tests {
         let line = |pat: &str| text.lines().position(|l| l.contains(pat)).unwrap() + 1;
         let file = std::path::Path::new("node.toml");
         let vip6: std::net::Ipv6Addr = "fd00:10:96::a".parse().unwrap();
-        let e = ServiceError::DuplicateVip6 {
+        let e = ServiceError::DuplicateVip {
             service: "web".into(),
-            vip6,
+            vip: vip6.into(),
             port: 80,
             proto: 6,
             other: "web6".into(),
@@ -1519,11 +1512,11 @@ mod tests {
         assert!(msg.ends_with("(config key cluster_ip)"), "{msg}");
         let e = ServiceError::BadVip {
             service: "web".into(),
-            vip: std::net::Ipv4Addr::new(10, 96, 0, 10),
+            vip: std::net::Ipv4Addr::new(10, 96, 0, 10).into(),
         };
         assert!(service_error(file, web, &e)
             .starts_with(&format!("node.toml:{}:", line("\"10.96.0.10\","))));
-        let e = ServiceError::DuplicateEndpoint6 {
+        let e = ServiceError::DuplicateEndpoint {
             service: "web".into(),
             endpoint: "[fd00:10:244:2::2]:8080".parse().unwrap(),
         };

@@ -49,7 +49,7 @@
 
 use std::fmt::{self, Write as _};
 use std::hash::BuildHasher;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -228,12 +228,14 @@ pub enum ServiceError {
         /// The field.
         field: &'static str,
     },
-    /// The VIP is 0.0.0.0, broadcast or multicast.
+    /// The VIP is no unicast address: IPv4 0.0.0.0 (without an IPv6 VIP), broadcast or
+    /// multicast; IPv6 unspecified, loopback, multicast or IPv4-mapped. Named `vip` or `vip6`
+    /// in the message by its family.
     BadVip {
         /// The service.
         service: String,
         /// The value.
-        vip: Ipv4Addr,
+        vip: IpAddr,
     },
     /// The protocol is not TCP or UDP.
     UnsupportedProto {
@@ -242,12 +244,12 @@ pub enum ServiceError {
         /// The value.
         proto: u8,
     },
-    /// Another service already has this VIP, port and protocol.
+    /// Another service already has this VIP (of either family), port and protocol.
     DuplicateVip {
         /// The service.
         service: String,
-        /// The value of `vip`.
-        vip: Ipv4Addr,
+        /// The value of `vip` or `vip6`.
+        vip: IpAddr,
         /// The value of `port`.
         port: u16,
         /// The value of `proto`.
@@ -266,19 +268,19 @@ pub enum ServiceError {
         /// The service that has it.
         other: String,
     },
-    /// An endpoint is listed twice.
+    /// An endpoint (of either family) is listed twice.
     DuplicateEndpoint {
         /// The service.
         service: String,
         /// The value.
-        endpoint: SocketAddrV4,
+        endpoint: SocketAddr,
     },
-    /// An endpoint has port 0 or address 0.0.0.0.
+    /// An endpoint has port 0, or address 0.0.0.0 (IPv4) or no unicast address (IPv6).
     BadEndpoint {
         /// The service.
         service: String,
         /// The value.
-        endpoint: SocketAddrV4,
+        endpoint: SocketAddr,
     },
     /// The affinity timeout is outside 1 s ..= 1 day.
     BadAffinityTimeout {
@@ -296,40 +298,6 @@ pub enum ServiceError {
     },
     /// Every service identifier has been used (2^32 - 1 services created).
     IdsExhausted,
-    /// The IPv6 VIP is unspecified, loopback, multicast or IPv4-mapped.
-    BadVip6 {
-        /// The service.
-        service: String,
-        /// The value.
-        vip6: Ipv6Addr,
-    },
-    /// Another service already has this IPv6 VIP, port and protocol.
-    DuplicateVip6 {
-        /// The service.
-        service: String,
-        /// The value of `vip6`.
-        vip6: Ipv6Addr,
-        /// The value of `port`.
-        port: u16,
-        /// The value of `proto`.
-        proto: u8,
-        /// The service that has it.
-        other: String,
-    },
-    /// An IPv6 endpoint is listed twice.
-    DuplicateEndpoint6 {
-        /// The service.
-        service: String,
-        /// The value.
-        endpoint: SocketAddrV6,
-    },
-    /// An IPv6 endpoint has port 0 or an unspecified, multicast or IPv4-mapped address.
-    BadEndpoint6 {
-        /// The service.
-        service: String,
-        /// The value.
-        endpoint: SocketAddrV6,
-    },
     /// Endpoints of a family the service has no ClusterIP of (`field` is `endpoints` for
     /// IPv4 ones without an IPv4 `vip`, `endpoints6` for IPv6 ones without a `vip6`).
     NoClusterIp {
@@ -355,22 +323,27 @@ impl fmt::Display for ServiceError {
             EmptyName => f.write_str("service name: empty"),
             ZeroPort { service, field } => write!(f, "service {service:?}: {field} 0 not allowed"),
             BadVip { service, vip } => {
-                write!(f, "service {service:?}: vip {vip} is not a unicast address")
+                let field = if vip.is_ipv6() { "vip6" } else { "vip" };
+                write!(f, "service {service:?}: {field} {vip} is not a unicast address")
             }
-            UnsupportedProto { service, proto } => write!(
-                f,
-                "service {service:?}: proto {proto} not supported (TCP 6, UDP 17)"
-            ),
             DuplicateVip {
                 service,
                 vip,
                 port,
                 proto,
                 other,
-            } => write!(
+            } => {
+                let field = if vip.is_ipv6() { "vip6" } else { "vip" };
+                write!(
+                    f,
+                    "service {service:?}: {field}:port {}/{} already used by service {other:?}",
+                    SocketAddr::new(*vip, *port),
+                    proto_name(*proto)
+                )
+            }
+            UnsupportedProto { service, proto } => write!(
                 f,
-                "service {service:?}: vip:port {vip}:{port}/{} already used by service {other:?}",
-                proto_name(*proto)
+                "service {service:?}: proto {proto} not supported (TCP 6, UDP 17)"
             ),
             DuplicateNodePort {
                 service,
@@ -385,6 +358,10 @@ impl fmt::Display for ServiceError {
             DuplicateEndpoint { service, endpoint } => {
                 write!(f, "service {service:?}: endpoint {endpoint} listed twice")
             }
+            BadEndpoint { service, endpoint } if endpoint.is_ipv6() => write!(
+                f,
+                "service {service:?}: endpoint {endpoint} needs a unicast address and a nonzero port"
+            ),
             BadEndpoint { service, endpoint } => write!(
                 f,
                 "service {service:?}: endpoint {endpoint} needs a nonzero address and port"
@@ -400,27 +377,6 @@ impl fmt::Display for ServiceError {
                 maglev::MAX_BACKENDS
             ),
             IdsExhausted => f.write_str("service ids exhausted"),
-            BadVip6 { service, vip6 } => {
-                write!(f, "service {service:?}: vip6 {vip6} is not a unicast address")
-            }
-            DuplicateVip6 {
-                service,
-                vip6,
-                port,
-                proto,
-                other,
-            } => write!(
-                f,
-                "service {service:?}: vip6:port [{vip6}]:{port}/{} already used by service {other:?}",
-                proto_name(*proto)
-            ),
-            DuplicateEndpoint6 { service, endpoint } => {
-                write!(f, "service {service:?}: endpoint {endpoint} listed twice")
-            }
-            BadEndpoint6 { service, endpoint } => write!(
-                f,
-                "service {service:?}: endpoint {endpoint} needs a unicast address and a nonzero port"
-            ),
             NoClusterIp { service, field } => write!(
                 f,
                 "service {service:?}: {field} given without a ClusterIP of their family ({})",
@@ -833,14 +789,14 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
     {
         return Err(ServiceError::BadVip {
             service: service(),
-            vip: spec.vip,
+            vip: spec.vip.into(),
         });
     }
     if let Some(v6) = spec.vip6 {
         if !unicast6(v6) {
-            return Err(ServiceError::BadVip6 {
+            return Err(ServiceError::BadVip {
                 service: service(),
-                vip6: v6,
+                vip: v6.into(),
             });
         }
     }
@@ -880,9 +836,9 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
     }
     for e in &spec.endpoints6 {
         if e.addr.port() == 0 || !unicast6(*e.addr.ip()) {
-            return Err(ServiceError::BadEndpoint6 {
+            return Err(ServiceError::BadEndpoint {
                 service: service(),
-                endpoint: e.addr,
+                endpoint: e.addr.into(),
             });
         }
     }
@@ -890,7 +846,7 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
         if e.addr.port() == 0 || e.addr.ip().is_unspecified() {
             return Err(ServiceError::BadEndpoint {
                 service: service(),
-                endpoint: e.addr,
+                endpoint: e.addr.into(),
             });
         }
     }
@@ -912,14 +868,14 @@ fn build(
     let v4 = Frontend::build(&l4, spec.algo, prev.map(|p| &p.v4)).map_err(|endpoint| {
         ServiceError::DuplicateEndpoint {
             service: spec.name.clone(),
-            endpoint,
+            endpoint: endpoint.into(),
         }
     })?;
     let l6: Vec<(SocketAddrV6, bool)> = spec.endpoints6.iter().map(|e| (e.addr, e.local)).collect();
     let v6 = Frontend::build(&l6, spec.algo, prev.map(|p| &p.v6)).map_err(|endpoint| {
-        ServiceError::DuplicateEndpoint6 {
+        ServiceError::DuplicateEndpoint {
             service: spec.name.clone(),
-            endpoint,
+            endpoint: endpoint.into(),
         }
     })?;
     Ok(SvcState { id, spec, v4, v6 })
@@ -957,7 +913,7 @@ impl Services {
         {
             return Err(ServiceError::DuplicateVip {
                 service: spec.name.clone(),
-                vip: spec.vip,
+                vip: spec.vip.into(),
                 port: spec.port,
                 proto: spec.proto,
                 other: o.spec.name.clone(),
@@ -966,9 +922,9 @@ impl Services {
         if let Some(v6) = spec.vip6 {
             let k = (u128::from(v6), spec.port, spec.proto);
             if let Some(o) = cur.by_vip6.get(&k).filter(|o| o.spec.name != spec.name) {
-                return Err(ServiceError::DuplicateVip6 {
+                return Err(ServiceError::DuplicateVip {
                     service: spec.name.clone(),
-                    vip6: v6,
+                    vip: v6.into(),
                     port: spec.port,
                     proto: spec.proto,
                     other: o.spec.name.clone(),

@@ -802,18 +802,30 @@ fn dual_stack_validation_names_the_field() {
         "service \"b\": endpoints6 given without a ClusterIP of their family (vip6)"
     );
     let c = ServiceSpec::new6("c", Ipv6Addr::LOCALHOST, 80, PROTO_TCP);
-    assert!(matches!(s.upsert(c), Err(ServiceError::BadVip6 { .. })));
+    assert!(matches!(
+        s.upsert(c),
+        Err(ServiceError::BadVip {
+            vip: IpAddr::V6(_),
+            ..
+        })
+    ));
     let mut d = dual("d", 0, 0);
     d.endpoints6 = vec![ep6(1, 80, false), ep6(1, 80, true)];
     assert!(matches!(
         s.upsert(d),
-        Err(ServiceError::DuplicateEndpoint6 { .. })
+        Err(ServiceError::DuplicateEndpoint {
+            endpoint: SocketAddr::V6(_),
+            ..
+        })
     ));
     let mut e = dual("e", 0, 0);
     e.endpoints6 = vec![ep6(1, 0, false)];
     assert!(matches!(
         s.upsert(e),
-        Err(ServiceError::BadEndpoint6 { .. })
+        Err(ServiceError::BadEndpoint {
+            endpoint: SocketAddr::V6(_),
+            ..
+        })
     ));
     // Neither family: refused as before.
     let f = ServiceSpec::new("f", Ipv4Addr::UNSPECIFIED, 80, PROTO_TCP);
