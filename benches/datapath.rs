@@ -195,9 +195,9 @@ fn routed(c: &mut Criterion) {
         dp.add_static_neigh(if1, ip, dst_mac(i), now).unwrap();
         let ip = Ipv4Addr::new(10, 0, 0, 10 + i as u8);
         dp.add_static_neigh(if0, ip, src_mac(i), now).unwrap();
-        dp.add_static_neigh6(if1, v6(1, 10 + i as u16), dst_mac(i), now)
+        dp.add_static_neigh(if1, v6(1, 10 + i as u16), dst_mac(i), now)
             .unwrap();
-        dp.add_static_neigh6(if0, v6(0, 10 + i as u16), src_mac(i), now)
+        dp.add_static_neigh(if0, v6(0, 10 + i as u16), src_mac(i), now)
             .unwrap();
     }
     // The same packets over IPv6 (UDP, 18 bytes of payload).

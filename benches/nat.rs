@@ -263,13 +263,23 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
     }
     let now = Instant::from_secs(1);
     for i in 0..PORTS {
-        dp.add_static_neigh(if0, client_ip(i).into(), client_mac(i), now)
+        dp.add_static_neigh(
+            if0,
+            std::net::IpAddr::from(client_ip(i)),
+            client_mac(i),
+            now,
+        )
+        .unwrap();
+        dp.add_static_neigh(
+            if1,
+            std::net::IpAddr::from(server_ip(i)),
+            server_mac(i),
+            now,
+        )
+        .unwrap();
+        dp.add_static_neigh(if0, client_ip6(i), client_mac(i), now)
             .unwrap();
-        dp.add_static_neigh(if1, server_ip(i).into(), server_mac(i), now)
-            .unwrap();
-        dp.add_static_neigh6(if0, client_ip6(i), client_mac(i), now)
-            .unwrap();
-        dp.add_static_neigh6(if1, server_ip6(i), server_mac(i), now)
+        dp.add_static_neigh(if1, server_ip6(i), server_mac(i), now)
             .unwrap();
     }
     if let Some(nf) = dp.netfilter() {

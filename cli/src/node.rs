@@ -284,7 +284,7 @@ fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), Stri
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
     match n.ip {
         IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
-        IpAddr::V6(ip) => dp.add_static_neigh6(iface, ip, n.mac, now),
+        IpAddr::V6(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
     }
     .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
 }
@@ -313,7 +313,7 @@ fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
     };
     let removed = match n.ip {
         IpAddr::V4(ip) => dp.remove_static_neigh(iface, ip),
-        IpAddr::V6(ip) => dp.remove_static_neigh6(iface, ip),
+        IpAddr::V6(ip) => dp.remove_static_neigh(iface, ip),
     };
     if !removed {
         log::warn!(

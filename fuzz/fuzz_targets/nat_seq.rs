@@ -287,8 +287,13 @@ fuzz_target!(|data: &[u8]| {
         (eth0, [172, 18, 0, 3], 4),
         (eth0, [172, 18, 0, 1], 5),
     ] {
-        dp.add_static_neigh(i, ip.into(), MacAddr([2, 0, 0, 0, 1, m]), now)
-            .unwrap();
+        dp.add_static_neigh(
+            i,
+            std::net::IpAddr::from(ip),
+            MacAddr([2, 0, 0, 0, 1, m]),
+            now,
+        )
+        .unwrap();
     }
     let route6 = |p: &str, len, next_hop| Route {
         prefix: a6(p),
@@ -312,7 +317,7 @@ fuzz_target!(|data: &[u8]| {
         (eth0, "fd00:172:18::3", 4),
         (eth0, "fd00:172:18::1", 5),
     ] {
-        dp.add_static_neigh6(i, a6(ip), MacAddr([2, 0, 0, 0, 1, m]), now)
+        dp.add_static_neigh(i, a6(ip), MacAddr([2, 0, 0, 0, 1, m]), now)
             .unwrap();
     }
     let nf = dp.netfilter().unwrap();

@@ -219,7 +219,7 @@ fuzz_target!(|data: &[u8]| {
         now,
     )
     .unwrap();
-    dp.add_static_neigh6(eth0, NODE6_C, MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
+    dp.add_static_neigh(eth0, NODE6_C, MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
         .unwrap();
     dp.add_static_neigh(
         eth0,

@@ -8,6 +8,8 @@ use super::{word, Bridge, Datapath};
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::l2::fdb::FdbEntry;
 
+use std::net::IpAddr;
+
 use crate::l3::route::{NextHop, Route, RouteAddr, RouteError, RouteTable};
 use crate::l3::router::Router;
 use crate::nat::netfilter::Netfilter;
@@ -150,56 +152,50 @@ impl Datapath {
         router.routes::<A>().replace(r)
     }
 
-    /// Removes a permanent neighbour entry (`ip neigh del IP dev IFACE`); `false` when there
-    /// was no permanent entry for `ip` on `iface` (dynamic entries are left alone).
-    pub fn remove_static_neigh(&self, iface: IfaceId, ip: std::net::Ipv4Addr) -> bool {
+    /// Removes a permanent neighbour entry of either family (`ip neigh del IP dev IFACE`, `ip
+    /// -6 neigh del ...`); `false` when there was no permanent entry for `ip` on `iface`
+    /// (dynamic entries are left alone).
+    pub fn remove_static_neigh(&self, iface: IfaceId, ip: impl Into<IpAddr>) -> bool {
+        use crate::l3::neigh::NeighState::Permanent;
         let Some(r) = &self.router else { return false };
-        let permanent = r.neigh.dump(Instant::ZERO).iter().any(|e| {
-            e.iface == iface && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
-        });
-        permanent && r.neigh.remove(iface, ip)
+        match ip.into() {
+            IpAddr::V4(ip) => {
+                let permanent = r
+                    .neigh
+                    .dump(Instant::ZERO)
+                    .iter()
+                    .any(|e| e.iface == iface && e.ip == ip && e.state == Permanent);
+                permanent && r.neigh.remove(iface, ip)
+            }
+            IpAddr::V6(ip) => {
+                let permanent = r
+                    .neigh6
+                    .dump(Instant::ZERO)
+                    .iter()
+                    .any(|e| e.iface == iface && e.ip == ip && e.state == Permanent);
+                permanent && r.neigh6.remove(iface, ip)
+            }
+        }
     }
 
-    /// Adds a permanent neighbour entry (`ip neigh add IP lladdr MAC dev IFACE nud permanent`).
-    /// Packets that were waiting for `ip` stay queued until the next batch; they are released
-    /// the next time the neighbour is used. Errors name the bad value.
+    /// Adds a permanent neighbour entry of either family (`ip neigh add IP lladdr MAC dev
+    /// IFACE nud permanent`, and `ip -6 neigh ...` for an IPv6 address). Packets that were
+    /// waiting for `ip` stay queued until the next batch; they are released the next time the
+    /// neighbour is used. Errors name the bad value.
     pub fn add_static_neigh(
         &self,
         iface: IfaceId,
-        ip: std::net::Ipv4Addr,
+        ip: impl Into<IpAddr>,
         mac: crate::wire::mac::MacAddr,
         now: Instant,
     ) -> Result<(), crate::l3::neigh::NeighError> {
-        let Some(r) = &self.router else {
-            return Err(crate::l3::neigh::NeighError::BadAddress(ip));
-        };
-        r.neigh.add_static(iface, ip, mac, now).map(|_| ())
-    }
-
-    /// Adds a permanent IPv6 neighbour entry (`ip -6 neigh add IP lladdr MAC dev IFACE nud
-    /// permanent`); packets that were waiting for it are released at the next use. Errors
-    /// name the bad value.
-    pub fn add_static_neigh6(
-        &self,
-        iface: IfaceId,
-        ip: std::net::Ipv6Addr,
-        mac: crate::wire::mac::MacAddr,
-        now: Instant,
-    ) -> Result<(), crate::l3::neigh::NeighError> {
-        let Some(r) = &self.router else {
-            return Err(crate::l3::neigh::NeighError::BadAddress6(ip));
-        };
-        r.neigh6.add_static(iface, ip, mac, now).map(|_| ())
-    }
-
-    /// Removes a permanent IPv6 neighbour entry; `false` when there was none for `ip` on
-    /// `iface` (dynamic entries are left alone).
-    pub fn remove_static_neigh6(&self, iface: IfaceId, ip: std::net::Ipv6Addr) -> bool {
-        let Some(r) = &self.router else { return false };
-        let permanent = r.neigh6.dump(Instant::ZERO).iter().any(|e| {
-            e.iface == iface && e.ip == ip && e.state == crate::l3::neigh::NeighState::Permanent
-        });
-        permanent && r.neigh6.remove(iface, ip)
+        use crate::l3::neigh::NeighError;
+        match (ip.into(), &self.router) {
+            (IpAddr::V4(ip), None) => Err(NeighError::BadAddress(ip)),
+            (IpAddr::V6(ip), None) => Err(NeighError::BadAddress6(ip)),
+            (IpAddr::V4(ip), Some(r)) => r.neigh.add_static(iface, ip, mac, now).map(|_| ()),
+            (IpAddr::V6(ip), Some(r)) => r.neigh6.add_static(iface, ip, mac, now).map(|_| ()),
+        }
     }
 
     /// Writes the routing table like `ip route show`.

@@ -1131,8 +1131,10 @@ mod tests {
         b.netfilter(NatConfig::default()).unwrap();
         let dp = b.build();
         let now = Instant::from_secs(1);
-        dp.add_static_neigh(if0, C.into(), CM, now).unwrap();
-        dp.add_static_neigh(if1, S.into(), SM, now).unwrap();
+        dp.add_static_neigh(if0, std::net::IpAddr::from(C), CM, now)
+            .unwrap();
+        dp.add_static_neigh(if1, std::net::IpAddr::from(S), SM, now)
+            .unwrap();
         let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(S.into(), 8080), true)];
         dp.netfilter().unwrap().upsert_service(s, now).unwrap();

@@ -75,7 +75,7 @@ fn node() -> Node {
     let now = Instant::from_secs(1);
     dp.add_static_neigh(eth0_if, Ipv4Addr::new(172, 18, 0, 3), PEER, now)
         .unwrap();
-    dp.add_static_neigh6(cni0, a("fd00:10:244:1::3"), POD_B, now)
+    dp.add_static_neigh(cni0, a("fd00:10:244:1::3"), POD_B, now)
         .unwrap();
     let w = dp.worker();
     Node { dp, w, now, eth0 }

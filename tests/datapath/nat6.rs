@@ -125,10 +125,11 @@ fn node_at(file: Option<&Path>) -> Node {
         (eth0, "fd00:172:18::3", PEER),
         (eth0, "fd00:172:18::1", OUTGW),
     ] {
-        dp.add_static_neigh6(iface, a(ip), mac, now).unwrap();
+        dp.add_static_neigh(iface, a(ip), mac, now).unwrap();
     }
     for (ip, mac) in [(A4, POD_A), (B4, POD_B)] {
-        dp.add_static_neigh(cni0, ip.into(), mac, now).unwrap();
+        dp.add_static_neigh(cni0, std::net::IpAddr::from(ip), mac, now)
+            .unwrap();
     }
     let nf = dp.netfilter().unwrap();
     let tcp = 6;

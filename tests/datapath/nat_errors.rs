@@ -93,9 +93,10 @@ fn node(dead_gateway: bool) -> Node {
         .unwrap();
     dp.add_route(route([10, 244, 8, 0], 24, NextHop::Unreachable))
         .unwrap();
-    dp.add_static_neigh(cni0, A.into(), POD_A, now).unwrap();
+    dp.add_static_neigh(cni0, std::net::IpAddr::from(A), POD_A, now)
+        .unwrap();
     if !dead_gateway {
-        dp.add_static_neigh(eth0, DEFAULT_GW.into(), OUTGW, now)
+        dp.add_static_neigh(eth0, std::net::IpAddr::from(DEFAULT_GW), OUTGW, now)
             .unwrap();
     }
     let nf = dp.netfilter().unwrap();

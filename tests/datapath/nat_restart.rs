@@ -113,7 +113,8 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
         (eth0, [172, 18, 0, 3], PEER),
         (eth0, [172, 18, 0, 1], OUTGW),
     ] {
-        dp.add_static_neigh(iface, ip.into(), mac, now).unwrap();
+        dp.add_static_neigh(iface, std::net::IpAddr::from(ip), mac, now)
+            .unwrap();
     }
     let nf = dp.netfilter().unwrap();
     if services_first_other {

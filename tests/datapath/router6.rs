@@ -84,7 +84,7 @@ fn node() -> Node {
     // A link-local gateway is always on-link.
     dp.add_route(st("fd00:98::", 64, NextHop::Via(eth0_if, a("fe80::1"))))
         .unwrap();
-    dp.add_static_neigh6(
+    dp.add_static_neigh(
         eth0_if,
         a("fd00:172:18::3"),
         MacAddr([2, 0, 0, 0, 0x12, 3]),
@@ -914,7 +914,7 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         MacAddr([2, 0, 0, 0, 0x12, 4]),
     );
     let eth0 = IfaceId(2);
-    n.dp.add_static_neigh6(eth0, a("fd00:172:18::4"), peer4, n.now)
+    n.dp.add_static_neigh(eth0, a("fd00:172:18::4"), peer4, n.now)
         .unwrap();
     let to_remote = |n: &mut Node| {
         let (_, out) = send(n, PA, &pod_a_to_remote(64, 8));

@@ -859,14 +859,14 @@ fn dual_stack_nodes() -> (Node, Node) {
             src: None,
         })
         .unwrap();
-        dp.add_static_neigh6(
+        dp.add_static_neigh(
             flannel,
             vtep_ll(other),
             default_mac(Ipv4Addr::new(10, 244, other, 0)),
             node.now,
         )
         .unwrap();
-        dp.add_static_neigh6(cni0, v6(n, 2), MacAddr([2, 0, n, 0, 0, 2]), node.now)
+        dp.add_static_neigh(cni0, v6(n, 2), MacAddr([2, 0, n, 0, 0, 2]), node.now)
             .unwrap();
     }
     (a, c)

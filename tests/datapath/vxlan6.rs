@@ -106,13 +106,13 @@ fn node(n: u8) -> Node {
     let other_mac = MacAddr([2, 0xaa, other, 0, 0, 2]);
     dp.add_static_neigh(eth0, Ipv4Addr::new(172, 18, 0, other + 1), other_mac, now)
         .unwrap();
-    dp.add_static_neigh6(eth0, node_ip6(other), other_mac, now)
+    dp.add_static_neigh(eth0, node_ip6(other), other_mac, now)
         .unwrap();
     let cni0 = dp.iface_by_name("cni0").unwrap();
     let pod_mac = MacAddr([2, 0, n, 0, 0, 2]);
     dp.add_static_neigh(cni0, Ipv4Addr::new(10, 244, n, 2), pod_mac, now)
         .unwrap();
-    dp.add_static_neigh6(cni0, pod6(n), pod_mac, now).unwrap();
+    dp.add_static_neigh(cni0, pod6(n), pod_mac, now).unwrap();
     let w = dp.worker();
     Node {
         dp,
