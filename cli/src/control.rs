@@ -197,19 +197,8 @@ fn refuse_unknown_fields(line: &Value, parsed: &CniRequest) -> Result<(), String
 
 /// A reply line in the CNI protocol's shape.
 fn cni_reply<T: Serialize>(r: Result<T, String>) -> Value {
-    let r = match r {
-        Ok(data) => Reply {
-            ok: true,
-            data: Some(data),
-            error: None,
-        },
-        Err(e) => Reply {
-            ok: false,
-            data: None,
-            error: Some(e),
-        },
-    };
-    serde_json::to_value(r).unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
+    serde_json::to_value(Reply::from_result(r))
+        .unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
 }
 
 /// Prepares `path` for a new server: refuses when a live server answers there, removes a
