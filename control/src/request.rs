@@ -9,28 +9,29 @@ use crate::PROTOCOL_VERSION;
 /// `port add|del`), tagged by `cmd`. A field the command does not have is refused.
 ///
 /// The commands without fields are struct variants: serde refuses unknown fields only for
-/// those (a unit variant of a tagged enum would ignore them). Fields are written in
-/// alphabetical order, as the client wrote them before they were typed.
+/// those (a unit variant of a tagged enum would ignore them). The fields are in the order
+/// the server declared them before the protocol had its own crate (its refusals list them
+/// in that order, as before).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Command {
     /// A table or the counters: [`crate::show`].
     Show {
+        /// fdb, neigh, routes, conntrack, services, stats, ports or vxlan.
+        what: String,
         /// Structured data (`data`) instead of text (`text`).
         #[serde(default)]
         json: bool,
-        /// fdb, neigh, routes, conntrack, services, stats, ports or vxlan.
-        what: String,
     },
     /// Re-read the configuration file (the reply has `changes`, and `errors` if any).
     Reload {},
     /// Stream a port's frames: a header reply line, then binary records.
     Capture {
+        /// The port (TAP) name.
+        port: String,
         /// Stop after this many frames (0: until the client goes away).
         #[serde(default)]
         count: u64,
-        /// The port (TAP) name.
-        port: String,
     },
     /// The node's name, config file, ports and interfaces: [`crate::Status`].
     Status {},
@@ -42,11 +43,11 @@ pub enum Command {
     PortAdd {
         /// The bridge.
         bridge: String,
+        /// The TAP's (and the datapath port's) name.
+        name: String,
         /// The TAP's MAC (`null`: the kernel's random one).
         #[serde(default)]
         mac: Option<String>,
-        /// The TAP's (and the datapath port's) name.
-        name: String,
     },
     /// `tapyard port del`: remove a port added by `port add` or the CNI plugin; the data is a
     /// [`crate::PortDeleted`].
