@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use tapyard_control::{Command, PortInfo, Reply, Status};
 
 /// A failed command: its message and exit status.
 struct Fail(u8, String);
@@ -318,8 +318,8 @@ fn cmd_cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
         return Err(Fail(2, format!("{file}: invalid; nothing deleted")));
     };
     let socket = socket.unwrap_or_else(|| cfg.node.socket_path());
-    if let Ok((v, _)) = control::request(&socket, &json!({"cmd": "status"})) {
-        let name = v["data"]["node"].as_str().unwrap_or("?").to_string();
+    if let Ok(r) = control::client::request::<Status>(&socket, Command::Status {}) {
+        let name = r.data.map_or_else(|| "?".to_string(), |d| d.node);
         return Err(Fail(
             1,
             format!(
@@ -394,35 +394,22 @@ fn client_socket(c: &args::Client) -> Result<PathBuf, Fail> {
     control::resolve_socket(c.socket.clone(), c.config.as_deref()).map_err(Fail::from)
 }
 
-fn fail_reply(v: &Value) -> Fail {
-    let mut msg = v
-        .get("error")
-        .and_then(Value::as_str)
-        .unwrap_or("request failed")
-        .to_string();
-    if let Some(errs) = v.get("errors").and_then(Value::as_array) {
-        for e in errs {
-            msg.push_str(&format!("\n  {}", e.as_str().unwrap_or_default()));
-        }
-    }
-    Fail(1, msg)
+fn fail_reply<T>(r: &Reply<T>) -> Fail {
+    Fail(1, r.error_message())
 }
 
 fn cmd_show(what: args::Table, json: bool, client: &args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
     // `data` (a full conntrack table is ~100 MB of JSON) is printed as it is parsed.
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    let v = control::request_data(
-        &sock,
-        &json!({"cmd": "show", "what": what.name(), "json": json}),
-        &mut out,
-    )?;
-    if v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(fail_reply(&v));
+    let what = what.name().to_string();
+    let r = control::client::request_data(&sock, Command::Show { json, what }, &mut out)?;
+    if !r.ok {
+        return Err(fail_reply(&r));
     }
-    if let Some(t) = v.get("text").and_then(Value::as_str) {
+    if let Some(t) = &r.text {
         let _ = out.write_all(t.as_bytes());
-    } else if v.get("data").is_none() {
+    } else if r.data.is_none() {
         let _ = out.write_all(b"null\n");
     }
     out.flush()
@@ -432,88 +419,96 @@ fn cmd_show(what: args::Table, json: bool, client: &args::Client) -> Result<(), 
 
 fn cmd_status(json: bool, client: &args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
-    let (v, _) = control::request(&sock, &json!({"cmd": "status"}))?;
-    if v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(fail_reply(&v));
-    }
-    let d = v.get("data").cloned().unwrap_or(Value::Null);
+    let r = control::client::request::<Status>(&sock, Command::Status {})?;
+    let d = match r {
+        Reply {
+            ok: true,
+            data: Some(d),
+            ..
+        } => d,
+        r => return Err(fail_reply(&r)),
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
         return Ok(());
     }
-    let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
     println!(
         "node {}  config {}  workers {}  socket {}",
-        s(&d["node"]),
-        s(&d["config"]),
-        d["workers"],
+        d.node,
+        d.config,
+        d.workers,
         sock.display()
     );
-    for i in d["interfaces"].as_array().into_iter().flatten() {
-        let v6 = match (i["address6"].as_str(), i["link_local6"].as_str()) {
+    for i in &d.interfaces {
+        let v6 = match (&i.address6, &i.link_local6) {
             (Some(a), Some(l)) => format!(" {a} link-local {l}"),
             _ => String::new(),
         };
         println!(
             "interface {} {}{v6} mac {}",
-            s(&i["name"]),
-            s(&i["address"]),
-            s(&i["mac"])
+            i.name,
+            i.address.as_deref().unwrap_or("?"),
+            i.mac
         );
     }
-    for p in d["ports"].as_array().into_iter().flatten() {
-        println!("port {} (TAP {})", s(&p["name"]), s(&p["tap"]));
+    for p in &d.ports {
+        println!("port {} (TAP {})", p.name, p.tap);
     }
     Ok(())
 }
 
 fn cmd_port(op: args::PortOp) -> Result<(), Fail> {
-    let (req, client) = match &op {
+    match op {
         args::PortOp::Add {
             bridge,
             name,
             mac,
             client,
-        } => (
-            json!({"cmd": "port_add", "bridge": bridge, "name": name, "mac": mac}),
-            client,
-        ),
-        args::PortOp::Del { name, client } => (json!({"cmd": "port_del", "name": name}), client),
-    };
-    let sock = client_socket(client)?;
-    let (v, _) = control::request(&sock, &req)?;
-    if v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(fail_reply(&v));
-    }
-    match op {
-        args::PortOp::Add { name, bridge, .. } => println!(
-            "port {name} added to bridge {bridge}: ifindex {} mac {}",
-            v["data"]["ifindex"],
-            v["data"]["mac"].as_str().unwrap_or("?")
-        ),
-        args::PortOp::Del { name, .. } => println!("port {name} removed"),
+        } => {
+            let sock = client_socket(&client)?;
+            let cmd = Command::PortAdd {
+                bridge: bridge.clone(),
+                mac,
+                name: name.clone(),
+            };
+            match control::client::request::<PortInfo>(&sock, cmd)? {
+                Reply {
+                    ok: true,
+                    data: Some(p),
+                    ..
+                } => println!(
+                    "port {name} added to bridge {bridge}: ifindex {} mac {}",
+                    p.ifindex, p.mac
+                ),
+                r => return Err(fail_reply(&r)),
+            }
+        }
+        args::PortOp::Del { name, client } => {
+            let sock = client_socket(&client)?;
+            let cmd = Command::PortDel { name: name.clone() };
+            let r = control::client::request::<serde::de::IgnoredAny>(&sock, cmd)?;
+            if !r.ok {
+                return Err(fail_reply(&r));
+            }
+            println!("port {name} removed");
+        }
     }
     Ok(())
 }
 
 fn cmd_reload(client: &args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
-    let (v, _) = control::request(&sock, &json!({"cmd": "reload"}))?;
-    let ok = v.get("ok") == Some(&Value::Bool(true));
-    let changes = v
-        .get("changes")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if ok && changes.is_empty() {
+    let r = control::client::request::<serde::de::IgnoredAny>(&sock, Command::Reload {})?;
+    let changes = r.changes.as_deref().unwrap_or_default();
+    if r.ok && changes.is_empty() {
         println!("reloaded: nothing changed");
     }
     // A partly refused reload: what was applied on stdout, what was refused on stderr.
     for c in changes {
-        println!("{}", c.as_str().unwrap_or_default());
+        println!("{c}");
     }
-    if !ok {
-        return Err(fail_reply(&v));
+    if !r.ok {
+        return Err(fail_reply(&r));
     }
     Ok(())
 }
@@ -532,12 +527,13 @@ fn cmd_capture(
         let _ = signal_hook::flag::register(sig, stop.clone());
     }
     let count = count.unwrap_or(0);
-    let (v, mut r) = control::request(
-        &sock,
-        &json!({"cmd": "capture", "port": port, "count": count}),
-    )?;
-    if v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(fail_reply(&v));
+    let cmd = Command::Capture {
+        count,
+        port: port.to_string(),
+    };
+    let (reply, mut r) = control::client::request_stream(&sock, cmd)?;
+    if !reply.ok {
+        return Err(fail_reply(&reply));
     }
     let file =
         std::fs::File::create(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;

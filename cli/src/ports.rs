@@ -32,12 +32,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant as StdInstant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::{Batch, BridgeId, BufPool, DropReason, PacketBuf, PortId};
-use tapyard_cni::control::PortInfo;
 use tapyard_cni::netlink::{Link, Netlink};
 use tapyard_cni::netns;
+use tapyard_control::show::PortRow;
+use tapyard_control::PortInfo;
 
 use crate::capture::CaptureTap;
 use crate::config::values::{parse_ifname, parse_mac};
@@ -918,7 +918,7 @@ impl Node {
     }
 
     /// `show ports --json`: every port with its fields and counters.
-    pub fn ports_json(&self) -> Vec<Value> {
+    pub fn ports_rows(&self) -> Vec<PortRow> {
         self.refresh_ports();
         let stats = self.dp.stats();
         let mut nl = Netlink::open().ok();
@@ -933,50 +933,46 @@ impl Node {
                 });
                 let counters = stats.ports.iter().find(|p| p.name == e.name);
                 let c = |f: fn(&tapyard::stats::PortStats) -> u64| counters.map_or(0, f);
-                json!({
-                    "name": e.name,
-                    "kind": e.kind.name(),
-                    "bridge": e.bridge,
-                    "mac": link.as_ref().map(|l| l.mac.clone()),
-                    "ifindex": link.as_ref().map(|l| l.index),
-                    "netns": e.netns,
-                    "ifname": e.ifname,
-                    "tap": e.tap,
-                    "owner": e.owner,
-                    "origin": e.origin.name(),
-                    "rx_packets": c(|p| p.rx_packets),
-                    "tx_packets": c(|p| p.tx_packets),
-                    "rx_bytes": c(|p| p.rx_bytes),
-                    "tx_bytes": c(|p| p.tx_bytes),
-                })
+                PortRow {
+                    bridge: e.bridge,
+                    ifindex: link.as_ref().map(|l| l.index),
+                    ifname: e.ifname,
+                    kind: e.kind.name().into(),
+                    mac: link.map(|l| l.mac),
+                    name: e.name,
+                    netns: e.netns,
+                    origin: e.origin.name().into(),
+                    owner: e.owner,
+                    rx_bytes: c(|p| p.rx_bytes),
+                    rx_packets: c(|p| p.rx_packets),
+                    tap: e.tap,
+                    tx_bytes: c(|p| p.tx_bytes),
+                    tx_packets: c(|p| p.tx_packets),
+                }
             })
             .collect()
     }
 
-    /// `show ports`: one line per port.
+    /// `show ports`: one line per port (`-` for what a port does not have).
     pub fn ports_text(&self) -> String {
         let mut out = String::new();
-        for p in self.ports_json() {
-            let s = |k: &str| match &p[k] {
-                Value::String(s) => s.clone(),
-                Value::Null => "-".into(),
-                v => v.to_string(),
-            };
+        let s = |v: Option<&str>| v.unwrap_or("-").to_string();
+        for p in self.ports_rows() {
             out.push_str(&format!(
                 "{} {} bridge {} ifname {} mac {} ifindex {} netns {} origin {}{} rx {} pkts {} bytes tx {} pkts {} bytes\n",
-                s("name"),
-                s("kind"),
-                s("bridge"),
-                s("ifname"),
-                s("mac"),
-                s("ifindex"),
-                s("netns"),
-                s("origin"),
-                p["owner"].as_str().map_or(String::new(), |o| format!(" owner {o}")),
-                s("rx_packets"),
-                s("rx_bytes"),
-                s("tx_packets"),
-                s("tx_bytes"),
+                p.name,
+                p.kind,
+                s(p.bridge.as_deref()),
+                p.ifname,
+                s(p.mac.as_deref()),
+                p.ifindex.map_or("-".into(), |i| i.to_string()),
+                s(p.netns.as_deref()),
+                p.origin,
+                p.owner.map_or(String::new(), |o| format!(" owner {o}")),
+                p.rx_packets,
+                p.rx_bytes,
+                p.tx_packets,
+                p.tx_bytes,
             ));
         }
         out

@@ -1,99 +1,28 @@
 //! The client of tapyard's control socket, and the messages both sides exchange.
 //!
-//! # Protocol
-//! A Unix stream socket; the client writes one JSON request terminated by `\n`, the server
-//! answers with one JSON reply line and may close the connection. One request per connection.
+//! The protocol, its types and the client are the `tapyard-control` crate's (see its
+//! PROTOCOL.md); this module re-exports the plugin's part ([`Request`] is
+//! [`tapyard_control::CniRequest`]) and maps the client's failures to CNI errors:
 //!
 //! ```text
 //! {"cmd":"port_add","bridge":"cni0","owner":"<CNI_CONTAINERID>/<CNI_IFNAME>","netns":"<CNI_NETNS>","ifname":"eth0","mtu":1500}
-//!    -> {"ok":true,"data":{"name":"eth0","ifindex":7,"mac":"02:..","bridge":"cni0","netns":"/var/run/netns/x"}}
-//!    -> {"ok":false,"error":"port eth0 exists in ..."}
+//!    -> {"data":{"bridge":"cni0","ifindex":7,"mac":"02:..","name":"eth0","netns":"/var/run/netns/x"},"ok":true}
+//!    -> {"error":"port eth0 exists in ...","ok":false}
 //! {"cmd":"port_del","owner":"<CNI_CONTAINERID>/<CNI_IFNAME>"}
-//!    -> {"ok":true,"data":{"removed":true}}      ("removed":false if there was no such port)
+//!    -> {"data":{"removed":true},"ok":true}      ("removed":false if there was no such port)
 //! {"cmd":"port_show","owner":"<CNI_CONTAINERID>/<CNI_IFNAME>"}
-//!    -> {"ok":true,"data":{"name":"eth0","ifindex":7,"mac":"..","bridge":"cni0","netns":".."}}
-//!    -> {"ok":false,"error":"no such port"}
+//!    -> {"data":{"bridge":"cni0","ifindex":7,"mac":"..","name":"eth0","netns":".."},"ok":true}
+//!    -> {"error":"no such port","ok":false}
 //! ```
-//!
-//! `port_add` asks tapyard to create a TAP it serves on `bridge`, move it into `netns` and
-//! rename it `ifname` there; the plugin then configures addresses and routes itself. The owner
-//! key makes `port_del` work from nothing but the `CNI_*` variables. The server side (in
-//! `cli/`) mirrors [`Request`], [`Reply`], [`PortInfo`] and [`PortDeleted`].
 
 use crate::error::{CniError, TAPYARD_REFUSED, TRY_AGAIN_LATER};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tapyard_control::ClientError;
+pub use tapyard_control::{CniRequest as Request, PortDeleted, PortInfo, Reply};
 
 /// How long the client waits for a reply before giving up with code 11.
-pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A request line, tagged by `cmd`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case")]
-pub enum Request {
-    /// Create a TAP port on `bridge` and hand it to the container as `ifname` in `netns`.
-    PortAdd {
-        /// The tapyard bridge to attach the port to.
-        bridge: String,
-        /// `<CNI_CONTAINERID>/<CNI_IFNAME>`: the key of the port for later requests.
-        owner: String,
-        /// Path of the container's network namespace (`CNI_NETNS`).
-        netns: String,
-        /// The interface name inside the namespace (`CNI_IFNAME`).
-        ifname: String,
-        /// The MTU of the interface.
-        mtu: u32,
-    },
-    /// Remove the port of `owner`; not an error when there is none.
-    PortDel {
-        /// `<CNI_CONTAINERID>/<CNI_IFNAME>`.
-        owner: String,
-    },
-    /// Describe the port of `owner`.
-    PortShow {
-        /// `<CNI_CONTAINERID>/<CNI_IFNAME>`.
-        owner: String,
-    },
-}
-
-/// A reply line: `{"ok":true,"data":...}` or `{"ok":false,"error":"..."}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply<T> {
-    /// Whether the request succeeded.
-    pub ok: bool,
-    /// The answer when `ok` (a missing field reads as `None`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<T>,
-    /// What went wrong when not `ok`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// A port as tapyard describes it: the data of `port_add` and `port_show`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PortInfo {
-    /// The interface name inside the namespace.
-    pub name: String,
-    /// Its ifindex inside the namespace.
-    pub ifindex: u32,
-    /// Its MAC address, `aa:bb:cc:dd:ee:ff`.
-    pub mac: String,
-    /// The bridge it is attached to.
-    pub bridge: String,
-    /// The namespace it lives in.
-    pub netns: String,
-}
-
-/// The data of `port_del`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PortDeleted {
-    /// `false` when there was no such port (not an error).
-    pub removed: bool,
-}
+pub const REPLY_TIMEOUT: Duration = tapyard_control::REPLY_TIMEOUT;
 
 /// How a request failed.
 #[derive(Debug)]
@@ -116,7 +45,8 @@ impl From<ControlError> for CniError {
     }
 }
 
-/// A client of one tapyard control socket.
+/// A client of one tapyard control socket ([`tapyard_control::Client`], its failures as
+/// CNI errors).
 #[derive(Debug, Clone)]
 pub struct Client {
     path: PathBuf,
@@ -134,66 +64,38 @@ impl Client {
     }
 
     /// Sends `request` and reads the reply's data.
-    pub fn call<T: DeserializeOwned>(&self, request: &Request) -> Result<T, ControlError> {
+    pub fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        request: &Request,
+    ) -> Result<T, ControlError> {
         let path = self.path.display();
-        let mut stream = UnixStream::connect(&self.path).map_err(|e| {
-            ControlError::Unreachable(
-                CniError::new(
-                    TRY_AGAIN_LATER,
-                    format!("tapyard control socket {path} is not reachable"),
-                )
-                .with_details(e),
-            )
-        })?;
-        let broken = |what: &str, e: &dyn std::fmt::Display| {
-            ControlError::Broken(
-                CniError::new(
-                    TRY_AGAIN_LATER,
-                    format!("tapyard control socket {path}: {what}"),
-                )
-                .with_details(e),
-            )
-        };
-        stream
-            .set_read_timeout(Some(REPLY_TIMEOUT))
-            .and_then(|()| stream.set_write_timeout(Some(REPLY_TIMEOUT)))
-            .map_err(|e| broken("cannot set timeouts", &e))?;
-        let mut line = serde_json::to_vec(request).map_err(|e| broken("cannot encode", &e))?;
-        line.push(b'\n');
-        stream
-            .write_all(&line)
-            .map_err(|e| broken("cannot send request", &e))?;
-        let mut reply = String::new();
-        BufReader::new(&stream)
-            .read_line(&mut reply)
-            .map_err(|e| broken("no reply", &e))?;
-        let garbled = |e: &dyn std::fmt::Display| {
-            ControlError::Broken(
-                CniError::new(
-                    TAPYARD_REFUSED,
-                    format!("tapyard control socket {path}: unreadable reply"),
-                )
-                .with_details(format!("{e}: {}", reply.trim())),
-            )
-        };
-        let reply: Reply<T> = serde_json::from_str(&reply).map_err(|e| garbled(&e))?;
-        match reply {
-            Reply {
-                ok: true,
-                data: Some(data),
-                ..
-            } => Ok(data),
-            Reply {
-                ok: true,
-                data: None,
-                ..
-            } => Err(garbled(&"ok without data")),
-            Reply {
-                ok: false, error, ..
-            } => Err(ControlError::Refused(
-                error.unwrap_or_else(|| "unspecified error".into()),
-            )),
-        }
+        let client = tapyard_control::Client::new(&self.path).with_timeout(Some(REPLY_TIMEOUT));
+        client
+            .call_data(&request.clone().into())
+            .map_err(|e| match e {
+                ClientError::Unreachable(e) => ControlError::Unreachable(
+                    CniError::new(
+                        TRY_AGAIN_LATER,
+                        format!("tapyard control socket {path} is not reachable"),
+                    )
+                    .with_details(e),
+                ),
+                ClientError::Io { what, error } => ControlError::Broken(
+                    CniError::new(
+                        TRY_AGAIN_LATER,
+                        format!("tapyard control socket {path}: {what}"),
+                    )
+                    .with_details(error),
+                ),
+                ClientError::Garbled { error, line } => ControlError::Broken(
+                    CniError::new(
+                        TAPYARD_REFUSED,
+                        format!("tapyard control socket {path}: unreadable reply"),
+                    )
+                    .with_details(format!("{error}: {line}")),
+                ),
+                ClientError::Refused(msg) => ControlError::Refused(msg),
+            })
     }
 
     /// `port_add`.
