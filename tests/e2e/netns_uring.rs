@@ -19,7 +19,7 @@ use tapyard::Datapath;
 
 fn bridge_in(io: IoMode, kind: TapKind, n: u32) {
     let (pid, tag) = name_tag();
-    let subnet = (10 + pid % 60) * 4 + n;
+    let subnet = (10 + pid % 50) * 4 + n; // at most 239 + n: an octet
     let (ta, tb) = (format!("tur{pid}a{n}"), format!("tur{pid}b{n}"));
     let (dp, ia, ib) = common::two_port_bridge(&ta, &tb);
     let dp = Arc::new(dp);
