@@ -64,6 +64,7 @@
 pub mod arp;
 pub(crate) mod checksum;
 pub mod ethernet;
+pub mod family;
 pub mod icmp;
 pub mod icmpv6;
 pub mod ipv4;
