@@ -38,7 +38,11 @@ fn bench(c: &mut Criterion) {
         for i in 0..stations {
             let f = frame(tapyard::MacAddr::BROADCAST, mac_of(i));
             let port = PortId((i % u32::from(PORTS)) as u16);
-            dp.bridge(br).unwrap().fdb().learn(mac_of(i), port, now);
+            dp.control()
+                .bridge(br)
+                .unwrap()
+                .fdb()
+                .learn(mac_of(i), port, now);
             base.decide(&f, port, now);
         }
         // 64 batches of random (src, dst) pairs, each frame on its source's port.

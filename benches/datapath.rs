@@ -105,7 +105,7 @@ fn bench(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.rx_drops(), 0, "{s}");
 
     let r = rig();
@@ -192,12 +192,18 @@ fn routed(c: &mut Criterion) {
     let dst_mac = |i: usize| MacAddr::local(0x200 + i as u32);
     for i in 0..PORTS {
         let ip = Ipv4Addr::new(10, 0, 1, 10 + i as u8);
-        dp.add_static_neigh(if1, ip, dst_mac(i), now).unwrap();
-        let ip = Ipv4Addr::new(10, 0, 0, 10 + i as u8);
-        dp.add_static_neigh(if0, ip, src_mac(i), now).unwrap();
-        dp.add_static_neigh(if1, v6(1, 10 + i as u16), dst_mac(i), now)
+        dp.control()
+            .add_static_neigh(if1, ip, dst_mac(i), now)
             .unwrap();
-        dp.add_static_neigh(if0, v6(0, 10 + i as u16), src_mac(i), now)
+        let ip = Ipv4Addr::new(10, 0, 0, 10 + i as u8);
+        dp.control()
+            .add_static_neigh(if0, ip, src_mac(i), now)
+            .unwrap();
+        dp.control()
+            .add_static_neigh(if1, v6(1, 10 + i as u16), dst_mac(i), now)
+            .unwrap();
+        dp.control()
+            .add_static_neigh(if0, v6(0, 10 + i as u16), src_mac(i), now)
             .unwrap();
     }
     // The same packets over IPv6 (UDP, 18 bytes of payload).
@@ -285,7 +291,7 @@ fn routed(c: &mut Criterion) {
         },
         |()| black_box(pump.poll(now).unwrap()),
     );
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.rx_drops(), 0, "{s}");
     assert!(s.forwarded >= (PORTS * BATCH_SIZE) as u64, "{s}");
     g.finish();
@@ -355,23 +361,25 @@ fn vxlan(c: &mut Criterion) {
             pod_cidr: Ipv4Addr::new(10, 244, other, 0).into(),
             pod_prefix_len: 24,
         };
-        dp.add_vxlan_peer("flannel.1", peer, now).unwrap();
-        dp.add_static_neigh(
-            eth0,
-            Ipv4Addr::new(172, 18, 0, other),
-            MacAddr::local(0xfd00 + u32::from(other)),
-            now,
-        )
-        .unwrap();
-        for i in 0..PORTS {
-            let ip = Ipv4Addr::new(10, 244, n, 10 + i as u8);
-            dp.add_static_neigh(
-                cni0,
-                ip,
-                MacAddr::local(0x100 * u32::from(n) + i as u32),
+        dp.control().add_vxlan_peer("flannel.1", peer, now).unwrap();
+        dp.control()
+            .add_static_neigh(
+                eth0,
+                Ipv4Addr::new(172, 18, 0, other),
+                MacAddr::local(0xfd00 + u32::from(other)),
                 now,
             )
             .unwrap();
+        for i in 0..PORTS {
+            let ip = Ipv4Addr::new(10, 244, n, 10 + i as u8);
+            dp.control()
+                .add_static_neigh(
+                    cni0,
+                    ip,
+                    MacAddr::local(0x100 * u32::from(n) + i as u32),
+                    now,
+                )
+                .unwrap();
         }
         let pump = std::cell::RefCell::new(Pump::new(dp.clone(), &ports).unwrap());
         Node {
@@ -445,10 +453,10 @@ fn vxlan(c: &mut Criterion) {
         )
     });
     for (name, n) in [("A", &a), ("C", &z)] {
-        let s = n.dp.stats();
+        let s = n.dp.control().stats();
         assert_eq!(s.rx_drops(), 0, "node {name}: {s}");
     }
-    assert!(z.dp.stats().forwarded >= (PORTS * BATCH_SIZE) as u64);
+    assert!(z.dp.control().stats().forwarded >= (PORTS * BATCH_SIZE) as u64);
     g.finish();
 }
 

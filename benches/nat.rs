@@ -263,26 +263,30 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
     }
     let now = Instant::from_secs(1);
     for i in 0..PORTS {
-        dp.add_static_neigh(
-            if0,
-            std::net::IpAddr::from(client_ip(i)),
-            client_mac(i),
-            now,
-        )
-        .unwrap();
-        dp.add_static_neigh(
-            if1,
-            std::net::IpAddr::from(server_ip(i)),
-            server_mac(i),
-            now,
-        )
-        .unwrap();
-        dp.add_static_neigh(if0, client_ip6(i), client_mac(i), now)
+        dp.control()
+            .add_static_neigh(
+                if0,
+                std::net::IpAddr::from(client_ip(i)),
+                client_mac(i),
+                now,
+            )
             .unwrap();
-        dp.add_static_neigh(if1, server_ip6(i), server_mac(i), now)
+        dp.control()
+            .add_static_neigh(
+                if1,
+                std::net::IpAddr::from(server_ip(i)),
+                server_mac(i),
+                now,
+            )
+            .unwrap();
+        dp.control()
+            .add_static_neigh(if0, client_ip6(i), client_mac(i), now)
+            .unwrap();
+        dp.control()
+            .add_static_neigh(if1, server_ip6(i), server_mac(i), now)
             .unwrap();
     }
-    if let Some(nf) = dp.netfilter() {
+    if let Some(nf) = dp.control().netfilter() {
         let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
         s.endpoints = (0..PORTS)
             .map(|i| Endpoint::new(SocketAddrV4::new(server_ip(i).into(), 8080), true))
@@ -383,7 +387,7 @@ fn established(c: &mut Criterion) {
         };
         inject();
         pump.drain(r.now, 8);
-        let before = r.dp.stats().forwarded;
+        let before = r.dp.control().stats().forwarded;
         r.drain();
         // One established connection per client port: 32 segments of it per batch.
         let one_flow: Vec<Vec<Vec<u8>>> = data
@@ -414,10 +418,10 @@ fn established(c: &mut Criterion) {
                 |()| black_box(pump.poll(r.now).unwrap()),
             );
         }
-        let s = r.dp.stats();
+        let s = r.dp.control().stats();
         assert!(s.forwarded >= before, "{s}");
         assert_eq!(s.rx_drops(), 0, "{s}");
-        if let Some(nf) = r.dp.netfilter() {
+        if let Some(nf) = r.dp.control().netfilter() {
             let est = nf
                 .conntrack()
                 .dump(r.now)
@@ -440,7 +444,7 @@ fn new_connections(c: &mut Criterion) {
         let r = rig(nat, 2 << 20, file.as_ref());
         let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
         r.announce(&mut pump);
-        if let Some(nf) = r.dp.netfilter() {
+        if let Some(nf) = r.dp.control().netfilter() {
             // Fill the table with 1 M connections (UDP between other addresses).
             let ct = nf.conntrack();
             for k in 0..1u32 << 20 {
@@ -494,7 +498,7 @@ fn new_connections(c: &mut Criterion) {
         } else {
             "tapyard_routed_no_nat".to_string()
         };
-        let nf = r.dp.netfilter();
+        let nf = r.dp.control().netfilter();
         let mut ran = false;
         g.bench_function(name, |bch| {
             ran = true;
@@ -633,7 +637,7 @@ fn established6(c: &mut Criterion) {
     let mut g = c.benchmark_group("datapath_dnat");
     g.throughput(Throughput::Elements((PORTS * BATCH_SIZE) as u64));
     let r = rig(true, 65_536, None);
-    let nf = r.dp.netfilter().unwrap();
+    let nf = r.dp.control().netfilter().unwrap();
     let mut s = ServiceSpec::new6("web6", VIP6.parse().unwrap(), 80, 6);
     s.endpoints6 = (0..PORTS)
         .map(|i| Endpoint6::new(SocketAddrV6::new(server_ip6(i), 8080, 0, 0), true))
@@ -696,7 +700,7 @@ fn established6(c: &mut Criterion) {
         },
         |()| black_box(pump.poll(r.now).unwrap()),
     );
-    let st = r.dp.stats();
+    let st = r.dp.control().stats();
     assert_eq!(st.rx_drops(), 0, "{st}");
     g.finish();
 }

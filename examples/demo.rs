@@ -129,7 +129,8 @@ fn main() {
             true,
         ),
     ];
-    dp.netfilter()
+    dp.control()
+        .netfilter()
         .expect("netfilter")
         .upsert_service(svc, Instant::ZERO)
         .expect("service");
@@ -238,24 +239,24 @@ fn main() {
 
     println!("\nbridge fdb show:");
     let mut fdb = String::new();
-    dp.fmt_fdb(now, &mut fdb).expect("format");
+    dp.control().fmt_fdb(now, &mut fdb).expect("format");
     print!("{fdb}");
     println!("\nip route show:");
     let mut routes = String::new();
-    dp.fmt_routes(&mut routes).expect("format");
+    dp.control().fmt_routes(&mut routes).expect("format");
     print!("{routes}");
     println!("\nip neigh show:");
     let mut neigh = String::new();
-    dp.fmt_neigh(now, &mut neigh).expect("format");
+    dp.control().fmt_neigh(now, &mut neigh).expect("format");
     print!("{neigh}");
-    let nf = dp.netfilter().expect("netfilter");
+    let nf = dp.control().netfilter().expect("netfilter");
     println!("\nconntrack -L:");
     print!("{}", nf.conntrack().fmt_dump(now));
     println!("\nservices:");
     print!("{}", nf.services().fmt_services());
     println!("\ncounters:");
-    print!("{}", dp.stats());
-    if let Some(r) = dp.router() {
+    print!("{}", dp.control().stats());
+    if let Some(r) = dp.control().router() {
         println!("router: {}", r.counters.snapshot().line());
         println!("neighbours: {}", r.neigh().counters().line());
     }

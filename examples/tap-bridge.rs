@@ -163,15 +163,15 @@ fn run(a: Args) -> Result<(), String> {
         ticks += 1;
         if let Some(s) = a.stats_every {
             if s > 0 && ticks % (s * 10) == 0 {
-                eprint!("{}", dp.stats());
+                eprint!("{}", dp.control().stats());
             }
         }
     }
     let now = rt.now();
     rt.stop();
-    print!("{}", dp.stats());
+    print!("{}", dp.control().stats());
     let mut fdb = String::new();
-    let _ = dp.fmt_fdb(now, &mut fdb);
+    let _ = dp.control().fmt_fdb(now, &mut fdb);
     print!("fdb:\n{fdb}");
     Ok(())
 }

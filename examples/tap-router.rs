@@ -582,7 +582,7 @@ fn run(a: Args) -> Result<(), String> {
         .map_err(|e| format!("NAT: {e}"))?;
     }
     let dp = Arc::new(b.build());
-    if let Some(nf) = dp.netfilter() {
+    if let Some(nf) = dp.control().netfilter() {
         // The runtime's clock starts at zero when it starts, below; no connection exists yet.
         for s in &a.services {
             nf.upsert_service(s.spec.clone(), tapyard::Instant::ZERO)
@@ -591,12 +591,13 @@ fn run(a: Args) -> Result<(), String> {
     }
     for r in &a.routes {
         let iface = |name: &str| {
-            dp.iface_by_name(name)
+            dp.control()
+                .iface_by_name(name)
                 .ok_or_else(|| format!("--route {:?}: no router interface named {name:?}", r.text))
         };
         let next_hop = match &r.hop {
             Hop::Via(gw, Some(dev)) => NextHop::Via(iface(dev)?, *gw),
-            Hop::Via(gw, None) => match dp.routes().and_then(|t| t.lookup(*gw)) {
+            Hop::Via(gw, None) => match dp.control().routes().and_then(|t| t.lookup(*gw)) {
                 Some(NextHop::Link(i)) => NextHop::Via(i, *gw),
                 _ => {
                     return Err(format!(
@@ -619,15 +620,16 @@ fn run(a: Args) -> Result<(), String> {
                 r.len
             ));
         }
-        dp.add_route(Route {
-            prefix: r.prefix,
-            len: r.len,
-            next_hop,
-            metric: r.metric,
-            proto: RouteProto::Static,
-            src: None,
-        })
-        .map_err(|e| format!("--route {:?}: {e}", r.text))?;
+        dp.control()
+            .add_route(Route {
+                prefix: r.prefix,
+                len: r.len,
+                next_hop,
+                metric: r.metric,
+                proto: RouteProto::Static,
+                src: None,
+            })
+            .map_err(|e| format!("--route {:?}: {e}", r.text))?;
     }
     let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
     for (id, t) in &taps {
@@ -663,9 +665,9 @@ fn run(a: Args) -> Result<(), String> {
         eprintln!("tap-router: interface {name} {addr}/{len} mac {mac}");
     }
     let mut routes = String::new();
-    let _ = dp.fmt_routes(&mut routes);
+    let _ = dp.control().fmt_routes(&mut routes);
     eprint!("tap-router: routes:\n{routes}");
-    if let Some(nf) = dp.netfilter() {
+    if let Some(nf) = dp.control().netfilter() {
         eprint!("tap-router: services:\n{}", nf.services().fmt_services());
     }
     eprintln!(
@@ -683,26 +685,26 @@ fn run(a: Args) -> Result<(), String> {
         ticks += 1;
         if let Some(s) = a.stats_every {
             if s > 0 && ticks % (s * 10) == 0 {
-                eprint!("{}", dp.stats());
+                eprint!("{}", dp.control().stats());
             }
         }
     }
     let now = rt.now();
     rt.stop();
-    print!("{}", dp.stats());
-    if let Some(r) = dp.router() {
+    print!("{}", dp.control().stats());
+    if let Some(r) = dp.control().router() {
         println!("router: {}", r.counters.snapshot().line());
     }
     let mut s = String::new();
-    let _ = dp.fmt_routes(&mut s);
+    let _ = dp.control().fmt_routes(&mut s);
     print!("routes:\n{s}");
     s.clear();
-    let _ = dp.fmt_neigh(now, &mut s);
+    let _ = dp.control().fmt_neigh(now, &mut s);
     print!("neighbours:\n{s}");
     s.clear();
-    let _ = dp.fmt_fdb(now, &mut s);
+    let _ = dp.control().fmt_fdb(now, &mut s);
     print!("fdb:\n{s}");
-    if let Some(nf) = dp.netfilter() {
+    if let Some(nf) = dp.control().netfilter() {
         print_nat(nf, now);
     }
     Ok(())

@@ -64,8 +64,8 @@
 //! // A Service: ClusterIP 10.96.0.10:80/tcp, one endpoint on pod B (10.244.1.3:8080).
 //! let mut web = ServiceSpec::new("web", Ipv4Addr::new(10, 96, 0, 10), 80, 6);
 //! web.endpoints = vec![Endpoint::new(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 3), 8080), true)];
-//! dp.netfilter().unwrap().upsert_service(web, now)?;
-//! dp.add_static_neigh(gw, Ipv4Addr::new(10, 244, 1, 3), pod_b, now)?;
+//! dp.control().netfilter().unwrap().upsert_service(web, now)?;
+//! dp.control().add_static_neigh(gw, Ipv4Addr::new(10, 244, 1, 3), pod_b, now)?;
 //!
 //! // Pod A opens a connection to the ClusterIP, through its gateway's MAC.
 //! let mut syn = Vec::new();
@@ -117,7 +117,7 @@ pub mod wire;
 pub use base::{BridgeId, IfaceId, PortId, Verdict};
 pub use buf::{Batch, BufPool, Offload, PacketBuf, BATCH_SIZE, DEFAULT_FRAME_ROOM, HEADROOM};
 pub use datapath::{
-    conntrack6_path, Bridge, BridgeConfig, ConfigError, Datapath, DatapathBuilder, Worker,
+    conntrack6_path, Bridge, BridgeConfig, ConfigError, Control, Datapath, DatapathBuilder, Worker,
     DEFAULT_MAX_PORTS, MAX_EXTRA,
 };
 pub use stats::{DropReason, StatsSnapshot};

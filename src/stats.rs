@@ -188,7 +188,7 @@ drop_reasons! {
         /// port whose link is down either, and a normal start counts a few of these (frames
         /// flooded before the pods' links come up: router solicitations, MLD, ARP).
         TxLinkDown = "tx_link_down",
-        /// The output port was removed ([`Datapath::remove_port`](crate::Datapath::remove_port))
+        /// The output port was removed ([`Control::remove_port`](crate::Control::remove_port))
         /// after the frame was forwarded or flooded to it, before it was sent; counted at
         /// transmit time.
         PortGone = "port_gone",

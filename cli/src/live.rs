@@ -12,14 +12,16 @@ use tapyard::port::Port;
 use tapyard::runtime::Runtime;
 use tapyard::{BridgeId, Datapath, PortId};
 
-/// Adds a datapath port called `name` to `bridge` (`Datapath::add_port`).
+/// Adds a datapath port called `name` to `bridge` (`Control::add_port`).
 pub fn add_port(dp: &Datapath, name: &str, bridge: BridgeId) -> Result<PortId, String> {
-    dp.add_port(name, bridge).map_err(|e| e.to_string())
+    dp.control()
+        .add_port(name, bridge)
+        .map_err(|e| e.to_string())
 }
 
-/// Removes datapath port `id` that has no driver in the runtime (`Datapath::remove_port`).
+/// Removes datapath port `id` that has no driver in the runtime (`Control::remove_port`).
 pub fn remove_port(dp: &Datapath, id: PortId) -> Result<(), String> {
-    dp.remove_port(id).map_err(|e| e.to_string())
+    dp.control().remove_port(id).map_err(|e| e.to_string())
 }
 
 /// Hands the device of port `id` to the workers (`Runtime::add_port`).

@@ -234,8 +234,9 @@ fn cmd_run(
         let v6 = |n: &str| {
             let ll = node
                 .dp
+                .control()
                 .iface_by_name(n)
-                .and_then(|i| node.dp.router()?.link_local6(i));
+                .and_then(|i| node.dp.control().router()?.link_local6(i));
             cur.connected()
                 .into_iter()
                 .find(|c| c.name == n)
@@ -295,7 +296,7 @@ fn cmd_run(
         let _ = m.join();
     }
     node.stop();
-    let s = node.dp.stats();
+    let s = node.dp.control().stats();
     log::info!(
         "stopped: forwarded {} flooded {} local {} dropped {}",
         s.forwarded,

@@ -20,7 +20,7 @@ fn label(v: &str) -> String {
 
 /// The exposition text for a datapath's counters.
 pub fn render(dp: &Datapath) -> String {
-    let s = dp.stats();
+    let s = dp.control().stats();
     let mut o = String::new();
     let family = |o: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(
@@ -59,7 +59,7 @@ pub fn render(dp: &Datapath) -> String {
         let _ = writeln!(o, "tapyard_drops_total{{reason=\"{}\"}} {n}", r.name());
     }
     family(&mut o, "fdb_entries", "gauge", "Entries in a bridge's FDB.");
-    for b in dp.bridges() {
+    for b in dp.control().bridges() {
         let _ = writeln!(
             o,
             "tapyard_fdb_entries{{bridge=\"{}\"}} {}",
@@ -67,7 +67,7 @@ pub fn render(dp: &Datapath) -> String {
             b.fdb().counters().entries
         );
     }
-    if let Some(r) = dp.router() {
+    if let Some(r) = dp.control().router() {
         let c = r.neigh().counters();
         family(
             &mut o,
@@ -86,7 +86,7 @@ pub fn render(dp: &Datapath) -> String {
             let _ = writeln!(o, "tapyard_router_events_total{{event=\"{k}\"}} {v}");
         }
     }
-    if let Some(nf) = dp.netfilter() {
+    if let Some(nf) = dp.control().netfilter() {
         for (k, help, v) in crate::control::nat_counters(nf) {
             let (name, kind) = match k.as_str() {
                 "connections" => ("nat_connections".to_string(), "gauge"),

@@ -147,7 +147,8 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
         return Err(format!("route to {}: not an IPv4 route", r.to));
     };
     let iface = |name: &str| {
-        dp.iface_by_name(name)
+        dp.control()
+            .iface_by_name(name)
             .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
     };
     let via = match r.via {
@@ -190,7 +191,8 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6
         return Err(format!("route to {}: not an IPv6 route", r.to));
     };
     let iface = |name: &str| {
-        dp.iface_by_name(name)
+        dp.control()
+            .iface_by_name(name)
             .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
     };
     let via = match r.via {
@@ -234,18 +236,18 @@ fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result
         IpCidr::V4(_) => {
             let route = to_route(dp, cfg, r)?;
             if replace {
-                dp.replace_route(route).map(|_| ())
+                dp.control().replace_route(route).map(|_| ())
             } else {
-                dp.add_route(route)
+                dp.control().add_route(route)
             }
             .map_err(|e| fail(&e))
         }
         IpCidr::V6(_) => {
             let route = to_route6(dp, cfg, r)?;
             if replace {
-                dp.replace_route(route).map(|_| ())
+                dp.control().replace_route(route).map(|_| ())
             } else {
-                dp.add_route(route)
+                dp.control().add_route(route)
             }
             .map_err(|e| fail(&e))
         }
@@ -256,10 +258,12 @@ fn add_route(dp: &Datapath, cfg: &Config, r: &RouteCfg, replace: bool) -> Result
 fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
     match r.to {
         IpCidr::V4(to) => dp
+            .control()
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| format!("route {}: {e}", r.describe())),
         IpCidr::V6(to) => dp
+            .control()
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| format!("route {}: {e}", r.describe())),
@@ -280,11 +284,12 @@ fn tap_error(tap: &str, e: &std::io::Error) -> String {
 
 fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), String> {
     let iface = dp
+        .control()
         .iface_by_name(&n.dev)
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
     match n.ip {
-        IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
-        IpAddr::V6(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
+        IpAddr::V4(ip) => dp.control().add_static_neigh(iface, ip, n.mac, now),
+        IpAddr::V6(ip) => dp.control().add_static_neigh(iface, ip, n.mac, now),
     }
     .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
 }
@@ -300,20 +305,21 @@ pub fn to_peer(p: &PeerCfg) -> VxlanPeer {
 }
 
 fn add_peer(dp: &Datapath, vxlan: &str, p: &PeerCfg, now: Instant) -> Result<(), String> {
-    dp.add_vxlan_peer(vxlan, to_peer(p), now)
+    dp.control()
+        .add_vxlan_peer(vxlan, to_peer(p), now)
         .map_err(|e| format!("vxlan {vxlan:?}: peer {}: {e}", p.node_ip))
 }
 
 fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
-    let Some(iface) = dp.iface_by_name(&n.dev) else {
+    let Some(iface) = dp.control().iface_by_name(&n.dev) else {
         return Err(format!(
             "neighbor {}: no router interface {:?}",
             n.ip, n.dev
         ));
     };
     let removed = match n.ip {
-        IpAddr::V4(ip) => dp.remove_static_neigh(iface, ip),
-        IpAddr::V6(ip) => dp.remove_static_neigh(iface, ip),
+        IpAddr::V4(ip) => dp.control().remove_static_neigh(iface, ip),
+        IpAddr::V6(ip) => dp.control().remove_static_neigh(iface, ip),
     };
     if !removed {
         log::warn!(
@@ -420,7 +426,7 @@ fn apply_services_named(
     node: &Node,
     services: &[ServiceCfg],
 ) -> Result<Vec<String>, Vec<(String, String)>> {
-    let Some(nf) = node.dp.netfilter() else {
+    let Some(nf) = node.dp.control().netfilter() else {
         if services.is_empty() {
             return Ok(Vec::new());
         }
@@ -968,14 +974,14 @@ impl Built {
             }
             Err(errors) => return Err(errors.join("; ")),
         }
-        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections > 0) {
+        if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections > 0) {
             // Connections kept from the previous process: their Service ids and affinity.
             let (retagged, affinity) = nf.services().relink(nf.conntrack(), node.now());
             log::info!(
                 "conntrack: kept connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );
         }
-        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections6 > 0) {
+        if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections6 > 0) {
             let (retagged, affinity) = nf.services().relink6(nf.conntrack6(), node.now());
             log::info!(
                 "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
@@ -991,7 +997,7 @@ impl Built {
         }
         node.save_ports();
         node.announce();
-        if let Some(nf) = node.dp.netfilter() {
+        if let Some(nf) = node.dp.control().netfilter() {
             let ct = nf.conntrack();
             log::info!(
                 "conntrack: at most {} connections ({} MiB reserved){}",
@@ -1318,7 +1324,7 @@ impl Node {
         // A removed peer stops at once: nothing is sent to it or accepted from it from the
         // workers' next batch on.
         for (v, p) in &d.peers_removed {
-            if let Err(e) = self.dp.remove_vxlan_peer(v, p.node_ip) {
+            if let Err(e) = self.dp.control().remove_vxlan_peer(v, p.node_ip) {
                 let e = format!("vxlan {v:?}: peer {}: {e}", p.node_ip);
                 errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, true));
             }
@@ -1340,8 +1346,8 @@ impl Node {
             }
         }
         if d.nat_rules {
-            if let Some(nf) = self.dp.netfilter() {
-                match to_nat_rules(new, |n| self.dp.iface_by_name(n)) {
+            if let Some(nf) = self.dp.control().netfilter() {
+                match to_nat_rules(new, |n| self.dp.control().iface_by_name(n)) {
                     Ok(rules) => nf.set_rules(rules),
                     Err(e) => errors.push(refuse(Item::NatRules, e, true)),
                 }
@@ -1563,9 +1569,9 @@ mod tests {
             .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let dp = &built.dp;
-        let r = dp.router().unwrap();
-        let cni0 = dp.iface_by_name("cni0").unwrap();
-        let eth0 = dp.iface_by_name("eth0").unwrap();
+        let r = dp.control().router().unwrap();
+        let cni0 = dp.control().iface_by_name("cni0").unwrap();
+        let eth0 = dp.control().iface_by_name("eth0").unwrap();
         assert_eq!(
             r.iface_addr6(cni0),
             Some(("fd00:10:244:1::1".parse().unwrap(), 64))
@@ -1580,7 +1586,7 @@ mod tests {
             .to_string()
             .starts_with("fe80::"));
         let mut text = String::new();
-        dp.fmt_routes(&mut text).unwrap();
+        dp.control().fmt_routes(&mut text).unwrap();
         for want in [
             "10.244.2.0/24 via 172.18.0.3 dev eth0",
             "fd00:10:244:2::/64 via fd00:172:18::3 dev eth0",
@@ -1611,14 +1617,14 @@ mod tests {
             .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let dp = &built.dp;
-        let r = dp.router().unwrap();
+        let r = dp.control().router().unwrap();
         for name in ["cni0", "eth0"] {
-            let i = dp.iface_by_name(name).unwrap();
+            let i = dp.control().iface_by_name(name).unwrap();
             assert_eq!(r.iface_addr(i), None);
             assert!(r.iface_addr6(i).is_some());
         }
         let mut text = String::new();
-        dp.fmt_routes(&mut text).unwrap();
+        dp.control().fmt_routes(&mut text).unwrap();
         assert!(text.contains("fd00:10:244:1::/64 dev cni0"), "{text}");
         assert!(
             text.contains("default via fd00:172:18::1 dev eth0"),

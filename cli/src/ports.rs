@@ -515,13 +515,13 @@ impl Node {
     /// it `STALE`, so its next packet confirms it). Sent at start and at a takeover
     /// (addresses change only with a restart); a TAP that refuses a frame is skipped.
     pub fn announce(&self) {
-        let Some(router) = self.dp.router() else {
+        let Some(router) = self.dp.control().router() else {
             return;
         };
         let ports = self.ports.list();
         let mut sent = 0;
         for (name, _, _) in &self.ifaces {
-            let Some(iid) = self.dp.iface_by_name(name) else {
+            let Some(iid) = self.dp.control().iface_by_name(name) else {
                 continue;
             };
             let on_link = |e: &&PortEntry| match e.kind {
@@ -592,8 +592,14 @@ impl Node {
     }
 
     fn bridge_id(&self, bridge: &str) -> Result<BridgeId, String> {
-        self.dp.bridge_by_name(bridge).ok_or_else(|| {
-            let names: Vec<&str> = self.dp.bridges().iter().map(|b| b.name()).collect();
+        self.dp.control().bridge_by_name(bridge).ok_or_else(|| {
+            let names: Vec<&str> = self
+                .dp
+                .control()
+                .bridges()
+                .iter()
+                .map(|b| b.name())
+                .collect();
             field(
                 "bridge",
                 bridge,
@@ -614,7 +620,9 @@ impl Node {
                 format!("is taken by a port ({} on {})", e.origin.name(), e.ifname),
             ));
         }
-        if self.dp.port_by_name(name).is_some() || self.dp.iface_by_name(name).is_some() {
+        if self.dp.control().port_by_name(name).is_some()
+            || self.dp.control().iface_by_name(name).is_some()
+        {
             return Err(field(what, name, "is taken by a port of the datapath"));
         }
         match nl.link_by_name(name) {
@@ -920,7 +928,7 @@ impl Node {
     /// `show ports --json`: every port with its fields and counters.
     pub fn ports_rows(&self) -> Vec<PortRow> {
         self.refresh_ports();
-        let stats = self.dp.stats();
+        let stats = self.dp.control().stats();
         let mut nl = Netlink::open().ok();
         self.ports
             .list()

@@ -43,16 +43,16 @@ fuzz_target!(|data: &[u8]| {
         if port >= 0xf0 {
             if port & 1 == 0 {
                 let br = if dt & 1 == 0 { b0 } else { b1 };
-                if let Ok(p) = dp.add_port(&format!("n{}", len % 8), br) {
+                if let Ok(p) = dp.control().add_port(&format!("n{}", len % 8), br) {
                     assert!(usize::from(p.0) < 12);
-                    assert_eq!(dp.port_bridge(p), Some(br));
+                    assert_eq!(dp.control().port_bridge(p), Some(br));
                 }
             } else {
                 let p = PortId((len % 13) as u16);
-                if dp.remove_port(p).is_ok() {
+                if dp.control().remove_port(p).is_ok() {
                     removed_any = true;
-                    assert_eq!(dp.port_bridge(p), None);
-                    for br in dp.bridges() {
+                    assert_eq!(dp.control().port_bridge(p), None);
+                    for br in dp.control().bridges() {
                         assert!(!br.ports().contains(&p));
                         assert!(br.fdb().dump(now).iter().all(|e| e.port != p));
                     }
@@ -90,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
     if !batch.is_empty() {
         step(&dp, &mut w, &mut batch, now);
     }
-    let s = dp.stats();
+    let s = dp.control().stats();
     let rx: u64 = s.ports.iter().map(|p| p.rx_packets).sum();
     if !removed_any {
         // A removed port's counters leave the snapshot with it.
@@ -110,9 +110,12 @@ fn step(dp: &Datapath, w: &mut Worker, batch: &mut Batch, now: Instant) {
         match *v {
             Verdict::Output(p) => {
                 assert_ne!(p, buf.port);
-                assert_eq!(dp.port_bridge(p), dp.port_bridge(buf.port));
+                assert_eq!(
+                    dp.control().port_bridge(p),
+                    dp.control().port_bridge(buf.port)
+                );
             }
-            Verdict::Flood(br) => assert_eq!(Some(br), dp.port_bridge(buf.port)),
+            Verdict::Flood(br) => assert_eq!(Some(br), dp.control().port_bridge(buf.port)),
             Verdict::Drop(_) | Verdict::Local | Verdict::Queued => {}
         }
     }
@@ -123,7 +126,7 @@ fn step(dp: &Datapath, w: &mut Worker, batch: &mut Batch, now: Instant) {
     batch.recycle(&mut w.pool);
     dp.poll(w, now, batch);
     batch.recycle(&mut w.pool);
-    for br in dp.bridges() {
+    for br in dp.control().bridges() {
         assert!(br.fdb().counters().entries <= br.fdb().max_entries());
         assert!(br.fdb().dump(now).len() <= br.fdb().max_entries());
     }

@@ -269,31 +269,34 @@ fuzz_target!(|data: &[u8]| {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route(
-        [10, 244, 2, 0],
-        24,
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
-    ))
-    .unwrap();
-    dp.add_route(route(
-        [0, 0, 0, 0],
-        0,
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
-    ))
-    .unwrap();
+    dp.control()
+        .add_route(route(
+            [10, 244, 2, 0],
+            24,
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
+        ))
+        .unwrap();
+    dp.control()
+        .add_route(route(
+            [0, 0, 0, 0],
+            0,
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
+        ))
+        .unwrap();
     for (i, ip, m) in [
         (cni0, [10, 244, 1, 2], 2u8),
         (cni0, [10, 244, 1, 3], 3),
         (eth0, [172, 18, 0, 3], 4),
         (eth0, [172, 18, 0, 1], 5),
     ] {
-        dp.add_static_neigh(
-            i,
-            std::net::IpAddr::from(ip),
-            MacAddr([2, 0, 0, 0, 1, m]),
-            now,
-        )
-        .unwrap();
+        dp.control()
+            .add_static_neigh(
+                i,
+                std::net::IpAddr::from(ip),
+                MacAddr([2, 0, 0, 0, 1, m]),
+                now,
+            )
+            .unwrap();
     }
     let route6 = |p: &str, len, next_hop| Route {
         prefix: a6(p),
@@ -303,13 +306,15 @@ fuzz_target!(|data: &[u8]| {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route6(
-        "fd00:10:244:2::",
-        64,
-        NextHop::Via(eth0, a6("fd00:172:18::3")),
-    ))
-    .unwrap();
-    dp.add_route(route6("::", 0, NextHop::Via(eth0, a6("fd00:172:18::1"))))
+    dp.control()
+        .add_route(route6(
+            "fd00:10:244:2::",
+            64,
+            NextHop::Via(eth0, a6("fd00:172:18::3")),
+        ))
+        .unwrap();
+    dp.control()
+        .add_route(route6("::", 0, NextHop::Via(eth0, a6("fd00:172:18::1"))))
         .unwrap();
     for (i, ip, m) in [
         (cni0, "fd00:10:244:1::2", 2u8),
@@ -317,10 +322,11 @@ fuzz_target!(|data: &[u8]| {
         (eth0, "fd00:172:18::3", 4),
         (eth0, "fd00:172:18::1", 5),
     ] {
-        dp.add_static_neigh(i, a6(ip), MacAddr([2, 0, 0, 0, 1, m]), now)
+        dp.control()
+            .add_static_neigh(i, a6(ip), MacAddr([2, 0, 0, 0, 1, m]), now)
             .unwrap();
     }
-    let nf = dp.netfilter().unwrap();
+    let nf = dp.control().netfilter().unwrap();
     let ep6 = |ip: &str, port| Endpoint6::new(SocketAddrV6::new(a6(ip), port, 0, 0), true);
     let mut web6 = ServiceSpec::new6("web6", a6("fd00:10:96::10"), 80, 6);
     web6.vip = Ipv4Addr::new(10, 96, 0, 12);
@@ -452,6 +458,6 @@ fuzz_target!(|data: &[u8]| {
             assert!(ct6 <= MAX_CT, "IPv6 conntrack over its limit: {ct6}");
         }
     }
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.accounted(), received, "{s}");
 });

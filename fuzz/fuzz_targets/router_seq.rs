@@ -192,14 +192,17 @@ fuzz_target!(|data: &[u8]| {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route(
-        [10, 244, 2, 0],
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
-    ))
-    .unwrap();
-    dp.add_route(route([10, 244, 9, 0], NextHop::Blackhole))
+    dp.control()
+        .add_route(route(
+            [10, 244, 2, 0],
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
+        ))
         .unwrap();
-    dp.add_route(route([10, 244, 8, 0], NextHop::Unreachable))
+    dp.control()
+        .add_route(route([10, 244, 9, 0], NextHop::Blackhole))
+        .unwrap();
+    dp.control()
+        .add_route(route([10, 244, 8, 0], NextHop::Unreachable))
         .unwrap();
     let route6 = |p: u16, nh| tapyard::l3::Route {
         prefix: Ipv6Addr::new(0xfd00, 0, 10, p, 0, 0, 0, 0),
@@ -209,13 +212,15 @@ fuzz_target!(|data: &[u8]| {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route6(9, tapyard::l3::NextHop::Blackhole))
+    dp.control()
+        .add_route(route6(9, tapyard::l3::NextHop::Blackhole))
         .unwrap();
-    dp.add_route(route6(
-        2,
-        tapyard::l3::NextHop::Link(tapyard::l3::IfaceId(0)),
-    ))
-    .unwrap();
+    dp.control()
+        .add_route(route6(
+            2,
+            tapyard::l3::NextHop::Link(tapyard::l3::IfaceId(0)),
+        ))
+        .unwrap();
     let mut w = dp.worker();
     let mut now = Instant::from_secs(1);
     let mut batch = Batch::new();
@@ -286,11 +291,11 @@ fuzz_target!(|data: &[u8]| {
             check(&batch);
             dp.dispatch(&mut w, &batch, |_, _| Ok(()));
             batch.recycle(&mut w.pool);
-            let br = &dp.bridges()[0];
+            let br = &dp.control().bridges()[0];
             assert!(br.fdb().counters().entries <= br.fdb().max_entries());
-            let nc = dp.router().unwrap().neigh().counters();
+            let nc = dp.control().router().unwrap().neigh().counters();
             assert!(nc.entries <= 8, "{nc:?}");
-            let nc6 = dp.router().unwrap().neigh6().inner().counters();
+            let nc6 = dp.control().router().unwrap().neigh6().inner().counters();
             assert!(nc6.entries <= 8, "{nc6:?}");
         }
     }
@@ -301,6 +306,6 @@ fuzz_target!(|data: &[u8]| {
         check(&batch);
         batch.recycle(&mut w.pool);
     }
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.accounted(), received, "{s}");
 });

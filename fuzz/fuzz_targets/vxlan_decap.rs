@@ -202,32 +202,36 @@ fuzz_target!(|data: &[u8]| {
         .unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
-    dp.add_vxlan_peer(
-        "flannel.1",
-        VxlanPeer::new(
-            Ipv4Addr::new(172, 18, 0, 3),
-            default_mac(Ipv4Addr::new(10, 244, 2, 0)),
-            Ipv4Addr::new(10, 244, 2, 0),
-            24,
-        ),
-        now,
-    )
-    .unwrap();
-    dp.add_vxlan_peer(
-        "flannel-v6.1",
-        VxlanPeer::new(NODE6_C, default_mac(NET6_C), NET6_C, 64),
-        now,
-    )
-    .unwrap();
-    dp.add_static_neigh(eth0, NODE6_C, MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
+    dp.control()
+        .add_vxlan_peer(
+            "flannel.1",
+            VxlanPeer::new(
+                Ipv4Addr::new(172, 18, 0, 3),
+                default_mac(Ipv4Addr::new(10, 244, 2, 0)),
+                Ipv4Addr::new(10, 244, 2, 0),
+                24,
+            ),
+            now,
+        )
         .unwrap();
-    dp.add_static_neigh(
-        eth0,
-        Ipv4Addr::new(172, 18, 0, 3),
-        MacAddr([2, 0xaa, 0, 0, 0, 3]),
-        now,
-    )
-    .unwrap();
+    dp.control()
+        .add_vxlan_peer(
+            "flannel-v6.1",
+            VxlanPeer::new(NODE6_C, default_mac(NET6_C), NET6_C, 64),
+            now,
+        )
+        .unwrap();
+    dp.control()
+        .add_static_neigh(eth0, NODE6_C, MacAddr([2, 0xaa, 0, 0, 0, 3]), now)
+        .unwrap();
+    dp.control()
+        .add_static_neigh(
+            eth0,
+            Ipv4Addr::new(172, 18, 0, 3),
+            MacAddr([2, 0xaa, 0, 0, 0, 3]),
+            now,
+        )
+        .unwrap();
     let mut w = dp.worker();
     let mut batch = Batch::new();
     let mut rest = data;
@@ -286,6 +290,6 @@ fuzz_target!(|data: &[u8]| {
             batch.recycle(&mut w.pool);
         }
     }
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.accounted(), received, "{s}");
 });

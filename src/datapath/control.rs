@@ -1,5 +1,6 @@
-//! The control side of a datapath: lookups by name, routes and neighbours changed while
-//! traffic flows, table dumps and counters. Nothing here is on the per-packet path.
+//! The control plane's view of a datapath, [`Control`]: lookups by name, ports added and
+//! removed, routes and neighbours changed while traffic flows, table dumps and counters.
+//! Nothing here is on the per-packet path.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -16,21 +17,73 @@ use crate::nat::netfilter::Netfilter;
 use crate::stats::StatsSnapshot;
 use crate::time::Instant;
 
+/// The control plane's view of a [`Datapath`], from [`Datapath::control`]: the topology
+/// (ports added and removed live, bridges, router interfaces and VXLAN interfaces by id or
+/// name), the routing and neighbour tables of both families, table dumps and counters.
+///
+/// The per-packet API ([`Datapath::process`], [`Datapath::dispatch`], [`Datapath::poll`])
+/// stays on [`Datapath`]; everything here may be called from any thread while workers
+/// forward traffic. It takes the control plane's locks (the topology mutex, a table's
+/// writer lock), never one a worker waits for on a lookup. A `Control` is a shared
+/// reference, `Copy`: make one per call (`dp.control().add_route(r)`) or keep one for a
+/// sequence of calls.
+///
+/// # Example
+/// ```
+/// use std::net::Ipv4Addr;
+/// use tapyard::{BridgeConfig, Datapath, Instant};
+/// let mut b = Datapath::builder();
+/// let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+/// b.add_port("veth0", Some(br)).unwrap();
+/// let dp = b.build();
+/// let ctl = dp.control();
+/// // A pod comes: its port joins the bridge while workers forward traffic.
+/// let p1 = ctl.add_port("veth1", br).unwrap();
+/// assert_eq!(ctl.port_by_name("veth1"), Some(p1));
+/// assert_eq!(ctl.bridge_by_name("cni0"), Some(br));
+/// assert_eq!(ctl.port_count(), 2);
+/// // Dumps and counters.
+/// assert!(ctl.fdb_dump(br, Instant::ZERO).is_empty());
+/// assert_eq!(ctl.stats().forwarded, 0);
+/// // No router interface here, so no routing table.
+/// assert!(ctl.routes::<Ipv4Addr>().is_none());
+/// ctl.remove_port(p1).unwrap();
+/// assert_eq!(ctl.port_name(p1), None);
+/// ```
+#[derive(Clone, Copy)]
+pub struct Control<'a> {
+    pub(super) dp: &'a Datapath,
+}
+
+impl fmt::Debug for Control<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Control").field(self.dp).finish()
+    }
+}
+
 impl Datapath {
+    /// The control plane's view: ports, bridges, routes, neighbours, VXLAN peers, table
+    /// dumps and counters (see [`Control`]).
+    pub fn control(&self) -> Control<'_> {
+        Control { dp: self }
+    }
+}
+
+impl<'a> Control<'a> {
     /// Number of live ports (router interfaces' ports included).
     pub fn port_count(&self) -> usize {
-        self.topo.lock().names.iter().flatten().count()
+        self.dp.topo.lock().names.iter().flatten().count()
     }
 
     /// The most ports the datapath can hold at once ([`DatapathBuilder::max_ports`](super::DatapathBuilder::max_ports)); every
     /// port id is below it.
     pub fn max_ports(&self) -> usize {
-        self.ports.len()
+        self.dp.ports.len()
     }
 
     /// The live ports' ids, in id order.
     pub fn port_ids(&self) -> Vec<PortId> {
-        let t = self.topo.lock();
+        let t = self.dp.topo.lock();
         (0..t.names.len())
             .filter(|&i| t.names[i].is_some())
             .filter_map(|i| u16::try_from(i).ok().map(PortId))
@@ -39,12 +92,13 @@ impl Datapath {
 
     /// The name of a live port.
     pub fn port_name(&self, p: PortId) -> Option<String> {
-        self.topo.lock().names.get(usize::from(p.0))?.clone()
+        self.dp.topo.lock().names.get(usize::from(p.0))?.clone()
     }
 
     /// The live port called `name`.
     pub fn port_by_name(&self, name: &str) -> Option<PortId> {
-        self.topo
+        self.dp
+            .topo
             .lock()
             .names
             .iter()
@@ -55,7 +109,7 @@ impl Datapath {
 
     /// The bridge a live port belongs to.
     pub fn port_bridge(&self, p: PortId) -> Option<BridgeId> {
-        let w = self.ports.get(usize::from(p.0))?.load(Ordering::Acquire);
+        let w = self.dp.ports.get(usize::from(p.0))?.load(Ordering::Acquire);
         if word::is_gone(w) {
             return None;
         }
@@ -63,13 +117,14 @@ impl Datapath {
     }
 
     /// A bridge by id.
-    pub fn bridge(&self, b: BridgeId) -> Option<&Bridge> {
-        self.bridges.get(usize::from(b.0))
+    pub fn bridge(&self, b: BridgeId) -> Option<&'a Bridge> {
+        self.dp.bridges.get(usize::from(b.0))
     }
 
     /// The bridge called `name`.
     pub fn bridge_by_name(&self, name: &str) -> Option<BridgeId> {
-        self.bridges
+        self.dp
+            .bridges
             .iter()
             .position(|b| b.name == name)
             .and_then(|i| u16::try_from(i).ok())
@@ -77,29 +132,29 @@ impl Datapath {
     }
 
     /// All bridges, in id order.
-    pub fn bridges(&self) -> &[Bridge] {
-        &self.bridges
+    pub fn bridges(&self) -> &'a [Bridge] {
+        &self.dp.bridges
     }
 
     /// The router, if the datapath has router interfaces.
-    pub fn router(&self) -> Option<&Router> {
-        self.router.as_ref()
+    pub fn router(&self) -> Option<&'a Router> {
+        self.dp.router.as_ref()
     }
 
     /// Conntrack and NAT, if the datapath was built with [`DatapathBuilder::netfilter`](super::DatapathBuilder::netfilter).
-    pub fn netfilter(&self) -> Option<&Netfilter> {
-        self.nf.as_ref()
+    pub fn netfilter(&self) -> Option<&'a Netfilter> {
+        self.dp.nf.as_ref()
     }
 
     /// The routing table of family `A` ([`Ipv4Addr`](std::net::Ipv4Addr), [`Ipv6Addr`](std::net::Ipv6Addr)), if
     /// the datapath has a router.
-    pub fn routes<A: RouteAddr>(&self) -> Option<&RouteTable<A>> {
-        self.router.as_ref().map(|r| r.routes::<A>())
+    pub fn routes<A: RouteAddr>(&self) -> Option<&'a RouteTable<A>> {
+        self.dp.router.as_ref().map(|r| r.routes::<A>())
     }
 
     /// The router interface called `name`.
     pub fn iface_by_name(&self, name: &str) -> Option<IfaceId> {
-        let r = self.router.as_ref()?;
+        let r = self.dp.router.as_ref()?;
         r.ifaces
             .iter()
             .position(|i| i.cfg.name == name)
@@ -108,8 +163,12 @@ impl Datapath {
     }
 
     /// The name of a router interface.
-    pub fn iface_name(&self, i: IfaceId) -> Option<&str> {
-        self.router.as_ref()?.iface(i).map(|i| i.cfg.name.as_str())
+    pub fn iface_name(&self, i: IfaceId) -> Option<&'a str> {
+        self.dp
+            .router
+            .as_ref()?
+            .iface(i)
+            .map(|i| i.cfg.name.as_str())
     }
 
     /// Adds a route of either family (`ip route add`, `ip -6 route add`), checking it
@@ -117,7 +176,7 @@ impl Datapath {
     /// connected subnet of it (as Linux's "Nexthop has invalid gateway") or, for IPv6,
     /// link-local; never multicast.
     pub fn add_route<A: RouteAddr>(&self, r: Route<A>) -> Result<(), RouteError<A>> {
-        let Some(router) = &self.router else {
+        let Some(router) = &self.dp.router else {
             return Err(RouteError::NoInterface(0));
         };
         check_route(router, &r)?;
@@ -132,20 +191,20 @@ impl Datapath {
         len: u8,
         metric: Option<u32>,
     ) -> Result<Route<A>, RouteError<A>> {
-        let Some(router) = &self.router else {
+        let Some(router) = &self.dp.router else {
             return Err(RouteError::NotFound(prefix, len));
         };
         router.routes::<A>().remove(prefix, len, metric)
     }
 
     /// Adds a route or replaces the one with the same prefix, length and metric in one
-    /// update (`ip route replace`), checked as [`Datapath::add_route`]. Returns the route
+    /// update (`ip route replace`), checked as [`Control::add_route`]. Returns the route
     /// replaced.
     pub fn replace_route<A: RouteAddr>(
         &self,
         r: Route<A>,
     ) -> Result<Option<Route<A>>, RouteError<A>> {
-        let Some(router) = &self.router else {
+        let Some(router) = &self.dp.router else {
             return Err(RouteError::NoInterface(0));
         };
         check_route(router, &r)?;
@@ -157,7 +216,9 @@ impl Datapath {
     /// (dynamic entries are left alone).
     pub fn remove_static_neigh(&self, iface: IfaceId, ip: impl Into<IpAddr>) -> bool {
         use crate::l3::neigh::NeighState::Permanent;
-        let Some(r) = &self.router else { return false };
+        let Some(r) = &self.dp.router else {
+            return false;
+        };
         match ip.into() {
             IpAddr::V4(ip) => {
                 let permanent = r
@@ -190,7 +251,7 @@ impl Datapath {
         now: Instant,
     ) -> Result<(), crate::l3::neigh::NeighError> {
         use crate::l3::neigh::NeighError;
-        match (ip.into(), &self.router) {
+        match (ip.into(), &self.dp.router) {
             (IpAddr::V4(ip), None) => Err(NeighError::BadAddress(ip)),
             (IpAddr::V6(ip), None) => Err(NeighError::BadAddress6(ip)),
             (IpAddr::V4(ip), Some(r)) => r.neigh.add_static(iface, ip, mac, now).map(|_| ()),
@@ -200,7 +261,9 @@ impl Datapath {
 
     /// Writes the routing table like `ip route show`.
     pub fn fmt_routes(&self, out: &mut impl fmt::Write) -> fmt::Result {
-        let Some(r) = &self.router else { return Ok(()) };
+        let Some(r) = &self.dp.router else {
+            return Ok(());
+        };
         let name = |i| self.iface_name(i).unwrap_or("?").to_string();
         r.routes.fmt_routes(out, &name)?;
         r.routes6.fmt_routes(out, &name)
@@ -208,7 +271,9 @@ impl Datapath {
 
     /// Writes the neighbour table like `ip neigh show`.
     pub fn fmt_neigh(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
-        let Some(r) = &self.router else { return Ok(()) };
+        let Some(r) = &self.dp.router else {
+            return Ok(());
+        };
         let name = |i| self.iface_name(i).unwrap_or("?").to_string();
         r.neigh.fmt_dump(now, out, &name)?;
         r.neigh6.fmt_dump(now, out, &name)
@@ -222,7 +287,7 @@ impl Datapath {
 
     /// Writes every bridge's FDB in the style of `bridge fdb show`.
     pub fn fmt_fdb(&self, now: Instant, out: &mut impl fmt::Write) -> fmt::Result {
-        for b in &self.bridges {
+        for b in &self.dp.bridges {
             for e in b.fdb.dump(now) {
                 let port = self.port_name(e.port);
                 let port = port.as_deref().unwrap_or("?");
@@ -245,19 +310,19 @@ impl Datapath {
     /// A snapshot of every counter, summed over workers.
     pub fn stats(&self) -> StatsSnapshot {
         let ports: Vec<(usize, String)> = {
-            let t = self.topo.lock();
+            let t = self.dp.topo.lock();
             t.names
                 .iter()
                 .enumerate()
                 .filter_map(|(i, n)| Some((i, n.clone()?)))
                 .collect()
         };
-        let shards = self.shards.lock().clone();
+        let shards = self.dp.shards.lock().clone();
         StatsSnapshot::sum(&ports, &shards)
     }
 }
 
-/// [`Datapath::add_route`]'s checks: the interface exists; a gateway is on-link (inside a
+/// [`Control::add_route`]'s checks: the interface exists; a gateway is on-link (inside a
 /// connected route of its interface, or IPv6 link-local) and not multicast.
 fn check_route<A: RouteAddr>(router: &Router, r: &Route<A>) -> Result<(), RouteError<A>> {
     if let Some(i) = r.next_hop.iface() {

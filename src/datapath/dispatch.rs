@@ -94,7 +94,7 @@ impl Datapath {
                     flush(run_port, &run[..n]);
                     n = 0;
                     run_port = PortId(u16::MAX);
-                    if let Some(br) = self.bridge(bid) {
+                    if let Some(br) = self.bridges.get(usize::from(bid.0)) {
                         for &p in br.ports.load().iter() {
                             if p != b.port && !self.is_virtual(p) {
                                 flush(p, &[b]);

@@ -1,7 +1,7 @@
 //! The sans-IO datapath: frames in, verdicts out.
 //!
 //! A [`Datapath`] holds the topology (ports, bridges) and the shared tables (one [`Fdb`] per
-//! bridge). It performs no I/O and reads no clock: the caller receives frames on a port into a
+//! bridge); [`Datapath::control`] is the control plane's view of them ([`Control`]). It performs no I/O and reads no clock: the caller receives frames on a port into a
 //! [`Batch`](crate::buf::Batch), calls [`Datapath::process`] with the current [`Instant`](crate::time::Instant), then
 //! [`Datapath::dispatch`] hands each frame to a transmit closure once per output port.
 //!
@@ -16,7 +16,7 @@
 //! # A live topology
 //!
 //! Ports are added to a bridge and removed while workers forward traffic on the others
-//! ([`Datapath::add_port`], [`Datapath::remove_port`]), up to the capacity fixed at build time
+//! ([`Control::add_port`], [`Control::remove_port`]), up to the capacity fixed at build time
 //! ([`DatapathBuilder::max_ports`]): per-port arrays are allocated once for it and never move.
 //! Readers keep the lock-free contract:
 //!
@@ -47,7 +47,13 @@
 //! * `pipeline`: [`Datapath::process`] and [`Datapath::poll`]: pass 1 (classify), pass 2
 //!   (bridge, router with its PREROUTING hook, egress), the per-batch context.
 //! * `dispatch`: [`Datapath::dispatch`] and [`Datapath::dispatch_runs`]: verdicts to ports.
-//! * `control`: lookups by name, routes and neighbours, table dumps, counters.
+//! * `control`: [`Control`] ([`Datapath::control`]), the control plane's view: lookups by
+//!   name, routes and neighbours, table dumps, counters. `Datapath` itself keeps the
+//!   per-packet API (workers, `process`, `dispatch`, `poll`); everything else is there.
+//! * `topology`: [`Control::add_port`], [`Control::remove_port`] and the quarantine of
+//!   removed ids.
+//! * `tunnel`: VXLAN on the fast path; `peers`: [`Control::add_vxlan_peer`] and
+//!   [`Control::remove_vxlan_peer`].
 //!
 //! # Example
 //! ```
@@ -90,6 +96,7 @@ use crate::stats::Shard;
 mod builder;
 mod control;
 mod dispatch;
+mod peers;
 mod pipeline;
 #[cfg(test)]
 mod tests;
@@ -97,6 +104,7 @@ mod topology;
 mod tunnel;
 
 pub use builder::{conntrack6_path, BridgeConfig, ConfigError, DatapathBuilder, DEFAULT_MAX_PORTS};
+pub use control::Control;
 
 /// The most frames the router may make while processing one batch (ARP replies, ICMP, packets
 /// released from ARP queues); more are dropped and counted.
@@ -354,7 +362,7 @@ impl Datapath {
     }
 
     /// A new worker context with a default pool. Counters of every worker ever made are kept
-    /// and summed by [`Datapath::stats`].
+    /// and summed by [`Control::stats`].
     pub fn worker(&self) -> Worker {
         self.worker_with_pool(BufPool::default())
     }

@@ -61,7 +61,7 @@ fn floods_unknown_then_forwards_learned_and_never_crosses_bridges() {
     // The other bridge knows nothing of x and y.
     assert_eq!(run(&dp, &mut w, t, p[3], &frame(x, y)), vec![p[4]]);
     assert_eq!(run(&dp, &mut w, t, p[4], &frame(y, x)), vec![p[3]]);
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.port("a0").unwrap().rx_packets, 3);
     assert_eq!(s.port("a1").unwrap().tx_packets, 3);
     assert_eq!(s.forwarded + s.flooded + s.rx_drops(), 6);
@@ -87,7 +87,7 @@ fn drops_are_counted_by_reason() {
     // Destination learned on the ingress port: not sent back.
     run(&dp, &mut w, t, p[0], &frame(MacAddr::BROADCAST, x));
     assert!(run(&dp, &mut w, t, p[0], &frame(x, MacAddr::local(7))).is_empty());
-    let s = dp.stats();
+    let s = dp.control().stats();
     for r in [
         DropReason::MulticastSource,
         DropReason::ZeroSource,
@@ -105,7 +105,7 @@ fn drops_are_counted_by_reason() {
     batch.push(b).unwrap();
     dp.process(&mut w, t, &mut batch);
     dp.dispatch(&mut w, &batch, |_, _| Err(DropReason::TxError));
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.drop_count(DropReason::TxError), 2);
     assert_eq!(s.port("a1").unwrap().tx_dropped, 1);
 }
@@ -174,7 +174,7 @@ proptest! {
             };
             prop_assert_eq!(got, want);
         }
-        let s = dp.stats();
+        let s = dp.control().stats();
         let rx: u64 = s.ports.iter().map(|p| p.rx_packets).sum();
         prop_assert_eq!(rx, s.forwarded + s.flooded + s.rx_drops());
     }
@@ -212,56 +212,59 @@ fn ports_are_added_and_removed_at_run_time() {
     let mut w = dp.worker();
     let t = Instant::ZERO;
     let (x, y, z) = (MacAddr::local(1), MacAddr::local(2), MacAddr::local(3));
-    let q = dp.add_port("veth0", br).unwrap();
+    let q = dp.control().add_port("veth0", br).unwrap();
     assert_eq!(q, PortId(2));
-    assert_eq!(dp.port_count(), 3);
-    assert_eq!(dp.port_bridge(q), Some(br));
-    assert_eq!(dp.bridge(br).unwrap().ports(), vec![p[0], p[1], q]);
+    assert_eq!(dp.control().port_count(), 3);
+    assert_eq!(dp.control().port_bridge(q), Some(br));
+    assert_eq!(
+        dp.control().bridge(br).unwrap().ports(),
+        vec![p[0], p[1], q]
+    );
     // The new port floods, learns and is learned like the others.
     assert_eq!(
         run(&dp, &mut w, t, q, &frame(MacAddr::BROADCAST, z)),
         vec![p[0], p[1]]
     );
     assert_eq!(run(&dp, &mut w, t, p[0], &frame(z, x)), vec![q]);
-    dp.bridge(br).unwrap().fdb().add_static(y, q);
-    assert_eq!(dp.stats().port("veth0").unwrap().rx_packets, 1);
+    dp.control().bridge(br).unwrap().fdb().add_static(y, q);
+    assert_eq!(dp.control().stats().port("veth0").unwrap().rx_packets, 1);
     // Removed: it leaves the flood list, its FDB entries (static too) go, it receives nothing.
-    dp.remove_port(q).unwrap();
-    assert_eq!(dp.port_count(), 2);
-    assert_eq!(dp.port_name(q), None);
-    assert_eq!(dp.port_bridge(q), None);
-    assert!(dp.fdb_dump(br, t).iter().all(|e| e.port != q));
+    dp.control().remove_port(q).unwrap();
+    assert_eq!(dp.control().port_count(), 2);
+    assert_eq!(dp.control().port_name(q), None);
+    assert_eq!(dp.control().port_bridge(q), None);
+    assert!(dp.control().fdb_dump(br, t).iter().all(|e| e.port != q));
     assert_eq!(run(&dp, &mut w, t, p[0], &frame(z, x)), vec![p[1]]);
     assert!(run(&dp, &mut w, t, q, &frame(x, z)).is_empty());
-    assert_eq!(dp.stats().drop_count(DropReason::UnknownPort), 1);
-    assert!(dp.stats().port("veth0").is_none());
+    assert_eq!(dp.control().stats().drop_count(DropReason::UnknownPort), 1);
+    assert!(dp.control().stats().port("veth0").is_none());
     // No worker was online: the id is free at once, with fresh counters.
-    assert_eq!(dp.reclaim_ports(), 0);
-    let q2 = dp.add_port("veth1", br).unwrap();
+    assert_eq!(dp.control().reclaim_ports(), 0);
+    let q2 = dp.control().add_port("veth1", br).unwrap();
     assert_eq!(q2, q);
-    assert_eq!(dp.stats().port("veth1").unwrap().rx_packets, 0);
+    assert_eq!(dp.control().stats().port("veth1").unwrap().rx_packets, 0);
     // Builder ports can go too.
-    dp.remove_port(p[0]).unwrap();
-    assert_eq!(dp.bridge(br).unwrap().ports(), vec![p[1], q2]);
+    dp.control().remove_port(p[0]).unwrap();
+    assert_eq!(dp.control().bridge(br).unwrap().ports(), vec![p[1], q2]);
 }
 
 #[test]
 fn live_changes_are_refused_with_named_errors() {
     let (dp, br, p) = small(3);
     assert_eq!(
-        dp.add_port("a0", br).unwrap_err().to_string(),
+        dp.control().add_port("a0", br).unwrap_err().to_string(),
         "port name \"a0\" is used twice; names must be unique"
     );
     assert!(matches!(
-        dp.add_port("no/slash", br),
+        dp.control().add_port("no/slash", br),
         Err(ConfigError::BadName { .. })
     ));
     assert_eq!(
-        dp.add_port("x", BridgeId(9)).unwrap_err(),
+        dp.control().add_port("x", BridgeId(9)).unwrap_err(),
         ConfigError::NoSuchBridge(BridgeId(9))
     );
-    let q = dp.add_port("x", br).unwrap();
-    let e = dp.add_port("y", br).unwrap_err();
+    let q = dp.control().add_port("x", br).unwrap();
+    let e = dp.control().add_port("y", br).unwrap_err();
     assert_eq!(
         e,
         ConfigError::CapacityFull {
@@ -270,13 +273,13 @@ fn live_changes_are_refused_with_named_errors() {
         }
     );
     assert!(e.to_string().contains("all 3 port ids"), "{e}");
-    dp.remove_port(q).unwrap();
-    assert_eq!(dp.remove_port(q), Err(ConfigError::NoSuchPort(q)));
+    dp.control().remove_port(q).unwrap();
+    assert_eq!(dp.control().remove_port(q), Err(ConfigError::NoSuchPort(q)));
     assert_eq!(
-        dp.remove_port(PortId(40)),
+        dp.control().remove_port(PortId(40)),
         Err(ConfigError::NoSuchPort(PortId(40)))
     );
-    assert!(dp.remove_port(p[1]).is_ok());
+    assert!(dp.control().remove_port(p[1]).is_ok());
     // The builder's capacity is checked too.
     let mut b = Datapath::builder();
     assert!(b.max_ports(0).is_err());
@@ -307,17 +310,17 @@ fn router_ports_stay() {
         )
         .unwrap();
     let dp = b.build();
-    let e = dp.remove_port(gw).unwrap_err();
+    let e = dp.control().remove_port(gw).unwrap_err();
     assert!(
         e.to_string()
             .contains("\"cni0\" cannot be removed: it is a router interface's port"),
         "{e}"
     );
     assert!(matches!(
-        dp.remove_port(up),
+        dp.control().remove_port(up),
         Err(ConfigError::NotRemovable { .. })
     ));
-    assert_eq!(dp.port_count(), 2);
+    assert_eq!(dp.control().port_count(), 2);
 }
 
 #[test]
@@ -327,7 +330,7 @@ fn a_removed_id_is_quarantined_while_a_worker_holds_a_verdict_for_it() {
     let mut other = dp.worker();
     let t = Instant::ZERO;
     let (x, z) = (MacAddr::local(1), MacAddr::local(3));
-    let q = dp.add_port("veth0", br).unwrap();
+    let q = dp.control().add_port("veth0", br).unwrap();
     run(&dp, &mut w, t, q, &frame(MacAddr::BROADCAST, z));
     // A frame for q is classified...
     let mut batch = Batch::new();
@@ -337,9 +340,9 @@ fn a_removed_id_is_quarantined_while_a_worker_holds_a_verdict_for_it() {
     dp.process(&mut w, t, &mut batch);
     assert_eq!(batch.verdicts()[0], crate::base::Verdict::Output(q));
     // ...then q is removed and a new port comes: it must not get q's id yet.
-    dp.remove_port(q).unwrap();
-    assert_eq!(dp.reclaim_ports(), 1);
-    let r = dp.add_port("veth1", br).unwrap();
+    dp.control().remove_port(q).unwrap();
+    assert_eq!(dp.control().reclaim_ports(), 1);
+    let r = dp.control().add_port("veth1", br).unwrap();
     assert_ne!(r, q);
     // The frame is dropped and counted, not sent to anyone.
     let mut sent = Vec::new();
@@ -348,28 +351,28 @@ fn a_removed_id_is_quarantined_while_a_worker_holds_a_verdict_for_it() {
         Ok(())
     });
     assert!(sent.is_empty());
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.drop_count(DropReason::PortGone), 1);
     // Two frames received (one on q, whose counters left the snapshot with it), both
     // accounted for.
     assert_eq!(s.accounted(), 2);
     assert_eq!(s.forwarded + s.flooded, 2);
     // The worker has passed a quiescent point; a worker that never ran holds nothing.
-    assert_eq!(dp.reclaim_ports(), 0);
-    assert_eq!(dp.add_port("veth2", br).unwrap(), q);
+    assert_eq!(dp.control().reclaim_ports(), 0);
+    assert_eq!(dp.control().add_port("veth2", br).unwrap(), q);
     // A worker that processed but never dispatched keeps the quarantine until it quiesces
     // (or is dropped).
     dp.process(&mut other, t, &mut Batch::new());
-    dp.remove_port(r).unwrap();
-    assert_eq!(dp.reclaim_ports(), 1);
+    dp.control().remove_port(r).unwrap();
+    assert_eq!(dp.control().reclaim_ports(), 1);
     dp.quiesce(&mut other);
-    assert_eq!(dp.reclaim_ports(), 0);
+    assert_eq!(dp.control().reclaim_ports(), 0);
     dp.process(&mut other, t, &mut Batch::new());
-    let r2 = dp.add_port("veth3", br).unwrap();
-    dp.remove_port(r2).unwrap();
-    assert_eq!(dp.reclaim_ports(), 1);
+    let r2 = dp.control().add_port("veth3", br).unwrap();
+    dp.control().remove_port(r2).unwrap();
+    assert_eq!(dp.control().reclaim_ports(), 1);
     drop(other);
-    assert_eq!(dp.reclaim_ports(), 0);
+    assert_eq!(dp.control().reclaim_ports(), 0);
 }
 
 #[test]
@@ -378,7 +381,7 @@ fn ids_are_reused_and_the_capacity_is_never_exceeded() {
     let mut w = dp.worker();
     let mut seen = std::collections::BTreeSet::new();
     for i in 0..1000u32 {
-        let q = dp.add_port(&format!("v{}", i % 7), br).unwrap();
+        let q = dp.control().add_port(&format!("v{}", i % 7), br).unwrap();
         seen.insert(q);
         run(
             &dp,
@@ -387,9 +390,9 @@ fn ids_are_reused_and_the_capacity_is_never_exceeded() {
             q,
             &frame(MacAddr::BROADCAST, MacAddr::local(i + 1)),
         );
-        dp.remove_port(q).unwrap();
+        dp.control().remove_port(q).unwrap();
     }
     assert_eq!(seen.len(), 1, "one id, reused: {seen:?}");
-    assert_eq!(dp.port_count(), 2);
-    assert_eq!(dp.bridge(br).unwrap().fdb().counters().entries, 0);
+    assert_eq!(dp.control().port_count(), 2);
+    assert_eq!(dp.control().bridge(br).unwrap().fdb().counters().entries, 0);
 }

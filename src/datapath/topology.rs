@@ -6,16 +6,16 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use super::builder::check_name;
-use super::{word, ConfigError, Datapath, PortKind, Quarantined, Topo};
+use super::{word, ConfigError, Control, Datapath, PortKind, Quarantined, Topo};
 use crate::base::{BridgeId, PortId};
 
-impl Datapath {
+impl Control<'_> {
     /// Adds a port called `name` to `bridge` while the datapath runs, and returns its id.
     /// Workers see it at their next batch; give it a driver with
     /// [`Runtime::add_port`](crate::runtime::Runtime::add_port). The id is the lowest free
     /// one (ids of removed ports are reused once their quarantine is over). Errors name the
     /// bad value: a name that is invalid or already used, an unknown bridge, or every id of
-    /// [`Datapath::max_ports`] in use or quarantined.
+    /// [`Control::max_ports`] in use or quarantined.
     ///
     /// Control plane: takes the topology mutex, copies the bridge's member list once.
     ///
@@ -27,8 +27,8 @@ impl Datapath {
     /// let p0 = b.add_port("veth0", Some(br)).unwrap();
     /// let dp = b.build();
     /// // A pod comes: its port joins the bridge while the datapath is shared.
-    /// let p1 = dp.add_port("veth1", br).unwrap();
-    /// assert_eq!(dp.port_by_name("veth1"), Some(p1));
+    /// let p1 = dp.control().add_port("veth1", br).unwrap();
+    /// assert_eq!(dp.control().port_by_name("veth1"), Some(p1));
     /// let mut w = dp.worker();
     /// let mut batch = Batch::new();
     /// let frame = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x06, 0, 0];
@@ -40,29 +40,30 @@ impl Datapath {
     /// dp.dispatch(&mut w, &batch, |port, _| { sent.push(port); Ok(()) });
     /// assert_eq!(sent, vec![p1]);
     /// // The pod goes: its port and its FDB entries go with it.
-    /// dp.remove_port(p1).unwrap();
-    /// assert!(dp.port_name(p1).is_none());
-    /// assert!(dp.add_port("veth0", br).unwrap_err().to_string().contains("used twice"));
+    /// dp.control().remove_port(p1).unwrap();
+    /// assert!(dp.control().port_name(p1).is_none());
+    /// assert!(dp.control().add_port("veth0", br).unwrap_err().to_string().contains("used twice"));
     /// ```
     pub fn add_port(&self, name: &str, bridge: BridgeId) -> Result<PortId, ConfigError> {
+        let dp = self.dp;
         check_name("port", name)?;
         let br = self
             .bridge(bridge)
             .ok_or(ConfigError::NoSuchBridge(bridge))?;
-        let mut t = self.topo.lock();
-        self.reclaim(&mut t);
+        let mut t = dp.topo.lock();
+        dp.reclaim(&mut t);
         // At capacity with ids in quarantine: busy workers end it within a batch or two, so
         // wait for that (bounded, about 10 ms) rather than refuse a port that fits.
         let mut tries = 0;
         while t.free.is_empty()
-            && t.names.len() >= self.ports.len()
+            && t.names.len() >= dp.ports.len()
             && !t.quarantine.is_empty()
             && tries < 100
         {
             drop(t);
             std::thread::sleep(std::time::Duration::from_micros(100));
-            t = self.topo.lock();
-            self.reclaim(&mut t);
+            t = dp.topo.lock();
+            dp.reclaim(&mut t);
             tries += 1;
         }
         if t.names.iter().any(|n| n.as_deref() == Some(name)) {
@@ -73,7 +74,7 @@ impl Datapath {
         }
         let id = match t.free.pop_first() {
             Some(id) => id,
-            None if t.names.len() < self.ports.len() => {
+            None if t.names.len() < dp.ports.len() => {
                 t.names.push(None);
                 // Below max_ports, itself at most 65535.
                 crate::narrow::low16((t.names.len() - 1) as u64)
@@ -81,7 +82,7 @@ impl Datapath {
             None => {
                 return Err(ConfigError::CapacityFull {
                     name: name.to_string(),
-                    max_ports: self.ports.len(),
+                    max_ports: dp.ports.len(),
                 })
             }
         };
@@ -89,12 +90,12 @@ impl Datapath {
         t.names[i] = Some(name.to_string());
         // A fresh id starts from zero (a reclaimed one is no longer written by any worker;
         // a never-used one only by frames stamped with a bogus port).
-        for sh in self.shards.lock().iter() {
+        for sh in dp.shards.lock().iter() {
             if let Some(c) = sh.ports.get(i) {
                 c.reset();
             }
         }
-        self.ports[i].store(
+        dp.ports[i].store(
             word::encode(PortKind::External, Some(bridge)),
             Ordering::Release,
         );
@@ -105,7 +106,7 @@ impl Datapath {
         Ok(PortId(id))
     }
 
-    /// Removes a port added by the builder or by [`Datapath::add_port`], as Linux does when a
+    /// Removes a port added by the builder or by [`Control::add_port`], as Linux does when a
     /// veth goes away: it leaves its bridge's flood list and its FDB entries (static ones
     /// too) are removed; neighbour entries learned through it age as usual, and conntrack
     /// entries stay until their timeout. Frames received on it from now on are dropped as
@@ -119,16 +120,29 @@ impl Datapath {
     /// [`ConfigError::Attached`] for a port whose driver a runtime or pump still holds (its
     /// id could otherwise go to a new port while the old driver still speaks for it).
     pub fn remove_port(&self, id: PortId) -> Result<(), ConfigError> {
-        let mut t = self.topo.lock();
+        let dp = self.dp;
+        let mut t = dp.topo.lock();
         if t.attached.get(usize::from(id.0)).is_some_and(|&n| n > 0) {
             let name = t.names.get(usize::from(id.0)).cloned().flatten();
             return Err(ConfigError::Attached {
                 name: name.unwrap_or_else(|| format!("#{}", id.0)),
             });
         }
-        self.remove_locked(&mut t, id)
+        dp.remove_locked(&mut t, id)
     }
 
+    /// Ends the quarantines that can end now and returns how many removed port ids are still
+    /// quarantined (waiting for a worker that was online at the removal to finish its batch).
+    /// [`Control::add_port`] does this itself before it picks an id.
+    pub fn reclaim_ports(&self) -> usize {
+        let dp = self.dp;
+        let mut t = dp.topo.lock();
+        dp.reclaim(&mut t);
+        t.quarantine.len()
+    }
+}
+
+impl Datapath {
     /// Notes that a runtime or pump holds a driver for port `id`.
     pub(crate) fn attach(&self, id: PortId) {
         if let Some(n) = self.topo.lock().attached.get_mut(usize::from(id.0)) {
@@ -137,7 +151,7 @@ impl Datapath {
     }
 
     /// Notes that a runtime or pump let go of its driver for port `id` and, with `remove`,
-    /// removes the port (as [`Datapath::remove_port`]) in the same step.
+    /// removes the port (as [`Control::remove_port`]) in the same step.
     pub(crate) fn detach(&self, id: PortId, remove: bool) -> Result<(), ConfigError> {
         let mut t = self.topo.lock();
         if let Some(n) = t.attached.get_mut(usize::from(id.0)) {
@@ -150,7 +164,7 @@ impl Datapath {
         }
     }
 
-    /// [`Datapath::remove_port`] under the topology lock, once the caller checked drivers.
+    /// [`Control::remove_port`] under the topology lock, once the caller checked drivers.
     fn remove_locked(&self, t: &mut Topo, id: PortId) -> Result<(), ConfigError> {
         let w = self.removable_word(t, id)?;
         let i = usize::from(id.0);
@@ -185,7 +199,7 @@ impl Datapath {
         Ok(())
     }
 
-    /// Whether `id` is a live port [`Datapath::remove_port`] would remove; its error if not.
+    /// Whether `id` is a live port [`Control::remove_port`] would remove; its error if not.
     pub(crate) fn check_removable(&self, id: PortId) -> Result<(), ConfigError> {
         let t = self.topo.lock();
         self.removable_word(&t, id).map(|_| ())
@@ -216,15 +230,6 @@ impl Datapath {
             }),
             _ => Err(ConfigError::NoSuchPort(id)),
         }
-    }
-
-    /// Ends the quarantines that can end now and returns how many removed port ids are still
-    /// quarantined (waiting for a worker that was online at the removal to finish its batch).
-    /// [`Datapath::add_port`] does this itself before it picks an id.
-    pub fn reclaim_ports(&self) -> usize {
-        let mut t = self.topo.lock();
-        self.reclaim(&mut t);
-        t.quarantine.len()
     }
 
     /// The workers online now, with their counters.

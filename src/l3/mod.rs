@@ -1,7 +1,7 @@
 //! Layer 3: the router (interfaces, ARP, IPv4 forwarding, ICMP), its neighbour cache and its
 //! routing table on a longest-prefix-match FIB.
 //!
-//! * [`Router`] (reached through [`crate::Datapath::router`]) and its interfaces
+//! * [`Router`] (reached through [`crate::Control::router`]) and its interfaces
 //!   ([`IfaceConfig`], added with [`crate::DatapathBuilder::add_router_iface`]);
 //! * [`RouteTable`]: routes as `ip route` holds them (connected, via, dev, blackhole,
 //!   unreachable, with metrics), published lock-free to readers;

@@ -15,7 +15,7 @@
 //! node: a route `<pod_cidr> via <pod_cidr's first address> dev flannel.1 onlink`, a
 //! permanent neighbour `<that address> lladdr <vtep_mac>` and an FDB entry `<vtep_mac> dst
 //! <node_ip>`. The datapath adds the route and the neighbour with the peer
-//! ([`crate::Datapath::add_vxlan_peer`]); the FDB part lives here.
+//! ([`crate::Control::add_vxlan_peer`]); the FDB part lives here.
 //!
 //! # Thread safety
 //!
@@ -46,11 +46,11 @@
 //!     pod_cidr: Ipv4Addr::new(10, 244, 2, 0).into(),
 //!     pod_prefix_len: 24,
 //! };
-//! dp.add_vxlan_peer("flannel.1", node_b, Instant::from_secs(1))?;
+//! dp.control().add_vxlan_peer("flannel.1", node_b, Instant::from_secs(1))?;
 //! let mut routes = String::new();
-//! dp.fmt_routes(&mut routes)?;
+//! dp.control().fmt_routes(&mut routes)?;
 //! assert!(routes.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink"));
-//! assert_eq!(dp.tunnel_by_name("flannel.1").unwrap().mtu(), 1450);
+//! assert_eq!(dp.control().tunnel_by_name("flannel.1").unwrap().mtu(), 1450);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -1131,13 +1131,19 @@ mod tests {
         b.netfilter(NatConfig::default()).unwrap();
         let dp = b.build();
         let now = Instant::from_secs(1);
-        dp.add_static_neigh(if0, std::net::IpAddr::from(C), CM, now)
+        dp.control()
+            .add_static_neigh(if0, std::net::IpAddr::from(C), CM, now)
             .unwrap();
-        dp.add_static_neigh(if1, std::net::IpAddr::from(S), SM, now)
+        dp.control()
+            .add_static_neigh(if1, std::net::IpAddr::from(S), SM, now)
             .unwrap();
         let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(S.into(), 8080), true)];
-        dp.netfilter().unwrap().upsert_service(s, now).unwrap();
+        dp.control()
+            .netfilter()
+            .unwrap()
+            .upsert_service(s, now)
+            .unwrap();
         let mut w = dp.worker();
         for (p, mac) in [(PC, CM), (PS, SM)] {
             let mut f = vec![0xff; 6];
@@ -1199,7 +1205,7 @@ mod tests {
     #[test]
     fn prefetch_takes_any_bytes_and_skips_a_repeated_tuple() {
         let (dp, _, _) = node();
-        let nf = dp.netfilter().unwrap();
+        let nf = dp.control().netfilter().unwrap();
         let (_, seg) = seg(40_000, true, 0x10);
         let ip = &seg[14..];
         let mut last = [0u64; 2];
@@ -1223,7 +1229,14 @@ mod tests {
     #[test]
     fn the_memo_spans_batches_for_a_moment_only() {
         let (dp, mut w, now) = node();
-        let found = |dp: &Datapath| dp.netfilter().unwrap().conntrack().counters().found;
+        let found = |dp: &Datapath| {
+            dp.control()
+                .netfilter()
+                .unwrap()
+                .conntrack()
+                .counters()
+                .found
+        };
         run(&dp, &mut w, now, &[seg(1000, true, SYN)]);
         run(&dp, &mut w, now, &[seg(1000, false, SYN | ACK)]);
         run(&dp, &mut w, now, &[seg(1000, true, ACK)]);
@@ -1295,6 +1308,7 @@ mod tests {
             assert_eq!(a, b);
             let dump = |dp: &Datapath| {
                 let mut d: Vec<_> = dp
+                    .control()
                     .netfilter()
                     .unwrap()
                     .conntrack()
@@ -1312,7 +1326,7 @@ mod tests {
             assert_eq!(dump(&dp1), dump(&dp2));
         }
         let c = |dp: &Datapath| {
-            let mut c = dp.netfilter().unwrap().conntrack().counters();
+            let mut c = dp.control().netfilter().unwrap().conntrack().counters();
             c.found = 0;
             c
         };

@@ -96,7 +96,7 @@ fn a_polling_runtime_forwards_in_order_and_goes_idle() {
         "workers still spinning with no traffic"
     );
     rt.stop();
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert!(st.drops.iter().all(|&(_, n)| n == 0), "{st}");
 }
 

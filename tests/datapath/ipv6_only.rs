@@ -51,7 +51,7 @@ fn node() -> Node {
     b.netfilter(NatConfig::default()).unwrap();
     let dp = b.build();
     assert_eq!(pa, PA);
-    let r = dp.router().unwrap();
+    let r = dp.control().router().unwrap();
     assert_eq!(r.iface_addr(cni0), None);
     assert_eq!(r.iface_addr6(cni0), Some((a("fd00:10:244:1::1"), 64)));
     // No IPv4 connected route for cni0 (`ip route` shows only eth0's subnet).
@@ -63,19 +63,22 @@ fn node() -> Node {
         .collect();
     assert_eq!(v4, ["172.18.0.0/24"]);
     // A `dev` route through the IPv6-only interface (Linux accepts one too).
-    dp.add_route(Route {
-        prefix: Ipv4Addr::new(10, 244, 1, 0),
-        len: 24,
-        next_hop: NextHop::Link(cni0),
-        metric: 0,
-        proto: RouteProto::Static,
-        src: None,
-    })
-    .unwrap();
-    let now = Instant::from_secs(1);
-    dp.add_static_neigh(eth0_if, Ipv4Addr::new(172, 18, 0, 3), PEER, now)
+    dp.control()
+        .add_route(Route {
+            prefix: Ipv4Addr::new(10, 244, 1, 0),
+            len: 24,
+            next_hop: NextHop::Link(cni0),
+            metric: 0,
+            proto: RouteProto::Static,
+            src: None,
+        })
         .unwrap();
-    dp.add_static_neigh(cni0, a("fd00:10:244:1::3"), POD_B, now)
+    let now = Instant::from_secs(1);
+    dp.control()
+        .add_static_neigh(eth0_if, Ipv4Addr::new(172, 18, 0, 3), PEER, now)
+        .unwrap();
+    dp.control()
+        .add_static_neigh(cni0, a("fd00:10:244:1::3"), POD_B, now)
         .unwrap();
     let w = dp.worker();
     Node { dp, w, now, eth0 }
@@ -133,7 +136,15 @@ fn ipv6_only_gateway_answers_echo6_but_no_arp() {
         out.iter().all(|(_, f)| f[6..12] != GW_MAC.0),
         "the router answered ARP on an IPv6-only interface: {out:?}"
     );
-    assert_eq!(n.dp.router().unwrap().counters.snapshot().arp_replies, 0);
+    assert_eq!(
+        n.dp.control()
+            .router()
+            .unwrap()
+            .counters
+            .snapshot()
+            .arp_replies,
+        0
+    );
     // ICMPv6 echo to the gateway's address is answered.
     let mut ping = Vec::new();
     PacketBuilder::ethernet2(POD_A.0, GW_MAC.0)
@@ -163,8 +174,8 @@ fn ipv6_only_gateway_answers_echo6_but_no_arp() {
 #[test]
 fn ipv6_only_gateway_announces_with_nas_and_no_arp() {
     let n = node();
-    let r = n.dp.router().unwrap();
-    let cni0 = n.dp.iface_by_name("cni0").unwrap();
+    let r = n.dp.control().router().unwrap();
+    let cni0 = n.dp.control().iface_by_name("cni0").unwrap();
     let mut frames = Vec::new();
     r.announce(cni0, |f| frames.push(f.to_vec()));
     let mut targets = Vec::new();
@@ -203,7 +214,7 @@ fn ipv4_to_the_router_on_an_ipv6_only_interface_is_dropped_and_counted() {
     );
     assert_eq!(v, Verdict::Drop(DropReason::NoIpv4Addr));
     assert!(out.is_empty(), "{out:?}");
-    let st = n.dp.stats();
+    let st = n.dp.control().stats();
     assert_eq!(st.drop_count(DropReason::NoIpv4Addr), 1);
     assert_eq!(st.accounted(), 1);
 }
@@ -245,7 +256,7 @@ fn ipv4_from_an_ipv6_only_interface_is_forwarded_and_errors_take_the_uplinks_add
 #[test]
 fn a_service_with_an_ipv6_cluster_ip_is_dnatted_on_the_ipv6_only_bridge() {
     let mut n = node();
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     let vip = a("fd00:10:96::10");
     let mut web = ServiceSpec::new6("web6", vip, 80, 6);
     web.endpoints6 = vec![Endpoint6::new(

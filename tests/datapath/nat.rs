@@ -87,28 +87,31 @@ fn node() -> Node {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route(
-        [10, 244, 2, 0],
-        24,
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
-    ))
-    .unwrap();
-    dp.add_route(route(
-        [0, 0, 0, 0],
-        0,
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
-    ))
-    .unwrap();
+    dp.control()
+        .add_route(route(
+            [10, 244, 2, 0],
+            24,
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
+        ))
+        .unwrap();
+    dp.control()
+        .add_route(route(
+            [0, 0, 0, 0],
+            0,
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
+        ))
+        .unwrap();
     for (iface, ip, mac) in [
         (cni0, A, POD_A),
         (cni0, B, POD_B),
         (eth0, [172, 18, 0, 3], PEER),
         (eth0, [172, 18, 0, 1], OUTGW),
     ] {
-        dp.add_static_neigh(iface, std::net::IpAddr::from(ip), mac, now)
+        dp.control()
+            .add_static_neigh(iface, std::net::IpAddr::from(ip), mac, now)
             .unwrap();
     }
-    let nf = dp.netfilter().unwrap();
+    let nf = dp.control().netfilter().unwrap();
     let tcp = 6;
     let mut web = ServiceSpec::new("web", WEB.into(), 80, tcp);
     web.node_port = Some(30080);
@@ -256,7 +259,8 @@ fn pod_to_cluster_ip_spreads_over_endpoints_and_replies_come_from_the_cluster_ip
     // and translated back there (br_netfilter).
     let sport = (40000..40040u16)
         .find(|&s| {
-            n.dp.netfilter()
+            n.dp.control()
+                .netfilter()
                 .unwrap()
                 .conntrack()
                 .dump(n.now)
@@ -270,7 +274,8 @@ fn pod_to_cluster_ip_spreads_over_endpoints_and_replies_come_from_the_cluster_ip
     // And one through node B: the reply comes back over eth0 and is routed to pod A.
     let sport = (40000..40040u16)
         .find(|&s| {
-            n.dp.netfilter()
+            n.dp.control()
+                .netfilter()
                 .unwrap()
                 .conntrack()
                 .dump(n.now)
@@ -289,7 +294,12 @@ fn pod_to_cluster_ip_spreads_over_endpoints_and_replies_come_from_the_cluster_ip
     assert_eq!(flow(f), (WEB, 80, A, sport));
     // The handshake completes: ESTABLISHED and ASSURED in the dump.
     send(&mut n, PA, &tcp(POD_A, GW_MAC, A, sport, WEB, 80, ACK));
-    let dump = n.dp.netfilter().unwrap().conntrack().fmt_dump(n.now);
+    let dump =
+        n.dp.control()
+            .netfilter()
+            .unwrap()
+            .conntrack()
+            .fmt_dump(n.now);
     let line = dump
         .lines()
         .find(|l| l.contains(&format!("sport={sport} dport=80")))
@@ -322,7 +332,7 @@ fn endpoint_changes_keep_established_connections() {
         )
     };
     assert_eq!(reply.0, Verdict::Output(PA));
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     let mut web = nf.services().get("web").unwrap().spec().clone();
     web.endpoints = vec![ep(other, 8080, other == B)];
     nf.upsert_service(web, n.now).unwrap();
@@ -349,7 +359,7 @@ fn hairpin_is_masqueraded_to_the_gateway() {
     let (v, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 8080, GW, sport, SYNACK));
     assert_eq!(v, Verdict::Output(PB));
     assert_eq!(flow(one(&out).1), (SELF_SVC, 80, B, 42000));
-    assert_eq!(n.dp.netfilter().unwrap().counters().hairpin, 1);
+    assert_eq!(n.dp.control().netfilter().unwrap().counters().hairpin, 1);
 }
 
 #[test]
@@ -504,7 +514,7 @@ fn a_first_packet_without_syn_is_invalid() {
     let (v, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 46000, REMOTE, 80, ACK));
     assert_eq!(v, Verdict::Drop(DropReason::CtInvalid));
     assert!(out.is_empty());
-    let s = n.dp.stats();
+    let s = n.dp.control().stats();
     assert_eq!(s.drop_count(DropReason::CtInvalid), 1, "{s}");
     let _ = IfaceId(0);
 }
@@ -539,8 +549,8 @@ fn masquerade_never_reuses_a_tuple_and_snat_counts_exhaustion() {
     assert_eq!(v, Verdict::Output(PA));
 
     // SNAT to a fixed address with a range of two ports, replacing the masquerade rule.
-    let nf = n.dp.netfilter().unwrap();
-    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
+    let eth0 = n.dp.control().iface_by_name("eth0").unwrap();
     nf.set_rules(NatRules {
         cluster_cidr: Some(Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16)),
         snat: vec![tapyard::nat::SnatRule {
@@ -564,14 +574,17 @@ fn masquerade_never_reuses_a_tuple_and_snat_counts_exhaustion() {
     let (v, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 48002, OUTSIDE, 443, SYN));
     assert_eq!(v, Verdict::Drop(DropReason::NatExhausted));
     assert!(out.is_empty());
-    assert_eq!(n.dp.stats().drop_count(DropReason::NatExhausted), 1);
+    assert_eq!(
+        n.dp.control().stats().drop_count(DropReason::NatExhausted),
+        1
+    );
     // Established connections made under the old rules keep their translation.
     let (_, out) = send(&mut n, PB, &tcp(POD_B, GW_MAC, B, 47000, OUTSIDE, 80, ACK));
     assert_eq!(flow(one(&out).1), (NODE, sport, OUTSIDE, 80));
 
     // SNAT without a port range, as iptables' `-j SNAT --to-source 172.18.0.50`: the
     // original port when free, else one of its class (a privileged port stays privileged).
-    n.dp.netfilter().unwrap().set_rules(NatRules {
+    n.dp.control().netfilter().unwrap().set_rules(NatRules {
         cluster_cidr: Some(Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16)),
         snat: vec![tapyard::nat::SnatRule {
             out: Some(eth0),

@@ -111,13 +111,15 @@ fn node_at(file: Option<&Path>) -> Node {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route(
-        "fd00:10:244:2::",
-        64,
-        NextHop::Via(eth0, a("fd00:172:18::3")),
-    ))
-    .unwrap();
-    dp.add_route(route("::", 0, NextHop::Via(eth0, a("fd00:172:18::1"))))
+    dp.control()
+        .add_route(route(
+            "fd00:10:244:2::",
+            64,
+            NextHop::Via(eth0, a("fd00:172:18::3")),
+        ))
+        .unwrap();
+    dp.control()
+        .add_route(route("::", 0, NextHop::Via(eth0, a("fd00:172:18::1"))))
         .unwrap();
     for (iface, ip, mac) in [
         (cni0, A, POD_A),
@@ -125,13 +127,16 @@ fn node_at(file: Option<&Path>) -> Node {
         (eth0, "fd00:172:18::3", PEER),
         (eth0, "fd00:172:18::1", OUTGW),
     ] {
-        dp.add_static_neigh(iface, a(ip), mac, now).unwrap();
-    }
-    for (ip, mac) in [(A4, POD_A), (B4, POD_B)] {
-        dp.add_static_neigh(cni0, std::net::IpAddr::from(ip), mac, now)
+        dp.control()
+            .add_static_neigh(iface, a(ip), mac, now)
             .unwrap();
     }
-    let nf = dp.netfilter().unwrap();
+    for (ip, mac) in [(A4, POD_A), (B4, POD_B)] {
+        dp.control()
+            .add_static_neigh(cni0, std::net::IpAddr::from(ip), mac, now)
+            .unwrap();
+    }
+    let nf = dp.control().netfilter().unwrap();
     let tcp = 6;
     let mut web = ServiceSpec::new6("web6", a(WEB), 80, tcp);
     web.node_port = Some(30080);
@@ -159,7 +164,7 @@ fn node_at(file: Option<&Path>) -> Node {
     dual.endpoints6 = vec![ep6(B, 8082, true)];
     nf.upsert_service(dual, now).unwrap();
     if file.is_some() {
-        let nf = dp.netfilter().unwrap();
+        let nf = dp.control().netfilter().unwrap();
         nf.services().relink(nf.conntrack(), now);
         nf.services().relink6(nf.conntrack6(), now);
     }
@@ -284,7 +289,7 @@ fn pod_to_ipv6_cluster_ip_spreads_keeps_the_client_and_replies_come_from_the_clu
         }
     }
     assert!(seen[0] > 5 && seen[1] > 5, "{seen:?}");
-    let c = n.dp.netfilter().unwrap().counters();
+    let c = n.dp.control().netfilter().unwrap().counters();
     assert_eq!(c.dnat, 40);
 }
 
@@ -419,7 +424,7 @@ fn no_endpoints_answered_at_once_with_rst_or_port_unreachable() {
         "{:?}",
         i.icmp_type()
     );
-    assert_eq!(n.dp.netfilter().unwrap().counters().rejected, 2);
+    assert_eq!(n.dp.control().netfilter().unwrap().counters().rejected, 2);
 }
 
 #[test]
@@ -495,7 +500,7 @@ fn ipv6_connections_are_kept_across_a_reopen_of_the_table_file() {
     );
     // A new process on the same files: the endpoint's reply is still un-NAT'd.
     let mut n = node_at(Some(&f.0));
-    assert_eq!(n.dp.netfilter().unwrap().conntrack6().len(), 1);
+    assert_eq!(n.dp.control().netfilter().unwrap().conntrack6().len(), 1);
     let reply = match ep {
         (PB, d) => {
             assert_eq!(d, a(B));
@@ -567,7 +572,7 @@ fn packet_too_big_about_a_dnat_connection_reaches_the_client_translated() {
 
 /// The UDP flows a dual-stack Service has to `endpoint` (by reply source), per family.
 fn udp_flows_to(n: &Node, ep4: Ipv4Addr, ep6: Ipv6Addr) -> (usize, usize) {
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     let v4 = nf
         .conntrack()
         .dump(n.now)
@@ -586,7 +591,7 @@ fn udp_flows_to(n: &Node, ep4: Ipv4Addr, ep6: Ipv6Addr) -> (usize, usize) {
 #[test]
 fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy_does() {
     let mut n = node();
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     // A dual-stack UDP Service (DNS-like) with one IPv4 and two IPv6 endpoints.
     let (vip4, vip6) = ([10, 96, 0, 54], "fd00:10:96::54");
     let mut dns = ServiceSpec::new("dns-dual", vip4.into(), 53, 17);
@@ -620,7 +625,7 @@ fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy
 
     // The remote endpoint goes away: its UDP flows are deleted (`conntrack -D -f ipv6`),
     // the other endpoint's and the IPv4 family's are kept.
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     dns.endpoints6 = vec![ep6(B, 5353, true)];
     nf.upsert_service(dns.clone(), n.now).unwrap();
     assert_eq!(udp_flows_to(&n, B4.into(), a(REMOTE)), (1, 0));
@@ -635,7 +640,7 @@ fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy
     }
 
     // The Service is removed: all its UDP flows go, in both families; others stay.
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     nf.remove_service("dns-dual", n.now).unwrap();
     assert_eq!(udp_flows_to(&n, B4.into(), a(B)), (0, 0));
     let rest: Vec<_> = nf
@@ -652,7 +657,7 @@ fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy
 fn a_changed_ipv6_cluster_ip_flushes_the_old_frontend_s_udp_flows_only() {
     let mut n = node();
     send(&mut n, PA, &udp(POD_A, GW_MAC, A, 35000, DNS, 53));
-    let nf = n.dp.netfilter().unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
     assert_eq!(nf.conntrack6().len(), 1);
     // Same endpoints, the IPv4 side added: the IPv6 flow stays.
     let mut dns = nf.services().get("dns6").unwrap().spec().clone();
@@ -669,8 +674,8 @@ fn a_changed_ipv6_cluster_ip_flushes_the_old_frontend_s_udp_flows_only() {
 #[test]
 fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion() {
     let mut n = node();
-    let nf = n.dp.netfilter().unwrap();
-    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    let nf = n.dp.control().netfilter().unwrap();
+    let eth0 = n.dp.control().iface_by_name("eth0").unwrap();
     let to = a("fd00:172:18::50");
     // ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -o eth0 -j SNAT
     //   --to-source [fd00:172:18::50]:5000-5001 (the masquerade rule replaced by it).
@@ -712,7 +717,10 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
     let (v, out) = send(&mut n, PA, &tcp(POD_A, GW_MAC, A, 48002, OUTSIDE, 443, SYN));
     assert_eq!(v, Verdict::Drop(DropReason::NatExhausted));
     assert!(out.is_empty());
-    assert_eq!(n.dp.stats().drop_count(DropReason::NatExhausted), 1);
+    assert_eq!(
+        n.dp.control().stats().drop_count(DropReason::NatExhausted),
+        1
+    );
     // Sources outside the rule's prefix are not translated by it.
     let (_, out) = send(
         &mut n,
@@ -722,5 +730,5 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
     let (p, f) = one(&out);
     assert_eq!(p, ETH0);
     assert_eq!(flow(f), (a(CLIENT), 48100, a(REMOTE), 80));
-    assert_eq!(n.dp.netfilter().unwrap().counters().snat, 2);
+    assert_eq!(n.dp.control().netfilter().unwrap().counters().snat, 2);
 }

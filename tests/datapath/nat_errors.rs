@@ -87,19 +87,24 @@ fn node(dead_gateway: bool) -> Node {
         src: None,
     };
     let via = |gw: [u8; 4]| NextHop::Via(eth0, gw.into());
-    dp.add_route(route([0, 0, 0, 0], 0, via(DEFAULT_GW)))
+    dp.control()
+        .add_route(route([0, 0, 0, 0], 0, via(DEFAULT_GW)))
         .unwrap();
-    dp.add_route(route([10, 244, 2, 0], 24, via([172, 18, 0, 3])))
+    dp.control()
+        .add_route(route([10, 244, 2, 0], 24, via([172, 18, 0, 3])))
         .unwrap();
-    dp.add_route(route([10, 244, 8, 0], 24, NextHop::Unreachable))
+    dp.control()
+        .add_route(route([10, 244, 8, 0], 24, NextHop::Unreachable))
         .unwrap();
-    dp.add_static_neigh(cni0, std::net::IpAddr::from(A), POD_A, now)
+    dp.control()
+        .add_static_neigh(cni0, std::net::IpAddr::from(A), POD_A, now)
         .unwrap();
     if !dead_gateway {
-        dp.add_static_neigh(eth0, std::net::IpAddr::from(DEFAULT_GW), OUTGW, now)
+        dp.control()
+            .add_static_neigh(eth0, std::net::IpAddr::from(DEFAULT_GW), OUTGW, now)
             .unwrap();
     }
-    let nf = dp.netfilter().unwrap();
+    let nf = dp.control().netfilter().unwrap();
     for (name, vip, ep) in [("web", WEB, REMOTE), ("gone", GONE, [10, 244, 8, 8])] {
         let mut s = ServiceSpec::new(name, vip.into(), 80, 6);
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(ep.into(), 8080), false)];
@@ -276,7 +281,7 @@ fn masqueraded_packets_to_a_dead_gateway_get_host_unreachable_back() {
     let (v, _) = send(&mut n, PA, &udp_from_a(OUTSIDE, 64, false, b"query"));
     assert_eq!(v, Verdict::Queued);
     // Masqueraded (and, with --random-fully, the UDP port changed) before queueing.
-    let ct = n.dp.netfilter().unwrap().conntrack().dump(n.now);
+    let ct = n.dp.control().netfilter().unwrap().conntrack().dump(n.now);
     assert!(
         ct.iter().all(|e| e.reply.dst == Ipv4Addr::from(NODE)),
         "{ct:?}"
@@ -296,7 +301,7 @@ fn masqueraded_packets_to_a_dead_gateway_get_host_unreachable_back() {
         errs,
         vec![want((A, 0x4242, OUTSIDE, 0)), want((A, 5353, OUTSIDE, 53))]
     );
-    let st = n.dp.stats();
+    let st = n.dp.control().stats();
     assert_eq!(st.drop_count(DropReason::NeighFailed), 2);
 }
 

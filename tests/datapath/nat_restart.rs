@@ -95,28 +95,31 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(route(
-        [10, 244, 2, 0],
-        24,
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
-    ))
-    .unwrap();
-    dp.add_route(route(
-        [0, 0, 0, 0],
-        0,
-        NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
-    ))
-    .unwrap();
+    dp.control()
+        .add_route(route(
+            [10, 244, 2, 0],
+            24,
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
+        ))
+        .unwrap();
+    dp.control()
+        .add_route(route(
+            [0, 0, 0, 0],
+            0,
+            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
+        ))
+        .unwrap();
     for (iface, ip, mac) in [
         (cni0, A, POD_A),
         (cni0, B, POD_B),
         (eth0, [172, 18, 0, 3], PEER),
         (eth0, [172, 18, 0, 1], OUTGW),
     ] {
-        dp.add_static_neigh(iface, std::net::IpAddr::from(ip), mac, now)
+        dp.control()
+            .add_static_neigh(iface, std::net::IpAddr::from(ip), mac, now)
             .unwrap();
     }
-    let nf = dp.netfilter().unwrap();
+    let nf = dp.control().netfilter().unwrap();
     if services_first_other {
         let mut other = ServiceSpec::new("other", OTHER.into(), 80, 6);
         other.endpoints = vec![Endpoint::new(SocketAddrV4::new(B.into(), 9090), true)];
@@ -213,7 +216,8 @@ fn translations_survive_a_rebuild_on_the_same_file() {
     ));
     assert_eq!((port, src, dst), (ETH0, NODE, OUTSIDE));
     let before =
-        n.dp.netfilter()
+        n.dp.control()
+            .netfilter()
             .unwrap()
             .conntrack()
             .dump(Clock::new().now());
@@ -223,7 +227,7 @@ fn translations_survive_a_rebuild_on_the_same_file() {
     // The restart: the same file, the Services added in another order.
     let (mut n, opened) = node(&file.0, true);
     assert_eq!(opened, Opened::Reused);
-    let ct = n.dp.netfilter().unwrap().conntrack();
+    let ct = n.dp.control().netfilter().unwrap().conntrack();
     ct.check_invariants().unwrap();
     let after = ct.dump(Clock::new().now());
     assert_eq!(after.len(), 2);
@@ -232,7 +236,8 @@ fn translations_survive_a_rebuild_on_the_same_file() {
     }
     // The Service connection keeps its tag under the Service's new id.
     let web_id =
-        n.dp.netfilter()
+        n.dp.control()
+            .netfilter()
             .unwrap()
             .services()
             .get("web")

@@ -54,19 +54,24 @@ fn node() -> Node {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(st(
-        [10, 244, 2, 0],
-        24,
-        NextHop::Via(eth0_if, Ipv4Addr::new(172, 18, 0, 3)),
-    ))
-    .unwrap();
-    dp.add_route(st([10, 244, 9, 0], 24, NextHop::Blackhole))
+    dp.control()
+        .add_route(st(
+            [10, 244, 2, 0],
+            24,
+            NextHop::Via(eth0_if, Ipv4Addr::new(172, 18, 0, 3)),
+        ))
         .unwrap();
-    dp.add_route(st([10, 244, 8, 0], 24, NextHop::Unreachable))
+    dp.control()
+        .add_route(st([10, 244, 9, 0], 24, NextHop::Blackhole))
         .unwrap();
-    dp.add_route(st([10, 244, 7, 0], 24, NextHop::Prohibit))
+    dp.control()
+        .add_route(st([10, 244, 8, 0], 24, NextHop::Unreachable))
+        .unwrap();
+    dp.control()
+        .add_route(st([10, 244, 7, 0], 24, NextHop::Prohibit))
         .unwrap();
     assert!(dp
+        .control()
         .add_route(st(
             [10, 9, 0, 0],
             16,
@@ -195,7 +200,7 @@ fn answers_arp_and_ping_for_its_address() {
     );
     assert!(matches!(t, Icmpv4Type::EchoReply(_)));
     let mut neigh = String::new();
-    n.dp.fmt_neigh(n.now, &mut neigh).unwrap();
+    n.dp.control().fmt_neigh(n.now, &mut neigh).unwrap();
     assert!(
         neigh.contains("10.244.1.2 dev cni0 lladdr 02:00:00:00:01:02"),
         "{neigh}"
@@ -380,10 +385,10 @@ fn unresolved_next_hop_fails_with_host_unreachable() {
         t,
         Icmpv4Type::DestinationUnreachable(icmpv4::DestUnreachableHeader::Host)
     );
-    let st = n.dp.stats();
+    let st = n.dp.control().stats();
     assert_eq!(st.drop_count(DropReason::NeighFailed), 1, "{st}");
     let mut neigh = String::new();
-    n.dp.fmt_neigh(n.now, &mut neigh).unwrap();
+    n.dp.control().fmt_neigh(n.now, &mut neigh).unwrap();
     assert!(neigh.contains("10.244.1.99 dev cni0  FAILED"), "{neigh}");
 }
 
@@ -391,7 +396,7 @@ fn unresolved_next_hop_fails_with_host_unreachable() {
 fn route_dump_like_ip_route() {
     let n = node();
     let mut s = String::new();
-    n.dp.fmt_routes(&mut s).unwrap();
+    n.dp.control().fmt_routes(&mut s).unwrap();
     assert_eq!(
         s,
         "10.244.1.0/24 dev cni0 proto kernel scope link src 10.244.1.1\n\
@@ -409,13 +414,14 @@ fn tso_super_frames_are_checked_by_segment_size() {
     let mut n = node();
     pod_a_arps(&mut n);
     // Pod B (10.244.1.3) is known to the router through a static entry.
-    n.dp.add_static_neigh(
-        IfaceId(0),
-        Ipv4Addr::new(10, 244, 1, 3),
-        MacAddr([2, 0, 0, 0, 1, 3]),
-        n.now,
-    )
-    .unwrap();
+    n.dp.control()
+        .add_static_neigh(
+            IfaceId(0),
+            Ipv4Addr::new(10, 244, 1, 3),
+            MacAddr([2, 0, 0, 0, 1, 3]),
+            n.now,
+        )
+        .unwrap();
     let mut f = Vec::new();
     let ip = etherparse::Ipv4Header::new(
         20 + 7000,
@@ -583,9 +589,9 @@ fn refused_arp_frames_are_counted_as_bad_arp() {
         ("truncated, on the uplink", ETH0, peer(truncated)),
     ];
     for (what, port, f) in cases {
-        let before = n.dp.stats();
+        let before = n.dp.control().stats();
         let (v, out) = send(&mut n, port, &f);
-        let after = n.dp.stats();
+        let after = n.dp.control().stats();
         assert_eq!(v, Verdict::Drop(DropReason::BadArp), "{what}");
         assert!(out.is_empty(), "{what}: nothing answers it");
         assert_eq!(after.local, before.local, "{what}: not counted as local");
@@ -598,11 +604,11 @@ fn refused_arp_frames_are_counted_as_bad_arp() {
         assert_eq!(after.accounted(), rx, "{what}");
     }
     // A good unicast request to the gateway is consumed and answered.
-    let before = n.dp.stats();
+    let before = n.dp.control().stats();
     let (v, out) = send(&mut n, PA, &good);
     assert_eq!(v, Verdict::Local);
     assert_eq!(out.len(), 1);
-    assert_eq!(n.dp.stats().local, before.local + 1);
+    assert_eq!(n.dp.control().stats().local, before.local + 1);
 }
 
 /// A ping to the gateway is answered, and counted as the router's: the request is `local`
@@ -619,9 +625,9 @@ fn an_answered_ping_is_counted_local_not_forwarded() {
         .icmpv4_echo_request(7, 1)
         .write(&mut f, b"hello")
         .unwrap();
-    let before = n.dp.stats();
+    let before = n.dp.control().stats();
     let (v, out) = send(&mut n, PA, &f);
-    let after = n.dp.stats();
+    let after = n.dp.control().stats();
     assert_eq!(v, Verdict::Local);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, PA);

@@ -64,33 +64,40 @@ fn node() -> Node {
         proto: RouteProto::Static,
         src: None,
     };
-    dp.add_route(st(
-        "fd00:10:244:3::",
-        64,
-        NextHop::Via(eth0_if, a("fd00:172:18::3")),
-    ))
-    .unwrap();
-    dp.add_route(st("fd00:10:244:9::", 64, NextHop::Blackhole))
+    dp.control()
+        .add_route(st(
+            "fd00:10:244:3::",
+            64,
+            NextHop::Via(eth0_if, a("fd00:172:18::3")),
+        ))
         .unwrap();
-    dp.add_route(st("fd00:10:244:8::", 64, NextHop::Unreachable))
+    dp.control()
+        .add_route(st("fd00:10:244:9::", 64, NextHop::Blackhole))
         .unwrap();
-    dp.add_route(st("fd00:10:244:7::", 64, NextHop::Prohibit))
+    dp.control()
+        .add_route(st("fd00:10:244:8::", 64, NextHop::Unreachable))
+        .unwrap();
+    dp.control()
+        .add_route(st("fd00:10:244:7::", 64, NextHop::Prohibit))
         .unwrap();
     assert!(dp
+        .control()
         .add_route(st("fd00:99::", 64, NextHop::Via(eth0_if, a("fd00:1::1"))))
         .unwrap_err()
         .to_string()
         .contains("connected subnet"));
     // A link-local gateway is always on-link.
-    dp.add_route(st("fd00:98::", 64, NextHop::Via(eth0_if, a("fe80::1"))))
+    dp.control()
+        .add_route(st("fd00:98::", 64, NextHop::Via(eth0_if, a("fe80::1"))))
         .unwrap();
-    dp.add_static_neigh(
-        eth0_if,
-        a("fd00:172:18::3"),
-        MacAddr([2, 0, 0, 0, 0x12, 3]),
-        Instant::ZERO,
-    )
-    .unwrap();
+    dp.control()
+        .add_static_neigh(
+            eth0_if,
+            a("fd00:172:18::3"),
+            MacAddr([2, 0, 0, 0, 0x12, 3]),
+            Instant::ZERO,
+        )
+        .unwrap();
     assert_eq!((pa, pb, pc, eth0), (PA, PB, PC, ETH0));
     let w = dp.worker();
     Node {
@@ -181,7 +188,7 @@ fn parse_icmp(f: &[u8]) -> (Ipv6Addr, Ipv6Addr, Icmpv6Repr<'_>) {
 }
 
 fn neigh_state(n: &Node, ip: &str) -> Option<NeighState> {
-    let r = n.dp.router().unwrap();
+    let r = n.dp.control().router().unwrap();
     r.neigh6()
         .dump(n.now)
         .into_iter()
@@ -295,13 +302,13 @@ fn pod_to_pod_across_bridges_resolves_by_ndp_and_queues() {
     assert_eq!(&out[0].1[..6], &POD_C.0);
     // `ip -6 neigh`-style dump.
     let mut s = String::new();
-    n.dp.fmt_neigh(n.now, &mut s).unwrap();
+    n.dp.control().fmt_neigh(n.now, &mut s).unwrap();
     assert!(
         s.contains("fd00:10:244:2::2 dev cni1 lladdr 02:00:00:00:02:02 REACHABLE"),
         "{s}"
     );
     let mut r = String::new();
-    n.dp.fmt_routes(&mut r).unwrap();
+    n.dp.control().fmt_routes(&mut r).unwrap();
     assert!(
         r.contains("fd00:10:244:1::/64 dev cni0 proto kernel metric 256"),
         "{r}"
@@ -310,7 +317,7 @@ fn pod_to_pod_across_bridges_resolves_by_ndp_and_queues() {
         r.contains("fd00:10:244:3::/64 via fd00:172:18::3 dev eth0 proto static metric 1024"),
         "{r}"
     );
-    let st = n.dp.stats();
+    let st = n.dp.control().stats();
     assert_eq!(st.accounted(), 4);
 }
 
@@ -349,15 +356,24 @@ fn unanswered_next_hop_gets_address_unreachable() {
         matches!(r, Icmpv6Repr::DstUnreachable { code: 3, .. }),
         "{r:?}"
     );
-    assert_eq!(n.dp.stats().drop_count(DropReason::NeighFailed), 1);
+    assert_eq!(
+        n.dp.control().stats().drop_count(DropReason::NeighFailed),
+        1
+    );
 }
 
 #[test]
 fn ns_answered_for_link_local_and_dad_defended() {
     let mut n = node();
     let ll = ipv6::link_local_from_mac(GW0_MAC);
-    assert_eq!(n.dp.router().unwrap().link_local6(IfaceId(0)), Some(ll));
-    assert_eq!(n.dp.router().unwrap().local_iface6(ll), Some(IfaceId(0)));
+    assert_eq!(
+        n.dp.control().router().unwrap().link_local6(IfaceId(0)),
+        Some(ll)
+    );
+    assert_eq!(
+        n.dp.control().router().unwrap().local_iface6(ll),
+        Some(IfaceId(0))
+    );
     let g = ipv6::solicited_node(ll);
     let ns = Icmpv6Repr::NeighborSolicit {
         target: ll,
@@ -574,7 +590,7 @@ fn hop_limit_too_big_routes_and_link_local() {
     );
     assert_eq!(v, Verdict::Drop(DropReason::LocalNoService));
     assert!(err(&out).starts_with("DstUnreachable { code: 4"));
-    let s = n.dp.stats();
+    let s = n.dp.control().stats();
     assert_eq!(
         s.accounted(),
         s.ports.iter().map(|p| p.rx_packets).sum::<u64>()
@@ -660,7 +676,7 @@ fn extension_header_chains_are_walked_and_bounded() {
         }
         let _ = send(&mut n, PA, &f);
     }
-    let s = n.dp.stats();
+    let s = n.dp.control().stats();
     assert_eq!(
         s.accounted(),
         s.ports.iter().map(|p| p.rx_packets).sum::<u64>()
@@ -731,7 +747,7 @@ fn router_advertisements_periodic_and_solicited() {
             .any(|(p, f)| *p == PA && f[..6] == [0x33, 0x33, 0, 0, 0, 1]),
         "solicited RA"
     );
-    assert!(n.dp.router().unwrap().counters.snapshot().ra_sent >= 2);
+    assert!(n.dp.control().router().unwrap().counters.snapshot().ra_sent >= 2);
 }
 
 #[test]
@@ -803,17 +819,17 @@ fn na_without_override_makes_reachable_entry_stale_as_linux() {
     // (neigh_update with NEIGH_UPDATE_F_WEAK_OVERRIDE).
     let other = MacAddr([0x02, 0, 0, 0, 1, 9]);
     assert_eq!(send(&mut n, PA, &na(other, true, false)).0, Verdict::Local);
-    let dump = n.dp.router().unwrap().neigh6().dump(n.now);
+    let dump = n.dp.control().router().unwrap().neigh6().dump(n.now);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
     // Again, now STALE: ignored (the MAC still kept).
     assert_eq!(send(&mut n, PA, &na(other, false, false)).0, Verdict::Local);
-    let dump = n.dp.router().unwrap().neigh6().dump(n.now);
+    let dump = n.dp.control().router().unwrap().neigh6().dump(n.now);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
     // With the override flag the new MAC is taken.
     assert_eq!(send(&mut n, PA, &na(other, false, true)).0, Verdict::Local);
-    let dump = n.dp.router().unwrap().neigh6().dump(n.now);
+    let dump = n.dp.control().router().unwrap().neigh6().dump(n.now);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!(e.mac, Some(other));
 }
@@ -903,7 +919,10 @@ fn probe_answered_without_target_lladdr_confirms_and_error_is_delivered() {
         matches!(r, Icmpv6Repr::DstUnreachable { code: 3, .. }),
         "{r:?}"
     );
-    assert_eq!(n.dp.stats().drop_count(DropReason::NeighFailed), 1);
+    assert_eq!(
+        n.dp.control().stats().drop_count(DropReason::NeighFailed),
+        1
+    );
 }
 
 #[test]
@@ -914,7 +933,8 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         MacAddr([2, 0, 0, 0, 0x12, 4]),
     );
     let eth0 = IfaceId(2);
-    n.dp.add_static_neigh(eth0, a("fd00:172:18::4"), peer4, n.now)
+    n.dp.control()
+        .add_static_neigh(eth0, a("fd00:172:18::4"), peer4, n.now)
         .unwrap();
     let to_remote = |n: &mut Node| {
         let (_, out) = send(n, PA, &pod_a_to_remote(64, 8));
@@ -932,19 +952,23 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         src: None,
     };
     // `ip -6 route replace`: the route with that prefix and metric is swapped, returned.
-    let old = n.dp.replace_route(route("fd00:172:18::4")).unwrap();
+    let old =
+        n.dp.control()
+            .replace_route(route("fd00:172:18::4"))
+            .unwrap();
     assert_eq!(old, Some(route("fd00:172:18::3")));
     assert_eq!(to_remote(&mut n), peer4);
     // Checked as an add: a gateway off every connected subnet is refused, and the route in
     // place is kept (a remove + add would have lost it).
     assert!(n
         .dp
+        .control()
         .replace_route(route("fd00:1::1"))
         .unwrap_err()
         .to_string()
         .contains("connected subnet"));
     assert_eq!(to_remote(&mut n), peer4);
-    let routes = n.dp.routes::<Ipv6Addr>().unwrap().routes();
+    let routes = n.dp.control().routes::<Ipv6Addr>().unwrap().routes();
     assert_eq!(
         routes
             .iter()
@@ -957,9 +981,10 @@ fn replace_route6_moves_a_route_to_another_gateway_in_one_update() {
         prefix: a("fd00:10:244:4::"),
         ..route("fd00:172:18::4")
     };
-    assert_eq!(n.dp.replace_route(new), Ok(None));
+    assert_eq!(n.dp.control().replace_route(new), Ok(None));
     assert_eq!(
-        n.dp.routes::<Ipv6Addr>()
+        n.dp.control()
+            .routes::<Ipv6Addr>()
             .unwrap()
             .lookup(a("fd00:10:244:4::1")),
         Some(new.next_hop)
@@ -1016,8 +1041,8 @@ fn check_unsolicited_na(f: &[u8], mac: MacAddr) -> (Ipv6Addr, Option<MacAddr>) {
 #[test]
 fn announce_sends_gratuitous_arp_and_unsolicited_nas_for_both_addresses() {
     let n = node();
-    let r = n.dp.router().unwrap();
-    let cni0 = n.dp.iface_by_name("cni0").unwrap();
+    let r = n.dp.control().router().unwrap();
+    let cni0 = n.dp.control().iface_by_name("cni0").unwrap();
     let mut frames = Vec::new();
     r.announce(cni0, |f| frames.push(f.to_vec()));
     assert_eq!(frames.len(), 3, "ARP, then an NA per address");
@@ -1038,7 +1063,7 @@ fn announce_sends_gratuitous_arp_and_unsolicited_nas_for_both_addresses() {
         (ll, Some(GW0_MAC))
     );
     // The uplink announces its own addresses, from its own MAC.
-    let eth0 = n.dp.iface_by_name("eth0").unwrap();
+    let eth0 = n.dp.control().iface_by_name("eth0").unwrap();
     let mut up = Vec::new();
     r.announce(eth0, |f| up.push(f.to_vec()));
     assert_eq!(up.len(), 3);
@@ -1055,7 +1080,8 @@ fn announce_sends_gratuitous_arp_and_unsolicited_nas_for_both_addresses() {
     let (v4, _) = b.add_router_iface(c, Some(br)).unwrap();
     let dp4 = b.build();
     let mut only = Vec::new();
-    dp4.router()
+    dp4.control()
+        .router()
         .unwrap()
         .announce(v4, |f| only.push(f.to_vec()));
     assert_eq!(only.len(), 1);
@@ -1070,8 +1096,8 @@ fn announce_sends_gratuitous_arp_and_unsolicited_nas_for_both_addresses() {
 fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
     let gw = a("fd00:10:244:1::1");
     let n = node();
-    let r = n.dp.router().unwrap();
-    let cni0 = n.dp.iface_by_name("cni0").unwrap();
+    let r = n.dp.control().router().unwrap();
+    let cni0 = n.dp.control().iface_by_name("cni0").unwrap();
     let ll = r.link_local6(cni0).unwrap();
     let mut frames = Vec::new();
     r.announce(cni0, |f| frames.push(f.to_vec()));
@@ -1097,7 +1123,8 @@ fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
         common::send_one(&pod, &mut w, now, pod_port, &f);
     }
     let entry = |ip: Ipv6Addr| {
-        pod.router()
+        pod.control()
+            .router()
             .unwrap()
             .neigh6()
             .dump(now)

@@ -51,7 +51,7 @@ fn two_workers_forward_everything_then_stop() {
         h.send_frame(&frame(MacAddr::BROADCAST, mac(i), 0)).unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while dp.stats().flooded < 4 && Instant::now() < deadline {
+    while dp.control().stats().flooded < 4 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
     for h in &hosts {
@@ -92,7 +92,7 @@ fn two_workers_forward_everything_then_stop() {
     let t = Instant::now();
     rt.stop();
     assert!(t.elapsed() < Duration::from_secs(2), "stop is prompt");
-    let s = dp.stats();
+    let s = dp.control().stats();
     assert_eq!(s.forwarded, 4 * u64::from(N), "{s}");
     assert_eq!(s.rx_drops(), 0, "{s}");
     for p in &s.ports {
@@ -145,7 +145,7 @@ fn ports_come_and_go_while_a_stable_pair_forwards() {
     for (i, h) in hosts.iter().enumerate() {
         send_all(h, &frame(MacAddr::BROADCAST, mac(i), u32::MAX), deadline);
     }
-    while dp.stats().flooded < 2 {
+    while dp.control().stats().flooded < 2 {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -161,7 +161,7 @@ fn ports_come_and_go_while_a_stable_pair_forwards() {
             let mut gone: Vec<MemPort> = Vec::new();
             let mut max_id = 0u16;
             for i in 0..CHURN {
-                let id = dp.add_port(&format!("c{}", i % 8), br).unwrap();
+                let id = dp.control().add_port(&format!("c{}", i % 8), br).unwrap();
                 max_id = max_id.max(id.0);
                 let (a, h) = mem_pair(&format!("c{i}"), "hc", 256);
                 rt.add_port(id, Arc::new(a)).unwrap();
@@ -175,8 +175,12 @@ fn ports_come_and_go_while_a_stable_pair_forwards() {
                     while let Some((id, h)) = live.pop_front() {
                         let drv = rt.remove_port(id).expect("a driver");
                         assert_eq!(Arc::strong_count(&drv), 1, "no worker holds port {}", id.0);
-                        assert!(dp.fdb_dump(br, rt.now()).iter().all(|e| e.port != id));
-                        assert_eq!(dp.port_name(id), None);
+                        assert!(dp
+                            .control()
+                            .fdb_dump(br, rt.now())
+                            .iter()
+                            .all(|e| e.port != id));
+                        assert_eq!(dp.control().port_name(id), None);
                         drop(drv);
                         while let Some(b) = h.recv_frame() {
                             h.recycle(b);
@@ -235,20 +239,20 @@ fn ports_come_and_go_while_a_stable_pair_forwards() {
     let rt = Arc::try_unwrap(rt).unwrap();
     let now = rt.now();
     rt.stop();
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert_eq!(st.port("s0").unwrap().rx_packets, u64::from(N) + 1, "{st}");
     assert_eq!(st.port("s1").unwrap().rx_packets, u64::from(N) + 1, "{st}");
     assert_eq!(st.port("s0").unwrap().tx_dropped, 0, "{st}");
     assert_eq!(st.port("s1").unwrap().tx_dropped, 0, "{st}");
-    assert_eq!(dp.port_count(), 2);
-    assert_eq!(dp.port_ids(), s.to_vec());
-    assert_eq!(dp.bridge(br).unwrap().ports(), s.to_vec());
+    assert_eq!(dp.control().port_count(), 2);
+    assert_eq!(dp.control().port_ids(), s.to_vec());
+    assert_eq!(dp.control().bridge(br).unwrap().ports(), s.to_vec());
     assert_eq!(
-        dp.reclaim_ports(),
+        dp.control().reclaim_ports(),
         0,
         "every quarantine ends once the workers are gone"
     );
-    let fdb = dp.fdb_dump(br, now);
+    let fdb = dp.control().fdb_dump(br, now);
     assert!(fdb.iter().all(|e| s.contains(&e.port)), "{fdb:?}");
     assert!(
         usize::from(max_id) < 2 + 3 + 16,
@@ -281,7 +285,7 @@ fn a_port_added_at_run_time_is_received_from_promptly() {
     .unwrap();
     // Let the workers go to sleep first.
     std::thread::sleep(Duration::from_millis(20));
-    let q = dp.add_port("late", br).unwrap();
+    let q = dp.control().add_port("late", br).unwrap();
     let (a, h) = mem_pair("late", "hl", 64);
     let t = Instant::now();
     rt.add_port(q, Arc::new(a)).unwrap();
@@ -316,7 +320,7 @@ fn a_port_added_at_run_time_is_received_from_promptly() {
     std::thread::sleep(Duration::from_millis(50));
     assert!(h0.recv_frame().is_none(), "received from a removed port");
     assert_eq!(h.pending(), 0);
-    assert_eq!(dp.stats().port("s0").unwrap().tx_packets, 1);
+    assert_eq!(dp.control().stats().port("s0").unwrap().tx_packets, 1);
     // An id the datapath does not have as a port is refused.
     assert!(rt.add_port(q, Arc::new(mem_pair("z", "w", 1).0)).is_err());
     rt.stop();
@@ -354,10 +358,10 @@ fn a_driven_port_is_removed_through_its_runtime_and_its_id_is_free_at_once() {
     };
     let rt = Runtime::start(dp.clone(), ports, cfg).unwrap();
     let (m0, m1) = (MacAddr::local(0x100), MacAddr::local(0x101));
-    let x = dp.add_port("x", br).unwrap();
+    let x = dp.control().add_port("x", br).unwrap();
     let (ax, hx) = mem_pair("x", "hx", 64);
     rt.add_port(x, Arc::new(ax)).unwrap();
-    let err = dp.remove_port(x).unwrap_err();
+    let err = dp.control().remove_port(x).unwrap_err();
     assert!(
         matches!(err, tapyard::ConfigError::Attached { .. }),
         "a driven port refuses a removal behind its runtime's back: {err:?}"
@@ -367,10 +371,12 @@ fn a_driven_port_is_removed_through_its_runtime_and_its_id_is_free_at_once() {
         let _ = h0.send_frame(&frame(m1, m0, round));
         let _ = h1.send_frame(&frame(m0, m1, round));
         let id = dp
+            .control()
             .port_by_name(&format!("p{}", round.wrapping_sub(1)))
             .unwrap_or(x);
         assert!(rt.remove_port(id).is_some(), "round {round}");
         let p = dp
+            .control()
             .add_port(&format!("p{round}"), br)
             .unwrap_or_else(|e| panic!("round {round}: the freed id is not reusable: {e}"));
         assert_eq!(p, x, "the only id below capacity is reused");
@@ -382,12 +388,15 @@ fn a_driven_port_is_removed_through_its_runtime_and_its_id_is_free_at_once() {
     let _ = hx.send_frame(&frame(MacAddr::BROADCAST, ghost, 0));
     std::thread::sleep(Duration::from_millis(50));
     assert!(
-        !dp.fdb_dump(br, rt.now()).iter().any(|e| e.mac == ghost),
+        !dp.control()
+            .fdb_dump(br, rt.now())
+            .iter()
+            .any(|e| e.mac == ghost),
         "a frame from a removed port's driver was learned"
     );
     rt.stop();
     // Stopped, the runtime drives nothing: the datapath removes the port itself.
-    dp.remove_port(x).unwrap();
+    dp.control().remove_port(x).unwrap();
 }
 
 /// A port whose receive always fails (a TAP whose device vanished) does not stop the
@@ -423,7 +432,11 @@ fn a_failing_port_does_not_stop_the_timers() {
     h0.send_frame(&frame(MacAddr::BROADCAST, MacAddr::local(5), 0))
         .unwrap();
     let aged = wait_for(
-        || dp.bridge(br).is_some_and(|b| b.fdb().counters().aged > 0),
+        || {
+            dp.control()
+                .bridge(br)
+                .is_some_and(|b| b.fdb().counters().aged > 0)
+        },
         5,
     );
     rt.stop();
@@ -467,7 +480,7 @@ fn a_paused_runtime_forwards_nothing_until_resumed() {
     rt.pause(); // idempotent
     let listed: Vec<PortId> = rt.ports().iter().map(|(id, _)| *id).collect();
     assert_eq!(listed, ids);
-    let before = dp.stats().ports[0].rx_packets;
+    let before = dp.control().stats().ports[0].rx_packets;
     for seq in 1..=100 {
         hosts[0].send_frame(&frame(m1, m0, seq)).unwrap();
     }
@@ -477,7 +490,7 @@ fn a_paused_runtime_forwards_nothing_until_resumed() {
         "a paused runtime forwarded"
     );
     assert_eq!(
-        dp.stats().ports[0].rx_packets,
+        dp.control().stats().ports[0].rx_packets,
         before,
         "a paused runtime received"
     );

@@ -130,13 +130,13 @@ fn tcp_data_crosses_the_bridge_intact() {
 
     // The bridge learned every talker on its own port, and the bystander (host 2) saw only
     // the initial ARP broadcast, no unicast.
-    let fdb = n.dp.fdb_dump(tapyard::BridgeId(0), n.now);
+    let fdb = n.dp.control().fdb_dump(tapyard::BridgeId(0), n.now);
     assert_eq!(fdb.len(), 2);
     assert_eq!(fdb[0].mac, MacAddr::local(1));
     assert_eq!(fdb[0].port, tapyard::PortId(0));
     assert_eq!(fdb[1].mac, MacAddr::local(2));
     assert_eq!(fdb[1].port, tapyard::PortId(1));
-    let s = n.dp.stats();
+    let s = n.dp.control().stats();
     assert_eq!(s.port("p2").unwrap().tx_packets, 1, "{s}");
     assert_eq!(s.rx_drops(), 0, "{s}");
     assert!(s.port("p0").unwrap().rx_bytes > 4 << 20);
@@ -148,7 +148,7 @@ fn hosts_on_different_bridges_cannot_talk() {
     let got = transfer(&mut n, 0, 1, b"hello", 3000);
     assert!(got.is_empty());
     // Host 0's ARP requests were flooded within br0, which has no other port.
-    let s = n.dp.stats();
+    let s = n.dp.control().stats();
     assert!(s.drop_count(DropReason::NoOtherPort) >= 1, "{s}");
     assert_eq!(s.port("p1").unwrap().tx_packets, 0);
 }

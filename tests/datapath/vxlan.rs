@@ -88,24 +88,28 @@ fn node(n: u8) -> Node {
     .unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
-    dp.add_vxlan_peer("flannel.1", peer(other), now).unwrap();
+    dp.control()
+        .add_vxlan_peer("flannel.1", peer(other), now)
+        .unwrap();
     // The other node's uplink MAC is known (as after ARP).
-    let eth0_if = dp.iface_by_name("eth0").unwrap();
-    dp.add_static_neigh(
-        eth0_if,
-        node_ip(other),
-        MacAddr([2, 0xaa, other, 0, 0, 2]),
-        now,
-    )
-    .unwrap();
+    let eth0_if = dp.control().iface_by_name("eth0").unwrap();
+    dp.control()
+        .add_static_neigh(
+            eth0_if,
+            node_ip(other),
+            MacAddr([2, 0xaa, other, 0, 0, 2]),
+            now,
+        )
+        .unwrap();
     let pod_mac = MacAddr([2, 0, n, 0, 0, 2]);
-    dp.add_static_neigh(
-        dp.iface_by_name("cni0").unwrap(),
-        Ipv4Addr::new(10, 244, n, 2),
-        pod_mac,
-        now,
-    )
-    .unwrap();
+    dp.control()
+        .add_static_neigh(
+            dp.control().iface_by_name("cni0").unwrap(),
+            Ipv4Addr::new(10, 244, n, 2),
+            pod_mac,
+            now,
+        )
+        .unwrap();
     let w = dp.worker();
     Node {
         dp,
@@ -180,7 +184,7 @@ impl Node {
     }
 
     fn drops(&self, r: DropReason) -> u64 {
-        self.dp.stats().drop_count(r)
+        self.dp.control().stats().drop_count(r)
     }
 }
 
@@ -259,27 +263,27 @@ fn a_pod_reaches_a_remote_pod_through_the_overlay() {
     };
     assert_eq!(ip.header().destination_addr(), Ipv4Addr::new(10, 244, 2, 2));
     assert_eq!(ip.header().ttl(), 62);
-    let st = c.dp.tunnel_by_name("flannel.1").unwrap().peers();
+    let st = c.dp.control().tunnel_by_name("flannel.1").unwrap().peers();
     let p = st.by_ip(node_ip(1)).unwrap().stats();
     assert_eq!((p.rx_packets, p.rx_bytes), (1, inner_out.len() as u64));
-    let st = a.dp.tunnel_by_name("flannel.1").unwrap().peers();
+    let st = a.dp.control().tunnel_by_name("flannel.1").unwrap().peers();
     assert_eq!(st.by_ip(node_ip(2)).unwrap().stats().tx_packets, 2);
 
     // The tables show what the peer implies, as ip route / ip neigh / bridge fdb do.
     let mut t = String::new();
-    a.dp.fmt_routes(&mut t).unwrap();
+    a.dp.control().fmt_routes(&mut t).unwrap();
     assert!(
         t.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink"),
         "{t}"
     );
     t.clear();
-    a.dp.fmt_neigh(a.now, &mut t).unwrap();
+    a.dp.control().fmt_neigh(a.now, &mut t).unwrap();
     assert!(
         t.contains("10.244.2.0 dev flannel.1 lladdr 0a:58:0a:f4:02:00 PERMANENT"),
         "{t}"
     );
     t.clear();
-    a.dp.fmt_vxlan_fdb(&mut t).unwrap();
+    a.dp.control().fmt_vxlan_fdb(&mut t).unwrap();
     assert_eq!(
         t,
         "0a:58:0a:f4:02:00 dev flannel.1 dst 172.18.0.3 self permanent\n"
@@ -291,20 +295,30 @@ fn removing_a_peer_stops_traffic_both_ways_at_once() {
     let (mut a, mut c) = (node(1), node(2));
     let (_, out) = a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10));
     let wire = out[0].1.clone();
-    c.dp.remove_vxlan_peer("flannel.1", node_ip(1)).unwrap();
+    c.dp.control()
+        .remove_vxlan_peer("flannel.1", node_ip(1))
+        .unwrap();
     assert_eq!(
         c.run(ETH0, &wire).0,
         Verdict::Drop(DropReason::VxlanUnknownPeer)
     );
-    a.dp.remove_vxlan_peer("flannel.1", node_ip(2)).unwrap();
+    a.dp.control()
+        .remove_vxlan_peer("flannel.1", node_ip(2))
+        .unwrap();
     // The route went with the peer: no route (ICMP net unreachable to the pod).
     assert_eq!(
         a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10)).0,
         Verdict::Drop(DropReason::NoRoute)
     );
-    assert!(a.dp.remove_vxlan_peer("flannel.1", node_ip(2)).is_err());
+    assert!(a
+        .dp
+        .control()
+        .remove_vxlan_peer("flannel.1", node_ip(2))
+        .is_err());
     // And back.
-    a.dp.add_vxlan_peer("flannel.1", peer(2), a.now).unwrap();
+    a.dp.control()
+        .add_vxlan_peer("flannel.1", peer(2), a.now)
+        .unwrap();
     assert_eq!(
         a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 2, 2], 10)).0,
         Verdict::Output(ETH0)
@@ -524,23 +538,25 @@ fn bad_input_is_dropped_under_its_own_reason() {
     f[36..38].copy_from_slice(&4789u16.to_be_bytes());
     assert_eq!(c.run(ETH0, &f).0, Verdict::Drop(DropReason::LocalNoService));
     // Encapsulation to a MAC that is no peer's.
-    let t = a.dp.iface_by_name("flannel.1").unwrap();
-    a.dp.add_static_neigh(
-        t,
-        Ipv4Addr::new(10, 244, 1, 250),
-        MacAddr([2, 9, 9, 9, 9, 9]),
-        a.now,
-    )
-    .unwrap();
-    a.dp.add_route(tapyard::l3::Route {
-        prefix: Ipv4Addr::new(10, 244, 1, 250),
-        len: 32,
-        next_hop: tapyard::l3::NextHop::Link(t),
-        metric: 0,
-        proto: tapyard::l3::RouteProto::Static,
-        src: None,
-    })
-    .unwrap();
+    let t = a.dp.control().iface_by_name("flannel.1").unwrap();
+    a.dp.control()
+        .add_static_neigh(
+            t,
+            Ipv4Addr::new(10, 244, 1, 250),
+            MacAddr([2, 9, 9, 9, 9, 9]),
+            a.now,
+        )
+        .unwrap();
+    a.dp.control()
+        .add_route(tapyard::l3::Route {
+            prefix: Ipv4Addr::new(10, 244, 1, 250),
+            len: 32,
+            next_hop: tapyard::l3::NextHop::Link(t),
+            metric: 0,
+            proto: tapyard::l3::RouteProto::Static,
+            src: None,
+        })
+        .unwrap();
     assert_eq!(
         a.run(POD, &pod_udp(1, a.gw_mac, [10, 244, 1, 250], 1)).0,
         Verdict::Drop(DropReason::VxlanNoPeer)
@@ -577,7 +593,8 @@ fn bad_input_is_dropped_under_its_own_reason() {
         ),
     ] {
         let e =
-            a.dp.add_vxlan_peer("flannel.1", bad, a.now)
+            a.dp.control()
+                .add_vxlan_peer("flannel.1", bad, a.now)
                 .unwrap_err()
                 .to_string();
         assert!(e.contains(what), "{e}");
@@ -839,34 +856,38 @@ fn dual_stack_nodes() -> (Node, Node) {
     for (n, node) in [(1u8, &a), (2u8, &c)] {
         let other = 3 - n;
         let dp = &node.dp;
-        let flannel = dp.iface_by_name("flannel.1").unwrap();
-        let cni0 = dp.iface_by_name("cni0").unwrap();
-        dp.add_route(Route {
-            prefix: v6(n, 0),
-            len: 64,
-            next_hop: NextHop::Link(cni0),
-            metric: 256,
-            proto: RouteProto::Kernel,
-            src: None,
-        })
-        .unwrap();
-        dp.add_route(Route {
-            prefix: v6(other, 0),
-            len: 64,
-            next_hop: NextHop::Via(flannel, vtep_ll(other)),
-            metric: 1024,
-            proto: RouteProto::Static,
-            src: None,
-        })
-        .unwrap();
-        dp.add_static_neigh(
-            flannel,
-            vtep_ll(other),
-            default_mac(Ipv4Addr::new(10, 244, other, 0)),
-            node.now,
-        )
-        .unwrap();
-        dp.add_static_neigh(cni0, v6(n, 2), MacAddr([2, 0, n, 0, 0, 2]), node.now)
+        let flannel = dp.control().iface_by_name("flannel.1").unwrap();
+        let cni0 = dp.control().iface_by_name("cni0").unwrap();
+        dp.control()
+            .add_route(Route {
+                prefix: v6(n, 0),
+                len: 64,
+                next_hop: NextHop::Link(cni0),
+                metric: 256,
+                proto: RouteProto::Kernel,
+                src: None,
+            })
+            .unwrap();
+        dp.control()
+            .add_route(Route {
+                prefix: v6(other, 0),
+                len: 64,
+                next_hop: NextHop::Via(flannel, vtep_ll(other)),
+                metric: 1024,
+                proto: RouteProto::Static,
+                src: None,
+            })
+            .unwrap();
+        dp.control()
+            .add_static_neigh(
+                flannel,
+                vtep_ll(other),
+                default_mac(Ipv4Addr::new(10, 244, other, 0)),
+                node.now,
+            )
+            .unwrap();
+        dp.control()
+            .add_static_neigh(cni0, v6(n, 2), MacAddr([2, 0, n, 0, 0, 2]), node.now)
             .unwrap();
     }
     (a, c)
@@ -944,7 +965,7 @@ fn ipv6_pod_traffic_crosses_the_ipv4_underlay() {
     assert_eq!(u.payload(), &[0x5a; 100][..]);
     // Every frame on both nodes accounted.
     for n in [&a, &c] {
-        let st = n.dp.stats();
+        let st = n.dp.control().stats();
         assert_eq!(
             st.accounted(),
             st.ports.iter().map(|p| p.rx_packets).sum::<u64>()
@@ -1014,7 +1035,7 @@ fn an_ipv6_pods_super_frame_crosses_the_ipv4_underlay_whole_or_as_segments() {
     );
     assert_eq!(sf.len(), 50 + f.len());
     assert_eq!(&sf.frame()[40..42], &outer_udp_partial(sf.frame()));
-    let st = a.dp.stats();
+    let st = a.dp.control().stats();
     assert_eq!((st.generated, st.generated_lost), (0, 0), "{st:?}");
 
     // Segmented in software (a port without UDP-tunnel GSO): every segment reaches C's pod

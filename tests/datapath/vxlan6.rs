@@ -99,20 +99,28 @@ fn node(n: u8) -> Node {
     b.add_vxlan(cfg).unwrap();
     let dp = b.build();
     let now = Instant::from_secs(1);
-    dp.add_vxlan_peer("flannel.1", peer4(other), now).unwrap();
-    dp.add_vxlan_peer("flannel-v6.1", peer6(other), now)
+    dp.control()
+        .add_vxlan_peer("flannel.1", peer4(other), now)
         .unwrap();
-    let eth0 = dp.iface_by_name("eth0").unwrap();
+    dp.control()
+        .add_vxlan_peer("flannel-v6.1", peer6(other), now)
+        .unwrap();
+    let eth0 = dp.control().iface_by_name("eth0").unwrap();
     let other_mac = MacAddr([2, 0xaa, other, 0, 0, 2]);
-    dp.add_static_neigh(eth0, Ipv4Addr::new(172, 18, 0, other + 1), other_mac, now)
+    dp.control()
+        .add_static_neigh(eth0, Ipv4Addr::new(172, 18, 0, other + 1), other_mac, now)
         .unwrap();
-    dp.add_static_neigh(eth0, node_ip6(other), other_mac, now)
+    dp.control()
+        .add_static_neigh(eth0, node_ip6(other), other_mac, now)
         .unwrap();
-    let cni0 = dp.iface_by_name("cni0").unwrap();
+    let cni0 = dp.control().iface_by_name("cni0").unwrap();
     let pod_mac = MacAddr([2, 0, n, 0, 0, 2]);
-    dp.add_static_neigh(cni0, Ipv4Addr::new(10, 244, n, 2), pod_mac, now)
+    dp.control()
+        .add_static_neigh(cni0, Ipv4Addr::new(10, 244, n, 2), pod_mac, now)
         .unwrap();
-    dp.add_static_neigh(cni0, pod6(n), pod_mac, now).unwrap();
+    dp.control()
+        .add_static_neigh(cni0, pod6(n), pod_mac, now)
+        .unwrap();
     let w = dp.worker();
     Node {
         dp,
@@ -154,7 +162,7 @@ impl Node {
     }
 
     fn drops(&self, r: DropReason) -> u64 {
-        self.dp.stats().drop_count(r)
+        self.dp.control().stats().drop_count(r)
     }
 }
 
@@ -239,13 +247,13 @@ fn ipv6_pods_cross_an_ipv6_underlay_and_ipv4_still_crosses_ipv4() {
     };
     assert_eq!(ip.header().destination_addr(), pod6(2));
     assert_eq!(ip.header().hop_limit(), 62);
-    let t = c.dp.tunnel_by_name("flannel-v6.1").unwrap();
+    let t = c.dp.control().tunnel_by_name("flannel-v6.1").unwrap();
     assert!(t.is_v6());
     assert_eq!(t.mtu(), 1430);
     assert_eq!(t.local(), IpAddr::V6(node_ip6(2)));
     let p = t.peers().by_ip(node_ip6(1)).unwrap().stats();
     assert_eq!((p.rx_packets, p.rx_bytes), (1, inner_out.len() as u64));
-    let t = a.dp.tunnel_by_name("flannel-v6.1").unwrap();
+    let t = a.dp.control().tunnel_by_name("flannel-v6.1").unwrap();
     assert_eq!(t.peers().by_ip(node_ip6(2)).unwrap().stats().tx_packets, 65);
 
     // IPv4 on the same nodes still rides flannel.1 over the IPv4 underlay.
@@ -264,7 +272,7 @@ fn ipv6_pods_cross_an_ipv6_underlay_and_ipv4_still_crosses_ipv4() {
 
     // The tables show what the peers imply, as ip -6 route / ip -6 neigh / bridge fdb do.
     let mut s = String::new();
-    a.dp.fmt_routes(&mut s).unwrap();
+    a.dp.control().fmt_routes(&mut s).unwrap();
     assert!(
         s.contains(
             "fd00:10:244:2::/64 via fd00:10:244:2:: dev flannel-v6.1 proto static metric 0 onlink"
@@ -273,19 +281,19 @@ fn ipv6_pods_cross_an_ipv6_underlay_and_ipv4_still_crosses_ipv4() {
     );
     assert!(s.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink"));
     s.clear();
-    a.dp.fmt_neigh(a.now, &mut s).unwrap();
+    a.dp.control().fmt_neigh(a.now, &mut s).unwrap();
     assert!(
         s.contains("fd00:10:244:2:: dev flannel-v6.1 lladdr 0a:58:02:44:00:02 PERMANENT"),
         "{s}"
     );
     s.clear();
-    a.dp.fmt_vxlan_fdb(&mut s).unwrap();
+    a.dp.control().fmt_vxlan_fdb(&mut s).unwrap();
     assert_eq!(
         s,
         "0a:58:0a:f4:02:00 dev flannel.1 dst 172.18.0.3 self permanent\n\
          0a:58:02:44:00:02 dev flannel-v6.1 dst fd00:172:18::3 self permanent\n"
     );
-    let st = c.dp.stats();
+    let st = c.dp.control().stats();
     assert_eq!(st.accounted(), 2, "{st:?}");
 }
 
@@ -360,12 +368,14 @@ fn ipv6_underlay_drops_by_reason() {
         Verdict::Output(POD) | Verdict::Flood(_)
     ));
     // A peer removed stops its traffic at once.
-    c.dp.remove_vxlan_peer("flannel-v6.1", node_ip6(1)).unwrap();
+    c.dp.control()
+        .remove_vxlan_peer("flannel-v6.1", node_ip6(1))
+        .unwrap();
     assert_eq!(
         c.run(ETH0, &good).0,
         Verdict::Drop(DropReason::VxlanUnknownPeer)
     );
-    let st = c.dp.stats();
+    let st = c.dp.control().stats();
     assert_eq!(st.accounted(), 8, "{st:?}");
 }
 
@@ -373,24 +383,27 @@ fn ipv6_underlay_drops_by_reason() {
 fn peers_and_interfaces_are_family_checked() {
     let a = node(1);
     let e =
-        a.dp.add_vxlan_peer("flannel-v6.1", peer4(3), a.now)
+        a.dp.control()
+            .add_vxlan_peer("flannel-v6.1", peer4(3), a.now)
             .unwrap_err();
     assert!(matches!(e, PeerError::WrongFamily("node_ip", _)), "{e}");
     let e =
-        a.dp.add_vxlan_peer("flannel.1", peer6(3), a.now)
+        a.dp.control()
+            .add_vxlan_peer("flannel.1", peer6(3), a.now)
             .unwrap_err();
     assert!(matches!(e, PeerError::WrongFamily("node_ip", _)), "{e}");
     let mut mixed = peer6(3);
     mixed.pod_cidr = Ipv4Addr::new(10, 244, 3, 0).into();
     mixed.pod_prefix_len = 24;
     let e =
-        a.dp.add_vxlan_peer("flannel-v6.1", mixed, a.now)
+        a.dp.control()
+            .add_vxlan_peer("flannel-v6.1", mixed, a.now)
             .unwrap_err();
     assert!(matches!(e, PeerError::WrongFamily("pod_cidr", _)), "{e}");
     let mut own = peer6(3);
     own.node_ip = node_ip6(1).into();
     assert!(matches!(
-        a.dp.add_vxlan_peer("flannel-v6.1", own, a.now),
+        a.dp.control().add_vxlan_peer("flannel-v6.1", own, a.now),
         Err(PeerError::BadNodeIp(_))
     ));
     // An uplink without an IPv6 address cannot carry an IPv6 underlay.
@@ -625,10 +638,10 @@ fn a_tso_super_frame_crosses_an_ipv6_underlay_whole_or_as_segments() {
     assert_eq!(*port, ETH0);
     // An offload uplink with UDP-tunnel GSO takes it as it is.
     check_tunnel6_super_frame(sf, &pod_frame, 13_700);
-    let st = a.dp.stats();
+    let st = a.dp.control().stats();
     assert_eq!((st.generated, st.generated_lost), (0, 0), "{st:?}");
     assert_eq!(st.accounted(), 1);
-    let t = a.dp.tunnel_by_name("flannel-v6.1").unwrap();
+    let t = a.dp.control().tunnel_by_name("flannel-v6.1").unwrap();
     let p = t.peers().by_ip(node_ip6(2)).unwrap().stats();
     assert_eq!((p.tx_packets, p.tx_bytes), (1, pod_frame.len() as u64));
 
@@ -692,7 +705,7 @@ fn a_full_batch_of_super_frames_loses_no_segment() {
         segs += check_tunnel6_segments(sf, payload).len();
     }
     assert_eq!(segs, 32 * 47);
-    let st = a.dp.stats();
+    let st = a.dp.control().stats();
     assert_eq!((st.generated, st.generated_lost), (0, 0), "{st:?}");
     assert_eq!(st.accounted(), 32);
 }
@@ -754,7 +767,7 @@ fn lying_super_frames_from_a_pod_are_dropped_by_reason() {
         x ^= x << 17;
         x
     };
-    let before = a.dp.stats().accounted();
+    let before = a.dp.control().stats().accounted();
     let bad_before = a.drops(DropReason::BadOffload);
     let (rounds, mut sent) = (3000, 0);
     for _ in 0..rounds {
@@ -787,7 +800,7 @@ fn lying_super_frames_from_a_pod_are_dropped_by_reason() {
             });
         }
     }
-    assert_eq!(a.dp.stats().accounted() - before, rounds);
+    assert_eq!(a.dp.control().stats().accounted() - before, rounds);
     // Both outcomes were exercised.
     let refused = a.drops(DropReason::BadOffload) - bad_before;
     assert!(

@@ -298,9 +298,9 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
     // FDB: each pod's MAC learned on its own port, nothing else.
     let (mac_a, mac_b) = (a.mac(), b.mac());
     let rt = guard.rt.as_ref().expect("runtime");
-    let fdb = dp.fdb_dump(br, rt.now());
+    let fdb = dp.control().fdb_dump(br, rt.now());
     let mut text = String::new();
-    let _ = dp.fmt_fdb(rt.now(), &mut text);
+    let _ = dp.control().fmt_fdb(rt.now(), &mut text);
     println!("{prefix}: fdb:\n{text}");
     for (mac, id, pod) in [(mac_a, id_a, &a), (mac_b, id_b, &b)] {
         let e = fdb
@@ -322,7 +322,7 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
     if let Some(rt) = guard.rt.take() {
         rt.stop();
     }
-    let st = dp.stats();
+    let st = dp.control().stats();
     println!("{prefix}: counters:\n{st}");
     let pa = st.port(&a.tap).expect("stats for port a");
     let pb = st.port(&b.tap).expect("stats for port b");

@@ -76,7 +76,7 @@ fn busy_polling_bridge_pings_then_goes_idle() {
     if let Some(rt) = guard.rt.take() {
         rt.stop();
     }
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert!(
         st.ports
             .iter()

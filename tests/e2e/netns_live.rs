@@ -60,7 +60,7 @@ fn a_tap_added_at_run_time_carries_a_ping() {
     ns_a.take_link(&tap_a, Some(&format!("{addr_a}/24")));
 
     // Pod B arrives while the runtime forwards.
-    let id_b = dp.add_port(&tap_b, br).expect("add port b");
+    let id_b = dp.control().add_port(&tap_b, br).expect("add port b");
     let b: Arc<dyn Port> = Arc::new(TapPort::open(&tap_b).expect("open TAP b"));
     guard.ports.push((id_b, b.clone()));
     let rt = guard.rt.as_ref().unwrap();
@@ -68,7 +68,7 @@ fn a_tap_added_at_run_time_carries_a_ping() {
     ns_b.take_link(&tap_b, Some(&format!("{addr_b}/24")));
     ns_a.ping_ok(&addr_b);
     ns_b.ping_ok(&addr_a);
-    let st = dp.stats();
+    let st = dp.control().stats();
     println!("live: after the pings\n{st}");
     assert!(st.port(&tap_b).unwrap().rx_packets >= 2, "{st}");
     assert!(st.port(&tap_b).unwrap().tx_packets >= 2, "{st}");
@@ -77,7 +77,11 @@ fn a_tap_added_at_run_time_carries_a_ping() {
     let drv = rt.remove_port(id_b).expect("b's driver");
     guard.ports.retain(|(id, _)| *id != id_b);
     assert_eq!(Arc::strong_count(&drv), 1, "no worker holds the TAP");
-    assert!(dp.fdb_dump(br, rt.now()).iter().all(|e| e.port != id_b));
+    assert!(dp
+        .control()
+        .fdb_dump(br, rt.now())
+        .iter()
+        .all(|e| e.port != id_b));
     drop(drv);
     let gone = ns_b.ip_output(&["link", "show", "dev", &tap_b]);
     assert!(
@@ -86,7 +90,7 @@ fn a_tap_added_at_run_time_carries_a_ping() {
     );
     let out = run_output(&ns_a.exec(&["ping", "-n", "-c", "1", "-W", "1", &addr_b]));
     assert!(!out.status.success(), "a removed pod answered a ping");
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert!(st.port(&tap_b).is_none());
     assert_eq!(st.drop_count(DropReason::TxError), 0, "{st}");
     println!("live: after removal\n{st}");

@@ -121,7 +121,7 @@ fn multi_queue_taps_keep_each_flow_in_order() {
         v,
         [FLOWS * COUNT, 0],
         "received / out of order:\n{}",
-        dp.stats()
+        dp.control().stats()
     );
     if let Some(rt) = guard.rt.take() {
         rt.stop();

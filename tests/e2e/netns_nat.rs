@@ -491,12 +491,14 @@ fn nat_node(prefix: &str, kind: TapKind) {
         })
         .unwrap();
     let dp = Arc::new(builder.build());
-    dp.add_route(route("10.217.2.0", 24, NextHop::Via(eth0, ip4(NODE2))))
+    dp.control()
+        .add_route(route("10.217.2.0", 24, NextHop::Via(eth0, ip4(NODE2))))
         .unwrap();
-    dp.add_route(route("0.0.0.0", 0, NextHop::Via(eth0, ip4(OUTSIDE))))
+    dp.control()
+        .add_route(route("0.0.0.0", 0, NextHop::Via(eth0, ip4(OUTSIDE))))
         .unwrap();
     let mut routes = String::new();
-    dp.fmt_routes(&mut routes).unwrap();
+    dp.control().fmt_routes(&mut routes).unwrap();
     println!("{prefix}: {kind:?} TAPs; routes:\n{routes}");
 
     let mut guard = Guard::default();
@@ -525,7 +527,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
     guard.rt = Some(rt);
 
     // The Services, as kube-proxy would program them.
-    let nf = dp.netfilter().expect("netfilter");
+    let nf = dp.control().netfilter().expect("netfilter");
     let (tcp, udp) = (6, 17);
     let web_eps = vec![ep(POD_B, SRV_PORT, true), ep(NODE2_POD, SRV_PORT, false)];
     let mut web = ServiceSpec::new("web", ip4(WEB), 80, tcp);
@@ -676,7 +678,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
             for l in dump.lines().filter(|l| l.contains(OUTSIDE_SRV)) {
                 println!("  conntrack: {l}");
             }
-            println!("  datapath counters:\n{}", dp.stats());
+            println!("  datapath counters:\n{}", dp.control().stats());
         }
         check_known(
             outcome == "answer" && detail == want && errs.is_empty(),
@@ -1035,7 +1037,7 @@ fn nat_node(prefix: &str, kind: TapKind) {
     if let Some(rt) = guard.rt.take() {
         rt.stop();
     }
-    let st = dp.stats();
+    let st = dp.control().stats();
     println!("{prefix}: datapath counters:\n{st}");
     let rx_total: u64 = st.ports.iter().map(|p| p.rx_packets).sum();
     assert_eq!(
@@ -1131,7 +1133,8 @@ fn a_pod_behind_masquerade_is_told_its_dead_gateway_is_unreachable() {
     let dp = Arc::new(builder.build());
     // Nobody on the uplink's wire has this address.
     let dead_gw = "172.19.0.1";
-    dp.add_route(route("0.0.0.0", 0, NextHop::Via(eth0, ip4(dead_gw))))
+    dp.control()
+        .add_route(route("0.0.0.0", 0, NextHop::Via(eth0, ip4(dead_gw))))
         .unwrap();
     let mut guard = Guard::default();
     for (tap, id) in [(&tap_a, id_a), (&tap_up, id_up)] {
@@ -1179,7 +1182,7 @@ fn a_pod_behind_masquerade_is_told_its_dead_gateway_is_unreachable() {
     );
     assert!(secs < 5.0, "the error took {secs:.1}s (Linux: ~3 s)");
     let now = guard.rt.as_ref().expect("runtime").now();
-    let ct = dp.netfilter().unwrap().conntrack().fmt_dump(now);
+    let ct = dp.control().netfilter().unwrap().conntrack().fmt_dump(now);
     let echo = ct_line(
         &ct,
         &[&format!("src={POD_A} dst={far} "), &format!("dst={NODE} ")],
@@ -1193,7 +1196,7 @@ fn a_pod_behind_masquerade_is_told_its_dead_gateway_is_unreachable() {
         text.contains(&format!("From {GW} icmp_seq=1 Time to live exceeded")),
         "no time exceeded from {GW}:\n{text}"
     );
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert!(st.drop_count(DropReason::NeighFailed) >= 1, "{st}");
     assert_eq!(st.drop_count(DropReason::TtlExpired), 1, "{st}");
     drop(guard);

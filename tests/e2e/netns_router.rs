@@ -240,7 +240,7 @@ fn tcp_exchange(
         from.ns,
         out.status,
         String::from_utf8_lossy(&out.stderr).trim_end(),
-        dp.stats()
+        dp.control().stats()
     );
     let client = String::from_utf8_lossy(&out.stdout).into_owned();
     let received = rx
@@ -367,14 +367,17 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
         )
         .unwrap();
     let dp = Arc::new(builder.build());
-    dp.add_route(route("10.215.3.0", 24, NextHop::Via(up_if, ip(NODE_B))))
+    dp.control()
+        .add_route(route("10.215.3.0", 24, NextHop::Via(up_if, ip(NODE_B))))
         .unwrap();
-    dp.add_route(route("10.215.9.0", 24, NextHop::Blackhole))
+    dp.control()
+        .add_route(route("10.215.9.0", 24, NextHop::Blackhole))
         .unwrap();
-    dp.add_route(route("10.215.8.0", 24, NextHop::Unreachable))
+    dp.control()
+        .add_route(route("10.215.8.0", 24, NextHop::Unreachable))
         .unwrap();
     let mut routes = String::new();
-    dp.fmt_routes(&mut routes).unwrap();
+    dp.control().fmt_routes(&mut routes).unwrap();
     println!("{prefix}: routes:\n{routes}");
 
     let mut guard = Guard {
@@ -461,7 +464,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
 
     if errors {
         // (c) No route: net unreachable from the gateway.
-        let before = dp.stats().drop_count(DropReason::NoRoute);
+        let before = dp.control().stats().drop_count(DropReason::NoRoute);
         let out = a.ping_fail(UNROUTED, 3, "1");
         assert!(
             out.contains(&format!(
@@ -469,17 +472,17 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
             )),
             "expected net unreachable from {GW_A}:\n{out}"
         );
-        let no_route = dp.stats().drop_count(DropReason::NoRoute) - before;
+        let no_route = dp.control().stats().drop_count(DropReason::NoRoute) - before;
         assert_eq!(no_route, 3, "no_route should count each of the 3 pings");
 
         // (d) Blackhole: nothing comes back, every ping counted.
-        let before = dp.stats().drop_count(DropReason::Blackhole);
+        let before = dp.control().stats().drop_count(DropReason::Blackhole);
         let out = a.ping_fail(BLACKHOLED, 4, "1");
         assert!(
             !out.contains("From ") && !out.contains("errors"),
             "a blackhole must not answer:\n{out}"
         );
-        let bh = dp.stats().drop_count(DropReason::Blackhole) - before;
+        let bh = dp.control().stats().drop_count(DropReason::Blackhole) - before;
         assert_eq!(bh, 4, "blackhole should count each of the 4 pings");
 
         // An `unreachable` route: host unreachable, as Linux's route type.
@@ -492,7 +495,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
         );
 
         // A next hop that never answers ARP: host unreachable after the solicitations.
-        let before = dp.stats().drop_count(DropReason::NeighFailed);
+        let before = dp.control().stats().drop_count(DropReason::NeighFailed);
         let out = a.ping_fail(ABSENT, 1, "6");
         assert!(
             out.contains(&format!(
@@ -500,7 +503,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
             )),
             "expected host unreachable from {GW_A} after ARP failed:\n{out}"
         );
-        let failed = dp.stats().drop_count(DropReason::NeighFailed) - before;
+        let failed = dp.control().stats().drop_count(DropReason::NeighFailed) - before;
         assert_eq!(failed, 1, "neigh_failed should count the one ping");
     }
 
@@ -515,7 +518,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
     // The neighbour table: both pods and node-b, with their MACs and a usable state.
     let rt = guard.rt.as_ref().expect("runtime");
     let mut neigh = String::new();
-    dp.fmt_neigh(rt.now(), &mut neigh).unwrap();
+    dp.control().fmt_neigh(rt.now(), &mut neigh).unwrap();
     println!("{prefix}: neighbours:\n{neigh}");
     for (host, dev) in [(&a, "br-a"), (&b, "br-b"), (&nb, "up0")] {
         let mac = host.mac();
@@ -538,7 +541,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
         );
     }
     let mut fdb = String::new();
-    dp.fmt_fdb(rt.now(), &mut fdb).unwrap();
+    dp.control().fmt_fdb(rt.now(), &mut fdb).unwrap();
     println!("{prefix}: fdb:\n{fdb}");
     assert!(
         fdb.contains(&format!("{gw_mac_a} dev br-a master br-a static")),
@@ -549,9 +552,9 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
     if let Some(rt) = guard.rt.take() {
         rt.stop();
     }
-    let st = dp.stats();
+    let st = dp.control().stats();
     println!("{prefix}: counters:\n{st}");
-    if let Some(r) = dp.router() {
+    if let Some(r) = dp.control().router() {
         println!("{prefix}: router counters: {:?}", r.counters);
     }
     let rx_total: u64 = st.ports.iter().map(|p| p.rx_packets).sum();

@@ -68,7 +68,7 @@ fn ipv6_pods_ping_and_tcp_across_the_router_with_ra_and_ndp() {
     cb.addr6 = Some((GW_B.parse().unwrap(), 64));
     b.add_router_iface(cb, Some(br_b)).unwrap();
     let dp = Arc::new(b.build());
-    let gw_a_ll = dp.router().unwrap().link_local6(if_a).unwrap();
+    let gw_a_ll = dp.control().router().unwrap().link_local6(if_a).unwrap();
 
     let mut guard = Guard::default();
     for (tap, id) in [(&tap_a, id_a), (&tap_b, id_b)] {
@@ -168,10 +168,10 @@ fn ipv6_pods_ping_and_tcp_across_the_router_with_ra_and_ndp() {
 
     let rt = guard.rt.as_ref().expect("runtime");
     let mut dump = String::new();
-    dp.fmt_neigh(rt.now(), &mut dump).unwrap();
+    dp.control().fmt_neigh(rt.now(), &mut dump).unwrap();
     println!("tapyard neighbours:\n{dump}");
     assert!(dump.contains(&format!("{POD_B} dev br-b lladdr")), "{dump}");
-    let st = dp.stats();
+    let st = dp.control().stats();
     println!("{st}");
 }
 

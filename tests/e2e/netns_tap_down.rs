@@ -69,7 +69,7 @@ fn frames_to_a_tap_not_up_yet_are_link_down_not_errors() {
     assert!(!out.status.success(), "B answered while its link was down");
     let deadline = Instant::now() + Duration::from_secs(5);
     let st = loop {
-        let st = dp.stats();
+        let st = dp.control().stats();
         if st.drop_count(DropReason::TxLinkDown) > 0 || Instant::now() > deadline {
             break st;
         }
@@ -88,7 +88,7 @@ fn frames_to_a_tap_not_up_yet_are_link_down_not_errors() {
     // Once B's link is up, the same port carries the ping and nothing more is refused.
     ns_b.ip(&["link", "set", &tap_b, "up"]);
     ns_a.ping_ok(&addr_b);
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert_eq!(st.drop_count(DropReason::TxLinkDown), early, "{st}");
     assert_eq!(st.drop_count(DropReason::TxError), 0, "{st}");
     println!("{st}");

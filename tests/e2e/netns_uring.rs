@@ -78,20 +78,32 @@ fn bridge_in(io: IoMode, kind: TapKind, n: u32) {
     );
     // Paused, nothing is read: a ping goes unanswered; resumed, pings flow again.
     rt.pause();
-    let rx0: u64 = dp.stats().ports.iter().map(|p| p.rx_packets).sum();
+    let rx0: u64 = dp
+        .control()
+        .stats()
+        .ports
+        .iter()
+        .map(|p| p.rx_packets)
+        .sum();
     let out = common::run_output(&a.exec(&["ping", "-n", "-q", "-c", "2", "-W", "1", &ab]));
     assert!(
         !out.status.success(),
         "{io:?} {kind:?}: answered while paused"
     );
-    let rx1: u64 = dp.stats().ports.iter().map(|p| p.rx_packets).sum();
+    let rx1: u64 = dp
+        .control()
+        .stats()
+        .ports
+        .iter()
+        .map(|p| p.rx_packets)
+        .sum();
     assert_eq!(rx0, rx1, "{io:?} {kind:?}: frames read while paused");
     rt.resume();
     a.ping_ok(&ab);
     if let Some(rt) = guard.rt.take() {
         rt.stop();
     }
-    let st = dp.stats();
+    let st = dp.control().stats();
     assert!(
         st.ports
             .iter()

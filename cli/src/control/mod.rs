@@ -210,7 +210,7 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
     match cmd {
         // The one table that grows to hundreds of thousands of rows: written as it is read.
         Command::Show { what, json: true } if what == "conntrack" => {
-            let Some(nf) = node.dp.netfilter() else {
+            let Some(nf) = node.dp.control().netfilter() else {
                 return reply(&mut s, &Reply::<()>::error(show::no_nat(&what)));
             };
             show::write_conntrack_reply(nf, node.now(), show::has_v6(node), &mut s)
@@ -335,8 +335,9 @@ fn status(node: &Node) -> Status {
                 .and_then(|c| c.address6);
             let ll = node
                 .dp
+                .control()
                 .iface_by_name(n)
-                .and_then(|i| node.dp.router()?.link_local6(i));
+                .and_then(|i| node.dp.control().router()?.link_local6(i));
             StatusInterface {
                 address: a.map(|a| a.to_string()),
                 address6: v6.map(|a| a.to_string()),

@@ -33,11 +33,13 @@ fn conntrack_filled(n: u32) -> (tapyard::Datapath, tapyard::Instant) {
     b.netfilter(tapyard::nat::NatConfig::default()).unwrap();
     let dp = b.build();
     let now = tapyard::Instant::from_secs(5);
-    let nf = dp.netfilter().unwrap();
+    let nf = dp.control().netfilter().unwrap();
     let mut dns = tapyard::nat::ServiceSpec::new("dns", Ipv4Addr::new(10, 96, 0, 53), 53, 17);
     let ep = SocketAddrV4::new(Ipv4Addr::new(10, 244, 9, 9), 5353);
     let ep_mac = tapyard::MacAddr([2, 0, 0, 0, 9, 9]);
-    dp.add_static_neigh(gw, *ep.ip(), ep_mac, now).unwrap();
+    dp.control()
+        .add_static_neigh(gw, *ep.ip(), ep_mac, now)
+        .unwrap();
     dns.endpoints = vec![tapyard::nat::Endpoint::new(ep, true)];
     let id = nf.upsert_service(dns, now).unwrap().get();
     for i in 0..n {
@@ -131,7 +133,7 @@ fn conntrack_rows_as_values(nf: &tapyard::nat::Netfilter, now: tapyard::Instant)
 #[test]
 fn streamed_conntrack_rows_keep_their_format() {
     let (dp, now) = conntrack_filled(100);
-    let nf = dp.netfilter().unwrap();
+    let nf = dp.control().netfilter().unwrap();
     let want = conntrack_rows_as_values(nf, now);
     assert_eq!(want.as_array().unwrap().len(), 100);
     let mut line = Vec::new();
@@ -187,7 +189,7 @@ fn conntrack_dump_timing() {
     for n in [131_072, 262_144] {
         let (dp, now) = conntrack_filled(n);
         let dp = Arc::new(dp);
-        let nf = dp.netfilter().unwrap();
+        let nf = dp.control().netfilter().unwrap();
         // Before: the whole reply as one value and one string, then the client's parse.
         let t = Clock::now();
         let line = json!({"ok": true, "data": conntrack_rows_as_values(nf, now)}).to_string();
@@ -210,7 +212,7 @@ fn conntrack_dump_timing() {
         let server = {
             let dp = dp.clone();
             std::thread::spawn(move || {
-                write_conntrack_reply(dp.netfilter().unwrap(), now, false, &a).unwrap();
+                write_conntrack_reply(dp.control().netfilter().unwrap(), now, false, &a).unwrap();
             })
         };
         let mut printed = io::BufWriter::with_capacity(1 << 20, io::sink());
@@ -256,7 +258,7 @@ fn conntrack_dump_timing() {
             let dp = dp.clone();
             std::thread::spawn(move || {
                 let cpu = thread_cpu();
-                write_conntrack_reply(dp.netfilter().unwrap(), now, false, &a).unwrap();
+                write_conntrack_reply(dp.control().netfilter().unwrap(), now, false, &a).unwrap();
                 thread_cpu() - cpu
             })
         };
