@@ -8,14 +8,17 @@ use crate::stats::DropReason;
 
 /// A port's index in its datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PortId(pub u16);
 
 /// A bridge's index in its datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct BridgeId(pub u16);
 
 /// An interface id of the router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct IfaceId(pub u16);
 
 /// What the datapath decided for one frame.

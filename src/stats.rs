@@ -39,6 +39,14 @@ macro_rules! drop_reasons {
                 }
             }
         }
+
+        /// Serialized as its [`name`](Self::name).
+        #[cfg(feature = "serde")]
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
     };
 }
 
@@ -58,6 +66,7 @@ macro_rules! counter_set {
         }
     ) => {
         $(#[$meta])*
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
         pub struct $snap {
             $($( $(#[doc = $xdoc])+ pub $xf: $xt, )*)?
             $( $(#[doc = $doc])+ pub $f: u64, )+

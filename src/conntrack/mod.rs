@@ -456,6 +456,7 @@ pub enum Dir {
 /// An entry's identity: its slot and the slot's generation. A stale id (the entry was removed
 /// and the slot reused) never matches the new entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CtId {
     /// Entry slot.
     pub slot: u32,
@@ -465,6 +466,7 @@ pub struct CtId {
 
 /// Status bits of an entry (Linux's `IPS_*` bit numbers).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CtStatus(pub u16);
 
 impl CtStatus {
@@ -669,6 +671,7 @@ counter_set! {
 /// A snapshot of an entry for display and JSON (`conntrack -L`; `conntrack -L -f ipv6` for
 /// `CtView<Tuple6>`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CtView<K = Tuple> {
     /// Identity.
     pub id: CtId,

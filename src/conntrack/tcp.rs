@@ -7,6 +7,11 @@ use super::Dir;
 /// them). Entries of other protocols are always [`CtState::None`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum CtState {
     /// No TCP state (also the state of every non-TCP entry).
     None = 0,

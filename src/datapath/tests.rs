@@ -396,3 +396,37 @@ fn ids_are_reused_and_the_capacity_is_never_exceeded() {
     assert_eq!(dp.control().port_count(), 2);
     assert_eq!(dp.control().bridge(br).unwrap().fdb().counters().entries, 0);
 }
+
+/// The dumps' JSON with the `serde` feature: ids as numbers, MACs and drop reasons as text.
+#[cfg(feature = "serde")]
+#[test]
+fn dumps_serialize() {
+    use crate::l3::route::{NextHop, Route, RouteProto};
+    use std::net::Ipv4Addr;
+    let (dp, p) = two_bridges();
+    let mut w = dp.worker();
+    let (a, b) = (MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]));
+    run(&dp, &mut w, Instant::ZERO, p[0], &frame(b, a));
+    let fdb = dp.control().fdb_dump(BridgeId(0), Instant::from_secs(2));
+    assert_eq!(
+        serde_json::to_string(&fdb).unwrap(),
+        r#"[{"mac":"02:00:00:00:00:01","port":0,"age":{"secs":2,"nanos":0}}]"#
+    );
+    let s = serde_json::to_value(dp.control().stats()).unwrap();
+    assert_eq!(s["flooded"], 1);
+    assert_eq!(s["ports"][0]["name"], "a0");
+    assert_eq!(s["ports"][0]["rx_packets"], 1);
+    assert_eq!(s["drops"][0][0], "truncated");
+    let r = Route {
+        prefix: Ipv4Addr::new(10, 244, 1, 0),
+        len: 24,
+        next_hop: NextHop::Via(IfaceId(1), Ipv4Addr::new(10, 244, 1, 0)),
+        metric: 0,
+        proto: RouteProto::Static,
+        src: None,
+    };
+    assert_eq!(
+        serde_json::to_string(&r).unwrap(),
+        r#"{"prefix":"10.244.1.0","len":24,"next_hop":{"via":[1,"10.244.1.0"]},"metric":0,"proto":"static","src":null}"#
+    );
+}

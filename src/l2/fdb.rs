@@ -123,6 +123,7 @@ pub struct Loc {
 
 /// One row of [`Fdb::dump`], like a line of `bridge fdb show`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct FdbEntry {
     /// The station's address.
     pub mac: MacAddr,

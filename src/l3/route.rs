@@ -113,6 +113,11 @@ impl RouteAddr for Ipv6Addr {
 
 /// Where a route sends matching packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum NextHop<A = Ipv4Addr> {
     /// On-link through an interface: the destination itself is the next hop (connected routes
     /// and `ip route add PREFIX dev IFACE`).
@@ -143,6 +148,11 @@ impl<A> NextHop<A> {
 
 /// How a route came to be, as `ip route`'s `proto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum RouteProto {
     /// Made from an interface address (`proto kernel scope link`).
     Kernel,
@@ -152,6 +162,7 @@ pub enum RouteProto {
 
 /// One route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Route<A = Ipv4Addr> {
     /// The destination prefix (host bits zero).
     pub prefix: A,

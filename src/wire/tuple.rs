@@ -95,6 +95,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> L4Ports<T> {
 
 /// One direction of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Tuple {
     /// Source address.
     pub src: Ipv4Addr,
@@ -241,6 +242,7 @@ pub const PROTO_ICMPV6: u8 = 58;
 /// One direction of an IPv6 connection: as [`Tuple`], with 128-bit addresses. ICMPv6 echo
 /// request/reply (types 128/129) are keyed by their identifier in both port fields.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Tuple6 {
     /// Source address.
     pub src: Ipv6Addr,

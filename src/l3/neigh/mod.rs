@@ -314,6 +314,7 @@ pub enum NeighEvent {
 
 /// One row of [`NeighTable::dump`], like a line of `ip -s neigh show`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct NeighEntry {
     /// The interface.
     pub iface: IfaceId,

@@ -25,6 +25,11 @@ pub(super) const WORD_GEN_MASK: u64 = (1 << 13) - 1;
 /// The discriminants are the codes stored in a slot's packed word (0 is an empty slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum NeighState {
     /// Resolution in progress: broadcast requests, frames queued.
     Incomplete = 1,

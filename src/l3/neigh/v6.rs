@@ -78,6 +78,7 @@ pub enum NeighEvent6 {
 
 /// One row of [`NeighTable6::dump`], like a line of `ip -6 neigh show`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct NeighEntry6 {
     /// The interface.
     pub iface: IfaceId,
