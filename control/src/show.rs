@@ -4,6 +4,14 @@
 //! `serde_json::Value` maps), and `tapyard show WHAT --json` prints the data as it comes, so
 //! its output is byte for byte what it was. A `null` field is written as `null`; the fields
 //! that some rows of a table have and others not are marked so.
+//!
+//! These rows are the protocol's own types, not the library's dumps (`tapyard`'s `FdbEntry`,
+//! `NeighEntry`, `Route`, `CtView`, `StatsSnapshot`, which are `Serialize` with its `serde`
+//! feature), and this crate does not depend on the library: a row names ports, bridges and
+//! interfaces where a dump carries ids, formats addresses and prefixes as `ip -j` does, and
+//! keeps its shape from one protocol version to the next whatever the library's types
+//! become; and the CNI plugin and other clients build this crate without the datapath. The
+//! server (`cli/src/control/show.rs`) turns each dump into its rows in one place.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -49,24 +49,24 @@ pub enum ShowData {
 
 /// The answer to `show WHAT`.
 pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
-    let dp = &node.dp;
+    let dp = node.dp.control();
     let now = node.now();
     let mut text = String::new();
     let data = match what {
         "fdb" => {
             if !as_json {
-                let _ = dp.control().fmt_fdb(now, &mut text);
-                let _ = dp.control().fmt_vxlan_fdb(&mut text);
+                let _ = dp.fmt_fdb(now, &mut text);
+                let _ = dp.fmt_vxlan_fdb(&mut text);
                 return Ok(Shown::Text(text));
             }
             let mut rows = Vec::new();
             // Bridge ids are indices that the builder checked to fit 16 bits.
             let ids = (0..=u16::MAX).map(tapyard::BridgeId);
-            for (id, b) in ids.zip(dp.control().bridges().iter()) {
-                for e in dp.control().fdb_dump(id, now) {
+            for (id, b) in ids.zip(dp.bridges().iter()) {
+                for e in dp.fdb_dump(id, now) {
                     rows.push(FdbRow {
                         age_secs: e.age.map(|a| a.as_secs_f64()),
-                        dev: dp.control().port_name(e.port).unwrap_or_else(|| "?".into()),
+                        dev: dp.port_name(e.port).unwrap_or_else(|| "?".into()),
                         dst: None,
                         mac: e.mac.to_string(),
                         master: Some(b.name().to_string()),
@@ -75,7 +75,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
                 }
             }
             // What the VXLAN peers imply, as `bridge fdb` shows Flannel's entries.
-            for t in dp.control().tunnels() {
+            for t in dp.tunnels() {
                 for p in t.peers().iter() {
                     rows.push(FdbRow {
                         age_secs: None,
@@ -92,14 +92,14 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
         "vxlan" => return Ok(vxlan_show(dp, as_json)),
         "neigh" => {
             if !as_json {
-                let _ = dp.control().fmt_neigh(now, &mut text);
+                let _ = dp.fmt_neigh(now, &mut text);
                 return Ok(Shown::Text(text));
             }
             macro_rules! row {
                 ($e:expr) => {
                     NeighRow {
                         confirmed_ago_secs: $e.confirmed_ago.map(|d| d.as_secs_f64()),
-                        dev: dp.control().iface_name($e.iface).unwrap_or("?").to_string(),
+                        dev: dp.iface_name($e.iface).unwrap_or("?").to_string(),
                         dst: $e.ip.to_string(),
                         lladdr: $e.mac.map(|m| m.to_string()),
                         queued: $e.queued as u64,
@@ -109,7 +109,7 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
                 };
             }
             let mut rows = Vec::new();
-            if let Some(r) = dp.control().router() {
+            if let Some(r) = dp.router() {
                 rows.extend(r.neigh().dump(now).into_iter().map(|e| row!(e)));
                 // The NDP table after the ARP table (as `ip neigh` lists both families).
                 rows.extend(r.neigh6().dump(now).into_iter().map(|e| row!(e)));
@@ -118,12 +118,12 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
         }
         "routes" => {
             if !as_json {
-                let _ = dp.control().fmt_routes(&mut text);
+                let _ = dp.fmt_routes(&mut text);
                 return Ok(Shown::Text(text));
             }
             // IPv6 routes after IPv4's (as `ip route; ip -6 route`).
-            let mut rows = route_rows(dp, dp.control().routes::<std::net::Ipv4Addr>());
-            rows.extend(route_rows(dp, dp.control().routes::<std::net::Ipv6Addr>()));
+            let mut rows = route_rows(dp, dp.routes::<std::net::Ipv4Addr>());
+            rows.extend(route_rows(dp, dp.routes::<std::net::Ipv6Addr>()));
             ShowData::Routes(rows)
         }
         "stats" => return Ok(stats_show(dp, as_json)),
@@ -141,16 +141,16 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
 
 /// `show stats`: the datapath's, the router's, the NAT's, each bridge's FDB's and the ARP
 /// table's counters.
-fn stats_show(dp: &tapyard::Datapath, as_json: bool) -> Shown {
-    let s = dp.control().stats();
-    let router: Option<Vec<(&str, u64)>> = dp.control().router().map(|r| {
+fn stats_show(dp: tapyard::Control<'_>, as_json: bool) -> Shown {
+    let s = dp.stats();
+    let router: Option<Vec<(&str, u64)>> = dp.router().map(|r| {
         r.counters
             .snapshot()
             .counters()
             .map(|(k, _, v)| (k, v))
             .collect()
     });
-    let nat = dp.control().netfilter().map(nat_counters);
+    let nat = dp.netfilter().map(nat_counters);
     if !as_json {
         let mut text = s.to_string();
         if let Some(c) = &router {
@@ -167,7 +167,7 @@ fn stats_show(dp: &tapyard::Datapath, as_json: bool) -> Shown {
             }
             text.push('\n');
         }
-        for b in dp.control().bridges() {
+        for b in dp.bridges() {
             let f = b.fdb().counters();
             text.push_str(&format!("fdb {}: entries {}", b.name(), f.entries));
             for (k, _, v) in f.counters() {
@@ -184,7 +184,6 @@ fn stats_show(dp: &tapyard::Datapath, as_json: bool) -> Shown {
             .map(|(r, n)| (r.name().to_string(), *n))
             .collect(),
         fdb: dp
-            .control()
             .bridges()
             .iter()
             .map(|b| {
@@ -197,7 +196,7 @@ fn stats_show(dp: &tapyard::Datapath, as_json: bool) -> Shown {
             })
             .collect(),
         nat: nat.map(|c| c.into_iter().map(|(k, _, v)| (k, v)).collect()),
-        neigh: dp.control().router().map(|r| {
+        neigh: dp.router().map(|r| {
             let c = r.neigh().counters();
             NeighCounters {
                 entries: c.entries as u64,
@@ -251,12 +250,12 @@ pub fn nat_counters(nf: &tapyard::nat::Netfilter) -> Vec<(String, &'static str, 
 }
 
 /// `show vxlan`: each VXLAN interface and its peers with their packet counters.
-fn vxlan_show(dp: &tapyard::Datapath, as_json: bool) -> Shown {
+fn vxlan_show(dp: tapyard::Control<'_>, as_json: bool) -> Shown {
     let mut rows = Vec::new();
     let mut text = String::new();
-    for t in dp.control().tunnels() {
+    for t in dp.tunnels() {
         let c = t.config();
-        let uplink = dp.control().iface_name(t.uplink()).unwrap_or("?");
+        let uplink = dp.iface_name(t.uplink()).unwrap_or("?");
         let (lo, hi) = c.src_ports;
         text += &format!(
             "{}: vxlan id {} dstport {} local {} dev {uplink} srcport {lo} {hi} address {}/{} mac {} mtu {}\n",
@@ -521,7 +520,7 @@ fn nat_show(
 
 /// `show routes --json`'s rows of one family's table (as `ip -j route` shows them).
 fn route_rows<A: tapyard::l3::RouteAddr>(
-    dp: &tapyard::Datapath,
+    dp: tapyard::Control<'_>,
     t: Option<&tapyard::l3::RouteTable<A>>,
 ) -> Vec<RouteRow> {
     use tapyard::l3::{NextHop, RouteProto};
@@ -530,8 +529,8 @@ fn route_rows<A: tapyard::l3::RouteAddr>(
         .into_iter()
         .map(|r| {
             let (kind, gw, dev) = match r.next_hop {
-                NextHop::Link(i) => ("unicast", None, dp.control().iface_name(i)),
-                NextHop::Via(i, g) => ("unicast", Some(g.to_string()), dp.control().iface_name(i)),
+                NextHop::Link(i) => ("unicast", None, dp.iface_name(i)),
+                NextHop::Via(i, g) => ("unicast", Some(g.to_string()), dp.iface_name(i)),
                 NextHop::Blackhole => ("blackhole", None, None),
                 NextHop::Unreachable => ("unreachable", None, None),
                 NextHop::Prohibit => ("prohibit", None, None),
