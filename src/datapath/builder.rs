@@ -454,11 +454,12 @@ impl DatapathBuilder {
         Ok((id, port))
     }
 
-    /// Adds a VXLAN interface (see [`crate::l3::vxlan`]): a router interface with the
-    /// config's address, MAC and MTU (default: the uplink's minus 50) and no bridge, whose
-    /// packets are encapsulated towards its peers and leave through `cfg.uplink`, a router
-    /// interface without a bridge added before it. Peers are added once the datapath is built
-    /// ([`Control::add_vxlan_peer`](crate::Control::add_vxlan_peer)). Errors name the field and value.
+    /// Adds a VXLAN interface (see [`crate::l3::vxlan`]): a router interface with the config's
+    /// address, MAC and MTU (default: the uplink's minus 50) and no bridge, whose packets are
+    /// encapsulated towards its peers and leave through `cfg.uplink`, a router interface without a
+    /// bridge added before it. Peers are added once the datapath is built
+    /// ([`Control::add_vxlan_peer`](crate::Control::add_vxlan_peer)). Errors name the field and
+    /// value.
     pub fn add_vxlan(&mut self, cfg: VxlanConfig) -> Result<IfaceId, ConfigError> {
         vxlan::check_config(&cfg).map_err(|(field, value, expected)| ConfigError::OutOfRange {
             field,

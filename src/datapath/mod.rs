@@ -1,9 +1,11 @@
 //! The sans-IO datapath: frames in, verdicts out.
 //!
 //! A [`Datapath`] holds the topology (ports, bridges) and the shared tables (one [`Fdb`] per
-//! bridge); [`Datapath::control`] is the control plane's view of them ([`Control`]). It performs no I/O and reads no clock: the caller receives frames on a port into a
-//! [`Batch`](crate::buf::Batch), calls [`Datapath::process`] with the current [`Instant`](crate::time::Instant), then
-//! [`Datapath::dispatch`] hands each frame to a transmit closure once per output port.
+//! bridge); [`Datapath::control`] is the control plane's view of them ([`Control`]). It performs no
+//! I/O and reads no clock: the caller receives frames on a port into a
+//! [`Batch`](crate::buf::Batch), calls [`Datapath::process`] with the current
+//! [`Instant`](crate::time::Instant), then [`Datapath::dispatch`] hands each frame to a transmit
+//! closure once per output port.
 //!
 //! # Threading
 //!

@@ -35,7 +35,7 @@
 //!   is returned; its descriptor is closed when the last `Arc` goes (a TAP's fd is closed by
 //!   its `Drop`), which can no longer be a worker's, so there is no use after close and no
 //!   race with a new descriptor reusing the number. It then removes the port from the
-//!   datapath ([`Control::remove_port`](crate::Control::remove_port)), whose id quarantine keeps the id from a new port
+//!   datapath ([`Control::remove_port`]), whose id quarantine keeps the id from a new port
 //!   until no worker holds a frame for it.
 //!
 //! # Pausing: handing the ports to another runtime or process
@@ -63,6 +63,8 @@ use std::time::Duration;
 
 use crate::base::PortId;
 use crate::buf::{Batch, BufPool};
+#[cfg(doc)]
+use crate::datapath::Control;
 use crate::datapath::{Datapath, Worker};
 use crate::port::Port;
 use crate::stats::DropReason;
@@ -140,7 +142,7 @@ impl Slot {
     }
 }
 
-/// A runtime's or pump's drivers, indexed by [`PortId`] ([`Control::max_ports`](crate::Control::max_ports) slots).
+/// A runtime's or pump's drivers, indexed by [`PortId`] ([`Control::max_ports`] slots).
 type Table = Vec<Option<Slot>>;
 
 fn port_table(
@@ -380,7 +382,7 @@ impl Pump {
     }
 
     /// Starts receiving from `port`, the driver of datapath port `id` (made with
-    /// [`Control::add_port`](crate::Control::add_port)); frames are also sent to it from the next round. Errors: `id`
+    /// [`Control::add_port`]); frames are also sent to it from the next round. Errors: `id`
     /// is not a live port that takes a driver, it has a driver already, or its frames do not
     /// fit this pump's buffers.
     pub fn add_port(&mut self, id: PortId, port: Arc<dyn Port>) -> io::Result<()> {
@@ -392,7 +394,7 @@ impl Pump {
     }
 
     /// Stops receiving from and sending to port `id`, removes it from the datapath
-    /// ([`Control::remove_port`](crate::Control::remove_port)) and returns its driver. `None` (and nothing changed) for a
+    /// ([`Control::remove_port`]) and returns its driver. `None` (and nothing changed) for a
     /// port the datapath keeps (a router interface's) or one without a driver here.
     pub fn remove_port(&mut self, id: PortId) -> Option<Arc<dyn Port>> {
         if matches!(
@@ -674,7 +676,7 @@ impl Runtime {
     }
 
     /// Attaches `port` as the driver of datapath port `id` (made with
-    /// [`Control::add_port`](crate::Control::add_port)) while the workers run: the least-loaded worker is woken and
+    /// [`Control::add_port`]) while the workers run: the least-loaded worker is woken and
     /// receives from it from its next round (within milliseconds), and every worker sends to
     /// it from its next round. Errors: `id` is not a live datapath port that takes a driver,
     /// it has a driver already, or its frames do not fit the runtime's buffers (an offload
@@ -702,7 +704,7 @@ impl Runtime {
     }
 
     /// Detaches the driver of port `id` and removes the port from the datapath
-    /// ([`Control::remove_port`](crate::Control::remove_port)). Returns once no worker receives from it, sends to it or
+    /// ([`Control::remove_port`]). Returns once no worker receives from it, sends to it or
     /// polls its descriptor (every worker has taken a table without it; a sleeping worker is
     /// woken for that, so this takes microseconds to a round's length); after that no frame
     /// is delivered to it. The returned driver is then the last reference the runtime had:
