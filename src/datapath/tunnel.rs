@@ -1,7 +1,8 @@
 //! Where VXLAN plugs into the pipeline: decapsulation of frames arriving on an uplink (before
 //! the router sees them), encapsulation of packets the router forwards into a VXLAN
-//! interface (after its routing decision, MTU check and TTL decrement), and the control calls
-//! that add and remove peers with the route and neighbour each implies.
+//! interface (after its routing decision, MTU check and TTL decrement). The control calls
+//! that add and remove peers with the route and neighbour each implies are in `peers`
+//! ([`Control::add_vxlan_peer`](super::Control::add_vxlan_peer)).
 //!
 //! ```text
 //!  uplink port ──► classify (ROUTED, OURS) ──► decap? ── UDP to local:port ──► checks ──►
