@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use super::tcp::flags::*;
 use super::*;
 use crate::time::Instant;
-use crate::wire::tuple::{L4Kind, Tuple6, PROTO_ICMPV6};
+use crate::wire::tuple::{L4Kind, Tuple, PROTO_ICMPV6};
 
 fn a6(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
@@ -43,8 +43,8 @@ const UDP: Pkt = Pkt {
 /// Client `k` to an IPv6 ClusterIP, and its reply DNAT'd to an endpoint when `nat`. The
 /// addresses differ only in their low 64 bits, or only in their high ones, so a table that
 /// dropped either half of a word would mix connections up.
-fn conn(k: u16, nat: bool) -> (Tuple6, Tuple6) {
-    let o = Tuple6 {
+fn conn(k: u16, nat: bool) -> (Tuple<Ipv6Addr>, Tuple<Ipv6Addr>) {
+    let o = Tuple {
         src: Ipv6Addr::from(0xfd00_0010_0244_0001_u128 << 64 | u128::from(k)),
         dst: a6("fd00:10:96::10"),
         sport: 1000 + k,
@@ -53,7 +53,7 @@ fn conn(k: u16, nat: bool) -> (Tuple6, Tuple6) {
         zone: 0,
     };
     let r = if nat {
-        Tuple6 {
+        Tuple {
             src: Ipv6Addr::from((0xfd00_0010_0244_0002_u128 + u128::from(k)) << 64 | 2),
             sport: 5353,
             ..o.invert()
@@ -76,7 +76,7 @@ fn entries_take_128_bytes_and_the_ipv4_ones_stay_64() {
 #[test]
 fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
     let ct = table6(64);
-    let o = Tuple6 {
+    let o = Tuple {
         src: a6("fd00:10:244:1::2"),
         dst: a6("fd00:10:96::10"),
         sport: 40000,
@@ -84,7 +84,7 @@ fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
         proto: 6,
         zone: 0,
     };
-    let r = Tuple6 {
+    let r = Tuple {
         src: a6("fd00:10:244:2::2"),
         sport: 8080,
         ..o.invert()
@@ -108,10 +108,10 @@ fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
     assert!(f.status.assured());
     // Another client port, and the same port from a client differing only in the high
     // half of its address, are other connections.
-    assert!(ct.lookup(&Tuple6 { sport: 40001, ..o }, now).is_none());
+    assert!(ct.lookup(&Tuple { sport: 40001, ..o }, now).is_none());
     assert!(ct
         .lookup(
-            &Tuple6 {
+            &Tuple {
                 src: a6("fd01:10:244:1::2"),
                 ..o
             },
@@ -124,7 +124,7 @@ fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
 #[test]
 fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
     let ct = table6(64);
-    let o = Tuple6 {
+    let o = Tuple {
         src: a6("fd00:10:244:1::2"),
         dst: a6("2001:db8::1"),
         sport: 77,
@@ -162,7 +162,7 @@ fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
     assert!(ct.lookup(&o, Instant::from_secs(32)).is_none());
     let _ = h;
     // Protocol 1 in an IPv6 packet is not ICMP: tracked as a generic protocol, 600 s.
-    let g = Tuple6 {
+    let g = Tuple {
         proto: 1,
         sport: 0,
         dport: 0,
@@ -181,7 +181,7 @@ fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
 fn fmt_dump_prints_like_conntrack_l_f_ipv6() {
     let ct = table6(64);
     let now = Instant::from_millis(1_000);
-    let e = Tuple6 {
+    let e = Tuple {
         src: a6("fd00::1"),
         dst: a6("fd00::2"),
         sport: 9,
@@ -234,8 +234,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// The model: a HashMap from each tuple to its connection's id, direction and timing.
 #[derive(Debug, Clone, Copy)]
 struct M {
-    orig: Tuple6,
-    reply: Tuple6,
+    orig: Tuple<Ipv6Addr>,
+    reply: Tuple<Ipv6Addr>,
     last: u64,
     seen_reply: bool,
     assured: bool,
@@ -252,7 +252,7 @@ proptest! {
     #[test]
     fn ipv6_table_matches_a_hashmap_model(ops in proptest::collection::vec(op(), 1..200)) {
         let ct = table6(64);
-        let mut model: HashMap<Tuple6, (M, Dir)> = HashMap::new();
+        let mut model: HashMap<Tuple<Ipv6Addr>, (M, Dir)> = HashMap::new();
         let mut now = 0u64;
         for o in ops {
             let t = Instant::from_secs(now);

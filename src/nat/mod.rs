@@ -74,7 +74,7 @@ pub use service::{
 };
 
 #[doc(no_inline)]
-pub use crate::wire::tuple::{L4Kind, Tuple, Tuple6};
+pub use crate::wire::tuple::{L4Kind, Tuple};
 
 /// A small, fast, non-cryptographic PRNG (wyrand), one per worker thread: random endpoint
 /// choice without a shared generator or lock. Seed each worker differently (e.g. from its

@@ -335,7 +335,7 @@ impl RowTuple for tapyard::wire::tuple::Tuple {
     }
 }
 
-impl RowTuple for tapyard::wire::tuple::Tuple6 {
+impl RowTuple for tapyard::wire::tuple::Tuple {
     fn row(&self) -> TupleRow {
         TupleRow {
             dport: self.dport,

@@ -49,7 +49,7 @@ use crate::time::Instant;
 use crate::wire::ipv4::PROTO_TCP;
 use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::tcp::TcpPacket;
-use crate::wire::tuple::{L4Kind, Tuple6, PROTO_ICMPV6};
+use crate::wire::tuple::{L4Kind, Tuple, PROTO_ICMPV6};
 
 /// The IPv6 table of a [`Netfilter`], made on first use.
 #[derive(Debug, Default)]
@@ -57,7 +57,7 @@ pub(super) struct Ct6(OnceLock<Conntrack6>);
 
 /// The translation for a packet travelling in `hit.dir`: the tuple it must carry after NAT.
 #[inline]
-fn target6(hit: &CtHit<Tuple6>) -> Tuple6 {
+fn target6(hit: &CtHit<Tuple<Ipv6Addr>>) -> Tuple<Ipv6Addr> {
     match hit.dir {
         Dir::Original => hit.reply.invert(),
         Dir::Reply => hit.orig.invert(),
@@ -65,12 +65,12 @@ fn target6(hit: &CtHit<Tuple6>) -> Tuple6 {
 }
 
 #[inline]
-fn is_natted6(hit: &CtHit<Tuple6>) -> bool {
+fn is_natted6(hit: &CtHit<Tuple<Ipv6Addr>>) -> bool {
     hit.orig.invert() != hit.reply
 }
 
 /// A flow hash of an IPv6 tuple (Maglev's key, the port search's start).
-fn flow_hash6(t: &Tuple6) -> u64 {
+fn flow_hash6(t: &Tuple<Ipv6Addr>) -> u64 {
     let h = t.to_words().iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &w| {
         (h ^ w).wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(29)
     });
@@ -133,7 +133,7 @@ impl Netfilter {
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Drop(DropReason::Truncated);
         };
-        let Some((t, kind)) = Tuple6::from_ipv6(ip, info) else {
+        let Some((t, kind)) = Tuple::from_ipv6(ip, info) else {
             self.counters.untracked.add(1);
             return Hook::Accept;
         };
@@ -181,9 +181,9 @@ impl Netfilter {
         &self,
         ip: &mut [u8],
         info: &mut Ipv6Info,
-        from: &Tuple6,
+        from: &Tuple<Ipv6Addr>,
         kind: L4Kind,
-        hit: &CtHit<Tuple6>,
+        hit: &CtHit<Tuple<Ipv6Addr>>,
         mode: CsumMode,
     ) -> Hook {
         if !is_natted6(hit) {
@@ -215,7 +215,7 @@ impl Netfilter {
         routing: &impl Routing6,
         ip: &mut [u8],
         info: &mut Ipv6Info,
-        t: Tuple6,
+        t: Tuple<Ipv6Addr>,
         kind: L4Kind,
         pkt: &Pkt,
         cx: &mut NatCtx,
@@ -295,7 +295,7 @@ impl Netfilter {
             None => after,
             Some((addr, ports)) => {
                 let range = ports.unwrap_or_else(|| PortRange::linux_default(after.sport));
-                let in_use = |c: &Tuple6| ct.tuple_in_use(c, now);
+                let in_use = |c: &Tuple<Ipv6Addr>| ct.tuple_in_use(c, now);
                 let chosen = if rules.random_fully {
                     nat::alloc_source_random_fully(&after, addr, range, hash, in_use)
                 } else {
@@ -341,7 +341,7 @@ impl Netfilter {
         &self,
         ip: &mut [u8],
         info: &mut Ipv6Info,
-        q: Tuple6,
+        q: Tuple<Ipv6Addr>,
         inner_l3: usize,
         mode: CsumMode,
         now: Instant,
@@ -396,7 +396,7 @@ impl Netfilter {
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Accept;
         };
-        let Some((t, kind)) = Tuple6::from_ipv6(ip, &info) else {
+        let Some((t, kind)) = Tuple::from_ipv6(ip, &info) else {
             return Hook::Accept;
         };
         if let L4Kind::IcmpError { inner_l3 } = kind {
@@ -420,7 +420,7 @@ impl Netfilter {
     /// `ErrorNat::translate_error6`: an ICMPv6 error the router makes about a packet of a
     /// NAT'd connection goes to the original sender, quoting what it sent.
     fn translate_error6_impl(&self, ip: &mut [u8], info: &mut Ipv6Info, now: Instant) -> bool {
-        let Some((q, L4Kind::IcmpError { inner_l3 })) = Tuple6::from_ipv6(ip, info) else {
+        let Some((q, L4Kind::IcmpError { inner_l3 })) = Tuple::from_ipv6(ip, info) else {
             return true;
         };
         let inner = usize::from(inner_l3);
@@ -467,7 +467,7 @@ mod tests {
     }
 
     /// An Ethernet frame (14 bytes, never read) around a TCP segment of tuple `t`.
-    fn tcp_frame(t: &Tuple6, syn: bool) -> Vec<u8> {
+    fn tcp_frame(t: &Tuple<Ipv6Addr>, syn: bool) -> Vec<u8> {
         let mut v = Vec::new();
         let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
             .ipv6(t.src.octets(), t.dst.octets(), 64)
@@ -507,8 +507,8 @@ mod tests {
         (h, b.frame().to_vec())
     }
 
-    fn client() -> Tuple6 {
-        Tuple6 {
+    fn client() -> Tuple<Ipv6Addr> {
+        Tuple {
             src: a6("fd00:10:244:1::2"),
             dst: a6("fd00:10:96::10"),
             sport: 40000,
@@ -522,7 +522,7 @@ mod tests {
     fn ipv6_connections_are_tracked_and_invalid_packets_dropped() {
         let nf = nf();
         let now = Instant::from_secs(1);
-        let t = Tuple6 {
+        let t = Tuple {
             dst: a6("fd00:10:244:2::7"),
             ..client()
         };
@@ -541,7 +541,7 @@ mod tests {
         assert!(matches!(run(&nf, &ns, now).0, Hook::Accept));
         assert_eq!(nf.conntrack6().len(), 1);
         // An ACK of no connection is INVALID (not liberal), as in IPv4.
-        let other = Tuple6 { sport: 40001, ..t };
+        let other = Tuple { sport: 40001, ..t };
         assert!(matches!(
             run(&nf, &tcp_frame(&other, false), now).0,
             Hook::Drop(DropReason::CtInvalid)
@@ -553,7 +553,7 @@ mod tests {
         let nf = nf();
         let now = Instant::from_secs(1);
         let c = client();
-        let ep = Tuple6 {
+        let ep = Tuple {
             dst: a6("fd00:10:244:2::7"),
             dport: 8080,
             ..c
@@ -599,7 +599,7 @@ mod tests {
             ptb_frame(router, c.src, &tcp_frame(&c, true)[14..])[14..]
         );
         // An error about nothing tracked is INVALID at PREROUTING.
-        let stray = Tuple6 { sport: 1, ..ep };
+        let stray = Tuple { sport: 1, ..ep };
         let (h, _) = run(
             &nf,
             &ptb_frame(router, c.src, &tcp_frame(&stray, false)[14..]),
@@ -613,7 +613,7 @@ mod tests {
         let nf = nf();
         let now = Instant::from_secs(1);
         let c = client();
-        let ep = Tuple6 {
+        let ep = Tuple {
             dst: a6("fd00:10:244:1::7"),
             dport: 8080,
             ..c
@@ -637,7 +637,7 @@ mod tests {
         let (h, _) = (nf.bridged6(&mut b, 14, now), ());
         assert!(matches!(h, Hook::Accept));
         assert_eq!(b.frame(), &tcp_frame(&ep, true)[..]);
-        let mut other = PacketBuf::from_frame(&tcp_frame(&Tuple6 { sport: 9, ..c }, false));
+        let mut other = PacketBuf::from_frame(&tcp_frame(&Tuple { sport: 9, ..c }, false));
         assert!(matches!(nf.bridged6(&mut other, 14, now), Hook::Accept));
     }
 }

@@ -25,7 +25,7 @@ use crate::wire::icmpv6::{self, Icmpv6Packet};
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
 use crate::wire::ipv6::{self, ExtHeaders, Ipv6Info, Ipv6Packet};
 use crate::wire::tcp::{self, TcpPacket};
-use crate::wire::tuple::{L4Kind, L4Ports, Tuple6, PROTO_ICMPV6};
+use crate::wire::tuple::{L4Kind, L4Ports, Tuple, PROTO_ICMPV6};
 use crate::wire::udp::{self, UdpPacket};
 
 /// Where the translated fields of an IPv6 packet are.
@@ -71,7 +71,7 @@ fn apply6(
     pkt: &mut [u8],
     plan: Plan,
     addrs: Delta,
-    new: &Tuple6,
+    new: &Tuple<Ipv6Addr>,
     mode: CsumMode,
     with_csum: bool,
     outer: &mut Delta,
@@ -199,7 +199,7 @@ fn plan6(
 /// in place so that it carries `new` (same protocol): addresses, TCP/UDP ports or the ICMPv6
 /// echo identifier (`new.sport`), every checksum updated incrementally (see the [module
 /// docs](super); for IPv6: no header checksum, and the address change goes into the TCP, UDP
-/// and ICMPv6 checksums, whose pseudo-headers hold the addresses). `kind` is what [`Tuple6::from_ipv6`] gave for this packet; `new.zone` is
+/// and ICMPv6 checksums, whose pseudo-headers hold the addresses). `kind` is what [`Tuple::from_ipv6`] gave for this packet; `new.zone` is
 /// ignored. [`L4Kind::Other`] rewrites the addresses only (ICMPv6 types other than echo
 /// and errors get their checksum's pseudo-header change too).
 ///
@@ -210,7 +210,7 @@ pub fn rewrite6(
     l3: &mut [u8],
     info: &Ipv6Info,
     kind: L4Kind,
-    new: &Tuple6,
+    new: &Tuple<Ipv6Addr>,
     mode: CsumMode,
 ) -> Result<(), RewriteError> {
     let end = end6(l3, info)?;
@@ -275,7 +275,7 @@ pub fn rewrite_icmp_error6(
     l3: &mut [u8],
     info: &Ipv6Info,
     inner_l3: usize,
-    new_inner: &Tuple6,
+    new_inner: &Tuple<Ipv6Addr>,
     outer_src: Ipv6Addr,
     outer_dst: Ipv6Addr,
     mode: CsumMode,
