@@ -321,21 +321,7 @@ pub(super) trait RowTuple {
     fn zone(&self) -> u16;
 }
 
-impl RowTuple for tapyard::wire::tuple::Tuple {
-    fn row(&self) -> TupleRow {
-        TupleRow {
-            dport: self.dport,
-            dst: self.dst.into(),
-            sport: self.sport,
-            src: self.src.into(),
-        }
-    }
-    fn zone(&self) -> u16 {
-        self.zone
-    }
-}
-
-impl RowTuple for tapyard::wire::tuple::Tuple {
+impl<A: tapyard::wire::family::Family> RowTuple for tapyard::wire::tuple::Tuple<A> {
     fn row(&self) -> TupleRow {
         TupleRow {
             dport: self.dport,
