@@ -1406,8 +1406,11 @@ mod tests {
             .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
         let web = c.services[0].spec();
         assert_eq!(web.name, "web");
-        assert_eq!(web.vip.to_string(), "10.96.0.10");
-        assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
+        assert_eq!(web.vip, Some(std::net::Ipv4Addr::new(10, 96, 0, 10)));
+        assert_eq!(
+            (web.port, web.proto, web.node_port),
+            (80, tapyard::wire::family::IpProto::TCP, Some(30080))
+        );
         let eps: Vec<(String, bool)> = web
             .endpoints
             .iter()
@@ -1424,7 +1427,10 @@ mod tests {
         assert_eq!(web.algo, LbAlgo::Maglev);
         assert!(web.external_local);
         let dns = c.services[1].spec();
-        assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
+        assert_eq!(
+            (dns.port, dns.proto, dns.node_port),
+            (53, tapyard::wire::family::IpProto::UDP, None)
+        );
         assert_eq!(dns.affinity, None);
         assert_eq!(dns.algo, LbAlgo::Random);
         assert!(!dns.external_local);

@@ -10,13 +10,14 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtState, CtTag, Dir, Pkt, Track};
+//! use tapyard::wire::family::IpProto;
 //! use tapyard::wire::tuple::{L4Kind, Tuple};
 //! use tapyard::Instant;
 //!
 //! let ct = Conntrack::new(CtConfig::default()).unwrap();
 //! let orig = Tuple {
 //!     src: Ipv4Addr::new(10, 244, 1, 2), dst: Ipv4Addr::new(10, 96, 0, 10),
-//!     sport: 40000, dport: 80, proto: 6, zone: 0,
+//!     sport: 40000, dport: 80, proto: IpProto::TCP.number(), zone: 0,
 //! };
 //! // DNAT to an endpoint: the reply comes from 10.244.1.3:8080.
 //! let reply = Tuple { src: Ipv4Addr::new(10, 244, 1, 3), sport: 8080, ..orig.invert() };

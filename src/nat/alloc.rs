@@ -31,13 +31,14 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use tapyard::nat::{alloc_source, PortRange, Tuple};
+//! use tapyard::wire::family::IpProto;
 //!
 //! let orig = Tuple {
 //!     src: Ipv4Addr::new(10, 244, 1, 5),
 //!     dst: Ipv4Addr::new(93, 184, 216, 34),
 //!     sport: 40000,
 //!     dport: 443,
-//!     proto: 6,
+//!     proto: IpProto::TCP.number(),
 //!     zone: 0,
 //! };
 //! let node = Ipv4Addr::new(192, 168, 0, 10);

@@ -1107,6 +1107,7 @@ mod tests {
     use crate::conntrack::tcp::flags::{ACK, FIN, RST, SYN};
     use crate::l3::router::IfaceConfig;
     use crate::nat::{Endpoint, ServiceSpec};
+    use crate::wire::family::IpProto;
     use crate::{
         Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
     };
@@ -1146,7 +1147,7 @@ mod tests {
             .unwrap();
         dp.add_static_neigh(if1, std::net::IpAddr::from(S), SM, now)
             .unwrap();
-        let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
+        let mut s = ServiceSpec::new("web", Ipv4Addr::from(VIP), 80, IpProto::TCP);
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(S.into(), 8080), true)];
         dp.netfilter().unwrap().upsert_service(s, now).unwrap();
         let mut w = dp.worker();
