@@ -13,7 +13,7 @@
 //!   connection is RELATED and translated inner header and all
 //!   ([`crate::nat::rewrite_icmp_error6`]), both when it crosses the router and when the
 //!   router makes it (`ErrorNat::translate_error6`);
-//! * bridged IPv6 frames of a NAT'd connection ([`Netfilter::bridged6`], `br_netfilter`).
+//! * bridged IPv6 frames of a NAT'd connection (`Netfilter::bridged`, `br_netfilter`).
 //!
 //! * a new connection to a Service's IPv6 ClusterIP, or to a node port on one of the node's
 //!   IPv6 addresses (Services with an IPv6 ClusterIP only, as kube-proxy's ip6tables), is
