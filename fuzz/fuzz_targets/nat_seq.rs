@@ -22,7 +22,7 @@ use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
-use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
@@ -249,11 +249,11 @@ fuzz_target!(|data: &[u8]| {
                 src: Some(cluster),
                 except_dst: Some(cluster),
             }],
-            cluster_cidr6: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
-            masquerade6: vec![MasqueradeRule6 {
+            cluster_cidr6: Some(Prefix::new(a6("fd00:10:244::"), 56)),
+            masquerade6: vec![MasqueradeRule {
                 out: eth0,
-                src: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
-                except_dst: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
+                src: Some(Prefix::new(a6("fd00:10:244::"), 56)),
+                except_dst: Some(Prefix::new(a6("fd00:10:244::"), 56)),
             }],
             ..NatRules::default()
         },

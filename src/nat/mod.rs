@@ -61,10 +61,7 @@ pub mod service;
 pub use alloc::{
     alloc_source, alloc_source_random_fully, PortRange, MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
 };
-pub use netfilter::{
-    MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Netfilter, NfCounters, Prefix, Prefix6,
-    SnatRule, SnatRule6,
-};
+pub use netfilter::{MasqueradeRule, NatConfig, NatRules, Netfilter, NfCounters, Prefix, SnatRule};
 pub use rewrite::{
     rewrite, rewrite6, rewrite_addrs, rewrite_icmp_error, rewrite_icmp_error6, CsumMode,
     RewriteError,

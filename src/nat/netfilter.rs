@@ -85,6 +85,7 @@ use crate::conntrack::{
     Conntrack, Conntrack6, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt,
     Track,
 };
+use crate::l3::route::RouteAddr;
 use crate::l3::router::{ErrorNat, Hook};
 use crate::narrow::{len32, low32, low64};
 use crate::nat::{self, CsumMode, PortRange, Services};
@@ -94,123 +95,107 @@ use crate::wire::family::Family;
 use crate::wire::ipv4::{Ipv4Info, Ipv4Packet, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::{L4Kind, L4Ports, Tuple};
 
-/// An IPv4 prefix, `addr/len`.
+/// A prefix of either family, `addr/len` (`A`: [`Ipv4Addr`], the default, or [`Ipv6Addr`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Prefix {
+pub struct Prefix<A = Ipv4Addr> {
     /// The network address (host bits are ignored).
-    pub addr: Ipv4Addr,
-    /// The prefix length, 0 to 32.
+    pub addr: A,
+    /// The prefix length, 0 to 32 (IPv6: 128).
     pub len: u8,
 }
 
-impl Prefix {
-    /// `addr/len`.
-    pub fn new(addr: Ipv4Addr, len: u8) -> Prefix {
+impl<A: RouteAddr> Prefix<A> {
+    /// `addr/len` (a longer `len` is the family's full length).
+    pub fn new(addr: A, len: u8) -> Prefix<A> {
         Prefix {
             addr,
-            len: len.min(32),
+            len: len.min(A::BITS),
         }
     }
 
     /// Whether `a` is inside the prefix.
     #[inline]
-    pub fn contains(&self, a: Ipv4Addr) -> bool {
-        self.len == 0 || (u32::from(a) ^ u32::from(self.addr)) >> (32 - u32::from(self.len)) == 0
+    pub fn contains(&self, a: A) -> bool {
+        self.len == 0 || a.mask(self.len) == self.addr.mask(self.len)
     }
 }
 
-impl std::fmt::Display for Prefix {
+impl<A: std::fmt::Display> std::fmt::Display for Prefix<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.addr, self.len)
     }
-}
-
-/// An IPv6 prefix, `addr/len`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Prefix6 {
-    /// The network address (host bits are ignored).
-    pub addr: Ipv6Addr,
-    /// The prefix length, 0 to 128.
-    pub len: u8,
-}
-
-impl Prefix6 {
-    /// `addr/len`.
-    pub fn new(addr: Ipv6Addr, len: u8) -> Prefix6 {
-        Prefix6 {
-            addr,
-            len: len.min(128),
-        }
-    }
-
-    /// Whether `a` is inside the prefix.
-    #[inline]
-    pub fn contains(&self, a: Ipv6Addr) -> bool {
-        self.len == 0 || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
-    }
-}
-
-impl std::fmt::Display for Prefix6 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
-
-/// [`MasqueradeRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <cluster6> ! -d
-/// <cluster6> -o eth0 -j MASQUERADE`): the new source is `out`'s global IPv6 address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MasqueradeRule6 {
-    /// The egress interface.
-    pub out: IfaceId,
-    /// Sources it applies to (`None`: any).
-    pub src: Option<Prefix6>,
-    /// Destinations it does not apply to (`None`: none excepted).
-    pub except_dst: Option<Prefix6>,
 }
 
 /// Masquerade pod traffic that leaves through an interface (CNI `ipMasq`, or the node's
-/// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`): a new
+/// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`; IPv6,
+/// `A` = [`Ipv6Addr`]: `ip6tables`, the new source being `out`'s global IPv6 address): a new
 /// connection whose egress interface is `out`, whose source is inside `src` and whose
 /// destination is outside `except_dst` takes `out`'s address as its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MasqueradeRule {
+pub struct MasqueradeRule<A = Ipv4Addr> {
     /// The egress interface.
     pub out: IfaceId,
     /// Sources it applies to (`None`: any).
-    pub src: Option<Prefix>,
+    pub src: Option<Prefix<A>>,
     /// Destinations it does not apply to (`None`: none excepted).
-    pub except_dst: Option<Prefix>,
+    pub except_dst: Option<Prefix<A>>,
 }
 
-/// Source NAT to a fixed address: a new connection from `src` leaving through `out` (or any
-/// interface) takes `to` as its source, with a port from `ports`.
+/// Source NAT to a fixed address (`iptables`/`ip6tables -t nat -A POSTROUTING -s <src> [-o
+/// <out>] -j SNAT --to-source <to>[:<ports>]`): a new connection from `src` leaving through
+/// `out` (or any interface) takes `to` as its source, with a port from `ports`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnatRule {
+pub struct SnatRule<A = Ipv4Addr> {
     /// The egress interface (`None`: any).
     pub out: Option<IfaceId>,
     /// Sources it applies to.
-    pub src: Prefix,
+    pub src: Prefix<A>,
     /// The new source address.
-    pub to: Ipv4Addr,
+    pub to: A,
     /// Source ports to use; `None` as iptables' SNAT without a port range: the original port
     /// when free, else one of its class ([`PortRange::linux_default`]: privileged ports stay
     /// privileged).
     pub ports: Option<PortRange>,
 }
 
-/// [`SnatRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <src> [-o <out>] -j SNAT
-/// --to-source <to>[:<ports>]`): a new IPv6 connection from `src` leaving through `out` (or
-/// any interface) takes `to` as its source, with a port from `ports`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnatRule6 {
-    /// The egress interface (`None`: any).
-    pub out: Option<IfaceId>,
-    /// Sources it applies to.
-    pub src: Prefix6,
-    /// The new source address.
-    pub to: Ipv6Addr,
-    /// Source ports to use; `None`: as [`SnatRule::ports`].
-    pub ports: Option<PortRange>,
+/// One family's rules of a [`NatRules`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FamilyRules<'a, A> {
+    cluster_cidr: Option<Prefix<A>>,
+    masquerade: &'a [MasqueradeRule<A>],
+    snat: &'a [SnatRule<A>],
+}
+
+impl NatRules {
+    /// The rules of family `A`.
+    pub(crate) fn of<A: NatRulesOf>(&self) -> FamilyRules<'_, A> {
+        A::rules(self)
+    }
+}
+
+/// Where a family's rules are in [`NatRules`].
+pub(crate) trait NatRulesOf: Sized {
+    fn rules(r: &NatRules) -> FamilyRules<'_, Self>;
+}
+
+impl NatRulesOf for Ipv4Addr {
+    fn rules(r: &NatRules) -> FamilyRules<'_, Ipv4Addr> {
+        FamilyRules {
+            cluster_cidr: r.cluster_cidr,
+            masquerade: &r.masquerade,
+            snat: &r.snat,
+        }
+    }
+}
+
+impl NatRulesOf for Ipv6Addr {
+    fn rules(r: &NatRules) -> FamilyRules<'_, Ipv6Addr> {
+        FamilyRules {
+            cluster_cidr: r.cluster_cidr6,
+            masquerade: &r.masquerade6,
+            snat: &r.snat6,
+        }
+    }
 }
 
 /// The rules besides Services, replaced as a whole by [`Netfilter::set_rules`].
@@ -220,16 +205,16 @@ pub struct NatRules {
     /// outside it is masqueraded. `None`: no source is "outside".
     pub cluster_cidr: Option<Prefix>,
     /// The cluster's IPv6 pod prefix, as `cluster_cidr` for IPv6 Service traffic.
-    pub cluster_cidr6: Option<Prefix6>,
+    pub cluster_cidr6: Option<Prefix<Ipv6Addr>>,
     /// IPv6 masquerade rules, first match wins (checked after Service marks). The port
     /// settings below apply to both families.
-    pub masquerade6: Vec<MasqueradeRule6>,
+    pub masquerade6: Vec<MasqueradeRule<Ipv6Addr>>,
     /// Masquerade rules, first match wins (checked after Service marks).
     pub masquerade: Vec<MasqueradeRule>,
     /// SNAT rules, first match wins (checked after masquerade rules).
     pub snat: Vec<SnatRule>,
     /// IPv6 SNAT rules, first match wins (checked after the IPv6 masquerade rules).
-    pub snat6: Vec<SnatRule6>,
+    pub snat6: Vec<SnatRule<Ipv6Addr>>,
     /// Ports MASQUERADE remaps a source port into when the original is taken (default
     /// as Linux: the source port is kept when free; otherwise 1024-65535, or 1-1023 for a
     /// privileged source port).
@@ -732,7 +717,7 @@ impl Netfilter {
             self.counters.untracked.add(1);
             return Hook::Accept;
         }
-        let ct = A::table(self);
+        let ct = A::conntrack(self);
         let pkt = Pkt {
             kind,
             tcp_flags: tcp_flags(ip, A::l4_off(info), kind),
@@ -835,7 +820,7 @@ impl Netfilter {
         inner_l3: usize,
         on_miss: Hook,
     ) -> Hook {
-        let Some(ct) = A::table_if_made(self) else {
+        let Some(ct) = A::conntrack_if_made(self) else {
             return on_miss;
         };
         // The error travels against the quoted packet: look its inverse up.
@@ -875,9 +860,10 @@ impl Netfilter {
         cx: &mut NatCtx,
     ) -> Hook {
         let (t, now) = (p.t, p.now);
-        let ct = A::table(self);
-        let rules = self.rules.load();
-        let outside = |a| A::in_cluster(&rules, a) == Some(false);
+        let ct = A::conntrack(self);
+        let all_rules = self.rules.load();
+        let rules = all_rules.of::<A>();
+        let outside = |a| rules.cluster_cidr.is_some_and(|c| !c.contains(a));
         let hash = A::flow_hash(&t);
         let mut tag = CtTag::default();
         let mut masq = false;
@@ -895,7 +881,7 @@ impl Netfilter {
                 // KUBE-EXT-*: traffic from inside the cluster CIDR to a node port goes to every
                 // endpoint, unmasqueraded, whatever the policy ("pod traffic for external
                 // destinations"); only external clients get the Local policy.
-                let from_pod = A::in_cluster(&rules, t.src) == Some(true);
+                let from_pod = rules.cluster_cidr.is_some_and(|c| c.contains(t.src));
                 let local_only = node_port && svc.spec().external_local && !from_pod;
                 let flow = (hash, cx.rng.next_u64());
                 let Some(ep) = A::select(&self.services, &svc, t.src, flow, local_only, now) else {
@@ -929,15 +915,26 @@ impl Netfilter {
         // Route the translated destination to learn the egress interface.
         let mut snat: Option<(A, Option<PortRange>)> = None;
         if let Some((out, addr)) = routing.egress(after.dst) {
-            if masq || A::masquerade_rule(&rules, out, t.src, after.dst) {
+            let rule = || {
+                rules.masquerade.iter().any(|r| {
+                    r.out == out
+                        && r.src.is_none_or(|p| p.contains(t.src))
+                        && r.except_dst.is_none_or(|p| !p.contains(after.dst))
+                })
+            };
+            if masq || rule() {
                 // MASQUERADE out of an interface without an address of the family: Linux
                 // drops the packet (no source address to take); so do we.
                 match addr {
-                    Some(a) => snat = Some((a, rules.masquerade_ports)),
+                    Some(a) => snat = Some((a, all_rules.masquerade_ports)),
                     None => return Hook::Drop(DropReason::NatExhausted),
                 }
-            } else {
-                snat = A::snat_rule(&rules, out, t.src);
+            } else if let Some(r) = rules
+                .snat
+                .iter()
+                .find(|r| r.out.is_none_or(|o| o == out) && r.src.contains(t.src))
+            {
+                snat = Some((r.to, r.ports));
             }
         }
         let fin = match snat {
@@ -945,7 +942,7 @@ impl Netfilter {
             Some((addr, ports)) => {
                 let range = ports.unwrap_or_else(|| PortRange::linux_default(after.sport));
                 let in_use = |c: &Tuple<A>| ct.tuple_in_use(c, now);
-                let chosen = if rules.random_fully {
+                let chosen = if all_rules.random_fully {
                     nat::alloc_source_random_fully(&after, addr, range, hash, in_use)
                 } else {
                     nat::alloc_source(&after, addr, range, hash, in_use)
@@ -996,7 +993,7 @@ impl Netfilter {
         now: Instant,
     ) -> Hook {
         // No table of the family yet, or an empty one: nothing to do (and none is made).
-        let Some(ct) = A::table_if_made(self).filter(|c| !c.is_empty()) else {
+        let Some(ct) = A::conntrack_if_made(self).filter(|c| !c.is_empty()) else {
             return Hook::Accept;
         };
         let mode = csum_mode(b);

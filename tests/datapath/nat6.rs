@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint, Endpoint6, MasqueradeRule6, NatConfig, NatRules, Prefix6};
-use tapyard::nat::{LbAlgo, PortRange, ServiceSpec, SnatRule6};
+use tapyard::nat::{Endpoint, Endpoint6, NatConfig, NatRules};
+use tapyard::nat::{LbAlgo, MasqueradeRule, PortRange, Prefix, ServiceSpec, SnatRule};
 use tapyard::wire::family::IpProto;
 use tapyard::{
     BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
@@ -89,11 +89,11 @@ fn node_at(file: Option<&Path>) -> Node {
     up.addr6 = Some((a(NODE), 64));
     let (eth0, port) = b.add_router_iface(up, None).unwrap();
     assert_eq!(port, ETH0);
-    let cluster = Prefix6::new(a("fd00:10:244::"), 56);
+    let cluster = Prefix::new(a("fd00:10:244::"), 56);
     b.netfilter(NatConfig {
         rules: NatRules {
             cluster_cidr6: Some(cluster),
-            masquerade6: vec![MasqueradeRule6 {
+            masquerade6: vec![MasqueradeRule {
                 out: eth0,
                 src: Some(cluster),
                 except_dst: Some(cluster),
@@ -678,10 +678,10 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
     // ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -o eth0 -j SNAT
     //   --to-source [fd00:172:18::50]:5000-5001 (the masquerade rule replaced by it).
     nf.set_rules(NatRules {
-        cluster_cidr6: Some(Prefix6::new(a("fd00:10:244::"), 56)),
-        snat6: vec![SnatRule6 {
+        cluster_cidr6: Some(Prefix::new(a("fd00:10:244::"), 56)),
+        snat6: vec![SnatRule {
             out: Some(eth0),
-            src: Prefix6::new(a("fd00:10:244:1::"), 64),
+            src: Prefix::new(a("fd00:10:244:1::"), 64),
             to,
             ports: Some(PortRange { lo: 5000, hi: 5001 }),
         }],

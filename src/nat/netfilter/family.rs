@@ -6,12 +6,12 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::{apply_xlat, xlat, FlowMemo, Memo, NatRules, Netfilter, Xlat};
-use crate::base::IfaceId;
+use super::{apply_xlat, xlat, FlowMemo, Memo, NatRulesOf, Netfilter, Xlat};
 use crate::conntrack::{CtHit, CtTable};
+use crate::l3::route::RouteAddr;
 use crate::l3::router::Hook;
 use crate::nat::service::{ServiceRef, Services};
-use crate::nat::{self, CsumMode, PortRange, RewriteError};
+use crate::nat::{self, CsumMode, RewriteError};
 use crate::time::Instant;
 use crate::wire::ipv4::{self, Ipv4Info};
 use crate::wire::ipv6::{self, Ipv6Info};
@@ -19,7 +19,7 @@ use crate::wire::tuple::{L4Kind, Tuple, TupleWords};
 
 /// The per-family pieces of the NAT hooks, on the family's address type (`W`: the tuple's
 /// words in the connection table).
-pub(crate) trait NatFamily<const W: usize>: TupleWords<W> {
+pub(crate) trait NatFamily<const W: usize>: TupleWords<W> + RouteAddr + NatRulesOf {
     /// The checked header facts the router hands over ([`Ipv4Info`], [`Ipv6Info`]).
     type Info;
     /// A translation prepared for one packet tuple.
@@ -42,9 +42,9 @@ pub(crate) trait NatFamily<const W: usize>: TupleWords<W> {
     fn tuple(ip: &[u8], info: &Self::Info) -> Option<(Tuple<Self>, L4Kind)>;
 
     /// The engine's table of the family (made now if it was not).
-    fn table(nf: &Netfilter) -> &CtTable<Tuple<Self>, W>;
+    fn conntrack(nf: &Netfilter) -> &CtTable<Tuple<Self>, W>;
     /// The engine's table of the family, if it was made.
-    fn table_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple<Self>, W>>;
+    fn conntrack_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple<Self>, W>>;
     /// A hash of a connection's original tuple, for Maglev and port allocation.
     fn flow_hash(t: &Tuple<Self>) -> u64;
 
@@ -96,13 +96,6 @@ pub(crate) trait NatFamily<const W: usize>: TupleWords<W> {
     ) -> Option<(Self, u16)>;
     /// Whether the Service has endpoints of the family.
     fn has_endpoints(svc: &ServiceRef) -> bool;
-
-    /// Whether `a` is inside the family's cluster CIDR (`None`: no cluster CIDR).
-    fn in_cluster(rules: &NatRules, a: Self) -> Option<bool>;
-    /// Whether a masquerade rule of the family matches a connection leaving by `out`.
-    fn masquerade_rule(rules: &NatRules, out: IfaceId, src: Self, dst: Self) -> bool;
-    /// The first SNAT rule of the family for a connection from `src` leaving by `out`.
-    fn snat_rule(rules: &NatRules, out: IfaceId, src: Self) -> Option<(Self, Option<PortRange>)>;
 }
 
 impl NatFamily<2> for Ipv4Addr {
@@ -137,11 +130,11 @@ impl NatFamily<2> for Ipv4Addr {
     }
 
     #[inline(always)]
-    fn table(nf: &Netfilter) -> &CtTable<Tuple, 2> {
+    fn conntrack(nf: &Netfilter) -> &CtTable<Tuple, 2> {
         &nf.ct
     }
     #[inline(always)]
-    fn table_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple, 2>> {
+    fn conntrack_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple, 2>> {
         Some(&nf.ct)
     }
     #[inline]
@@ -218,28 +211,6 @@ impl NatFamily<2> for Ipv4Addr {
     fn has_endpoints(svc: &ServiceRef) -> bool {
         !svc.endpoints().is_empty()
     }
-
-    fn in_cluster(rules: &NatRules, a: Ipv4Addr) -> Option<bool> {
-        rules.cluster_cidr.map(|c| c.contains(a))
-    }
-    fn masquerade_rule(rules: &NatRules, out: IfaceId, src: Ipv4Addr, dst: Ipv4Addr) -> bool {
-        rules.masquerade.iter().any(|r| {
-            r.out == out
-                && r.src.is_none_or(|p| p.contains(src))
-                && r.except_dst.is_none_or(|p| !p.contains(dst))
-        })
-    }
-    fn snat_rule(
-        rules: &NatRules,
-        out: IfaceId,
-        src: Ipv4Addr,
-    ) -> Option<(Ipv4Addr, Option<PortRange>)> {
-        rules
-            .snat
-            .iter()
-            .find(|r| r.out.is_none_or(|o| o == out) && r.src.contains(src))
-            .map(|r| (r.to, r.ports))
-    }
 }
 
 /// [`NatFamily::Xlat`] of IPv6: the kind and the tuple to rewrite to (`None`: keep).
@@ -278,11 +249,11 @@ impl NatFamily<5> for Ipv6Addr {
     }
 
     #[inline]
-    fn table(nf: &Netfilter) -> &CtTable<Tuple<Ipv6Addr>, 5> {
+    fn conntrack(nf: &Netfilter) -> &CtTable<Tuple<Ipv6Addr>, 5> {
         nf.conntrack6()
     }
     #[inline]
-    fn table_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple<Ipv6Addr>, 5>> {
+    fn conntrack_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple<Ipv6Addr>, 5>> {
         nf.ct6_if_made()
     }
     fn flow_hash(t: &Tuple<Ipv6Addr>) -> u64 {
@@ -361,27 +332,5 @@ impl NatFamily<5> for Ipv6Addr {
     }
     fn has_endpoints(svc: &ServiceRef) -> bool {
         !svc.endpoints6().is_empty()
-    }
-
-    fn in_cluster(rules: &NatRules, a: Ipv6Addr) -> Option<bool> {
-        rules.cluster_cidr6.map(|c| c.contains(a))
-    }
-    fn masquerade_rule(rules: &NatRules, out: IfaceId, src: Ipv6Addr, dst: Ipv6Addr) -> bool {
-        rules.masquerade6.iter().any(|r| {
-            r.out == out
-                && r.src.is_none_or(|p| p.contains(src))
-                && r.except_dst.is_none_or(|p| !p.contains(dst))
-        })
-    }
-    fn snat_rule(
-        rules: &NatRules,
-        out: IfaceId,
-        src: Ipv6Addr,
-    ) -> Option<(Ipv6Addr, Option<PortRange>)> {
-        rules
-            .snat6
-            .iter()
-            .find(|r| r.out.is_none_or(|o| o == out) && r.src.contains(src))
-            .map(|r| (r.to, r.ports))
     }
 }

@@ -20,8 +20,8 @@
 //!   DNAT'd to an IPv6 endpoint, or rejected (TCP RST / ICMPv6 port unreachable, answered by
 //!   the router) without one; masqueraded to the egress interface's global IPv6 address on
 //!   the same marks as IPv4 (outside [`super::NatRules::cluster_cidr6`], NodePort with
-//!   policy Cluster, hairpin) or by a [`super::MasqueradeRule6`], else source-NAT'd to a
-//!   fixed address by a [`super::SnatRule6`], with a free source port from the IPv6 table
+//!   policy Cluster, hairpin) or by a [`super::MasqueradeRule<Ipv6Addr>`], else source-NAT'd to a
+//!   fixed address by a [`super::SnatRule<Ipv6Addr>`], with a free source port from the IPv6 table
 //!   ([`crate::nat::alloc_source`]).
 //!
 //! The IPv6 table is made with the engine ([`Netfilter::new`], with
