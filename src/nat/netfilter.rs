@@ -754,58 +754,6 @@ impl Netfilter {
         self.new_connection(routing, p, &pkt, cx)
     }
 
-    /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
-    /// are read straight from the header and compared with the memo's, and on a match the
-    /// packet is tracked and translated without a lookup. `None`: not the memo's connection
-    /// (or the connection is gone): take the full path.
-    #[inline]
-    fn memo_hit(
-        &self,
-        ip: &mut [u8],
-        info: &mut Ipv4Info,
-        memo: &mut FlowMemo,
-        now: Instant,
-        mode: CsumMode,
-    ) -> Option<Hook> {
-        if memo.slots.is_empty() {
-            return None;
-        }
-        let (key, kind) = tcp_udp_key(ip, info.hdr_len)?;
-        let now_us = now.micros();
-        let slot = FlowMemo::slot(&key);
-        let m = memo.get(slot, &key)?;
-        // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
-        if now_us.saturating_sub(m.seen_us) > self.memo_window_us {
-            return None;
-        }
-        let pkt = Pkt {
-            kind,
-            tcp_flags: tcp_flags(ip, info.hdr_len, kind),
-            len: len32(info.total_len),
-        };
-        // Tracked against the entry's current control word: a FIN, RST, invalid packet or
-        // removal is seen exactly as without the memo.
-        Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
-            Track::Ok(_) => {
-                memo.touch(slot, now_us);
-                apply_xlat(ip, info, &m.xlat, mode)
-            }
-            Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
-            Track::Closed => {
-                let h = apply_xlat(ip, info, &m.xlat, mode);
-                memo.forget(slot);
-                h
-            }
-            Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
-            Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
-            // Removed or closed since: look it up again.
-            Track::Reopen | Track::Gone => {
-                memo.forget(slot);
-                return None;
-            }
-        })
-    }
-
     /// Translates a packet of a known connection to `to` (a no-op when it already carries it).
     #[inline]
     fn apply<A: NatFamily<W>, const W: usize>(p: Seen<'_, A, A::Info>, to: &Tuple<A>) -> Hook {

@@ -6,12 +6,17 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::{apply_xlat, xlat, FlowMemo, Memo, NatRulesOf, Netfilter, Xlat};
+use super::{
+    apply_xlat, tcp_flags, tcp_udp_key, xlat, FlowMemo, Memo, NatRulesOf, Netfilter, Xlat,
+};
 use crate::conntrack::{CtHit, CtTable};
+use crate::conntrack::{Pkt, Track};
 use crate::l3::route::RouteAddr;
 use crate::l3::router::Hook;
+use crate::narrow::len32;
 use crate::nat::service::{ServiceRef, Services};
 use crate::nat::{self, CsumMode, RewriteError};
+use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ipv4::{self, Ipv4Info};
 use crate::wire::ipv6::{self, Ipv6Info};
@@ -163,7 +168,11 @@ impl NatFamily<2> for Ipv4Addr {
         nat::rewrite_icmp_error(ip, info.hdr_len, inner_l3, quoted, src, dst, mode)
     }
 
-    #[inline(always)]
+    /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
+    /// are read straight from the header and compared with the memo's, and on a match the
+    /// packet is tracked and translated without a lookup. `None`: not the memo's connection
+    /// (or the connection is gone): take the full path.
+    #[inline]
     fn memo_hit(
         nf: &Netfilter,
         ip: &mut [u8],
@@ -172,8 +181,45 @@ impl NatFamily<2> for Ipv4Addr {
         now: Instant,
         mode: CsumMode,
     ) -> Option<Hook> {
-        nf.memo_hit(ip, info, memo, now, mode)
+        if memo.slots.is_empty() {
+            return None;
+        }
+        let (key, kind) = tcp_udp_key(ip, info.hdr_len)?;
+        let now_us = now.micros();
+        let slot = FlowMemo::slot(&key);
+        let m = memo.get(slot, &key)?;
+        // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
+        if now_us.saturating_sub(m.seen_us) > nf.memo_window_us {
+            return None;
+        }
+        let pkt = Pkt {
+            kind,
+            tcp_flags: tcp_flags(ip, info.hdr_len, kind),
+            len: len32(info.total_len),
+        };
+        // Tracked against the entry's current control word: a FIN, RST, invalid packet or
+        // removal is seen exactly as without the memo.
+        Some(match nf.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
+            Track::Ok(_) => {
+                memo.touch(slot, now_us);
+                apply_xlat(ip, info, &m.xlat, mode)
+            }
+            Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
+            Track::Closed => {
+                let h = apply_xlat(ip, info, &m.xlat, mode);
+                memo.forget(slot);
+                h
+            }
+            Track::Invalid(_) if nf.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
+            Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
+            // Removed or closed since: look it up again.
+            Track::Reopen | Track::Gone => {
+                memo.forget(slot);
+                return None;
+            }
+        })
     }
+
     #[inline(always)]
     fn remember(memo: &mut FlowMemo, t: &Tuple, hit: &CtHit, x: &Xlat, keep: bool, now: Instant) {
         let key = t.to_words();

@@ -19,14 +19,14 @@
 
 use std::net::Ipv6Addr;
 
-use super::{CsumMode, RewriteError};
+use super::{rewrite_ports, CsumMode, RewriteError};
 use crate::wire::checksum::Delta;
 use crate::wire::icmpv6::{self, Icmpv6Packet};
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
 use crate::wire::ipv6::{self, ExtHeaders, Ipv6Info, Ipv6Packet};
-use crate::wire::tcp::{self, TcpPacket};
-use crate::wire::tuple::{L4Kind, L4Ports, Tuple, PROTO_ICMPV6};
-use crate::wire::udp::{self, UdpPacket};
+use crate::wire::tcp;
+use crate::wire::tuple::{L4Kind, Tuple, PROTO_ICMPV6};
+use crate::wire::udp;
 
 /// Where the translated fields of an IPv6 packet are.
 #[derive(Clone, Copy)]
@@ -78,43 +78,8 @@ fn apply6(
 ) {
     match plan {
         Plan::Ports { l4, udp } => {
-            let Some(seg) = pkt.get_mut(l4..) else {
-                return;
-            };
-            let mut ports = Delta::default();
-            let mut p = L4Ports::new_unchecked(&mut *seg);
-            ports.word(p.src_port(), new.sport);
-            ports.word(p.dst_port(), new.dport);
-            p.set_src_port(new.sport);
-            p.set_dst_port(new.dport);
-            outer.add(ports);
-            if !with_csum {
-                return;
-            }
-            let old = if udp {
-                UdpPacket::new_unchecked(&*seg).checksum()
-            } else {
-                TcpPacket::new_unchecked(&*seg).checksum()
-            };
-            if udp && old == 0 && mode == CsumMode::Full {
-                return;
-            }
-            let mut c = match mode {
-                CsumMode::Full => {
-                    let mut d = addrs;
-                    d.add(ports);
-                    d.apply_full(old)
-                }
-                CsumMode::Partial => addrs.apply_partial(old),
-            };
-            if udp && c == 0 {
-                c = 0xffff;
-            }
-            outer.word(old, c);
-            if udp {
-                UdpPacket::new_unchecked(seg).set_checksum(c);
-            } else {
-                TcpPacket::new_unchecked(seg).set_checksum(c);
+            if let Some(seg) = pkt.get_mut(l4..) {
+                rewrite_ports(seg, udp, addrs, new, mode, with_csum, outer);
             }
         }
         Plan::Echo { l4 } => {
