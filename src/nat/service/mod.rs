@@ -39,9 +39,9 @@
 //! ([`ServiceSpec::vip6`]), or both: two frontends, each with the endpoints of its own family
 //! ([`ServiceSpec::endpoints`], [`ServiceSpec::endpoints6`]) and its own choice among them
 //! (random, Maglev over that family's endpoints, affinity keyed by the client's address of
-//! that family), as kube-proxy programs iptables and ip6tables from one Service. An
-//! IPv6-only service is made with [`ServiceSpec::new6`] (its `vip` is 0.0.0.0, meaning "no
-//! IPv4 frontend"). A node port answers on the families the service has ClusterIPs of
+//! that family), as kube-proxy programs iptables and ip6tables from one Service.
+//! [`ServiceSpec::new`] takes the ClusterIP of either family; a service without an IPv4
+//! ClusterIP has `vip` `None`. A node port answers on the families the service has ClusterIPs of
 //! ([`Services::by_node_port`] for IPv4, [`Services::by_node_port6`] for IPv6).
 //!
 //! Every service has a [`ServiceId`], stable across upserts of the same name and never reused
