@@ -26,8 +26,9 @@ use std::time::{Duration, Instant as StdInstant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
 use parking_lot::Mutex;
+use std::net::Ipv6Addr;
 use tapyard::conntrack::{tcp::flags, Conntrack, Conntrack6, CtConfig, CtHit, CtTag, Pkt};
-use tapyard::wire::tuple::{L4Kind, Tuple, Tuple6};
+use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::Instant;
 
 #[path = "common.rs"]
@@ -102,13 +103,13 @@ fn lookups(c: &mut Criterion) {
 }
 
 /// Connection `i` of [`conn`] with IPv6 addresses: `fd00:<v4 high half>::<v4>`.
-fn conn6(i: u32) -> (Tuple6, Tuple6) {
+fn conn6(i: u32) -> (Tuple<Ipv6Addr>, Tuple<Ipv6Addr>) {
     let (o, r) = conn(i);
     let a = |v: Ipv4Addr| {
         let x = u32::from(v);
-        std::net::Ipv6Addr::from(0xfd00_u128 << 112 | u128::from(x >> 16) << 64 | u128::from(x))
+        Ipv6Addr::from(0xfd00_u128 << 112 | u128::from(x >> 16) << 64 | u128::from(x))
     };
-    let six = |t: Tuple| Tuple6 {
+    let six = |t: Tuple| Tuple {
         src: a(t.src),
         dst: a(t.dst),
         sport: t.sport,
@@ -141,7 +142,7 @@ fn lookups_v4_v6(c: &mut Criterion, conns: u32) {
         .iter()
         .map(|&(i, o)| if o { conn(i).0 } else { conn(i).1 })
         .collect();
-    let seq6: Vec<Tuple6> = picks
+    let seq6: Vec<Tuple<Ipv6Addr>> = picks
         .iter()
         .map(|&(i, o)| if o { conn6(i).0 } else { conn6(i).1 })
         .collect();

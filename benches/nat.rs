@@ -42,6 +42,7 @@ use tapyard::nat::{
 };
 use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::Pump;
+use tapyard::wire::family::IpProto;
 use tapyard::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_TCP};
 use tapyard::wire::tcp::{TcpPacket, TcpRepr};
 use tapyard::wire::tuple::{L4Kind, Tuple};
@@ -287,7 +288,7 @@ fn rig(nat: bool, ct_max: usize, file: Option<&CtFile>) -> Rig {
             .unwrap();
     }
     if let Some(nf) = dp.control().netfilter() {
-        let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
+        let mut s = ServiceSpec::new("web", Ipv4Addr::from(VIP), 80, IpProto::TCP);
         s.endpoints = (0..PORTS)
             .map(|i| Endpoint::new(SocketAddrV4::new(server_ip(i).into(), 8080), true))
             .collect();
@@ -583,7 +584,12 @@ fn parts(c: &mut Criterion) {
     });
     let s = Services::new(1 << 16);
     let spec = |k: u32, n: u32, algo: LbAlgo| {
-        let mut spec = ServiceSpec::new(format!("svc{k}"), Ipv4Addr::from(0x0a60_0000 + k), 80, 6);
+        let mut spec = ServiceSpec::new(
+            format!("svc{k}"),
+            Ipv4Addr::from(0x0a60_0000 + k),
+            80,
+            IpProto::TCP,
+        );
         spec.endpoints = (0..n)
             .map(|e| {
                 Endpoint::new(
@@ -638,7 +644,12 @@ fn established6(c: &mut Criterion) {
     g.throughput(Throughput::Elements((PORTS * BATCH_SIZE) as u64));
     let r = rig(true, 65_536, None);
     let nf = r.dp.control().netfilter().unwrap();
-    let mut s = ServiceSpec::new6("web6", VIP6.parse().unwrap(), 80, 6);
+    let mut s = ServiceSpec::new(
+        "web6",
+        VIP6.parse::<std::net::Ipv6Addr>().unwrap(),
+        80,
+        IpProto::TCP,
+    );
     s.endpoints6 = (0..PORTS)
         .map(|i| Endpoint6::new(SocketAddrV6::new(server_ip6(i), 8080, 0, 0), true))
         .collect();

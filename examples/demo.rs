@@ -33,6 +33,7 @@ use tapyard::nat::{NatConfig, NatRules, Prefix};
 use tapyard::port::{mem_pair, Direction, Observed, Observer, Port, SmolHost};
 use tapyard::runtime::Pump;
 use tapyard::stats::CounterSet;
+use tapyard::wire::family::IpProto;
 use tapyard::wire::Summary;
 use tapyard::{BridgeConfig, Datapath, Instant, MacAddr, PortId};
 
@@ -118,7 +119,7 @@ fn main() {
     let dp = Arc::new(b.build());
     // A Service: ClusterIP 10.96.0.7:7/tcp over the echo servers on b and d.
     let vip = Ipv4Addr::new(10, 96, 0, 7);
-    let mut svc = ServiceSpec::new("echo", vip, 7, 6);
+    let mut svc = ServiceSpec::new("echo", vip, 7, IpProto::TCP);
     svc.endpoints = vec![
         Endpoint::new(
             std::net::SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 7),

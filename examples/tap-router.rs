@@ -94,6 +94,7 @@ use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::port::{Port, TapPort};
 use tapyard::runtime::{IoMode, Runtime, RuntimeConfig};
 use tapyard::stats::CounterSet;
+use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
 
 /// `--bridge NAME[=ADDR/LEN]`.
@@ -330,8 +331,8 @@ fn parse_service(s: &str) -> Result<ServiceArg, String> {
         .ok_or_else(|| format!("--service {s:?}: {front:?} is not VIP:PORT/PROTO"))?;
     let vip = parse_sockaddr(s, "VIP", vip)?;
     let proto = match proto {
-        "tcp" | "TCP" => 6,
-        "udp" | "UDP" => 17,
+        "tcp" | "TCP" => IpProto::TCP,
+        "udp" | "UDP" => IpProto::UDP,
         _ => {
             return Err(format!(
                 "--service {s:?}: protocol {proto:?} is not tcp or udp"

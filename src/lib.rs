@@ -43,6 +43,7 @@
 //! use tapyard::l3::IfaceConfig;
 //! use tapyard::nat::{NatConfig, Prefix};
 //! use tapyard::nat::{Endpoint, ServiceSpec};
+//! use tapyard::wire::family::IpProto;
 //! use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, Verdict};
 //!
 //! let gw_mac = MacAddr([2, 0, 0, 0, 0, 1]);
@@ -62,7 +63,7 @@
 //! let now = Instant::from_secs(1);
 //!
 //! // A Service: ClusterIP 10.96.0.10:80/tcp, one endpoint on pod B (10.244.1.3:8080).
-//! let mut web = ServiceSpec::new("web", Ipv4Addr::new(10, 96, 0, 10), 80, 6);
+//! let mut web = ServiceSpec::new("web", Ipv4Addr::new(10, 96, 0, 10), 80, IpProto::TCP);
 //! web.endpoints = vec![Endpoint::new(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 3), 8080), true)];
 //! dp.control().netfilter().unwrap().upsert_service(web, now)?;
 //! dp.control().add_static_neigh(gw, Ipv4Addr::new(10, 244, 1, 3), pod_b, now)?;

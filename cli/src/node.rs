@@ -10,10 +10,7 @@ use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, RaConfig, VxlanConfig, VxlanPeer};
 use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::ServiceError;
-use tapyard::nat::{
-    MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, PortRange, Prefix, Prefix6, SnatRule,
-    SnatRule6,
-};
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, PortRange, Prefix, SnatRule};
 use tapyard::port::{Observed, Port, TapPort};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, BridgeId, Clock, Datapath, Instant, MacAddr, PortId};
@@ -348,7 +345,7 @@ pub fn to_nat_rules(
     let cluster6 = cfg
         .node
         .cluster_cidr6
-        .map(|c| Prefix6::new(c.network(), c.len));
+        .map(|c| Prefix::new(c.network(), c.len));
     let mut rules = NatRules {
         cluster_cidr: cluster,
         cluster_cidr6: cluster6,
@@ -369,7 +366,7 @@ pub fn to_nat_rules(
         // IPv6 pod traffic is masqueraded only from the IPv6 cluster CIDR (without one the
         // IPv6 pods are not cluster pods: `check` warns), to `out`'s global IPv6 address.
         if let Some(c6) = cluster6 {
-            rules.masquerade6.push(MasqueradeRule6 {
+            rules.masquerade6.push(MasqueradeRule {
                 out,
                 src: Some(c6),
                 except_dst: Some(c6),
@@ -392,9 +389,9 @@ pub fn to_nat_rules(
                 to,
                 ports,
             }),
-            (IpCidr::V6(src), std::net::IpAddr::V6(to)) => rules.snat6.push(SnatRule6 {
+            (IpCidr::V6(src), std::net::IpAddr::V6(to)) => rules.snat6.push(SnatRule {
                 out,
-                src: Prefix6::new(src.network(), src.len),
+                src: Prefix::new(src.network(), src.len),
                 to,
                 ports,
             }),
@@ -1412,8 +1409,11 @@ mod tests {
             .replace("external_traffic_policy = \"cluster\"", "external_traffic_policy = \"local\""));
         let web = c.services[0].spec();
         assert_eq!(web.name, "web");
-        assert_eq!(web.vip.to_string(), "10.96.0.10");
-        assert_eq!((web.port, web.proto, web.node_port), (80, 6, Some(30080)));
+        assert_eq!(web.vip, Some(std::net::Ipv4Addr::new(10, 96, 0, 10)));
+        assert_eq!(
+            (web.port, web.proto, web.node_port),
+            (80, tapyard::wire::family::IpProto::TCP, Some(30080))
+        );
         let eps: Vec<(String, bool)> = web
             .endpoints
             .iter()
@@ -1430,7 +1430,10 @@ mod tests {
         assert_eq!(web.algo, LbAlgo::Maglev);
         assert!(web.external_local);
         let dns = c.services[1].spec();
-        assert_eq!((dns.port, dns.proto, dns.node_port), (53, 17, None));
+        assert_eq!(
+            (dns.port, dns.proto, dns.node_port),
+            (53, tapyard::wire::family::IpProto::UDP, None)
+        );
         assert_eq!(dns.affinity, None);
         assert_eq!(dns.algo, LbAlgo::Random);
         assert!(!dns.external_local);
@@ -1798,9 +1801,9 @@ mod tests {
         );
         assert_eq!(
             r.snat6,
-            [SnatRule6 {
+            [SnatRule {
                 out: None,
-                src: Prefix6::new("fd00:10:244:1::".parse().unwrap(), 64),
+                src: Prefix::new("fd00:10:244:1::".parse().unwrap(), 64),
                 to: "fd00:172:18::50".parse().unwrap(),
                 // No range given: iptables' default, the original port's class.
                 ports: None,
@@ -1832,11 +1835,11 @@ mod tests {
             _ => None,
         };
         let r = to_nat_rules(&c, ids).unwrap();
-        let c6 = Prefix6::new("fd00:10:244::".parse().unwrap(), 56);
+        let c6 = Prefix::new("fd00:10:244::".parse().unwrap(), 56);
         assert_eq!(r.cluster_cidr6, Some(c6));
         assert_eq!(
             r.masquerade6,
-            [MasqueradeRule6 {
+            [MasqueradeRule {
                 out: IfaceId(1),
                 src: Some(c6),
                 except_dst: Some(c6)

@@ -17,11 +17,12 @@
 use libfuzzer_sys::fuzz_target;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::time::Duration;
+use tapyard::wire::family::IpProto;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
-use tapyard::nat::{MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Prefix, Prefix6};
+use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 
@@ -248,11 +249,11 @@ fuzz_target!(|data: &[u8]| {
                 src: Some(cluster),
                 except_dst: Some(cluster),
             }],
-            cluster_cidr6: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
-            masquerade6: vec![MasqueradeRule6 {
+            cluster_cidr6: Some(Prefix::new(a6("fd00:10:244::"), 56)),
+            masquerade6: vec![MasqueradeRule {
                 out: eth0,
-                src: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
-                except_dst: Some(Prefix6::new(a6("fd00:10:244::"), 56)),
+                src: Some(Prefix::new(a6("fd00:10:244::"), 56)),
+                except_dst: Some(Prefix::new(a6("fd00:10:244::"), 56)),
             }],
             ..NatRules::default()
         },
@@ -328,35 +329,35 @@ fuzz_target!(|data: &[u8]| {
     }
     let nf = dp.control().netfilter().unwrap();
     let ep6 = |ip: &str, port| Endpoint6::new(SocketAddrV6::new(a6(ip), port, 0, 0), true);
-    let mut web6 = ServiceSpec::new6("web6", a6("fd00:10:96::10"), 80, 6);
-    web6.vip = Ipv4Addr::new(10, 96, 0, 12);
+    let mut web6 = ServiceSpec::new("web6", a6("fd00:10:96::10"), 80, IpProto::TCP);
+    web6.vip = Some(Ipv4Addr::new(10, 96, 0, 12));
     web6.node_port = Some(30081);
     web6.endpoints6 = vec![ep6("fd00:10:244:1::3", 8080), ep6("fd00:10:244:2::2", 8080)];
     nf.upsert_service(web6, now).unwrap();
-    let mut dns6 = ServiceSpec::new6("dns6", a6("fd00:10:96::10"), 53, 17);
+    let mut dns6 = ServiceSpec::new("dns6", a6("fd00:10:96::10"), 53, IpProto::UDP);
     dns6.endpoints6 = vec![ep6("fd00:10:244:1::3", 53)];
     nf.upsert_service(dns6, now).unwrap();
-    let mut me6 = ServiceSpec::new6("self6", a6("fd00:10:96::11"), 80, 6);
+    let mut me6 = ServiceSpec::new("self6", a6("fd00:10:96::11"), 80, IpProto::TCP);
     me6.endpoints6 = vec![ep6("fd00:10:244:1::2", 8080)];
     nf.upsert_service(me6, now).unwrap();
     nf.upsert_service(
-        ServiceSpec::new6("empty6", a6("fd00:10:96::99"), 80, 6),
+        ServiceSpec::new("empty6", a6("fd00:10:96::99"), 80, IpProto::TCP),
         now,
     )
     .unwrap();
     let ep = |ip: [u8; 4], port| Endpoint::new(SocketAddrV4::new(ip.into(), port), true);
-    let mut web = ServiceSpec::new("web", [10, 96, 0, 10].into(), 80, 6);
+    let mut web = ServiceSpec::new("web", Ipv4Addr::from([10, 96, 0, 10]), 80, IpProto::TCP);
     web.node_port = Some(30080);
     web.endpoints = vec![ep([10, 244, 1, 3], 8080), ep([10, 244, 2, 2], 8080)];
     nf.upsert_service(web, now).unwrap();
-    let mut udp = ServiceSpec::new("dns", [10, 96, 0, 10].into(), 53, 17);
+    let mut udp = ServiceSpec::new("dns", Ipv4Addr::from([10, 96, 0, 10]), 53, IpProto::UDP);
     udp.endpoints = vec![ep([10, 244, 1, 3], 53)];
     nf.upsert_service(udp, now).unwrap();
-    let mut me = ServiceSpec::new("self", [10, 96, 0, 11].into(), 80, 6);
+    let mut me = ServiceSpec::new("self", Ipv4Addr::from([10, 96, 0, 11]), 80, IpProto::TCP);
     me.endpoints = vec![ep([10, 244, 1, 2], 8080)];
     nf.upsert_service(me, now).unwrap();
     nf.upsert_service(
-        ServiceSpec::new("empty", [10, 96, 0, 99].into(), 80, 6),
+        ServiceSpec::new("empty", Ipv4Addr::from([10, 96, 0, 99]), 80, IpProto::TCP),
         now,
     )
     .unwrap();

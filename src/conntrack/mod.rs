@@ -10,13 +10,14 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use tapyard::conntrack::{tcp::flags, Conntrack, CtConfig, CtState, CtTag, Dir, Pkt, Track};
+//! use tapyard::wire::family::IpProto;
 //! use tapyard::wire::tuple::{L4Kind, Tuple};
 //! use tapyard::Instant;
 //!
 //! let ct = Conntrack::new(CtConfig::default()).unwrap();
 //! let orig = Tuple {
 //!     src: Ipv4Addr::new(10, 244, 1, 2), dst: Ipv4Addr::new(10, 96, 0, 10),
-//!     sport: 40000, dport: 80, proto: 6, zone: 0,
+//!     sport: 40000, dport: 80, proto: IpProto::TCP.number(), zone: 0,
 //! };
 //! // DNAT to an endpoint: the reply comes from 10.244.1.3:8080.
 //! let reply = Tuple { src: Ipv4Addr::new(10, 244, 1, 3), sport: 8080, ..orig.invert() };
@@ -218,13 +219,14 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::stats::counter_set;
-use crate::wire::tuple::{L4Kind, Tuple, Tuple6, PROTO_ICMPV6};
+use crate::wire::family::Family;
+use crate::wire::tuple::{L4Kind, Tuple, TupleWords};
 
 pub use persist::{CtFileError, Opened, Recovery, Refusal, FORMAT_VERSION};
 pub use table::{Conntrack, Conntrack6, CtLoc, CtTable};
 
 /// A connection tuple a [`CtTable`] keys on, packed into `W` 64-bit words: [`Tuple`] (IPv4,
-/// 2 words) and [`Tuple6`] (IPv6, 5 words).
+/// 2 words) and [`Tuple<Ipv6Addr>`](Tuple) (IPv6, 5 words).
 ///
 /// Contract: `from_words(to_words(t)) == t`, and the **last** word is packed as
 /// `sport << 48 | dport << 32 | proto << 16 | zone` (the table reads the protocol there).
@@ -257,64 +259,51 @@ pub trait CtKey<const W: usize>:
     fn with_source(&self, addr: Self::Addr, port: u16) -> Self;
 }
 
-/// [`CtKey`] for a tuple type of either family: the two have the same fields, so one body
-/// serves both (`$w` words, family `$family`, ICMP protocol `$icmp`, address `$addr`).
-macro_rules! impl_ct_key {
-    ($tuple:ty, $w:literal, $family:literal, $icmp:expr, $addr:ty) => {
-        impl CtKey<$w> for $tuple {
-            const FAMILY: u8 = $family;
-            const ICMP: u8 = $icmp;
-            type Addr = $addr;
-            #[inline(always)]
-            fn to_words(&self) -> [u64; $w] {
-                <$tuple>::to_words(self)
-            }
-            #[inline(always)]
-            fn from_words(w: [u64; $w]) -> Self {
-                <$tuple>::from_words(w)
-            }
-            #[inline(always)]
-            fn proto(&self) -> u8 {
-                self.proto
-            }
-            #[inline(always)]
-            fn invert(&self) -> Self {
-                <$tuple>::invert(self)
-            }
-            #[inline(always)]
-            fn is_dnat(orig: &Self, reply: &Self) -> bool {
-                (reply.src, reply.sport) != (orig.dst, orig.dport)
-            }
-            #[inline(always)]
-            fn is_snat(orig: &Self, reply: &Self) -> bool {
-                (reply.dst, reply.dport) != (orig.src, orig.sport)
-            }
-            #[inline(always)]
-            fn sport(&self) -> u16 {
-                self.sport
-            }
-            #[inline(always)]
-            fn with_source(&self, addr: $addr, port: u16) -> Self {
-                let icmp = self.proto == Self::ICMP;
-                Self {
-                    src: addr,
-                    sport: port,
-                    dport: if icmp { port } else { self.dport },
-                    ..*self
-                }
-            }
+/// [`CtKey`] for the tuple of either family: the two have the same fields, so one body
+/// serves both, the words packed by the family ([`TupleWords`]).
+impl<A: TupleWords<W>, const W: usize> CtKey<W> for Tuple<A> {
+    const FAMILY: u8 = A::VERSION;
+    const ICMP: u8 = A::ICMP.number();
+    type Addr = A;
+    #[inline(always)]
+    fn to_words(&self) -> [u64; W] {
+        A::pack(self)
+    }
+    #[inline(always)]
+    fn from_words(w: [u64; W]) -> Self {
+        A::unpack(w)
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn invert(&self) -> Self {
+        Tuple::invert(self)
+    }
+    #[inline(always)]
+    fn is_dnat(orig: &Self, reply: &Self) -> bool {
+        (reply.src, reply.sport) != (orig.dst, orig.dport)
+    }
+    #[inline(always)]
+    fn is_snat(orig: &Self, reply: &Self) -> bool {
+        (reply.dst, reply.dport) != (orig.src, orig.sport)
+    }
+    #[inline(always)]
+    fn sport(&self) -> u16 {
+        self.sport
+    }
+    #[inline(always)]
+    fn with_source(&self, addr: A, port: u16) -> Self {
+        let icmp = self.proto == Self::ICMP;
+        Self {
+            src: addr,
+            sport: port,
+            dport: if icmp { port } else { self.dport },
+            ..*self
         }
-    };
+    }
 }
-
-impl_ct_key!(
-    Tuple,
-    2,
-    4,
-    crate::wire::ipv4::PROTO_ICMP,
-    std::net::Ipv4Addr
-);
-impl_ct_key!(Tuple6, 5, 6, PROTO_ICMPV6, std::net::Ipv6Addr);
 
 pub use tcp::CtState;
 
@@ -669,7 +658,7 @@ counter_set! {
 }
 
 /// A snapshot of an entry for display and JSON (`conntrack -L`; `conntrack -L -f ipv6` for
-/// `CtView<Tuple6>`).
+/// `CtView<Tuple<Ipv6Addr>>`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CtView<K = Tuple> {
@@ -749,21 +738,16 @@ pub trait TupleFmt: fmt::Display {
     fn fmt_ct(&self, f: &mut fmt::Formatter<'_>, dir: Dir) -> fmt::Result;
 }
 
-impl TupleFmt for Tuple {
+impl<A: Family> TupleFmt for Tuple<A> {
     fn fmt_ct(&self, f: &mut fmt::Formatter<'_>, dir: Dir) -> fmt::Result {
-        if self.proto == crate::wire::ipv4::PROTO_ICMP {
-            let ty = if dir == Dir::Original { 8 } else { 0 };
-            fmt_echo(f, &self.src, &self.dst, ty, self.sport, self.zone)
-        } else {
-            fmt::Display::fmt(self, f)
-        }
-    }
-}
-
-impl TupleFmt for Tuple6 {
-    fn fmt_ct(&self, f: &mut fmt::Formatter<'_>, dir: Dir) -> fmt::Result {
-        if self.proto == PROTO_ICMPV6 {
-            let ty = if dir == Dir::Original { 128 } else { 129 };
+        if self.proto == A::ICMP.number() {
+            // Echo request and reply: 8 and 0, or 128 and 129 for ICMPv6.
+            let ty = match (A::VERSION, dir) {
+                (4, Dir::Original) => 8,
+                (4, Dir::Reply) => 0,
+                (_, Dir::Original) => 128,
+                (_, Dir::Reply) => 129,
+            };
             fmt_echo(f, &self.src, &self.dst, ty, self.sport, self.zone)
         } else {
             fmt::Display::fmt(self, f)

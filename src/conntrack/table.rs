@@ -1,6 +1,7 @@
 //! The lock-free table behind [`Conntrack`] (design and contract in the module docs).
 
 use std::marker::PhantomData;
+use std::net::Ipv6Addr;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::tcp::{self, flags, CtState, Next};
@@ -13,7 +14,7 @@ use crate::narrow::{low16, low32, low8};
 use crate::sys::BigSlice;
 use crate::time::Instant;
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
-use crate::wire::tuple::{L4Kind, Tuple, Tuple6};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 // ---- control word -----------------------------------------------------------------------
 // bits 0..16 status, 16..20 TCP state, 20..23 life stage, 32..64 generation.
@@ -319,9 +320,9 @@ enum Resolve<const W: usize> {
 /// The IPv4 connection table: entries of 64 bytes (see the [module docs](super)).
 pub type Conntrack = CtTable<Tuple, 2>;
 
-/// The IPv6 connection table: the same design with [`Tuple6`] keys of five words, so its
+/// The IPv6 connection table: the same design with [`Tuple<Ipv6Addr>`](Tuple) keys of five words, so its
 /// entries take 128 bytes. A node runs one table per family, each with its own limit.
-pub type Conntrack6 = CtTable<Tuple6, 5>;
+pub type Conntrack6 = CtTable<Tuple<Ipv6Addr>, 5>;
 
 /// A connection tracking table keyed by tuples of `W` words ([`CtKey`]): [`Conntrack`] for
 /// IPv4, [`Conntrack6`] for IPv6 (see the [module docs](super)).

@@ -13,7 +13,8 @@ use proptest::prelude::*;
 use super::tcp::flags::*;
 use super::*;
 use crate::time::Instant;
-use crate::wire::tuple::{L4Kind, Tuple};
+use crate::wire::family::Family;
+use crate::wire::tuple::{L4Kind, Tuple, TupleWords};
 
 fn ip(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, d)
@@ -53,7 +54,7 @@ fn tcp(f: u8) -> Pkt {
     }
 }
 
-const UDP: Pkt = Pkt {
+pub(super) const UDP: Pkt = Pkt {
     kind: L4Kind::Udp,
     tcp_flags: 0,
     len: 100,
@@ -685,7 +686,7 @@ fn stale_hits_never_touch_reused_slots() {
 // ---- model-based property test -----------------------------------------------------------
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     /// Insert connection k (UDP), reply NAT'd when the flag is set.
     Insert(u8, bool),
     Lookup(u8, bool),
@@ -696,7 +697,7 @@ enum Op {
     Sweep(u8),
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..24, any::<bool>()).prop_map(|(k, n)| Op::Insert(k, n)),
         4 => (0u8..24, any::<bool>()).prop_map(|(k, d)| Op::Lookup(k, d)),
@@ -721,89 +722,119 @@ fn conn(k: u8, nat: bool) -> (Tuple, Tuple) {
     (o, r)
 }
 
+/// The model of one connection: its tuples, when it was last seen, its status.
 #[derive(Debug, Clone, Copy)]
-struct M {
-    orig: Tuple,
-    reply: Tuple,
+struct M<A: Family> {
+    orig: Tuple<A>,
+    reply: Tuple<A>,
     last: u64,
     seen_reply: bool,
     assured: bool,
     id: CtId,
 }
 
-impl M {
+impl<A: Family> M<A> {
     fn live(&self, now: u64) -> bool {
         now < self.last + if self.assured { 120 } else { 30 }
     }
 }
 
+/// Runs `ops` on a 64-entry table of the family and on a HashMap model (from each tuple to its
+/// connection and direction), connection k's tuples given by `conn`: lookups, tracking,
+/// removal, expiry and the table's invariants must agree with the model's.
+pub(super) fn table_matches_model<A: TupleWords<W>, const W: usize>(
+    ops: Vec<Op>,
+    conn: impl Fn(u8, bool) -> (Tuple<A>, Tuple<A>),
+) -> Result<(), TestCaseError> {
+    let ct = CtTable::<Tuple<A>, W>::new(CtConfig {
+        max_entries: 64,
+        ..CtConfig::default()
+    })
+    .unwrap();
+    let mut model: HashMap<Tuple<A>, (M<A>, Dir)> = HashMap::new();
+    let mut now = 0u64;
+    for o in ops {
+        let t = Instant::from_secs(now);
+        model.retain(|_, (m, _)| m.live(now));
+        match o {
+            Op::Insert(k, nat) => {
+                let (orig, reply) = conn(k, nat);
+                let clash = model.get(&orig).or_else(|| model.get(&reply)).map(|x| x.0);
+                match (clash, ct.insert(orig, reply, CtTag::default(), &UDP, t)) {
+                    (Some(m), Err(InsertError::Clash { existing: Some(e) })) => {
+                        prop_assert_eq!(e.id, m.id);
+                    }
+                    (None, Ok(h)) => {
+                        let m = M {
+                            orig,
+                            reply,
+                            last: now,
+                            seen_reply: false,
+                            assured: false,
+                            id: h.id,
+                        };
+                        model.insert(orig, (m, Dir::Original));
+                        model.insert(reply, (m, Dir::Reply));
+                    }
+                    (c, g) => prop_assert!(false, "model {:?} got {:?}", c, g),
+                }
+            }
+            Op::Lookup(k, rdir) => {
+                for nat in [false, true] {
+                    let (orig, reply) = conn(k, nat);
+                    let q = if rdir { reply } else { orig };
+                    let want = model.get(&q).map(|(m, d)| (m.id, *d));
+                    prop_assert_eq!(ct.lookup(&q, t).map(|h| (h.id, h.dir)), want);
+                    prop_assert_eq!(ct.tuple_in_use(&q, t), want.is_some());
+                }
+            }
+            Op::Packet(k, rdir) => {
+                let (orig, _) = conn(k, false);
+                if let Some((mut m, _)) = model.get(&orig).copied() {
+                    let q = if rdir { m.reply } else { m.orig };
+                    let h = ct.lookup(&q, t).unwrap();
+                    prop_assert_eq!(ct.track(&h, &UDP, t), Track::Ok(CtState::None));
+                    if m.seen_reply {
+                        m.assured = true;
+                    }
+                    if rdir {
+                        m.seen_reply = true;
+                    }
+                    m.last = now;
+                    model.insert(m.orig, (m, Dir::Original));
+                    model.insert(m.reply, (m, Dir::Reply));
+                    let h = ct.lookup(&q, t).unwrap();
+                    prop_assert_eq!(h.status.seen_reply(), m.seen_reply);
+                    prop_assert_eq!(h.status.assured(), m.assured);
+                }
+            }
+            Op::Remove(k) => {
+                let (orig, _) = conn(k, false);
+                if let Some((m, _)) = model.get(&orig).copied() {
+                    prop_assert!(ct.remove(m.id));
+                    model.remove(&m.orig);
+                    model.remove(&m.reply);
+                }
+            }
+            Op::Advance(d) => now += u64::from(d),
+            Op::Sweep(b) => {
+                ct.sweep(t, usize::from(b));
+            }
+        }
+        prop_assert!(ct.len() <= 64);
+        let live = model
+            .values()
+            .filter(|(m, d)| *d == Dir::Original && m.live(now))
+            .count();
+        prop_assert_eq!(ct.dump(Instant::from_secs(now)).len(), live);
+    }
+    ct.check_invariants().map_err(TestCaseError::fail)
+}
+
 proptest! {
     #[test]
     fn matches_model(ops in proptest::collection::vec(op(), 1..200)) {
-        let ct = table(64);
-        let mut model: Vec<M> = Vec::new();
-        let mut now = 0u64;
-        for o in ops {
-            let t = s(now);
-            model.retain(|m| m.live(now));
-            match o {
-                Op::Insert(k, nat) => {
-                    let (orig, reply) = conn(k, nat);
-                    let clash = model.iter().find(|m| {
-                        [m.orig, m.reply].iter().any(|x| *x == orig || *x == reply)
-                    });
-                    let got = ct.insert(orig, reply, CtTag::default(), &UDP, t);
-                    match (clash, got) {
-                        (Some(m), Err(InsertError::Clash { existing: Some(e) })) => {
-                            prop_assert_eq!(e.id, m.id);
-                        }
-                        (None, Ok(h)) => model.push(M {
-                            orig, reply, last: now, seen_reply: false, assured: false, id: h.id,
-                        }),
-                        (c, g) => prop_assert!(false, "model {:?} got {:?}", c, g),
-                    }
-                }
-                Op::Lookup(k, rdir) => {
-                    for nat in [false, true] {
-                        let (orig, reply) = conn(k, nat);
-                        let q = if rdir { reply } else { orig };
-                        let want = model.iter().find_map(|m| {
-                            if m.orig == q { Some((m.id, Dir::Original)) }
-                            else if m.reply == q { Some((m.id, Dir::Reply)) }
-                            else { None }
-                        });
-                        let got = ct.lookup(&q, t).map(|h| (h.id, h.dir));
-                        prop_assert_eq!(got, want);
-                        prop_assert_eq!(ct.tuple_in_use(&q, t), want.is_some());
-                    }
-                }
-                Op::Packet(k, rdir) => {
-                    let (orig, _) = conn(k, false);
-                    if let Some(m) = model.iter_mut().find(|m| m.orig == orig) {
-                        let q = if rdir { m.reply } else { m.orig };
-                        let h = ct.lookup(&q, t).unwrap();
-                        prop_assert_eq!(ct.track(&h, &UDP, t), Track::Ok(CtState::None));
-                        if m.seen_reply { m.assured = true; }
-                        if rdir { m.seen_reply = true; }
-                        m.last = now;
-                        let h = ct.lookup(&q, t).unwrap();
-                        prop_assert_eq!(h.status.seen_reply(), m.seen_reply);
-                        prop_assert_eq!(h.status.assured(), m.assured);
-                    }
-                }
-                Op::Remove(k) => {
-                    let (orig, _) = conn(k, false);
-                    if let Some(i) = model.iter().position(|m| m.orig == orig) {
-                        prop_assert!(ct.remove(model[i].id));
-                        model.remove(i);
-                    }
-                }
-                Op::Advance(d) => now += u64::from(d),
-                Op::Sweep(b) => { ct.sweep(t, usize::from(b)); }
-            }
-            prop_assert!(ct.len() <= 64);
-            prop_assert_eq!(ct.dump(s(now)).len(), model.iter().filter(|m| m.live(now)).count());
-        }
+        table_matches_model(ops, conn)?;
     }
 }
 

@@ -4,21 +4,21 @@
     clippy::cast_possible_truncation,
     reason = "test fixtures: small loop counters narrowed into ports and address bytes"
 )]
-use std::collections::HashMap;
 use std::net::Ipv6Addr;
 
 use proptest::prelude::*;
 
 use super::tcp::flags::*;
+use super::tests::{op, table_matches_model, UDP};
 use super::*;
 use crate::time::Instant;
-use crate::wire::tuple::{L4Kind, Tuple6, PROTO_ICMPV6};
+use crate::wire::tuple::{L4Kind, Tuple, PROTO_ICMPV6};
 
-fn a6(s: &str) -> Ipv6Addr {
+fn addr(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
 }
 
-fn table6(max: usize) -> Conntrack6 {
+fn v6_table(max: usize) -> Conntrack6 {
     Conntrack6::new(CtConfig {
         max_entries: max,
         ..CtConfig::default()
@@ -34,26 +34,20 @@ fn tcp(f: u8) -> Pkt {
     }
 }
 
-const UDP: Pkt = Pkt {
-    kind: L4Kind::Udp,
-    tcp_flags: 0,
-    len: 100,
-};
-
 /// Client `k` to an IPv6 ClusterIP, and its reply DNAT'd to an endpoint when `nat`. The
 /// addresses differ only in their low 64 bits, or only in their high ones, so a table that
 /// dropped either half of a word would mix connections up.
-fn conn(k: u16, nat: bool) -> (Tuple6, Tuple6) {
-    let o = Tuple6 {
+fn conn(k: u16, nat: bool) -> (Tuple<Ipv6Addr>, Tuple<Ipv6Addr>) {
+    let o = Tuple {
         src: Ipv6Addr::from(0xfd00_0010_0244_0001_u128 << 64 | u128::from(k)),
-        dst: a6("fd00:10:96::10"),
+        dst: addr("fd00:10:96::10"),
         sport: 1000 + k,
         dport: 53,
         proto: 17,
         zone: 0,
     };
     let r = if nat {
-        Tuple6 {
+        Tuple {
             src: Ipv6Addr::from((0xfd00_0010_0244_0002_u128 + u128::from(k)) << 64 | 2),
             sport: 5353,
             ..o.invert()
@@ -68,24 +62,24 @@ fn conn(k: u16, nat: bool) -> (Tuple6, Tuple6) {
 fn entries_take_128_bytes_and_the_ipv4_ones_stay_64() {
     assert_eq!(std::mem::size_of::<super::table::Entry<5>>(), 128);
     assert_eq!(std::mem::size_of::<super::table::Entry<2>>(), 64);
-    let ct = table6(4096);
+    let ct = v6_table(4096);
     let per = ct.memory_bytes() / 4096;
     assert!(per <= 192 + 64, "{per} bytes per IPv6 connection");
 }
 
 #[test]
 fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
-    let ct = table6(64);
-    let o = Tuple6 {
-        src: a6("fd00:10:244:1::2"),
-        dst: a6("fd00:10:96::10"),
+    let ct = v6_table(64);
+    let o = Tuple {
+        src: addr("fd00:10:244:1::2"),
+        dst: addr("fd00:10:96::10"),
         sport: 40000,
         dport: 80,
         proto: 6,
         zone: 0,
     };
-    let r = Tuple6 {
-        src: a6("fd00:10:244:2::2"),
+    let r = Tuple {
+        src: addr("fd00:10:244:2::2"),
         sport: 8080,
         ..o.invert()
     };
@@ -108,11 +102,11 @@ fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
     assert!(f.status.assured());
     // Another client port, and the same port from a client differing only in the high
     // half of its address, are other connections.
-    assert!(ct.lookup(&Tuple6 { sport: 40001, ..o }, now).is_none());
+    assert!(ct.lookup(&Tuple { sport: 40001, ..o }, now).is_none());
     assert!(ct
         .lookup(
-            &Tuple6 {
-                src: a6("fd01:10:244:1::2"),
+            &Tuple {
+                src: addr("fd01:10:244:1::2"),
                 ..o
             },
             now
@@ -123,10 +117,10 @@ fn tcp_dnat_handshake_found_from_both_sides_and_assured() {
 
 #[test]
 fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
-    let ct = table6(64);
-    let o = Tuple6 {
-        src: a6("fd00:10:244:1::2"),
-        dst: a6("2001:db8::1"),
+    let ct = v6_table(64);
+    let o = Tuple {
+        src: addr("fd00:10:244:1::2"),
+        dst: addr("2001:db8::1"),
         sport: 77,
         dport: 77,
         proto: PROTO_ICMPV6,
@@ -162,7 +156,7 @@ fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
     assert!(ct.lookup(&o, Instant::from_secs(32)).is_none());
     let _ = h;
     // Protocol 1 in an IPv6 packet is not ICMP: tracked as a generic protocol, 600 s.
-    let g = Tuple6 {
+    let g = Tuple {
         proto: 1,
         sport: 0,
         dport: 0,
@@ -179,11 +173,11 @@ fn icmpv6_echo_is_tracked_by_identifier_and_icmpv4_is_not_echo_here() {
 
 #[test]
 fn fmt_dump_prints_like_conntrack_l_f_ipv6() {
-    let ct = table6(64);
+    let ct = v6_table(64);
     let now = Instant::from_millis(1_000);
-    let e = Tuple6 {
-        src: a6("fd00::1"),
-        dst: a6("fd00::2"),
+    let e = Tuple {
+        src: addr("fd00::1"),
+        dst: addr("fd00::2"),
         sport: 9,
         dport: 9,
         proto: PROTO_ICMPV6,
@@ -210,117 +204,16 @@ fn fmt_dump_prints_like_conntrack_l_f_ipv6() {
     assert_eq!(ct.dump(now)[1].protocol, "icmpv6");
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Insert(u8, bool),
-    Lookup(u8, bool),
-    Packet(u8, bool),
-    Remove(u8),
-    Advance(u8),
-    Sweep(u8),
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (0u8..24, any::<bool>()).prop_map(|(k, n)| Op::Insert(k, n)),
-        4 => (0u8..24, any::<bool>()).prop_map(|(k, d)| Op::Lookup(k, d)),
-        3 => (0u8..24, any::<bool>()).prop_map(|(k, d)| Op::Packet(k, d)),
-        1 => (0u8..24).prop_map(Op::Remove),
-        2 => (0u8..40).prop_map(Op::Advance),
-        1 => (1u8..64).prop_map(Op::Sweep),
-    ]
-}
-
-/// The model: a HashMap from each tuple to its connection's id, direction and timing.
-#[derive(Debug, Clone, Copy)]
-struct M {
-    orig: Tuple6,
-    reply: Tuple6,
-    last: u64,
-    seen_reply: bool,
-    assured: bool,
-    id: CtId,
-}
-
-impl M {
-    fn live(&self, now: u64) -> bool {
-        now < self.last + if self.assured { 120 } else { 30 }
-    }
-}
-
 proptest! {
     #[test]
     fn ipv6_table_matches_a_hashmap_model(ops in proptest::collection::vec(op(), 1..200)) {
-        let ct = table6(64);
-        let mut model: HashMap<Tuple6, (M, Dir)> = HashMap::new();
-        let mut now = 0u64;
-        for o in ops {
-            let t = Instant::from_secs(now);
-            model.retain(|_, (m, _)| m.live(now));
-            match o {
-                Op::Insert(k, nat) => {
-                    let (orig, reply) = conn(u16::from(k), nat);
-                    let clash = model.get(&orig).or_else(|| model.get(&reply)).map(|x| x.0);
-                    match (clash, ct.insert(orig, reply, CtTag::default(), &UDP, t)) {
-                        (Some(m), Err(InsertError::Clash { existing: Some(e) })) => {
-                            prop_assert_eq!(e.id, m.id);
-                        }
-                        (None, Ok(h)) => {
-                            let m = M { orig, reply, last: now, seen_reply: false, assured: false, id: h.id };
-                            model.insert(orig, (m, Dir::Original));
-                            model.insert(reply, (m, Dir::Reply));
-                        }
-                        (c, g) => prop_assert!(false, "model {:?} got {:?}", c, g),
-                    }
-                }
-                Op::Lookup(k, rdir) => {
-                    for nat in [false, true] {
-                        let (orig, reply) = conn(u16::from(k), nat);
-                        let q = if rdir { reply } else { orig };
-                        let want = model.get(&q).map(|(m, d)| (m.id, *d));
-                        prop_assert_eq!(ct.lookup(&q, t).map(|h| (h.id, h.dir)), want);
-                        prop_assert_eq!(ct.tuple_in_use(&q, t), want.is_some());
-                    }
-                }
-                Op::Packet(k, rdir) => {
-                    let (orig, _) = conn(u16::from(k), false);
-                    if let Some((m, _)) = model.get(&orig).copied() {
-                        let q = if rdir { m.reply } else { m.orig };
-                        let h = ct.lookup(&q, t).unwrap();
-                        prop_assert_eq!(ct.track(&h, &UDP, t), Track::Ok(CtState::None));
-                        let mut m = m;
-                        if m.seen_reply { m.assured = true; }
-                        if rdir { m.seen_reply = true; }
-                        m.last = now;
-                        model.insert(m.orig, (m, Dir::Original));
-                        model.insert(m.reply, (m, Dir::Reply));
-                        let h = ct.lookup(&q, t).unwrap();
-                        prop_assert_eq!(h.status.seen_reply(), m.seen_reply);
-                        prop_assert_eq!(h.status.assured(), m.assured);
-                    }
-                }
-                Op::Remove(k) => {
-                    let (orig, _) = conn(u16::from(k), false);
-                    if let Some((m, _)) = model.get(&orig).copied() {
-                        prop_assert!(ct.remove(m.id));
-                        model.remove(&m.orig);
-                        model.remove(&m.reply);
-                    }
-                }
-                Op::Advance(d) => now += u64::from(d),
-                Op::Sweep(b) => { ct.sweep(t, usize::from(b)); }
-            }
-            prop_assert!(ct.len() <= 64);
-            let live = model.values().filter(|(m, d)| *d == Dir::Original && m.live(now)).count();
-            prop_assert_eq!(ct.dump(Instant::from_secs(now)).len(), live);
-        }
-        ct.check_invariants().map_err(TestCaseError::fail)?;
+        table_matches_model(ops, |k, nat| conn(u16::from(k), nat))?;
     }
 }
 
 #[test]
 fn full_ipv6_table_early_drops_and_stays_bounded() {
-    let ct = table6(32);
+    let ct = v6_table(32);
     let now = Instant::from_secs(1);
     for k in 0..200u16 {
         let (o, r) = conn(k, k % 2 == 0);

@@ -17,7 +17,7 @@ use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
 use crate::l3::route::{NextHop, RouteReader};
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
-use crate::nat::netfilter::{NatCtx, Netfilter, Routing, Routing6};
+use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame};
@@ -174,7 +174,7 @@ impl Prerouting for NatHook<'_> {
     ) -> Hook {
         let routes = batch.routes6();
         let view = RouterView6 { router, routes };
-        self.nf.prerouting6(&view, b, l3, info, self.cx, now)
+        self.nf.prerouting(&view, b, l3, info, self.cx, now)
     }
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
@@ -189,7 +189,7 @@ struct RouterView<'r, 'a> {
     routes: &'r RouteReader<'a>,
 }
 
-impl Routing for RouterView<'_, '_> {
+impl Routing<Ipv4Addr> for RouterView<'_, '_> {
     #[inline]
     fn is_local(&self, addr: Ipv4Addr) -> bool {
         self.router.local_iface(addr).is_some()
@@ -212,14 +212,14 @@ struct RouterView6<'r, 'a> {
     routes: &'r RouteReader<'a, Ipv6Addr>,
 }
 
-impl Routing6 for RouterView6<'_, '_> {
+impl Routing<Ipv6Addr> for RouterView6<'_, '_> {
     #[inline]
-    fn is_local6(&self, addr: Ipv6Addr) -> bool {
+    fn is_local(&self, addr: Ipv6Addr) -> bool {
         self.router.local_iface6(addr).is_some()
     }
 
     #[inline]
-    fn egress6(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)> {
+    fn egress(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)> {
         let i = self.routes.lookup(dst)?.iface()?;
         Some((i, self.router.iface_addr6(i).map(|a| a.0)))
     }
@@ -608,8 +608,8 @@ impl Datapath {
             let meta = L3Hint::of(b);
             let hook = match meta.ether_type {
                 _ if meta.tagged => Hook::Accept,
-                ethertype::IPV4 => nf.bridged(b, usize::from(meta.l3), now),
-                ethertype::IPV6 => nf.bridged6(b, usize::from(meta.l3), now),
+                ethertype::IPV4 => nf.bridged::<Ipv4Addr, 2>(b, usize::from(meta.l3), now),
+                ethertype::IPV6 => nf.bridged::<Ipv6Addr, 5>(b, usize::from(meta.l3), now),
                 _ => Hook::Accept,
             };
             match hook {

@@ -31,13 +31,14 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use tapyard::nat::{alloc_source, PortRange, Tuple};
+//! use tapyard::wire::family::IpProto;
 //!
 //! let orig = Tuple {
 //!     src: Ipv4Addr::new(10, 244, 1, 5),
 //!     dst: Ipv4Addr::new(93, 184, 216, 34),
 //!     sport: 40000,
 //!     dport: 443,
-//!     proto: 6,
+//!     proto: IpProto::TCP.number(),
 //!     zone: 0,
 //! };
 //! let node = Ipv4Addr::new(192, 168, 0, 10);
@@ -131,7 +132,7 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
 }
 
 /// Chooses a translated source for `orig` (see the [module docs](self)), for either family
-/// ([`Tuple`], [`Tuple6`](crate::nat::Tuple6)): returns `{src: to_addr, sport: chosen,
+/// ([`Tuple`], [`Tuple<Ipv6Addr>`](crate::nat::Tuple)): returns `{src: to_addr, sport: chosen,
 /// ..orig}` (ICMP and ICMPv6 echo: the identifier in both port fields) such that
 /// `in_use(&result.invert())` is false, or `None` when the tries are exhausted.
 pub fn alloc_source<T: CtKey<W>, const W: usize>(
@@ -224,7 +225,7 @@ fn search(
 mod tests {
     use super::*;
     use crate::wire::ipv4::PROTO_ICMP;
-    use crate::wire::tuple::{Tuple, Tuple6, PROTO_ICMPV6};
+    use crate::wire::tuple::{Tuple, PROTO_ICMPV6};
     use std::collections::HashSet;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -330,7 +331,7 @@ mod tests {
     #[test]
     fn ipv6_tuples_get_the_same_choices() {
         let node6: Ipv6Addr = "fd00:172:18::2".parse().unwrap();
-        let o6 = |proto: u8, sport: u16| Tuple6 {
+        let o6 = |proto: u8, sport: u16| Tuple {
             src: "fd00:10:244:1::5".parse().unwrap(),
             dst: "2001:db8::7".parse().unwrap(),
             sport,

@@ -37,15 +37,16 @@
 //! ```
 //! use std::net::{Ipv4Addr, SocketAddrV4};
 //! use tapyard::nat::{Endpoint, Rng, ServiceSpec, Services};
+//! use tapyard::wire::family::IpProto;
 //! use tapyard::Instant;
 //!
 //! let services = Services::new(1024);
-//! let mut spec = ServiceSpec::new("default/web:http", Ipv4Addr::new(10, 96, 0, 10), 80, 6);
+//! let mut spec = ServiceSpec::new("default/web:http", Ipv4Addr::new(10, 96, 0, 10), 80, IpProto::TCP);
 //! spec.endpoints.push(Endpoint::new(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 5), 8080), true));
 //! let id = services.upsert(spec).unwrap();
 //!
 //! let mut rng = Rng::new(1); // one per worker
-//! let svc = services.by_vip(Ipv4Addr::new(10, 96, 0, 10), 80, 6).unwrap();
+//! let svc = services.by_vip(Ipv4Addr::new(10, 96, 0, 10), 80, IpProto::TCP.number()).unwrap();
 //! assert_eq!(svc.id(), id);
 //! let ep = services.select(&svc, Ipv4Addr::new(10, 244, 2, 9), 0, rng.next_u64(), false, Instant::ZERO);
 //! assert_eq!(ep, Some(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 5), 8080)));
@@ -60,10 +61,7 @@ pub mod service;
 pub use alloc::{
     alloc_source, alloc_source_random_fully, PortRange, MAX_ATTEMPTS, MAX_ATTEMPTS_TOTAL,
 };
-pub use netfilter::{
-    MasqueradeRule, MasqueradeRule6, NatConfig, NatRules, Netfilter, NfCounters, Prefix, Prefix6,
-    SnatRule, SnatRule6,
-};
+pub use netfilter::{MasqueradeRule, NatConfig, NatRules, Netfilter, NfCounters, Prefix, SnatRule};
 pub use rewrite::{
     rewrite, rewrite6, rewrite_addrs, rewrite_icmp_error, rewrite_icmp_error6, CsumMode,
     RewriteError,
@@ -74,7 +72,7 @@ pub use service::{
 };
 
 #[doc(no_inline)]
-pub use crate::wire::tuple::{L4Kind, Tuple, Tuple6};
+pub use crate::wire::tuple::{L4Kind, Tuple};
 
 /// A small, fast, non-cryptographic PRNG (wyrand), one per worker thread: random endpoint
 /// choice without a shared generator or lock. Seed each worker differently (e.g. from its

@@ -75,7 +75,7 @@
 //! TCP windows are not tracked (see [`crate::conntrack`]). Connections are tracked only when
 //! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use arc_swap::ArcSwap;
 
@@ -85,131 +85,117 @@ use crate::conntrack::{
     Conntrack, Conntrack6, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt,
     Track,
 };
+use crate::l3::route::RouteAddr;
 use crate::l3::router::{ErrorNat, Hook};
-use crate::narrow::len32;
+use crate::narrow::{len32, low32, low64};
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
-use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet, PROTO_TCP, PROTO_UDP};
+use crate::wire::family::Family;
+use crate::wire::ipv4::{Ipv4Info, Ipv4Packet, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::{L4Kind, L4Ports, Tuple};
 
-/// An IPv4 prefix, `addr/len`.
+/// A prefix of either family, `addr/len` (`A`: [`Ipv4Addr`], the default, or [`Ipv6Addr`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Prefix {
+pub struct Prefix<A = Ipv4Addr> {
     /// The network address (host bits are ignored).
-    pub addr: Ipv4Addr,
-    /// The prefix length, 0 to 32.
+    pub addr: A,
+    /// The prefix length, 0 to 32 (IPv6: 128).
     pub len: u8,
 }
 
-impl Prefix {
-    /// `addr/len`.
-    pub fn new(addr: Ipv4Addr, len: u8) -> Prefix {
+impl<A: RouteAddr> Prefix<A> {
+    /// `addr/len` (a longer `len` is the family's full length).
+    pub fn new(addr: A, len: u8) -> Prefix<A> {
         Prefix {
             addr,
-            len: len.min(32),
+            len: len.min(A::BITS),
         }
     }
 
     /// Whether `a` is inside the prefix.
     #[inline]
-    pub fn contains(&self, a: Ipv4Addr) -> bool {
-        self.len == 0 || (u32::from(a) ^ u32::from(self.addr)) >> (32 - u32::from(self.len)) == 0
+    pub fn contains(&self, a: A) -> bool {
+        self.len == 0 || a.mask(self.len) == self.addr.mask(self.len)
     }
 }
 
-impl std::fmt::Display for Prefix {
+impl<A: std::fmt::Display> std::fmt::Display for Prefix<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.addr, self.len)
     }
-}
-
-/// An IPv6 prefix, `addr/len`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Prefix6 {
-    /// The network address (host bits are ignored).
-    pub addr: Ipv6Addr,
-    /// The prefix length, 0 to 128.
-    pub len: u8,
-}
-
-impl Prefix6 {
-    /// `addr/len`.
-    pub fn new(addr: Ipv6Addr, len: u8) -> Prefix6 {
-        Prefix6 {
-            addr,
-            len: len.min(128),
-        }
-    }
-
-    /// Whether `a` is inside the prefix.
-    #[inline]
-    pub fn contains(&self, a: Ipv6Addr) -> bool {
-        self.len == 0 || (u128::from(a) ^ u128::from(self.addr)) >> (128 - u32::from(self.len)) == 0
-    }
-}
-
-impl std::fmt::Display for Prefix6 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
-
-/// [`MasqueradeRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <cluster6> ! -d
-/// <cluster6> -o eth0 -j MASQUERADE`): the new source is `out`'s global IPv6 address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MasqueradeRule6 {
-    /// The egress interface.
-    pub out: IfaceId,
-    /// Sources it applies to (`None`: any).
-    pub src: Option<Prefix6>,
-    /// Destinations it does not apply to (`None`: none excepted).
-    pub except_dst: Option<Prefix6>,
 }
 
 /// Masquerade pod traffic that leaves through an interface (CNI `ipMasq`, or the node's
-/// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`): a new
+/// `iptables -t nat -A POSTROUTING -s <cluster> ! -d <cluster> -o eth0 -j MASQUERADE`; IPv6,
+/// `A` = [`Ipv6Addr`]: `ip6tables`, the new source being `out`'s global IPv6 address): a new
 /// connection whose egress interface is `out`, whose source is inside `src` and whose
 /// destination is outside `except_dst` takes `out`'s address as its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MasqueradeRule {
+pub struct MasqueradeRule<A = Ipv4Addr> {
     /// The egress interface.
     pub out: IfaceId,
     /// Sources it applies to (`None`: any).
-    pub src: Option<Prefix>,
+    pub src: Option<Prefix<A>>,
     /// Destinations it does not apply to (`None`: none excepted).
-    pub except_dst: Option<Prefix>,
+    pub except_dst: Option<Prefix<A>>,
 }
 
-/// Source NAT to a fixed address: a new connection from `src` leaving through `out` (or any
-/// interface) takes `to` as its source, with a port from `ports`.
+/// Source NAT to a fixed address (`iptables`/`ip6tables -t nat -A POSTROUTING -s <src> [-o
+/// <out>] -j SNAT --to-source <to>[:<ports>]`): a new connection from `src` leaving through
+/// `out` (or any interface) takes `to` as its source, with a port from `ports`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnatRule {
+pub struct SnatRule<A = Ipv4Addr> {
     /// The egress interface (`None`: any).
     pub out: Option<IfaceId>,
     /// Sources it applies to.
-    pub src: Prefix,
+    pub src: Prefix<A>,
     /// The new source address.
-    pub to: Ipv4Addr,
+    pub to: A,
     /// Source ports to use; `None` as iptables' SNAT without a port range: the original port
     /// when free, else one of its class ([`PortRange::linux_default`]: privileged ports stay
     /// privileged).
     pub ports: Option<PortRange>,
 }
 
-/// [`SnatRule`] for IPv6 (`ip6tables -t nat -A POSTROUTING -s <src> [-o <out>] -j SNAT
-/// --to-source <to>[:<ports>]`): a new IPv6 connection from `src` leaving through `out` (or
-/// any interface) takes `to` as its source, with a port from `ports`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnatRule6 {
-    /// The egress interface (`None`: any).
-    pub out: Option<IfaceId>,
-    /// Sources it applies to.
-    pub src: Prefix6,
-    /// The new source address.
-    pub to: Ipv6Addr,
-    /// Source ports to use; `None`: as [`SnatRule::ports`].
-    pub ports: Option<PortRange>,
+/// One family's rules of a [`NatRules`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FamilyRules<'a, A> {
+    cluster_cidr: Option<Prefix<A>>,
+    masquerade: &'a [MasqueradeRule<A>],
+    snat: &'a [SnatRule<A>],
+}
+
+impl NatRules {
+    /// The rules of family `A`.
+    pub(crate) fn of<A: NatRulesOf>(&self) -> FamilyRules<'_, A> {
+        A::rules(self)
+    }
+}
+
+/// Where a family's rules are in [`NatRules`].
+pub(crate) trait NatRulesOf: Sized {
+    fn rules(r: &NatRules) -> FamilyRules<'_, Self>;
+}
+
+impl NatRulesOf for Ipv4Addr {
+    fn rules(r: &NatRules) -> FamilyRules<'_, Ipv4Addr> {
+        FamilyRules {
+            cluster_cidr: r.cluster_cidr,
+            masquerade: &r.masquerade,
+            snat: &r.snat,
+        }
+    }
+}
+
+impl NatRulesOf for Ipv6Addr {
+    fn rules(r: &NatRules) -> FamilyRules<'_, Ipv6Addr> {
+        FamilyRules {
+            cluster_cidr: r.cluster_cidr6,
+            masquerade: &r.masquerade6,
+            snat: &r.snat6,
+        }
+    }
 }
 
 /// The rules besides Services, replaced as a whole by [`Netfilter::set_rules`].
@@ -219,16 +205,16 @@ pub struct NatRules {
     /// outside it is masqueraded. `None`: no source is "outside".
     pub cluster_cidr: Option<Prefix>,
     /// The cluster's IPv6 pod prefix, as `cluster_cidr` for IPv6 Service traffic.
-    pub cluster_cidr6: Option<Prefix6>,
+    pub cluster_cidr6: Option<Prefix<Ipv6Addr>>,
     /// IPv6 masquerade rules, first match wins (checked after Service marks). The port
     /// settings below apply to both families.
-    pub masquerade6: Vec<MasqueradeRule6>,
+    pub masquerade6: Vec<MasqueradeRule<Ipv6Addr>>,
     /// Masquerade rules, first match wins (checked after Service marks).
     pub masquerade: Vec<MasqueradeRule>,
     /// SNAT rules, first match wins (checked after masquerade rules).
     pub snat: Vec<SnatRule>,
     /// IPv6 SNAT rules, first match wins (checked after the IPv6 masquerade rules).
-    pub snat6: Vec<SnatRule6>,
+    pub snat6: Vec<SnatRule<Ipv6Addr>>,
     /// Ports MASQUERADE remaps a source port into when the original is taken (default
     /// as Linux: the source port is kept when free; otherwise 1024-65535, or 1-1023 for a
     /// privileged source port).
@@ -344,7 +330,7 @@ struct Memo {
 
 /// A translation prepared for one packet tuple.
 #[derive(Clone, Copy, Debug)]
-enum Xlat {
+pub(crate) enum Xlat {
     /// The packet keeps its tuple.
     Keep,
     /// Rewrite it.
@@ -411,25 +397,18 @@ fn tcp_udp_key(ip: &[u8], hdr_len: usize) -> Option<([u64; 2], L4Kind)> {
 /// An ICMP error about no tracked connection, on the routed path.
 const INVALID: Hook = Hook::Drop(DropReason::CtInvalid);
 
-/// What the NAT engine needs to know of routing: whether an address is the node's own, and
-/// by which interface (with that interface's address) a destination leaves. The pipeline
-/// lends the router's view for one packet; the engine knows nothing else of the router.
-pub(crate) trait Routing {
-    /// Whether `addr` is one of the node's own interface addresses.
-    fn is_local(&self, addr: Ipv4Addr) -> bool;
-    /// The interface a packet to `dst` leaves by, and that interface's IPv4 address (none on
-    /// an IPv6-only interface); `None` when no route delivers it (none, blackhole,
-    /// unreachable).
-    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Option<Ipv4Addr>)>;
-}
-
-/// [`Routing`] for IPv6: the router's IPv6 addresses and a lookup in the batch's IPv6 table.
-pub(crate) trait Routing6 {
-    /// Whether `addr` is one of the node's own IPv6 addresses (global or link-local).
-    fn is_local6(&self, addr: Ipv6Addr) -> bool;
-    /// The interface a packet to the IPv6 `dst` leaves by, and that interface's global IPv6
-    /// address if it has one; `None` when no route delivers it.
-    fn egress6(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)>;
+/// What the NAT engine needs to know of routing, for addresses of family `A`: whether an
+/// address is the node's own, and by which interface (with that interface's address of the
+/// family) a destination leaves. The pipeline lends the router's view for one packet; the
+/// engine knows nothing else of the router.
+pub(crate) trait Routing<A> {
+    /// Whether `addr` is one of the node's own interface addresses (IPv6: global or
+    /// link-local).
+    fn is_local(&self, addr: A) -> bool;
+    /// The interface a packet to `dst` leaves by, and that interface's address of the family
+    /// (IPv6: its global address; none when it has none); `None` when no route delivers it
+    /// (none, blackhole, unreachable).
+    fn egress(&self, dst: A) -> Option<(IfaceId, Option<A>)>;
 }
 
 /// A worker's own NAT state, lent to the hook for a batch: its random source (endpoint
@@ -452,7 +431,10 @@ impl NatCtx {
     }
 }
 
+mod family;
 mod v6;
+
+pub(crate) use family::NatFamily;
 
 /// The conntrack + NAT engine of one datapath (see the module docs).
 pub struct Netfilter {
@@ -479,7 +461,7 @@ impl std::fmt::Debug for Netfilter {
 /// The translation a connection applies to a packet travelling in `dir`: the tuple the packet
 /// must carry after NAT.
 #[inline]
-fn target(hit: &CtHit) -> Tuple {
+fn target<A: Family>(hit: &CtHit<Tuple<A>>) -> Tuple<A> {
     match hit.dir {
         Dir::Original => hit.reply.invert(),
         Dir::Reply => hit.orig.invert(),
@@ -487,15 +469,29 @@ fn target(hit: &CtHit) -> Tuple {
 }
 
 #[inline]
-fn is_natted(hit: &CtHit) -> bool {
+fn is_natted<A: Family>(hit: &CtHit<Tuple<A>>) -> bool {
     hit.orig.invert() != hit.reply
 }
 
-fn tcp_flags(l3: &[u8], info: &Ipv4Info, kind: L4Kind) -> u8 {
+/// The TCP flags of the segment at `l4` (0 for other kinds or a short segment).
+#[inline]
+fn tcp_flags(l3: &[u8], l4: usize, kind: L4Kind) -> u8 {
     match kind {
-        L4Kind::Tcp => l3.get(info.hdr_len + 13).copied().unwrap_or(0),
+        L4Kind::Tcp => l3.get(l4 + 13).copied().unwrap_or(0),
         _ => 0,
     }
+}
+
+/// The packet a hook works on: the datagram's bytes, its header facts (updated when it is
+/// translated), its tuple (of an ICMP error: the quoted packet's) and kind, its checksum mode,
+/// and the time.
+struct Seen<'p, A: Family, I> {
+    ip: &'p mut [u8],
+    info: &'p mut I,
+    t: Tuple<A>,
+    kind: L4Kind,
+    mode: CsumMode,
+    now: Instant,
 }
 
 fn csum_mode(b: &PacketBuf) -> CsumMode {
@@ -689,151 +685,94 @@ impl Netfilter {
         self.ct.prefetch(&self.ct.locate(&Tuple::from_words(key)));
     }
 
-    /// The PREROUTING hook for a packet the router received on `in_if` (see the module docs).
-    /// `l3` is the IPv4 header's offset in the frame and `info` its checked facts, updated when
-    /// the packet is translated.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn prerouting(
+    /// The PREROUTING hook for a packet of family `A` the router received (see the module
+    /// docs). `l3` is the IP header's offset in the frame and `info` its checked facts
+    /// (IPv6: by [`crate::wire::ipv6::check`]), updated when the packet is translated.
+    #[inline]
+    pub(crate) fn prerouting<A: NatFamily<W>, const W: usize>(
         &self,
-        routing: &impl Routing,
+        routing: &impl Routing<A>,
         b: &mut PacketBuf,
         l3: usize,
-        info: &mut Ipv4Info,
+        info: &mut A::Info,
         cx: &mut NatCtx,
         now: Instant,
     ) -> Hook {
         let mode = csum_mode(b);
-        let end = l3 + info.total_len;
+        let end = l3 + A::total_len(info);
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Drop(DropReason::Truncated);
         };
-        if let Some(h) = self.memo_hit(ip, info, &mut cx.memo, now, mode) {
+        if let Some(h) = A::memo_hit(self, ip, info, &mut cx.memo, now, mode) {
             return h;
         }
-        let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
+        let Some((t, kind)) = A::tuple(ip, info) else {
             self.counters.untracked.add(1);
             return Hook::Accept;
         };
-        if let L4Kind::IcmpError { inner_l3 } = kind {
-            return self.related(ip, info, t, usize::from(inner_l3), mode, now, INVALID);
+        if A::UNTRACKED_INFO_ICMP && t.proto == A::ICMP.number() && kind == L4Kind::Other {
+            // NDP, MLD, router solicitations and advertisements and other informational
+            // ICMPv6: link-local control traffic, not connections (Linux's `icmpv6_new`
+            // refuses to create entries for them); never dropped as INVALID here.
+            self.counters.untracked.add(1);
+            return Hook::Accept;
         }
+        let ct = A::conntrack(self);
         let pkt = Pkt {
             kind,
-            tcp_flags: tcp_flags(ip, info, kind),
-            len: len32(info.total_len),
+            tcp_flags: tcp_flags(ip, A::l4_off(info), kind),
+            len: len32(A::total_len(info)),
         };
-        let key = t.to_words();
-        if let Some(hit) = self.ct.lookup(&t, now) {
-            let x = xlat(&t, kind, &target(&hit));
+        let p = Seen {
+            ip,
+            info,
+            t,
+            kind,
+            mode,
+            now,
+        };
+        if let L4Kind::IcmpError { inner_l3 } = kind {
+            return self.related(p, usize::from(inner_l3), INVALID);
+        }
+        if let Some(hit) = ct.lookup(&t, now) {
+            let x = A::xlat(&t, kind, &target(&hit));
             // Only a packet that refreshed the entry's timeout (`Ok`) stamps a memo: that is
             // what bounds how soon the entry can expire.
-            let keep = match self.ct.track(&hit, &pkt, now) {
+            let keep = match ct.track(&hit, &pkt, now) {
                 Track::Ok(_) => true,
                 Track::Ignored | Track::Related | Track::Closed => false,
-                Track::Invalid(_) if self.ct.config().liberal => false,
+                Track::Invalid(_) if ct.config().liberal => false,
                 Track::Invalid(_) => return Hook::Drop(DropReason::CtInvalid),
                 // The old connection is gone: this packet opens a new one.
                 Track::Reopen | Track::Gone => {
-                    return self.new_connection(routing, ip, info, t, kind, &pkt, cx, now, mode)
+                    return self.new_connection(routing, p, &pkt, cx);
                 }
             };
-            if keep {
-                cx.memo.put(Memo {
-                    key,
-                    id: hit.id,
-                    dir: hit.dir,
-                    proto: hit.orig.proto,
-                    xlat: x,
-                    seen_us: now.micros(),
-                });
-            } else {
-                cx.memo.forget(FlowMemo::slot(&key));
-            }
-            return apply_xlat(ip, info, &x, mode);
+            A::remember(&mut cx.memo, &t, &hit, &x, keep, now);
+            return A::apply_xlat(p.ip, p.info, &x, mode);
         }
-        self.new_connection(routing, ip, info, t, kind, &pkt, cx, now, mode)
-    }
-
-    /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
-    /// are read straight from the header and compared with the memo's, and on a match the
-    /// packet is tracked and translated without a lookup. `None`: not the memo's connection
-    /// (or the connection is gone): take the full path.
-    #[inline]
-    fn memo_hit(
-        &self,
-        ip: &mut [u8],
-        info: &mut Ipv4Info,
-        memo: &mut FlowMemo,
-        now: Instant,
-        mode: CsumMode,
-    ) -> Option<Hook> {
-        if memo.slots.is_empty() {
-            return None;
-        }
-        let (key, kind) = tcp_udp_key(ip, info.hdr_len)?;
-        let now_us = now.micros();
-        let slot = FlowMemo::slot(&key);
-        let m = memo.get(slot, &key)?;
-        // Trusted only while the connection cannot have expired unseen (see `memo_window_us`).
-        if now_us.saturating_sub(m.seen_us) > self.memo_window_us {
-            return None;
-        }
-        let pkt = Pkt {
-            kind,
-            tcp_flags: tcp_flags(ip, info, kind),
-            len: len32(info.total_len),
-        };
-        // Tracked against the entry's current control word: a FIN, RST, invalid packet or
-        // removal is seen exactly as without the memo.
-        Some(match self.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
-            Track::Ok(_) => {
-                memo.touch(slot, now_us);
-                apply_xlat(ip, info, &m.xlat, mode)
-            }
-            Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
-            Track::Closed => {
-                let h = apply_xlat(ip, info, &m.xlat, mode);
-                memo.forget(slot);
-                h
-            }
-            Track::Invalid(_) if self.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
-            Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
-            // Removed or closed since: look it up again.
-            Track::Reopen | Track::Gone => {
-                memo.forget(slot);
-                return None;
-            }
-        })
+        self.new_connection(routing, p, &pkt, cx)
     }
 
     /// Translates a packet of a known connection to `to` (a no-op when it already carries it).
-    fn apply(
-        &self,
-        ip: &mut [u8],
-        info: &mut Ipv4Info,
-        from: &Tuple,
-        kind: L4Kind,
-        to: &Tuple,
-        mode: CsumMode,
-    ) -> Hook {
-        apply_xlat(ip, info, &xlat(from, kind, to), mode)
+    #[inline]
+    fn apply<A: NatFamily<W>, const W: usize>(p: Seen<'_, A, A::Info>, to: &Tuple<A>) -> Hook {
+        A::apply_xlat(p.ip, p.info, &A::xlat(&p.t, p.kind, to), p.mode)
     }
 
-    /// An ICMP error quoting a packet with tuple `q`: RELATED to `q`'s connection; `on_miss`
-    /// when there is none.
-    #[allow(clippy::too_many_arguments)]
-    fn related(
+    /// An ICMP error quoting a packet with tuple `p.t`: RELATED to that packet's connection;
+    /// `on_miss` when there is none.
+    fn related<A: NatFamily<W>, const W: usize>(
         &self,
-        ip: &mut [u8],
-        info: &mut Ipv4Info,
-        q: Tuple,
+        p: Seen<'_, A, A::Info>,
         inner_l3: usize,
-        mode: CsumMode,
-        now: Instant,
         on_miss: Hook,
     ) -> Hook {
+        let Some(ct) = A::conntrack_if_made(self) else {
+            return on_miss;
+        };
         // The error travels against the quoted packet: look its inverse up.
-        let Some(hit) = self.ct.lookup(&q.invert(), now) else {
+        let Some(hit) = ct.lookup(&p.t.invert(), p.now) else {
             return on_miss;
         };
         self.counters.related.add(1);
@@ -848,24 +787,12 @@ impl Netfilter {
         let t = target(&hit);
         // The outer destination is ours (translated); the outer source is changed only when
         // it is the connection's own peer (an intermediate router keeps its address).
-        let outer_src = if info.src == this_dir.src {
-            t.src
-        } else {
-            info.src
-        };
-        let outer_dst = t.dst;
-        match nat::rewrite_icmp_error(
-            ip,
-            info.hdr_len,
-            inner_l3,
-            &quoted_was,
-            outer_src,
-            outer_dst,
-            mode,
-        ) {
+        let src = A::src(p.info);
+        let outer_src = if src == this_dir.src { t.src } else { src };
+        let outer = (outer_src, t.dst);
+        match A::rewrite_error(p.ip, p.info, inner_l3, &quoted_was, outer, p.mode) {
             Ok(()) => {
-                info.src = outer_src;
-                info.dst = outer_dst;
+                A::set_addrs(p.info, outer.0, outer.1);
                 Hook::Accept
             }
             Err(_) => Hook::Drop(DropReason::NatUntranslatable),
@@ -873,31 +800,28 @@ impl Netfilter {
     }
 
     /// The first packet of a connection: Services (DNAT), routing, masquerade/SNAT, insert.
-    #[allow(clippy::too_many_arguments)]
-    fn new_connection(
+    fn new_connection<A: NatFamily<W>, const W: usize>(
         &self,
-        routing: &impl Routing,
-        ip: &mut [u8],
-        info: &mut Ipv4Info,
-        t: Tuple,
-        kind: L4Kind,
+        routing: &impl Routing<A>,
+        p: Seen<'_, A, A::Info>,
         pkt: &Pkt,
         cx: &mut NatCtx,
-        now: Instant,
-        mode: CsumMode,
     ) -> Hook {
-        let rules = self.rules.load();
-        let outside = |a: Ipv4Addr| rules.cluster_cidr.is_some_and(|c| !c.contains(a));
-        let hash = flow_hash(&t);
+        let (t, now) = (p.t, p.now);
+        let ct = A::conntrack(self);
+        let all_rules = self.rules.load();
+        let rules = all_rules.of::<A>();
+        let outside = |a| rules.cluster_cidr.is_some_and(|c| !c.contains(a));
+        let hash = A::flow_hash(&t);
         let mut tag = CtTag::default();
         let mut masq = false;
         let mut after = t;
         let mut hairpin = false;
-        if matches!(kind, L4Kind::Tcp | L4Kind::Udp) {
-            let (svc, node_port) = match self.services.by_vip(t.dst, t.dport, t.proto) {
+        if matches!(p.kind, L4Kind::Tcp | L4Kind::Udp) {
+            let (svc, node_port) = match A::by_vip(&self.services, t.dst, t.dport, t.proto) {
                 Some(s) => (Some(s), false),
                 None if routing.is_local(t.dst) => {
-                    (self.services.by_node_port(t.dport, t.proto), true)
+                    (A::by_node_port(&self.services, t.dport, t.proto), true)
                 }
                 None => (None, false),
             };
@@ -907,12 +831,12 @@ impl Netfilter {
                 // destinations"); only external clients get the Local policy.
                 let from_pod = rules.cluster_cidr.is_some_and(|c| c.contains(t.src));
                 let local_only = node_port && svc.spec().external_local && !from_pod;
-                let r = cx.rng.next_u64();
-                let Some(ep) = self.services.select(&svc, t.src, hash, r, local_only, now) else {
+                let flow = (hash, cx.rng.next_u64());
+                let Some(ep) = A::select(&self.services, &svc, t.src, flow, local_only, now) else {
                     self.counters.rejected.add(1);
                     // No endpoint: REJECT (Cluster) or DROP (Local without local endpoints),
                     // as kube-proxy.
-                    return if local_only && !svc.endpoints().is_empty() {
+                    return if local_only && A::has_endpoints(&svc) {
                         Hook::Drop(DropReason::NoEndpoint)
                     } else {
                         Hook::Reject {
@@ -920,10 +844,9 @@ impl Netfilter {
                         }
                     };
                 };
-                after.dst = *ep.ip();
-                after.dport = ep.port();
+                (after.dst, after.dport) = ep;
                 tag.service = svc.id().get();
-                tag.endpoint = u32::from(*ep.ip());
+                tag.endpoint = endpoint_tag(ep.0);
                 // KUBE-MARK-MASQ: from outside the cluster, NodePort with policy Cluster,
                 // and hairpin (the endpoint is the client).
                 hairpin = after.dst == t.src;
@@ -938,26 +861,26 @@ impl Netfilter {
             }
         }
         // Route the translated destination to learn the egress interface.
-        let mut snat: Option<(Ipv4Addr, Option<PortRange>)> = None;
-        if let Some(out) = routing.egress(after.dst) {
+        let mut snat: Option<(A, Option<PortRange>)> = None;
+        if let Some((out, addr)) = routing.egress(after.dst) {
             let rule = || {
                 rules.masquerade.iter().any(|r| {
-                    r.out == out.0
+                    r.out == out
                         && r.src.is_none_or(|p| p.contains(t.src))
                         && r.except_dst.is_none_or(|p| !p.contains(after.dst))
                 })
             };
             if masq || rule() {
-                // MASQUERADE out of an interface without an IPv4 address: Linux drops the
-                // packet (no source address to take); so do we.
-                match out.1 {
-                    Some(a) => snat = Some((a, rules.masquerade_ports)),
+                // MASQUERADE out of an interface without an address of the family: Linux
+                // drops the packet (no source address to take); so do we.
+                match addr {
+                    Some(a) => snat = Some((a, all_rules.masquerade_ports)),
                     None => return Hook::Drop(DropReason::NatExhausted),
                 }
             } else if let Some(r) = rules
                 .snat
                 .iter()
-                .find(|r| r.out.is_none_or(|o| o == out.0) && r.src.contains(t.src))
+                .find(|r| r.out.is_none_or(|o| o == out) && r.src.contains(t.src))
             {
                 snat = Some((r.to, r.ports));
             }
@@ -966,8 +889,8 @@ impl Netfilter {
             None => after,
             Some((addr, ports)) => {
                 let range = ports.unwrap_or_else(|| PortRange::linux_default(after.sport));
-                let in_use = |c: &Tuple| self.ct.tuple_in_use(c, now);
-                let chosen = if rules.random_fully {
+                let in_use = |c: &Tuple<A>| ct.tuple_in_use(c, now);
+                let chosen = if all_rules.random_fully {
                     nat::alloc_source_random_fully(&after, addr, range, hash, in_use)
                 } else {
                     nat::alloc_source(&after, addr, range, hash, in_use)
@@ -978,20 +901,20 @@ impl Netfilter {
                 }
             }
         };
-        let hit = match self.ct.insert(t, fin.invert(), tag, pkt, now) {
+        let hit = match ct.insert(t, fin.invert(), tag, pkt, now) {
             Ok(h) => h,
             Err(InsertError::Clash {
                 existing: Some(h), ..
             }) => {
                 // Another worker inserted this connection first: follow its choice.
-                let _ = self.ct.track(&h, pkt, now);
-                return self.apply(ip, info, &t, kind, &target(&h), mode);
+                let _ = ct.track(&h, pkt, now);
+                return Self::apply(p, &target(&h));
             }
             Err(InsertError::Clash { existing: None }) => {
                 return Hook::Drop(DropReason::NatExhausted)
             }
             Err(InsertError::Full) => return Hook::Drop(DropReason::CtFull),
-            Err(InsertError::Invalid(_)) if self.ct.config().liberal => return Hook::Accept,
+            Err(InsertError::Invalid(_)) if ct.config().liberal => return Hook::Accept,
             Err(InsertError::Invalid(_)) => return Hook::Drop(DropReason::CtInvalid),
         };
         let c = &self.counters;
@@ -1005,45 +928,95 @@ impl Netfilter {
         if hairpin {
             c.hairpin.add(1);
         }
-        self.apply(ip, info, &t, kind, &target(&hit), mode)
+        Self::apply(p, &target(&hit))
     }
 
-    /// The hook for an IPv4 frame switched between two ports of one bridge (`br_netfilter`):
-    /// a packet of a NAT'd connection the router tracks is tracked and translated; anything
-    /// else passes untouched. `l3` is the IPv4 header's offset.
-    pub(crate) fn bridged(&self, b: &mut PacketBuf, l3: usize, now: Instant) -> Hook {
-        if self.ct.is_empty() {
-            return Hook::Accept;
-        }
-        let mode = csum_mode(b);
-        let Ok(mut info) = ipv4::check_header(b.frame().get(l3..).unwrap_or(&[])) else {
+    /// The hook for a frame of family `A` switched between two ports of one bridge
+    /// (`br_netfilter`): a packet of a NAT'd connection the router tracks is tracked and
+    /// translated; anything else passes untouched. `l3` is the IP header's offset.
+    pub(crate) fn bridged<A: NatFamily<W>, const W: usize>(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        now: Instant,
+    ) -> Hook {
+        // No table of the family yet, or an empty one: nothing to do (and none is made).
+        let Some(ct) = A::conntrack_if_made(self).filter(|c| !c.is_empty()) else {
             return Hook::Accept;
         };
-        let end = l3 + info.total_len;
+        let mode = csum_mode(b);
+        let Some(mut info) = A::check(b.frame().get(l3..).unwrap_or(&[])) else {
+            return Hook::Accept;
+        };
+        let end = l3 + A::total_len(&info);
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Accept;
         };
-        let Some((t, kind)) = Tuple::from_ipv4(ip, info.hdr_len, info.total_len) else {
+        let Some((t, kind)) = A::tuple(ip, &info) else {
             return Hook::Accept;
+        };
+        let tcp_flags = tcp_flags(ip, A::l4_off(&info), kind);
+        let len = len32(A::total_len(&info));
+        let p = Seen {
+            ip,
+            info: &mut info,
+            t,
+            kind,
+            mode,
+            now,
         };
         if let L4Kind::IcmpError { inner_l3 } = kind {
             // An error about a connection the router does not track is switched untouched.
-            let inner = usize::from(inner_l3);
-            return self.related(ip, &mut info, t, inner, mode, now, Hook::Accept);
+            return self.related(p, usize::from(inner_l3), Hook::Accept);
         }
-        let Some(hit) = self.ct.lookup(&t, now) else {
+        let Some(hit) = ct.lookup(&t, now) else {
             return Hook::Accept;
         };
         let pkt = Pkt {
             kind,
-            tcp_flags: tcp_flags(ip, &info, kind),
-            len: len32(info.total_len),
+            tcp_flags,
+            len,
         };
-        match self.ct.track(&hit, &pkt, now) {
-            Track::Invalid(_) if !self.ct.config().liberal => Hook::Drop(DropReason::CtInvalid),
+        match ct.track(&hit, &pkt, now) {
+            Track::Invalid(_) if !ct.config().liberal => Hook::Drop(DropReason::CtInvalid),
             _ if !is_natted(&hit) => Hook::Accept,
-            _ => self.apply(ip, &mut info, &t, kind, &target(&hit), mode),
+            _ => Self::apply(p, &target(&hit)),
         }
+    }
+
+    /// An ICMP error of family `A` the router makes (see the [`ErrorNat`] impl): `false` when
+    /// it cannot be translated and must not be sent.
+    fn translate_own_error<A: NatFamily<W>, const W: usize>(
+        &self,
+        ip: &mut [u8],
+        info: &mut A::Info,
+        now: Instant,
+    ) -> bool {
+        let Some((t, kind @ L4Kind::IcmpError { inner_l3 })) = A::tuple(ip, info) else {
+            return true;
+        };
+        let p = Seen {
+            ip,
+            info,
+            t,
+            kind,
+            mode: CsumMode::Full,
+            now,
+        };
+        matches!(
+            self.related(p, usize::from(inner_l3), Hook::Accept),
+            Hook::Accept
+        )
+    }
+}
+
+/// The 32-bit endpoint tag of a connection: the endpoint address's last 32 bits (all of an
+/// IPv4 address).
+#[inline]
+fn endpoint_tag<A: Family>(a: A) -> u32 {
+    match a.into() {
+        IpAddr::V4(a) => u32::from(a),
+        IpAddr::V6(a) => low32(low64(u128::from(a))),
     }
 }
 
@@ -1055,16 +1028,7 @@ impl Netfilter {
 /// intermediate router's). An error about no tracked connection goes out unchanged.
 impl ErrorNat for Netfilter {
     fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool {
-        let Some((q, L4Kind::IcmpError { inner_l3 })) =
-            Tuple::from_ipv4(ip, info.hdr_len, info.total_len)
-        else {
-            return true;
-        };
-        let inner = usize::from(inner_l3);
-        match self.related(ip, info, q, inner, CsumMode::Full, now, Hook::Accept) {
-            Hook::Accept => true,
-            Hook::Drop(_) | Hook::Reject { .. } => false,
-        }
+        self.translate_own_error::<Ipv4Addr, 2>(ip, info, now)
     }
 
     fn translate_error6(
@@ -1073,16 +1037,8 @@ impl ErrorNat for Netfilter {
         info: &mut crate::wire::ipv6::Ipv6Info,
         now: Instant,
     ) -> bool {
-        v6::translate_error6(self, ip, info, now)
+        self.translate_own_error::<Ipv6Addr, 5>(ip, info, now)
     }
-}
-
-/// A hash of the connection's original tuple, for Maglev and port allocation.
-#[inline]
-fn flow_hash(t: &Tuple) -> u64 {
-    let [a, b] = t.to_words();
-    let h = (a ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    (h ^ b ^ (h >> 29)).wrapping_mul(0x94d0_49bb_1331_11eb) ^ (b >> 17)
 }
 
 #[cfg(test)]
@@ -1096,6 +1052,7 @@ mod tests {
     use crate::conntrack::tcp::flags::{ACK, FIN, RST, SYN};
     use crate::l3::router::IfaceConfig;
     use crate::nat::{Endpoint, ServiceSpec};
+    use crate::wire::family::IpProto;
     use crate::{
         Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
     };
@@ -1137,7 +1094,7 @@ mod tests {
         dp.control()
             .add_static_neigh(if1, std::net::IpAddr::from(S), SM, now)
             .unwrap();
-        let mut s = ServiceSpec::new("web", VIP.into(), 80, 6);
+        let mut s = ServiceSpec::new("web", Ipv4Addr::from(VIP), 80, IpProto::TCP);
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(S.into(), 8080), true)];
         dp.control()
             .netfilter()

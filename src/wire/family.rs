@@ -163,7 +163,7 @@ impl sealed::Sealed for Ipv4Addr {
             src: src.octets(),
             dst: dst.octets(),
             proto: proto.0,
-            len: len as u16,
+            len: crate::narrow::low16(u64::from(len)),
         }
     }
 }

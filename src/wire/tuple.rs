@@ -13,6 +13,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::narrow::{len16, low16, low32, low8};
+use crate::wire::family::Family;
 use crate::wire::icmp::{self, Icmpv4Packet};
 use crate::wire::icmpv6::{self, Icmpv6Packet};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
@@ -93,14 +94,17 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> L4Ports<T> {
     }
 }
 
-/// One direction of a connection.
+/// One direction of a connection, of either family (`A`: [`Ipv4Addr`], the default, or
+/// [`Ipv6Addr`]). For IPv6, `proto` is the upper-layer protocol (after the extension headers)
+/// and ICMPv6 echo request/reply (types 128/129) are keyed by their identifier in both port
+/// fields.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Tuple {
+pub struct Tuple<A: Family = Ipv4Addr> {
     /// Source address.
-    pub src: Ipv4Addr,
+    pub src: A,
     /// Destination address.
-    pub dst: Ipv4Addr,
+    pub dst: A,
     /// Source port (TCP/UDP), or the echo identifier (ICMP).
     pub sport: u16,
     /// Destination port (TCP/UDP), or the echo identifier (ICMP).
@@ -111,10 +115,88 @@ pub struct Tuple {
     pub zone: u16,
 }
 
-impl Tuple {
+/// How a family's [`Tuple`] packs into `W` 64-bit words, for hashing and lock-free storage:
+/// the addresses first (IPv4: one word, `src << 32 | dst`; IPv6: four, each address high
+/// half first), then one word `sport << 48 | dport << 32 | proto << 16 | zone`.
+pub trait TupleWords<const W: usize>: Family {
+    /// The tuple packed into words.
+    fn pack(t: &Tuple<Self>) -> [u64; W];
+    /// The inverse of [`TupleWords::pack`].
+    fn unpack(w: [u64; W]) -> Tuple<Self>;
+}
+
+/// The last word of a packed tuple (both families).
+#[inline(always)]
+fn rest_word<A: Family>(t: &Tuple<A>) -> u64 {
+    u64::from(t.sport) << 48
+        | u64::from(t.dport) << 32
+        | u64::from(t.proto) << 16
+        | u64::from(t.zone)
+}
+
+/// A tuple of `src` and `dst` with the rest from `w`, a word packed by [`rest_word`].
+#[inline(always)]
+fn with_rest<A: Family>(src: A, dst: A, w: u64) -> Tuple<A> {
+    Tuple {
+        src,
+        dst,
+        sport: (w >> 48) as u16,
+        dport: low16(w >> 32),
+        proto: low8(w >> 16),
+        zone: low16(w),
+    }
+}
+
+impl TupleWords<2> for Ipv4Addr {
+    #[inline(always)]
+    fn pack(t: &Tuple) -> [u64; 2] {
+        [
+            u64::from(u32::from(t.src)) << 32 | u64::from(u32::from(t.dst)),
+            rest_word(t),
+        ]
+    }
+
+    #[inline(always)]
+    fn unpack(w: [u64; 2]) -> Tuple {
+        with_rest(
+            Ipv4Addr::from((w[0] >> 32) as u32),
+            Ipv4Addr::from(low32(w[0])),
+            w[1],
+        )
+    }
+}
+
+impl TupleWords<5> for Ipv6Addr {
+    #[inline(always)]
+    fn pack(t: &Tuple<Ipv6Addr>) -> [u64; 5] {
+        let half = |a: &Ipv6Addr, i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&a.octets()[i * 8..i * 8 + 8]);
+            u64::from_be_bytes(w)
+        };
+        [
+            half(&t.src, 0),
+            half(&t.src, 1),
+            half(&t.dst, 0),
+            half(&t.dst, 1),
+            rest_word(t),
+        ]
+    }
+
+    #[inline(always)]
+    fn unpack(w: [u64; 5]) -> Tuple<Ipv6Addr> {
+        with_rest(
+            Ipv6Addr::from(u128::from(w[0]) << 64 | u128::from(w[1])),
+            Ipv6Addr::from(u128::from(w[2]) << 64 | u128::from(w[3])),
+            w[4],
+        )
+    }
+}
+
+impl<A: Family> Tuple<A> {
     /// The same connection seen from the other end: addresses and ports swapped.
     #[inline]
-    pub fn invert(&self) -> Tuple {
+    pub fn invert(&self) -> Tuple<A> {
         Tuple {
             src: self.dst,
             dst: self.src,
@@ -125,33 +207,27 @@ impl Tuple {
         }
     }
 
-    /// The tuple packed into two words, for hashing and lock-free storage: `[addrs, rest]`
-    /// where `addrs = src << 32 | dst` and `rest = sport << 48 | dport << 32 | proto << 16 |
-    /// zone`.
+    /// The tuple packed into words ([`TupleWords`]: 2 for IPv4, 5 for IPv6), for hashing and
+    /// lock-free storage.
     #[inline]
-    pub fn to_words(&self) -> [u64; 2] {
-        [
-            u64::from(u32::from(self.src)) << 32 | u64::from(u32::from(self.dst)),
-            u64::from(self.sport) << 48
-                | u64::from(self.dport) << 32
-                | u64::from(self.proto) << 16
-                | u64::from(self.zone),
-        ]
+    pub fn to_words<const W: usize>(&self) -> [u64; W]
+    where
+        A: TupleWords<W>,
+    {
+        A::pack(self)
     }
 
     /// The inverse of [`Tuple::to_words`].
     #[inline]
-    pub fn from_words(w: [u64; 2]) -> Tuple {
-        Tuple {
-            src: Ipv4Addr::from((w[0] >> 32) as u32),
-            dst: Ipv4Addr::from(low32(w[0])),
-            sport: (w[1] >> 48) as u16,
-            dport: low16(w[1] >> 32),
-            proto: low8(w[1] >> 16),
-            zone: low16(w[1]),
-        }
+    pub fn from_words<const W: usize>(w: [u64; W]) -> Tuple<A>
+    where
+        A: TupleWords<W>,
+    {
+        A::unpack(w)
     }
+}
 
+impl Tuple {
     /// Extracts the tuple of the IPv4 packet starting at `l3` (its header already checked by
     /// [`crate::wire::ipv4::check_header`], `hdr_len` its length, `total_len` the datagram length).
     /// Returns `None` when the L4 header the tuple needs is truncated, or for a non-first
@@ -239,76 +315,7 @@ impl Tuple {
 /// ICMPv6's protocol (next header) number.
 pub const PROTO_ICMPV6: u8 = 58;
 
-/// One direction of an IPv6 connection: as [`Tuple`], with 128-bit addresses. ICMPv6 echo
-/// request/reply (types 128/129) are keyed by their identifier in both port fields.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Tuple6 {
-    /// Source address.
-    pub src: Ipv6Addr,
-    /// Destination address.
-    pub dst: Ipv6Addr,
-    /// Source port (TCP/UDP), or the echo identifier (ICMPv6).
-    pub sport: u16,
-    /// Destination port (TCP/UDP), or the echo identifier (ICMPv6).
-    pub dport: u16,
-    /// Upper-layer protocol number (after the extension headers).
-    pub proto: u8,
-    /// Conntrack zone (0 unless zones are configured).
-    pub zone: u16,
-}
-
-impl Tuple6 {
-    /// The same connection seen from the other end: addresses and ports swapped.
-    #[inline]
-    pub fn invert(&self) -> Tuple6 {
-        Tuple6 {
-            src: self.dst,
-            dst: self.src,
-            sport: self.dport,
-            dport: self.sport,
-            proto: self.proto,
-            zone: self.zone,
-        }
-    }
-
-    /// The tuple packed into five words, for hashing and lock-free storage: `[src high, src
-    /// low, dst high, dst low, rest]`, `rest` packed as [`Tuple::to_words`]'s second word
-    /// (`sport << 48 | dport << 32 | proto << 16 | zone`).
-    #[inline]
-    pub fn to_words(&self) -> [u64; 5] {
-        let half = |a: &Ipv6Addr, i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&a.octets()[i * 8..i * 8 + 8]);
-            u64::from_be_bytes(w)
-        };
-        [
-            half(&self.src, 0),
-            half(&self.src, 1),
-            half(&self.dst, 0),
-            half(&self.dst, 1),
-            u64::from(self.sport) << 48
-                | u64::from(self.dport) << 32
-                | u64::from(self.proto) << 16
-                | u64::from(self.zone),
-        ]
-    }
-
-    /// The inverse of [`Tuple6::to_words`].
-    #[inline]
-    pub fn from_words(w: [u64; 5]) -> Tuple6 {
-        Tuple6 {
-            src: Ipv6Addr::from(u128::from(w[0]) << 64 | u128::from(w[1])),
-            dst: Ipv6Addr::from(u128::from(w[2]) << 64 | u128::from(w[3])),
-            sport: (w[4] >> 48) as u16,
-            dport: low16(w[4] >> 32),
-            proto: low8(w[4] >> 16),
-            zone: low16(w[4]),
-        }
-    }
-}
-
-impl Tuple6 {
+impl Tuple<Ipv6Addr> {
     /// Extracts the tuple of the IPv6 packet `l3` (from its fixed header to the end of its
     /// payload or further), checked by [`crate::wire::ipv6::check`] into `info`: the
     /// upper-layer header is at `info.l4_off`, after the extension headers. As
@@ -318,10 +325,10 @@ impl Tuple6 {
     /// fields. `None` when the L4 header the tuple needs is truncated, for a fragment other
     /// than the first of TCP/UDP/ICMPv6 (no L4 header: Linux reassembles first, we do not
     /// track it), and for an error quoting an error. Never panics.
-    pub fn from_ipv6(l3: &[u8], info: &Ipv6Info) -> Option<(Tuple6, L4Kind)> {
+    pub fn from_ipv6(l3: &[u8], info: &Ipv6Info) -> Option<(Tuple<Ipv6Addr>, L4Kind)> {
         let end = info.total_len().min(l3.len());
         let l4 = l3.get(info.l4_off..end)?;
-        let t = Tuple6 {
+        let t = Tuple {
             src: info.src,
             dst: info.dst,
             sport: 0,
@@ -332,12 +339,17 @@ impl Tuple6 {
         if matches!(t.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMPV6) && info.is_later_fragment() {
             return None;
         }
-        Tuple6::from_l4(t, l4, info.l4_off, false)
+        Self::from_l4(t, l4, info.l4_off, false)
     }
 
     /// `t` with its ports read from the upper-layer bytes `l4` at offset `l4_off` of the
     /// packet; `quoted`: inside an ICMPv6 error (no error about an error).
-    fn from_l4(mut t: Tuple6, l4: &[u8], l4_off: usize, quoted: bool) -> Option<(Tuple6, L4Kind)> {
+    fn from_l4(
+        mut t: Tuple<Ipv6Addr>,
+        l4: &[u8],
+        l4_off: usize,
+        quoted: bool,
+    ) -> Option<(Tuple<Ipv6Addr>, L4Kind)> {
         match t.proto {
             PROTO_TCP | PROTO_UDP => {
                 let p = L4Ports::new_checked(l4).ok()?;
@@ -368,7 +380,7 @@ impl Tuple6 {
                         // An error about an error is never sent (RFC 4443 2.4 e.1).
                         return None;
                     }
-                    let (q, kind) = Tuple6::from_quote(h.data())?;
+                    let (q, kind) = Self::from_quote(h.data())?;
                     if matches!(kind, L4Kind::IcmpError { .. }) {
                         return None;
                     }
@@ -389,7 +401,7 @@ impl Tuple6 {
     /// The tuple of the packet an ICMPv6 error quotes: its fixed header, then its extension
     /// headers as far as the quote goes (truncated by design: RFC 4443 quotes as much as fits
     /// in 1280 bytes), then its ports.
-    fn from_quote(q: &[u8]) -> Option<(Tuple6, L4Kind)> {
+    fn from_quote(q: &[u8]) -> Option<(Tuple<Ipv6Addr>, L4Kind)> {
         // The quote's payload length may run past its end: check the fixed header only.
         if q.len() < ip6::HEADER_LEN {
             return None;
@@ -398,7 +410,7 @@ impl Tuple6 {
         if p.version() != 6 {
             return None;
         }
-        let t = Tuple6 {
+        let t = Tuple {
             src: Ipv6Addr::from(p.src_addr()),
             dst: Ipv6Addr::from(p.dst_addr()),
             sport: 0,
@@ -418,34 +430,11 @@ impl Tuple6 {
             }
         }
         let (nh, off) = w.position();
-        let t = Tuple6 { proto: nh, ..t };
+        let t = Tuple { proto: nh, ..t };
         if later_fragment && matches!(nh, PROTO_TCP | PROTO_UDP | PROTO_ICMPV6) {
             return None;
         }
-        Tuple6::from_l4(t, q.get(off..)?, off, true)
-    }
-}
-
-impl fmt::Debug for Tuple6 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl fmt::Display for Tuple6 {
-    /// `conntrack -L -f ipv6` style: `src=fd00::1 dst=fd00::2 sport=1234 dport=80`
-    /// (ICMPv6: `id=`).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "src={} dst={}", self.src, self.dst)?;
-        match self.proto {
-            PROTO_TCP | PROTO_UDP => write!(f, " sport={} dport={}", self.sport, self.dport)?,
-            PROTO_ICMPV6 => write!(f, " id={}", self.sport)?,
-            _ => {}
-        }
-        if self.zone != 0 {
-            write!(f, " zone={}", self.zone)?;
-        }
-        Ok(())
+        Self::from_l4(t, q.get(off..)?, off, true)
     }
 }
 
@@ -472,19 +461,20 @@ pub enum L4Kind {
     Other,
 }
 
-impl fmt::Debug for Tuple {
+impl<A: Family> fmt::Debug for Tuple<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
 }
 
-impl fmt::Display for Tuple {
-    /// `conntrack -L` style: `src=10.0.0.1 dst=10.0.0.2 sport=1234 dport=80` (ICMP: `id=`).
+impl<A: Family> fmt::Display for Tuple<A> {
+    /// `conntrack -L` style: `src=10.0.0.1 dst=10.0.0.2 sport=1234 dport=80` (ICMP and
+    /// ICMPv6: `id=`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "src={} dst={}", self.src, self.dst)?;
         match self.proto {
             PROTO_TCP | PROTO_UDP => write!(f, " sport={} dport={}", self.sport, self.dport)?,
-            PROTO_ICMP => write!(f, " id={}", self.sport)?,
+            p if p == A::ICMP.number() => write!(f, " id={}", self.sport)?,
             _ => {}
         }
         if self.zone != 0 {
@@ -523,8 +513,8 @@ mod tests {
     }
 
     #[test]
-    fn tuple6_words_round_trip_and_print() {
-        let t = Tuple6 {
+    fn ipv6_words_round_trip_and_print() {
+        let t: Tuple<Ipv6Addr> = Tuple {
             src: "fd00:10:244:1::2".parse().unwrap(),
             dst: "fd00:10:96::10".parse().unwrap(),
             sport: 40000,
@@ -532,7 +522,7 @@ mod tests {
             proto: PROTO_TCP,
             zone: 3,
         };
-        assert_eq!(Tuple6::from_words(t.to_words()), t);
+        assert_eq!(Tuple::from_words(t.to_words()), t);
         assert_eq!(t.invert().invert(), t);
         assert_eq!(
             t.to_words()[4],
@@ -585,9 +575,9 @@ mod tests {
         v
     }
 
-    fn t6(p: &[u8]) -> Option<(Tuple6, L4Kind)> {
+    fn tuple_of_ipv6(p: &[u8]) -> Option<(Tuple<Ipv6Addr>, L4Kind)> {
         let info = ip6::check(p).ok()?;
-        Tuple6::from_ipv6(p, &info)
+        Tuple::from_ipv6(p, &info)
     }
 
     #[test]
@@ -596,7 +586,7 @@ mod tests {
         let mut ext = vec![60, 0, 1, 4, 0, 0, 0, 0];
         ext.extend_from_slice(&[6, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let p = ip6(0, &ext, &[0x9c, 0x40, 0, 80, 0, 0, 0, 0]);
-        let (t, k) = t6(&p).unwrap();
+        let (t, k) = tuple_of_ipv6(&p).unwrap();
         assert_eq!(k, L4Kind::Tcp);
         assert_eq!((t.proto, t.sport, t.dport), (6, 40000, 80));
         assert_eq!(t.src, "fd00::1".parse::<Ipv6Addr>().unwrap());
@@ -605,23 +595,26 @@ mod tests {
     #[test]
     fn ipv6_echo_ids_and_later_fragments() {
         let p = ip6(58, &[], &[128, 0, 0, 0, 0x12, 0x34, 0, 1]);
-        let (t, k) = t6(&p).unwrap();
+        let (t, k) = tuple_of_ipv6(&p).unwrap();
         assert_eq!(k, L4Kind::IcmpEcho { request: true });
         assert_eq!((t.proto, t.sport, t.dport), (58, 0x1234, 0x1234));
         let p = ip6(58, &[], &[129, 0, 0, 0, 0x12, 0x34, 0, 1]);
-        assert_eq!(t6(&p).unwrap().1, L4Kind::IcmpEcho { request: false });
+        assert_eq!(
+            tuple_of_ipv6(&p).unwrap().1,
+            L4Kind::IcmpEcho { request: false }
+        );
         // A first fragment has ports; a later one has none to read.
         let first = ip6(44, &[17, 0, 0, 1, 0, 0, 0, 9], &[0, 53, 0, 54, 0, 8, 0, 0]);
-        assert_eq!(t6(&first).unwrap().0.dport, 54);
+        assert_eq!(tuple_of_ipv6(&first).unwrap().0.dport, 54);
         let later = ip6(
             44,
             &[17, 0, 0, 0x10, 0, 0, 0, 9],
             &[0, 53, 0, 54, 0, 8, 0, 0],
         );
-        assert!(t6(&later).is_none());
+        assert!(tuple_of_ipv6(&later).is_none());
         // Other protocols: addresses and protocol only.
         let p = ip6(47, &[], &[0; 8]);
-        assert_eq!(t6(&p).unwrap().1, L4Kind::Other);
+        assert_eq!(tuple_of_ipv6(&p).unwrap().1, L4Kind::Other);
     }
 
     #[test]
@@ -638,14 +631,14 @@ mod tests {
         let mut l4 = vec![1, 4, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&inner);
         let p = ip6(58, &[], &l4);
-        let (t, k) = t6(&p).unwrap();
+        let (t, k) = tuple_of_ipv6(&p).unwrap();
         assert_eq!(k, L4Kind::IcmpError { inner_l3: 48 });
         assert_eq!((t.proto, t.sport, t.dport), (17, 53, 12345));
         // Packet too big (type 2) quoting an echo request.
         let inner = ip6(58, &[], &[128, 0, 0, 0, 0, 7, 0, 1]);
         let mut l4 = vec![2, 0, 0, 0, 0, 0, 5, 0];
         l4.extend_from_slice(&inner);
-        let (t, k) = t6(&ip6(58, &[], &l4)).unwrap();
+        let (t, k) = tuple_of_ipv6(&ip6(58, &[], &l4)).unwrap();
         assert_eq!(
             (k, t.proto, t.sport),
             (L4Kind::IcmpError { inner_l3: 48 }, 58, 7)
@@ -654,7 +647,7 @@ mod tests {
         let inner = ip6(58, &[], &[1, 0, 0, 0, 0, 0, 0, 0]);
         let mut l4 = vec![3, 0, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&inner);
-        assert!(t6(&ip6(58, &[], &l4)).is_none());
+        assert!(tuple_of_ipv6(&ip6(58, &[], &l4)).is_none());
     }
 
     proptest::proptest! {
@@ -665,16 +658,16 @@ mod tests {
             cut in 0usize..200,
         ) {
             let mut p = ip6(nh, &[], &rest);
-            let _ = t6(&p);
+            let _ = tuple_of_ipv6(&p);
             // An ICMPv6 error quoting these bytes, as sent or cut anywhere.
             let mut l4 = vec![1, 0, 0, 0, 0, 0, 0, 0];
             l4.extend_from_slice(&p);
             let e = ip6(58, &[], &l4);
-            let _ = t6(&e);
+            let _ = tuple_of_ipv6(&e);
             p.truncate(cut.min(p.len()));
-            let _ = t6(&p);
+            let _ = tuple_of_ipv6(&p);
             let info = ip6::check(&e).unwrap();
-            let _ = Tuple6::from_ipv6(&e[..cut.min(e.len())], &info);
+            let _ = Tuple::from_ipv6(&e[..cut.min(e.len())], &info);
         }
     }
 

@@ -13,6 +13,7 @@ use tapyard::l3::IfaceConfig;
 use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
@@ -112,27 +113,37 @@ fn node() -> Node {
             .unwrap();
     }
     let nf = dp.control().netfilter().unwrap();
-    let tcp = 6;
-    let mut web = ServiceSpec::new("web", WEB.into(), 80, tcp);
+    let mut web = ServiceSpec::new("web", Ipv4Addr::from(WEB), 80, IpProto::TCP);
     web.node_port = Some(30080);
     web.endpoints = vec![ep(B, 8080, true), ep(REMOTE, 8080, false)];
     nf.upsert_service(web, now).unwrap();
-    let mut local = ServiceSpec::new("web-local", [10, 96, 0, 12].into(), 80, tcp);
+    let mut local = ServiceSpec::new(
+        "web-local",
+        Ipv4Addr::from([10, 96, 0, 12]),
+        80,
+        IpProto::TCP,
+    );
     local.node_port = Some(30081);
     local.external_local = true;
     local.endpoints = vec![ep(B, 8080, true), ep(REMOTE, 8080, false)];
     nf.upsert_service(local, now).unwrap();
-    let mut dns = ServiceSpec::new("dns", DNS.into(), 53, 17);
+    let mut dns = ServiceSpec::new("dns", Ipv4Addr::from(DNS), 53, IpProto::UDP);
     dns.endpoints = vec![ep(B, 5353, true)];
     nf.upsert_service(dns, now).unwrap();
-    let mut me = ServiceSpec::new("self", SELF_SVC.into(), 80, tcp);
+    let mut me = ServiceSpec::new("self", Ipv4Addr::from(SELF_SVC), 80, IpProto::TCP);
     me.endpoints = vec![ep(B, 8080, true)];
     me.algo = LbAlgo::Maglev;
     nf.upsert_service(me, now).unwrap();
-    nf.upsert_service(ServiceSpec::new("empty", EMPTY.into(), 80, tcp), now)
-        .unwrap();
-    nf.upsert_service(ServiceSpec::new("empty-udp", EMPTY.into(), 53, 17), now)
-        .unwrap();
+    nf.upsert_service(
+        ServiceSpec::new("empty", Ipv4Addr::from(EMPTY), 80, IpProto::TCP),
+        now,
+    )
+    .unwrap();
+    nf.upsert_service(
+        ServiceSpec::new("empty-udp", Ipv4Addr::from(EMPTY), 53, IpProto::UDP),
+        now,
+    )
+    .unwrap();
     let w = dp.worker();
     let mut n = Node { dp, w, now };
     // The pods announce themselves so cni0 learns their ports.

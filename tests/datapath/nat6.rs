@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint, Endpoint6, MasqueradeRule6, NatConfig, NatRules, Prefix6};
-use tapyard::nat::{LbAlgo, PortRange, ServiceSpec, SnatRule6};
+use tapyard::nat::{Endpoint, Endpoint6, NatConfig, NatRules};
+use tapyard::nat::{LbAlgo, MasqueradeRule, PortRange, Prefix, ServiceSpec, SnatRule};
+use tapyard::wire::family::IpProto;
 use tapyard::{
     BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
 };
@@ -88,11 +89,11 @@ fn node_at(file: Option<&Path>) -> Node {
     up.addr6 = Some((a(NODE), 64));
     let (eth0, port) = b.add_router_iface(up, None).unwrap();
     assert_eq!(port, ETH0);
-    let cluster = Prefix6::new(a("fd00:10:244::"), 56);
+    let cluster = Prefix::new(a("fd00:10:244::"), 56);
     b.netfilter(NatConfig {
         rules: NatRules {
             cluster_cidr6: Some(cluster),
-            masquerade6: vec![MasqueradeRule6 {
+            masquerade6: vec![MasqueradeRule {
                 out: eth0,
                 src: Some(cluster),
                 except_dst: Some(cluster),
@@ -137,28 +138,30 @@ fn node_at(file: Option<&Path>) -> Node {
             .unwrap();
     }
     let nf = dp.control().netfilter().unwrap();
-    let tcp = 6;
-    let mut web = ServiceSpec::new6("web6", a(WEB), 80, tcp);
+    let mut web = ServiceSpec::new("web6", a(WEB), 80, IpProto::TCP);
     web.node_port = Some(30080);
     web.endpoints6 = vec![ep6(B, 8080, true), ep6(REMOTE, 8080, false)];
     nf.upsert_service(web, now).unwrap();
-    let mut local = ServiceSpec::new6("web6-local", a("fd00:10:96::12"), 80, tcp);
+    let mut local = ServiceSpec::new("web6-local", a("fd00:10:96::12"), 80, IpProto::TCP);
     local.node_port = Some(30081);
     local.external_local = true;
     local.endpoints6 = vec![ep6(B, 8080, true), ep6(REMOTE, 8080, false)];
     nf.upsert_service(local, now).unwrap();
-    let mut dns = ServiceSpec::new6("dns6", a(DNS), 53, 17);
+    let mut dns = ServiceSpec::new("dns6", a(DNS), 53, IpProto::UDP);
     dns.endpoints6 = vec![ep6(B, 5353, true)];
     nf.upsert_service(dns, now).unwrap();
-    let mut me = ServiceSpec::new6("self6", a(SELF_SVC), 80, tcp);
+    let mut me = ServiceSpec::new("self6", a(SELF_SVC), 80, IpProto::TCP);
     me.endpoints6 = vec![ep6(B, 8080, true)];
     me.algo = LbAlgo::Maglev;
     nf.upsert_service(me, now).unwrap();
-    nf.upsert_service(ServiceSpec::new6("empty6", a(EMPTY), 80, tcp), now)
+    nf.upsert_service(ServiceSpec::new("empty6", a(EMPTY), 80, IpProto::TCP), now)
         .unwrap();
-    nf.upsert_service(ServiceSpec::new6("empty6-udp", a(EMPTY), 53, 17), now)
-        .unwrap();
-    let mut dual = ServiceSpec::new("dual", DUAL4.into(), 80, tcp);
+    nf.upsert_service(
+        ServiceSpec::new("empty6-udp", a(EMPTY), 53, IpProto::UDP),
+        now,
+    )
+    .unwrap();
+    let mut dual = ServiceSpec::new("dual", Ipv4Addr::from(DUAL4), 80, IpProto::TCP);
     dual.vip6 = Some(a(DUAL));
     dual.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 8081), true)];
     dual.endpoints6 = vec![ep6(B, 8082, true)];
@@ -594,7 +597,7 @@ fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy
     let nf = n.dp.control().netfilter().unwrap();
     // A dual-stack UDP Service (DNS-like) with one IPv4 and two IPv6 endpoints.
     let (vip4, vip6) = ([10, 96, 0, 54], "fd00:10:96::54");
-    let mut dns = ServiceSpec::new("dns-dual", vip4.into(), 53, 17);
+    let mut dns = ServiceSpec::new("dns-dual", Ipv4Addr::from(vip4), 53, IpProto::UDP);
     dns.vip6 = Some(a(vip6));
     dns.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 5353), true)];
     dns.endpoints6 = vec![ep6(B, 5353, true), ep6(REMOTE, 5353, false)];
@@ -661,7 +664,7 @@ fn a_changed_ipv6_cluster_ip_flushes_the_old_frontend_s_udp_flows_only() {
     assert_eq!(nf.conntrack6().len(), 1);
     // Same endpoints, the IPv4 side added: the IPv6 flow stays.
     let mut dns = nf.services().get("dns6").unwrap().spec().clone();
-    dns.vip = Ipv4Addr::new(10, 96, 0, 53);
+    dns.vip = Some(Ipv4Addr::new(10, 96, 0, 53));
     dns.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 5353), true)];
     nf.upsert_service(dns.clone(), n.now).unwrap();
     assert_eq!(nf.conntrack6().len(), 1);
@@ -680,10 +683,10 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
     // ip6tables -t nat -A POSTROUTING -s fd00:10:244:1::/64 -o eth0 -j SNAT
     //   --to-source [fd00:172:18::50]:5000-5001 (the masquerade rule replaced by it).
     nf.set_rules(NatRules {
-        cluster_cidr6: Some(Prefix6::new(a("fd00:10:244::"), 56)),
-        snat6: vec![SnatRule6 {
+        cluster_cidr6: Some(Prefix::new(a("fd00:10:244::"), 56)),
+        snat6: vec![SnatRule {
             out: Some(eth0),
-            src: Prefix6::new(a("fd00:10:244:1::"), 64),
+            src: Prefix::new(a("fd00:10:244:1::"), 64),
             to,
             ports: Some(PortRange { lo: 5000, hi: 5001 }),
         }],

@@ -17,6 +17,7 @@ use std::time::Duration;
 use etherparse::PacketBuilder;
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, MasqueradeRule, NatConfig, NatRules, Prefix, ServiceSpec};
+use tapyard::wire::family::IpProto;
 use tapyard::{
     Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
 };
@@ -106,7 +107,7 @@ fn node(dead_gateway: bool) -> Node {
     }
     let nf = dp.control().netfilter().unwrap();
     for (name, vip, ep) in [("web", WEB, REMOTE), ("gone", GONE, [10, 244, 8, 8])] {
-        let mut s = ServiceSpec::new(name, vip.into(), 80, 6);
+        let mut s = ServiceSpec::new(name, Ipv4Addr::from(vip), 80, IpProto::TCP);
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(ep.into(), 8080), false)];
         nf.upsert_service(s, now).unwrap();
     }

@@ -13,6 +13,7 @@ use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, MasqueradeRule, NatConfig, NatRules, Prefix, ServiceSpec};
+use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Clock, Datapath, MacAddr, PortId, Worker};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
@@ -121,12 +122,12 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
     }
     let nf = dp.control().netfilter().unwrap();
     if services_first_other {
-        let mut other = ServiceSpec::new("other", OTHER.into(), 80, 6);
+        let mut other = ServiceSpec::new("other", Ipv4Addr::from(OTHER), 80, IpProto::TCP);
         other.endpoints = vec![Endpoint::new(SocketAddrV4::new(B.into(), 9090), true)];
         nf.upsert_service(other, now).unwrap();
     }
     // Eight endpoints on node B's pods, with client affinity.
-    let mut web = ServiceSpec::new("web", WEB.into(), 80, 6);
+    let mut web = ServiceSpec::new("web", Ipv4Addr::from(WEB), 80, IpProto::TCP);
     web.endpoints = (2..10)
         .map(|i| Endpoint::new(SocketAddrV4::new([10, 244, 2, i].into(), 8080), false))
         .collect();

@@ -62,6 +62,7 @@ use tapyard::l3::NextHop;
 use tapyard::nat::{Endpoint, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, NfCounters, Prefix};
 use tapyard::runtime::{Runtime, RuntimeConfig};
+use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 const GW: &str = "10.217.1.1";
@@ -528,27 +529,26 @@ fn nat_node(prefix: &str, kind: TapKind) {
 
     // The Services, as kube-proxy would program them.
     let nf = dp.control().netfilter().expect("netfilter");
-    let (tcp, udp) = (6, 17);
     let web_eps = vec![ep(POD_B, SRV_PORT, true), ep(NODE2_POD, SRV_PORT, false)];
-    let mut web = ServiceSpec::new("web", ip4(WEB), 80, tcp);
+    let mut web = ServiceSpec::new("web", ip4(WEB), 80, IpProto::TCP);
     web.node_port = Some(NODE_PORT);
     web.endpoints = web_eps.clone();
-    let mut local = ServiceSpec::new("web-local", ip4(WEB_LOCAL), 80, tcp);
+    let mut local = ServiceSpec::new("web-local", ip4(WEB_LOCAL), 80, IpProto::TCP);
     local.node_port = Some(NODE_PORT_LOCAL);
     local.external_local = true;
     local.endpoints = web_eps.clone();
-    let mut me = ServiceSpec::new("self", ip4(SELF_SVC), 80, tcp);
+    let mut me = ServiceSpec::new("self", ip4(SELF_SVC), 80, IpProto::TCP);
     me.endpoints = vec![ep(POD_A, SRV_PORT, true)];
-    let mut only_b = ServiceSpec::new("only-b", ip4(ONLY_B), 80, tcp);
+    let mut only_b = ServiceSpec::new("only-b", ip4(ONLY_B), 80, IpProto::TCP);
     only_b.endpoints = vec![ep(POD_B, SRV_PORT, true)];
-    let mut sticky = ServiceSpec::new("sticky", ip4(STICKY), 80, tcp);
+    let mut sticky = ServiceSpec::new("sticky", ip4(STICKY), 80, IpProto::TCP);
     sticky.endpoints = web_eps.clone();
     sticky.affinity = Some(std::time::Duration::from_secs(10_800));
-    let mut dns = ServiceSpec::new("dns", ip4(DNS), 53, udp);
+    let mut dns = ServiceSpec::new("dns", ip4(DNS), 53, IpProto::UDP);
     dns.endpoints = vec![ep(POD_B, DNS_PORT, true)];
-    let mut dead = ServiceSpec::new("dead", ip4(DEAD), 53, udp);
+    let mut dead = ServiceSpec::new("dead", ip4(DEAD), 53, IpProto::UDP);
     dead.endpoints = vec![ep(POD_B, DEAD_PORT, true)];
-    let mut dead_far = ServiceSpec::new("dead-far", ip4(DEAD_FAR), 53, udp);
+    let mut dead_far = ServiceSpec::new("dead-far", ip4(DEAD_FAR), 53, IpProto::UDP);
     dead_far.endpoints = vec![ep(NODE2_POD, DEAD_PORT, false)];
     for s in [
         web,
@@ -559,8 +559,8 @@ fn nat_node(prefix: &str, kind: TapKind) {
         dns,
         dead,
         dead_far,
-        ServiceSpec::new("empty", ip4(EMPTY), 80, tcp),
-        ServiceSpec::new("empty-udp", ip4(EMPTY), 53, udp),
+        ServiceSpec::new("empty", ip4(EMPTY), 80, IpProto::TCP),
+        ServiceSpec::new("empty-udp", ip4(EMPTY), 53, IpProto::UDP),
     ] {
         nf.upsert_service(s, now).expect("upsert service");
     }

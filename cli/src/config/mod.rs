@@ -26,6 +26,7 @@ use std::time::Duration;
 use tapyard::conntrack::CtConfig;
 use tapyard::l3::neigh::NeighConfig;
 use tapyard::nat::{Endpoint, Endpoint6, LbAlgo, ServiceSpec};
+use tapyard::wire::family::IpProto;
 use tapyard::MacAddr;
 use toml::de::DeTable;
 
@@ -294,15 +295,16 @@ impl ServiceDef {
             .join(",")
     }
 
-    /// The library's Service: a frontend per ClusterIP (`vip` for the IPv4 one, 0.0.0.0
-    /// without one; `vip6` for the IPv6 one), each with the endpoints of its family.
+    /// The library's Service: a frontend per ClusterIP (`vip` for the IPv4 one, `vip6` for
+    /// the IPv6 one), each with the endpoints of its family.
     pub fn spec(&self) -> ServiceSpec {
         let mut spec = ServiceSpec::new(
             self.name.clone(),
-            self.vip4().unwrap_or(Ipv4Addr::UNSPECIFIED),
+            Ipv4Addr::UNSPECIFIED,
             self.port,
-            self.proto,
+            IpProto::from(self.proto),
         );
+        spec.vip = self.vip4();
         spec.vip6 = self.vip6();
         spec.node_port = self.node_port;
         for e in &self.endpoints {
@@ -994,7 +996,7 @@ port = 80
         assert_eq!(web.describe_frontends(), "10.96.0.10:80,[fd00:10:96::a]:80");
         // Each frontend takes the endpoints of its family.
         let spec = web.spec();
-        assert_eq!(spec.vip, Ipv4Addr::new(10, 96, 0, 10));
+        assert_eq!(spec.vip, Some(Ipv4Addr::new(10, 96, 0, 10)));
         assert_eq!(spec.vip6, Some("fd00:10:96::a".parse().unwrap()));
         assert_eq!(spec.endpoints.len(), 2);
         assert_eq!(

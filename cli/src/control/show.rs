@@ -321,21 +321,7 @@ pub(super) trait RowTuple {
     fn zone(&self) -> u16;
 }
 
-impl RowTuple for tapyard::wire::tuple::Tuple {
-    fn row(&self) -> TupleRow {
-        TupleRow {
-            dport: self.dport,
-            dst: self.dst.into(),
-            sport: self.sport,
-            src: self.src.into(),
-        }
-    }
-    fn zone(&self) -> u16 {
-        self.zone
-    }
-}
-
-impl RowTuple for tapyard::wire::tuple::Tuple6 {
+impl<A: tapyard::wire::family::Family> RowTuple for tapyard::wire::tuple::Tuple<A> {
     fn row(&self) -> TupleRow {
         TupleRow {
             dport: self.dport,
@@ -473,10 +459,16 @@ fn nat_show(
         .into_iter()
         .map(|s| {
             let id = nf.services().get(&s.name).map(|r| r.id().get());
+            // The first ClusterIP: the IPv4 one, else the IPv6 one.
+            let cluster_ip = match (s.vip, s.vip6) {
+                (Some(a), _) => a.to_string(),
+                (None, Some(a)) => a.to_string(),
+                (None, None) => String::new(),
+            };
             let ips = cluster_ips
                 .get(&s.name)
                 .cloned()
-                .unwrap_or_else(|| vec![s.vip.to_string()]);
+                .unwrap_or_else(|| vec![cluster_ip.clone()]);
             let endpoints = s
                 .endpoints
                 .iter()
@@ -492,7 +484,7 @@ fn nat_show(
             ServiceRow {
                 affinity_timeout_secs: s.affinity.map(|d| d.as_secs()),
                 algorithm: algorithm.into(),
-                cluster_ip: s.vip.to_string(),
+                cluster_ip,
                 cluster_ips: ips,
                 endpoints,
                 external_traffic_policy: if s.external_local { "local" } else { "cluster" }.into(),
@@ -500,12 +492,7 @@ fn nat_show(
                 name: s.name,
                 node_port: s.node_port,
                 port: s.port,
-                protocol: match s.proto {
-                    6 => "tcp",
-                    17 => "udp",
-                    _ => "?",
-                }
-                .into(),
+                protocol: s.proto.name().unwrap_or("?").into(),
                 session_affinity: if s.affinity.is_some() {
                     "client-ip"
                 } else {

@@ -19,6 +19,7 @@ const GW_MAC: tapyard::MacAddr = tapyard::MacAddr([2, 0, 0, 0, 0, 1]);
 fn conntrack_filled(n: u32) -> (tapyard::Datapath, tapyard::Instant) {
     use std::net::{Ipv4Addr, SocketAddrV4};
     use tapyard::conntrack::{tcp::flags, CtTag, Pkt};
+    use tapyard::wire::family::IpProto;
     use tapyard::wire::tuple::{L4Kind, Tuple};
     let mut b = tapyard::Datapath::builder();
     let br = b.add_bridge(tapyard::BridgeConfig::new("cni0")).unwrap();
@@ -34,7 +35,8 @@ fn conntrack_filled(n: u32) -> (tapyard::Datapath, tapyard::Instant) {
     let dp = b.build();
     let now = tapyard::Instant::from_secs(5);
     let nf = dp.control().netfilter().unwrap();
-    let mut dns = tapyard::nat::ServiceSpec::new("dns", Ipv4Addr::new(10, 96, 0, 53), 53, 17);
+    let mut dns =
+        tapyard::nat::ServiceSpec::new("dns", Ipv4Addr::new(10, 96, 0, 53), 53, IpProto::UDP);
     let ep = SocketAddrV4::new(Ipv4Addr::new(10, 244, 9, 9), 5353);
     let ep_mac = tapyard::MacAddr([2, 0, 0, 0, 9, 9]);
     dp.control()

@@ -65,6 +65,7 @@ use std::net::Ipv4Addr;
 
 use crate::stats::DropReason;
 use crate::wire::checksum::{self, diff32, fold32, Delta};
+use crate::wire::family::Family;
 use crate::wire::icmp::{self, Icmpv4Packet};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::wire::tcp::{self, TcpPacket};
@@ -205,6 +206,58 @@ enum L4Plan {
     None,
 }
 
+/// Rewrites the ports of the TCP or UDP header `seg` (`udp`) to `new`'s and, `with_csum`,
+/// its checksum for them and for the pseudo-header change `addrs` (either family: the
+/// checksum is the same ones-complement sum, as Linux's `tcp_manip_pkt` and
+/// `udp_manip_pkt` serve both); every changed word goes into `outer`.
+#[inline]
+pub(super) fn rewrite_ports<A: Family>(
+    seg: &mut [u8],
+    udp: bool,
+    addrs: Delta,
+    new: &Tuple<A>,
+    mode: CsumMode,
+    with_csum: bool,
+    outer: &mut Delta,
+) {
+    let mut ports = Delta::default();
+    let mut p = L4Ports::new_unchecked(&mut *seg);
+    ports.word(p.src_port(), new.sport);
+    ports.word(p.dst_port(), new.dport);
+    p.set_src_port(new.sport);
+    p.set_dst_port(new.dport);
+    outer.add(ports);
+    if !with_csum {
+        return;
+    }
+    // The caller checked the whole header is there (TCP 20 bytes, UDP 8).
+    let old = if udp {
+        UdpPacket::new_unchecked(&*seg).checksum()
+    } else {
+        TcpPacket::new_unchecked(&*seg).checksum()
+    };
+    if udp && old == 0 && mode == CsumMode::Full {
+        return; // No checksum (RFC 768): stays none.
+    }
+    let mut c = match mode {
+        CsumMode::Full => {
+            let mut d = addrs;
+            d.add(ports);
+            d.apply_full(old)
+        }
+        CsumMode::Partial => addrs.apply_partial(old),
+    };
+    if udp && c == 0 {
+        c = 0xffff;
+    }
+    outer.word(old, c);
+    if udp {
+        UdpPacket::new_unchecked(seg).set_checksum(c);
+    } else {
+        TcpPacket::new_unchecked(seg).set_checksum(c);
+    }
+}
+
 /// Applies an [`L4Plan`] after the addresses changed by `addrs`. Every changed word of the L4
 /// header is recorded in `outer` (for an enclosing ICMP checksum).
 fn apply_l4(
@@ -218,42 +271,8 @@ fn apply_l4(
 ) {
     match plan {
         L4Plan::Ports { l4, udp } => {
-            let seg = &mut pkt[l4..];
-            let mut ports = Delta::default();
-            let mut p = L4Ports::new_unchecked(&mut *seg);
-            ports.word(p.src_port(), new.sport);
-            ports.word(p.dst_port(), new.dport);
-            p.set_src_port(new.sport);
-            p.set_dst_port(new.dport);
-            outer.add(ports);
-            if !with_csum {
-                return;
-            }
-            // The caller checked the whole header is there (TCP 20 bytes, UDP 8).
-            let old = if udp {
-                UdpPacket::new_unchecked(&*seg).checksum()
-            } else {
-                TcpPacket::new_unchecked(&*seg).checksum()
-            };
-            if udp && old == 0 && mode == CsumMode::Full {
-                return; // No checksum (RFC 768): stays none.
-            }
-            let mut c = match mode {
-                CsumMode::Full => {
-                    let mut d = addrs;
-                    d.add(ports);
-                    d.apply_full(old)
-                }
-                CsumMode::Partial => addrs.apply_partial(old),
-            };
-            if udp && c == 0 {
-                c = 0xffff;
-            }
-            outer.word(old, c);
-            if udp {
-                UdpPacket::new_unchecked(seg).set_checksum(c);
-            } else {
-                TcpPacket::new_unchecked(seg).set_checksum(c);
+            if let Some(seg) = pkt.get_mut(l4..) {
+                rewrite_ports(seg, udp, addrs, new, mode, with_csum, outer);
             }
         }
         L4Plan::Echo { l4 } => {

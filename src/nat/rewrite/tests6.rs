@@ -8,13 +8,13 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::wire::ipv6;
-use crate::wire::tuple::{L4Kind, Tuple6};
+use crate::wire::tuple::{L4Kind, Tuple};
 
 fn a6(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
 }
 
-fn tcp6(t: &Tuple6, payload: &[u8]) -> Vec<u8> {
+fn tcp6(t: &Tuple<Ipv6Addr>, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
     PacketBuilder::ipv6(t.src.octets(), t.dst.octets(), 64)
         .tcp(t.sport, t.dport, 0x0102_0304, 64240)
@@ -24,7 +24,7 @@ fn tcp6(t: &Tuple6, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-fn udp6(t: &Tuple6, payload: &[u8]) -> Vec<u8> {
+fn udp6(t: &Tuple<Ipv6Addr>, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
     PacketBuilder::ipv6(t.src.octets(), t.dst.octets(), 64)
         .udp(t.sport, t.dport)
@@ -33,7 +33,7 @@ fn udp6(t: &Tuple6, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-fn echo6(t: &Tuple6, request: bool, payload: &[u8]) -> Vec<u8> {
+fn echo6(t: &Tuple<Ipv6Addr>, request: bool, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
     let b = PacketBuilder::ipv6(t.src.octets(), t.dst.octets(), 64);
     if request {
@@ -54,14 +54,14 @@ fn error6(src: Ipv6Addr, dst: Ipv6Addr, ty: Icmpv6Type, quote: &[u8]) -> Vec<u8>
     v
 }
 
-fn translate(p: &mut [u8], new: &Tuple6, mode: CsumMode) -> Result<(), RewriteError> {
+fn translate(p: &mut [u8], new: &Tuple<Ipv6Addr>, mode: CsumMode) -> Result<(), RewriteError> {
     let info = ipv6::check(p).unwrap();
-    let (_, kind) = Tuple6::from_ipv6(p, &info).unwrap();
+    let (_, kind) = Tuple::from_ipv6(p, &info).unwrap();
     rewrite6(p, &info, kind, new, mode)
 }
 
-fn client() -> Tuple6 {
-    Tuple6 {
+fn client() -> Tuple<Ipv6Addr> {
+    Tuple {
         src: a6("fd00:10:244:1::2"),
         dst: a6("fd00:10:96::10"),
         sport: 40000,
@@ -74,7 +74,7 @@ fn client() -> Tuple6 {
 #[test]
 fn tcp_dnat_and_back_matches_a_packet_built_from_scratch() {
     let t = client();
-    let new = Tuple6 {
+    let new = Tuple {
         dst: a6("fd00:10:244:2::7"),
         dport: 8080,
         ..t
@@ -89,12 +89,12 @@ fn tcp_dnat_and_back_matches_a_packet_built_from_scratch() {
 
 #[test]
 fn udp_and_echo_translate_with_their_pseudo_header() {
-    let t = Tuple6 {
+    let t = Tuple {
         proto: 17,
         dport: 53,
         ..client()
     };
-    let new = Tuple6 {
+    let new = Tuple {
         src: a6("fd00:172:18::2"),
         sport: 61000,
         ..t
@@ -103,13 +103,13 @@ fn udp_and_echo_translate_with_their_pseudo_header() {
     translate(&mut p, &new, CsumMode::Full).unwrap();
     assert_eq!(p, udp6(&new, b"query"));
     // ICMPv6 echo: its checksum has a pseudo-header (unlike ICMPv4), and the id changes.
-    let e = Tuple6 {
+    let e = Tuple {
         proto: 58,
         sport: 7,
         dport: 7,
         ..client()
     };
-    let ne = Tuple6 {
+    let ne = Tuple {
         src: a6("fd00:172:18::2"),
         sport: 1024,
         dport: 1024,
@@ -136,7 +136,7 @@ fn pseudo_partial(src: Ipv6Addr, dst: Ipv6Addr, nh: u8, len: usize) -> u16 {
 #[test]
 fn partial_checksums_get_the_address_change_only() {
     let t = client();
-    let new = Tuple6 {
+    let new = Tuple {
         dst: a6("fd00:10:244:2::7"),
         dport: 8080,
         ..t
@@ -159,7 +159,7 @@ fn packet_too_big_about_a_dnat_connection_is_translated_inner_header_and_all() {
     // MTU; the router there tells the client. The client must see its own packet quoted:
     // client -> ClusterIP:80.
     let t = client();
-    let dnat = Tuple6 {
+    let dnat = Tuple {
         dst: a6("fd00:10:244:2::7"),
         dport: 8080,
         ..t
@@ -168,14 +168,14 @@ fn packet_too_big_about_a_dnat_connection_is_translated_inner_header_and_all() {
     let ptb = Icmpv6Type::PacketTooBig { mtu: 1400 };
     let mut p = error6(router, t.src, ptb, &tcp6(&dnat, &[0xaa; 100]));
     let info = ipv6::check(&p).unwrap();
-    let (q, kind) = Tuple6::from_ipv6(&p, &info).unwrap();
+    let (q, kind) = Tuple::from_ipv6(&p, &info).unwrap();
     assert_eq!((q, kind), (dnat, L4Kind::IcmpError { inner_l3: 48 }));
     rewrite_icmp_error6(&mut p, &info, 48, &t, router, t.src, CsumMode::Full).unwrap();
     assert_eq!(p, error6(router, t.src, ptb, &tcp6(&t, &[0xaa; 100])));
     // An error whose outer addresses change too (a masqueraded client: the error comes to
     // the node's address and goes on to the pod).
     let node = a6("fd00:172:18::2");
-    let masq = Tuple6 {
+    let masq = Tuple {
         src: node,
         sport: 61000,
         ..dnat
@@ -185,10 +185,10 @@ fn packet_too_big_about_a_dnat_connection_is_translated_inner_header_and_all() {
         router,
         node,
         unreach,
-        &udp6(&Tuple6 { proto: 17, ..masq }, b"dns"),
+        &udp6(&Tuple { proto: 17, ..masq }, b"dns"),
     );
     let info = ipv6::check(&p).unwrap();
-    let inner = Tuple6 { proto: 17, ..dnat };
+    let inner = Tuple { proto: 17, ..dnat };
     rewrite_icmp_error6(&mut p, &info, 48, &inner, router, t.src, CsumMode::Full).unwrap();
     assert_eq!(p, error6(router, t.src, unreach, &udp6(&inner, b"dns")));
 }
@@ -196,7 +196,7 @@ fn packet_too_big_about_a_dnat_connection_is_translated_inner_header_and_all() {
 #[test]
 fn a_short_quote_keeps_the_ports_right_and_checks_refuse_before_writing() {
     let t = client();
-    let dnat = Tuple6 {
+    let dnat = Tuple {
         dst: a6("fd00:10:244:2::7"),
         dport: 8080,
         ..t
@@ -211,7 +211,7 @@ fn a_short_quote_keeps_the_ports_right_and_checks_refuse_before_writing() {
     assert_eq!(&p[48..48 + 44], &want[..44]);
     // Every refusal leaves the bytes alone.
     let before = p.clone();
-    let udp = Tuple6 { proto: 17, ..t };
+    let udp = Tuple { proto: 17, ..t };
     assert!(matches!(
         rewrite_icmp_error6(&mut p, &info, 48, &udp, t.dst, t.src, CsumMode::Full),
         Err(RewriteError::ProtoMismatch { .. })
@@ -230,12 +230,12 @@ proptest! {
         sp in any::<u16>(), dp in any::<u16>(), nsp in any::<u16>(), ndp in any::<u16>(),
         udp in any::<bool>(), payload in proptest::collection::vec(any::<u8>(), 0..64),
     ) {
-        let t = Tuple6 {
+        let t = Tuple {
             src: Ipv6Addr::from(s), dst: Ipv6Addr::from(d), sport: sp, dport: dp,
             proto: if udp { 17 } else { 6 }, zone: 0,
         };
-        let new = Tuple6 { src: Ipv6Addr::from(ns), dst: Ipv6Addr::from(nd), sport: nsp, dport: ndp, ..t };
-        let build = |x: &Tuple6| if udp { udp6(x, &payload) } else { tcp6(x, &payload) };
+        let new = Tuple { src: Ipv6Addr::from(ns), dst: Ipv6Addr::from(nd), sport: nsp, dport: ndp, ..t };
+        let build = |x: &Tuple<Ipv6Addr>| if udp { udp6(x, &payload) } else { tcp6(x, &payload) };
         let mut p = build(&t);
         prop_assume!(ipv6::check(&p).is_ok() && ipv6::check(&build(&new)).is_ok());
         let orig = p.clone();
@@ -264,13 +264,13 @@ proptest! {
         if let Ok(info) = ipv6::check(&p) {
             let t = client();
             for kind in [L4Kind::Tcp, L4Kind::Udp, L4Kind::IcmpEcho { request: true }, L4Kind::Other] {
-                let new = Tuple6 { proto: info.next_header, ..t };
+                let new = Tuple { proto: info.next_header, ..t };
                 let _ = rewrite6(&mut p, &info, kind, &new, CsumMode::Full);
                 let _ = rewrite6(&mut p, &info, kind, &new, CsumMode::Partial);
             }
-            let new = Tuple6 { proto: 6, ..t };
+            let new = Tuple { proto: 6, ..t };
             let _ = rewrite_icmp_error6(&mut p, &info, inner_l3, &new, t.src, t.dst, CsumMode::Full);
-            let _ = Tuple6::from_ipv6(&p, &info);
+            let _ = Tuple::from_ipv6(&p, &info);
         }
     }
 }

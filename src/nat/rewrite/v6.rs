@@ -19,14 +19,14 @@
 
 use std::net::Ipv6Addr;
 
-use super::{CsumMode, RewriteError};
+use super::{rewrite_ports, CsumMode, RewriteError};
 use crate::wire::checksum::Delta;
 use crate::wire::icmpv6::{self, Icmpv6Packet};
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
 use crate::wire::ipv6::{self, ExtHeaders, Ipv6Info, Ipv6Packet};
-use crate::wire::tcp::{self, TcpPacket};
-use crate::wire::tuple::{L4Kind, L4Ports, Tuple6, PROTO_ICMPV6};
-use crate::wire::udp::{self, UdpPacket};
+use crate::wire::tcp;
+use crate::wire::tuple::{L4Kind, Tuple, PROTO_ICMPV6};
+use crate::wire::udp;
 
 /// Where the translated fields of an IPv6 packet are.
 #[derive(Clone, Copy)]
@@ -71,50 +71,15 @@ fn apply6(
     pkt: &mut [u8],
     plan: Plan,
     addrs: Delta,
-    new: &Tuple6,
+    new: &Tuple<Ipv6Addr>,
     mode: CsumMode,
     with_csum: bool,
     outer: &mut Delta,
 ) {
     match plan {
         Plan::Ports { l4, udp } => {
-            let Some(seg) = pkt.get_mut(l4..) else {
-                return;
-            };
-            let mut ports = Delta::default();
-            let mut p = L4Ports::new_unchecked(&mut *seg);
-            ports.word(p.src_port(), new.sport);
-            ports.word(p.dst_port(), new.dport);
-            p.set_src_port(new.sport);
-            p.set_dst_port(new.dport);
-            outer.add(ports);
-            if !with_csum {
-                return;
-            }
-            let old = if udp {
-                UdpPacket::new_unchecked(&*seg).checksum()
-            } else {
-                TcpPacket::new_unchecked(&*seg).checksum()
-            };
-            if udp && old == 0 && mode == CsumMode::Full {
-                return;
-            }
-            let mut c = match mode {
-                CsumMode::Full => {
-                    let mut d = addrs;
-                    d.add(ports);
-                    d.apply_full(old)
-                }
-                CsumMode::Partial => addrs.apply_partial(old),
-            };
-            if udp && c == 0 {
-                c = 0xffff;
-            }
-            outer.word(old, c);
-            if udp {
-                UdpPacket::new_unchecked(seg).set_checksum(c);
-            } else {
-                TcpPacket::new_unchecked(seg).set_checksum(c);
+            if let Some(seg) = pkt.get_mut(l4..) {
+                rewrite_ports(seg, udp, addrs, new, mode, with_csum, outer);
             }
         }
         Plan::Echo { l4 } => {
@@ -199,7 +164,7 @@ fn plan6(
 /// in place so that it carries `new` (same protocol): addresses, TCP/UDP ports or the ICMPv6
 /// echo identifier (`new.sport`), every checksum updated incrementally (see the [module
 /// docs](super); for IPv6: no header checksum, and the address change goes into the TCP, UDP
-/// and ICMPv6 checksums, whose pseudo-headers hold the addresses). `kind` is what [`Tuple6::from_ipv6`] gave for this packet; `new.zone` is
+/// and ICMPv6 checksums, whose pseudo-headers hold the addresses). `kind` is what [`Tuple::from_ipv6`] gave for this packet; `new.zone` is
 /// ignored. [`L4Kind::Other`] rewrites the addresses only (ICMPv6 types other than echo
 /// and errors get their checksum's pseudo-header change too).
 ///
@@ -210,7 +175,7 @@ pub fn rewrite6(
     l3: &mut [u8],
     info: &Ipv6Info,
     kind: L4Kind,
-    new: &Tuple6,
+    new: &Tuple<Ipv6Addr>,
     mode: CsumMode,
 ) -> Result<(), RewriteError> {
     let end = end6(l3, info)?;
@@ -275,7 +240,7 @@ pub fn rewrite_icmp_error6(
     l3: &mut [u8],
     info: &Ipv6Info,
     inner_l3: usize,
-    new_inner: &Tuple6,
+    new_inner: &Tuple<Ipv6Addr>,
     outer_src: Ipv6Addr,
     outer_dst: Ipv6Addr,
     mode: CsumMode,

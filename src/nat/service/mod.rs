@@ -39,9 +39,9 @@
 //! ([`ServiceSpec::vip6`]), or both: two frontends, each with the endpoints of its own family
 //! ([`ServiceSpec::endpoints`], [`ServiceSpec::endpoints6`]) and its own choice among them
 //! (random, Maglev over that family's endpoints, affinity keyed by the client's address of
-//! that family), as kube-proxy programs iptables and ip6tables from one Service. An
-//! IPv6-only service is made with [`ServiceSpec::new6`] (its `vip` is 0.0.0.0, meaning "no
-//! IPv4 frontend"). A node port answers on the families the service has ClusterIPs of
+//! that family), as kube-proxy programs iptables and ip6tables from one Service.
+//! [`ServiceSpec::new`] takes the ClusterIP of either family; a service without an IPv4
+//! ClusterIP has `vip` `None`. A node port answers on the families the service has ClusterIPs of
 //! ([`Services::by_node_port`] for IPv4, [`Services::by_node_port6`] for IPv6).
 //!
 //! Every service has a [`ServiceId`], stable across upserts of the same name and never reused
@@ -61,6 +61,7 @@ use super::maglev::{self, Backend, Maglev};
 use crate::conntrack::{Conntrack, Conntrack6};
 use crate::narrow::{reduce, scale};
 use crate::time::Instant;
+use crate::wire::family::IpProto;
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`: 3 hours.
@@ -122,16 +123,17 @@ impl Endpoint6 {
 pub struct ServiceSpec {
     /// Unique name (`namespace/name:port` in Kubernetes terms); upserts are keyed by it.
     pub name: String,
-    /// The IPv4 cluster IP; 0.0.0.0 for a service without one (IPv6-only, which then needs
-    /// [`ServiceSpec::vip6`]).
-    pub vip: Ipv4Addr,
+    /// The IPv4 cluster IP, if the service has one (at least one of `vip` and `vip6` is
+    /// set).
+    pub vip: Option<Ipv4Addr>,
     /// The IPv6 cluster IP, if the service has one.
     pub vip6: Option<Ipv6Addr>,
     /// The service port on the cluster IP (nonzero).
     pub port: u16,
-    /// IP protocol: TCP (6) or UDP (17). (SCTP services are not supported: the tuple and
-    /// the rewrites carry no SCTP ports, and SCTP's CRC32c cannot be patched incrementally.)
-    pub proto: u8,
+    /// IP protocol: [`IpProto::TCP`] or [`IpProto::UDP`]. (SCTP services are not supported:
+    /// the tuple and the rewrites carry no SCTP ports, and SCTP's CRC32c cannot be patched
+    /// incrementally.)
+    pub proto: IpProto,
     /// The node port, if the service is of type NodePort (nonzero, unique per protocol).
     pub node_port: Option<u16>,
     /// The IPv4 backends (distinct addresses, nonzero ports; only with an IPv4 `vip`). Empty:
@@ -151,12 +153,34 @@ pub struct ServiceSpec {
 }
 
 impl ServiceSpec {
-    /// A service with no node port, no endpoints, no affinity, random choice.
-    pub fn new(name: impl Into<String>, vip: Ipv4Addr, port: u16, proto: u8) -> ServiceSpec {
+    /// A service with the ClusterIP `vip` (of either family: set the other family's with
+    /// [`ServiceSpec::vip`] or [`ServiceSpec::vip6`] for a dual-stack service), no node port,
+    /// no endpoints, no affinity, random choice.
+    ///
+    /// ```
+    /// use std::net::{Ipv4Addr, Ipv6Addr};
+    /// use tapyard::nat::ServiceSpec;
+    /// use tapyard::wire::family::IpProto;
+    ///
+    /// let mut dns = ServiceSpec::new("dns", Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 10), 53, IpProto::UDP);
+    /// assert_eq!((dns.vip, dns.has_v6()), (None, true));
+    /// dns.vip = Some(Ipv4Addr::new(10, 96, 0, 10));
+    /// assert!(dns.has_v4());
+    /// ```
+    pub fn new(
+        name: impl Into<String>,
+        vip: impl Into<IpAddr>,
+        port: u16,
+        proto: IpProto,
+    ) -> ServiceSpec {
+        let (vip, vip6) = match vip.into() {
+            IpAddr::V4(a) => (Some(a), None),
+            IpAddr::V6(a) => (None, Some(a)),
+        };
         ServiceSpec {
             name: name.into(),
             vip,
-            vip6: None,
+            vip6,
             port,
             proto,
             node_port: None,
@@ -168,18 +192,9 @@ impl ServiceSpec {
         }
     }
 
-    /// An IPv6-only service (`vip` 0.0.0.0): no node port, no endpoints, no affinity, random
-    /// choice. Give it an IPv4 ClusterIP too by setting `vip`.
-    pub fn new6(name: impl Into<String>, vip6: Ipv6Addr, port: u16, proto: u8) -> ServiceSpec {
-        ServiceSpec {
-            vip6: Some(vip6),
-            ..ServiceSpec::new(name, Ipv4Addr::UNSPECIFIED, port, proto)
-        }
-    }
-
     /// True if the service has an IPv4 ClusterIP (an IPv4 frontend).
     pub fn has_v4(&self) -> bool {
-        !self.vip.is_unspecified()
+        self.vip.is_some()
     }
 
     /// True if the service has an IPv6 ClusterIP (an IPv6 frontend).
@@ -783,14 +798,19 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             field: "node_port",
         });
     }
-    if (spec.vip.is_unspecified() && spec.vip6.is_none())
-        || spec.vip.is_broadcast()
-        || spec.vip.is_multicast()
-    {
+    if spec.vip.is_none() && spec.vip6.is_none() {
         return Err(ServiceError::BadVip {
             service: service(),
-            vip: spec.vip.into(),
+            vip: Ipv4Addr::UNSPECIFIED.into(),
         });
+    }
+    if let Some(v4) = spec.vip {
+        if v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() {
+            return Err(ServiceError::BadVip {
+                service: service(),
+                vip: v4.into(),
+            });
+        }
     }
     if let Some(v6) = spec.vip6 {
         if !unicast6(v6) {
@@ -812,10 +832,10 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             field: "endpoints6",
         });
     }
-    if !matches!(spec.proto, PROTO_TCP | PROTO_UDP) {
+    if !matches!(spec.proto, IpProto::TCP | IpProto::UDP) {
         return Err(ServiceError::UnsupportedProto {
             service: service(),
-            proto: spec.proto,
+            proto: spec.proto.number(),
         });
     }
     if let Some(t) = spec.affinity {
@@ -905,28 +925,27 @@ impl Services {
         validate(&spec)?;
         let mut w = self.writer.lock();
         let cur = self.snap.load_full();
-        let vkey = (u32::from(spec.vip), spec.port, spec.proto);
-        if let Some(o) = cur
-            .by_vip
-            .get(&vkey)
-            .filter(|o| spec.has_v4() && o.spec.name != spec.name)
-        {
+        let proto = spec.proto.number();
+        if let Some((v4, o)) = spec.vip.and_then(|v4| {
+            let o = cur.by_vip.get(&(u32::from(v4), spec.port, proto))?;
+            (o.spec.name != spec.name).then_some((v4, o))
+        }) {
             return Err(ServiceError::DuplicateVip {
                 service: spec.name.clone(),
-                vip: spec.vip.into(),
+                vip: v4.into(),
                 port: spec.port,
-                proto: spec.proto,
+                proto,
                 other: o.spec.name.clone(),
             });
         }
         if let Some(v6) = spec.vip6 {
-            let k = (u128::from(v6), spec.port, spec.proto);
+            let k = (u128::from(v6), spec.port, proto);
             if let Some(o) = cur.by_vip6.get(&k).filter(|o| o.spec.name != spec.name) {
                 return Err(ServiceError::DuplicateVip {
                     service: spec.name.clone(),
                     vip: v6.into(),
                     port: spec.port,
-                    proto: spec.proto,
+                    proto,
                     other: o.spec.name.clone(),
                 });
             }
@@ -934,13 +953,13 @@ impl Services {
         if let Some(np) = spec.node_port {
             if let Some(o) = cur
                 .by_node_port
-                .get(&(np, spec.proto))
+                .get(&(np, proto))
                 .filter(|o| o.spec.name != spec.name)
             {
                 return Err(ServiceError::DuplicateNodePort {
                     service: spec.name.clone(),
                     node_port: np,
-                    proto: spec.proto,
+                    proto,
                     other: o.spec.name.clone(),
                 });
             }
@@ -959,16 +978,17 @@ impl Services {
             unlink(&mut next, p);
         }
         let s = &state.spec;
-        if s.has_v4() {
+        let proto = s.proto.number();
+        if let Some(v4) = s.vip {
             next.by_vip
-                .insert((u32::from(s.vip), s.port, s.proto), state.clone());
+                .insert((u32::from(v4), s.port, proto), state.clone());
         }
         if let Some(v6) = s.vip6 {
             next.by_vip6
-                .insert((u128::from(v6), s.port, s.proto), state.clone());
+                .insert((u128::from(v6), s.port, proto), state.clone());
         }
         if let Some(np) = s.node_port {
-            next.by_node_port.insert((np, s.proto), state.clone());
+            next.by_node_port.insert((np, proto), state.clone());
         }
         next.by_name.insert(s.name.clone(), state.clone());
         self.snap.store(Arc::new(next));
@@ -1227,7 +1247,7 @@ impl Services {
         for s in v {
             let sp = &s.spec;
             // One block per frontend, as ipvsadm lists an IPv4 and an IPv6 virtual service.
-            let v4 = sp.has_v4().then(|| format!("{}:{}", sp.vip, sp.port));
+            let v4 = sp.vip.map(|a| format!("{a}:{}", sp.port));
             let v6 = sp.vip6.map(|a| format!("[{a}]:{}", sp.port));
             let eps4 = sp.endpoints.iter().map(|e| (e.addr.to_string(), e.local));
             let eps6 = sp.endpoints6.iter().map(|e| (e.addr.to_string(), e.local));
@@ -1238,7 +1258,7 @@ impl Services {
                 let _ = write!(
                     out,
                     "{:<4} {} {}",
-                    proto_name(sp.proto),
+                    proto_name(sp.proto.number()),
                     front,
                     match sp.algo {
                         LbAlgo::Random => "rr",
@@ -1270,14 +1290,15 @@ type Listed = (String, bool);
 
 fn unlink(next: &mut Snapshot, p: &SvcState) {
     let s = &p.spec;
-    if s.has_v4() {
-        next.by_vip.remove(&(u32::from(s.vip), s.port, s.proto));
+    let proto = s.proto.number();
+    if let Some(v4) = s.vip {
+        next.by_vip.remove(&(u32::from(v4), s.port, proto));
     }
     if let Some(v6) = s.vip6 {
-        next.by_vip6.remove(&(u128::from(v6), s.port, s.proto));
+        next.by_vip6.remove(&(u128::from(v6), s.port, proto));
     }
     if let Some(np) = s.node_port {
-        next.by_node_port.remove(&(np, s.proto));
+        next.by_node_port.remove(&(np, proto));
     }
 }
 

@@ -15,7 +15,7 @@ fn ep(i: u8, port: u16, local: bool) -> Endpoint {
 }
 
 fn spec(name: &str, n: u8) -> ServiceSpec {
-    let mut s = ServiceSpec::new(name, VIP, 80, PROTO_TCP);
+    let mut s = ServiceSpec::new(name, VIP, 80, IpProto::TCP);
     s.endpoints = (1..=n).map(|i| ep(i, 8080, false)).collect();
     s
 }
@@ -35,12 +35,12 @@ fn lookup_by_vip_and_node_port() {
     assert!(s.by_node_port(30080, PROTO_UDP).is_none());
     // Same VIP:port over UDP is another service.
     let mut d = spec("dns", 1);
-    d.proto = PROTO_UDP;
+    d.proto = IpProto::UDP;
     let id2 = s.upsert(d).unwrap();
     assert_ne!(id2, id);
     assert_eq!(s.by_vip(VIP, 80, PROTO_UDP).unwrap().id(), id2);
     // Update keeps the id; moving the VIP unlinks the old one.
-    a.vip = Ipv4Addr::new(10, 96, 0, 11);
+    a.vip = Some(Ipv4Addr::new(10, 96, 0, 11));
     a.node_port = None;
     assert_eq!(s.upsert(a).unwrap(), id);
     assert!(s.by_vip(VIP, 80, PROTO_TCP).is_none());
@@ -78,7 +78,7 @@ fn validation_errors_name_field_and_value() {
         "service \"web2\": vip:port 10.96.0.10:80/TCP already used by service \"web\""
     );
     let mut b = spec("b", 1);
-    b.vip = Ipv4Addr::new(10, 96, 0, 99);
+    b.vip = Some(Ipv4Addr::new(10, 96, 0, 99));
     b.node_port = Some(30080);
     let e = s.upsert(b.clone()).unwrap_err();
     assert!(
@@ -106,13 +106,13 @@ fn validation_errors_name_field_and_value() {
         .to_string()
         .contains("port 0"));
     b.port = 80;
-    b.proto = 47;
+    b.proto = IpProto::from(47);
     assert!(s
         .upsert(b.clone())
         .unwrap_err()
         .to_string()
         .contains("proto 47"));
-    b.proto = PROTO_TCP;
+    b.proto = IpProto::TCP;
     b.endpoints.push(b.endpoints[0]);
     assert!(s
         .upsert(b.clone())
@@ -131,14 +131,14 @@ fn validation_errors_name_field_and_value() {
         Err(ServiceError::BadAffinityTimeout { .. })
     ));
     b.affinity = None;
-    b.vip = Ipv4Addr::UNSPECIFIED;
+    b.vip = None;
     assert!(s
         .upsert(b.clone())
         .unwrap_err()
         .to_string()
         .contains("vip 0.0.0.0"));
     assert_eq!(
-        s.upsert(ServiceSpec::new("", VIP, 1, 6)),
+        s.upsert(ServiceSpec::new("", VIP, 1, IpProto::TCP)),
         Err(ServiceError::EmptyName)
     );
     assert_eq!(s.len(), 1);
@@ -536,9 +536,9 @@ proptest::proptest! {
             match op {
                 Op::Upsert { name, vip, port, udp, node_port } => {
                     let mut sp = spec(&format!("s{name}"), 1);
-                    sp.vip = Ipv4Addr::new(10, 96, 0, vip + 1);
+                    sp.vip = Some(Ipv4Addr::new(10, 96, 0, vip + 1));
                     sp.port = port;
-                    sp.proto = if udp { PROTO_UDP } else { PROTO_TCP };
+                    sp.proto = if udp { IpProto::UDP } else { IpProto::TCP };
                     sp.node_port = node_port;
                     let clash = model.values().any(|(o, _)| {
                         o.name != sp.name
@@ -570,7 +570,7 @@ proptest::proptest! {
                         let ip = Ipv4Addr::new(10, 96, 0, vip);
                         let want = model
                             .values()
-                            .find(|(o, _)| (o.vip, o.port, o.proto) == (ip, port, proto))
+                            .find(|(o, _)| (o.vip, o.port, o.proto.number()) == (Some(ip), port, proto))
                             .map(|(o, id)| (o.name.clone(), *id));
                         let got = s.by_vip(ip, port, proto).map(|r| (r.name().to_string(), r.id()));
                         proptest::prop_assert_eq!(got, want);
@@ -581,7 +581,7 @@ proptest::proptest! {
                 for proto in [PROTO_TCP, PROTO_UDP] {
                     let want = model
                         .values()
-                        .find(|(o, _)| o.node_port == Some(np) && o.proto == proto)
+                        .find(|(o, _)| o.node_port == Some(np) && o.proto.number() == proto)
                         .map(|(o, _)| o.name.clone());
                     let got = s.by_node_port(np, proto).map(|r| r.name().to_string());
                     proptest::prop_assert_eq!(got, want);
@@ -653,7 +653,7 @@ fn relink_retags_kept_connections_and_restores_affinity() {
     // The new process: "other" first, so "web" gets another id than 7.
     let s = Services::new(1024);
     let mut other = spec("other", 1);
-    other.vip = Ipv4Addr::new(10, 96, 0, 50);
+    other.vip = Some(Ipv4Addr::new(10, 96, 0, 50));
     s.upsert(other).unwrap();
     let mut web = spec("web", 8);
     web.affinity = Some(Duration::from_secs(60));
@@ -754,7 +754,7 @@ fn dual_stack_frontends_each_choose_their_family() {
 #[test]
 fn ipv6_only_service_not_on_ipv4() {
     let s = Services::new(64);
-    let mut d = ServiceSpec::new6("web6", VIP6, 80, PROTO_TCP);
+    let mut d = ServiceSpec::new("web6", VIP6, 80, IpProto::TCP);
     d.endpoints6 = vec![ep6(1, 8080, true), ep6(2, 8080, false)];
     d.node_port = Some(30086);
     assert!(!d.has_v4() && d.has_v6());
@@ -778,7 +778,7 @@ fn ipv6_only_service_not_on_ipv4() {
     }
     // Another service may not take the same IPv6 VIP:port.
     let e = s
-        .upsert(ServiceSpec::new6("other", VIP6, 80, PROTO_TCP))
+        .upsert(ServiceSpec::new("other", VIP6, 80, IpProto::TCP))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -789,7 +789,7 @@ fn ipv6_only_service_not_on_ipv4() {
 #[test]
 fn dual_stack_validation_names_the_field() {
     let s = Services::new(0);
-    let mut a = ServiceSpec::new6("a", VIP6, 80, PROTO_TCP);
+    let mut a = ServiceSpec::new("a", VIP6, 80, IpProto::TCP);
     a.endpoints = vec![ep(1, 80, false)];
     assert_eq!(
         s.upsert(a).unwrap_err().to_string(),
@@ -801,7 +801,7 @@ fn dual_stack_validation_names_the_field() {
         s.upsert(b).unwrap_err().to_string(),
         "service \"b\": endpoints6 given without a ClusterIP of their family (vip6)"
     );
-    let c = ServiceSpec::new6("c", Ipv6Addr::LOCALHOST, 80, PROTO_TCP);
+    let c = ServiceSpec::new("c", Ipv6Addr::LOCALHOST, 80, IpProto::TCP);
     assert!(matches!(
         s.upsert(c),
         Err(ServiceError::BadVip {
@@ -828,7 +828,7 @@ fn dual_stack_validation_names_the_field() {
         })
     ));
     // Neither family: refused as before.
-    let f = ServiceSpec::new("f", Ipv4Addr::UNSPECIFIED, 80, PROTO_TCP);
+    let f = ServiceSpec::new("f", Ipv4Addr::UNSPECIFIED, 80, IpProto::TCP);
     assert!(matches!(s.upsert(f), Err(ServiceError::BadVip { .. })));
     assert!(s.is_empty());
 }
@@ -837,7 +837,7 @@ fn dual_stack_validation_names_the_field() {
 fn ipv6_affinity_and_maglev() {
     let s = Services::new(64);
     let mut d = dual("web", 0, 5);
-    d.vip = Ipv4Addr::UNSPECIFIED;
+    d.vip = None;
     d.affinity = Some(Duration::from_secs(10));
     s.upsert(d.clone()).unwrap();
     let r = s.by_vip6(VIP6, 80, PROTO_TCP).unwrap();
