@@ -143,7 +143,7 @@ pub enum IpCidr {
 
 impl IpCidr {
     /// The prefix length.
-    pub fn len(&self) -> u8 {
+    pub fn prefix_len(&self) -> u8 {
         match self {
             IpCidr::V4(c) => c.len,
             IpCidr::V6(c) => c.len,

@@ -4,7 +4,7 @@
 //! The protocol (every request and reply, with an example line of each, and its versioning)
 //! is the `tapyard-control` crate's: its PROTOCOL.md, and its types, which this server
 //! parses and answers with ([`Request`], [`Reply`] and each reply's data), as the clients do
-//! (`tapyard`'s commands in `main.rs` through [`client`], and the CNI plugin), so the sides
+//! (`tapyard`'s commands in `crate::commands` through [`client`], and the CNI plugin), so the sides
 //! cannot drift. Here: the socket ([`claim_socket`], [`bind`], [`serve`]) and each request's
 //! answer; the tables of `show` are built in [`show`].
 //!
@@ -17,6 +17,7 @@
 //! A request with a field its command does not have is refused, naming the field.
 
 pub mod client;
+pub mod server;
 pub mod show;
 #[cfg(test)]
 mod tests;

@@ -33,7 +33,53 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tapyard::MacAddr;
 
-use crate::ports::{Kind, Origin};
+pub mod secure;
+
+/// Where a port came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// A bridge's `ports` or an uplink in the config file: a reload adds and removes it.
+    Config,
+    /// `tapyard port add`: a reload never touches it.
+    Command,
+    /// The CNI plugin (`port_add` with an owner): a reload never touches it.
+    Cni,
+}
+
+impl Origin {
+    /// Its name in `show ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Config => "config",
+            Origin::Command => "port add",
+            Origin::Cni => "cni",
+        }
+    }
+}
+
+/// What a port is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A bridge port (a pod's interface, or anything plugged into the bridge).
+    Pod,
+    /// An uplink's TAP (a router interface of its own).
+    Uplink,
+}
+
+impl Kind {
+    /// Its name in `show ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "pod",
+            Kind::Uplink => "uplink",
+        }
+    }
+}
+
+/// The takeover socket's file name in the state directory ([`crate::takeover`]).
+pub const TAKEOVER_SOCKET: &str = "takeover.sock";
 
 /// The record's format version.
 pub const VERSION: u32 = 1;
@@ -194,7 +240,7 @@ pub fn load(dir: &Path, node: &str) -> Result<Option<Record>, String> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: cannot open it: {e}", path.display())),
     };
-    crate::secure::check_open(&path, &file)
+    crate::state::secure::check_open(&path, &file)
         .map_err(|e| format!("{}: {}", path.display(), e.why))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     if len > MAX_RECORD_BYTES {
@@ -230,11 +276,11 @@ pub fn parse(text: &[u8], node: &str) -> Result<Record, String> {
 
 /// Writes `<dir>/ports.json` atomically (a temporary file in `dir`, synced, then renamed over
 /// it), creating `dir` (mode 0700) if needed. The directory is checked first
-/// ([`crate::secure::check_dir`]); the temporary file is created anew (`O_EXCL`, never
+/// ([`crate::state::secure::check_dir`]); the temporary file is created anew (`O_EXCL`, never
 /// through a link) with mode 0600.
 pub fn save(dir: &Path, r: &Record) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    crate::secure::check_dir(dir, true).map_err(io::Error::other)?;
+    crate::state::secure::check_dir(dir, true).map_err(io::Error::other)?;
     let tmp = dir.join(format!("{PORTS_FILE}.tmp"));
     match std::fs::remove_file(&tmp) {
         Ok(()) => {}

@@ -1,39 +1,12 @@
-//! The node's ports: a registry of every TAP the node serves, and the ports added and removed
-//! while it runs.
-//!
-//! A port comes from the config file (a bridge's `ports`, an uplink), from `tapyard port add`
-//! (a TAP left in tapyard's namespace) or from the CNI plugin (`port_add` with a namespace):
-//! tapyard creates the TAP, keeps its file descriptor, moves the device into the pod's
-//! namespace and renames it there in one rtnetlink request, and reads back its ifindex and MAC
-//! inside that namespace. A TAP made without `--mac` gets a MAC derived from the node's and the
-//! port's names ([`crate::state::stable_mac`]).
-//!
-//! Once a port is in place its TAP is persistent, and the registry is written to
-//! `<state_dir>/ports.json` ([`crate::state`]) at every change: the pods' interfaces outlive
-//! the process (a crash, `kill -9`, a clean stop), and the next start re-attaches to each
-//! where it lives now ([`reattach`]), renamed or not. tapyard follows its TAPs while it runs
-//! ([`Node::refresh_ports`]: the namespace and name each has now, read from its fd), so that a
-//! TAP moved and renamed by hand is found again too. Removing a port (`port del`, CNI DEL, a
-//! reload that drops it) clears the persist flag before the last `Arc` of the device goes (the
-//! runtime's and the registry's): the fd closes and the kernel deletes the device, in
-//! whichever namespace it lives; [`Node::port_remove`] waits until it is gone.
-//!
-//! Thread safety: the registry's entries sit behind a mutex held only to read or change the
-//! list; adding and removing ports (and a reload's port changes) are serialised by a second
-//! mutex, held for the whole change, so that name and owner checks and the change they guard
-//! are one step.
+//! The ports added and removed while the node runs (see [`crate::ports`]).
 
-use std::collections::hash_map::DefaultHasher;
 use std::fs::File;
-use std::hash::{Hash, Hasher};
-use std::os::fd::RawFd;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
-use serde::{Deserialize, Serialize};
 use tapyard::port::{Observed, Port, TapPort};
-use tapyard::{Batch, BridgeId, BufPool, DropReason, PacketBuf, PortId};
+use tapyard::{BridgeId, PacketBuf, PortId};
 use tapyard_cni::netlink::{Link, Netlink};
 use tapyard_cni::netns;
 use tapyard_control::show::PortRow;
@@ -41,403 +14,15 @@ use tapyard_control::PortInfo;
 
 use crate::capture::CaptureTap;
 use crate::config::values::{parse_ifname, parse_mac};
-use crate::live;
+
 use crate::node::Node;
-use crate::state::{self, MacFor, NetnsRecord, NsId, PortRecord};
+use crate::state::{self, MacFor};
 
-/// How long a removal waits for the kernel to delete the TAP.
-pub const GONE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Where a port came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Origin {
-    /// A bridge's `ports` or an uplink in the config file: a reload adds and removes it.
-    Config,
-    /// `tapyard port add`: a reload never touches it.
-    Command,
-    /// The CNI plugin (`port_add` with an owner): a reload never touches it.
-    Cni,
-}
-
-impl Origin {
-    /// Its name in `show ports`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Origin::Config => "config",
-            Origin::Command => "port add",
-            Origin::Cni => "cni",
-        }
-    }
-}
-
-/// What a port is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// A bridge port (a pod's interface, or anything plugged into the bridge).
-    Pod,
-    /// An uplink's TAP (a router interface of its own).
-    Uplink,
-}
-
-impl Kind {
-    /// Its name in `show ports`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Pod => "pod",
-            Kind::Uplink => "uplink",
-        }
-    }
-}
-
-/// One port of the registry.
-#[derive(Clone, Debug)]
-pub struct PortEntry {
-    /// The datapath port.
-    pub id: PortId,
-    /// The datapath port's name: unique on the node (`show fdb`'s `dev`, `capture`, `port
-    /// del`). A CNI port's is its TAP's temporary name, `ty` + 8 hex digits.
-    pub name: String,
-    /// The TAP's name in tapyard's namespace (when it was created).
-    pub tap: String,
-    /// The interface's name where it lives now (a CNI port's `ifname`).
-    pub ifname: String,
-    /// The CNI owner key, `<CNI_CONTAINERID>/<CNI_IFNAME>`.
-    pub owner: Option<String>,
-    /// Bridge port or uplink.
-    pub kind: Kind,
-    /// The bridge it is attached to (none for an uplink).
-    pub bridge: Option<String>,
-    /// The interface's MAC and ifindex where it lives.
-    pub link: Option<Link>,
-    /// The namespace the interface was moved to (a CNI port's `netns`, or where tapyard found
-    /// it), as a path; none while it is in tapyard's namespace.
-    pub netns: Option<String>,
-    /// That namespace's identity (see [`crate::state`]).
-    pub netns_id: Option<NsId>,
-    /// Where it came from.
-    pub origin: Origin,
-    /// Its capture state.
-    pub capture: Arc<CaptureTap>,
-    /// The TAP device (shared with the workers): its persist flag is cleared when the port is
-    /// removed, and where it lives now is read from it.
-    pub dev: Option<Arc<TapPort>>,
-    /// Opened with a virtio-net header.
-    pub offload: bool,
-}
-
-impl PortEntry {
-    /// Its line in `<state_dir>/ports.json`.
-    pub fn record(&self) -> PortRecord {
-        PortRecord {
-            name: self.name.clone(),
-            tap: self.tap.clone(),
-            ifname: self.ifname.clone(),
-            mac: self
-                .link
-                .as_ref()
-                .map(|l| l.mac.clone())
-                .unwrap_or_default(),
-            kind: self.kind,
-            bridge: self.bridge.clone(),
-            origin: self.origin,
-            owner: self.owner.clone(),
-            netns: match (&self.netns, self.netns_id) {
-                (Some(path), Some((dev, ino))) => Some(NetnsRecord {
-                    path: path.clone(),
-                    dev,
-                    ino,
-                }),
-                _ => None,
-            },
-            ifindex: self.link.as_ref().map_or(0, |l| l.index),
-            offload: self.offload,
-        }
-    }
-
-    /// The CNI protocol's description of it.
-    pub fn info(&self) -> PortInfo {
-        PortInfo {
-            name: self.ifname.clone(),
-            ifindex: self.link.as_ref().map_or(0, |l| l.index),
-            mac: self
-                .link
-                .as_ref()
-                .map(|l| l.mac.clone())
-                .unwrap_or_default(),
-            bridge: self.bridge.clone().unwrap_or_default(),
-            netns: self.netns.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// The registry: every port of the node.
-#[derive(Debug, Default)]
-pub struct Registry {
-    entries: Mutex<Vec<PortEntry>>,
-    changes: Mutex<()>,
-}
-
-impl Registry {
-    /// The entries, in the order they were added.
-    pub fn list(&self) -> Vec<PortEntry> {
-        self.lock().clone()
-    }
-
-    /// How many ports there are.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// The entry called `name` (datapath port or TAP name).
-    pub fn by_name(&self, name: &str) -> Option<PortEntry> {
-        self.lock()
-            .iter()
-            .find(|e| e.name == name || e.tap == name)
-            .cloned()
-    }
-
-    /// The entry of CNI owner `owner`.
-    pub fn by_owner(&self, owner: &str) -> Option<PortEntry> {
-        self.lock()
-            .iter()
-            .find(|e| e.owner.as_deref() == Some(owner))
-            .cloned()
-    }
-
-    /// Adds an entry (the caller checked its name and owner are free).
-    pub fn insert(&self, e: PortEntry) {
-        self.lock().push(e);
-    }
-
-    fn remove(&self, id: PortId) {
-        self.lock().retain(|e| e.id != id);
-    }
-
-    /// Changes the entry of port `id` in place.
-    fn update(&self, id: PortId, f: impl FnOnce(&mut PortEntry)) {
-        if let Some(e) = self.lock().iter_mut().find(|e| e.id == id) {
-            f(e);
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Vec<PortEntry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Serialises additions and removals (held for a whole change).
-    pub fn changing(&self) -> MutexGuard<'_, ()> {
-        self.changes.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The temporary TAP name of a CNI port: `ty` and 8 hex digits of a hash of the owner key
-/// (its top 32 bits, SipHash with fixed keys: the same owner always gets the same name).
-pub fn temp_name(owner: &str) -> String {
-    let mut h = DefaultHasher::new();
-    owner.hash(&mut h);
-    format!("ty{:08x}", h.finish() >> 32)
-}
+use super::*;
+use crate::ports::GONE_TIMEOUT;
 
 fn field(name: &str, value: &str, why: impl std::fmt::Display) -> String {
     format!("{name} {value:?} {why}")
-}
-
-/// Looks up link `name` inside the namespace `ns` (opened from `path`).
-fn link_in(ns: &File, path: &Path, name: &str) -> Result<Option<Link>, String> {
-    use tapyard_cni::error::{CniError, NETNS_CONFIG};
-    let err = |e: std::io::Error| CniError::new(NETNS_CONFIG, format!("rtnetlink: {e}"));
-    netns::run_in(ns, path, || {
-        Netlink::open()
-            .map_err(err)?
-            .link_by_name(name)
-            .map_err(err)
-    })
-    .map_err(|e| e.msg)
-}
-
-/// A TAP shared by the workers (through [`Observed`]) and the registry, which keeps it to
-/// clear its persist flag on removal and to read where it lives.
-pub struct SharedTap(pub Arc<TapPort>);
-
-impl Port for SharedTap {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    fn recv_batch(&self, pool: &mut BufPool, batch: &mut Batch) -> std::io::Result<usize> {
-        self.0.recv_batch(pool, batch)
-    }
-
-    fn send(&self, buf: &PacketBuf) -> Result<(), DropReason> {
-        self.0.send(buf)
-    }
-
-    fn send_batch(&self, bufs: &[&PacketBuf], done: &mut dyn FnMut(usize, Result<(), DropReason>)) {
-        self.0.send_batch(bufs, done)
-    }
-
-    fn rx_fd(&self) -> Option<RawFd> {
-        self.0.rx_fd()
-    }
-
-    fn frame_room(&self) -> usize {
-        self.0.frame_room()
-    }
-}
-
-/// Opens (creates, or attaches to) TAP `name` in the calling thread's namespace, with a
-/// virtio-net header when `offload`.
-pub fn open_tap_mode(name: &str, offload: bool) -> std::io::Result<TapPort> {
-    if offload {
-        TapPort::open_offload(name)
-    } else {
-        TapPort::open(name)
-    }
-}
-
-/// A recorded port found again: the device, its name and link where it lives, and that
-/// namespace (path and identity; none for tapyard's own).
-pub struct Found {
-    /// The re-attached device.
-    pub tap: TapPort,
-    /// Its name now.
-    pub ifname: String,
-    /// Its MAC and ifindex.
-    pub link: Link,
-    /// Where it lives, if not in tapyard's namespace.
-    pub netns: Option<(String, NsId)>,
-}
-
-/// The interface of record `r` in the namespace the netlink socket belongs to: by ifindex,
-/// else by name, confirmed by MAC either way (an ifindex or a name may have been given to
-/// another interface since).
-fn find_link(nl: &mut Netlink, r: &PortRecord) -> std::io::Result<Option<(String, Link)>> {
-    if r.ifindex != 0 {
-        if let Some((name, l)) = nl.link_by_index(r.ifindex)? {
-            if l.mac == r.mac {
-                return Ok(Some((name, l)));
-            }
-        }
-    }
-    match nl.link_by_name(&r.ifname)? {
-        Some(l) if l.mac == r.mac => Ok(Some((r.ifname.clone(), l))),
-        _ => Ok(None),
-    }
-}
-
-/// Finds the TAP of record `r` where it lives now and re-attaches to it (`TUNSETIFF` by its
-/// current name, from inside its namespace, with the flags it was created with). `Err(why)`
-/// when it is not there (its namespace is gone, no interface with its ifindex or name and
-/// MAC) or cannot be opened. `own` is tapyard's namespace.
-pub fn reattach(r: &PortRecord, own: Option<NsId>) -> Result<Found, String> {
-    let here = |nl: &mut Netlink| -> Result<(TapPort, String, Link), String> {
-        let (name, link) = find_link(nl, r)
-            .map_err(|e| format!("rtnetlink: {e}"))?
-            .ok_or_else(|| {
-                format!(
-                    "no interface with ifindex {} or name {:?} and mac {}",
-                    r.ifindex, r.ifname, r.mac
-                )
-            })?;
-        let tap = open_tap_mode(&name, r.offload)
-            .map_err(|e| format!("cannot re-attach to TAP {name:?}: {e}"))?;
-        Ok((tap, name, link))
-    };
-    match r.netns.as_ref().filter(|ns| Some(ns.id()) != own) {
-        None => {
-            let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
-            let (tap, ifname, link) =
-                here(&mut nl).map_err(|e| format!("{e} in tapyard's namespace"))?;
-            Ok(Found {
-                tap,
-                ifname,
-                link,
-                netns: None,
-            })
-        }
-        Some(ns) => {
-            let (f, path) = state::open_ns(ns).ok_or_else(|| {
-                format!(
-                    "its network namespace {} (inode {}) is gone",
-                    ns.path, ns.ino
-                )
-            })?;
-            let (tap, ifname, link) = netns::run_in(&f, &path, || {
-                use tapyard_cni::error::{CniError, NETNS_CONFIG};
-                let mut nl = Netlink::open()
-                    .map_err(|e| CniError::new(NETNS_CONFIG, format!("rtnetlink: {e}")))?;
-                here(&mut nl).map_err(|e| CniError::new(NETNS_CONFIG, e))
-            })
-            .map_err(|e| format!("{} in netns {}", e.msg, path.display()))?;
-            let p = path.display().to_string();
-            Ok(Found {
-                tap,
-                ifname,
-                link,
-                netns: Some((p, ns.id())),
-            })
-        }
-    }
-}
-
-/// Deletes the TAP of record `r` where it lives: the interface with the record's ifindex or
-/// name and its MAC is attached to as the TAP it was created as (`TUNSETIFF`, which only a
-/// TAP device accepts: a bridge, a veth or the host's `eth0` named by a forged record is
-/// refused by the kernel and left in place, with an error saying so), its persist flag is
-/// cleared and it goes when closed. `Ok(false)` if it is not there (its namespace went with
-/// it).
-pub fn delete_recorded(r: &PortRecord, own: Option<NsId>) -> Result<bool, String> {
-    let del = |nl: &mut Netlink| -> Result<bool, String> {
-        let Some((name, l)) = find_link(nl, r).map_err(|e| format!("rtnetlink: {e}"))? else {
-            return Ok(false);
-        };
-        let tap = open_tap_mode(&name, r.offload).map_err(|e| {
-            format!(
-                "interface {name:?} (ifindex {}, mac {}) is not a TAP device tapyard created ({e}): left in place",
-                l.index, l.mac
-            )
-        })?;
-        tap.set_persist(false)
-            .map_err(|e| format!("TAP {name:?}: cannot clear its persist flag: {e}"))?;
-        drop(tap);
-        Ok(true)
-    };
-    match r.netns.as_ref().filter(|ns| Some(ns.id()) != own) {
-        None => del(&mut Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?),
-        Some(ns) => {
-            let Some((f, path)) = state::open_ns(ns) else {
-                return Ok(false);
-            };
-            netns::run_in(&f, &path, || {
-                use tapyard_cni::error::{CniError, NETNS_CONFIG};
-                let mut nl = Netlink::open()
-                    .map_err(|e| CniError::new(NETNS_CONFIG, format!("rtnetlink: {e}")))?;
-                del(&mut nl).map_err(|e| CniError::new(NETNS_CONFIG, e))
-            })
-            .map_err(|e| format!("{} in netns {}", e.msg, path.display()))
-        }
-    }
-}
-
-/// Deletes TAP `name` of tapyard's namespace if there is one: attached to (which only works
-/// on a TAP: another kind of interface of that name is left alone), persist flag cleared,
-/// closed. Whether one was deleted.
-pub fn delete_local_tap(name: &str) -> Result<bool, String> {
-    let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
-    if nl
-        .link_by_name(name)
-        .map_err(|e| format!("rtnetlink: {e}"))?
-        .is_none()
-    {
-        return Ok(false);
-    }
-    let tap = TapPort::open(name).map_err(|e| format!("TAP {name:?}: cannot open it: {e}"))?;
-    tap.set_persist(false)
-        .map_err(|e| format!("TAP {name:?}: cannot clear its persist flag: {e}"))?;
-    drop(tap);
-    Ok(true)
 }
 
 /// A port being built: undoes what was done (runtime, datapath; the TAP closes with the last
@@ -469,14 +54,18 @@ impl Node {
     /// Takes port `id` from the workers and the datapath; its driver, if it had one (the
     /// TAP closes when that last reference goes).
     fn unplug(&self, id: PortId) -> Result<Option<Arc<dyn Port>>, String> {
-        match self.with_runtime(|rt| live::detach(rt, id)).flatten() {
+        match self
+            .with_runtime(|rt| crate::ports::detach(rt, id))
+            .flatten()
+        {
             Some(port) => Ok(Some(port)),
-            None => live::remove_port(&self.dp, id).map(|()| None),
+            None => crate::ports::remove_port(&self.dp, id).map(|()| None),
         }
     }
 
     fn open_tap(&self, name: &str) -> Result<TapPort, String> {
-        open_tap_mode(name, self.offload).map_err(|e| format!("cannot create TAP {name:?}: {e}"))
+        crate::ports::tap::open_tap_mode(name, self.offload)
+            .map_err(|e| format!("cannot create TAP {name:?}: {e}"))
     }
 
     /// Writes the registry to `<state_dir>/ports.json`; a failure is logged (the ports work,
@@ -567,7 +156,9 @@ impl Node {
                 (None, _) => Netlink::open()
                     .ok()
                     .and_then(|mut nl| nl.link_by_name(&name).ok().flatten()),
-                (Some(_), Some(p)) => link_in(&nsf, Path::new(p), &name).ok().flatten(),
+                (Some(_), Some(p)) => crate::ports::tap::link_in(&nsf, Path::new(p), &name)
+                    .ok()
+                    .flatten(),
                 (Some(_), None) => None,
             };
             let Some(link) = link else { continue };
@@ -644,7 +235,7 @@ impl Node {
         tap: Arc<TapPort>,
         bridge: BridgeId,
     ) -> Result<(Pending<'_>, Arc<CaptureTap>), String> {
-        let id = live::add_port(&self.dp, name, bridge)
+        let id = crate::ports::add_port(&self.dp, name, bridge)
             .map_err(|e| format!("port {name:?}: cannot add it to the datapath: {e}"))?;
         let p = Pending {
             node: self,
@@ -653,7 +244,7 @@ impl Node {
         };
         let ct = Arc::new(CaptureTap::default());
         let port: Arc<dyn Port> = Arc::new(Observed::new(SharedTap(tap), ct.clone()));
-        self.with_runtime(|rt| live::attach(rt, id, port))
+        self.with_runtime(|rt| crate::ports::attach(rt, id, port))
             .unwrap_or_else(|| Err(std::io::Error::other("the node is stopping")))
             .map_err(|e| format!("port {name:?}: cannot hand it to the workers: {e}"))?;
         Ok((p, ct))
@@ -747,10 +338,11 @@ impl Node {
         // Checked as the plugin checks CNI_NETNS: never blocks (a FIFO), only a network
         // namespace passes.
         let ns = netns::open(path).map_err(|e| field("netns", netns_path, e.msg))?;
-        let tmp = temp_name(owner);
+        let tmp = crate::ports::temp_name(owner);
         let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
         self.check_free(&mut nl, "temporary TAP name", &tmp)?;
-        let exists = link_in(&ns, path, ifname).map_err(|e| field("netns", netns_path, e))?;
+        let exists = crate::ports::tap::link_in(&ns, path, ifname)
+            .map_err(|e| field("netns", netns_path, e))?;
         if exists.is_some() {
             return Err(format!(
                 "ifname {ifname:?} exists already in netns {netns_path}"
@@ -778,7 +370,7 @@ impl Node {
                 format!("cannot move TAP {tmp:?} into netns {netns_path} as {ifname:?}: {e}")
             }
         })?;
-        let link = link_in(&ns, path, ifname)
+        let link = crate::ports::tap::link_in(&ns, path, ifname)
             .map_err(|e| format!("netns {netns_path}: {e}"))?
             .ok_or_else(|| format!("{ifname:?} is not in netns {netns_path} after the move"))?;
         let offload = tap.offloads();
@@ -870,10 +462,10 @@ impl Node {
         Ok(())
     }
 
-    /// Waits until the TAP of `e` no longer exists (in its namespace), up to [`GONE_TIMEOUT`].
+    /// Waits until the TAP of `e` no longer exists (in its namespace), up to [`GONE_TIMEOUT`](crate::ports::GONE_TIMEOUT).
     /// A namespace that is gone took the device with it.
     fn wait_gone(&self, e: &PortEntry) -> Result<(), String> {
-        let deadline = StdInstant::now() + GONE_TIMEOUT;
+        let deadline = StdInstant::now() + crate::ports::GONE_TIMEOUT;
         let index = e.link.as_ref().map(|l| l.index);
         let present = || -> Option<bool> {
             let same = |l: Option<Link>| l.is_some_and(|l| index.is_none_or(|i| i == l.index));
@@ -882,7 +474,7 @@ impl Node {
                 Some(p) => {
                     let path = Path::new(p);
                     let ns = netns::open(path).ok()?;
-                    let l = link_in(&ns, path, &e.ifname).ok()?;
+                    let l = crate::ports::tap::link_in(&ns, path, &e.ifname).ok()?;
                     Some(same(l))
                 }
             }
@@ -984,20 +576,5 @@ impl Node {
             ));
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn temp_names_are_stable_and_short() {
-        let a = temp_name("c1/eth0");
-        assert_eq!(a, temp_name("c1/eth0"));
-        assert_ne!(a, temp_name("c2/eth0"));
-        assert_eq!(a.len(), 10);
-        assert!(a.starts_with("ty"));
-        assert!(parse_ifname(&a).is_ok());
     }
 }
