@@ -10,7 +10,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::schema::{self, Dflt, Section, Ty};
-use super::values::{parse_iface_addr_any, IpCidr};
+use super::values::{parse_iface_addr_any, BadValue, IpCidr};
 use super::{Cidr, Cidr6, Config, Diag, Lines, Located, NodeCfg};
 
 mod sections;
@@ -157,14 +157,14 @@ impl Parser<'_> {
         &mut self,
         s: &mut Sec<'_, '_>,
         key: &'static str,
-        f: impl Fn(&str) -> Result<T, String>,
+        f: impl Fn(&str) -> Result<T, BadValue>,
     ) -> Option<T> {
         let v = self.raw(s, key)?;
         let text = self.str_of(s, key, v)?;
         match f(text) {
             Ok(x) => Some(x),
             Err(e) => {
-                self.bad(s, key, v, &e);
+                self.bad(s, key, v, &e.to_string());
                 None
             }
         }
@@ -264,11 +264,7 @@ impl Parser<'_> {
                 .copied()
                 .find(|v| *v == t)
                 .or_else(|| aliases.iter().find(|(a, _)| *a == t).map(|(_, v)| *v))
-                .ok_or_else(|| {
-                    let quoted: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
-                    let (last, rest) = quoted.split_last().expect("a choice has values");
-                    format!("is not a {what}: expected {} or {last}", rest.join(", "))
-                })
+                .ok_or(BadValue::NotAChoice { what, values })
         })
         .unwrap_or(default)
     }
@@ -278,7 +274,7 @@ impl Parser<'_> {
         &mut self,
         s: &mut Sec<'_, '_>,
         key: &'static str,
-        f: impl Fn(&str) -> Result<T, String>,
+        f: impl Fn(&str) -> Result<T, BadValue>,
     ) -> Vec<T> {
         let Some(v) = self.raw(s, key) else {
             return Vec::new();
@@ -315,7 +311,7 @@ impl Parser<'_> {
         &mut self,
         s: &mut Sec<'_, '_>,
         key: &'static str,
-        f: impl Fn(&str) -> Result<T, String>,
+        f: impl Fn(&str) -> Result<T, BadValue>,
         is_v6: impl Fn(&T) -> bool,
     ) -> Option<(Option<T>, Option<T>)> {
         let v = self.raw(s, key)?;
@@ -582,7 +578,7 @@ impl Parser<'_> {
 }
 
 /// A string key's described default, parsed.
-fn default_str<T>(s: &Sec<'_, '_>, key: &str, f: impl Fn(&str) -> Result<T, String>) -> T {
+fn default_str<T>(s: &Sec<'_, '_>, key: &str, f: impl Fn(&str) -> Result<T, BadValue>) -> T {
     match s.schema.key(key).default {
         Dflt::Str(d) => f(d).unwrap_or_else(|e| panic!("{key}'s default {d:?} {e}")),
         _ => panic!("{key} has no string default in the schema"),

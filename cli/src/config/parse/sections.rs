@@ -27,7 +27,7 @@ impl Parser<'_> {
         let name = self.text(&mut s, "name", |n| {
             if n.is_empty() || n.len() > 63 || n.contains('/') || n.chars().any(char::is_whitespace)
             {
-                Err("is not a node name (1 to 63 bytes, no '/' or spaces)".into())
+                Err(BadValue::NodeName)
             } else {
                 Ok(n.to_string())
             }
@@ -56,14 +56,14 @@ impl Parser<'_> {
         let busy_poll_us = self.int_as(&mut s, "busy_poll_us");
         let socket = self.text(&mut s, "socket", |p| {
             if p.is_empty() {
-                Err("is empty, expected a path".into())
+                Err(BadValue::EmptyPath)
             } else {
                 Ok(PathBuf::from(p))
             }
         });
         let state_dir = self.text(&mut s, "state_dir", |p| {
             if p.is_empty() {
-                Err("is empty, expected a path".into())
+                Err(BadValue::EmptyPath)
             } else {
                 Ok(PathBuf::from(p))
             }
@@ -324,7 +324,7 @@ impl Parser<'_> {
             if ok {
                 Ok(n.to_string())
             } else {
-                Err("is not a Service name (1 to 63 of a-z, 0-9 and '-', as Kubernetes)".into())
+                Err(BadValue::ServiceName)
             }
         });
         let cluster_ips = self.addrs(
@@ -339,7 +339,7 @@ impl Parser<'_> {
                 if ok {
                     Ok(ip)
                 } else {
-                    Err("is not a unicast address".to_string())
+                    Err(BadValue::NotUnicast)
                 }
             },
             IpAddr::is_ipv6,
@@ -351,18 +351,17 @@ impl Parser<'_> {
         let port = self.given_int_as(&mut s, "port");
         let node_port = self.given_int_as(&mut s, "node_port");
         let endpoints = self.list(&mut s, "endpoints", |e| {
-            let a = e.parse::<SocketAddr>().map_err(|_| {
-                "is not IP:PORT (like \"10.244.1.2:8080\" or \"[fd00:10:244:1::2]:8080\")"
-                    .to_string()
-            })?;
+            let a = e
+                .parse::<SocketAddr>()
+                .map_err(|_| BadValue::NotAnEndpoint)?;
             let host = match a.ip() {
                 IpAddr::V4(ip) => is_host(ip),
                 IpAddr::V6(ip) => is_host6(ip),
             };
             if a.port() == 0 {
-                Err("has port 0".into())
+                Err(BadValue::PortZero)
             } else if !host {
-                Err("is not a unicast host address".into())
+                Err(BadValue::NotAHost)
             } else {
                 Ok(a)
             }
