@@ -124,7 +124,7 @@ pub fn cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
         match crate::ports::delete_local_tap(&tap) {
             Ok(true) => println!("TAP {tap} deleted"),
             Ok(false) => {}
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     match std::fs::remove_dir_all(&sd.dir) {

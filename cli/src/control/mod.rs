@@ -238,20 +238,21 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
             let r = node
                 .port_add_local(&bridge, &name, mac.as_deref(), Origin::Command)
                 .map(|e| e.info());
-            reply(&mut s, &Reply::from_result(r))
+            reply(&mut s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
         Command::PortDel { name } => {
             let r = node
                 .port_del_name(&name)
                 .map(|()| PortDeleted { removed: true });
-            reply(&mut s, &Reply::from_result(r))
+            reply(&mut s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
     }
 }
 
 /// Answers a request of the CNI plugin (a refusal is logged).
 fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
-    let refused = |e: &String| log::warn!("CNI request refused: {e:?}");
+    let refused =
+        |e: &dyn std::fmt::Display| log::warn!("CNI request refused: {:?}", e.to_string());
     match req {
         CniRequest::PortAdd {
             bridge,
@@ -264,7 +265,7 @@ fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
             if let Err(e) = &r {
                 refused(e);
             }
-            reply(s, &Reply::from_result(r))
+            reply(s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
         CniRequest::PortDel { owner } => {
             let r = node
@@ -273,7 +274,7 @@ fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
             if let Err(e) = &r {
                 refused(e);
             }
-            reply(s, &Reply::from_result(r))
+            reply(s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
         CniRequest::PortShow { owner } => {
             let r = node

@@ -13,7 +13,8 @@ use tapyard_control::show::PortRow;
 use tapyard_control::PortInfo;
 
 use crate::capture::CaptureTap;
-use crate::config::values::{parse_ifname, parse_mac};
+use crate::config::values::{parse_ifname, parse_mac, BadValue};
+use crate::ports::{BoxError, PortError};
 
 use crate::node::Node;
 use crate::state::{self, MacFor};
@@ -21,8 +22,16 @@ use crate::state::{self, MacFor};
 use super::*;
 use crate::ports::GONE_TIMEOUT;
 
-fn field(name: &str, value: &str, why: impl std::fmt::Display) -> String {
-    format!("{name} {value:?} {why}")
+fn value(field: &'static str, value: &str, source: BadValue) -> PortError {
+    PortError::Value {
+        field,
+        value: value.to_string(),
+        source,
+    }
+}
+
+fn field(name: &str, value: &str, why: impl std::fmt::Display) -> PortError {
+    PortError::field(name, value, why)
 }
 
 /// A port being built: undoes what was done (runtime, datapath; the TAP closes with the last
@@ -53,7 +62,7 @@ impl Drop for Pending<'_> {
 impl Node {
     /// Takes port `id` from the workers and the datapath; its driver, if it had one (the
     /// TAP closes when that last reference goes).
-    fn unplug(&self, id: PortId) -> Result<Option<Arc<dyn Port>>, String> {
+    fn unplug(&self, id: PortId) -> Result<Option<Arc<dyn Port>>, BoxError> {
         match self
             .with_runtime(|rt| crate::ports::detach(rt, id))
             .flatten()
@@ -63,9 +72,9 @@ impl Node {
         }
     }
 
-    fn open_tap(&self, name: &str) -> Result<TapPort, String> {
+    fn open_tap(&self, name: &str) -> Result<TapPort, PortError> {
         crate::ports::tap::open_tap_mode(name, self.offload)
-            .map_err(|e| format!("cannot create TAP {name:?}: {e}"))
+            .map_err(|e| PortError::io(format!("cannot create TAP {name:?}"), e))
     }
 
     /// Writes the registry to `<state_dir>/ports.json`; a failure is logged (the ports work,
@@ -77,7 +86,7 @@ impl Node {
     }
 
     /// [`Node::save_ports`], saying why it failed.
-    fn try_save_ports(&self) -> Result<(), String> {
+    fn try_save_ports(&self) -> Result<(), PortError> {
         let _w = self.state.lock();
         let r = state::Record {
             version: state::VERSION,
@@ -86,9 +95,12 @@ impl Node {
             ports: self.ports.list().iter().map(PortEntry::record).collect(),
         };
         state::save(&self.state.dir, &r).map_err(|e| {
-            format!(
-                "cannot write {}: {e}",
-                self.state.dir.join(state::PORTS_FILE).display()
+            PortError::io(
+                format!(
+                    "cannot write {}",
+                    self.state.dir.join(state::PORTS_FILE).display()
+                ),
+                e,
             )
         })
     }
@@ -182,7 +194,7 @@ impl Node {
         }
     }
 
-    fn bridge_id(&self, bridge: &str) -> Result<BridgeId, String> {
+    fn bridge_id(&self, bridge: &str) -> Result<BridgeId, PortError> {
         self.dp.control().bridge_by_name(bridge).ok_or_else(|| {
             let names: Vec<&str> = self
                 .dp
@@ -203,7 +215,7 @@ impl Node {
     }
 
     /// A name no port, datapath port or interface of tapyard's namespace has.
-    fn check_free(&self, nl: &mut Netlink, what: &str, name: &str) -> Result<(), String> {
+    fn check_free(&self, nl: &mut Netlink, what: &str, name: &str) -> Result<(), PortError> {
         if let Some(e) = self.ports.by_name(name) {
             return Err(field(
                 what,
@@ -223,7 +235,10 @@ impl Node {
                 name,
                 "exists already as an interface in tapyard's namespace",
             )),
-            Err(e) => Err(format!("rtnetlink: cannot look up {name:?}: {e}")),
+            Err(e) => Err(PortError::io(
+                format!("rtnetlink: cannot look up {name:?}"),
+                e,
+            )),
         }
     }
 
@@ -234,9 +249,13 @@ impl Node {
         name: &str,
         tap: Arc<TapPort>,
         bridge: BridgeId,
-    ) -> Result<(Pending<'_>, Arc<CaptureTap>), String> {
-        let id = crate::ports::add_port(&self.dp, name, bridge)
-            .map_err(|e| format!("port {name:?}: cannot add it to the datapath: {e}"))?;
+    ) -> Result<(Pending<'_>, Arc<CaptureTap>), PortError> {
+        let id = crate::ports::add_port(&self.dp, name, bridge).map_err(|source| {
+            PortError::Datapath {
+                what: format!("port {name:?}: cannot add it to the datapath"),
+                source,
+            }
+        })?;
         let p = Pending {
             node: self,
             id,
@@ -246,7 +265,9 @@ impl Node {
         let port: Arc<dyn Port> = Arc::new(Observed::new(SharedTap(tap), ct.clone()));
         self.with_runtime(|rt| crate::ports::attach(rt, id, port))
             .unwrap_or_else(|| Err(std::io::Error::other("the node is stopping")))
-            .map_err(|e| format!("port {name:?}: cannot hand it to the workers: {e}"))?;
+            .map_err(|e| {
+                PortError::io(format!("port {name:?}: cannot hand it to the workers"), e)
+            })?;
         Ok((p, ct))
     }
 
@@ -258,24 +279,24 @@ impl Node {
         name: &str,
         mac: Option<&str>,
         origin: Origin,
-    ) -> Result<PortEntry, String> {
+    ) -> Result<PortEntry, PortError> {
         let _change = self.ports.changing();
         let bid = self.bridge_id(bridge)?;
-        parse_ifname(name).map_err(|e| field("name", name, e))?;
+        parse_ifname(name).map_err(|e| value("name", name, e))?;
         let mac = mac
-            .map(|m| parse_mac(m).map_err(|e| field("mac", m, e)))
+            .map(|m| parse_mac(m).map_err(|e| value("mac", m, e)))
             .transpose()?;
-        let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
+        let mut nl = Netlink::open().map_err(|e| PortError::io("rtnetlink", e))?;
         self.check_free(&mut nl, "name", name)?;
         let tap = self.open_tap(name)?;
         let tap_name = tap.name().to_string();
         let mut link = nl
             .link_by_name(&tap_name)
-            .map_err(|e| format!("rtnetlink: cannot read TAP {tap_name:?}: {e}"))?
-            .ok_or_else(|| format!("TAP {tap_name:?} vanished"))?;
+            .map_err(|e| PortError::io(format!("rtnetlink: cannot read TAP {tap_name:?}"), e))?
+            .ok_or_else(|| PortError::Missing(format!("TAP {tap_name:?} vanished")))?;
         let m = mac.unwrap_or_else(|| state::stable_mac(MacFor::Tap, &self.state.node, name));
         nl.set_mac(link.index, m.0)
-            .map_err(|e| format!("mac {m}: cannot set it on {tap_name:?}: {e}"))?;
+            .map_err(|e| PortError::io(format!("mac {m}: cannot set it on {tap_name:?}"), e))?;
         link.mac = m.to_string();
         let offload = tap.offloads();
         let tap = Arc::new(tap);
@@ -317,11 +338,11 @@ impl Node {
         netns_path: &str,
         ifname: &str,
         mtu: u32,
-    ) -> Result<PortInfo, String> {
+    ) -> Result<PortInfo, PortError> {
         let _change = self.ports.changing();
         let bid = self.bridge_id(bridge)?;
         if owner.is_empty() {
-            return Err("owner \"\" is empty, expected <CNI_CONTAINERID>/<CNI_IFNAME>".into());
+            return Err(PortError::EmptyOwner);
         }
         if let Some(e) = self.ports.by_owner(owner) {
             return Err(field(
@@ -330,49 +351,68 @@ impl Node {
                 format!("has a port already ({} in {})", e.ifname, e.info().netns),
             ));
         }
-        parse_ifname(ifname).map_err(|e| field("ifname", ifname, e))?;
+        parse_ifname(ifname).map_err(|e| value("ifname", ifname, e))?;
         if !(68..=65535).contains(&mtu) {
-            return Err(format!("mtu {mtu} is out of range: expected 68 to 65535"));
+            return Err(PortError::Mtu(mtu));
         }
         let path = Path::new(netns_path);
         // Checked as the plugin checks CNI_NETNS: never blocks (a FIFO), only a network
         // namespace passes.
-        let ns = netns::open(path).map_err(|e| field("netns", netns_path, e.msg))?;
+        let ns = netns::open(path).map_err(|source| PortError::Netns {
+            path: netns_path.to_string(),
+            source,
+        })?;
         let tmp = crate::ports::temp_name(owner);
-        let mut nl = Netlink::open().map_err(|e| format!("rtnetlink: {e}"))?;
+        let mut nl = Netlink::open().map_err(|e| PortError::io("rtnetlink", e))?;
         self.check_free(&mut nl, "temporary TAP name", &tmp)?;
-        let exists = crate::ports::tap::link_in(&ns, path, ifname)
-            .map_err(|e| field("netns", netns_path, e))?;
+        let exists =
+            crate::ports::tap::link_in(&ns, path, ifname).map_err(|source| PortError::Netns {
+                path: netns_path.to_string(),
+                source,
+            })?;
         if exists.is_some() {
-            return Err(format!(
+            return Err(PortError::Missing(format!(
                 "ifname {ifname:?} exists already in netns {netns_path}"
-            ));
+            )));
         }
         // Until it is attached and made persistent, dropping `tap` (the last reference)
         // deletes the device.
         let tap = self.open_tap(&tmp)?;
         let here = nl
             .link_by_name(&tmp)
-            .map_err(|e| format!("rtnetlink: cannot read TAP {tmp:?}: {e}"))?
-            .ok_or_else(|| format!("TAP {tmp:?} vanished"))?;
+            .map_err(|e| PortError::io(format!("rtnetlink: cannot read TAP {tmp:?}"), e))?
+            .ok_or_else(|| PortError::Missing(format!("TAP {tmp:?} vanished")))?;
         let mac = state::stable_mac(MacFor::Tap, &self.state.node, &tmp);
         nl.set_mac(here.index, mac.0)
-            .map_err(|e| format!("mac {mac}: cannot set it on {tmp:?}: {e}"))?;
-        let ns_id = state::ns_id_of(&ns).map_err(|e| field("netns", netns_path, e))?;
+            .map_err(|e| PortError::io(format!("mac {mac}: cannot set it on {tmp:?}"), e))?;
+        let ns_id =
+            state::ns_id_of(&ns).map_err(|e| PortError::io(format!("netns {netns_path:?}"), e))?;
         {
             use std::os::fd::AsFd;
             nl.move_to_netns(here.index, ns.as_fd(), ifname, mtu)
         }
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
-                format!("ifname {ifname:?} exists already in netns {netns_path}")
+                PortError::Missing(format!(
+                    "ifname {ifname:?} exists already in netns {netns_path}"
+                ))
             } else {
-                format!("cannot move TAP {tmp:?} into netns {netns_path} as {ifname:?}: {e}")
+                PortError::io(
+                    format!("cannot move TAP {tmp:?} into netns {netns_path} as {ifname:?}"),
+                    e,
+                )
             }
         })?;
         let link = crate::ports::tap::link_in(&ns, path, ifname)
-            .map_err(|e| format!("netns {netns_path}: {e}"))?
-            .ok_or_else(|| format!("{ifname:?} is not in netns {netns_path} after the move"))?;
+            .map_err(|source| PortError::InNetns {
+                path: netns_path.to_string(),
+                source,
+            })?
+            .ok_or_else(|| {
+                PortError::Missing(format!(
+                    "{ifname:?} is not in netns {netns_path} after the move"
+                ))
+            })?;
         let offload = tap.offloads();
         let tap = Arc::new(tap);
         let (pending, capture) = self.attach_tap(&tmp, tap.clone(), bid)?;
@@ -408,14 +448,12 @@ impl Node {
     /// stay, unknown to tapyard and to `cleanup`, and block its name). A record that cannot
     /// be written (a full disk) refuses the port for the same reason. On failure the entry
     /// is taken out again (the caller undoes the rest).
-    fn record_then_persist(&self, e: &PortEntry, tap: &TapPort) -> Result<(), String> {
+    fn record_then_persist(&self, e: &PortEntry, tap: &TapPort) -> Result<(), PortError> {
         self.ports.insert(e.clone());
         if let Err(err) = self.try_save_ports() {
             self.ports.remove(e.id);
             self.save_ports();
-            return Err(format!(
-                "{err}: the port is not added (it would not be found again after a restart)"
-            ));
+            return Err(PortError::NotRecorded(Box::new(err)));
         }
         // For the tests (debug builds only): die between the two steps.
         if crate::failpoint::is("port-add-recorded", "exit") {
@@ -424,9 +462,9 @@ impl Node {
         if let Err(err) = tap.set_persist(true) {
             self.ports.remove(e.id);
             self.save_ports();
-            return Err(format!(
-                "cannot make TAP {:?} persistent: {err}",
-                tap.name()
+            return Err(PortError::io(
+                format!("cannot make TAP {:?} persistent", tap.name()),
+                err,
             ));
         }
         Ok(())
@@ -435,10 +473,11 @@ impl Node {
     /// Removes a port: from the workers, from the datapath, from the registry and its
     /// record; then clears its TAP's persist flag and waits until the kernel has deleted it
     /// (the fd closes with the last `Arc`).
-    pub fn port_remove(&self, mut e: PortEntry) -> Result<(), String> {
-        let port = self
-            .unplug(e.id)
-            .map_err(|err| format!("port {:?}: cannot remove it: {err}", e.name))?;
+    pub fn port_remove(&self, mut e: PortEntry) -> Result<(), PortError> {
+        let port = self.unplug(e.id).map_err(|source| PortError::Datapath {
+            what: format!("port {:?}: cannot remove it", e.name),
+            source,
+        })?;
         self.ports.remove(e.id);
         self.save_ports();
         if let Some(dev) = e.dev.take() {
@@ -464,7 +503,7 @@ impl Node {
 
     /// Waits until the TAP of `e` no longer exists (in its namespace), up to [`GONE_TIMEOUT`](crate::ports::GONE_TIMEOUT).
     /// A namespace that is gone took the device with it.
-    fn wait_gone(&self, e: &PortEntry) -> Result<(), String> {
+    fn wait_gone(&self, e: &PortEntry) -> Result<(), PortError> {
         let deadline = StdInstant::now() + crate::ports::GONE_TIMEOUT;
         let index = e.link.as_ref().map(|l| l.index);
         let present = || -> Option<bool> {
@@ -481,10 +520,11 @@ impl Node {
         };
         while present() == Some(true) {
             if StdInstant::now() >= deadline {
-                return Err(format!(
-                    "port {:?} was removed but its TAP {:?} still exists after {GONE_TIMEOUT:?}",
-                    e.name, e.ifname
-                ));
+                return Err(PortError::NotGone {
+                    port: e.name.clone(),
+                    tap: e.ifname.clone(),
+                    after: GONE_TIMEOUT,
+                });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -492,7 +532,7 @@ impl Node {
     }
 
     /// The CNI plugin's `port_del`: whether a port was removed.
-    pub fn port_del_owner(&self, owner: &str) -> Result<bool, String> {
+    pub fn port_del_owner(&self, owner: &str) -> Result<bool, PortError> {
         let _change = self.ports.changing();
         match self.ports.by_owner(owner) {
             None => Ok(false),
@@ -502,7 +542,7 @@ impl Node {
 
     /// `port del NAME`: a port added by `port add` or the CNI plugin (a port of the config
     /// file is removed by taking it out of the file and reloading).
-    pub fn port_del_name(&self, name: &str) -> Result<(), String> {
+    pub fn port_del_name(&self, name: &str) -> Result<(), PortError> {
         let _change = self.ports.changing();
         let Some(e) = self.ports.by_name(name) else {
             return Err(field("name", name, "is not a port of this node"));

@@ -79,7 +79,11 @@ impl Node {
             match self.ports.by_name(name) {
                 Some(e) if e.origin == Origin::Config => {
                     if let Err(e) = self.port_remove(e) {
-                        errors.push(refuse(Item::Port(bridge.clone(), name.clone()), e, true));
+                        errors.push(refuse(
+                            Item::Port(bridge.clone(), name.clone()),
+                            e.to_string(),
+                            true,
+                        ));
                     }
                 }
                 _ => {

@@ -38,10 +38,12 @@ use crate::capture::CaptureTap;
 
 use crate::state::{NetnsRecord, NsId, PortRecord};
 
+mod error;
 mod live;
 pub mod tap;
 
 pub use crate::state::{Kind, Origin};
+pub use error::{BoxError, PortError};
 pub use live::{add_port, attach, detach, remove_port};
 pub use tap::{delete_local_tap, delete_recorded, open_tap_mode, reattach, Found};
 
