@@ -31,7 +31,7 @@ fn main() -> ExitCode {
             socket,
             metrics,
             takeover,
-        } => supervisor::run(config, socket, metrics, takeover),
+        } => supervisor::run(config, socket, metrics, takeover).map_err(|e| Fail(2, e.to_string())),
         Cmd::Show { what, json, client } => commands::show(what, json, &client),
         Cmd::Status { json, client } => commands::status(json, &client),
         Cmd::Reload { client } => commands::reload(&client),

@@ -6,7 +6,59 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::commands::Fail;
+use crate::control::server::StartError;
+use crate::node::{BoxError, NodeError};
+use crate::state::secure::Refused;
+use crate::takeover::TakeoverError;
+
+/// Why `tapyard run` stopped before the node ran (exit status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The config file has errors (printed before).
+    #[error("{file}: {errors} error{} found; not starting", if *errors == 1 { "" } else { "s" })]
+    Invalid {
+        /// The file.
+        file: String,
+        /// How many errors it has.
+        errors: usize,
+    },
+    /// The state directory is not safe to use.
+    #[error(transparent)]
+    StateDir(#[from] Refused),
+    /// The control socket cannot be claimed or bound.
+    #[error("{0}")]
+    Socket(String),
+    /// `--metrics ADDR` cannot listen.
+    #[error("--metrics {addr}: cannot listen: {source}")]
+    Metrics {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// A signal handler cannot be installed.
+    #[error("signal: {0}")]
+    Signal(#[source] std::io::Error),
+    /// `--takeover` failed (the running node goes on).
+    #[error(transparent)]
+    Takeover(#[from] TakeoverError),
+    /// The node cannot start.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The control server cannot start.
+    #[error(transparent)]
+    Control(#[from] StartError),
+    /// A thread cannot be started.
+    #[error("cannot start the {what} thread: {source}")]
+    Thread {
+        /// Which.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// Removes the control socket this process bound, whichever way `run` returns.
 struct SocketFile(PathBuf);
@@ -18,13 +70,16 @@ impl Drop for SocketFile {
 }
 
 /// `--metrics ADDR` after a takeover: the old process frees the port as it exits.
-fn listen_metrics_retrying(addr: &str) -> Result<tiny_http::Server, Fail> {
+fn listen_metrics_retrying(addr: &str) -> Result<tiny_http::Server, RunError> {
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     loop {
         match crate::metrics::listen(addr) {
             Ok(l) => return Ok(l),
             Err(e) if std::time::Instant::now() >= deadline => {
-                return Err(Fail(2, format!("--metrics {addr}: cannot listen: {e}")))
+                return Err(RunError::Metrics {
+                    addr: addr.to_string(),
+                    source: e,
+                })
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
@@ -37,34 +92,34 @@ pub fn run(
     socket: Option<PathBuf>,
     metrics_addr: Option<String>,
     takeover: bool,
-) -> Result<(), Fail> {
+) -> Result<(), RunError> {
     let file = path.display().to_string();
     let ch = crate::config::load(&path);
     for d in &ch.diags {
         eprintln!("{}", d.render(&file));
     }
     let Some(cfg) = ch.config else {
-        let n = ch.errors().count();
-        return Err(Fail(
-            2,
-            format!(
-                "{file}: {n} error{} found; not starting",
-                if n == 1 { "" } else { "s" }
-            ),
-        ));
+        return Err(RunError::Invalid {
+            file,
+            errors: ch.errors().count(),
+        });
     };
     let socket = socket.unwrap_or_else(|| cfg.node.socket_path());
     let state_dir = cfg.node.state_dir_path();
     // Before anything is read from it or written to it (see state/secure.rs and SECURITY.md).
-    crate::state::secure::check_dir(&state_dir, true).map_err(|e| Fail(2, e.to_string()))?;
+    crate::state::secure::check_dir(&state_dir, true)?;
     if !takeover {
-        crate::control::claim_socket(&socket).map_err(|e| Fail(2, e))?;
+        crate::control::claim_socket(&socket).map_err(RunError::Socket)?;
     }
     let metrics = match &metrics_addr {
-        Some(addr) if !takeover => Some(
-            crate::metrics::listen(addr)
-                .map_err(|e| Fail(2, format!("--metrics {addr}: cannot listen: {e}")))?,
-        ),
+        Some(addr) if !takeover => {
+            Some(
+                crate::metrics::listen(addr).map_err(|source| RunError::Metrics {
+                    addr: addr.to_string(),
+                    source,
+                })?,
+            )
+        }
         _ => None,
     };
     // Signals are caught from here on: a SIGINT while the TAPs are being created stops the
@@ -72,15 +127,14 @@ pub fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let hup = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone())
-            .map_err(|e| Fail(2, format!("signal: {e}")))?;
+        signal_hook::flag::register(sig, stop.clone()).map_err(RunError::Signal)?;
     }
     signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
-        .map_err(|e| Fail(2, format!("signal: {e}")))?;
+        .map_err(RunError::Signal)?;
     let name = cfg.node.name.clone();
     let (node, listener, socket, takeover_listener, _files) = if takeover {
         let t0 = std::time::Instant::now();
-        let a = crate::takeover::take_over(cfg, path, &stop).map_err(|e| Fail(2, e))?;
+        let a = crate::takeover::take_over(cfg, path, &stop)?;
         if a.control_socket != socket {
             log::warn!(
                 "the control socket stays where the old process bound it: {} (not {})",
@@ -100,14 +154,14 @@ pub fn run(
         ];
         (a.node, a.control, a.control_socket, a.takeover, files)
     } else {
-        let listener = crate::control::bind(&socket).map_err(|e| Fail(2, e))?;
+        let listener = crate::control::bind(&socket).map_err(RunError::Socket)?;
         let control_file = SocketFile(socket.clone());
-        let tl = crate::takeover::bind(&state_dir).map_err(|e| Fail(2, e))?;
+        let tl = crate::takeover::bind(&state_dir)?;
         let files = [
             control_file,
             SocketFile(crate::takeover::socket_path(&state_dir)),
         ];
-        let node = Arc::new(crate::node::Node::start(cfg, path).map_err(|e| Fail(2, e))?);
+        let node = Arc::new(crate::node::Node::start(cfg, path)?);
         (node, listener, socket, tl, files)
     };
     let metrics = match (metrics, &metrics_addr) {
@@ -118,7 +172,7 @@ pub fn run(
         listener,
         node.clone(),
     ));
-    control.start().map_err(|e| Fail(2, e))?;
+    control.start()?;
     let ctl_stop = Arc::new(AtomicBool::new(false));
     // Set while a takeover holds the node: no reload or port record refresh meanwhile.
     let handing_over = Arc::new(AtomicBool::new(false));
@@ -135,7 +189,10 @@ pub fn run(
         std::thread::Builder::new()
             .name("tapyard-takeover".into())
             .spawn(move || crate::takeover::serve(old, ctl_stop))
-            .map_err(|e| Fail(2, format!("cannot start the takeover thread: {e}")))?
+            .map_err(|source| RunError::Thread {
+                what: "takeover",
+                source,
+            })?
     };
     let metrics = match metrics {
         Some(l) => {
@@ -145,7 +202,10 @@ pub fn run(
                 std::thread::Builder::new()
                     .name("tapyard-metrics".into())
                     .spawn(move || crate::metrics::serve(l, node, ctl_stop))
-                    .map_err(|e| Fail(2, format!("cannot start the metrics thread: {e}")))?,
+                    .map_err(|source| RunError::Thread {
+                        what: "metrics",
+                        source,
+                    })?,
             )
         }
         None => None,

@@ -32,21 +32,24 @@ impl ControlServer {
     }
 
     /// Starts serving (no-op if it serves).
-    pub fn start(&self) -> Result<(), String> {
+    pub fn start(&self) -> Result<(), StartError> {
         let mut r = self.running.lock().unwrap_or_else(|e| e.into_inner());
         if r.is_some() {
             return Ok(());
         }
-        let l = self
-            .listener
-            .try_clone()
-            .map_err(|e| format!("control socket: {e}"))?;
+        let l = self.listener.try_clone().map_err(|source| StartError {
+            what: "control socket",
+            source,
+        })?;
         let stop = Arc::new(AtomicBool::new(false));
         let (node, s) = (self.node.clone(), stop.clone());
         let t = std::thread::Builder::new()
             .name("tapyard-control".into())
             .spawn(move || crate::control::serve(l, node, s))
-            .map_err(|e| format!("cannot start the control thread: {e}"))?;
+            .map_err(|source| StartError {
+                what: "cannot start the control thread",
+                source,
+            })?;
         *r = Some((stop, t));
         Ok(())
     }
@@ -69,4 +72,15 @@ impl ControlServer {
     pub fn listener(&self) -> &UnixListener {
         &self.listener
     }
+}
+
+/// Why the control server could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct StartError {
+    /// What failed.
+    pub what: &'static str,
+    /// The system's error.
+    #[source]
+    pub source: std::io::Error,
 }

@@ -14,6 +14,7 @@ use crate::config::{self, Config};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
 use crate::state::{self, StateDir};
 
+mod error;
 mod live_ports;
 mod plan;
 mod reload;
@@ -21,6 +22,7 @@ mod reload;
 mod tests;
 mod translate;
 
+pub use error::{BoxError, NodeError};
 use plan::{open_config_tap, tap_mtu, tunnel_offload};
 pub use plan::{Built, Plan};
 pub use translate::{apply_services, service_error, to_nat_rules, to_peer, to_route, to_route6};
@@ -74,7 +76,7 @@ impl Node {
     /// Builds the datapath from `cfg`, re-attaches the ports the last run recorded (where
     /// they live now) or creates the config's TAPs, starts the workers, and adds routes,
     /// static neighbours and Services.
-    pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, String> {
+    pub fn start(cfg: Config, config_path: PathBuf) -> Result<Node, NodeError> {
         let mut plan = Plan::new(cfg, config_path, &[])?;
         let sd = StateDir::new(plan.cfg.node.state_dir_path(), &plan.cfg.node.name);
         // The ports of the last run, to re-attach to (config ports below, by name; the others

@@ -16,7 +16,8 @@ use crate::config::{self, Config};
 use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
 use crate::state::{self, MacFor, StateDir};
 
-use super::translate::{add_neighbor, add_peer, add_route, tap_error};
+use super::translate::{add_neighbor, add_peer, add_route};
+use super::NodeError;
 use super::*;
 
 /// The MTU of a config TAP: its uplink's, or its bridge's (`mtu` sets the router
@@ -44,13 +45,16 @@ pub(super) fn open_config_tap(
     offload: bool,
     node: &str,
     mtu: u16,
-) -> Result<(TapPort, Option<Link>), String> {
+) -> Result<(TapPort, Option<Link>), NodeError> {
     let mut nl = Netlink::open().ok();
     let existed = nl
         .as_mut()
         .and_then(|nl| nl.link_by_name(tap).ok().flatten())
         .is_some();
-    let dev = ports::open_tap_mode(tap, offload).map_err(|e| tap_error(tap, &e))?;
+    let dev = ports::open_tap_mode(tap, offload).map_err(|source| NodeError::Tap {
+        tap: tap.to_string(),
+        source,
+    })?;
     let mut link = nl
         .as_mut()
         .and_then(|nl| nl.link_by_name(tap).ok().flatten());
@@ -89,9 +93,9 @@ pub(super) fn tunnel_offload(cfg: &Config, name: &str, offload: bool, dev: &mut 
 
 /// `<state_dir>/conntrack`, creating the state directory (mode 0700) if needed; a state
 /// directory that fails [`crate::state::secure::check_dir`] is refused.
-pub(super) fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, String> {
+pub(super) fn conntrack_file(state_dir: &std::path::Path) -> Result<PathBuf, NodeError> {
     crate::state::secure::check_dir(state_dir, true)
-        .map_err(|e| format!("[node] state_dir: {e}"))?;
+        .map_err(|e| NodeError::refused("[node] state_dir", e))?;
     if let Some(fs) = fs_type(state_dir).filter(|t| t != "tmpfs" && t != "ramfs") {
         log::warn!(
             "[node] state_dir {} is on {fs}, not a tmpfs: the connection table mapped there is written back to disk by the kernel (put the state directory on a tmpfs such as /run)",
@@ -159,10 +163,10 @@ impl Plan {
         cfg: Config,
         config_path: PathBuf,
         macs: &[(String, MacAddr)],
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, NodeError> {
         let mut b = Datapath::builder();
         b.neigh_config(cfg.neigh.clone())
-            .map_err(|e| format!("[neigh]: {}", error_chain(&e)))?;
+            .map_err(|e| NodeError::refused("[neigh]", e))?;
         let mut ifaces = Vec::new();
         // Router interface name -> id, for the masquerade rules.
         let mut iface_ids: Vec<(String, IfaceId)> = Vec::new();
@@ -193,7 +197,7 @@ impl Plan {
             bc.aging = br.fdb_aging;
             let id: BridgeId = b
                 .add_bridge(bc)
-                .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
+                .map_err(|e| NodeError::refused(format!("bridge {:?}", br.name), e))?;
             bridge_ids.push((br.name.clone(), id));
             if br.address.is_some() || br.address6.is_some() {
                 let (iid, _) = b
@@ -201,13 +205,13 @@ impl Plan {
                         iface_cfg(&br.name, br.address, br.address6, br.ra, br.mac, br.mtu),
                         Some(id),
                     )
-                    .map_err(|e| format!("bridge {:?}: {e}", br.name))?;
+                    .map_err(|e| NodeError::refused(format!("bridge {:?}", br.name), e))?;
                 iface_ids.push((br.name.clone(), iid));
             }
             for p in &br.ports {
-                let pid = b
-                    .add_port(p.clone(), Some(id))
-                    .map_err(|e| format!("bridge {:?}: port {p:?}: {e}", br.name))?;
+                let pid = b.add_port(p.clone(), Some(id)).map_err(|e| {
+                    NodeError::refused(format!("bridge {:?}: port {p:?}", br.name), e)
+                })?;
                 taps.push((pid, p.clone(), p.clone(), Some(br.name.clone())));
             }
         }
@@ -217,7 +221,7 @@ impl Plan {
                     iface_cfg(&u.name, u.address, u.address6, false, u.mac, u.mtu),
                     None,
                 )
-                .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
+                .map_err(|e| NodeError::refused(format!("uplink {:?}", u.name), e))?;
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
@@ -244,14 +248,14 @@ impl Plan {
             ifaces.push((v.name.clone(), vc.mac, a4));
             let iid = b
                 .add_vxlan(vc)
-                .map_err(|e| format!("vxlan {:?}: {e}", v.name))?;
+                .map_err(|e| NodeError::refused(format!("vxlan {:?}", v.name), e))?;
             iface_ids.push((v.name.clone(), iid));
         }
         if iface_ids.is_empty() && (!cfg.services.is_empty() || cfg.masquerade.is_some()) {
-            return Err(
+            return Err(NodeError::Config(
                 "Services and [masquerade] need a router interface (a bridge with an address or an uplink)"
                     .into(),
-            );
+            ));
         }
         Ok(Plan {
             b,
@@ -274,15 +278,15 @@ impl Plan {
 
     /// Adds a datapath port called `name` on bridge `bridge` (a port of `port add` or the
     /// CNI plugin that the last run or the running node has).
-    pub fn add_port(&mut self, name: &str, bridge: BridgeId) -> Result<PortId, String> {
+    pub fn add_port(&mut self, name: &str, bridge: BridgeId) -> Result<PortId, NodeError> {
         self.b
             .add_port(name.to_string(), Some(bridge))
-            .map_err(|e| format!("port {name:?}: {e}"))
+            .map_err(|e| NodeError::refused(format!("port {name:?}"), e))
     }
 
     /// Creates (or attaches to) the config's TAP `i` of [`Plan::taps`] in tapyard's
     /// namespace, as a start without a record of it does: its registry entry.
-    pub fn open_config_port(&self, i: usize) -> Result<PortEntry, String> {
+    pub fn open_config_port(&self, i: usize) -> Result<PortEntry, NodeError> {
         let (id, name, tap, bridge) = self
             .taps
             .get(i)
@@ -328,7 +332,7 @@ impl Plan {
 
     /// Opens the connection table (`<state_dir>/conntrack`; `handed_over`: that file as the
     /// running node handed it over), finishes the datapath and adds the routes.
-    pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, String> {
+    pub fn build(mut self, handed_over: Option<std::fs::File>) -> Result<Built, NodeError> {
         let cfg = &self.cfg;
         let handed_over_ct = handed_over.is_some();
         let has_v6 = cfg.connected().iter().any(|c| c.address6.is_some());
@@ -358,7 +362,7 @@ impl Plan {
                     max_affinity_entries: None,
                     rules,
                 })
-                .map_err(|e| format!("[conntrack]: {}", error_chain(&e)))?;
+                .map_err(|e| NodeError::refused("[conntrack]", e))?;
             if let Some(r) = self.b.recovery() {
                 kept_connections = r.kept;
                 let ms = opening.elapsed().as_secs_f64() * 1000.0;
@@ -443,7 +447,7 @@ impl Built {
     /// Starts the workers on `ports` (registry entries whose datapath port the datapath has,
     /// each with its open device in `dev`), adds static neighbours and Services, makes the
     /// TAPs persistent and writes the port record.
-    pub fn run(self, ports: Vec<PortEntry>) -> Result<Node, String> {
+    pub fn run(self, ports: Vec<PortEntry>) -> Result<Node, NodeError> {
         let Built {
             dp,
             kept_connections,
@@ -458,7 +462,7 @@ impl Built {
         let mut drivers: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
         for e in ports {
             let Some(dev) = e.dev.clone() else {
-                return Err(format!("port {:?}: no device", e.name));
+                return Err(NodeError::Config(format!("port {:?}: no device", e.name)));
             };
             drivers.push((
                 e.id,
@@ -489,7 +493,7 @@ impl Built {
                 ..Default::default()
             },
         )
-        .map_err(|e| format!("cannot start the worker threads: {e}"))?;
+        .map_err(|e| NodeError::refused("cannot start the worker threads", e))?;
         match rt.io_fallback() {
             Some(why) => log::warn!("{why}"),
             None => log::info!("TAP I/O: {:?}", rt.io()),
@@ -529,7 +533,7 @@ impl Built {
                     log::info!("{d}");
                 }
             }
-            Err(errors) => return Err(errors.join("; ")),
+            Err(errors) => return Err(NodeError::Services(errors)),
         }
         if let (Some(nf), true) = (node.dp.netfilter(), kept_connections > 0) {
             // Connections kept from the previous process: their Service ids and affinity.

@@ -118,14 +118,14 @@ impl Node {
                 continue;
             }
             if let Err(e) = remove_route(&self.dp, r) {
-                errors.push(refuse(Item::Route(r.to, r.metric), e, true));
+                errors.push(refuse(Item::Route(r.to, r.metric), e.to_string(), true));
             }
         }
         for r in &d.routes_added {
             let replace = d.routes_removed.iter().any(|o| same_key(o, r));
             // A refused replacement leaves the old route in place.
             if let Err(e) = add_route(&self.dp, new, r, replace) {
-                errors.push(refuse(Item::Route(r.to, r.metric), e, true));
+                errors.push(refuse(Item::Route(r.to, r.metric), e.to_string(), true));
             }
         }
         // A removed peer stops at once: nothing is sent to it or accepted from it from the
@@ -133,30 +133,46 @@ impl Node {
         for (v, p) in &d.peers_removed {
             if let Err(e) = self.dp.remove_vxlan_peer(v, p.node_ip) {
                 let e = format!("vxlan {v:?}: peer {}: {e}", p.node_ip);
-                errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, true));
+                errors.push(refuse(
+                    Item::Peer(v.clone(), p.node_ip),
+                    e.to_string(),
+                    true,
+                ));
             }
         }
         for (v, p) in &d.peers_added {
             if let Err(e) = add_peer(&self.dp, v, p, self.now()) {
-                errors.push(refuse(Item::Peer(v.clone(), p.node_ip), e, false));
+                errors.push(refuse(
+                    Item::Peer(v.clone(), p.node_ip),
+                    e.to_string(),
+                    false,
+                ));
             }
         }
         for n in &d.neighbors_removed {
             if let Err(e) = remove_neighbor(&self.dp, n) {
-                errors.push(refuse(Item::Neighbor(n.dev.clone(), n.ip), e, true));
+                errors.push(refuse(
+                    Item::Neighbor(n.dev.clone(), n.ip),
+                    e.to_string(),
+                    true,
+                ));
             }
         }
         let now = self.now();
         for n in &d.neighbors_added {
             if let Err(e) = add_neighbor(&self.dp, n, now) {
-                errors.push(refuse(Item::Neighbor(n.dev.clone(), n.ip), e, false));
+                errors.push(refuse(
+                    Item::Neighbor(n.dev.clone(), n.ip),
+                    e.to_string(),
+                    false,
+                ));
             }
         }
         if d.nat_rules {
             if let Some(nf) = self.dp.netfilter() {
                 match to_nat_rules(new, |n| self.dp.iface_by_name(n)) {
                     Ok(rules) => nf.set_rules(rules),
-                    Err(e) => errors.push(refuse(Item::NatRules, e, true)),
+                    Err(e) => errors.push(refuse(Item::NatRules, e.to_string(), true)),
                 }
             }
         }

@@ -364,6 +364,7 @@ fn nat_rules_from_cluster_cidr_and_masquerade() {
     assert!(r.masquerade6.is_empty());
     assert!(to_nat_rules(&c, |_| None)
         .unwrap_err()
+        .to_string()
         .contains("[masquerade]: out = \"eth0\""));
     let mut none = c.clone();
     none.masquerade = None;

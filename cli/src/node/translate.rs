@@ -15,12 +15,18 @@ use crate::config::{
 };
 
 use super::*;
+use super::{BoxError, NodeError};
+
+/// `Err`: a message about the config.
+fn fail<T>(msg: String) -> Result<T, NodeError> {
+    Err(NodeError::Config(msg))
+}
 
 /// The library route for a configured IPv4 one; interfaces are resolved by name, a gateway
 /// without `dev` goes out of the interface whose subnet holds it.
-pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, String> {
+pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, NodeError> {
     let IpCidr::V4(to) = r.to else {
-        return Err(format!("route to {}: not an IPv4 route", r.to));
+        return fail(format!("route to {}: not an IPv4 route", r.to));
     };
     let iface = |name: &str| {
         dp.iface_by_name(name)
@@ -28,7 +34,7 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
     };
     let via = match r.via {
         Some(IpAddr::V4(gw)) => Some(gw),
-        Some(IpAddr::V6(gw)) => return Err(format!("route to {}: via {gw} is IPv6", r.to)),
+        Some(IpAddr::V6(gw)) => return fail(format!("route to {}: via {gw} is IPv6", r.to)),
         None => None,
     };
     let next_hop = match (r.kind, via, &r.dev) {
@@ -46,7 +52,7 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
         }
         (RouteType::Unicast, None, Some(dev)) => NextHop::Link(iface(dev)?),
         (RouteType::Unicast, None, None) => {
-            return Err(format!("route to {}: no via, dev or type", r.to))
+            return fail(format!("route to {}: no via, dev or type", r.to))
         }
     };
     Ok(Route {
@@ -61,9 +67,9 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Stri
 
 /// The library route for a configured IPv6 one; a gateway without `dev` goes out of the
 /// interface whose IPv6 subnet holds it (a link-local one has its `dev`: `check` says so).
-pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6Addr>, String> {
+pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6Addr>, NodeError> {
     let IpCidr::V6(to) = r.to else {
-        return Err(format!("route to {}: not an IPv6 route", r.to));
+        return fail(format!("route to {}: not an IPv6 route", r.to));
     };
     let iface = |name: &str| {
         dp.iface_by_name(name)
@@ -71,7 +77,7 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6
     };
     let via = match r.via {
         Some(IpAddr::V6(gw)) => Some(gw),
-        Some(IpAddr::V4(gw)) => return Err(format!("route to {}: via {gw} is IPv4", r.to)),
+        Some(IpAddr::V4(gw)) => return fail(format!("route to {}: via {gw} is IPv4", r.to)),
         None => None,
     };
     let next_hop = match (r.kind, via, &r.dev) {
@@ -89,7 +95,7 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6
         }
         (RouteType::Unicast, None, Some(dev)) => NextHop::Link(iface(dev)?),
         (RouteType::Unicast, None, None) => {
-            return Err(format!("route to {}: no via, dev or type", r.to))
+            return fail(format!("route to {}: no via, dev or type", r.to))
         }
     };
     Ok(Route {
@@ -109,8 +115,8 @@ pub(super) fn add_route(
     cfg: &Config,
     r: &RouteCfg,
     replace: bool,
-) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("route {}: {e}", r.describe());
+) -> Result<(), NodeError> {
+    let refused = |e: BoxError| NodeError::refused(format!("route {}", r.describe()), e);
     match r.to {
         IpCidr::V4(_) => {
             let route = to_route(dp, cfg, r)?;
@@ -119,7 +125,7 @@ pub(super) fn add_route(
             } else {
                 dp.add_route(route)
             }
-            .map_err(|e| fail(&e))
+            .map_err(|e| refused(e.into()))
         }
         IpCidr::V6(_) => {
             let route = to_route6(dp, cfg, r)?;
@@ -128,38 +134,26 @@ pub(super) fn add_route(
             } else {
                 dp.add_route(route)
             }
-            .map_err(|e| fail(&e))
+            .map_err(|e| refused(e.into()))
         }
     }
 }
 
 /// Removes a configured route of either family.
-pub(super) fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), String> {
+pub(super) fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), NodeError> {
     match r.to {
         IpCidr::V4(to) => dp
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
-            .map_err(|e| format!("route {}: {e}", r.describe())),
+            .map_err(|e| NodeError::refused(format!("route {}", r.describe()), e)),
         IpCidr::V6(to) => dp
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
-            .map_err(|e| format!("route {}: {e}", r.describe())),
+            .map_err(|e| NodeError::refused(format!("route {}", r.describe()), e)),
     }
 }
 
-/// Why a TAP could not be opened, with the likely cause when a device of another kind has
-/// its name.
-pub(super) fn tap_error(tap: &str, e: &std::io::Error) -> String {
-    let sys = std::path::Path::new("/sys/class/net").join(tap);
-    if sys.exists() && !sys.join("tun_flags").exists() {
-        return format!(
-            "cannot open TAP {tap:?}: an interface {tap:?} that is not a TAP exists in this network namespace ({e}); rename the TAP (`tap = \"...\"` for an uplink) or run tapyard in a namespace of its own"
-        );
-    }
-    format!("cannot open TAP {tap:?}: {e}")
-}
-
-pub(super) fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), String> {
+pub(super) fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), NodeError> {
     let iface = dp
         .iface_by_name(&n.dev)
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
@@ -167,7 +161,7 @@ pub(super) fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Resu
         IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
         IpAddr::V6(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
     }
-    .map_err(|e| format!("neighbor {} dev {}: {e}", n.ip, n.dev))
+    .map_err(|e| NodeError::refused(format!("neighbor {} dev {}", n.ip, n.dev), e))
 }
 
 /// The library's peer for a `[[vxlan.peer]]`.
@@ -185,14 +179,14 @@ pub(super) fn add_peer(
     vxlan: &str,
     p: &PeerCfg,
     now: Instant,
-) -> Result<(), String> {
+) -> Result<(), NodeError> {
     dp.add_vxlan_peer(vxlan, to_peer(p), now)
-        .map_err(|e| format!("vxlan {vxlan:?}: peer {}: {e}", p.node_ip))
+        .map_err(|e| NodeError::refused(format!("vxlan {vxlan:?}: peer {}", p.node_ip), e))
 }
 
-pub(super) fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), String> {
+pub(super) fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), NodeError> {
     let Some(iface) = dp.iface_by_name(&n.dev) else {
-        return Err(format!(
+        return fail(format!(
             "neighbor {}: no router interface {:?}",
             n.ip, n.dev
         ));
@@ -220,7 +214,7 @@ pub(super) fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), Stri
 pub fn to_nat_rules(
     cfg: &Config,
     iface: impl Fn(&str) -> Option<IfaceId>,
-) -> Result<NatRules, String> {
+) -> Result<NatRules, NodeError> {
     let cluster = cfg
         .node
         .cluster_cidr
@@ -280,7 +274,7 @@ pub fn to_nat_rules(
             }),
             // `check` refuses a family mix-up.
             _ => {
-                return Err(format!(
+                return fail(format!(
                     "snat from {}: to = {} is of the other family",
                     s.src, s.to
                 ))

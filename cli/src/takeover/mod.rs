@@ -79,12 +79,15 @@ use tapyard_cni::netlink::Link;
 use crate::ports::PortEntry;
 use crate::state::{NetnsRecord, PortRecord};
 
+mod error;
 mod new;
 mod old;
 #[cfg(test)]
 mod tests;
 mod wire;
 
+use error::fail;
+pub use error::TakeoverError;
 pub use new::{take_over, Adopted};
 pub use old::{serve, OldSide};
 pub use wire::{name, recv, recv_handover_rest, send, send_handover, FdRole, Msg, Wait};
@@ -183,12 +186,12 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 
 /// Binds the takeover socket (mode 0600) in `dir`, creating it; a stale socket file is
 /// removed, a live one (another tapyard with this state directory) refused.
-pub fn bind(dir: &Path) -> Result<UnixListener, String> {
+pub fn bind(dir: &Path) -> Result<UnixListener, TakeoverError> {
     let path = socket_path(dir);
-    crate::state::secure::check_dir(dir, true).map_err(|e| e.to_string())?;
+    crate::state::secure::check_dir(dir, true)?;
     if std::fs::symlink_metadata(&path).is_ok() {
         if UnixStream::connect(&path).is_ok() {
-            return Err(format!(
+            return fail(format!(
                 "another tapyard serves the takeover socket {} (same state_dir): stop it, or use `run --takeover` to replace it",
                 path.display()
             ));
@@ -196,5 +199,6 @@ pub fn bind(dir: &Path) -> Result<UnixListener, String> {
         std::fs::remove_file(&path)
             .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
     }
-    crate::control::bind(&path).map_err(|e| format!("takeover socket: {e}"))
+    crate::control::bind(&path)
+        .map_err(|e| TakeoverError::Protocol(format!("takeover socket: {e}")))
 }

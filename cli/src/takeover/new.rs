@@ -43,14 +43,18 @@ impl std::fmt::Debug for Adopted {
 /// Takes over from the tapyard that serves `<state_dir>/takeover.sock` for `cfg`'s node
 /// (see the module docs). On an error the old process goes on, and the message says why.
 /// Every wait is bounded (see [`Wait`]) and `stop` (SIGINT/SIGTERM) ends it.
-pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result<Adopted, String> {
+pub fn take_over(
+    cfg: Config,
+    config_path: PathBuf,
+    stop: &AtomicBool,
+) -> Result<Adopted, TakeoverError> {
     let dir = cfg.node.state_dir_path();
     let path = socket_path(&dir);
     let s = UnixStream::connect(&path).map_err(|e| {
-        format!(
+        TakeoverError::Protocol(format!(
             "--takeover: nobody to take over from: no tapyard answers on {} ({e}); start without --takeover",
             path.display()
-        )
+        ))
     })?;
     let hello = Msg::Hello {
         version: VERSION,
@@ -58,11 +62,11 @@ pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result
         pid: std::process::id(),
     };
     send(&s, &hello, &[], Wait::new(HELLO_TIMEOUT, Some(stop)))
-        .map_err(|e| format!("--takeover: hello: {e}"))?;
+        .map_err(|e| TakeoverError::failed("--takeover: hello", e))?;
     let (ifaces, records, old_pid, control_socket, own_netns) =
-        match recv(&s, Wait::new(READY_TIMEOUT, Some(stop)))
-            .map_err(|e| format!("--takeover: waiting for the running node's offer: {e}"))?
-        {
+        match recv(&s, Wait::new(READY_TIMEOUT, Some(stop))).map_err(|e| {
+            TakeoverError::failed("--takeover: waiting for the running node's offer", e)
+        })? {
             (
                 Msg::Offer {
                     version,
@@ -76,30 +80,33 @@ pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result
                 _,
             ) => {
                 if version != VERSION || node != cfg.node.name {
-                    return Err(format!(
+                    return fail(format!(
                         "--takeover: the running node offered version {version} of node {node:?}"
                     ));
                 }
                 (ifaces, ports, pid, control_socket, own_netns)
             }
             (Msg::Abort { error }, _) => {
-                return Err(format!(
+                return fail(format!(
                     "--takeover: refused by the running node: {error} (it goes on forwarding)"
                 ))
             }
-            (m, _) => return Err(format!("--takeover: expected an offer, got {}", name(&m))),
+            (m, _) => return fail(format!("--takeover: expected an offer, got {}", name(&m))),
         };
     log::info!(
         "taking over from pid {old_pid}: {} port(s), control socket {}",
         records.len(),
         control_socket.display()
     );
-    let abort = |error: String| {
+    let abort = |error: TakeoverError| {
         let abort = Msg::Abort {
-            error: error.clone(),
+            error: error.to_string(),
         };
         let _ = send(&s, &abort, &[], Wait::new(ABORT_SEND, None));
-        format!("--takeover: {error} (pid {old_pid} goes on forwarding)")
+        TakeoverError::Aborted {
+            old_pid,
+            source: Box::new(error),
+        }
     };
     match adopt(
         &s,
@@ -113,10 +120,10 @@ pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result
         Ok((node, control, takeover, gone)) => {
             if crate::failpoint::is(FAILPOINTS[1], "abort") {
                 give_up(node, &records);
-                return Err(abort(format!(
+                return Err(abort(TakeoverError::Protocol(format!(
                     "failing on purpose ({}=abort)",
                     FAILPOINTS[1]
-                )));
+                ))));
             }
             let wait = Wait::new(Duration::from_secs(5), None);
             // The old process closes the connection only after an `abort` (read first), or
@@ -134,7 +141,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result
                 Err(e) if died(&e) => Err(e),
                 Err(e) => {
                     give_up(node, &records);
-                    return Err(abort(format!("ack: {e}")));
+                    return Err(abort(TakeoverError::failed("ack", e)));
                 }
                 Ok(()) => match recv(&s, wait) {
                     Ok((Msg::Bye {}, _)) => Ok(()),
@@ -146,7 +153,7 @@ pub fn take_over(cfg: Config, config_path: PathBuf, stop: &AtomicBool) -> Result
                             Ok((m, _)) => name(&m),
                             Err(e) => e.to_string(),
                         };
-                        return Err(format!(
+                        return fail(format!(
                             "--takeover: pid {old_pid} did not confirm the handover ({why}); stopped"
                         ));
                     }
@@ -217,11 +224,12 @@ fn adopt(
     records: &[PortRecord],
     own_netns: Option<&NetnsRecord>,
     stop: &AtomicBool,
-) -> Result<Taken, String> {
+) -> Result<Taken, TakeoverError> {
     let mut macs = Vec::new();
     for i in ifaces {
-        let mac: MacAddr = crate::config::values::parse_mac(&i.mac)
-            .map_err(|e| format!("interface {:?}: mac {:?}: {e}", i.name, i.mac))?;
+        let mac: MacAddr = crate::config::values::parse_mac(&i.mac).map_err(|e| {
+            TakeoverError::failed(format!("interface {:?}: mac {:?}", i.name, i.mac), e)
+        })?;
         macs.push((i.name.clone(), mac));
     }
     let here = crate::state::own_ns().ok();
@@ -262,17 +270,18 @@ fn adopt(
         }
     }
     let wait = Wait::new(ACK_TIMEOUT, Some(stop));
-    send(s, &Msg::Ready {}, &[], wait).map_err(|e| format!("ready: {e}"))?;
+    send(s, &Msg::Ready {}, &[], wait).map_err(|e| TakeoverError::failed("ready", e))?;
     let (roles, fds) =
-        match recv(s, wait).map_err(|e| format!("waiting for the descriptors: {e}"))? {
+        match recv(s, wait).map_err(|e| TakeoverError::failed("waiting for the descriptors", e))? {
             (Msg::Handover { fds: roles }, fds) => (roles, fds),
-            (m, _) => return Err(format!("expected the descriptors, got {}", name(&m))),
+            (m, _) => return fail(format!("expected the descriptors, got {}", name(&m))),
         };
     let got = Instant::now();
-    let pairs = recv_handover_rest(s, roles, fds, wait).map_err(|e| format!("descriptors: {e}"))?;
+    let pairs = recv_handover_rest(s, roles, fds, wait)
+        .map_err(|e| TakeoverError::failed("descriptors", e))?;
     // For the tests of the old process's recovery: fail (or die) holding the descriptors.
     match crate::failpoint::action(FAILPOINTS[0]).as_deref() {
-        Some("abort") => return Err(format!("failing on purpose ({}=abort)", FAILPOINTS[0])),
+        Some("abort") => return fail(format!("failing on purpose ({}=abort)", FAILPOINTS[0])),
         Some("exit") => std::process::exit(3),
         _ => {}
     }
@@ -293,12 +302,12 @@ fn adopt(
                 let Some(id) = ids[i] else {
                     // Gone from the config: deleted once the takeover is done.
                     let tap = TapPort::from_fd(fd, r.offload)
-                        .map_err(|e| format!("port {name:?}: {e}"))?;
+                        .map_err(|e| TakeoverError::failed(format!("port {name:?}"), e))?;
                     gone.push((name, tap));
                     continue;
                 };
-                let tap =
-                    TapPort::from_fd(fd, r.offload).map_err(|e| format!("port {name:?}: {e}"))?;
+                let tap = TapPort::from_fd(fd, r.offload)
+                    .map_err(|e| TakeoverError::failed(format!("port {name:?}"), e))?;
                 taps.push(entry_of(r, id, tap, own_netns, here));
             }
         }
@@ -319,7 +328,7 @@ fn adopt(
     let mut ports = taps;
     ports.extend(fresh);
     if got.elapsed() > ADOPT_DEADLINE {
-        return Err(format!(
+        return fail(format!(
             "adopting took over {ADOPT_DEADLINE:?}: not starting (the old process may have resumed)"
         ));
     }

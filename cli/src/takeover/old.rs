@@ -72,25 +72,26 @@ pub fn serve(old: OldSide, stop: Arc<AtomicBool>) {
 /// are compared with the offer: if one was added, removed or moved meanwhile, the takeover
 /// is refused (run it again). From then on the exchange is bounded by [`ACK_TIMEOUT`], and
 /// `stop` (SIGINT/SIGTERM) ends any wait within [`Wait::SLICE`].
-fn handle_old(old: &OldSide, s: UnixStream, stop: &AtomicBool) -> Result<(), String> {
-    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+fn handle_old(old: &OldSide, s: UnixStream, stop: &AtomicBool) -> Result<(), TakeoverError> {
+    s.set_nonblocking(false)
+        .map_err(|e| TakeoverError::failed("takeover socket", e))?;
     let (hello, _) = match recv(&s, Wait::new(HELLO_TIMEOUT, Some(stop))) {
         // Closed before a word: a probe (`tapyard cleanup` checking that a node runs).
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             log::debug!("takeover socket: a connection closed before hello (a probe)");
             return Ok(());
         }
-        r => r.map_err(|e| format!("hello: {e}"))?,
+        r => r.map_err(|e| TakeoverError::failed("hello", e))?,
     };
     let Msg::Hello { version, node, pid } = hello else {
-        return Err(format!("expected hello, got {}", name(&hello)));
+        return fail(format!("expected hello, got {}", name(&hello)));
     };
     let refuse = |error: String| {
         let abort = Msg::Abort {
             error: error.clone(),
         };
         let _ = send(&s, &abort, &[], Wait::new(ABORT_SEND, None));
-        Err(format!("refused pid {pid}: {error}"))
+        fail(format!("refused pid {pid}: {error}"))
     };
     if version != VERSION {
         return refuse(format!(
@@ -139,11 +140,16 @@ fn handle_old(old: &OldSide, s: UnixStream, stop: &AtomicBool) -> Result<(), Str
     }
     let _ = send(
         &s,
-        &Msg::Abort { error: e.clone() },
+        &Msg::Abort {
+            error: e.to_string(),
+        },
         &[],
         Wait::new(ABORT_SEND, None),
     );
-    Err(format!("pid {pid}: {e}"))
+    Err(TakeoverError::Peer {
+        pid,
+        source: Box::new(e),
+    })
 }
 
 /// After a takeover that failed once the descriptors were sent (the workers still paused,
@@ -176,10 +182,10 @@ fn take_back(node: &Node) {
 }
 
 /// The node's ports as the record describes them, with their TAPs.
-fn snapshot(node: &Node) -> Result<(Vec<PortEntry>, Vec<PortRecord>), String> {
+fn snapshot(node: &Node) -> Result<(Vec<PortEntry>, Vec<PortRecord>), TakeoverError> {
     let entries = node.ports.list();
     if let Some(e) = entries.iter().find(|e| e.dev.is_none()) {
-        return Err(format!("port {:?} has no TAP device", e.name));
+        return fail(format!("port {:?} has no TAP device", e.name));
     }
     let records = entries.iter().map(PortEntry::record).collect();
     Ok((entries, records))
@@ -187,7 +193,11 @@ fn snapshot(node: &Node) -> Result<(Vec<PortEntry>, Vec<PortRecord>), String> {
 
 /// Offers the node as it is now and waits for `ready` (the new process prepares meanwhile,
 /// while this one goes on as usual). Returns the ports offered.
-fn offer(old: &OldSide, s: &UnixStream, stop: &AtomicBool) -> Result<Vec<PortRecord>, String> {
+fn offer(
+    old: &OldSide,
+    s: &UnixStream,
+    stop: &AtomicBool,
+) -> Result<Vec<PortRecord>, TakeoverError> {
     let node = &old.node;
     let (_, records) = snapshot(node)?;
     let ifaces = node
@@ -207,12 +217,13 @@ fn offer(old: &OldSide, s: &UnixStream, stop: &AtomicBool) -> Result<Vec<PortRec
         own_netns: node.state.own_netns(),
         ports: records.clone(),
     };
-    send(s, &offer, &[], Wait::new(ACK_TIMEOUT, Some(stop))).map_err(|e| format!("offer: {e}"))?;
+    send(s, &offer, &[], Wait::new(ACK_TIMEOUT, Some(stop)))
+        .map_err(|e| TakeoverError::failed("offer", e))?;
     match recv(s, Wait::new(READY_TIMEOUT, Some(stop)))
-        .map_err(|e| format!("waiting for ready: {e}"))?
+        .map_err(|e| TakeoverError::failed("waiting for ready", e))?
     {
         (Msg::Ready {}, _) => Ok(records),
-        (m, _) => Err(format!("expected ready, got {}", name(&m))),
+        (m, _) => fail(format!("expected ready, got {}", name(&m))),
     }
 }
 
@@ -226,11 +237,11 @@ fn hand_over(
     offered: &[PortRecord],
     stop: &AtomicBool,
     handed: &mut bool,
-) -> Result<std::convert::Infallible, String> {
+) -> Result<std::convert::Infallible, TakeoverError> {
     let node = &old.node;
     let (entries, records) = snapshot(node)?;
     if records != offered {
-        return Err(format!(
+        return fail(format!(
             "the node's ports changed while pid {pid} prepared (a port was added, removed or moved): nothing was handed over; run --takeover again"
         ));
     }
@@ -266,14 +277,14 @@ fn hand_over(
     // From the first descriptor sent, the new process may use them.
     *handed = true;
     let wait = Wait::new(ACK_TIMEOUT, Some(stop));
-    send_handover(s, roles, &fds, wait).map_err(|e| format!("handover: {e}"))?;
+    send_handover(s, roles, &fds, wait).map_err(|e| TakeoverError::failed("handover", e))?;
     if crate::failpoint::is(FAILPOINTS[2], "exit") {
         // As if killed: no destructor, no message.
         std::process::exit(137);
     }
-    match recv(s, wait).map_err(|e| format!("waiting for ack: {e}"))? {
+    match recv(s, wait).map_err(|e| TakeoverError::failed("waiting for ack", e))? {
         (Msg::Ack {}, _) => {}
-        (m, _) => return Err(format!("expected ack, got {}", name(&m))),
+        (m, _) => return fail(format!("expected ack, got {}", name(&m))),
     }
     let gap = paused_at.elapsed();
     let _ = send(s, &Msg::Bye {}, &[], Wait::new(ABORT_SEND, None));

@@ -210,7 +210,9 @@ fn no_one_to_take_over_from_is_a_clear_error() {
     );
     let c = crate::config::check_str(&src);
     let cfg = c.config.unwrap_or_else(|| panic!("{:?}", c.diags));
-    let e = take_over(cfg, "x.toml".into(), &AtomicBool::new(false)).unwrap_err();
+    let e = take_over(cfg, "x.toml".into(), &AtomicBool::new(false))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("nobody to take over from"), "{e}");
     assert!(e.contains("takeover.sock"), "{e}");
 }
