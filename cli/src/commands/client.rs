@@ -18,6 +18,7 @@ fn fail_reply<T>(r: &Reply<T>) -> Fail {
     Fail(1, r.error_message())
 }
 
+/// `tapyard show TABLE [--json]`: a table of the running node, printed as it arrives.
 pub fn show(
     what: crate::args::Table,
     json: bool,
@@ -41,6 +42,7 @@ pub fn show(
     Ok(())
 }
 
+/// `tapyard status [--json]`: the running node's name, config, interfaces and ports.
 pub fn status(json: bool, client: &crate::args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
     let r = crate::control::client::request::<Status>(&sock, Command::Status {})?;
@@ -81,6 +83,7 @@ pub fn status(json: bool, client: &crate::args::Client) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `tapyard port add|del`: a port added to or removed from the running node.
 pub fn port(op: crate::args::PortOp) -> Result<(), Fail> {
     match op {
         crate::args::PortOp::Add {
@@ -120,6 +123,7 @@ pub fn port(op: crate::args::PortOp) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `tapyard reload`: the running node re-reads its config; what changed is printed.
 pub fn reload(client: &crate::args::Client) -> Result<(), Fail> {
     let sock = client_socket(client)?;
     let r = crate::control::client::request::<serde::de::IgnoredAny>(&sock, Command::Reload {})?;
@@ -137,6 +141,7 @@ pub fn reload(client: &crate::args::Client) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `tapyard capture PORT -w FILE [-c N]`: a port's frames written to a pcap file.
 pub fn capture(
     port: &str,
     out: &Path,

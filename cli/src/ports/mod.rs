@@ -12,11 +12,11 @@
 //! `<state_dir>/ports.json` ([`crate::state`]) at every change: the pods' interfaces outlive
 //! the process (a crash, `kill -9`, a clean stop), and the next start re-attaches to each
 //! where it lives now ([`reattach`]), renamed or not. tapyard follows its TAPs while it runs
-//! ([`Node::refresh_ports`]: the namespace and name each has now, read from its fd), so that a
+//! ([`Node::refresh_ports`](crate::node::Node::refresh_ports): the namespace and name each has now, read from its fd), so that a
 //! TAP moved and renamed by hand is found again too. Removing a port (`port del`, CNI DEL, a
 //! reload that drops it) clears the persist flag before the last `Arc` of the device goes (the
 //! runtime's and the registry's): the fd closes and the kernel deletes the device, in
-//! whichever namespace it lives; [`Node::port_remove`] waits until it is gone.
+//! whichever namespace it lives; [`Node::port_remove`](crate::node::Node::port_remove) waits until it is gone.
 //!
 //! Thread safety: the registry's entries sit behind a mutex held only to read or change the
 //! list; adding and removing ports (and a reload's port changes) are serialised by a second
@@ -175,6 +175,7 @@ impl Registry {
         self.lock().push(e);
     }
 
+    /// Takes the entry of port `id` out.
     pub fn remove(&self, id: PortId) {
         self.lock().retain(|e| e.id != id);
     }
@@ -204,7 +205,7 @@ pub fn temp_name(owner: &str) -> String {
     format!("ty{:08x}", h.finish() >> 32)
 }
 
-/// A TAP shared by the workers (through [`Observed`]) and the registry, which keeps it to
+/// A TAP shared by the workers (through [`Observed`](tapyard::port::Observed)) and the registry, which keeps it to
 /// clear its persist flag on removal and to read where it lives.
 pub struct SharedTap(pub Arc<TapPort>);
 
