@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use tapyard::l3::VxlanPeer;
-use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
+use tapyard::l3::{IfaceId, NextHop, Route, RouteAddr, RouteProto};
 use tapyard::nat::ServiceError;
 use tapyard::nat::{
     MasqueradeRule, MasqueradeRule6, NatRules, PortRange, Prefix, Prefix6, SnatRule, SnatRule6,
@@ -28,40 +28,13 @@ pub fn to_route(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route, Node
     let IpCidr::V4(to) = r.to else {
         return fail(format!("route to {}: not an IPv4 route", r.to));
     };
-    let iface = |name: &str| {
-        dp.iface_by_name(name)
-            .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
-    };
     let via = match r.via {
         Some(IpAddr::V4(gw)) => Some(gw),
         Some(IpAddr::V6(gw)) => return fail(format!("route to {}: via {gw} is IPv6", r.to)),
         None => None,
     };
-    let next_hop = match (r.kind, via, &r.dev) {
-        (RouteType::Blackhole, _, _) => NextHop::Blackhole,
-        (RouteType::Unreachable, _, _) => NextHop::Unreachable,
-        (RouteType::Unicast, Some(gw), Some(dev)) => NextHop::Via(iface(dev)?, gw),
-        (RouteType::Unicast, Some(gw), None) => {
-            let dev = cfg.connected_iface(gw).ok_or_else(|| {
-                format!(
-                    "route to {}: gateway {gw} is not on a connected subnet",
-                    r.to
-                )
-            })?;
-            NextHop::Via(iface(&dev)?, gw)
-        }
-        (RouteType::Unicast, None, Some(dev)) => NextHop::Link(iface(dev)?),
-        (RouteType::Unicast, None, None) => {
-            return fail(format!("route to {}: no via, dev or type", r.to))
-        }
-    };
-    Ok(Route {
-        prefix: to.network(),
-        len: to.len,
-        next_hop,
-        metric: r.metric,
-        proto: RouteProto::Static,
-        src: None,
+    route_of(dp, r, (to.network(), to.len), via, |gw| {
+        cfg.connected_iface(gw)
     })
 }
 
@@ -71,24 +44,39 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6
     let IpCidr::V6(to) = r.to else {
         return fail(format!("route to {}: not an IPv6 route", r.to));
     };
-    let iface = |name: &str| {
-        dp.iface_by_name(name)
-            .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
-    };
     let via = match r.via {
         Some(IpAddr::V6(gw)) => Some(gw),
         Some(IpAddr::V4(gw)) => return fail(format!("route to {}: via {gw} is IPv4", r.to)),
         None => None,
+    };
+    route_of(dp, r, (to.network(), to.len), via, |gw| {
+        cfg.connected_iface6(gw)
+    })
+}
+
+/// The library route of family `A` for configured route `r` to `prefix`/`len` via `via`;
+/// `connected` names the interface whose subnet holds a gateway given without `dev`.
+fn route_of<A: RouteAddr>(
+    dp: &Datapath,
+    r: &RouteCfg,
+    (prefix, len): (A, u8),
+    via: Option<A>,
+    connected: impl Fn(A) -> Option<String>,
+) -> Result<Route<A>, NodeError> {
+    let iface = |name: &str| {
+        dp.iface_by_name(name)
+            .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
     };
     let next_hop = match (r.kind, via, &r.dev) {
         (RouteType::Blackhole, _, _) => NextHop::Blackhole,
         (RouteType::Unreachable, _, _) => NextHop::Unreachable,
         (RouteType::Unicast, Some(gw), Some(dev)) => NextHop::Via(iface(dev)?, gw),
         (RouteType::Unicast, Some(gw), None) => {
-            let dev = cfg.connected_iface6(gw).ok_or_else(|| {
+            let dev = connected(gw).ok_or_else(|| {
                 format!(
-                    "route to {}: gateway {gw} is not on a connected IPv6 subnet",
-                    r.to
+                    "route to {}: gateway {gw} is not on a connected {}subnet",
+                    r.to,
+                    A::NAME
                 )
             })?;
             NextHop::Via(iface(&dev)?, gw)
@@ -99,8 +87,8 @@ pub fn to_route6(dp: &Datapath, cfg: &Config, r: &RouteCfg) -> Result<Route<Ipv6
         }
     };
     Ok(Route {
-        prefix: to.network(),
-        len: to.len,
+        prefix,
+        len,
         next_hop,
         metric: r.metric,
         proto: RouteProto::Static,
