@@ -19,8 +19,9 @@ use crate::ports::{BoxError, PortError};
 use crate::node::Node;
 use crate::state::{self, MacFor};
 
-use super::*;
 use crate::ports::GONE_TIMEOUT;
+use crate::ports::{PortEntry, SharedTap};
+use crate::state::{Kind, Origin};
 
 fn value(field: &'static str, value: &str, source: BadValue) -> PortError {
     PortError::Value {

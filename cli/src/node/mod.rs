@@ -11,7 +11,7 @@ use tapyard::{Clock, Datapath, Instant, MacAddr, PortId};
 use crate::capture::CaptureTap;
 use crate::config::diff::Refusal;
 use crate::config::{self, Config};
-use crate::ports::{self, Kind, Origin, PortEntry, Registry, SharedTap};
+use crate::ports::{self, Kind, Origin, PortEntry, Registry};
 use crate::state::{self, StateDir};
 
 mod error;

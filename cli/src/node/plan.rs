@@ -18,7 +18,7 @@ use crate::state::{self, MacFor, StateDir};
 
 use super::translate::{add_neighbor, add_peer, add_route};
 use super::NodeError;
-use super::*;
+use super::{apply_services, to_nat_rules, Node};
 
 /// The MTU of a config TAP: its uplink's, or its bridge's (`mtu` sets the router
 /// interface's and the TAP devices'), 1500 for a bridge without an address.

@@ -10,7 +10,7 @@ use super::plan::tap_mtu;
 use super::translate::{
     add_neighbor, add_peer, add_route, apply_services_named, remove_neighbor, remove_route,
 };
-use super::*;
+use super::{to_nat_rules, Node, Reloaded};
 
 impl Node {
     /// Re-reads the configuration file and applies what changed. Returns the changes made

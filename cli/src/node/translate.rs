@@ -14,7 +14,7 @@ use crate::config::{
     proto_name, Config, IpCidr, NeighborCfg, PeerCfg, RouteCfg, RouteType, ServiceCfg,
 };
 
-use super::*;
+use super::Node;
 use super::{BoxError, NodeError};
 
 /// `Err`: a message about the config.

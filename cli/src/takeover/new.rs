@@ -15,7 +15,11 @@ use crate::node::{Node, Plan};
 use crate::ports::Origin;
 use crate::state::{NetnsRecord, PortRecord};
 
-use super::*;
+use super::{
+    entry_of, fail, name, recv, recv_handover_rest, send, socket_path, FdRole, IfaceRecord, Msg,
+    TakeoverError, Wait, ABORT_SEND, ACK_TIMEOUT, ADOPT_DEADLINE, FAILPOINTS, HELLO_TIMEOUT,
+    READY_TIMEOUT, VERSION,
+};
 
 /// What the new process got from the old one.
 pub struct Adopted {

@@ -12,7 +12,10 @@ use crate::node::Node;
 use crate::ports::PortEntry;
 use crate::state::PortRecord;
 
-use super::*;
+use super::{
+    fail, name, recv, send, send_handover, FdRole, IfaceRecord, Msg, TakeoverError, Wait,
+    ABORT_SEND, ACK_TIMEOUT, FAILPOINTS, HELLO_TIMEOUT, READY_TIMEOUT, VERSION,
+};
 use crate::control::server::ControlServer;
 
 /// What the running (old) process hands over.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{NetnsRecord, PortRecord};
 
-use super::*;
+use super::{IfaceRecord, FDS_PER_MSG, MAX_MSG};
 
 /// What a handed-over descriptor is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,7 +19,8 @@ use super::super::{
     RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
 };
 
-use super::*;
+use super::{default_str, raw_name, Parser, Sec};
+use crate::config::values::BadValue;
 
 impl Parser<'_> {
     pub(super) fn node(&mut self, t: &DeTable<'_>, span: Range<usize>) -> Option<NodeCfg> {
