@@ -215,8 +215,9 @@ pub fn run(
         let v6 = |n: &str| {
             let ll = node
                 .dp
+                .control()
                 .iface_by_name(n)
-                .and_then(|i| node.dp.router()?.link_local6(i));
+                .and_then(|i| node.dp.control().router()?.link_local6(i));
             cur.connected()
                 .into_iter()
                 .find(|c| c.name == n)
@@ -276,7 +277,7 @@ pub fn run(
         let _ = m.join();
     }
     node.stop();
-    let s = node.dp.stats();
+    let s = node.dp.control().stats();
     log::info!(
         "stopped: forwarded {} flooded {} local {} dropped {}",
         s.forwarded,

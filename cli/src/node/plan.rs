@@ -535,14 +535,14 @@ impl Built {
             }
             Err(errors) => return Err(NodeError::Services(errors)),
         }
-        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections > 0) {
+        if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections > 0) {
             // Connections kept from the previous process: their Service ids and affinity.
             let (retagged, affinity) = nf.services().relink(nf.conntrack(), node.now());
             log::info!(
                 "conntrack: kept connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );
         }
-        if let (Some(nf), true) = (node.dp.netfilter(), kept_connections6 > 0) {
+        if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections6 > 0) {
             let (retagged, affinity) = nf.services().relink6(nf.conntrack6(), node.now());
             log::info!(
                 "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
@@ -558,7 +558,7 @@ impl Built {
         }
         node.save_ports();
         node.announce();
-        if let Some(nf) = node.dp.netfilter() {
+        if let Some(nf) = node.dp.control().netfilter() {
             let ct = nf.conntrack();
             log::info!(
                 "conntrack: at most {} connections ({} MiB reserved){}",

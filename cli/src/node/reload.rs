@@ -131,7 +131,7 @@ impl Node {
         // A removed peer stops at once: nothing is sent to it or accepted from it from the
         // workers' next batch on.
         for (v, p) in &d.peers_removed {
-            if let Err(e) = self.dp.remove_vxlan_peer(v, p.node_ip) {
+            if let Err(e) = self.dp.control().remove_vxlan_peer(v, p.node_ip) {
                 let e = format!("vxlan {v:?}: peer {}: {e}", p.node_ip);
                 errors.push(refuse(
                     Item::Peer(v.clone(), p.node_ip),
@@ -169,8 +169,8 @@ impl Node {
             }
         }
         if d.nat_rules {
-            if let Some(nf) = self.dp.netfilter() {
-                match to_nat_rules(new, |n| self.dp.iface_by_name(n)) {
+            if let Some(nf) = self.dp.control().netfilter() {
+                match to_nat_rules(new, |n| self.dp.control().iface_by_name(n)) {
                     Ok(rules) => nf.set_rules(rules),
                     Err(e) => errors.push(refuse(Item::NatRules, e.to_string(), true)),
                 }

@@ -200,9 +200,9 @@ fn dual_stack_config_builds_the_ipv6_router() {
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let dp = &built.dp;
-    let r = dp.router().unwrap();
-    let cni0 = dp.iface_by_name("cni0").unwrap();
-    let eth0 = dp.iface_by_name("eth0").unwrap();
+    let r = dp.control().router().unwrap();
+    let cni0 = dp.control().iface_by_name("cni0").unwrap();
+    let eth0 = dp.control().iface_by_name("eth0").unwrap();
     assert_eq!(
         r.iface_addr6(cni0),
         Some(("fd00:10:244:1::1".parse().unwrap(), 64))
@@ -217,7 +217,7 @@ fn dual_stack_config_builds_the_ipv6_router() {
         .to_string()
         .starts_with("fe80::"));
     let mut text = String::new();
-    dp.fmt_routes(&mut text).unwrap();
+    dp.control().fmt_routes(&mut text).unwrap();
     for want in [
         "10.244.2.0/24 via 172.18.0.3 dev eth0",
         "fd00:10:244:2::/64 via fd00:172:18::3 dev eth0",
@@ -248,14 +248,14 @@ fn ipv6_only_config_builds_a_router_without_ipv4() {
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let dp = &built.dp;
-    let r = dp.router().unwrap();
+    let r = dp.control().router().unwrap();
     for name in ["cni0", "eth0"] {
-        let i = dp.iface_by_name(name).unwrap();
+        let i = dp.control().iface_by_name(name).unwrap();
         assert_eq!(r.iface_addr(i), None);
         assert!(r.iface_addr6(i).is_some());
     }
     let mut text = String::new();
-    dp.fmt_routes(&mut text).unwrap();
+    dp.control().fmt_routes(&mut text).unwrap();
     assert!(text.contains("fd00:10:244:1::/64 dev cni0"), "{text}");
     assert!(
         text.contains("default via fd00:172:18::1 dev eth0"),

@@ -64,7 +64,8 @@ fn route_of<A: RouteAddr>(
     connected: impl Fn(A) -> Option<String>,
 ) -> Result<Route<A>, NodeError> {
     let iface = |name: &str| {
-        dp.iface_by_name(name)
+        dp.control()
+            .iface_by_name(name)
             .ok_or_else(|| format!("route to {}: no router interface named {name:?}", r.to))
     };
     let next_hop = match (r.kind, via, &r.dev) {
@@ -109,18 +110,18 @@ pub(super) fn add_route(
         IpCidr::V4(_) => {
             let route = to_route(dp, cfg, r)?;
             if replace {
-                dp.replace_route(route).map(|_| ())
+                dp.control().replace_route(route).map(|_| ())
             } else {
-                dp.add_route(route)
+                dp.control().add_route(route)
             }
             .map_err(|e| refused(e.into()))
         }
         IpCidr::V6(_) => {
             let route = to_route6(dp, cfg, r)?;
             if replace {
-                dp.replace_route(route).map(|_| ())
+                dp.control().replace_route(route).map(|_| ())
             } else {
-                dp.add_route(route)
+                dp.control().add_route(route)
             }
             .map_err(|e| refused(e.into()))
         }
@@ -131,10 +132,12 @@ pub(super) fn add_route(
 pub(super) fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), NodeError> {
     match r.to {
         IpCidr::V4(to) => dp
+            .control()
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| NodeError::refused(format!("route {}", r.describe()), e)),
         IpCidr::V6(to) => dp
+            .control()
             .remove_route(to.network(), to.len, Some(r.metric))
             .map(|_| ())
             .map_err(|e| NodeError::refused(format!("route {}", r.describe()), e)),
@@ -143,11 +146,12 @@ pub(super) fn remove_route(dp: &Datapath, r: &RouteCfg) -> Result<(), NodeError>
 
 pub(super) fn add_neighbor(dp: &Datapath, n: &NeighborCfg, now: Instant) -> Result<(), NodeError> {
     let iface = dp
+        .control()
         .iface_by_name(&n.dev)
         .ok_or_else(|| format!("neighbor {}: no router interface named {:?}", n.ip, n.dev))?;
     match n.ip {
-        IpAddr::V4(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
-        IpAddr::V6(ip) => dp.add_static_neigh(iface, ip, n.mac, now),
+        IpAddr::V4(ip) => dp.control().add_static_neigh(iface, ip, n.mac, now),
+        IpAddr::V6(ip) => dp.control().add_static_neigh(iface, ip, n.mac, now),
     }
     .map_err(|e| NodeError::refused(format!("neighbor {} dev {}", n.ip, n.dev), e))
 }
@@ -168,20 +172,21 @@ pub(super) fn add_peer(
     p: &PeerCfg,
     now: Instant,
 ) -> Result<(), NodeError> {
-    dp.add_vxlan_peer(vxlan, to_peer(p), now)
+    dp.control()
+        .add_vxlan_peer(vxlan, to_peer(p), now)
         .map_err(|e| NodeError::refused(format!("vxlan {vxlan:?}: peer {}", p.node_ip), e))
 }
 
 pub(super) fn remove_neighbor(dp: &Datapath, n: &NeighborCfg) -> Result<(), NodeError> {
-    let Some(iface) = dp.iface_by_name(&n.dev) else {
+    let Some(iface) = dp.control().iface_by_name(&n.dev) else {
         return fail(format!(
             "neighbor {}: no router interface {:?}",
             n.ip, n.dev
         ));
     };
     let removed = match n.ip {
-        IpAddr::V4(ip) => dp.remove_static_neigh(iface, ip),
-        IpAddr::V6(ip) => dp.remove_static_neigh(iface, ip),
+        IpAddr::V4(ip) => dp.control().remove_static_neigh(iface, ip),
+        IpAddr::V6(ip) => dp.control().remove_static_neigh(iface, ip),
     };
     if !removed {
         log::warn!(
@@ -288,7 +293,7 @@ pub(super) fn apply_services_named(
     node: &Node,
     services: &[ServiceCfg],
 ) -> Result<Vec<String>, Vec<(String, String)>> {
-    let Some(nf) = node.dp.netfilter() else {
+    let Some(nf) = node.dp.control().netfilter() else {
         if services.is_empty() {
             return Ok(Vec::new());
         }

@@ -161,7 +161,7 @@ fn handle_old(old: &OldSide, s: UnixStream, stop: &AtomicBool) -> Result<(), Tak
 /// its port record, so the table is taken back ([`tapyard::conntrack::Conntrack::take_back`]),
 /// its connections linked to this node's Services again, and this node's record written.
 fn take_back(node: &Node) {
-    if let Some(nf) = node.dp.netfilter() {
+    if let Some(nf) = node.dp.control().netfilter() {
         let now = node.now();
         let t = Instant::now();
         let r = nf.conntrack().take_back(now);
@@ -257,6 +257,7 @@ fn hand_over(
     // The connection table: the workers no longer write to it; the new process maps it.
     if let Some(f) = node
         .dp
+        .control()
         .netfilter()
         .and_then(|nf| nf.conntrack().backing_file())
     {
@@ -265,6 +266,7 @@ fn hand_over(
     }
     if let Some(f) = node
         .dp
+        .control()
         .netfilter()
         .and_then(|nf| nf.conntrack6().backing_file())
     {
@@ -291,7 +293,7 @@ fn hand_over(
     }
     let gap = paused_at.elapsed();
     let _ = send(s, &Msg::Bye {}, &[], Wait::new(ABORT_SEND, None));
-    let st = node.dp.stats();
+    let st = node.dp.control().stats();
     log::info!(
         "handed over to pid {pid}: {} port(s); workers paused {:.1} ms before the ack; exiting (forwarded {} flooded {} local {} dropped {})",
         entries.len(),
