@@ -112,6 +112,8 @@ pub enum Cmd {
 }
 
 /// `tapyard port ...`.
+// The doc comments are clap's help text: `[[bridge]]` is the config's section, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Subcommand)]
 pub enum PortOp {
     /// Create a TAP called NAME on BRIDGE; it stays in tapyard's network namespace (move it

@@ -114,8 +114,8 @@ pub fn render(dp: &Datapath) -> String {
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 /// Listens on `addr` (`ADDR:PORT`).
-pub fn listen(addr: &str) -> Result<tiny_http::Server, String> {
-    tiny_http::Server::http(addr).map_err(|e| e.to_string())
+pub fn listen(addr: &str) -> Result<tiny_http::Server, crate::node::BoxError> {
+    tiny_http::Server::http(addr)
 }
 
 /// Answers one request: the exposition for `GET /metrics` (or `/`), else 404.

@@ -5,8 +5,8 @@
 //! [`RequestLine`] for the optional `version`), the reply envelope [`Reply`], each reply's
 //! typed data ([`show`] for the tables, [`Status`], [`Hello`], [`PortInfo`],
 //! [`PortDeleted`]), [`RowStream`] for a reply whose rows are written as they are read, and
-//! [`Client`]. The server is `cli/src/control/`; the clients are `tapyard` (`cli/src/main.rs`)
-//! and `tapyard-cni` (`cni/src/control.rs`). Its only dependencies are serde and serde_json.
+//! [`Client`]. The server is `cli/src/control/`; the clients are `tapyard`
+//! (`cli/src/commands/client.rs`) and `tapyard-cni` (`cni/src/control.rs`). Its only dependencies are serde and serde_json.
 
 mod client;
 mod reply;

@@ -1,6 +1,6 @@
 //! The description of the config file, one entry per key: its section, type, range, default
 //! and help. The parser takes from it the keys a section allows, what a missing required key
-//! is, integer ranges and defaults; [`reference`] renders from it the key reference at the end
+//! is, integer ranges and defaults; [`reference()`] renders from it the key reference at the end
 //! of `examples/node.toml` (a test keeps the two equal).
 
 use tapyard::l3::neigh::{NeighConfig, MAX_ENTRIES as NEIGH_MAX};

@@ -442,7 +442,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             if a.is_v6() != v6 {
                 continue;
             }
-            let clash = if v.address.len() == if v6 { 128 } else { 32 } {
+            let clash = if v.address.prefix_len() == if v6 { 128 } else { 32 } {
                 a.addr() == v.address.addr()
             } else {
                 a.overlaps(&v.address)
@@ -510,7 +510,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     format!(
                         "{pctx}: pod_cidr = \"{pc}\" is not a network address (expected \"{}/{}\")",
                         pc.network(),
-                        pc.len()
+                        pc.prefix_len()
                     ),
                 );
             }
@@ -526,7 +526,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                     format!(
                         "{pctx}: pod_cidr = \"{pc}\" overlaps this node's {n} subnet {}/{}",
                         a.network(),
-                        a.len()
+                        a.prefix_len()
                     ),
                 );
             } else if pc.contains(v.address.addr()) {

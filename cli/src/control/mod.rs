@@ -4,7 +4,7 @@
 //! The protocol (every request and reply, with an example line of each, and its versioning)
 //! is the `tapyard-control` crate's: its PROTOCOL.md, and its types, which this server
 //! parses and answers with ([`Request`], [`Reply`] and each reply's data), as the clients do
-//! (`tapyard`'s commands in `main.rs` through [`client`], and the CNI plugin), so the sides
+//! (`tapyard`'s commands in `crate::commands` through [`client`], and the CNI plugin), so the sides
 //! cannot drift. Here: the socket ([`claim_socket`], [`bind`], [`serve`]) and each request's
 //! answer; the tables of `show` are built in [`show`].
 //!
@@ -17,6 +17,7 @@
 //! A request with a field its command does not have is refused, naming the field.
 
 pub mod client;
+pub mod server;
 pub mod show;
 #[cfg(test)]
 mod tests;
@@ -237,20 +238,21 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
             let r = node
                 .port_add_local(&bridge, &name, mac.as_deref(), Origin::Command)
                 .map(|e| e.info());
-            reply(&mut s, &Reply::from_result(r))
+            reply(&mut s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
         Command::PortDel { name } => {
             let r = node
                 .port_del_name(&name)
                 .map(|()| PortDeleted { removed: true });
-            reply(&mut s, &Reply::from_result(r))
+            reply(&mut s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
     }
 }
 
 /// Answers a request of the CNI plugin (a refusal is logged).
 fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
-    let refused = |e: &String| log::warn!("CNI request refused: {e:?}");
+    let refused =
+        |e: &dyn std::fmt::Display| log::warn!("CNI request refused: {:?}", e.to_string());
     match req {
         CniRequest::PortAdd {
             bridge,
@@ -263,7 +265,7 @@ fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
             if let Err(e) = &r {
                 refused(e);
             }
-            reply(s, &Reply::from_result(r))
+            reply(s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
         CniRequest::PortDel { owner } => {
             let r = node
@@ -272,7 +274,7 @@ fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
             if let Err(e) = &r {
                 refused(e);
             }
-            reply(s, &Reply::from_result(r))
+            reply(s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
         CniRequest::PortShow { owner } => {
             let r = node

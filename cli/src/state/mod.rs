@@ -33,7 +33,53 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tapyard::MacAddr;
 
-use crate::ports::{Kind, Origin};
+pub mod secure;
+
+/// Where a port came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// A bridge's `ports` or an uplink in the config file: a reload adds and removes it.
+    Config,
+    /// `tapyard port add`: a reload never touches it.
+    Command,
+    /// The CNI plugin (`port_add` with an owner): a reload never touches it.
+    Cni,
+}
+
+impl Origin {
+    /// Its name in `show ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Config => "config",
+            Origin::Command => "port add",
+            Origin::Cni => "cni",
+        }
+    }
+}
+
+/// What a port is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A bridge port (a pod's interface, or anything plugged into the bridge).
+    Pod,
+    /// An uplink's TAP (a router interface of its own).
+    Uplink,
+}
+
+impl Kind {
+    /// Its name in `show ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "pod",
+            Kind::Uplink => "uplink",
+        }
+    }
+}
+
+/// The takeover socket's file name in the state directory ([`crate::takeover`]).
+pub const TAKEOVER_SOCKET: &str = "takeover.sock";
 
 /// The record's format version.
 pub const VERSION: u32 = 1;
@@ -180,7 +226,7 @@ impl StateDir {
 
 /// Reads `<dir>/ports.json`: `Ok(None)` when there is none, `Err(why)` when it cannot be
 /// trusted (the caller logs it and starts afresh).
-pub fn load(dir: &Path, node: &str) -> Result<Option<Record>, String> {
+pub fn load(dir: &Path, node: &str) -> Result<Option<Record>, RecordError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(PORTS_FILE);
@@ -192,49 +238,98 @@ pub fn load(dir: &Path, node: &str) -> Result<Option<Record>, String> {
     {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: cannot open it: {e}", path.display())),
+        Err(e) => return Err(RecordError::Open(e).at(&path)),
     };
-    crate::secure::check_open(&path, &file)
-        .map_err(|e| format!("{}: {}", path.display(), e.why))?;
+    crate::state::secure::check_open(&path, &file).map_err(|e| RecordError::Unsafe(e).at(&path))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     if len > MAX_RECORD_BYTES {
-        return Err(format!(
-            "{}: {len} bytes, more than the {MAX_RECORD_BYTES} a record may take",
-            path.display()
-        ));
+        return Err(RecordError::TooBig(len).at(&path));
     }
     let mut text = Vec::new();
     file.read_to_end(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    parse(&text, node)
-        .map(Some)
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| RecordError::Read(e).at(&path))?;
+    parse(&text, node).map(Some).map_err(|e| e.at(&path))
+}
+
+/// Why a port record is not used (the node starts as if there were none).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Not JSON, or not a record.
+    #[error("not a valid record: {0}")]
+    Json(#[source] serde_json::Error),
+    /// No `version`.
+    #[error("not a valid record: no version")]
+    NoVersion,
+    /// Another version's record.
+    #[error("version {0}, this tapyard reads version {VERSION}")]
+    Version(u64),
+    /// Another node's record.
+    #[error("the record of node {found:?}, not of {node:?}")]
+    OtherNode {
+        /// The record's node.
+        found: String,
+        /// This node.
+        node: String,
+    },
+    /// The file cannot be opened.
+    #[error("cannot open it: {0}")]
+    Open(#[source] io::Error),
+    /// The file is not safe to trust (a link, another owner, writable by others).
+    #[error("{}", .0.why)]
+    Unsafe(#[source] secure::Refused),
+    /// Larger than [`MAX_RECORD_BYTES`].
+    #[error("{0} bytes, more than the {MAX_RECORD_BYTES} a record may take")]
+    TooBig(u64),
+    /// The file cannot be read.
+    #[error("{0}")]
+    Read(#[source] io::Error),
+    /// One of the above, about the file at `path`.
+    #[error("{}: {source}", path.display())]
+    At {
+        /// The record's file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<RecordError>,
+    },
+}
+
+impl RecordError {
+    /// The same error, about the file at `path`.
+    fn at(self, path: &Path) -> RecordError {
+        RecordError::At {
+            path: path.to_path_buf(),
+            source: Box::new(self),
+        }
+    }
 }
 
 /// Parses a record of node `node`.
-pub fn parse(text: &[u8], node: &str) -> Result<Record, String> {
+pub fn parse(text: &[u8], node: &str) -> Result<Record, RecordError> {
     // The version first, so that another version's record is refused for that reason.
-    let v: serde_json::Value =
-        serde_json::from_slice(text).map_err(|e| format!("not a valid record: {e}"))?;
+    let v: serde_json::Value = serde_json::from_slice(text).map_err(RecordError::Json)?;
     match v.get("version").and_then(serde_json::Value::as_u64) {
         Some(n) if n == u64::from(VERSION) => {}
-        Some(n) => return Err(format!("version {n}, this tapyard reads version {VERSION}")),
-        None => return Err("not a valid record: no version".into()),
+        Some(n) => return Err(RecordError::Version(n)),
+        None => return Err(RecordError::NoVersion),
     }
-    let r: Record = serde_json::from_value(v).map_err(|e| format!("not a valid record: {e}"))?;
+    let r: Record = serde_json::from_value(v).map_err(RecordError::Json)?;
     if r.node != node {
-        return Err(format!("the record of node {:?}, not of {node:?}", r.node));
+        return Err(RecordError::OtherNode {
+            found: r.node,
+            node: node.to_string(),
+        });
     }
     Ok(r)
 }
 
 /// Writes `<dir>/ports.json` atomically (a temporary file in `dir`, synced, then renamed over
 /// it), creating `dir` (mode 0700) if needed. The directory is checked first
-/// ([`crate::secure::check_dir`]); the temporary file is created anew (`O_EXCL`, never
+/// ([`crate::state::secure::check_dir`]); the temporary file is created anew (`O_EXCL`, never
 /// through a link) with mode 0600.
 pub fn save(dir: &Path, r: &Record) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    crate::secure::check_dir(dir, true).map_err(io::Error::other)?;
+    crate::state::secure::check_dir(dir, true).map_err(io::Error::other)?;
     let tmp = dir.join(format!("{PORTS_FILE}.tmp"));
     match std::fs::remove_file(&tmp) {
         Ok(()) => {}
@@ -404,12 +499,12 @@ mod tests {
     fn records_round_trip_and_bad_ones_say_why() {
         let dir = std::env::temp_dir().join(format!("tapyard-state-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(load(&dir, "node-a"), Ok(None));
+        assert_eq!(load(&dir, "node-a").ok(), Some(None));
         let r = sample();
         save(&dir, &r).unwrap();
-        assert_eq!(load(&dir, "node-a"), Ok(Some(r.clone())));
+        assert_eq!(load(&dir, "node-a").ok(), Some(Some(r.clone())));
         assert!(!dir.join("ports.json.tmp").exists());
-        let err = load(&dir, "node-b").unwrap_err();
+        let err = load(&dir, "node-b").unwrap_err().to_string();
         assert!(err.contains("the record of node \"node-a\""), "{err}");
 
         let text = serde_json::to_string(&r).unwrap();
@@ -428,12 +523,12 @@ mod tests {
             ),
         ] {
             std::fs::write(dir.join(PORTS_FILE), &bad).unwrap();
-            let err = load(&dir, "node-a").unwrap_err();
+            let err = load(&dir, "node-a").unwrap_err().to_string();
             assert!(err.contains(want), "{bad}: {err}");
             assert!(err.contains("ports.json"), "{err}");
         }
         set_aside(&dir);
-        assert_eq!(load(&dir, "node-a"), Ok(None));
+        assert_eq!(load(&dir, "node-a").ok(), Some(None));
         assert!(dir.join("ports.json.bad").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }

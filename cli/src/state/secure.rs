@@ -29,7 +29,7 @@ pub const FILES: [&str; 6] = [
     "ports.json.bad",
     "conntrack",
     "conntrack6",
-    crate::takeover::SOCKET_NAME,
+    crate::state::TAKEOVER_SOCKET,
 ];
 
 /// Why the state directory (or a file in it) is not used.

@@ -12,16 +12,16 @@ use tapyard::port::Port;
 use tapyard::runtime::Runtime;
 use tapyard::{BridgeId, Datapath, PortId};
 
+use super::BoxError;
+
 /// Adds a datapath port called `name` to `bridge` (`Control::add_port`).
-pub fn add_port(dp: &Datapath, name: &str, bridge: BridgeId) -> Result<PortId, String> {
-    dp.control()
-        .add_port(name, bridge)
-        .map_err(|e| e.to_string())
+pub fn add_port(dp: &Datapath, name: &str, bridge: BridgeId) -> Result<PortId, BoxError> {
+    dp.control().add_port(name, bridge).map_err(BoxError::from)
 }
 
 /// Removes datapath port `id` that has no driver in the runtime (`Control::remove_port`).
-pub fn remove_port(dp: &Datapath, id: PortId) -> Result<(), String> {
-    dp.control().remove_port(id).map_err(|e| e.to_string())
+pub fn remove_port(dp: &Datapath, id: PortId) -> Result<(), BoxError> {
+    dp.control().remove_port(id).map_err(BoxError::from)
 }
 
 /// Hands the device of port `id` to the workers (`Runtime::add_port`).

@@ -1,0 +1,513 @@
+//! Each section of the file read into its config type.
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::path::PathBuf;
+
+use tapyard::conntrack::{CtConfig, CtTimeouts};
+use tapyard::l3::neigh::NeighConfig;
+use tapyard::nat::LbAlgo;
+use toml::de::DeTable;
+
+use super::super::schema::{self};
+use super::super::values::{
+    is_host, is_host6, parse_iface_addr_any, parse_ifname, parse_ip_any, parse_mac,
+    parse_port_range, parse_prefix_any, IpCidr,
+};
+use super::super::{
+    BridgeCfg, Cidr, Cidr6, EndpointCfg, Located, MasqueradeCfg, NeighborCfg, NodeCfg, PeerCfg,
+    RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
+};
+
+use super::{default_str, raw_name, Parser, Sec};
+use crate::config::values::BadValue;
+
+impl Parser<'_> {
+    pub(super) fn node(&mut self, t: &DeTable<'_>, span: Range<usize>) -> Option<NodeCfg> {
+        let mut s = self.sec(t, span, "[node]".into(), &schema::NODE);
+        let name = self.text(&mut s, "name", |n| {
+            if n.is_empty() || n.len() > 63 || n.contains('/') || n.chars().any(char::is_whitespace)
+            {
+                Err(BadValue::NodeName)
+            } else {
+                Ok(n.to_string())
+            }
+        });
+        let cidrs = self.addrs(&mut s, "cluster_cidr", parse_prefix_any, IpCidr::is_v6);
+        let cluster_cidr6 = cidrs.and_then(|(_, v6)| match v6 {
+            Some(IpCidr::V6(c)) => Some(c),
+            _ => None,
+        });
+        // Some: given, with at least one family (an IPv6-only cluster has no IPv4 prefix).
+        let cluster_cidr = cidrs.map(|(v4, _)| match v4 {
+            Some(IpCidr::V4(c)) => Some(c),
+            _ => None,
+        });
+        let workers = self.given_int_as(&mut s, "workers");
+        if workers == Some(0) {
+            if let Some(v) = t.get("workers") {
+                self.bad(
+                    &mut s,
+                    "workers",
+                    v,
+                    "is not allowed: at least 1 worker thread is needed",
+                );
+            }
+        }
+        let busy_poll_us = self.int_as(&mut s, "busy_poll_us");
+        let socket = self.text(&mut s, "socket", |p| {
+            if p.is_empty() {
+                Err(BadValue::EmptyPath)
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        });
+        let state_dir = self.text(&mut s, "state_dir", |p| {
+            if p.is_empty() {
+                Err(BadValue::EmptyPath)
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        });
+        let node_port_range = match self.text(&mut s, "node_port_range", parse_port_range) {
+            Some(r) => r,
+            None => default_str(&s, "node_port_range", parse_port_range),
+        };
+        let offload = self.boolean(&mut s, "offload");
+        Some(NodeCfg {
+            name: name?,
+            cluster_cidr: cluster_cidr?,
+            cluster_cidr6,
+            workers,
+            busy_poll_us,
+            socket,
+            state_dir,
+            node_port_range,
+            offload,
+        })
+    }
+
+    pub(super) fn bridge(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        t: &DeTable<'_>,
+    ) -> Option<Located<BridgeCfg>> {
+        let name = self.text(&mut s, "name", parse_ifname);
+        let addrs = self.iface_addrs(&mut s);
+        let (address, address6) = (addrs.and_then(|a| a.0), addrs.and_then(|a| a.1));
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.int_as::<u16>(&mut s, "mtu");
+        let ra = self.boolean(&mut s, "ra");
+        let ports = self.list(&mut s, "ports", parse_ifname);
+        let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
+        let fdb_aging = self.secs(&mut s, "fdb_aging");
+        if address.is_none()
+            && address6.is_none()
+            && (t.contains_key("mac") || t.contains_key("mtu"))
+        {
+            let line = s.lines.of("mac").min(s.lines.of("mtu"));
+            let ctx = s.ctx.clone();
+            self.err(
+                line,
+                format!(
+                    "{ctx}: mac and mtu belong to the bridge's router interface: set `address` too"
+                ),
+            );
+        }
+        let value = BridgeCfg {
+            name: name.or_else(|| raw_name(t))?,
+            address,
+            address6,
+            ra,
+            mac,
+            mtu,
+            ports,
+            fdb_max_entries,
+            fdb_aging,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn uplink(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        t: &DeTable<'_>,
+    ) -> Option<Located<UplinkCfg>> {
+        let name = self.text(&mut s, "name", parse_ifname);
+        let addrs = self.iface_addrs(&mut s);
+        let tap = self.text(&mut s, "tap", parse_ifname);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.int_as::<u16>(&mut s, "mtu");
+        let name = name.or_else(|| raw_name(t))?;
+        let value = UplinkCfg {
+            tap: tap.unwrap_or_else(|| name.clone()),
+            name,
+            address: addrs?.0,
+            address6: addrs?.1,
+            mac,
+            mtu,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn route(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        t: &DeTable<'_>,
+    ) -> Option<Located<RouteCfg>> {
+        let to = self.text(&mut s, "to", parse_prefix_any);
+        let via = self.text(&mut s, "via", parse_ip_any);
+        let dev = self.text(&mut s, "dev", parse_ifname);
+        let before = self.diags.len();
+        let kind = match self.choice(&mut s, "type") {
+            "blackhole" => RouteType::Blackhole,
+            "unreachable" => RouteType::Unreachable,
+            _ => RouteType::Unicast,
+        };
+        let kind_ok = self.diags.len() == before;
+        let metric = self.int_as::<u32>(&mut s, "metric");
+        let has_type = t.contains_key("type");
+        let ctx = s.ctx.clone();
+        let has_hop = t.contains_key("via") || t.contains_key("dev");
+        match kind {
+            RouteType::Blackhole | RouteType::Unreachable if has_hop => {
+                let l = s.lines.of("type");
+                self.err(l, format!("{ctx}: give either `via`/`dev` or `type = \"blackhole\"`/`\"unreachable\"`, not both"));
+            }
+            RouteType::Unicast if !has_hop && (!has_type || kind_ok) => {
+                let l = s.lines.table;
+                self.err(l, format!("{ctx}: needs `via` (a gateway), `dev` (an interface) or `type = \"blackhole\"`/`\"unreachable\"`"));
+            }
+            _ => {}
+        }
+        let to = to?;
+        if to.addr() != to.network() {
+            let l = s.lines.of("to");
+            self.err(
+                l,
+                format!(
+                    "{ctx}: to = \"{to}\" has host bits set (expected \"{}/{}\")",
+                    to.network(),
+                    to.prefix_len()
+                ),
+            );
+        }
+        if let Some(gw) = via.filter(|gw| gw.is_ipv6() != to.is_v6()) {
+            let l = s.lines.of("via");
+            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            self.err(
+                l,
+                format!(
+                    "{ctx}: via = \"{gw}\" is an {} address but to = \"{to}\" is {} (a route's gateway is of its destination's family)",
+                    fam(gw.is_ipv6()),
+                    fam(to.is_v6())
+                ),
+            );
+        }
+        let value = RouteCfg {
+            to,
+            via,
+            dev,
+            kind,
+            metric,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn vxlan(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        t: &DeTable<'_>,
+    ) -> Option<Located<VxlanCfg>> {
+        // `peer` is the [[vxlan.peer]] array, not a key of the schema: `sec` reported it as
+        // unknown; take that back.
+        let peer_err = format!("{}: unknown field `peer`", s.ctx);
+        let n = self.diags.len();
+        self.diags.retain(|d| !d.msg.starts_with(&peer_err));
+        if self.diags.len() != n {
+            let mut allowed = schema::VXLAN.names();
+            allowed.push("peer");
+            s.ok = t.keys().all(|k| allowed.contains(&k.get_ref().as_ref()));
+        }
+        let name = self.text(&mut s, "name", parse_ifname);
+        let vni = self.int_as::<u32>(&mut s, "vni");
+        let port = self.int_as::<u16>(&mut s, "port");
+        let uplink = self.text(&mut s, "uplink", parse_ifname);
+        let address = self.text(&mut s, "address", parse_iface_addr_any);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.given_int_as::<u16>(&mut s, "mtu");
+        let src_ports = self
+            .text(&mut s, "src_port_range", parse_port_range)
+            .unwrap_or_else(|| default_str(&s, "src_port_range", parse_port_range));
+        let name = name.or_else(|| raw_name(t))?;
+        let mut peers = Vec::new();
+        for (i, (pt, span)) in self.tables(t, "peer").into_iter().enumerate() {
+            let ctx = match pt.get("node_ip").and_then(|v| v.get_ref().as_str()) {
+                Some(ip) => format!("vxlan {name:?} peer {ip}"),
+                None => format!("vxlan {name:?} peer #{}", i + 1),
+            };
+            let mut ps = self.sec(pt, span, ctx, &schema::VXLAN_PEER);
+            let node_ip = self.text(&mut ps, "node_ip", parse_ip_any);
+            let vtep_mac = self.text(&mut ps, "vtep_mac", parse_mac);
+            let pod_cidr = self.text(&mut ps, "pod_cidr", parse_prefix_any);
+            if let (Some(node_ip), Some(vtep_mac), Some(pod_cidr)) = (node_ip, vtep_mac, pod_cidr) {
+                peers.push(Located {
+                    value: PeerCfg {
+                        node_ip,
+                        vtep_mac,
+                        pod_cidr,
+                    },
+                    lines: ps.lines,
+                });
+            }
+        }
+        let value = VxlanCfg {
+            name,
+            vni,
+            port,
+            uplink: uplink?,
+            address: address?,
+            mac,
+            mtu,
+            src_ports,
+            peers,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn neighbor(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        _: &DeTable<'_>,
+    ) -> Option<Located<NeighborCfg>> {
+        let ip = self.text(&mut s, "ip", parse_ip_any);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let dev = self.text(&mut s, "dev", parse_ifname);
+        let value = NeighborCfg {
+            ip: ip?,
+            mac: mac?,
+            dev: dev?,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    /// A Service; an endpoint inside one of `local` or `local6` (the bridges' subnets) is
+    /// local.
+    pub(super) fn service(
+        &mut self,
+        mut s: Sec<'_, '_>,
+        t: &DeTable<'_>,
+        local: &[Cidr],
+        local6: &[Cidr6],
+    ) -> Option<ServiceCfg> {
+        let name = self.text(&mut s, "name", |n| {
+            let ok = !n.is_empty()
+                && n.len() <= 63
+                && n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !n.starts_with('-')
+                && !n.ends_with('-');
+            if ok {
+                Ok(n.to_string())
+            } else {
+                Err(BadValue::ServiceName)
+            }
+        });
+        let cluster_ips = self.addrs(
+            &mut s,
+            "cluster_ip",
+            |t| {
+                let ip = parse_ip_any(t)?;
+                let ok = match ip {
+                    IpAddr::V4(a) => is_host(a),
+                    IpAddr::V6(a) => is_host6(a),
+                };
+                if ok {
+                    Ok(ip)
+                } else {
+                    Err(BadValue::NotUnicast)
+                }
+            },
+            IpAddr::is_ipv6,
+        );
+        let proto = match self.choice(&mut s, "protocol") {
+            "udp" => 17,
+            _ => 6,
+        };
+        let port = self.given_int_as(&mut s, "port");
+        let node_port = self.given_int_as(&mut s, "node_port");
+        let endpoints = self.list(&mut s, "endpoints", |e| {
+            let a = e
+                .parse::<SocketAddr>()
+                .map_err(|_| BadValue::NotAnEndpoint)?;
+            let host = match a.ip() {
+                IpAddr::V4(ip) => is_host(ip),
+                IpAddr::V6(ip) => is_host6(ip),
+            };
+            if a.port() == 0 {
+                Err(BadValue::PortZero)
+            } else if !host {
+                Err(BadValue::NotAHost)
+            } else {
+                Ok(a)
+            }
+        });
+        let client_ip = self.choice(&mut s, "session_affinity") == "client-ip";
+        let affinity_timeout = self.secs(&mut s, "session_affinity_timeout");
+        let external_local = self.choice(&mut s, "external_traffic_policy") == "local";
+        let algo = match self.choice(&mut s, "algorithm") {
+            "maglev" => LbAlgo::Maglev,
+            _ => LbAlgo::Random,
+        };
+        let name = name.or_else(|| raw_name(t))?;
+        let (v4, v6) = cluster_ips?;
+        let cluster_ips: Vec<IpAddr> = v4.into_iter().chain(v6).collect();
+        // Each family's endpoints go to that family's frontend: one without is refused.
+        let ctx = s.ctx.clone();
+        let mut ep_lines = Vec::new();
+        for (i, e) in endpoints.iter().enumerate() {
+            let has = if e.is_ipv6() {
+                v6.is_some()
+            } else {
+                v4.is_some()
+            };
+            if !has {
+                let fam = if e.is_ipv6() { "IPv6" } else { "IPv4" };
+                let l = s.lines.of(&format!("endpoints.{i}"));
+                ep_lines.push((l, format!("{ctx}: endpoint {e} is {fam} but the Service has no {fam} cluster_ip (cluster_ip = [\"{}\"]; give one of each family for a dual-stack Service)", cluster_ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join("\", \""))));
+            }
+        }
+        for (l, m) in ep_lines {
+            self.err(l, m);
+        }
+        let is_local = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => local.iter().any(|c| c.contains(a)),
+            IpAddr::V6(a) => local6.iter().any(|c| c.contains(a)),
+        };
+        let value = ServiceDef {
+            name,
+            cluster_ips,
+            port: port?,
+            proto,
+            node_port,
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| EndpointCfg {
+                    addr: e,
+                    local: is_local(e.ip()),
+                })
+                .collect(),
+            affinity: client_ip.then_some(affinity_timeout),
+            algo,
+            external_local,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn masquerade(&mut self, mut s: Sec<'_, '_>) -> Option<Located<MasqueradeCfg>> {
+        let out = self.text(&mut s, "out", parse_ifname)?;
+        Some(Located {
+            value: MasqueradeCfg { out },
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn snat(&mut self, mut s: Sec<'_, '_>, _: &DeTable<'_>) -> Option<Located<SnatCfg>> {
+        let src = self.text(&mut s, "src", parse_prefix_any);
+        let to = self.text(&mut s, "to", parse_ip_any);
+        let out = self.text(&mut s, "out", parse_ifname);
+        let ports = self.text(&mut s, "ports", parse_port_range);
+        let (src, to) = (src?, to?);
+        if to.is_ipv6() != src.is_v6() {
+            let l = s.lines.of("to");
+            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            self.err(
+                l,
+                format!(
+                    "{}: to = \"{to}\" is an {} address but src = \"{src}\" is {} (a connection keeps its family: SNAT to an address of the source's family)",
+                    s.ctx,
+                    fam(to.is_ipv6()),
+                    fam(src.is_v6())
+                ),
+            );
+            return None;
+        }
+        Some(Located {
+            value: SnatCfg {
+                src,
+                to,
+                out,
+                ports,
+            },
+            lines: s.lines,
+        })
+    }
+
+    /// `[conntrack]` as the library's configuration. A timeout that stands for several of the
+    /// library's (closing states, opening states) sets them all when it is given in the file,
+    /// else only the one whose Linux default it has, so that an absent section means Linux's
+    /// defaults (with kube-proxy's established and close-wait timeouts and limit).
+    pub(super) fn conntrack(&mut self, mut s: Sec<'_, '_>) -> (CtConfig, Option<usize>) {
+        let mut t = CtTimeouts {
+            tcp_established: self.secs(&mut s, "tcp_established_timeout"),
+            tcp_close_wait: self.secs(&mut s, "tcp_close_wait_timeout"),
+            tcp_time_wait: self.secs(&mut s, "tcp_time_wait_timeout"),
+            tcp_syn_sent: self.secs(&mut s, "tcp_syn_timeout"),
+            udp: self.secs(&mut s, "udp_timeout"),
+            udp_stream: self.secs(&mut s, "udp_stream_timeout"),
+            icmp: self.secs(&mut s, "icmp_timeout"),
+            ..CtTimeouts::default()
+        };
+        t.tcp_fin_wait = t.tcp_time_wait;
+        if s.lines.has("tcp_syn_timeout") {
+            t.tcp_syn_recv = t.tcp_syn_sent;
+        }
+        if s.lines.has("tcp_time_wait_timeout") {
+            t.tcp_last_ack = t.tcp_time_wait;
+            t.tcp_close = t.tcp_time_wait;
+        }
+        let max_entries6 = self.given_int_as::<usize>(&mut s, "max_entries6");
+        let ct = CtConfig {
+            max_entries: self.int_as::<usize>(&mut s, "max_entries"),
+            liberal: self.boolean(&mut s, "liberal"),
+            timeouts: t,
+        };
+        (ct, max_entries6)
+    }
+
+    /// `[neigh]` as the library's configuration, checked by the library.
+    pub(super) fn neigh(&mut self, mut s: Sec<'_, '_>) -> NeighConfig {
+        let c = NeighConfig {
+            gc_thresh1: self.int_as::<usize>(&mut s, "gc_thresh1"),
+            gc_thresh2: self.int_as::<usize>(&mut s, "gc_thresh2"),
+            gc_thresh3: self.int_as::<usize>(&mut s, "gc_thresh3"),
+            unres_qlen: self.int_as::<usize>(&mut s, "unres_qlen"),
+            base_reachable_time: self.secs(&mut s, "base_reachable_time"),
+            ..NeighConfig::default()
+        };
+        if s.ok {
+            if let Err(e) = c.validate() {
+                self.err(s.lines.table, format!("[neigh]: {e}"));
+            }
+        }
+        c
+    }
+}

@@ -1,0 +1,508 @@
+use super::*;
+
+const EXAMPLE: &str = include_str!("../../../examples/node.toml");
+
+fn errors(src: &str) -> Vec<String> {
+    check_str(src)
+        .diags
+        .iter()
+        .filter(|d| !d.warning)
+        .map(|d| d.render("f"))
+        .collect()
+}
+
+/// The `[[vxlan]]` of the issue, as Flannel sets a node up.
+pub(crate) const VXLAN: &str = r#"[node]
+name = "node-a"
+cluster_cidr = "10.244.0.0/16"
+
+[[bridge]]
+name = "cni0"
+address = "10.244.1.1/24"
+
+[[uplink]]
+name = "eth0"
+address = "172.18.0.2/24"
+
+[[vxlan]]
+name = "flannel.1"
+vni = 1
+port = 8472
+uplink = "eth0"
+address = "10.244.1.0/32"
+mac = "0a:58:0a:f4:01:00"
+
+[[vxlan.peer]]
+node_ip = "172.18.0.3"
+vtep_mac = "0a:58:0a:f4:02:00"
+pod_cidr = "10.244.2.0/24"
+
+[[service]]
+name = "web"
+cluster_ip = "10.96.0.10"
+port = 80
+endpoints = ["10.244.2.5:8080"]
+"#;
+
+#[test]
+fn vxlan_as_flannel_sets_it_up_is_valid() {
+    let ch = check_str(VXLAN);
+    assert_eq!(ch.diags, Vec::new());
+    let c = ch.config.unwrap();
+    let v = &c.vxlans[0];
+    assert_eq!(
+        (v.vni, v.port, v.uplink.as_str(), v.mtu),
+        (1, 8472, "eth0", None)
+    );
+    assert_eq!(v.address.to_string(), "10.244.1.0/32");
+    assert_eq!(v.src_ports, (32768, 60999));
+    assert_eq!(v.peers[0].pod_cidr.to_string(), "10.244.2.0/24");
+    assert_eq!(v.peers[0].lines.of("vtep_mac"), 23);
+    // Defaults: port 8472, MAC from the address.
+    let c = check_str(
+        &VXLAN
+            .replace("port = 8472\n", "")
+            .replace("mac = \"0a:58:0a:f4:01:00\"\n", ""),
+    );
+    assert!(c.config.is_some(), "{:?}", c.diags);
+}
+
+#[test]
+fn vxlan_errors_name_the_field_and_value() {
+    let bad = VXLAN
+        .replace("vni = 1", "vni = 16777216")
+        .replace("uplink = \"eth0\"", "uplink = \"eth9\"")
+        .replace("node_ip = \"172.18.0.3\"", "node_ip = \"172.18.0.2\"")
+        + "\n[[vxlan.peer]]\nnode_ip = \"172.18.0.4\"\nvtep_mac = \"0a:58:0a:f4:02:00\"\npod_cidr = \"10.244.2.128/25\"\n";
+    let e = errors(&bad).join("\n");
+    for want in [
+        "f:15: vxlan \"flannel.1\": vni = 16777216 is out of range",
+        "f:17: vxlan \"flannel.1\": uplink = \"eth9\": no [[uplink]]",
+        "f:22: vxlan \"flannel.1\" peer 172.18.0.2: node_ip = \"172.18.0.2\" is this node's own uplink address",
+        "peer 172.18.0.4: vtep_mac = \"0a:58:0a:f4:02:00\" is already a peer's (line 23)",
+        "peer 172.18.0.4: pod_cidr = \"10.244.2.128/25\" overlaps another peer's 10.244.2.0/24 (line 24)",
+    ] {
+        assert!(e.contains(want), "{want}\nnot in\n{e}");
+    }
+    let e = errors(&VXLAN.replace("mac = \"0a:58:0a:f4:01:00\"", "mtu = 1451")).join("\n");
+    assert!(
+        e.contains("mtu = 1451 is above uplink \"eth0\"'s MTU 1500 minus 50"),
+        "{e}"
+    );
+    let e = errors(&VXLAN.replace(
+        "pod_cidr = \"10.244.2.0/24\"",
+        "pod_cidr = \"10.244.1.0/24\"",
+    ))
+    .join("\n");
+    assert!(e.contains("overlaps this node's cni0 subnet"), "{e}");
+    let e = errors(&VXLAN.replace("[[vxlan.peer]]", "[[vxlan.peer]]\nfoo = 1")).join("\n");
+    assert!(e.contains("unknown field `foo`"), "{e}");
+    // A Service endpoint behind a removed peer is a warning, not an error.
+    let gone = VXLAN.replace("[[vxlan.peer]]\nnode_ip = \"172.18.0.3\"\nvtep_mac = \"0a:58:0a:f4:02:00\"\npod_cidr = \"10.244.2.0/24\"\n", "");
+    let ch = check_str(&gone);
+    assert!(ch.config.is_some(), "{:?}", ch.diags);
+    assert!(ch.diags.iter().any(|d| d.warning
+        && d.msg
+            .contains("endpoint 10.244.2.5:8080 is in no peer's pod_cidr")));
+}
+
+/// Flannel's dual-stack node: flannel.1 over IPv4 and flannel-v6.1 over IPv6.
+pub(crate) const VXLAN6: &str = r#"[node]
+name = "node-a"
+cluster_cidr = ["10.244.0.0/16", "fd00:10:244::/56"]
+
+[[bridge]]
+name = "cni0"
+address = ["10.244.1.1/24", "fd00:10:244:1::1/64"]
+
+[[uplink]]
+name = "eth0"
+address = ["172.18.0.2/24", "fd00:172:18::2/64"]
+
+[[vxlan]]
+name = "flannel.1"
+uplink = "eth0"
+address = "10.244.1.0/32"
+
+[[vxlan.peer]]
+node_ip = "172.18.0.3"
+vtep_mac = "0a:58:0a:f4:02:00"
+pod_cidr = "10.244.2.0/24"
+
+[[vxlan]]
+name = "flannel-v6.1"
+uplink = "eth0"
+address = "fd00:10:244:1::/128"
+
+[[vxlan.peer]]
+node_ip = "fd00:172:18::3"
+vtep_mac = "0a:58:02:44:00:02"
+pod_cidr = "fd00:10:244:2::/64"
+"#;
+
+#[test]
+fn vxlan_over_ipv6_as_flannel_dual_stack_is_valid_and_family_checked() {
+    let ch = check_str(VXLAN6);
+    assert_eq!(ch.diags, Vec::new());
+    let c = ch.config.unwrap();
+    let v = &c.vxlans[1];
+    assert!(v.address.is_v6());
+    assert_eq!(v.peers[0].node_ip.to_string(), "fd00:172:18::3");
+    assert_eq!(v.peers[0].pod_cidr.to_string(), "fd00:10:244:2::/64");
+    // An IPv6 peer on the IPv4-underlay interface and the reverse; a pod subnet of the
+    // other family.
+    let mixed = VXLAN6
+        .replacen(
+            "node_ip = \"172.18.0.3\"",
+            "node_ip = \"fd00:172:18::4\"",
+            1,
+        )
+        .replacen(
+            "node_ip = \"fd00:172:18::3\"",
+            "node_ip = \"172.18.0.4\"",
+            1,
+        )
+        .replacen(
+            "pod_cidr = \"fd00:10:244:2::/64\"",
+            "pod_cidr = \"10.244.3.0/24\"",
+            1,
+        );
+    let e = errors(&mixed).join("\n");
+    for want in [
+        "f:19: vxlan \"flannel.1\" peer fd00:172:18::4: node_ip = \"fd00:172:18::4\" is IPv6, but this [[vxlan]]'s address = \"10.244.1.0/32\" makes its underlay IPv4",
+        "f:29: vxlan \"flannel-v6.1\" peer 172.18.0.4: node_ip = \"172.18.0.4\" is IPv4, but this [[vxlan]]'s address = \"fd00:10:244:1::/128\" makes its underlay IPv6",
+        "f:31: vxlan \"flannel-v6.1\" peer 172.18.0.4: pod_cidr = \"10.244.3.0/24\" is IPv4, but this [[vxlan]]'s address = \"fd00:10:244:1::/128\" is IPv6",
+    ] {
+        assert!(e.contains(want), "{want}\nnot in\n{e}");
+    }
+    // An uplink without an IPv6 address cannot carry an IPv6 underlay.
+    let v4_uplink = VXLAN6.replace(
+        "address = [\"172.18.0.2/24\", \"fd00:172:18::2/64\"]",
+        "address = \"172.18.0.2/24\"",
+    );
+    let e = errors(&v4_uplink).join("\n");
+    assert!(
+        e.contains("f:25: vxlan \"flannel-v6.1\": uplink = \"eth0\" has no IPv6 address"),
+        "{e}"
+    );
+    let e = errors(&VXLAN6.replace(
+        "address = \"fd00:10:244:1::/128\"",
+        "address = \"fd00:10:244:1::/128\"\nmtu = 1431",
+    ))
+    .join("\n");
+    assert!(
+        e.contains("mtu = 1431 is above uplink \"eth0\"'s MTU 1500 minus 70"),
+        "{e}"
+    );
+    // Overlapping IPv6 pod subnets and a node_ip that is this node's own.
+    let e = errors(
+        &(VXLAN6.replace("node_ip = \"fd00:172:18::3\"", "node_ip = \"fd00:172:18::2\"")
+            + "\n[[vxlan.peer]]\nnode_ip = \"fd00:172:18::5\"\nvtep_mac = \"0a:58:02:44:00:05\"\npod_cidr = \"fd00:10:244:2::/63\"\n"),
+    )
+    .join("\n");
+    assert!(
+        e.contains("node_ip = \"fd00:172:18::2\" is this node's own uplink address"),
+        "{e}"
+    );
+    assert!(
+        e.contains("pod_cidr = \"fd00:10:244:2::/63\" overlaps another peer's fd00:10:244:2::/64"),
+        "{e}"
+    );
+}
+
+#[test]
+fn example_parses_into_the_model() {
+    let ch = check_str(EXAMPLE);
+    assert_eq!(ch.errors().count(), 0, "{:?}", ch.diags);
+    let c = ch.config.unwrap();
+    assert_eq!(c.node.name, "node-a");
+    assert_eq!(c.node.cluster_cidr.unwrap().to_string(), "10.244.0.0/16");
+    assert_eq!(c.node.node_port_range, (30000, 32767));
+    assert_eq!(
+        c.node.socket_path(),
+        PathBuf::from("/run/tapyard/node-a.sock")
+    );
+    assert_eq!(c.bridges[0].ports, ["pod-a", "pod-b"]);
+    assert_eq!(c.bridges[0].address.unwrap().to_string(), "10.244.1.1/24");
+    assert_eq!(c.uplinks[0].tap, "eth0");
+    assert_eq!(c.routes.len(), 2);
+    assert_eq!(c.routes[1].to.prefix_len(), 0);
+    let web = &c.services[0];
+    assert_eq!(web.proto, 6);
+    assert_eq!(web.node_port, Some(30080));
+    assert_eq!(web.vip4(), Some(Ipv4Addr::new(10, 96, 0, 10)));
+    assert_eq!(web.endpoints.len(), 2);
+    assert_eq!(c.services[1].proto, 17);
+    assert_eq!(c.services[1].affinity, None);
+    assert!(web.endpoints[0].local && !web.endpoints[1].local);
+    assert_eq!(c.masquerade.as_ref().unwrap().out, "eth0");
+    assert_eq!(
+        c.connected_iface("172.18.0.3".parse().unwrap()).as_deref(),
+        Some("eth0")
+    );
+}
+
+const DUAL: &str = include_str!("../../../examples/node-dual-stack.toml");
+const V6ONLY: &str = include_str!("../../../examples/node-ipv6-only.toml");
+
+/// A single-stack IPv6 node: interfaces and cluster without IPv4; what could never work
+/// there (an IPv4 gateway, an IPv4 Service, an IPv4 route or neighbour out of an
+/// IPv6-only interface) is refused at its line.
+#[test]
+fn ipv6_only_example_parses_and_ipv4_items_are_refused_at_their_line() {
+    let ch = check_str(V6ONLY);
+    assert_eq!(ch.diags, Vec::new());
+    let c = ch.config.unwrap();
+    assert_eq!(c.node.cluster_cidr, None);
+    assert_eq!(
+        c.node.cluster_cidr6.unwrap().to_string(),
+        "fd00:10:244::/56"
+    );
+    assert_eq!(c.bridges[0].address, None);
+    assert_eq!(
+        c.bridges[0].address6.unwrap().to_string(),
+        "fd00:10:244:1::1/64"
+    );
+    assert_eq!(c.uplinks[0].address, None);
+    let conn = c.connected();
+    assert_eq!(conn.len(), 2);
+    assert!(conn
+        .iter()
+        .all(|i| i.address.is_none() && i.address6.is_some()));
+    assert_eq!(c.connected_iface("172.18.0.3".parse().unwrap()), None);
+    let bad = format!(
+        "{V6ONLY}
+[[route]]
+to = \"10.244.2.0/24\"
+via = \"172.18.0.3\"
+
+[[route]]
+to = \"10.244.3.0/24\"
+dev = \"eth0\"
+
+[[neighbor]]
+ip = \"172.18.0.9\"
+mac = \"02:00:00:00:00:09\"
+dev = \"eth0\"
+
+[[neighbor]]
+ip = \"fd00:172:18::9\"
+mac = \"02:00:00:00:00:09\"
+dev = \"eth0\"
+
+[[service]]
+name = \"web4\"
+cluster_ip = \"10.96.0.10\"
+port = 80
+"
+    );
+    let line = |pat: &str| bad.lines().position(|l| l == pat).unwrap() + 1;
+    let ch = check_str(&bad);
+    let errs: Vec<(usize, String)> = ch.errors().map(|d| (d.line, d.msg.clone())).collect();
+    let has = |l: usize, s: &str| errs.iter().any(|(x, m)| *x == l && m.contains(s));
+    assert!(
+        has(
+            line("via = \"172.18.0.3\""),
+            "no bridge or uplink has an IPv4 address"
+        ),
+        "{errs:?}"
+    );
+    assert!(
+        has(line("dev = \"eth0\""), "has no IPv4 address (an IPv4 route"),
+        "{errs:?}"
+    );
+    assert!(
+        has(
+            line("ip = \"172.18.0.9\"") + 2,
+            "has no IPv4 address (an ARP entry"
+        ),
+        "{errs:?}"
+    );
+    assert!(
+        has(
+            line("cluster_ip = \"10.96.0.10\""),
+            "is IPv4, and no bridge or uplink has an IPv4 address"
+        ),
+        "{errs:?}"
+    );
+    // The IPv6 neighbour on the same interface is fine.
+    assert!(
+        !errs.iter().any(|(_, m)| m.contains("fd00:172:18::9")),
+        "{errs:?}"
+    );
+    // VXLAN over an IPv6-only uplink.
+    let vx = format!("{V6ONLY}\n[[vxlan]]\nname = \"flannel.1\"\nvni = 1\nuplink = \"eth0\"\naddress = \"10.244.1.0/32\"\n");
+    let l = vx.lines().position(|l| l == "uplink = \"eth0\"").unwrap() + 1;
+    assert!(
+        check_str(&vx).errors().any(|d| d.line == l
+            && d.msg
+                .contains("has no IPv4 address, but address = \"10.244.1.0/32\" is IPv4")),
+        "{:?}",
+        check_str(&vx).diags
+    );
+    // VXLAN over IPv6 (Flannel's flannel-v6.1) on the same IPv6-only uplink is fine.
+    let vx6 = format!("{V6ONLY}\n[[vxlan]]\nname = \"flannel-v6.1\"\nvni = 1\nuplink = \"eth0\"\naddress = \"fd00:10:244:1::/128\"\n");
+    let first = vx6
+        .lines()
+        .position(|l| l == "name = \"flannel-v6.1\"")
+        .unwrap()
+        + 1;
+    assert!(
+        !check_str(&vx6).errors().any(|d| d.line >= first),
+        "{:?}",
+        check_str(&vx6).diags
+    );
+    // An IPv4 bridge in an IPv6-only cluster.
+    let ch = check_str(&V6ONLY.replace(
+        "address = \"fd00:10:244:1::1/64\"",
+        "address = [\"10.244.1.1/24\", \"fd00:10:244:1::1/64\"]",
+    ));
+    assert!(
+        ch.errors()
+            .any(|d| d.msg.contains("node.cluster_cidr has no IPv4 prefix")),
+        "{:?}",
+        ch.diags
+    );
+}
+
+#[test]
+fn dual_stack_example_parses_into_the_model() {
+    let ch = check_str(DUAL);
+    assert_eq!(ch.diags, Vec::new());
+    let c = ch.config.unwrap();
+    assert_eq!(c.node.cluster_cidr.unwrap().to_string(), "10.244.0.0/16");
+    assert_eq!(
+        c.node.cluster_cidr6.unwrap().to_string(),
+        "fd00:10:244::/56"
+    );
+    let b = &c.bridges[0];
+    assert_eq!(b.address.unwrap().to_string(), "10.244.1.1/24");
+    assert_eq!(b.address6.unwrap().to_string(), "fd00:10:244:1::1/64");
+    assert!(b.ra);
+    assert_eq!(
+        c.uplinks[0].address6.unwrap().to_string(),
+        "fd00:172:18::2/64"
+    );
+    let routes: Vec<String> = c.routes.iter().map(|r| r.describe()).collect();
+    assert_eq!(
+        routes,
+        [
+            "10.244.2.0/24 via 172.18.0.3",
+            "fd00:10:244:2::/64 via fd00:172:18::3",
+            "0.0.0.0/0 via 172.18.0.1",
+            "::/0 via fd00:172:18::1"
+        ]
+    );
+    let web6 = &c.services[0];
+    assert_eq!(web6.vip4(), None);
+    assert_eq!(web6.vip6(), Some("fd00:10:96::10".parse().unwrap()));
+    let spec6 = web6.spec();
+    assert!(!spec6.has_v4());
+    assert_eq!(spec6.vip6, web6.vip6());
+    assert!(spec6.endpoints.is_empty());
+    assert_eq!(spec6.endpoints6.len(), 2);
+    assert_eq!((spec6.port, spec6.node_port), (80, Some(30086)));
+    let eps: Vec<(String, bool)> = web6
+        .endpoints
+        .iter()
+        .map(|e| (e.addr.to_string(), e.local))
+        .collect();
+    assert_eq!(
+        eps,
+        [
+            ("[fd00:10:244:1::2]:8080".to_string(), true),
+            ("[fd00:10:244:2::2]:8080".to_string(), false)
+        ]
+    );
+    let web = &c.services[1];
+    assert_eq!(web.describe_frontends(), "10.96.0.10:80,[fd00:10:96::a]:80");
+    // Each frontend takes the endpoints of its family.
+    let spec = web.spec();
+    assert_eq!(spec.vip, Some(Ipv4Addr::new(10, 96, 0, 10)));
+    assert_eq!(spec.vip6, Some("fd00:10:96::a".parse().unwrap()));
+    assert_eq!(spec.endpoints.len(), 2);
+    assert_eq!(
+        spec.endpoints6.len(),
+        web.endpoints.iter().filter(|e| e.addr.is_ipv6()).count()
+    );
+    assert_eq!(web.lines.of("cluster_ip.1"), web.lines.of("cluster_ip"));
+    // A single string is the same as a list of one.
+    let one = check_str(&DUAL.replace(
+        "cluster_cidr = [\"10.244.0.0/16\", \"fd00:10:244::/56\"]",
+        "cluster_cidr = \"10.244.0.0/16\"",
+    ));
+    assert!(one.config.as_ref().unwrap().node.cluster_cidr6.is_none());
+    // Without IPv6 on the bridge the pods are outside the cluster: a warning.
+    assert!(one.diags.iter().all(|d| d.warning), "{:?}", one.diags);
+    // Link-local gateways with their interface, static NDP entries.
+    let ll = check_str(&format!(
+        "{DUAL}\n[[route]]\nto = \"fd00:99::/64\"\nvia = \"fe80::1\"\ndev = \"eth0\"\n\n[[neighbor]]\nip = \"fe80::1\"\nmac = \"02:00:00:00:00:01\"\ndev = \"eth0\"\n\n[[neighbor]]\nip = \"fd00:172:18::3\"\nmac = \"02:00:00:00:00:03\"\ndev = \"eth0\"\n"
+    ));
+    assert_eq!(ll.errors().count(), 0, "{:?}", ll.diags);
+    assert_eq!(
+        ll.config.unwrap().neighbors[1].ip.to_string(),
+        "fd00:172:18::3"
+    );
+}
+
+#[test]
+fn every_error_is_reported_with_its_line() {
+    let src = "[node]\nname = \"n\"\ncluster_cidr = \"10.244.0.0/16\"\nbogus = 1\n\n[[bridge]]\nname = \"cni0\"\naddress = \"10.244.1.300/24\"\nports = [\"a\"]\ncolor = \"red\"\n";
+    let e = errors(src);
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].starts_with("f:4: [node]: unknown field `bogus`"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with(
+            "f:8: bridge \"cni0\": address = \"10.244.1.300/24\" has \"10.244.1.300\""
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e[2].starts_with("f:10: bridge \"cni0\": unknown field `color`"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn syntax_errors_have_lines() {
+    let e = errors("[node]\nname = \"n\"\ncluster_cidr = = 3\n");
+    assert!(e[0].starts_with("f:3: TOML syntax"), "{e:?}");
+}
+
+#[test]
+fn no_panic_on_truncated_or_mangled_files() {
+    for (i, _) in EXAMPLE.char_indices() {
+        let _ = check_str(&EXAMPLE[..i]);
+    }
+    let lines: Vec<&str> = EXAMPLE.lines().collect();
+    for junk in [
+        "= =",
+        "[[",
+        "x = [1, \"a\"]",
+        "ports = 3",
+        "port = -1",
+        "port = 99999999999999999999",
+        "[node.x]",
+        "\u{0}",
+    ] {
+        for i in 0..lines.len() {
+            let mut l = lines.clone();
+            l[i] = junk;
+            let ch = check_str(&l.join("\n"));
+            assert!(ch.config.is_none() || ch.errors().count() == 0);
+        }
+    }
+}
+
+#[test]
+fn cidr_relations() {
+    let a: Cidr = "10.244.0.0/16".parse().unwrap();
+    let b: Cidr = "10.244.1.1/24".parse().unwrap();
+    assert!(a.covers(&b) && !b.covers(&a) && a.overlaps(&b) && b.overlaps(&a));
+    assert!(!b.overlaps(&"10.244.2.1/24".parse().unwrap()));
+    assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+    assert_eq!(LineMap::new("a\nb\nc").line(2), 2);
+}

@@ -1,0 +1,194 @@
+//! A reload: the new file's differences applied to the running node.
+
+use tapyard_cni::netlink::Netlink;
+
+use crate::config::diff::{self, Diff, Item, Refusal};
+use crate::config::{self, Config, RouteCfg};
+use crate::ports::Origin;
+
+use super::plan::tap_mtu;
+use super::translate::{
+    add_neighbor, add_peer, add_route, apply_services_named, remove_neighbor, remove_route,
+};
+use super::{to_nat_rules, Node, Reloaded};
+
+impl Node {
+    /// Re-reads the configuration file and applies what changed. Returns the changes made
+    /// and those the library refused ([`Reloaded`]), or the reasons the whole file was
+    /// refused (its errors, or changes that need a restart; then nothing changes).
+    ///
+    /// The configuration recorded as running ([`Node::current`]) is what runs: the file,
+    /// with each refused change left as it was before ([`diff::running`]). So a reload of
+    /// the same file retries what was refused, and says so.
+    pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
+        let file = self.config_path.display().to_string();
+        let checked = config::load(&self.config_path);
+        let Some(new) = checked.config else {
+            return Err(checked.errors().map(|d| d.render(&file)).collect());
+        };
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let d = diff::diff(&cur, &new)?;
+        if d.is_empty() {
+            // What was refused last time is no longer in the file.
+            last.clear();
+            return Ok(Reloaded::default());
+        }
+        let refusals = self.apply(&d, &new);
+        let mut out = Reloaded::default();
+        for (line, item) in d.summary.iter().zip(&d.items) {
+            let before = last.iter().find(|r| &r.item == item);
+            let now: Vec<&str> = refusals
+                .iter()
+                .filter(|r| &r.item == item)
+                .map(|r| r.reason.as_str())
+                .collect();
+            match (now.is_empty(), before) {
+                (true, None) => out.changes.push(line.clone()),
+                (true, Some(_)) => out
+                    .changes
+                    .push(format!("{line} (retried: refused at the last reload)")),
+                (false, b) => out.refused.push(format!(
+                    "{line}: refused{}: {}",
+                    if b.is_some() { " again" } else { "" },
+                    now.join("; ")
+                )),
+            }
+        }
+        for r in &refusals {
+            if !d.touches(&r.item) {
+                out.refused
+                    .push(format!("{}: refused: {}", r.item, r.reason));
+            }
+        }
+        *cur = diff::running(&cur, &new, &refusals);
+        *last = refusals;
+        Ok(out)
+    }
+
+    /// Applies a diff: removals first, then additions; returns what the library refused.
+    fn apply(&self, d: &Diff, new: &Config) -> Vec<Refusal> {
+        let mut errors = Vec::new();
+        let refuse = |item: Item, reason: String, old_kept: bool| Refusal {
+            item,
+            reason,
+            old_kept,
+        };
+        for (bridge, name) in &d.ports_removed {
+            let _change = self.ports.changing();
+            match self.ports.by_name(name) {
+                Some(e) if e.origin == Origin::Config => {
+                    if let Err(e) = self.port_remove(e) {
+                        errors.push(refuse(
+                            Item::Port(bridge.clone(), name.clone()),
+                            e.to_string(),
+                            true,
+                        ));
+                    }
+                }
+                _ => {
+                    log::warn!("port {name:?} of bridge {bridge:?}: not running, nothing to remove")
+                }
+            }
+        }
+        for (bridge, name) in &d.ports_added {
+            match self.port_add_local(bridge, name, None, Origin::Config) {
+                Ok(e) => {
+                    // The bridge's MTU, as the ports it started with.
+                    let mtu = u32::from(tap_mtu(new, name, Some(bridge)));
+                    if let (Some(l), Ok(mut nl)) = (&e.link, Netlink::open()) {
+                        if l.mtu != mtu {
+                            if let Err(err) = nl.set_mtu(l.index, mtu) {
+                                log::warn!("TAP {}: cannot set its MTU to {mtu}: {err}", e.tap);
+                            }
+                        }
+                    }
+                }
+                Err(e) => errors.push(refuse(
+                    Item::Port(bridge.clone(), name.clone()),
+                    format!("bridge {bridge:?}: port {name:?}: {e}"),
+                    false,
+                )),
+            }
+        }
+        let same_key = |a: &RouteCfg, b: &RouteCfg| a.to == b.to && a.metric == b.metric;
+        for r in &d.routes_removed {
+            // A changed route is replaced in one update below: no window without it.
+            if d.routes_added.iter().any(|n| same_key(n, r)) {
+                continue;
+            }
+            if let Err(e) = remove_route(&self.dp, r) {
+                errors.push(refuse(Item::Route(r.to, r.metric), e.to_string(), true));
+            }
+        }
+        for r in &d.routes_added {
+            let replace = d.routes_removed.iter().any(|o| same_key(o, r));
+            // A refused replacement leaves the old route in place.
+            if let Err(e) = add_route(&self.dp, new, r, replace) {
+                errors.push(refuse(Item::Route(r.to, r.metric), e.to_string(), true));
+            }
+        }
+        // A removed peer stops at once: nothing is sent to it or accepted from it from the
+        // workers' next batch on.
+        for (v, p) in &d.peers_removed {
+            if let Err(e) = self.dp.control().remove_vxlan_peer(v, p.node_ip) {
+                let e = format!("vxlan {v:?}: peer {}: {e}", p.node_ip);
+                errors.push(refuse(
+                    Item::Peer(v.clone(), p.node_ip),
+                    e.to_string(),
+                    true,
+                ));
+            }
+        }
+        for (v, p) in &d.peers_added {
+            if let Err(e) = add_peer(&self.dp, v, p, self.now()) {
+                errors.push(refuse(
+                    Item::Peer(v.clone(), p.node_ip),
+                    e.to_string(),
+                    false,
+                ));
+            }
+        }
+        for n in &d.neighbors_removed {
+            if let Err(e) = remove_neighbor(&self.dp, n) {
+                errors.push(refuse(
+                    Item::Neighbor(n.dev.clone(), n.ip),
+                    e.to_string(),
+                    true,
+                ));
+            }
+        }
+        let now = self.now();
+        for n in &d.neighbors_added {
+            if let Err(e) = add_neighbor(&self.dp, n, now) {
+                errors.push(refuse(
+                    Item::Neighbor(n.dev.clone(), n.ip),
+                    e.to_string(),
+                    false,
+                ));
+            }
+        }
+        if d.nat_rules {
+            if let Some(nf) = self.dp.control().netfilter() {
+                match to_nat_rules(new, |n| self.dp.control().iface_by_name(n)) {
+                    Ok(rules) => nf.set_rules(rules),
+                    Err(e) => errors.push(refuse(Item::NatRules, e.to_string(), true)),
+                }
+            }
+        }
+        if let Some(s) = &d.services {
+            match apply_services_named(self, s) {
+                Ok(done) => {
+                    for line in done {
+                        log::debug!("{line}");
+                    }
+                }
+                Err(e) => errors.extend(
+                    e.into_iter()
+                        .map(|(name, e)| refuse(Item::Service(name), e, true)),
+                ),
+            }
+        }
+        errors
+    }
+}
