@@ -163,7 +163,7 @@ impl sealed::Sealed for Ipv4Addr {
             src: src.octets(),
             dst: dst.octets(),
             proto: proto.0,
-            len: len as u16,
+            len: u16::try_from(len).unwrap_or(u16::MAX),
         }
     }
 }
