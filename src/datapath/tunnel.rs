@@ -411,7 +411,7 @@ impl Datapath {
             return Verdict::Drop(reason);
         }
         self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
-            r.resolve_later6(out_if, gw, f, now, sink)
+            r.resolve_later(out_if, gw, f, now, sink)
         })
     }
 }

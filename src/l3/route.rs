@@ -146,6 +146,19 @@ impl<A> NextHop<A> {
     }
 }
 
+impl<A: Copy> NextHop<A> {
+    /// Where a packet to `dst` goes by this route: the interface and the next hop (`dst`
+    /// itself on-link, else the gateway); `None` for routes that deliver nothing.
+    #[inline]
+    pub(crate) fn hop(self, dst: A) -> Option<(IfaceId, A)> {
+        match self {
+            NextHop::Link(i) => Some((i, dst)),
+            NextHop::Via(i, gw) => Some((i, gw)),
+            _ => None,
+        }
+    }
+}
+
 /// How a route came to be, as `ip route`'s `proto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(
