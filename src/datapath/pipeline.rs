@@ -349,13 +349,12 @@ impl Datapath {
             egress: None,
             nat: self.nf.as_ref().map(|nf| NatHook { nf, cx: &mut *nat }),
         });
-        let nf = self.nf.as_ref();
         let mut out = [Verdict::Local; BATCH_SIZE];
         let mut tally = [0u64; 4];
         let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
         for ((b, (p, (s, d))), o) in batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut()) {
             let v = if p.kind == BRIDGE {
-                self.bridged(b, *p, s, d, now, nf, &mut ctx, &mut sink)
+                self.bridged(b, *p, (s, d), now, &mut ctx, &mut sink)
             } else {
                 self.decide(b, p, now, &mut ctx, &mut sink)
             };
@@ -591,15 +590,12 @@ impl Datapath {
     /// The verdict for a frame received on a port of bridge `pre.id`: learn its source, then
     /// forward to the learned port, flood, or hand it to the bridge's router interface.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn bridged(
         &self,
         b: &mut PacketBuf,
         p: Pre,
-        src: &Loc,
-        dst: &Loc,
+        (src, dst): (&Loc, &Loc),
         now: Instant,
-        nf: Option<&Netfilter>,
         ctx: &mut Option<BatchCtx<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
@@ -620,7 +616,7 @@ impl Datapath {
             None => Self::flood(br, BridgeId(p.id)),
         };
         // br_netfilter: switched IPv4 and IPv6 of a NAT'd connection is translated here.
-        if let Some(nf) = nf {
+        if let Some(nf) = &self.nf {
             let meta = L3Hint::of(b);
             let hook = match meta.ether_type {
                 _ if meta.tagged => Hook::Accept,
@@ -700,7 +696,6 @@ impl Datapath {
     }
 
     /// [`Datapath::route`] for IPv6.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn route6(
         &self,

@@ -622,7 +622,6 @@ pub(crate) fn emit_frame(
 
 /// Writes an Ethernet + IPv6 + ICMPv6 message (`repr`, checksummed) from `src_ip` to
 /// `dst_ip` with `hop_limit`. Returns the frame length, or `None` when `out` is too small.
-#[allow(clippy::too_many_arguments)]
 pub fn write_icmp(
     out: &mut [u8],
     src_mac: MacAddr,

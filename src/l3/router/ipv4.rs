@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::Enqueue;
+use crate::l3::neigh::{ArpHeard, Enqueue};
 use crate::l3::route::{mask, RouteReader};
 use crate::narrow::len16;
 use crate::stats::DropReason;
@@ -246,25 +246,23 @@ impl Router {
         // An interface without an IPv4 address answers no ARP (not even proxy ARP).
         let for_us = Some(a.tpa) == own;
         if !a.spa.is_unspecified() {
-            let _ = self.neigh.input(
-                in_if,
-                a.operation,
-                a.spa,
-                a.sha,
-                a.tpa,
-                for_us,
-                now,
-                &mut |rel| {
-                    self.counters.released.add(1);
-                    let mac = rel.mac;
-                    let Some(src) = self.iface(rel.iface).map(|i| i.cfg.mac) else {
-                        return;
-                    };
-                    sink.emit(rel.iface, &mut |out| {
-                        copy_readdressed(out, &rel.frame, src, mac)
-                    });
-                },
-            );
+            let heard = ArpHeard {
+                op: a.operation.into(),
+                sender_ip: a.spa,
+                sender_mac: a.sha,
+                target_ip: a.tpa,
+                target_is_local: for_us,
+            };
+            let _ = self.neigh.input(in_if, heard, now, &mut |rel| {
+                self.counters.released.add(1);
+                let mac = rel.mac;
+                let Some(src) = self.iface(rel.iface).map(|i| i.cfg.mac) else {
+                    return;
+                };
+                sink.emit(rel.iface, &mut |out| {
+                    copy_readdressed(out, &rel.frame, src, mac)
+                });
+            });
         }
         if a.operation != arp::REQUEST {
             return Ok(());

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{Enqueue, NeighEvent6, Released6};
+use crate::l3::neigh::{Advert, Enqueue, NeighEvent6, Released6};
 use crate::l3::route::RouteReader;
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -425,15 +425,15 @@ impl Router {
                 }
                 // Without a target link-layer address (Linux's answer to a unicast probe),
                 // it confirms the entry's own MAC.
-                let _ = self.neigh6.input_advert(
-                    in_if,
-                    target,
-                    target_lladdr,
-                    flags.solicited,
-                    flags.override_,
-                    now,
-                    &mut |r| self.release_ndp(r, sink),
-                );
+                let advert = Advert {
+                    ip: target,
+                    mac: target_lladdr,
+                    solicited: flags.solicited,
+                    override_: flags.override_,
+                };
+                let _ = self
+                    .neigh6
+                    .input_advert(in_if, advert, now, &mut |r| self.release_ndp(r, sink));
             }
             Icmpv6Repr::RouterSolicit { source_lladdr } => {
                 if info.src.is_unspecified() && source_lladdr.is_some() {
