@@ -1,6 +1,7 @@
-//! IPv4: the header view [`Ipv4Packet`], the header as a value [`Ipv4Repr`], and what the
-//! router does with IPv4 packets: the `ip_rcv` header check ([`check_header`]), the TTL
-//! decrement, ICMP errors and echo replies, TCP resets, fragmentation.
+//! IPv4: the header view [`Ipv4Packet`], the header as a value [`Ipv4Repr`], the `ip_rcv`
+//! header check ([`check_header`], giving an [`Ipv4Info`]) and the TTL decrement. What the
+//! router does with IPv4 packets (ICMP errors, echo replies, TCP resets, fragmentation) is the
+//! router's (`l3::router`).
 //!
 //! Field offsets are named once in the private `field` module. Slices passed to the free
 //! functions start at the IPv4 header (`l3`) or at the Ethernet header (`frame`) as each

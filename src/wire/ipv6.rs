@@ -1,9 +1,9 @@
 //! IPv6 (RFC 8200): the fixed-header view [`Ipv6Packet`], the header as a value
-//! [`Ipv6Repr`], the extension-header walker ([`ExtHeaders`]) and what the router does with
-//! IPv6 packets: the `ipv6_rcv` checks ([`check`], giving an [`Ipv6Info`]), ICMPv6 errors
-//! quoting the offending packet ([`write_icmp_error`]), echo replies, TCP resets, and the
-//! address helpers of NDP (solicited-node groups, their `33:33` MACs, EUI-64 link-local
-//! addresses).
+//! [`Ipv6Repr`], the extension-header walker ([`ExtHeaders`]), the `ipv6_rcv` checks
+//! ([`check`], giving an [`Ipv6Info`]), the frame writer of ICMPv6 messages ([`write_icmp`]),
+//! and the address helpers of NDP (solicited-node groups, their `33:33` MACs, EUI-64
+//! link-local addresses). What the router does with IPv6 packets (errors, echo replies,
+//! resets) is the router's (`l3::router`).
 //!
 //! Field offsets are named once in the private `field` module; every function bounds-checks
 //! its input and returns an error value instead of panicking.

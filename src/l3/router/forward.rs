@@ -36,18 +36,8 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
 
     /// Checks the header at the start of `l3` as Linux's `ip_rcv` / `ipv6_rcv`.
     fn check(l3: &[u8]) -> Result<Self::Info, DropReason>;
-    /// The source address.
-    fn src(i: &Self::Info) -> Self;
-    /// The destination address.
-    fn dst(i: &Self::Info) -> Self;
-    /// The TTL / hop limit.
-    fn ttl(i: &Self::Info) -> u8;
-    /// The upper-layer protocol.
-    fn proto(i: &Self::Info) -> IpProto;
-    /// The datagram's length.
-    fn total_len(i: &Self::Info) -> usize;
-    /// Where the upper-layer header starts, from the IP header.
-    fn l4_off(i: &Self::Info) -> usize;
+    /// The header facts the forwarding path reads.
+    fn facts(i: &Self::Info) -> Facts<Self>;
     /// The router may fragment it (IPv4 without DF).
     fn may_fragment(i: &Self::Info) -> bool;
     /// Decrements the TTL / hop limit of the header at the start of `l3` (checked).
@@ -129,6 +119,23 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         orig_l3: &[u8],
         info: &Self::Info,
     ) -> Option<usize>;
+}
+
+/// The facts of a checked header the forwarding path reads, whatever the family.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Facts<A> {
+    /// The source address.
+    pub(crate) src: A,
+    /// The destination address.
+    pub(crate) dst: A,
+    /// The TTL / hop limit.
+    pub(crate) ttl: u8,
+    /// The upper-layer protocol.
+    pub(crate) proto: IpProto,
+    /// The datagram's length.
+    pub(crate) total_len: usize,
+    /// Where the upper-layer header starts, from the IP header.
+    pub(crate) l4_off: usize,
 }
 
 /// Where a packet the router takes in is: its L3 offset, the interface it came in on, and the
@@ -245,7 +252,7 @@ impl Router {
             Err(r) => return L3::Drop(r),
         };
         // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
-        b.set_len(l3 + A::total_len(&info));
+        b.set_len(l3 + A::facts(&info).total_len);
         if let Some(v) = A::early(self, b, rx, &info, sink) {
             return v;
         }
@@ -257,7 +264,7 @@ impl Router {
                 return L3::Drop(DropReason::NoEndpoint);
             }
         }
-        let dst = A::dst(&info);
+        let dst = A::facts(&info).dst;
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
         let m = A::memo(ctx);
         let memo = match m.last {
@@ -287,7 +294,7 @@ impl Router {
                 sink,
             )
         };
-        if A::ttl(&info) <= 1 {
+        if A::facts(&info).ttl <= 1 {
             err(IcmpError::TtlExceeded, b, &info, sink);
             return L3::Drop(DropReason::TtlExpired);
         }
@@ -321,9 +328,9 @@ impl Router {
         // A TCP super-frame (TSO from an offload TAP) leaves as segments of `gso_size` payload
         // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
         let gso = b.offload.is_gso();
-        let total_len = A::total_len(&info);
-        let wire_len = if gso && A::proto(&info) == IpProto::TCP {
-            let l4 = A::l4_off(&info);
+        let total_len = A::facts(&info).total_len;
+        let wire_len = if gso && A::facts(&info).proto == IpProto::TCP {
+            let l4 = A::facts(&info).l4_off;
             let doff = b
                 .frame()
                 .get(l3 + l4..)
@@ -447,7 +454,7 @@ impl Router {
         if let Some(r) = A::refuse_local(iface) {
             return L3::Drop(r);
         }
-        if A::proto(info) == A::ICMP {
+        if A::facts(info).proto == A::ICMP {
             if let Some(len) = A::echo_reply(b.frame_mut(), rx.l3, info, iface.cfg.mac) {
                 b.set_len(len);
                 self.counters.echo_replies.add(1);
@@ -460,7 +467,7 @@ impl Router {
                 return L3::Forward(rx.in_if);
             }
         }
-        if A::proto(info) == IpProto::UDP {
+        if A::facts(info).proto == IpProto::UDP {
             let about = Offending::arrived(b, rx, info);
             self.icmp_error::<A>(about, IcmpError::PortUnreachable, nat, rx.now, sink);
         }
@@ -506,7 +513,7 @@ impl Router {
         let (Some(iface), Some(src), Some(orig)) = (
             self.iface(rx.in_if),
             frame.get(6..12),
-            frame.get(rx.l3..rx.l3 + A::total_len(info)),
+            frame.get(rx.l3..rx.l3 + A::facts(info).total_len),
         ) else {
             return;
         };
@@ -545,13 +552,13 @@ impl Router {
             queued,
         } = about;
         let group = frame.first().is_some_and(|d| d & 1 == 1);
-        let Some(orig) = frame.get(l3..l3 + A::total_len(info)) else {
+        let Some(orig) = frame.get(l3..l3 + A::facts(info).total_len) else {
             return;
         };
         if !A::may_send_icmp_error(orig, info, group) {
             return;
         }
-        let src = A::src(info);
+        let src = A::facts(info).src;
         let src_ip = (queued && A::local_iface(self, src).is_some()).then_some(src);
         // Built first (MACs and, when not known yet, the source address filled in below),
         // so that NAT can translate it as it will leave.
@@ -572,7 +579,7 @@ impl Router {
             if !A::translate_error(nat, ip, &mut out, now) {
                 return;
             }
-            dst_ip = A::dst(&out);
+            dst_ip = A::facts(&out).dst;
         }
         // Nobody to tell: an error about a packet the router sent itself.
         if A::local_iface(self, dst_ip).is_some() {

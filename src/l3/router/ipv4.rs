@@ -25,7 +25,7 @@ use crate::wire::ipv4::{
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
-use super::forward::{Egress, IcmpError, RouterFamily, Rx};
+use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
 use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
 
 impl RouterFamily for Ipv4Addr {
@@ -37,28 +37,16 @@ impl RouterFamily for Ipv4Addr {
         ipv4::check_header(l3)
     }
     #[inline(always)]
-    fn src(i: &Ipv4Info) -> Ipv4Addr {
-        i.src
-    }
-    #[inline(always)]
-    fn dst(i: &Ipv4Info) -> Ipv4Addr {
-        i.dst
-    }
-    #[inline(always)]
-    fn ttl(i: &Ipv4Info) -> u8 {
-        i.ttl
-    }
-    #[inline(always)]
-    fn proto(i: &Ipv4Info) -> IpProto {
-        IpProto(i.proto)
-    }
-    #[inline(always)]
-    fn total_len(i: &Ipv4Info) -> usize {
-        i.total_len
-    }
-    #[inline(always)]
-    fn l4_off(i: &Ipv4Info) -> usize {
-        i.hdr_len
+    fn facts(i: &Ipv4Info) -> Facts<Ipv4Addr> {
+        let proto = IpProto(i.proto);
+        Facts {
+            src: i.src,
+            dst: i.dst,
+            ttl: i.ttl,
+            proto,
+            total_len: i.total_len,
+            l4_off: i.hdr_len,
+        }
     }
     #[inline(always)]
     fn may_fragment(i: &Ipv4Info) -> bool {

@@ -35,7 +35,7 @@ use crate::wire::ipv6::{
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
-use super::forward::{Egress, IcmpError, RouterFamily, Rx};
+use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
 use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
 
 /// RFC 4861 10: MAX_INITIAL_RTR_ADVERTISEMENTS and their largest interval.
@@ -77,28 +77,16 @@ impl RouterFamily for Ipv6Addr {
         ipv6::check(l3).map_err(|_| DropReason::BadIpv6Header)
     }
     #[inline(always)]
-    fn src(i: &Ipv6Info) -> Ipv6Addr {
-        i.src
-    }
-    #[inline(always)]
-    fn dst(i: &Ipv6Info) -> Ipv6Addr {
-        i.dst
-    }
-    #[inline(always)]
-    fn ttl(i: &Ipv6Info) -> u8 {
-        i.hop_limit
-    }
-    #[inline(always)]
-    fn proto(i: &Ipv6Info) -> IpProto {
-        IpProto(i.next_header)
-    }
-    #[inline(always)]
-    fn total_len(i: &Ipv6Info) -> usize {
-        i.total_len()
-    }
-    #[inline(always)]
-    fn l4_off(i: &Ipv6Info) -> usize {
-        i.l4_off
+    fn facts(i: &Ipv6Info) -> Facts<Ipv6Addr> {
+        let total_len = i.total_len();
+        Facts {
+            src: i.src,
+            dst: i.dst,
+            proto: IpProto(i.next_header),
+            ttl: i.hop_limit,
+            total_len,
+            l4_off: i.l4_off,
+        }
     }
     #[inline(always)]
     fn may_fragment(_: &Ipv6Info) -> bool {
