@@ -206,14 +206,15 @@ impl<'r, 'a, A: RouterFamily> RouterView<'r, 'a, A> {
     /// Whether `addr` is one of the router's own addresses.
     #[inline(always)]
     fn is_local(&self, addr: A) -> bool {
-        A::local_iface(self.router, addr).is_some()
+        self.router.local_iface(addr).is_some()
     }
 
     /// The interface a packet to `dst` leaves by, and that interface's address of the family.
     #[inline(always)]
     fn egress(&self, dst: A) -> Option<(IfaceId, Option<A>)> {
         let i = self.routes.lookup(dst)?.iface()?;
-        self.router.iface(i).map(|f| (i, A::iface_addr(f)))
+        let f = self.router.iface(i)?;
+        Some((i, A::iface_cidr(&f.cfg).map(|(a, _)| a)))
     }
 }
 

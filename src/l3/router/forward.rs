@@ -53,10 +53,6 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
     fn neigh_enqueue(r: &Router, i: IfaceId, ip: Self, frame: &[u8], now: Instant) -> Enqueue;
     /// Asks for `target` on `i` (ARP request, Neighbor Solicitation); to `unicast` for a probe.
     fn solicit(r: &Router, i: IfaceId, target: Self, unicast: Option<MacAddr>, sink: &mut dyn Sink);
-    /// The interface owning `a`, if it is one of the router's addresses.
-    fn local_iface(r: &Router, a: Self) -> Option<IfaceId>;
-    /// The interface's (global) address of this family, if it has one.
-    fn iface_addr(iface: &Iface) -> Option<Self>;
 
     /// The family's own input steps before the hook (NDP, groups): `Some` is the verdict.
     fn early(
@@ -272,7 +268,7 @@ impl Router {
             _ => m.older.take(dst, &mut m.last).map(|x| x.1),
         };
         if memo.is_none() {
-            if A::local_iface(self, dst).is_some() {
+            if self.local_iface(dst).is_some() {
                 return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
                     L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
                     other => other,
@@ -559,7 +555,7 @@ impl Router {
             return;
         }
         let src = A::facts(info).src;
-        let src_ip = (queued && A::local_iface(self, src).is_some()).then_some(src);
+        let src_ip = (queued && self.local_iface(src).is_some()).then_some(src);
         // Built first (MACs and, when not known yet, the source address filled in below),
         // so that NAT can translate it as it will leave.
         let mut buf = [0u8; ICMP_ERROR_FRAME];
@@ -582,7 +578,7 @@ impl Router {
             dst_ip = A::facts(&out).dst;
         }
         // Nobody to tell: an error about a packet the router sent itself.
-        if A::local_iface(self, dst_ip).is_some() {
+        if self.local_iface(dst_ip).is_some() {
             return;
         }
         let Some((out_if, nh)) = A::icmp_route(self, dst_ip, in_if) else {

@@ -81,16 +81,6 @@ impl RouterFamily for Ipv4Addr {
     ) {
         r.send_arp_request(i, target, unicast, sink);
     }
-    #[inline]
-    fn local_iface(r: &Router, a: Ipv4Addr) -> Option<IfaceId> {
-        r.local_iface(a)
-    }
-
-    #[inline]
-    fn iface_addr(iface: &Iface) -> Option<Ipv4Addr> {
-        iface.cfg.addr4()
-    }
-
     #[inline(always)]
     fn early(_: &Router, _: &PacketBuf, rx: Rx, _: &Ipv4Info, _: &mut dyn Sink) -> Option<L3> {
         // IPv4 multicast and broadcast are not routed.

@@ -122,16 +122,6 @@ impl RouterFamily for Ipv6Addr {
     ) {
         r.send_ns(i, target, unicast, sink);
     }
-    #[inline]
-    fn local_iface(r: &Router, a: Ipv6Addr) -> Option<IfaceId> {
-        r.local_iface6(a)
-    }
-
-    #[inline]
-    fn iface_addr(iface: &Iface) -> Option<Ipv6Addr> {
-        iface.cfg.addr6.map(|(a, _)| a)
-    }
-
     #[inline(always)]
     fn early(
         r: &Router,
@@ -150,7 +140,7 @@ impl RouterFamily for Ipv6Addr {
             return Some(L3::Drop(DropReason::L3Multicast));
         }
         // NDP to one of our addresses is taken in before the hook.
-        if info.next_header == NH_ICMPV6 && r.local_iface6(info.dst).is_some() {
+        if info.next_header == NH_ICMPV6 && r.ipv6_iface(info.dst).is_some() {
             let ty = b.frame().get(rx.l3 + info.l4_off).copied().unwrap_or(0);
             if icmpv6::is_ndp(ty) {
                 return Some(r.ndp_verdict(b.frame(), rx, info, sink));
@@ -366,7 +356,7 @@ impl Router {
                 if dad && (source_lladdr.is_some() || info.dst != ipv6::solicited_node(target)) {
                     return Err(DropReason::BadNdp);
                 }
-                let for_us = iface.has_addr6(target);
+                let for_us = iface.has_ipv6(target);
                 if !dad {
                     if let Some(m) = source_lladdr {
                         let _ =
@@ -407,7 +397,7 @@ impl Router {
                 if flags.solicited && info.dst.is_multicast() {
                     return Err(DropReason::BadNdp);
                 }
-                if iface.has_addr6(target) {
+                if iface.has_ipv6(target) {
                     // Someone else claims our address: nothing to learn.
                     return Ok(());
                 }

@@ -148,7 +148,7 @@ pub(crate) struct Iface {
     /// Its link-local address (`fe80::` + EUI-64 of its MAC).
     pub(crate) ll6: Ipv6Addr,
     /// Its IPv6 addresses (link-local, then global or the link-local again) as native-endian
-    /// words, so [`Iface::has_addr6`] is two 128-bit compares (no byte swaps, no `Option`).
+    /// words, so [`Iface::has_ipv6`] is two 128-bit compares (no byte swaps, no `Option`).
     addrs6: [u128; 2],
 }
 
@@ -169,7 +169,7 @@ impl Iface {
 
     /// True when `a` is one of its IPv6 addresses (global or link-local).
     #[inline]
-    pub(crate) fn has_addr6(&self, a: Ipv6Addr) -> bool {
+    pub(crate) fn has_ipv6(&self, a: Ipv6Addr) -> bool {
         let k = u128::from_ne_bytes(a.octets());
         k == self.addrs6[0] || k == self.addrs6[1]
     }
@@ -292,9 +292,9 @@ pub struct Router {
     pub(crate) neigh6: NeighTable6,
     pub(crate) icmp: IcmpLimiter,
     pub(crate) ra: Mutex<Vec<ipv6::RaState>>,
-    /// A bit set ([`filter_bit6`]) for each IPv6 address of an interface:
-    /// [`Router::local_iface6`] rejects most forwarded destinations with one test.
-    local6_filter: u64,
+    /// A bit set ([`filter_bit`]) for each IPv6 address of an interface:
+    /// [`Router::ipv6_iface`] rejects most forwarded destinations with one test.
+    ipv6_filter: u64,
     /// Event counters.
     pub counters: RouterCounters,
 }
@@ -303,7 +303,7 @@ pub struct Router {
 /// hash of both halves (addresses alike in their low bits, `fd00::1` and `fd00:96::1`, fall
 /// apart).
 #[inline(always)]
-fn filter_bit6(a: Ipv6Addr) -> u64 {
+fn filter_bit(a: Ipv6Addr) -> u64 {
     let x = u128::from_ne_bytes(a.octets());
     let f = low64(x) ^ low64(x >> 64);
     1 << (f.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58)
@@ -506,13 +506,13 @@ impl Router {
     pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
         let neigh6 = NeighTable6::new(neigh.config().clone());
         let ra = Mutex::new(vec![Default::default(); ifaces.len()]);
-        let local6_filter = ifaces
+        let ipv6_filter = ifaces
             .iter()
             .flat_map(|i| [Some(i.ll6), i.cfg.addr6.map(|(a, _)| a)])
             .flatten()
-            .fold(0, |f, a| f | filter_bit6(a));
+            .fold(0, |f, a| f | filter_bit(a));
         Router {
-            local6_filter,
+            ipv6_filter,
             neigh6,
             ra,
             ifaces,
@@ -539,22 +539,37 @@ impl Router {
         A::table(self)
     }
 
-    /// The interface whose global or link-local IPv6 address is `addr`, if it is one of ours.
+    /// The interface that owns `addr` (IPv6: as its global or link-local address), if it is
+    /// one of the router's addresses.
     #[inline]
-    pub fn local_iface6(&self, addr: Ipv6Addr) -> Option<IfaceId> {
-        if self.local6_filter & filter_bit6(addr) == 0 {
-            return None;
-        }
+    pub fn local_iface<A: RouteAddr>(&self, addr: A) -> Option<IfaceId> {
+        A::local_iface(self, addr)
+    }
+
+    /// The address of family `A` and prefix length of interface `i` (IPv6: its global one), if
+    /// it has one.
+    pub fn iface_addr<A: RouteAddr>(&self, i: IfaceId) -> Option<(A, u8)> {
+        self.iface(i).and_then(|i| A::iface_cidr(&i.cfg))
+    }
+
+    /// The id of the first interface for which `f` holds.
+    #[inline]
+    pub(crate) fn find_iface(&self, f: impl Fn(&Iface) -> bool) -> Option<IfaceId> {
         self.ifaces
             .iter()
-            .position(|i| i.has_addr6(addr))
+            .position(f)
             .and_then(|i| u16::try_from(i).ok())
             .map(IfaceId)
     }
 
-    /// The global IPv6 address and prefix length of interface `i`, if it has one.
-    pub fn iface_addr6(&self, i: IfaceId) -> Option<(Ipv6Addr, u8)> {
-        self.iface(i).and_then(|i| i.cfg.addr6)
+    /// The interface whose IPv6 address (global or link-local) is `addr`: most forwarded
+    /// destinations are told apart by the filter with one test.
+    #[inline]
+    pub(crate) fn ipv6_iface(&self, addr: Ipv6Addr) -> Option<IfaceId> {
+        if self.ipv6_filter & filter_bit(addr) == 0 {
+            return None;
+        }
+        self.find_iface(|i| i.has_ipv6(addr))
     }
 
     /// The link-local IPv6 address of interface `i` (`fe80::` + the EUI-64 of its MAC).
@@ -567,26 +582,12 @@ impl Router {
         self.ifaces.get(usize::from(i.0))
     }
 
-    /// The interface that owns `addr`, if it is one of ours.
-    pub(crate) fn local_iface(&self, addr: Ipv4Addr) -> Option<IfaceId> {
-        self.ifaces
-            .iter()
-            .position(|i| i.cfg.addr.is_some_and(|(a, _)| a == addr))
-            .and_then(|i| u16::try_from(i).ok())
-            .map(IfaceId)
-    }
-
     /// The IPv4 source of what the router sends out of `i`: its address, else (an IPv6-only
     /// interface) the first interface's that has one, as Linux's `inet_select_addr`.
     pub(crate) fn src4(&self, i: &Iface) -> Option<Ipv4Addr> {
         i.cfg
             .addr4()
             .or_else(|| self.ifaces.iter().find_map(|o| o.cfg.addr4()))
-    }
-
-    /// The IPv4 address of interface `i`, if it has one.
-    pub fn iface_addr(&self, i: IfaceId) -> Option<(Ipv4Addr, u8)> {
-        self.iface(i).and_then(|i| i.cfg.addr)
     }
 
     /// Announces interface `i` on its link, so that its neighbours (pods, a next node) learn
