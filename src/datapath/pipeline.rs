@@ -350,12 +350,13 @@ impl Datapath {
             egress: None,
             nat: self.nf.as_ref().map(|nf| NatHook { nf, cx: &mut *nat }),
         });
+        let nf = self.nf.as_ref();
         let mut out = [Verdict::Local; BATCH_SIZE];
         let mut tally = [0u64; 4];
         let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
         for ((b, (p, (s, d))), o) in batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut()) {
             let v = if p.kind == BRIDGE {
-                self.bridged(b, *p, (s, d), now, &mut ctx, &mut sink)
+                self.bridged(b, *p, s, d, now, nf, &mut ctx, &mut sink)
             } else {
                 self.decide(b, p, now, &mut ctx, &mut sink)
             };
@@ -591,12 +592,15 @@ impl Datapath {
     /// The verdict for a frame received on a port of bridge `pre.id`: learn its source, then
     /// forward to the learned port, flood, or hand it to the bridge's router interface.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn bridged(
         &self,
         b: &mut PacketBuf,
         p: Pre,
-        (src, dst): (&Loc, &Loc),
+        src: &Loc,
+        dst: &Loc,
         now: Instant,
+        nf: Option<&Netfilter>,
         ctx: &mut Option<BatchCtx<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
@@ -617,7 +621,7 @@ impl Datapath {
             None => Self::flood(br, BridgeId(p.id)),
         };
         // br_netfilter: switched IPv4 and IPv6 of a NAT'd connection is translated here.
-        if let Some(nf) = &self.nf {
+        if let Some(nf) = nf {
             let meta = L3Hint::of(b);
             let hook = match meta.ether_type {
                 _ if meta.tagged => Hook::Accept,
@@ -691,7 +695,7 @@ impl Datapath {
         if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        let rx = Rx::new(b, usize::from(meta.l3), iface, now);
+        let rx = Rx::new(usize::from(meta.l3), iface, now);
         let l3 = r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink);
         self.after_l3(l3, b, now, ctx, sink)
     }
@@ -713,7 +717,7 @@ impl Datapath {
         if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        let rx = Rx::new(b, usize::from(meta.l3), iface, now);
+        let rx = Rx::new(usize::from(meta.l3), iface, now);
         let l3 = r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink);
         self.after_l3(l3, b, now, ctx, sink)
     }

@@ -142,8 +142,6 @@ pub(crate) struct Rx {
     pub(crate) l3: usize,
     /// The interface it came in on.
     pub(crate) in_if: IfaceId,
-    /// Its frame went to an L2 group (multicast or broadcast MAC).
-    pub(crate) group: bool,
     /// Now.
     pub(crate) now: Instant,
 }
@@ -204,16 +202,17 @@ pub(crate) struct Offending<'a, A: RouterFamily> {
 }
 
 impl Rx {
-    /// A frame `b` whose L3 header is at `l3`, come in on `in_if` at `now`.
+    /// A frame whose L3 header is at `l3`, come in on `in_if` at `now`.
     #[inline(always)]
-    pub(crate) fn new(b: &PacketBuf, l3: usize, in_if: IfaceId, now: Instant) -> Rx {
-        Rx {
-            l3,
-            in_if,
-            group: b.frame().first().is_some_and(|d| d & 1 == 1),
-            now,
-        }
+    pub(crate) fn new(l3: usize, in_if: IfaceId, now: Instant) -> Rx {
+        Rx { l3, in_if, now }
     }
+}
+
+/// True when the frame went to an L2 group (multicast or broadcast MAC).
+#[inline(always)]
+pub(crate) fn to_group(b: &PacketBuf) -> bool {
+    b.frame().first().is_some_and(|d| d & 1 == 1)
 }
 
 impl<'a, A: RouterFamily> Offending<'a, A> {
@@ -281,24 +280,27 @@ impl Router {
         if let Some(r) = A::unroutable_src(&info) {
             return L3::Drop(r);
         }
-        let err = |e, b: &PacketBuf, info: &A::Info, sink: &mut dyn Sink| {
+        if A::facts(&info).ttl <= 1 {
             self.icmp_error::<A>(
-                Offending::arrived(b, rx, info),
-                e,
+                Offending::arrived(b, rx, &info),
+                IcmpError::TtlExceeded,
                 hook.error_nat(),
                 now,
                 sink,
-            )
-        };
-        if A::facts(&info).ttl <= 1 {
-            err(IcmpError::TtlExceeded, b, &info, sink);
+            );
             return L3::Drop(DropReason::TtlExpired);
         }
         let (out_if, nh) = match memo {
             Some((out_if, nh, _)) => (out_if, nh),
             None => match A::routes(ctx).lookup(dst) {
                 None => {
-                    err(IcmpError::NoRoute, b, &info, sink);
+                    self.icmp_error::<A>(
+                        Offending::arrived(b, rx, &info),
+                        IcmpError::NoRoute,
+                        hook.error_nat(),
+                        now,
+                        sink,
+                    );
                     return L3::Drop(DropReason::NoRoute);
                 }
                 Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
@@ -310,7 +312,13 @@ impl Router {
                     } else {
                         IcmpError::Unreachable
                     };
-                    err(e, b, &info, sink);
+                    self.icmp_error::<A>(
+                        Offending::arrived(b, rx, &info),
+                        e,
+                        hook.error_nat(),
+                        now,
+                        sink,
+                    );
                     return L3::Drop(DropReason::Unreachable);
                 }
                 Some(NextHop::Link(i)) => (i, dst),
@@ -337,12 +345,14 @@ impl Router {
             total_len
         };
         if wire_len > mtu && (gso || !A::may_fragment(&info)) {
-            err(
-                IcmpError::TooBig {
-                    mtu: egress.cfg.mtu,
-                },
-                b,
-                &info,
+            let e = IcmpError::TooBig {
+                mtu: egress.cfg.mtu,
+            };
+            self.icmp_error::<A>(
+                Offending::arrived(b, rx, &info),
+                e,
+                hook.error_nat(),
+                now,
                 sink,
             );
             return L3::Drop(A::TOO_BIG);
