@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::net::Ipv6Addr;
-use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NdOptions};
+use tapyard::wire::icmpv6::{self, Icmpv6Packet, Icmpv6Repr, NdOptions};
 use tapyard::wire::ipv6;
 use tapyard::wire::{EthMeta, Summary};
 use tapyard::MacAddr;
@@ -26,10 +26,14 @@ fuzz_target!(|data: &[u8]| {
             let _ = Icmpv6Repr::parse(&p, i.src, i.dst);
         }
         let mut out = [0u8; 14 + ipv6::MIN_MTU];
-        let e = Icmpv6Repr::TimeExceeded { code: 0, data: &[] };
+        // The router's error shape: as much of the datagram as fits in the minimum MTU.
+        let quote = data.len().min(ipv6::MIN_MTU - ipv6::HEADER_LEN - icmpv6::HEADER_LEN);
+        let e = Icmpv6Repr::TimeExceeded {
+            code: 0,
+            data: &data[..quote],
+        };
         let z = MacAddr::ZERO;
-        let n =
-            ipv6::write_icmp_error(&mut out, z, z, Ipv6Addr::LOCALHOST, i.src, e, data).unwrap();
+        let n = ipv6::write_icmp(&mut out, z, z, Ipv6Addr::LOCALHOST, i.src, 64, &e).unwrap();
         assert!(n <= 14 + ipv6::MIN_MTU);
         // An error the router may send (never to a loopback source, which `check` refuses
         // as a destination, as Linux does) is itself a packet `check` accepts.

@@ -15,8 +15,8 @@ use super::{word, Bridge, Datapath, Worker, MAX_EXTRA};
 use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
-use crate::l3::route::{NextHop, RouteReader};
-use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, Sink, L3};
+use crate::l3::route::RouteReader;
+use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, RouterFamily, Rx, Sink, L3};
 use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
@@ -147,23 +147,30 @@ struct NatHook<'a> {
     cx: &'a mut NatCtx,
 }
 
-impl Prerouting for NatHook<'_> {
+impl Prerouting<Ipv4Addr> for NatHook<'_> {
     #[inline]
     fn prerouting(
         &mut self,
         router: &Router,
-        routes: &RouteReader<'_>,
+        batch: &mut L3Batch<'_>,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv4Info,
         now: Instant,
     ) -> Hook {
-        let view = RouterView { router, routes };
-        self.nf.prerouting(&view, b, l3, info, self.cx, now)
+        let view = RouterView::<Ipv4Addr>::new(router, batch);
+        self.nf
+            .prerouting::<Ipv4Addr, 2>(&view, b, l3, info, self.cx, now)
     }
 
+    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+        Some(self.nf)
+    }
+}
+
+impl Prerouting<Ipv6Addr> for NatHook<'_> {
     #[inline]
-    fn prerouting6(
+    fn prerouting(
         &mut self,
         router: &Router,
         batch: &mut L3Batch<'_>,
@@ -172,9 +179,9 @@ impl Prerouting for NatHook<'_> {
         info: &mut Ipv6Info,
         now: Instant,
     ) -> Hook {
-        let routes = batch.routes6();
-        let view = RouterView6 { router, routes };
-        self.nf.prerouting(&view, b, l3, info, self.cx, now)
+        let view = RouterView::<Ipv6Addr>::new(router, batch);
+        self.nf
+            .prerouting::<Ipv6Addr, 5>(&view, b, l3, info, self.cx, now)
     }
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
@@ -182,46 +189,36 @@ impl Prerouting for NatHook<'_> {
     }
 }
 
-/// The narrow view of routing the NAT engine gets: the router's addresses and a route lookup
-/// in the batch's table version.
-struct RouterView<'r, 'a> {
+/// The narrow view of routing the NAT engine gets, for family `A`: the router's addresses and
+/// a route lookup in the batch's table version.
+struct RouterView<'r, 'a, A: RouterFamily> {
     router: &'r Router,
-    routes: &'r RouteReader<'a>,
+    routes: &'r RouteReader<'a, A>,
 }
 
-impl Routing<Ipv4Addr> for RouterView<'_, '_> {
-    #[inline]
-    fn is_local(&self, addr: Ipv4Addr) -> bool {
-        self.router.local_iface(addr).is_some()
-    }
-
-    #[inline]
-    fn egress(&self, dst: Ipv4Addr) -> Option<(IfaceId, Option<Ipv4Addr>)> {
-        match self.routes.lookup(dst)? {
-            NextHop::Link(i) | NextHop::Via(i, _) => {
-                self.router.iface(i).map(|f| (i, f.cfg.addr4()))
-            }
-            NextHop::Blackhole | NextHop::Unreachable | NextHop::Prohibit => None,
+impl<'r, 'a, A: RouterFamily> RouterView<'r, 'a, A> {
+    #[inline(always)]
+    fn new(router: &'r Router, batch: &'r mut L3Batch<'a>) -> Self {
+        RouterView {
+            router,
+            routes: batch.routes::<A>(),
         }
     }
 }
 
-/// [`RouterView`] for IPv6.
-struct RouterView6<'r, 'a> {
-    router: &'r Router,
-    routes: &'r RouteReader<'a, Ipv6Addr>,
-}
-
-impl Routing<Ipv6Addr> for RouterView6<'_, '_> {
-    #[inline]
-    fn is_local(&self, addr: Ipv6Addr) -> bool {
-        self.router.local_iface6(addr).is_some()
+impl<A: RouterFamily> Routing<A> for RouterView<'_, '_, A> {
+    /// Whether `addr` is one of the router's own addresses.
+    #[inline(always)]
+    fn is_local(&self, addr: A) -> bool {
+        self.router.local_iface(addr).is_some()
     }
 
-    #[inline]
-    fn egress(&self, dst: Ipv6Addr) -> Option<(IfaceId, Option<Ipv6Addr>)> {
+    /// The interface a packet to `dst` leaves by, and that interface's address of the family.
+    #[inline(always)]
+    fn egress(&self, dst: A) -> Option<(IfaceId, Option<A>)> {
         let i = self.routes.lookup(dst)?.iface()?;
-        Some((i, self.router.iface_addr6(i).map(|a| a.0)))
+        let f = self.router.iface(i)?;
+        Some((i, A::iface_cidr(&f.cfg).map(|(a, _)| a)))
     }
 }
 
@@ -329,7 +326,7 @@ impl Datapath {
         } = w;
         let mut sink = PoolSink::new(pool, extra, shard);
         let mut ctx = self.router.as_ref().map(|r| BatchCtx {
-            l3: L3Batch::new(r.routes.reader()).with_v6(&r.routes6),
+            l3: L3Batch::new(r.routes.reader()).with_ipv6(&r.routes6),
             egress: None,
             nat: self.nf.as_ref().map(|nf| NatHook { nf, cx: &mut *nat }),
         });
@@ -678,21 +675,12 @@ impl Datapath {
         if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        let l3 = r.input(
-            b,
-            usize::from(meta.l3),
-            meta.ether_type,
-            iface,
-            &mut ctx.l3,
-            &mut ctx.nat,
-            now,
-            sink,
-        );
+        let rx = Rx::new(usize::from(meta.l3), iface, now);
+        let l3 = r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink);
         self.after_l3(l3, b, now, ctx, sink)
     }
 
     /// [`Datapath::route`] for IPv6.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn route6(
         &self,
@@ -709,8 +697,8 @@ impl Datapath {
         if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        let l3 = usize::from(meta.l3);
-        let l3 = r.input6(b, l3, iface, &mut ctx.l3, &mut ctx.nat, now, sink);
+        let rx = Rx::new(usize::from(meta.l3), iface, now);
+        let l3 = r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink);
         self.after_l3(l3, b, now, ctx, sink)
     }
 

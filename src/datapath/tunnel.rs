@@ -34,20 +34,21 @@
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
 //! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::Datapath;
 use crate::base::{IfaceId, Verdict};
 use crate::buf::{Offload, PacketBuf};
 use crate::l3::route::{NextHop, RouteReader};
-use crate::l3::router::{Sink, L3};
+use crate::l3::router::{RouterFamily, Sink, L3};
 use crate::l3::vxlan::Tunnel;
 use crate::narrow::{len16, low16};
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame, HEADER_LEN as ETH_LEN};
-use crate::wire::ipv4::{self, FRAG_OFFSET, MF};
-use crate::wire::ipv6;
+use crate::wire::family::IpProto;
+use crate::wire::ipv4::{self, Ipv4Info, FRAG_OFFSET, MF};
+use crate::wire::ipv6::{self, Ipv6Info};
 use crate::wire::mac::MacAddr;
 use crate::wire::udp::UdpPacket;
 use crate::wire::virtio::{
@@ -55,7 +56,9 @@ use crate::wire::virtio::{
     VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
     VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
 };
-use crate::wire::vxlan::{self, DecapError, Outer, Outer6, OuterInfo, OVERHEAD, OVERHEAD6};
+use crate::wire::vxlan::{
+    self, DecapError, Outer, Outer6, OuterInfo, OuterIp, OVERHEAD, OVERHEAD6,
+};
 
 impl Datapath {
     /// The VXLAN interface that is router interface `i`, if any.
@@ -93,83 +96,63 @@ impl Datapath {
         r
     }
 
-    /// [`Datapath::decap`] for a frame on an uplink with tunnels.
+    /// [`Datapath::decap`] for a frame on an uplink with tunnels: IPv4 (Flannel's `flannel.1`)
+    /// or IPv6 (`flannel-v6.1`).
     fn decap_vxlan(&self, b: &mut PacketBuf, up: IfaceId) -> Option<Result<IfaceId, DropReason>> {
-        let f = b.frame();
-        let e = EthernetFrame::new_checked(f).ok()?;
-        if e.ethertype() == ethertype::IPV6 {
-            return self.decap_vxlan6(b, up);
+        match EthernetFrame::new_checked(b.frame()).ok()?.ethertype() {
+            ethertype::IPV4 => self.decap_family::<Ipv4Addr>(b, up),
+            ethertype::IPV6 => self.decap_family::<Ipv6Addr>(b, up),
+            _ => None,
         }
-        if e.ethertype() != ethertype::IPV4 {
-            return None;
-        }
-        let info = ipv4::check_header(e.payload()).ok()?;
-        if info.proto != ipv4::PROTO_UDP || info.frag & (MF | FRAG_OFFSET) != 0 {
-            return None;
-        }
-        let dport = UdpPacket::new_checked(e.payload().get(info.hdr_len..)?)
-            .ok()?
-            .dst_port();
-        let t = self
-            .tunnels
-            .iter()
-            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == IpAddr::V4(info.dst))?;
-        // VXLAN from here on: whatever is wrong is counted under its own reason.
-        let set = t.peers();
-        let Some(peer) = set.by_ip(info.src) else {
-            return Some(Err(DropReason::VxlanUnknownPeer));
-        };
-        let tunnel_gso = match rx_tunnel_gso(b.offload, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4) {
-            Ok(g) => g,
-            Err(reason) => return Some(Err(reason)),
-        };
-        let verify = !csum_trusted(b.offload);
-        let r = vxlan::parse_udp(f, ETH_LEN, &info, t.cfg.vni, verify);
-        Some(finish_decap(
-            b,
-            t,
-            peer,
-            r,
-            ETH_LEN + info.total_len,
-            tunnel_gso,
-            VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
-        ))
     }
 
-    /// [`Datapath::decap_vxlan`] for an IPv6 frame (Flannel's `flannel-v6.1`): UDP right after
-    /// the fixed header or an extension-header chain, not a fragment, to the uplink's IPv6
-    /// address; the outer UDP checksum must be nonzero and right.
-    fn decap_vxlan6(&self, b: &mut PacketBuf, up: IfaceId) -> Option<Result<IfaceId, DropReason>> {
+    /// [`Datapath::decap_vxlan`] for an underlay of family `A`: UDP (over IPv6, right after
+    /// the fixed header or an extension-header chain), not a fragment, to a tunnel's port and
+    /// local address on this uplink; then a VXLAN frame from a known peer (the outer checksum
+    /// as [`vxlan::parse_udp`] checks it).
+    fn decap_family<A: Underlay>(
+        &self,
+        b: &mut PacketBuf,
+        up: IfaceId,
+    ) -> Option<Result<IfaceId, DropReason>> {
         let f = b.frame();
-        let info = ipv6::check(f.get(ETH_LEN..)?).ok()?;
-        if info.next_header != ipv6::NH_UDP || info.frag.is_some() {
+        let info = A::check(f.get(ETH_LEN..)?).ok()?;
+        let ip = A::facts(&info);
+        if ip.proto != IpProto::UDP || A::is_fragment(&info) {
             return None;
         }
-        let dport = UdpPacket::new_checked(f.get(ETH_LEN + info.l4_off..)?)
-            .ok()?
-            .dst_port();
+        let l4 = ETH_LEN + ip.l4_off;
+        let dport = UdpPacket::new_checked(f.get(l4..)?).ok()?.dst_port();
         let t = self
             .tunnels
             .iter()
-            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == IpAddr::V6(info.dst))?;
+            .find(|t| t.uplink == up && t.cfg.port == dport && t.local == ip.dst.into())?;
+        // VXLAN from here on: whatever is wrong is counted under its own reason.
         let set = t.peers();
-        let Some(peer) = set.by_ip(info.src) else {
+        let Some(peer) = set.by_ip(ip.src) else {
             return Some(Err(DropReason::VxlanUnknownPeer));
         };
-        let tunnel_gso = match rx_tunnel_gso(b.offload, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6) {
+        let tunnel_gso = match rx_tunnel_gso(b.offload, A::GSO_UDP_TUNNEL) {
             Ok(g) => g,
             Err(reason) => return Some(Err(reason)),
         };
         let verify = !csum_trusted(b.offload);
-        let r = vxlan::parse_udp6(f, ETH_LEN, &info, t.cfg.vni, verify);
+        let outer = OuterIp {
+            src: ip.src,
+            dst: ip.dst,
+            l4,
+            end: ETH_LEN + ip.total_len,
+        };
+        let r = vxlan::parse_udp(f, outer, t.cfg.vni, verify);
+        let end = outer.end;
         Some(finish_decap(
             b,
             t,
             peer,
             r,
-            ETH_LEN + info.total_len(),
+            end,
             tunnel_gso,
-            VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
+            A::GSO_UDP_TUNNEL,
         ))
     }
 
@@ -411,7 +394,7 @@ impl Datapath {
             return Verdict::Drop(reason);
         }
         self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
-            r.resolve_later6(out_if, gw, f, now, sink)
+            r.resolve_later(out_if, gw, f, now, sink)
         })
     }
 }
@@ -532,4 +515,26 @@ fn finish_decap(
     b.set_len(end);
     b.pull_front(o.inner);
     Ok(t.iface)
+}
+
+/// An underlay family of VXLAN: its UDP-tunnel GSO type, and what a fragment is.
+trait Underlay: RouterFamily {
+    /// The virtio-net GSO type bit of a UDP-tunnel super-frame over this family.
+    const GSO_UDP_TUNNEL: u8;
+    /// True for a fragment (first or later).
+    fn is_fragment(info: &Self::Info) -> bool;
+}
+
+impl Underlay for Ipv4Addr {
+    const GSO_UDP_TUNNEL: u8 = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
+    fn is_fragment(info: &Ipv4Info) -> bool {
+        info.frag & (MF | FRAG_OFFSET) != 0
+    }
+}
+
+impl Underlay for Ipv6Addr {
+    const GSO_UDP_TUNNEL: u8 = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
+    fn is_fragment(info: &Ipv6Info) -> bool {
+        info.frag.is_some()
+    }
 }

@@ -41,7 +41,6 @@ pub mod lpm;
 pub mod neigh;
 pub(crate) mod route;
 pub(crate) mod router;
-mod router6;
 pub mod vxlan;
 
 pub use crate::base::IfaceId;

@@ -57,6 +57,12 @@ pub trait RouteAddr:
     /// The router's table of this family.
     #[doc(hidden)]
     fn table(router: &crate::l3::Router) -> &RouteTable<Self>;
+    /// The router's interface that owns `a`.
+    #[doc(hidden)]
+    fn local_iface(router: &crate::l3::Router, a: Self) -> Option<IfaceId>;
+    /// The interface's address of this family (IPv6: its global one) and prefix length.
+    #[doc(hidden)]
+    fn iface_cidr(cfg: &crate::l3::IfaceConfig) -> Option<(Self, u8)>;
 }
 
 mod sealed {
@@ -86,6 +92,13 @@ impl RouteAddr for Ipv4Addr {
     fn table(router: &crate::l3::Router) -> &RouteTable<Ipv4Addr> {
         &router.routes
     }
+    #[inline]
+    fn local_iface(router: &crate::l3::Router, a: Ipv4Addr) -> Option<IfaceId> {
+        router.find_iface(|i| i.cfg.addr.is_some_and(|(x, _)| x == a))
+    }
+    fn iface_cidr(cfg: &crate::l3::IfaceConfig) -> Option<(Ipv4Addr, u8)> {
+        cfg.addr
+    }
 }
 
 impl RouteAddr for Ipv6Addr {
@@ -108,6 +121,13 @@ impl RouteAddr for Ipv6Addr {
     }
     fn table(router: &crate::l3::Router) -> &RouteTable<Ipv6Addr> {
         &router.routes6
+    }
+    #[inline]
+    fn local_iface(router: &crate::l3::Router, a: Ipv6Addr) -> Option<IfaceId> {
+        router.ipv6_iface(a)
+    }
+    fn iface_cidr(cfg: &crate::l3::IfaceConfig) -> Option<(Ipv6Addr, u8)> {
+        cfg.addr6
     }
 }
 
@@ -141,6 +161,19 @@ impl<A> NextHop<A> {
     pub fn iface(&self) -> Option<IfaceId> {
         match self {
             NextHop::Link(i) | NextHop::Via(i, _) => Some(*i),
+            _ => None,
+        }
+    }
+}
+
+impl<A: Copy> NextHop<A> {
+    /// Where a packet to `dst` goes by this route: the interface and the next hop (`dst`
+    /// itself on-link, else the gateway); `None` for routes that deliver nothing.
+    #[inline]
+    pub(crate) fn hop(self, dst: A) -> Option<(IfaceId, A)> {
+        match self {
+            NextHop::Link(i) => Some((i, dst)),
+            NextHop::Via(i, gw) => Some((i, gw)),
             _ => None,
         }
     }

@@ -1,8 +1,13 @@
-//! ICMPv4 (RFC 792): the view [`Icmpv4Packet`] over the 8-byte header and its data, and the
-//! messages the router sends and answers as values ([`Icmpv4Repr`]: echo request and reply,
-//! errors quoting a datagram).
+//! ICMP (RFC 792): the view [`IcmpPacket`] over the 8-byte header and its data, shared by
+//! ICMPv4 ([`Icmpv4Packet`]) and ICMPv6 ([`Icmpv6Packet`], whose messages are in
+//! [`super::icmpv6`]), and the ICMPv4 messages the router sends and answers as values
+//! ([`Icmpv4Repr`]: echo request and reply, errors quoting a datagram).
+
+use std::marker::PhantomData;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::wire::checksum;
+use crate::wire::family::Family;
 use crate::wire::Error;
 
 mod field {
@@ -68,18 +73,31 @@ pub const fn is_query(ty: u8) -> bool {
     matches!(ty, 0 | 8 | 13 | 14 | 15 | 16 | 17 | 18)
 }
 
-/// A view of an ICMPv4 message. [`Icmpv4Packet::new_checked`] checks the 8-byte header is
-/// there; after it no accessor panics. The message runs to the end of the buffer.
+/// A view of an ICMP message of family `A` ([`Icmpv4Packet`], [`Icmpv6Packet`]): both have
+/// the same 8-byte header (type, code, checksum, a second word) before their data; they
+/// differ in their checksum (ICMPv6's covers the IPv6 pseudo-header, RFC 4443 2.3).
+/// [`IcmpPacket::new_checked`] checks the header is there; after it no accessor panics. The
+/// message runs to the end of the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Icmpv4Packet<T: AsRef<[u8]>> {
+pub struct IcmpPacket<T: AsRef<[u8]>, A: Family> {
     buffer: T,
+    family: PhantomData<A>,
 }
 
-impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
+/// A view of an ICMPv4 message (see [`IcmpPacket`]).
+pub type Icmpv4Packet<T> = IcmpPacket<T, Ipv4Addr>;
+
+/// A view of an ICMPv6 message (see [`IcmpPacket`]).
+pub type Icmpv6Packet<T> = IcmpPacket<T, Ipv6Addr>;
+
+impl<T: AsRef<[u8]>, A: Family> IcmpPacket<T, A> {
     /// Wraps a buffer without checking it: accessors panic if it is shorter than 8 bytes.
     #[inline]
     pub const fn new_unchecked(buffer: T) -> Self {
-        Icmpv4Packet { buffer }
+        IcmpPacket {
+            buffer,
+            family: PhantomData,
+        }
     }
 
     /// Wraps a buffer of at least 8 bytes.
@@ -88,7 +106,7 @@ impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
         if buffer.as_ref().len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        Ok(Icmpv4Packet { buffer })
+        Ok(Self::new_unchecked(buffer))
     }
 
     /// The underlying buffer.
@@ -139,7 +157,8 @@ impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
     }
 
     /// The second 32-bit word of the header (the next-hop MTU of "fragmentation needed", the
-    /// gateway of a redirect, ...).
+    /// MTU of "packet too big", the gateway of a redirect, the flags of a neighbor
+    /// advertisement, ...).
     #[inline]
     pub fn rest(&self) -> u32 {
         let h = self.header();
@@ -152,6 +171,22 @@ impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
         &self.buffer.as_ref()[HEADER_LEN..]
     }
 
+    /// The whole message.
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized, A: Family> IcmpPacket<&'a T, A> {
+    /// The data after the header, for as long as the buffer is borrowed.
+    #[inline]
+    pub(crate) fn borrowed_data(&self) -> &'a [u8] {
+        &self.buffer.as_ref()[HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
     /// True when the checksum over the whole message verifies.
     #[inline]
     pub fn verify_checksum(&self) -> bool {
@@ -159,7 +194,7 @@ impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
     }
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv4Packet<T> {
+impl<T: AsRef<[u8]> + AsMut<[u8]>, A: Family> IcmpPacket<T, A> {
     #[inline(always)]
     fn header_mut(&mut self) -> &mut [u8; HEADER_LEN] {
         self.buffer
@@ -209,7 +244,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv4Packet<T> {
     pub fn data_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[HEADER_LEN..]
     }
+}
 
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv4Packet<T> {
     /// Recomputes the checksum over the whole message.
     #[inline]
     pub fn fill_checksum(&mut self) {

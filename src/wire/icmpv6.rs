@@ -1,5 +1,6 @@
 //! ICMPv6 (RFC 4443) and Neighbor Discovery (RFC 4861): the view [`Icmpv6Packet`] over the
-//! 4-byte header, the second word and the body, the NDP options walker ([`NdOptions`]), and the
+//! 4-byte header, the second word and the body (the ICMP view shared with ICMPv4, with its
+//! pseudo-header checksum), the NDP options walker ([`NdOptions`]), and the
 //! messages the router sends and answers as values ([`Icmpv6Repr`]: echo, errors quoting a
 //! packet, Router Solicitation/Advertisement, Neighbor Solicitation/Advertisement).
 //!
@@ -29,17 +30,9 @@ use crate::wire::ipv6::{l4_checksum, l4_verifies, NH_ICMPV6};
 use crate::wire::mac::MacAddr;
 use crate::wire::Error;
 
-mod field {
-    use std::ops::Range;
-    pub const TYPE: usize = 0;
-    pub const CODE: usize = 1;
-    pub const CSUM: Range<usize> = 2..4;
-    pub const REST: Range<usize> = 4..8;
-    pub const DATA: usize = 8;
-}
-
-/// Length of the ICMPv6 header: type, code, checksum and the second 32-bit word.
-pub const HEADER_LEN: usize = field::DATA;
+/// Length of the ICMPv6 header: type, code, checksum and the second 32-bit word (the same as
+/// ICMPv4's: one view, [`IcmpPacket`](super::icmp::IcmpPacket), reads both).
+pub const HEADER_LEN: usize = super::icmp::HEADER_LEN;
 
 /// ICMPv6 types and codes tapyard reads and sends.
 pub mod codes {
@@ -103,148 +96,29 @@ pub const fn is_ndp(ty: u8) -> bool {
     matches!(ty, 133..=137)
 }
 
-/// A view of an ICMPv6 message. [`Icmpv6Packet::new_checked`] checks the 8-byte header is
-/// there; after it no accessor panics. The message runs to the end of the buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Icmpv6Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+pub use super::icmp::Icmpv6Packet;
 
 impl<T: AsRef<[u8]>> Icmpv6Packet<T> {
-    /// Wraps a buffer without checking it: accessors panic if it is shorter than 8 bytes.
-    #[inline]
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Icmpv6Packet { buffer }
-    }
-
-    /// Wraps a buffer of at least 8 bytes.
-    #[inline]
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        if buffer.as_ref().len() < HEADER_LEN {
-            return Err(Error::Truncated);
-        }
-        Ok(Icmpv6Packet { buffer })
-    }
-
-    /// The underlying buffer.
-    #[inline]
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    #[inline(always)]
-    fn header(&self) -> &[u8; HEADER_LEN] {
-        self.buffer
-            .as_ref()
-            .first_chunk()
-            .expect("ICMPv6 header checked by new_checked")
-    }
-
-    /// Message type.
-    #[inline]
-    pub fn msg_type(&self) -> u8 {
-        self.header()[field::TYPE]
-    }
-
-    /// Code.
-    #[inline]
-    pub fn code(&self) -> u8 {
-        self.header()[field::CODE]
-    }
-
-    /// Checksum.
-    #[inline]
-    pub fn checksum(&self) -> u16 {
-        let h = self.header();
-        u16::from_be_bytes([h[field::CSUM.start], h[field::CSUM.start + 1]])
-    }
-
-    /// The second 32-bit word (echo identifier and sequence, the MTU of packet too big, the
-    /// pointer of parameter problem, the flags of a neighbor advertisement).
-    #[inline]
-    pub fn rest(&self) -> u32 {
-        let h = self.header();
-        u32::from_be_bytes([h[4], h[5], h[6], h[7]])
-    }
-
-    /// Echo identifier (echo messages).
-    #[inline]
-    pub fn echo_ident(&self) -> u16 {
-        let h = self.header();
-        u16::from_be_bytes([h[4], h[5]])
-    }
-
-    /// Echo sequence number (echo messages).
-    #[inline]
-    pub fn echo_seq_no(&self) -> u16 {
-        let h = self.header();
-        u16::from_be_bytes([h[6], h[7]])
-    }
-
     /// The MTU of a packet too big message.
     #[inline]
     pub fn mtu(&self) -> u32 {
         self.rest()
     }
 
-    /// The body after the 8-byte header (the quoted packet of an error).
-    #[inline]
-    pub fn data(&self) -> &[u8] {
-        &self.buffer.as_ref()[HEADER_LEN..]
-    }
-
     /// True when the checksum over the pseudo-header (`src`, `dst`) and the whole message
     /// verifies.
     #[inline]
     pub fn verify_checksum(&self, src: Ipv6Addr, dst: Ipv6Addr) -> bool {
-        l4_verifies(src, dst, NH_ICMPV6, self.buffer.as_ref())
+        l4_verifies(src, dst, NH_ICMPV6, self.as_bytes())
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv6Packet<T> {
-    #[inline(always)]
-    fn header_mut(&mut self) -> &mut [u8; HEADER_LEN] {
-        self.buffer
-            .as_mut()
-            .first_chunk_mut()
-            .expect("ICMPv6 header checked by new_checked")
-    }
-
-    /// Sets the message type.
-    #[inline]
-    pub fn set_msg_type(&mut self, v: u8) {
-        self.header_mut()[field::TYPE] = v;
-    }
-
-    /// Sets the code.
-    #[inline]
-    pub fn set_code(&mut self, v: u8) {
-        self.header_mut()[field::CODE] = v;
-    }
-
-    /// Sets the checksum field.
-    #[inline]
-    pub fn set_checksum(&mut self, v: u16) {
-        self.header_mut()[field::CSUM].copy_from_slice(&v.to_be_bytes());
-    }
-
-    /// Sets the second header word.
-    #[inline]
-    pub fn set_rest(&mut self, v: u32) {
-        self.header_mut()[field::REST].copy_from_slice(&v.to_be_bytes());
-    }
-
-    /// The body after the header, mutable.
-    #[inline]
-    pub fn data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[HEADER_LEN..]
-    }
-
     /// Recomputes the checksum over the pseudo-header (`src`, `dst`) and the whole message.
     #[inline]
     pub fn fill_checksum(&mut self, src: Ipv6Addr, dst: Ipv6Addr) {
         self.set_checksum(0);
-        let c = l4_checksum(src, dst, NH_ICMPV6, self.buffer.as_ref());
+        let c = l4_checksum(src, dst, NH_ICMPV6, self.as_bytes());
         self.set_checksum(c);
     }
 }
@@ -478,8 +352,7 @@ impl<'a> Icmpv6Repr<'a> {
         if !p.verify_checksum(src, dst) {
             return Err(Error::Malformed);
         }
-        let buf: &'a T = p.buffer;
-        let data = &buf.as_ref()[HEADER_LEN..];
+        let data = p.borrowed_data();
         let (ty, code) = (p.msg_type(), p.code());
         if is_ndp(ty) && code != 0 {
             return Err(Error::Malformed);

@@ -1,6 +1,7 @@
-//! IPv4: the header view [`Ipv4Packet`], the header as a value [`Ipv4Repr`], and what the
-//! router does with IPv4 packets: the `ip_rcv` header check ([`check_header`]), the TTL
-//! decrement, ICMP errors and echo replies, TCP resets, fragmentation.
+//! IPv4: the header view [`Ipv4Packet`], the header as a value [`Ipv4Repr`], the `ip_rcv`
+//! header check ([`check_header`], giving an [`Ipv4Info`]) and the TTL decrement. What the
+//! router does with IPv4 packets (ICMP errors, echo replies, TCP resets, fragmentation) is the
+//! router's (`l3::router`).
 //!
 //! Field offsets are named once in the private `field` module. Slices passed to the free
 //! functions start at the IPv4 header (`l3`) or at the Ethernet header (`frame`) as each
@@ -13,9 +14,8 @@ use crate::narrow::{len16, low8};
 use crate::stats::DropReason;
 use crate::wire::checksum;
 use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
-use crate::wire::icmp::{self as icmpv4, Icmpv4Packet, Icmpv4Repr};
+use crate::wire::icmp as icmpv4;
 use crate::wire::mac::MacAddr;
-use crate::wire::tcp::{TcpPacket, TcpRepr};
 use crate::wire::Error;
 
 mod field {
@@ -527,49 +527,9 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bo
     true
 }
 
-/// Writes an Ethernet + IPv4 + ICMP error about the packet `orig_l3` into `out`, quoting as much
-/// of the original datagram as fits in 576 bytes (as Linux). `rest` is the ICMP header's second
-/// word (the next-hop MTU for "fragmentation needed"). Returns the frame length, or `None` when
-/// `out` is too small.
-#[allow(clippy::too_many_arguments)]
-pub fn write_icmp_error(
-    out: &mut [u8],
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src_ip: Ipv4Addr,
-    dst_ip: Ipv4Addr,
-    ty: u8,
-    code: u8,
-    rest: u32,
-    orig_l3: &[u8],
-) -> Option<usize> {
-    let quote = orig_l3
-        .len()
-        .min(ICMP_ERROR_MAX - HEADER_LEN - icmpv4::HEADER_LEN);
-    let icmp = Icmpv4Repr::Error {
-        msg_type: ty,
-        code,
-        rest,
-        data: &orig_l3[..quote],
-    };
-    let ip = Ipv4Repr {
-        src_addr: src_ip,
-        dst_addr: dst_ip,
-        protocol: PROTO_ICMP,
-        payload_len: icmp.buffer_len(),
-        ttl: 64,
-        // Internetwork control, as Linux.
-        tos: 0xc0,
-        dont_frag: false,
-    };
-    emit_frame(out, src_mac, dst_mac, &ip, |p| {
-        icmp.emit(&mut Icmpv4Packet::new_unchecked(p))
-    })
-}
-
 /// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
 /// `out` is too small.
-fn emit_frame(
+pub(crate) fn emit_frame(
     out: &mut [u8],
     src: MacAddr,
     dst: MacAddr,
@@ -591,161 +551,8 @@ fn emit_frame(
     Some(len)
 }
 
-/// Writes the TCP reset that refuses the segment at `orig_l3` (a checked IPv4 header of
-/// `hdr_len` bytes with a TCP header after it), as Linux's `nf_send_reset` for `REJECT
-/// --reject-with tcp-reset` (see [`TcpRepr::reset_for`]). Returns the frame length, or `None`
-/// when `out` is too small, the headers are truncated, or the segment is itself a reset.
-pub fn write_tcp_rst(
-    out: &mut [u8],
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    orig_l3: &[u8],
-    hdr_len: usize,
-) -> Option<usize> {
-    let ip = Ipv4Packet::new_checked(orig_l3)
-        .ok()
-        .filter(|p| p.header_len() == hdr_len)?;
-    let seg = TcpPacket::new_checked(ip.payload()).ok()?;
-    let rst = TcpRepr::reset_for(&seg)?;
-    let (src, dst) = (ip.dst_addr(), ip.src_addr());
-    let r = Ipv4Repr {
-        src_addr: src,
-        dst_addr: dst,
-        protocol: PROTO_TCP,
-        payload_len: rst.buffer_len(),
-        ttl: 64,
-        tos: 0,
-        dont_frag: true,
-    };
-    emit_frame(out, src_mac, dst_mac, &r, |p| {
-        rst.emit(&mut TcpPacket::new_unchecked(p), src, dst)
-    })
-}
-
-/// Turns an ICMP echo request frame addressed to us into the echo reply, in place: addresses
-/// swapped (IP and MAC, with `our_mac` as the source), type 0, TTL 64, checksums updated.
-/// `l3` is the frame's L3 offset. Returns `false` (frame untouched) if it is not a well-formed
-/// echo request.
-pub fn echo_reply_in_place(frame: &mut [u8], l3: usize, info: &Ipv4Info, our_mac: MacAddr) -> bool {
-    if info.proto != PROTO_ICMP || l3 < ETH_LEN {
-        return false;
-    }
-    let Some(ipb) = frame.get(l3..) else {
-        return false;
-    };
-    let Ok(ip) = Ipv4Packet::new_checked(ipb) else {
-        return false;
-    };
-    let Ok(req) = Icmpv4Packet::new_checked(ip.payload()) else {
-        return false;
-    };
-    if req.msg_type() != icmpv4::codes::ECHO_REQUEST || req.code() != 0 || !req.verify_checksum() {
-        return false;
-    }
-    let (src, dst) = (ip.src_addr(), ip.dst_addr());
-    let mut eth = EthernetFrame::new_unchecked(&mut *frame);
-    let peer = eth.src_addr();
-    eth.set_dst_addr(peer);
-    eth.set_src_addr(our_mac);
-    let mut ip = Ipv4Packet::new_unchecked(&mut frame[l3..]);
-    ip.set_src_addr(dst);
-    ip.set_dst_addr(src);
-    ip.set_ttl(64);
-    ip.fill_checksum();
-    let mut icmp = Icmpv4Packet::new_unchecked(ip.payload_mut());
-    icmp.set_msg_type(icmpv4::codes::ECHO_REPLY);
-    icmp.fill_checksum();
-    true
-}
-
-/// Splits the IPv4 datagram in `frame` (Ethernet header, then IPv4 at `l3`) into fragments
-/// whose IP length is at most `mtu`, writing each complete frame into `scratch` and handing it
-/// to `emit`, as Linux's `ip_fragment`: payload cut at multiples of 8 bytes, MF and offsets set,
-/// options without the "copied" bit replaced by NOPs after the first fragment, checksums
-/// recomputed. Returns the number of fragments, or an error when the packet cannot be split
-/// (`mtu` smaller than header + 8 bytes, or `scratch` too small).
-pub fn fragment(
-    frame: &[u8],
-    l3: usize,
-    info: &Ipv4Info,
-    mtu: usize,
-    scratch: &mut [u8],
-    emit: &mut dyn FnMut(&[u8]),
-) -> Result<usize, DropReason> {
-    let ip = frame
-        .get(l3..)
-        .and_then(|b| Ipv4Packet::new_checked(b).ok())
-        .filter(|p| p.header_len() == info.hdr_len && p.total_len() == info.total_len)
-        .ok_or(DropReason::FragNeeded)?;
-    let hl = info.hdr_len;
-    if mtu < hl + 8 {
-        return Err(DropReason::FragNeeded);
-    }
-    let per = (mtu - hl) & !7;
-    let payload = ip.payload();
-    let base_off = usize::from(info.frag & FRAG_OFFSET) * 8;
-    let orig_mf = info.frag & MF;
-    let mut hdr = [0u8; 60];
-    hdr[..hl].copy_from_slice(ip.header());
-    let mut n = 0;
-    let mut at = 0;
-    loop {
-        let chunk = per.min(payload.len() - at);
-        let last = at + chunk >= payload.len();
-        let flen = l3 + hl + chunk;
-        let out = scratch.get_mut(..flen).ok_or(DropReason::FragNeeded)?;
-        out[..l3].copy_from_slice(&frame[..l3]);
-        out[l3..l3 + hl].copy_from_slice(&hdr[..hl]);
-        let mut p = Ipv4Packet::new_unchecked(&mut out[l3..]);
-        p.set_total_len(len16(hl + chunk));
-        let off = (base_off + at) / 8;
-        let mf = if last { orig_mf } else { MF };
-        p.set_frag_field((info.frag & DF) | mf | (len16(off) & FRAG_OFFSET));
-        p.fill_checksum();
-        p.payload_mut().copy_from_slice(&payload[at..at + chunk]);
-        emit(&out[..flen]);
-        n += 1;
-        if n == 1 {
-            strip_uncopied_options(&mut hdr[HEADER_LEN..hl]);
-        }
-        at += chunk;
-        if last {
-            break;
-        }
-    }
-    Ok(n)
-}
-
-/// Replaces IPv4 options whose "copied" bit is clear with NOPs (Linux `ip_options_fragment`).
-/// `opts` is the options area (after the 20 fixed bytes).
-fn strip_uncopied_options(opts: &mut [u8]) {
-    const END: u8 = 0;
-    const NOP: u8 = 1;
-    const COPIED: u8 = 0x80;
-    let mut i = 0;
-    while i < opts.len() {
-        match opts[i] {
-            END => break,
-            NOP => i += 1,
-            ty => {
-                let Some(&l) = opts.get(i + 1) else { break };
-                let l = usize::from(l);
-                if l < 2 || i + l > opts.len() {
-                    break;
-                }
-                if ty & COPIED == 0 {
-                    opts[i..i + l].fill(NOP);
-                }
-                i += l;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use crate::wire::checksum::checksum;
-    use crate::wire::icmp::codes as icmp;
     use proptest::prelude::*;
 
     #[test]
@@ -796,43 +603,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn tcp_rst_refuses_a_syn_like_linux() {
-        let mut f = Vec::new();
-        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-            .ipv4([10, 244, 1, 2], [10, 96, 0, 10], 64)
-            .tcp(40000, 80, 1000, 64240)
-            .syn()
-            .write(&mut f, &[])
-            .unwrap();
-        let mut out = [0u8; 128];
-        let gw = MacAddr([2, 0, 0, 0, 0, 2]);
-        let pod = MacAddr([2, 0, 0, 0, 0, 1]);
-        let n = write_tcp_rst(&mut out, gw, pod, &f[14..], 20).unwrap();
-        let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
-        let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
-            panic!("not IPv4")
-        };
-        let Some(etherparse::TransportSlice::Tcp(t)) = &p.transport else {
-            panic!("not TCP")
-        };
-        assert_eq!(ip.header().source(), [10, 96, 0, 10]);
-        assert_eq!(ip.header().destination(), [10, 244, 1, 2]);
-        assert_eq!((t.source_port(), t.destination_port()), (80, 40000));
-        assert!(t.rst() && t.ack() && !t.syn());
-        assert_eq!((t.sequence_number(), t.acknowledgment_number()), (0, 1001));
-        let want = t
-            .to_header()
-            .calc_checksum_ipv4(&ip.header().to_header(), &[])
-            .unwrap();
-        assert_eq!(t.checksum(), want);
-        assert_eq!(checksum(&out[14..34]), 0);
-        // A reset is never answered with a reset.
-        assert!(write_tcp_rst(&mut [0u8; 128], pod, gw, &out[14..n], 20).is_none());
-    }
-
     use super::*;
-    use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+    use etherparse::{Icmpv4Type, PacketBuilder};
 
     fn udp_frame(payload: usize, df: bool, ttl: u8) -> Vec<u8> {
         let mut f = Vec::new();
@@ -875,49 +647,6 @@ mod tests {
     }
 
     #[test]
-    fn icmp_error_quotes_the_original_and_parses() {
-        let f = udp_frame(1000, true, 1);
-        let info = check_header(&f[14..]).unwrap();
-        assert!(may_send_icmp_error(&f[14..], &info, false));
-        let mut out = [0u8; 700];
-        let n = write_icmp_error(
-            &mut out,
-            MacAddr::local(9),
-            MacAddr::local(1),
-            Ipv4Addr::new(10, 0, 0, 254),
-            info.src,
-            icmp::DEST_UNREACH,
-            icmp::FRAG_NEEDED,
-            1400,
-            &f[14..],
-        )
-        .unwrap();
-        assert_eq!(n, 14 + 576);
-        let p = SlicedPacket::from_ethernet(&out[..n]).unwrap();
-        let Some(NetSlice::Ipv4(ip)) = p.net else {
-            panic!()
-        };
-        assert_eq!(ip.header().source_addr(), Ipv4Addr::new(10, 0, 0, 254));
-        assert_eq!(check_header(&out[14..n]).unwrap().total_len, 576);
-        let Some(TransportSlice::Icmpv4(i)) = p.transport else {
-            panic!()
-        };
-        assert_eq!(checksum(&out[34..n]), 0);
-        match i.icmp_type() {
-            Icmpv4Type::DestinationUnreachable(d) => {
-                assert_eq!(
-                    d,
-                    etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded {
-                        next_hop_mtu: 1400
-                    }
-                )
-            }
-            t => panic!("{t:?}"),
-        }
-        assert_eq!(&out[42..62], &f[14..34], "original header quoted");
-    }
-
-    #[test]
     fn no_icmp_error_about_icmp_errors_or_later_fragments() {
         let mut f = Vec::new();
         PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
@@ -934,55 +663,5 @@ mod tests {
         assert!(!may_send_icmp_error(&g[14..], &info, true));
         info.frag = 3;
         assert!(!may_send_icmp_error(&g[14..], &info, false));
-    }
-
-    #[test]
-    fn echo_reply_swaps_and_checksums() {
-        let mut f = Vec::new();
-        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9])
-            .ipv4([10, 0, 0, 1], [10, 0, 0, 254], 64)
-            .icmpv4_echo_request(7, 3)
-            .write(&mut f, b"ping payload")
-            .unwrap();
-        let info = check_header(&f[14..]).unwrap();
-        assert!(echo_reply_in_place(&mut f, 14, &info, MacAddr::local(9)));
-        let p = SlicedPacket::from_ethernet(&f).unwrap();
-        let Some(NetSlice::Ipv4(ip)) = p.net else {
-            panic!()
-        };
-        assert_eq!(ip.header().destination_addr(), Ipv4Addr::new(10, 0, 0, 1));
-        assert_eq!(&f[0..6], &[2, 0, 0, 0, 0, 1]);
-        check_header(&f[14..]).unwrap();
-        let Some(TransportSlice::Icmpv4(i)) = p.transport else {
-            panic!()
-        };
-        assert!(matches!(i.icmp_type(), Icmpv4Type::EchoReply(h) if h.id == 7 && h.seq == 3));
-        assert_eq!(checksum(&f[34..]), 0);
-    }
-
-    #[test]
-    fn fragments_reassemble_to_the_original() {
-        let f = udp_frame(3000, false, 64);
-        let info = check_header(&f[14..]).unwrap();
-        let mut scratch = [0u8; 2000];
-        let mut frags: Vec<Vec<u8>> = Vec::new();
-        let n = fragment(&f, 14, &info, 1500, &mut scratch, &mut |fr| {
-            frags.push(fr.to_vec())
-        })
-        .unwrap();
-        assert_eq!(n, 3);
-        let mut payload = Vec::new();
-        for (i, fr) in frags.iter().enumerate() {
-            let fi = check_header(&fr[14..]).unwrap();
-            assert!(fi.total_len <= 1500);
-            assert_eq!(usize::from(fi.frag & 0x1fff) * 8, payload.len());
-            assert_eq!(fi.frag & MF != 0, i < 2);
-            payload.extend_from_slice(&fr[14 + fi.hdr_len..14 + fi.total_len]);
-        }
-        assert_eq!(payload, f[34..]);
-        assert_eq!(
-            fragment(&f, 14, &info, 20, &mut scratch, &mut |_| {}),
-            Err(DropReason::FragNeeded)
-        );
     }
 }

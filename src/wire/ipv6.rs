@@ -1,9 +1,9 @@
 //! IPv6 (RFC 8200): the fixed-header view [`Ipv6Packet`], the header as a value
-//! [`Ipv6Repr`], the extension-header walker ([`ExtHeaders`]) and what the router does with
-//! IPv6 packets: the `ipv6_rcv` checks ([`check`], giving an [`Ipv6Info`]), ICMPv6 errors
-//! quoting the offending packet ([`write_icmp_error`]), echo replies, TCP resets, and the
-//! address helpers of NDP (solicited-node groups, their `33:33` MACs, EUI-64 link-local
-//! addresses).
+//! [`Ipv6Repr`], the extension-header walker ([`ExtHeaders`]), the `ipv6_rcv` checks
+//! ([`check`], giving an [`Ipv6Info`]), the frame writer of ICMPv6 messages ([`write_icmp`]),
+//! and the address helpers of NDP (solicited-node groups, their `33:33` MACs, EUI-64
+//! link-local addresses). What the router does with IPv6 packets (errors, echo replies,
+//! resets) is the router's (`l3::router`).
 //!
 //! Field offsets are named once in the private `field` module; every function bounds-checks
 //! its input and returns an error value instead of panicking.
@@ -33,7 +33,6 @@ use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
 use crate::wire::icmpv6::{self, Icmpv6Packet, Icmpv6Repr};
 use crate::wire::mac::MacAddr;
-use crate::wire::tcp::{TcpPacket, TcpRepr};
 use crate::wire::Error;
 
 mod field {
@@ -599,7 +598,7 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bo
 
 /// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
 /// `out` is too small.
-fn emit_frame(
+pub(crate) fn emit_frame(
     out: &mut [u8],
     src: MacAddr,
     dst: MacAddr,
@@ -623,7 +622,6 @@ fn emit_frame(
 
 /// Writes an Ethernet + IPv6 + ICMPv6 message (`repr`, checksummed) from `src_ip` to
 /// `dst_ip` with `hop_limit`. Returns the frame length, or `None` when `out` is too small.
-#[allow(clippy::too_many_arguments)]
 pub fn write_icmp(
     out: &mut [u8],
     src_mac: MacAddr,
@@ -643,111 +641,6 @@ pub fn write_icmp(
     emit_frame(out, src_mac, dst_mac, &ip, |p| {
         repr.emit(&mut Icmpv6Packet::new_unchecked(p), src_ip, dst_ip)
     })
-}
-
-/// Writes an Ethernet + IPv6 + ICMPv6 error about the packet `orig_l3`, quoting as much of
-/// it as fits in the minimum MTU of 1280 bytes (RFC 4443 2.4 (c)). `error` is the error
-/// without its data ([`Icmpv6Repr::DstUnreachable`], [`Icmpv6Repr::PacketTooBig`], ...; its
-/// `data` is replaced by the quote). Hop limit 64. Returns the frame length, or `None` when
-/// `out` is too small or `error` is not an error.
-#[allow(clippy::too_many_arguments)]
-pub fn write_icmp_error(
-    out: &mut [u8],
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src_ip: Ipv6Addr,
-    dst_ip: Ipv6Addr,
-    error: Icmpv6Repr<'_>,
-    orig_l3: &[u8],
-) -> Option<usize> {
-    let quote = orig_l3.len().min(MIN_MTU - HEADER_LEN - icmpv6::HEADER_LEN);
-    let repr = error.with_data(&orig_l3[..quote])?;
-    write_icmp(out, src_mac, dst_mac, src_ip, dst_ip, 64, &repr)
-}
-
-/// Writes the TCP reset that refuses the segment in `orig_l3` (a checked IPv6 packet whose
-/// TCP header is at `info.l4_off`), as Linux's `nf_send_reset6`. Returns the frame length, or
-/// `None` when `out` is too small, the TCP header is not there, or the segment is a reset.
-pub fn write_tcp_rst(
-    out: &mut [u8],
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    orig_l3: &[u8],
-    info: &Ipv6Info,
-) -> Option<usize> {
-    if info.next_header != NH_TCP || info.is_later_fragment() {
-        return None;
-    }
-    let seg = TcpPacket::new_checked(orig_l3.get(info.l4_off..info.total_len())?).ok()?;
-    let rst = TcpRepr::reset_for(&seg)?;
-    let (src, dst) = (info.dst, info.src);
-    let r = Ipv6Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: NH_TCP,
-        payload_len: rst.buffer_len(),
-        hop_limit: 64,
-    };
-    emit_frame(out, src_mac, dst_mac, &r, |p| {
-        let mut t = TcpPacket::new_unchecked(p);
-        rst.emit(
-            &mut t,
-            std::net::Ipv4Addr::UNSPECIFIED,
-            std::net::Ipv4Addr::UNSPECIFIED,
-        );
-        let ph = pseudo(src, dst, NH_TCP, rst.buffer_len());
-        t.fill_checksum_with(&ph);
-    })
-}
-
-/// Turns an ICMPv6 echo request frame addressed to us into the echo reply, in place: MACs
-/// swapped (`our_mac` as the source), the reply's source `from` (the address the request was
-/// sent to), destination the requester, hop limit 64, type 129, checksum recomputed. A request
-/// with extension headers (hop-by-hop, destination options, a routing header) is answered as
-/// Linux's `icmpv6_echo_reply` does: the reply carries none, its ICMPv6 message moved up to
-/// right after the fixed header. A fragment is not answered (tapyard does not reassemble).
-/// Returns the reply's frame length (at most the request's), or `None` (frame untouched) if
-/// it is not a well-formed, unfragmented echo request.
-pub fn echo_reply_in_place(
-    frame: &mut [u8],
-    l3: usize,
-    info: &Ipv6Info,
-    our_mac: MacAddr,
-) -> Option<usize> {
-    if info.next_header != NH_ICMPV6
-        || info.frag.is_some()
-        || info.l4_off < HEADER_LEN
-        || l3 < ETH_LEN
-    {
-        return None;
-    }
-    let (start, end) = (l3 + info.l4_off, l3 + info.total_len());
-    let msg = frame.get(start..end)?;
-    let req = Icmpv6Packet::new_checked(msg).ok()?;
-    if req.msg_type() != icmpv6::codes::ECHO_REQUEST
-        || req.code() != 0
-        || !req.verify_checksum(info.src, info.dst)
-    {
-        return None;
-    }
-    let mut eth = EthernetFrame::new_unchecked(&mut *frame);
-    let peer = eth.src_addr();
-    eth.set_dst_addr(peer);
-    eth.set_src_addr(our_mac);
-    // Extension headers dropped: the message follows the fixed header.
-    let msg_len = end - start;
-    frame.copy_within(start..end, l3 + HEADER_LEN);
-    let end = l3 + HEADER_LEN + msg_len;
-    let mut ip = Ipv6Packet::new_unchecked(&mut frame[l3..end]);
-    ip.set_src_addr(info.dst);
-    ip.set_dst_addr(info.src);
-    ip.set_hop_limit(64);
-    ip.set_next_header(NH_ICMPV6);
-    ip.set_payload_len(u16::try_from(msg_len).ok()?);
-    let mut icmp = Icmpv6Packet::new_unchecked(ip.payload_mut());
-    icmp.set_msg_type(icmpv6::codes::ECHO_REPLY);
-    icmp.fill_checksum(info.dst, info.src);
-    Some(end)
 }
 
 /// Decrements the hop limit of the IPv6 header at the start of `l3` (no header checksum in
@@ -925,115 +818,6 @@ mod tests {
         assert!(is_link_local(&ll) && !is_link_local(&a));
         assert_eq!(mask(a, 64), "fd00:10:244:1::".parse::<Ipv6Addr>().unwrap());
         assert_eq!(mask(a, 0), Ipv6Addr::UNSPECIFIED);
-    }
-
-    #[test]
-    fn errors_quote_up_to_1280_bytes_and_parse_in_etherparse() {
-        let mut f = Vec::new();
-        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-            .ipv6(
-                [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
-                [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
-                1,
-            )
-            .udp(1000, 2000)
-            .write(&mut f, &[0xab; 1452])
-            .unwrap();
-        let info = check(&f[14..]).unwrap();
-        assert!(may_send_icmp_error(&f[14..], &info, false));
-        assert!(!may_send_icmp_error(&f[14..], &info, true));
-        let mut out = [0u8; 1400];
-        let gw: Ipv6Addr = "fd00::fe".parse().unwrap();
-        let n = write_icmp_error(
-            &mut out,
-            MacAddr::local(9),
-            MacAddr::local(1),
-            gw,
-            info.src,
-            Icmpv6Repr::PacketTooBig {
-                mtu: 1400,
-                data: &[],
-            },
-            &f[14..],
-        )
-        .unwrap();
-        assert_eq!(n, 14 + MIN_MTU);
-        let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
-        let Some(etherparse::TransportSlice::Icmpv6(i)) = p.transport else {
-            panic!("not ICMPv6")
-        };
-        assert_eq!(
-            i.icmp_type(),
-            etherparse::Icmpv6Type::PacketTooBig { mtu: 1400 }
-        );
-        let e = check(&out[14..n]).unwrap();
-        let m = Icmpv6Packet::new_checked(&out[14 + 40..n]).unwrap();
-        assert!(m.verify_checksum(e.src, e.dst));
-        assert_eq!(&m.data()[..40], &f[14..54]);
-        // Never about an ICMPv6 error.
-        assert!(!may_send_icmp_error(&out[14..n], &e, false));
-    }
-
-    #[test]
-    fn echo_reply_and_tcp_reset() {
-        let (a, b) = (
-            [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
-            [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xfe],
-        );
-        let mut f = Vec::new();
-        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9])
-            .ipv6(a, b, 64)
-            .icmpv6_echo_request(3, 4)
-            .write(&mut f, b"ping")
-            .unwrap();
-        let info = check(&f[14..]).unwrap();
-        assert_eq!(
-            echo_reply_in_place(&mut f, 14, &info, MacAddr::local(9)),
-            Some(f.len())
-        );
-        let p = etherparse::SlicedPacket::from_ethernet(&f).unwrap();
-        let Some(etherparse::TransportSlice::Icmpv6(i)) = p.transport else {
-            panic!()
-        };
-        assert!(
-            matches!(i.icmp_type(), etherparse::Icmpv6Type::EchoReply(h) if h.id == 3 && h.seq == 4)
-        );
-        let e = check(&f[14..]).unwrap();
-        assert_eq!((e.src.octets(), e.dst.octets()), (b, a));
-        assert!(Icmpv6Packet::new_checked(&f[54..])
-            .unwrap()
-            .verify_checksum(e.src, e.dst));
-
-        let mut s = Vec::new();
-        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9])
-            .ipv6(a, b, 64)
-            .tcp(40000, 80, 1000, 64240)
-            .syn()
-            .write(&mut s, &[])
-            .unwrap();
-        let info = check(&s[14..]).unwrap();
-        let mut out = [0u8; 128];
-        let n = write_tcp_rst(
-            &mut out,
-            MacAddr::local(9),
-            MacAddr::local(1),
-            &s[14..],
-            &info,
-        )
-        .unwrap();
-        let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
-        let (Some(etherparse::NetSlice::Ipv6(ip)), Some(etherparse::TransportSlice::Tcp(t))) =
-            (&p.net, &p.transport)
-        else {
-            panic!()
-        };
-        assert!(t.rst() && t.ack());
-        assert_eq!(t.acknowledgment_number(), 1001);
-        let want = t
-            .to_header()
-            .calc_checksum_ipv6(&ip.header().to_header(), &[])
-            .unwrap();
-        assert_eq!(t.checksum(), want);
     }
 
     proptest! {

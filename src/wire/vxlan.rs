@@ -1,8 +1,8 @@
 //! VXLAN (RFC 7348): the 8-byte header ([`VxlanPacket`], [`VxlanRepr`]) and the outer
 //! headers of an encapsulated frame over IPv4 ([`Outer`]: Ethernet + IPv4 + UDP + VXLAN,
 //! [`OVERHEAD`] bytes written into a buffer's headroom) or over IPv6 ([`Outer6`]: Ethernet +
-//! IPv6 + UDP + VXLAN, [`OVERHEAD6`] bytes). Decapsulation reads them with [`parse_udp`] and
-//! [`parse_udp6`] (which refuses a zero UDP checksum, as Linux does over IPv6).
+//! IPv6 + UDP + VXLAN, [`OVERHEAD6`] bytes). Decapsulation reads them with [`parse_udp`]
+//! (which refuses a zero UDP checksum over IPv6, as Linux does).
 //!
 //! The outer UDP checksum is filled the way Linux's vxlan device does on 6.x: computed (not
 //! zero). Three ways are offered, cheapest first: [`Outer::partial_csum`] leaves it for the
@@ -23,6 +23,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::narrow::len16;
 use crate::wire::checksum::{self, PseudoHeader};
 use crate::wire::ethernet::{self, ethertype, EthernetFrame};
+use crate::wire::family::{self, Family, IpProto};
 use crate::wire::ipv4::{self, Ipv4Packet, PROTO_UDP};
 use crate::wire::ipv6::{self, Ipv6Packet};
 use crate::wire::mac::MacAddr;
@@ -476,66 +477,49 @@ pub enum DecapError {
     ZeroChecksum,
 }
 
-/// Reads the UDP and VXLAN headers of the IPv4 datagram at `frame[l3..]` whose header
-/// `ip` describes (already checked): checks the UDP length, the checksum when `verify` (a
-/// zero checksum is accepted, as Linux does), the flags and the VNI. The inner frame is at
-/// [`OuterInfo::inner`] and runs to the datagram's end.
-pub fn parse_udp(
-    frame: &[u8],
-    l3: usize,
-    ip: &ipv4::Ipv4Info,
-    vni: u32,
-    verify: bool,
-) -> Result<OuterInfo, DecapError> {
-    let (hdr_len, total_len, src, dst) = (ip.hdr_len, ip.total_len, ip.src, ip.dst);
-    let l4 = l3 + hdr_len;
-    let dgram = frame.get(l4..l3 + total_len).ok_or(DecapError::Short)?;
-    let u = vxlan_dgram(dgram, vni)?;
-    if verify && !u.verify_checksum(src, dst) {
-        return Err(DecapError::BadChecksum);
-    }
-    Ok(OuterInfo {
-        src: src.into(),
-        src_port: u.src_port(),
-        l4,
-        inner: l4 + udp::HEADER_LEN + HEADER_LEN,
-    })
+/// Where the outer UDP datagram of family `A` is in a frame, from its checked IP header: its
+/// addresses, the offset of its UDP header and its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OuterIp<A> {
+    /// The outer source address.
+    pub src: A,
+    /// The outer destination address.
+    pub dst: A,
+    /// The offset of the UDP header in the frame.
+    pub l4: usize,
+    /// The offset of the datagram's end (IP total length) in the frame.
+    pub end: usize,
 }
 
-/// [`parse_udp`] for an IPv6 datagram at `frame[l3..]` whose header `ip` describes (already
-/// checked by [`ipv6::check`], UDP its upper layer, not a fragment): a zero checksum is
-/// [`DecapError::ZeroChecksum`] whether or not `verify` (Linux's default).
-pub fn parse_udp6(
+/// Reads the UDP and VXLAN headers of the outer datagram `ip` of `frame` (its IP header
+/// already checked; over IPv6, UDP its upper layer and not a fragment): checks the UDP
+/// length, the checksum when `verify`, the flags and the VNI. A zero checksum means none
+/// over IPv4 (accepted, as Linux does) and is [`DecapError::ZeroChecksum`] over IPv6 whether
+/// or not `verify` (Linux's default, `udp6zerocsumrx` off; RFC 8200 8.1). The inner frame is
+/// at [`OuterInfo::inner`] and runs to the datagram's end.
+pub fn parse_udp<A: Family>(
     frame: &[u8],
-    l3: usize,
-    ip: &ipv6::Ipv6Info,
+    ip: OuterIp<A>,
     vni: u32,
     verify: bool,
 ) -> Result<OuterInfo, DecapError> {
-    let l4 = l3 + ip.l4_off;
-    let dgram = frame
-        .get(l4..l3 + ip.total_len())
-        .ok_or(DecapError::Short)?;
+    let dgram = frame.get(ip.l4..ip.end).ok_or(DecapError::Short)?;
     let u = vxlan_dgram(dgram, vni)?;
     if u.checksum() == 0 {
-        return Err(DecapError::ZeroChecksum);
-    }
-    if verify {
-        let ph = PseudoHeader::Ipv6 {
-            src: ip.src.octets(),
-            dst: ip.dst.octets(),
-            next_header: ipv6::NH_UDP,
-            len: u32::try_from(dgram.len()).map_err(|_| DecapError::Short)?,
-        };
-        if !ph.verifies(dgram) {
+        if A::VERSION == <Ipv6Addr as Family>::VERSION {
+            return Err(DecapError::ZeroChecksum);
+        }
+    } else if verify {
+        let len = u32::try_from(dgram.len()).map_err(|_| DecapError::Short)?;
+        if !family::pseudo_header(ip.src, ip.dst, IpProto::UDP, len).verifies(dgram) {
             return Err(DecapError::BadChecksum);
         }
     }
     Ok(OuterInfo {
         src: ip.src.into(),
         src_port: u.src_port(),
-        l4,
-        inner: l4 + udp::HEADER_LEN + HEADER_LEN,
+        l4: ip.l4,
+        inner: ip.l4 + udp::HEADER_LEN + HEADER_LEN,
     })
 }
 
@@ -616,8 +600,14 @@ mod tests {
     const A: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 2);
     const B: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 3);
 
-    fn info_of(f: &[u8]) -> ipv4::Ipv4Info {
-        ipv4::check_header(&f[OUTER_L3..]).unwrap()
+    fn info_of(f: &[u8]) -> OuterIp<Ipv4Addr> {
+        let i = ipv4::check_header(&f[OUTER_L3..]).unwrap();
+        OuterIp {
+            src: i.src,
+            dst: i.dst,
+            l4: OUTER_L3 + i.hdr_len,
+            end: OUTER_L3 + i.total_len,
+        }
     }
 
     fn outer() -> Outer {
@@ -703,21 +693,21 @@ mod tests {
         assert!(UdpPacket::new_checked(&lco[OUTER_L4..])
             .unwrap()
             .verify_checksum(A, B));
-        let info = parse_udp(&full, OUTER_L3, &info_of(&full), 1, true).unwrap();
+        let info = parse_udp(&full, info_of(&full), 1, true).unwrap();
         assert_eq!(info.inner, OVERHEAD);
         assert_eq!(info.src_port, 40000);
         assert_eq!(
-            parse_udp(&full, OUTER_L3, &info_of(&full), 2, true),
+            parse_udp(&full, info_of(&full), 2, true),
             Err(DecapError::BadVni)
         );
         let last = full.len() - 1;
         full[last] ^= 1;
         assert_eq!(
-            parse_udp(&full, OUTER_L3, &info_of(&full), 1, true),
+            parse_udp(&full, info_of(&full), 1, true),
             Err(DecapError::BadChecksum)
         );
         full[OUTER_L4 + 6..OUTER_L4 + 8].fill(0);
-        assert!(parse_udp(&full, OUTER_L3, &info_of(&full), 1, true).is_ok());
+        assert!(parse_udp(&full, info_of(&full), 1, true).is_ok());
     }
 
     #[test]
@@ -753,8 +743,8 @@ mod tests {
             let n = cut.min(f.len());
             // Any cut of the datagram is refused, never a panic.
             let mut ip = info_of(&f);
-            ip.total_len = n.saturating_sub(OUTER_L3);
-            let r = parse_udp(&f[..n], OUTER_L3, &ip, 1, false);
+            ip.end = n.max(OUTER_L3);
+            let r = parse_udp(&f[..n], ip, 1, false);
             if n < f.len() {
                 prop_assert!(r.is_err());
             }

@@ -53,8 +53,8 @@ fn node() -> Node {
     let dp = b.build();
     assert_eq!(pa, PA);
     let r = dp.control().router().unwrap();
-    assert_eq!(r.iface_addr(cni0), None);
-    assert_eq!(r.iface_addr6(cni0), Some((a("fd00:10:244:1::1"), 64)));
+    assert_eq!(r.iface_addr::<Ipv4Addr>(cni0), None);
+    assert_eq!(r.iface_addr(cni0), Some((a("fd00:10:244:1::1"), 64)));
     // No IPv4 connected route for cni0 (`ip route` shows only eth0's subnet).
     let v4: Vec<String> = r
         .routes::<Ipv4Addr>()

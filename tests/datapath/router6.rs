@@ -371,7 +371,7 @@ fn ns_answered_for_link_local_and_dad_defended() {
         Some(ll)
     );
     assert_eq!(
-        n.dp.control().router().unwrap().local_iface6(ll),
+        n.dp.control().router().unwrap().local_iface(ll),
         Some(IfaceId(0))
     );
     let g = ipv6::solicited_node(ll);

@@ -207,11 +207,11 @@ fn dual_stack_config_builds_the_ipv6_router() {
     let cni0 = dp.control().iface_by_name("cni0").unwrap();
     let eth0 = dp.control().iface_by_name("eth0").unwrap();
     assert_eq!(
-        r.iface_addr6(cni0),
+        r.iface_addr::<std::net::Ipv6Addr>(cni0),
         Some(("fd00:10:244:1::1".parse().unwrap(), 64))
     );
     assert_eq!(
-        r.iface_addr6(eth0),
+        r.iface_addr::<std::net::Ipv6Addr>(eth0),
         Some(("fd00:172:18::2".parse().unwrap(), 64))
     );
     assert!(r
@@ -254,8 +254,8 @@ fn ipv6_only_config_builds_a_router_without_ipv4() {
     let r = dp.control().router().unwrap();
     for name in ["cni0", "eth0"] {
         let i = dp.control().iface_by_name(name).unwrap();
-        assert_eq!(r.iface_addr(i), None);
-        assert!(r.iface_addr6(i).is_some());
+        assert_eq!(r.iface_addr::<std::net::Ipv4Addr>(i), None);
+        assert!(r.iface_addr::<std::net::Ipv6Addr>(i).is_some());
     }
     let mut text = String::new();
     dp.control().fmt_routes(&mut text).unwrap();

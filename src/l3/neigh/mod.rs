@@ -134,7 +134,7 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use tapyard::IfaceId;
-//! use tapyard::l3::neigh::{ArpOp, Enqueue, NeighConfig, NeighEvent, NeighTable};
+//! use tapyard::l3::neigh::{ArpHeard, ArpOp, Enqueue, NeighConfig, NeighEvent, NeighTable};
 //! use tapyard::{Instant, MacAddr};
 //!
 //! let table = NeighTable::new(NeighConfig::default());
@@ -151,7 +151,14 @@
 //! // The pod answers: the waiting frame is released with its MAC.
 //! let mac = MacAddr::local(2);
 //! let mut out = Vec::new();
-//! table.input(cni0, ArpOp::REPLY, pod, mac, gw, true, now, &mut |r| out.push(r));
+//! let reply = ArpHeard {
+//!     op: ArpOp::REPLY,
+//!     sender_ip: pod,
+//!     sender_mac: mac,
+//!     target_ip: gw,
+//!     target_is_local: true,
+//! };
+//! table.input(cni0, reply, now, &mut |r| out.push(r));
 //! assert_eq!((out[0].mac, &out[0].frame[..]), (mac, &b"frame"[..]));
 //! assert_eq!(table.lookup(cni0, pod, now), Some(mac));
 //!
@@ -187,7 +194,7 @@ mod v6;
 
 pub use config::{NeighConfig, NeighError, MAX_ENTRIES};
 pub use state::NeighState;
-pub use v6::{NeighEntry6, NeighEvent6, NeighTable6, Released6};
+pub use v6::{Advert, NeighEntry6, NeighEvent6, NeighTable6, Released6};
 
 use requests::{Queue, TokenBucket};
 use slots::{key_of, occupied, split_key, Bucket, Padded, SLOTS};
@@ -272,6 +279,21 @@ pub enum Learned {
     Permanent,
     /// The table is full: no entry made.
     TableFull,
+}
+
+/// What [`NeighTable::input`] learns from in an ARP packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ArpHeard {
+    /// The operation (a request or a reply; others are ignored).
+    pub op: ArpOp,
+    /// The sender's address.
+    pub sender_ip: Ipv4Addr,
+    /// The sender's MAC.
+    pub sender_mac: MacAddr,
+    /// The target address.
+    pub target_ip: Ipv4Addr,
+    /// The target address is one of ours.
+    pub target_is_local: bool,
 }
 
 /// A frame that waited for resolution and may now be sent to `mac`.
@@ -654,23 +676,23 @@ impl NeighTable {
     }
 
     /// Learns from an ARP packet received on `iface` (see the module docs for the rules):
-    /// operation `op` (a `u16`, an [`ArpOp`] or etherparse's `ArpOperation`), sender and
-    /// target addresses; `target_is_local` says the target address is one of ours. Frames that
-    /// were waiting for the sender are passed to `release`, oldest first, after the table's lock
-    /// is released.
-    #[allow(clippy::too_many_arguments)]
+    /// its operation, sender and target addresses, and whether the target address is one of
+    /// ours ([`ArpHeard`]). Frames that were waiting for the sender are passed to `release`,
+    /// oldest first, after the table's lock is released.
     pub fn input(
         &self,
         iface: IfaceId,
-        op: impl Into<ArpOp>,
-        sender_ip: Ipv4Addr,
-        sender_mac: MacAddr,
-        target_ip: Ipv4Addr,
-        target_is_local: bool,
+        arp: ArpHeard,
         now: Instant,
         release: &mut dyn FnMut(Released),
     ) -> Learned {
-        let op = op.into();
+        let ArpHeard {
+            op,
+            sender_ip,
+            sender_mac,
+            target_ip,
+            target_is_local,
+        } = arp;
         if (op != ArpOp::REQUEST && op != ArpOp::REPLY)
             || !is_neighbour_addr(sender_ip)
             || !sender_mac.is_station()
@@ -703,7 +725,14 @@ impl NeighTable {
                         Learned::TableFull
                     }
                 }
-                Some(idx) => self.update(w, idx, op, garp, mac, now, &mut out),
+                Some(idx) => {
+                    let heard = state::Heard {
+                        mac,
+                        reply: op == ArpOp::REPLY,
+                        garp,
+                    };
+                    self.update(w, idx, heard, now, &mut out)
+                }
             }
         };
         for r in out {

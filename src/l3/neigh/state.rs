@@ -9,7 +9,7 @@
 use crate::base::IfaceId;
 use std::fmt;
 
-use super::{split_key, ArpOp, Learned, NeighEvent, NeighTable, Released, Writer, NEVER};
+use super::{split_key, Learned, NeighEvent, NeighTable, Released, Writer, NEVER};
 use crate::wire::mac::MacAddr;
 
 const MAC_MASK: u64 = (1 << 48) - 1;
@@ -116,6 +116,16 @@ pub(super) fn with_state(word: u64, state: NeighState) -> u64 {
 #[inline]
 pub(super) fn mac_of(word: u64) -> u64 {
     word & MAC_MASK
+}
+
+/// What the table heard from a neighbour ([`NeighTable::update`]): its MAC (as a word), and
+/// whether it came in a reply (which confirms reachability) or a gratuitous ARP (which
+/// overrides the lock time).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Heard {
+    pub(super) mac: u64,
+    pub(super) reply: bool,
+    pub(super) garp: bool,
 }
 
 impl NeighTable {
@@ -274,17 +284,15 @@ impl NeighTable {
     }
 
     /// Linux's `neigh_update` for an ARP from the neighbour in `idx`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn update(
         &self,
         w: &mut Writer,
         idx: usize,
-        op: ArpOp,
-        garp: bool,
-        mac: u64,
+        heard: Heard,
         now: u64,
         out: &mut Vec<Released>,
     ) -> Learned {
+        let Heard { mac, reply, garp } = heard;
         let word = self.slot_word(idx);
         let Some(old) = decode(word) else {
             return Learned::Ignored;
@@ -300,7 +308,7 @@ impl NeighTable {
             return Learned::Locked;
         }
         // Broadcast replies and requests do not confirm reachability (arp_process).
-        let confirms = op == ArpOp::REPLY && !garp;
+        let confirms = reply && !garp;
         let mut new = if confirms {
             NeighState::Reachable
         } else {

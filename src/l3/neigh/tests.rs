@@ -99,6 +99,21 @@ struct Arp {
     sender_mac: MacAddr,
     target_ip: Ipv4Addr,
 }
+fn heard(
+    op: ArpOp,
+    sender_ip: Ipv4Addr,
+    sender_mac: MacAddr,
+    target_ip: Ipv4Addr,
+    local: bool,
+) -> ArpHeard {
+    ArpHeard {
+        op,
+        sender_ip,
+        sender_mac,
+        target_ip,
+        target_is_local: local,
+    }
+}
 fn show(t: &NeighTable, now: Instant, name: &str) -> String {
     let mut s = String::new();
     t.fmt_dump(now, &mut s, &|_| name.to_string()).unwrap();
@@ -122,8 +137,14 @@ fn request(from: Ipv4Addr, m: MacAddr, to: Ipv4Addr) -> Arp {
 }
 fn input(t: &NeighTable, arp: Arp, local: bool, now: Instant) -> (Learned, Vec<Released>) {
     let mut v = Vec::new();
-    let (op, sip, smac, tip) = (arp.op, arp.sender_ip, arp.sender_mac, arp.target_ip);
-    let l = t.input(CNI0, op, sip, smac, tip, local, now, &mut |r| v.push(r));
+    let heard = ArpHeard {
+        op: arp.op,
+        sender_ip: arp.sender_ip,
+        sender_mac: arp.sender_mac,
+        target_ip: arp.target_ip,
+        target_is_local: local,
+    };
+    let l = t.input(CNI0, heard, now, &mut |r| v.push(r));
     t.check_invariants();
     (l, v)
 }
@@ -816,11 +837,16 @@ fn concurrent_readers_never_see_a_torn_or_foreign_mac() {
             }
             3 | 4 => {
                 let m = keyed_mac(iface, a, v);
-                t.input(iface, ArpOp::REPLY, a, m, GW, true, now, &mut |_| {});
+                t.input(iface, heard(ArpOp::REPLY, a, m, GW, true), now, &mut |_| {});
             }
             7 | 8 => {
                 let m = keyed_mac(iface, a, v);
-                t.input(iface, ArpOp::REQUEST, a, m, a, false, now, &mut |_| {});
+                t.input(
+                    iface,
+                    heard(ArpOp::REQUEST, a, m, a, false),
+                    now,
+                    &mut |_| {},
+                );
             }
             9 => {
                 t.remove(iface, a);
@@ -951,7 +977,7 @@ proptest! {
                         _ => (ArpOp::REQUEST, addr(a), false),
                     };
                     let m = kmac(i, a, v);
-                    t.input(IfaceId(u16::from(i)), op, addr(a), m, target, local, ti, &mut |r| released.push(r));
+                    t.input(IfaceId(u16::from(i)), heard(op, addr(a), m, target, local), ti, &mut |r| released.push(r));
                 }
                 Op::Tick(d) => now += u64::from(d),
                 Op::Poll => {

@@ -28,7 +28,9 @@ use parking_lot::Mutex;
 
 use super::slots::key_of;
 use super::state::decode;
-use super::{ArpOp, Enqueue, Learned, NeighConfig, NeighError, NeighState, NeighTable, Refusal};
+use super::{
+    ArpHeard, ArpOp, Enqueue, Learned, NeighConfig, NeighError, NeighState, NeighTable, Refusal,
+};
 use crate::base::IfaceId;
 use crate::time::Instant;
 use crate::wire::mac::MacAddr;
@@ -94,6 +96,19 @@ pub struct NeighEntry6 {
     pub updated_ago: Duration,
     /// Frames waiting for resolution.
     pub queued: usize,
+}
+
+/// What [`NeighTable6::input_advert`] learns from in a Neighbor Advertisement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Advert {
+    /// The target address (the neighbour's).
+    pub ip: Ipv6Addr,
+    /// The Target Link-Layer Address option, if present.
+    pub mac: Option<MacAddr>,
+    /// The solicited flag.
+    pub solicited: bool,
+    /// The override flag.
+    pub override_: bool,
 }
 
 #[derive(Default)]
@@ -266,19 +281,19 @@ impl NeighTable6 {
         } else {
             stand_in(id)
         };
-        self.table.input(
-            iface,
-            ArpOp::REQUEST,
-            stand_in(id),
-            mac,
-            target,
-            for_us,
-            now,
-            &mut |r| release(self.released(r)),
-        )
+        let heard = ArpHeard {
+            op: ArpOp::REQUEST,
+            sender_ip: stand_in(id),
+            sender_mac: mac,
+            target_ip: target,
+            target_is_local: for_us,
+        };
+        self.table
+            .input(iface, heard, now, &mut |r| release(self.released(r)))
     }
 
-    /// Learns from a Neighbor Advertisement for `ip` with target link-layer address `mac`, as
+    /// Learns from a Neighbor Advertisement for `advert.ip` with target link-layer address
+    /// `advert.mac`, as
     /// Linux's `ndisc_recv_na`: never creates an entry; `solicited` confirms it (`REACHABLE`),
     /// an unsolicited one sets it `STALE` when the MAC changes; without `override_`, a
     /// different MAC than the entry's makes a `REACHABLE` entry `STALE` with its MAC kept (Linux's
@@ -288,17 +303,19 @@ impl NeighTable6 {
     /// is what Linux answers a unicast probe with (RFC 4861 7.2.4, 7.2.5): it stands for the
     /// entry's own MAC, so a solicited one confirms a valid entry (`PROBE` → `REACHABLE`); it
     /// is ignored for an `INCOMPLETE` or `FAILED` entry, and an unsolicited one changes nothing.
-    #[allow(clippy::too_many_arguments)]
     pub fn input_advert(
         &self,
         iface: IfaceId,
-        ip: Ipv6Addr,
-        mac: Option<MacAddr>,
-        solicited: bool,
-        override_: bool,
+        advert: Advert,
         now: Instant,
         release: &mut dyn FnMut(Released6),
     ) -> Learned {
+        let Advert {
+            ip,
+            mac,
+            solicited,
+            override_,
+        } = advert;
         let mac = match mac {
             Some(m) => m,
             None => match self.peek(iface, ip) {
@@ -330,10 +347,15 @@ impl NeighTable6 {
         } else {
             (ArpOp::REQUEST, stand_in(id))
         };
+        let heard = ArpHeard {
+            op,
+            sender_ip: stand_in(id),
+            sender_mac: mac,
+            target_ip: target,
+            target_is_local: false,
+        };
         self.table
-            .input(iface, op, stand_in(id), mac, target, false, now, &mut |r| {
-                release(self.released(r))
-            })
+            .input(iface, heard, now, &mut |r| release(self.released(r)))
     }
 
     /// Runs the timers due at `now` (see [`NeighTable::poll`]).

@@ -1,0 +1,655 @@
+//! The forwarding path, written once for both families and monomorphised per family: header
+//! checks, the PREROUTING hook, local delivery (echo, port unreachable), the TTL / hop limit,
+//! the route lookup with its ICMP errors, the MTU (fragmentation needed / packet too big),
+//! neighbour resolution, and the ICMP errors the router sends, as Linux's `ip_forward` /
+//! `ip6_forward` and `icmp_send` / `icmp6_send`.
+//!
+//! What the families really differ in is behind [`RouterFamily`] ([`super::ipv4`]: ARP,
+//! fragmentation, directed broadcasts; [`super::ipv6`]: NDP, link-local scope).
+
+use crate::base::IfaceId;
+use crate::buf::PacketBuf;
+use crate::l3::neigh::{Enqueue, Refusal};
+use crate::l3::route::{NextHop, RouteAddr, RouteReader};
+use crate::stats::DropReason;
+use crate::time::Instant;
+use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
+use crate::wire::family::{Family, IpProto};
+use crate::wire::mac::MacAddr;
+use crate::wire::tcp;
+
+use super::{ErrorNat, Hook, Iface, L3Batch, Memo, Prerouting, Router, Sink, L3};
+
+/// The largest ICMP error the router writes, Ethernet header included (IPv6's minimum MTU;
+/// IPv4's errors stop at 576 bytes).
+pub(crate) const ICMP_ERROR_FRAME: usize = ETH_LEN + 1280;
+
+/// What the forwarding path needs of an address family beyond [`Family`] and [`RouteAddr`]:
+/// its checked header facts, its tables in the router and in a batch, and the few steps that
+/// differ by protocol. Implemented on [`std::net::Ipv4Addr`] (in [`super::ipv4`]) and
+/// [`std::net::Ipv6Addr`] (in [`super::ipv6`]).
+pub(crate) trait RouterFamily: Family + RouteAddr {
+    /// The checked header facts (`Ipv4Info`, `Ipv6Info`).
+    type Info: Copy;
+    /// Why a packet too big for its egress MTU is dropped.
+    const TOO_BIG: DropReason;
+
+    /// Checks the header at the start of `l3` as Linux's `ip_rcv` / `ipv6_rcv`.
+    fn check(l3: &[u8]) -> Result<Self::Info, DropReason>;
+    /// The header facts the forwarding path reads.
+    fn facts(i: &Self::Info) -> Facts<Self>;
+    /// The router may fragment it (IPv4 without DF).
+    fn may_fragment(i: &Self::Info) -> bool;
+    /// Decrements the TTL / hop limit of the header at the start of `l3` (checked).
+    fn decrement_ttl(l3: &mut [u8]);
+
+    /// The batch's forwarding memo of this family.
+    fn memo<'b>(batch: &'b mut L3Batch<'_>) -> &'b mut Memo<Self>;
+    /// The batch's routing-table version of this family.
+    fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Self>;
+    /// The router's neighbour entry for `ip` on `i`, if usable.
+    fn neigh_lookup(r: &Router, i: IfaceId, ip: Self, now: Instant) -> Option<MacAddr>;
+    /// Queues `frame` on the neighbour entry for `ip` on `i`.
+    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Self, frame: &[u8], now: Instant) -> Enqueue;
+    /// Asks for `target` on `i` (ARP request, Neighbor Solicitation); to `unicast` for a probe.
+    fn solicit(r: &Router, i: IfaceId, target: Self, unicast: Option<MacAddr>, sink: &mut dyn Sink);
+
+    /// The family's own input steps before the hook (NDP, groups): `Some` is the verdict.
+    fn early(
+        r: &Router,
+        b: &PacketBuf,
+        rx: Rx,
+        info: &Self::Info,
+        sink: &mut dyn Sink,
+    ) -> Option<L3>;
+    /// Why a destination not in the memo and not local is not forwarded, if it is not.
+    fn unroutable_dst(r: &Router, dst: Self) -> Option<DropReason>;
+    /// Why a packet is not forwarded whatever its destination (a link-local source), if not.
+    fn unroutable_src(i: &Self::Info) -> Option<DropReason>;
+    /// Why `iface` takes no packet to the router's own addresses of this family, if it doesn't.
+    fn refuse_local(iface: &Iface) -> Option<DropReason>;
+    /// Fragments a datagram too big for `out.mtu` (TTL decremented) and sends the fragments.
+    fn fragment(
+        r: &Router,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &Self::Info,
+        out: Egress<Self>,
+        sink: &mut dyn Sink,
+    ) -> L3;
+
+    /// Translates a router-made error back through NAT (see [`ErrorNat`]).
+    fn translate_error(
+        nat: &dyn ErrorNat,
+        ip: &mut [u8],
+        out: &mut Self::Info,
+        now: Instant,
+    ) -> bool;
+    /// True when an ICMP error may be sent about the datagram `l3` (RFC 1122 / RFC 4443).
+    fn may_send_icmp_error(l3: &[u8], info: &Self::Info, l2_group_dst: bool) -> bool;
+    /// Writes Ethernet + IP + ICMP `err` about `orig_l3` (zero MACs, source `src`).
+    fn write_icmp_error(
+        out: &mut [u8],
+        src: Self,
+        dst: Self,
+        err: IcmpError,
+        orig_l3: &[u8],
+    ) -> Option<usize>;
+    /// Where an error to `dst` leaves: the interface and next hop.
+    fn icmp_route(r: &Router, dst: Self, in_if: Option<IfaceId>) -> Option<(IfaceId, Self)>;
+    /// The source address of what the router sends to `dst` out of `i`.
+    fn src_for(r: &Router, i: IfaceId, dst: Self) -> Option<Self>;
+    /// Sets the source of the error datagram `ip` to `src` and refreshes its checksums.
+    fn set_icmp_src(ip: &mut [u8], src: Self, dst: Self);
+    /// Turns the echo request in `frame` into its reply in place: the reply's frame length.
+    fn echo_reply(
+        frame: &mut [u8],
+        l3: usize,
+        info: &Self::Info,
+        our_mac: MacAddr,
+    ) -> Option<usize>;
+    /// Writes the TCP reset refusing the segment at `orig_l3`.
+    fn write_tcp_rst(
+        out: &mut [u8],
+        macs: (MacAddr, MacAddr),
+        orig_l3: &[u8],
+        info: &Self::Info,
+    ) -> Option<usize>;
+}
+
+/// The facts of a checked header the forwarding path reads, whatever the family.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Facts<A> {
+    /// The source address.
+    pub(crate) src: A,
+    /// The destination address.
+    pub(crate) dst: A,
+    /// The TTL / hop limit.
+    pub(crate) ttl: u8,
+    /// The upper-layer protocol.
+    pub(crate) proto: IpProto,
+    /// The datagram's length.
+    pub(crate) total_len: usize,
+    /// Where the upper-layer header starts, from the IP header.
+    pub(crate) l4_off: usize,
+}
+
+/// Where a packet the router takes in is: its L3 offset, the interface it came in on, and the
+/// time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rx {
+    /// The offset of the L3 header in the frame.
+    pub(crate) l3: usize,
+    /// The interface it came in on.
+    pub(crate) in_if: IfaceId,
+    /// Now.
+    pub(crate) now: Instant,
+}
+
+/// Where a packet leaves: the egress interface, its next hop, the interface's MTU and MAC.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Egress<A> {
+    /// The egress interface.
+    pub(crate) iface: IfaceId,
+    /// The next hop (the destination itself on-link).
+    pub(crate) nh: A,
+    /// The egress interface's MTU.
+    pub(crate) mtu: usize,
+    /// The egress interface's MAC.
+    pub(crate) mac: MacAddr,
+    /// Now.
+    pub(crate) now: Instant,
+}
+
+/// An ICMP error the router sends about a packet it did not deliver, as Linux's `icmp_send`
+/// and `icmp6_send` callers do; each family maps it to its type and code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IcmpError {
+    /// Time exceeded: the TTL / hop limit ran out in transit.
+    TtlExceeded,
+    /// No route (ICMP net unreachable, ICMPv6 no route).
+    NoRoute,
+    /// An `unreachable` route (ICMP host unreachable, ICMPv6 no route).
+    Unreachable,
+    /// A `prohibit` route (ICMP communication administratively prohibited, ICMPv6 reject
+    /// route).
+    Prohibited,
+    /// Nothing serves the port on the router's own address.
+    PortUnreachable,
+    /// The next hop did not answer ARP / NDP (ICMP host unreachable, ICMPv6 address
+    /// unreachable).
+    NeighFailed,
+    /// Too big for the egress MTU (ICMP fragmentation needed, ICMPv6 packet too big).
+    TooBig {
+        /// The egress interface's MTU.
+        mtu: u16,
+    },
+}
+
+/// The packet an ICMP error is about: its frame, where its IP header starts, that header's
+/// checked facts, and the interface it came in on when that is known (a packet released from
+/// a neighbour queue no longer knows it): when the error goes back out of that interface,
+/// the packet's own source MAC is a usable next hop.
+#[derive(Clone, Copy)]
+pub(crate) struct Offending<'a, A: RouterFamily> {
+    pub(crate) frame: &'a [u8],
+    pub(crate) l3: usize,
+    pub(crate) info: &'a A::Info,
+    pub(crate) in_if: Option<IfaceId>,
+    /// The packet had waited for its next hop: in Linux it had passed POSTROUTING, its source
+    /// NAT applied, which decides the error's source address (see [`Router::icmp_error`]).
+    pub(crate) queued: bool,
+}
+
+impl Rx {
+    /// A frame whose L3 header is at `l3`, come in on `in_if` at `now`.
+    #[inline(always)]
+    pub(crate) fn new(l3: usize, in_if: IfaceId, now: Instant) -> Rx {
+        Rx { l3, in_if, now }
+    }
+}
+
+/// True when the frame went to an L2 group (multicast or broadcast MAC).
+#[inline(always)]
+pub(crate) fn to_group(b: &PacketBuf) -> bool {
+    b.frame().first().is_some_and(|d| d & 1 == 1)
+}
+
+impl<'a, A: RouterFamily> Offending<'a, A> {
+    /// A packet the router is looking at as it came in.
+    #[inline]
+    pub(crate) fn arrived(b: &'a PacketBuf, rx: Rx, info: &'a A::Info) -> Self {
+        Offending {
+            frame: b.frame(),
+            l3: rx.l3,
+            info,
+            in_if: Some(rx.in_if),
+            queued: false,
+        }
+    }
+}
+
+impl Router {
+    /// The IP input and forwarding of a frame addressed to the router, for family `A`. Inlined
+    /// into its callers (the datapath's routed paths): one call per packet, not two.
+    #[inline(always)]
+    pub(crate) fn ip_input<A: RouterFamily>(
+        &self,
+        b: &mut PacketBuf,
+        rx: Rx,
+        ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting<A>,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let (l3, now) = (rx.l3, rx.now);
+        let mut info = match A::check(b.frame().get(l3..).unwrap_or(&[])) {
+            Ok(i) => i,
+            Err(r) => return L3::Drop(r),
+        };
+        // Ethernet padding after the datagram is not forwarded (Linux trims it in ip_rcv).
+        b.set_len(l3 + A::facts(&info).total_len);
+        if let Some(v) = A::early(self, b, rx, &info, sink) {
+            return v;
+        }
+        match hook.prerouting(self, ctx, b, l3, &mut info, now) {
+            Hook::Accept => {}
+            Hook::Drop(r) => return L3::Drop(r),
+            Hook::Reject { tcp } => {
+                self.reject::<A>(b.frame(), rx, &info, tcp, sink);
+                return L3::Drop(DropReason::NoEndpoint);
+            }
+        }
+        let dst = A::facts(&info).dst;
+        // The memo holds only forwarded (so neither local nor broadcast) destinations.
+        let m = A::memo(ctx);
+        let memo = match m.last {
+            Some(x) if x.0 == dst => Some(x.1),
+            _ => m.older.take(dst, &mut m.last).map(|x| x.1),
+        };
+        if memo.is_none() {
+            if self.local_iface(dst).is_some() {
+                return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
+                    L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
+                    other => other,
+                };
+            }
+            if let Some(r) = A::unroutable_dst(self, dst) {
+                return L3::Drop(r);
+            }
+        }
+        if let Some(r) = A::unroutable_src(&info) {
+            return L3::Drop(r);
+        }
+        if A::facts(&info).ttl <= 1 {
+            self.icmp_error::<A>(
+                Offending::arrived(b, rx, &info),
+                IcmpError::TtlExceeded,
+                hook.error_nat(),
+                now,
+                sink,
+            );
+            return L3::Drop(DropReason::TtlExpired);
+        }
+        let (out_if, nh) = match memo {
+            Some((out_if, nh, _)) => (out_if, nh),
+            None => match A::routes(ctx).lookup(dst) {
+                None => {
+                    self.icmp_error::<A>(
+                        Offending::arrived(b, rx, &info),
+                        IcmpError::NoRoute,
+                        hook.error_nat(),
+                        now,
+                        sink,
+                    );
+                    return L3::Drop(DropReason::NoRoute);
+                }
+                Some(NextHop::Blackhole) => return L3::Drop(DropReason::Blackhole),
+                Some(hop @ (NextHop::Unreachable | NextHop::Prohibit)) => {
+                    // Linux's `unreachable` route type answers with host unreachable (no
+                    // route), its `prohibit` with administratively prohibited (reject route).
+                    let e = if hop == NextHop::Prohibit {
+                        IcmpError::Prohibited
+                    } else {
+                        IcmpError::Unreachable
+                    };
+                    self.icmp_error::<A>(
+                        Offending::arrived(b, rx, &info),
+                        e,
+                        hook.error_nat(),
+                        now,
+                        sink,
+                    );
+                    return L3::Drop(DropReason::Unreachable);
+                }
+                Some(NextHop::Link(i)) => (i, dst),
+                Some(NextHop::Via(i, gw)) => (i, gw),
+            },
+        };
+        let Some(egress) = self.iface(out_if) else {
+            return L3::Drop(DropReason::NoRoute);
+        };
+        let mtu = usize::from(egress.cfg.mtu);
+        // A TCP super-frame (TSO from an offload TAP) leaves as segments of `gso_size` payload
+        // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
+        let gso = b.offload.is_gso();
+        let total_len = A::facts(&info).total_len;
+        let wire_len = if gso && A::facts(&info).proto == IpProto::TCP {
+            let l4 = A::facts(&info).l4_off;
+            let doff = b
+                .frame()
+                .get(l3 + l4..)
+                .and_then(tcp::claimed_header_len)
+                .unwrap_or(tcp::HEADER_LEN);
+            (l4 + doff + usize::from(b.offload.gso_size)).min(total_len)
+        } else {
+            total_len
+        };
+        if wire_len > mtu && (gso || !A::may_fragment(&info)) {
+            let e = IcmpError::TooBig {
+                mtu: egress.cfg.mtu,
+            };
+            self.icmp_error::<A>(
+                Offending::arrived(b, rx, &info),
+                e,
+                hook.error_nat(),
+                now,
+                sink,
+            );
+            return L3::Drop(A::TOO_BIG);
+        }
+        // The header was checked by `A::check` above.
+        if let Some(ip) = b.frame_mut().get_mut(l3..) {
+            A::decrement_ttl(ip);
+        }
+        if wire_len > mtu {
+            let out = Egress {
+                iface: out_if,
+                nh,
+                mtu,
+                mac: egress.cfg.mac,
+                now,
+            };
+            return A::fragment(self, b, l3, &info, out, sink);
+        }
+        let mac = match memo {
+            Some((.., m)) => Some(m),
+            None => A::neigh_lookup(self, out_if, nh, now),
+        };
+        match mac {
+            Some(mac) => {
+                if let Ok(mut e) = EthernetFrame::new_checked(b.frame_mut()) {
+                    e.set_dst_addr(mac);
+                    e.set_src_addr(egress.cfg.mac);
+                }
+                if memo.is_none() {
+                    let slot = A::memo(ctx);
+                    let old = slot.last.replace((dst, (out_if, nh, mac)));
+                    slot.older.push(old);
+                }
+                L3::Forward(out_if)
+            }
+            None if b.offload.is_none() => self.resolve_later(out_if, nh, b.frame(), now, sink),
+            None => {
+                // The neighbour queue holds plain frames: finish the offload work (partial
+                // checksum, TSO segmentation) before queueing, or it would be lost.
+                let mut last = L3::Queued;
+                let r = crate::offload::send_completed(b, &mut |f| {
+                    last = self.resolve_later(out_if, nh, f, now, sink);
+                    Ok(())
+                });
+                match r {
+                    Ok(()) => last,
+                    Err(reason) => L3::Drop(reason),
+                }
+            }
+        }
+    }
+
+    /// Queues a packet until its next hop resolves; asks for the next hop (ARP request,
+    /// Neighbor Solicitation) when the table says so.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn resolve_later<A: RouterFamily>(
+        &self,
+        out_if: IfaceId,
+        nh: A,
+        frame: &[u8],
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let Some(egress) = self.iface(out_if) else {
+            return L3::Drop(DropReason::NoRoute);
+        };
+        match A::neigh_enqueue(self, out_if, nh, frame, now) {
+            Enqueue::Resolved(mac) => {
+                let src = egress.cfg.mac;
+                sink.emit(out_if, &mut |out| copy_readdressed(out, frame, src, mac));
+                L3::Local
+            }
+            Enqueue::Queued { solicit, dropped } => {
+                if solicit {
+                    A::solicit(self, out_if, nh, None, sink);
+                }
+                for _ in dropped {
+                    sink.dropped(DropReason::NeighQueueOverflow);
+                }
+                L3::Queued
+            }
+            Enqueue::Refused(Refusal::TableFull) => L3::Drop(DropReason::NeighTableFull),
+            Enqueue::Refused(Refusal::FrameTooBig) => L3::Drop(DropReason::NeighQueueOverflow),
+            Enqueue::Refused(Refusal::BadAddress) => L3::Drop(DropReason::NoRoute),
+        }
+    }
+
+    /// A packet to one of the router's own addresses: an echo request is answered (turned
+    /// into its reply in place: `L3::Forward` back out of `in_if`, which the caller sends as
+    /// a copy), UDP gets a port unreachable, the rest is dropped.
+    #[cold]
+    #[inline(never)]
+    fn local_input<A: RouterFamily>(
+        &self,
+        b: &mut PacketBuf,
+        rx: Rx,
+        info: &A::Info,
+        nat: Option<&dyn ErrorNat>,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let Some(iface) = self.iface(rx.in_if) else {
+            return L3::Drop(DropReason::LocalNoService);
+        };
+        if let Some(r) = A::refuse_local(iface) {
+            return L3::Drop(r);
+        }
+        if A::facts(info).proto == A::ICMP {
+            if let Some(len) = A::echo_reply(b.frame_mut(), rx.l3, info, iface.cfg.mac) {
+                b.set_len(len);
+                self.counters.echo_replies.add(1);
+                // The reply goes back the way the request came (dst MAC = the request's
+                // source). The caller sends a copy as a frame the router makes: the request
+                // itself was consumed (`local`, not `forwarded`, like an answered ARP
+                // request). Copied there rather than here: emitting here cost 13
+                // instructions per routed frame (callgrind), the codegen of the hot caller
+                // changing with this function's results.
+                return L3::Forward(rx.in_if);
+            }
+        }
+        if A::facts(info).proto == IpProto::UDP {
+            let about = Offending::arrived(b, rx, info);
+            self.icmp_error::<A>(about, IcmpError::PortUnreachable, nat, rx.now, sink);
+        }
+        L3::Drop(DropReason::LocalNoService)
+    }
+
+    /// Sends a copy of `frame` (addressed already) out of `via`, as a frame the router makes;
+    /// the frame it came from was consumed (`L3::Local`).
+    #[cold]
+    #[inline(never)]
+    fn send_copy(via: IfaceId, frame: &[u8], sink: &mut dyn Sink) -> L3 {
+        sink.emit(via, &mut |out| {
+            out.get_mut(..frame.len())?.copy_from_slice(frame);
+            Some(frame.len())
+        });
+        L3::Local
+    }
+
+    /// Refuses a connection as kube-proxy's REJECT rule: a TCP reset for TCP, ICMP port
+    /// unreachable otherwise, sent back the way the packet came.
+    #[cold]
+    #[inline(never)]
+    fn reject<A: RouterFamily>(
+        &self,
+        frame: &[u8],
+        rx: Rx,
+        info: &A::Info,
+        tcp: bool,
+        sink: &mut dyn Sink,
+    ) {
+        if !tcp {
+            let about = Offending {
+                frame,
+                l3: rx.l3,
+                info,
+                in_if: Some(rx.in_if),
+                queued: false,
+            };
+            // Refused before any translation: the packet is as its sender sent it.
+            self.icmp_error::<A>(about, IcmpError::PortUnreachable, None, rx.now, sink);
+            return;
+        }
+        let (Some(iface), Some(src), Some(orig)) = (
+            self.iface(rx.in_if),
+            frame.get(6..12),
+            frame.get(rx.l3..rx.l3 + A::facts(info).total_len),
+        ) else {
+            return;
+        };
+        let macs = (iface.cfg.mac, MacAddr::from_slice(src));
+        sink.emit(rx.in_if, &mut |out| A::write_tcp_rst(out, macs, orig, info));
+    }
+
+    /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed
+    /// (see [`RouterFamily::may_send_icmp_error`]) and within the rate limit. With `nat`, the
+    /// error is first translated back through the packet's connection (see [`ErrorNat`]), so
+    /// it reaches the original sender quoting what that sender sent. It is routed like any
+    /// packet the router sends; when the way back is the interface the packet came in on, the
+    /// packet's own source MAC is the next hop.
+    ///
+    /// Its source address is the one Linux's `icmp_send` picks: the address of the interface
+    /// that leads back to the sender (IPv6: its global address, link-local for a link-local
+    /// destination), except for a packet that had waited for its next hop (in Linux it had
+    /// passed POSTROUTING) whose source was translated to one of our addresses (masquerade):
+    /// that address, as Linux's route back to it is a local one. (Linux would take the
+    /// interface towards a foreign SNAT address; tapyard the one towards the sender.)
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn icmp_error<A: RouterFamily>(
+        &self,
+        about: Offending<'_, A>,
+        err: IcmpError,
+        nat: Option<&dyn ErrorNat>,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) {
+        let Offending {
+            frame,
+            l3,
+            info,
+            in_if,
+            queued,
+        } = about;
+        let group = frame.first().is_some_and(|d| d & 1 == 1);
+        let Some(orig) = frame.get(l3..l3 + A::facts(info).total_len) else {
+            return;
+        };
+        if !A::may_send_icmp_error(orig, info, group) {
+            return;
+        }
+        let src = A::facts(info).src;
+        let src_ip = (queued && self.local_iface(src).is_some()).then_some(src);
+        // Built first (MACs and, when not known yet, the source address filled in below),
+        // so that NAT can translate it as it will leave.
+        let mut buf = [0u8; ICMP_ERROR_FRAME];
+        let Some(len) =
+            A::write_icmp_error(&mut buf, src_ip.unwrap_or(A::UNSPECIFIED), src, err, orig)
+        else {
+            return;
+        };
+        let mut dst_ip = src;
+        if let Some(nat) = nat {
+            let Some(ip) = buf.get_mut(ETH_LEN..len) else {
+                return;
+            };
+            let Ok(mut out) = A::check(ip) else {
+                return;
+            };
+            if !A::translate_error(nat, ip, &mut out, now) {
+                return;
+            }
+            dst_ip = A::facts(&out).dst;
+        }
+        // Nobody to tell: an error about a packet the router sent itself.
+        if self.local_iface(dst_ip).is_some() {
+            return;
+        }
+        let Some((out_if, nh)) = A::icmp_route(self, dst_ip, in_if) else {
+            return;
+        };
+        if !self.icmp.allow(dst_ip.into(), now) {
+            self.counters.icmp_rate_limited.add(1);
+            return;
+        }
+        let Some(egress) = self.iface(out_if) else {
+            return;
+        };
+        let dst_mac = match A::neigh_lookup(self, out_if, nh, now) {
+            Some(m) => m,
+            None if in_if == Some(out_if) => match EthernetFrame::new_checked(frame) {
+                Ok(e) => e.src_addr(),
+                Err(_) => return,
+            },
+            None => return,
+        };
+        let Some(ip) = buf.get_mut(ETH_LEN..len) else {
+            return;
+        };
+        let src_ip = match src_ip {
+            Some(s) => s,
+            None => match A::src_for(self, out_if, dst_ip) {
+                Some(s) => s,
+                None => return,
+            },
+        };
+        A::set_icmp_src(ip, src_ip, dst_ip);
+        self.counters.icmp_errors.add(1);
+        let error = &buf[..len];
+        let src_mac = egress.cfg.mac;
+        sink.emit(out_if, &mut |out| {
+            copy_readdressed(out, error, src_mac, dst_mac)
+        });
+    }
+
+    /// A packet whose next hop failed to resolve: dropped, counted, and answered with an ICMP
+    /// error (translated back through `nat`: it waited after its translation).
+    pub(crate) fn neigh_failed<A: RouterFamily>(
+        &self,
+        frame: &[u8],
+        nat: Option<&dyn ErrorNat>,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) {
+        sink.dropped(DropReason::NeighFailed);
+        self.counters.neigh_failed.add(1);
+        if let Ok(info) = A::check(frame.get(ETH_LEN..).unwrap_or(&[])) {
+            // The packet's TTL was already decremented; Linux quotes it that way too.
+            let about = Offending {
+                frame,
+                l3: ETH_LEN,
+                info: &info,
+                // It waited on its way out: where it came in is not known.
+                in_if: None,
+                queued: true,
+            };
+            self.icmp_error::<A>(about, IcmpError::NeighFailed, nat, now, sink);
+        }
+    }
+}
