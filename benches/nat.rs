@@ -48,8 +48,7 @@ use tapyard::wire::tcp::{TcpPacket, TcpRepr};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, BATCH_SIZE};
 
-#[path = "common.rs"]
-mod common;
+use tapyard_testkit::bench as common;
 
 const PORTS: usize = 4;
 const VIP: [u8; 4] = [10, 96, 0, 1];
