@@ -78,6 +78,10 @@ pub struct Rng(pub u64);
 
 impl Rng {
     /// The next draw.
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "an endless generator: `Iterator::next`'s Option would only be unwrapped"
+    )]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;

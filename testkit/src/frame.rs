@@ -69,6 +69,12 @@ impl ToIp for str {
     }
 }
 
+/// The IPv6 address `s`; panics if it is not one.
+pub fn ip6(s: &str) -> Ipv6Addr {
+    s.parse()
+        .unwrap_or_else(|e| panic!("{s:?}: not an IPv6 address: {e}"))
+}
+
 /// An address a frame reader returns ([`flow`]): `[u8; 4]`, `Ipv4Addr`, `Ipv6Addr` or
 /// `IpAddr`; a frame of the other family does not convert.
 pub trait FromIp: Sized {
@@ -120,6 +126,14 @@ pub fn eth(dst: MacAddr, src: MacAddr, ethertype: u16, payload: &[u8]) -> Vec<u8
     f
 }
 
+/// A 64-byte frame `src` -> `dst` of EtherType 0x88b5 (local experimental) carrying `seq`:
+/// for tests that count frames and check their order.
+pub fn seq_frame(dst: MacAddr, src: MacAddr, seq: u32) -> Vec<u8> {
+    let mut payload = [0u8; 50];
+    payload[..4].copy_from_slice(&seq.to_be_bytes());
+    eth(dst, src, 0x88b5, &payload)
+}
+
 /// etherparse's builder for an IP packet `src` -> `dst` (IPv4 or IPv6, as the addresses are;
 /// `ttl` is the hop limit for IPv6) in an Ethernet frame `src_mac` -> `dst_mac`: add the
 /// transport and write.
@@ -138,8 +152,34 @@ pub fn ip(
     }
 }
 
-/// A TCP segment `src:sport` -> `dst:dport` (either family, TTL 64) carrying `hello`, with
-/// `flags` ([`SYN`], [`ACK`]: sequence 1000, acknowledging 5000, window 64240).
+/// What a TCP segment carries besides its addresses, ports and flags.
+#[derive(Clone, Copy, Debug)]
+pub struct Segment<'a> {
+    /// Sequence number.
+    pub seq: u32,
+    /// Acknowledgment number (sent with [`ACK`]).
+    pub ack: u32,
+    /// Window.
+    pub window: u16,
+    /// TTL (IPv4) or hop limit (IPv6).
+    pub ttl: u8,
+    /// Payload.
+    pub payload: &'a [u8],
+}
+
+impl Segment<'_> {
+    /// What [`tcp`] sends: sequence 1000, acknowledging 5000, window 64240, TTL 64, `hello`.
+    pub const HELLO: Segment<'static> = Segment {
+        seq: 1000,
+        ack: 5000,
+        window: 64240,
+        ttl: 64,
+        payload: b"hello",
+    };
+}
+
+/// A TCP segment `src:sport` -> `dst:dport` (either family) with `flags` ([`SYN`], [`ACK`],
+/// [`FIN`], [`RST`]), as [`Segment::HELLO`].
 #[allow(clippy::too_many_arguments)]
 pub fn tcp(
     src_mac: MacAddr,
@@ -150,12 +190,31 @@ pub fn tcp(
     dport: u16,
     flags: u8,
 ) -> Vec<u8> {
-    let mut b = ip(src_mac, dst_mac, src, dst, 64).tcp(sport, dport, 1000, 64240);
+    tcp_with(
+        src_mac,
+        dst_mac,
+        (src, sport),
+        (dst, dport),
+        flags,
+        &Segment::HELLO,
+    )
+}
+
+/// A TCP segment `src` -> `dst` (address and port, either family) with `flags` and `seg`.
+pub fn tcp_with(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: (impl ToIp, u16),
+    dst: (impl ToIp, u16),
+    flags: u8,
+    seg: &Segment<'_>,
+) -> Vec<u8> {
+    let mut b = ip(src_mac, dst_mac, src.0, dst.0, seg.ttl).tcp(src.1, dst.1, seg.seq, seg.window);
     if flags & SYN != 0 {
         b = b.syn();
     }
     if flags & ACK != 0 {
-        b = b.ack(5000);
+        b = b.ack(seg.ack);
     }
     if flags & FIN != 0 {
         b = b.fin();
@@ -164,7 +223,7 @@ pub fn tcp(
         b = b.rst();
     }
     let mut f = Vec::new();
-    b.write(&mut f, b"hello").expect("a TCP frame");
+    b.write(&mut f, seg.payload).expect("a TCP frame");
     f
 }
 

@@ -267,6 +267,12 @@ impl TempDir {
         &self.0
     }
 
+    /// The addresses host-local holds leases for in this directory (its `dataDir`): see
+    /// [`leases`].
+    pub fn leases(&self) -> Vec<String> {
+        leases(&self.0)
+    }
+
     /// Every file below, as paths relative to the directory.
     pub fn files(&self) -> Vec<PathBuf> {
         fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
@@ -289,4 +295,24 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The addresses CNI's `host-local` holds leases for in its `dataDir` `dir`: the files
+/// anywhere below whose name is an IP address.
+pub fn leases(dir: &Path) -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                if name.parse::<std::net::IpAddr>().is_ok() {
+                    out.push(name.to_string());
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out);
+    out
 }

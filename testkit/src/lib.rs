@@ -27,5 +27,5 @@ pub mod netns;
 pub mod node;
 
 pub use host::*;
-pub use netns::{Guard, Netns, Ns};
-pub use node::{announce_frame, one, route, send, send_one, tick, Node, Out};
+pub use netns::{clean_up, spawn_in, Guard, Netns, Ns};
+pub use node::{announce_frame, mem_bridge, one, route, send, send_one, tick, Drivers, Node, Out};

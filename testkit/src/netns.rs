@@ -201,18 +201,18 @@ pub struct Guard {
     pub namespaces: Vec<String>,
     /// The logs worth reading when the test fails.
     pub logs: Vec<PathBuf>,
-    /// The test's directory (configs, sockets, state, logs), if it has one.
-    pub dir: Option<PathBuf>,
+    /// The test's directory (configs, sockets, state, logs); empty for none.
+    pub dir: PathBuf,
 }
 
 impl Guard {
     /// A guard for the test's directory `dir` (created) and the `log` worth reading when it
-    /// fails.
-    pub fn with_dir(dir: &Path, log: &Path) -> Guard {
+    /// fails; [`Guard::default`] has neither.
+    pub fn new(dir: &Path, log: &Path) -> Guard {
         std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut g = Guard::default();
         g.logs.push(log.to_path_buf());
-        g.dir = Some(dir.to_path_buf());
+        g.dir = dir.to_path_buf();
         g
     }
 
@@ -221,19 +221,6 @@ impl Guard {
         let ns = Ns::create(name);
         self.namespaces.push(ns.name.clone());
         ns
-    }
-
-    /// Starts a long-running `args` inside namespace `ns` (output discarded), killed on drop.
-    pub fn spawn_in(&mut self, ns: &str, args: &[&str]) {
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"));
-        self.children.push(child);
     }
 
     /// Starts `args` as a server that prints `ready` once it listens; its later output lines
@@ -289,25 +276,63 @@ impl Drop for Guard {
             rt.stop();
         }
         self.ports.clear();
-        for link in &self.links {
-            let _ = Command::new("ip")
-                .args(["link", "del", link])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        for ns in &self.namespaces {
-            delete_namespace(ns);
-        }
-        if std::thread::panicking() {
-            for log in &self.logs {
-                if let Ok(text) = std::fs::read_to_string(log) {
-                    eprintln!("---- {} ----\n{text}---- end ----", log.display());
-                }
+        clean_up(
+            std::iter::empty(),
+            &self.links,
+            &self.namespaces,
+            &self.logs,
+            &self.dir,
+        );
+    }
+}
+
+/// Starts a long-running `args` inside namespace `ns` (output discarded) into `children`
+/// (a [`Guard`]'s kill it on drop).
+pub fn spawn_in(children: &mut Vec<Child>, ns: &str, args: &[&str]) {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"));
+    children.push(child);
+}
+
+/// What a test leaves behind, undone (what [`Guard`] does on drop, for a test that keeps
+/// its own): kills `procs`, deletes `links` (in the test's own namespace) and `namespaces`
+/// (with the devices in them), prints each of `logs` if the test is failing, removes `dir`
+/// (unless empty). Never panics.
+pub fn clean_up<'a>(
+    procs: impl Iterator<Item = &'a mut Child>,
+    links: &[String],
+    namespaces: &[String],
+    logs: &[PathBuf],
+    dir: &Path,
+) {
+    for c in procs {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for link in links {
+        let _ = Command::new("ip")
+            .args(["link", "del", link])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    for ns in namespaces {
+        delete_namespace(ns);
+    }
+    if std::thread::panicking() {
+        for log in logs {
+            if let Ok(text) = std::fs::read_to_string(log) {
+                eprintln!("---- {} ----\n{text}---- end ----", log.display());
             }
         }
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+    }
+    if !dir.as_os_str().is_empty() {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -154,16 +154,17 @@ where
 /// The ports of a test driven through a runtime: `(datapath port, its driver)`.
 pub type Drivers = Vec<(PortId, Arc<dyn Port>)>;
 
-/// A datapath with one bridge, `br0`, and `n` in-memory ports on it (`p0`, `p1`, ...): the
-/// datapath, the drivers for a runtime, and the far ends the test sends and receives on.
-pub fn mem_bridge(n: usize) -> (Arc<Datapath>, Drivers, Vec<MemPort>) {
+/// A datapath with one bridge, `br0`, and `n` in-memory ports on it (`p0`, `p1`, ...; each
+/// queue holds `queue` frames): the datapath, the drivers for a runtime, and the far ends
+/// (`h0`, `h1`, ...) the test sends and receives on.
+pub fn mem_bridge(n: usize, queue: usize) -> (Arc<Datapath>, Drivers, Vec<MemPort>) {
     let mut b = Datapath::builder();
     let br = b.add_bridge(BridgeConfig::new("br0")).expect("a bridge");
     let mut ports: Drivers = Vec::new();
     let mut hosts = Vec::new();
     for i in 0..n {
         let id = b.add_port(format!("p{i}"), Some(br)).expect("a port");
-        let (a, h) = mem_pair(&format!("p{i}"), &format!("h{i}"), 4096);
+        let (a, h) = mem_pair(&format!("p{i}"), &format!("h{i}"), queue);
         ports.push((id, Arc::new(a)));
         hosts.push(h);
     }

@@ -15,6 +15,7 @@ use tapyard::wire::family::IpProto;
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr};
 use tapyard::wire::ipv6;
 use tapyard::{BridgeConfig, ConfigError, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a;
 use tapyard_testkit::send;
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
@@ -23,10 +24,6 @@ const POD_A: MacAddr = MacAddr([0x02, 0, 0, 0, 1, 2]);
 const POD_B: MacAddr = MacAddr([0x02, 0, 0, 0, 1, 3]);
 const PEER: MacAddr = MacAddr([0x02, 0, 0, 0, 0x12, 3]);
 const PA: PortId = PortId(0);
-
-fn a(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
 
 /// The uplink's port, beside the node.
 struct Uplink {

@@ -14,6 +14,7 @@ use tapyard::nat::{Endpoint, Endpoint6, NatConfig, NatRules};
 use tapyard::nat::{LbAlgo, MasqueradeRule, PortRange, Prefix, ServiceSpec, SnatRule};
 use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a;
 use tapyard_testkit::frame::{self, tcp, udp, SYN, SYNACK};
 use tapyard_testkit::{one, send, Node};
 
@@ -43,10 +44,6 @@ const CLIENT: &str = "2001:db8::20";
 const A4: [u8; 4] = [10, 244, 1, 2];
 const B4: [u8; 4] = [10, 244, 1, 3];
 const DUAL4: [u8; 4] = [10, 96, 0, 20];
-
-fn a(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
 
 fn ep6(ip: &str, port: u16, local: bool) -> Endpoint6 {
     Endpoint6::new(SocketAddrV6::new(a(ip), port, 0, 0), local)
@@ -627,7 +624,7 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
     let (_, back) = send(
         &mut n,
         ETH0,
-        &tcp(OUTGW, UP_MAC, OUTSIDE, 443, &to.to_string(), sp, SYNACK),
+        &tcp(OUTGW, UP_MAC, OUTSIDE, 443, to, sp, SYNACK),
     );
     let (p, f) = one(&back);
     assert_eq!(p, PA);

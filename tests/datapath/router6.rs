@@ -14,6 +14,7 @@ use tapyard::l3::{IfaceConfig, IfaceId, NextHop, RaConfig, Route, RouteProto};
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
 use tapyard::wire::ipv6;
 use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a;
 use tapyard_testkit::{send, tick, Node};
 
 const GW0_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
@@ -25,10 +26,6 @@ const PA: PortId = PortId(0);
 const PB: PortId = PortId(1);
 const PC: PortId = PortId(3);
 const ETH0: PortId = PortId(5);
-
-fn a(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
 
 fn node() -> Node {
     let mut b = Datapath::builder();
