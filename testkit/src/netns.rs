@@ -93,6 +93,32 @@ impl Ns {
         self.ip(&["link", "set", dev, "up"]);
     }
 
+    /// Moves interface `dev` from namespace `from` (`None`: the test's own) here, gives it
+    /// each of `cidrs` (either family; IPv6 without duplicate address detection), brings `lo`
+    /// and it up and adds a default route via each of `gateways` (either family): a pod's
+    /// interface, attached.
+    pub fn attach(&self, from: Option<&str>, dev: &str, cidrs: &[&str], gateways: &[&str]) {
+        let mut mv = vec!["ip"];
+        if let Some(from) = from {
+            mv.extend(["-n", from]);
+        }
+        mv.extend(["link", "set", dev, "netns", &self.name]);
+        run(&mv);
+        for cidr in cidrs {
+            if cidr.contains(':') {
+                self.ip(&["addr", "add", cidr, "dev", dev, "nodad"]);
+            } else {
+                self.ip(&["addr", "add", cidr, "dev", dev]);
+            }
+        }
+        self.ip(&["link", "set", "lo", "up"]);
+        self.ip(&["link", "set", dev, "up"]);
+        for gw in gateways {
+            let family = if gw.contains(':') { "-6" } else { "-4" };
+            self.ip(&[family, "route", "add", "default", "via", gw]);
+        }
+    }
+
     /// `sysctl -w key=value` inside the namespace.
     pub fn sysctl(&self, key: &str, value: &str) {
         run(&self.exec(&["sysctl", "-qw", &format!("{key}={value}")]));
