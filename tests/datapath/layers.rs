@@ -107,10 +107,10 @@ fn check(
     same: &[(&str, &str)],
 ) -> (Vec<String>, BTreeMap<String, BTreeSet<String>>) {
     let mut files = Vec::new();
-    rs_files(&src, &mut files);
+    rs_files(src, &mut files);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in &files {
-        let Some(from) = top_module(&src, f) else {
+        let Some(from) = top_module(src, f) else {
             continue;
         };
         let text = fs::read_to_string(f).unwrap();
