@@ -13,9 +13,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, PacketBuf, PortId, BATCH_SIZE};
 
-#[path = "common.rs"]
-mod common;
 use common::{frame, mac_of, MutexBridge, Out, Rng};
+use tapyard_testkit::bench as common;
 
 const PORTS: u16 = 8;
 

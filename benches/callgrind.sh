@@ -11,11 +11,12 @@
 #
 # Method (deterministic, the default). Each case runs its bench binary under callgrind with
 # TAPYARD_BENCH_ITERS=$ITERS (default 2000) and TAPYARD_BENCH_ID=<group/name>: the bench
-# (registered through benches/common.rs `bench_batched`/`bench_iter`) then runs exactly that
-# many iterations inside `common::measured`, the only function collected (--toggle-collect),
-# and criterion runs nothing (its filter matches no bench). TAPYARD_HASH_SEED=$SEED (default 1)
-# fixes every table's hash secrets (src/hash.rs). Two runs of one binary give the same figure
-# to the instruction; set-up (table warm-up, pump.drain rounds, other groups) is not counted.
+# (registered through testkit/src/bench.rs `bench_batched`/`bench_iter`) then runs exactly
+# that many iterations inside `tapyard_testkit::bench::measured`, the only function collected
+# (--toggle-collect), and criterion runs nothing (its filter matches no bench).
+# TAPYARD_HASH_SEED=$SEED (default 1) fixes every table's hash secrets (src/hash.rs). Two
+# runs of one binary give the same figure to the instruction; set-up (table warm-up,
+# pump.drain rounds, other groups) is not counted.
 # From the callgrind output we sum, over all call sites, the calls to `Datapath::process` and
 # their inclusive Ir:
 #     Ir/frame = inclusive Ir of process / (calls to process x FRAMES_PER_CALL)
@@ -72,13 +73,13 @@ run_case() { # label bench filter
     out=$work/callgrind.$label.out
     if [[ $det == 1 ]]; then
         # The deterministic mode: exactly $iters iterations of the one bench whose id is
-        # the filter without its anchors, collected inside common::measured; fixed hash seeds.
+        # the filter without its anchors, collected inside bench::measured; fixed hash seeds.
         local id=${filter#^}
         id=${id%\$}
         (cd "$work" && CRITERION_HOME="$work/criterion" TAPYARD_BENCH_ITERS=$iters \
             TAPYARD_BENCH_ID="$id" TAPYARD_HASH_SEED=$seed \
             valgrind --tool=callgrind --callgrind-out-file="$out" \
-            --toggle-collect='*common::measured*' \
+            --toggle-collect='*bench::measured*' \
             --compress-strings=no --compress-pos=no \
             "$bin" --bench "^deterministic mode: no criterion bench$" \
             >"$work/$label.stdout" 2>"$work/$label.valgrind") ||

@@ -22,9 +22,8 @@ use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::Pump;
 use tapyard::{Batch, BridgeConfig, BufPool, Datapath, Instant, PortId, BATCH_SIZE};
 
-#[path = "common.rs"]
-mod common;
 use common::{frame, mac_of, MutexBridge, Out};
+use tapyard_testkit::bench as common;
 
 const PORTS: usize = 4;
 

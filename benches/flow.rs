@@ -31,9 +31,8 @@ use tapyard::conntrack::{tcp::flags, Conntrack, Conntrack6, CtConfig, CtHit, CtT
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::Instant;
 
-#[path = "common.rs"]
-mod common;
 use common::Rng;
+use tapyard_testkit::bench as common;
 
 const CONNS: u32 = 100_000;
 const CHUNK: usize = 1024;

@@ -48,8 +48,8 @@ use tapyard::wire::tcp::{TcpPacket, TcpRepr};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, BATCH_SIZE};
 
-#[path = "common.rs"]
-mod common;
+use tapyard_testkit::bench as common;
+use tapyard_testkit::frame::{self, Segment, ToIp, SYN};
 
 const PORTS: usize = 4;
 const VIP: [u8; 4] = [10, 96, 0, 1];
@@ -60,30 +60,6 @@ fn client_ip6(i: usize) -> Ipv6Addr {
 }
 fn server_ip6(i: usize) -> Ipv6Addr {
     Ipv6Addr::new(0xfd00, 0, 0, 1, 0, 0, 0, 10 + i as u16)
-}
-
-fn tcp6(
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src: Ipv6Addr,
-    sport: u16,
-    dst: Ipv6Addr,
-    dport: u16,
-    flags: u8,
-) -> Vec<u8> {
-    let mut f = Vec::new();
-    let mut b = etherparse::PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv6(src.octets(), dst.octets(), 64)
-        .tcp(sport, dport, 1, 64240);
-    if flags & 2 != 0 {
-        b = b.syn();
-    }
-    if flags & 0x10 != 0 {
-        b = b.ack(1);
-    }
-    let payload = if flags & 2 != 0 { 0 } else { 10 };
-    b.write(&mut f, &vec![0u8; payload]).unwrap();
-    f
 }
 
 fn client_ip(i: usize) -> [u8; 4] {
@@ -101,28 +77,25 @@ fn server_mac(i: usize) -> MacAddr {
 const GW0: MacAddr = MacAddr([0x02, 0, 0, 0, 0xfe, 0]);
 const GW1: MacAddr = MacAddr([0x02, 0, 0, 0, 0xfe, 1]);
 
+/// A TCP segment of either family: sequence 1, acknowledging 1, no payload with SYN, ten
+/// zero bytes without.
 fn tcp(
     src_mac: MacAddr,
     dst_mac: MacAddr,
-    src: [u8; 4],
+    src: impl ToIp,
     sport: u16,
-    dst: [u8; 4],
+    dst: impl ToIp,
     dport: u16,
     flags: u8,
 ) -> Vec<u8> {
-    let mut f = Vec::new();
-    let mut b = etherparse::PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv4(src, dst, 64)
-        .tcp(sport, dport, 1, 64240);
-    if flags & 2 != 0 {
-        b = b.syn();
-    }
-    if flags & 0x10 != 0 {
-        b = b.ack(1);
-    }
-    let payload = if flags & 2 != 0 { 0 } else { 10 };
-    b.write(&mut f, &vec![0u8; payload]).unwrap();
-    f
+    let seg = Segment {
+        seq: 1,
+        ack: 1,
+        window: 64240,
+        ttl: 64,
+        payload: if flags & SYN != 0 { &[] } else { &[0; 10] },
+    };
+    frame::tcp_with(src_mac, dst_mac, (src, sport), (dst, dport), flags, &seg)
 }
 
 /// Two bridges with a router between them, clients on br0 and servers on br1, neighbours
@@ -661,7 +634,7 @@ fn established6(c: &mut Criterion) {
     let mut data: Vec<Vec<Vec<u8>>> = vec![Vec::new(); PORTS];
     for (i, h) in r.clients.iter().enumerate() {
         for k in 0..BATCH_SIZE {
-            let f = |fl| tcp6(client_mac(i), GW0, client_ip6(i), sport(k), vip6, 80, fl);
+            let f = |fl| tcp(client_mac(i), GW0, client_ip6(i), sport(k), vip6, 80, fl);
             h.send_frame(&f(2)).unwrap();
             data[i].push(f(0x10));
         }
@@ -674,7 +647,7 @@ fn established6(c: &mut Criterion) {
             if f.len() >= 74 && f[12..14] == [0x86, 0xdd] {
                 let src = Ipv6Addr::from(<[u8; 16]>::try_from(&f[22..38]).unwrap());
                 let sp = u16::from_be_bytes([f[54], f[55]]);
-                answers.push(tcp6(server_mac(j), GW1, server_ip6(j), 8080, src, sp, 0x12));
+                answers.push(tcp(server_mac(j), GW1, server_ip6(j), 8080, src, sp, 0x12));
             }
             s.recycle(b);
         }

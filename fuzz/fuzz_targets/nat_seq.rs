@@ -25,6 +25,8 @@ use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a6;
+use tapyard_testkit::frame::l4_checksums_ok;
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
 const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
@@ -50,24 +52,6 @@ const ADDRS6: [&str; 8] = [
     "fd00:172:18::2",
     "2001:db8::9",
 ];
-
-fn a6(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
-
-/// TCP/UDP/ICMPv6 checksum of a whole IPv6 packet without extension headers.
-fn checksums6_ok(ip: &[u8]) -> bool {
-    let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    let Some(l4) = ip.get(40..40 + plen) else {
-        return true;
-    };
-    let nh = ip[6];
-    let pseudo = sum16(&ip[8..40]) + u32::from(nh) + l4.len() as u32;
-    match nh {
-        6 | 17 | 58 => fold(pseudo + sum16(l4)) == 0xffff,
-        _ => true,
-    }
-}
 
 fn packet6(r: &[u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
     let g = |i: usize| r.get(i).copied().unwrap_or(0);
@@ -120,38 +104,6 @@ fn packet6(r: &[u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
 }
 
 const PORTS: [u16; 6] = [80, 8080, 30080, 53, 40000, 40001];
-
-fn sum16(b: &[u8]) -> u32 {
-    let mut s: u32 = 0;
-    for c in b.chunks(2) {
-        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    s
-}
-
-fn fold(mut s: u32) -> u32 {
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s
-}
-
-/// IP header, and TCP/UDP/ICMP checksums of a whole (unfragmented) IPv4 packet.
-fn checksums_ok(ip: &[u8]) -> bool {
-    let hl = usize::from(ip[0] & 15) * 4;
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
-    if fold(sum16(&ip[..hl])) != 0xffff {
-        return false;
-    }
-    let l4 = &ip[hl..total];
-    let pseudo = || sum16(&ip[12..20]) + u32::from(ip[9]) + l4.len() as u32;
-    match ip[9] {
-        6 => fold(pseudo() + sum16(l4)) == 0xffff,
-        17 => l4.len() < 8 || (l4[6] == 0 && l4[7] == 0) || fold(pseudo() + sum16(l4)) == 0xffff,
-        1 => fold(sum16(l4)) == 0xffff,
-        _ => true,
-    }
-}
 
 fn packet(r: &[u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
     let g = |i: usize| r.get(i).copied().unwrap_or(0);
@@ -416,12 +368,12 @@ fuzz_target!(|data: &[u8]| {
                     && f[12..14] == [8, 0]
                     && gen.get(i).is_some_and(|g| g.is_some())
                 {
-                    assert!(checksums_ok(&f[14..]), "bad checksum after NAT: {f:?}");
+                    assert!(l4_checksums_ok(&f[14..]), "bad checksum after NAT: {f:?}");
                 }
                 let generated6 = batch_src.get(i).is_some_and(|g| *g);
                 if fwd && generated6 && f.len() >= 54 && f[12..14] == [0x86, 0xdd] {
                     assert!(
-                        checksums6_ok(&f[14..]),
+                        l4_checksums_ok(&f[14..]),
                         "bad IPv6 checksum after NAT: {f:?}"
                     );
                 }

@@ -17,20 +17,10 @@ use std::time::Duration;
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
+use tapyard_testkit::frame::checksum_ok;
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
 const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
-
-fn checksum_ok(hdr: &[u8]) -> bool {
-    let mut s: u32 = 0;
-    for c in hdr.chunks(2) {
-        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s == 0xffff
-}
 
 fn ipv4_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
     let g = |i: usize| r.get(i).copied().unwrap_or(0);

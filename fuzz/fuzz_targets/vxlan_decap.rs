@@ -19,6 +19,7 @@ use tapyard::l3::vxlan::default_mac;
 use tapyard::l3::{IfaceConfig, VxlanConfig, VxlanPeer};
 use tapyard::offload::VirtioNetHdr;
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
+use tapyard_testkit::frame::checksum_ok;
 
 const GW: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 1]);
 const UP: MacAddr = MacAddr([2, 0xaa, 0, 0, 0, 2]);
@@ -108,17 +109,6 @@ fn pod_packet6(r: &[u8]) -> Vec<u8> {
         .tcp(40000, 80, 1, 1000)
         .write(&mut f, &vec![g(5); len]);
     f
-}
-
-fn checksum_ok(hdr: &[u8]) -> bool {
-    let mut s: u32 = 0;
-    for c in hdr.chunks(2) {
-        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s == 0xffff
 }
 
 /// A VXLAN datagram to the uplink whose every field the input picks.

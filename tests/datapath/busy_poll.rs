@@ -2,56 +2,17 @@
 //! spins only while traffic flows and goes back to sleeping when it stops; an over-long
 //! window is refused.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::{Runtime, RuntimeConfig, MAX_BUSY_POLL};
-use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
-
-fn frame(dst: MacAddr, src: MacAddr, seq: u32) -> Vec<u8> {
-    let mut f = Vec::with_capacity(64);
-    f.extend_from_slice(&dst.0);
-    f.extend_from_slice(&src.0);
-    f.extend_from_slice(&[0x88, 0xb5]);
-    f.extend_from_slice(&seq.to_be_bytes());
-    f.resize(64, 0);
-    f
-}
-
-/// Drivers by datapath port id.
-type Drivers = Vec<(PortId, Arc<dyn Port>)>;
-
-fn two_hosts() -> (Arc<Datapath>, Drivers, Vec<MemPort>) {
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let mut ports: Drivers = Vec::new();
-    let mut hosts = Vec::new();
-    for i in 0..2 {
-        let id = b.add_port(format!("p{i}"), Some(br)).unwrap();
-        let (a, h) = mem_pair(&format!("p{i}"), &format!("h{i}"), 4096);
-        ports.push((id, Arc::new(a)));
-        hosts.push(h);
-    }
-    (Arc::new(b.build()), ports, hosts)
-}
-
-/// Waits (at most 10 s) until `f` holds; false if it never did.
-fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
+use tapyard::MacAddr;
+use tapyard_testkit::frame::seq_frame as frame;
+use tapyard_testkit::{eventually, mem_bridge};
 
 #[test]
 fn a_polling_runtime_forwards_in_order_and_goes_idle() {
     const N: u32 = 5000;
-    let (dp, ports, hosts) = two_hosts();
+    let (dp, ports, hosts) = mem_bridge(2, 4096);
     let rt = Runtime::start(
         dp.clone(),
         ports,
@@ -67,7 +28,9 @@ fn a_polling_runtime_forwards_in_order_and_goes_idle() {
     hosts[1]
         .send_frame(&frame(MacAddr::BROADCAST, m1, 0))
         .unwrap();
-    assert!(eventually(|| hosts[0].recv_frame().is_some()));
+    assert!(eventually(Duration::from_secs(10), || hosts[0]
+        .recv_frame()
+        .is_some()));
     let mut sent = 0;
     let mut got = 0u32;
     let mut spun = false;
@@ -92,7 +55,7 @@ fn a_polling_runtime_forwards_in_order_and_goes_idle() {
     );
     // No more frames: the window passes and every worker sleeps again.
     assert!(
-        eventually(|| rt.polling_workers() == 0),
+        eventually(Duration::from_secs(10), || rt.polling_workers() == 0),
         "workers still spinning with no traffic"
     );
     rt.stop();
@@ -102,7 +65,7 @@ fn a_polling_runtime_forwards_in_order_and_goes_idle() {
 
 #[test]
 fn a_too_long_window_is_refused() {
-    let (dp, ports, _hosts) = two_hosts();
+    let (dp, ports, _hosts) = mem_bridge(2, 4096);
     let e = Runtime::start(
         dp,
         ports,

@@ -6,8 +6,6 @@
 //! somewhere (as Linux with `rp_filter` 0); ICMP errors about such IPv4 take the uplink's
 //! address, as Linux's `inet_select_addr`. A Service with an IPv6 ClusterIP is DNAT'd there.
 
-use crate::common;
-
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
 
 use etherparse::{Icmpv4Type, PacketBuilder, SlicedPacket, TransportSlice};
@@ -16,9 +14,9 @@ use tapyard::nat::{Endpoint6, NatConfig, ServiceSpec};
 use tapyard::wire::family::IpProto;
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr};
 use tapyard::wire::ipv6;
-use tapyard::{
-    BridgeConfig, ConfigError, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
-};
+use tapyard::{BridgeConfig, ConfigError, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a;
+use tapyard_testkit::send;
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -27,16 +25,12 @@ const POD_B: MacAddr = MacAddr([0x02, 0, 0, 0, 1, 3]);
 const PEER: MacAddr = MacAddr([0x02, 0, 0, 0, 0x12, 3]);
 const PA: PortId = PortId(0);
 
-fn a(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-    now: Instant,
+/// The uplink's port, beside the node.
+struct Uplink {
     eth0: PortId,
 }
+
+type Node = tapyard_testkit::Node<Uplink>;
 
 fn node() -> Node {
     let mut b = Datapath::builder();
@@ -81,12 +75,9 @@ fn node() -> Node {
     dp.control()
         .add_static_neigh(cni0, a("fd00:10:244:1::3"), POD_B, now)
         .unwrap();
-    let w = dp.worker();
-    Node { dp, w, now, eth0 }
-}
-
-fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
+    let mut n = Node::with(dp, Uplink { eth0 });
+    n.now = now;
+    n
 }
 
 fn udp4(dst_mac: MacAddr, src: [u8; 4], dst: [u8; 4], ttl: u8) -> Vec<u8> {

@@ -4,8 +4,6 @@
 //! comes out is checked as kube-proxy's rules on a Linux node would make it, every checksum
 //! recomputed.
 
-use crate::common;
-
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
@@ -14,7 +12,9 @@ use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::wire::family::IpProto;
-use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker};
+use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::{self, tcp, udp, ACK, SYN, SYNACK};
+use tapyard_testkit::{one, send, Node};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -37,16 +37,6 @@ const OUTSIDE: [u8; 4] = [192, 0, 2, 10];
 const CLIENT: [u8; 4] = [192, 0, 2, 20];
 const NODE: [u8; 4] = [172, 18, 0, 2];
 const GW: [u8; 4] = [10, 244, 1, 1];
-
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-const SYNACK: u8 = 0x12;
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-    now: Instant,
-}
 
 fn ep(ip: [u8; 4], port: u16, local: bool) -> Endpoint {
     Endpoint::new(SocketAddrV4::new(ip.into(), port), local)
@@ -144,103 +134,17 @@ fn node() -> Node {
         now,
     )
     .unwrap();
-    let w = dp.worker();
-    let mut n = Node { dp, w, now };
+    let mut n = Node::new(dp);
     // The pods announce themselves so cni0 learns their ports.
     for (p, mac) in [(PA, POD_A), (PB, POD_B)] {
-        let mut f = vec![0xff; 6];
-        f.extend_from_slice(&mac.0);
-        f.extend_from_slice(&[0x88, 0xb5]);
-        f.resize(60, 0);
-        send(&mut n, p, &f);
+        n.announce(p, mac);
     }
     n
 }
 
-/// Processes one frame received on `port`; returns its verdict and every frame sent.
-fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tcp(
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src: [u8; 4],
-    sport: u16,
-    dst: [u8; 4],
-    dport: u16,
-    flags: u8,
-) -> Vec<u8> {
-    let mut f = Vec::new();
-    let mut b = PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv4(src, dst, 64)
-        .tcp(sport, dport, 1000, 64240);
-    if flags & SYN != 0 {
-        b = b.syn();
-    }
-    if flags & ACK != 0 {
-        b = b.ack(5000);
-    }
-    b.write(&mut f, b"hello").unwrap();
-    f
-}
-
-fn udp(
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src: [u8; 4],
-    sport: u16,
-    dst: [u8; 4],
-    dport: u16,
-) -> Vec<u8> {
-    let mut f = Vec::new();
-    PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv4(src, dst, 64)
-        .udp(sport, dport)
-        .write(&mut f, b"query")
-        .unwrap();
-    f
-}
-
 /// What a frame carries: (src, sport, dst, dport) for TCP/UDP, every checksum checked.
 fn flow(f: &[u8]) -> ([u8; 4], u16, [u8; 4], u16) {
-    let p = SlicedPacket::from_ethernet(f).unwrap();
-    let Some(NetSlice::Ipv4(ip)) = &p.net else {
-        panic!("not IPv4: {f:?}")
-    };
-    let h = ip.header().to_header();
-    assert_eq!(h.header_checksum, h.calc_header_checksum(), "IPv4 checksum");
-    let payload = ip.payload().payload;
-    match &p.transport {
-        Some(TransportSlice::Tcp(t)) => {
-            let want = t.to_header().calc_checksum_ipv4(&h, t.payload()).unwrap();
-            assert_eq!(t.checksum(), want, "TCP checksum");
-            (
-                h.source,
-                t.source_port(),
-                h.destination,
-                t.destination_port(),
-            )
-        }
-        Some(TransportSlice::Udp(u)) => {
-            let want = u.to_header().calc_checksum_ipv4(&h, u.payload()).unwrap();
-            assert_eq!(u.checksum(), want, "UDP checksum");
-            (
-                h.source,
-                u.source_port(),
-                h.destination,
-                u.destination_port(),
-            )
-        }
-        other => panic!("not TCP/UDP: {other:?} {payload:?}"),
-    }
-}
-
-/// The one frame sent, on its port.
-fn one(out: &[(PortId, Vec<u8>)]) -> (PortId, &[u8]) {
-    assert_eq!(out.len(), 1, "{out:?}");
-    (out[0].0, &out[0].1)
+    frame::flow(f)
 }
 
 #[test]

@@ -5,8 +5,6 @@
 //! as kube-proxy's ip6tables rules on a Linux node would make it, every checksum recomputed
 //! from scratch.
 
-use crate::common;
-
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 
@@ -15,9 +13,10 @@ use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, NatConfig, NatRules};
 use tapyard::nat::{LbAlgo, MasqueradeRule, PortRange, Prefix, ServiceSpec, SnatRule};
 use tapyard::wire::family::IpProto;
-use tapyard::{
-    BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
-};
+use tapyard::{BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a;
+use tapyard_testkit::frame::{self, tcp, udp, SYN, SYNACK};
+use tapyard_testkit::{one, send, Node};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -45,20 +44,6 @@ const CLIENT: &str = "2001:db8::20";
 const A4: [u8; 4] = [10, 244, 1, 2];
 const B4: [u8; 4] = [10, 244, 1, 3];
 const DUAL4: [u8; 4] = [10, 96, 0, 20];
-
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-const SYNACK: u8 = 0x12;
-
-fn a(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-    now: Instant,
-}
 
 fn ep6(ip: &str, port: u16, local: bool) -> Endpoint6 {
     Endpoint6::new(SocketAddrV6::new(a(ip), port, 0, 0), local)
@@ -171,90 +156,18 @@ fn node_at(file: Option<&Path>) -> Node {
         nf.services().relink(nf.conntrack(), now);
         nf.services().relink6(nf.conntrack6(), now);
     }
-    let w = dp.worker();
-    let mut n = Node { dp, w, now };
+    let mut n = Node::with(dp, ());
+    n.now = now;
     for (p, mac) in [(PA, POD_A), (PB, POD_B)] {
-        let mut f = vec![0xff; 6];
-        f.extend_from_slice(&mac.0);
-        f.extend_from_slice(&[0x88, 0xb5]);
-        f.resize(60, 0);
-        send(&mut n, p, &f);
+        n.announce(p, mac);
     }
     n
 }
 
-fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tcp(
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src: &str,
-    sport: u16,
-    dst: &str,
-    dport: u16,
-    flags: u8,
-) -> Vec<u8> {
-    let mut f = Vec::new();
-    let mut b = PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv6(a(src).octets(), a(dst).octets(), 64)
-        .tcp(sport, dport, 1000, 64240);
-    if flags & SYN != 0 {
-        b = b.syn();
-    }
-    if flags & ACK != 0 {
-        b = b.ack(5000);
-    }
-    b.write(&mut f, b"hello").unwrap();
-    f
-}
-
-fn udp(
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src: &str,
-    sport: u16,
-    dst: &str,
-    dport: u16,
-) -> Vec<u8> {
-    let mut f = Vec::new();
-    PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv6(a(src).octets(), a(dst).octets(), 64)
-        .udp(sport, dport)
-        .write(&mut f, b"query")
-        .unwrap();
-    f
-}
-
-/// What a frame carries: (src, sport, dst, dport) for TCP/UDP over IPv6, the checksum
-/// recomputed from scratch.
+/// What a frame carries: (src, sport, dst, dport) for TCP/UDP over IPv6, every checksum
+/// checked.
 fn flow(f: &[u8]) -> (Ipv6Addr, u16, Ipv6Addr, u16) {
-    let p = SlicedPacket::from_ethernet(f).unwrap();
-    let Some(NetSlice::Ipv6(ip)) = &p.net else {
-        panic!("not IPv6: {f:?}")
-    };
-    let h = ip.header().to_header();
-    let (s, d) = (Ipv6Addr::from(h.source), Ipv6Addr::from(h.destination));
-    match &p.transport {
-        Some(TransportSlice::Tcp(t)) => {
-            let want = t.to_header().calc_checksum_ipv6(&h, t.payload()).unwrap();
-            assert_eq!(t.checksum(), want, "TCP checksum");
-            (s, t.source_port(), d, t.destination_port())
-        }
-        Some(TransportSlice::Udp(u)) => {
-            let want = u.to_header().calc_checksum_ipv6(&h, u.payload()).unwrap();
-            assert_eq!(u.checksum(), want, "UDP checksum");
-            (s, u.source_port(), d, u.destination_port())
-        }
-        other => panic!("not TCP/UDP: {other:?}"),
-    }
-}
-
-fn one(out: &[(PortId, Vec<u8>)]) -> (PortId, &[u8]) {
-    assert_eq!(out.len(), 1, "{out:?}");
-    (out[0].0, &out[0].1)
+    frame::flow(f)
 }
 
 #[test]
@@ -711,7 +624,7 @@ fn snat6_rule_translates_to_a_fixed_address_and_port_range_and_counts_exhaustion
     let (_, back) = send(
         &mut n,
         ETH0,
-        &tcp(OUTGW, UP_MAC, OUTSIDE, 443, &to.to_string(), sp, SYNACK),
+        &tcp(OUTGW, UP_MAC, OUTSIDE, 443, to, sp, SYNACK),
     );
     let (p, f) = one(&back);
     assert_eq!(p, PA);

@@ -9,8 +9,6 @@
 //! checksum of what comes out is checked: outer IPv4, ICMP, the quoted IPv4 header and, when
 //! the quoted datagram is whole, its TCP/UDP checksum.
 
-use crate::common;
-
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
@@ -18,9 +16,8 @@ use etherparse::PacketBuilder;
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, MasqueradeRule, NatConfig, NatRules, Prefix, ServiceSpec};
 use tapyard::wire::family::IpProto;
-use tapyard::{
-    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
-};
+use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::{send, tick, Node};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -42,12 +39,6 @@ const TIME_EXCEEDED: u8 = 11;
 const DEST_UNREACH: u8 = 3;
 const HOST_UNREACH: u8 = 1;
 const FRAG_NEEDED: u8 = 4;
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-    now: Instant,
-}
 
 /// The node; with `dead_gateway` the default gateway never answers ARP, else it is a static
 /// neighbour. The next hop to node B's pods (172.18.0.3) is always dead.
@@ -111,33 +102,11 @@ fn node(dead_gateway: bool) -> Node {
         s.endpoints = vec![Endpoint::new(SocketAddrV4::new(ep.into(), 8080), false)];
         nf.upsert_service(s, now).unwrap();
     }
-    let w = dp.worker();
-    let mut n = Node { dp, w, now };
+    let mut n = Node::with(dp, ());
+    n.now = now;
     // Pod A announces itself so cni0 learns its port.
-    let mut f = vec![0xff; 6];
-    f.extend_from_slice(&POD_A.0);
-    f.extend_from_slice(&[0x88, 0xb5]);
-    f.resize(60, 0);
-    send(&mut n, PA, &f);
+    n.announce(PA, POD_A);
     n
-}
-
-fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
-}
-
-/// Advances the clock by `d` and runs the timers; every frame sent.
-fn tick(n: &mut Node, d: Duration) -> Vec<(PortId, Vec<u8>)> {
-    n.now = n.now + d;
-    let mut batch = Batch::new();
-    n.dp.poll(&mut n.w, n.now, &mut batch);
-    let mut out = Vec::new();
-    n.dp.dispatch(&mut n.w, &batch, |p, b| {
-        out.push((p, b.frame().to_vec()));
-        Ok(())
-    });
-    batch.recycle(&mut n.w.pool);
-    out
 }
 
 /// The ones'-complement sum of `b` (odd length padded), folded.

@@ -9,12 +9,14 @@ use crate::common;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
-use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use tapyard::conntrack::Opened;
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, MasqueradeRule, NatConfig, NatRules, Prefix, ServiceSpec};
 use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Clock, Datapath, MacAddr, PortId, Worker};
+use tapyard_testkit::announce_frame;
+use tapyard_testkit::frame::{tcp, ACK, SYN, SYNACK};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -33,10 +35,6 @@ const OTHER: [u8; 4] = [10, 96, 0, 20];
 const OUTSIDE: [u8; 4] = [192, 0, 2, 10];
 const NODE: [u8; 4] = [172, 18, 0, 2];
 const GW: [u8; 4] = [10, 244, 1, 1];
-
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-const SYNACK: u8 = 0x12;
 
 struct Node {
     dp: Datapath,
@@ -137,40 +135,13 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
     let w = dp.worker();
     let mut n = Node { dp, w };
     for (p, mac) in [(PA, POD_A), (PB, POD_B)] {
-        let mut f = vec![0xff; 6];
-        f.extend_from_slice(&mac.0);
-        f.extend_from_slice(&[0x88, 0xb5]);
-        f.resize(60, 0);
-        send(&mut n, p, &f);
+        send(&mut n, p, &announce_frame(mac));
     }
     (n, opened)
 }
 
 fn send(n: &mut Node, port: PortId, frame: &[u8]) -> Vec<(PortId, Vec<u8>)> {
     common::send_one(&n.dp, &mut n.w, Clock::new().now(), port, frame).1
-}
-
-fn tcp(
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    src: [u8; 4],
-    sport: u16,
-    dst: [u8; 4],
-    dport: u16,
-    flags: u8,
-) -> Vec<u8> {
-    let mut f = Vec::new();
-    let mut b = PacketBuilder::ethernet2(src_mac.0, dst_mac.0)
-        .ipv4(src, dst, 64)
-        .tcp(sport, dport, 1000, 64240);
-    if flags & SYN != 0 {
-        b = b.syn();
-    }
-    if flags & ACK != 0 {
-        b = b.ack(5000);
-    }
-    b.write(&mut f, b"hello").unwrap();
-    f
 }
 
 /// (src, sport, dst, dport) of the one frame sent, and its port.

@@ -2,8 +2,6 @@
 //! pods' side, gateway 10.244.1.1 on cni0) and an uplink (eth0, 172.18.0.2), and what comes out
 //! is checked as a Linux router would behave.
 
-use crate::common;
-
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -11,9 +9,8 @@ use etherparse::{icmpv4, Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, Tran
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{IfaceId, NextHop, Route, RouteProto};
 use tapyard::wire::arp::ArpRepr;
-use tapyard::{
-    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, PortId, Verdict, Worker,
-};
+use tapyard::{Batch, BridgeConfig, Datapath, DropReason, MacAddr, PacketBuf, PortId, Verdict};
+use tapyard_testkit::{send, tick, Node};
 
 const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
@@ -22,12 +19,6 @@ const PA: PortId = PortId(0);
 const PB: PortId = PortId(1);
 const ETH0: PortId = PortId(3);
 const PEER: MacAddr = MacAddr([0x02, 0, 0, 0, 0x12, 3]);
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-    now: Instant,
-}
 
 fn node() -> Node {
     let mut b = Datapath::builder();
@@ -80,31 +71,8 @@ fn node() -> Node {
         .unwrap_err()
         .to_string()
         .contains("not on a connected subnet"));
-    let w = dp.worker();
     assert_eq!((pod_a, pod_b, eth0), (PA, PB, ETH0));
-    Node {
-        dp,
-        w,
-        now: Instant::from_secs(1),
-    }
-}
-
-/// What came out: (port, frame) for every output, expanded like `dispatch`.
-fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
-}
-
-fn tick(n: &mut Node, d: Duration) -> Vec<(PortId, Vec<u8>)> {
-    n.now = n.now + d;
-    let mut batch = Batch::new();
-    n.dp.poll(&mut n.w, n.now, &mut batch);
-    let mut out = Vec::new();
-    n.dp.dispatch(&mut n.w, &batch, |p, b| {
-        out.push((p, b.frame().to_vec()));
-        Ok(())
-    });
-    batch.recycle(&mut n.w.pool);
-    out
+    Node::new(dp)
 }
 
 fn arp(op: u16, sha: MacAddr, spa: [u8; 4], tha: MacAddr, tpa: [u8; 4], dst: MacAddr) -> Vec<u8> {
@@ -470,12 +438,7 @@ fn proxy_arp_answers_for_addresses_routed_elsewhere() {
     )
     .unwrap();
     let dp = b.build();
-    let w = dp.worker();
-    let mut n = Node {
-        dp,
-        w,
-        now: Instant::from_secs(1),
-    };
+    let mut n = Node::new(dp);
     let ask = |t: [u8; 4]| {
         arp(
             1,

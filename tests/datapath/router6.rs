@@ -13,9 +13,9 @@ use tapyard::l3::neigh::NeighState;
 use tapyard::l3::{IfaceConfig, IfaceId, NextHop, RaConfig, Route, RouteProto};
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
 use tapyard::wire::ipv6;
-use tapyard::{
-    Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict, Worker,
-};
+use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
+use tapyard_testkit::frame::ip6 as a;
+use tapyard_testkit::{send, tick, Node};
 
 const GW0_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 const GW1_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 3]);
@@ -26,16 +26,6 @@ const PA: PortId = PortId(0);
 const PB: PortId = PortId(1);
 const PC: PortId = PortId(3);
 const ETH0: PortId = PortId(5);
-
-fn a(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-    now: Instant,
-}
 
 fn node() -> Node {
     let mut b = Datapath::builder();
@@ -99,29 +89,7 @@ fn node() -> Node {
         )
         .unwrap();
     assert_eq!((pa, pb, pc, eth0), (PA, PB, PC, ETH0));
-    let w = dp.worker();
-    Node {
-        dp,
-        w,
-        now: Instant::from_secs(1),
-    }
-}
-
-fn send(n: &mut Node, port: PortId, frame: &[u8]) -> (Verdict, Vec<(PortId, Vec<u8>)>) {
-    common::send_one(&n.dp, &mut n.w, n.now, port, frame)
-}
-
-fn tick(n: &mut Node, d: Duration) -> Vec<(PortId, Vec<u8>)> {
-    n.now = n.now + d;
-    let mut batch = Batch::new();
-    n.dp.poll(&mut n.w, n.now, &mut batch);
-    let mut out = Vec::new();
-    n.dp.dispatch(&mut n.w, &batch, |p, b| {
-        out.push((p, b.frame().to_vec()));
-        Ok(())
-    });
-    batch.recycle(&mut n.w.pool);
-    out
+    Node::new(dp)
 }
 
 /// A UDP datagram from pod A (fd00:10:244:1::2, behind port A) to a pod on a remote node

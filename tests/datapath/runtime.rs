@@ -11,31 +11,13 @@ use std::time::{Duration, Instant};
 use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, MacAddr, PortId};
-
-fn frame(dst: MacAddr, src: MacAddr, seq: u32) -> Vec<u8> {
-    let mut f = Vec::with_capacity(64);
-    f.extend_from_slice(&dst.0);
-    f.extend_from_slice(&src.0);
-    f.extend_from_slice(&[0x88, 0xb5]); // local experimental EtherType
-    f.extend_from_slice(&seq.to_be_bytes());
-    f.resize(64, 0);
-    f
-}
+use tapyard_testkit::frame::seq_frame as frame;
+use tapyard_testkit::{eventually, mem_bridge};
 
 #[test]
 fn two_workers_forward_everything_then_stop() {
     const N: u32 = 20_000;
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let mut hosts: Vec<MemPort> = Vec::new();
-    let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
-    for i in 0..4 {
-        let id = b.add_port(format!("p{i}"), Some(br)).unwrap();
-        let (a, h) = mem_pair(&format!("p{i}"), &format!("h{i}"), 4096);
-        ports.push((id, Arc::new(a)));
-        hosts.push(h);
-    }
-    let dp = Arc::new(b.build());
+    let (dp, ports, hosts) = mem_bridge(4, 4096);
     let rt = Runtime::start(
         dp.clone(),
         ports,
@@ -326,18 +308,6 @@ fn a_port_added_at_run_time_is_received_from_promptly() {
     rt.stop();
 }
 
-/// Polls `f` every 2 ms for at most `secs` seconds.
-fn wait_for(mut f: impl FnMut() -> bool, secs: u64) -> bool {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    f()
-}
-
 /// A port a runtime drives cannot be removed behind its back (its id would go to a new port
 /// while the old driver still speaks for it); removed through the runtime, its id is free
 /// again when `remove_port` returns, even at capacity and with traffic flowing.
@@ -431,14 +401,11 @@ fn a_failing_port_does_not_stop_the_timers() {
     let rt = Runtime::start(dp.clone(), ports, RuntimeConfig::default()).unwrap();
     h0.send_frame(&frame(MacAddr::BROADCAST, MacAddr::local(5), 0))
         .unwrap();
-    let aged = wait_for(
-        || {
-            dp.control()
-                .bridge(br)
-                .is_some_and(|b| b.fdb().counters().aged > 0)
-        },
-        5,
-    );
+    let aged = eventually(Duration::from_secs(5), || {
+        dp.control()
+            .bridge(br)
+            .is_some_and(|b| b.fdb().counters().aged > 0)
+    });
     rt.stop();
     assert!(
         aged,
@@ -451,18 +418,8 @@ fn a_failing_port_does_not_stop_the_timers() {
 /// open, a port can still be removed, and `resume` forwards what waited, in order.
 #[test]
 fn a_paused_runtime_forwards_nothing_until_resumed() {
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
-    let mut hosts: Vec<MemPort> = Vec::new();
-    let mut ports: Vec<(PortId, Arc<dyn Port>)> = Vec::new();
-    for i in 0..3 {
-        let id = b.add_port(format!("p{i}"), Some(br)).unwrap();
-        let (a, h) = mem_pair(&format!("p{i}"), &format!("h{i}"), 256);
-        ports.push((id, Arc::new(a)));
-        hosts.push(h);
-    }
+    let (dp, ports, hosts) = mem_bridge(3, 256);
     let ids: Vec<PortId> = ports.iter().map(|(id, _)| *id).collect();
-    let dp = Arc::new(b.build());
     let rt = Runtime::start(
         dp.clone(),
         ports,
@@ -474,7 +431,9 @@ fn a_paused_runtime_forwards_nothing_until_resumed() {
     .unwrap();
     let (m0, m1) = (MacAddr::local(1), MacAddr::local(2));
     hosts[0].send_frame(&frame(m1, m0, 0)).unwrap();
-    assert!(wait_for(|| hosts[1].recv_frame().is_some(), 5));
+    assert!(eventually(Duration::from_secs(5), || hosts[1]
+        .recv_frame()
+        .is_some()));
     rt.pause();
     assert!(rt.is_paused());
     rt.pause(); // idempotent

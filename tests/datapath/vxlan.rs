@@ -751,7 +751,7 @@ fn tunnel_super_frame_crosses_real_taps_both_ways() {
     assert!(t3.enable_tunnel_offload().is_err());
     assert!(!t3.tunnel_offload());
     let mut g = common::Guard::default();
-    let ns = g.add_namespace(&format!("tyvt-{pid}-{tag}"));
+    let ns = g.ns(&format!("tyvt-{pid}-{tag}"));
     ns.disable_ipv6();
     ns.ip(&["link", "add", "br0", "type", "bridge"]);
     ns.ip(&["link", "set", "br0", "up"]);

@@ -907,7 +907,7 @@ fn tunnel6_super_frame_crosses_real_taps() {
     let t4 = TapPort::open_offload(&name(4)).unwrap();
     assert!(!t4.tunnel_offload());
     let mut g = common::Guard::default();
-    let ns = g.add_namespace(&format!("tyv6-{pid}-{tag}"));
+    let ns = g.ns(&format!("tyv6-{pid}-{tag}"));
     ns.disable_ipv6();
     ns.ip(&["link", "add", "br0", "type", "bridge"]);
     ns.ip(&["link", "set", "br0", "up"]);

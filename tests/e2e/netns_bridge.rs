@@ -245,12 +245,7 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
     let id_b = builder.add_port(b.tap.clone(), Some(br)).expect("port b");
     let dp = Arc::new(builder.build());
 
-    let mut guard = Guard {
-        children: Vec::new(),
-        rt: None,
-        ports: Vec::new(),
-        namespaces: Vec::new(),
-    };
+    let mut guard = Guard::default();
     println!("{prefix}: pod A on a {kind_a:?} TAP, pod B on a {kind_b:?} TAP");
     for (pod, id, kind) in [(&a, id_a, kind_a), (&b, id_b, kind_b)] {
         match open_tap(kind, &pod.tap) {
@@ -276,8 +271,8 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
     .expect("start runtime");
     guard.rt = Some(rt);
 
-    guard.add_namespace(&a.ns);
-    guard.add_namespace(&b.ns);
+    guard.ns(&a.ns);
+    guard.ns(&b.ns);
     a.attach(24);
     b.attach(24);
 

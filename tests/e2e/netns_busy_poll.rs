@@ -46,8 +46,8 @@ fn busy_polling_bridge_pings_then_goes_idle() {
     )
     .expect("start runtime");
     guard.rt = Some(rt);
-    let a = guard.add_namespace(&format!("tbp-a-{pid}-{tag}"));
-    let bns = guard.add_namespace(&format!("tbp-b-{pid}-{tag}"));
+    let a = guard.ns(&format!("tbp-a-{pid}-{tag}"));
+    let bns = guard.ns(&format!("tbp-b-{pid}-{tag}"));
     a.disable_ipv6();
     bns.disable_ipv6();
     let (aa, ab) = (format!("10.216.{subnet}.1"), format!("10.216.{subnet}.2"));

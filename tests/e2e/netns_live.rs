@@ -53,8 +53,8 @@ fn a_tap_added_at_run_time_carries_a_ping() {
     )
     .expect("start runtime");
     guard.rt = Some(rt);
-    let ns_a = guard.add_namespace(&format!("lv-a-{pid}-{tag}"));
-    let ns_b = guard.add_namespace(&format!("lv-b-{pid}-{tag}"));
+    let ns_a = guard.ns(&format!("lv-a-{pid}-{tag}"));
+    let ns_b = guard.ns(&format!("lv-b-{pid}-{tag}"));
     ns_a.disable_ipv6();
     ns_b.disable_ipv6();
     ns_a.take_link(&tap_a, Some(&format!("{addr_a}/24")));

@@ -86,8 +86,8 @@ fn multi_queue_taps_keep_each_flow_in_order() {
     )
     .expect("start runtime");
     guard.rt = Some(rt);
-    let a = guard.add_namespace(&format!("tmq-a-{pid}-{tag}"));
-    let bns = guard.add_namespace(&format!("tmq-b-{pid}-{tag}"));
+    let a = guard.ns(&format!("tmq-a-{pid}-{tag}"));
+    let bns = guard.ns(&format!("tmq-b-{pid}-{tag}"));
     a.disable_ipv6();
     bns.disable_ipv6();
     let (aa, ab) = (format!("10.217.{subnet}.1"), format!("10.217.{subnet}.2"));

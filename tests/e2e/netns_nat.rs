@@ -568,11 +568,11 @@ fn nat_node(prefix: &str, kind: TapKind) {
 
     // The namespaces.
     let setup = step("setup: namespaces, wire bridge, servers");
-    let pa = guard.add_namespace(&ns_name("poda"));
-    let pb = guard.add_namespace(&ns_name("podb"));
-    let node2 = guard.add_namespace(&ns_name("node2"));
-    let out = guard.add_namespace(&ns_name("out"));
-    let wire = guard.add_namespace(&ns_name("wire"));
+    let pa = guard.ns(&ns_name("poda"));
+    let pb = guard.ns(&ns_name("podb"));
+    let node2 = guard.ns(&ns_name("node2"));
+    let out = guard.ns(&ns_name("out"));
+    let wire = guard.ns(&ns_name("wire"));
     for ns in [&pa, &pb, &node2, &out, &wire] {
         ns.disable_ipv6();
     }
@@ -1159,8 +1159,8 @@ fn a_pod_behind_masquerade_is_told_its_dead_gateway_is_unreachable() {
     )
     .expect("start runtime");
     guard.rt = Some(rt);
-    let pa = guard.add_namespace(&ns_name("poda"));
-    let wire = guard.add_namespace(&ns_name("wire"));
+    let pa = guard.ns(&ns_name("poda"));
+    let wire = guard.ns(&ns_name("wire"));
     for ns in [&pa, &wire] {
         ns.disable_ipv6();
     }

@@ -83,7 +83,7 @@ fn persistent_tap_outlives_its_fd_and_follows_its_moves() {
     assert_eq!(ifindex(&link(None, &name).unwrap()), index);
 
     // Moved into a namespace and renamed there: the fd says where it is now.
-    let ns = guard.add_namespace(&format!("ty-ps-{id}"));
+    let ns = guard.ns(&format!("ty-ps-{id}"));
     run(&["ip", "link", "set", &name, "netns", &ns.name]);
     run(&["ip", "-n", &ns.name, "link", "set", &name, "name", "eth0"]);
     run(&[

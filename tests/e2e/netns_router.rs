@@ -380,12 +380,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
     dp.control().fmt_routes(&mut routes).unwrap();
     println!("{prefix}: routes:\n{routes}");
 
-    let mut guard = Guard {
-        children: Vec::new(),
-        rt: None,
-        ports: Vec::new(),
-        namespaces: Vec::new(),
-    };
+    let mut guard = Guard::default();
     println!("{prefix}: {kind:?} TAPs");
     for (host, id) in [(&a, id_a), (&b, id_b), (&nb, id_up)] {
         match open_tap(kind, &host.tap) {
@@ -412,7 +407,7 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
     guard.rt = Some(rt);
 
     for h in [&a, &b, &nb] {
-        guard.add_namespace(&h.ns);
+        guard.ns(&h.ns);
         h.attach();
     }
     a.route("default", GW_A);

@@ -83,8 +83,8 @@ fn ipv6_pods_ping_and_tcp_across_the_router_with_ra_and_ndp() {
     let rt = Runtime::start(dp.clone(), guard.ports.clone(), RuntimeConfig::default())
         .expect("start runtime");
     guard.rt = Some(rt);
-    let a = guard.add_namespace(&ns_a);
-    let b = guard.add_namespace(&ns_b);
+    let a = guard.ns(&ns_a);
+    let b = guard.ns(&ns_b);
     // Pod A takes Router Advertisements (accept_ra=2 works whatever forwarding says).
     a.sysctl("net.ipv6.conf.default.accept_ra", "2");
     a.take_link(&tap_a, None);

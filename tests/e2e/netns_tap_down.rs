@@ -55,8 +55,8 @@ fn frames_to_a_tap_not_up_yet_are_link_down_not_errors() {
         )
         .expect("start runtime"),
     );
-    let ns_a = guard.add_namespace(&format!("ld-a-{pid}-{tag}"));
-    let ns_b = guard.add_namespace(&format!("ld-b-{pid}-{tag}"));
+    let ns_a = guard.ns(&format!("ld-a-{pid}-{tag}"));
+    let ns_b = guard.ns(&format!("ld-b-{pid}-{tag}"));
     ns_a.disable_ipv6();
     ns_b.disable_ipv6();
     ns_a.take_link(&tap_a, Some(&format!("{addr_a}/24")));

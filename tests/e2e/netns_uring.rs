@@ -40,8 +40,8 @@ fn bridge_in(io: IoMode, kind: TapKind, n: u32) {
     .expect("start runtime");
     assert_eq!(rt.io(), io, "{:?}", rt.io_fallback());
     guard.rt = Some(rt);
-    let a = guard.add_namespace(&format!("tur-a{n}-{pid}-{tag}"));
-    let bns = guard.add_namespace(&format!("tur-b{n}-{pid}-{tag}"));
+    let a = guard.ns(&format!("tur-a{n}-{pid}-{tag}"));
+    let bns = guard.ns(&format!("tur-b{n}-{pid}-{tag}"));
     a.disable_ipv6();
     bns.disable_ipv6();
     let (aa, ab) = (format!("10.217.{subnet}.1"), format!("10.217.{subnet}.2"));

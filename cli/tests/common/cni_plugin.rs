@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::{plugin_dir, wait_output, CMD_TIMEOUT, TAPYARD};
+/// What host-local leased, as the tests read it.
+pub use tapyard_testkit::leases;
 
 /// The `tapyard-cni` binary beside `tapyard`, built (same profile) if it is not there yet.
 pub fn plugin_exe() -> PathBuf {
@@ -72,19 +74,6 @@ pub fn cni_ok(cmd: &str, container: &str, netns: &str, conf: &Value) -> Value {
     let (ok, v) = cni(cmd, container, netns, conf);
     assert!(ok, "CNI {cmd} {container} failed: {v}");
     v
-}
-
-/// The addresses `host-local` holds leases for in its `dataDir` `data_dir` (network
-/// `tapyard`).
-pub fn leases(data_dir: &Path) -> Vec<String> {
-    std::fs::read_dir(data_dir.join("tapyard"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The plugin's network configuration, as the runtime hands it over: spec `version`, the

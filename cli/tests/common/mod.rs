@@ -12,141 +12,16 @@
 //! still check for the tools they need: a missing one skips the test saying why, or fails it
 //! under `CI=true`.
 
-#![allow(dead_code)] // each test binary uses its own subset
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 pub mod cni_plugin;
 pub mod flannel;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// True when test `test` should skip, having said why (`why` is what it lacks, `None` when it
-/// can run); under `CI=true` a test that cannot run fails instead.
-pub fn skip_or_fail(test: &str, why: Option<String>) -> bool {
-    match why {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the root end-to-end test {test} cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipping {test}: {why}");
-            true
-        }
-    }
-}
-
-/// Why this machine cannot run a root end-to-end test, if it cannot: not root, one of `tools`
-/// (`(command, an argument that makes it print its version, what it is or its package)`)
-/// missing, no `/dev/net/tun`.
-pub fn missing(tools: &[(&str, &str, &str)]) -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    for (cmd, arg, what) in tools {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` ({what}) is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
-}
-
-/// [`missing`], and a kernel without IPv6 too.
-pub fn missing6(tools: &[(&str, &str, &str)]) -> Option<String> {
-    missing(tools).or_else(|| {
-        (!Path::new("/proc/sys/net/ipv6").exists()).then(|| "the kernel has no IPv6".into())
-    })
-}
-
-/// The directory holding the CNI reference plugins (host-local, bridge): `TAPYARD_CNI_PLUGINS`,
-/// else Debian's `/usr/lib/cni`, else `/opt/cni/bin`.
-pub fn plugin_dir() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("TAPYARD_CNI_PLUGINS")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    dirs.extend(["/usr/lib/cni", "/opt/cni/bin"].map(PathBuf::from));
-    dirs.into_iter().find(|d| d.join("host-local").is_file())
-}
-
-/// How long one command may take.
-pub const CMD_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// The effective user id.
-pub fn euid() -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// Whether `cmd arg` runs.
-pub fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
-
-/// Waits for `child` (its output collected), killing it after `timeout`. Its stdout and
-/// stderr, when piped, are read by two threads while it runs, so that a child writing more
-/// than a pipe holds (64 KiB) is not blocked on a full pipe until the timeout.
-pub fn wait_output(mut child: Child, timeout: Duration, what: &str) -> Output {
-    use std::io::Read;
-    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    }
-    let out = drain(child.stdout.take());
-    let err = drain(child.stderr.take());
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break Some(st),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    // The readers end when every holder of the pipes' write ends has exited (the child's own
-    // children may keep them open: they are not waited for past a short grace).
-    let collect = |h: std::thread::JoinHandle<Vec<u8>>| {
-        let grace = Instant::now() + Duration::from_secs(2);
-        while !h.is_finished() && Instant::now() < grace {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if h.is_finished() {
-            h.join().unwrap_or_default()
-        } else {
-            Vec::new()
-        }
-    };
-    let (stdout, stderr) = (collect(out), collect(err));
-    match status {
-        Some(status) => Output {
-            status,
-            stdout,
-            stderr,
-        },
-        None => panic!(
-            "`{what}` did not finish within {timeout:?}: stdout {:?}, stderr {:?}",
-            String::from_utf8_lossy(&stdout),
-            String::from_utf8_lossy(&stderr)
-        ),
-    }
-}
+pub use tapyard_testkit::*;
 
 /// `ip -n <ns> addr add <cidr> dev <dev>`, which must succeed.
 pub fn addr_add(ns: &str, cidr: &str, dev: &str) {
@@ -159,42 +34,13 @@ pub fn addr_add6(ns: &str, cidr: &str, dev: &str) {
     run(&["ip", "-n", ns, "addr", "add", cidr, "dev", dev, "nodad"]);
 }
 
-/// Runs a command (with [`CMD_TIMEOUT`]).
-pub fn run_output(args: &[&str]) -> Output {
-    let child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")));
-    wait_output(child, CMD_TIMEOUT, &args.join(" "))
-}
-
-/// Runs a command that must succeed; its stdout.
-pub fn run(args: &[&str]) -> String {
-    let out = run_output(args);
-    assert!(
-        out.status.success(),
-        "`{}` failed ({}):\nstdout: {}\nstderr: {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Three pings from `ns` to `to`, all answered.
 pub fn ping_ok(ns: &str, to: &str) {
-    let out = run_output(&[
-        "ip", "netns", "exec", ns, "ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", to,
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (ok, text) = ns_named(ns).ping(to, 3);
     assert!(
-        out.status.success() && text.contains(" 0% packet loss"),
-        "ping {ns} -> {to} failed:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        ok,
+        "ping {ns} -> {to} failed:
+{text}"
     );
     println!("ping {ns} -> {to}: ok");
 }
@@ -288,19 +134,6 @@ for i in range(count):
                 break
             time.sleep(0.2)
 "#;
-
-/// Starts a long-running process in `ns` (killed by the guard).
-pub fn spawn_in(children: &mut Vec<Child>, ns: &str, args: &[&str]) {
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"));
-    children.push(child);
-}
 
 /// Runs [`CLIENT_PY`] in `ns`: `(server ident, client address it saw)` of each exchange, an
 /// `error` among them (see [`exchange`]).
@@ -408,92 +241,19 @@ pub fn tear_down<'a>(
     clean_up(procs, &[], namespaces, &[log.to_path_buf()], dir);
 }
 
-/// [`tear_down`] with links of the test's own namespace to delete (after the processes) and
-/// any number of logs.
-fn clean_up<'a>(
-    procs: impl Iterator<Item = &'a mut Child>,
-    links: &[String],
-    namespaces: &[String],
-    logs: &[PathBuf],
-    dir: &Path,
-) {
-    for c in procs {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    for (what, name) in links
-        .iter()
-        .map(|l| (["link", "del"], l))
-        .chain(namespaces.iter().map(|ns| (["netns", "del"], ns)))
-    {
-        let _ = Command::new("ip")
-            .args(what)
-            .arg(name)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-    if std::thread::panicking() {
-        for log in logs {
-            if let Ok(text) = std::fs::read_to_string(log) {
-                eprintln!("---- {} ----\n{text}---- end ----", log.display());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-/// Everything an end-to-end test made, undone on drop, on success and failure alike: its
-/// processes killed (`children`, then `node`), the `links` it left in the test's own
-/// namespace deleted, its `namespaces` deleted (with the TAPs and veths in them), each of
-/// `logs` printed if the test is failing, `dir` removed.
-pub struct Guard {
-    /// The node (`tapyard run`), when the test has one it stops and starts again.
-    pub node: Option<Child>,
-    /// Every other process: servers, clients, more nodes.
-    pub children: Vec<Child>,
-    /// Namespaces made with [`Guard::ns`].
-    pub namespaces: Vec<String>,
-    /// Links in the test's own namespace (a TAP tapyard left there).
-    pub links: Vec<String>,
-    /// The logs worth reading when the test fails.
-    pub logs: Vec<PathBuf>,
-    /// The test's directory (configs, sockets, state, logs).
-    pub dir: PathBuf,
-}
-
-impl Guard {
-    /// A guard for the test's directory `dir` (created) and its node's `log`.
-    pub fn new(dir: &Path, log: &Path) -> Guard {
-        std::fs::create_dir_all(dir).unwrap();
-        Guard {
-            node: None,
-            children: Vec::new(),
-            namespaces: Vec::new(),
-            links: Vec::new(),
-            logs: vec![log.to_path_buf()],
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    /// Creates network namespace `name` (deleted on drop) with `lo` up and, where the kernel
-    /// has IPv6, no duplicate address detection (`accept_dad` 0): an IPv6 address given to
-    /// an interface made in or moved to it is usable at once, never tentative.
-    pub fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-        if Path::new("/proc/sys/net/ipv6").exists() {
-            sh(
-                name,
-                "echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad",
-            );
-        }
-        run(&["ip", "-n", name, "link", "set", "lo", "up"]);
-    }
-
+/// What [`Guard`] adds for a test with a node: starting and stopping `tapyard run`.
+pub trait NodeGuard {
     /// Starts the node ([`tapyard_run`]) as [`Guard::node`] and waits for its control
     /// socket.
-    pub fn start_node(&mut self, ns: Option<&str>, config: &Path, args: &[&str], socket: &Path) {
+    fn start_node(&mut self, ns: Option<&str>, config: &Path, args: &[&str], socket: &Path);
+
+    /// Stops the node with SIGTERM (`ip netns exec` has exec'd tapyard) and waits for it (10 s
+    /// at most): its exit status.
+    fn stop_node(&mut self) -> std::process::ExitStatus;
+}
+
+impl NodeGuard for Guard {
+    fn start_node(&mut self, ns: Option<&str>, config: &Path, args: &[&str], socket: &Path) {
         let log = self
             .logs
             .first()
@@ -505,22 +265,11 @@ impl Guard {
         self.node = Some(child);
         wait_for_socket(self.node.as_mut(), socket);
     }
-}
 
-impl Guard {
-    /// Stops the node with SIGTERM (`ip netns exec` has exec'd tapyard) and waits for it (10 s
-    /// at most): its exit status.
-    pub fn stop_node(&mut self) -> std::process::ExitStatus {
+    fn stop_node(&mut self) -> std::process::ExitStatus {
         let c = self.node.take().expect("a running node");
         run(&["kill", "-TERM", &c.id().to_string()]);
         wait_output(c, Duration::from_secs(10), "tapyard run (SIGTERM)").status
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let procs = self.children.iter_mut().chain(self.node.as_mut());
-        clean_up(procs, &self.links, &self.namespaces, &self.logs, &self.dir);
     }
 }
 
@@ -565,33 +314,17 @@ pub fn node_toml(name: &str, cluster_cidr: &str, socket: &Path, state: Option<&P
 
 /// `sh -c SCRIPT` in `ns`, which must succeed; its stdout.
 pub fn sh(ns: &str, script: &str) -> String {
-    run(&["ip", "netns", "exec", ns, "sh", "-c", script])
+    ns_named(ns).sh(script)
 }
 
 /// A command in `ns`: (success, stdout + stderr).
 pub fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend_from_slice(args);
-    let out = run_output(&v);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    ns_named(ns).cmd(args)
 }
 
-/// Polls `f` every 100 ms until it returns `Ok`, at most `limit`; the last state is in the
-/// failure message.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("{what}: not within {limit:?}; last: {last}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
+/// Namespace `ns`, by name.
+pub fn ns_named(ns: &str) -> Ns {
+    Ns {
+        name: ns.to_string(),
     }
 }

@@ -255,14 +255,9 @@ fn start(g: &mut Guard, n: &Names) {
 /// A pod: its TAP moved in from tapyard's namespace, addresses (IPv6 without DAD), and the
 /// default routes via the gateways (`gw6` none: from Router Advertisements).
 fn attach_pod(n: &Names, ns: &str, tap: &str, v4: &str, v6: &str, gw4: &str, gw6: Option<&str>) {
-    run(&["ip", "-n", &n.ns_node, "link", "set", tap, "netns", ns]);
-    addr_add(ns, &format!("{v4}/24"), tap);
-    addr_add6(ns, &format!("{v6}/64"), tap);
-    run(&["ip", "-n", ns, "link", "set", tap, "up"]);
-    run(&["ip", "-n", ns, "route", "add", "default", "via", gw4]);
-    if let Some(gw6) = gw6 {
-        run(&["ip", "-n", ns, "-6", "route", "add", "default", "via", gw6]);
-    }
+    let gws: Vec<&str> = std::iter::once(gw4).chain(gw6).collect();
+    let cidrs = [format!("{v4}/24"), format!("{v6}/64")];
+    ns_named(ns).attach(Some(&n.ns_node), tap, &[&cidrs[0], &cidrs[1]], &gws);
 }
 
 /// The uplink TAP into the wire namespace's Linux bridge (multicast snooping off: tapyard

@@ -146,10 +146,7 @@ fn guard(n: &Names) -> Guard {
 }
 
 fn attach_pod(n: &Names, ns: &str, tap: &str, v6: &str) {
-    run(&["ip", "-n", &n.ns_node, "link", "set", tap, "netns", ns]);
-    addr_add6(ns, &format!("{v6}/64"), tap);
-    run(&["ip", "-n", ns, "link", "set", tap, "up"]);
-    run(&["ip", "-n", ns, "-6", "route", "add", "default", "via", GW6]);
+    ns_named(ns).attach(Some(&n.ns_node), tap, &[&format!("{v6}/64")], &[GW6]);
 }
 
 /// The uplink TAP into the wire namespace's Linux bridge, with the outside host on a veth.

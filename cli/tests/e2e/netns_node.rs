@@ -192,11 +192,7 @@ fn tapyard_ok(n: &Names, args: &[&str]) -> String {
 
 /// Moves a pod TAP into its namespace with an address and a default route via the gateway.
 fn attach_pod(ns: &str, tap: &str, addr: &str) {
-    run(&["ip", "link", "set", tap, "netns", ns]);
-    addr_add(ns, &format!("{addr}/24"), tap);
-    run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-    run(&["ip", "-n", ns, "link", "set", tap, "up"]);
-    run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
+    ns_named(ns).attach(None, tap, &[&format!("{addr}/24")], &[GW]);
 }
 
 /// The uplink TAP into the wire namespace's Linux bridge, joined by veths to node-b and the

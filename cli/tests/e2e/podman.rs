@@ -91,45 +91,25 @@ fn is_static_elf(path: &Path) -> bool {
 
 /// Why this machine cannot run the test, if it cannot.
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root (podman's root storage, TAP devices, network namespaces)".into());
-    }
-    for (cmd, arg) in [
+    missing(&[
         ("podman", "--version"),
         ("runc", "--version"),
-        ("ip", "-V"),
         ("tar", "--version"),
-    ] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` is not installed"));
-        }
-    }
-    if !is_static_elf(Path::new("/bin/busybox")) {
-        return Some("/bin/busybox is missing or not static (Debian's busybox-static)".into());
-    }
-    if plugin_dir().is_none() {
-        return Some(
-            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into(),
-        );
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
+    ])
+    .or_else(|| {
+        (!is_static_elf(Path::new("/bin/busybox")))
+            .then(|| "/bin/busybox is missing or not static (Debian's busybox-static)".into())
+    })
+    .or_else(|| {
+        plugin_dir().is_none().then(|| {
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into()
+        })
+    })
 }
 
 /// Prints why the test is skipped, or fails under `CI=true`.
 fn skip() -> bool {
-    match skip_reason() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true and the podman end-to-end test cannot run: {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIP podman: {why}");
-            true
-        }
-    }
+    skip_or_fail("podman", skip_reason())
 }
 
 /// The `tapyard-cni` binary beside `tapyard`, built (same profile) if it is not there yet.
@@ -392,14 +372,7 @@ network_config_dir = "{netd}"
 
     /// Leases host-local holds on the network.
     fn leases(&self) -> Vec<String> {
-        std::fs::read_dir(self.dir.join("ipam").join(NET))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                    .collect()
-            })
-            .unwrap_or_default()
+        leases(&self.dir.join("ipam").join(NET))
     }
 
     /// `podman run -d` a container that sleeps on the network; what `podman inspect` says.

@@ -136,23 +136,11 @@ else:
 
 /// Why this machine cannot run the tests, if it cannot.
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root (TAP devices, network namespaces)".into());
-    }
-    for (cmd, arg) in [("ip", "-V"), ("ping", "-V"), ("python3", "-V")] {
-        if !have(cmd, arg) {
-            return Some(format!("`{cmd}` is not installed"));
-        }
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if plugin_dir().is_none() {
-        return Some(
-            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into(),
-        );
-    }
-    None
+    missing(&[("ping", "-V"), ("python3", "-V")]).or_else(|| {
+        plugin_dir().is_none().then(|| {
+            "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin".into()
+        })
+    })
 }
 
 /// Skips with a message, or fails under `CI=true`.

@@ -49,19 +49,7 @@ const FLOOD_VIP: &str = "10.96.0.20";
 const FULL: usize = 262_144;
 
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("needs root to create TAP devices and network namespaces".into());
-    }
-    if !have("ip", "-V") {
-        return Some("`ip` (iproute2) is not installed".into());
-    }
-    if !have("python3", "-V") {
-        return Some("`python3` (the server, client and SYN flood) is not installed".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
+    missing(&[("python3", "-V", "the server, client and SYN flood")])
 }
 
 fn skip_or_fail(test: &str) -> bool {

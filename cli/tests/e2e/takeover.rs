@@ -144,13 +144,8 @@ fn wait_exit(g: &mut Guard, i: usize, secs: u64) -> std::process::ExitStatus {
 }
 
 fn attach_pod(ns: &str, tap: &str, addr: &str, addr6: &str) {
-    run(&["ip", "link", "set", tap, "netns", ns]);
-    addr_add(ns, &format!("{addr}/24"), tap);
-    run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-    run(&["ip", "-n", ns, "link", "set", tap, "up"]);
-    run(&["ip", "-n", ns, "route", "add", "default", "via", GW]);
-    addr_add6(ns, &format!("{addr6}/64"), tap);
-    run(&["ip", "-n", ns, "-6", "route", "add", "default", "via", GW6]);
+    let cidrs = [format!("{addr}/24"), format!("{addr6}/64")];
+    ns_named(ns).attach(None, tap, &[&cidrs[0], &cidrs[1]], &[GW, GW6]);
 }
 
 /// `show ports --json`, reduced to what must not change: name, origin, bridge, MAC.

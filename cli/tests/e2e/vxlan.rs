@@ -149,11 +149,7 @@ fn start_node(g: &mut Guard, n: &Names, node: &str, conf: &str) {
 
 /// A pod TAP into its namespace: address, MTU 1500, default route via the gateway.
 fn attach_pod(ns: &str, tap: &str, addr: &str, gw: &str) {
-    run(&["ip", "link", "set", tap, "netns", ns]);
-    addr_add(ns, &format!("{addr}/24"), tap);
-    run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-    run(&["ip", "-n", ns, "link", "set", tap, "up"]);
-    run(&["ip", "-n", ns, "route", "add", "default", "via", gw]);
+    ns_named(ns).attach(None, tap, &[&format!("{addr}/24")], &[gw]);
 }
 
 fn show(n: &Names, node: &str, args: &[&str]) -> String {

@@ -27,8 +27,8 @@
 //! kills the node and deletes the namespaces on success and failure alike. Traffic goes only
 //! to addresses in namespaces the test creates.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common;
@@ -114,52 +114,12 @@ else:
 "#;
 
 fn skip_reason() -> Option<String> {
-    if euid() != Some(0) {
-        return Some(
-            "needs root to create TAP devices, vxlan devices and network namespaces".into(),
-        );
-    }
-    for (cmd, arg, what) in [
-        ("ip", "-V", "`ip` (iproute2)"),
-        ("bridge", "-V", "`bridge` (iproute2)"),
-        ("ping", "-V", "`ping` (iputils)"),
-        ("python3", "-V", "`python3` (servers, clients, transfers)"),
-        ("tcpdump", "--version", "`tcpdump` (the underlay check)"),
-    ] {
-        if !have(cmd, arg) {
-            return Some(format!("{what} is not installed"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    None
-}
-
-/// Everything the test made; removed on drop, the node first.
-struct Guard {
-    children: Vec<Child>,
-    namespaces: Vec<String>,
-    dir: PathBuf,
-}
-
-impl Guard {
-    fn ns(&mut self, name: &str) {
-        run(&["ip", "netns", "add", name]);
-        self.namespaces.push(name.to_string());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let log = self.dir.join("a.log");
-        tear_down(
-            self.children.iter_mut().rev(),
-            &self.namespaces,
-            &log,
-            &self.dir,
-        );
-    }
+    missing(&[
+        ("bridge", "-V", "iproute2"),
+        ("ping", "-V", "iputils"),
+        ("python3", "-V", "servers, clients, transfers"),
+        ("tcpdump", "--version", "the underlay check"),
+    ])
 }
 
 /// Node A's config, with or without the IPv6 peer (node B).
@@ -264,11 +224,7 @@ fn ipv6_underlay_with_a_linux_flannel_node() {
     let id = std::process::id() % 100_000;
     let dir = std::env::temp_dir().join(format!("tapyard-vxlan6-{id}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut g = Guard {
-        children: Vec::new(),
-        namespaces: Vec::new(),
-        dir: dir.clone(),
-    };
+    let mut g = Guard::new(&dir, &dir.join("a.log"));
     let (ns_wire, ns_b, ns_pa, ns_pb) = (
         format!("ty6-wire-{id}"),
         format!("ty6-b-{id}"),

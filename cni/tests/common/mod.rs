@@ -9,7 +9,7 @@
 //! of reporting `ok` for a test that did not run; as root (and in CI) they run. Running, they
 //! still look for host-local ([`privileged`]) and skip, saying why, without it.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -22,34 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// A name unique to this process and call: `<prefix><pid % 10^5>n<k>`.
-pub fn unique(prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{prefix}{}n{}",
-        std::process::id() % 100_000,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Whether the tests may create namespaces and TAPs.
-pub fn root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    #[allow(unsafe_code)]
-    let euid = unsafe { libc::geteuid() };
-    euid == 0
-}
-
-/// The directory holding `host-local`: `$TAPYARD_CNI_PLUGINS`, /usr/lib/cni or /opt/cni/bin.
-pub fn plugin_dir() -> Option<PathBuf> {
-    let candidates = std::env::var("TAPYARD_CNI_PLUGINS")
-        .ok()
-        .into_iter()
-        .chain(["/usr/lib/cni".to_string(), "/opt/cni/bin".to_string()]);
-    candidates
-        .map(PathBuf::from)
-        .find(|d| d.join("host-local").is_file())
-}
+pub use tapyard_testkit::{
+    is_root as root, plugin_dir, run as sh, skip_or_fail, unique, Netns, Ns, TempDir,
+};
 
 /// Skips (returns `None` and says why) unless root and host-local are available; under
 /// `CI=true` (where `.ci/run` installs both and runs as root) a test that cannot run fails.
@@ -57,133 +32,32 @@ pub fn privileged(test: &str) -> Option<PathBuf> {
     if !root() {
         return skip(test, "needs root (network namespaces and TAPs)");
     }
-    let dir = plugin_dir();
-    if dir.is_none() {
-        return skip(
+    plugin_dir().or_else(|| {
+        skip(
             test,
             "host-local not found in $TAPYARD_CNI_PLUGINS, /usr/lib/cni or /opt/cni/bin \
              (apt-get install containernetworking-plugins)",
-        );
-    }
-    dir
+        )
+    })
 }
 
 /// Says why `test` skips, or fails under `CI=true`.
 pub fn skip<T>(test: &str, why: &str) -> Option<T> {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("CI=true and {test} cannot run: {why}");
-    }
-    eprintln!("SKIP {test}: {why}");
+    skip_or_fail(test, Some(why.to_string()));
     None
 }
 
-/// Runs `cmd` and panics with its output if it fails.
-pub fn sh(cmd: &[&str]) -> String {
-    let out = Command::new(cmd[0])
-        .args(&cmd[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// `ip -n <ns> -j <args>` as JSON.
+pub trait IpJson {
+    /// `ip -n <ns> -j <args>` as JSON (`null` if not JSON).
+    fn ip_json(&self, args: &[&str]) -> Value;
 }
 
-/// A network namespace made with `ip netns add`, deleted (with its interfaces) on drop.
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn new() -> Netns {
-        let name = unique("tycni");
-        sh(&["ip", "netns", "add", &name]);
-        Netns { name }
-    }
-
-    pub fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.name)
-    }
-
-    /// `ip -n <ns> -j <args>` as JSON.
-    pub fn ip_json(&self, args: &[&str]) -> Value {
-        let mut cmd = vec!["ip", "-n", &self.name, "-j"];
+impl IpJson for Ns {
+    fn ip_json(&self, args: &[&str]) -> Value {
+        let mut cmd = vec!["-j"];
         cmd.extend_from_slice(args);
-        serde_json::from_str(&sh(&cmd)).unwrap_or(Value::Null)
-    }
-
-    pub fn has_link(&self, ifname: &str) -> bool {
-        Command::new("ip")
-            .args(["-n", &self.name, "link", "show", ifname])
-            .stderr(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// A private directory under /tmp, removed on drop: host-local's `dataDir`, sockets.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new() -> TempDir {
-        let dir = std::env::temp_dir().join(unique("tapyard-cni-"));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    /// Files anywhere below whose name is an IP address: host-local's leases.
-    pub fn leases(&self) -> Vec<String> {
-        fn walk(dir: &Path, out: &mut Vec<String>) {
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                    if name.parse::<std::net::IpAddr>().is_ok() {
-                        out.push(name.to_string());
-                    }
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.0, &mut out);
-        out
-    }
-
-    /// Every file below, as paths relative to the directory: what host-local left there
-    /// (after a lease taken and released, its `lock` and `last_reserved_ip.0` remain).
-    pub fn files(&self) -> Vec<PathBuf> {
-        fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    walk(root, &path, out);
-                } else {
-                    out.push(path.strip_prefix(root).unwrap_or(&path).to_path_buf());
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.0, &self.0, &mut out);
-        out
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        serde_json::from_str(&self.ip(&cmd)).unwrap_or(Value::Null)
     }
 }
 

@@ -28,7 +28,7 @@ fn version_lists_the_supported_versions() {
 
 #[test]
 fn bad_input_has_the_right_code_and_allocates_nothing() {
-    let data = TempDir::new();
+    let data = TempDir::new("tapyard-cni-");
     let netns = "/var/run/netns/tapyard-cni-does-not-exist";
     let env = Env {
         container_id: "c1".into(),
@@ -86,7 +86,7 @@ fn a_cni_netns_that_is_not_a_network_namespace_is_code_4_before_ipam() {
     }) else {
         return;
     };
-    let (data, scratch) = (TempDir::new(), TempDir::new());
+    let (data, scratch) = (TempDir::new("tapyard-cni-"), TempDir::new("tapyard-cni-"));
     let tapyard = FakeTapyard::start(&scratch.0);
     let fifo = scratch.0.join("fifo");
     sh(&["mkfifo", fifo.to_str().unwrap()]);
@@ -161,7 +161,7 @@ fn tapyard_not_running_is_try_again_later_and_releases_the_lease() {
     let Some(plugins) = privileged("tapyard_not_running") else {
         return;
     };
-    let (ns, data) = (Netns::new(), TempDir::new());
+    let (ns, data) = (Netns::new("tycni"), TempDir::new("tapyard-cni-"));
     let env = attachment(&ns, &plugins);
     let socket = data.0.join("nobody-listens.sock");
     let conf = config("1.0.0", socket.to_str().unwrap(), &data.0);
@@ -196,7 +196,7 @@ fn a_refused_port_and_a_failed_route_roll_everything_back() {
     let Some(plugins) = privileged("rollback") else {
         return;
     };
-    let (ns, data) = (Netns::new(), TempDir::new());
+    let (ns, data) = (Netns::new("tycni"), TempDir::new("tapyard-cni-"));
     let tapyard = FakeTapyard::start(&data.0);
     let env = attachment(&ns, &plugins);
 
@@ -236,7 +236,7 @@ fn add_check_del(version: &str) {
     let Some(plugins) = privileged("add_check_del") else {
         return;
     };
-    let (ns, data) = (Netns::new(), TempDir::new());
+    let (ns, data) = (Netns::new("tycni"), TempDir::new("tapyard-cni-"));
     let tapyard = FakeTapyard::start(&data.0);
     let env = attachment(&ns, &plugins);
     let conf = config(version, tapyard.socket(), &data.0);
@@ -355,7 +355,7 @@ fn a_second_add_of_the_same_owner_is_refused_and_keeps_the_first() {
     let Some(plugins) = privileged("second_add") else {
         return;
     };
-    let (ns, data) = (Netns::new(), TempDir::new());
+    let (ns, data) = (Netns::new("tycni"), TempDir::new("tapyard-cni-"));
     let tapyard = FakeTapyard::start(&data.0);
     let env = attachment(&ns, &plugins);
     let conf = config("1.0.0", tapyard.socket(), &data.0);

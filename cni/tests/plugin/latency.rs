@@ -29,7 +29,7 @@ fn add_del_latency() {
         return;
     };
 
-    let (ns, data) = (Netns::new(), TempDir::new());
+    let (ns, data) = (Netns::new("tycni"), TempDir::new("tapyard-cni-"));
     let tapyard = FakeTapyard::start(&data.0);
     let conf = config("1.0.0", tapyard.socket(), &data.0).to_string();
     let env = Env {
@@ -72,7 +72,7 @@ fn add_del_latency() {
         );
         return;
     }
-    let (ns, data) = (Netns::new(), TempDir::new());
+    let (ns, data) = (Netns::new("tycni"), TempDir::new("tapyard-cni-"));
     let br = unique("tybr");
     let mut conf = config("1.0.0", "", &data.0);
     conf = json!({ "cniVersion": "1.0.0", "name": "tybench", "type": "bridge", "bridge": br,

@@ -1,10 +1,9 @@
+//! The benches' helpers: a plain `Mutex<HashMap>` learning bridge (the baseline), frame and
+//! station generators, and criterion runs that `benches/callgrind.sh` can make deterministic.
 #![allow(
     clippy::cast_possible_truncation,
     reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
 )]
-// Shared by the benches: a plain `Mutex<HashMap>` learning bridge (the baseline) and frame
-// generators. Not a bench target itself.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,18 +12,27 @@ use tapyard::wire::EthMeta;
 use tapyard::{Instant, MacAddr, PortId};
 
 /// The textbook learning bridge: one lock around a HashMap of MAC -> (port, last seen).
+#[derive(Debug)]
 pub struct MutexBridge {
+    /// MAC -> (port, last seen).
     pub table: Mutex<HashMap<MacAddr, (PortId, Instant)>>,
+    /// Its ports.
     pub ports: Vec<PortId>,
 }
 
+/// Where [`MutexBridge::decide`] sends a frame.
+#[derive(Debug)]
 pub enum Out {
+    /// To this port.
     One(PortId),
+    /// To every port but the one it came in on.
     Flood,
+    /// Nowhere.
     Drop,
 }
 
 impl MutexBridge {
+    /// A bridge of `ports` ports, its table empty.
     pub fn new(ports: usize) -> MutexBridge {
         MutexBridge {
             table: Mutex::new(HashMap::new()),
@@ -32,6 +40,7 @@ impl MutexBridge {
         }
     }
 
+    /// Learns the frame's source and decides where it goes.
     #[inline]
     pub fn decide(&self, frame: &[u8], in_port: PortId, now: Instant) -> Out {
         let Ok(m) = EthMeta::parse(frame) else {
@@ -58,19 +67,21 @@ impl MutexBridge {
     }
 }
 
+/// A 64-byte IPv4-typed frame `src` -> `dst` (zero payload).
 pub fn frame(dst: MacAddr, src: MacAddr) -> Vec<u8> {
-    let mut f = Vec::with_capacity(64);
-    f.extend_from_slice(&dst.0);
-    f.extend_from_slice(&src.0);
-    f.extend_from_slice(&[0x08, 0x00]);
-    f.resize(64, 0);
-    f
+    crate::frame::eth(dst, src, 0x0800, &[0; 50])
 }
 
 /// A deterministic xorshift generator.
+#[derive(Debug)]
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// The next draw.
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "an endless generator: `Iterator::next`'s Option would only be unwrapped"
+    )]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
