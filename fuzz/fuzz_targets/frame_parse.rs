@@ -27,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
         }
         let mut out = [0u8; 14 + ipv6::MIN_MTU];
         // The router's error shape: as much of the datagram as fits in the minimum MTU.
-        let quote = data.len().min(ipv6::MIN_MTU - ipv6::HEADER_LEN - icmpv6::HEADER_LEN);
+        let quote = data
+            .len()
+            .min(ipv6::MIN_MTU - ipv6::HEADER_LEN - icmpv6::HEADER_LEN);
         let e = Icmpv6Repr::TimeExceeded {
             code: 0,
             data: &data[..quote],

@@ -17,12 +17,12 @@
 use libfuzzer_sys::fuzz_target;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::time::Duration;
-use tapyard::wire::family::IpProto;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
 use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
+use tapyard::wire::family::IpProto;
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::{Batch, BridgeConfig, Datapath, Instant, MacAddr, PacketBuf, PortId, Verdict};
 use tapyard_testkit::frame::ip6 as a6;
