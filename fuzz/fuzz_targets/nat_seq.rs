@@ -15,7 +15,7 @@
 //! odd ones are sent raw.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, SocketAddrV4, SocketAddrV6};
 use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
