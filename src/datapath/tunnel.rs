@@ -175,8 +175,9 @@ impl Datapath {
         if t.is_v6() {
             return self.encap6(t, b, now, sink);
         }
-        if b.offload.gso_type & !VIRTIO_NET_HDR_GSO_ECN == VIRTIO_NET_HDR_GSO_TCPV6 {
-            // An IPv6 pod's super-frame (IPv6 pods over flannel.1): checked as over IPv6.
+        if b.offload.is_gso() {
+            // Checked first, of either family: the port hands it whole to the kernel or
+            // to `offload::segment`, which must not be given a lie.
             if let Err(reason) = check_super_frame(b) {
                 return Verdict::Drop(reason);
             }
@@ -427,7 +428,7 @@ fn csum_trusted(off: Offload) -> bool {
 }
 
 /// Checks a TCP super-frame (from a pod's offload TAP) about to be encapsulated whole (over
-/// IPv6, or over IPv4 when it is TCP/IPv6), as Linux's `virtio_net_hdr_tnl_to_skb` and TCP segmentation will take the tunnel
+/// either underlay), as Linux's `virtio_net_hdr_tnl_to_skb` and TCP segmentation will take the tunnel
 /// super-frame behind a UDP-tunnel GSO TAP: TCP/IPv4 (not a fragment) or TCP/IPv6 (TCP
 /// after the fixed header or an extension-header chain, not a fragment) of the family the
 /// GSO type names (ECN allowed, no other GSO type), the TCP checksum partial

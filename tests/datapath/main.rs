@@ -1,7 +1,7 @@
 //! The library's tests that need no privileges, in one binary: the datapath driven frame by
 //! frame (bridge, router, conntrack, NAT, VXLAN, IPv6), the runtime on in-memory ports,
 //! smoltcp hosts over the bridge and the module layering. Each module was a test file of its
-//! own; `cargo test --test datapath nat6::` runs one. Two tests (in `vxlan` and `vxlan6`)
+//! own; `cargo test --test datapath nat6::` runs one. Two tests (in `vxlan::super_frames`)
 //! cross real TAP devices and are ignored unless built as root (see `common`).
 
 #[path = "../common/mod.rs"]
@@ -20,4 +20,3 @@ mod router6;
 mod runtime;
 mod smol_bridge;
 mod vxlan;
-mod vxlan6;
