@@ -18,5 +18,6 @@
 //! ```
 
 pub mod fdb;
+pub mod guard;
 
 pub use fdb::{Fdb, FdbCounters, FdbEntry};

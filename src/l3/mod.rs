@@ -34,6 +34,7 @@
 //! # Ok::<(), tapyard::l3::RouteError>(())
 //! ```
 
+pub mod defrag;
 // Calls into lookups compiled with POPCNT after a run-time CPU check (a `#[target_feature]`
 // function is unsafe to call); each call has a SAFETY line. All other unsafe is in `sys`.
 #[allow(unsafe_code)]
