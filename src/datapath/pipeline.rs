@@ -600,22 +600,31 @@ impl Datapath {
             },
             None => Self::flood(br, BridgeId(p.id)),
         };
-        // br_netfilter: switched IPv4 and IPv6 of a NAT'd connection is translated here.
-        if let Some(nf) = nf {
-            let meta = L3Hint::of(b);
-            let hook = match meta.ether_type {
-                _ if meta.tagged => Hook::Accept,
-                ethertype::IPV4 => nf.bridged::<Ipv4Addr, 2>(b, usize::from(meta.l3), now),
-                ethertype::IPV6 => nf.bridged::<Ipv6Addr, 5>(b, usize::from(meta.l3), now),
-                _ => Hook::Accept,
-            };
-            match hook {
-                Hook::Accept => {}
-                Hook::Drop(r) => return Verdict::Drop(r),
-                Hook::Reject { .. } => return Verdict::Drop(DropReason::NoEndpoint),
-            }
+        match nf {
+            Some(nf) => Self::bridged_nat(nf, b, now, v),
+            None => v,
         }
-        v
+    }
+
+    /// br_netfilter: switched IPv4 and IPv6 of a NAT'd connection is translated here; `v` is
+    /// the bridge's verdict, kept unless the hook drops the frame. Out of line: a datapath
+    /// without NAT never comes here, and both families' hooks inlined into
+    /// [`Datapath::process`] cost its loop registers (callgrind, bridged: 266.3 -> 254.9
+    /// instructions per frame).
+    #[inline(never)]
+    fn bridged_nat(nf: &Netfilter, b: &mut PacketBuf, now: Instant, v: Verdict) -> Verdict {
+        let meta = L3Hint::of(b);
+        let hook = match meta.ether_type {
+            _ if meta.tagged => Hook::Accept,
+            ethertype::IPV4 => nf.bridged::<Ipv4Addr, 2>(b, usize::from(meta.l3), now),
+            ethertype::IPV6 => nf.bridged::<Ipv6Addr, 5>(b, usize::from(meta.l3), now),
+            _ => Hook::Accept,
+        };
+        match hook {
+            Hook::Accept => v,
+            Hook::Drop(r) => Verdict::Drop(r),
+            Hook::Reject { .. } => Verdict::Drop(DropReason::NoEndpoint),
+        }
     }
 
     /// A bridge floods to its other ports; with none, the frame has nowhere to go.
