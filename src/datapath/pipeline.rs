@@ -325,28 +325,33 @@ impl Datapath {
             ..
         } = w;
         let mut sink = PoolSink::new(pool, extra, shard);
-        let mut ctx = self.router.as_ref().map(|r| BatchCtx {
-            l3: L3Batch::new(r.routes.reader()).with_ipv6(&r.routes6),
-            egress: None,
-            nat: self.nf.as_ref().map(|nf| NatHook { nf, cx: &mut *nat }),
-        });
         let nf = self.nf.as_ref();
         let mut out = [Verdict::Local; BATCH_SIZE];
         let mut tally = [0u64; 4];
-        let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
-        for ((b, (p, (s, d))), o) in batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut()) {
-            let v = if p.kind == BRIDGE {
-                self.bridged(b, *p, s, d, now, nf, &mut ctx, &mut sink)
-            } else {
-                self.decide(b, p, now, &mut ctx, &mut sink)
-            };
-            *o = v;
-            match v {
-                Verdict::Drop(r) => shard.count_drop(r),
-                Verdict::Output(_) => tally[0] += 1,
-                Verdict::Flood(_) => tally[1] += 1,
-                Verdict::Local => tally[2] += 1,
-                Verdict::Queued => tally[3] += 1,
+        {
+            // The batch's context, dropped where it lives at the end of this block (moving it
+            // into `drop` copied it).
+            let mut ctx = self.router.as_ref().map(|r| BatchCtx {
+                l3: L3Batch::new(r.routes.reader()).with_ipv6(&r.routes6),
+                egress: None,
+                nat: nf.map(|nf| NatHook { nf, cx: &mut *nat }),
+            });
+            let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
+            let frames = batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut());
+            for ((b, (p, (s, d))), o) in frames {
+                let v = if p.kind == BRIDGE {
+                    self.bridged(b, *p, s, d, now, nf, &mut ctx, &mut sink)
+                } else {
+                    self.decide(b, p, now, &mut ctx, &mut sink)
+                };
+                *o = v;
+                match v {
+                    Verdict::Drop(r) => shard.count_drop(r),
+                    Verdict::Output(_) => tally[0] += 1,
+                    Verdict::Flood(_) => tally[1] += 1,
+                    Verdict::Local => tally[2] += 1,
+                    Verdict::Queued => tally[3] += 1,
+                }
             }
         }
         batch.verdicts.extend_from_slice(&out[..n]);
@@ -359,7 +364,6 @@ impl Datapath {
             batch.verdicts.push(Verdict::Drop(DropReason::Oversize));
             shard.count_drop(DropReason::Oversize);
         }
-        drop(ctx);
         let overflow = sink.overflow;
         self.append_extra(shard, extra, overflow, batch, now);
     }
@@ -684,7 +688,7 @@ impl Datapath {
         if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        let rx = Rx::new(usize::from(meta.l3), iface, now);
+        let rx = Rx::new(b, usize::from(meta.l3), iface, now);
         let l3 = r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink);
         self.after_l3(l3, b, now, ctx, sink)
     }
@@ -706,7 +710,7 @@ impl Datapath {
         if meta.tagged {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
-        let rx = Rx::new(usize::from(meta.l3), iface, now);
+        let rx = Rx::new(b, usize::from(meta.l3), iface, now);
         let l3 = r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink);
         self.after_l3(l3, b, now, ctx, sink)
     }

@@ -134,8 +134,8 @@ pub(crate) struct Facts<A> {
     pub(crate) l4_off: usize,
 }
 
-/// Where a packet the router takes in is: its L3 offset, the interface it came in on, and the
-/// time.
+/// Where a packet the router takes in is: its L3 offset, the interface it came in on, the
+/// time, and whether its frame went to an L2 group.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rx {
     /// The offset of the L3 header in the frame.
@@ -144,6 +144,9 @@ pub(crate) struct Rx {
     pub(crate) in_if: IfaceId,
     /// Now.
     pub(crate) now: Instant,
+    /// The frame went to an L2 group (multicast or broadcast MAC), read as it came in (before
+    /// the datagram's padding is trimmed, when the caller has the frame's bounds at hand).
+    pub(crate) group: bool,
 }
 
 /// Where a packet leaves: the egress interface, its next hop, the interface's MTU and MAC.
@@ -202,17 +205,25 @@ pub(crate) struct Offending<'a, A: RouterFamily> {
 }
 
 impl Rx {
-    /// A frame whose L3 header is at `l3`, come in on `in_if` at `now`.
+    /// The frame in `b`, whose L3 header is at `l3`, come in on `in_if` at `now`.
     #[inline(always)]
-    pub(crate) fn new(l3: usize, in_if: IfaceId, now: Instant) -> Rx {
-        Rx { l3, in_if, now }
+    pub(crate) fn new(b: &PacketBuf, l3: usize, in_if: IfaceId, now: Instant) -> Rx {
+        let group = b.frame().first().is_some_and(|d| d & 1 == 1);
+        Rx {
+            l3,
+            in_if,
+            now,
+            group,
+        }
     }
 }
 
-/// True when the frame went to an L2 group (multicast or broadcast MAC).
+/// Decrements the TTL / hop limit of the datagram at `frame[l3..]` (its header checked).
 #[inline(always)]
-pub(crate) fn to_group(b: &PacketBuf) -> bool {
-    b.frame().first().is_some_and(|d| d & 1 == 1)
+fn decrement_ttl<A: RouterFamily>(frame: &mut [u8], l3: usize) {
+    if let Some(ip) = frame.get_mut(l3..) {
+        A::decrement_ttl(ip);
+    }
 }
 
 impl<'a, A: RouterFamily> Offending<'a, A> {
@@ -357,11 +368,8 @@ impl Router {
             );
             return L3::Drop(A::TOO_BIG);
         }
-        // The header was checked by `A::check` above.
-        if let Some(ip) = b.frame_mut().get_mut(l3..) {
-            A::decrement_ttl(ip);
-        }
         if wire_len > mtu {
+            decrement_ttl::<A>(b.frame_mut(), l3);
             let out = Egress {
                 iface: out_if,
                 nh,
@@ -375,33 +383,50 @@ impl Router {
             Some((.., m)) => Some(m),
             None => A::neigh_lookup(self, out_if, nh, now),
         };
-        match mac {
-            Some(mac) => {
-                if let Ok(mut e) = EthernetFrame::new_checked(b.frame_mut()) {
-                    e.set_dst_addr(mac);
-                    e.set_src_addr(egress.cfg.mac);
-                }
-                if memo.is_none() {
-                    let slot = A::memo(ctx);
-                    let old = slot.last.replace((dst, (out_if, nh, mac)));
-                    slot.older.push(old);
-                }
-                L3::Forward(out_if)
-            }
-            None if b.offload.is_none() => self.resolve_later(out_if, nh, b.frame(), now, sink),
-            None => {
-                // The neighbour queue holds plain frames: finish the offload work (partial
-                // checksum, TSO segmentation) before queueing, or it would be lost.
-                let mut last = L3::Queued;
-                let r = crate::offload::send_completed(b, &mut |f| {
-                    last = self.resolve_later(out_if, nh, f, now, sink);
-                    Ok(())
-                });
-                match r {
-                    Ok(()) => last,
-                    Err(reason) => L3::Drop(reason),
-                }
-            }
+        let Some(mac) = mac else {
+            decrement_ttl::<A>(b.frame_mut(), l3);
+            return self.queue_unresolved(b, out_if, nh, now, sink);
+        };
+        // One look at the frame for both rewrites: the TTL / hop limit, then the MACs.
+        let f = b.frame_mut();
+        decrement_ttl::<A>(f, l3);
+        if let Ok(mut e) = EthernetFrame::new_checked(f) {
+            e.set_dst_addr(mac);
+            e.set_src_addr(egress.cfg.mac);
+        }
+        if memo.is_none() {
+            let slot = A::memo(ctx);
+            let old = slot.last.replace((dst, (out_if, nh, mac)));
+            slot.older.push(old);
+        }
+        L3::Forward(out_if)
+    }
+
+    /// A packet whose next hop is not resolved yet (TTL / hop limit decremented): queued on
+    /// its neighbour entry (see [`Router::resolve_later`]).
+    #[cold]
+    #[inline(never)]
+    fn queue_unresolved<A: RouterFamily>(
+        &self,
+        b: &mut PacketBuf,
+        out_if: IfaceId,
+        nh: A,
+        now: Instant,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        if b.offload.is_none() {
+            return self.resolve_later(out_if, nh, b.frame(), now, sink);
+        }
+        // The neighbour queue holds plain frames: finish the offload work (partial checksum,
+        // TSO segmentation) before queueing, or it would be lost.
+        let mut last = L3::Queued;
+        let r = crate::offload::send_completed(b, &mut |f| {
+            last = self.resolve_later(out_if, nh, f, now, sink);
+            Ok(())
+        });
+        match r {
+            Ok(()) => last,
+            Err(reason) => L3::Drop(reason),
         }
     }
 

@@ -25,7 +25,7 @@ use crate::wire::ipv4::{
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
-use super::forward::{to_group, Egress, Facts, IcmpError, RouterFamily, Rx};
+use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
 use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
 
 impl RouterFamily for Ipv4Addr {
@@ -82,9 +82,9 @@ impl RouterFamily for Ipv4Addr {
         r.send_arp_request(i, target, unicast, sink);
     }
     #[inline(always)]
-    fn early(_: &Router, b: &PacketBuf, _: Rx, _: &Ipv4Info, _: &mut dyn Sink) -> Option<L3> {
+    fn early(_: &Router, _: &PacketBuf, rx: Rx, _: &Ipv4Info, _: &mut dyn Sink) -> Option<L3> {
         // IPv4 multicast and broadcast are not routed.
-        to_group(b).then_some(L3::Drop(DropReason::L3Multicast))
+        rx.group.then_some(L3::Drop(DropReason::L3Multicast))
     }
     #[inline]
     fn unroutable_dst(r: &Router, dst: Ipv4Addr) -> Option<DropReason> {

@@ -35,7 +35,7 @@ use crate::wire::ipv6::{
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
-use super::forward::{to_group, Egress, Facts, IcmpError, RouterFamily, Rx};
+use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
 use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
 
 /// RFC 4861 10: MAX_INITIAL_RTR_ADVERTISEMENTS and their largest interval.
@@ -136,7 +136,7 @@ impl RouterFamily for Ipv6Addr {
             }
             return Some(L3::Drop(DropReason::L3Multicast));
         }
-        if to_group(b) {
+        if rx.group {
             return Some(L3::Drop(DropReason::L3Multicast));
         }
         // NDP to one of our addresses is taken in before the hook.
