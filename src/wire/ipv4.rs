@@ -361,7 +361,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     /// Decrements the TTL and patches the checksum incrementally (RFC 1624), as Linux's
     /// `ip_decrease_ttl`: TTL is the high byte of the word at offset 8, so the sum drops by
     /// 0x0100 and the checksum (its complement) rises by 0x0100 with end-around carry.
-    #[inline]
+    #[inline(always)]
     pub fn decrement_ttl(&mut self) {
         let ttl = self.ttl();
         self.set_ttl(ttl.wrapping_sub(1));
