@@ -415,12 +415,25 @@ impl<'a> L3Batch<'a> {
         A::routes(self)
     }
 
-    /// The batch's IPv6 routing-table version.
-    #[inline]
+    /// The batch's IPv6 routing-table version: read once per batch, out of line, so that the
+    /// per-packet check stays inlined (callgrind: `get_or_insert_with` left out of line cost
+    /// 17 instructions per IPv6 NAT frame).
+    #[inline(always)]
     pub(crate) fn ipv6_routes(&mut self) -> &RouteReader<'a, Ipv6Addr> {
-        let t = self.ipv6_table;
-        self.ipv6_routes
-            .get_or_insert_with(|| t.map_or_else(|| EMPTY_IPV6.reader(), |t| t.reader()))
+        match self.ipv6_routes {
+            Some(ref r) => r,
+            None => self.read_ipv6_routes(),
+        }
+    }
+
+    /// Reads the batch's IPv6 routing-table version (see [`L3Batch::ipv6_routes`]).
+    #[cold]
+    #[inline(never)]
+    fn read_ipv6_routes(&mut self) -> &RouteReader<'a, Ipv6Addr> {
+        let r = self
+            .ipv6_table
+            .map_or_else(|| EMPTY_IPV6.reader(), |t| t.reader());
+        self.ipv6_routes.insert(r)
     }
 }
 
