@@ -535,7 +535,7 @@ impl DatapathBuilder {
                 };
                 (
                     local.into(),
-                    IfaceConfig::new6(cfg.name.clone(), cfg.mac, a, cfg.prefix_len),
+                    IfaceConfig::new(cfg.name.clone(), cfg.mac, a, cfg.prefix_len),
                 )
             }
         };
@@ -622,15 +622,16 @@ impl DatapathBuilder {
         self.ct_handed_over = Some(file);
     }
 
-    /// What [`DatapathBuilder::netfilter`] found in the connection table's file, once it has
-    /// opened it (`None` without [`DatapathBuilder::conntrack_file`]).
-    pub fn recovery(&self) -> Option<&Recovery> {
-        self.recovery.as_ref()
-    }
-
-    /// As [`DatapathBuilder::recovery`] for the IPv6 table's file (see [`conntrack6_path`]).
-    pub fn recovery6(&self) -> Option<&Recovery> {
-        self.recovery6.as_ref()
+    /// What [`DatapathBuilder::netfilter`] found in the connection table's file of family `A`
+    /// ([`Ipv4Addr`](std::net::Ipv4Addr); [`Ipv6Addr`](std::net::Ipv6Addr): the IPv6 table's
+    /// file, see [`conntrack6_path`]), once it has opened it (`None` without
+    /// [`DatapathBuilder::conntrack_file`]).
+    pub fn recovery<A: crate::wire::family::Family>(&self) -> Option<&Recovery> {
+        if A::VERSION == 6 {
+            self.recovery6.as_ref()
+        } else {
+            self.recovery.as_ref()
+        }
     }
 
     /// The IPv6 table's open file, handed over with the IPv4 one's

@@ -36,7 +36,17 @@ pub const MAX_NEXT_HOPS: usize = <Ipv4Addr as RouteAddr>::MAX_NEXT_HOPS;
 
 /// An address family's address as the routing table needs it: [`Ipv4Addr`] or [`Ipv6Addr`].
 pub trait RouteAddr:
-    Copy + Eq + Ord + Hash + fmt::Debug + fmt::Display + Send + Sync + sealed::Sealed + 'static
+    Copy
+    + Eq
+    + Ord
+    + Hash
+    + fmt::Debug
+    + fmt::Display
+    + Send
+    + Sync
+    + sealed::Sealed
+    + crate::l3::neigh::NeighAddr
+    + 'static
 {
     /// The address as the LPM's key (`u32`, `u128`).
     type Key: lpm::Address;
@@ -57,6 +67,9 @@ pub trait RouteAddr:
     /// The router's table of this family.
     #[doc(hidden)]
     fn table(router: &crate::l3::Router) -> &RouteTable<Self>;
+    /// The router's neighbour table of this family.
+    #[doc(hidden)]
+    fn neigh(router: &crate::l3::Router) -> &crate::l3::neigh::NeighTable<Self>;
     /// The router's interface that owns `a`.
     #[doc(hidden)]
     fn local_iface(router: &crate::l3::Router, a: Self) -> Option<IfaceId>;
@@ -92,6 +105,9 @@ impl RouteAddr for Ipv4Addr {
     fn table(router: &crate::l3::Router) -> &RouteTable<Ipv4Addr> {
         &router.routes
     }
+    fn neigh(router: &crate::l3::Router) -> &crate::l3::neigh::NeighTable<Ipv4Addr> {
+        &router.neigh
+    }
     #[inline]
     fn local_iface(router: &crate::l3::Router, a: Ipv4Addr) -> Option<IfaceId> {
         router.find_iface(|i| i.cfg.addr.is_some_and(|(x, _)| x == a))
@@ -121,6 +137,9 @@ impl RouteAddr for Ipv6Addr {
     }
     fn table(router: &crate::l3::Router) -> &RouteTable<Ipv6Addr> {
         &router.routes6
+    }
+    fn neigh(router: &crate::l3::Router) -> &crate::l3::neigh::NeighTable<Ipv6Addr> {
+        &router.neigh6
     }
     #[inline]
     fn local_iface(router: &crate::l3::Router, a: Ipv6Addr) -> Option<IfaceId> {
