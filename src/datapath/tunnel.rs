@@ -172,7 +172,7 @@ impl Datapath {
         now: Instant,
         sink: Option<&mut dyn Sink>,
     ) -> Verdict {
-        if t.is_v6() {
+        if t.local().is_ipv6() {
             return self.encap6(t, b, now, sink);
         }
         if b.offload.is_gso() {

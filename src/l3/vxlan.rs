@@ -434,12 +434,6 @@ impl Tunnel {
         self.local
     }
 
-    /// True when the underlay is IPv6 (Flannel's `flannel-v6.1`).
-    #[inline]
-    pub fn is_v6(&self) -> bool {
-        self.local.is_ipv6()
-    }
-
     /// The MTU in effect.
     pub fn mtu(&self) -> u16 {
         self.mtu
