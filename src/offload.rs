@@ -322,7 +322,7 @@ pub fn segment(
     let overhead = match outer {
         OuterKind::None => 0,
         OuterKind::V4 => vxlan::OVERHEAD,
-        OuterKind::V6 => vxlan::OVERHEAD6,
+        OuterKind::V6 => vxlan::overhead::<std::net::Ipv6Addr>(),
     };
     let layout = if overhead != 0 {
         // The inner frame after the outer headers; offsets stay the outer frame's.
@@ -365,7 +365,7 @@ enum OuterKind {
     None,
     /// VXLAN over IPv4 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`], [`vxlan::OVERHEAD`] bytes).
     V4,
-    /// VXLAN over IPv6 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`], [`vxlan::OVERHEAD6`] bytes).
+    /// VXLAN over IPv6 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`], [`vxlan::overhead::<std::net::Ipv6Addr>()`] bytes).
     V6,
 }
 
@@ -1367,7 +1367,7 @@ mod tests {
             .udp(sport, 8472)
             .write(&mut f, &dgram)
             .unwrap();
-        let shift = u16::try_from(vxlan::OVERHEAD6).unwrap();
+        let shift = u16::try_from(vxlan::overhead::<std::net::Ipv6Addr>()).unwrap();
         let hdr = VirtioNetHdr {
             gso_type: h.gso_type | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
             hdr_len: h.hdr_len + shift,
@@ -1458,7 +1458,7 @@ mod tests {
         let payload = fill(3, 65_535 - 40);
         let (inner, _) = super_frame(&spec, &payload, 1448);
         let (small, hdr) = tunnel_ipv6_frame(&spec, &[], 1448, 1);
-        let mut frame = small[..vxlan::OVERHEAD6].to_vec();
+        let mut frame = small[..vxlan::overhead::<std::net::Ipv6Addr>()].to_vec();
         frame.extend_from_slice(&inner);
         assert!(frame.len() > 54 + 65_535);
         frame[18..20].copy_from_slice(&[0xff, 0xff]);

@@ -21,7 +21,7 @@ use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
 use crate::time::Instant;
-use crate::wire::vxlan::{OVERHEAD, OVERHEAD6};
+use crate::wire::vxlan::{overhead, OVERHEAD};
 
 /// Settings of one bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -498,7 +498,11 @@ impl DatapathBuilder {
         // The underlay's family is the interface address's (Flannel's flannel-v6.1).
         let v6 = cfg.addr.is_ipv6();
         let (overhead, min, expected) = if v6 {
-            (OVERHEAD6, 1280, "1280 to the uplink's MTU minus 70")
+            (
+                overhead::<std::net::Ipv6Addr>(),
+                1280,
+                "1280 to the uplink's MTU minus 70",
+            )
         } else {
             (OVERHEAD, 68, "68 to the uplink's MTU minus 50")
         };

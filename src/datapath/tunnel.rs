@@ -56,9 +56,7 @@ use crate::wire::virtio::{
     VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
     VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
 };
-use crate::wire::vxlan::{
-    self, DecapError, Outer, Outer6, OuterInfo, OuterIp, OVERHEAD, OVERHEAD6,
-};
+use crate::wire::vxlan::{self, DecapError, Outer, OuterInfo, OuterIp, OVERHEAD};
 
 impl Datapath {
     /// The VXLAN interface that is router interface `i`, if any.
@@ -173,7 +171,7 @@ impl Datapath {
         sink: Option<&mut dyn Sink>,
     ) -> Verdict {
         if t.local().is_ipv6() {
-            return self.encap6(t, b, now, sink);
+            return self.encap_ipv6(t, b, now, sink);
         }
         if b.offload.is_gso() {
             // Checked first, of either family: the port hands it whole to the kernel or
@@ -321,7 +319,7 @@ impl Datapath {
     /// IPv6 routes and NDP. A super-frame is segmented first (see the module docs).
     #[cold]
     #[inline(never)]
-    fn encap6(
+    fn encap_ipv6(
         &self,
         t: &Tunnel,
         b: &mut PacketBuf,
@@ -359,39 +357,41 @@ impl Datapath {
         let inner_len = b.len();
         // A super-frame too long for one outer IPv6 packet is written with its outer lengths
         // capped and leaves as segments (a port segments it, see `TapPort`'s send).
-        if !gso && inner_len + OVERHEAD6 > 65_535 + ETH_LEN + ipv6::HEADER_LEN {
+        if !gso && inner_len + OVERHEAD_IPV6 > 65_535 + ETH_LEN + ipv6::HEADER_LEN {
             return Verdict::Drop(DropReason::Oversize);
         }
         peer.count_tx(inner_len);
-        let outer = Outer6 {
+        let outer = Outer::<Ipv6Addr> {
             src_mac: egress.cfg.mac,
             dst_mac: r.neigh6.lookup(out_if, gw, now).unwrap_or(MacAddr::ZERO),
             src_ip: local,
             dst_ip: node,
-            hop_limit: t.cfg.ttl,
+            ident: 0,
+            ttl: t.cfg.ttl,
+            tos: 0,
             src_port: t.src_port(b.frame()),
             dst_port: t.cfg.port,
             vni: t.cfg.vni,
         };
         let resolved = outer.dst_mac != MacAddr::ZERO;
-        let Some(front) = b.push_front(OVERHEAD6) else {
+        let Some(front) = b.push_front(OVERHEAD_IPV6) else {
             return Verdict::Drop(DropReason::Oversize);
         };
-        let Ok(hdr) = <&mut [u8; OVERHEAD6]>::try_from(front) else {
+        let Ok(hdr) = <&mut [u8; OVERHEAD_IPV6]>::try_from(front) else {
             return Verdict::Drop(DropReason::Oversize);
         };
         outer.emit(hdr, inner_len);
         if gso {
             // Segmented (and the outer headers replicated) by the port that sends it: the
             // kernel behind a UDP-tunnel GSO TAP, `offload::segment` for any other port.
-            let shift = len16(OVERHEAD6);
+            let shift = len16(OVERHEAD_IPV6);
             b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
             b.offload.csum_start = off.csum_start.saturating_add(shift);
             b.offload.hdr_len = off.hdr_len.saturating_add(shift);
             if Outer::partial_csum(b.frame_mut()).is_none() {
                 return Verdict::Drop(DropReason::Truncated);
             }
-        } else if let Err(reason) = Self::outer_csum(b, off, OVERHEAD6) {
+        } else if let Err(reason) = Self::outer_csum(b, off, OVERHEAD_IPV6) {
             return Verdict::Drop(reason);
         }
         self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
@@ -399,6 +399,9 @@ impl Datapath {
         })
     }
 }
+
+/// [`vxlan::overhead`] over IPv6.
+const OVERHEAD_IPV6: usize = vxlan::overhead::<Ipv6Addr>();
 
 /// Whether a frame received on an uplink is a UDP-tunnel super-frame (from a TAP with
 /// UDP-tunnel GSO), checked for the outer family's tunnel bit `tunnel_flag`: TCP inside
