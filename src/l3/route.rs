@@ -36,17 +36,7 @@ pub const MAX_NEXT_HOPS: usize = <Ipv4Addr as RouteAddr>::MAX_NEXT_HOPS;
 
 /// An address family's address as the routing table needs it: [`Ipv4Addr`] or [`Ipv6Addr`].
 pub trait RouteAddr:
-    Copy
-    + Eq
-    + Ord
-    + Hash
-    + fmt::Debug
-    + fmt::Display
-    + Send
-    + Sync
-    + sealed::Sealed
-    + crate::l3::neigh::NeighAddr
-    + 'static
+    crate::l3::neigh::NeighAddr + Hash + fmt::Debug + Send + Sync + sealed::Sealed + 'static
 {
     /// The address as the LPM's key (`u32`, `u128`).
     type Key: lpm::Address;

@@ -511,18 +511,7 @@ fn micros(d: Duration) -> u64 {
 
 /// An address family the neighbour table resolves: [`Ipv4Addr`] (ARP), [`Ipv6Addr`](std::net::Ipv6Addr)
 /// (NDP). Sealed.
-pub trait NeighAddr:
-    Copy
-    + Ord
-    + Hash
-    + fmt::Debug
-    + fmt::Display
-    + Into<IpAddr>
-    + Send
-    + Sync
-    + sealed::Sealed
-    + 'static
-{
+pub trait NeighAddr: Copy + Ord + fmt::Display + Into<IpAddr> + sealed::Sealed {
     /// The address of a released frame or failed resolution whose neighbour is gone.
     #[doc(hidden)]
     const GONE: Self;

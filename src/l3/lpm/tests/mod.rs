@@ -92,39 +92,29 @@ pub(super) trait TestAddr:
     fn step(self, up: bool) -> Self;
 }
 
-impl TestAddr for u32 {
-    const MAX: u32 = u32::MAX;
-    fn random(rng: &mut SplitMix) -> u32 {
-        rng.next_u32()
-    }
-    fn shr_or_zero(self, k: u32) -> u32 {
-        self.checked_shr(k).unwrap_or(0)
-    }
-    fn step(self, up: bool) -> u32 {
-        if up {
-            self.wrapping_add(1)
-        } else {
-            self.wrapping_sub(1)
+macro_rules! impl_test_addr {
+    ($t:ty, $random:ident) => {
+        impl TestAddr for $t {
+            const MAX: $t = <$t>::MAX;
+            fn random(rng: &mut SplitMix) -> $t {
+                rng.$random()
+            }
+            fn shr_or_zero(self, k: u32) -> $t {
+                self.checked_shr(k).unwrap_or(0)
+            }
+            fn step(self, up: bool) -> $t {
+                if up {
+                    self.wrapping_add(1)
+                } else {
+                    self.wrapping_sub(1)
+                }
+            }
         }
-    }
+    };
 }
 
-impl TestAddr for u128 {
-    const MAX: u128 = u128::MAX;
-    fn random(rng: &mut SplitMix) -> u128 {
-        rng.next_u128()
-    }
-    fn shr_or_zero(self, k: u32) -> u128 {
-        self.checked_shr(k).unwrap_or(0)
-    }
-    fn step(self, up: bool) -> u128 {
-        if up {
-            self.wrapping_add(1)
-        } else {
-            self.wrapping_sub(1)
-        }
-    }
-}
+impl_test_addr!(u32, next_u32);
+impl_test_addr!(u128, next_u128);
 
 /// Host-bit mask of a prefix length.
 pub(super) fn host_mask<A: TestAddr>(len: u8) -> A {
