@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use etherparse::{Icmpv6Type, PacketBuilder, SlicedPacket, TransportSlice};
-use tapyard::l3::neigh::NeighState;
+use tapyard::l3::neigh::{NeighEntry, NeighState};
 use tapyard::l3::{IfaceConfig, IfaceId, NextHop, RaConfig, Route, RouteProto};
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
 use tapyard::wire::ipv6;
@@ -155,10 +155,17 @@ fn parse_icmp(f: &[u8]) -> (Ipv6Addr, Ipv6Addr, Icmpv6Repr<'_>) {
     )
 }
 
-fn neigh_state(n: &Node, ip: &str) -> Option<NeighState> {
-    let r = n.dp.control().router().unwrap();
-    r.neigh::<std::net::Ipv6Addr>()
+/// The router's NDP table.
+fn ndp_dump(n: &Node) -> Vec<NeighEntry<Ipv6Addr>> {
+    n.dp.control()
+        .router()
+        .unwrap()
+        .neigh::<Ipv6Addr>()
         .dump(n.now)
+}
+
+fn neigh_state(n: &Node, ip: &str) -> Option<NeighState> {
+    ndp_dump(n)
         .into_iter()
         .find(|e| e.ip == a(ip))
         .map(|e| e.state)
@@ -787,32 +794,17 @@ fn na_without_override_makes_reachable_entry_stale_as_linux() {
     // (neigh_update with NEIGH_UPDATE_F_WEAK_OVERRIDE).
     let other = MacAddr([0x02, 0, 0, 0, 1, 9]);
     assert_eq!(send(&mut n, PA, &na(other, true, false)).0, Verdict::Local);
-    let dump =
-        n.dp.control()
-            .router()
-            .unwrap()
-            .neigh::<std::net::Ipv6Addr>()
-            .dump(n.now);
+    let dump = ndp_dump(&n);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
     // Again, now STALE: ignored (the MAC still kept).
     assert_eq!(send(&mut n, PA, &na(other, false, false)).0, Verdict::Local);
-    let dump =
-        n.dp.control()
-            .router()
-            .unwrap()
-            .neigh::<std::net::Ipv6Addr>()
-            .dump(n.now);
+    let dump = ndp_dump(&n);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
     // With the override flag the new MAC is taken.
     assert_eq!(send(&mut n, PA, &na(other, false, true)).0, Verdict::Local);
-    let dump =
-        n.dp.control()
-            .router()
-            .unwrap()
-            .neigh::<std::net::Ipv6Addr>()
-            .dump(n.now);
+    let dump = ndp_dump(&n);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!(e.mac, Some(other));
 }
@@ -1109,7 +1101,7 @@ fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
         pod.control()
             .router()
             .unwrap()
-            .neigh::<std::net::Ipv6Addr>()
+            .neigh::<Ipv6Addr>()
             .dump(now)
             .into_iter()
             .find(|e| e.ip == ip && e.iface == pod_if)
