@@ -687,10 +687,10 @@ impl Datapath {
         self.route_with::<true>(b, meta, iface, now, ctx, sink)
     }
 
-    /// The router's input (IPv6's when `V6`, else IPv4's and ARP's) on a frame addressed to
+    /// The router's input (IPv6's when `IPV6`, else IPv4's and ARP's) on a frame addressed to
     /// interface `iface`, then the verdict for what it did.
     #[inline(always)]
-    fn route_with<const V6: bool>(
+    fn route_with<const IPV6: bool>(
         &self,
         b: &mut PacketBuf,
         meta: &L3Hint,
@@ -706,7 +706,7 @@ impl Datapath {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
         let rx = Rx::new(usize::from(meta.l3), iface, now);
-        let l3 = if V6 {
+        let l3 = if IPV6 {
             r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink)
         } else {
             r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink)

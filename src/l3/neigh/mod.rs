@@ -1,5 +1,6 @@
-//! The ARP neighbour cache (IPv4): next-hop address to MAC, with the state machine of Linux's
-//! neighbour subsystem (`net/core/neighbour.c`, `net/ipv4/arp.c`).
+//! The neighbour cache, ARP's (IPv4) and NDP's (IPv6, see `ndp.rs`): next-hop address to
+//! MAC, with the state machine of Linux's neighbour subsystem (`net/core/neighbour.c`,
+//! `net/ipv4/arp.c`).
 //!
 //! Sans-IO: time is always a parameter, nothing here reads a clock, sends a frame or starts a
 //! thread. The caller builds and sends the ARP requests the table asks for, and transmits the
@@ -128,6 +129,8 @@
 //! * `slots.rs`: the lock-free bucket storage, lookups, placement and garbage collection;
 //! * `timers.rs`: the timer and forced-GC heaps, and readers' `STALE → DELAY` marks;
 //! * `requests.rs`: the request rate limit and the per-neighbour queues of waiting frames.
+//! * `ndp.rs`: the IPv6 table ([`NeighTable<Ipv6Addr>`](NeighTable)): addresses interned as
+//!   32-bit slot addresses, and NDP input mapped onto the ARP rules.
 //!
 //! # Example
 //!
@@ -185,17 +188,17 @@ use crate::time::Instant;
 use crate::wire::mac::MacAddr;
 
 mod config;
+mod ndp;
 mod requests;
 mod slots;
 mod state;
 #[cfg(test)]
 mod tests;
 mod timers;
-mod v6;
 
 pub use config::{NeighConfig, NeighError, MAX_ENTRIES};
+pub use ndp::Advert;
 pub use state::NeighState;
-pub use v6::Advert;
 
 use requests::{Queue, TokenBucket};
 use slots::{key_of, occupied, split_key, Bucket, Padded, SLOTS};
@@ -516,7 +519,7 @@ pub trait NeighAddr: Copy + Ord + fmt::Display + Into<IpAddr> + sealed::Sealed {
     #[doc(hidden)]
     const GONE: Self;
     /// How the table finds the 32-bit slot address of a neighbour address (IPv4: the
-    /// address itself; IPv6: an interned id, see `v6.rs`).
+    /// address itself; IPv6: an interned id, see `ndp.rs`).
     #[doc(hidden)]
     type Ids: Send + Sync;
     /// The ids of a table of `cfg`.
@@ -570,7 +573,7 @@ fn is_neighbour_addr(ip: Ipv4Addr) -> bool {
 }
 
 /// The neighbour cache of a router, for the family `A` (see the module docs): ARP's for
-/// [`Ipv4Addr`], NDP's for [`Ipv6Addr`](std::net::Ipv6Addr) (see `v6.rs`: the same table,
+/// [`Ipv4Addr`], NDP's for [`Ipv6Addr`](std::net::Ipv6Addr) (see `ndp.rs`: the same table,
 /// keyed by an id per IPv6 address).
 pub struct NeighTable<A: NeighAddr = Ipv4Addr> {
     buckets: Box<[Bucket]>,
@@ -751,7 +754,7 @@ impl<A: NeighAddr> NeighTable<A> {
         Enqueue::Queued { solicit, dropped }
     }
 
-    /// [`NeighTable::input`] with slot addresses (NDP's input maps onto it, see `v6.rs`).
+    /// [`NeighTable::input`] with slot addresses (NDP's input maps onto it, see `ndp.rs`).
     fn input_slot(
         &self,
         iface: IfaceId,
