@@ -245,7 +245,7 @@ fn ipv4(c: &mut Criterion) {
         })
         .collect();
 
-    let lpm = measure("tapyard Lpm4 (builder)", n, || {
+    let lpm = measure("tapyard Lpm<u32> (builder)", n, || {
         let mut b = Lpm::builder();
         for r in &routes {
             b.insert(r.prefix, r.len, r.next_hop).unwrap();
@@ -253,12 +253,12 @@ fn ipv4(c: &mut Criterion) {
         b.build()
     });
     println!(
-        "  Lpm4::memory_bytes {} ({:.1} B/prefix); {lpm:?}",
+        "  Lpm::<u32>::memory_bytes {} ({:.1} B/prefix); {lpm:?}",
         lpm.memory_bytes(),
         lpm.memory_bytes() as f64 / n as f64
     );
     let before = LIVE.load(Ordering::Relaxed);
-    let fib = measure("tapyard Fib4 (RIB + snapshot)", n, || {
+    let fib = measure("tapyard Fib<u32> (RIB + snapshot)", n, || {
         Fib::from_routes(routes.iter().copied()).unwrap()
     });
     updates(&fib, &routes, before);
@@ -429,14 +429,14 @@ fn small_tables(routes: &[Route<u32>]) {
         reps += 1;
     }
     println!(
-        "  tapyard Lpm4 build {:.2} us (mean of {reps})",
+        "  tapyard Lpm<u32> build {:.2} us (mean of {reps})",
         t.elapsed().as_secs_f64() * 1e6 / f64::from(reps)
     );
-    let lpm = measure("  tapyard Lpm4", n, || {
+    let lpm = measure("  tapyard Lpm<u32>", n, || {
         Lpm::from_routes(small.iter().copied()).unwrap()
     });
     println!("    memory_bytes {}", lpm.memory_bytes());
-    measure("  tapyard Fib4", n, || {
+    measure("  tapyard Fib<u32>", n, || {
         Fib::from_routes(small.iter().copied()).unwrap()
     });
     measure("  treebitmap", n, || {
@@ -477,7 +477,7 @@ fn ipv6(c: &mut Criterion) {
         })
         .collect();
 
-    let lpm = measure("tapyard Lpm6 (builder)", n, || {
+    let lpm = measure("tapyard Lpm<u128> (builder)", n, || {
         let mut b = Lpm::builder();
         for r in &routes {
             b.insert(r.prefix, r.len, r.next_hop).unwrap();
@@ -559,12 +559,12 @@ fn ipv6(c: &mut Criterion) {
         return;
     }
     println!(
-        "  Lpm6::memory_bytes {} ({:.1} B/prefix); {lpm:?}",
+        "  Lpm::<u128>::memory_bytes {} ({:.1} B/prefix); {lpm:?}",
         lpm.memory_bytes(),
         lpm.memory_bytes() as f64 / n as f64
     );
     let before = LIVE.load(Ordering::Relaxed);
-    let fib = measure("tapyard Fib6 (RIB + snapshot)", n, || {
+    let fib = measure("tapyard Fib<u128> (RIB + snapshot)", n, || {
         Fib::from_routes(routes.iter().copied()).unwrap()
     });
     updates(&fib, &routes, before);

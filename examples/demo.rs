@@ -259,7 +259,10 @@ fn main() {
     print!("{}", dp.control().stats());
     if let Some(r) = dp.control().router() {
         println!("router: {}", r.counters.snapshot().line());
-        println!("neighbours: {}", r.neigh().counters().line());
+        println!(
+            "neighbours: {}",
+            r.neigh::<std::net::Ipv4Addr>().counters().line()
+        );
     }
     println!("nat: {}", nf.counters().line());
     println!("conntrack: {}", nf.conntrack().counters().line());

@@ -322,7 +322,7 @@ pub fn segment(
     let overhead = match outer {
         OuterKind::None => 0,
         OuterKind::V4 => vxlan::OVERHEAD,
-        OuterKind::V6 => vxlan::OVERHEAD6,
+        OuterKind::V6 => vxlan::overhead::<std::net::Ipv6Addr>(),
     };
     let layout = if overhead != 0 {
         // The inner frame after the outer headers; offsets stay the outer frame's.
@@ -365,7 +365,7 @@ enum OuterKind {
     None,
     /// VXLAN over IPv4 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4`], [`vxlan::OVERHEAD`] bytes).
     V4,
-    /// VXLAN over IPv6 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`], [`vxlan::OVERHEAD6`] bytes).
+    /// VXLAN over IPv6 ([`VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6`], [`vxlan::overhead::<std::net::Ipv6Addr>()`] bytes).
     V6,
 }
 
@@ -556,10 +556,12 @@ mod tests {
 
     const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 1];
     const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 2];
-    const SRC4: [u8; 4] = [10, 1, 2, 3];
-    const DST4: [u8; 4] = [192, 168, 200, 17];
-    const SRC6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd];
-    const DST6: [u8; 16] = [0xfd, 0, 0, 1, 0, 0, 0, 0, 0xfe, 0xdc, 0, 0, 0, 0, 0, 0x01];
+    /// The inner packets' (source, destination) addresses of each family.
+    const IPV4: ([u8; 4], [u8; 4]) = ([10, 1, 2, 3], [192, 168, 200, 17]);
+    const IPV6: ([u8; 16], [u8; 16]) = (
+        [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd],
+        [0xfd, 0, 0, 1, 0, 0, 0, 0, 0xfe, 0xdc, 0, 0, 0, 0, 0, 0x01],
+    );
     /// Four NOPs, then Router Alert.
     const IP_OPTS: [u8; 8] = [1, 1, 1, 1, 0x94, 0x04, 0, 0];
 
@@ -618,14 +620,14 @@ mod tests {
                 Ipv6Header {
                     next_header: IpNumber::TCP,
                     hop_limit: 64,
-                    source: SRC6,
-                    destination: DST6,
+                    source: IPV6.0,
+                    destination: IPV6.1,
                     ..Default::default()
                 },
                 Default::default(),
             )
         } else {
-            let mut h = Ipv4Header::new(0, 64, IpNumber::TCP, SRC4, DST4).unwrap();
+            let mut h = Ipv4Header::new(0, 64, IpNumber::TCP, IPV4.0, IPV4.1).unwrap();
             h.identification = ip_id;
             h.dont_fragment = true;
             if spec.ip_opts {
@@ -677,9 +679,9 @@ mod tests {
         let l4 = spec.l4_off();
         let tcp_len = frame.len() - l4;
         let partial = if spec.v6 {
-            ref_pseudo(&SRC6, &DST6, 6, tcp_len)
+            ref_pseudo(&IPV6.0, &IPV6.1, 6, tcp_len)
         } else {
-            ref_pseudo(&SRC4, &DST4, 6, tcp_len)
+            ref_pseudo(&IPV4.0, &IPV4.1, 6, tcp_len)
         };
         frame[l4 + 16..l4 + 18].copy_from_slice(&partial.to_be_bytes());
         let tcp_hdr_len = usize::from(frame[l4 + 12] >> 4) * 4;
@@ -955,17 +957,17 @@ mod tests {
     fn udp_frame(v6: bool, payload: &[u8]) -> (Vec<u8>, VirtioNetHdr) {
         let b = PacketBuilder::ethernet2(MAC_A, MAC_B);
         let b = if v6 {
-            b.ipv6(SRC6, DST6, 64)
+            b.ipv6(IPV6.0, IPV6.1, 64)
         } else {
-            b.ipv4(SRC4, DST4, 64)
+            b.ipv4(IPV4.0, IPV4.1, 64)
         };
         let mut f = Vec::new();
         b.udp(5353, 53).write(&mut f, payload).unwrap();
         let l4 = if v6 { 54 } else { 34 };
         let partial = if v6 {
-            ref_pseudo(&SRC6, &DST6, 17, f.len() - l4)
+            ref_pseudo(&IPV6.0, &IPV6.1, 17, f.len() - l4)
         } else {
-            ref_pseudo(&SRC4, &DST4, 17, f.len() - l4)
+            ref_pseudo(&IPV4.0, &IPV4.1, 17, f.len() - l4)
         };
         f[l4 + 6..l4 + 8].copy_from_slice(&partial.to_be_bytes());
         let hdr = VirtioNetHdr {
@@ -988,9 +990,11 @@ mod tests {
                 };
                 let h = u.to_header();
                 if v6 {
-                    h.calc_checksum_ipv6_raw(SRC6, DST6, u.payload()).unwrap()
+                    h.calc_checksum_ipv6_raw(IPV6.0, IPV6.1, u.payload())
+                        .unwrap()
                 } else {
-                    h.calc_checksum_ipv4_raw(SRC4, DST4, u.payload()).unwrap()
+                    h.calc_checksum_ipv4_raw(IPV4.0, IPV4.1, u.payload())
+                        .unwrap()
                 }
             };
             complete_checksum(&mut f, &hdr).unwrap();
@@ -1008,7 +1012,11 @@ mod tests {
             complete_checksum(&mut f, &hdr).unwrap();
             assert_eq!(&f[l4 + 6..l4 + 8], &[0xff, 0xff]);
             // Still verifies: pseudo-header + segment sums to 0xffff.
-            let (src, dst): (&[u8], &[u8]) = if v6 { (&SRC6, &DST6) } else { (&SRC4, &DST4) };
+            let (src, dst): (&[u8], &[u8]) = if v6 {
+                (&IPV6.0, &IPV6.1)
+            } else {
+                (&IPV4.0, &IPV4.1)
+            };
             let pseudo = ref_pseudo(src, dst, 17, f.len() - l4);
             assert_eq!(ref_fold(ref_sum(&f[l4..]) + u32::from(pseudo)), 0xffff);
         }
@@ -1335,23 +1343,31 @@ mod tests {
 
     // -- VXLAN over IPv6 (UDP-tunnel GSO) --------------------------------------
 
-    const OUT_SRC6: [u8; 16] = [0xfd, 0, 1, 0x72, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
-    const OUT_DST6: [u8; 16] = [0xfd, 0, 1, 0x72, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3];
+    /// The outer (underlay) IPv6 source and destination.
+    const OUTER_IPV6: ([u8; 16], [u8; 16]) = (
+        [0xfd, 0, 1, 0x72, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        [0xfd, 0, 1, 0x72, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3],
+    );
 
     /// `spec`'s super-frame encapsulated whole over IPv6, as tapyard's encapsulation hands it
     /// to a port: outer Ethernet + IPv6 + UDP (source port `sport`) + VXLAN VNI 1, the GSO
     /// type with the IPv6 tunnel bit, `csum_start`/`hdr_len` counted from the outer frame.
-    fn tunnel6_frame(spec: &Spec, payload: &[u8], gso: u16, sport: u16) -> (Vec<u8>, VirtioNetHdr) {
+    fn tunnel_ipv6_frame(
+        spec: &Spec,
+        payload: &[u8],
+        gso: u16,
+        sport: u16,
+    ) -> (Vec<u8>, VirtioNetHdr) {
         let (inner, h) = super_frame(spec, payload, gso);
         let mut dgram = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
         dgram.extend_from_slice(&inner);
         let mut f = Vec::new();
         PacketBuilder::ethernet2(MAC_B, MAC_A)
-            .ipv6(OUT_SRC6, OUT_DST6, 64)
+            .ipv6(OUTER_IPV6.0, OUTER_IPV6.1, 64)
             .udp(sport, 8472)
             .write(&mut f, &dgram)
             .unwrap();
-        let shift = u16::try_from(vxlan::OVERHEAD6).unwrap();
+        let shift = u16::try_from(vxlan::overhead::<std::net::Ipv6Addr>()).unwrap();
         let hdr = VirtioNetHdr {
             gso_type: h.gso_type | VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
             hdr_len: h.hdr_len + shift,
@@ -1365,13 +1381,13 @@ mod tests {
     /// exactly the kernel's TSO segment, the outer headers copied with the IPv6 payload
     /// length, UDP length and a nonzero, right UDP checksum of the segment. Returns the
     /// segments.
-    fn check_tunnel6(spec: &Spec, payload: &[u8], gso: u16, sport: u16) -> Vec<Vec<u8>> {
-        let (frame, hdr) = tunnel6_frame(spec, payload, gso, sport);
-        check_tunnel6_segments(&frame, &hdr, spec, payload)
+    fn check_tunnel_ipv6(spec: &Spec, payload: &[u8], gso: u16, sport: u16) -> Vec<Vec<u8>> {
+        let (frame, hdr) = tunnel_ipv6_frame(spec, payload, gso, sport);
+        check_tunnel_ipv6_segments(&frame, &hdr, spec, payload)
     }
 
-    /// [`check_tunnel6`] on a frame built by the caller.
-    fn check_tunnel6_segments(
+    /// [`check_tunnel_ipv6`] on a frame built by the caller.
+    fn check_tunnel_ipv6_segments(
         frame: &[u8],
         hdr: &VirtioNetHdr,
         spec: &Spec,
@@ -1426,11 +1442,14 @@ mod tests {
                     ..Default::default()
                 };
                 let payload = fill(u64::from(tcp_opts) + 7, 13_700);
-                let segs = check_tunnel6(&spec, &payload, 1370, 40_001);
+                let segs = check_tunnel_ipv6(&spec, &payload, 1370, 40_001);
                 assert_eq!(segs.len(), 10);
                 // One segment when the payload fits; an empty payload still gives one.
-                assert_eq!(check_tunnel6(&spec, &payload[..100], 1370, 40_001).len(), 1);
-                assert_eq!(check_tunnel6(&spec, &[], 1370, 40_001).len(), 1);
+                assert_eq!(
+                    check_tunnel_ipv6(&spec, &payload[..100], 1370, 40_001).len(),
+                    1
+                );
+                assert_eq!(check_tunnel_ipv6(&spec, &[], 1370, 40_001).len(), 1);
             }
         }
         // The largest inner super-frame: its outer lengths would not fit 16 bits, so they are
@@ -1438,13 +1457,13 @@ mod tests {
         let spec = Spec::default();
         let payload = fill(3, 65_535 - 40);
         let (inner, _) = super_frame(&spec, &payload, 1448);
-        let (small, hdr) = tunnel6_frame(&spec, &[], 1448, 1);
-        let mut frame = small[..vxlan::OVERHEAD6].to_vec();
+        let (small, hdr) = tunnel_ipv6_frame(&spec, &[], 1448, 1);
+        let mut frame = small[..vxlan::overhead::<std::net::Ipv6Addr>()].to_vec();
         frame.extend_from_slice(&inner);
         assert!(frame.len() > 54 + 65_535);
         frame[18..20].copy_from_slice(&[0xff, 0xff]);
         frame[58..60].copy_from_slice(&[0xff, 0xff]);
-        let segs = check_tunnel6_segments(&frame, &hdr, &spec, &payload);
+        let segs = check_tunnel_ipv6_segments(&frame, &hdr, &spec, &payload);
         assert_eq!(segs.len(), payload.len().div_ceil(1448));
     }
 
@@ -1455,7 +1474,7 @@ mod tests {
         let spec = Spec::default();
         let mut seen_ffff = false;
         for sport in 0..=u16::MAX {
-            let (frame, hdr) = tunnel6_frame(&spec, &[0x5a; 40], 1370, sport);
+            let (frame, hdr) = tunnel_ipv6_frame(&spec, &[0x5a; 40], 1370, sport);
             let segs = run_segment(&frame, &hdr, 300).unwrap();
             let c = u16::from_be_bytes([segs[0][60], segs[0][61]]);
             assert_ne!(c, 0);
@@ -1468,7 +1487,7 @@ mod tests {
     fn tunnel_super_frames_that_lie_are_refused() {
         use OffloadError::*;
         let spec = Spec::default();
-        let (f, h) = tunnel6_frame(&spec, &fill(5, 5000), 1000, 9);
+        let (f, h) = tunnel_ipv6_frame(&spec, &fill(5, 5000), 1000, 9);
         let seg = |f: &[u8], h: &VirtioNetHdr| run_segment(f, h, 70_000).map(|s| s.len());
         assert_eq!(seg(&f, &h), Ok(5));
         // Both tunnel bits, or one with no inner type.
@@ -1680,8 +1699,8 @@ mod tests {
             which in 0u8..4,
         ) {
             let payload = fill(len as u64 + 5, len);
-            check_tunnel6(&spec, &payload, gso, sport);
-            let (mut frame, mut hdr) = tunnel6_frame(&spec, &payload, gso, sport);
+            check_tunnel_ipv6(&spec, &payload, gso, sport);
+            let (mut frame, mut hdr) = tunnel_ipv6_frame(&spec, &payload, gso, sport);
             for (i, v) in &mutations {
                 let at = i.index(frame.len());
                 frame[at] = *v;

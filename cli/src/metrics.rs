@@ -68,7 +68,7 @@ pub fn render(dp: &Datapath) -> String {
         );
     }
     if let Some(r) = dp.control().router() {
-        let c = r.neigh().counters();
+        let c = r.neigh::<std::net::Ipv4Addr>().counters();
         family(
             &mut o,
             "neigh_entries",

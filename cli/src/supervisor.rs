@@ -217,7 +217,7 @@ pub fn run(
                 .dp
                 .control()
                 .iface_by_name(n)
-                .and_then(|i| node.dp.control().router()?.link_local6(i));
+                .and_then(|i| node.dp.control().router()?.link_local(i));
             cur.connected()
                 .into_iter()
                 .find(|c| c.name == n)

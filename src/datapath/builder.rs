@@ -21,7 +21,7 @@ use crate::l3::router::{Iface, IfaceConfig, Router};
 use crate::l3::vxlan::{self, Tunnel, VxlanConfig};
 use crate::nat::netfilter::{NatConfig, Netfilter};
 use crate::time::Instant;
-use crate::wire::vxlan::{OVERHEAD, OVERHEAD6};
+use crate::wire::vxlan::{overhead, OVERHEAD};
 
 /// Settings of one bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -498,7 +498,11 @@ impl DatapathBuilder {
         // The underlay's family is the interface address's (Flannel's flannel-v6.1).
         let v6 = cfg.addr.is_ipv6();
         let (overhead, min, expected) = if v6 {
-            (OVERHEAD6, 1280, "1280 to the uplink's MTU minus 70")
+            (
+                overhead::<std::net::Ipv6Addr>(),
+                1280,
+                "1280 to the uplink's MTU minus 70",
+            )
         } else {
             (OVERHEAD, 68, "68 to the uplink's MTU minus 50")
         };
@@ -535,7 +539,7 @@ impl DatapathBuilder {
                 };
                 (
                     local.into(),
-                    IfaceConfig::new6(cfg.name.clone(), cfg.mac, a, cfg.prefix_len),
+                    IfaceConfig::new(cfg.name.clone(), cfg.mac, a, cfg.prefix_len),
                 )
             }
         };
@@ -622,15 +626,16 @@ impl DatapathBuilder {
         self.ct_handed_over = Some(file);
     }
 
-    /// What [`DatapathBuilder::netfilter`] found in the connection table's file, once it has
-    /// opened it (`None` without [`DatapathBuilder::conntrack_file`]).
-    pub fn recovery(&self) -> Option<&Recovery> {
-        self.recovery.as_ref()
-    }
-
-    /// As [`DatapathBuilder::recovery`] for the IPv6 table's file (see [`conntrack6_path`]).
-    pub fn recovery6(&self) -> Option<&Recovery> {
-        self.recovery6.as_ref()
+    /// What [`DatapathBuilder::netfilter`] found in the connection table's file of family `A`
+    /// ([`Ipv4Addr`](std::net::Ipv4Addr); [`Ipv6Addr`](std::net::Ipv6Addr): the IPv6 table's
+    /// file, see [`conntrack6_path`]), once it has opened it (`None` without
+    /// [`DatapathBuilder::conntrack_file`]).
+    pub fn recovery<A: crate::wire::family::Family>(&self) -> Option<&Recovery> {
+        if A::VERSION == 6 {
+            self.recovery6.as_ref()
+        } else {
+            self.recovery.as_ref()
+        }
     }
 
     /// The IPv6 table's open file, handed over with the IPv4 one's

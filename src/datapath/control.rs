@@ -215,27 +215,19 @@ impl<'a> Control<'a> {
     /// -6 neigh del ...`); `false` when there was no permanent entry for `ip` on `iface`
     /// (dynamic entries are left alone).
     pub fn remove_static_neigh(&self, iface: IfaceId, ip: impl Into<IpAddr>) -> bool {
-        use crate::l3::neigh::NeighState::Permanent;
+        fn remove<A: RouteAddr>(r: &Router, iface: IfaceId, ip: A) -> bool {
+            let t = r.neigh::<A>();
+            let permanent = t
+                .peek(iface, ip)
+                .is_some_and(|(st, _)| st == crate::l3::neigh::NeighState::Permanent);
+            permanent && t.remove(iface, ip)
+        }
         let Some(r) = &self.dp.router else {
             return false;
         };
         match ip.into() {
-            IpAddr::V4(ip) => {
-                let permanent = r
-                    .neigh
-                    .dump(Instant::ZERO)
-                    .iter()
-                    .any(|e| e.iface == iface && e.ip == ip && e.state == Permanent);
-                permanent && r.neigh.remove(iface, ip)
-            }
-            IpAddr::V6(ip) => {
-                let permanent = r
-                    .neigh6
-                    .dump(Instant::ZERO)
-                    .iter()
-                    .any(|e| e.iface == iface && e.ip == ip && e.state == Permanent);
-                permanent && r.neigh6.remove(iface, ip)
-            }
+            IpAddr::V4(ip) => remove(r, iface, ip),
+            IpAddr::V6(ip) => remove(r, iface, ip),
         }
     }
 
@@ -250,12 +242,22 @@ impl<'a> Control<'a> {
         mac: crate::wire::mac::MacAddr,
         now: Instant,
     ) -> Result<(), crate::l3::neigh::NeighError> {
-        use crate::l3::neigh::NeighError;
-        match (ip.into(), &self.dp.router) {
-            (IpAddr::V4(ip), None) => Err(NeighError::BadAddress(ip)),
-            (IpAddr::V6(ip), None) => Err(NeighError::BadAddress6(ip)),
-            (IpAddr::V4(ip), Some(r)) => r.neigh.add_static(iface, ip, mac, now).map(|_| ()),
-            (IpAddr::V6(ip), Some(r)) => r.neigh6.add_static(iface, ip, mac, now).map(|_| ()),
+        fn add<A: RouteAddr>(
+            r: &Router,
+            iface: IfaceId,
+            ip: A,
+            mac: crate::wire::mac::MacAddr,
+            now: Instant,
+        ) -> Result<(), crate::l3::neigh::NeighError> {
+            r.neigh::<A>().add_static(iface, ip, mac, now).map(|_| ())
+        }
+        let ip = ip.into();
+        let Some(r) = &self.dp.router else {
+            return Err(crate::l3::neigh::NeighError::BadAddress(ip));
+        };
+        match ip {
+            IpAddr::V4(ip) => add(r, iface, ip, mac, now),
+            IpAddr::V6(ip) => add(r, iface, ip, mac, now),
         }
     }
 

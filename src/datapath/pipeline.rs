@@ -535,7 +535,7 @@ impl Datapath {
         self.route_any(b, IfaceId(p.id), now, ctx, sink)
     }
 
-    /// [`Datapath::route`] or, for IPv6, [`Datapath::route6`]: the family is told apart here,
+    /// [`Datapath::route`] or, for IPv6, [`Datapath::route_ipv6`]: the family is told apart here,
     /// at the call sites, so that `route` (IPv4) is the same function it was before IPv6
     /// (no test, no extra arguments live across it) and IPv6 skips its prologue.
     #[inline(always)]
@@ -549,7 +549,7 @@ impl Datapath {
     ) -> Verdict {
         let meta = L3Hint::of(b);
         if meta.ether_type == ethertype::IPV6 {
-            return self.route6(b, &meta, iface, now, ctx.as_mut(), sink);
+            return self.route_ipv6(b, &meta, iface, now, ctx.as_mut(), sink);
         }
         self.route(b, &meta, iface, now, ctx.as_mut(), sink)
     }
@@ -671,7 +671,7 @@ impl Datapath {
     }
 
     /// Hands a frame addressed to router interface `iface` to the router (IPv4 and the
-    /// rest; IPv6 goes to [`Datapath::route6`], see [`Datapath::route_any`]).
+    /// rest; IPv6 goes to [`Datapath::route_ipv6`], see [`Datapath::route_any`]).
     #[inline]
     fn route(
         &self,
@@ -682,20 +682,28 @@ impl Datapath {
         ctx: Option<&mut BatchCtx<'_>>,
         sink: &mut PoolSink,
     ) -> Verdict {
-        let (Some(r), Some(ctx)) = (&self.router, ctx) else {
-            return Verdict::Drop(DropReason::NotForRouter);
-        };
-        if meta.tagged {
-            return Verdict::Drop(DropReason::UnsupportedProtocol);
-        }
-        let rx = Rx::new(b, usize::from(meta.l3), iface, now);
-        let l3 = r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink);
-        self.after_l3(l3, b, now, ctx, sink)
+        self.route_with::<false>(b, meta, iface, now, ctx, sink)
     }
 
-    /// [`Datapath::route`] for IPv6.
+    /// [`Datapath::route`] for IPv6 (out of line: the IPv4 path's inlined code has no IPv6
+    /// call site in it).
     #[inline(never)]
-    fn route6(
+    fn route_ipv6(
+        &self,
+        b: &mut PacketBuf,
+        meta: &L3Hint,
+        iface: IfaceId,
+        now: Instant,
+        ctx: Option<&mut BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        self.route_with::<true>(b, meta, iface, now, ctx, sink)
+    }
+
+    /// The router's input (IPv6's when `IPV6`, else IPv4's and ARP's) on a frame addressed to
+    /// interface `iface`, then the verdict for what it did.
+    #[inline(always)]
+    fn route_with<const IPV6: bool>(
         &self,
         b: &mut PacketBuf,
         meta: &L3Hint,
@@ -711,7 +719,11 @@ impl Datapath {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
         let rx = Rx::new(b, usize::from(meta.l3), iface, now);
-        let l3 = r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink);
+        let l3 = if IPV6 {
+            r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink)
+        } else {
+            r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink)
+        };
         self.after_l3(l3, b, now, ctx, sink)
     }
 

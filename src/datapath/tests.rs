@@ -299,13 +299,23 @@ fn router_ports_stay() {
     let br = b.add_bridge(BridgeConfig::new("br0")).unwrap();
     let (_, gw) = b
         .add_router_iface(
-            IfaceConfig::new("cni0", MacAddr::local(100), [10, 0, 0, 1].into(), 24),
+            IfaceConfig::new(
+                "cni0",
+                MacAddr::local(100),
+                std::net::Ipv4Addr::from([10, 0, 0, 1]),
+                24,
+            ),
             Some(br),
         )
         .unwrap();
     let (_, up) = b
         .add_router_iface(
-            IfaceConfig::new("eth0", MacAddr::local(101), [192, 168, 0, 1].into(), 24),
+            IfaceConfig::new(
+                "eth0",
+                MacAddr::local(101),
+                std::net::Ipv4Addr::from([192, 168, 0, 1]),
+                24,
+            ),
             None,
         )
         .unwrap();

@@ -34,7 +34,7 @@
 //! `ArcSwap` load. The outer packets are not seen by conntrack (they are not routed through
 //! the hook), unlike Linux, where the host's conntrack also tracks the UDP flow.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::Datapath;
 use crate::base::{IfaceId, Verdict};
@@ -56,9 +56,7 @@ use crate::wire::virtio::{
     VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6, VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4,
     VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6,
 };
-use crate::wire::vxlan::{
-    self, DecapError, Outer, Outer6, OuterInfo, OuterIp, OVERHEAD, OVERHEAD6,
-};
+use crate::wire::vxlan::{self, DecapError, Outer, OuterInfo, OuterIp, OVERHEAD};
 
 impl Datapath {
     /// The VXLAN interface that is router interface `i`, if any.
@@ -172,10 +170,31 @@ impl Datapath {
         now: Instant,
         sink: Option<&mut dyn Sink>,
     ) -> Verdict {
-        if t.is_v6() {
-            return self.encap6(t, b, now, sink);
+        if t.local().is_ipv6() {
+            self.encap_over::<Ipv6Addr>(t, b, None, now, sink)
+        } else {
+            self.encap_over::<Ipv4Addr>(t, b, routes, now, sink)
         }
-        if b.offload.is_gso() {
+    }
+
+    /// [`Datapath::encap`] over an underlay of family `A`: the outer header from the uplink's
+    /// address of the family (IPv4: identification from the peer's counter; IPv6: flow label
+    /// 0), the outer UDP checksum always computed (left partial for the port, or from the
+    /// inner partial one), the outer next hop from the family's routes and neighbours. A
+    /// super-frame is checked first and leaves whole, segmented by the port (see the module
+    /// docs).
+    #[inline(always)]
+    fn encap_over<A: Underlay>(
+        &self,
+        t: &Tunnel,
+        b: &mut PacketBuf,
+        routes: Option<&RouteReader<'_, A>>,
+        now: Instant,
+        sink: Option<&mut dyn Sink>,
+    ) -> Verdict {
+        let off = b.offload;
+        let gso = off.is_gso();
+        if gso {
             // Checked first, of either family: the port hands it whole to the kernel or
             // to `offload::segment`, which must not be given a lie.
             if let Err(reason) = check_super_frame(b) {
@@ -192,12 +211,12 @@ impl Datapath {
         let Some(peer) = set.by_mac(dst) else {
             return Verdict::Drop(DropReason::VxlanNoPeer);
         };
-        let (IpAddr::V4(node), IpAddr::V4(local)) = (peer.peer.node_ip, t.local) else {
+        let (Some(node), Some(local)) = (A::from_ip(peer.peer.node_ip), A::from_ip(t.local)) else {
             return Verdict::Drop(DropReason::VxlanNoPeer);
         };
         let nh = match routes {
             Some(rr) => rr.lookup(node),
-            None => r.routes.lookup(node),
+            None => r.routes::<A>().lookup(node),
         };
         let (out_if, gw) = match nh {
             Some(NextHop::Link(i)) => (i, node),
@@ -208,9 +227,18 @@ impl Datapath {
             return Verdict::Drop(DropReason::NoRoute);
         };
         let inner_len = b.len();
-        let outer = Outer {
+        let overhead = vxlan::overhead::<A>();
+        // A super-frame too long for one outer packet is written with its outer lengths
+        // capped and leaves as segments (a port segments it, see `TapPort`'s send).
+        if !gso && inner_len + overhead > ETH_LEN + A::MAX_IP_LEN {
+            return Verdict::Drop(DropReason::Oversize);
+        }
+        let outer = Outer::<A> {
             src_mac: egress.cfg.mac,
-            dst_mac: r.neigh.lookup(out_if, gw, now).unwrap_or(MacAddr::ZERO),
+            dst_mac: r
+                .neigh::<A>()
+                .lookup(out_if, gw, now)
+                .unwrap_or(MacAddr::ZERO),
             src_ip: local,
             dst_ip: node,
             ident: low16(peer.count_tx(inner_len)),
@@ -221,24 +249,14 @@ impl Datapath {
             vni: t.cfg.vni,
         };
         let resolved = outer.dst_mac != MacAddr::ZERO;
-        let off = b.offload;
-        let Some(front) = b.push_front(OVERHEAD) else {
+        if A::push_outer(&outer, b, inner_len).is_none() {
             return Verdict::Drop(DropReason::Oversize);
-        };
-        let Ok(hdr) = <&mut [u8; OVERHEAD]>::try_from(front) else {
-            return Verdict::Drop(DropReason::Oversize);
-        };
-        outer.emit(hdr, inner_len);
-        let shift = len16(OVERHEAD);
-        if off.is_gso() {
-            // Segmented (and the outer headers replicated) by the port that sends it.
-            if !matches!(
-                off.gso_type & !VIRTIO_NET_HDR_GSO_ECN,
-                VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_TCPV6
-            ) {
-                return Verdict::Drop(DropReason::BadOffload);
-            }
-            b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
+        }
+        if gso {
+            // Segmented (and the outer headers replicated) by the port that sends it: the
+            // kernel behind a UDP-tunnel GSO TAP, `offload::segment` for any other port.
+            let shift = len16(overhead);
+            b.offload.gso_type |= A::GSO_UDP_TUNNEL;
             b.offload.csum_start = off.csum_start.saturating_add(shift);
             b.offload.hdr_len = off.hdr_len.saturating_add(shift);
             // The outer UDP checksum partial over the whole super-frame, as a UDP-tunnel GSO
@@ -246,7 +264,7 @@ impl Datapath {
             if Outer::partial_csum(b.frame_mut()).is_none() {
                 return Verdict::Drop(DropReason::Truncated);
             }
-        } else if let Err(reason) = Self::outer_csum(b, off, OVERHEAD) {
+        } else if let Err(reason) = Self::outer_csum(b, off, overhead) {
             return Verdict::Drop(reason);
         }
         self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
@@ -313,90 +331,6 @@ impl Datapath {
             (Ok(()), L3::Queued) => Verdict::Queued,
             (Ok(()), _) => Verdict::Local,
         }
-    }
-
-    /// [`Datapath::encap`] over an IPv6 underlay: outer IPv6 (hop limit `ttl`, flow label
-    /// 0) from the uplink's IPv6 address, the outer UDP checksum always computed (left
-    /// partial for the port, or from the inner partial one), the outer next hop from the
-    /// IPv6 routes and NDP. A super-frame is segmented first (see the module docs).
-    #[cold]
-    #[inline(never)]
-    fn encap6(
-        &self,
-        t: &Tunnel,
-        b: &mut PacketBuf,
-        now: Instant,
-        sink: Option<&mut dyn Sink>,
-    ) -> Verdict {
-        let Some(r) = &self.router else {
-            return Verdict::Drop(DropReason::NoRoute);
-        };
-        let off = b.offload;
-        let gso = off.is_gso();
-        if gso {
-            if let Err(reason) = check_super_frame(b) {
-                return Verdict::Drop(reason);
-            }
-        }
-        let Some(dst) = b.frame().get(..6).map(MacAddr::from_slice) else {
-            return Verdict::Drop(DropReason::Truncated);
-        };
-        let set = t.peers();
-        let Some(peer) = set.by_mac(dst) else {
-            return Verdict::Drop(DropReason::VxlanNoPeer);
-        };
-        let (IpAddr::V6(node), IpAddr::V6(local)) = (peer.peer.node_ip, t.local) else {
-            return Verdict::Drop(DropReason::VxlanNoPeer);
-        };
-        let (out_if, gw) = match r.routes6.lookup(node) {
-            Some(NextHop::Link(i)) => (i, node),
-            Some(NextHop::Via(i, gw)) => (i, gw),
-            _ => return Verdict::Drop(DropReason::NoRoute),
-        };
-        let Some(egress) = r.iface(out_if).filter(|_| self.tunnel_of(out_if).is_none()) else {
-            return Verdict::Drop(DropReason::NoRoute);
-        };
-        let inner_len = b.len();
-        // A super-frame too long for one outer IPv6 packet is written with its outer lengths
-        // capped and leaves as segments (a port segments it, see `TapPort`'s send).
-        if !gso && inner_len + OVERHEAD6 > 65_535 + ETH_LEN + ipv6::HEADER_LEN {
-            return Verdict::Drop(DropReason::Oversize);
-        }
-        peer.count_tx(inner_len);
-        let outer = Outer6 {
-            src_mac: egress.cfg.mac,
-            dst_mac: r.neigh6.lookup(out_if, gw, now).unwrap_or(MacAddr::ZERO),
-            src_ip: local,
-            dst_ip: node,
-            hop_limit: t.cfg.ttl,
-            src_port: t.src_port(b.frame()),
-            dst_port: t.cfg.port,
-            vni: t.cfg.vni,
-        };
-        let resolved = outer.dst_mac != MacAddr::ZERO;
-        let Some(front) = b.push_front(OVERHEAD6) else {
-            return Verdict::Drop(DropReason::Oversize);
-        };
-        let Ok(hdr) = <&mut [u8; OVERHEAD6]>::try_from(front) else {
-            return Verdict::Drop(DropReason::Oversize);
-        };
-        outer.emit(hdr, inner_len);
-        if gso {
-            // Segmented (and the outer headers replicated) by the port that sends it: the
-            // kernel behind a UDP-tunnel GSO TAP, `offload::segment` for any other port.
-            let shift = len16(OVERHEAD6);
-            b.offload.gso_type |= VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
-            b.offload.csum_start = off.csum_start.saturating_add(shift);
-            b.offload.hdr_len = off.hdr_len.saturating_add(shift);
-            if Outer::partial_csum(b.frame_mut()).is_none() {
-                return Verdict::Drop(DropReason::Truncated);
-            }
-        } else if let Err(reason) = Self::outer_csum(b, off, OVERHEAD6) {
-            return Verdict::Drop(reason);
-        }
-        self.encap_out(b, resolved, out_if, now, sink, &mut |f, sink| {
-            r.resolve_later(out_if, gw, f, now, sink)
-        })
     }
 }
 
@@ -522,12 +456,22 @@ fn finish_decap(
 trait Underlay: RouterFamily {
     /// The virtio-net GSO type bit of a UDP-tunnel super-frame over this family.
     const GSO_UDP_TUNNEL: u8;
+    /// The largest outer IP packet (IPv6: the fixed header beside a 65535-byte payload).
+    const MAX_IP_LEN: usize;
+    /// Writes `outer`'s headers in front of the inner frame (`inner_len` bytes) of `b`;
+    /// `None`: no headroom.
+    fn push_outer(outer: &Outer<Self>, b: &mut PacketBuf, inner_len: usize) -> Option<()>;
     /// True for a fragment (first or later).
     fn is_fragment(info: &Self::Info) -> bool;
 }
 
 impl Underlay for Ipv4Addr {
     const GSO_UDP_TUNNEL: u8 = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4;
+    const MAX_IP_LEN: usize = 65_535;
+    fn push_outer(outer: &Outer<Self>, b: &mut PacketBuf, inner_len: usize) -> Option<()> {
+        outer.emit(b.push_front(OVERHEAD)?.try_into().ok()?, inner_len);
+        Some(())
+    }
     fn is_fragment(info: &Ipv4Info) -> bool {
         info.frag & (MF | FRAG_OFFSET) != 0
     }
@@ -535,6 +479,12 @@ impl Underlay for Ipv4Addr {
 
 impl Underlay for Ipv6Addr {
     const GSO_UDP_TUNNEL: u8 = VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6;
+    const MAX_IP_LEN: usize = 65_535 + ipv6::HEADER_LEN;
+    fn push_outer(outer: &Outer<Self>, b: &mut PacketBuf, inner_len: usize) -> Option<()> {
+        let hdr = b.push_front(vxlan::overhead::<Ipv6Addr>())?;
+        outer.emit(hdr.try_into().ok()?, inner_len);
+        Some(())
+    }
     fn is_fragment(info: &Ipv6Info) -> bool {
         info.frag.is_some()
     }

@@ -36,7 +36,7 @@ pub const MAX_NEXT_HOPS: usize = <Ipv4Addr as RouteAddr>::MAX_NEXT_HOPS;
 
 /// An address family's address as the routing table needs it: [`Ipv4Addr`] or [`Ipv6Addr`].
 pub trait RouteAddr:
-    Copy + Eq + Ord + Hash + fmt::Debug + fmt::Display + Send + Sync + sealed::Sealed + 'static
+    crate::l3::neigh::NeighAddr + Hash + fmt::Debug + Send + Sync + sealed::Sealed + 'static
 {
     /// The address as the LPM's key (`u32`, `u128`).
     type Key: lpm::Address;
@@ -57,6 +57,9 @@ pub trait RouteAddr:
     /// The router's table of this family.
     #[doc(hidden)]
     fn table(router: &crate::l3::Router) -> &RouteTable<Self>;
+    /// The router's neighbour table of this family.
+    #[doc(hidden)]
+    fn neigh(router: &crate::l3::Router) -> &crate::l3::neigh::NeighTable<Self>;
     /// The router's interface that owns `a`.
     #[doc(hidden)]
     fn local_iface(router: &crate::l3::Router, a: Self) -> Option<IfaceId>;
@@ -92,6 +95,9 @@ impl RouteAddr for Ipv4Addr {
     fn table(router: &crate::l3::Router) -> &RouteTable<Ipv4Addr> {
         &router.routes
     }
+    fn neigh(router: &crate::l3::Router) -> &crate::l3::neigh::NeighTable<Ipv4Addr> {
+        &router.neigh
+    }
     #[inline]
     fn local_iface(router: &crate::l3::Router, a: Ipv4Addr) -> Option<IfaceId> {
         router.find_iface(|i| i.cfg.addr.is_some_and(|(x, _)| x == a))
@@ -121,6 +127,9 @@ impl RouteAddr for Ipv6Addr {
     }
     fn table(router: &crate::l3::Router) -> &RouteTable<Ipv6Addr> {
         &router.routes6
+    }
+    fn neigh(router: &crate::l3::Router) -> &crate::l3::neigh::NeighTable<Ipv6Addr> {
+        &router.neigh6
     }
     #[inline]
     fn local_iface(router: &crate::l3::Router, a: Ipv6Addr) -> Option<IfaceId> {
@@ -640,41 +649,7 @@ mod tests {
         assert_eq!(t.lookup(Ipv4Addr::new(8, 8, 8, 8)), None);
     }
 
-    proptest! {
-        /// Lookups match a linear scan over the best route of each prefix.
-        #[test]
-        fn matches_linear_scan(
-            routes in proptest::collection::vec((any::<u32>(), 0u8..=32, 0u16..4, 0u32..3), 0..60),
-            probes in proptest::collection::vec(any::<u32>(), 50),
-        ) {
-            let t = RouteTable::new();
-            let mut model: Vec<Route> = Vec::new();
-            for (a, len, iface, metric) in routes {
-                let rt = r(mask(Ipv4Addr::from(a), len).octets(), len, NextHop::Link(IfaceId(iface)), metric);
-                if t.add(rt).is_ok() {
-                    model.push(rt);
-                }
-            }
-            for p in probes.iter().copied().chain(model.iter().map(|r| u32::from(r.prefix) | 1)) {
-                let ip = Ipv4Addr::from(p);
-                let want = model
-                    .iter()
-                    .filter(|r| mask(ip, r.len) == r.prefix)
-                    .min_by_key(|r| (std::cmp::Reverse(r.len), r.metric))
-                    .map(|r| r.next_hop);
-                prop_assert_eq!(t.lookup(ip), want);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests6 {
-    use super::*;
-    use crate::wire::ipv6::mask;
-    use proptest::prelude::*;
-
-    fn r(p: &str, len: u8, nh: NextHop<Ipv6Addr>, metric: u32) -> Route<Ipv6Addr> {
+    fn ipv6_route(p: &str, len: u8, nh: NextHop<Ipv6Addr>, metric: u32) -> Route<Ipv6Addr> {
         Route {
             prefix: p.parse().unwrap(),
             len,
@@ -686,16 +661,17 @@ mod tests6 {
     }
 
     #[test]
-    fn longest_prefix_metrics_and_errors() {
+    fn ipv6_longest_prefix_metrics_and_errors() {
         let t = RouteTable::<Ipv6Addr>::new();
         let (e0, e1) = (IfaceId(0), IfaceId(1));
         let gw: Ipv6Addr = "fe80::1".parse().unwrap();
-        t.add(r("::", 0, NextHop::Via(e1, gw), 0)).unwrap();
-        t.add(r("fd00:10:244:1::", 64, NextHop::Link(e0), 0))
+        t.add(ipv6_route("::", 0, NextHop::Via(e1, gw), 0)).unwrap();
+        t.add(ipv6_route("fd00:10:244:1::", 64, NextHop::Link(e0), 0))
             .unwrap();
-        t.add(r("fd00:10:244:1::", 64, NextHop::Blackhole, 10))
+        t.add(ipv6_route("fd00:10:244:1::", 64, NextHop::Blackhole, 10))
             .unwrap();
-        t.add(r("fd00:dead::", 32, NextHop::Prohibit, 0)).unwrap();
+        t.add(ipv6_route("fd00:dead::", 32, NextHop::Prohibit, 0))
+            .unwrap();
         let l = |a: &str| t.lookup(a.parse().unwrap());
         assert_eq!(l("fd00:10:244:1::5"), Some(NextHop::Link(e0)));
         assert_eq!(l("2001:db8::1"), Some(NextHop::Via(e1, gw)));
@@ -704,17 +680,17 @@ mod tests6 {
             .unwrap();
         assert_eq!(l("fd00:10:244:1::5"), Some(NextHop::Blackhole));
         assert_eq!(
-            t.add(r("fd00::1", 64, NextHop::Blackhole, 0)),
+            t.add(ipv6_route("fd00::1", 64, NextHop::Blackhole, 0)),
             Err(RouteError::HostBitsSet("fd00::1".parse().unwrap(), 64))
         );
         assert!(matches!(
-            t.add(r("::", 0, NextHop::Blackhole, 0)),
+            t.add(ipv6_route("::", 0, NextHop::Blackhole, 0)),
             Err(RouteError::Exists(..))
         ));
         assert_eq!(t.remove_iface(e1), 1);
         assert_eq!(l("2001:db8::1"), None);
         let mut s = String::new();
-        t.add(r("::", 0, NextHop::Via(e1, gw), 0)).unwrap();
+        t.add(ipv6_route("::", 0, NextHop::Via(e1, gw), 0)).unwrap();
         t.fmt_routes(&mut s, &|i| format!("eth{}", i.0)).unwrap();
         assert!(
             s.contains("default via fe80::1 dev eth1 proto static metric 0"),
@@ -723,23 +699,26 @@ mod tests6 {
     }
 
     #[test]
-    fn replace_swaps_one_metric_in_place_and_readers_never_see_a_gap() {
+    fn ipv6_replace_swaps_one_metric_in_place_and_readers_never_see_a_gap() {
         let t = std::sync::Arc::new(RouteTable::<Ipv6Addr>::new());
         let (e0, e1) = (IfaceId(0), IfaceId(1));
         let gw = |i: u16| Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, i);
         // A new prefix: added.
-        assert_eq!(t.replace(r("::", 0, NextHop::Via(e0, gw(1)), 0)), Ok(None));
-        t.add(r("::", 0, NextHop::Blackhole, 100)).unwrap();
+        assert_eq!(
+            t.replace(ipv6_route("::", 0, NextHop::Via(e0, gw(1)), 0)),
+            Ok(None)
+        );
+        t.add(ipv6_route("::", 0, NextHop::Blackhole, 100)).unwrap();
         // The same prefix and metric: replaced, the old one returned, the other metric kept.
         assert_eq!(
-            t.replace(r("::", 0, NextHop::Via(e1, gw(2)), 0)),
-            Ok(Some(r("::", 0, NextHop::Via(e0, gw(1)), 0)))
+            t.replace(ipv6_route("::", 0, NextHop::Via(e1, gw(2)), 0)),
+            Ok(Some(ipv6_route("::", 0, NextHop::Via(e0, gw(1)), 0)))
         );
         let dst: Ipv6Addr = "2001:db8::1".parse().unwrap();
         assert_eq!(t.lookup(dst), Some(NextHop::Via(e1, gw(2))));
         assert_eq!(t.routes().len(), 2);
         assert_eq!(
-            t.replace(r("fd00::1", 64, NextHop::Blackhole, 0)),
+            t.replace(ipv6_route("fd00::1", 64, NextHop::Blackhole, 0)),
             Err(RouteError::HostBitsSet("fd00::1".parse().unwrap(), 64))
         );
         // Readers looking up while the default route's gateway flips never find no route
@@ -770,7 +749,7 @@ mod tests6 {
         while i < 2000 || (seen.load(Relaxed) < start + 100 && std::time::Instant::now() < deadline)
         {
             let nh = NextHop::Via(if i % 2 == 0 { e0 } else { e1 }, gw(i % 8 + 1));
-            t.replace(r("::", 0, nh, 0)).unwrap();
+            t.replace(ipv6_route("::", 0, nh, 0)).unwrap();
             i = i.wrapping_add(1);
         }
         stop.store(true, Relaxed);
@@ -782,26 +761,53 @@ mod tests6 {
         assert_eq!(t.routes().len(), 1);
     }
 
+    /// Lookups match a linear scan over the best route (longest prefix, then lowest metric)
+    /// of each prefix: `routes` as (address, length, interface, metric), host bits cleared.
+    fn matches_linear_scan<A: RouteAddr>(
+        routes: Vec<(A, u8, u16, u32)>,
+        probes: Vec<A>,
+    ) -> Result<(), TestCaseError> {
+        let t = RouteTable::<A>::new();
+        let mut model: Vec<Route<A>> = Vec::new();
+        for (a, len, iface, metric) in routes {
+            let rt = Route {
+                prefix: a.mask(len),
+                len,
+                next_hop: NextHop::Link(IfaceId(iface)),
+                metric,
+                proto: RouteProto::Static,
+                src: None,
+            };
+            if t.add(rt).is_ok() {
+                model.push(rt);
+            }
+        }
+        for ip in probes.into_iter().chain(model.iter().map(|r| r.prefix)) {
+            let want = model
+                .iter()
+                .filter(|r| ip.mask(r.len) == r.prefix)
+                .min_by_key(|r| (std::cmp::Reverse(r.len), r.metric))
+                .map(|r| r.next_hop);
+            prop_assert_eq!(t.lookup(ip), want);
+        }
+        Ok(())
+    }
+
     proptest! {
         #[test]
-        fn matches_a_linear_scan(routes in proptest::collection::vec((any::<u128>(), 0u8..=128, 0u16..4), 0..40), probes in proptest::collection::vec(any::<u128>(), 0..40)) {
-            let t = RouteTable::<Ipv6Addr>::new();
-            let mut model: Vec<(u128, u8, NextHop<Ipv6Addr>)> = Vec::new();
-            for (p, len, i) in routes {
-                let p = u128::from(mask(Ipv6Addr::from(p), len));
-                let nh = NextHop::Link(IfaceId(i));
-                if t.add(Route { prefix: p.into(), len, next_hop: nh, metric: 0, proto: RouteProto::Static, src: None }).is_ok() {
-                    model.push((p, len, nh));
-                }
-            }
-            for a in probes.into_iter().chain(model.iter().map(|m| m.0)) {
-                let want = model
-                    .iter()
-                    .filter(|(p, len, _)| u128::from(mask(a.into(), *len)) == *p)
-                    .max_by_key(|m| m.1)
-                    .map(|m| m.2);
-                prop_assert_eq!(t.lookup(a.into()), want);
-            }
+        fn ipv4_matches_linear_scan(
+            routes in proptest::collection::vec((any::<u32>().prop_map(Ipv4Addr::from), 0u8..=32, 0u16..4, 0u32..3), 0..60),
+            probes in proptest::collection::vec(any::<u32>().prop_map(Ipv4Addr::from), 50),
+        ) {
+            matches_linear_scan(routes, probes)?;
+        }
+
+        #[test]
+        fn ipv6_matches_linear_scan(
+            routes in proptest::collection::vec((any::<u128>().prop_map(Ipv6Addr::from), 0u8..=128, 0u16..4, 0u32..3), 0..40),
+            probes in proptest::collection::vec(any::<u128>().prop_map(Ipv6Addr::from), 0..40),
+        ) {
+            matches_linear_scan(routes, probes)?;
         }
     }
 }

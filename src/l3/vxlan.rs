@@ -7,7 +7,7 @@
 //! The interface's `addr` picks its family, as Flannel's two devices on a dual-stack node:
 //! `flannel.1` (an IPv4 address such as `10.244.1.0/32`) runs over the uplink's IPv4
 //! address, `flannel-v6.1` (an IPv6 address such as `fd00:10:244:1::/128`) over the uplink's
-//! IPv6 address, with an MTU of the uplink's minus 70 ([`vxlan::OVERHEAD6`]) and the outer
+//! IPv6 address, with an MTU of the uplink's minus 70 ([`vxlan::overhead`]) and the outer
 //! UDP checksum always computed and required on receive (Linux's `udp6zerocsumtx`/`rx` off).
 //! Its peers' node addresses and pod subnets are of the same family. Both can run at once.
 //!
@@ -91,7 +91,7 @@ pub struct VxlanConfig {
     /// The VTEP MAC.
     pub mac: MacAddr,
     /// The interface MTU; `None`: the uplink's minus [`vxlan::OVERHEAD`] (50) over IPv4,
-    /// [`vxlan::OVERHEAD6`] (70) over IPv6.
+    /// [`vxlan::overhead`] (70) over IPv6.
     pub mtu: Option<u16>,
     /// UDP source ports, inclusive: a hash of the inner flow picks one.
     pub src_ports: (u16, u16),
@@ -432,12 +432,6 @@ impl Tunnel {
     /// The outer source address (the uplink's, of the underlay's family).
     pub fn local(&self) -> IpAddr {
         self.local
-    }
-
-    /// True when the underlay is IPv6 (Flannel's `flannel-v6.1`).
-    #[inline]
-    pub fn is_v6(&self) -> bool {
-        self.local.is_ipv6()
     }
 
     /// The MTU in effect.

@@ -372,7 +372,7 @@ impl Port for TapPort {
                 if buf.offload.gso_type & VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6 != 0 {
                     (
                         vxlan::OUTER6_L4,
-                        vxlan::OVERHEAD6,
+                        vxlan::overhead::<std::net::Ipv6Addr>(),
                         vxlan::OUTER6_L4 + 65_535,
                     )
                 } else {

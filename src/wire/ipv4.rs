@@ -552,7 +552,7 @@ pub(crate) fn emit_frame(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use proptest::prelude::*;
 
     #[test]
@@ -606,7 +606,9 @@ mod tests {
     use super::*;
     use etherparse::{Icmpv4Type, PacketBuilder};
 
-    fn udp_frame(payload: usize, df: bool, ttl: u8) -> Vec<u8> {
+    /// An Ethernet frame with a UDP datagram of `payload` bytes from 10.0.0.1 to 10.0.1.2
+    /// (identification 0x1234), `df` and `ttl` as given.
+    pub(crate) fn udp_frame(payload: usize, df: bool, ttl: u8) -> Vec<u8> {
         let mut f = Vec::new();
         let mut ip = etherparse::Ipv4Header::new(
             len16(8 + payload),

@@ -564,7 +564,7 @@ mod tests {
 
     /// An IPv6 packet: fixed header, `ext` extension-header bytes (first next header
     /// `first`), then `l4`.
-    fn ip6(first: u8, ext: &[u8], l4: &[u8]) -> Vec<u8> {
+    fn ipv6_packet(first: u8, ext: &[u8], l4: &[u8]) -> Vec<u8> {
         let mut v = vec![0x60, 0, 0, 0, 0, 0, first, 64];
         v.extend_from_slice(&"fd00::1".parse::<Ipv6Addr>().unwrap().octets());
         v.extend_from_slice(&"fd00::2".parse::<Ipv6Addr>().unwrap().octets());
@@ -585,7 +585,7 @@ mod tests {
         // Hop-by-hop (8 bytes) -> destination options (16 bytes) -> TCP.
         let mut ext = vec![60, 0, 1, 4, 0, 0, 0, 0];
         ext.extend_from_slice(&[6, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        let p = ip6(0, &ext, &[0x9c, 0x40, 0, 80, 0, 0, 0, 0]);
+        let p = ipv6_packet(0, &ext, &[0x9c, 0x40, 0, 80, 0, 0, 0, 0]);
         let (t, k) = tuple_of_ipv6(&p).unwrap();
         assert_eq!(k, L4Kind::Tcp);
         assert_eq!((t.proto, t.sport, t.dport), (6, 40000, 80));
@@ -594,26 +594,26 @@ mod tests {
 
     #[test]
     fn ipv6_echo_ids_and_later_fragments() {
-        let p = ip6(58, &[], &[128, 0, 0, 0, 0x12, 0x34, 0, 1]);
+        let p = ipv6_packet(58, &[], &[128, 0, 0, 0, 0x12, 0x34, 0, 1]);
         let (t, k) = tuple_of_ipv6(&p).unwrap();
         assert_eq!(k, L4Kind::IcmpEcho { request: true });
         assert_eq!((t.proto, t.sport, t.dport), (58, 0x1234, 0x1234));
-        let p = ip6(58, &[], &[129, 0, 0, 0, 0x12, 0x34, 0, 1]);
+        let p = ipv6_packet(58, &[], &[129, 0, 0, 0, 0x12, 0x34, 0, 1]);
         assert_eq!(
             tuple_of_ipv6(&p).unwrap().1,
             L4Kind::IcmpEcho { request: false }
         );
         // A first fragment has ports; a later one has none to read.
-        let first = ip6(44, &[17, 0, 0, 1, 0, 0, 0, 9], &[0, 53, 0, 54, 0, 8, 0, 0]);
+        let first = ipv6_packet(44, &[17, 0, 0, 1, 0, 0, 0, 9], &[0, 53, 0, 54, 0, 8, 0, 0]);
         assert_eq!(tuple_of_ipv6(&first).unwrap().0.dport, 54);
-        let later = ip6(
+        let later = ipv6_packet(
             44,
             &[17, 0, 0, 0x10, 0, 0, 0, 9],
             &[0, 53, 0, 54, 0, 8, 0, 0],
         );
         assert!(tuple_of_ipv6(&later).is_none());
         // Other protocols: addresses and protocol only.
-        let p = ip6(47, &[], &[0; 8]);
+        let p = ipv6_packet(47, &[], &[0; 8]);
         assert_eq!(tuple_of_ipv6(&p).unwrap().1, L4Kind::Other);
     }
 
@@ -621,7 +621,7 @@ mod tests {
     fn icmpv6_error_quotes_inner_tuple_through_its_extension_headers() {
         // The quoted packet: a UDP datagram with a destination-options header, truncated
         // after its ports (its payload length says more).
-        let mut inner = ip6(
+        let mut inner = ipv6_packet(
             60,
             &[17, 0, 1, 4, 0, 0, 0, 0],
             &[0, 53, 0x30, 0x39, 0, 100, 0, 0],
@@ -630,24 +630,24 @@ mod tests {
         inner.truncate(40 + 8 + 4);
         let mut l4 = vec![1, 4, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&inner);
-        let p = ip6(58, &[], &l4);
+        let p = ipv6_packet(58, &[], &l4);
         let (t, k) = tuple_of_ipv6(&p).unwrap();
         assert_eq!(k, L4Kind::IcmpError { inner_l3: 48 });
         assert_eq!((t.proto, t.sport, t.dport), (17, 53, 12345));
         // Packet too big (type 2) quoting an echo request.
-        let inner = ip6(58, &[], &[128, 0, 0, 0, 0, 7, 0, 1]);
+        let inner = ipv6_packet(58, &[], &[128, 0, 0, 0, 0, 7, 0, 1]);
         let mut l4 = vec![2, 0, 0, 0, 0, 0, 5, 0];
         l4.extend_from_slice(&inner);
-        let (t, k) = tuple_of_ipv6(&ip6(58, &[], &l4)).unwrap();
+        let (t, k) = tuple_of_ipv6(&ipv6_packet(58, &[], &l4)).unwrap();
         assert_eq!(
             (k, t.proto, t.sport),
             (L4Kind::IcmpError { inner_l3: 48 }, 58, 7)
         );
         // An error quoting an error is dropped.
-        let inner = ip6(58, &[], &[1, 0, 0, 0, 0, 0, 0, 0]);
+        let inner = ipv6_packet(58, &[], &[1, 0, 0, 0, 0, 0, 0, 0]);
         let mut l4 = vec![3, 0, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&inner);
-        assert!(tuple_of_ipv6(&ip6(58, &[], &l4)).is_none());
+        assert!(tuple_of_ipv6(&ipv6_packet(58, &[], &l4)).is_none());
     }
 
     proptest::proptest! {
@@ -657,12 +657,12 @@ mod tests {
             rest in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..160),
             cut in 0usize..200,
         ) {
-            let mut p = ip6(nh, &[], &rest);
+            let mut p = ipv6_packet(nh, &[], &rest);
             let _ = tuple_of_ipv6(&p);
             // An ICMPv6 error quoting these bytes, as sent or cut anywhere.
             let mut l4 = vec![1, 0, 0, 0, 0, 0, 0, 0];
             l4.extend_from_slice(&p);
-            let e = ip6(58, &[], &l4);
+            let e = ipv6_packet(58, &[], &l4);
             let _ = tuple_of_ipv6(&e);
             p.truncate(cut.min(p.len()));
             let _ = tuple_of_ipv6(&p);

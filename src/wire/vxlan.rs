@@ -1,7 +1,7 @@
 //! VXLAN (RFC 7348): the 8-byte header ([`VxlanPacket`], [`VxlanRepr`]) and the outer
 //! headers of an encapsulated frame over IPv4 ([`Outer`]: Ethernet + IPv4 + UDP + VXLAN,
-//! [`OVERHEAD`] bytes written into a buffer's headroom) or over IPv6 ([`Outer6`]: Ethernet +
-//! IPv6 + UDP + VXLAN, [`OVERHEAD6`] bytes). Decapsulation reads them with [`parse_udp`]
+//! [`OVERHEAD`] bytes written into a buffer's headroom) or over IPv6 ([`Outer<Ipv6Addr>`]:
+//! Ethernet + IPv6 + UDP + VXLAN, [`overhead::<Ipv6Addr>()`](overhead) bytes). Decapsulation reads them with [`parse_udp`]
 //! (which refuses a zero UDP checksum over IPv6, as Linux does).
 //!
 //! The outer UDP checksum is filled the way Linux's vxlan device does on 6.x: computed (not
@@ -58,18 +58,22 @@ pub const OUTER_L4: usize = OUTER_L3 + ipv4::HEADER_LEN;
 /// Where the VXLAN header starts.
 pub const OUTER_VXLAN: usize = OUTER_L4 + udp::HEADER_LEN;
 
-/// Bytes in front of the inner frame: outer Ethernet (14), IPv4 (20), UDP (8), VXLAN (8). The
-/// VXLAN interface's MTU is its uplink's minus this.
-pub const OVERHEAD: usize = OUTER_VXLAN + HEADER_LEN;
+/// Bytes in front of the inner frame over an underlay of family `A`: outer Ethernet (14), IPv4
+/// (20) or IPv6 (40), UDP (8), VXLAN (8): 50 or 70. The VXLAN interface's MTU is its uplink's
+/// minus this (over IPv6 as Linux's `VXLAN6_HEADROOM` and Flannel's).
+pub const fn overhead<A: Family>() -> usize {
+    OUTER_L3 + A::HEADER_LEN + udp::HEADER_LEN + HEADER_LEN
+}
+
+/// [`overhead`] over IPv4 (50).
+pub const OVERHEAD: usize = overhead::<Ipv4Addr>();
 
 /// Where the outer UDP header starts over an IPv6 underlay.
 pub const OUTER6_L4: usize = OUTER_L3 + ipv6::HEADER_LEN;
 /// Where the VXLAN header starts over an IPv6 underlay.
 pub const OUTER6_VXLAN: usize = OUTER6_L4 + udp::HEADER_LEN;
-/// Bytes in front of the inner frame over an IPv6 underlay: outer Ethernet (14), IPv6 (40),
-/// UDP (8), VXLAN (8). The interface's MTU is its uplink's minus this, as Linux's
-/// (`VXLAN6_HEADROOM`) and Flannel's.
-pub const OVERHEAD6: usize = OUTER6_VXLAN + HEADER_LEN;
+/// [`overhead`] over IPv6 (70), the size of [`Outer<Ipv6Addr>`]'s headers.
+const OVERHEAD_IPV6: usize = overhead::<Ipv6Addr>();
 
 /// Linux's default outer hop limit for a vxlan device over IPv6 (`ttl` unset: the route's
 /// hop limit, `ip6_dst_hoplimit`, 64 with the default `net.ipv6.conf.all.hop_limit`).
@@ -195,22 +199,25 @@ impl VxlanRepr {
     }
 }
 
-/// The outer headers of one encapsulated frame.
+/// The outer headers of one encapsulated frame, over an IPv4 underlay (`A` = [`Ipv4Addr`],
+/// the default; [`OVERHEAD`] bytes) or an IPv6 one ([`Ipv6Addr`]; [`overhead`] bytes:
+/// `ident` unused, `tos` the traffic class, `ttl` the hop limit, flow label 0 as Linux's
+/// vxlan defaults).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outer {
+pub struct Outer<A = Ipv4Addr> {
     /// Outer source MAC (the uplink's).
     pub src_mac: MacAddr,
     /// Outer destination MAC (the next hop's on the underlay).
     pub dst_mac: MacAddr,
     /// Outer source address (the uplink's address, Linux's `local`).
-    pub src_ip: Ipv4Addr,
+    pub src_ip: A,
     /// Outer destination address (the peer's node address).
-    pub dst_ip: Ipv4Addr,
-    /// IPv4 identification.
+    pub dst_ip: A,
+    /// IPv4 identification (unused over IPv6).
     pub ident: u16,
-    /// Outer TTL.
+    /// Outer TTL (IPv6: hop limit).
     pub ttl: u8,
-    /// Outer TOS.
+    /// Outer TOS (IPv6: traffic class).
     pub tos: u8,
     /// UDP source port (a hash of the inner flow).
     pub src_port: u16,
@@ -265,35 +272,13 @@ impl Outer {
     }
 }
 
-/// The outer headers of one frame encapsulated over an IPv6 underlay ([`OVERHEAD6`] bytes):
-/// traffic class and flow label 0 (Linux's vxlan defaults: `tos 0`, `flowlabel 0`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outer6 {
-    /// Outer source MAC (the uplink's).
-    pub src_mac: MacAddr,
-    /// Outer destination MAC (the next hop's on the underlay).
-    pub dst_mac: MacAddr,
-    /// Outer source address (the uplink's IPv6 address, Linux's `local`).
-    pub src_ip: Ipv6Addr,
-    /// Outer destination address (the peer's node address).
-    pub dst_ip: Ipv6Addr,
-    /// Outer hop limit.
-    pub hop_limit: u8,
-    /// UDP source port (a hash of the inner flow).
-    pub src_port: u16,
-    /// UDP destination port (the VXLAN port).
-    pub dst_port: u16,
-    /// The VNI.
-    pub vni: u32,
-}
-
-impl Outer6 {
+impl Outer<Ipv6Addr> {
     /// Writes the outer headers for an inner frame of `inner_len` bytes (at most 65535 - 16)
-    /// into `hdr` (the frame's first [`OVERHEAD6`] bytes), the UDP checksum zero: fill it
+    /// into `hdr` (the frame's first [`overhead::<Ipv6Addr>()`](overhead) bytes), the UDP checksum zero: fill it
     /// with [`Outer::partial_csum`], [`fill_csum_lco`] or [`fill_csum`], which read the
     /// family from the frame. IPv6 forbids a zero UDP checksum (RFC 8200 8.1; Linux's
     /// `udp6zerocsumtx` is off by default).
-    pub fn emit(&self, hdr: &mut [u8; OVERHEAD6], inner_len: usize) {
+    pub fn emit(&self, hdr: &mut [u8; OVERHEAD_IPV6], inner_len: usize) {
         let (eth, rest) = hdr.split_at_mut(OUTER_L3);
         let mut e = EthernetFrame::new_unchecked(eth);
         e.set_dst_addr(self.dst_mac);
@@ -301,17 +286,17 @@ impl Outer6 {
         e.set_ethertype(ethertype::IPV6);
         let (ip, rest) = rest.split_at_mut(ipv6::HEADER_LEN);
         let mut p = Ipv6Packet::new_unchecked(ip);
-        p.set_version_tc_flow(0, 0);
-        p.set_payload_len(len16((OVERHEAD6 - OUTER6_L4 + inner_len).min(65_535)));
+        p.set_version_tc_flow(self.tos, 0);
+        p.set_payload_len(len16((OVERHEAD_IPV6 - OUTER6_L4 + inner_len).min(65_535)));
         p.set_next_header(ipv6::NH_UDP);
-        p.set_hop_limit(self.hop_limit);
+        p.set_hop_limit(self.ttl);
         p.set_src_addr(self.src_ip);
         p.set_dst_addr(self.dst_ip);
         let (u, vx) = rest.split_at_mut(udp::HEADER_LEN);
         let mut u = UdpPacket::new_unchecked(u);
         u.set_src_port(self.src_port);
         u.set_dst_port(self.dst_port);
-        u.set_len(len16((OVERHEAD6 - OUTER6_L4 + inner_len).min(65_535)));
+        u.set_len(len16((OVERHEAD_IPV6 - OUTER6_L4 + inner_len).min(65_535)));
         u.set_checksum(0);
         VxlanRepr { vni: self.vni }.emit(&mut VxlanPacket::new_unchecked(vx));
     }
@@ -409,7 +394,7 @@ pub fn fix_outer_lengths(frame: &mut [u8], ident: u16) -> Option<()> {
 }
 
 /// Rewrites the outer IPv6 payload length and UDP length of a frame encapsulated over IPv6
-/// ([`Outer6`]) of `frame.len()` bytes (one segment of a super-frame); IPv6 has no header
+/// ([`Outer<Ipv6Addr>`]) of `frame.len()` bytes (one segment of a super-frame); IPv6 has no header
 /// checksum and no identification to renumber.
 pub fn fix_outer6_lengths(frame: &mut [u8]) -> Option<()> {
     let len = u16::try_from(frame.len().checked_sub(OUTER6_L4)?).ok()?;
@@ -423,8 +408,8 @@ pub fn fix_outer6_lengths(frame: &mut [u8]) -> Option<()> {
 
 /// Whether `frame` starts with the fixed outer headers of a frame encapsulated over IPv4
 /// (`v6` false: [`Outer`], a 20-byte IPv4 header without fragmentation, UDP) or over IPv6
-/// (`v6`: [`Outer6`], UDP right after the fixed header), so that the inner frame is at
-/// [`OVERHEAD`] or [`OVERHEAD6`]. Lengths are not checked (a super-frame's are capped).
+/// (`v6`: [`Outer<Ipv6Addr>`], UDP right after the fixed header), so that the inner frame is at
+/// [`OVERHEAD`] or [`overhead::<Ipv6Addr>()`](overhead). Lengths are not checked (a super-frame's are capped).
 pub fn is_outer(frame: &[u8], v6: bool) -> bool {
     let Ok(e) = EthernetFrame::new_checked(frame) else {
         return false;
@@ -549,7 +534,7 @@ pub fn flow_words(inner: &[u8]) -> [u64; 2] {
     };
     let (d, s) = e.addr_words();
     if e.ethertype() == ethertype::IPV6 {
-        return flow_words6(e.payload()).unwrap_or([d, s]);
+        return flow_words_ipv6(e.payload()).unwrap_or([d, s]);
     }
     if e.ethertype() != ethertype::IPV4 {
         return [d, s];
@@ -574,7 +559,7 @@ pub fn flow_words(inner: &[u8]) -> [u64; 2] {
 /// [`flow_words`] for an inner IPv6 packet: its two addresses folded and, when TCP or UDP
 /// follows the fixed header, the two ports (Linux hashes the flow label in too; it is 0 from
 /// pods that do not set one).
-fn flow_words6(l3: &[u8]) -> Option<[u64; 2]> {
+fn flow_words_ipv6(l3: &[u8]) -> Option<[u64; 2]> {
     let ip = Ipv6Packet::new_checked(l3).ok()?;
     let word = |a: [u8; 16]| {
         let (hi, lo) = a.split_at(8);

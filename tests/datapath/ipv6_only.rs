@@ -37,7 +37,7 @@ fn node() -> Node {
     let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
     let pa = b.add_port("pod-a", Some(br)).unwrap();
     b.add_port("pod-b", Some(br)).unwrap();
-    let gw = IfaceConfig::new6("cni0", GW_MAC, a("fd00:10:244:1::1"), 64);
+    let gw = IfaceConfig::new("cni0", GW_MAC, a("fd00:10:244:1::1"), 64);
     assert_eq!((gw.addr, gw.addr4()), (None, None));
     let (cni0, _) = b.add_router_iface(gw, Some(br)).unwrap();
     let mut up = IfaceConfig::new("eth0", UP_MAC, Ipv4Addr::new(172, 18, 0, 2), 24);
@@ -93,7 +93,7 @@ fn udp4(dst_mac: MacAddr, src: [u8; 4], dst: [u8; 4], ttl: u8) -> Vec<u8> {
 #[test]
 fn an_interface_needs_an_address_of_some_family() {
     let mut b = Datapath::builder();
-    let none = IfaceConfig::new6("x", GW_MAC, Ipv6Addr::UNSPECIFIED, 0);
+    let none = IfaceConfig::new("x", GW_MAC, Ipv6Addr::UNSPECIFIED, 0);
     assert!(matches!(
         b.add_router_iface(none, None),
         Err(ConfigError::OutOfRange {

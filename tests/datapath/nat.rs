@@ -48,10 +48,16 @@ fn node() -> Node {
     assert_eq!(b.add_port("pod-a", Some(br)).unwrap(), PA);
     assert_eq!(b.add_port("pod-b", Some(br)).unwrap(), PB);
     let (cni0, _) = b
-        .add_router_iface(IfaceConfig::new("cni0", GW_MAC, GW.into(), 24), Some(br))
+        .add_router_iface(
+            IfaceConfig::new("cni0", GW_MAC, std::net::Ipv4Addr::from(GW), 24),
+            Some(br),
+        )
         .unwrap();
     let (eth0, port) = b
-        .add_router_iface(IfaceConfig::new("eth0", UP_MAC, NODE.into(), 24), None)
+        .add_router_iface(
+            IfaceConfig::new("eth0", UP_MAC, std::net::Ipv4Addr::from(NODE), 24),
+            None,
+        )
         .unwrap();
     assert_eq!(port, ETH0);
     let cluster = Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16);

@@ -47,9 +47,12 @@ fn node(dead_gateway: bool) -> Node {
     let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
     assert_eq!(b.add_port("pod-a", Some(br)).unwrap(), PA);
     let (cni0, _) = b
-        .add_router_iface(IfaceConfig::new("cni0", GW_MAC, GW.into(), 24), Some(br))
+        .add_router_iface(
+            IfaceConfig::new("cni0", GW_MAC, std::net::Ipv4Addr::from(GW), 24),
+            Some(br),
+        )
         .unwrap();
-    let mut up = IfaceConfig::new("eth0", UP_MAC, NODE.into(), 24);
+    let mut up = IfaceConfig::new("eth0", UP_MAC, std::net::Ipv4Addr::from(NODE), 24);
     up.mtu = 1400;
     let (eth0, port) = b.add_router_iface(up, None).unwrap();
     assert_eq!(port, ETH0);

@@ -62,10 +62,16 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
     assert_eq!(b.add_port("pod-a", Some(br)).unwrap(), PA);
     assert_eq!(b.add_port("pod-b", Some(br)).unwrap(), PB);
     let (cni0, _) = b
-        .add_router_iface(IfaceConfig::new("cni0", GW_MAC, GW.into(), 24), Some(br))
+        .add_router_iface(
+            IfaceConfig::new("cni0", GW_MAC, std::net::Ipv4Addr::from(GW), 24),
+            Some(br),
+        )
         .unwrap();
     let (eth0, port) = b
-        .add_router_iface(IfaceConfig::new("eth0", UP_MAC, NODE.into(), 24), None)
+        .add_router_iface(
+            IfaceConfig::new("eth0", UP_MAC, std::net::Ipv4Addr::from(NODE), 24),
+            None,
+        )
         .unwrap();
     assert_eq!(port, ETH0);
     let cluster = Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16);
@@ -84,7 +90,7 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
     };
     cfg.conntrack.max_entries = 4096;
     b.netfilter(cfg).unwrap();
-    let opened = b.recovery().unwrap().opened.clone();
+    let opened = b.recovery::<std::net::Ipv4Addr>().unwrap().opened.clone();
     let dp = b.build();
     let route = |p: [u8; 4], len, nh| Route {
         prefix: p.into(),

@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use etherparse::{Icmpv6Type, PacketBuilder, SlicedPacket, TransportSlice};
-use tapyard::l3::neigh::NeighState;
+use tapyard::l3::neigh::{NeighEntry, NeighState};
 use tapyard::l3::{IfaceConfig, IfaceId, NextHop, RaConfig, Route, RouteProto};
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
 use tapyard::wire::ipv6;
@@ -155,10 +155,17 @@ fn parse_icmp(f: &[u8]) -> (Ipv6Addr, Ipv6Addr, Icmpv6Repr<'_>) {
     )
 }
 
-fn neigh_state(n: &Node, ip: &str) -> Option<NeighState> {
-    let r = n.dp.control().router().unwrap();
-    r.neigh6()
+/// The router's NDP table.
+fn ndp_dump(n: &Node) -> Vec<NeighEntry<Ipv6Addr>> {
+    n.dp.control()
+        .router()
+        .unwrap()
+        .neigh::<Ipv6Addr>()
         .dump(n.now)
+}
+
+fn neigh_state(n: &Node, ip: &str) -> Option<NeighState> {
+    ndp_dump(n)
         .into_iter()
         .find(|e| e.ip == a(ip))
         .map(|e| e.state)
@@ -335,7 +342,7 @@ fn ns_answered_for_link_local_and_dad_defended() {
     let mut n = node();
     let ll = ipv6::link_local_from_mac(GW0_MAC);
     assert_eq!(
-        n.dp.control().router().unwrap().link_local6(IfaceId(0)),
+        n.dp.control().router().unwrap().link_local(IfaceId(0)),
         Some(ll)
     );
     assert_eq!(
@@ -787,17 +794,17 @@ fn na_without_override_makes_reachable_entry_stale_as_linux() {
     // (neigh_update with NEIGH_UPDATE_F_WEAK_OVERRIDE).
     let other = MacAddr([0x02, 0, 0, 0, 1, 9]);
     assert_eq!(send(&mut n, PA, &na(other, true, false)).0, Verdict::Local);
-    let dump = n.dp.control().router().unwrap().neigh6().dump(n.now);
+    let dump = ndp_dump(&n);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
     // Again, now STALE: ignored (the MAC still kept).
     assert_eq!(send(&mut n, PA, &na(other, false, false)).0, Verdict::Local);
-    let dump = n.dp.control().router().unwrap().neigh6().dump(n.now);
+    let dump = ndp_dump(&n);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!((e.state, e.mac), (NeighState::Stale, Some(POD_A)));
     // With the override flag the new MAC is taken.
     assert_eq!(send(&mut n, PA, &na(other, false, true)).0, Verdict::Local);
-    let dump = n.dp.control().router().unwrap().neigh6().dump(n.now);
+    let dump = ndp_dump(&n);
     let e = dump.iter().find(|e| e.ip == pod).unwrap();
     assert_eq!(e.mac, Some(other));
 }
@@ -1020,7 +1027,7 @@ fn announce_sends_gratuitous_arp_and_unsolicited_nas_for_both_addresses() {
     assert_eq!(&frames[0][..6], &[0xff; 6]);
     assert_eq!(arp.sender_protocol_addr(), [10, 244, 1, 1]);
     assert_eq!(arp.target_protocol_addr(), [10, 244, 1, 1]);
-    let ll = r.link_local6(cni0).unwrap();
+    let ll = r.link_local(cni0).unwrap();
     assert_eq!(ll, ipv6::link_local_from_mac(GW0_MAC));
     assert_eq!(
         check_unsolicited_na(&frames[1], GW0_MAC),
@@ -1066,7 +1073,7 @@ fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
     let n = node();
     let r = n.dp.control().router().unwrap();
     let cni0 = n.dp.control().iface_by_name("cni0").unwrap();
-    let ll = r.link_local6(cni0).unwrap();
+    let ll = r.link_local(cni0).unwrap();
     let mut frames = Vec::new();
     r.announce(cni0, |f| frames.push(f.to_vec()));
 
@@ -1074,7 +1081,7 @@ fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
     let mut b = Datapath::builder();
     let pod_ip = a("fd00:10:244:1::2");
     let (pod_if, pod_port) = b
-        .add_router_iface(IfaceConfig::new6("eth0", POD_A, pod_ip, 64), None)
+        .add_router_iface(IfaceConfig::new("eth0", POD_A, pod_ip, 64), None)
         .unwrap();
     let pod = b.build();
     let mut w = pod.worker();
@@ -1094,7 +1101,7 @@ fn an_unsolicited_na_corrects_a_neighbours_stale_entry() {
         pod.control()
             .router()
             .unwrap()
-            .neigh6()
+            .neigh::<Ipv6Addr>()
             .dump(now)
             .into_iter()
             .find(|e| e.ip == ip && e.iface == pod_if)

@@ -55,20 +55,25 @@ fn ipv6_pods_ping_and_tcp_across_the_router_with_ra_and_ndp() {
     let br_b = b.add_bridge(BridgeConfig::new("br-b")).unwrap();
     let id_a = b.add_port(tap_a.clone(), Some(br_a)).unwrap();
     let id_b = b.add_port(tap_b.clone(), Some(br_b)).unwrap();
-    let mut ca = IfaceConfig::new("br-a", gw_a_mac, "10.216.1.1".parse().unwrap(), 24);
+    let mut ca = IfaceConfig::new(
+        "br-a",
+        gw_a_mac,
+        "10.216.1.1".parse::<std::net::Ipv4Addr>().unwrap(),
+        24,
+    );
     ca.addr6 = Some(("fd00:216:1::1".parse().unwrap(), 64));
     ca.ra = Some(RaConfig::default());
     let (if_a, _) = b.add_router_iface(ca, Some(br_a)).unwrap();
     let mut cb = IfaceConfig::new(
         "br-b",
         MacAddr::local(0x0216_0201),
-        "10.216.2.1".parse().unwrap(),
+        "10.216.2.1".parse::<std::net::Ipv4Addr>().unwrap(),
         24,
     );
     cb.addr6 = Some((GW_B.parse().unwrap(), 64));
     b.add_router_iface(cb, Some(br_b)).unwrap();
     let dp = Arc::new(b.build());
-    let gw_a_ll = dp.control().router().unwrap().link_local6(if_a).unwrap();
+    let gw_a_ll = dp.control().router().unwrap().link_local(if_a).unwrap();
 
     let mut guard = Guard::default();
     for (tap, id) in [(&tap_a, id_a), (&tap_b, id_b)] {

@@ -339,7 +339,7 @@ fn status(node: &Node) -> Status {
                 .dp
                 .control()
                 .iface_by_name(n)
-                .and_then(|i| node.dp.control().router()?.link_local6(i));
+                .and_then(|i| node.dp.control().router()?.link_local(i));
             StatusInterface {
                 address: a.map(|a| a.to_string()),
                 address6: v6.map(|a| a.to_string()),

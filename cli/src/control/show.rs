@@ -110,9 +110,9 @@ pub fn show(node: &Node, what: &str, as_json: bool) -> Result<Shown, String> {
             }
             let mut rows = Vec::new();
             if let Some(r) = dp.router() {
-                rows.extend(r.neigh().dump(now).into_iter().map(|e| row!(e)));
+                rows.extend(r.neigh::<std::net::Ipv4Addr>().dump(now).into_iter().map(|e| row!(e)));
                 // The NDP table after the ARP table (as `ip neigh` lists both families).
-                rows.extend(r.neigh6().dump(now).into_iter().map(|e| row!(e)));
+                rows.extend(r.neigh::<std::net::Ipv6Addr>().dump(now).into_iter().map(|e| row!(e)));
             }
             ShowData::Neigh(rows)
         }
@@ -197,7 +197,7 @@ fn stats_show(dp: tapyard::Control<'_>, as_json: bool) -> Shown {
             .collect(),
         nat: nat.map(|c| c.into_iter().map(|(k, _, v)| (k, v)).collect()),
         neigh: dp.router().map(|r| {
-            let c = r.neigh().counters();
+            let c = r.neigh::<std::net::Ipv4Addr>().counters();
             NeighCounters {
                 entries: c.entries as u64,
                 queued_now: c.queued_now as u64,

@@ -181,7 +181,7 @@ impl Plan {
                 .or(given)
                 .unwrap_or_else(|| state::stable_mac(MacFor::Iface, &cfg.node.name, name));
             ifaces.push((name.to_string(), mac, addr));
-            let mut c = IfaceConfig::new6(name, mac, std::net::Ipv6Addr::UNSPECIFIED, 0);
+            let mut c = IfaceConfig::new(name, mac, std::net::Ipv6Addr::UNSPECIFIED, 0);
             c.addr = addr.map(|a| (a.addr, a.len));
             c.mtu = mtu;
             c.addr6 = addr6.map(|a| (a.addr, a.len));
@@ -363,7 +363,7 @@ impl Plan {
                     rules,
                 })
                 .map_err(|e| NodeError::refused("[conntrack]", e))?;
-            if let Some(r) = self.b.recovery() {
+            if let Some(r) = self.b.recovery::<std::net::Ipv4Addr>() {
                 kept_connections = r.kept;
                 let ms = opening.elapsed().as_secs_f64() * 1000.0;
                 // Reserved whole at open (no SIGBUS when the tmpfs fills later), and on
@@ -387,7 +387,7 @@ impl Plan {
             // a restart and a takeover too (a running node that does not hand it over still
             // holds it: the new one then starts an empty IPv6 table, logged).
             let ct6_file = tapyard::conntrack6_path(&ct_file);
-            match self.b.recovery6() {
+            match self.b.recovery::<std::net::Ipv6Addr>() {
                 Some(r) => {
                     kept_connections6 = r.kept;
                     match r.opened {

@@ -215,7 +215,7 @@ fn dual_stack_config_builds_the_ipv6_router() {
         Some(("fd00:172:18::2".parse().unwrap(), 64))
     );
     assert!(r
-        .link_local6(cni0)
+        .link_local(cni0)
         .unwrap()
         .to_string()
         .starts_with("fe80::"));

@@ -19,8 +19,8 @@ use super::{check_len, normalize, Address, LpmError, Route};
 /// published atomically: a reader sees each change, or batch of changes, entirely or not at
 /// all. See the [module documentation](super) for the full contract.
 ///
-/// Share it between threads by reference or in an `Arc`. Use [`super::Fib4`] (`u32`
-/// addresses) or [`super::Fib6`] (`u128` addresses).
+/// Share it between threads by reference or in an `Arc`. Use [`super::Fib<u32>`] (`u32`
+/// addresses) or [`super::Fib<u128>`] (`u128` addresses).
 pub struct Fib<A: Address> {
     current: ArcSwap<Lpm<A>>,
     writer: Mutex<Writer<A>>,

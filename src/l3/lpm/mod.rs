@@ -2,10 +2,10 @@
 //!
 //! Two layers:
 //!
-//! * [`Lpm`] ([`Lpm4`] for `u32` addresses, [`Lpm6`] for `u128`) is an **immutable,
+//! * [`Lpm`] ([`Lpm<u32>`] for `u32` addresses, [`Lpm<u128>`] for `u128`) is an **immutable,
 //!   compiled snapshot** of a route set, tuned for look-ups. It is `Send + Sync`; any number
 //!   of threads may look up in it at once, without locks.
-//! * [`Fib`] ([`Fib4`], [`Fib6`]) is the **concurrently updatable** table the router uses. It
+//! * [`Fib`] ([`Fib<u32>`], [`Fib<u128>`]) is the **concurrently updatable** table the router uses. It
 //!   owns the authoritative route set (the RIB) and publishes a fresh [`Lpm`] snapshot after
 //!   every change or batch of changes.
 //!
@@ -191,9 +191,9 @@
 //!
 //! ```
 //! use std::net::Ipv4Addr;
-//! use tapyard::l3::lpm::Fib4;
+//! use tapyard::l3::lpm::Fib;
 //!
-//! let fib = Fib4::new();
+//! let fib = Fib::<u32>::new();
 //! fib.insert(u32::from(Ipv4Addr::new(10, 0, 0, 0)), 8, 1).unwrap();
 //! fib.insert(u32::from(Ipv4Addr::new(10, 1, 0, 0)), 16, 2).unwrap();
 //! assert_eq!(fib.lookup(u32::from(Ipv4Addr::new(10, 1, 2, 3))), Some(2));
@@ -221,19 +221,6 @@ use std::hash::Hash;
 
 pub use fib::{Fib, FibBatch, FibReader};
 pub use trie::{Lpm, LpmBuilder};
-
-/// IPv4 routing-table snapshot (addresses as `u32`).
-pub type Lpm4 = Lpm<u32>;
-/// IPv6 routing-table snapshot (addresses as `u128`).
-pub type Lpm6 = Lpm<u128>;
-/// Builder of an [`Lpm4`].
-pub type LpmBuilder4 = LpmBuilder<u32>;
-/// Builder of an [`Lpm6`].
-pub type LpmBuilder6 = LpmBuilder<u128>;
-/// Concurrently updatable IPv4 FIB.
-pub type Fib4 = Fib<u32>;
-/// Concurrently updatable IPv6 FIB.
-pub type Fib6 = Fib<u128>;
 
 /// The largest next-hop id a route may carry (`2^31 - 2`).
 ///

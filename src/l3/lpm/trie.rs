@@ -74,7 +74,7 @@ use crate::sys::prefetch_ptr as prefetch;
 /// take `&self`, never lock and never allocate; the type is `Send + Sync`, so one instance
 /// (usually behind an `Arc`) serves any number of threads.
 ///
-/// Use [`super::Lpm4`] (`u32` addresses) or [`super::Lpm6`] (`u128` addresses).
+/// Use [`super::Lpm<u32>`] (`u32` addresses) or [`super::Lpm<u128>`] (`u128` addresses).
 #[derive(Clone)]
 pub struct Lpm<A: Address> {
     /// Direct-pointing width `s`.

@@ -1,7 +1,7 @@
 //! The table's parameters ([`NeighConfig`], with Linux's defaults) and the module's errors.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::wire::mac::MacAddr;
@@ -145,10 +145,9 @@ pub enum NeighError {
     },
     /// The table is at its limit and nothing could be collected.
     TableFull,
-    /// Not a neighbour address (unspecified, broadcast or multicast).
-    BadAddress(Ipv4Addr),
-    /// An IPv6 address that cannot be a neighbour (unspecified, multicast, loopback).
-    BadAddress6(std::net::Ipv6Addr),
+    /// Not a neighbour address (unspecified, broadcast or multicast; IPv6: unspecified,
+    /// multicast or loopback).
+    BadAddress(IpAddr),
     /// Not a station MAC (zero or group address).
     BadMac(MacAddr),
 }
@@ -165,7 +164,6 @@ impl fmt::Display for NeighError {
                 f.write_str("neighbour table full and nothing could be collected")
             }
             NeighError::BadAddress(ip) => write!(f, "{ip} is not a neighbour address"),
-            NeighError::BadAddress6(ip) => write!(f, "{ip} is not a neighbour address"),
             NeighError::BadMac(m) => write!(f, "{m} is not a station MAC address"),
         }
     }

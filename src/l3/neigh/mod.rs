@@ -1,5 +1,6 @@
-//! The ARP neighbour cache (IPv4): next-hop address to MAC, with the state machine of Linux's
-//! neighbour subsystem (`net/core/neighbour.c`, `net/ipv4/arp.c`).
+//! The neighbour cache, ARP's (IPv4) and NDP's (IPv6, see `ndp.rs`): next-hop address to
+//! MAC, with the state machine of Linux's neighbour subsystem (`net/core/neighbour.c`,
+//! `net/ipv4/arp.c`).
 //!
 //! Sans-IO: time is always a parameter, nothing here reads a clock, sends a frame or starts a
 //! thread. The caller builds and sends the ARP requests the table asks for, and transmits the
@@ -128,6 +129,8 @@
 //! * `slots.rs`: the lock-free bucket storage, lookups, placement and garbage collection;
 //! * `timers.rs`: the timer and forced-GC heaps, and readers' `STALE → DELAY` marks;
 //! * `requests.rs`: the request rate limit and the per-neighbour queues of waiting frames.
+//! * `ndp.rs`: the IPv6 table ([`NeighTable<Ipv6Addr>`](NeighTable)): addresses interned as
+//!   32-bit slot addresses, and NDP input mapped onto the ARP rules.
 //!
 //! # Example
 //!
@@ -171,7 +174,8 @@
 //! assert_eq!(show, "10.244.1.2 dev cni0 lladdr 02:00:00:00:00:02 REACHABLE\n");
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -184,17 +188,17 @@ use crate::time::Instant;
 use crate::wire::mac::MacAddr;
 
 mod config;
+mod ndp;
 mod requests;
 mod slots;
 mod state;
 #[cfg(test)]
 mod tests;
 mod timers;
-mod v6;
 
 pub use config::{NeighConfig, NeighError, MAX_ENTRIES};
+pub use ndp::Advert;
 pub use state::NeighState;
-pub use v6::{Advert, NeighEntry6, NeighEvent6, NeighTable6, Released6};
 
 use requests::{Queue, TokenBucket};
 use slots::{key_of, occupied, split_key, Bucket, Padded, SLOTS};
@@ -298,11 +302,11 @@ pub struct ArpHeard {
 
 /// A frame that waited for resolution and may now be sent to `mac`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Released {
+pub struct Released<A = Ipv4Addr> {
     /// The interface the neighbour is on.
     pub iface: IfaceId,
     /// The neighbour (next-hop) address.
-    pub ip: Ipv4Addr,
+    pub ip: A,
     /// Its MAC: the frame's destination.
     pub mac: MacAddr,
     /// The frame, as given to [`NeighTable::enqueue`].
@@ -311,24 +315,26 @@ pub struct Released {
 
 /// Work for the caller produced by [`NeighTable::poll`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NeighEvent {
-    /// Send an ARP request for `ip` out of `iface`: broadcast when `unicast` is `None`
-    /// (resolution), else to that MAC (a reachability probe of a `PROBE` entry).
+pub enum NeighEvent<A = Ipv4Addr> {
+    /// Send an ARP request (IPv6: a Neighbor Solicitation) for `ip` out of `iface`: broadcast
+    /// (IPv6: to its solicited-node group) when `unicast` is `None` (resolution), else to that
+    /// MAC (a reachability probe of a `PROBE` entry).
     Solicit {
         /// The interface.
         iface: IfaceId,
         /// The address asked for.
-        ip: Ipv4Addr,
+        ip: A,
         /// The destination MAC of a unicast probe.
         unicast: Option<MacAddr>,
     },
     /// Resolution of `ip` failed and `frame` was waiting for it: answer its source with ICMP
-    /// host unreachable and drop it ([`crate::DropReason::NeighFailed`]).
+    /// host unreachable (ICMPv6 address unreachable) and drop it
+    /// ([`crate::DropReason::NeighFailed`]).
     Unreachable {
         /// The interface.
         iface: IfaceId,
         /// The neighbour that did not answer.
-        ip: Ipv4Addr,
+        ip: A,
         /// The frame, as given to [`NeighTable::enqueue`].
         frame: Vec<u8>,
     },
@@ -337,16 +343,17 @@ pub enum NeighEvent {
 /// One row of [`NeighTable::dump`], like a line of `ip -s neigh show`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct NeighEntry {
+pub struct NeighEntry<A = Ipv4Addr> {
     /// The interface.
     pub iface: IfaceId,
     /// The neighbour's address.
-    pub ip: Ipv4Addr,
+    pub ip: A,
     /// Its MAC, for states that have a usable one.
     pub mac: Option<MacAddr>,
     /// The state.
     pub state: NeighState,
-    /// Time since the last confirmation (ARP reply); `None` if never confirmed.
+    /// Time since the last confirmation (ARP reply, solicited Neighbor Advertisement); `None`
+    /// if never confirmed.
     pub confirmed_ago: Option<Duration>,
     /// Time since the entry's state or MAC last changed.
     pub updated_ago: Duration,
@@ -354,10 +361,10 @@ pub struct NeighEntry {
     pub queued: usize,
 }
 
-impl NeighEntry {
+impl<A: fmt::Display> NeighEntry<A> {
     /// An `ip neigh show` line (without newline), with interface names from `ifname`:
     /// `10.244.1.2 dev cni0 lladdr 02:00:00:00:00:02 REACHABLE`, `10.244.1.9 dev cni0  FAILED`.
-    pub fn show<F, S>(&self, ifname: F) -> ShowNeigh<'_, F>
+    pub fn show<F, S>(&self, ifname: F) -> ShowNeigh<'_, F, A>
     where
         F: Fn(IfaceId) -> S,
         S: fmt::Display,
@@ -370,12 +377,12 @@ impl NeighEntry {
 }
 
 /// Displays a [`NeighEntry`] as `ip neigh show` does (see [`NeighEntry::show`]).
-pub struct ShowNeigh<'a, F> {
-    entry: &'a NeighEntry,
+pub struct ShowNeigh<'a, F, A = Ipv4Addr> {
+    entry: &'a NeighEntry<A>,
     ifname: F,
 }
 
-impl<F> fmt::Debug for ShowNeigh<'_, F> {
+impl<F, A: fmt::Debug> fmt::Debug for ShowNeigh<'_, F, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShowNeigh")
             .field("entry", self.entry)
@@ -383,7 +390,7 @@ impl<F> fmt::Debug for ShowNeigh<'_, F> {
     }
 }
 
-impl<F, S> fmt::Display for ShowNeigh<'_, F>
+impl<F, S, A: fmt::Display> fmt::Display for ShowNeigh<'_, F, A>
 where
     F: Fn(IfaceId) -> S,
     S: fmt::Display,
@@ -505,12 +512,70 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-fn is_neighbour_addr(ip: Ipv4Addr) -> bool {
-    !(ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast())
+/// An address family the neighbour table resolves: [`Ipv4Addr`] (ARP), [`Ipv6Addr`](std::net::Ipv6Addr)
+/// (NDP). Sealed.
+pub trait NeighAddr: Copy + Ord + fmt::Display + Into<IpAddr> + sealed::Sealed {
+    /// The address of a released frame or failed resolution whose neighbour is gone.
+    #[doc(hidden)]
+    const GONE: Self;
+    /// How the table finds the 32-bit slot address of a neighbour address (IPv4: the
+    /// address itself; IPv6: an interned id, see `ndp.rs`).
+    #[doc(hidden)]
+    type Ids: Send + Sync;
+    /// The ids of a table of `cfg`.
+    #[doc(hidden)]
+    fn ids(cfg: &NeighConfig) -> Self::Ids;
+    /// True for an address that can be a neighbour (IPv4: not unspecified, broadcast or
+    /// multicast; IPv6: not unspecified, multicast or loopback).
+    #[doc(hidden)]
+    fn is_neighbour(self) -> bool;
+    /// The slot address of `ip`, if it has one.
+    #[doc(hidden)]
+    fn slot_addr(t: &NeighTable<Self>, ip: Self) -> Option<Ipv4Addr>;
+    /// The slot address of `ip`, made if new; `None`: no room.
+    #[doc(hidden)]
+    fn intern(t: &NeighTable<Self>, ip: Self, now: Instant) -> Option<Ipv4Addr>;
+    /// The address of a slot address.
+    #[doc(hidden)]
+    fn addr(t: &NeighTable<Self>, slot: Ipv4Addr) -> Option<Self>;
 }
 
-/// The ARP neighbour cache of a router (see the module docs).
-pub struct NeighTable {
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for std::net::Ipv4Addr {}
+    impl Sealed for std::net::Ipv6Addr {}
+}
+
+impl NeighAddr for Ipv4Addr {
+    const GONE: Ipv4Addr = Ipv4Addr::UNSPECIFIED;
+    type Ids = ();
+    fn ids(_: &NeighConfig) {}
+    #[inline]
+    fn is_neighbour(self) -> bool {
+        !(self.is_unspecified() || self.is_broadcast() || self.is_multicast())
+    }
+    #[inline(always)]
+    fn slot_addr(_: &NeighTable<Self>, ip: Ipv4Addr) -> Option<Ipv4Addr> {
+        Some(ip)
+    }
+    #[inline(always)]
+    fn intern(_: &NeighTable<Self>, ip: Ipv4Addr, _: Instant) -> Option<Ipv4Addr> {
+        Some(ip)
+    }
+    #[inline(always)]
+    fn addr(_: &NeighTable<Self>, slot: Ipv4Addr) -> Option<Ipv4Addr> {
+        Some(slot)
+    }
+}
+
+fn is_neighbour_addr(ip: Ipv4Addr) -> bool {
+    ip.is_neighbour()
+}
+
+/// The neighbour cache of a router, for the family `A` (see the module docs): ARP's for
+/// [`Ipv4Addr`], NDP's for [`Ipv6Addr`](std::net::Ipv6Addr) (see `ndp.rs`: the same table,
+/// keyed by an id per IPv6 address).
+pub struct NeighTable<A: NeighAddr = Ipv4Addr> {
     buckets: Box<[Bucket]>,
     /// Per slot: when a reader marked the entry `STALE → DELAY`.
     used: Box<[AtomicU64]>,
@@ -523,9 +588,10 @@ pub struct NeighTable {
     cfg: NeighConfig,
     t: Times,
     writer: Mutex<Writer>,
+    ids: A::Ids,
 }
 
-impl fmt::Debug for NeighTable {
+impl<A: NeighAddr> fmt::Debug for NeighTable<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NeighTable")
             .field("limit", &self.cfg.gc_thresh3)
@@ -535,13 +601,13 @@ impl fmt::Debug for NeighTable {
     }
 }
 
-impl NeighTable {
+impl<A: NeighAddr> NeighTable<A> {
     /// A table with `cfg`. Memory is allocated once: four slots (16 bytes each, plus per-slot
     /// writer state) per entry of `gc_thresh3`.
     ///
     /// # Panics
     /// If `cfg` does not pass [`NeighConfig::validate`]; see [`NeighTable::try_new`].
-    pub fn new(cfg: NeighConfig) -> NeighTable {
+    pub fn new(cfg: NeighConfig) -> NeighTable<A> {
         match NeighTable::try_new(cfg) {
             Ok(t) => t,
             Err(e) => panic!("{e}"),
@@ -549,7 +615,7 @@ impl NeighTable {
     }
 
     /// A table with `cfg`, or the first configuration error.
-    pub fn try_new(cfg: NeighConfig) -> Result<NeighTable, NeighError> {
+    pub fn try_new(cfg: NeighConfig) -> Result<NeighTable<A>, NeighError> {
         cfg.validate()?;
         let nbuckets = cfg.gc_thresh3.next_power_of_two().max(2);
         let nslots = nbuckets * SLOTS;
@@ -582,6 +648,7 @@ impl NeighTable {
             misses: Padded::default(),
             mask: nbuckets - 1,
             hash: SeededHash::random(),
+            ids: A::ids(&cfg),
             cfg,
             t,
             writer: Mutex::new(writer),
@@ -597,8 +664,10 @@ impl NeighTable {
     /// `DELAY`, `PROBE`, `PERMANENT`). Lock-free; a `STALE` entry is marked for `DELAY` with at
     /// most one compare-and-swap. On `None` the caller calls [`NeighTable::enqueue`].
     #[inline]
-    pub fn lookup(&self, iface: IfaceId, ip: Ipv4Addr, now: Instant) -> Option<MacAddr> {
-        if let Some((idx, w)) = self.find_live(key_of(iface, ip)) {
+    pub fn lookup(&self, iface: IfaceId, ip: A, now: Instant) -> Option<MacAddr> {
+        if let Some((idx, w)) =
+            A::slot_addr(self, ip).and_then(|slot| self.find_live(key_of(iface, slot)))
+        {
             match decode(w) {
                 Some(
                     NeighState::Reachable
@@ -617,19 +686,29 @@ impl NeighTable {
         None
     }
 
+    /// The state and MAC of the entry for `ip` on `iface`, without marking it used.
+    pub fn peek(&self, iface: IfaceId, ip: A) -> Option<(NeighState, MacAddr)> {
+        let slot = A::slot_addr(self, ip)?;
+        let (_, w) = self.find_live(key_of(iface, slot))?;
+        Some((decode(w)?, MacAddr::from_u64(w)))
+    }
+
     /// Queues a copy of `frame` for `ip` on `iface`, whose lookup missed. Creates an
     /// `INCOMPLETE` entry if there is none (collecting garbage or refusing when the table is
     /// full) and restarts resolution of a `FAILED` one. The per-neighbour queue holds at most
     /// `unres_qlen` frames and `unres_qlen_bytes` bytes; older frames are pushed out first and
     /// handed back. If the entry became usable since the lookup, nothing is queued and the MAC
     /// is returned.
-    pub fn enqueue(&self, iface: IfaceId, ip: Ipv4Addr, frame: &[u8], now: Instant) -> Enqueue {
-        if !is_neighbour_addr(ip) {
+    pub fn enqueue(&self, iface: IfaceId, ip: A, frame: &[u8], now: Instant) -> Enqueue {
+        if !ip.is_neighbour() {
             return Enqueue::Refused(Refusal::BadAddress);
         }
         if frame.len() > self.cfg.unres_qlen_bytes {
             return Enqueue::Refused(Refusal::FrameTooBig);
         }
+        let Some(ip) = A::intern(self, ip, now) else {
+            return Enqueue::Refused(Refusal::TableFull);
+        };
         let now = now.micros();
         let want = key_of(iface, ip);
         let mut guard = self.writer.lock();
@@ -675,11 +754,8 @@ impl NeighTable {
         Enqueue::Queued { solicit, dropped }
     }
 
-    /// Learns from an ARP packet received on `iface` (see the module docs for the rules):
-    /// its operation, sender and target addresses, and whether the target address is one of
-    /// ours ([`ArpHeard`]). Frames that were waiting for the sender are passed to `release`,
-    /// oldest first, after the table's lock is released.
-    pub fn input(
+    /// [`NeighTable::input`] with slot addresses (NDP's input maps onto it, see `ndp.rs`).
+    fn input_slot(
         &self,
         iface: IfaceId,
         arp: ArpHeard,
@@ -745,7 +821,7 @@ impl NeighTable {
     /// `NEIGH_UPDATE_F_OVERRIDE`, for a different MAC than the entry's (an NDP advertisement
     /// without the override flag): a `REACHABLE` entry becomes `STALE`, keeping its MAC (so the
     /// next use probes it); any other state is left as it is. `true` when it changed.
-    pub(crate) fn weaken(&self, iface: IfaceId, ip: Ipv4Addr, now: Instant) -> bool {
+    fn weaken(&self, iface: IfaceId, ip: Ipv4Addr, now: Instant) -> bool {
         let now = now.micros();
         let mut guard = self.writer.lock();
         let w = &mut *guard;
@@ -765,11 +841,31 @@ impl NeighTable {
     /// `REACHABLE → STALE` and `DELAY → PROBE`, fails entries out of solicitations (their
     /// frames come out as [`NeighEvent::Unreachable`]) and collects garbage. Work is
     /// proportional to the timers due. `out` runs after the lock is released.
-    pub fn poll(&self, now: Instant, out: &mut dyn FnMut(NeighEvent)) {
+    pub fn poll(&self, now: Instant, out: &mut dyn FnMut(NeighEvent<A>)) {
         let mut ev = Vec::new();
         self.run_due(&mut self.writer.lock(), now.micros(), &mut ev);
         for e in ev {
-            out(e);
+            match e {
+                NeighEvent::Solicit { iface, ip, unicast } => {
+                    if let Some(ip) = A::addr(self, ip) {
+                        out(NeighEvent::Solicit { iface, ip, unicast });
+                    }
+                }
+                NeighEvent::Unreachable { iface, ip, frame } => {
+                    let ip = A::addr(self, ip).unwrap_or(A::GONE);
+                    out(NeighEvent::Unreachable { iface, ip, frame });
+                }
+            }
+        }
+    }
+
+    /// A released frame with its neighbour's address.
+    fn released(&self, r: Released) -> Released<A> {
+        Released {
+            iface: r.iface,
+            ip: A::addr(self, r.ip).unwrap_or(A::GONE),
+            mac: r.mac,
+            frame: r.frame,
         }
     }
 
@@ -788,16 +884,17 @@ impl NeighTable {
     pub fn add_static(
         &self,
         iface: IfaceId,
-        ip: Ipv4Addr,
+        ip: A,
         mac: MacAddr,
         now: Instant,
-    ) -> Result<Vec<Released>, NeighError> {
-        if !is_neighbour_addr(ip) {
-            return Err(NeighError::BadAddress(ip));
+    ) -> Result<Vec<Released<A>>, NeighError> {
+        if !ip.is_neighbour() {
+            return Err(NeighError::BadAddress(ip.into()));
         }
         if !mac.is_station() {
             return Err(NeighError::BadMac(mac));
         }
+        let ip = A::intern(self, ip, now).ok_or(NeighError::TableFull)?;
         let now = now.micros();
         let want = key_of(iface, ip);
         let m = mac.to_u64();
@@ -816,12 +913,16 @@ impl NeighTable {
         meta.probes = 0;
         let mut out = Vec::new();
         self.release(w, idx, mac, &mut out);
-        Ok(out)
+        drop(guard);
+        Ok(out.into_iter().map(|r| self.released(r)).collect())
     }
 
     /// Removes the entry for `ip` on `iface`, static or not; frames waiting for it are
     /// discarded (counted in [`NeighCounters::queue_flushed`]). Returns whether there was one.
-    pub fn remove(&self, iface: IfaceId, ip: Ipv4Addr) -> bool {
+    pub fn remove(&self, iface: IfaceId, ip: A) -> bool {
+        let Some(ip) = A::slot_addr(self, ip) else {
+            return false;
+        };
         let mut guard = self.writer.lock();
         let w = &mut *guard;
         match self.find_w(key_of(iface, ip)) {
@@ -870,7 +971,28 @@ impl NeighTable {
     }
 
     /// Every entry, sorted by interface then address. O(table size).
-    pub fn dump(&self, now: Instant) -> Vec<NeighEntry> {
+    pub fn dump(&self, now: Instant) -> Vec<NeighEntry<A>> {
+        let mut v: Vec<NeighEntry<A>> = self
+            .dump_slots(now)
+            .into_iter()
+            .filter_map(|e| {
+                Some(NeighEntry {
+                    iface: e.iface,
+                    ip: A::addr(self, e.ip)?,
+                    mac: e.mac,
+                    state: e.state,
+                    confirmed_ago: e.confirmed_ago,
+                    updated_ago: e.updated_ago,
+                    queued: e.queued,
+                })
+            })
+            .collect();
+        v.sort_by_key(|e| (e.iface, e.ip));
+        v
+    }
+
+    /// Every entry by its slot address.
+    fn dump_slots(&self, now: Instant) -> Vec<NeighEntry> {
         let now = now.micros();
         let w = self.writer.lock();
         let mut v = Vec::with_capacity(w.entries);
@@ -906,7 +1028,7 @@ impl NeighTable {
         v
     }
 
-    /// Writes the table as `ip neigh show` does, one line per entry, with interface names
+    /// Writes the table as `ip neigh show` (`ip -6 neigh show`) does, one line per entry, with interface names
     /// from `ifname`.
     pub fn fmt_dump(
         &self,
@@ -937,5 +1059,21 @@ impl NeighTable {
         self.buckets.len() * std::mem::size_of::<Bucket>()
             + self.slots() * (8 + std::mem::size_of::<Meta>())
             + self.marks.len() * 8
+    }
+}
+
+impl NeighTable<Ipv4Addr> {
+    /// Learns from an ARP packet received on `iface` (see the module docs for the rules):
+    /// its operation, sender and target addresses, and whether the target address is one of
+    /// ours ([`ArpHeard`]). Frames that were waiting for the sender are passed to `release`,
+    /// oldest first, after the table's lock is released.
+    pub fn input(
+        &self,
+        iface: IfaceId,
+        arp: ArpHeard,
+        now: Instant,
+        release: &mut dyn FnMut(Released),
+    ) -> Learned {
+        self.input_slot(iface, arp, now, release)
     }
 }

@@ -8,7 +8,7 @@ use crate::base::IfaceId;
 use std::collections::VecDeque;
 
 use super::slots::{slot_key, split_key};
-use super::{NeighTable, Released, Writer};
+use super::{NeighAddr, NeighTable, Released, Writer};
 use crate::wire::mac::MacAddr;
 
 /// Frames waiting for one neighbour.
@@ -91,7 +91,7 @@ impl Writer {
     }
 }
 
-impl NeighTable {
+impl<A: NeighAddr> NeighTable<A> {
     /// Asks for one request (counts it as a solicitation either way); false if rate-limited.
     pub(super) fn solicit(&self, w: &mut Writer, idx: usize, now: u64) -> bool {
         w.meta[idx].probes += 1;

@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::state::{decode, encode, with_state, NeighState, GEN_SHIFT, WORD_GEN_MASK};
-use super::{NeighTable, Writer, NEVER};
+use super::{NeighAddr, NeighTable, Writer, NEVER};
 use crate::base::IfaceId;
 use crate::hash;
 use crate::narrow::low32;
@@ -64,7 +64,7 @@ pub(super) fn occupied(k: u64) -> bool {
     k >> 48 != 0
 }
 
-impl NeighTable {
+impl<A: NeighAddr> NeighTable<A> {
     #[inline]
     fn candidates(&self, key: u64) -> (usize, usize) {
         let h = self.hash.hash(key);

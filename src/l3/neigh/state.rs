@@ -9,7 +9,7 @@
 use crate::base::IfaceId;
 use std::fmt;
 
-use super::{split_key, Learned, NeighEvent, NeighTable, Released, Writer, NEVER};
+use super::{split_key, Learned, NeighAddr, NeighEvent, NeighTable, Released, Writer, NEVER};
 use crate::wire::mac::MacAddr;
 
 const MAC_MASK: u64 = (1 << 48) - 1;
@@ -128,7 +128,7 @@ pub(super) struct Heard {
     pub(super) garp: bool,
 }
 
-impl NeighTable {
+impl<A: NeighAddr> NeighTable<A> {
     /// Stores the word of slot `idx` for its current occupant.
     pub(super) fn set_word(&self, w: &Writer, idx: usize, mac: u64, state: NeighState) {
         self.word_at(idx).store(

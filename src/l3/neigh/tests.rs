@@ -296,7 +296,7 @@ fn reachable_goes_stale_after_the_randomized_reachable_time() {
 
     // Reachable times are spread over [15 s, 45 s) and reproducible per seed.
     let draws = |seed| {
-        let t = NeighTable::new(NeighConfig {
+        let t = NeighTable::<Ipv4Addr>::new(NeighConfig {
             seed,
             ..NeighConfig::default()
         });
@@ -496,7 +496,7 @@ fn static_entries_are_immune_to_arp_and_time() {
 
     assert_eq!(
         t.add_static(CNI0, Ipv4Addr::BROADCAST, mac(1), s(0)),
-        Err(NeighError::BadAddress(Ipv4Addr::BROADCAST))
+        Err(NeighError::BadAddress(Ipv4Addr::BROADCAST.into()))
     );
     assert_eq!(
         t.add_static(CNI0, a, MacAddr::BROADCAST, s(0)),
@@ -746,7 +746,7 @@ fn config_validation_names_the_field() {
         c.validate().unwrap_err().to_string(),
         "invalid neighbour config: retrans_time = 0ns: must be positive"
     );
-    assert!(NeighTable::try_new(c).is_err());
+    assert!(NeighTable::<Ipv4Addr>::try_new(c).is_err());
     assert!(NeighConfig::default().validate().is_ok());
 }
 

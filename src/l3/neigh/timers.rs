@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::slots::{occupied, slot_key};
 use super::state::NeighState;
-use super::{NeighEvent, NeighTable, Writer};
+use super::{NeighAddr, NeighEvent, NeighTable, Writer};
 
 /// Heap items `(time, slot, generation)`, earliest first.
 pub(super) type Heap = BinaryHeap<Reverse<(u64, u32, u32)>>;
@@ -23,7 +23,7 @@ fn compact(heap: &mut Heap, entries: usize, live: impl Fn(usize, u32) -> bool) {
     }
 }
 
-impl NeighTable {
+impl<A: NeighAddr> NeighTable<A> {
     /// Arms the timer of the entry in `idx` for `due`, for its state `state` (replacing any
     /// earlier one).
     pub(super) fn arm(&self, w: &mut Writer, idx: usize, due: u64, state: NeighState) {

@@ -540,27 +540,8 @@ mod tests {
     use super::*;
     use crate::wire::checksum::checksum;
     use crate::wire::ipv4::check_header;
+    use crate::wire::ipv4::tests::udp_frame;
     use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
-
-    fn udp_frame(payload: usize, df: bool, ttl: u8) -> Vec<u8> {
-        let mut f = Vec::new();
-        let mut ip = etherparse::Ipv4Header::new(
-            len16(8 + payload),
-            ttl,
-            etherparse::IpNumber::UDP,
-            [10, 0, 0, 1],
-            [10, 0, 1, 2],
-        )
-        .unwrap();
-        ip.dont_fragment = df;
-        ip.identification = 0x1234;
-        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-            .ip(etherparse::IpHeaders::Ipv4(ip, Default::default()))
-            .udp(1000, 2000)
-            .write(&mut f, &vec![0xab; payload])
-            .unwrap();
-        f
-    }
 
     #[test]
     fn tcp_rst_refuses_a_syn_like_linux() {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{Advert, Enqueue, NeighEvent6, Released6};
+use crate::l3::neigh::{Advert, Enqueue, NeighEvent, Released};
 use crate::l3::route::RouteReader;
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -303,7 +303,7 @@ impl Router {
         });
     }
 
-    fn release_ndp(&self, r: Released6, sink: &mut dyn Sink) {
+    fn release_ndp(&self, r: Released<Ipv6Addr>, sink: &mut dyn Sink) {
         self.counters.released.add(1);
         let Some(src) = self.iface(r.iface).map(|i| i.cfg.mac) else {
             return;
@@ -562,8 +562,8 @@ impl Router {
     /// unreachable for packets whose next hop failed, Router Advertisements.
     pub(crate) fn poll_ndp(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
         self.neigh6.poll(now, &mut |ev| match ev {
-            NeighEvent6::Solicit { iface, ip, unicast } => self.send_ns(iface, ip, unicast, sink),
-            NeighEvent6::Unreachable { frame, .. } => {
+            NeighEvent::Solicit { iface, ip, unicast } => self.send_ns(iface, ip, unicast, sink),
+            NeighEvent::Unreachable { frame, .. } => {
                 self.neigh_failed::<Ipv6Addr>(&frame, nat, now, sink);
             }
         });

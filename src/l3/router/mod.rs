@@ -18,14 +18,14 @@
 //! packets to the router's own addresses are answered only for ICMP echo (UDP gets a port
 //! unreachable, TCP a drop, counted) since the router has no sockets.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{NeighEvent, NeighTable, NeighTable6};
+use crate::l3::neigh::{NeighEvent, NeighTable};
 use crate::l3::route::{RouteAddr, RouteReader, RouteTable};
 use crate::narrow::low64;
 use crate::stats::{counter_set, DropReason, SharedCounter};
@@ -109,24 +109,27 @@ impl Default for RaConfig {
 }
 
 impl IfaceConfig {
-    /// An interface with the IPv4 address `addr/prefix_len`, MTU 1500 and no proxy ARP.
-    pub fn new(name: impl Into<String>, mac: MacAddr, addr: Ipv4Addr, prefix_len: u8) -> Self {
-        IfaceConfig {
-            addr: Some((addr, prefix_len)),
-            ..IfaceConfig::new6(name, mac, Ipv6Addr::UNSPECIFIED, 0)
-        }
-    }
-
-    /// An IPv6-only interface (no IPv4 address) with the IPv6 address `addr6/prefix_len`
-    /// (`::`: none, only its link-local address), MTU 1500.
-    pub fn new6(name: impl Into<String>, mac: MacAddr, addr6: Ipv6Addr, prefix_len: u8) -> Self {
+    /// An interface with the address `addr/prefix_len`, MTU 1500 and no proxy ARP: an IPv4
+    /// address (IPv6: only its link-local address), or an IPv6 address (`::`: none, only its
+    /// link-local address) and no IPv4 address (an IPv6-only interface). Add the other
+    /// family's with [`IfaceConfig::addr`] / [`IfaceConfig::addr6`].
+    pub fn new(
+        name: impl Into<String>,
+        mac: MacAddr,
+        addr: impl Into<IpAddr>,
+        prefix_len: u8,
+    ) -> Self {
+        let (addr, addr6) = match addr.into() {
+            IpAddr::V4(a) => (Some((a, prefix_len)), None),
+            IpAddr::V6(a) => (None, (!a.is_unspecified()).then_some((a, prefix_len))),
+        };
         IfaceConfig {
             name: name.into(),
             mac,
-            addr: None,
+            addr,
             mtu: 1500,
             proxy_arp: false,
-            addr6: (!addr6.is_unspecified()).then_some((addr6, prefix_len)),
+            addr6,
             ra: None,
         }
     }
@@ -289,7 +292,7 @@ pub struct Router {
     pub(crate) routes: RouteTable,
     pub(crate) routes6: RouteTable<Ipv6Addr>,
     pub(crate) neigh: NeighTable,
-    pub(crate) neigh6: NeighTable6,
+    pub(crate) neigh6: NeighTable<Ipv6Addr>,
     pub(crate) icmp: IcmpLimiter,
     pub(crate) ra: Mutex<Vec<ipv6::RaState>>,
     /// A bit set ([`filter_bit`]) for each IPv6 address of an interface:
@@ -517,7 +520,7 @@ impl<A: RouterFamily, H: Prerouting<A>> Prerouting<A> for Option<H> {
 
 impl Router {
     pub(crate) fn new(ifaces: Vec<Iface>, neigh: NeighTable) -> Router {
-        let neigh6 = NeighTable6::new(neigh.config().clone());
+        let neigh6 = NeighTable::new(neigh.config().clone());
         let ra = Mutex::new(vec![Default::default(); ifaces.len()]);
         let ipv6_filter = ifaces
             .iter()
@@ -537,14 +540,9 @@ impl Router {
         }
     }
 
-    /// The neighbour (ARP) table.
-    pub fn neigh(&self) -> &NeighTable {
-        &self.neigh
-    }
-
-    /// The IPv6 neighbour (NDP) table.
-    pub fn neigh6(&self) -> &NeighTable6 {
-        &self.neigh6
+    /// The neighbour table of family `A` ([`Ipv4Addr`]: ARP, [`Ipv6Addr`]: NDP).
+    pub fn neigh<A: RouteAddr>(&self) -> &NeighTable<A> {
+        A::neigh(self)
     }
 
     /// The routing table of family `A` ([`Ipv4Addr`], [`Ipv6Addr`]).
@@ -586,7 +584,7 @@ impl Router {
     }
 
     /// The link-local IPv6 address of interface `i` (`fe80::` + the EUI-64 of its MAC).
-    pub fn link_local6(&self, i: IfaceId) -> Option<Ipv6Addr> {
+    pub fn link_local(&self, i: IfaceId) -> Option<Ipv6Addr> {
         self.iface(i).map(|i| i.ll6)
     }
 

@@ -92,7 +92,7 @@ fn a_pod_reaches_a_remote_pod_through_the_overlay(u: Under) {
     assert_eq!((dst, ttl), (u.pod(2, 2), 62));
     assert_eq!(tcp_or_udp_payload(&out[0].1), vec![0x5a; 100]);
     let t = c.dp.control().tunnel_by_name(u.tunnel()).unwrap();
-    assert_eq!(t.is_v6(), u == Under::V6);
+    assert_eq!(t.local().is_ipv6(), u == Under::V6);
     assert_eq!(usize::from(t.mtu()), u.mtu());
     assert_eq!(t.local(), u.node_ip(2));
     let p = t.peers().by_ip(u.node_ip(1)).unwrap().stats();

@@ -16,7 +16,7 @@ fn probed_prefixes() -> Vec<(u32, u8)> {
     let mut out = vec![(0x0A00_0000, 8)];
     while out.len() <= PROBED {
         let len = 9 + rng.below(24) as u8;
-        let p = (0x0A00_0000 | (rng.next_u32() & 0x00FF_FFFF)) & !host_mask4(len);
+        let p = (0x0A00_0000 | (rng.next_u32() & 0x00FF_FFFF)) & !host_mask::<u32>(len);
         if !out.contains(&(p, len)) {
             out.push((p, len));
         }
@@ -44,7 +44,7 @@ fn readers_see_only_whole_published_versions() {
     let mut probes: Vec<u32> = vec![0x0A00_0000, 0x0AFF_FFFF];
     for &(p, l) in &prefixes {
         probes.push(p);
-        probes.push(p | (rng.next_u32() & host_mask4(l)));
+        probes.push(p | (rng.next_u32() & host_mask::<u32>(l)));
     }
     // expected[k][j]: the answer for probe j in version k.
     let expected: Vec<Vec<u32>> = (0..=VERSIONS)
@@ -66,22 +66,23 @@ fn readers_see_only_whole_published_versions() {
     let mut background = Vec::new();
     while background.len() < 20_000 {
         let len = 12 + rng.below(21) as u8;
-        let p = rng.next_u32() & !host_mask4(len);
+        let p = rng.next_u32() & !host_mask::<u32>(len);
         if p >> 24 != 10 && len > 8 {
             background.push((p, len));
         }
     }
-    let fib = Fib4::from_routes(
-        background
-            .iter()
-            .enumerate()
-            .map(|(i, &(prefix, len))| Route {
-                prefix,
-                len,
-                next_hop: 1_000_000 + i as u32,
-            }),
-    )
-    .unwrap();
+    let fib =
+        Fib::<u32>::from_routes(
+            background
+                .iter()
+                .enumerate()
+                .map(|(i, &(prefix, len))| Route {
+                    prefix,
+                    len,
+                    next_hop: 1_000_000 + i as u32,
+                }),
+        )
+        .unwrap();
     let write_version = |k: u32, rng: &mut SplitMix| {
         fib.update(|b| {
             for (p, l, nh) in version_routes(k, &prefixes) {

@@ -73,13 +73,52 @@ impl SplitMix {
     }
 }
 
-/// Host-bit mask of a prefix length.
-pub(super) fn host_mask4(len: u8) -> u32 {
-    u32::MAX.checked_shr(u32::from(len)).unwrap_or(0)
+/// What the tests need of an address word beyond [`Address`]: bit operations and random
+/// draws, for both widths.
+pub(super) trait TestAddr:
+    Address
+    + std::ops::BitOr<Output = Self>
+    + std::ops::BitAnd<Output = Self>
+    + std::ops::BitXor<Output = Self>
+    + std::ops::Not<Output = Self>
+{
+    /// All ones.
+    const MAX: Self;
+    /// A random address.
+    fn random(rng: &mut SplitMix) -> Self;
+    /// `self >> k`, zero when `k` is the width or more.
+    fn shr_or_zero(self, k: u32) -> Self;
+    /// `self ± 1`, wrapping.
+    fn step(self, up: bool) -> Self;
 }
 
-pub(super) fn host_mask6(len: u8) -> u128 {
-    u128::MAX.checked_shr(u32::from(len)).unwrap_or(0)
+macro_rules! impl_test_addr {
+    ($t:ty, $random:ident) => {
+        impl TestAddr for $t {
+            const MAX: $t = <$t>::MAX;
+            fn random(rng: &mut SplitMix) -> $t {
+                rng.$random()
+            }
+            fn shr_or_zero(self, k: u32) -> $t {
+                self.checked_shr(k).unwrap_or(0)
+            }
+            fn step(self, up: bool) -> $t {
+                if up {
+                    self.wrapping_add(1)
+                } else {
+                    self.wrapping_sub(1)
+                }
+            }
+        }
+    };
+}
+
+impl_test_addr!(u32, next_u32);
+impl_test_addr!(u128, next_u128);
+
+/// Host-bit mask of a prefix length.
+pub(super) fn host_mask<A: TestAddr>(len: u8) -> A {
+    A::MAX.shr_or_zero(u32::from(len))
 }
 
 fn v4(a: u8, b: u8, c: u8, d: u8) -> u32 {
@@ -101,16 +140,16 @@ fn check_batch<A: Address>(lpm: &Lpm<A>, addrs: &[A]) {
 #[test]
 fn tables_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
-    check::<Lpm4>();
-    check::<Lpm6>();
-    check::<Fib4>();
-    check::<Fib6>();
+    check::<Lpm<u32>>();
+    check::<Lpm<u128>>();
+    check::<Fib<u32>>();
+    check::<Fib<u128>>();
     check::<FibReader<'static, u32>>();
 }
 
 #[test]
 fn fib_reader_follows_new_versions() {
-    let fib = Fib4::new();
+    let fib = Fib::<u32>::new();
     let mut reader = fib.reader();
     assert_eq!(reader.lookup(v4(10, 0, 0, 1)), None);
     fib.insert(v4(10, 0, 0, 0), 8, 3).unwrap();
@@ -125,7 +164,7 @@ fn fib_reader_follows_new_versions() {
 
 #[test]
 fn empty_table() {
-    let lpm = Lpm4::builder().build();
+    let lpm = Lpm::<u32>::builder().build();
     assert!(lpm.is_empty());
     assert_eq!(lpm.len(), 0);
     assert_eq!(lpm.lookup(0), None);
@@ -134,15 +173,15 @@ fn empty_table() {
     lpm.lookup_batch(&[1u32; 20], &mut out);
     assert_eq!(out, [NO_ROUTE; 20]);
     assert!(lpm.memory_bytes() < 2048, "{}", lpm.memory_bytes());
-    let fib = Fib6::new();
+    let fib = Fib::<u128>::new();
     assert_eq!(fib.lookup(1), None);
     assert!(fib.is_empty());
-    assert_eq!(Lpm6::default().lookup(5), None);
+    assert_eq!(Lpm::<u128>::default().lookup(5), None);
 }
 
 #[test]
 fn basic_ipv4() {
-    let mut b = Lpm4::builder();
+    let mut b = Lpm::<u32>::builder();
     b.insert(0, 0, 1).unwrap();
     b.insert(v4(10, 0, 0, 0), 8, 2).unwrap();
     b.insert(v4(10, 1, 0, 0), 16, 3).unwrap();
@@ -179,7 +218,7 @@ fn basic_ipv4() {
     check_batch(&lpm, &addrs);
     // Every direct width gives the same answers.
     for bits in [1, 4, 8, 13, 18, 24] {
-        let mut b = Lpm4::builder();
+        let mut b = Lpm::<u32>::builder();
         b.insert(0, 0, 1).unwrap();
         b.insert(v4(10, 1, 2, 3), 32, 5).unwrap();
         b.insert(v4(10, 1, 2, 0), 24, 4).unwrap();
@@ -193,7 +232,7 @@ fn basic_ipv4() {
 #[test]
 fn basic_ipv6() {
     let p = |s: &str| u128::from(s.parse::<std::net::Ipv6Addr>().unwrap());
-    let mut b = Lpm6::builder();
+    let mut b = Lpm::<u128>::builder();
     b.insert(p("2001:db8::"), 32, 1).unwrap();
     b.insert(p("2001:db8:1::"), 48, 2).unwrap();
     b.insert(p("2001:db8:1:2::"), 64, 3).unwrap();
@@ -216,19 +255,21 @@ fn basic_ipv6() {
 #[test]
 fn invalid_routes_are_rejected() {
     assert_eq!(
-        Lpm4::builder().insert(0, 33, 1).unwrap_err(),
+        Lpm::<u32>::builder().insert(0, 33, 1).unwrap_err(),
         LpmError::InvalidLength { len: 33, max: 32 }
     );
     assert_eq!(
-        Lpm6::builder().insert(0, 129, 1).unwrap_err(),
+        Lpm::<u128>::builder().insert(0, 129, 1).unwrap_err(),
         LpmError::InvalidLength { len: 129, max: 128 }
     );
     assert_eq!(
-        Lpm4::builder().insert(0, 8, MAX_NEXT_HOP + 1).unwrap_err(),
+        Lpm::<u32>::builder()
+            .insert(0, 8, MAX_NEXT_HOP + 1)
+            .unwrap_err(),
         LpmError::InvalidNextHop(MAX_NEXT_HOP + 1)
     );
-    assert!(Lpm4::builder().insert(0, 8, MAX_NEXT_HOP).is_ok());
-    let fib = Fib4::new();
+    assert!(Lpm::<u32>::builder().insert(0, 8, MAX_NEXT_HOP).is_ok());
+    let fib = Fib::<u32>::new();
     fib.insert(0, 0, MAX_NEXT_HOP).unwrap();
     assert_eq!(fib.lookup(5), Some(MAX_NEXT_HOP));
     assert!(fib.insert(0, 33, 1).is_err());
@@ -243,14 +284,14 @@ fn invalid_routes_are_rejected() {
 
 #[test]
 fn host_bits_are_ignored_and_last_duplicate_wins() {
-    let mut b = Lpm4::builder();
+    let mut b = Lpm::<u32>::builder();
     b.insert(v4(10, 1, 2, 3), 8, 1).unwrap();
     b.insert(v4(10, 0, 0, 0), 8, 2).unwrap();
     b.insert(v4(10, 9, 9, 9), 8, 3).unwrap();
     let lpm = b.build();
     assert_eq!(lpm.len(), 1);
     assert_eq!(lpm.lookup(v4(10, 200, 0, 1)), Some(3));
-    let fib = Fib4::from_routes([1, 2].map(|next_hop| Route {
+    let fib = Fib::<u32>::from_routes([1, 2].map(|next_hop| Route {
         prefix: v4(10, 1, 2, 3),
         len: 8,
         next_hop,
@@ -258,7 +299,7 @@ fn host_bits_are_ignored_and_last_duplicate_wins() {
     .unwrap();
     assert_eq!(fib.len(), 1);
     assert_eq!(fib.get(v4(10, 0, 0, 0), 8), Some(2));
-    let fib = Fib4::new();
+    let fib = Fib::<u32>::new();
     assert_eq!(fib.insert(v4(10, 1, 2, 3), 8, 1).unwrap(), None);
     assert_eq!(fib.insert(v4(10, 0, 0, 0), 8, 2).unwrap(), Some(1));
     assert_eq!(fib.get(v4(10, 7, 7, 7), 8), Some(2));
@@ -270,7 +311,7 @@ fn host_bits_are_ignored_and_last_duplicate_wins() {
 #[test]
 fn batch_lookup_matches_single_lookups() {
     let mut rng = SplitMix(1);
-    let mut b = Lpm4::builder();
+    let mut b = Lpm::<u32>::builder();
     for i in 0..3000 {
         let len = [8, 16, 20, 24, 24, 28, 32][rng.below(7)];
         b.insert(rng.next_u32() & 0x0FFF_FFFF, len, i).unwrap();
@@ -285,13 +326,15 @@ fn batch_lookup_matches_single_lookups() {
 #[test]
 #[should_panic(expected = "differ in length")]
 fn batch_lookup_checks_lengths() {
-    Lpm4::builder().build().lookup_batch(&[1, 2], &mut [0]);
+    Lpm::<u32>::builder()
+        .build()
+        .lookup_batch(&[1, 2], &mut [0]);
 }
 
 #[test]
 fn small_table_is_small_and_fast_to_build() {
     // A Kubernetes node: a default route, pod CIDRs per node, a few service routes.
-    let mut b = Lpm4::builder();
+    let mut b = Lpm::<u32>::builder();
     b.insert(0, 0, 0).unwrap();
     for i in 0..16u8 {
         b.insert(v4(10, 244, i, 0), 24, u32::from(i) + 1).unwrap();
@@ -314,7 +357,7 @@ fn small_table_is_small_and_fast_to_build() {
 fn redundant_more_specifics_cost_nothing() {
     // 10/8 and 4096 more-specifics with the same next hop, as in a router with few next
     // hops: no trie node is needed.
-    let mut b = Lpm4::builder();
+    let mut b = Lpm::<u32>::builder();
     b.insert(v4(10, 0, 0, 0), 8, 1).unwrap();
     for i in 0..4096u32 {
         b.insert(v4(10, 0, 0, 0) | (i << 8), 24, 1).unwrap();
@@ -323,13 +366,13 @@ fn redundant_more_specifics_cost_nothing() {
     assert_eq!(lpm.len(), 4097);
     assert_eq!(
         lpm.memory_bytes(),
-        Lpm4::empty(lpm.direct_bits()).memory_bytes(),
+        Lpm::<u32>::empty(lpm.direct_bits()).memory_bytes(),
         "{lpm:?}"
     );
     assert_eq!(lpm.lookup(v4(10, 0, 5, 1)), Some(1));
     assert_eq!(lpm.lookup(v4(11, 0, 5, 1)), None);
     // One differing more-specific brings back exactly the nodes it needs.
-    let fib = Fib4::from_routes(b.routes().iter().copied()).unwrap();
+    let fib = Fib::<u32>::from_routes(b.routes().iter().copied()).unwrap();
     fib.insert(v4(10, 0, 7, 0), 24, 2).unwrap();
     assert_eq!(fib.lookup(v4(10, 0, 7, 9)), Some(2));
     assert_eq!(fib.lookup(v4(10, 0, 6, 9)), Some(1));
@@ -351,7 +394,7 @@ fn ideal_bits_follow_the_route_count() {
 
 #[test]
 fn fib_batches_publish_once_and_roll_back_on_error() {
-    let fib = Fib4::new();
+    let fib = Fib::<u32>::new();
     assert_eq!(fib.generation(), 0);
     fib.update(|b| {
         for i in 0..10u32 {
@@ -412,7 +455,7 @@ fn fib_batches_publish_once_and_roll_back_on_error() {
 #[test]
 fn fib_adapts_direct_width_and_compacts() {
     let mut rng = SplitMix(7);
-    let fib = Fib4::new();
+    let fib = Fib::<u32>::new();
     let mut model = Model::default();
     // Grow to 20k routes, 500 per batch.
     let mut all = Vec::new();
@@ -420,7 +463,7 @@ fn fib_adapts_direct_width_and_compacts() {
         fib.update(|b| {
             for i in 0..500 {
                 let len = 16 + rng.below(17) as u8;
-                let p = rng.next_u32() & !host_mask4(len);
+                let p = rng.next_u32() & !host_mask::<u32>(len);
                 let nh = batch * 500 + i;
                 b.insert(p, len, nh)?;
                 model.insert(p, len, nh);
@@ -452,7 +495,7 @@ fn fib_adapts_direct_width_and_compacts() {
     let snap = fib.snapshot();
     for _ in 0..20_000 {
         let (p, len) = all[rng.below(all.len())];
-        let a = p | (rng.next_u32() & host_mask4(len));
+        let a = p | (rng.next_u32() & host_mask::<u32>(len));
         assert_eq!(snap.lookup(a), model.lookup(a));
     }
     // Shrink: the direct width follows.
@@ -477,20 +520,21 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
     // 8 <= s < 12 gives a `top` as wide as `direct`; s < 8 a wider one; s >= 12 a 12-bit
     // one over several slots.
     for bits in [4, 8, 10, 12, 14, 18] {
-        let fib = Fib6::with_fixed_bits(bits);
+        let fib = Fib::<u128>::with_fixed_bits(bits);
         let mut model = Model::<u128>::default();
         let mut rng = SplitMix(bits.into());
         let mut nh = 0u32;
-        let mut step = |fib: &Fib6, model: &mut Model<u128>, prefix: u128, len: u8, add: bool| {
-            if add {
-                nh += 1;
-                fib.insert(prefix, len, nh).unwrap();
-                model.insert(prefix, len, nh);
-            } else {
-                fib.remove(prefix, len).unwrap();
-                model.remove(prefix, len);
-            }
-        };
+        let mut step =
+            |fib: &Fib<u128>, model: &mut Model<u128>, prefix: u128, len: u8, add: bool| {
+                if add {
+                    nh += 1;
+                    fib.insert(prefix, len, nh).unwrap();
+                    model.insert(prefix, len, nh);
+                } else {
+                    fib.remove(prefix, len).unwrap();
+                    model.remove(prefix, len);
+                }
+            };
         let bases = [
             0x2001_0db8u128 << 96,
             0x2a00_1450u128 << 96,
@@ -504,7 +548,7 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
                 12, 16, 29, 32, 40, 44, 47, 48, 49, 54, 56, 58, 63, 64, 65, 96, 127, 128,
             ];
             let len = lens[rng.below(lens.len())];
-            let prefix = base | (rng.next_u128() & host_mask6(20));
+            let prefix = base | (rng.next_u128() & host_mask::<u128>(20));
             step(&fib, &mut model, prefix, len, rng.below(4) != 0);
             if round % 10 == 5 {
                 step(&fib, &mut model, 0, 0, round % 20 == 5);
@@ -512,8 +556,8 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
             let mut probes: Vec<u128> = (0..64).map(|_| rng.next_u128()).collect();
             for r in model.routes() {
                 probes.push(r.prefix);
-                probes.push(r.prefix | host_mask6(r.len));
-                probes.push(r.prefix | (rng.next_u128() & host_mask6(r.len)));
+                probes.push(r.prefix | host_mask::<u128>(r.len));
+                probes.push(r.prefix | (rng.next_u128() & host_mask::<u128>(r.len)));
             }
             let lpm = fib.snapshot();
             for &a in &probes {
@@ -533,7 +577,7 @@ fn ipv6_top_array_and_long_routes_follow_updates() {
 fn ipv6_fib_grows_and_shrinks_while_readers_run() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let fib = Arc::new(Fib6::new());
+    let fib = Arc::new(Fib::<u128>::new());
     let mut model = Model::<u128>::default();
     let fixed: [(u128, u8, u32); 6] = [
         (0, 0, 1),
@@ -581,11 +625,11 @@ fn ipv6_fib_grows_and_shrinks_while_readers_run() {
     // Churned routes: under 2a00::/12, /20 to /128.
     let mut rng = SplitMix(11);
     let mut added = Vec::new();
-    let check = |fib: &Fib6, model: &Model<u128>, rng: &mut SplitMix| {
+    let check = |fib: &Fib<u128>, model: &Model<u128>, rng: &mut SplitMix| {
         let lpm = fib.snapshot();
         let mut addrs: Vec<u128> = probes.iter().map(|p| p.0).collect();
         for r in model.routes().iter().step_by(23) {
-            addrs.push(r.prefix | (rng.next_u128() & host_mask6(r.len)));
+            addrs.push(r.prefix | (rng.next_u128() & host_mask::<u128>(r.len)));
         }
         for _ in 0..64 {
             addrs.push((0x2a0u128 << 116) | (rng.next_u128() >> 12));
@@ -600,7 +644,7 @@ fn ipv6_fib_grows_and_shrinks_while_readers_run() {
         fib.update(|b| {
             for i in 0..400 {
                 let len = 20 + rng.below(109) as u8;
-                let p = ((0x2a0u128 << 116) | (rng.next_u128() >> 12)) & !host_mask6(len);
+                let p = ((0x2a0u128 << 116) | (rng.next_u128() >> 12)) & !host_mask::<u128>(len);
                 b.insert(p, len, 100 + batch * 400 + i)?;
                 model.insert(p, len, 100 + batch * 400 + i);
                 added.push((p, len));

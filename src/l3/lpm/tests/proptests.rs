@@ -6,34 +6,37 @@ use proptest::prelude::*;
 
 use super::*;
 
-/// Prefixes cluster around a few seeds (sharing `k` top bits with one), so that they nest
-/// and overlap; lengths favour the extremes (/0, full length) and the common range.
-fn prefix4() -> impl Strategy<Value = (u32, u8)> + Clone {
-    let seeds = [0x0A00_0000u32, 0xC0A8_0100, 0xFFFF_FFFF, 0];
+/// Prefixes cluster around a few `seeds` (sharing `k` top bits with one), so that they nest
+/// and overlap; lengths (`lens`) favour the extremes (/0, full length) and the common range.
+fn prefix<A: TestAddr + Arbitrary<Strategy: Clone>>(
+    seeds: [A; 4],
+    lens: impl Strategy<Value = u8> + Clone,
+) -> impl Strategy<Value = (A, u8)> + Clone {
+    let width = u32::from(A::WIDTH);
     (
         prop::sample::select(seeds.to_vec()),
-        any::<u32>(),
-        0u32..=32,
-        prop_oneof![Just(0u8), Just(32u8), 0u8..=32, 16u8..=32],
+        any::<A>(),
+        0u32..=width,
+        lens,
     )
         .prop_map(|(seed, flip, k, len)| {
-            let p = seed ^ flip.checked_shr(k).unwrap_or(0);
-            (p & !host_mask4(len), len)
+            let p = seed ^ flip.shr_or_zero(k);
+            (p & !host_mask::<A>(len), len)
         })
 }
 
-fn prefix6() -> impl Strategy<Value = (u128, u8)> + Clone {
-    let seeds = [0x2001_0db8u128 << 96, 0x2a00u128 << 112, u128::MAX, 0];
-    (
-        prop::sample::select(seeds.to_vec()),
-        any::<u128>(),
-        0u32..=128,
+fn ipv4_prefix() -> impl Strategy<Value = (u32, u8)> + Clone {
+    prefix(
+        [0x0A00_0000u32, 0xC0A8_0100, 0xFFFF_FFFF, 0],
+        prop_oneof![Just(0u8), Just(32u8), 0u8..=32, 16u8..=32],
+    )
+}
+
+fn ipv6_prefix() -> impl Strategy<Value = (u128, u8)> + Clone {
+    prefix(
+        [0x2001_0db8u128 << 96, 0x2a00u128 << 112, u128::MAX, 0],
         prop_oneof![Just(0u8), Just(128u8), 0u8..=128, 20u8..=64, 100u8..=128],
     )
-        .prop_map(|(seed, flip, k, len)| {
-            let p = seed ^ flip.checked_shr(k).unwrap_or(0);
-            (p & !host_mask6(len), len)
-        })
 }
 
 /// Next hops: often one of two (so that more-specifics are often redundant and collapse),
@@ -97,31 +100,16 @@ fn apply<A: Address>(op: &Op<A>, batch: &mut FibBatch<'_, A>, model: &mut Model<
 
 /// Addresses worth probing: each prefix's first and last address, their neighbours, one
 /// address inside, plus `random`.
-fn probes4(model: &Model<u32>, rng: &mut SplitMix, random: usize) -> Vec<u32> {
-    let mut out: Vec<u32> = (0..random).map(|_| rng.next_u32()).collect();
+fn probes<A: TestAddr>(model: &Model<A>, rng: &mut SplitMix, random: usize) -> Vec<A> {
+    let mut out: Vec<A> = (0..random).map(|_| A::random(rng)).collect();
     for &(p, l) in model.routes.keys() {
-        let last = p | host_mask4(l);
+        let last = p | host_mask::<A>(l);
         out.extend([
             p,
             last,
-            p.wrapping_sub(1),
-            last.wrapping_add(1),
-            p | (rng.next_u32() & host_mask4(l)),
-        ]);
-    }
-    out
-}
-
-fn probes6(model: &Model<u128>, rng: &mut SplitMix, random: usize) -> Vec<u128> {
-    let mut out: Vec<u128> = (0..random).map(|_| rng.next_u128()).collect();
-    for &(p, l) in model.routes.keys() {
-        let last = p | host_mask6(l);
-        out.extend([
-            p,
-            last,
-            p.wrapping_sub(1),
-            last.wrapping_add(1),
-            p | (rng.next_u128() & host_mask6(l)),
+            p.step(false),
+            last.step(true),
+            p | (A::random(rng) & host_mask::<A>(l)),
         ]);
     }
     out
@@ -181,57 +169,57 @@ proptest! {
 
     #[test]
     fn built_v4_matches_model(
-        routes in prop::collection::vec((prefix4(), next_hop()), 0..64),
+        routes in prop::collection::vec((ipv4_prefix(), next_hop()), 0..64),
         bits in prop::sample::select(vec![1u8, 5, 8, 12, 18]),
         seed in any::<u64>(),
     ) {
         let mut model = Model::default();
-        let mut b = Lpm4::builder();
+        let mut b = Lpm::<u32>::builder();
         for &((p, l), nh) in &routes {
             model.insert(p, l, nh);
             // Host bits must not matter.
-            b.insert(p | (seed as u32 & host_mask4(l)), l, nh).unwrap();
+            b.insert(p | (seed as u32 & host_mask::<u32>(l)), l, nh).unwrap();
         }
-        let probes = probes4(&model, &mut SplitMix(seed), 64);
+        let probes = probes(&model, &mut SplitMix(seed), 64);
         check(&b.clone().build(), &model, &probes)?;
         check(&b.build_with_bits(bits), &model, &probes)?;
     }
 
     #[test]
     fn built_v6_matches_model(
-        routes in prop::collection::vec((prefix6(), next_hop()), 0..64),
+        routes in prop::collection::vec((ipv6_prefix(), next_hop()), 0..64),
         bits in prop::sample::select(vec![1u8, 7, 8, 16, 18]),
         seed in any::<u64>(),
     ) {
         let mut model = Model::default();
-        let mut b = Lpm6::builder();
+        let mut b = Lpm::<u128>::builder();
         for &((p, l), nh) in &routes {
             model.insert(p, l, nh);
             b.insert(p, l, nh).unwrap();
         }
-        let probes = probes6(&model, &mut SplitMix(seed), 64);
+        let probes = probes(&model, &mut SplitMix(seed), 64);
         check(&b.clone().build(), &model, &probes)?;
         check(&b.build_with_bits(bits), &model, &probes)?;
     }
 
     #[test]
     fn fib_v4_updates_match_model(
-        ops in ops(prefix4()),
+        ops in ops(ipv4_prefix()),
         bits in prop::sample::select(vec![0u8, 1, 6, 8, 18]),
         seed in any::<u64>(),
     ) {
         // bits 0: the adaptive default.
-        let fib = if bits == 0 { Fib4::new() } else { Fib4::with_fixed_bits(bits) };
-        run_ops(&fib, &ops, |m, r| probes4(m, r, 16), seed)?;
+        let fib = if bits == 0 { Fib::<u32>::new() } else { Fib::<u32>::with_fixed_bits(bits) };
+        run_ops(&fib, &ops, |m, r| probes(m, r, 16), seed)?;
     }
 
     #[test]
     fn fib_v6_updates_match_model(
-        ops in ops(prefix6()),
+        ops in ops(ipv6_prefix()),
         bits in prop::sample::select(vec![0u8, 1, 8, 18]),
         seed in any::<u64>(),
     ) {
-        let fib = if bits == 0 { Fib6::new() } else { Fib6::with_fixed_bits(bits) };
-        run_ops(&fib, &ops, |m, r| probes6(m, r, 16), seed)?;
+        let fib = if bits == 0 { Fib::<u128>::new() } else { Fib::<u128>::with_fixed_bits(bits) };
+        run_ops(&fib, &ops, |m, r| probes(m, r, 16), seed)?;
     }
 }

@@ -237,7 +237,7 @@ fn real_ipv4_table() {
         "IPv4",
         &routes,
         SplitMix::next_u32,
-        host_mask4,
+        host_mask::<u32>,
         |a, b| a | b,
         |a, b| a & b,
     );
@@ -263,7 +263,7 @@ fn real_ipv6_table() {
                 (a >> 3) | (1 << 125)
             }
         },
-        host_mask6,
+        host_mask::<u128>,
         |a, b| a | b,
         |a, b| a & b,
     );
