@@ -318,7 +318,7 @@ impl NatFamily<5> for Ipv6Addr {
         let Some((kind, to)) = x.0 else {
             return Hook::Accept;
         };
-        match nat::rewrite6(ip, info, kind, &to, mode) {
+        match nat::rewrite(ip, &*info, kind, &to, mode) {
             Ok(()) => {
                 Self::set_addrs(info, to.src, to.dst);
                 Hook::Accept
@@ -334,7 +334,7 @@ impl NatFamily<5> for Ipv6Addr {
         (src, dst): (Ipv6Addr, Ipv6Addr),
         mode: CsumMode,
     ) -> Result<(), RewriteError> {
-        nat::rewrite_icmp_error6(ip, info, inner_l3, quoted, src, dst, mode)
+        nat::rewrite_icmp_error(ip, info, inner_l3, quoted, src, dst, mode)
     }
 
     #[inline(always)]
