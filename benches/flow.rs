@@ -10,7 +10,7 @@
 //!
 //! `ct_lookup_v4_v6_{10,100}k` looks the same connections up in the IPv4 table and, with
 //! IPv6 addresses (a /64 per node and the IPv4 pattern in the low bits), in the IPv6 table
-//! (`Conntrack6`, 128-byte entries, five-word keys), one thread, one at a time.
+//! (`ConntrackOf<Ipv6Addr>`, 128-byte entries, five-word keys), one thread, one at a time.
 //!
 //! `cargo bench --bench flow -- --warm-up-time 1 --measurement-time 3`
 #![allow(
@@ -27,7 +27,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use std::net::Ipv6Addr;
-use tapyard::conntrack::{tcp::flags, Conntrack, Conntrack6, CtConfig, CtHit, CtTag, Pkt};
+use tapyard::conntrack::{tcp::flags, Conntrack, ConntrackOf, CtConfig, CtHit, CtTag, Pkt};
 use tapyard::wire::tuple::{L4Kind, Tuple};
 use tapyard::Instant;
 
@@ -126,7 +126,7 @@ fn lookups_v4_v6(c: &mut Criterion, conns: u32) {
         ..CtConfig::default()
     };
     let ct = Conntrack::new(cfg).unwrap();
-    let ct6 = Conntrack6::new(cfg).unwrap();
+    let ct6 = ConntrackOf::<Ipv6Addr>::new(cfg).unwrap();
     for i in 0..conns {
         let (o, r) = conn(i);
         ct.insert(o, r, CtTag::default(), &SYN, now).unwrap();

@@ -668,7 +668,7 @@ fn established6(c: &mut Criterion) {
     pump.drain(r.now, 8);
     r.drain();
     let est = nf
-        .conntrack6()
+        .conntrack_of::<Ipv6Addr>()
         .dump(r.now)
         .iter()
         .filter(|v| v.assured)

@@ -407,7 +407,7 @@ fuzz_target!(|data: &[u8]| {
             dp.dispatch(&mut w, &batch, |_, _| Ok(()));
             batch.recycle(&mut w.pool);
             assert!(ct.len() <= MAX_CT, "conntrack over its limit: {}", ct.len());
-            let ct6 = nf.conntrack6().len();
+            let ct6 = nf.conntrack_of::<std::net::Ipv6Addr>().len();
             assert!(ct6 <= MAX_CT, "IPv6 conntrack over its limit: {ct6}");
         }
     }

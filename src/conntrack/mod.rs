@@ -213,7 +213,7 @@ pub mod tcp;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests6;
+mod tests_ipv6;
 
 use std::fmt;
 use std::time::Duration;
@@ -223,7 +223,8 @@ use crate::wire::family::Family;
 use crate::wire::tuple::{L4Kind, Tuple, TupleWords};
 
 pub use persist::{CtFileError, Opened, Recovery, Refusal, FORMAT_VERSION};
-pub use table::{Conntrack, Conntrack6, CtLoc, CtTable};
+pub(crate) use table::CtTables;
+pub use table::{Conntrack, ConntrackOf, CtFamily, CtLoc, CtTable};
 
 /// A connection tuple a [`CtTable`] keys on, packed into `W` 64-bit words: [`Tuple`] (IPv4,
 /// 2 words) and [`Tuple<Ipv6Addr>`](Tuple) (IPv6, 5 words).

@@ -16,7 +16,7 @@ use crate::time::Instant;
 
 /// "TAPYCT" and two bytes of version family, as the file's first word (an IPv4 table's).
 const MAGIC: u64 = u64::from_le_bytes(*b"TAPYCT\0\x01");
-/// The first word of an IPv6 table's file ([`super::Conntrack6`]): another magic, so that
+/// The first word of an IPv6 table's file ([`super::ConntrackOf<Ipv6Addr>`](super::ConntrackOf)): another magic, so that
 /// either table refuses the other's file as [`Refusal::Magic`] (never reads its entries as
 /// its own), and IPv4 files written before tables had families open unchanged.
 const MAGIC6: u64 = u64::from_le_bytes(*b"TAPYCT\x06\x01");

@@ -1,8 +1,10 @@
 //! The lock-free table behind [`Conntrack`] (design and contract in the module docs).
 
+use std::fmt;
 use std::marker::PhantomData;
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use super::tcp::{self, flags, CtState, Next};
 use super::{
@@ -13,6 +15,7 @@ use crate::hash::{self, SeededHash};
 use crate::narrow::{low16, low32, low8};
 use crate::sys::BigSlice;
 use crate::time::Instant;
+use crate::wire::family::Family;
 use crate::wire::ipv4::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::wire::tuple::{L4Kind, Tuple};
 
@@ -320,12 +323,121 @@ enum Resolve<const W: usize> {
 /// The IPv4 connection table: entries of 64 bytes (see the [module docs](super)).
 pub type Conntrack = CtTable<Tuple, 2>;
 
-/// The IPv6 connection table: the same design with [`Tuple<Ipv6Addr>`](Tuple) keys of five words, so its
-/// entries take 128 bytes. A node runs one table per family, each with its own limit.
-pub type Conntrack6 = CtTable<Tuple<Ipv6Addr>, 5>;
+/// The connection table of family `A` ([`CtFamily`]): `ConntrackOf<Ipv4Addr>` is
+/// [`Conntrack`]; `ConntrackOf<Ipv6Addr>` is the same design with [`Tuple<Ipv6Addr>`](Tuple)
+/// keys of five words, so its entries take 128 bytes. A node runs one table per family, each
+/// with its own limit.
+pub type ConntrackOf<A> = <A as CtFamily>::Table;
+
+/// An address family with a connection table, on its address type: [`Ipv4Addr`] or
+/// [`Ipv6Addr`]. Sealed.
+pub trait CtFamily: Family + sealed::Tables {
+    /// The family's table: [`CtTable`] keyed by the family's [`Tuple`] packed in its words.
+    type Table: fmt::Debug + Send + Sync + 'static;
+}
+
+impl CtFamily for Ipv4Addr {
+    type Table = Conntrack;
+}
+
+impl CtFamily for Ipv6Addr {
+    type Table = CtTable<Tuple<Ipv6Addr>, 5>;
+}
+
+/// A node's connection tables, one per family: the IPv4 one made with it, the IPv6 one
+/// (unless installed before) on first use, with the IPv4 one's configuration.
+#[derive(Debug)]
+pub(crate) struct CtTables {
+    v4: Conntrack,
+    v6: OnceLock<ConntrackOf<Ipv6Addr>>,
+}
+
+impl CtTables {
+    /// The tables around the IPv4 one.
+    pub(crate) fn new(v4: Conntrack) -> CtTables {
+        CtTables {
+            v4,
+            v6: OnceLock::new(),
+        }
+    }
+
+    /// The table of family `A` (made now if it was not).
+    #[inline(always)]
+    pub(crate) fn get<A: CtFamily>(&self) -> &A::Table {
+        A::get(self)
+    }
+
+    /// The table of family `A`, if it was made.
+    #[inline(always)]
+    pub(crate) fn if_made<A: CtFamily>(&self) -> Option<&A::Table> {
+        A::if_made(self)
+    }
+
+    /// Installs the table of family `A`; returns it back if the family has one already.
+    pub(crate) fn set<A: CtFamily>(&self, t: A::Table) -> Result<(), Box<A::Table>> {
+        A::set(self, t).map_err(Box::new)
+    }
+}
+
+// `Tables` cannot be named outside this module, so its crate-private types are unreachable.
+#[allow(private_interfaces)]
+mod sealed {
+    use super::{CtFamily, CtTables};
+
+    /// Where a family's table is in [`CtTables`].
+    pub trait Tables: Sized {
+        fn get(t: &CtTables) -> &Self::Table
+        where
+            Self: CtFamily;
+        fn if_made(t: &CtTables) -> Option<&Self::Table>
+        where
+            Self: CtFamily;
+        fn set(t: &CtTables, table: Self::Table) -> Result<(), Self::Table>
+        where
+            Self: CtFamily;
+    }
+}
+
+#[allow(private_interfaces)] // unreachable outside the crate: see `sealed`
+impl sealed::Tables for Ipv4Addr {
+    #[inline(always)]
+    fn get(t: &CtTables) -> &Conntrack {
+        &t.v4
+    }
+    #[inline(always)]
+    fn if_made(t: &CtTables) -> Option<&Conntrack> {
+        Some(&t.v4)
+    }
+    fn set(_: &CtTables, table: Conntrack) -> Result<(), Conntrack> {
+        Err(table)
+    }
+}
+
+#[allow(private_interfaces)] // unreachable outside the crate: see `sealed`
+impl sealed::Tables for Ipv6Addr {
+    #[inline]
+    fn get(t: &CtTables) -> &ConntrackOf<Ipv6Addr> {
+        t.v6.get_or_init(|| {
+            let mut cfg = *t.v4.config();
+            cfg.max_entries = cfg.max_entries.max(1);
+            // The IPv4 table's configuration was validated when it was made.
+            CtTable::new(cfg).unwrap_or_else(|_| {
+                CtTable::new(super::CtConfig::default())
+                    .expect("the default configuration is valid")
+            })
+        })
+    }
+    #[inline(always)]
+    fn if_made(t: &CtTables) -> Option<&ConntrackOf<Ipv6Addr>> {
+        t.v6.get()
+    }
+    fn set(t: &CtTables, table: ConntrackOf<Ipv6Addr>) -> Result<(), ConntrackOf<Ipv6Addr>> {
+        t.v6.set(table)
+    }
+}
 
 /// A connection tracking table keyed by tuples of `W` words ([`CtKey`]): [`Conntrack`] for
-/// IPv4, [`Conntrack6`] for IPv6 (see the [module docs](super)).
+/// IPv4, [`ConntrackOf<Ipv6Addr>`] for IPv6 (see the [module docs](super)).
 pub struct CtTable<K, const W: usize> {
     entries: BigSlice<Entry<W>>,
     acct: BigSlice<Acct>,

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::{word, Bridge, Datapath, PortInfo, PortKind, Topo};
 use crate::base::{BridgeId, IfaceId, PortId};
-use crate::conntrack::{Conntrack, Conntrack6, CtConfigError, CtFileError, Recovery};
+use crate::conntrack::{Conntrack, ConntrackOf, CtConfigError, CtFileError, Recovery};
 use crate::l2::fdb::{Fdb, DEFAULT_AGING, DEFAULT_MAX_ENTRIES};
 use crate::l3::neigh::{NeighConfig, NeighError, NeighTable};
 use crate::l3::route::{mask, NextHop, Route, RouteProto};
@@ -576,12 +577,14 @@ impl DatapathBuilder {
                 let path6 = conntrack6_path(path);
                 let cfg6 = cfg.conntrack6.unwrap_or(cfg.conntrack);
                 let opened6 = match (self.ct6_handed_over.take(), handed_over) {
-                    (Some(file), _) => Some(Conntrack6::open_handed_over(cfg6, file, &path6, *now)),
+                    (Some(file), _) => Some(ConntrackOf::<Ipv6Addr>::open_handed_over(
+                        cfg6, file, &path6, *now,
+                    )),
                     // The IPv4 file was handed over but not the IPv6 one: the giving process
                     // still holds its lock, so the IPv6 table starts empty in memory (its
                     // connections are lost) rather than failing the takeover.
                     (None, true) => None,
-                    (None, false) => Some(Conntrack6::open_file(cfg6, &path6, *now)),
+                    (None, false) => Some(ConntrackOf::<Ipv6Addr>::open_file(cfg6, &path6, *now)),
                 };
                 let ct6 = match opened6 {
                     Some(o) => {
@@ -592,7 +595,7 @@ impl DatapathBuilder {
                         self.recovery6 = Some(rec6);
                         ct6
                     }
-                    None => Conntrack6::new(cfg6).map_err(ConfigError::Conntrack)?,
+                    None => ConntrackOf::<Ipv6Addr>::new(cfg6).map_err(ConfigError::Conntrack)?,
                 };
                 Netfilter::with_conntracks(cfg, ct, ct6)
             }

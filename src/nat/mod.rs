@@ -63,8 +63,7 @@ pub use alloc::{
 };
 pub use netfilter::{MasqueradeRule, NatConfig, NatRules, Netfilter, NfCounters, Prefix, SnatRule};
 pub use rewrite::{
-    rewrite, rewrite6, rewrite_addrs, rewrite_icmp_error, rewrite_icmp_error6, CsumMode,
-    RewriteError,
+    rewrite, rewrite_addrs, rewrite_icmp_error, CsumMode, RewriteError, RewriteFamily,
 };
 pub use service::{
     AffinityStats, Endpoint, Endpoint6, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec,

@@ -68,6 +68,33 @@
 //! | CNI `ipMasq`: pod traffic leaving the cluster CIDR masqueraded | [`MasqueradeRule`] |
 //! | `--ctstate INVALID -j DROP` | [`DropReason::CtInvalid`], unless conntrack is liberal |
 //!
+//! # IPv6
+//!
+//! Every hook is written once, generic over the family (`NatFamily`), so IPv6 follows the
+//! same rules as `ip6tables`' conntrack and NAT tables, in the IPv6 connection table
+//! ([`Netfilter::conntrack_of`]`::<Ipv6Addr>()`):
+//!
+//! * every IPv6 TCP, UDP and ICMPv6 echo packet through the router is tracked (INVALID ones
+//!   dropped unless `liberal`); other ICMPv6 (NDP, MLD, RS/RA) passes untracked, as Linux's
+//!   `icmpv6_new`;
+//! * an entry that translates is applied with [`nat::rewrite()`] (pseudo-header checksums,
+//!   full or virtio-partial); an ICMPv6 error (types below 128) quoting a tracked connection
+//!   is RELATED and translated with [`nat::rewrite_icmp_error`], whether it crosses the router
+//!   or the router makes it; bridged IPv6 frames of a NAT'd connection are translated too;
+//! * a new connection to a Service's IPv6 ClusterIP, or to a node port on one of the node's
+//!   IPv6 addresses (Services with an IPv6 ClusterIP only, as kube-proxy's ip6tables), is
+//!   DNAT'd to an IPv6 endpoint or rejected (TCP RST / ICMPv6 port unreachable); masqueraded to
+//!   the egress interface's global IPv6 address on the same marks as IPv4 (outside
+//!   [`NatRules::cluster_cidr6`], NodePort with policy Cluster, hairpin) or by a
+//!   [`MasqueradeRule<Ipv6Addr>`], else source-NAT'd by a [`SnatRule<Ipv6Addr>`], with a free
+//!   source port from the IPv6 table.
+//!
+//! The IPv6 table is made with the engine ([`Netfilter::new`], with
+//! [`NatConfig::conntrack6`] or else the IPv4 table's settings), beside the IPv4 one in a file
+//! when that is kept in a file (`DatapathBuilder::conntrack_file`: `<path>6`). An engine made
+//! on a caller's IPv4 table alone ([`Netfilter::with_conntrack`]) makes it on first use unless
+//! one is installed with [`Netfilter::set_conntrack`].
+//!
 //! # Known differences
 //!
 //! Fragments are not reassembled (Linux's conntrack defragments first): a non-first fragment
@@ -82,8 +109,8 @@ use arc_swap::ArcSwap;
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::conntrack::{
-    Conntrack, Conntrack6, CtConfig, CtConfigError, CtHit, CtId, CtTag, Dir, InsertError, Pkt,
-    Track,
+    Conntrack, ConntrackOf, CtConfig, CtConfigError, CtFamily, CtHit, CtId, CtTables, CtTag, Dir,
+    InsertError, Pkt, Track,
 };
 use crate::l3::route::RouteAddr;
 use crate::l3::router::{ErrorNat, Hook};
@@ -432,15 +459,15 @@ impl NatCtx {
 }
 
 mod family;
-mod v6;
+#[cfg(test)]
+mod ipv6_tests;
 
 pub(crate) use family::NatFamily;
 
 /// The conntrack + NAT engine of one datapath (see the module docs).
 pub struct Netfilter {
-    ct: Conntrack,
-    /// The IPv6 table, made on first use (see [`Netfilter::conntrack6`]).
-    ct6: v6::Ct6,
+    /// The connection tables, one per family (IPv6's made on first use unless installed).
+    tables: CtTables,
     services: Services,
     rules: ArcSwap<NatRules>,
     counters: Counters,
@@ -452,7 +479,7 @@ pub struct Netfilter {
 impl std::fmt::Debug for Netfilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Netfilter")
-            .field("connections", &self.ct.len())
+            .field("connections", &self.conntrack().len())
             .field("services", &self.services.len())
             .finish()
     }
@@ -507,23 +534,23 @@ impl Netfilter {
     /// `cfg.conntrack6`, else `cfg.conntrack`); errors name the bad field and value.
     pub fn new(cfg: NatConfig) -> Result<Netfilter, CtConfigError> {
         let ct = Conntrack::new(cfg.conntrack)?;
-        let ct6 = Conntrack6::new(cfg.conntrack6.unwrap_or(cfg.conntrack))?;
+        let ct6 = ConntrackOf::<Ipv6Addr>::new(cfg.conntrack6.unwrap_or(cfg.conntrack))?;
         Ok(Netfilter::with_conntracks(cfg, ct, ct6))
     }
 
     /// A NAT engine on both connection tables made by the caller (e.g. kept in files,
-    /// [`Conntrack::open_file`], [`Conntrack6::open_file`](crate::conntrack::CtTable::open_file)).
-    pub fn with_conntracks(cfg: NatConfig, ct: Conntrack, ct6: Conntrack6) -> Netfilter {
+    /// [`Conntrack::open_file`], [`ConntrackOf<Ipv6Addr>::open_file`](crate::conntrack::CtTable::open_file)).
+    pub fn with_conntracks(cfg: NatConfig, ct: Conntrack, ct6: ConntrackOf<Ipv6Addr>) -> Netfilter {
         let nf = Netfilter::with_conntrack(cfg, ct);
         // Freshly made: the cell is empty.
-        let _ = nf.set_conntrack6(ct6);
+        let _ = nf.set_conntrack::<Ipv6Addr>(ct6);
         nf
     }
 
     /// A NAT engine with `cfg` on a connection table made by the caller (e.g. one kept in a
     /// file, [`Conntrack::open_file`]); `cfg.conntrack` is not used, the table's own
     /// configuration is. The IPv6 table is then made on first use (see
-    /// [`Netfilter::conntrack6`]) unless installed with [`Netfilter::set_conntrack6`].
+    /// [`Netfilter::conntrack_of`]) unless installed with [`Netfilter::set_conntrack`].
     pub fn with_conntrack(cfg: NatConfig, ct: Conntrack) -> Netfilter {
         // A memoized connection was seen live (and refreshed, to within REFRESH) at its
         // stamp, so it cannot expire before the shortest timeout less REFRESH has passed.
@@ -540,8 +567,7 @@ impl Netfilter {
             .unwrap_or(u64::MAX)
             .min(MEMO_WINDOW_MAX_US);
         Netfilter {
-            ct,
-            ct6: v6::Ct6::default(),
+            tables: CtTables::new(ct),
             services: Services::new(cfg.max_affinity_entries.unwrap_or(65_536)),
             rules: ArcSwap::from_pointee(cfg.rules),
             counters: Counters::default(),
@@ -549,9 +575,31 @@ impl Netfilter {
         }
     }
 
-    /// The connection table (lookups, dump like `conntrack -L`, flushes).
+    /// The IPv4 connection table (lookups, dump like `conntrack -L`, flushes): the
+    /// [`Netfilter::conntrack_of`] IPv4, as [`Conntrack`] is [`ConntrackOf<Ipv4Addr>`].
+    #[inline(always)]
     pub fn conntrack(&self) -> &Conntrack {
-        &self.ct
+        self.tables.get::<Ipv4Addr>()
+    }
+
+    /// The connection table of family `A` ([`Ipv4Addr`], [`Ipv6Addr`]): lookups, dumps like
+    /// `conntrack -L [-f ipv6]`, flushes. The IPv6 table is made now (with the IPv4 table's
+    /// configuration) if no IPv6 packet made it yet and none was installed.
+    #[inline(always)]
+    pub fn conntrack_of<A: CtFamily>(&self) -> &ConntrackOf<A> {
+        self.tables.get::<A>()
+    }
+
+    /// Installs the table of family `A` (e.g. an IPv6 one kept in a file,
+    /// [`CtTable::open_file`](crate::conntrack::CtTable::open_file)). Returns it back if the
+    /// engine already has one (always for IPv4, whose table is the engine's from the start; for
+    /// IPv6, made by [`Netfilter::conntrack_of`] or an IPv6 packet): install it before traffic
+    /// flows.
+    pub fn set_conntrack<A: CtFamily>(
+        &self,
+        ct: ConntrackOf<A>,
+    ) -> Result<(), Box<ConntrackOf<A>>> {
+        self.tables.set::<A>(ct)
     }
 
     /// The Services: add, change and remove them while traffic flows.
@@ -587,21 +635,21 @@ impl Netfilter {
                 .endpoints
                 .iter()
                 .filter(|e| !spec.endpoints.iter().any(|n| n.addr == e.addr))
-                .map(|e| e.addr)
+                .map(|e| (*e.addr.ip(), e.addr.port()))
                 .collect();
             let moved = old.vip != spec.vip || old.port != spec.port;
             if !gone.is_empty() || moved {
-                self.flush_udp(id.get(), &gone, moved, now);
+                self.flush_udp::<Ipv4Addr, 2>(id.get(), &gone, moved, now);
             }
             let gone6: Vec<_> = old
                 .endpoints6
                 .iter()
                 .filter(|e| !spec.endpoints6.iter().any(|n| n.addr == e.addr))
-                .map(|e| e.addr)
+                .map(|e| (*e.addr.ip(), e.addr.port()))
                 .collect();
             let moved6 = old.vip6 != spec.vip6 || old.port != spec.port;
             if !gone6.is_empty() || moved6 {
-                self.flush_udp6(id.get(), &gone6, moved6, now);
+                self.flush_udp::<Ipv6Addr, 5>(id.get(), &gone6, moved6, now);
             }
         }
         Ok(id)
@@ -613,42 +661,33 @@ impl Netfilter {
         let id = self.services.get(name).map(|s| s.id().get());
         let spec = self.services.remove(name)?;
         if let Some(id) = id {
-            self.flush_udp(id, &[], true, now);
-            self.flush_udp6(id, &[], true, now);
+            self.flush_udp::<Ipv4Addr, 2>(id, &[], true, now);
+            self.flush_udp::<Ipv6Addr, 5>(id, &[], true, now);
         }
         Some(spec)
     }
 
-    fn flush_udp(&self, service: u32, gone: &[std::net::SocketAddrV4], all: bool, now: Instant) {
-        self.ct.retain(now, |v| {
-            if v.service != service || v.orig.proto != PROTO_UDP {
-                return true;
-            }
-            if all {
-                return false;
-            }
-            !gone
-                .iter()
-                .any(|g| *g.ip() == v.reply.src && g.port() == v.reply.sport)
-        });
-    }
-
-    /// [`Netfilter::flush_udp`] in the IPv6 table (if it was made: a table not made yet
-    /// holds no flow).
-    fn flush_udp6(&self, service: u32, gone: &[std::net::SocketAddrV6], all: bool, now: Instant) {
-        let Some(ct6) = self.ct6_if_made() else {
+    /// Flushes the UDP flows of `service` in the table of family `A` (if it was made: a table
+    /// not made yet holds no flow): all of them, or those whose reply comes from an endpoint
+    /// in `gone`.
+    fn flush_udp<A: NatFamily<W>, const W: usize>(
+        &self,
+        service: u32,
+        gone: &[(A, u16)],
+        all: bool,
+        now: Instant,
+    ) {
+        let Some(ct) = self.tables.if_made::<A>() else {
             return;
         };
-        ct6.retain(now, |v| {
+        ct.retain(now, |v| {
             if v.service != service || v.orig.proto != PROTO_UDP {
                 return true;
             }
             if all {
                 return false;
             }
-            !gone
-                .iter()
-                .any(|g| *g.ip() == v.reply.src && g.port() == v.reply.sport)
+            !gone.contains(&(v.reply.src, v.reply.sport))
         });
     }
 
@@ -659,7 +698,7 @@ impl Netfilter {
 
     /// Expires connections incrementally (at most `budget` slots per call).
     pub(crate) fn sweep(&self, now: Instant, budget: usize) {
-        self.ct.sweep(now, budget);
+        self.conntrack().sweep(now, budget);
     }
 
     /// Hints the CPU to fetch the conntrack buckets of an IPv4 packet's tuple (TCP or UDP,
@@ -682,7 +721,8 @@ impl Netfilter {
             return;
         }
         *last = key;
-        self.ct.prefetch(&self.ct.locate(&Tuple::from_words(key)));
+        let ct = self.conntrack();
+        ct.prefetch(&ct.locate(&Tuple::from_words(key)));
     }
 
     /// The PREROUTING hook for a packet of family `A` the router received (see the module
@@ -717,7 +757,7 @@ impl Netfilter {
             self.counters.untracked.add(1);
             return Hook::Accept;
         }
-        let ct = A::conntrack(self);
+        let ct = self.conntrack_of::<A>();
         let pkt = Pkt {
             kind,
             tcp_flags: tcp_flags(ip, A::l4_off(info), kind),
@@ -768,7 +808,7 @@ impl Netfilter {
         inner_l3: usize,
         on_miss: Hook,
     ) -> Hook {
-        let Some(ct) = A::conntrack_if_made(self) else {
+        let Some(ct) = self.tables.if_made::<A>() else {
             return on_miss;
         };
         // The error travels against the quoted packet: look its inverse up.
@@ -790,9 +830,10 @@ impl Netfilter {
         let src = A::src(p.info);
         let outer_src = if src == this_dir.src { t.src } else { src };
         let outer = (outer_src, t.dst);
-        match A::rewrite_error(p.ip, p.info, inner_l3, &quoted_was, outer, p.mode) {
+        let hdr = A::hdr(p.info);
+        match nat::rewrite_icmp_error(p.ip, hdr, inner_l3, &quoted_was, outer.0, outer.1, p.mode) {
             Ok(()) => {
-                A::set_addrs(p.info, outer.0, outer.1);
+                <A as NatFamily<W>>::set_addrs(p.info, outer.0, outer.1);
                 Hook::Accept
             }
             Err(_) => Hook::Drop(DropReason::NatUntranslatable),
@@ -808,7 +849,7 @@ impl Netfilter {
         cx: &mut NatCtx,
     ) -> Hook {
         let (t, now) = (p.t, p.now);
-        let ct = A::conntrack(self);
+        let ct = self.conntrack_of::<A>();
         let all_rules = self.rules.load();
         let rules = all_rules.of::<A>();
         let outside = |a| rules.cluster_cidr.is_some_and(|c| !c.contains(a));
@@ -941,7 +982,7 @@ impl Netfilter {
         now: Instant,
     ) -> Hook {
         // No table of the family yet, or an empty one: nothing to do (and none is made).
-        let Some(ct) = A::conntrack_if_made(self).filter(|c| !c.is_empty()) else {
+        let Some(ct) = self.tables.if_made::<A>().filter(|c| !c.is_empty()) else {
             return Hook::Accept;
         };
         let mode = csum_mode(b);

@@ -154,7 +154,7 @@ fn node_at(file: Option<&Path>) -> Node {
     if file.is_some() {
         let nf = dp.control().netfilter().unwrap();
         nf.services().relink(nf.conntrack(), now);
-        nf.services().relink6(nf.conntrack6(), now);
+        nf.services().relink6(nf.conntrack_of::<Ipv6Addr>(), now);
     }
     let mut n = Node::with(dp, ());
     n.now = now;
@@ -416,7 +416,14 @@ fn ipv6_connections_are_kept_across_a_reopen_of_the_table_file() {
     );
     // A new process on the same files: the endpoint's reply is still un-NAT'd.
     let mut n = node_at(Some(&f.0));
-    assert_eq!(n.dp.control().netfilter().unwrap().conntrack6().len(), 1);
+    assert_eq!(
+        n.dp.control()
+            .netfilter()
+            .unwrap()
+            .conntrack_of::<Ipv6Addr>()
+            .len(),
+        1
+    );
     let reply = match ep {
         (PB, d) => {
             assert_eq!(d, a(B));
@@ -496,7 +503,7 @@ fn udp_flows_to(n: &Node, ep4: Ipv4Addr, ep6: Ipv6Addr) -> (usize, usize) {
         .filter(|v| v.proto == 17 && v.reply.src == ep4)
         .count();
     let v6 = nf
-        .conntrack6()
+        .conntrack_of::<Ipv6Addr>()
         .dump(n.now)
         .iter()
         .filter(|v| v.proto == 17 && v.reply.src == ep6)
@@ -560,7 +567,7 @@ fn removed_ipv6_udp_endpoints_lose_their_flows_and_clients_move_on_as_kube_proxy
     nf.remove_service("dns-dual", n.now).unwrap();
     assert_eq!(udp_flows_to(&n, B4.into(), a(B)), (0, 0));
     let rest: Vec<_> = nf
-        .conntrack6()
+        .conntrack_of::<Ipv6Addr>()
         .dump(n.now)
         .into_iter()
         .filter(|v| v.proto == 17)
@@ -574,17 +581,17 @@ fn a_changed_ipv6_cluster_ip_flushes_the_old_frontend_s_udp_flows_only() {
     let mut n = node();
     send(&mut n, PA, &udp(POD_A, GW_MAC, A, 35000, DNS, 53));
     let nf = n.dp.control().netfilter().unwrap();
-    assert_eq!(nf.conntrack6().len(), 1);
+    assert_eq!(nf.conntrack_of::<Ipv6Addr>().len(), 1);
     // Same endpoints, the IPv4 side added: the IPv6 flow stays.
     let mut dns = nf.services().get("dns6").unwrap().spec().clone();
     dns.vip = Some(Ipv4Addr::new(10, 96, 0, 53));
     dns.endpoints = vec![Endpoint::new(SocketAddrV4::new(B4.into(), 5353), true)];
     nf.upsert_service(dns.clone(), n.now).unwrap();
-    assert_eq!(nf.conntrack6().len(), 1);
+    assert_eq!(nf.conntrack_of::<Ipv6Addr>().len(), 1);
     // The IPv6 ClusterIP changes: the flow to the old one is deleted.
     dns.vip6 = Some(a("fd00:10:96::5353"));
     nf.upsert_service(dns, n.now).unwrap();
-    assert_eq!(nf.conntrack6().len(), 0);
+    assert_eq!(nf.conntrack_of::<Ipv6Addr>().len(), 0);
 }
 
 #[test]

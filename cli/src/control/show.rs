@@ -382,7 +382,7 @@ pub fn write_conntrack_reply(
     }
     drop(rows);
     if v6 {
-        for v in &nf.conntrack6().dump(now) {
+        for v in &nf.conntrack_of::<std::net::Ipv6Addr>().dump(now) {
             w.row(&ct_row(v, &names))?;
         }
     }
@@ -413,7 +413,7 @@ fn nat_show(
             // `conntrack -L`, then `conntrack -L -f ipv6`.
             let mut text = nf.conntrack().fmt_dump(now);
             if v6 {
-                text.push_str(&nf.conntrack6().fmt_dump(now));
+                text.push_str(&nf.conntrack_of::<std::net::Ipv6Addr>().fmt_dump(now));
             }
             return Ok(Shown::Text(text));
         }
@@ -433,7 +433,7 @@ fn nat_show(
             .map(|v| owned(ct_row(v, &names)))
             .collect();
         if v6 {
-            let dump = nf.conntrack6().dump(now);
+            let dump = nf.conntrack_of::<std::net::Ipv6Addr>().dump(now);
             rows.extend(dump.iter().map(|v| owned(ct_row(v, &names))));
         }
         return Ok(Shown::Data(ShowData::Conntrack(rows)));

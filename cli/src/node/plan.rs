@@ -543,7 +543,9 @@ impl Built {
             );
         }
         if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections6 > 0) {
-            let (retagged, affinity) = nf.services().relink6(nf.conntrack6(), node.now());
+            let (retagged, affinity) = nf
+                .services()
+                .relink6(nf.conntrack_of::<std::net::Ipv6Addr>(), node.now());
             log::info!(
                 "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );
@@ -566,7 +568,7 @@ impl Built {
                 ct.memory_bytes() >> 20,
                 if ct.config().liberal { ", liberal" } else { "" }
             );
-            let ct6 = nf.conntrack6();
+            let ct6 = nf.conntrack_of::<std::net::Ipv6Addr>();
             log::info!(
                 "conntrack6: at most {} IPv6 connections ({} KiB reserved)",
                 ct6.config().max_entries,

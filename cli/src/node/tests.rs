@@ -405,9 +405,12 @@ fn ipv6_conntrack_size_follows_the_node_s_families() {
         ..Default::default()
     })
     .unwrap();
-    assert_eq!(nf.conntrack6().config().max_entries, 64);
-    assert!(nf.conntrack6().memory_bytes() < 64 << 10);
-    assert!(nf.conntrack6().fmt_dump(Instant::ZERO).is_empty());
+    assert_eq!(nf.conntrack_of::<Ipv6Addr>().config().max_entries, 64);
+    assert!(nf.conntrack_of::<Ipv6Addr>().memory_bytes() < 64 << 10);
+    assert!(nf
+        .conntrack_of::<Ipv6Addr>()
+        .fmt_dump(Instant::ZERO)
+        .is_empty());
 }
 
 /// `[[snat]]`s go to the rules of their family, in file order, with their ports and

@@ -166,8 +166,10 @@ fn take_back(node: &Node) {
         let t = Instant::now();
         let r = nf.conntrack().take_back(now);
         let (retagged, affinity) = nf.services().relink(nf.conntrack(), now);
-        let r6 = nf.conntrack6().take_back(now);
-        let (retagged6, _) = nf.services().relink6(nf.conntrack6(), now);
+        let r6 = nf.conntrack_of::<std::net::Ipv6Addr>().take_back(now);
+        let (retagged6, _) = nf
+            .services()
+            .relink6(nf.conntrack_of::<std::net::Ipv6Addr>(), now);
         log::info!(
             "takeover: IPv6 connection table taken back: {} connections ({retagged6} relinked to the Services)",
             r6.kept
@@ -268,7 +270,7 @@ fn hand_over(
         .dp
         .control()
         .netfilter()
-        .and_then(|nf| nf.conntrack6().backing_file())
+        .and_then(|nf| nf.conntrack_of::<std::net::Ipv6Addr>().backing_file())
     {
         roles.push(FdRole::Conntrack6);
         fds.push(f);

@@ -9,13 +9,13 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use super::{
     apply_xlat, tcp_flags, tcp_udp_key, xlat, FlowMemo, Memo, NatRulesOf, Netfilter, Xlat,
 };
-use crate::conntrack::{CtHit, CtTable};
+use crate::conntrack::{CtFamily, CtHit, CtTable};
 use crate::conntrack::{Pkt, Track};
 use crate::l3::route::RouteAddr;
 use crate::l3::router::Hook;
 use crate::narrow::len32;
 use crate::nat::service::{ServiceRef, Services};
-use crate::nat::{self, CsumMode, RewriteError};
+use crate::nat::{self, CsumMode, RewriteFamily};
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ipv4::{self, Ipv4Info};
@@ -24,7 +24,9 @@ use crate::wire::tuple::{L4Kind, Tuple, TupleWords};
 
 /// The per-family pieces of the NAT hooks, on the family's address type (`W`: the tuple's
 /// words in the connection table).
-pub(crate) trait NatFamily<const W: usize>: TupleWords<W> + RouteAddr + NatRulesOf {
+pub(crate) trait NatFamily<const W: usize>:
+    TupleWords<W> + RouteAddr + NatRulesOf + CtFamily<Table = CtTable<Tuple<Self>, W>> + RewriteFamily
+{
     /// The checked header facts the router hands over ([`Ipv4Info`], [`Ipv6Info`]).
     type Info;
     /// A translation prepared for one packet tuple.
@@ -46,10 +48,6 @@ pub(crate) trait NatFamily<const W: usize>: TupleWords<W> + RouteAddr + NatRules
     /// The packet's tuple (of an ICMP error: the quoted packet's) and kind.
     fn tuple(ip: &[u8], info: &Self::Info) -> Option<(Tuple<Self>, L4Kind)>;
 
-    /// The engine's table of the family (made now if it was not).
-    fn conntrack(nf: &Netfilter) -> &CtTable<Tuple<Self>, W>;
-    /// The engine's table of the family, if it was made.
-    fn conntrack_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple<Self>, W>>;
     /// A hash of a connection's original tuple, for Maglev and port allocation.
     fn flow_hash(t: &Tuple<Self>) -> u64;
 
@@ -57,15 +55,8 @@ pub(crate) trait NatFamily<const W: usize>: TupleWords<W> + RouteAddr + NatRules
     fn xlat(from: &Tuple<Self>, kind: L4Kind, to: &Tuple<Self>) -> Self::Xlat;
     /// Applies a prepared translation to the packet it was prepared for.
     fn apply_xlat(ip: &mut [u8], info: &mut Self::Info, x: &Self::Xlat, mode: CsumMode) -> Hook;
-    /// Translates an ICMP error so that it quotes `quoted` and goes from `src` to `dst`.
-    fn rewrite_error(
-        ip: &mut [u8],
-        info: &Self::Info,
-        inner_l3: usize,
-        quoted: &Tuple<Self>,
-        outer: (Self, Self),
-        mode: CsumMode,
-    ) -> Result<(), RewriteError>;
+    /// The header facts as the rewrites take them ([`RewriteFamily::Hdr`]).
+    fn hdr(info: &Self::Info) -> Self::Hdr<'_>;
 
     /// The worker's memo's verdict on the packet (see `FlowMemo`), `None`: take the full path.
     fn memo_hit(
@@ -134,14 +125,6 @@ impl NatFamily<2> for Ipv4Addr {
         Tuple::from_ipv4(ip, info.hdr_len, info.total_len)
     }
 
-    #[inline(always)]
-    fn conntrack(nf: &Netfilter) -> &CtTable<Tuple, 2> {
-        &nf.ct
-    }
-    #[inline(always)]
-    fn conntrack_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple, 2>> {
-        Some(&nf.ct)
-    }
     #[inline]
     fn flow_hash(t: &Tuple) -> u64 {
         let [a, b] = t.to_words();
@@ -157,15 +140,9 @@ impl NatFamily<2> for Ipv4Addr {
     fn apply_xlat(ip: &mut [u8], info: &mut Ipv4Info, x: &Xlat, mode: CsumMode) -> Hook {
         apply_xlat(ip, info, x, mode)
     }
-    fn rewrite_error(
-        ip: &mut [u8],
-        info: &Ipv4Info,
-        inner_l3: usize,
-        quoted: &Tuple,
-        (src, dst): (Ipv4Addr, Ipv4Addr),
-        mode: CsumMode,
-    ) -> Result<(), RewriteError> {
-        nat::rewrite_icmp_error(ip, info.hdr_len, inner_l3, quoted, src, dst, mode)
+    #[inline(always)]
+    fn hdr(info: &Ipv4Info) -> usize {
+        info.hdr_len
     }
 
     /// A TCP or UDP packet of a connection in the worker's memo (see `FlowMemo`): its tuple words
@@ -199,25 +176,29 @@ impl NatFamily<2> for Ipv4Addr {
         };
         // Tracked against the entry's current control word: a FIN, RST, invalid packet or
         // removal is seen exactly as without the memo.
-        Some(match nf.ct.track_id(m.id, m.dir, m.proto, &pkt, now) {
-            Track::Ok(_) => {
-                memo.touch(slot, now_us);
-                apply_xlat(ip, info, &m.xlat, mode)
-            }
-            Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
-            Track::Closed => {
-                let h = apply_xlat(ip, info, &m.xlat, mode);
-                memo.forget(slot);
-                h
-            }
-            Track::Invalid(_) if nf.ct.config().liberal => apply_xlat(ip, info, &m.xlat, mode),
-            Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
-            // Removed or closed since: look it up again.
-            Track::Reopen | Track::Gone => {
-                memo.forget(slot);
-                return None;
-            }
-        })
+        Some(
+            match nf.conntrack().track_id(m.id, m.dir, m.proto, &pkt, now) {
+                Track::Ok(_) => {
+                    memo.touch(slot, now_us);
+                    apply_xlat(ip, info, &m.xlat, mode)
+                }
+                Track::Ignored | Track::Related => apply_xlat(ip, info, &m.xlat, mode),
+                Track::Closed => {
+                    let h = apply_xlat(ip, info, &m.xlat, mode);
+                    memo.forget(slot);
+                    h
+                }
+                Track::Invalid(_) if nf.conntrack().config().liberal => {
+                    apply_xlat(ip, info, &m.xlat, mode)
+                }
+                Track::Invalid(_) => Hook::Drop(DropReason::CtInvalid),
+                // Removed or closed since: look it up again.
+                Track::Reopen | Track::Gone => {
+                    memo.forget(slot);
+                    return None;
+                }
+            },
+        )
     }
 
     #[inline(always)]
@@ -294,14 +275,6 @@ impl NatFamily<5> for Ipv6Addr {
         Tuple::from_ipv6(ip, info)
     }
 
-    #[inline]
-    fn conntrack(nf: &Netfilter) -> &CtTable<Tuple<Ipv6Addr>, 5> {
-        nf.conntrack6()
-    }
-    #[inline]
-    fn conntrack_if_made(nf: &Netfilter) -> Option<&CtTable<Tuple<Ipv6Addr>, 5>> {
-        nf.ct6_if_made()
-    }
     fn flow_hash(t: &Tuple<Ipv6Addr>) -> u64 {
         let h = t.to_words().iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &w| {
             (h ^ w).wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(29)
@@ -318,23 +291,17 @@ impl NatFamily<5> for Ipv6Addr {
         let Some((kind, to)) = x.0 else {
             return Hook::Accept;
         };
-        match nat::rewrite6(ip, info, kind, &to, mode) {
+        match nat::rewrite(ip, Self::hdr(info), kind, &to, mode) {
             Ok(()) => {
-                Self::set_addrs(info, to.src, to.dst);
+                <Self as NatFamily<5>>::set_addrs(info, to.src, to.dst);
                 Hook::Accept
             }
             Err(e) => Hook::Drop(e.drop_reason()),
         }
     }
-    fn rewrite_error(
-        ip: &mut [u8],
-        info: &Ipv6Info,
-        inner_l3: usize,
-        quoted: &Tuple<Ipv6Addr>,
-        (src, dst): (Ipv6Addr, Ipv6Addr),
-        mode: CsumMode,
-    ) -> Result<(), RewriteError> {
-        nat::rewrite_icmp_error6(ip, info, inner_l3, quoted, src, dst, mode)
+    #[inline(always)]
+    fn hdr(info: &Ipv6Info) -> &Ipv6Info {
+        info
     }
 
     #[inline(always)]

@@ -1,13 +1,16 @@
 //! Packet rewrites for NAT: addresses, ports and ICMP identifiers changed in place, every
-//! checksum patched incrementally (RFC 1624), as Linux's `nf_nat_ipv4_manip_pkt`,
-//! `tcp_manip_pkt`, `udp_manip_pkt`, `icmp_manip_pkt` and `nf_nat_icmp_reply_translation`.
+//! checksum patched incrementally (RFC 1624), as Linux's `nf_nat_proto.c`: one L4 rewrite
+//! (`tcp_manip_pkt`, `udp_manip_pkt`, `icmp_manip_pkt`) and one ICMP error translation
+//! (`nf_nat_icmp_reply_translation`) for both families, generic over [`RewriteFamily`], with
+//! per-family address steps (`nf_nat_ipv4_manip_pkt`, `nf_nat_ipv6_manip_pkt`).
 //!
 //! # Contract
 //!
-//! * `l3` starts at the IPv4 header. The header is re-checked cheaply (version, IHL equal to
-//!   `hdr_len`, total length within `l3`); bytes past the total length (Ethernet padding) are
-//!   never read nor written. The IPv4 header checksum is *not* verified: a wrong one stays
-//!   exactly as wrong (that is what an incremental update does).
+//! * `l3` starts at the IP header. An IPv4 header is re-checked cheaply (version, IHL equal to
+//!   `hdr_len`, total length within `l3`), an IPv6 one against the `Ipv6Info` its check gave;
+//!   bytes past the total length (Ethernet padding) are never read nor written. The IPv4
+//!   header checksum is *not* verified: a wrong one stays exactly as wrong (that is what an
+//!   incremental update does).
 //! * Every check is made before the first byte is written: on `Err` the packet is untouched.
 //! * Nothing panics on any input and nothing allocates.
 //! * Only the words that change are folded into a checksum, so a rewrite to the tuple the
@@ -35,6 +38,17 @@
 //! so in this mode no ICMP checksum is touched (for an ICMP error, the outer ICMP checksum is the
 //! one left to the device; checksums *inside* the quoted packet are data and always updated in
 //! full).
+//!
+//! # What differs in IPv6
+//!
+//! * IPv6 has no header checksum: an address change goes only into the checksums whose
+//!   pseudo-header holds the addresses — TCP, UDP **and ICMPv6** (ICMPv4 has none), in both
+//!   modes; so an ICMPv6 echo's or informational message's checksum, and the outer checksum
+//!   of an ICMPv6 error, get the address change too.
+//! * The upper-layer header is after the extension headers `ipv6::check` walked; they are left
+//!   as they are (a routing header's addresses are not translated, as in Linux).
+//! * A UDP checksum of 0 is not allowed in IPv6 (RFC 8200 8.1); such a datagram is rewritten
+//!   with its checksum left 0, as Linux's `udp_manip_pkt` does.
 //!
 //! # Example
 //!
@@ -66,11 +80,12 @@ use std::net::Ipv4Addr;
 use crate::stats::DropReason;
 use crate::wire::checksum::{self, diff32, fold32, Delta};
 use crate::wire::family::Family;
-use crate::wire::icmp::{self, Icmpv4Packet};
+use crate::wire::icmp::{self, IcmpPacket, Icmpv4Packet};
 use crate::wire::ipv4::{Ipv4Packet, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 use crate::wire::tcp::{self, TcpPacket};
 use crate::wire::tuple::{L4Kind, L4Ports, Tuple};
 use crate::wire::udp::{self, UdpPacket};
+use family::steps::Steps;
 
 /// How the L4 checksum field of the packet is to be read: see the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -85,8 +100,10 @@ pub enum CsumMode {
 /// Why a packet could not be rewritten. The packet is left untouched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RewriteError {
-    /// The IPv4 header is not what the caller said: version not 4, IHL not `hdr_len` or below
-    /// 20, total length shorter than the header or longer than the buffer.
+    /// The IP header is not what the caller said: IPv4, version not 4, IHL not `hdr_len` or
+    /// below 20, total length shorter than the header or longer than the buffer; IPv6, not a
+    /// 40-byte version 6 header, payload longer than the buffer, or the `Ipv6Info`'s
+    /// upper-layer offset outside the packet.
     BadIpHeader,
     /// The L4 header is shorter than the fields to rewrite (TCP needs 20 bytes, UDP and ICMP 8;
     /// in a quoted packet, the ports or identifier).
@@ -139,44 +156,6 @@ impl fmt::Display for RewriteError {
 
 impl std::error::Error for RewriteError {}
 
-/// Checks the IPv4 header at `l3` against `hdr_len` and returns the datagram's end.
-fn ip_end(l3: &[u8], hdr_len: usize) -> Result<usize, RewriteError> {
-    let p = Ipv4Packet::new_checked(l3).map_err(|_| RewriteError::BadIpHeader)?;
-    if p.header_len() != hdr_len {
-        return Err(RewriteError::BadIpHeader);
-    }
-    Ok(p.total_len())
-}
-
-/// The fragment offset of a header `ip_end` (or the caller) checked.
-#[inline]
-fn frag_offset(l3: &[u8]) -> u16 {
-    Ipv4Packet::new_unchecked(l3).frag_offset()
-}
-
-/// Rewrites the addresses of the IPv4 header at `ip` (bounds checked by the caller) and patches
-/// its header checksum. Returns the address delta (for a pseudo-header) and, in `outer`, the
-/// change of every header word (for an enclosing ICMP checksum).
-fn set_addrs(ip: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, outer: &mut Delta) -> Delta {
-    let mut p = Ipv4Packet::new_unchecked(ip);
-    let (os, od) = (u32::from(p.src_addr()), u32::from(p.dst_addr()));
-    let (ns, nd) = (u32::from(src), u32::from(dst));
-    let mut d = Delta::default();
-    d.word32(os, ns);
-    d.word32(od, nd);
-    if os == ns && od == nd {
-        return d;
-    }
-    p.set_src_addr(src);
-    p.set_dst_addr(dst);
-    outer.add(d);
-    let hc = p.checksum();
-    let c = d.apply_full(hc);
-    outer.word(hc, c);
-    p.set_checksum(c);
-    d
-}
-
 /// Rewrites only the IPv4 source and destination addresses of the packet at `l3` and patches
 /// the header checksum.
 ///
@@ -189,8 +168,8 @@ fn set_addrs(ip: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, outer: &mut Delta) -> 
 /// [`RewriteError::BadIpHeader`] if the header is malformed; the packet is untouched.
 pub fn rewrite_addrs(l3: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr) -> Result<(), RewriteError> {
     let hdr_len = usize::from(l3.first().copied().unwrap_or(0) & 0x0f) * 4;
-    ip_end(l3, hdr_len)?;
-    set_addrs(l3, src, dst, &mut Delta::default());
+    Ipv4Addr::outer(l3, hdr_len)?;
+    Ipv4Addr::set_addrs(l3, src, dst, &mut Delta::default());
     Ok(())
 }
 
@@ -202,8 +181,67 @@ enum L4Plan {
     Ports { l4: usize, udp: bool },
     /// ICMP echo: identifier and checksum.
     Echo { l4: usize },
+    /// Another ICMPv6 message (not an error): its checksum's pseudo-header change.
+    IcmpOther { l4: usize },
     /// Addresses only.
     None,
+}
+
+/// Whether packets of protocol `proto` of family `A` carry an L4 header the rewrite
+/// translates (so that a later fragment, without it, is refused).
+#[inline]
+fn has_l4<A: Family>(proto: u8) -> bool {
+    proto == PROTO_TCP || proto == PROTO_UDP || proto == A::ICMP.number()
+}
+
+/// The plan for the upper-layer header of protocol `proto` and kind `kind` at `l4` of `pkt`
+/// (the datagram, up to its end).
+#[inline]
+fn plan<A: RewriteFamily>(
+    pkt: &[u8],
+    proto: u8,
+    kind: L4Kind,
+    l4: usize,
+) -> Result<L4Plan, RewriteError> {
+    let avail = pkt.len().saturating_sub(l4);
+    let icmp = A::ICMP.number();
+    Ok(match kind {
+        L4Kind::Tcp if proto == PROTO_TCP => {
+            if avail < tcp::HEADER_LEN {
+                return Err(RewriteError::Truncated);
+            }
+            L4Plan::Ports { l4, udp: false }
+        }
+        L4Kind::Udp if proto == PROTO_UDP => {
+            if avail < udp::HEADER_LEN {
+                return Err(RewriteError::Truncated);
+            }
+            L4Plan::Ports { l4, udp: true }
+        }
+        L4Kind::IcmpEcho { .. } if proto == icmp => {
+            let h = icmp_at::<A>(pkt, l4).ok_or(RewriteError::Truncated)?;
+            if !A::is_echo(h.msg_type()) {
+                return Err(RewriteError::KindMismatch);
+            }
+            L4Plan::Echo { l4 }
+        }
+        // Any other ICMPv6 message still has a pseudo-header checksum to keep right.
+        L4Kind::Other if A::ICMP_PSEUDO && proto == icmp => {
+            let h = icmp_at::<A>(pkt, l4).ok_or(RewriteError::Truncated)?;
+            if A::is_error(h.msg_type()) {
+                return Err(RewriteError::KindMismatch);
+            }
+            L4Plan::IcmpOther { l4 }
+        }
+        L4Kind::Other if !matches!(proto, PROTO_TCP | PROTO_UDP) => L4Plan::None,
+        _ => return Err(RewriteError::KindMismatch),
+    })
+}
+
+/// The ICMP header of family `A` at `at`, if its 8 bytes are there.
+#[inline]
+fn icmp_at<A: Family>(pkt: &[u8], at: usize) -> Option<IcmpPacket<&[u8], A>> {
+    IcmpPacket::new_checked(pkt.get(at..)?).ok()
 }
 
 /// Rewrites the ports of the TCP or UDP header `seg` (`udp`) to `new`'s and, `with_csum`,
@@ -211,7 +249,7 @@ enum L4Plan {
 /// checksum is the same ones-complement sum, as Linux's `tcp_manip_pkt` and
 /// `udp_manip_pkt` serve both); every changed word goes into `outer`.
 #[inline]
-pub(super) fn rewrite_ports<A: Family>(
+fn rewrite_ports<A: Family>(
     seg: &mut [u8],
     udp: bool,
     addrs: Delta,
@@ -258,17 +296,27 @@ pub(super) fn rewrite_ports<A: Family>(
     }
 }
 
-/// Applies an [`L4Plan`] after the addresses changed by `addrs`. Every changed word of the L4
-/// header is recorded in `outer` (for an enclosing ICMP checksum).
-fn apply_l4(
+/// Applies an [`L4Plan`] after the addresses changed by `addrs` (the pseudo-header's change).
+/// Every changed word of the L4 header is recorded in `outer` (for an enclosing ICMP
+/// checksum). `with_csum`: the L4 checksum is within the bytes (always, except in a short
+/// quote).
+#[inline]
+fn apply_l4<A: RewriteFamily>(
     pkt: &mut [u8],
     plan: L4Plan,
     addrs: Delta,
-    new: &Tuple,
+    new: &Tuple<A>,
     mode: CsumMode,
     with_csum: bool,
     outer: &mut Delta,
 ) {
+    // What an ICMP checksum sees of the address change: all of it in ICMPv6
+    // (pseudo-header), nothing in ICMPv4.
+    let icmp_addrs = if A::ICMP_PSEUDO {
+        addrs
+    } else {
+        Delta::default()
+    };
     match plan {
         L4Plan::Ports { l4, udp } => {
             if let Some(seg) = pkt.get_mut(l4..) {
@@ -276,85 +324,85 @@ fn apply_l4(
             }
         }
         L4Plan::Echo { l4 } => {
-            let mut h = Icmpv4Packet::new_unchecked(&mut pkt[l4..]);
+            let Some(seg) = pkt.get_mut(l4..) else {
+                return;
+            };
+            let mut h = IcmpPacket::<_, A>::new_unchecked(seg);
             let mut id = Delta::default();
             id.word(h.echo_ident(), new.sport);
             h.set_echo_ident(new.sport);
             outer.add(id);
-            if mode == CsumMode::Full {
-                let old = h.checksum();
-                let c = id.apply_full(old);
-                outer.word(old, c);
-                h.set_checksum(c);
-            }
+            let old = h.checksum();
+            let c = match mode {
+                CsumMode::Full => {
+                    let mut d = icmp_addrs;
+                    d.add(id);
+                    d.apply_full(old)
+                }
+                // ICMPv4: no pseudo-header, so nothing for the field.
+                CsumMode::Partial => icmp_addrs.apply_partial(old),
+            };
+            outer.word(old, c);
+            h.set_checksum(c);
+        }
+        L4Plan::IcmpOther { l4 } => {
+            let Some(seg) = pkt.get_mut(l4..) else {
+                return;
+            };
+            let mut h = IcmpPacket::<_, A>::new_unchecked(seg);
+            let old = h.checksum();
+            let c = match mode {
+                CsumMode::Full => icmp_addrs.apply_full(old),
+                CsumMode::Partial => icmp_addrs.apply_partial(old),
+            };
+            outer.word(old, c);
+            h.set_checksum(c);
         }
         L4Plan::None => {}
     }
 }
 
-/// Translates the packet at `l3` in place so that it carries `new` (same protocol): IPv4
+/// Translates the packet at `l3` in place so that it carries `new` (same protocol): the
 /// addresses, TCP/UDP ports or the ICMP echo identifier (`new.sport`), and every checksum
-/// updated incrementally according to `mode` (see the [module docs](self)).
+/// updated incrementally according to `mode` (see the [module docs](self)), for either family
+/// ([`RewriteFamily`]).
 ///
-/// `hdr_len` is the IPv4 header length and `kind` the [`L4Kind`] [`Tuple::from_ipv4`] gave for
-/// this packet. A first fragment is rewritten like a whole packet (its L4 checksum covers the
-/// whole datagram, and the incremental update is still right for it). `new.zone` is ignored.
-/// [`L4Kind::Other`] rewrites addresses only (for ICMP types other than echo and for protocols
-/// without a pseudo-header checksum).
+/// `hdr` is the IPv4 header length, or the [`Ipv6Info`](crate::wire::ipv6::Ipv6Info)
+/// [`crate::wire::ipv6::check`] gave; `kind` the [`L4Kind`] [`Tuple::from_ipv4`] (or
+/// [`Tuple::from_ipv6`]) gave for this packet. A first fragment is rewritten like a whole
+/// packet (its L4 checksum covers the whole datagram, and the incremental update is still
+/// right for it). `new.zone` is ignored. [`L4Kind::Other`] rewrites addresses only (for ICMP
+/// types other than echo and for protocols without a pseudo-header checksum; an ICMPv6
+/// message gets its checksum's pseudo-header change too).
 ///
 /// # Errors
 /// See [`RewriteError`]: [`RewriteError::LaterFragment`] for a non-first fragment of
-/// TCP/UDP/ICMP (use [`rewrite_addrs`]), [`RewriteError::KindMismatch`] for an ICMP error (use
-/// [`rewrite_icmp_error`]). On error the packet is untouched.
-pub fn rewrite(
+/// TCP/UDP/ICMP (IPv4: use [`rewrite_addrs`]), [`RewriteError::KindMismatch`] for an ICMP
+/// error (use [`rewrite_icmp_error`]). On error the packet is untouched.
+#[inline]
+pub fn rewrite<A: RewriteFamily>(
     l3: &mut [u8],
-    hdr_len: usize,
+    hdr: A::Hdr<'_>,
     kind: L4Kind,
-    new: &Tuple,
+    new: &Tuple<A>,
     mode: CsumMode,
 ) -> Result<(), RewriteError> {
-    let end = ip_end(l3, hdr_len)?;
-    let proto = Ipv4Packet::new_unchecked(&*l3).protocol();
-    if proto != new.proto {
+    let h = A::outer(l3, hdr)?;
+    if h.proto != new.proto {
         return Err(RewriteError::ProtoMismatch {
-            packet: proto,
+            packet: h.proto,
             new: new.proto,
         });
     }
-    let has_l4 = matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP);
-    if has_l4 && frag_offset(l3) != 0 {
+    if h.later && has_l4::<A>(h.proto) {
         return Err(RewriteError::LaterFragment);
     }
-    let l4 = hdr_len;
-    let avail = end - l4;
-    let plan = match kind {
-        L4Kind::Tcp if proto == PROTO_TCP => {
-            if avail < tcp::HEADER_LEN {
-                return Err(RewriteError::Truncated);
-            }
-            L4Plan::Ports { l4, udp: false }
-        }
-        L4Kind::Udp if proto == PROTO_UDP => {
-            if avail < udp::HEADER_LEN {
-                return Err(RewriteError::Truncated);
-            }
-            L4Plan::Ports { l4, udp: true }
-        }
-        L4Kind::IcmpEcho { .. } if proto == PROTO_ICMP => {
-            if avail < icmp::HEADER_LEN {
-                return Err(RewriteError::Truncated);
-            }
-            if !icmp::is_echo(Icmpv4Packet::new_unchecked(&l3[l4..]).msg_type()) {
-                return Err(RewriteError::KindMismatch);
-            }
-            L4Plan::Echo { l4 }
-        }
-        L4Kind::Other if !matches!(proto, PROTO_TCP | PROTO_UDP) => L4Plan::None,
-        _ => return Err(RewriteError::KindMismatch),
-    };
+    // Work on the datagram only (no padding).
+    let pkt = l3.get_mut(..h.end).ok_or(RewriteError::BadIpHeader)?;
+    let plan = plan::<A>(pkt, h.proto, kind, h.l4)?;
     let mut unused = Delta::default();
-    let addrs = set_addrs(l3, new.src, new.dst, &mut unused);
-    apply_l4(l3, plan, addrs, new, mode, true, &mut unused);
+    let addrs = A::set_addrs(pkt, new.src, new.dst, &mut unused);
+    apply_l4(pkt, plan, addrs, new, mode, true, &mut unused);
     Ok(())
 }
 
@@ -520,73 +568,76 @@ fn set_ip(ip: &mut [u8; 20], p: &Prepared) {
     }
 }
 
-/// Translates an ICMP error about a NAT'd connection, as Linux's
-/// `nf_nat_icmp_reply_translation`: the *quoted* packet is rewritten to carry `new_inner`
-/// (inner addresses and inner IPv4 header checksum; inner TCP/UDP ports; the inner L4 checksum
-/// only when it lies inside the quoted bytes — TCP needs 20 quoted L4 bytes, as Linux's
-/// `tcp_manip_pkt`, UDP 8 and a nonzero checksum; the inner ICMP echo identifier and checksum),
-/// then the outer source and destination become `outer_src` / `outer_dst` (outer header
-/// checksum), and the outer ICMP checksum is updated for every changed word of the ICMP message
-/// (in [`CsumMode::Partial`] it is left for the device to compute).
+/// Translates an ICMP (ICMPv6) error about a NAT'd connection, as Linux's
+/// `nf_nat_icmp_reply_translation` (`nf_nat_icmpv6_reply_translation`): the *quoted* packet is
+/// rewritten to carry `new_inner` (inner addresses and, IPv4, inner header checksum; inner
+/// TCP/UDP ports; the inner L4 checksum only when it lies inside the quoted bytes — TCP needs
+/// 20 quoted L4 bytes, as Linux's `tcp_manip_pkt`, UDP 8 and a nonzero checksum; the inner
+/// echo identifier and checksum), then the outer source and destination become `outer_src` /
+/// `outer_dst` (IPv4: outer header checksum), and the outer ICMP checksum is updated for every
+/// changed word of the message and, ICMPv6, the outer pseudo-header (in [`CsumMode::Partial`]
+/// the message is left for the device to sum: only the pseudo-header change goes in).
 ///
-/// `inner_l3` is the offset of the quoted header given by [`L4Kind::IcmpError`]; it must be
-/// `hdr_len + 8`. The inner checksums are updated incrementally whatever their state: a quoted
-/// checksum that covers bytes not quoted is still right for the original datagram.
+/// `hdr` is as for [`rewrite()`]; `inner_l3` is the offset of the quoted header given by
+/// [`L4Kind::IcmpError`]: the ICMP header's offset + 8. The inner checksums are updated
+/// incrementally whatever their state: a quoted checksum that covers bytes not quoted is
+/// still right for the original datagram. An IPv6 quote's extension headers are walked within
+/// the quoted bytes.
 ///
 /// # Errors
-/// [`RewriteError::BadIcmpError`] if the packet is not an ICMP error (types 3, 4, 5, 11, 12) or
-/// the quote is malformed, [`RewriteError::Truncated`] if the quoted L4 header lacks the ports
+/// [`RewriteError::BadIcmpError`] if the packet is not an ICMP error (ICMPv4 types 3, 4, 5,
+/// 11, 12; ICMPv6 types below 128, as Linux's `icmpv6_error`) or the quote is malformed (or
+/// quotes an error), [`RewriteError::Truncated`] if the quoted L4 header lacks the ports
 /// (TCP/UDP: 4 bytes) or the echo header (8 bytes), [`RewriteError::ProtoMismatch`] if
 /// `new_inner.proto` is not the quoted protocol, [`RewriteError::LaterFragment`] if either the
 /// error or the quoted packet is a non-first fragment. The packet is untouched on error.
-pub fn rewrite_icmp_error(
+pub fn rewrite_icmp_error<A: RewriteFamily>(
     l3: &mut [u8],
-    hdr_len: usize,
+    hdr: A::Hdr<'_>,
     inner_l3: usize,
-    new_inner: &Tuple,
-    outer_src: Ipv4Addr,
-    outer_dst: Ipv4Addr,
+    new_inner: &Tuple<A>,
+    outer_src: A,
+    outer_dst: A,
     mode: CsumMode,
 ) -> Result<(), RewriteError> {
-    let end = ip_end(l3, hdr_len)?;
-    if Ipv4Packet::new_unchecked(&*l3).protocol() != PROTO_ICMP {
+    let h = A::outer(l3, hdr)?;
+    let icmp = A::ICMP.number();
+    if h.proto != icmp {
         return Err(RewriteError::BadIcmpError);
     }
-    if frag_offset(l3) != 0 {
+    if h.later {
         return Err(RewriteError::LaterFragment);
     }
-    let icmp_at = hdr_len;
-    if end < icmp_at + icmp::HEADER_LEN {
+    let icmp_off = h.l4;
+    if h.end < icmp_off + icmp::HEADER_LEN {
         return Err(RewriteError::Truncated);
     }
-    let ty = Icmpv4Packet::new_unchecked(&l3[icmp_at..]).msg_type();
-    if !icmp::is_error(ty) || inner_l3 != icmp_at + icmp::HEADER_LEN {
+    // Work on the datagram only (no padding).
+    let pkt = l3.get_mut(..h.end).ok_or(RewriteError::BadIpHeader)?;
+    let ty = icmp_at::<A>(pkt, icmp_off)
+        .ok_or(RewriteError::Truncated)?
+        .msg_type();
+    if !A::is_error(ty) || inner_l3 != icmp_off + icmp::HEADER_LEN {
         return Err(RewriteError::BadIcmpError);
     }
-    // The quoted header. Work on the datagram only (no padding).
-    let pkt = l3.get_mut(..end).ok_or(RewriteError::BadIpHeader)?;
-    let quoted = pkt.get(inner_l3..).unwrap_or(&[]);
-    let inner = Ipv4Packet::new_checked_header(quoted).map_err(|_| RewriteError::BadIcmpError)?;
-    let ihl = inner.header_len();
-    let iproto = inner.protocol();
-    if iproto != new_inner.proto {
+    let q = A::quoted(pkt.get(inner_l3..).unwrap_or(&[]))?;
+    if q.proto != new_inner.proto {
         return Err(RewriteError::ProtoMismatch {
-            packet: iproto,
+            packet: q.proto,
             new: new_inner.proto,
         });
     }
-    let il4 = inner_l3 + ihl;
-    let avail = end - il4;
-    let has_l4 = matches!(iproto, PROTO_TCP | PROTO_UDP | PROTO_ICMP);
-    if has_l4 && frag_offset(&pkt[inner_l3..]) != 0 {
+    if q.later && has_l4::<A>(q.proto) {
         return Err(RewriteError::LaterFragment);
     }
-    let (plan, with_csum) = match iproto {
+    let il4 = inner_l3 + q.l4;
+    let avail = h.end.saturating_sub(il4);
+    let (plan, with_csum) = match q.proto {
         PROTO_TCP | PROTO_UDP => {
-            if L4Ports::new_checked(&pkt[il4..]).is_err() {
+            if avail < 4 {
                 return Err(RewriteError::Truncated);
             }
-            let udp = iproto == PROTO_UDP;
+            let udp = q.proto == PROTO_UDP;
             let need = if udp {
                 udp::HEADER_LEN
             } else {
@@ -594,22 +645,19 @@ pub fn rewrite_icmp_error(
             };
             (L4Plan::Ports { l4: il4, udp }, avail >= need)
         }
-        PROTO_ICMP => {
-            let Ok(q) = Icmpv4Packet::new_checked(&pkt[il4..]) else {
-                return Err(RewriteError::Truncated);
-            };
-            match q.msg_type() {
-                ty if icmp::is_echo(ty) => (L4Plan::Echo { l4: il4 }, true),
-                ty if icmp::is_error(ty) => return Err(RewriteError::BadIcmpError),
-                _ => (L4Plan::None, false),
-            }
-        }
+        p if p == icmp => match icmp_at::<A>(pkt, il4)
+            .ok_or(RewriteError::Truncated)?
+            .msg_type()
+        {
+            ty if A::is_echo(ty) => (L4Plan::Echo { l4: il4 }, true),
+            ty if A::is_error(ty) => return Err(RewriteError::BadIcmpError),
+            _ => (L4Plan::None, false),
+        },
         _ => (L4Plan::None, false),
     };
     // All checks done: mutate. `msg` collects every changed word of the ICMP message.
     let mut msg = Delta::default();
-    let inner = &mut pkt[inner_l3..];
-    let addrs = set_addrs(inner, new_inner.src, new_inner.dst, &mut msg);
+    let addrs = A::set_addrs(&mut pkt[inner_l3..], new_inner.src, new_inner.dst, &mut msg);
     // Checksums inside the quote are data: always complete ones.
     apply_l4(
         pkt,
@@ -620,20 +668,30 @@ pub fn rewrite_icmp_error(
         with_csum,
         &mut msg,
     );
-    set_addrs(pkt, outer_src, outer_dst, &mut Delta::default());
-    if mode == CsumMode::Full {
-        let mut h = Icmpv4Packet::new_unchecked(&mut pkt[icmp_at..]);
-        let c = msg.apply_full(h.checksum());
-        h.set_checksum(c);
-    }
+    let outer = A::set_addrs(pkt, outer_src, outer_dst, &mut Delta::default());
+    // The outer pseudo-header's change, for an ICMPv6 checksum.
+    let pseudo = if A::ICMP_PSEUDO {
+        outer
+    } else {
+        Delta::default()
+    };
+    let mut e = IcmpPacket::<_, A>::new_unchecked(&mut pkt[icmp_off..]);
+    let old = e.checksum();
+    e.set_checksum(match mode {
+        CsumMode::Full => {
+            msg.add(pseudo);
+            msg.apply_full(old)
+        }
+        CsumMode::Partial => pseudo.apply_partial(old),
+    });
     Ok(())
 }
 
-mod v6;
+mod family;
 
-pub use v6::{rewrite6, rewrite_icmp_error6};
+pub use family::RewriteFamily;
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests6;
+mod tests_family;

@@ -757,7 +757,7 @@ proptest! {
             bytes[9] = proto;
         }
         let k = [L4Kind::Tcp, L4Kind::Udp, L4Kind::IcmpEcho { request: true }, L4Kind::Other, L4Kind::IcmpError { inner_l3: 28 }][kind];
-        let t = Tuple { src: A.into(), dst: B.into(), sport: 1, dport: 2, proto, zone: 0 };
+        let t: Tuple = Tuple { src: A.into(), dst: B.into(), sport: 1, dport: 2, proto, zone: 0 };
         let orig = bytes.clone();
         if rewrite(&mut bytes, hdr_len, k, &t, CsumMode::Full).is_err() {
             prop_assert_eq!(&bytes, &orig);

@@ -58,7 +58,7 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::maglev::{self, Backend, Maglev};
-use crate::conntrack::{Conntrack, Conntrack6};
+use crate::conntrack::{Conntrack, ConntrackOf};
 use crate::narrow::{reduce, scale};
 use crate::time::Instant;
 use crate::wire::family::IpProto;
@@ -1158,7 +1158,7 @@ impl Services {
     /// id of the Service now at its original destination (IPv6 ClusterIP and port, else a
     /// node port of a Service with an IPv6 ClusterIP), or 0; IPv6 clients' affinity is
     /// restored from their connections. Returns (tags changed, affinity entries restored).
-    pub fn relink6(&self, ct: &Conntrack6, now: Instant) -> (usize, usize) {
+    pub fn relink6(&self, ct: &ConntrackOf<Ipv6Addr>, now: Instant) -> (usize, usize) {
         let mut restored = 0;
         let changed = ct.retag_services(now, |v, last| {
             if v.service == 0 {

@@ -1,4 +1,4 @@
-//! The IPv6 table ([`Conntrack6`]): the same state machines and invariants as the IPv4 one,
+//! The IPv6 table ([`ConntrackOf<Ipv6Addr>`](ConntrackOf)): the same state machines and invariants as the IPv4 one,
 //! with five-word keys, ICMPv6 echo, and its own file.
 #![allow(
     clippy::cast_possible_truncation,
@@ -18,8 +18,8 @@ fn addr(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
 }
 
-fn v6_table(max: usize) -> Conntrack6 {
-    Conntrack6::new(CtConfig {
+fn v6_table(max: usize) -> ConntrackOf<Ipv6Addr> {
+    ConntrackOf::<Ipv6Addr>::new(CtConfig {
         max_entries: max,
         ..CtConfig::default()
     })
@@ -241,7 +241,7 @@ fn ipv6_entries_survive_a_reopen_of_their_file() {
         ..CtConfig::default()
     };
     let t0 = now();
-    let (ct, rec) = Conntrack6::open_file(c, &f.0, t0).unwrap();
+    let (ct, rec) = ConntrackOf::<Ipv6Addr>::open_file(c, &f.0, t0).unwrap();
     assert_eq!(rec.opened, Opened::Created);
     let tag = CtTag {
         service: 4,
@@ -254,7 +254,7 @@ fn ipv6_entries_survive_a_reopen_of_their_file() {
     }
     let before = ct.dump(t0);
     drop(ct);
-    let (ct, rec) = Conntrack6::open_file(c, &f.0, t0).unwrap();
+    let (ct, rec) = ConntrackOf::<Ipv6Addr>::open_file(c, &f.0, t0).unwrap();
     assert_eq!(
         (rec.opened, rec.kept, rec.invalid),
         (Opened::Reused, 300, 0)
@@ -278,7 +278,7 @@ fn each_family_refuses_the_others_file_by_its_magic() {
     let f4 = TempFile::new("v4");
     let (ct, _) = Conntrack::open_file(c, &f4.0, now()).unwrap();
     drop(ct);
-    let (ct6, rec) = Conntrack6::open_file(c, &f4.0, now()).unwrap();
+    let (ct6, rec) = ConntrackOf::<Ipv6Addr>::open_file(c, &f4.0, now()).unwrap();
     assert!(
         matches!(rec.opened, Opened::Refused(Refusal::Magic { .. })),
         "{:?}",
