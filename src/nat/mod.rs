@@ -67,7 +67,7 @@ pub use rewrite::{
     RewriteError,
 };
 pub use service::{
-    AffinityStats, Endpoint, Endpoint6, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec,
+    AffinityStats, Endpoint, LbAlgo, ServiceAddr, ServiceError, ServiceId, ServiceRef, ServiceSpec,
     Services, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 

@@ -543,7 +543,7 @@ impl Built {
             );
         }
         if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections6 > 0) {
-            let (retagged, affinity) = nf.services().relink6(nf.conntrack6(), node.now());
+            let (retagged, affinity) = nf.services().relink(nf.conntrack6(), node.now());
             log::info!(
                 "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );
