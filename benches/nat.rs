@@ -37,8 +37,8 @@ use tapyard::conntrack::{CtConfig, CtTag, Pkt};
 use tapyard::l3::IfaceConfig;
 use tapyard::nat::NatConfig;
 use tapyard::nat::{
-    alloc_source, rewrite, CsumMode, Endpoint, Endpoint6, LbAlgo, PortRange, Rng, ServiceSpec,
-    Services, DEFAULT_AFFINITY_TIMEOUT,
+    alloc_source, rewrite, CsumMode, Endpoint, LbAlgo, PortRange, Rng, ServiceSpec, Services,
+    DEFAULT_AFFINITY_TIMEOUT,
 };
 use tapyard::port::{mem_pair, MemPort, Port};
 use tapyard::runtime::Pump;
@@ -624,7 +624,7 @@ fn established6(c: &mut Criterion) {
         IpProto::TCP,
     );
     s.endpoints6 = (0..PORTS)
-        .map(|i| Endpoint6::new(SocketAddrV6::new(server_ip6(i), 8080, 0, 0), true))
+        .map(|i| Endpoint::new(SocketAddrV6::new(server_ip6(i), 8080, 0, 0), true))
         .collect();
     nf.upsert_service(s, r.now).unwrap();
     let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tapyard::conntrack::{CtConfig, Dir};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::{NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint, Endpoint6, ServiceSpec};
+use tapyard::nat::{Endpoint, ServiceSpec};
 use tapyard::nat::{MasqueradeRule, NatConfig, NatRules, Prefix};
 use tapyard::wire::family::IpProto;
 use tapyard::wire::tuple::{L4Kind, Tuple};
@@ -280,7 +280,7 @@ fuzz_target!(|data: &[u8]| {
             .unwrap();
     }
     let nf = dp.control().netfilter().unwrap();
-    let ep6 = |ip: &str, port| Endpoint6::new(SocketAddrV6::new(a6(ip), port, 0, 0), true);
+    let ep6 = |ip: &str, port| Endpoint::new(SocketAddrV6::new(a6(ip), port, 0, 0), true);
     let mut web6 = ServiceSpec::new("web6", a6("fd00:10:96::10"), 80, IpProto::TCP);
     web6.vip = Some(Ipv4Addr::new(10, 96, 0, 12));
     web6.node_port = Some(30081);

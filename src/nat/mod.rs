@@ -66,7 +66,7 @@ pub use rewrite::{
     rewrite, rewrite_addrs, rewrite_icmp_error, CsumMode, RewriteError, RewriteFamily,
 };
 pub use service::{
-    AffinityStats, Endpoint, Endpoint6, LbAlgo, ServiceError, ServiceId, ServiceRef, ServiceSpec,
+    AffinityStats, Endpoint, LbAlgo, ServiceAddr, ServiceError, ServiceId, ServiceRef, ServiceSpec,
     Services, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 

@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
 
 use etherparse::{Icmpv4Type, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint6, NatConfig, ServiceSpec};
+use tapyard::nat::{Endpoint, NatConfig, ServiceSpec};
 use tapyard::wire::family::IpProto;
 use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr};
 use tapyard::wire::ipv6;
@@ -251,7 +251,7 @@ fn a_service_with_an_ipv6_cluster_ip_is_dnatted_on_the_ipv6_only_bridge() {
     let nf = n.dp.control().netfilter().unwrap();
     let vip = a("fd00:10:96::10");
     let mut web = ServiceSpec::new("web6", vip, 80, IpProto::TCP);
-    web.endpoints6 = vec![Endpoint6::new(
+    web.endpoints6 = vec![Endpoint::new(
         SocketAddrV6::new(a("fd00:10:244:1::3"), 8080, 0, 0),
         true,
     )];

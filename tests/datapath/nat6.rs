@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use etherparse::{Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint, Endpoint6, NatConfig, NatRules};
+use tapyard::nat::{Endpoint, NatConfig, NatRules};
 use tapyard::nat::{LbAlgo, MasqueradeRule, PortRange, Prefix, ServiceSpec, SnatRule};
 use tapyard::wire::family::IpProto;
 use tapyard::{BridgeConfig, Clock, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
@@ -45,8 +45,8 @@ const A4: [u8; 4] = [10, 244, 1, 2];
 const B4: [u8; 4] = [10, 244, 1, 3];
 const DUAL4: [u8; 4] = [10, 96, 0, 20];
 
-fn ep6(ip: &str, port: u16, local: bool) -> Endpoint6 {
-    Endpoint6::new(SocketAddrV6::new(a(ip), port, 0, 0), local)
+fn ep6(ip: &str, port: u16, local: bool) -> Endpoint<Ipv6Addr> {
+    Endpoint::new(SocketAddrV6::new(a(ip), port, 0, 0), local)
 }
 
 fn node() -> Node {
@@ -154,7 +154,7 @@ fn node_at(file: Option<&Path>) -> Node {
     if file.is_some() {
         let nf = dp.control().netfilter().unwrap();
         nf.services().relink(nf.conntrack(), now);
-        nf.services().relink6(nf.conntrack_of::<Ipv6Addr>(), now);
+        nf.services().relink(nf.conntrack_of::<Ipv6Addr>(), now);
     }
     let mut n = Node::with(dp, ());
     n.now = now;

@@ -19,13 +19,13 @@
 //! ([`Lines`]), for the cross-checks and the errors of a reload. Comparing configurations (a
 //! reload's difference) compares the values only, never the lines.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tapyard::conntrack::CtConfig;
 use tapyard::l3::neigh::NeighConfig;
-use tapyard::nat::{Endpoint, Endpoint6, LbAlgo, ServiceSpec};
+use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
 use tapyard::wire::family::IpProto;
 use tapyard::MacAddr;
 use toml::de::DeTable;
@@ -311,10 +311,7 @@ impl ServiceDef {
         for e in &self.endpoints {
             match e.addr {
                 SocketAddr::V4(a) => spec.endpoints.push(Endpoint::new(a, e.local)),
-                SocketAddr::V6(a) => spec.endpoints6.push(Endpoint6::new(
-                    SocketAddrV6::new(*a.ip(), a.port(), 0, 0),
-                    e.local,
-                )),
+                SocketAddr::V6(a) => spec.endpoints6.push(Endpoint::new(a, e.local)),
             }
         }
         spec.affinity = self.affinity;

@@ -397,7 +397,7 @@ fn dual_stack_example_parses_into_the_model() {
     assert_eq!(web6.vip4(), None);
     assert_eq!(web6.vip6(), Some("fd00:10:96::10".parse().unwrap()));
     let spec6 = web6.spec();
-    assert!(!spec6.has_v4());
+    assert!(!spec6.has_frontend::<std::net::Ipv4Addr>());
     assert_eq!(spec6.vip6, web6.vip6());
     assert!(spec6.endpoints.is_empty());
     assert_eq!(spec6.endpoints6.len(), 2);

@@ -222,7 +222,7 @@ impl NatFamily<2> for Ipv4Addr {
         s.by_vip(dst, dport, proto)
     }
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef> {
-        s.by_node_port(dport, proto)
+        s.by_node_port::<Ipv4Addr>(dport, proto)
     }
     fn select(
         s: &Services,
@@ -236,7 +236,7 @@ impl NatFamily<2> for Ipv4Addr {
         Some((*ep.ip(), ep.port()))
     }
     fn has_endpoints(svc: &ServiceRef) -> bool {
-        !svc.endpoints().is_empty()
+        !svc.endpoints::<Ipv4Addr>().is_empty()
     }
 }
 
@@ -327,10 +327,10 @@ impl NatFamily<5> for Ipv6Addr {
     }
 
     fn by_vip(s: &Services, dst: Ipv6Addr, dport: u16, proto: u8) -> Option<ServiceRef> {
-        s.by_vip6(dst, dport, proto)
+        s.by_vip(dst, dport, proto)
     }
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef> {
-        s.by_node_port6(dport, proto)
+        s.by_node_port::<Ipv6Addr>(dport, proto)
     }
     fn select(
         s: &Services,
@@ -340,10 +340,10 @@ impl NatFamily<5> for Ipv6Addr {
         local_only: bool,
         now: Instant,
     ) -> Option<(Ipv6Addr, u16)> {
-        let ep = s.select6(svc, client, hash, rand, local_only, now)?;
+        let ep = s.select(svc, client, hash, rand, local_only, now)?;
         Some((*ep.ip(), ep.port()))
     }
     fn has_endpoints(svc: &ServiceRef) -> bool {
-        !svc.endpoints6().is_empty()
+        !svc.endpoints::<Ipv6Addr>().is_empty()
     }
 }

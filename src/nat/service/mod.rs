@@ -41,14 +41,16 @@
 //! (random, Maglev over that family's endpoints, affinity keyed by the client's address of
 //! that family), as kube-proxy programs iptables and ip6tables from one Service.
 //! [`ServiceSpec::new`] takes the ClusterIP of either family; a service without an IPv4
-//! ClusterIP has `vip` `None`. A node port answers on the families the service has ClusterIPs of
-//! ([`Services::by_node_port`] for IPv4, [`Services::by_node_port6`] for IPv6).
+//! ClusterIP has `vip` `None`. A node port answers on the families the service has ClusterIPs
+//! of. The lookups and the choice are written once, generic over the family's address type
+//! ([`ServiceAddr`]: [`Ipv4Addr`] or [`Ipv6Addr`]): `by_vip(dst, ..)` and `select(.., client,
+//! ..)` take the family from their address, `by_node_port::<Ipv6Addr>(..)` names it.
 //!
 //! Every service has a [`ServiceId`], stable across upserts of the same name and never reused
 //! after removal, for conntrack to store with its flows (to flush them per service later).
 
 use std::fmt::{self, Write as _};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,11 +60,12 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::maglev::{self, Backend, Maglev};
-use crate::conntrack::{Conntrack, ConntrackOf};
+use crate::conntrack::CtTable;
 use crate::narrow::{reduce, scale};
 use crate::time::Instant;
-use crate::wire::family::IpProto;
+use crate::wire::family::{Family, IpProto};
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
+use crate::wire::tuple::{Tuple, TupleWords};
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`: 3 hours.
 pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10_800);
@@ -83,37 +86,225 @@ pub enum LbAlgo {
     Maglev,
 }
 
-/// One backend of a service.
+/// One backend of a service: an IPv4 one (`Endpoint`, the default) or an IPv6 one
+/// (`Endpoint<Ipv6Addr>`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Endpoint {
+pub struct Endpoint<A: ServiceAddr = Ipv4Addr> {
     /// Address and port traffic is sent to.
-    pub addr: SocketAddrV4,
+    pub addr: A::SocketAddr,
     /// True if the endpoint runs on this node (for `externalTrafficPolicy: Local`).
     pub local: bool,
 }
 
-impl Endpoint {
-    /// An endpoint at `addr`.
-    pub fn new(addr: SocketAddrV4, local: bool) -> Endpoint {
-        Endpoint { addr, local }
+impl<A: ServiceAddr> Endpoint<A> {
+    /// An endpoint at `addr` (an IPv6 one's flow info and scope id are ignored).
+    pub fn new(addr: A::SocketAddr, local: bool) -> Endpoint<A> {
+        let (ip, port) = A::split(addr);
+        Endpoint {
+            addr: A::socket(ip, port),
+            local,
+        }
     }
 }
 
-/// One IPv6 backend of a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Endpoint6 {
-    /// Address and port traffic is sent to.
-    pub addr: SocketAddrV6,
-    /// True if the endpoint runs on this node (for `externalTrafficPolicy: Local`).
-    pub local: bool,
+/// An address family's address as the Service table needs it: [`Ipv4Addr`] or [`Ipv6Addr`]
+/// (sealed). [`Services`]' lookups and choice, [`ServiceRef::endpoints`] and [`Endpoint`] are
+/// generic over it.
+///
+/// ```
+/// use std::net::{Ipv6Addr, SocketAddrV6};
+/// use tapyard::nat::service::ServiceAddr;
+///
+/// let a = <Ipv6Addr as ServiceAddr>::socket(Ipv6Addr::LOCALHOST, 80);
+/// assert_eq!(a, SocketAddrV6::new(Ipv6Addr::LOCALHOST, 80, 0, 0));
+/// assert_eq!(Ipv6Addr::split(a), (Ipv6Addr::LOCALHOST, 80));
+/// ```
+pub trait ServiceAddr: Family + sealed::Sealed {
+    /// The family's endpoint address: [`SocketAddrV4`] or [`SocketAddrV6`].
+    type SocketAddr: Copy
+        + Eq
+        + Ord
+        + Hash
+        + fmt::Debug
+        + fmt::Display
+        + Into<SocketAddr>
+        + Backend
+        + Send
+        + Sync
+        + 'static;
+
+    /// The socket address of `ip` and `port` (IPv6: flow info and scope id 0).
+    fn socket(ip: Self, port: u16) -> Self::SocketAddr;
+    /// The address and port of `addr`.
+    fn split(addr: Self::SocketAddr) -> (Self, u16);
 }
 
-impl Endpoint6 {
-    /// An endpoint at `addr` (its flow info and scope id are ignored).
-    pub fn new(addr: SocketAddrV6, local: bool) -> Endpoint6 {
-        Endpoint6 {
-            addr: SocketAddrV6::new(*addr.ip(), addr.port(), 0, 0),
-            local,
+impl ServiceAddr for Ipv4Addr {
+    type SocketAddr = SocketAddrV4;
+    #[inline]
+    fn socket(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(ip, port)
+    }
+    #[inline]
+    fn split(addr: SocketAddrV4) -> (Ipv4Addr, u16) {
+        (*addr.ip(), addr.port())
+    }
+}
+
+impl ServiceAddr for Ipv6Addr {
+    type SocketAddr = SocketAddrV6;
+    #[inline]
+    fn socket(ip: Ipv6Addr, port: u16) -> SocketAddrV6 {
+        SocketAddrV6::new(ip, port, 0, 0)
+    }
+    #[inline]
+    fn split(addr: SocketAddrV6) -> (Ipv6Addr, u16) {
+        (*addr.ip(), addr.port())
+    }
+}
+
+/// The table's storage per family, picked by the address type (as the router's `RouteAddr`
+/// picks its table): crate-private, so [`ServiceAddr`] stays sealed.
+// The selectors hand out the table's private types; `Sealed` cannot be named outside this
+// module, so they stay unreachable.
+#[allow(private_interfaces, private_bounds)]
+mod sealed {
+    use std::hash::Hash;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+    use std::sync::Arc;
+
+    use hashbrown::HashMap;
+
+    use super::{
+        AffKey, Affinity, Endpoint, Frontend, ServiceAddr, ServiceSpec, Services, Snapshot,
+        SvcState, VipKey,
+    };
+
+    pub trait Sealed: Sized {
+        /// The address as a map key (`u32`, `u128`).
+        type Key: Copy + Eq + Hash + std::fmt::Debug;
+        /// A (service, client) affinity key.
+        type AffKey: AffKey;
+        /// The spec's field of the family's endpoints, as messages name it.
+        const ENDPOINTS_FIELD: &'static str;
+
+        fn key(self) -> Self::Key;
+        fn aff_key(id: u32, client: Self) -> Self::AffKey;
+        /// A ClusterIP a service may have (unicast).
+        fn vip_ok(self) -> bool;
+        /// An endpoint address a service may have.
+        fn endpoint_ok(self) -> bool;
+
+        /// The spec's ClusterIP of the family.
+        fn vip(spec: &ServiceSpec) -> Option<Self>;
+        /// The spec's endpoints of the family.
+        fn endpoints(spec: &ServiceSpec) -> &[Endpoint<Self>]
+        where
+            Self: ServiceAddr;
+        /// The services by ClusterIP of the family.
+        fn vips(snap: &Snapshot) -> &HashMap<VipKey<Self::Key>, Arc<SvcState>>;
+        fn vips_mut(snap: &mut Snapshot) -> &mut HashMap<VipKey<Self::Key>, Arc<SvcState>>;
+        /// The service version's frontend of the family.
+        fn frontend(s: &SvcState) -> &Frontend<<Self as ServiceAddr>::SocketAddr>
+        where
+            Self: ServiceAddr;
+        /// The affinity table of the family's clients.
+        fn affinity(s: &Services) -> &Affinity<Self::AffKey, <Self as ServiceAddr>::SocketAddr>
+        where
+            Self: ServiceAddr;
+    }
+
+    impl Sealed for Ipv4Addr {
+        type Key = u32;
+        /// `service id << 32 | client`.
+        type AffKey = u64;
+        const ENDPOINTS_FIELD: &'static str = "endpoints";
+
+        #[inline]
+        fn key(self) -> u32 {
+            u32::from(self)
+        }
+        #[inline]
+        fn aff_key(id: u32, client: Ipv4Addr) -> u64 {
+            u64::from(id) << 32 | u64::from(u32::from(client))
+        }
+        fn vip_ok(self) -> bool {
+            !(self.is_unspecified() || self.is_broadcast() || self.is_multicast())
+        }
+        fn endpoint_ok(self) -> bool {
+            !self.is_unspecified()
+        }
+        #[inline]
+        fn vip(spec: &ServiceSpec) -> Option<Ipv4Addr> {
+            spec.vip
+        }
+        #[inline]
+        fn endpoints(spec: &ServiceSpec) -> &[Endpoint<Ipv4Addr>] {
+            &spec.endpoints
+        }
+        #[inline]
+        fn vips(snap: &Snapshot) -> &HashMap<VipKey<u32>, Arc<SvcState>> {
+            &snap.by_vip_v4
+        }
+        fn vips_mut(snap: &mut Snapshot) -> &mut HashMap<VipKey<u32>, Arc<SvcState>> {
+            &mut snap.by_vip_v4
+        }
+        #[inline]
+        fn frontend(s: &SvcState) -> &Frontend<SocketAddrV4> {
+            &s.v4
+        }
+        #[inline]
+        fn affinity(s: &Services) -> &Affinity<u64, SocketAddrV4> {
+            &s.affinity_v4
+        }
+    }
+
+    impl Sealed for Ipv6Addr {
+        type Key = u128;
+        /// `(service id, client)`.
+        type AffKey = (u32, u128);
+        const ENDPOINTS_FIELD: &'static str = "endpoints6";
+
+        #[inline]
+        fn key(self) -> u128 {
+            u128::from(self)
+        }
+        #[inline]
+        fn aff_key(id: u32, client: Ipv6Addr) -> (u32, u128) {
+            (id, u128::from(client))
+        }
+        /// Not unspecified, loopback, multicast or IPv4-mapped.
+        fn vip_ok(self) -> bool {
+            !(self.is_unspecified()
+                || self.is_loopback()
+                || self.is_multicast()
+                || self.to_ipv4_mapped().is_some())
+        }
+        fn endpoint_ok(self) -> bool {
+            self.vip_ok()
+        }
+        #[inline]
+        fn vip(spec: &ServiceSpec) -> Option<Ipv6Addr> {
+            spec.vip6
+        }
+        #[inline]
+        fn endpoints(spec: &ServiceSpec) -> &[Endpoint<Ipv6Addr>] {
+            &spec.endpoints6
+        }
+        #[inline]
+        fn vips(snap: &Snapshot) -> &HashMap<VipKey<u128>, Arc<SvcState>> {
+            &snap.by_vip_v6
+        }
+        fn vips_mut(snap: &mut Snapshot) -> &mut HashMap<VipKey<u128>, Arc<SvcState>> {
+            &mut snap.by_vip_v6
+        }
+        #[inline]
+        fn frontend(s: &SvcState) -> &Frontend<SocketAddrV6> {
+            &s.v6
+        }
+        #[inline]
+        fn affinity(s: &Services) -> &Affinity<(u32, u128), SocketAddrV6> {
+            &s.affinity_v6
         }
     }
 }
@@ -141,7 +332,7 @@ pub struct ServiceSpec {
     pub endpoints: Vec<Endpoint>,
     /// The IPv6 backends (distinct addresses, nonzero ports; only with a `vip6`). Empty:
     /// connections to the IPv6 frontend are rejected.
-    pub endpoints6: Vec<Endpoint6>,
+    pub endpoints6: Vec<Endpoint<Ipv6Addr>>,
     /// `sessionAffinity: ClientIP` with its timeout (1 s ..= 1 day;
     /// [`DEFAULT_AFFINITY_TIMEOUT`] in Kubernetes), or `None`.
     pub affinity: Option<Duration>,
@@ -163,9 +354,9 @@ impl ServiceSpec {
     /// use tapyard::wire::family::IpProto;
     ///
     /// let mut dns = ServiceSpec::new("dns", Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 10), 53, IpProto::UDP);
-    /// assert_eq!((dns.vip, dns.has_v6()), (None, true));
+    /// assert_eq!((dns.vip, dns.has_frontend::<Ipv6Addr>()), (None, true));
     /// dns.vip = Some(Ipv4Addr::new(10, 96, 0, 10));
-    /// assert!(dns.has_v4());
+    /// assert!(dns.has_frontend::<Ipv4Addr>());
     /// ```
     pub fn new(
         name: impl Into<String>,
@@ -192,14 +383,10 @@ impl ServiceSpec {
         }
     }
 
-    /// True if the service has an IPv4 ClusterIP (an IPv4 frontend).
-    pub fn has_v4(&self) -> bool {
-        self.vip.is_some()
-    }
-
-    /// True if the service has an IPv6 ClusterIP (an IPv6 frontend).
-    pub fn has_v6(&self) -> bool {
-        self.vip6.is_some()
+    /// True if the service has a ClusterIP of family `A` (a frontend of that family):
+    /// `has_frontend::<Ipv4Addr>()`, `has_frontend::<Ipv6Addr>()`.
+    pub fn has_frontend<A: ServiceAddr>(&self) -> bool {
+        A::vip(self).is_some()
     }
 }
 
@@ -405,8 +592,7 @@ impl std::error::Error for ServiceError {}
 
 /// An endpoint address of either family (what a frontend is generic over).
 trait EpAddr: Copy + Ord + Backend + fmt::Debug {}
-impl EpAddr for SocketAddrV4 {}
-impl EpAddr for SocketAddrV6 {}
+impl<S: Copy + Ord + Backend + fmt::Debug> EpAddr for S {}
 
 /// One family's frontend of one version of a service, with everything `select` needs
 /// precomputed.
@@ -540,32 +726,33 @@ impl ServiceRef {
     pub fn name(&self) -> &str {
         &self.0.spec.name
     }
-    /// The endpoints.
-    pub fn endpoints(&self) -> &[Endpoint] {
-        &self.0.spec.endpoints
+    /// The endpoints of family `A`: `endpoints::<Ipv4Addr>()` ([`ServiceSpec::endpoints`]),
+    /// `endpoints::<Ipv6Addr>()` ([`ServiceSpec::endpoints6`]).
+    pub fn endpoints<A: ServiceAddr>(&self) -> &[Endpoint<A>] {
+        A::endpoints(&self.0.spec)
     }
-    /// The IPv6 endpoints.
-    pub fn endpoints6(&self) -> &[Endpoint6] {
-        &self.0.spec.endpoints6
+    /// True if `ep` (of either family) is one of this version's endpoints of its family (and
+    /// local, with `local_only`).
+    pub fn has_endpoint(&self, ep: impl Into<SocketAddr>, local_only: bool) -> bool {
+        match ep.into() {
+            SocketAddr::V4(ep) => self.has_endpoint_of::<Ipv4Addr>(ep, local_only),
+            SocketAddr::V6(ep) => self.has_endpoint_of::<Ipv6Addr>(ep, local_only),
+        }
     }
-    /// True if `ep` is one of this version's IPv4 endpoints (and local, with `local_only`).
-    pub fn has_endpoint(&self, ep: SocketAddrV4, local_only: bool) -> bool {
-        self.0.v4.eligible(ep, local_only)
-    }
-    /// True if `ep` is one of this version's IPv6 endpoints (and local, with `local_only`).
-    pub fn has_endpoint6(&self, ep: SocketAddrV6, local_only: bool) -> bool {
-        self.0.v6.eligible(ep, local_only)
+    fn has_endpoint_of<A: ServiceAddr>(&self, ep: A::SocketAddr, local_only: bool) -> bool {
+        let (ip, port) = A::split(ep);
+        A::frontend(&self.0).eligible(A::socket(ip, port), local_only)
     }
 }
 
-type VipKey = (u32, u16, u8);
-type Vip6Key = (u128, u16, u8);
+/// A ClusterIP (its map key: `u32`, `u128`), port and protocol.
+type VipKey<K> = (K, u16, u8);
 
 #[derive(Default, Debug, Clone)]
 struct Snapshot {
     by_name: HashMap<String, Arc<SvcState>>,
-    by_vip: HashMap<VipKey, Arc<SvcState>>,
-    by_vip6: HashMap<Vip6Key, Arc<SvcState>>,
+    by_vip_v4: HashMap<VipKey<u32>, Arc<SvcState>>,
+    by_vip_v6: HashMap<VipKey<u128>, Arc<SvcState>>,
     by_node_port: HashMap<(u16, u8), Arc<SvcState>>,
 }
 
@@ -768,8 +955,8 @@ struct Writer {
 pub struct Services {
     snap: ArcSwap<Snapshot>,
     writer: Mutex<Writer>,
-    affinity: Affinity<u64, SocketAddrV4>,
-    affinity6: Affinity<(u32, u128), SocketAddrV6>,
+    affinity_v4: Affinity<u64, SocketAddrV4>,
+    affinity_v6: Affinity<(u32, u128), SocketAddrV6>,
 }
 
 impl fmt::Debug for Services {
@@ -804,34 +991,8 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             vip: Ipv4Addr::UNSPECIFIED.into(),
         });
     }
-    if let Some(v4) = spec.vip {
-        if v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() {
-            return Err(ServiceError::BadVip {
-                service: service(),
-                vip: v4.into(),
-            });
-        }
-    }
-    if let Some(v6) = spec.vip6 {
-        if !unicast6(v6) {
-            return Err(ServiceError::BadVip {
-                service: service(),
-                vip: v6.into(),
-            });
-        }
-    }
-    if !spec.has_v4() && !spec.endpoints.is_empty() {
-        return Err(ServiceError::NoClusterIp {
-            service: service(),
-            field: "endpoints",
-        });
-    }
-    if !spec.has_v6() && !spec.endpoints6.is_empty() {
-        return Err(ServiceError::NoClusterIp {
-            service: service(),
-            field: "endpoints6",
-        });
-    }
+    validate_frontend::<Ipv4Addr>(spec)?;
+    validate_frontend::<Ipv6Addr>(spec)?;
     if !matches!(spec.proto, IpProto::TCP | IpProto::UDP) {
         return Err(ServiceError::UnsupportedProto {
             service: service(),
@@ -846,37 +1007,46 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             });
         }
     }
-    for count in [spec.endpoints.len(), spec.endpoints6.len()] {
-        if count > maglev::MAX_BACKENDS {
-            return Err(ServiceError::TooManyEndpoints {
-                service: service(),
-                count,
-            });
-        }
+    validate_endpoints::<Ipv4Addr>(spec)?;
+    validate_endpoints::<Ipv6Addr>(spec)
+}
+
+/// The family's ClusterIP is unicast, and there are endpoints of the family only with one.
+fn validate_frontend<A: ServiceAddr>(spec: &ServiceSpec) -> Result<(), ServiceError> {
+    if let Some(vip) = A::vip(spec).filter(|v| !v.vip_ok()) {
+        return Err(ServiceError::BadVip {
+            service: spec.name.clone(),
+            vip: vip.into(),
+        });
     }
-    for e in &spec.endpoints6 {
-        if e.addr.port() == 0 || !unicast6(*e.addr.ip()) {
-            return Err(ServiceError::BadEndpoint {
-                service: service(),
-                endpoint: e.addr.into(),
-            });
-        }
-    }
-    for e in &spec.endpoints {
-        if e.addr.port() == 0 || e.addr.ip().is_unspecified() {
-            return Err(ServiceError::BadEndpoint {
-                service: service(),
-                endpoint: e.addr.into(),
-            });
-        }
+    if !spec.has_frontend::<A>() && !A::endpoints(spec).is_empty() {
+        return Err(ServiceError::NoClusterIp {
+            service: spec.name.clone(),
+            field: A::ENDPOINTS_FIELD,
+        });
     }
     Ok(())
 }
 
-/// True for an address a ClusterIP or endpoint may have: not unspecified, loopback,
-/// multicast or IPv4-mapped.
-fn unicast6(a: Ipv6Addr) -> bool {
-    !(a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.to_ipv4_mapped().is_some())
+/// The family's endpoints are few enough, with nonzero ports and usable addresses.
+fn validate_endpoints<A: ServiceAddr>(spec: &ServiceSpec) -> Result<(), ServiceError> {
+    let eps = A::endpoints(spec);
+    if eps.len() > maglev::MAX_BACKENDS {
+        return Err(ServiceError::TooManyEndpoints {
+            service: spec.name.clone(),
+            count: eps.len(),
+        });
+    }
+    match eps.iter().find(|e| {
+        let (ip, port) = A::split(e.addr);
+        port == 0 || !ip.endpoint_ok()
+    }) {
+        Some(e) => Err(ServiceError::BadEndpoint {
+            service: spec.name.clone(),
+            endpoint: e.addr.into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn build(
@@ -884,21 +1054,26 @@ fn build(
     spec: ServiceSpec,
     prev: Option<&SvcState>,
 ) -> Result<SvcState, ServiceError> {
-    let l4: Vec<(SocketAddrV4, bool)> = spec.endpoints.iter().map(|e| (e.addr, e.local)).collect();
-    let v4 = Frontend::build(&l4, spec.algo, prev.map(|p| &p.v4)).map_err(|endpoint| {
-        ServiceError::DuplicateEndpoint {
-            service: spec.name.clone(),
-            endpoint: endpoint.into(),
-        }
-    })?;
-    let l6: Vec<(SocketAddrV6, bool)> = spec.endpoints6.iter().map(|e| (e.addr, e.local)).collect();
-    let v6 = Frontend::build(&l6, spec.algo, prev.map(|p| &p.v6)).map_err(|endpoint| {
-        ServiceError::DuplicateEndpoint {
-            service: spec.name.clone(),
-            endpoint: endpoint.into(),
-        }
-    })?;
+    let v4 = build_frontend::<Ipv4Addr>(&spec, prev)?;
+    let v6 = build_frontend::<Ipv6Addr>(&spec, prev)?;
     Ok(SvcState { id, spec, v4, v6 })
+}
+
+/// The family's frontend of `spec` (`prev`: the service's previous version).
+fn build_frontend<A: ServiceAddr>(
+    spec: &ServiceSpec,
+    prev: Option<&SvcState>,
+) -> Result<Frontend<A::SocketAddr>, ServiceError> {
+    let list: Vec<(A::SocketAddr, bool)> = A::endpoints(spec)
+        .iter()
+        .map(|e| (e.addr, e.local))
+        .collect();
+    Frontend::build(&list, spec.algo, prev.map(A::frontend)).map_err(|endpoint| {
+        ServiceError::DuplicateEndpoint {
+            service: spec.name.clone(),
+            endpoint: endpoint.into(),
+        }
+    })
 }
 
 impl Services {
@@ -910,8 +1085,8 @@ impl Services {
         Services {
             snap: ArcSwap::from_pointee(Snapshot::default()),
             writer: Mutex::new(Writer { next_id: 1 }),
-            affinity: Affinity::new(max_affinity_entries),
-            affinity6: Affinity::new(max_affinity_entries),
+            affinity_v4: Affinity::new(max_affinity_entries),
+            affinity_v6: Affinity::new(max_affinity_entries),
         }
     }
 
@@ -926,30 +1101,8 @@ impl Services {
         let mut w = self.writer.lock();
         let cur = self.snap.load_full();
         let proto = spec.proto.number();
-        if let Some((v4, o)) = spec.vip.and_then(|v4| {
-            let o = cur.by_vip.get(&(u32::from(v4), spec.port, proto))?;
-            (o.spec.name != spec.name).then_some((v4, o))
-        }) {
-            return Err(ServiceError::DuplicateVip {
-                service: spec.name.clone(),
-                vip: v4.into(),
-                port: spec.port,
-                proto,
-                other: o.spec.name.clone(),
-            });
-        }
-        if let Some(v6) = spec.vip6 {
-            let k = (u128::from(v6), spec.port, proto);
-            if let Some(o) = cur.by_vip6.get(&k).filter(|o| o.spec.name != spec.name) {
-                return Err(ServiceError::DuplicateVip {
-                    service: spec.name.clone(),
-                    vip: v6.into(),
-                    port: spec.port,
-                    proto,
-                    other: o.spec.name.clone(),
-                });
-            }
-        }
+        vip_free::<Ipv4Addr>(&cur, &spec)?;
+        vip_free::<Ipv6Addr>(&cur, &spec)?;
         if let Some(np) = spec.node_port {
             if let Some(o) = cur
                 .by_node_port
@@ -979,14 +1132,8 @@ impl Services {
         }
         let s = &state.spec;
         let proto = s.proto.number();
-        if let Some(v4) = s.vip {
-            next.by_vip
-                .insert((u32::from(v4), s.port, proto), state.clone());
-        }
-        if let Some(v6) = s.vip6 {
-            next.by_vip6
-                .insert((u128::from(v6), s.port, proto), state.clone());
-        }
+        link::<Ipv4Addr>(&mut next, &state);
+        link::<Ipv6Addr>(&mut next, &state);
         if let Some(np) = s.node_port {
             next.by_node_port.insert((np, proto), state.clone());
         }
@@ -1010,101 +1157,55 @@ impl Services {
         Some(prev.spec.clone())
     }
 
-    /// The service at `dst:dport` for protocol `proto`. Lock-free; does not allocate.
+    /// The service whose ClusterIP of `dst`'s family is `dst:dport`, for protocol `proto`.
+    /// Lock-free; does not allocate.
     #[inline]
-    pub fn by_vip(&self, dst: Ipv4Addr, dport: u16, proto: u8) -> Option<ServiceRef> {
+    pub fn by_vip<A: ServiceAddr>(&self, dst: A, dport: u16, proto: u8) -> Option<ServiceRef> {
         let snap = self.snap.load();
-        snap.by_vip
-            .get(&(u32::from(dst), dport, proto))
+        A::vips(&snap)
+            .get(&(dst.key(), dport, proto))
             .map(|s| ServiceRef(s.clone()))
     }
 
-    /// The service at `[dst]:dport` (its IPv6 ClusterIP) for protocol `proto`. Lock-free; does
-    /// not allocate.
+    /// The service with node port `dport` for protocol `proto`, for traffic of family `A` to
+    /// one of the node's addresses of that family (the caller has checked that): only
+    /// services with a ClusterIP of the family (kube-proxy programs a node port in iptables
+    /// or ip6tables only for Services of that family). Lock-free; does not allocate.
+    ///
+    /// `by_node_port::<Ipv4Addr>(..)`, `by_node_port::<Ipv6Addr>(..)`.
     #[inline]
-    pub fn by_vip6(&self, dst: Ipv6Addr, dport: u16, proto: u8) -> Option<ServiceRef> {
-        let snap = self.snap.load();
-        snap.by_vip6
-            .get(&(u128::from(dst), dport, proto))
-            .map(|s| ServiceRef(s.clone()))
-    }
-
-    /// The service with node port `dport` for protocol `proto`, for IPv4 traffic (the caller
-    /// has checked that the destination is one of the node's IPv4 addresses): only services
-    /// with an IPv4 ClusterIP. Lock-free; does not allocate.
-    #[inline]
-    pub fn by_node_port(&self, dport: u16, proto: u8) -> Option<ServiceRef> {
+    pub fn by_node_port<A: ServiceAddr>(&self, dport: u16, proto: u8) -> Option<ServiceRef> {
         let snap = self.snap.load();
         snap.by_node_port
             .get(&(dport, proto))
-            .filter(|s| s.spec.has_v4())
+            .filter(|s| s.spec.has_frontend::<A>())
             .map(|s| ServiceRef(s.clone()))
     }
 
-    /// The service with node port `dport` for protocol `proto`, for IPv6 traffic to one of
-    /// the node's IPv6 addresses: only services with an IPv6 ClusterIP (kube-proxy programs
-    /// a node port in ip6tables only for Services of that family). Lock-free; no allocation.
-    #[inline]
-    pub fn by_node_port6(&self, dport: u16, proto: u8) -> Option<ServiceRef> {
-        let snap = self.snap.load();
-        snap.by_node_port
-            .get(&(dport, proto))
-            .filter(|s| s.spec.has_v6())
-            .map(|s| ServiceRef(s.clone()))
-    }
-
-    /// The endpoint for a new connection from `client` to `svc`, or `None` when the service
-    /// has no eligible endpoint (the caller rejects the connection, as kube-proxy's REJECT
-    /// rule). `local_only` restricts the choice to endpoints on this node
-    /// (`externalTrafficPolicy: Local` for external traffic). `flow_hash` keys Maglev,
-    /// `rand` (from a per-worker [`super::Rng`]) drives random choice; `now` times affinity.
+    /// The endpoint of `client`'s family for a new connection from `client` to `svc`, or
+    /// `None` when the service has no eligible endpoint of that family (the caller rejects
+    /// the connection, as kube-proxy's REJECT rule). `local_only` restricts the choice to
+    /// endpoints on this node (`externalTrafficPolicy: Local` for external traffic).
+    /// `flow_hash` keys Maglev, `rand` (from a per-worker [`super::Rng`]) drives random
+    /// choice; `now` times affinity, which is keyed by the service and `client`.
     ///
     /// Does not allocate. For services with affinity it takes one short per-set lock (see
     /// the [module docs](self)); otherwise it takes none.
-    pub fn select(
+    pub fn select<A: ServiceAddr>(
         &self,
         svc: &ServiceRef,
-        client: Ipv4Addr,
+        client: A,
         flow_hash: u64,
         rand: u64,
         local_only: bool,
         now: Instant,
-    ) -> Option<SocketAddrV4> {
+    ) -> Option<A::SocketAddr> {
         let s = &*svc.0;
-        let (f, algo) = (&s.v4, s.spec.algo);
+        let (f, algo) = (A::frontend(s), s.spec.algo);
         match s.spec.affinity {
             None => f.pick(algo, flow_hash, rand, local_only),
-            Some(timeout) => {
-                let key = u64::from(s.id.0) << 32 | u64::from(u32::from(client));
-                self.affinity.get_or_insert(
-                    key,
-                    now,
-                    timeout,
-                    |ep| f.eligible(ep, local_only),
-                    || f.pick(algo, flow_hash, rand, local_only),
-                )
-            }
-        }
-    }
-
-    /// As [`Services::select`] for the service's IPv6 frontend: an IPv6 endpoint for a new
-    /// connection from the IPv6 `client` (the affinity key), or `None` when the frontend has
-    /// no eligible endpoint. Does not allocate.
-    pub fn select6(
-        &self,
-        svc: &ServiceRef,
-        client: Ipv6Addr,
-        flow_hash: u64,
-        rand: u64,
-        local_only: bool,
-        now: Instant,
-    ) -> Option<SocketAddrV6> {
-        let s = &*svc.0;
-        let (f, algo) = (&s.v6, s.spec.algo);
-        match s.spec.affinity {
-            None => f.pick(algo, flow_hash, rand, local_only),
-            Some(timeout) => self.affinity6.get_or_insert(
-                (s.id.0, u128::from(client)),
+            Some(timeout) => A::affinity(self).get_or_insert(
+                A::aff_key(s.id.0, client),
                 now,
                 timeout,
                 |ep| f.eligible(ep, local_only),
@@ -1113,21 +1214,31 @@ impl Services {
         }
     }
 
-    /// Links connections that a previous process left in `ct` (kept in a file across a
-    /// restart, [`Conntrack::open_file`]) to this table's Services, once the Services are
-    /// added again: each live entry of a Service gets the [`ServiceId`] of the Service now at
-    /// its original destination (ClusterIP and port, else node port), or 0 when there is none
-    /// (ids are given in the order Services are added, so a previous process may have
-    /// numbered them differently); and for each Service with session affinity, each client's
-    /// endpoint is remembered again from its connections, until the entry's last packet plus
-    /// the affinity timeout (a restart makes the affinity last from the client's last packet
-    /// instead of its last new connection; clients with no connection left lose theirs).
+    /// Links connections that a previous process left in `ct` ([`Conntrack`] or
+    /// [`Conntrack6`], kept in a file across a restart, [`Conntrack::open_file`]) to this
+    /// table's Services of the table's family, once the Services are added again: each live
+    /// entry of a Service gets the [`ServiceId`] of the Service now at its original
+    /// destination (ClusterIP and port, else node port of a Service with a ClusterIP of the
+    /// family), or 0 when there is none (ids are given in the order Services are added, so a
+    /// previous process may have numbered them differently); and for each Service with
+    /// session affinity, each client's endpoint is remembered again from its connections,
+    /// until the entry's last packet plus the affinity timeout (a restart makes the affinity
+    /// last from the client's last packet instead of its last new connection; clients with no
+    /// connection left lose theirs).
     ///
     /// The affinity table is rebuilt rather than kept in the file because every choice that
     /// matters is held by a connection, and because it is a table of small mutexes, which a
     /// killed process could leave locked. Returns (tags changed, affinity entries restored).
-    /// O(table size); call it once, after adding the Services.
-    pub fn relink(&self, ct: &Conntrack, now: Instant) -> (usize, usize) {
+    /// O(table size); call it once per family's table, after adding the Services.
+    ///
+    /// [`Conntrack`]: crate::conntrack::Conntrack
+    /// [`Conntrack6`]: crate::conntrack::Conntrack6
+    /// [`Conntrack::open_file`]: crate::conntrack::CtTable::open_file
+    pub fn relink<A: ServiceAddr + TupleWords<W>, const W: usize>(
+        &self,
+        ct: &CtTable<Tuple<A>, W>,
+        now: Instant,
+    ) -> (usize, usize) {
         let mut restored = 0;
         let changed = ct.retag_services(now, |v, last| {
             if v.service == 0 {
@@ -1136,47 +1247,16 @@ impl Services {
             let t = &v.orig;
             let Some(svc) = self
                 .by_vip(t.dst, t.dport, t.proto)
-                .or_else(|| self.by_node_port(t.dport, t.proto))
+                .or_else(|| self.by_node_port::<A>(t.dport, t.proto))
             else {
                 return 0;
             };
             let s = &*svc.0;
             if let Some(timeout) = s.spec.affinity {
-                let ep = SocketAddrV4::new(v.reply.src, v.reply.sport);
-                if s.v4.eps.contains(&ep) {
-                    let key = u64::from(s.id.0) << 32 | u64::from(u32::from(t.src));
-                    self.affinity.restore(key, ep, last + timeout, now);
-                    restored += 1;
-                }
-            }
-            s.id.0
-        });
-        (changed, restored)
-    }
-
-    /// As [`Services::relink`] for the IPv6 table: each live IPv6 entry of a Service gets the
-    /// id of the Service now at its original destination (IPv6 ClusterIP and port, else a
-    /// node port of a Service with an IPv6 ClusterIP), or 0; IPv6 clients' affinity is
-    /// restored from their connections. Returns (tags changed, affinity entries restored).
-    pub fn relink6(&self, ct: &ConntrackOf<Ipv6Addr>, now: Instant) -> (usize, usize) {
-        let mut restored = 0;
-        let changed = ct.retag_services(now, |v, last| {
-            if v.service == 0 {
-                return 0;
-            }
-            let t = &v.orig;
-            let Some(svc) = self
-                .by_vip6(t.dst, t.dport, t.proto)
-                .or_else(|| self.by_node_port6(t.dport, t.proto))
-            else {
-                return 0;
-            };
-            let s = &*svc.0;
-            if let Some(timeout) = s.spec.affinity {
-                let ep = SocketAddrV6::new(v.reply.src, v.reply.sport, 0, 0);
-                if s.v6.eps.contains(&ep) {
-                    let key = (s.id.0, u128::from(t.src));
-                    self.affinity6.restore(key, ep, last + timeout, now);
+                let ep = A::socket(v.reply.src, v.reply.sport);
+                if A::frontend(s).eps.contains(&ep) {
+                    let key = A::aff_key(s.id.0, t.src);
+                    A::affinity(self).restore(key, ep, last + timeout, now);
                     restored += 1;
                 }
             }
@@ -1187,7 +1267,7 @@ impl Services {
 
     /// The affinity tables' counters (IPv4 and IPv6 clients together).
     pub fn affinity_stats(&self) -> AffinityStats {
-        let (a, b) = (self.affinity.stats(), self.affinity6.stats());
+        let (a, b) = (self.affinity_v4.stats(), self.affinity_v6.stats());
         AffinityStats {
             hits: a.hits + b.hits,
             misses: a.misses + b.misses,
@@ -1247,13 +1327,7 @@ impl Services {
         for s in v {
             let sp = &s.spec;
             // One block per frontend, as ipvsadm lists an IPv4 and an IPv6 virtual service.
-            let v4 = sp.vip.map(|a| format!("{a}:{}", sp.port));
-            let v6 = sp.vip6.map(|a| format!("[{a}]:{}", sp.port));
-            let eps4 = sp.endpoints.iter().map(|e| (e.addr.to_string(), e.local));
-            let eps6 = sp.endpoints6.iter().map(|e| (e.addr.to_string(), e.local));
-            let fronts: [(Option<String>, Vec<Listed>); 2] =
-                [(v4, eps4.collect()), (v6, eps6.collect())];
-            for (front, eps) in fronts {
+            for (front, eps) in [listed::<Ipv4Addr>(sp), listed::<Ipv6Addr>(sp)] {
                 let Some(front) = front else { continue };
                 let _ = write!(
                     out,
@@ -1288,17 +1362,55 @@ impl Services {
 /// An endpoint as listed: address text and local flag.
 type Listed = (String, bool);
 
-fn unlink(next: &mut Snapshot, p: &SvcState) {
+/// The family's frontend of `sp` as listed (`None` without a ClusterIP of the family), and
+/// its endpoints.
+fn listed<A: ServiceAddr>(sp: &ServiceSpec) -> (Option<String>, Vec<Listed>) {
+    let front = A::vip(sp).map(|a| A::socket(a, sp.port).to_string());
+    let eps = A::endpoints(sp).iter();
+    (front, eps.map(|e| (e.addr.to_string(), e.local)).collect())
+}
+
+/// `Err` if another service than `spec`'s has its ClusterIP of the family, port and protocol.
+fn vip_free<A: ServiceAddr>(cur: &Snapshot, spec: &ServiceSpec) -> Result<(), ServiceError> {
+    let Some(vip) = A::vip(spec) else {
+        return Ok(());
+    };
+    let proto = spec.proto.number();
+    match A::vips(cur).get(&(vip.key(), spec.port, proto)) {
+        Some(o) if o.spec.name != spec.name => Err(ServiceError::DuplicateVip {
+            service: spec.name.clone(),
+            vip: vip.into(),
+            port: spec.port,
+            proto,
+            other: o.spec.name.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Enters `state` under its ClusterIP of the family, if it has one.
+fn link<A: ServiceAddr>(next: &mut Snapshot, state: &Arc<SvcState>) {
+    let s = &state.spec;
+    if let Some(vip) = A::vip(s) {
+        let k = (vip.key(), s.port, s.proto.number());
+        A::vips_mut(next).insert(k, state.clone());
+    }
+}
+
+/// Takes `p` out from under its ClusterIP of the family, if it has one.
+fn unlink_vip<A: ServiceAddr>(next: &mut Snapshot, p: &SvcState) {
     let s = &p.spec;
-    let proto = s.proto.number();
-    if let Some(v4) = s.vip {
-        next.by_vip.remove(&(u32::from(v4), s.port, proto));
+    if let Some(vip) = A::vip(s) {
+        A::vips_mut(next).remove(&(vip.key(), s.port, s.proto.number()));
     }
-    if let Some(v6) = s.vip6 {
-        next.by_vip6.remove(&(u128::from(v6), s.port, proto));
-    }
+}
+
+fn unlink(next: &mut Snapshot, p: &SvcState) {
+    unlink_vip::<Ipv4Addr>(next, p);
+    unlink_vip::<Ipv6Addr>(next, p);
+    let s = &p.spec;
     if let Some(np) = s.node_port {
-        next.by_node_port.remove(&(np, proto));
+        next.by_node_port.remove(&(np, s.proto.number()));
     }
 }
 
