@@ -19,9 +19,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::common::{have, open_tap, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
+use crate::common::{have, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
 use tapyard::port::TapPort;
-use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 /// Bytes sent over TCP from pod A to pod B (at least 10 MB).
@@ -247,29 +246,10 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
 
     let mut guard = Guard::default();
     println!("{prefix}: pod A on a {kind_a:?} TAP, pod B on a {kind_b:?} TAP");
-    for (pod, id, kind) in [(&a, id_a, kind_a), (&b, id_b, kind_b)] {
-        match open_tap(kind, &pod.tap) {
-            Ok(p) => guard.ports.push((id, Arc::new(p))),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                eprintln!(
-                    "skipping: cannot create TAP {} ({e}): no CAP_NET_ADMIN",
-                    pod.tap
-                );
-                return;
-            }
-            Err(e) => panic!("cannot open TAP {}: {e}", pod.tap),
-        }
+    let taps = [(id_a, &a.tap[..], kind_a), (id_b, &b.tap[..], kind_b)];
+    if !common::attach_taps(&mut guard, &dp, &taps) {
+        return;
     }
-    let rt = Runtime::start(
-        dp.clone(),
-        guard.ports.clone(),
-        RuntimeConfig {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .expect("start runtime");
-    guard.rt = Some(rt);
 
     guard.ns(&a.ns);
     guard.ns(&b.ns);

@@ -37,12 +37,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::common::{
-    have, open_tap, route, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT,
-};
+use crate::common::{have, route, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::NextHop;
-use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 /// Bytes sent over TCP from pod A to pod B (at least 10 MB).
@@ -382,29 +379,14 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
 
     let mut guard = Guard::default();
     println!("{prefix}: {kind:?} TAPs");
-    for (host, id) in [(&a, id_a), (&b, id_b), (&nb, id_up)] {
-        match open_tap(kind, &host.tap) {
-            Ok(p) => guard.ports.push((id, Arc::new(p))),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                eprintln!(
-                    "skipping: cannot create TAP {} ({e}): no CAP_NET_ADMIN",
-                    host.tap
-                );
-                return;
-            }
-            Err(e) => panic!("cannot open TAP {}: {e}", host.tap),
-        }
+    let taps = [
+        (id_a, &a.tap[..], kind),
+        (id_b, &b.tap[..], kind),
+        (id_up, &nb.tap[..], kind),
+    ];
+    if !common::attach_taps(&mut guard, &dp, &taps) {
+        return;
     }
-    let rt = Runtime::start(
-        dp.clone(),
-        guard.ports.clone(),
-        RuntimeConfig {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .expect("start runtime");
-    guard.rt = Some(rt);
 
     for h in [&a, &b, &nb] {
         guard.ns(&h.ns);
