@@ -23,6 +23,7 @@ per_family!(
     connections_are_kept_across_a_reopen_of_the_table_file,
     a_changed_cluster_ip_flushes_the_old_frontends_udp_flows_only,
     a_single_family_services_node_port_does_not_answer_in_the_other_family,
+    a_syn_to_a_node_address_without_a_listener_gets_a_reset,
 );
 
 fn pod_to_cluster_ip_spreads_over_endpoints_and_replies_come_from_the_cluster_ip(p: Plan) {
@@ -576,4 +577,56 @@ fn a_single_family_services_node_port_does_not_answer_in_the_other_family(p: Pla
         out.iter().all(|(port, _)| *port == ETH0),
         "not forwarded to a pod: {out:?}"
     );
+}
+
+/// Linux answers a TCP segment to one of its addresses on a port nothing listens on with a
+/// reset (`tcp_v4_send_reset`), and so does tapyard for its own addresses (the uplink's,
+/// the gateway's) on ports that are no NodePort: a client learns at once instead of
+/// retrying until its timeout. Resets and segments with a wrong checksum get nothing.
+fn a_syn_to_a_node_address_without_a_listener_gets_a_reset(p: Plan) {
+    let mut n = node();
+    // From outside, to the node's address.
+    let syn = tcp(OUTGW, UP_MAC, p.client, 52000, p.node, 22, SYN);
+    let (v, out) = send(&mut n, ETH0, &syn);
+    assert_eq!(v, Verdict::Drop(DropReason::LocalNoService));
+    let (port, f) = one(&out);
+    assert_eq!(port, ETH0);
+    assert_eq!(&f[..6], &OUTGW.0, "back to the sender's MAC");
+    assert_eq!(flow(f), (p.node, 22, p.client, 52000));
+    let s = SlicedPacket::from_ethernet(f).unwrap();
+    let Some(TransportSlice::Tcp(t)) = s.transport else {
+        panic!()
+    };
+    assert!(t.rst() && t.ack() && !t.syn());
+    // RFC 793's reset for a segment without ACK: sequence 0, acknowledging all it carried.
+    let sent = SlicedPacket::from_ethernet(&syn).unwrap();
+    let Some(TransportSlice::Tcp(st)) = sent.transport else {
+        panic!()
+    };
+    let carried = u32::try_from(st.payload().len()).unwrap() + 1;
+    assert_eq!(
+        (t.sequence_number(), t.acknowledgment_number()),
+        (0, st.sequence_number() + carried)
+    );
+    // From a pod, to its gateway.
+    let (_, out) = send(&mut n, PA, &from_a(&p, 52001, p.gw, 8080, SYN));
+    let (port, f) = one(&out);
+    assert_eq!(port, PA);
+    assert_eq!(flow(f), (p.gw, 8080, p.a, 52001));
+    // A reset, or a segment whose checksum is wrong: nothing back.
+    let rst = tcp(
+        OUTGW,
+        UP_MAC,
+        p.client,
+        52002,
+        p.node,
+        22,
+        tapyard_testkit::frame::RST,
+    );
+    assert!(send(&mut n, ETH0, &rst).1.is_empty());
+    let mut bad = syn.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    let (v, out) = send(&mut n, ETH0, &bad);
+    assert!(out.is_empty(), "{v:?} {out:?}");
 }
