@@ -13,9 +13,6 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -123,28 +120,7 @@ print(n, digest, "%.3f" % (time.monotonic() - t), flush=True)
 fn tcp_transfer(guard: &mut Guard, a: &Pod, b: &Pod) {
     let port = TCP_PORT.to_string();
     let server_args = b.exec(&["python3", "-c", SERVER_PY, &b.addr, &port]);
-    let mut server = Command::new(server_args[0])
-        .args(&server_args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("cannot start the TCP server in namespace B");
-    let stdout = server.stdout.take().expect("server stdout");
-    guard.children.push(server);
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready = rx
-        .recv_timeout(CMD_TIMEOUT)
-        .expect("the TCP server in namespace B did not start listening");
-    assert_eq!(ready, "ready", "unexpected output from the TCP server");
+    let rx = guard.spawn_reporting_server("the TCP server in namespace B", &server_args);
 
     let n = TCP_BYTES.to_string();
     let client = run(&a.exec(&["python3", "-c", CLIENT_PY, &b.addr, &port, &n, "213"]));

@@ -31,9 +31,6 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -206,28 +203,8 @@ fn tcp_exchange(
 ) {
     let port = TCP_PORT.to_string();
     let server_args = server.exec(&["python3", "-c", SERVER_PY, addr, &port]);
-    let mut child = Command::new(server_args[0])
-        .args(&server_args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("cannot start the TCP server");
-    let stdout = child.stdout.take().expect("server stdout");
-    guard.children.push(child);
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready = rx
-        .recv_timeout(CMD_TIMEOUT)
-        .unwrap_or_else(|_| panic!("the TCP server in {} did not start", server.ns));
-    assert_eq!(ready, "ready", "unexpected output from the TCP server");
+    let label = format!("the TCP server in {}", server.ns);
+    let rx = guard.spawn_reporting_server(&label, &server_args);
 
     let n = bytes.to_string();
     let out = run_output(&from.exec(&["python3", "-c", CLIENT_PY, addr, &port, &n, "215"]));
