@@ -7,6 +7,8 @@
 //!   [`Guard`] that removes what a test made, in order, whether it passed or failed.
 //! - [`node`]: a datapath driven frame by frame in memory ([`Node`]: send a frame, advance
 //!   the clock) and in-memory ports.
+//! - [`kube`]: the Kubernetes node of the NAT tests ([`kube::kube_node`]) and each family's
+//!   addresses on it ([`kube::Plan`]), so that a NAT test is written once for both.
 //! - [`frame`]: frame builders of either family (TCP, UDP, the announce frame), what a frame
 //!   carries ([`frame::flow`]) and checksum checks.
 //! - `bench` (feature `bench`): the benches' criterion helpers and baselines.
@@ -23,6 +25,7 @@
 pub mod bench;
 pub mod frame;
 pub mod host;
+pub mod kube;
 pub mod netns;
 pub mod node;
 

@@ -253,6 +253,27 @@ impl Guard {
     /// are printed prefixed with `label` when `TAPYARD_E2E_VERBOSE` is set. Killed on drop;
     /// returns its index for [`Guard::kill_child`].
     pub fn spawn_server(&mut self, label: &str, args: &[&str]) -> usize {
+        let lines = self.spawn_ready(label, args);
+        let label = label.to_string();
+        std::thread::spawn(move || {
+            for line in lines {
+                if std::env::var_os("TAPYARD_E2E_VERBOSE").is_some() {
+                    println!("  [{label}] {line}");
+                }
+            }
+        });
+        self.children.len() - 1
+    }
+
+    /// Like [`Guard::spawn_server`], for a server that reports: its output lines after
+    /// `ready` come through the receiver (what it received, from whom).
+    pub fn spawn_reporting_server(&mut self, label: &str, args: &[&str]) -> mpsc::Receiver<String> {
+        self.spawn_ready(label, args)
+    }
+
+    /// Starts `args` (killed on drop), waits up to [`CMD_TIMEOUT`] for its first output line,
+    /// which must be `ready`, and returns the receiver of the lines after it.
+    fn spawn_ready(&mut self, label: &str, args: &[&str]) -> mpsc::Receiver<String> {
         let mut child = Command::new(args[0])
             .args(&args[1..])
             .stdin(Stdio::null())
@@ -263,16 +284,11 @@ impl Guard {
         let stdout = child.stdout.take().expect("server stdout");
         self.children.push(child);
         let (tx, rx) = mpsc::channel::<String>();
-        let label2 = label.to_string();
         std::thread::spawn(move || {
-            let mut first = true;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if first {
-                    first = false;
-                    let _ = tx.send(line);
-                } else if std::env::var_os("TAPYARD_E2E_VERBOSE").is_some() {
-                    println!("  [{label2}] {line}");
+                if tx.send(line).is_err() {
+                    break;
                 }
             }
         });
@@ -280,7 +296,7 @@ impl Guard {
             .recv_timeout(CMD_TIMEOUT)
             .unwrap_or_else(|_| panic!("{label} did not start"));
         assert_eq!(ready, "ready", "unexpected output from {label}");
-        self.children.len() - 1
+        rx
     }
 
     /// Kills the child at `idx` (from [`Guard::spawn_server`]) and waits for it; the slot

@@ -49,6 +49,39 @@ pub fn open_tap(kind: TapKind, name: &str) -> std::io::Result<TapPort> {
     }
 }
 
+/// Opens each `(port id, TAP name, kind)` into `guard.ports` and starts a runtime with
+/// two workers on them, kept in `guard.rt` (stopped on drop). `false`, having said why the
+/// test skips, when this process may not create TAP devices; any other error panics.
+pub fn attach_taps(
+    guard: &mut Guard,
+    dp: &Arc<tapyard::Datapath>,
+    taps: &[(PortId, &str, TapKind)],
+) -> bool {
+    for &(id, tap, kind) in taps {
+        match open_tap(kind, tap) {
+            Ok(p) => guard.ports.push((id, Arc::new(p))),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                skip(&format!(
+                    "skipping: cannot create TAP {tap} ({e}): no CAP_NET_ADMIN"
+                ));
+                return false;
+            }
+            Err(e) => panic!("cannot open TAP {tap}: {e}"),
+        }
+    }
+    let rt = tapyard::runtime::Runtime::start(
+        dp.clone(),
+        guard.ports.clone(),
+        tapyard::runtime::RuntimeConfig {
+            workers: 2,
+            ..Default::default()
+        },
+    )
+    .expect("start runtime");
+    guard.rt = Some(rt);
+    true
+}
+
 /// A datapath with one bridge, `br0`, holding ports `a` and `b`: the datapath and the ports'
 /// ids.
 pub fn two_port_bridge(a: &str, b: &str) -> (tapyard::Datapath, PortId, PortId) {

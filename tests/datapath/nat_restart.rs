@@ -10,23 +10,16 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use tapyard::conntrack::Opened;
-use tapyard::l3::{IfaceConfig, NextHop, Route, RouteProto};
-use tapyard::nat::{Endpoint, MasqueradeRule, NatConfig, NatRules, Prefix, ServiceSpec};
+use tapyard::conntrack::{CtConfig, Opened};
+use tapyard::nat::{Endpoint, ServiceSpec};
 use tapyard::wire::family::IpProto;
-use tapyard::{BridgeConfig, Clock, Datapath, MacAddr, PortId, Worker};
-use tapyard_testkit::announce_frame;
+use tapyard::{Clock, PortId};
 use tapyard_testkit::frame::{tcp, ACK, SYN, SYNACK};
+use tapyard_testkit::kube::{
+    kube_node, Ifaces, KubeOptions, ETH0, GW_MAC, OUTGW, PA, PB, PEER, POD_A, POD_B, UP_MAC,
+};
 
-const GW_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
-const UP_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 2]);
-const POD_A: MacAddr = MacAddr([0x02, 0, 0, 0, 1, 2]);
-const POD_B: MacAddr = MacAddr([0x02, 0, 0, 0, 1, 3]);
-const PEER: MacAddr = MacAddr([0x02, 0, 0, 0, 0x12, 3]);
-const OUTGW: MacAddr = MacAddr([0x02, 0, 0, 0, 0x12, 1]);
-const PA: PortId = PortId(0);
-const PB: PortId = PortId(1);
-const ETH0: PortId = PortId(3);
+type Node = tapyard_testkit::Node<Ifaces>;
 
 const A: [u8; 4] = [10, 244, 1, 2];
 const B: [u8; 4] = [10, 244, 1, 3];
@@ -34,12 +27,6 @@ const WEB: [u8; 4] = [10, 96, 0, 10];
 const OTHER: [u8; 4] = [10, 96, 0, 20];
 const OUTSIDE: [u8; 4] = [192, 0, 2, 10];
 const NODE: [u8; 4] = [172, 18, 0, 2];
-const GW: [u8; 4] = [10, 244, 1, 1];
-
-struct Node {
-    dp: Datapath,
-    w: Worker,
-}
 
 /// Removes the table's file, and the IPv6 table's beside it, when the test ends, however it
 /// ends.
@@ -52,79 +39,21 @@ impl Drop for TempFile {
     }
 }
 
-/// The node of tests/datapath/nat.rs, smaller, with its table in `file`. `services_first_other`
-/// adds an unrelated Service before `web`, so `web` gets another id than in a node built
-/// without it (as after reloads in the previous process).
+/// The test kit's Kubernetes node with its tables in `file` (4,096 entries) and one Service,
+/// `web` (10.96.0.10:80, eight endpoints on node B's pods, client affinity).
+/// `services_first_other` adds an unrelated Service before `web`, so `web` gets another id
+/// than in a node built without it (as after reloads in the previous process).
 fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
-    let now = Clock::new().now();
-    let mut b = Datapath::builder();
-    let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
-    assert_eq!(b.add_port("pod-a", Some(br)).unwrap(), PA);
-    assert_eq!(b.add_port("pod-b", Some(br)).unwrap(), PB);
-    let (cni0, _) = b
-        .add_router_iface(
-            IfaceConfig::new("cni0", GW_MAC, std::net::Ipv4Addr::from(GW), 24),
-            Some(br),
-        )
-        .unwrap();
-    let (eth0, port) = b
-        .add_router_iface(
-            IfaceConfig::new("eth0", UP_MAC, std::net::Ipv4Addr::from(NODE), 24),
-            None,
-        )
-        .unwrap();
-    assert_eq!(port, ETH0);
-    let cluster = Prefix::new(Ipv4Addr::new(10, 244, 0, 0), 16);
-    b.conntrack_file(file, now);
-    let mut cfg = NatConfig {
-        rules: NatRules {
-            cluster_cidr: Some(cluster),
-            masquerade: vec![MasqueradeRule {
-                out: eth0,
-                src: Some(cluster),
-                except_dst: Some(cluster),
-            }],
-            ..NatRules::default()
-        },
-        ..NatConfig::default()
-    };
-    cfg.conntrack.max_entries = 4096;
-    b.netfilter(cfg).unwrap();
-    let opened = b.recovery::<std::net::Ipv4Addr>().unwrap().opened.clone();
-    let dp = b.build();
-    let route = |p: [u8; 4], len, nh| Route {
-        prefix: p.into(),
-        len,
-        next_hop: nh,
-        metric: 0,
-        proto: RouteProto::Static,
-        src: None,
-    };
-    dp.control()
-        .add_route(route(
-            [10, 244, 2, 0],
-            24,
-            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 3)),
-        ))
-        .unwrap();
-    dp.control()
-        .add_route(route(
-            [0, 0, 0, 0],
-            0,
-            NextHop::Via(eth0, Ipv4Addr::new(172, 18, 0, 1)),
-        ))
-        .unwrap();
-    for (iface, ip, mac) in [
-        (cni0, A, POD_A),
-        (cni0, B, POD_B),
-        (eth0, [172, 18, 0, 3], PEER),
-        (eth0, [172, 18, 0, 1], OUTGW),
-    ] {
-        dp.control()
-            .add_static_neigh(iface, std::net::IpAddr::from(ip), mac, now)
-            .unwrap();
-    }
-    let nf = dp.control().netfilter().unwrap();
+    let n = kube_node(KubeOptions {
+        conntrack_file: Some(file),
+        conntrack: Some(CtConfig {
+            max_entries: 4096,
+            ..CtConfig::default()
+        }),
+        ..KubeOptions::default()
+    });
+    let now = n.now;
+    let nf = n.dp.control().netfilter().unwrap();
     if services_first_other {
         let mut other = ServiceSpec::new("other", Ipv4Addr::from(OTHER), 80, IpProto::TCP);
         other.endpoints = vec![Endpoint::new(SocketAddrV4::new(B.into(), 9090), true)];
@@ -138,11 +67,7 @@ fn node(file: &Path, services_first_other: bool) -> (Node, Opened) {
     web.affinity = Some(std::time::Duration::from_secs(600));
     nf.upsert_service(web, now).unwrap();
     nf.services().relink(nf.conntrack(), now);
-    let w = dp.worker();
-    let mut n = Node { dp, w };
-    for (p, mac) in [(PA, POD_A), (PB, POD_B)] {
-        send(&mut n, p, &announce_frame(mac));
-    }
+    let opened = n.ext.opened.clone().expect("a table file");
     (n, opened)
 }
 

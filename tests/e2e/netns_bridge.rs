@@ -13,15 +13,11 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::common::{have, open_tap, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
+use crate::common::{have, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
 use tapyard::port::TapPort;
-use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 /// Bytes sent over TCP from pod A to pod B (at least 10 MB).
@@ -124,28 +120,7 @@ print(n, digest, "%.3f" % (time.monotonic() - t), flush=True)
 fn tcp_transfer(guard: &mut Guard, a: &Pod, b: &Pod) {
     let port = TCP_PORT.to_string();
     let server_args = b.exec(&["python3", "-c", SERVER_PY, &b.addr, &port]);
-    let mut server = Command::new(server_args[0])
-        .args(&server_args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("cannot start the TCP server in namespace B");
-    let stdout = server.stdout.take().expect("server stdout");
-    guard.children.push(server);
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready = rx
-        .recv_timeout(CMD_TIMEOUT)
-        .expect("the TCP server in namespace B did not start listening");
-    assert_eq!(ready, "ready", "unexpected output from the TCP server");
+    let rx = guard.spawn_reporting_server("the TCP server in namespace B", &server_args);
 
     let n = TCP_BYTES.to_string();
     let client = run(&a.exec(&["python3", "-c", CLIENT_PY, &b.addr, &port, &n, "213"]));
@@ -247,29 +222,10 @@ fn bridge_two_pods(prefix: &str, kind_a: TapKind, kind_b: TapKind) {
 
     let mut guard = Guard::default();
     println!("{prefix}: pod A on a {kind_a:?} TAP, pod B on a {kind_b:?} TAP");
-    for (pod, id, kind) in [(&a, id_a, kind_a), (&b, id_b, kind_b)] {
-        match open_tap(kind, &pod.tap) {
-            Ok(p) => guard.ports.push((id, Arc::new(p))),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                eprintln!(
-                    "skipping: cannot create TAP {} ({e}): no CAP_NET_ADMIN",
-                    pod.tap
-                );
-                return;
-            }
-            Err(e) => panic!("cannot open TAP {}: {e}", pod.tap),
-        }
+    let taps = [(id_a, &a.tap[..], kind_a), (id_b, &b.tap[..], kind_b)];
+    if !common::attach_taps(&mut guard, &dp, &taps) {
+        return;
     }
-    let rt = Runtime::start(
-        dp.clone(),
-        guard.ports.clone(),
-        RuntimeConfig {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .expect("start runtime");
-    guard.rt = Some(rt);
 
     guard.ns(&a.ns);
     guard.ns(&b.ns);

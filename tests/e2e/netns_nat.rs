@@ -503,29 +503,15 @@ fn nat_node(prefix: &str, kind: TapKind) {
     println!("{prefix}: {kind:?} TAPs; routes:\n{routes}");
 
     let mut guard = Guard::default();
-    for (tap, id) in [(&tap_a, id_a), (&tap_b, id_b), (&tap_up, id_up)] {
-        match open_tap(kind, tap) {
-            Ok(p) => guard.ports.push((id, Arc::new(p))),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                skip(&format!(
-                    "skipping: cannot create TAP {tap} ({e}): no CAP_NET_ADMIN"
-                ));
-                return;
-            }
-            Err(e) => panic!("cannot open TAP {tap}: {e}"),
-        }
+    let taps = [
+        (id_a, &tap_a[..], kind),
+        (id_b, &tap_b[..], kind),
+        (id_up, &tap_up[..], kind),
+    ];
+    if !common::attach_taps(&mut guard, &dp, &taps) {
+        return;
     }
-    let rt = Runtime::start(
-        dp.clone(),
-        guard.ports.clone(),
-        RuntimeConfig {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .expect("start runtime");
-    let now = rt.now();
-    guard.rt = Some(rt);
+    let now = guard.rt.as_ref().expect("started").now();
 
     // The Services, as kube-proxy would program them.
     let nf = dp.control().netfilter().expect("netfilter");

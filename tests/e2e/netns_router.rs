@@ -31,18 +31,12 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::common::{
-    have, open_tap, route, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT,
-};
+use crate::common::{have, route, run, run_output, skip_reason, Guard, TapKind, CMD_TIMEOUT};
 use tapyard::l3::IfaceConfig;
 use tapyard::l3::NextHop;
-use tapyard::runtime::{Runtime, RuntimeConfig};
 use tapyard::{BridgeConfig, Datapath, DropReason, MacAddr};
 
 /// Bytes sent over TCP from pod A to pod B (at least 10 MB).
@@ -209,28 +203,8 @@ fn tcp_exchange(
 ) {
     let port = TCP_PORT.to_string();
     let server_args = server.exec(&["python3", "-c", SERVER_PY, addr, &port]);
-    let mut child = Command::new(server_args[0])
-        .args(&server_args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("cannot start the TCP server");
-    let stdout = child.stdout.take().expect("server stdout");
-    guard.children.push(child);
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready = rx
-        .recv_timeout(CMD_TIMEOUT)
-        .unwrap_or_else(|_| panic!("the TCP server in {} did not start", server.ns));
-    assert_eq!(ready, "ready", "unexpected output from the TCP server");
+    let label = format!("the TCP server in {}", server.ns);
+    let rx = guard.spawn_reporting_server(&label, &server_args);
 
     let n = bytes.to_string();
     let out = run_output(&from.exec(&["python3", "-c", CLIENT_PY, addr, &port, &n, "215"]));
@@ -382,29 +356,14 @@ fn routed_node(prefix: &str, kind: TapKind, errors: bool) {
 
     let mut guard = Guard::default();
     println!("{prefix}: {kind:?} TAPs");
-    for (host, id) in [(&a, id_a), (&b, id_b), (&nb, id_up)] {
-        match open_tap(kind, &host.tap) {
-            Ok(p) => guard.ports.push((id, Arc::new(p))),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                eprintln!(
-                    "skipping: cannot create TAP {} ({e}): no CAP_NET_ADMIN",
-                    host.tap
-                );
-                return;
-            }
-            Err(e) => panic!("cannot open TAP {}: {e}", host.tap),
-        }
+    let taps = [
+        (id_a, &a.tap[..], kind),
+        (id_b, &b.tap[..], kind),
+        (id_up, &nb.tap[..], kind),
+    ];
+    if !common::attach_taps(&mut guard, &dp, &taps) {
+        return;
     }
-    let rt = Runtime::start(
-        dp.clone(),
-        guard.ports.clone(),
-        RuntimeConfig {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .expect("start runtime");
-    guard.rt = Some(rt);
 
     for h in [&a, &b, &nb] {
         guard.ns(&h.ns);

@@ -11,6 +11,7 @@ use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::l3::neigh::{Enqueue, Refusal};
 use crate::l3::route::{NextHop, RouteAddr, RouteReader};
+use crate::narrow::low32;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
@@ -468,7 +469,8 @@ impl Router {
 
     /// A packet to one of the router's own addresses: an echo request is answered (turned
     /// into its reply in place: `L3::Forward` back out of `in_if`, which the caller sends as
-    /// a copy), UDP gets a port unreachable, the rest is dropped.
+    /// a copy), UDP gets a port unreachable and TCP a reset (no socket listens on the
+    /// router), the rest is dropped.
     #[cold]
     #[inline(never)]
     fn local_input<A: RouterFamily>(
@@ -498,9 +500,30 @@ impl Router {
                 return L3::Forward(rx.in_if);
             }
         }
-        if A::facts(info).proto == IpProto::UDP {
+        let f = A::facts(info);
+        if f.proto == IpProto::UDP {
             let about = Offending::arrived(b, rx, info);
             self.icmp_error::<A>(about, IcmpError::PortUnreachable, nat, rx.now, sink);
+        } else if f.proto == IpProto::TCP {
+            // No socket listens here: a reset, as Linux's `tcp_v4_rcv`/`tcp_v6_rcv` send
+            // (`tcp_v4_send_reset`), unless the segment is a reset itself (`write_tcp_rst`
+            // refuses those) or its checksum is wrong (trusted when partial, from a sender on
+            // this host, as Linux trusts CHECKSUM_PARTIAL).
+            let seg = b.frame().get(rx.l3 + f.l4_off..rx.l3 + f.total_len);
+            let len = seg.map_or(0, <[u8]>::len);
+            let sum_ok = b.offload.needs_csum()
+                || seg.is_some_and(|s| {
+                    crate::wire::family::pseudo_header(
+                        f.src,
+                        f.dst,
+                        IpProto::TCP,
+                        low32(len as u64),
+                    )
+                    .verifies(s)
+                });
+            if sum_ok {
+                self.reject::<A>(b.frame(), rx, info, true, sink);
+            }
         }
         L3::Drop(DropReason::LocalNoService)
     }
