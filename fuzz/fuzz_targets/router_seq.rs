@@ -283,9 +283,19 @@ fuzz_target!(|data: &[u8]| {
             batch.recycle(&mut w.pool);
             let br = &dp.control().bridges()[0];
             assert!(br.fdb().counters().entries <= br.fdb().max_entries());
-            let nc = dp.control().router().unwrap().neigh::<std::net::Ipv4Addr>().counters();
+            let nc = dp
+                .control()
+                .router()
+                .unwrap()
+                .neigh::<std::net::Ipv4Addr>()
+                .counters();
             assert!(nc.entries <= 8, "{nc:?}");
-            let nc6 = dp.control().router().unwrap().neigh::<std::net::Ipv6Addr>().counters();
+            let nc6 = dp
+                .control()
+                .router()
+                .unwrap()
+                .neigh::<std::net::Ipv6Addr>()
+                .counters();
             assert!(nc6.entries <= 8, "{nc6:?}");
         }
     }

@@ -543,7 +543,9 @@ impl Built {
             );
         }
         if let (Some(nf), true) = (node.dp.control().netfilter(), kept_connections6 > 0) {
-            let (retagged, affinity) = nf.services().relink(nf.conntrack_of::<std::net::Ipv6Addr>(), node.now());
+            let (retagged, affinity) = nf
+                .services()
+                .relink(nf.conntrack_of::<std::net::Ipv6Addr>(), node.now());
             log::info!(
                 "conntrack6: kept IPv6 connections linked to the Services again ({retagged} renumbered, {affinity} client affinities restored)"
             );

@@ -167,7 +167,9 @@ fn take_back(node: &Node) {
         let r = nf.conntrack().take_back(now);
         let (retagged, affinity) = nf.services().relink(nf.conntrack(), now);
         let r6 = nf.conntrack_of::<std::net::Ipv6Addr>().take_back(now);
-        let (retagged6, _) = nf.services().relink(nf.conntrack_of::<std::net::Ipv6Addr>(), now);
+        let (retagged6, _) = nf
+            .services()
+            .relink(nf.conntrack_of::<std::net::Ipv6Addr>(), now);
         log::info!(
             "takeover: IPv6 connection table taken back: {} connections ({retagged6} relinked to the Services)",
             r6.kept
