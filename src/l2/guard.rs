@@ -133,11 +133,11 @@ impl PortGuard {
         &self.v6[..usize::from(self.n6)]
     }
 
-    fn owns4(&self, a: [u8; 4]) -> bool {
+    fn owns_ipv4(&self, a: [u8; 4]) -> bool {
         self.ipv4().contains(&Ipv4Addr::from(a))
     }
 
-    fn owns6(&self, a: [u8; 16]) -> bool {
+    fn owns_ipv6(&self, a: [u8; 16]) -> bool {
         let a = Ipv6Addr::from(a);
         a.is_unicast_link_local() || self.ipv6().contains(&a)
     }
@@ -165,7 +165,7 @@ impl PortGuard {
         let Some(src) = array::<4>(ip, 12) else {
             return Ok(());
         };
-        if self.owns4(src) {
+        if self.owns_ipv4(src) {
             return Ok(());
         }
         // A DHCP client before it has an address: 0.0.0.0, UDP 68 → 67.
@@ -189,7 +189,7 @@ impl PortGuard {
         if sha != self.mac.0 {
             return Err(SpoofDrop::Mac);
         }
-        if self.owns4(spa) || spa == [0; 4] {
+        if self.owns_ipv4(spa) || spa == [0; 4] {
             Ok(())
         } else {
             Err(SpoofDrop::Arp)
@@ -213,7 +213,7 @@ impl PortGuard {
         let msg = msg.unwrap_or(&[]);
         let icmp_type = msg.first().copied();
         let unspecified = src == [0; 16];
-        let allowed = self.owns6(src)
+        let allowed = self.owns_ipv6(src)
             || (unspecified && matches!(icmp_type, Some(NS | MLD_REPORT | MLD2_REPORT)));
         if !allowed {
             return Err(SpoofDrop::Ip);
@@ -235,7 +235,7 @@ impl PortGuard {
         };
         if t == Some(NA) {
             if let Some(target) = array::<16>(msg, 8) {
-                if !self.owns6(target) {
+                if !self.owns_ipv6(target) {
                     return Err(SpoofDrop::Nd);
                 }
             }

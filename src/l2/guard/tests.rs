@@ -21,7 +21,7 @@ fn guard() -> PortGuard {
     PortGuard::new(MAC, [IpAddr::V4(V4), IpAddr::V6(v6(2))]).unwrap()
 }
 
-fn udp4(src_mac: [u8; 6], src: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
+fn udp_ipv4(src_mac: [u8; 6], src: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
     let mut f = Vec::new();
     PacketBuilder::ethernet2(src_mac, GW_MAC)
         .ipv4(src.octets(), [10, 96, 0, 10], 64)
@@ -31,7 +31,7 @@ fn udp4(src_mac: [u8; 6], src: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
     f
 }
 
-fn udp6(src: Ipv6Addr) -> Vec<u8> {
+fn udp_ipv6(src: Ipv6Addr) -> Vec<u8> {
     let mut f = Vec::new();
     PacketBuilder::ethernet2(MAC.0, GW_MAC)
         .ipv6(src.octets(), v6(1).octets(), 64)
@@ -109,12 +109,12 @@ fn the_pods_own_traffic_passes() {
     let g = guard();
     let ll = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0xff, 0xfe00, 0x102);
     for f in [
-        udp4(MAC.0, V4, 40000, 53),
-        udp4(MAC.0, Ipv4Addr::UNSPECIFIED, 68, 67),
+        udp_ipv4(MAC.0, V4, 40000, 53),
+        udp_ipv4(MAC.0, Ipv4Addr::UNSPECIFIED, 68, 67),
         arp(MAC.0, MAC.0, V4, Ipv4Addr::new(10, 244, 1, 1)),
         arp(MAC.0, MAC.0, Ipv4Addr::UNSPECIFIED, V4),
-        udp6(v6(2)),
-        udp6(ll),
+        udp_ipv6(v6(2)),
+        udp_ipv6(ll),
         with_target(Ipv6Addr::UNSPECIFIED, 135, v6(2), None),
         with_target(v6(2), 135, v6(1), Some(MAC.0)),
         with_target(v6(2), 136, v6(2), Some(MAC.0)),
@@ -137,24 +137,27 @@ fn the_pods_own_traffic_passes() {
     lldp.extend_from_slice(&[0x88, 0xcc, 0, 0]);
     assert_eq!(g.check(&lldp), Ok(()));
     // Short frames are left to the datapath.
-    assert_eq!(g.check(&udp4(MAC.0, V4, 1, 2)[..20]), Ok(()));
+    assert_eq!(g.check(&udp_ipv4(MAC.0, V4, 1, 2)[..20]), Ok(()));
 }
 
 #[test]
 fn anyone_elses_mac_or_address_is_dropped_by_reason() {
     let g = guard();
     let cases = [
-        (udp4(OTHER_MAC, V4, 40000, 53), SpoofDrop::Mac),
-        (udp4(MAC.0, OTHER4, 40000, 53), SpoofDrop::Ip),
-        (udp4(MAC.0, Ipv4Addr::UNSPECIFIED, 40000, 53), SpoofDrop::Ip),
+        (udp_ipv4(OTHER_MAC, V4, 40000, 53), SpoofDrop::Mac),
+        (udp_ipv4(MAC.0, OTHER4, 40000, 53), SpoofDrop::Ip),
         (
-            udp4(MAC.0, Ipv4Addr::new(172, 18, 0, 2), 40000, 53),
+            udp_ipv4(MAC.0, Ipv4Addr::UNSPECIFIED, 40000, 53),
+            SpoofDrop::Ip,
+        ),
+        (
+            udp_ipv4(MAC.0, Ipv4Addr::new(172, 18, 0, 2), 40000, 53),
             SpoofDrop::Ip,
         ),
         (arp(MAC.0, MAC.0, OTHER4, V4), SpoofDrop::Arp),
         (arp(MAC.0, OTHER_MAC, V4, OTHER4), SpoofDrop::Mac),
-        (udp6(v6(3)), SpoofDrop::Ip),
-        (udp6(Ipv6Addr::UNSPECIFIED), SpoofDrop::Ip),
+        (udp_ipv6(v6(3)), SpoofDrop::Ip),
+        (udp_ipv6(Ipv6Addr::UNSPECIFIED), SpoofDrop::Ip),
         (with_target(v6(2), 136, v6(3), Some(MAC.0)), SpoofDrop::Nd),
         (
             with_target(v6(2), 136, v6(2), Some(OTHER_MAC)),
@@ -170,7 +173,7 @@ fn anyone_elses_mac_or_address_is_dropped_by_reason() {
         assert_eq!(g.check(&f), Err(want), "{f:02x?}");
     }
     // Behind a VLAN tag, the same.
-    let mut tagged = udp4(MAC.0, OTHER4, 40000, 53);
+    let mut tagged = udp_ipv4(MAC.0, OTHER4, 40000, 53);
     tagged.splice(12..12, [0x81, 0x00, 0, 5]);
     assert_eq!(g.check(&tagged), Err(SpoofDrop::Ip));
     assert_eq!(SpoofDrop::Nd.name(), "spoofed_nd");
@@ -197,8 +200,8 @@ fn random_bytes_never_panic() {
     let g = guard();
     let mut x: u64 = 0x1234_5678_9abc_def1;
     let base = [
-        udp4(MAC.0, V4, 1, 2),
-        udp6(v6(2)),
+        udp_ipv4(MAC.0, V4, 1, 2),
+        udp_ipv6(v6(2)),
         with_target(v6(2), 136, v6(2), Some(MAC.0)),
     ];
     for i in 0..20_000 {

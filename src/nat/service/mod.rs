@@ -1215,7 +1215,7 @@ impl Services {
     }
 
     /// Links connections that a previous process left in `ct` ([`Conntrack`] or
-    /// [`Conntrack6`], kept in a file across a restart, [`Conntrack::open_file`]) to this
+    /// [`ConntrackOf<Ipv6Addr>`], kept in a file across a restart, [`Conntrack::open_file`]) to this
     /// table's Services of the table's family, once the Services are added again: each live
     /// entry of a Service gets the [`ServiceId`] of the Service now at its original
     /// destination (ClusterIP and port, else node port of a Service with a ClusterIP of the
@@ -1232,7 +1232,7 @@ impl Services {
     /// O(table size); call it once per family's table, after adding the Services.
     ///
     /// [`Conntrack`]: crate::conntrack::Conntrack
-    /// [`Conntrack6`]: crate::conntrack::Conntrack6
+    /// [`ConntrackOf<Ipv6Addr>`]: crate::conntrack::ConntrackOf
     /// [`Conntrack::open_file`]: crate::conntrack::CtTable::open_file
     pub fn relink<A: ServiceAddr + TupleWords<W>, const W: usize>(
         &self,
