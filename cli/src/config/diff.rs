@@ -256,41 +256,63 @@ fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &
     let (old, new) = (&without_ports(old)[..], &without_ports(new)[..]);
     let mut v = Vec::new();
     changed_fields("bridge", old, new, |b| &b.name, &mut v);
-    for line in v {
-        // Name the fields of a changed bridge.
-        let detail = old.iter().find_map(|o| {
-            let n = new.iter().find(|n| n.name == o.name)?;
-            if o.value == n.value || !line.contains(&format!("{:?} changed", o.name)) {
-                return None;
-            }
-            let mut f = Vec::new();
-            if o.address != n.address {
-                f.push(format!(
-                    "address {} -> {}",
-                    opt(&o.address),
-                    opt(&n.address)
-                ));
-            }
-            if o.address6 != n.address6 {
-                f.push(format!(
-                    "IPv6 address {} -> {}",
-                    opt(&o.address6),
-                    opt(&n.address6)
-                ));
-            }
+    with_details(
+        v,
+        old,
+        new,
+        |b| &b.name,
+        out,
+        |o, n| {
+            let mut f = addr_fields((&o.address, &n.address), (&o.address6, &n.address6));
             if o.ra != n.ra {
                 f.push(format!("ra {} -> {}", o.ra, n.ra));
             }
             if o.mac != n.mac {
                 f.push("mac".into());
             }
-            if o.mtu != n.mtu {
-                f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
-            }
+            f.extend(mtu_field(o.mtu, n.mtu));
             if o.fdb_max_entries != n.fdb_max_entries || o.fdb_aging != n.fdb_aging {
                 f.push("fdb settings".into());
             }
-            Some(f.join(", "))
+            f
+        },
+    );
+}
+
+fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &mut Vec<String>) {
+    let mut v = Vec::new();
+    changed_fields("uplink", old, new, |u| &u.name, &mut v);
+    with_details(
+        v,
+        old,
+        new,
+        |u| &u.name,
+        out,
+        |o, n| {
+            let mut f = addr_fields((&o.address, &n.address), (&o.address6, &n.address6));
+            f.extend(mtu_field(o.mtu, n.mtu));
+            f
+        },
+    );
+}
+
+/// Each of `lines` (from [`changed_fields`]) into `out`, followed, for an item that changed,
+/// by what `fields` says changed in it: `line (address a -> b, mtu 1500 -> 9000)`.
+fn with_details<T: PartialEq>(
+    lines: Vec<String>,
+    old: &[Located<T>],
+    new: &[Located<T>],
+    name: impl Fn(&T) -> &str,
+    out: &mut Vec<String>,
+    fields: impl Fn(&T, &T) -> Vec<String>,
+) {
+    for line in lines {
+        let detail = old.iter().find_map(|o| {
+            let n = new.iter().find(|n| name(n) == name(o))?;
+            if o.value == n.value || !line.contains(&format!("{:?} changed", name(o))) {
+                return None;
+            }
+            Some(fields(o, n).join(", "))
         });
         match detail {
             Some(d) if !d.is_empty() => out.push(format!("{line} ({d})")),
@@ -299,37 +321,28 @@ fn bridge_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], out: &
     }
 }
 
-fn uplink_changes(old: &[Located<UplinkCfg>], new: &[Located<UplinkCfg>], out: &mut Vec<String>) {
-    let mut v = Vec::new();
-    changed_fields("uplink", old, new, |u| &u.name, &mut v);
-    for line in v {
-        let detail = old.iter().find_map(|o| {
-            let n = new.iter().find(|n| n.name == o.name)?;
-            if o.value == n.value {
-                return None;
-            }
-            let mut f = Vec::new();
-            if o.address != n.address {
-                f.push(format!(
-                    "address {} -> {}",
-                    opt(&o.address),
-                    opt(&n.address)
-                ));
-            }
-            if o.address6 != n.address6 {
-                f.push(format!(
-                    "IPv6 address {} -> {}",
-                    opt(&o.address6),
-                    opt(&n.address6)
-                ));
-            }
-            if o.mtu != n.mtu {
-                f.push(format!("mtu {} -> {}", o.mtu, n.mtu));
-            }
-            (!f.is_empty()).then(|| format!(" ({})", f.join(", ")))
-        });
-        out.push(format!("{line}{}", detail.unwrap_or_default()));
+/// What changed of an interface's IPv4 and IPv6 addresses, in that order.
+fn addr_fields<A, B>(
+    (o4, n4): (&Option<A>, &Option<A>),
+    (o6, n6): (&Option<B>, &Option<B>),
+) -> Vec<String>
+where
+    A: PartialEq + std::fmt::Display,
+    B: PartialEq + std::fmt::Display,
+{
+    let mut f = Vec::new();
+    if o4 != n4 {
+        f.push(format!("address {} -> {}", opt(o4), opt(n4)));
     }
+    if o6 != n6 {
+        f.push(format!("IPv6 address {} -> {}", opt(o6), opt(n6)));
+    }
+    f
+}
+
+/// An interface's MTU change, if any.
+fn mtu_field(old: u16, new: u16) -> Option<String> {
+    (old != new).then(|| format!("mtu {old} -> {new}"))
 }
 
 /// The VXLAN interfaces' settings without their peers (a change needs a restart).
