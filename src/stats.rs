@@ -287,6 +287,24 @@ drop_reasons! {
         /// An IPv4 packet to one of the router's addresses that arrived on an interface
         /// without an IPv4 address (an IPv6-only interface; see `l3::IfaceConfig::addr`).
         NoIpv4Addr = "no_ipv4_addr",
+        /// A fragment whose IP or fragment header is cut short or lies about its lengths.
+        FragMalformed = "frag_malformed",
+        /// A fragment other than the last below the minimum size (1200 bytes of IPv4, 1280
+        /// of IPv6) or whose data is not a multiple of 8 bytes.
+        FragTooSmall = "frag_too_small",
+        /// A fragment ending past 65,535 bytes of IP packet or past its datagram's end.
+        FragOversize = "frag_oversize",
+        /// A fragment overlapping another of its datagram (the whole datagram is discarded).
+        FragOverlap = "frag_overlap",
+        /// A fragment repeating one already held (dropped; its datagram is kept).
+        FragDuplicate = "frag_duplicate",
+        /// A fragment beyond the most one datagram may come in (the datagram is discarded).
+        FragTooMany = "frag_too_many",
+        /// A fragment refused because the worker's reassembly table holds its most fragments
+        /// or bytes.
+        FragTableFull = "frag_table_full",
+        /// Fragments freed because their datagram was not complete in time (15 s).
+        FragTimeout = "frag_timeout",
     }
 }
 
@@ -372,6 +390,13 @@ impl Shard {
     pub(crate) fn count_drop(&self, r: DropReason) {
         self.drops[r as usize].add(1);
     }
+
+    /// Counts `n` drops for reason `r`.
+    pub(crate) fn count_drops(&self, r: DropReason, n: u64) {
+        if n != 0 {
+            self.drops[r as usize].add(n);
+        }
+    }
 }
 
 counter_set! {
@@ -416,6 +441,9 @@ counter_set! {
         queued,
         /// Frames the router made (ARP, ICMP, fragments, released packets).
         generated,
+        /// Datagrams put together from fragments before conntrack (their fragments are
+        /// counted in `queued`, the fragments sent on in `generated`).
+        reassembled,
         /// Frames the router could not make (no buffer, or too many in one batch).
         generated_lost,
         /// Drops counted after the frame's own verdict (`queued` frames that later failed to

@@ -90,6 +90,7 @@ use crate::base::IfaceId;
 use crate::base::{BridgeId, PortId};
 use crate::buf::{BufPool, PacketBuf};
 use crate::l2::fdb::Fdb;
+use crate::l3::defrag::Frags;
 use crate::l3::router::Router;
 use crate::l3::vxlan::Tunnel;
 use crate::nat::netfilter::{NatCtx, Netfilter};
@@ -319,6 +320,9 @@ pub struct Worker {
     /// The worker's NAT state: its random source (endpoint choice) and its cache of recently
     /// seen connections.
     nat: NatCtx,
+    /// The worker's reassembly tables (fragments in front of conntrack; see
+    /// [`crate::l3::defrag`]).
+    frags: Frags,
 }
 
 impl Worker {
@@ -381,6 +385,7 @@ impl Datapath {
             pool,
             extra: Vec::with_capacity(MAX_EXTRA),
             nat: NatCtx::new(crate::hash::random_u64()),
+            frags: Frags::default(),
         }
     }
 }

@@ -15,9 +15,10 @@ use super::{word, Bridge, Datapath, Worker, MAX_EXTRA};
 use crate::base::{BridgeId, IfaceId, PortId, Verdict};
 use crate::buf::{Batch, BufPool, PacketBuf, BATCH_SIZE};
 use crate::l2::fdb::Loc;
+use crate::l3::defrag::{Frags, FragsOf, Taken};
 use crate::l3::route::RouteReader;
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, RouterFamily, Rx, Sink, L3};
-use crate::nat::netfilter::{NatCtx, Netfilter, Routing};
+use crate::nat::netfilter::{NatCtx, NatFamily, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame};
@@ -145,6 +146,99 @@ struct BatchCtx<'a> {
 struct NatHook<'a> {
     nf: &'a Netfilter,
     cx: &'a mut NatCtx,
+    /// The worker's reassembly tables.
+    frags: &'a mut Frags,
+    /// Counters of what reassembly did (fragments freed at their timeout, datagrams put
+    /// together), added to the worker's shard.
+    shard: &'a Shard,
+}
+
+/// Where the fragments of a bridged datagram go once put together and translated: the
+/// bridge's router interface, whose egress finds their port in the bridge as for any frame
+/// the router makes.
+struct BridgedOut<'s, 'p> {
+    iface: IfaceId,
+    sink: &'s mut PoolSink<'p>,
+}
+
+impl NatHook<'_> {
+    /// br_netfilter for a fragment switched by a bridge with verdict `v`, as Linux's bridge
+    /// defragments in front of conntrack and refragments on output: held until its datagram
+    /// is complete, which then goes through the bridged hook as a whole and leaves as the
+    /// fragments it came in (with translated addresses).
+    #[cold]
+    #[inline(never)]
+    fn bridged_fragment<A: FragsOf + NatFamily<W>, const W: usize>(
+        &mut self,
+        b: &mut PacketBuf,
+        l3: usize,
+        now: Instant,
+        v: Verdict,
+        out: BridgedOut<'_, '_>,
+    ) -> Verdict {
+        let expired = match self.frags.take::<A>(b, l3, now) {
+            Err(r) => return Verdict::Drop(r),
+            Ok(Taken::NotFragment) => return v,
+            Ok(Taken::Held { expired }) => {
+                self.shard.count_drops(DropReason::FragTimeout, expired);
+                return Verdict::Queued;
+            }
+            Ok(Taken::Whole { expired }) => expired,
+        };
+        self.shard.count_drops(DropReason::FragTimeout, expired);
+        self.shard.totals.reassembled.add(1);
+        let verdict = match self.nf.bridged::<A, W>(b, l3, now) {
+            Hook::Accept => {
+                let BridgedOut { iface, sink } = out;
+                let sent = self.frags.refragment::<A>(b.frame(), &mut |f| {
+                    sink.emit(iface, &mut |o| {
+                        let d = o.get_mut(..f.len())?;
+                        d.copy_from_slice(f);
+                        Some(f.len())
+                    })
+                });
+                if sent == 0 {
+                    Verdict::Drop(DropReason::FragMalformed)
+                } else {
+                    Verdict::Local
+                }
+            }
+            Hook::Drop(r) => Verdict::Drop(r),
+            _ => Verdict::Drop(DropReason::FragMalformed),
+        };
+        self.frags.restore(b);
+        verdict
+    }
+
+    /// Takes fragment `b` (family `A`) for reassembly in front of conntrack: `Some` is the
+    /// hook's answer (held, or refused); `None` when it completed its datagram, now in `b`
+    /// (its facts in `info`), which goes through conntrack and NAT as a whole.
+    #[cold]
+    #[inline(never)]
+    fn reassemble<A: FragsOf + NatFamily<W>, const W: usize>(
+        &mut self,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut <A as NatFamily<W>>::Info,
+        now: Instant,
+    ) -> Option<Hook> {
+        let expired = match self.frags.take::<A>(b, l3, now) {
+            Err(r) => return Some(Hook::Drop(r)),
+            Ok(Taken::NotFragment) => return None,
+            Ok(Taken::Held { expired }) => {
+                self.shard.count_drops(DropReason::FragTimeout, expired);
+                return Some(Hook::Held);
+            }
+            Ok(Taken::Whole { expired }) => expired,
+        };
+        self.shard.count_drops(DropReason::FragTimeout, expired);
+        self.shard.totals.reassembled.add(1);
+        match <A as NatFamily<W>>::check(b.frame().get(l3..).unwrap_or(&[])) {
+            Some(i) => *info = i,
+            None => return Some(Hook::Drop(DropReason::FragMalformed)),
+        }
+        None
+    }
 }
 
 impl Prerouting<Ipv4Addr> for NatHook<'_> {
@@ -159,12 +253,21 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
         now: Instant,
     ) -> Hook {
         let view = RouterView::<Ipv4Addr>::new(router, batch);
+        if <Ipv4Addr as NatFamily<2>>::is_fragment(info) {
+            if let Some(h) = self.reassemble::<Ipv4Addr, 2>(b, l3, info, now) {
+                return h;
+            }
+        }
         self.nf
             .prerouting::<Ipv4Addr, 2>(&view, b, l3, info, self.cx, now)
     }
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
         Some(self.nf)
+    }
+
+    fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
+        self.frags.refragment::<Ipv4Addr>(whole, out)
     }
 }
 
@@ -180,12 +283,21 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
         now: Instant,
     ) -> Hook {
         let view = RouterView::<Ipv6Addr>::new(router, batch);
+        if <Ipv6Addr as NatFamily<5>>::is_fragment(info) {
+            if let Some(h) = self.reassemble::<Ipv6Addr, 5>(b, l3, info, now) {
+                return h;
+            }
+        }
         self.nf
             .prerouting::<Ipv6Addr, 5>(&view, b, l3, info, self.cx, now)
     }
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
         Some(self.nf)
+    }
+
+    fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
+        self.frags.refragment::<Ipv6Addr>(whole, out)
     }
 }
 
@@ -322,6 +434,7 @@ impl Datapath {
             pool,
             extra,
             nat,
+            frags,
             ..
         } = w;
         let mut sink = PoolSink::new(pool, extra, shard);
@@ -334,7 +447,12 @@ impl Datapath {
             let mut ctx = self.router.as_ref().map(|r| BatchCtx {
                 l3: L3Batch::new(r.routes.reader()).with_ipv6(&r.routes6),
                 egress: None,
-                nat: nf.map(|nf| NatHook { nf, cx: &mut *nat }),
+                nat: nf.map(|nf| NatHook {
+                    nf,
+                    cx: &mut *nat,
+                    frags: &mut *frags,
+                    shard,
+                }),
             });
             let slots = pre.iter().zip(src_loc.iter().zip(dst_loc.iter()));
             let frames = batch.bufs[..n].iter_mut().zip(slots).zip(out.iter_mut());
@@ -605,7 +723,7 @@ impl Datapath {
             None => Self::flood(br, BridgeId(p.id)),
         };
         match nf {
-            Some(nf) => Self::bridged_nat(nf, b, now, v),
+            Some(nf) => Self::bridged_nat(nf, b, now, v, br, ctx, sink),
             None => v,
         }
     }
@@ -616,18 +734,40 @@ impl Datapath {
     /// [`Datapath::process`] cost its loop registers (callgrind, bridged: 266.3 -> 254.9
     /// instructions per frame).
     #[inline(never)]
-    fn bridged_nat(nf: &Netfilter, b: &mut PacketBuf, now: Instant, v: Verdict) -> Verdict {
+    fn bridged_nat(
+        nf: &Netfilter,
+        b: &mut PacketBuf,
+        now: Instant,
+        v: Verdict,
+        br: &Bridge,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
         let meta = L3Hint::of(b);
+        let l3 = usize::from(meta.l3);
         let hook = match meta.ether_type {
             _ if meta.tagged => Hook::Accept,
-            ethertype::IPV4 => nf.bridged::<Ipv4Addr, 2>(b, usize::from(meta.l3), now),
-            ethertype::IPV6 => nf.bridged::<Ipv6Addr, 5>(b, usize::from(meta.l3), now),
+            ethertype::IPV4 => nf.bridged::<Ipv4Addr, 2>(b, l3, now),
+            ethertype::IPV6 => nf.bridged::<Ipv6Addr, 5>(b, l3, now),
             _ => Hook::Accept,
         };
+        let hook = match (hook, ctx.as_mut().and_then(|c| c.nat.as_mut()), br.router) {
+            (Hook::Fragment, Some(h), Some((iface, _))) => {
+                let out = BridgedOut { iface, sink };
+                return match meta.ether_type {
+                    ethertype::IPV4 => h.bridged_fragment::<Ipv4Addr, 2>(b, l3, now, v, out),
+                    _ => h.bridged_fragment::<Ipv6Addr, 5>(b, l3, now, v, out),
+                };
+            }
+            // No router on the bridge, so no NAT'd connection through it: fragments pass.
+            (Hook::Fragment, ..) => Hook::Accept,
+            (h, ..) => h,
+        };
         match hook {
-            Hook::Accept => v,
+            Hook::Accept | Hook::Fragment => v,
             Hook::Drop(r) => Verdict::Drop(r),
             Hook::Reject { .. } => Verdict::Drop(DropReason::NoEndpoint),
+            Hook::Held => Verdict::Queued,
         }
     }
 
@@ -719,12 +859,30 @@ impl Datapath {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
         let rx = Rx::new(b, usize::from(meta.l3), iface, now);
-        let l3 = if IPV6 {
+        let mut l3 = if IPV6 {
             r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink)
         } else {
             r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink)
         };
+        if b.reassembled != 0 {
+            l3 = Self::restore_fragment(b, l3, ctx);
+        }
         self.after_l3(l3, b, now, ctx, sink)
+    }
+
+    /// Puts the last fragment's buffer back in place of the datagram the hook put together
+    /// in `b` (its fragments already sent by the router, or refused): what the router did
+    /// with the datagram becomes the fragment's verdict, never a forward of the buffer.
+    #[cold]
+    #[inline(never)]
+    fn restore_fragment(b: &mut PacketBuf, l3: L3, ctx: &mut BatchCtx<'_>) -> L3 {
+        if let Some(h) = ctx.nat.as_mut() {
+            h.frags.restore(b);
+        }
+        match l3 {
+            L3::Forward(_) => L3::Drop(DropReason::FragOversize),
+            other => other,
+        }
     }
 
     /// The verdict for what the router did with a frame.
@@ -829,8 +987,15 @@ impl Datapath {
             nf.sweep(now, CT_SWEEP_BUDGET);
         }
         let Worker {
-            shard, pool, extra, ..
+            shard,
+            pool,
+            extra,
+            frags,
+            ..
         } = w;
+        if frags.held() != 0 {
+            shard.count_drops(DropReason::FragTimeout, frags.expire(now));
+        }
         let mut sink = PoolSink::new(pool, extra, shard);
         r.poll(now, self.nf.as_ref().map(|n| n as &dyn ErrorNat), &mut sink);
         let overflow = sink.overflow;

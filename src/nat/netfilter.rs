@@ -974,7 +974,8 @@ impl Netfilter {
 
     /// The hook for a frame of family `A` switched between two ports of one bridge
     /// (`br_netfilter`): a packet of a NAT'd connection the router tracks is tracked and
-    /// translated; anything else passes untouched. `l3` is the IP header's offset.
+    /// translated; anything else passes untouched. `l3` is the IP header's offset. A
+    /// fragment is answered [`Hook::Fragment`]: put together first, the datagram comes back.
     pub(crate) fn bridged<A: NatFamily<W>, const W: usize>(
         &self,
         b: &mut PacketBuf,
@@ -989,6 +990,9 @@ impl Netfilter {
         let Some(mut info) = A::check(b.frame().get(l3..).unwrap_or(&[])) else {
             return Hook::Accept;
         };
+        if A::is_fragment(&info) {
+            return Hook::Fragment;
+        }
         let end = l3 + A::total_len(&info);
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Accept;

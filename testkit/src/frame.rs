@@ -353,3 +353,127 @@ pub fn l4_checksums_ok(ip: &[u8]) -> bool {
         _ => true,
     }
 }
+
+/// Cuts the unfragmented IP datagram in Ethernet frame `f` (untagged, no IPv6 extension
+/// headers) into fragments of at most `size` bytes of IP packet, as a host would send them
+/// (identification `id`; IPv6 gets a fragment header). Written here byte by byte, apart from
+/// tapyard's own code, to test it against.
+pub fn fragments(f: &[u8], size: usize, id: u32) -> Vec<Vec<u8>> {
+    let (eth, ip) = f.split_at(14);
+    let v6 = ip[0] >> 4 == 6;
+    let (hl, extra) = if v6 {
+        (40, 8)
+    } else {
+        (usize::from(ip[0] & 15) * 4, 0)
+    };
+    let payload = &ip[hl..];
+    let per = (size - hl - extra) & !7;
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < payload.len() {
+        let n = per.min(payload.len() - at);
+        let more = at + n < payload.len();
+        let mut p = eth.to_vec();
+        let mut h = ip[..hl].to_vec();
+        if v6 {
+            h[4..6].copy_from_slice(&u16::try_from(8 + n).unwrap().to_be_bytes());
+            let next = h[6];
+            h[6] = 44;
+            h.extend_from_slice(&[next, 0]);
+            let off = u16::try_from(at).unwrap() | u16::from(more);
+            h.extend_from_slice(&off.to_be_bytes());
+            h.extend_from_slice(&id.to_be_bytes());
+        } else {
+            h[2..4].copy_from_slice(&u16::try_from(hl + n).unwrap().to_be_bytes());
+            h[4..6].copy_from_slice(&u16::try_from(id & 0xffff).unwrap().to_be_bytes());
+            let off = u16::try_from(at / 8).unwrap() | if more { 0x2000 } else { 0 };
+            h[6..8].copy_from_slice(&off.to_be_bytes());
+            h[10..12].fill(0);
+            let c = !fold(sum(&h, 0));
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+        }
+        p.extend_from_slice(&h);
+        p.extend_from_slice(&payload[at..at + n]);
+        out.push(p);
+        at += n;
+    }
+    out
+}
+
+/// Puts the fragments `frags` (Ethernet frames, any order, as [`fragments`] makes them or a
+/// router sends them) back together as one Ethernet frame, checking that they are fragments
+/// of one datagram that fit without holes or overlaps; `None` when they do not.
+pub fn reassemble(frags: &[Vec<u8>]) -> Option<Vec<u8>> {
+    let mut parts = Vec::new();
+    let mut first = None;
+    let mut key = None;
+    for f in frags {
+        let ip = f.get(14..)?;
+        let v6 = ip.first()? >> 4 == 6;
+        let (k, off, more, data, hdr) = if v6 {
+            if *ip.get(6)? != 44 {
+                return None;
+            }
+            let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+            let fh = ip.get(40..48)?;
+            let w = u16::from_be_bytes([fh[2], fh[3]]);
+            let k = (ip[8..40].to_vec(), fh[4..8].to_vec(), fh[0]);
+            let mut hdr = ip[..40].to_vec();
+            hdr[6] = fh[0];
+            (
+                k,
+                usize::from(w & !7),
+                w & 1 != 0,
+                ip.get(48..40 + plen)?,
+                hdr,
+            )
+        } else {
+            let hl = usize::from(ip[0] & 15) * 4;
+            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            let w = u16::from_be_bytes([ip[6], ip[7]]);
+            if !checksum_ok(ip.get(..hl)?) {
+                return None;
+            }
+            let k = (ip[12..20].to_vec(), ip[4..6].to_vec(), ip[9]);
+            let hdr = ip[..hl].to_vec();
+            (
+                k,
+                usize::from(w & 0x1fff) * 8,
+                w & 0x2000 != 0,
+                ip.get(hl..total)?,
+                hdr,
+            )
+        };
+        if *key.get_or_insert_with(|| k.clone()) != k {
+            return None;
+        }
+        if off == 0 {
+            first = Some((f[..14].to_vec(), hdr));
+        }
+        parts.push((off, more, data.to_vec()));
+    }
+    parts.sort_by_key(|p| p.0);
+    let mut payload = Vec::new();
+    for (i, (off, more, data)) in parts.iter().enumerate() {
+        if *off != payload.len() || (*more != (i + 1 < parts.len())) {
+            return None;
+        }
+        payload.extend_from_slice(data);
+    }
+    let (eth, mut hdr) = first?;
+    if hdr[0] >> 4 == 6 {
+        hdr[4..6].copy_from_slice(&u16::try_from(payload.len()).ok()?.to_be_bytes());
+    } else {
+        let total = u16::try_from(hdr.len() + payload.len()).ok()?;
+        hdr[2..4].copy_from_slice(&total.to_be_bytes());
+        hdr[6] &= 0x40;
+        hdr[7] = 0;
+        hdr[10..12].fill(0);
+        let c = !fold(sum(&hdr, 0));
+        hdr[10..12].copy_from_slice(&c.to_be_bytes());
+    }
+    let mut f = eth;
+    f.extend_from_slice(&hdr);
+    f.extend_from_slice(&payload);
+    Some(f)
+}

@@ -31,7 +31,8 @@ pub trait FragFamily: Family + std::hash::Hash + sealed::Sealed {
     fn unfragment(ip: &mut [u8], next_at: usize, payload: usize) -> usize;
 
     /// Gives a fragment's IP header `frag` (up to its data) what a rewrite of the whole
-    /// datagram (IP header `whole`) changed: the addresses, and IPv4's header checksum.
+    /// datagram (IP header `whole`) changed: the addresses, the TTL / hop limit (a router
+    /// decrements it), and IPv4's header checksum.
     fn refresh_header(frag: &mut [u8], whole: &[u8]);
 }
 
@@ -87,6 +88,7 @@ impl FragFamily for Ipv4Addr {
     }
 
     fn refresh_header(frag: &mut [u8], whole: &[u8]) {
+        frag[8] = whole[8];
         frag[12..20].copy_from_slice(&whole[12..20]);
         set_checksum(frag);
     }
@@ -172,6 +174,7 @@ impl FragFamily for Ipv6Addr {
     }
 
     fn refresh_header(frag: &mut [u8], whole: &[u8]) {
+        frag[7] = whole[7];
         frag[8..40].copy_from_slice(&whole[8..40]);
     }
 }

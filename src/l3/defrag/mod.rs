@@ -500,6 +500,54 @@ impl<A: FragFamily> Defrag<A> {
     }
 }
 
+impl<A: FragFamily> Defrag<A> {
+    /// [`Datagram::refragment`] of the datagram the last [`Defrag::push`] completed, cut from
+    /// `whole`: that datagram's frame as it is now, wherever it was rewritten (the same
+    /// headers' lengths). `None` when the last push completed nothing.
+    pub fn refragment_last(
+        &self,
+        whole: &[u8],
+        buf: &mut [u8],
+        out: &mut dyn FnMut(&[u8]),
+    ) -> Option<(usize, usize)> {
+        Some(cut(self.done.as_ref()?, whole, buf, out))
+    }
+}
+
+/// Cuts datagram `whole` (one frame) back at the boundaries of `list`'s pieces (see
+/// [`Datagram::refragment`]).
+fn cut<A: FragFamily>(
+    list: &List<A>,
+    whole: &[u8],
+    buf: &mut [u8],
+    out: &mut dyn FnMut(&[u8]),
+) -> (usize, usize) {
+    let Some(first) = list.pieces.first() else {
+        return (0, 0);
+    };
+    let l3 = usize::from(first.l3_off);
+    let data_at = usize::from(first.hdr_len) - A::FRAG_HEADER_LEN;
+    let (mut sent, mut skipped) = (0, 0);
+    for p in &list.pieces {
+        let (h, off) = (usize::from(p.hdr_len), usize::from(p.l3_off));
+        let (start, end) = (data_at + p.offset as usize, data_at + p.end as usize);
+        let (Some(data), Some(frame), Some(ip)) = (
+            whole.get(start..end),
+            buf.get_mut(..h + end - start),
+            whole.get(l3..),
+        ) else {
+            skipped += 1;
+            continue;
+        };
+        frame[..h].copy_from_slice(&p.hdr[..h]);
+        frame[h..].copy_from_slice(data);
+        A::refresh_header(&mut frame[off..h], ip);
+        out(frame);
+        sent += 1;
+    }
+    (sent, skipped)
+}
+
 impl<A: FragFamily> std::fmt::Debug for Defrag<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Defrag")
@@ -569,25 +617,168 @@ impl<A: FragFamily> Datagram<'_, A> {
     /// must hold the largest; a fragment that does not fit is skipped and counted in the
     /// result's second half).
     pub fn refragment(&self, buf: &mut [u8], out: &mut dyn FnMut(&[u8])) -> (usize, usize) {
-        let whole = &self.whole[..];
-        let first = &self.list.pieces[0];
-        let l3 = usize::from(first.l3_off);
-        let data_at = usize::from(first.hdr_len) - A::FRAG_HEADER_LEN;
-        let (mut sent, mut skipped) = (0, 0);
-        for p in &self.list.pieces {
-            let (h, off) = (usize::from(p.hdr_len), usize::from(p.l3_off));
-            let (start, end) = (data_at + p.offset as usize, data_at + p.end as usize);
-            let (Some(data), Some(frame)) = (whole.get(start..end), buf.get_mut(..h + end - start))
-            else {
-                skipped += 1;
-                continue;
-            };
-            frame[..h].copy_from_slice(&p.hdr[..h]);
-            frame[h..].copy_from_slice(data);
-            A::refresh_header(&mut frame[off..h], &whole[l3..]);
-            out(frame);
-            sent += 1;
+        cut(self.list, self.whole, buf, out)
+    }
+}
+
+/// The per-family steps of a worker's reassembly ([`Frags`]): which table is the family's.
+pub(crate) trait FragsOf: FragFamily {
+    /// The family's table in `f`, and `f`'s spare buffer for a whole datagram.
+    fn parts(f: &mut Frags) -> (&mut Defrag<Self>, &mut Option<crate::buf::PacketBuf>);
+}
+
+impl FragsOf for std::net::Ipv4Addr {
+    #[inline]
+    fn parts(f: &mut Frags) -> (&mut Defrag<Self>, &mut Option<crate::buf::PacketBuf>) {
+        (&mut f.v4, &mut f.spare)
+    }
+}
+
+impl FragsOf for std::net::Ipv6Addr {
+    #[inline]
+    fn parts(f: &mut Frags) -> (&mut Defrag<Self>, &mut Option<crate::buf::PacketBuf>) {
+        (&mut f.v6, &mut f.spare)
+    }
+}
+
+/// The largest frame a datagram put together can be: 65,535 bytes of IP packet behind the
+/// longest link header a fragment may keep.
+pub(crate) const WHOLE_FRAME: usize = MAX_DATAGRAM + MAX_FRAG_HEADERS;
+
+/// A worker's reassembly state: a table per family, and the buffer a datagram is put together
+/// in while it goes the rest of its way (made on first use, then kept: 64 KiB per worker).
+#[derive(Debug)]
+pub(crate) struct Frags {
+    v4: Defrag<std::net::Ipv4Addr>,
+    v6: Defrag<std::net::Ipv6Addr>,
+    spare: Option<crate::buf::PacketBuf>,
+    /// Where a datagram is cut back into fragments (made on first use).
+    scratch: Vec<u8>,
+}
+
+impl Default for Frags {
+    fn default() -> Frags {
+        Frags {
+            v4: Defrag::new(DefragConfig::default_for::<std::net::Ipv4Addr>()),
+            v6: Defrag::new(DefragConfig::default_for::<std::net::Ipv6Addr>()),
+            spare: None,
+            scratch: Vec::new(),
         }
-        (sent, skipped)
+    }
+}
+
+impl Frags {
+    /// Frees the datagrams whose time is up at `now`: how many fragments went.
+    pub(crate) fn expire(&mut self, now: Instant) -> u64 {
+        let before = self.v4.held() + self.v6.held();
+        self.v4.expire(now);
+        self.v6.expire(now);
+        (before - (self.v4.held() + self.v6.held())) as u64
+    }
+
+    /// Fragments held now, both families.
+    pub(crate) fn held(&self) -> usize {
+        self.v4.held() + self.v6.held()
+    }
+
+    /// Takes fragment `b` (IP header at `l3`, of family `A`) at `now`. When it completes its
+    /// datagram, `b` becomes the datagram ([`crate::buf::PacketBuf::reassembled`] set) and
+    /// the fragment's buffer is kept aside until [`Frags::restore`] gives it back.
+    pub(crate) fn take<A: FragsOf>(
+        &mut self,
+        b: &mut crate::buf::PacketBuf,
+        l3: usize,
+        now: Instant,
+    ) -> Result<Taken, crate::stats::DropReason> {
+        let expired = self.expire(now);
+        let (t, spare) = A::parts(self);
+        let f = match A::parse(b.frame().get(l3..).unwrap_or(&[]), 0) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(Taken::NotFragment),
+            Err(r) => return Err(t.refuse(r).into()),
+        };
+        match t.push(b.frame(), l3, &f, now) {
+            Err(r) => Err(r.into()),
+            Ok(Pushed::Held) => Ok(Taken::Held { expired }),
+            Ok(Pushed::Complete) => {
+                let Some(d) = t.datagram() else {
+                    return Err(crate::stats::DropReason::FragMalformed);
+                };
+                let whole = d.frame();
+                let max = u16::try_from(d.max_frag_size()).unwrap_or(u16::MAX);
+                let s = spare.get_or_insert_with(|| crate::buf::PacketBuf::new(WHOLE_FRAME));
+                let Some(room) = s.room_mut().get_mut(..whole.len()) else {
+                    return Err(crate::stats::DropReason::FragOversize);
+                };
+                room.copy_from_slice(whole);
+                s.set_len(whole.len());
+                s.port = b.port;
+                s.offload = crate::buf::Offload::NONE;
+                s.oversize = false;
+                s.reassembled = max.max(1);
+                std::mem::swap(b, s);
+                Ok(Taken::Whole { expired })
+            }
+        }
+    }
+
+    /// Gives the fragment's buffer back in place of the datagram [`Frags::take`] put in `b`.
+    #[cold]
+    pub(crate) fn restore(&mut self, b: &mut crate::buf::PacketBuf) {
+        if let Some(s) = self.spare.as_mut() {
+            std::mem::swap(b, s);
+        }
+    }
+
+    /// Cuts the datagram `whole` (the last one [`Frags::take`] completed, of family `A`,
+    /// rewritten or not) back into its fragments, handing each frame to `out`: how many.
+    pub(crate) fn refragment<A: FragsOf>(
+        &mut self,
+        whole: &[u8],
+        out: &mut dyn FnMut(&[u8]),
+    ) -> usize {
+        if self.scratch.len() < WHOLE_FRAME {
+            self.scratch.resize(WHOLE_FRAME, 0);
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let (t, _) = A::parts(self);
+        let sent = t
+            .refragment_last(whole, &mut scratch, out)
+            .map_or(0, |(sent, _)| sent);
+        self.scratch = scratch;
+        sent
+    }
+}
+
+/// What [`Frags::take`] did with a frame.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// Not a fragment: it goes on as it is.
+    NotFragment,
+    /// Held until its datagram is complete; `expired` fragments of other datagrams were
+    /// freed on the way.
+    Held {
+        /// Fragments freed at their timeout.
+        expired: u64,
+    },
+    /// It completed its datagram, now in the buffer.
+    Whole {
+        /// Fragments freed at their timeout.
+        expired: u64,
+    },
+}
+
+impl From<FragDrop> for crate::stats::DropReason {
+    fn from(r: FragDrop) -> crate::stats::DropReason {
+        use crate::stats::DropReason as D;
+        match r {
+            FragDrop::Malformed => D::FragMalformed,
+            FragDrop::TooSmall => D::FragTooSmall,
+            FragDrop::Oversize => D::FragOversize,
+            FragDrop::Overlap => D::FragOverlap,
+            FragDrop::Duplicate => D::FragDuplicate,
+            FragDrop::TooManyFragments => D::FragTooMany,
+            FragDrop::TableFull => D::FragTableFull,
+        }
     }
 }

@@ -270,6 +270,8 @@ impl Router {
                 self.reject::<A>(b.frame(), rx, &info, tcp, sink);
                 return L3::Drop(DropReason::NoEndpoint);
             }
+            Hook::Held => return L3::Queued,
+            Hook::Fragment => return L3::Drop(DropReason::FragMalformed),
         }
         let dst = A::facts(&info).dst;
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
@@ -340,6 +342,16 @@ impl Router {
         let Some(egress) = self.iface(out_if) else {
             return L3::Drop(DropReason::NoRoute);
         };
+        if b.reassembled != 0 {
+            let out = Egress {
+                iface: out_if,
+                nh,
+                mtu: usize::from(egress.cfg.mtu),
+                mac: egress.cfg.mac,
+                now,
+            };
+            return self.forward_reassembled::<A>(b, rx, &info, out, hook, sink);
+        }
         let mtu = usize::from(egress.cfg.mtu);
         // A TCP super-frame (TSO from an offload TAP) leaves as segments of `gso_size` payload
         // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
@@ -401,6 +413,56 @@ impl Router {
             slot.older.push(old);
         }
         L3::Forward(out_if)
+    }
+
+    /// The last step of a datagram put together from fragments (routed, TTL / hop limit not
+    /// yet decremented): sent on as the fragments it came in, as Linux refragments at
+    /// `frag_max_size` after `nf_defrag` (and as OVS sends the original fragments), each
+    /// with the datagram's new addresses. A fragment bigger than the egress MTU makes the
+    /// datagram too big: IPv4 without DF is cut again for the MTU, anything else answered
+    /// with fragmentation needed / packet too big (Linux's `ip_exceeds_mtu` /
+    /// `ip6_pkt_too_big` with `frag_max_size`).
+    #[cold]
+    #[inline(never)]
+    fn forward_reassembled<A: RouterFamily>(
+        &self,
+        b: &mut PacketBuf,
+        rx: Rx,
+        info: &A::Info,
+        out: Egress<A>,
+        hook: &mut impl Prerouting<A>,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let l3 = rx.l3;
+        if usize::from(b.reassembled) > out.mtu {
+            if A::may_fragment(info) {
+                decrement_ttl::<A>(b.frame_mut(), l3);
+                return A::fragment(self, b, l3, info, out, sink);
+            }
+            let e = IcmpError::TooBig {
+                mtu: u16::try_from(out.mtu).unwrap_or(u16::MAX),
+            };
+            self.icmp_error::<A>(
+                Offending::arrived(b, rx, info),
+                e,
+                hook.error_nat(),
+                out.now,
+                sink,
+            );
+            return L3::Drop(A::TOO_BIG);
+        }
+        decrement_ttl::<A>(b.frame_mut(), l3);
+        let mac = A::neigh_lookup(self, out.iface, out.nh, out.now);
+        let sent = hook.refragment(b.frame(), &mut |f| match mac {
+            Some(m) => sink.emit(out.iface, &mut |o| copy_readdressed(o, f, out.mac, m)),
+            None => {
+                let _ = self.resolve_later(out.iface, out.nh, f, out.now, sink);
+            }
+        });
+        if sent == 0 {
+            return L3::Drop(DropReason::FragMalformed);
+        }
+        L3::Local
     }
 
     /// A packet whose next hop is not resolved yet (TTL / hop limit decremented): queued on

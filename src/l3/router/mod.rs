@@ -472,6 +472,11 @@ pub(crate) enum Hook {
         /// Answer with a TCP reset rather than an ICMP error.
         tcp: bool,
     },
+    /// A fragment kept until its datagram is complete (see [`crate::l3::defrag`]).
+    Held,
+    /// A fragment the bridged hook needs put together first (the router's hook does that
+    /// itself: the router never sees this).
+    Fragment,
 }
 
 /// The hook the router calls between its header checks and its routing decision, as the IP
@@ -493,6 +498,10 @@ pub(crate) trait Prerouting<A: RouterFamily> {
 
     /// The NAT that ICMP errors about packets this hook translated must go through.
     fn error_nat(&self) -> Option<&dyn ErrorNat>;
+
+    /// Cuts `whole`, a datagram the hook put together from fragments (and translated), back
+    /// into the fragments it came in, handing each frame to `out`: how many.
+    fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize;
 }
 
 /// An optional hook: none accepts every packet.
@@ -515,6 +524,10 @@ impl<A: RouterFamily, H: Prerouting<A>> Prerouting<A> for Option<H> {
 
     fn error_nat(&self) -> Option<&dyn ErrorNat> {
         self.as_ref().and_then(|h| h.error_nat())
+    }
+
+    fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
+        self.as_mut().map_or(0, |h| h.refragment(whole, out))
     }
 }
 

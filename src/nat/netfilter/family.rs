@@ -39,6 +39,9 @@ pub(crate) trait NatFamily<const W: usize>:
     fn check(l3: &[u8]) -> Option<Self::Info>;
     /// The datagram's length (header included).
     fn total_len(info: &Self::Info) -> usize;
+    /// Whether the packet is a fragment of a bigger datagram (reassembled in front of
+    /// conntrack; an IPv6 atomic fragment is not one).
+    fn is_fragment(info: &Self::Info) -> bool;
     /// The upper-layer header's offset.
     fn l4_off(info: &Self::Info) -> usize;
     /// The source address.
@@ -106,6 +109,10 @@ impl NatFamily<2> for Ipv4Addr {
     #[inline(always)]
     fn total_len(info: &Ipv4Info) -> usize {
         info.total_len
+    }
+    #[inline(always)]
+    fn is_fragment(info: &Ipv4Info) -> bool {
+        info.frag & (ipv4::MF | ipv4::FRAG_OFFSET) != 0
     }
     #[inline(always)]
     fn l4_off(info: &Ipv4Info) -> usize {
@@ -256,6 +263,10 @@ impl NatFamily<5> for Ipv6Addr {
     #[inline(always)]
     fn total_len(info: &Ipv6Info) -> usize {
         info.total_len()
+    }
+    #[inline(always)]
+    fn is_fragment(info: &Ipv6Info) -> bool {
+        info.frag.is_some_and(|f| f.offset != 0 || f.more)
     }
     #[inline(always)]
     fn l4_off(info: &Ipv6Info) -> usize {

@@ -1,0 +1,148 @@
+//! Fragments in front of conntrack, as Linux's `nf_defrag_ipv4`/`nf_defrag_ipv6` and OVS's
+//! `ipf`: a datagram that comes in fragments is put together, tracked and translated as a
+//! whole, and leaves as the fragments it came in, each with the translated addresses
+//! (checked by putting them together again with the test kit's own model,
+//! [`frame::reassemble`], and reading the whole datagram's checksums and content).
+
+use super::*;
+
+use std::time::Duration;
+
+per_family!(
+    a_fragmented_datagram_leaving_the_cluster_is_masqueraded_whole_and_so_is_its_answer,
+    a_fragmented_datagram_to_a_cluster_ip_reaches_its_endpoint_and_the_switched_answer_is_translated,
+    fragments_of_an_unfinished_datagram_are_freed_at_their_timeout_and_counted,
+    overlapping_and_tiny_fragments_are_refused_and_counted,
+);
+
+/// A `len`-byte UDP payload whose bytes say where they are.
+fn payload(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// Sends `frags` on `port` one by one: every fragment but the last is held (nothing sent);
+/// what the last one makes is returned.
+fn send_fragments(n: &mut Node, port: tapyard::PortId, frags: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let (last, held) = frags.split_last().unwrap();
+    for f in held {
+        let (v, out) = send(n, port, f);
+        assert_eq!(v, Verdict::Queued, "a fragment is held");
+        assert!(out.is_empty(), "{out:?}");
+    }
+    let (v, out) = send(n, port, last);
+    assert_eq!(
+        v,
+        Verdict::Local,
+        "the last fragment completes the datagram"
+    );
+    out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// The UDP payload of the whole frame `f`.
+fn udp_payload(f: &[u8]) -> &[u8] {
+    let hl = if f[14] >> 4 == 6 {
+        40
+    } else {
+        usize::from(f[14] & 15) * 4
+    };
+    &f[14 + hl + 8..]
+}
+
+fn a_fragmented_datagram_leaving_the_cluster_is_masqueraded_whole_and_so_is_its_answer(p: Plan) {
+    let mut n = node();
+    for (len, id) in [(3000, 7), (9000, 8)] {
+        let data = payload(len);
+        let sport = 46000 + id as u16;
+        let whole = frame::udp_with(POD_A, GW_MAC, (p.a, sport), (p.outside, 53), 64, &data);
+        let frags = frame::fragments(&whole, 1500, id);
+        let out = send_fragments(&mut n, PA, &frags);
+        assert_eq!(out.len(), frags.len(), "sent as the fragments it came in");
+        for (o, i) in out.iter().zip(&frags) {
+            assert_eq!(o.len(), i.len(), "each fragment keeps its size");
+            assert_eq!(&o[0..6], &OUTGW.0);
+        }
+        let back = frame::reassemble(&out).expect("fragments of one datagram");
+        assert_eq!(
+            flow(&back),
+            (p.node, sport, p.outside, 53),
+            "masqueraded whole"
+        );
+        assert_eq!(udp_payload(&back), &data[..]);
+        // The answer, as big, comes back in fragments to the node's address and reaches
+        // the pod translated, whole.
+        let answer = frame::udp_with(OUTGW, UP_MAC, (p.outside, 53), (p.node, sport), 64, &data);
+        let out = send_fragments(&mut n, ETH0, &frame::fragments(&answer, 1400, id + 100));
+        let back = frame::reassemble(&out).expect("fragments of one datagram");
+        assert_eq!(&back[0..6], &POD_A.0);
+        assert_eq!(flow(&back), (p.outside, 53, p.a, sport));
+        assert_eq!(udp_payload(&back), &data[..]);
+    }
+    let s = n.dp.control().stats();
+    assert_eq!(s.reassembled, 4);
+}
+
+fn a_fragmented_datagram_to_a_cluster_ip_reaches_its_endpoint_and_the_switched_answer_is_translated(
+    p: Plan,
+) {
+    let mut n = node();
+    let dns = p.svc(0x53);
+    let data = payload(3000);
+    let query = frame::udp_with(POD_A, GW_MAC, (p.a, 44100), (dns, 53), 64, &data);
+    let out = send_fragments(&mut n, PA, &frame::fragments(&query, 1500, 9));
+    let back = frame::reassemble(&out).expect("fragments of one datagram");
+    assert_eq!(&back[0..6], &POD_B.0, "to the endpoint, pod B");
+    assert_eq!(flow(&back), (p.a, 44100, p.b, 5353));
+    assert_eq!(udp_payload(&back), &data[..]);
+    // Pod B's answer is switched on cni0 straight to pod A (br_netfilter): put together,
+    // translated back to the Service address, and sent on as its fragments.
+    let answer = frame::udp_with(POD_B, POD_A, (p.b, 5353), (p.a, 44100), 64, &data);
+    let frags = frame::fragments(&answer, 1500, 10);
+    let out = send_fragments(&mut n, PB, &frags);
+    assert_eq!(out.len(), frags.len());
+    let back = frame::reassemble(&out).expect("fragments of one datagram");
+    assert_eq!(&back[0..6], &POD_A.0);
+    assert_eq!(flow(&back), (dns, 53, p.a, 44100));
+    assert_eq!(udp_payload(&back), &data[..]);
+}
+
+fn fragments_of_an_unfinished_datagram_are_freed_at_their_timeout_and_counted(p: Plan) {
+    let mut n = node();
+    let whole = frame::udp_with(POD_A, GW_MAC, (p.a, 1), (p.outside, 2), 64, &payload(4000));
+    let frags = frame::fragments(&whole, 1500, 11);
+    for f in &frags[..frags.len() - 1] {
+        assert_eq!(send(&mut n, PA, f).0, Verdict::Queued);
+    }
+    let drops = |n: &Node| n.dp.control().stats().drop_count(DropReason::FragTimeout);
+    n.tick(Duration::from_secs(14));
+    assert_eq!(drops(&n), 0);
+    n.tick(Duration::from_secs(2));
+    assert_eq!(
+        drops(&n),
+        frags.len() as u64 - 1,
+        "every held fragment freed"
+    );
+    // The last fragment alone now starts a new list: held, nothing sent.
+    assert_eq!(send(&mut n, PA, frags.last().unwrap()).0, Verdict::Queued);
+}
+
+fn overlapping_and_tiny_fragments_are_refused_and_counted(p: Plan) {
+    let mut n = node();
+    let whole = frame::udp_with(POD_A, GW_MAC, (p.a, 1), (p.outside, 2), 64, &payload(3000));
+    // Cut at 600 bytes: fragments other than the last below the minimum (1200 / 1280).
+    let tiny = frame::fragments(&whole, 600, 12);
+    assert_eq!(
+        send(&mut n, PA, &tiny[0]).0,
+        Verdict::Drop(DropReason::FragTooSmall)
+    );
+    // Two cuts of one datagram (same identification) overlap: the datagram is discarded.
+    let a = frame::fragments(&whole, 1500, 13);
+    let b = frame::fragments(&whole, 1300, 13);
+    assert_eq!(send(&mut n, PA, &a[0]).0, Verdict::Queued);
+    assert_eq!(
+        send(&mut n, PA, &b[1]).0,
+        Verdict::Drop(DropReason::FragOverlap)
+    );
+    let s = n.dp.control().stats();
+    assert_eq!(s.drop_count(DropReason::FragTooSmall), 1);
+    assert_eq!(s.drop_count(DropReason::FragOverlap), 1);
+}
