@@ -9,6 +9,7 @@ mod common;
 
 mod cni_node;
 mod dual_stack;
+mod frags;
 mod ipv6_only;
 mod netns_node;
 mod podman;

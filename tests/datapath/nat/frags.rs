@@ -13,6 +13,7 @@ per_family!(
     a_fragmented_datagram_to_a_cluster_ip_reaches_its_endpoint_and_the_switched_answer_is_translated,
     fragments_of_an_unfinished_datagram_are_freed_at_their_timeout_and_counted,
     overlapping_and_tiny_fragments_are_refused_and_counted,
+    fragments_bigger_than_the_egress_mtu_are_cut_again_over_ipv4_and_refused_over_ipv6,
 );
 
 /// A `len`-byte UDP payload whose bytes say where they are.
@@ -145,4 +146,40 @@ fn overlapping_and_tiny_fragments_are_refused_and_counted(p: Plan) {
     let s = n.dp.control().stats();
     assert_eq!(s.drop_count(DropReason::FragTooSmall), 1);
     assert_eq!(s.drop_count(DropReason::FragOverlap), 1);
+}
+
+fn fragments_bigger_than_the_egress_mtu_are_cut_again_over_ipv4_and_refused_over_ipv6(p: Plan) {
+    let mut n = node();
+    let data = payload(9000);
+    let whole = frame::udp_with(POD_A, GW_MAC, (p.a, 47000), (p.outside, 53), 64, &data);
+    // Fragments of 4000 bytes for eth0's 1500: as Linux forwards after `nf_defrag` with
+    // `frag_max_size` above the MTU.
+    let frags = frame::fragments(&whole, 4000, 14);
+    let (last, held) = frags.split_last().unwrap();
+    for f in held {
+        assert_eq!(send(&mut n, PA, f).0, Verdict::Queued);
+    }
+    let (v, out) = send(&mut n, PA, last);
+    if p.is_v6() {
+        // IPv6 routers never fragment: packet too big, MTU 1500, back to the pod.
+        assert_eq!(v, Verdict::Drop(DropReason::PacketTooBig));
+        let (port, f) = one(&out);
+        assert_eq!(port, PA);
+        assert_eq!(
+            (
+                f[14 + 40],
+                u32::from_be_bytes(f[58..62].try_into().unwrap())
+            ),
+            (2, 1500)
+        );
+    } else {
+        // IPv4 without DF: cut again for the MTU, masqueraded.
+        assert_eq!(v, Verdict::Local);
+        let out: Vec<_> = out.into_iter().map(|(_, f)| f).collect();
+        assert!(out.iter().all(|f| f.len() <= 14 + 1500));
+        assert_eq!(out.len(), 7, "9008 bytes of UDP in 1480-byte pieces");
+        let back = frame::reassemble(&out).expect("fragments of one datagram");
+        assert_eq!(flow(&back), (p.node, 47000, p.outside, 53));
+        assert_eq!(udp_payload(&back), &data[..]);
+    }
 }
