@@ -211,12 +211,14 @@ impl NatHook<'_> {
     }
 
     /// Takes fragment `b` (family `A`) for reassembly in front of conntrack: `Some` is the
-    /// hook's answer (held, or refused); `None` when it completed its datagram, now in `b`
-    /// (its facts in `info`), which goes through conntrack and NAT as a whole.
+    /// hook's answer: held, refused, or [`Hook::Whole`] when it completed its datagram, now
+    /// in `b` (its facts in `info`) and through conntrack and NAT as a whole; `None` when it
+    /// is no fragment after all.
     #[cold]
     #[inline(never)]
     fn reassemble<A: FragsOf + NatFamily<W>, const W: usize>(
         &mut self,
+        view: &impl Routing<A>,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut <A as NatFamily<W>>::Info,
@@ -235,9 +237,18 @@ impl NatHook<'_> {
         self.shard.totals.reassembled.add(1);
         match <A as NatFamily<W>>::check(b.frame().get(l3..).unwrap_or(&[])) {
             Some(i) => *info = i,
-            None => return Some(Hook::Drop(DropReason::FragMalformed)),
+            None => {
+                self.frags.restore(b);
+                return Some(Hook::Drop(DropReason::FragMalformed));
+            }
         }
-        None
+        Some(match self.nf.prerouting::<A, W>(view, b, l3, info, self.cx, now) {
+            Hook::Accept => Hook::Whole,
+            h => {
+                self.frags.restore(b);
+                h
+            }
+        })
     }
 }
 
@@ -254,7 +265,7 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
     ) -> Hook {
         let view = RouterView::<Ipv4Addr>::new(router, batch);
         if <Ipv4Addr as NatFamily<2>>::is_fragment(info) {
-            if let Some(h) = self.reassemble::<Ipv4Addr, 2>(b, l3, info, now) {
+            if let Some(h) = self.reassemble::<Ipv4Addr, 2>(&view, b, l3, info, now) {
                 return h;
             }
         }
@@ -268,6 +279,10 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.frags.refragment::<Ipv4Addr>(whole, out)
+    }
+
+    fn restore(&mut self, b: &mut PacketBuf) {
+        self.frags.restore(b);
     }
 }
 
@@ -284,7 +299,7 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
     ) -> Hook {
         let view = RouterView::<Ipv6Addr>::new(router, batch);
         if <Ipv6Addr as NatFamily<5>>::is_fragment(info) {
-            if let Some(h) = self.reassemble::<Ipv6Addr, 5>(b, l3, info, now) {
+            if let Some(h) = self.reassemble::<Ipv6Addr, 5>(&view, b, l3, info, now) {
                 return h;
             }
         }
@@ -298,6 +313,10 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.frags.refragment::<Ipv6Addr>(whole, out)
+    }
+
+    fn restore(&mut self, b: &mut PacketBuf) {
+        self.frags.restore(b);
     }
 }
 
@@ -768,6 +787,8 @@ impl Datapath {
             Hook::Drop(r) => Verdict::Drop(r),
             Hook::Reject { .. } => Verdict::Drop(DropReason::NoEndpoint),
             Hook::Held => Verdict::Queued,
+            // Only the router's hook puts datagrams together in place.
+            Hook::Whole => Verdict::Drop(DropReason::FragMalformed),
         }
     }
 
@@ -859,30 +880,12 @@ impl Datapath {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
         let rx = Rx::new(b, usize::from(meta.l3), iface, now);
-        let mut l3 = if IPV6 {
+        let l3 = if IPV6 {
             r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink)
         } else {
             r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink)
         };
-        if b.reassembled != 0 {
-            l3 = Self::restore_fragment(b, l3, ctx);
-        }
         self.after_l3(l3, b, now, ctx, sink)
-    }
-
-    /// Puts the last fragment's buffer back in place of the datagram the hook put together
-    /// in `b` (its fragments already sent by the router, or refused): what the router did
-    /// with the datagram becomes the fragment's verdict, never a forward of the buffer.
-    #[cold]
-    #[inline(never)]
-    fn restore_fragment(b: &mut PacketBuf, l3: L3, ctx: &mut BatchCtx<'_>) -> L3 {
-        if let Some(h) = ctx.nat.as_mut() {
-            h.frags.restore(b);
-        }
-        match l3 {
-            L3::Forward(_) => L3::Drop(DropReason::FragOversize),
-            other => other,
-        }
     }
 
     /// The verdict for what the router did with a frame.

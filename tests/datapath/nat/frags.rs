@@ -18,7 +18,7 @@ per_family!(
 
 /// A `len`-byte UDP payload whose bytes say where they are.
 fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i % 251) as u8).collect()
+    (0..len).map(|i| u8::try_from(i % 251).unwrap()).collect()
 }
 
 /// Sends `frags` on `port` one by one: every fragment but the last is held (nothing sent);
@@ -53,7 +53,7 @@ fn a_fragmented_datagram_leaving_the_cluster_is_masqueraded_whole_and_so_is_its_
     let mut n = node();
     for (len, id) in [(3000, 7), (9000, 8)] {
         let data = payload(len);
-        let sport = 46000 + id as u16;
+        let sport = 46000 + u16::try_from(id).unwrap();
         let whole = frame::udp_with(POD_A, GW_MAC, (p.a, sport), (p.outside, 53), 64, &data);
         let frags = frame::fragments(&whole, 1500, id);
         let out = send_fragments(&mut n, PA, &frags);
