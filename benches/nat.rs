@@ -18,6 +18,12 @@
 //!   endpoint choice, the route of the endpoint, the insert and the rewrite. Beside it: the
 //!   same SYNs through a datapath without NAT.
 //!
+//! * `datapath_frags`: 4000-byte UDP datagrams to a UDP Service (ClusterIP DNAT'd to one of
+//!   4 endpoints), 10 connections per client port, each datagram in 3 fragments: put
+//!   together in front of conntrack, DNAT'd whole, sent on as its 3 fragments. Beside it: the
+//!   same payload bytes in unfragmented 1350-byte datagrams of the same connections, 3 per
+//!   fragmented datagram. Throughput in payload bytes.
+//!
 //! The `_file` variants keep the connection table in a file in /dev/shm
 //! (`DatapathBuilder::conntrack_file`), as `tapyard run` does, instead of anonymous memory.
 //!
@@ -689,5 +695,85 @@ fn established6(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, established6, new_connections, parts);
+/// `datapath_frags` (see the module docs).
+fn fragmented(c: &mut Criterion) {
+    const FLOWS: usize = 10;
+    const BIG: usize = 4000;
+    const SMALL: usize = 1350;
+    let mut g = c.benchmark_group("datapath_frags");
+    g.throughput(Throughput::Bytes((PORTS * FLOWS * BIG) as u64));
+    let r = rig(true, 65_536, None);
+    let nf = r.dp.control().netfilter().unwrap();
+    let mut s = ServiceSpec::new("dns", Ipv4Addr::from(VIP), 53, IpProto::UDP);
+    s.endpoints = (0..PORTS)
+        .map(|i| Endpoint::new(SocketAddrV4::new(server_ip(i).into(), 5353), true))
+        .collect();
+    nf.upsert_service(s, r.now).unwrap();
+    let mut pump = Pump::new(r.dp.clone(), &r.ports).unwrap();
+    r.announce(&mut pump);
+    let datagram = |i: usize, k: usize, len: usize| {
+        let src = (Ipv4Addr::from(client_ip(i)), 20_000 + k as u16);
+        let payload = vec![k as u8; len];
+        frame::udp_with(
+            client_mac(i),
+            GW0,
+            src,
+            (Ipv4Addr::from(VIP), 53),
+            64,
+            &payload,
+        )
+    };
+    let frags: Vec<Vec<Vec<u8>>> = (0..PORTS)
+        .map(|i| {
+            (0..FLOWS)
+                .flat_map(|k| frame::fragments(&datagram(i, k, BIG), 1500, k as u32))
+                .collect()
+        })
+        .collect();
+    let whole: Vec<Vec<Vec<u8>>> = (0..PORTS)
+        .map(|i| {
+            (0..FLOWS)
+                .flat_map(|k| (0..BIG / SMALL + 1).map(move |_| (k, SMALL)))
+                .map(|(k, len)| datagram(i, k, len))
+                .collect()
+        })
+        .collect();
+    for (name, frames) in [("unfragmented_1350", &whole), ("fragmented_4000", &frags)] {
+        let inject = || {
+            for (h, fs) in r.clients.iter().zip(frames) {
+                for f in fs {
+                    h.send_frame(f).unwrap();
+                }
+            }
+        };
+        // The connections exist before the timing starts.
+        inject();
+        pump.drain(r.now, 8);
+        r.drain();
+        let name = format!("tapyard_udp_dnat_{name}");
+        common::bench_batched(
+            &mut g,
+            "datapath_frags",
+            &name,
+            || {
+                r.drain();
+                inject();
+            },
+            |()| black_box(pump.poll(r.now).unwrap()),
+        );
+    }
+    let s = r.dp.control().stats();
+    assert_eq!(s.rx_drops(), 0, "{s}");
+    assert!(s.reassembled > 0, "{s}");
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    established,
+    established6,
+    new_connections,
+    parts,
+    fragmented
+);
 criterion_main!(benches);

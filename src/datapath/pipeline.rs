@@ -242,18 +242,20 @@ impl NatHook<'_> {
                 return Some(Hook::Drop(DropReason::FragMalformed));
             }
         }
-        Some(match self.nf.prerouting::<A, W>(view, b, l3, info, self.cx, now) {
-            Hook::Accept => Hook::Whole,
-            h => {
-                self.frags.restore(b);
-                h
-            }
-        })
+        Some(
+            match self.nf.prerouting::<A, W>(view, b, l3, info, self.cx, now) {
+                Hook::Accept => Hook::Whole,
+                h => {
+                    self.frags.restore(b);
+                    h
+                }
+            },
+        )
     }
 }
 
 impl Prerouting<Ipv4Addr> for NatHook<'_> {
-    #[inline]
+    #[inline(always)]
     fn prerouting(
         &mut self,
         router: &Router,
@@ -287,7 +289,7 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
 }
 
 impl Prerouting<Ipv6Addr> for NatHook<'_> {
-    #[inline]
+    #[inline(always)]
     fn prerouting(
         &mut self,
         router: &Router,

@@ -97,9 +97,8 @@
 //!
 //! # Known differences
 //!
-//! Fragments are not reassembled (Linux's conntrack defragments first): a non-first fragment
-//! carries no ports, so it is forwarded untracked and untranslated (counted as `untracked`).
-//! TCP windows are not tracked (see [`crate::conntrack`]). Connections are tracked only when
+//! Fragments reach this engine put together (see [`crate::l3::defrag`]; the pipeline
+//! reassembles in front of it, as Linux's `nf_defrag_ipv4`/`ipv6`). TCP windows are not tracked (see [`crate::conntrack`]). Connections are tracked only when
 //! the datapath was built with NAT ([`crate::datapath::DatapathBuilder::netfilter`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

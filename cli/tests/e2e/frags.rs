@@ -273,10 +273,7 @@ fn fragments_through_masquerade_and_a_udp_cluster_ip() {
     }
     let st = tapyard_ok_at(&n.socket, &["show", "stats", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&st).unwrap();
-    assert!(
-        v["reassembled"].as_u64().unwrap_or(0) >= 16,
-        "{st}"
-    );
+    assert!(v["reassembled"].as_u64().unwrap_or(0) >= 16, "{st}");
 
     // A flood of fragments that never complete: refused once the tables are full, memory
     // flat from one flood to the next.

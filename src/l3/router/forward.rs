@@ -272,9 +272,9 @@ impl Router {
             }
             Hook::Held => return L3::Queued,
             Hook::Fragment => return L3::Drop(DropReason::FragMalformed),
-            Hook::Whole => return self.input_whole::<A>(b, rx, ctx, hook, info, sink),
+            Hook::Whole => return self.input_whole::<A>(b, rx, ctx, hook, &info, sink),
         }
-        self.forward::<A, false>(b, rx, ctx, hook, info, sink)
+        self.forward::<A, false>(b, rx, ctx, hook, &info, sink)
     }
 
     /// [`Router::ip_input`] of a datagram the hook put together from fragments in `b`: it
@@ -289,7 +289,7 @@ impl Router {
         rx: Rx,
         ctx: &mut L3Batch<'_>,
         hook: &mut impl Prerouting<A>,
-        info: A::Info,
+        info: &A::Info,
         sink: &mut dyn Sink,
     ) -> L3 {
         let v = self.forward::<A, true>(b, rx, ctx, hook, info, sink);
@@ -309,11 +309,11 @@ impl Router {
         rx: Rx,
         ctx: &mut L3Batch<'_>,
         hook: &mut impl Prerouting<A>,
-        info: A::Info,
+        info: &A::Info,
         sink: &mut dyn Sink,
     ) -> L3 {
         let (l3, now) = (rx.l3, rx.now);
-        let dst = A::facts(&info).dst;
+        let dst = A::facts(info).dst;
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
         let m = A::memo(ctx);
         let memo = match m.last {
@@ -322,7 +322,7 @@ impl Router {
         };
         if memo.is_none() {
             if self.local_iface(dst).is_some() {
-                return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
+                return match self.local_input::<A>(b, rx, info, hook.error_nat(), sink) {
                     L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
                     other => other,
                 };
@@ -331,12 +331,12 @@ impl Router {
                 return L3::Drop(r);
             }
         }
-        if let Some(r) = A::unroutable_src(&info) {
+        if let Some(r) = A::unroutable_src(info) {
             return L3::Drop(r);
         }
-        if A::facts(&info).ttl <= 1 {
+        if A::facts(info).ttl <= 1 {
             self.icmp_error::<A>(
-                Offending::arrived(b, rx, &info),
+                Offending::arrived(b, rx, info),
                 IcmpError::TtlExceeded,
                 hook.error_nat(),
                 now,
@@ -349,7 +349,7 @@ impl Router {
             None => match A::routes(ctx).lookup(dst) {
                 None => {
                     self.icmp_error::<A>(
-                        Offending::arrived(b, rx, &info),
+                        Offending::arrived(b, rx, info),
                         IcmpError::NoRoute,
                         hook.error_nat(),
                         now,
@@ -367,7 +367,7 @@ impl Router {
                         IcmpError::Unreachable
                     };
                     self.icmp_error::<A>(
-                        Offending::arrived(b, rx, &info),
+                        Offending::arrived(b, rx, info),
                         e,
                         hook.error_nat(),
                         now,
@@ -390,15 +390,15 @@ impl Router {
                 mac: egress.cfg.mac,
                 now,
             };
-            return self.forward_reassembled::<A>(b, rx, &info, out, hook, sink);
+            return self.forward_reassembled::<A>(b, rx, info, out, hook, sink);
         }
         let mtu = usize::from(egress.cfg.mtu);
         // A TCP super-frame (TSO from an offload TAP) leaves as segments of `gso_size` payload
         // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
         let gso = b.offload.is_gso();
-        let total_len = A::facts(&info).total_len;
-        let wire_len = if gso && A::facts(&info).proto == IpProto::TCP {
-            let l4 = A::facts(&info).l4_off;
+        let total_len = A::facts(info).total_len;
+        let wire_len = if gso && A::facts(info).proto == IpProto::TCP {
+            let l4 = A::facts(info).l4_off;
             let doff = b
                 .frame()
                 .get(l3 + l4..)
@@ -408,12 +408,12 @@ impl Router {
         } else {
             total_len
         };
-        if wire_len > mtu && (gso || !A::may_fragment(&info)) {
+        if wire_len > mtu && (gso || !A::may_fragment(info)) {
             let e = IcmpError::TooBig {
                 mtu: egress.cfg.mtu,
             };
             self.icmp_error::<A>(
-                Offending::arrived(b, rx, &info),
+                Offending::arrived(b, rx, info),
                 e,
                 hook.error_nat(),
                 now,
@@ -430,7 +430,7 @@ impl Router {
                 mac: egress.cfg.mac,
                 now,
             };
-            return A::fragment(self, b, l3, &info, out, sink);
+            return A::fragment(self, b, l3, info, out, sink);
         }
         let mac = match memo {
             Some((.., m)) => Some(m),
