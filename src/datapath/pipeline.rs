@@ -153,6 +153,22 @@ struct NatHook<'a> {
     shard: &'a Shard,
 }
 
+/// Whether the routed frame `f` (its L3 header where `meta` says; IPv6's when `IPV6`) is a
+/// fragment: IPv4 with MF or an offset, IPv6 with a fragment header right after the fixed
+/// header (a fragment header behind other extension headers is not looked for: such a
+/// fragment passes untracked, as before reassembly existed).
+#[inline(always)]
+fn is_fragment<const IPV6: bool>(f: &[u8], meta: &L3Hint) -> bool {
+    let l3 = usize::from(meta.l3);
+    if IPV6 {
+        f.get(l3 + 6) == Some(&44)
+    } else {
+        meta.ether_type == ethertype::IPV4
+            && f.get(l3 + 6..l3 + 8)
+                .is_some_and(|w| u16::from_be_bytes([w[0], w[1]]) & 0x3fff != 0)
+    }
+}
+
 /// Where the fragments of a bridged datagram go once put together and translated: the
 /// bridge's router interface, whose egress finds their port in the bridge as for any frame
 /// the router makes.
@@ -209,53 +225,10 @@ impl NatHook<'_> {
         self.frags.restore(b);
         verdict
     }
-
-    /// Takes fragment `b` (family `A`) for reassembly in front of conntrack: `Some` is the
-    /// hook's answer: held, refused, or [`Hook::Whole`] when it completed its datagram, now
-    /// in `b` (its facts in `info`) and through conntrack and NAT as a whole; `None` when it
-    /// is no fragment after all.
-    #[cold]
-    #[inline(never)]
-    fn reassemble<A: FragsOf + NatFamily<W>, const W: usize>(
-        &mut self,
-        view: &impl Routing<A>,
-        b: &mut PacketBuf,
-        l3: usize,
-        info: &mut <A as NatFamily<W>>::Info,
-        now: Instant,
-    ) -> Option<Hook> {
-        let expired = match self.frags.take::<A>(b, l3, now) {
-            Err(r) => return Some(Hook::Drop(r)),
-            Ok(Taken::NotFragment) => return None,
-            Ok(Taken::Held { expired }) => {
-                self.shard.count_drops(DropReason::FragTimeout, expired);
-                return Some(Hook::Held);
-            }
-            Ok(Taken::Whole { expired }) => expired,
-        };
-        self.shard.count_drops(DropReason::FragTimeout, expired);
-        self.shard.totals.reassembled.add(1);
-        match <A as NatFamily<W>>::check(b.frame().get(l3..).unwrap_or(&[])) {
-            Some(i) => *info = i,
-            None => {
-                self.frags.restore(b);
-                return Some(Hook::Drop(DropReason::FragMalformed));
-            }
-        }
-        Some(
-            match self.nf.prerouting::<A, W>(view, b, l3, info, self.cx, now) {
-                Hook::Accept => Hook::Whole,
-                h => {
-                    self.frags.restore(b);
-                    h
-                }
-            },
-        )
-    }
 }
 
 impl Prerouting<Ipv4Addr> for NatHook<'_> {
-    #[inline(always)]
+    #[inline]
     fn prerouting(
         &mut self,
         router: &Router,
@@ -266,11 +239,6 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
         now: Instant,
     ) -> Hook {
         let view = RouterView::<Ipv4Addr>::new(router, batch);
-        if <Ipv4Addr as NatFamily<2>>::is_fragment(info) {
-            if let Some(h) = self.reassemble::<Ipv4Addr, 2>(&view, b, l3, info, now) {
-                return h;
-            }
-        }
         self.nf
             .prerouting::<Ipv4Addr, 2>(&view, b, l3, info, self.cx, now)
     }
@@ -282,14 +250,10 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.frags.refragment::<Ipv4Addr>(whole, out)
     }
-
-    fn restore(&mut self, b: &mut PacketBuf) {
-        self.frags.restore(b);
-    }
 }
 
 impl Prerouting<Ipv6Addr> for NatHook<'_> {
-    #[inline(always)]
+    #[inline]
     fn prerouting(
         &mut self,
         router: &Router,
@@ -300,11 +264,6 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
         now: Instant,
     ) -> Hook {
         let view = RouterView::<Ipv6Addr>::new(router, batch);
-        if <Ipv6Addr as NatFamily<5>>::is_fragment(info) {
-            if let Some(h) = self.reassemble::<Ipv6Addr, 5>(&view, b, l3, info, now) {
-                return h;
-            }
-        }
         self.nf
             .prerouting::<Ipv6Addr, 5>(&view, b, l3, info, self.cx, now)
     }
@@ -315,10 +274,6 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.frags.refragment::<Ipv6Addr>(whole, out)
-    }
-
-    fn restore(&mut self, b: &mut PacketBuf) {
-        self.frags.restore(b);
     }
 }
 
@@ -788,9 +743,6 @@ impl Datapath {
             Hook::Accept | Hook::Fragment => v,
             Hook::Drop(r) => Verdict::Drop(r),
             Hook::Reject { .. } => Verdict::Drop(DropReason::NoEndpoint),
-            Hook::Held => Verdict::Queued,
-            // Only the router's hook puts datagrams together in place.
-            Hook::Whole => Verdict::Drop(DropReason::FragMalformed),
         }
     }
 
@@ -882,12 +834,71 @@ impl Datapath {
             return Verdict::Drop(DropReason::UnsupportedProtocol);
         }
         let rx = Rx::new(b, usize::from(meta.l3), iface, now);
+        // With NAT, fragments are put together in front of the router (and its conntrack).
+        if ctx.nat.is_some() && is_fragment::<IPV6>(b.frame(), meta) {
+            return self.route_fragment::<IPV6>(r, b, rx, ctx, sink);
+        }
         let l3 = if IPV6 {
-            r.ip_input::<Ipv6Addr>(b, rx, &mut ctx.l3, &mut ctx.nat, sink)
+            r.ip_input::<Ipv6Addr, false>(b, rx, &mut ctx.l3, &mut ctx.nat, sink)
         } else {
             r.input(b, meta.ether_type, rx, &mut ctx.l3, &mut ctx.nat, sink)
         };
         self.after_l3(l3, b, now, ctx, sink)
+    }
+
+    /// A routed fragment with NAT (IPv6's when `IPV6`): held until its datagram is complete,
+    /// which then takes its place in `b` for the router's own path of reassembled datagrams
+    /// (`ip_input::<A, true>`: conntrack and NAT on the whole, sent on as its fragments);
+    /// then the fragment's buffer comes back, with what became of the datagram as its verdict.
+    #[cold]
+    #[inline(never)]
+    fn route_fragment<const IPV6: bool>(
+        &self,
+        r: &Router,
+        b: &mut PacketBuf,
+        rx: Rx,
+        ctx: &mut BatchCtx<'_>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let Some(nat) = ctx.nat.as_mut() else {
+            return Verdict::Drop(DropReason::NotForRouter);
+        };
+        let taken = if IPV6 {
+            nat.frags.take::<Ipv6Addr>(b, rx.l3, rx.now)
+        } else {
+            nat.frags.take::<Ipv4Addr>(b, rx.l3, rx.now)
+        };
+        let expired = match taken {
+            Err(r) => return Verdict::Drop(r),
+            Ok(Taken::Held { expired }) => {
+                nat.shard.count_drops(DropReason::FragTimeout, expired);
+                return Verdict::Queued;
+            }
+            Ok(Taken::Whole { expired }) => expired,
+            // Not one after all (an IPv6 atomic fragment): the normal path.
+            Ok(Taken::NotFragment) => 0,
+        };
+        nat.shard.count_drops(DropReason::FragTimeout, expired);
+        let whole = b.reassembled != 0;
+        if whole {
+            nat.shard.totals.reassembled.add(1);
+        }
+        let l3 = match (IPV6, whole) {
+            (true, true) => r.ip_input::<Ipv6Addr, true>(b, rx, &mut ctx.l3, &mut ctx.nat, sink),
+            (true, false) => r.ip_input::<Ipv6Addr, false>(b, rx, &mut ctx.l3, &mut ctx.nat, sink),
+            (false, true) => r.ip_input::<Ipv4Addr, true>(b, rx, &mut ctx.l3, &mut ctx.nat, sink),
+            (false, false) => r.ip_input::<Ipv4Addr, false>(b, rx, &mut ctx.l3, &mut ctx.nat, sink),
+        };
+        if !whole {
+            return self.after_l3(l3, b, rx.now, ctx, sink);
+        }
+        if let Some(nat) = ctx.nat.as_mut() {
+            nat.frags.restore(b);
+        }
+        match l3 {
+            L3::Forward(_) => Verdict::Drop(DropReason::FragOversize),
+            other => self.after_l3(other, b, rx.now, ctx, sink),
+        }
     }
 
     /// The verdict for what the router did with a frame.

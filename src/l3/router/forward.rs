@@ -244,8 +244,12 @@ impl<'a, A: RouterFamily> Offending<'a, A> {
 impl Router {
     /// The IP input and forwarding of a frame addressed to the router, for family `A`. Inlined
     /// into its callers (the datapath's routed paths): one call per packet, not two.
+    ///
+    /// `WHOLE`: `b` holds a datagram put together from fragments (see [`crate::l3::defrag`]),
+    /// sent on as the fragments it came in; its own monomorphised copy, so the path of every
+    /// other packet has no check for it.
     #[inline(always)]
-    pub(crate) fn ip_input<A: RouterFamily>(
+    pub(crate) fn ip_input<A: RouterFamily, const WHOLE: bool>(
         &self,
         b: &mut PacketBuf,
         rx: Rx,
@@ -270,49 +274,9 @@ impl Router {
                 self.reject::<A>(b.frame(), rx, &info, tcp, sink);
                 return L3::Drop(DropReason::NoEndpoint);
             }
-            Hook::Held => return L3::Queued,
             Hook::Fragment => return L3::Drop(DropReason::FragMalformed),
-            Hook::Whole => return self.input_whole::<A>(b, rx, ctx, hook, &info, sink),
         }
-        self.forward::<A, false>(b, rx, ctx, hook, &info, sink)
-    }
-
-    /// [`Router::ip_input`] of a datagram the hook put together from fragments in `b`: it
-    /// goes the rest of the way as one packet and leaves as fragments; then the fragment's
-    /// buffer is given back, with what became of the datagram as its verdict (never a
-    /// forward of the buffer itself).
-    #[cold]
-    #[inline(never)]
-    fn input_whole<A: RouterFamily>(
-        &self,
-        b: &mut PacketBuf,
-        rx: Rx,
-        ctx: &mut L3Batch<'_>,
-        hook: &mut impl Prerouting<A>,
-        info: &A::Info,
-        sink: &mut dyn Sink,
-    ) -> L3 {
-        let v = self.forward::<A, true>(b, rx, ctx, hook, info, sink);
-        hook.restore(b);
-        match v {
-            L3::Forward(_) => L3::Drop(DropReason::FragOversize),
-            other => other,
-        }
-    }
-
-    /// The forwarding path after the PREROUTING hook (see [`Router::ip_input`]); `WHOLE`: for
-    /// a datagram put together from fragments ([`Router::input_whole`]).
-    #[inline(always)]
-    fn forward<A: RouterFamily, const WHOLE: bool>(
-        &self,
-        b: &mut PacketBuf,
-        rx: Rx,
-        ctx: &mut L3Batch<'_>,
-        hook: &mut impl Prerouting<A>,
-        info: &A::Info,
-        sink: &mut dyn Sink,
-    ) -> L3 {
-        let (l3, now) = (rx.l3, rx.now);
+        let info = &info;
         let dst = A::facts(info).dst;
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
         let m = A::memo(ctx);

@@ -472,15 +472,9 @@ pub(crate) enum Hook {
         /// Answer with a TCP reset rather than an ICMP error.
         tcp: bool,
     },
-    /// A fragment kept until its datagram is complete (see [`crate::l3::defrag`]).
-    Held,
-    /// A fragment the bridged hook needs put together first (the router's hook does that
-    /// itself: the router never sees this).
+    /// A fragment, which the bridged hook needs put together first (the routed path puts
+    /// fragments together before the router: it never sees this).
     Fragment,
-    /// The fragment completed its datagram, which the hook put in the buffer in its place
-    /// and translated (`info` describes it): the router sends it on as fragments, then
-    /// gives the fragment's buffer back ([`Prerouting::restore`]).
-    Whole,
 }
 
 /// The hook the router calls between its header checks and its routing decision, as the IP
@@ -506,9 +500,6 @@ pub(crate) trait Prerouting<A: RouterFamily> {
     /// Cuts `whole`, a datagram the hook put together from fragments (and translated), back
     /// into the fragments it came in, handing each frame to `out`: how many.
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize;
-
-    /// Puts the fragment's buffer back in `b` in place of the datagram of a [`Hook::Whole`].
-    fn restore(&mut self, b: &mut PacketBuf);
 }
 
 /// An optional hook: none accepts every packet.
@@ -535,12 +526,6 @@ impl<A: RouterFamily, H: Prerouting<A>> Prerouting<A> for Option<H> {
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.as_mut().map_or(0, |h| h.refragment(whole, out))
-    }
-
-    fn restore(&mut self, b: &mut PacketBuf) {
-        if let Some(h) = self.as_mut() {
-            h.restore(b);
-        }
     }
 }
 
@@ -685,7 +670,7 @@ impl Router {
                 Ok(()) => L3::Local,
                 Err(reason) => L3::Drop(reason),
             },
-            ethertype::IPV4 => self.ip_input::<Ipv4Addr>(b, rx, ctx, hook, sink),
+            ethertype::IPV4 => self.ip_input::<Ipv4Addr, false>(b, rx, ctx, hook, sink),
             _ => L3::Drop(DropReason::UnsupportedProtocol),
         }
     }
