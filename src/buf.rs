@@ -44,10 +44,6 @@ pub struct PacketBuf {
     /// Set by a port when the frame did not fit the buffer and was cut; the datapath drops it
     /// as [`crate::DropReason::Oversize`].
     pub oversize: bool,
-    /// For a datagram put together from fragments (see [`crate::l3::defrag`]): the largest
-    /// fragment it came in, bytes of IP packet (Linux's `frag_max_size`); 0 for any other
-    /// frame.
-    pub(crate) reassembled: u16,
 }
 
 impl std::fmt::Debug for PacketBuf {
@@ -71,7 +67,6 @@ impl PacketBuf {
             port: PortId(0),
             offload: Offload::NONE,
             oversize: false,
-            reassembled: 0,
         }
     }
 
@@ -180,7 +175,6 @@ impl PacketBuf {
         self.len = 0;
         self.offload = Offload::NONE;
         self.oversize = false;
-        self.reassembled = 0;
     }
 }
 

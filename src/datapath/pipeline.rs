@@ -250,6 +250,10 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.frags.refragment::<Ipv4Addr>(whole, out)
     }
+
+    fn max_frag_size(&self) -> usize {
+        self.frags.max_frag_size()
+    }
 }
 
 impl Prerouting<Ipv6Addr> for NatHook<'_> {
@@ -274,6 +278,10 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.frags.refragment::<Ipv6Addr>(whole, out)
+    }
+
+    fn max_frag_size(&self) -> usize {
+        self.frags.max_frag_size()
     }
 }
 
@@ -868,18 +876,17 @@ impl Datapath {
         } else {
             nat.frags.take::<Ipv4Addr>(b, rx.l3, rx.now)
         };
-        let expired = match taken {
+        let (expired, whole) = match taken {
             Err(r) => return Verdict::Drop(r),
             Ok(Taken::Held { expired }) => {
                 nat.shard.count_drops(DropReason::FragTimeout, expired);
                 return Verdict::Queued;
             }
-            Ok(Taken::Whole { expired }) => expired,
+            Ok(Taken::Whole { expired }) => (expired, true),
             // Not one after all (an IPv6 atomic fragment): the normal path.
-            Ok(Taken::NotFragment) => 0,
+            Ok(Taken::NotFragment) => (0, false),
         };
         nat.shard.count_drops(DropReason::FragTimeout, expired);
-        let whole = b.reassembled != 0;
         if whole {
             nat.shard.totals.reassembled.add(1);
         }

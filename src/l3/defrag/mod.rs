@@ -654,6 +654,9 @@ pub(crate) struct Frags {
     spare: Option<crate::buf::PacketBuf>,
     /// Where a datagram is cut back into fragments (made on first use).
     scratch: Vec<u8>,
+    /// The largest fragment the last datagram put together came in (bytes of IP packet,
+    /// Linux's `frag_max_size`).
+    max: usize,
 }
 
 impl Default for Frags {
@@ -663,6 +666,7 @@ impl Default for Frags {
             v6: Defrag::new(DefragConfig::default_for::<std::net::Ipv6Addr>()),
             spare: None,
             scratch: Vec::new(),
+            max: 0,
         }
     }
 }
@@ -705,7 +709,7 @@ impl Frags {
                     return Err(crate::stats::DropReason::FragMalformed);
                 };
                 let whole = d.frame();
-                let max = u16::try_from(d.max_frag_size()).unwrap_or(u16::MAX);
+                let max = d.max_frag_size();
                 let s = spare.get_or_insert_with(|| crate::buf::PacketBuf::new(WHOLE_FRAME));
                 let Some(room) = s.room_mut().get_mut(..whole.len()) else {
                     return Err(crate::stats::DropReason::FragOversize);
@@ -715,11 +719,17 @@ impl Frags {
                 s.port = b.port;
                 s.offload = crate::buf::Offload::NONE;
                 s.oversize = false;
-                s.reassembled = max.max(1);
                 std::mem::swap(b, s);
+                self.max = max;
                 Ok(Taken::Whole { expired })
             }
         }
+    }
+
+    /// The largest fragment the last datagram [`Frags::take`] put together came in (bytes of
+    /// IP packet: Linux's `frag_max_size`).
+    pub(crate) fn max_frag_size(&self) -> usize {
+        self.max
     }
 
     /// Gives the fragment's buffer back in place of the datagram [`Frags::take`] put in `b`.

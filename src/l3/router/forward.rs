@@ -438,7 +438,7 @@ impl Router {
         sink: &mut dyn Sink,
     ) -> L3 {
         let l3 = rx.l3;
-        if usize::from(b.reassembled) > out.mtu {
+        if hook.max_frag_size() > out.mtu {
             if A::may_fragment(info) {
                 decrement_ttl::<A>(b.frame_mut(), l3);
                 return A::fragment(self, b, l3, info, out, sink);

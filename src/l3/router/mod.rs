@@ -500,6 +500,10 @@ pub(crate) trait Prerouting<A: RouterFamily> {
     /// Cuts `whole`, a datagram the hook put together from fragments (and translated), back
     /// into the fragments it came in, handing each frame to `out`: how many.
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize;
+
+    /// The largest fragment the datagram the hook last put together came in (bytes of IP
+    /// packet: Linux's `frag_max_size`).
+    fn max_frag_size(&self) -> usize;
 }
 
 /// An optional hook: none accepts every packet.
@@ -526,6 +530,10 @@ impl<A: RouterFamily, H: Prerouting<A>> Prerouting<A> for Option<H> {
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
         self.as_mut().map_or(0, |h| h.refragment(whole, out))
+    }
+
+    fn max_frag_size(&self) -> usize {
+        self.as_ref().map_or(0, |h| h.max_frag_size())
     }
 }
 
