@@ -276,8 +276,7 @@ impl Router {
             }
             Hook::Fragment => return L3::Drop(DropReason::FragMalformed),
         }
-        let info = &info;
-        let dst = A::facts(info).dst;
+        let dst = A::facts(&info).dst;
         // The memo holds only forwarded (so neither local nor broadcast) destinations.
         let m = A::memo(ctx);
         let memo = match m.last {
@@ -286,7 +285,7 @@ impl Router {
         };
         if memo.is_none() {
             if self.local_iface(dst).is_some() {
-                return match self.local_input::<A>(b, rx, info, hook.error_nat(), sink) {
+                return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
                     L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
                     other => other,
                 };
@@ -295,12 +294,12 @@ impl Router {
                 return L3::Drop(r);
             }
         }
-        if let Some(r) = A::unroutable_src(info) {
+        if let Some(r) = A::unroutable_src(&info) {
             return L3::Drop(r);
         }
-        if A::facts(info).ttl <= 1 {
+        if A::facts(&info).ttl <= 1 {
             self.icmp_error::<A>(
-                Offending::arrived(b, rx, info),
+                Offending::arrived(b, rx, &info),
                 IcmpError::TtlExceeded,
                 hook.error_nat(),
                 now,
@@ -313,7 +312,7 @@ impl Router {
             None => match A::routes(ctx).lookup(dst) {
                 None => {
                     self.icmp_error::<A>(
-                        Offending::arrived(b, rx, info),
+                        Offending::arrived(b, rx, &info),
                         IcmpError::NoRoute,
                         hook.error_nat(),
                         now,
@@ -331,7 +330,7 @@ impl Router {
                         IcmpError::Unreachable
                     };
                     self.icmp_error::<A>(
-                        Offending::arrived(b, rx, info),
+                        Offending::arrived(b, rx, &info),
                         e,
                         hook.error_nat(),
                         now,
@@ -354,15 +353,15 @@ impl Router {
                 mac: egress.cfg.mac,
                 now,
             };
-            return self.forward_reassembled::<A>(b, rx, info, out, hook, sink);
+            return self.forward_reassembled::<A>(b, rx, &info, out, hook, sink);
         }
         let mtu = usize::from(egress.cfg.mtu);
         // A TCP super-frame (TSO from an offload TAP) leaves as segments of `gso_size` payload
         // bytes: check their size, as Linux's `ip_exceeds_mtu` / `skb_gso_validate_network_len`.
         let gso = b.offload.is_gso();
-        let total_len = A::facts(info).total_len;
-        let wire_len = if gso && A::facts(info).proto == IpProto::TCP {
-            let l4 = A::facts(info).l4_off;
+        let total_len = A::facts(&info).total_len;
+        let wire_len = if gso && A::facts(&info).proto == IpProto::TCP {
+            let l4 = A::facts(&info).l4_off;
             let doff = b
                 .frame()
                 .get(l3 + l4..)
@@ -372,12 +371,12 @@ impl Router {
         } else {
             total_len
         };
-        if wire_len > mtu && (gso || !A::may_fragment(info)) {
+        if wire_len > mtu && (gso || !A::may_fragment(&info)) {
             let e = IcmpError::TooBig {
                 mtu: egress.cfg.mtu,
             };
             self.icmp_error::<A>(
-                Offending::arrived(b, rx, info),
+                Offending::arrived(b, rx, &info),
                 e,
                 hook.error_nat(),
                 now,
@@ -394,7 +393,7 @@ impl Router {
                 mac: egress.cfg.mac,
                 now,
             };
-            return A::fragment(self, b, l3, info, out, sink);
+            return A::fragment(self, b, l3, &info, out, sink);
         }
         let mac = match memo {
             Some((.., m)) => Some(m),
