@@ -49,9 +49,14 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
     /// The batch's routing-table version of this family.
     fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Self>;
     /// The router's neighbour entry for `ip` on `i`, if usable.
-    fn neigh_lookup(r: &Router, i: IfaceId, ip: Self, now: Instant) -> Option<MacAddr>;
+    #[inline(always)]
+    fn neigh_lookup(r: &Router, i: IfaceId, ip: Self, now: Instant) -> Option<MacAddr> {
+        r.neigh::<Self>().lookup(i, ip, now)
+    }
     /// Queues `frame` on the neighbour entry for `ip` on `i`.
-    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Self, frame: &[u8], now: Instant) -> Enqueue;
+    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Self, frame: &[u8], now: Instant) -> Enqueue {
+        r.neigh::<Self>().enqueue(i, ip, frame, now)
+    }
     /// Asks for `target` on `i` (ARP request, Neighbor Solicitation); to `unicast` for a probe.
     fn solicit(r: &Router, i: IfaceId, target: Self, unicast: Option<MacAddr>, sink: &mut dyn Sink);
 
@@ -79,13 +84,6 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         sink: &mut dyn Sink,
     ) -> L3;
 
-    /// Translates a router-made error back through NAT (see [`ErrorNat`]).
-    fn translate_error(
-        nat: &dyn ErrorNat,
-        ip: &mut [u8],
-        out: &mut Self::Info,
-        now: Instant,
-    ) -> bool;
     /// True when an ICMP error may be sent about the datagram `l3` (RFC 1122 / RFC 4443).
     fn may_send_icmp_error(l3: &[u8], info: &Self::Info, l2_group_dst: bool) -> bool;
     /// Writes Ethernet + IP + ICMP `err` about `orig_l3` (zero MACs, source `src`).
@@ -478,7 +476,7 @@ impl Router {
         b: &mut PacketBuf,
         rx: Rx,
         info: &A::Info,
-        nat: Option<&dyn ErrorNat>,
+        nat: Option<&dyn ErrorNat<A>>,
         sink: &mut dyn Sink,
     ) -> L3 {
         let Some(iface) = self.iface(rx.in_if) else {
@@ -594,7 +592,7 @@ impl Router {
         &self,
         about: Offending<'_, A>,
         err: IcmpError,
-        nat: Option<&dyn ErrorNat>,
+        nat: Option<&dyn ErrorNat<A>>,
         now: Instant,
         sink: &mut dyn Sink,
     ) {
@@ -630,7 +628,7 @@ impl Router {
             let Ok(mut out) = A::check(ip) else {
                 return;
             };
-            if !A::translate_error(nat, ip, &mut out, now) {
+            if !nat.translate_error(ip, &mut out, now) {
                 return;
             }
             dst_ip = A::facts(&out).dst;
@@ -681,7 +679,7 @@ impl Router {
     pub(crate) fn neigh_failed<A: RouterFamily>(
         &self,
         frame: &[u8],
-        nat: Option<&dyn ErrorNat>,
+        nat: Option<&dyn ErrorNat<A>>,
         now: Instant,
         sink: &mut dyn Sink,
     ) {

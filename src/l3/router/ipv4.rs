@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{ArpHeard, Enqueue};
+use crate::l3::neigh::ArpHeard;
 use crate::l3::route::{mask, RouteReader};
 use crate::narrow::len16;
 use crate::stats::DropReason;
@@ -26,7 +26,7 @@ use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
-use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
+use super::{Iface, L3Batch, Memo, Router, Sink, L3};
 
 impl RouterFamily for Ipv4Addr {
     type Info = Ipv4Info;
@@ -64,13 +64,6 @@ impl RouterFamily for Ipv4Addr {
     #[inline(always)]
     fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Ipv4Addr> {
         &batch.routes
-    }
-    #[inline(always)]
-    fn neigh_lookup(r: &Router, i: IfaceId, ip: Ipv4Addr, now: Instant) -> Option<MacAddr> {
-        r.neigh.lookup(i, ip, now)
-    }
-    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Ipv4Addr, frame: &[u8], now: Instant) -> Enqueue {
-        r.neigh.enqueue(i, ip, frame, now)
     }
     fn solicit(
         r: &Router,
@@ -113,14 +106,6 @@ impl RouterFamily for Ipv4Addr {
         r.fragment_out(b, l3, info, out, sink)
     }
 
-    fn translate_error(
-        nat: &dyn ErrorNat,
-        ip: &mut [u8],
-        out: &mut Ipv4Info,
-        now: Instant,
-    ) -> bool {
-        nat.translate_error(ip, out, now)
-    }
     fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bool {
         ipv4::may_send_icmp_error(l3, info, l2_group_dst)
     }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{Advert, Enqueue, NeighEvent, Released};
+use crate::l3::neigh::{Advert, Released};
 use crate::l3::route::RouteReader;
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -36,7 +36,7 @@ use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
-use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
+use super::{Iface, L3Batch, Memo, Router, Sink, L3};
 
 /// RFC 4861 10: MAX_INITIAL_RTR_ADVERTISEMENTS and their largest interval.
 const INITIAL_RAS: u8 = 3;
@@ -106,13 +106,6 @@ impl RouterFamily for Ipv6Addr {
     fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Ipv6Addr> {
         batch.ipv6_routes()
     }
-    #[inline(always)]
-    fn neigh_lookup(r: &Router, i: IfaceId, ip: Ipv6Addr, now: Instant) -> Option<MacAddr> {
-        r.neigh6.lookup(i, ip, now)
-    }
-    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Ipv6Addr, frame: &[u8], now: Instant) -> Enqueue {
-        r.neigh6.enqueue(i, ip, frame, now)
-    }
     fn solicit(
         r: &Router,
         i: IfaceId,
@@ -171,14 +164,6 @@ impl RouterFamily for Ipv6Addr {
         L3::Drop(DropReason::PacketTooBig)
     }
 
-    fn translate_error(
-        nat: &dyn ErrorNat,
-        ip: &mut [u8],
-        out: &mut Ipv6Info,
-        now: Instant,
-    ) -> bool {
-        nat.translate_error6(ip, out, now)
-    }
     fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bool {
         ipv6::may_send_icmp_error(l3, info, l2_group_dst)
     }
@@ -492,7 +477,7 @@ impl Router {
 
     /// Sends the Router Advertisements due at `now` (RFC 4861 6.2.4: the first ones at most
     /// 16 s apart, then between the interface's min and max interval).
-    fn poll_ra(&self, now: Instant, sink: &mut dyn Sink) {
+    pub(super) fn poll_ra(&self, now: Instant, sink: &mut dyn Sink) {
         let t = now.micros();
         let mut due = Vec::new();
         {
@@ -556,18 +541,6 @@ impl Router {
                 emit(&out[..n]);
             }
         }
-    }
-
-    /// Runs the IPv6 timers due at `now`: NS retransmissions and probes, ICMPv6 address
-    /// unreachable for packets whose next hop failed, Router Advertisements.
-    pub(crate) fn poll_ndp(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
-        self.neigh6.poll(now, &mut |ev| match ev {
-            NeighEvent::Solicit { iface, ip, unicast } => self.send_ns(iface, ip, unicast, sink),
-            NeighEvent::Unreachable { frame, .. } => {
-                self.neigh_failed::<Ipv6Addr>(&frame, nat, now, sink);
-            }
-        });
-        self.poll_ra(now, sink);
     }
 }
 
