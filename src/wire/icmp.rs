@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::wire::checksum;
-use crate::wire::family::Family;
+use crate::wire::family::{pseudo_header, Family, IpProto};
 use crate::wire::Error;
 
 mod field {
@@ -292,6 +292,23 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>, A: Family> IcmpPacket<T, A> {
         self.set_echo_ident(e.ident);
         self.set_echo_seq_no(e.seq_no);
         self.data_mut()[..e.data.len()].copy_from_slice(e.data);
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>, A: Family> IcmpPacket<T, A> {
+    /// Recomputes the checksum of the whole message, sent from `src` to `dst` (ICMPv6's covers
+    /// the pseudo-header, ICMPv4's does not).
+    #[inline]
+    pub(crate) fn fill_checksum_between(&mut self, src: A, dst: A) {
+        self.set_checksum(0);
+        let len = self.as_bytes().len();
+        let acc = if A::ICMP == IpProto::ICMPV6 {
+            pseudo_header(src, dst, A::ICMP, u32::try_from(len).unwrap_or(u32::MAX)).sum()
+        } else {
+            0
+        };
+        let c = checksum::finish(checksum::sum(acc, self.as_bytes()));
+        self.set_checksum(u16::from_be_bytes(c));
     }
 }
 

@@ -13,9 +13,7 @@ use std::net::Ipv4Addr;
 use crate::narrow::{len16, low8};
 use crate::stats::DropReason;
 use crate::wire::checksum;
-use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
 use crate::wire::icmp as icmpv4;
-use crate::wire::mac::MacAddr;
 use crate::wire::Error;
 
 mod field {
@@ -525,30 +523,6 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bo
         return icmpv4::is_query(ty);
     }
     true
-}
-
-/// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
-/// `out` is too small.
-pub(crate) fn emit_frame(
-    out: &mut [u8],
-    src: MacAddr,
-    dst: MacAddr,
-    ip: &Ipv4Repr,
-    l4: impl FnOnce(&mut [u8]),
-) -> Option<usize> {
-    let len = ETH_LEN + ip.buffer_len() + ip.payload_len;
-    let f = out.get_mut(..len)?;
-    let mut eth = EthernetFrame::new_unchecked(&mut *f);
-    EthernetRepr {
-        src_addr: src,
-        dst_addr: dst,
-        ethertype: ethertype::IPV4,
-    }
-    .emit(&mut eth);
-    let mut p = Ipv4Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut p);
-    l4(p.payload_mut());
-    Some(len)
 }
 
 #[cfg(test)]

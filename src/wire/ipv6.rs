@@ -30,7 +30,7 @@ use std::net::Ipv6Addr;
 
 use crate::narrow::len16;
 use crate::wire::checksum::{self, PseudoHeader};
-use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
+use crate::wire::family::{emit_frame, IpHead, IpProto};
 use crate::wire::icmpv6::{self, Icmpv6Packet, Icmpv6Repr};
 use crate::wire::mac::MacAddr;
 use crate::wire::Error;
@@ -596,30 +596,6 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bo
     true
 }
 
-/// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
-/// `out` is too small.
-pub(crate) fn emit_frame(
-    out: &mut [u8],
-    src: MacAddr,
-    dst: MacAddr,
-    ip: &Ipv6Repr,
-    l4: impl FnOnce(&mut [u8]),
-) -> Option<usize> {
-    let len = ETH_LEN + HEADER_LEN + ip.payload_len;
-    let f = out.get_mut(..len)?;
-    let mut eth = EthernetFrame::new_unchecked(&mut *f);
-    EthernetRepr {
-        src_addr: src,
-        dst_addr: dst,
-        ethertype: ethertype::IPV6,
-    }
-    .emit(&mut eth);
-    let mut p = Ipv6Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut p);
-    l4(p.payload_mut());
-    Some(len)
-}
-
 /// Writes an Ethernet + IPv6 + ICMPv6 message (`repr`, checksummed) from `src_ip` to
 /// `dst_ip` with `hop_limit`. Returns the frame length, or `None` when `out` is too small.
 pub fn write_icmp(
@@ -631,14 +607,16 @@ pub fn write_icmp(
     hop_limit: u8,
     repr: &Icmpv6Repr<'_>,
 ) -> Option<usize> {
-    let ip = Ipv6Repr {
-        src_addr: src_ip,
-        dst_addr: dst_ip,
-        next_header: NH_ICMPV6,
+    let ip = IpHead {
+        src: src_ip,
+        dst: dst_ip,
+        proto: IpProto::ICMPV6,
         payload_len: repr.buffer_len(),
-        hop_limit,
+        ttl: hop_limit,
+        tos: 0,
+        dont_frag: false,
     };
-    emit_frame(out, src_mac, dst_mac, &ip, |p| {
+    emit_frame(out, (src_mac, dst_mac), &ip, |p| {
         repr.emit(&mut Icmpv6Packet::new_unchecked(p), src_ip, dst_ip)
     })
 }

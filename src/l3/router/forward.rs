@@ -19,6 +19,7 @@ use crate::wire::family::{Family, IpProto};
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp;
 
+use super::reply::{write_icmp_error, IcmpHead};
 use super::{ErrorNat, Hook, Iface, L3Batch, Memo, Prerouting, Router, Sink, L3};
 
 /// The largest ICMP error the router writes, Ethernet header included (IPv6's minimum MTU;
@@ -86,14 +87,8 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
 
     /// True when an ICMP error may be sent about the datagram `l3` (RFC 1122 / RFC 4443).
     fn may_send_icmp_error(l3: &[u8], info: &Self::Info, l2_group_dst: bool) -> bool;
-    /// Writes Ethernet + IP + ICMP `err` about `orig_l3` (zero MACs, source `src`).
-    fn write_icmp_error(
-        out: &mut [u8],
-        src: Self,
-        dst: Self,
-        err: IcmpError,
-        orig_l3: &[u8],
-    ) -> Option<usize>;
+    /// The family's ICMP type, code and second word for `err`.
+    fn icmp_head(err: IcmpError) -> IcmpHead;
     /// Where an error to `dst` leaves: the interface and next hop.
     fn icmp_route(r: &Router, dst: Self, in_if: Option<IfaceId>) -> Option<(IfaceId, Self)>;
     /// The source address of what the router sends to `dst` out of `i`.
@@ -615,9 +610,13 @@ impl Router {
         // Built first (MACs and, when not known yet, the source address filled in below),
         // so that NAT can translate it as it will leave.
         let mut buf = [0u8; ICMP_ERROR_FRAME];
-        let Some(len) =
-            A::write_icmp_error(&mut buf, src_ip.unwrap_or(A::UNSPECIFIED), src, err, orig)
-        else {
+        let Some(len) = write_icmp_error(
+            &mut buf,
+            (MacAddr::ZERO, MacAddr::ZERO),
+            (src_ip.unwrap_or(A::UNSPECIFIED), src),
+            A::icmp_head(err),
+            orig,
+        ) else {
             return;
         };
         let mut dst_ip = src;

@@ -16,16 +16,14 @@ use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
-use crate::wire::family::IpProto;
-use crate::wire::icmp::{self as icmpv4, codes as icmp, Icmpv4Packet, Icmpv4Repr};
-use crate::wire::ipv4::{
-    self, emit_frame, Ipv4Info, Ipv4Packet, Ipv4Repr, DF, FRAG_OFFSET, HEADER_LEN, ICMP_ERROR_MAX,
-    MF, PROTO_ICMP, PROTO_TCP,
-};
+use crate::wire::family::{emit_frame, IpHead, IpProto};
+use crate::wire::icmp::{self as icmpv4, codes as icmp, Icmpv4Packet};
+use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet, DF, FRAG_OFFSET, HEADER_LEN, MF, PROTO_ICMP};
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
+use super::reply::IcmpHead;
 use super::{Iface, L3Batch, Memo, Router, Sink, L3};
 
 impl RouterFamily for Ipv4Addr {
@@ -109,13 +107,7 @@ impl RouterFamily for Ipv4Addr {
     fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bool {
         ipv4::may_send_icmp_error(l3, info, l2_group_dst)
     }
-    fn write_icmp_error(
-        out: &mut [u8],
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        err: IcmpError,
-        orig_l3: &[u8],
-    ) -> Option<usize> {
+    fn icmp_head(err: IcmpError) -> IcmpHead {
         let (ty, code, rest) = match err {
             IcmpError::TtlExceeded => (icmp::TIME_EXCEEDED, icmp::TTL_EXCEEDED, 0),
             IcmpError::NoRoute => (icmp::DEST_UNREACH, icmp::NET_UNREACH, 0),
@@ -126,14 +118,7 @@ impl RouterFamily for Ipv4Addr {
             IcmpError::Prohibited => (icmp::DEST_UNREACH, icmp::ADMIN_PROHIBITED, 0),
             IcmpError::TooBig { mtu } => (icmp::DEST_UNREACH, icmp::FRAG_NEEDED, u32::from(mtu)),
         };
-        let error = IcmpHead { ty, code, rest };
-        write_icmp_error(
-            out,
-            (MacAddr::ZERO, MacAddr::ZERO),
-            (src, dst),
-            error,
-            orig_l3,
-        )
+        IcmpHead { ty, code, rest }
     }
     fn icmp_route(r: &Router, dst: Ipv4Addr, _: Option<IfaceId>) -> Option<(IfaceId, Ipv4Addr)> {
         r.routes.lookup(dst)?.hop(dst)
@@ -158,18 +143,6 @@ impl RouterFamily for Ipv4Addr {
     ) -> Option<usize> {
         write_tcp_rst(out, macs.0, macs.1, orig_l3, info.hdr_len)
     }
-}
-
-/// The first word of an ICMP error: type, code, and the 32-bit field after the checksum (the
-/// next-hop MTU for "fragmentation needed").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IcmpHead {
-    /// The ICMP type.
-    pub(crate) ty: u8,
-    /// The code.
-    pub(crate) code: u8,
-    /// The second word.
-    pub(crate) rest: u32,
 }
 
 impl Router {
@@ -330,40 +303,6 @@ impl Router {
     }
 }
 
-/// Writes an Ethernet + IPv4 + ICMP error about the packet `orig_l3` into `out`, quoting as much
-/// of the original datagram as fits in 576 bytes (as Linux). Returns the frame length, or
-/// `None` when `out` is too small.
-pub(crate) fn write_icmp_error(
-    out: &mut [u8],
-    (src_mac, dst_mac): (MacAddr, MacAddr),
-    (src_ip, dst_ip): (Ipv4Addr, Ipv4Addr),
-    error: IcmpHead,
-    orig_l3: &[u8],
-) -> Option<usize> {
-    let quote = orig_l3
-        .len()
-        .min(ICMP_ERROR_MAX - HEADER_LEN - icmpv4::HEADER_LEN);
-    let icmp = Icmpv4Repr::Error {
-        msg_type: error.ty,
-        code: error.code,
-        rest: error.rest,
-        data: &orig_l3[..quote],
-    };
-    let ip = Ipv4Repr {
-        src_addr: src_ip,
-        dst_addr: dst_ip,
-        protocol: PROTO_ICMP,
-        payload_len: icmp.buffer_len(),
-        ttl: 64,
-        // Internetwork control, as Linux.
-        tos: 0xc0,
-        dont_frag: false,
-    };
-    emit_frame(out, src_mac, dst_mac, &ip, |p| {
-        icmp.emit(&mut Icmpv4Packet::new_unchecked(p))
-    })
-}
-
 /// Writes the TCP reset that refuses the segment at `orig_l3` (a checked IPv4 header of
 /// `hdr_len` bytes with a TCP header after it), as Linux's `nf_send_reset` for `REJECT
 /// --reject-with tcp-reset` (see [`TcpRepr::reset_for`]). Returns the frame length, or `None`
@@ -381,16 +320,16 @@ pub(crate) fn write_tcp_rst(
     let seg = TcpPacket::new_checked(ip.payload()).ok()?;
     let rst = TcpRepr::reset_for(&seg)?;
     let (src, dst) = (ip.dst_addr(), ip.src_addr());
-    let r = Ipv4Repr {
-        src_addr: src,
-        dst_addr: dst,
-        protocol: PROTO_TCP,
+    let r = IpHead {
+        src,
+        dst,
+        proto: IpProto::TCP,
         payload_len: rst.buffer_len(),
         ttl: 64,
         tos: 0,
         dont_frag: true,
     };
-    emit_frame(out, src_mac, dst_mac, &r, |p| {
+    emit_frame(out, (src_mac, dst_mac), &r, |p| {
         rst.emit(&mut TcpPacket::new_unchecked(p), src, dst)
     })
 }
@@ -522,6 +461,7 @@ fn strip_uncopied_options(opts: &mut [u8]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::reply::write_icmp_error;
     use super::*;
     use crate::wire::checksum::checksum;
     use crate::wire::ipv4::check_header;

@@ -27,15 +27,14 @@ use crate::l3::route::RouteReader;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
-use crate::wire::family::IpProto;
+use crate::wire::family::{emit_frame, IpHead, IpProto};
 use crate::wire::icmpv6::{self, codes, Icmpv6Packet, Icmpv6Repr, NaFlags, PrefixInfo};
-use crate::wire::ipv6::{
-    self, emit_frame, Ipv6Info, Ipv6Packet, Ipv6Repr, HEADER_LEN, MIN_MTU, NH_ICMPV6, NH_TCP,
-};
+use crate::wire::ipv6::{self, Ipv6Info, Ipv6Packet, HEADER_LEN, NH_ICMPV6, NH_TCP};
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
+use super::reply::IcmpHead;
 use super::{Iface, L3Batch, Memo, Router, Sink, L3};
 
 /// RFC 4861 10: MAX_INITIAL_RTR_ADVERTISEMENTS and their largest interval.
@@ -167,35 +166,16 @@ impl RouterFamily for Ipv6Addr {
     fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bool {
         ipv6::may_send_icmp_error(l3, info, l2_group_dst)
     }
-    fn write_icmp_error(
-        out: &mut [u8],
-        src: Ipv6Addr,
-        dst: Ipv6Addr,
-        err: IcmpError,
-        orig_l3: &[u8],
-    ) -> Option<usize> {
-        let unreach = |code| Icmpv6Repr::DstUnreachable { code, data: &[] };
-        let error = match err {
-            IcmpError::TtlExceeded => Icmpv6Repr::TimeExceeded {
-                code: codes::HOP_LIMIT_EXCEEDED,
-                data: &[],
-            },
-            IcmpError::NoRoute | IcmpError::Unreachable => unreach(codes::NO_ROUTE),
-            IcmpError::Prohibited => unreach(codes::REJECT_ROUTE),
-            IcmpError::PortUnreachable => unreach(codes::PORT_UNREACH),
-            IcmpError::NeighFailed => unreach(codes::ADDR_UNREACH),
-            IcmpError::TooBig { mtu } => Icmpv6Repr::PacketTooBig {
-                mtu: u32::from(mtu),
-                data: &[],
-            },
+    fn icmp_head(err: IcmpError) -> IcmpHead {
+        let (ty, code, rest) = match err {
+            IcmpError::TtlExceeded => (codes::TIME_EXCEEDED, codes::HOP_LIMIT_EXCEEDED, 0),
+            IcmpError::NoRoute | IcmpError::Unreachable => (codes::DST_UNREACH, codes::NO_ROUTE, 0),
+            IcmpError::Prohibited => (codes::DST_UNREACH, codes::REJECT_ROUTE, 0),
+            IcmpError::PortUnreachable => (codes::DST_UNREACH, codes::PORT_UNREACH, 0),
+            IcmpError::NeighFailed => (codes::DST_UNREACH, codes::ADDR_UNREACH, 0),
+            IcmpError::TooBig { mtu } => (codes::PACKET_TOO_BIG, 0, u32::from(mtu)),
         };
-        write_icmp_error(
-            out,
-            (MacAddr::ZERO, MacAddr::ZERO),
-            (src, dst),
-            error,
-            orig_l3,
-        )
+        IcmpHead { ty, code, rest }
     }
     fn icmp_route(
         r: &Router,
@@ -544,23 +524,6 @@ impl Router {
     }
 }
 
-/// Writes an Ethernet + IPv6 + ICMPv6 error about the packet `orig_l3`, quoting as much of
-/// it as fits in the minimum MTU of 1280 bytes (RFC 4443 2.4 (c)). `error` is the error
-/// without its data ([`Icmpv6Repr::DstUnreachable`], [`Icmpv6Repr::PacketTooBig`], ...; its
-/// `data` is replaced by the quote). Hop limit 64. Returns the frame length, or `None` when
-/// `out` is too small or `error` is not an error.
-pub(crate) fn write_icmp_error(
-    out: &mut [u8],
-    (src_mac, dst_mac): (MacAddr, MacAddr),
-    (src_ip, dst_ip): (Ipv6Addr, Ipv6Addr),
-    error: Icmpv6Repr<'_>,
-    orig_l3: &[u8],
-) -> Option<usize> {
-    let quote = orig_l3.len().min(MIN_MTU - HEADER_LEN - icmpv6::HEADER_LEN);
-    let repr = error.with_data(&orig_l3[..quote])?;
-    ipv6::write_icmp(out, src_mac, dst_mac, src_ip, dst_ip, 64, &repr)
-}
-
 /// Writes the TCP reset that refuses the segment in `orig_l3` (a checked IPv6 packet whose
 /// TCP header is at `info.l4_off`), as Linux's `nf_send_reset6`. Returns the frame length, or
 /// `None` when `out` is too small, the TCP header is not there, or the segment is a reset.
@@ -576,14 +539,16 @@ pub(crate) fn write_tcp_rst(
     let seg = TcpPacket::new_checked(orig_l3.get(info.l4_off..info.total_len())?).ok()?;
     let rst = TcpRepr::reset_for(&seg)?;
     let (src, dst) = (info.dst, info.src);
-    let r = Ipv6Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: NH_TCP,
+    let r = IpHead {
+        src,
+        dst,
+        proto: IpProto::TCP,
         payload_len: rst.buffer_len(),
-        hop_limit: 64,
+        ttl: 64,
+        tos: 0,
+        dont_frag: false,
     };
-    emit_frame(out, src_mac, dst_mac, &r, |p| {
+    emit_frame(out, (src_mac, dst_mac), &r, |p| {
         let mut t = TcpPacket::new_unchecked(p);
         rst.emit(
             &mut t,
@@ -647,7 +612,9 @@ pub(crate) fn echo_reply_in_place(
 
 #[cfg(test)]
 mod tests {
+    use super::super::reply::write_icmp_error;
     use super::*;
+    use crate::wire::ipv6::MIN_MTU;
     use crate::wire::ipv6::{check, may_send_icmp_error};
 
     #[test]
@@ -671,10 +638,7 @@ mod tests {
             &mut out,
             (MacAddr::local(9), MacAddr::local(1)),
             (gw, info.src),
-            Icmpv6Repr::PacketTooBig {
-                mtu: 1400,
-                data: &[],
-            },
+            Ipv6Addr::icmp_head(IcmpError::TooBig { mtu: 1400 }),
             &f[14..],
         )
         .unwrap();

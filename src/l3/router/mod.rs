@@ -38,6 +38,7 @@ use crate::wire::mac::MacAddr;
 mod forward;
 mod ipv4;
 mod ipv6;
+mod reply;
 
 pub(crate) use forward::{RouterFamily, Rx};
 
