@@ -185,6 +185,19 @@ impl sealed::Sealed for Ipv4Addr {
         }
         .emit(&mut super::ipv4::Ipv4Packet::new_unchecked(l3));
     }
+    const TTL_AT: usize = super::ipv4::field::TTL;
+    const PROTO_AT: usize = super::ipv4::field::PROTO;
+    const SRC_AT: usize = super::ipv4::field::SRC.start;
+    const DST_AT: usize = super::ipv4::field::DST.start;
+    #[inline(always)]
+    fn read_addr(b: &[u8]) -> Self {
+        let a: [u8; 4] = b[..4].try_into().expect("4 bytes");
+        Ipv4Addr::from(a)
+    }
+    #[inline(always)]
+    fn write_addr(self, b: &mut [u8]) {
+        b[..4].copy_from_slice(&self.octets());
+    }
 }
 
 impl Family for Ipv6Addr {
@@ -228,6 +241,19 @@ impl sealed::Sealed for Ipv6Addr {
         }
         .emit(&mut super::ipv6::Ipv6Packet::new_unchecked(l3));
     }
+    const TTL_AT: usize = super::ipv6::field::HOP_LIMIT;
+    const PROTO_AT: usize = super::ipv6::field::NEXT_HEADER;
+    const SRC_AT: usize = super::ipv6::field::SRC_ADDR.start;
+    const DST_AT: usize = super::ipv6::field::DST_ADDR.start;
+    #[inline(always)]
+    fn read_addr(b: &[u8]) -> Self {
+        let a: [u8; 16] = b[..16].try_into().expect("16 bytes");
+        Ipv6Addr::from(a)
+    }
+    #[inline(always)]
+    fn write_addr(self, b: &mut [u8]) {
+        b[..16].copy_from_slice(&self.octets());
+    }
 }
 
 // `Sealed` cannot be named outside this module, so its crate-private return type is unreachable.
@@ -240,6 +266,19 @@ mod sealed {
         fn pseudo(src: Self, dst: Self, proto: IpProto, len: u32) -> PseudoHeader;
         /// Writes the fixed header `h` at the start of `l3` (IPv4: with its checksum).
         fn emit_header(h: &IpHead<Self>, l3: &mut [u8]);
+        /// The offsets in the fixed header of the TTL / hop limit, the protocol / next
+        /// header, and the source and destination addresses.
+        const TTL_AT: usize;
+        /// See `TTL_AT`.
+        const PROTO_AT: usize;
+        /// See `TTL_AT`.
+        const SRC_AT: usize;
+        /// See `TTL_AT`.
+        const DST_AT: usize;
+        /// The address at the start of `b` (checked by the caller to be there).
+        fn read_addr(b: &[u8]) -> Self;
+        /// Writes the address at the start of `b`.
+        fn write_addr(self, b: &mut [u8]);
     }
 }
 

@@ -19,7 +19,7 @@ use crate::wire::family::{Family, IpProto};
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp;
 
-use super::reply::{write_icmp_error, IcmpHead};
+use super::reply::{write_icmp_error, write_tcp_rst, IcmpHead};
 use super::{ErrorNat, Hook, Iface, L3Batch, Memo, Prerouting, Router, Sink, L3};
 
 /// The largest ICMP error the router writes, Ethernet header included (IPv6's minimum MTU;
@@ -102,13 +102,9 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         info: &Self::Info,
         our_mac: MacAddr,
     ) -> Option<usize>;
-    /// Writes the TCP reset refusing the segment at `orig_l3`.
-    fn write_tcp_rst(
-        out: &mut [u8],
-        macs: (MacAddr, MacAddr),
-        orig_l3: &[u8],
-        info: &Self::Info,
-    ) -> Option<usize>;
+    /// The TCP segment of the datagram `orig_l3` (header checked, facts in `info`), if it
+    /// has a TCP header (not a later fragment).
+    fn tcp_segment<'a>(orig_l3: &'a [u8], info: &Self::Info) -> Option<&'a [u8]>;
 }
 
 /// The facts of a checked header the forwarding path reads, whatever the family.
@@ -565,7 +561,9 @@ impl Router {
             return;
         };
         let macs = (iface.cfg.mac, MacAddr::from_slice(src));
-        sink.emit(rx.in_if, &mut |out| A::write_tcp_rst(out, macs, orig, info));
+        sink.emit(rx.in_if, &mut |out| {
+            write_tcp_rst::<A>(out, macs, orig, info)
+        });
     }
 
     /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed

@@ -16,11 +16,10 @@ use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
-use crate::wire::family::{emit_frame, IpHead, IpProto};
+use crate::wire::family::IpProto;
 use crate::wire::icmp::{self as icmpv4, codes as icmp, Icmpv4Packet};
 use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet, DF, FRAG_OFFSET, HEADER_LEN, MF, PROTO_ICMP};
 use crate::wire::mac::MacAddr;
-use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
 use super::reply::IcmpHead;
@@ -135,13 +134,13 @@ impl RouterFamily for Ipv4Addr {
     fn echo_reply(frame: &mut [u8], l3: usize, info: &Ipv4Info, our_mac: MacAddr) -> Option<usize> {
         echo_reply_in_place(frame, l3, info, our_mac).then_some(l3 + info.total_len)
     }
-    fn write_tcp_rst(
-        out: &mut [u8],
-        macs: (MacAddr, MacAddr),
-        orig_l3: &[u8],
-        info: &Ipv4Info,
-    ) -> Option<usize> {
-        write_tcp_rst(out, macs.0, macs.1, orig_l3, info.hdr_len)
+    fn tcp_segment<'a>(orig_l3: &'a [u8], info: &Ipv4Info) -> Option<&'a [u8]> {
+        // Re-checked: the header must be the one `info` describes.
+        let ip = Ipv4Packet::new_checked(orig_l3).ok()?;
+        if ip.header_len() != info.hdr_len || info.is_later_fragment() {
+            return None;
+        }
+        orig_l3.get(info.hdr_len..ip.total_len())
     }
 }
 
@@ -303,37 +302,6 @@ impl Router {
     }
 }
 
-/// Writes the TCP reset that refuses the segment at `orig_l3` (a checked IPv4 header of
-/// `hdr_len` bytes with a TCP header after it), as Linux's `nf_send_reset` for `REJECT
-/// --reject-with tcp-reset` (see [`TcpRepr::reset_for`]). Returns the frame length, or `None`
-/// when `out` is too small, the headers are truncated, or the segment is itself a reset.
-pub(crate) fn write_tcp_rst(
-    out: &mut [u8],
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    orig_l3: &[u8],
-    hdr_len: usize,
-) -> Option<usize> {
-    let ip = Ipv4Packet::new_checked(orig_l3)
-        .ok()
-        .filter(|p| p.header_len() == hdr_len)?;
-    let seg = TcpPacket::new_checked(ip.payload()).ok()?;
-    let rst = TcpRepr::reset_for(&seg)?;
-    let (src, dst) = (ip.dst_addr(), ip.src_addr());
-    let r = IpHead {
-        src,
-        dst,
-        proto: IpProto::TCP,
-        payload_len: rst.buffer_len(),
-        ttl: 64,
-        tos: 0,
-        dont_frag: true,
-    };
-    emit_frame(out, (src_mac, dst_mac), &r, |p| {
-        rst.emit(&mut TcpPacket::new_unchecked(p), src, dst)
-    })
-}
-
 /// Turns an ICMP echo request frame addressed to us into the echo reply, in place: addresses
 /// swapped (IP and MAC, with `our_mac` as the source), type 0, TTL 64, checksums updated.
 /// `l3` is the frame's L3 offset. Returns `false` (frame untouched) if it is not a well-formed
@@ -461,7 +429,7 @@ fn strip_uncopied_options(opts: &mut [u8]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::reply::write_icmp_error;
+    use super::super::reply::{write_icmp_error, write_tcp_rst};
     use super::*;
     use crate::wire::checksum::checksum;
     use crate::wire::ipv4::check_header;
@@ -480,7 +448,8 @@ mod tests {
         let mut out = [0u8; 128];
         let gw = MacAddr([2, 0, 0, 0, 0, 2]);
         let pod = MacAddr([2, 0, 0, 0, 0, 1]);
-        let n = write_tcp_rst(&mut out, gw, pod, &f[14..], 20).unwrap();
+        let info = check_header(&f[14..]).unwrap();
+        let n = write_tcp_rst::<Ipv4Addr>(&mut out, (gw, pod), &f[14..], &info).unwrap();
         let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
         let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
             panic!("not IPv4")
@@ -500,7 +469,8 @@ mod tests {
         assert_eq!(t.checksum(), want);
         assert_eq!(checksum(&out[14..34]), 0);
         // A reset is never answered with a reset.
-        assert!(write_tcp_rst(&mut [0u8; 128], pod, gw, &out[14..n], 20).is_none());
+        let rst = check_header(&out[14..n]).unwrap();
+        assert!(write_tcp_rst::<Ipv4Addr>(&mut [0u8; 128], (pod, gw), &out[14..n], &rst).is_none());
     }
 
     #[test]

@@ -27,11 +27,10 @@ use crate::l3::route::RouteReader;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
-use crate::wire::family::{emit_frame, IpHead, IpProto};
+use crate::wire::family::IpProto;
 use crate::wire::icmpv6::{self, codes, Icmpv6Packet, Icmpv6Repr, NaFlags, PrefixInfo};
 use crate::wire::ipv6::{self, Ipv6Info, Ipv6Packet, HEADER_LEN, NH_ICMPV6, NH_TCP};
 use crate::wire::mac::MacAddr;
-use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
 use super::reply::IcmpHead;
@@ -199,13 +198,11 @@ impl RouterFamily for Ipv6Addr {
     fn echo_reply(frame: &mut [u8], l3: usize, info: &Ipv6Info, our_mac: MacAddr) -> Option<usize> {
         echo_reply_in_place(frame, l3, info, our_mac)
     }
-    fn write_tcp_rst(
-        out: &mut [u8],
-        macs: (MacAddr, MacAddr),
-        orig_l3: &[u8],
-        info: &Ipv6Info,
-    ) -> Option<usize> {
-        write_tcp_rst(out, macs, orig_l3, info)
+    fn tcp_segment<'a>(orig_l3: &'a [u8], info: &Ipv6Info) -> Option<&'a [u8]> {
+        if info.next_header != NH_TCP || info.is_later_fragment() {
+            return None;
+        }
+        orig_l3.get(info.l4_off..info.total_len())
     }
 }
 
@@ -524,42 +521,6 @@ impl Router {
     }
 }
 
-/// Writes the TCP reset that refuses the segment in `orig_l3` (a checked IPv6 packet whose
-/// TCP header is at `info.l4_off`), as Linux's `nf_send_reset6`. Returns the frame length, or
-/// `None` when `out` is too small, the TCP header is not there, or the segment is a reset.
-pub(crate) fn write_tcp_rst(
-    out: &mut [u8],
-    (src_mac, dst_mac): (MacAddr, MacAddr),
-    orig_l3: &[u8],
-    info: &Ipv6Info,
-) -> Option<usize> {
-    if info.next_header != NH_TCP || info.is_later_fragment() {
-        return None;
-    }
-    let seg = TcpPacket::new_checked(orig_l3.get(info.l4_off..info.total_len())?).ok()?;
-    let rst = TcpRepr::reset_for(&seg)?;
-    let (src, dst) = (info.dst, info.src);
-    let r = IpHead {
-        src,
-        dst,
-        proto: IpProto::TCP,
-        payload_len: rst.buffer_len(),
-        ttl: 64,
-        tos: 0,
-        dont_frag: false,
-    };
-    emit_frame(out, (src_mac, dst_mac), &r, |p| {
-        let mut t = TcpPacket::new_unchecked(p);
-        rst.emit(
-            &mut t,
-            std::net::Ipv4Addr::UNSPECIFIED,
-            std::net::Ipv4Addr::UNSPECIFIED,
-        );
-        let ph = ipv6::pseudo(src, dst, NH_TCP, rst.buffer_len());
-        t.fill_checksum_with(&ph);
-    })
-}
-
 /// Turns an ICMPv6 echo request frame addressed to us into the echo reply, in place: MACs
 /// swapped (`our_mac` as the source), the reply's source `from` (the address the request was
 /// sent to), destination the requester, hop limit 64, type 129, checksum recomputed. A request
@@ -601,8 +562,8 @@ pub(crate) fn echo_reply_in_place(
     let mut ip = Ipv6Packet::new_unchecked(&mut frame[l3..end]);
     ip.set_src_addr(info.dst);
     ip.set_dst_addr(info.src);
-    ip.set_hop_limit(64);
-    ip.set_next_header(NH_ICMPV6);
+    ip.set_ttl(64);
+    ip.set_protocol(NH_ICMPV6);
     ip.set_payload_len(u16::try_from(msg_len).ok()?);
     let mut icmp = Icmpv6Packet::new_unchecked(ip.payload_mut());
     icmp.set_msg_type(icmpv6::codes::ECHO_REPLY);
@@ -612,7 +573,7 @@ pub(crate) fn echo_reply_in_place(
 
 #[cfg(test)]
 mod tests {
-    use super::super::reply::write_icmp_error;
+    use super::super::reply::{write_icmp_error, write_tcp_rst};
     use super::*;
     use crate::wire::ipv6::MIN_MTU;
     use crate::wire::ipv6::{check, may_send_icmp_error};
@@ -698,7 +659,7 @@ mod tests {
             .unwrap();
         let info = check(&s[14..]).unwrap();
         let mut out = [0u8; 128];
-        let n = write_tcp_rst(
+        let n = write_tcp_rst::<Ipv6Addr>(
             &mut out,
             (MacAddr::local(9), MacAddr::local(1)),
             &s[14..],

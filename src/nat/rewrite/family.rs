@@ -187,7 +187,7 @@ impl steps::Steps for Ipv6Addr {
     #[inline]
     fn set_addrs(ip: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, outer: &mut Delta) -> Delta {
         let mut p = Ipv6Packet::new_unchecked(ip);
-        let (os, od) = (p.src_addr(), p.dst_addr());
+        let (os, od) = (p.src_addr().octets(), p.dst_addr().octets());
         let (ns, nd) = (src.octets(), dst.octets());
         let mut d = Delta::default();
         for (o, n) in [(os, ns), (od, nd)] {
