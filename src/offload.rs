@@ -154,7 +154,7 @@ fn parse_tcp_frame(frame: &[u8]) -> Result<TcpLayout, OffloadError> {
                 WireError::Truncated => IpLengthMismatch,
                 WireError::Malformed => BadIpHeader,
             })?;
-            match ip.next_header() {
+            match ip.protocol() {
                 PROTO_TCP => {}
                 n if is_ipv6_extension(n) => return Err(UnsupportedIpv6Extension),
                 _ => return Err(NotTcp),
@@ -460,8 +460,8 @@ fn segment_tcp(
             let mut ip = Ipv6Packet::new_unchecked(ip);
             ip.set_payload_len(len16(tcp_len));
             PseudoHeader::Ipv6 {
-                src: ip.src_addr(),
-                dst: ip.dst_addr(),
+                src: ip.src_addr().octets(),
+                dst: ip.dst_addr().octets(),
                 next_header: PROTO_TCP,
                 len: len32(tcp_len),
             }

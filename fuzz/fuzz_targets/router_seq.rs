@@ -50,7 +50,7 @@ fn ipv4_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
 }
 
 fn ipv6_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
-    use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
+    use tapyard::wire::icmpv6::{Echo, Icmpv6Packet, Icmpv6Repr, NaFlags};
     use tapyard::wire::ipv6;
     let g = |i: usize| r.get(i).copied().unwrap_or(0);
     let v6 = |a: u16, b: u16, h: u16| Ipv6Addr::new(0xfd00, 0, a, b, 0, 0, 0, h);
@@ -86,11 +86,11 @@ fn ipv6_packet(r: &[u8], mac: [u8; 6]) -> Vec<u8> {
             (ipv6::NH_UDP, 8)
         }
         1 => {
-            let m = Icmpv6Repr::EchoRequest {
+            let m = Icmpv6Repr::EchoRequest(Echo {
                 ident: 1,
                 seq_no: 2,
                 data: body,
-            };
+            });
             m.emit(
                 &mut Icmpv6Packet::new_unchecked(&mut l4[..m.buffer_len()]),
                 src,

@@ -243,7 +243,7 @@ impl Prerouting<Ipv4Addr> for NatHook<'_> {
             .prerouting::<Ipv4Addr, 2>(&view, b, l3, info, self.cx, now)
     }
 
-    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+    fn error_nat(&self) -> Option<&dyn ErrorNat<Ipv4Addr>> {
         Some(self.nf)
     }
 
@@ -272,7 +272,7 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
             .prerouting::<Ipv6Addr, 5>(&view, b, l3, info, self.cx, now)
     }
 
-    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+    fn error_nat(&self) -> Option<&dyn ErrorNat<Ipv6Addr>> {
         Some(self.nf)
     }
 
@@ -1020,7 +1020,7 @@ impl Datapath {
             shard.count_drops(DropReason::FragTimeout, frags.expire(now));
         }
         let mut sink = PoolSink::new(pool, extra, shard);
-        r.poll(now, self.nf.as_ref().map(|n| n as &dyn ErrorNat), &mut sink);
+        r.poll(now, self.nf.as_ref(), &mut sink);
         let overflow = sink.overflow;
         self.append_extra(shard, extra, overflow, out, now);
     }

@@ -1070,12 +1070,15 @@ fn endpoint_tag<A: Family>(a: A) -> u32 {
 /// becomes the original sender, the quoted packet what that sender sent (every checksum
 /// updated). The router's own source address is kept (as `related` keeps an
 /// intermediate router's). An error about no tracked connection goes out unchanged.
-impl ErrorNat for Netfilter {
+impl ErrorNat<Ipv4Addr> for Netfilter {
     fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool {
         self.translate_own_error::<Ipv4Addr, 2>(ip, info, now)
     }
+}
 
-    fn translate_error6(
+/// As for IPv4 (above).
+impl ErrorNat<Ipv6Addr> for Netfilter {
+    fn translate_error(
         &self,
         ip: &mut [u8],
         info: &mut crate::wire::ipv6::Ipv6Info,

@@ -26,6 +26,8 @@ use std::hash::Hash;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::checksum::PseudoHeader;
+use super::ethernet::{EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
+use super::mac::MacAddr;
 
 /// An IP protocol (IPv6: the upper-layer "next header") number, as a type: `IpProto::TCP`
 /// rather than a bare `6`. Any number is representable, so a frame's byte converts without
@@ -128,6 +130,9 @@ pub trait Family:
 
     /// The address if `ip` is of this family.
     fn from_ip(ip: IpAddr) -> Option<Self>;
+    /// The largest datagram an ICMP error of this family may be, quote included (576 as
+    /// RFC 1812 4.3.2.3 and Linux, IPv6's minimum MTU 1280 as RFC 4443 2.4 (c)).
+    const ICMP_ERROR_MAX: usize;
 }
 
 /// The TCP/UDP/ICMPv6 pseudo-header of a `proto` segment of `len` bytes from `src` to `dst`.
@@ -153,6 +158,7 @@ impl Family for Ipv4Addr {
             IpAddr::V6(_) => None,
         }
     }
+    const ICMP_ERROR_MAX: usize = super::ipv4::ICMP_ERROR_MAX;
 }
 
 #[allow(private_interfaces)]
@@ -165,6 +171,32 @@ impl sealed::Sealed for Ipv4Addr {
             proto: proto.0,
             len: crate::narrow::low16(u64::from(len)),
         }
+    }
+    #[inline]
+    fn emit_header(h: &IpHead<Self>, l3: &mut [u8]) {
+        super::ipv4::Ipv4Repr {
+            src_addr: h.src,
+            dst_addr: h.dst,
+            protocol: h.proto.0,
+            payload_len: h.payload_len,
+            ttl: h.ttl,
+            tos: h.tos,
+            dont_frag: h.dont_frag,
+        }
+        .emit(&mut super::ipv4::Ipv4Packet::new_unchecked(l3));
+    }
+    const TTL_AT: usize = super::ipv4::field::TTL;
+    const PROTO_AT: usize = super::ipv4::field::PROTO;
+    const SRC_AT: usize = super::ipv4::field::SRC.start;
+    const DST_AT: usize = super::ipv4::field::DST.start;
+    #[inline(always)]
+    fn read_addr(b: &[u8]) -> Self {
+        let a: [u8; 4] = b[..4].try_into().expect("4 bytes");
+        Ipv4Addr::from(a)
+    }
+    #[inline(always)]
+    fn write_addr(self, b: &mut [u8]) {
+        b[..4].copy_from_slice(&self.octets());
     }
 }
 
@@ -184,6 +216,7 @@ impl Family for Ipv6Addr {
             IpAddr::V4(_) => None,
         }
     }
+    const ICMP_ERROR_MAX: usize = super::ipv6::MIN_MTU;
 }
 
 #[allow(private_interfaces)]
@@ -197,17 +230,99 @@ impl sealed::Sealed for Ipv6Addr {
             len,
         }
     }
+    #[inline]
+    fn emit_header(h: &IpHead<Self>, l3: &mut [u8]) {
+        super::ipv6::Ipv6Repr {
+            src_addr: h.src,
+            dst_addr: h.dst,
+            next_header: h.proto.0,
+            payload_len: h.payload_len,
+            hop_limit: h.ttl,
+        }
+        .emit(&mut super::ipv6::Ipv6Packet::new_unchecked(l3));
+    }
+    const TTL_AT: usize = super::ipv6::field::HOP_LIMIT;
+    const PROTO_AT: usize = super::ipv6::field::NEXT_HEADER;
+    const SRC_AT: usize = super::ipv6::field::SRC_ADDR.start;
+    const DST_AT: usize = super::ipv6::field::DST_ADDR.start;
+    #[inline(always)]
+    fn read_addr(b: &[u8]) -> Self {
+        let a: [u8; 16] = b[..16].try_into().expect("16 bytes");
+        Ipv6Addr::from(a)
+    }
+    #[inline(always)]
+    fn write_addr(self, b: &mut [u8]) {
+        b[..16].copy_from_slice(&self.octets());
+    }
 }
 
 // `Sealed` cannot be named outside this module, so its crate-private return type is unreachable.
 #[allow(private_interfaces)]
 mod sealed {
-    use super::{IpProto, PseudoHeader};
+    use super::{IpHead, IpProto, PseudoHeader};
 
     /// The per-family pieces that stay crate-private (checksum internals).
     pub trait Sealed: Sized {
         fn pseudo(src: Self, dst: Self, proto: IpProto, len: u32) -> PseudoHeader;
+        /// Writes the fixed header `h` at the start of `l3` (IPv4: with its checksum).
+        fn emit_header(h: &IpHead<Self>, l3: &mut [u8]);
+        /// The offsets in the fixed header of the TTL / hop limit, the protocol / next
+        /// header, and the source and destination addresses.
+        const TTL_AT: usize;
+        /// See `TTL_AT`.
+        const PROTO_AT: usize;
+        /// See `TTL_AT`.
+        const SRC_AT: usize;
+        /// See `TTL_AT`.
+        const DST_AT: usize;
+        /// The address at the start of `b` (checked by the caller to be there).
+        fn read_addr(b: &[u8]) -> Self;
+        /// Writes the address at the start of `b`.
+        fn write_addr(self, b: &mut [u8]);
     }
+}
+
+/// The IP header of a packet tapyard makes itself (an ICMP error, a TCP reset, NDP), either
+/// family: no options or extension headers; IPv4 identification 0, IPv6 traffic class and
+/// flow label 0 (`tos` and `dont_frag` are IPv4's only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IpHead<A> {
+    /// Source address.
+    pub(crate) src: A,
+    /// Destination address.
+    pub(crate) dst: A,
+    /// The upper-layer protocol.
+    pub(crate) proto: IpProto,
+    /// Bytes after the header.
+    pub(crate) payload_len: usize,
+    /// TTL / hop limit.
+    pub(crate) ttl: u8,
+    /// IPv4 type of service.
+    pub(crate) tos: u8,
+    /// IPv4 DF flag.
+    pub(crate) dont_frag: bool,
+}
+
+/// Writes Ethernet (`src` to `dst`, the family's EtherType) + `ip` and lets `l4` fill the
+/// payload; the frame length, or `None` when `out` is too small.
+pub(crate) fn emit_frame<A: Family>(
+    out: &mut [u8],
+    (src, dst): (MacAddr, MacAddr),
+    ip: &IpHead<A>,
+    l4: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let len = ETH_LEN + A::HEADER_LEN + ip.payload_len;
+    let f = out.get_mut(..len)?;
+    EthernetRepr {
+        src_addr: src,
+        dst_addr: dst,
+        ethertype: A::ETHERTYPE,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut *f));
+    let (l3, payload) = f.get_mut(ETH_LEN..)?.split_at_mut(A::HEADER_LEN);
+    A::emit_header(ip, l3);
+    l4(payload);
+    Some(len)
 }
 
 #[cfg(test)]

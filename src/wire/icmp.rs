@@ -1,13 +1,14 @@
 //! ICMP (RFC 792): the view [`IcmpPacket`] over the 8-byte header and its data, shared by
 //! ICMPv4 ([`Icmpv4Packet`]) and ICMPv6 ([`Icmpv6Packet`], whose messages are in
 //! [`super::icmpv6`]), and the ICMPv4 messages the router sends and answers as values
-//! ([`Icmpv4Repr`]: echo request and reply, errors quoting a datagram).
+//! ([`Icmpv4Repr`]: echo request and reply ([`Echo`], shared with ICMPv6), errors quoting a
+//! datagram).
 
 use std::marker::PhantomData;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::wire::checksum;
-use crate::wire::family::Family;
+use crate::wire::family::{pseudo_header, Family, IpProto};
 use crate::wire::Error;
 
 mod field {
@@ -256,27 +257,68 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv4Packet<T> {
     }
 }
 
+/// The fields of an echo request or reply, the same in ICMP and ICMPv6: what
+/// [`Icmpv4Repr::EchoRequest`] and [`Icmpv6Repr::EchoRequest`](super::icmpv6::Icmpv6Repr)
+/// (and their replies) carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Echo<'a> {
+    /// Identifier.
+    pub ident: u16,
+    /// Sequence number.
+    pub seq_no: u16,
+    /// Payload.
+    pub data: &'a [u8],
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized, A: Family> IcmpPacket<&'a T, A> {
+    /// The echo fields of an echo message (its type not checked).
+    #[inline]
+    pub(crate) fn echo(&self) -> Echo<'a> {
+        Echo {
+            ident: self.echo_ident(),
+            seq_no: self.echo_seq_no(),
+            data: self.borrowed_data(),
+        }
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>, A: Family> IcmpPacket<T, A> {
+    /// Writes an echo message of type `ty` (code 0) with `e`'s fields; the checksum is the
+    /// caller's.
+    #[inline]
+    pub(crate) fn set_echo(&mut self, ty: u8, e: &Echo<'_>) {
+        self.set_msg_type(ty);
+        self.set_code(0);
+        self.set_echo_ident(e.ident);
+        self.set_echo_seq_no(e.seq_no);
+        self.data_mut()[..e.data.len()].copy_from_slice(e.data);
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>, A: Family> IcmpPacket<T, A> {
+    /// Recomputes the checksum of the whole message, sent from `src` to `dst` (ICMPv6's covers
+    /// the pseudo-header, ICMPv4's does not).
+    #[inline]
+    pub(crate) fn fill_checksum_between(&mut self, src: A, dst: A) {
+        self.set_checksum(0);
+        let len = self.as_bytes().len();
+        let acc = if A::ICMP == IpProto::ICMPV6 {
+            pseudo_header(src, dst, A::ICMP, u32::try_from(len).unwrap_or(u32::MAX)).sum()
+        } else {
+            0
+        };
+        let c = checksum::finish(checksum::sum(acc, self.as_bytes()));
+        self.set_checksum(u16::from_be_bytes(c));
+    }
+}
+
 /// The ICMPv4 messages tapyard parses and builds, as values borrowing their data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Icmpv4Repr<'a> {
     /// Echo request.
-    EchoRequest {
-        /// Identifier.
-        ident: u16,
-        /// Sequence number.
-        seq_no: u16,
-        /// Payload.
-        data: &'a [u8],
-    },
+    EchoRequest(Echo<'a>),
     /// Echo reply.
-    EchoReply {
-        /// Identifier.
-        ident: u16,
-        /// Sequence number.
-        seq_no: u16,
-        /// Payload.
-        data: &'a [u8],
-    },
+    EchoReply(Echo<'a>),
     /// An error quoting (the start of) the datagram that caused it.
     Error {
         /// Type: one for which [`is_error`] holds.
@@ -297,19 +339,10 @@ impl<'a> Icmpv4Repr<'a> {
         if !p.verify_checksum() {
             return Err(Error::Malformed);
         }
-        let buf: &'a T = p.buffer;
-        let data = &buf.as_ref()[HEADER_LEN..];
+        let data = p.borrowed_data();
         match (p.msg_type(), p.code()) {
-            (codes::ECHO_REQUEST, 0) => Ok(Icmpv4Repr::EchoRequest {
-                ident: p.echo_ident(),
-                seq_no: p.echo_seq_no(),
-                data,
-            }),
-            (codes::ECHO_REPLY, 0) => Ok(Icmpv4Repr::EchoReply {
-                ident: p.echo_ident(),
-                seq_no: p.echo_seq_no(),
-                data,
-            }),
+            (codes::ECHO_REQUEST, 0) => Ok(Icmpv4Repr::EchoRequest(p.echo())),
+            (codes::ECHO_REPLY, 0) => Ok(Icmpv4Repr::EchoReply(p.echo())),
             (ty, code) if is_error(ty) => Ok(Icmpv4Repr::Error {
                 msg_type: ty,
                 code,
@@ -324,36 +357,17 @@ impl<'a> Icmpv4Repr<'a> {
     #[inline]
     pub fn buffer_len(&self) -> usize {
         match self {
-            Icmpv4Repr::EchoRequest { data, .. }
-            | Icmpv4Repr::EchoReply { data, .. }
+            Icmpv4Repr::EchoRequest(Echo { data, .. })
+            | Icmpv4Repr::EchoReply(Echo { data, .. })
             | Icmpv4Repr::Error { data, .. } => HEADER_LEN + data.len(),
         }
     }
 
     /// Writes the message and its checksum into a packet of [`Icmpv4Repr::buffer_len`] bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Icmpv4Packet<T>) {
-        let data = match *self {
-            Icmpv4Repr::EchoRequest {
-                ident,
-                seq_no,
-                data,
-            }
-            | Icmpv4Repr::EchoReply {
-                ident,
-                seq_no,
-                data,
-            } => {
-                let ty = if matches!(self, Icmpv4Repr::EchoRequest { .. }) {
-                    codes::ECHO_REQUEST
-                } else {
-                    codes::ECHO_REPLY
-                };
-                p.set_msg_type(ty);
-                p.set_code(0);
-                p.set_echo_ident(ident);
-                p.set_echo_seq_no(seq_no);
-                data
-            }
+        match *self {
+            Icmpv4Repr::EchoRequest(e) => p.set_echo(codes::ECHO_REQUEST, &e),
+            Icmpv4Repr::EchoReply(e) => p.set_echo(codes::ECHO_REPLY, &e),
             Icmpv4Repr::Error {
                 msg_type,
                 code,
@@ -363,10 +377,9 @@ impl<'a> Icmpv4Repr<'a> {
                 p.set_msg_type(msg_type);
                 p.set_code(code);
                 p.set_rest(rest);
-                data
+                p.data_mut()[..data.len()].copy_from_slice(data);
             }
-        };
-        p.data_mut()[..data.len()].copy_from_slice(data);
+        }
         p.fill_checksum();
     }
 }
@@ -384,11 +397,11 @@ mod tests {
         assert!(p.verify_checksum());
         assert_eq!(
             Icmpv4Repr::parse(&p),
-            Ok(Icmpv4Repr::EchoRequest {
+            Ok(Icmpv4Repr::EchoRequest(Echo {
                 ident: 0x1234,
                 seq_no: 1,
                 data: b"hi"
-            })
+            }))
         );
         assert_eq!(Icmpv4Packet::new_checked(&b[..7]), Err(Error::Truncated));
     }
@@ -408,8 +421,8 @@ mod tests {
         #[test]
         fn round_trip((kind, code, ident, seq_no, rest, data) in repr()) {
             let r = match kind {
-                0 => Icmpv4Repr::EchoRequest { ident, seq_no, data: &data },
-                1 => Icmpv4Repr::EchoReply { ident, seq_no, data: &data },
+                0 => Icmpv4Repr::EchoRequest(Echo { ident, seq_no, data: &data }),
+                1 => Icmpv4Repr::EchoReply(Echo { ident, seq_no, data: &data }),
                 _ => Icmpv4Repr::Error { msg_type: codes::TIME_EXCEEDED, code, rest, data: &data },
             };
             let mut b = vec![0u8; r.buffer_len()];

@@ -26,6 +26,7 @@
 use std::net::Ipv6Addr;
 
 use crate::narrow::low8;
+pub use crate::wire::icmp::Echo;
 use crate::wire::ipv6::{l4_checksum, l4_verifies, NH_ICMPV6};
 use crate::wire::mac::MacAddr;
 use crate::wire::Error;
@@ -225,23 +226,9 @@ impl NaFlags {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Icmpv6Repr<'a> {
     /// Echo request.
-    EchoRequest {
-        /// Identifier.
-        ident: u16,
-        /// Sequence number.
-        seq_no: u16,
-        /// Payload.
-        data: &'a [u8],
-    },
+    EchoRequest(Echo<'a>),
     /// Echo reply.
-    EchoReply {
-        /// Identifier.
-        ident: u16,
-        /// Sequence number.
-        seq_no: u16,
-        /// Payload.
-        data: &'a [u8],
-    },
+    EchoReply(Echo<'a>),
     /// Destination unreachable (codes in [`codes`]: 0 no route, 1 admin, 3 address, 4 port,
     /// 6 reject route).
     DstUnreachable {
@@ -358,22 +345,8 @@ impl<'a> Icmpv6Repr<'a> {
             return Err(Error::Malformed);
         }
         Ok(match ty {
-            codes::ECHO_REQUEST | codes::ECHO_REPLY if code == 0 => {
-                let (ident, seq_no) = (p.echo_ident(), p.echo_seq_no());
-                if ty == codes::ECHO_REQUEST {
-                    Icmpv6Repr::EchoRequest {
-                        ident,
-                        seq_no,
-                        data,
-                    }
-                } else {
-                    Icmpv6Repr::EchoReply {
-                        ident,
-                        seq_no,
-                        data,
-                    }
-                }
-            }
+            codes::ECHO_REQUEST if code == 0 => Icmpv6Repr::EchoRequest(p.echo()),
+            codes::ECHO_REPLY if code == 0 => Icmpv6Repr::EchoReply(p.echo()),
             codes::DST_UNREACH => Icmpv6Repr::DstUnreachable { code, data },
             codes::PACKET_TOO_BIG => Icmpv6Repr::PacketTooBig { mtu: p.mtu(), data },
             codes::TIME_EXCEEDED => Icmpv6Repr::TimeExceeded { code, data },
@@ -485,8 +458,8 @@ impl<'a> Icmpv6Repr<'a> {
         let ll = |o: &Option<MacAddr>| if o.is_some() { 8 } else { 0 };
         HEADER_LEN
             + match self {
-                Icmpv6Repr::EchoRequest { data, .. }
-                | Icmpv6Repr::EchoReply { data, .. }
+                Icmpv6Repr::EchoRequest(Echo { data, .. })
+                | Icmpv6Repr::EchoReply(Echo { data, .. })
                 | Icmpv6Repr::DstUnreachable { data, .. }
                 | Icmpv6Repr::PacketTooBig { data, .. }
                 | Icmpv6Repr::TimeExceeded { data, .. }
@@ -522,16 +495,16 @@ impl<'a> Icmpv6Repr<'a> {
             8
         }
         let (ty, code, rest) = match *self {
-            Icmpv6Repr::EchoRequest { ident, seq_no, .. } => (
-                codes::ECHO_REQUEST,
-                0,
-                (u32::from(ident) << 16) | u32::from(seq_no),
-            ),
-            Icmpv6Repr::EchoReply { ident, seq_no, .. } => (
-                codes::ECHO_REPLY,
-                0,
-                (u32::from(ident) << 16) | u32::from(seq_no),
-            ),
+            Icmpv6Repr::EchoRequest(e) | Icmpv6Repr::EchoReply(e) => {
+                let ty = if matches!(self, Icmpv6Repr::EchoRequest(_)) {
+                    codes::ECHO_REQUEST
+                } else {
+                    codes::ECHO_REPLY
+                };
+                p.set_echo(ty, &e);
+                p.fill_checksum(src, dst);
+                return;
+            }
             Icmpv6Repr::DstUnreachable { code, .. } => (codes::DST_UNREACH, code, 0),
             Icmpv6Repr::PacketTooBig { mtu, .. } => (codes::PACKET_TOO_BIG, 0, mtu),
             Icmpv6Repr::TimeExceeded { code, .. } => (codes::TIME_EXCEEDED, code, 0),
@@ -557,9 +530,8 @@ impl<'a> Icmpv6Repr<'a> {
         p.set_rest(rest);
         let d = p.data_mut();
         match *self {
-            Icmpv6Repr::EchoRequest { data, .. }
-            | Icmpv6Repr::EchoReply { data, .. }
-            | Icmpv6Repr::DstUnreachable { data, .. }
+            Icmpv6Repr::EchoRequest(_) | Icmpv6Repr::EchoReply(_) => {}
+            Icmpv6Repr::DstUnreachable { data, .. }
             | Icmpv6Repr::PacketTooBig { data, .. }
             | Icmpv6Repr::TimeExceeded { data, .. }
             | Icmpv6Repr::ParamProblem { data, .. } => d[..data.len()].copy_from_slice(data),
@@ -647,11 +619,11 @@ mod tests {
         assert!(!p.verify_checksum(A, B));
         assert_eq!(
             Icmpv6Repr::parse(&p, A, Ipv6Addr::LOCALHOST),
-            Ok(Icmpv6Repr::EchoRequest {
+            Ok(Icmpv6Repr::EchoRequest(Echo {
                 ident: 7,
                 seq_no: 9,
                 data: b"hello"
-            })
+            }))
         );
     }
 
@@ -696,16 +668,20 @@ mod tests {
 
     fn repr(data: &[u8]) -> impl Strategy<Value = Icmpv6Repr<'_>> {
         prop_oneof![
-            (any::<u16>(), any::<u16>()).prop_map(move |(ident, seq_no)| Icmpv6Repr::EchoRequest {
-                ident,
-                seq_no,
-                data
-            }),
-            (any::<u16>(), any::<u16>()).prop_map(move |(ident, seq_no)| Icmpv6Repr::EchoReply {
-                ident,
-                seq_no,
-                data
-            }),
+            (any::<u16>(), any::<u16>()).prop_map(move |(ident, seq_no)| Icmpv6Repr::EchoRequest(
+                Echo {
+                    ident,
+                    seq_no,
+                    data
+                }
+            )),
+            (any::<u16>(), any::<u16>()).prop_map(move |(ident, seq_no)| Icmpv6Repr::EchoReply(
+                Echo {
+                    ident,
+                    seq_no,
+                    data
+                }
+            )),
             any::<u8>().prop_map(move |code| Icmpv6Repr::DstUnreachable { code, data }),
             any::<u32>().prop_map(move |mtu| Icmpv6Repr::PacketTooBig { mtu, data }),
             any::<u8>().prop_map(move |code| Icmpv6Repr::TimeExceeded { code, data }),

@@ -13,12 +13,11 @@ use std::net::Ipv4Addr;
 use crate::narrow::{len16, low8};
 use crate::stats::DropReason;
 use crate::wire::checksum;
-use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
 use crate::wire::icmp as icmpv4;
-use crate::wire::mac::MacAddr;
+use crate::wire::ip::IpPacket;
 use crate::wire::Error;
 
-mod field {
+pub(super) mod field {
     use std::ops::Range;
     pub const VER_IHL: usize = 0;
     pub const TOS: usize = 1;
@@ -56,25 +55,17 @@ pub const ICMP_ERROR_MAX: usize = 576;
 /// length fit the buffer, and that the total length covers the header; after it no accessor
 /// panics. The buffer may extend past the total length (Ethernet padding):
 /// [`Ipv4Packet::payload`] stops at the total length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ipv4Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+/// The fields IPv4 and IPv6 share (version, TTL, protocol, addresses) are
+/// [`IpPacket`]'s.
+pub type Ipv4Packet<T> = IpPacket<T, Ipv4Addr>;
 
 impl<T: AsRef<[u8]>> Ipv4Packet<T> {
-    /// Wraps a buffer without checking it: accessors panic on a buffer shorter than 20 bytes
-    /// (and `payload` on lengths that lie).
-    #[inline]
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Ipv4Packet { buffer }
-    }
-
     /// Wraps a buffer after the checks above: [`Error::Truncated`] when the buffer is shorter
     /// than the header or the total length, [`Error::Malformed`] for a version other than 4,
     /// an IHL below 5 or a total length below the header length.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let p = Ipv4Packet { buffer };
+        let p = Ipv4Packet::new_unchecked(buffer);
         p.check_len()?;
         Ok(p)
     }
@@ -97,7 +88,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         if hl > b.len() {
             return Err(Error::Truncated);
         }
-        Ok(Ipv4Packet { buffer })
+        Ok(Ipv4Packet::new_unchecked(buffer))
     }
 
     /// The checks of [`Ipv4Packet::new_checked`].
@@ -122,12 +113,6 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         Ok(())
     }
 
-    /// The underlying buffer.
-    #[inline]
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     #[inline(always)]
     fn fixed(&self) -> &[u8; HEADER_LEN] {
         self.buffer
@@ -140,18 +125,6 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     fn be16(&self, r: std::ops::Range<usize>) -> u16 {
         let h = self.fixed();
         u16::from_be_bytes([h[r.start], h[r.start + 1]])
-    }
-
-    #[inline(always)]
-    fn addr(&self, r: std::ops::Range<usize>) -> Ipv4Addr {
-        let h = self.fixed();
-        Ipv4Addr::new(h[r.start], h[r.start + 1], h[r.start + 2], h[r.start + 3])
-    }
-
-    /// The version field (4 after `new_checked`).
-    #[inline]
-    pub fn version(&self) -> u8 {
-        self.fixed()[field::VER_IHL] >> 4
     }
 
     /// Header length in bytes (IHL × 4).
@@ -196,34 +169,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         self.frag_field() & FRAG_OFFSET
     }
 
-    /// Time to live.
-    #[inline]
-    pub fn ttl(&self) -> u8 {
-        self.fixed()[field::TTL]
-    }
-
-    /// Protocol number.
-    #[inline]
-    pub fn protocol(&self) -> u8 {
-        self.fixed()[field::PROTO]
-    }
-
     /// Header checksum.
     #[inline]
     pub fn checksum(&self) -> u16 {
         self.be16(field::CSUM)
-    }
-
-    /// Source address.
-    #[inline]
-    pub fn src_addr(&self) -> Ipv4Addr {
-        self.addr(field::SRC)
-    }
-
-    /// Destination address.
-    #[inline]
-    pub fn dst_addr(&self) -> Ipv4Addr {
-        self.addr(field::DST)
     }
 
     /// Source and destination as they are on the wire (for a pseudo-header).
@@ -319,34 +268,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
         self.set_be16(field::FRAG, v);
     }
 
-    /// Sets the TTL.
-    #[inline]
-    pub fn set_ttl(&mut self, v: u8) {
-        self.fixed_mut()[field::TTL] = v;
-    }
-
-    /// Sets the protocol.
-    #[inline]
-    pub fn set_protocol(&mut self, v: u8) {
-        self.fixed_mut()[field::PROTO] = v;
-    }
-
     /// Sets the header checksum field.
     #[inline]
     pub fn set_checksum(&mut self, v: u16) {
         self.set_be16(field::CSUM, v);
-    }
-
-    /// Sets the source address.
-    #[inline]
-    pub fn set_src_addr(&mut self, a: Ipv4Addr) {
-        self.fixed_mut()[field::SRC].copy_from_slice(&a.octets());
-    }
-
-    /// Sets the destination address.
-    #[inline]
-    pub fn set_dst_addr(&mut self, a: Ipv4Addr) {
-        self.fixed_mut()[field::DST].copy_from_slice(&a.octets());
     }
 
     /// Recomputes the header checksum (options included).
@@ -525,30 +450,6 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bo
         return icmpv4::is_query(ty);
     }
     true
-}
-
-/// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
-/// `out` is too small.
-pub(crate) fn emit_frame(
-    out: &mut [u8],
-    src: MacAddr,
-    dst: MacAddr,
-    ip: &Ipv4Repr,
-    l4: impl FnOnce(&mut [u8]),
-) -> Option<usize> {
-    let len = ETH_LEN + ip.buffer_len() + ip.payload_len;
-    let f = out.get_mut(..len)?;
-    let mut eth = EthernetFrame::new_unchecked(&mut *f);
-    EthernetRepr {
-        src_addr: src,
-        dst_addr: dst,
-        ethertype: ethertype::IPV4,
-    }
-    .emit(&mut eth);
-    let mut p = Ipv4Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut p);
-    l4(p.payload_mut());
-    Some(len)
 }
 
 #[cfg(test)]

@@ -30,14 +30,14 @@ use std::net::Ipv6Addr;
 
 use crate::narrow::len16;
 use crate::wire::checksum::{self, PseudoHeader};
-use crate::wire::ethernet::{ethertype, EthernetFrame, EthernetRepr, HEADER_LEN as ETH_LEN};
+use crate::wire::family::{emit_frame, IpHead, IpProto};
 use crate::wire::icmpv6::{self, Icmpv6Packet, Icmpv6Repr};
+use crate::wire::ip::IpPacket;
 use crate::wire::mac::MacAddr;
 use crate::wire::Error;
 
-mod field {
+pub(super) mod field {
     use std::ops::Range;
-    pub const VER_TC_FLOW: usize = 0;
     pub const PAYLOAD_LEN: Range<usize> = 4..6;
     pub const NEXT_HEADER: usize = 6;
     pub const HOP_LIMIT: usize = 7;
@@ -82,23 +82,16 @@ pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
 /// A view of an IPv6 packet. [`Ipv6Packet::new_checked`] checks that the fixed header is
 /// there, that the version is 6 and that the payload length fits the buffer; after it no
 /// accessor panics. The buffer may extend past the payload (Ethernet padding).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ipv6Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+/// The fields IPv4 and IPv6 share (version, hop limit as `ttl`, next header as `protocol`,
+/// addresses) are [`IpPacket`]'s.
+pub type Ipv6Packet<T> = IpPacket<T, Ipv6Addr>;
 
 impl<T: AsRef<[u8]>> Ipv6Packet<T> {
-    /// Wraps a buffer without checking it: accessors panic if it is shorter than 40 bytes.
-    #[inline]
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Ipv6Packet { buffer }
-    }
-
     /// Wraps a buffer holding a whole IPv6 packet: [`Error::Truncated`] when the fixed header
     /// or the payload it declares does not fit, [`Error::Malformed`] for another version.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let p = Ipv6Packet { buffer };
+        let p = Ipv6Packet::new_unchecked(buffer);
         let b = p.buffer.as_ref();
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
@@ -112,24 +105,12 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         Ok(p)
     }
 
-    /// The underlying buffer.
-    #[inline]
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     #[inline(always)]
     fn fixed(&self) -> &[u8; HEADER_LEN] {
         self.buffer
             .as_ref()
             .first_chunk()
             .expect("IPv6 fixed header checked by new_checked")
-    }
-
-    /// The version field (6 for a checked view).
-    #[inline]
-    pub fn version(&self) -> u8 {
-        self.fixed()[field::VER_TC_FLOW] >> 4
     }
 
     /// The payload length field: bytes after the fixed header, extension headers included.
@@ -143,34 +124,6 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     #[inline]
     pub fn total_len(&self) -> usize {
         HEADER_LEN + usize::from(self.payload_len())
-    }
-
-    /// The next header (an upper-layer protocol or the first extension header).
-    #[inline]
-    pub fn next_header(&self) -> u8 {
-        self.fixed()[field::NEXT_HEADER]
-    }
-
-    /// The hop limit.
-    #[inline]
-    pub fn hop_limit(&self) -> u8 {
-        self.fixed()[field::HOP_LIMIT]
-    }
-
-    /// The source address's bytes.
-    #[inline]
-    pub fn src_addr(&self) -> [u8; 16] {
-        let mut a = [0; 16];
-        a.copy_from_slice(&self.fixed()[field::SRC_ADDR]);
-        a
-    }
-
-    /// The destination address's bytes.
-    #[inline]
-    pub fn dst_addr(&self) -> [u8; 16] {
-        let mut a = [0; 16];
-        a.copy_from_slice(&self.fixed()[field::DST_ADDR]);
-        a
     }
 
     /// The traffic class.
@@ -218,30 +171,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
         self.fixed_mut()[..4].copy_from_slice(&w.to_be_bytes());
     }
 
-    /// Sets the next header.
-    #[inline]
-    pub fn set_next_header(&mut self, v: u8) {
-        self.fixed_mut()[field::NEXT_HEADER] = v;
-    }
-
-    /// Sets the hop limit.
-    #[inline]
-    pub fn set_hop_limit(&mut self, v: u8) {
-        self.fixed_mut()[field::HOP_LIMIT] = v;
-    }
-
-    /// Sets the source address.
-    #[inline]
-    pub fn set_src_addr(&mut self, a: Ipv6Addr) {
-        self.fixed_mut()[field::SRC_ADDR].copy_from_slice(&a.octets());
-    }
-
-    /// Sets the destination address.
-    #[inline]
-    pub fn set_dst_addr(&mut self, a: Ipv6Addr) {
-        self.fixed_mut()[field::DST_ADDR].copy_from_slice(&a.octets());
-    }
-
     /// The bytes after the fixed header up to the payload length (or the buffer's end),
     /// mutable.
     #[inline]
@@ -273,11 +202,11 @@ impl Ipv6Repr {
     /// Reads a checked packet's fixed header (traffic class and flow label are not kept).
     pub fn parse<T: AsRef<[u8]>>(p: &Ipv6Packet<T>) -> Result<Ipv6Repr, Error> {
         Ok(Ipv6Repr {
-            src_addr: Ipv6Addr::from(p.src_addr()),
-            dst_addr: Ipv6Addr::from(p.dst_addr()),
-            next_header: p.next_header(),
+            src_addr: p.src_addr(),
+            dst_addr: p.dst_addr(),
+            next_header: p.protocol(),
             payload_len: usize::from(p.payload_len()),
-            hop_limit: p.hop_limit(),
+            hop_limit: p.ttl(),
         })
     }
 
@@ -291,8 +220,8 @@ impl Ipv6Repr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv6Packet<T>) {
         p.set_version_tc_flow(0, 0);
         p.set_payload_len(len16(self.payload_len));
-        p.set_next_header(self.next_header);
-        p.set_hop_limit(self.hop_limit);
+        p.set_protocol(self.next_header);
+        p.set_ttl(self.hop_limit);
         p.set_src_addr(self.src_addr);
         p.set_dst_addr(self.dst_addr);
     }
@@ -460,12 +389,12 @@ impl Iterator for ExtHeaders<'_> {
 /// (Ethernet padding) are ignored.
 pub fn check(l3: &[u8]) -> Result<Ipv6Info, Error> {
     let p = Ipv6Packet::new_checked(l3)?;
-    let (src, dst) = (Ipv6Addr::from(p.src_addr()), Ipv6Addr::from(p.dst_addr()));
+    let (src, dst) = (p.src_addr(), p.dst_addr());
     if src.is_multicast() || dst.is_loopback() {
         return Err(Error::Malformed);
     }
     let payload_len = p.payload_len();
-    let first = p.next_header();
+    let first = p.protocol();
     if payload_len == 0 && first == NH_HOPOPTS {
         return Err(Error::Malformed);
     }
@@ -473,7 +402,7 @@ pub fn check(l3: &[u8]) -> Result<Ipv6Info, Error> {
     let mut info = Ipv6Info {
         src,
         dst,
-        hop_limit: p.hop_limit(),
+        hop_limit: p.ttl(),
         payload_len,
         next_header: first,
         l4_off: HEADER_LEN,
@@ -596,30 +525,6 @@ pub fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bo
     true
 }
 
-/// Writes Ethernet + `ip` and lets `l4` fill the payload; the frame length, or `None` when
-/// `out` is too small.
-pub(crate) fn emit_frame(
-    out: &mut [u8],
-    src: MacAddr,
-    dst: MacAddr,
-    ip: &Ipv6Repr,
-    l4: impl FnOnce(&mut [u8]),
-) -> Option<usize> {
-    let len = ETH_LEN + HEADER_LEN + ip.payload_len;
-    let f = out.get_mut(..len)?;
-    let mut eth = EthernetFrame::new_unchecked(&mut *f);
-    EthernetRepr {
-        src_addr: src,
-        dst_addr: dst,
-        ethertype: ethertype::IPV6,
-    }
-    .emit(&mut eth);
-    let mut p = Ipv6Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut p);
-    l4(p.payload_mut());
-    Some(len)
-}
-
 /// Writes an Ethernet + IPv6 + ICMPv6 message (`repr`, checksummed) from `src_ip` to
 /// `dst_ip` with `hop_limit`. Returns the frame length, or `None` when `out` is too small.
 pub fn write_icmp(
@@ -631,14 +536,16 @@ pub fn write_icmp(
     hop_limit: u8,
     repr: &Icmpv6Repr<'_>,
 ) -> Option<usize> {
-    let ip = Ipv6Repr {
-        src_addr: src_ip,
-        dst_addr: dst_ip,
-        next_header: NH_ICMPV6,
+    let ip = IpHead {
+        src: src_ip,
+        dst: dst_ip,
+        proto: IpProto::ICMPV6,
         payload_len: repr.buffer_len(),
-        hop_limit,
+        ttl: hop_limit,
+        tos: 0,
+        dont_frag: false,
     };
-    emit_frame(out, src_mac, dst_mac, &ip, |p| {
+    emit_frame(out, (src_mac, dst_mac), &ip, |p| {
         repr.emit(&mut Icmpv6Packet::new_unchecked(p), src_ip, dst_ip)
     })
 }
@@ -687,9 +594,9 @@ mod tests {
         let mut b = packet(20);
         let p = Ipv6Packet::new_checked(&b[..]).unwrap();
         assert_eq!((p.version(), p.payload_len(), p.total_len()), (6, 20, 60));
-        assert_eq!((p.next_header(), p.hop_limit()), (6, 64));
-        assert_eq!(p.src_addr()[15], 1);
-        assert_eq!(p.dst_addr()[15], 2);
+        assert_eq!((p.protocol(), p.ttl()), (6, 64));
+        assert_eq!(p.src_addr().octets()[15], 1);
+        assert_eq!(p.dst_addr().octets()[15], 2);
         Ipv6Packet::new_unchecked(&mut b[..]).set_payload_len(8);
         assert_eq!(Ipv6Packet::new_checked(&b[..]).unwrap().payload_len(), 8);
     }
@@ -850,7 +757,7 @@ mod tests {
         fn no_checked_view_panics(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             if let Ok(p) = Ipv6Packet::new_checked(&bytes[..]) {
                 prop_assert!(p.total_len() <= bytes.len());
-                let _ = (p.next_header(), p.hop_limit(), p.src_addr(), p.dst_addr());
+                let _ = (p.protocol(), p.ttl(), p.src_addr(), p.dst_addr());
             }
         }
     }

@@ -67,6 +67,7 @@ pub mod ethernet;
 pub mod family;
 pub mod icmp;
 pub mod icmpv6;
+pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
 pub mod mac;

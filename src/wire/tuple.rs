@@ -411,11 +411,11 @@ impl Tuple<Ipv6Addr> {
             return None;
         }
         let t = Tuple {
-            src: Ipv6Addr::from(p.src_addr()),
-            dst: Ipv6Addr::from(p.dst_addr()),
+            src: p.src_addr(),
+            dst: p.dst_addr(),
             sport: 0,
             dport: 0,
-            proto: p.next_header(),
+            proto: p.protocol(),
             zone: 0,
         };
         let mut w = ExtHeaders::new(q);

@@ -288,8 +288,8 @@ impl Outer<Ipv6Addr> {
         let mut p = Ipv6Packet::new_unchecked(ip);
         p.set_version_tc_flow(self.tos, 0);
         p.set_payload_len(len16((OVERHEAD_IPV6 - OUTER6_L4 + inner_len).min(65_535)));
-        p.set_next_header(ipv6::NH_UDP);
-        p.set_hop_limit(self.ttl);
+        p.set_protocol(ipv6::NH_UDP);
+        p.set_ttl(self.ttl);
         p.set_src_addr(self.src_ip);
         p.set_dst_addr(self.dst_ip);
         let (u, vx) = rest.split_at_mut(udp::HEADER_LEN);
@@ -310,8 +310,8 @@ fn outer_pseudo(frame: &[u8]) -> Option<(usize, PseudoHeader)> {
         let ip = Ipv6Packet::new_checked(frame.get(OUTER_L3..)?).ok()?;
         let udp_len = frame.len().checked_sub(OUTER6_L4)?;
         let ph = PseudoHeader::Ipv6 {
-            src: ip.src_addr(),
-            dst: ip.dst_addr(),
+            src: ip.src_addr().octets(),
+            dst: ip.dst_addr().octets(),
             next_header: ipv6::NH_UDP,
             len: u32::try_from(udp_len).ok()?,
         };
@@ -364,8 +364,8 @@ pub fn fill_csum_over_tcp(frame: &mut [u8], inner_l3: usize, inner_l4: usize) ->
     let pseudo = if l3.first()? >> 4 == 6 {
         let ip = Ipv6Packet::new_checked(l3).ok()?;
         PseudoHeader::Ipv6 {
-            src: ip.src_addr(),
-            dst: ip.dst_addr(),
+            src: ip.src_addr().octets(),
+            dst: ip.dst_addr().octets(),
             next_header: ipv4::PROTO_TCP,
             len: (ipv6::HEADER_LEN + usize::from(ip.payload_len()))
                 .checked_sub(ip_hdr_len)
@@ -420,7 +420,7 @@ pub fn is_outer(frame: &[u8], v6: bool) -> bool {
             return false;
         };
         let ip = Ipv6Packet::new_unchecked(ip);
-        e.ethertype() == ethertype::IPV6 && ip.version() == 6 && ip.next_header() == ipv6::NH_UDP
+        e.ethertype() == ethertype::IPV6 && ip.version() == 6 && ip.protocol() == ipv6::NH_UDP
     } else {
         let Ok(ip) = Ipv4Packet::new_checked_header(l3) else {
             return false;
@@ -566,8 +566,8 @@ fn flow_words_ipv6(l3: &[u8]) -> Option<[u64; 2]> {
         let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
         w(hi) ^ w(lo).rotate_left(32)
     };
-    let addrs = word(ip.src_addr()) ^ word(ip.dst_addr()).rotate_left(17);
-    let nh = ip.next_header();
+    let addrs = word(ip.src_addr().octets()) ^ word(ip.dst_addr().octets()).rotate_left(17);
+    let nh = ip.protocol();
     let ports = match nh {
         ipv6::NH_TCP | ipv6::NH_UDP => ip.payload().get(..4).map_or(0, |p| {
             u64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))

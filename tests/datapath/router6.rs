@@ -11,7 +11,7 @@ use std::time::Duration;
 use etherparse::{Icmpv6Type, PacketBuilder, SlicedPacket, TransportSlice};
 use tapyard::l3::neigh::{NeighEntry, NeighState};
 use tapyard::l3::{IfaceConfig, IfaceId, NextHop, RaConfig, Route, RouteProto};
-use tapyard::wire::icmpv6::{Icmpv6Packet, Icmpv6Repr, NaFlags};
+use tapyard::wire::icmpv6::{Echo, Icmpv6Packet, Icmpv6Repr, NaFlags};
 use tapyard::wire::ipv6;
 use tapyard::{BridgeConfig, Datapath, DropReason, Instant, MacAddr, PortId, Verdict};
 use tapyard_testkit::frame::ip6 as a;
@@ -565,11 +565,11 @@ fn echo_answered_on_global_and_link_local() {
         assert_eq!((s, d), (a(dst), a(src)));
         assert!(matches!(
             r,
-            Icmpv6Repr::EchoReply {
+            Icmpv6Repr::EchoReply(Echo {
                 ident: 7,
                 seq_no: 1,
                 data: b"ping6"
-            }
+            })
         ));
     }
 }
@@ -726,11 +726,11 @@ fn echo_with_extension_headers_answered_without_them_as_linux() {
     assert_eq!((s, d), (a("fd00:10:244:1::1"), a("fd00:10:244:1::2")));
     assert!(matches!(
         m,
-        Icmpv6Repr::EchoReply {
+        Icmpv6Repr::EchoReply(Echo {
             ident: 7,
             seq_no: 1,
             data: b"ping6"
-        }
+        })
     ));
     // A fragment of an echo request is not reassembled: no answer, counted.
     let mut frag = ping6(POD_A, GW0_MAC, "fd00:10:244:1::2", "fd00:10:244:1::1");

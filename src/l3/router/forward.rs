@@ -19,6 +19,7 @@ use crate::wire::family::{Family, IpProto};
 use crate::wire::mac::MacAddr;
 use crate::wire::tcp;
 
+use super::reply::{write_icmp_error, write_tcp_rst, IcmpHead};
 use super::{ErrorNat, Hook, Iface, L3Batch, Memo, Prerouting, Router, Sink, L3};
 
 /// The largest ICMP error the router writes, Ethernet header included (IPv6's minimum MTU;
@@ -49,9 +50,14 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
     /// The batch's routing-table version of this family.
     fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Self>;
     /// The router's neighbour entry for `ip` on `i`, if usable.
-    fn neigh_lookup(r: &Router, i: IfaceId, ip: Self, now: Instant) -> Option<MacAddr>;
+    #[inline(always)]
+    fn neigh_lookup(r: &Router, i: IfaceId, ip: Self, now: Instant) -> Option<MacAddr> {
+        r.neigh::<Self>().lookup(i, ip, now)
+    }
     /// Queues `frame` on the neighbour entry for `ip` on `i`.
-    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Self, frame: &[u8], now: Instant) -> Enqueue;
+    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Self, frame: &[u8], now: Instant) -> Enqueue {
+        r.neigh::<Self>().enqueue(i, ip, frame, now)
+    }
     /// Asks for `target` on `i` (ARP request, Neighbor Solicitation); to `unicast` for a probe.
     fn solicit(r: &Router, i: IfaceId, target: Self, unicast: Option<MacAddr>, sink: &mut dyn Sink);
 
@@ -79,23 +85,10 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         sink: &mut dyn Sink,
     ) -> L3;
 
-    /// Translates a router-made error back through NAT (see [`ErrorNat`]).
-    fn translate_error(
-        nat: &dyn ErrorNat,
-        ip: &mut [u8],
-        out: &mut Self::Info,
-        now: Instant,
-    ) -> bool;
     /// True when an ICMP error may be sent about the datagram `l3` (RFC 1122 / RFC 4443).
     fn may_send_icmp_error(l3: &[u8], info: &Self::Info, l2_group_dst: bool) -> bool;
-    /// Writes Ethernet + IP + ICMP `err` about `orig_l3` (zero MACs, source `src`).
-    fn write_icmp_error(
-        out: &mut [u8],
-        src: Self,
-        dst: Self,
-        err: IcmpError,
-        orig_l3: &[u8],
-    ) -> Option<usize>;
+    /// The family's ICMP type, code and second word for `err`.
+    fn icmp_head(err: IcmpError) -> IcmpHead;
     /// Where an error to `dst` leaves: the interface and next hop.
     fn icmp_route(r: &Router, dst: Self, in_if: Option<IfaceId>) -> Option<(IfaceId, Self)>;
     /// The source address of what the router sends to `dst` out of `i`.
@@ -109,13 +102,9 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         info: &Self::Info,
         our_mac: MacAddr,
     ) -> Option<usize>;
-    /// Writes the TCP reset refusing the segment at `orig_l3`.
-    fn write_tcp_rst(
-        out: &mut [u8],
-        macs: (MacAddr, MacAddr),
-        orig_l3: &[u8],
-        info: &Self::Info,
-    ) -> Option<usize>;
+    /// The TCP segment of the datagram `orig_l3` (header checked, facts in `info`), if it
+    /// has a TCP header (not a later fragment).
+    fn tcp_segment<'a>(orig_l3: &'a [u8], info: &Self::Info) -> Option<&'a [u8]>;
 }
 
 /// The facts of a checked header the forwarding path reads, whatever the family.
@@ -543,7 +532,7 @@ impl Router {
         b: &mut PacketBuf,
         rx: Rx,
         info: &A::Info,
-        nat: Option<&dyn ErrorNat>,
+        nat: Option<&dyn ErrorNat<A>>,
         sink: &mut dyn Sink,
     ) -> L3 {
         let Some(iface) = self.iface(rx.in_if) else {
@@ -637,7 +626,9 @@ impl Router {
             return;
         };
         let macs = (iface.cfg.mac, MacAddr::from_slice(src));
-        sink.emit(rx.in_if, &mut |out| A::write_tcp_rst(out, macs, orig, info));
+        sink.emit(rx.in_if, &mut |out| {
+            write_tcp_rst::<A>(out, macs, orig, info)
+        });
     }
 
     /// Sends an ICMP error about the packet at `frame[l3..]` back to its source, if allowed
@@ -659,7 +650,7 @@ impl Router {
         &self,
         about: Offending<'_, A>,
         err: IcmpError,
-        nat: Option<&dyn ErrorNat>,
+        nat: Option<&dyn ErrorNat<A>>,
         now: Instant,
         sink: &mut dyn Sink,
     ) {
@@ -682,9 +673,13 @@ impl Router {
         // Built first (MACs and, when not known yet, the source address filled in below),
         // so that NAT can translate it as it will leave.
         let mut buf = [0u8; ICMP_ERROR_FRAME];
-        let Some(len) =
-            A::write_icmp_error(&mut buf, src_ip.unwrap_or(A::UNSPECIFIED), src, err, orig)
-        else {
+        let Some(len) = write_icmp_error(
+            &mut buf,
+            (MacAddr::ZERO, MacAddr::ZERO),
+            (src_ip.unwrap_or(A::UNSPECIFIED), src),
+            A::icmp_head(err),
+            orig,
+        ) else {
             return;
         };
         let mut dst_ip = src;
@@ -695,7 +690,7 @@ impl Router {
             let Ok(mut out) = A::check(ip) else {
                 return;
             };
-            if !A::translate_error(nat, ip, &mut out, now) {
+            if !nat.translate_error(ip, &mut out, now) {
                 return;
             }
             dst_ip = A::facts(&out).dst;
@@ -746,7 +741,7 @@ impl Router {
     pub(crate) fn neigh_failed<A: RouterFamily>(
         &self,
         frame: &[u8],
-        nat: Option<&dyn ErrorNat>,
+        nat: Option<&dyn ErrorNat<A>>,
         now: Instant,
         sink: &mut dyn Sink,
     ) {

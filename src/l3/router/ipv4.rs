@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{ArpHeard, Enqueue};
+use crate::l3::neigh::ArpHeard;
 use crate::l3::route::{mask, RouteReader};
 use crate::narrow::len16;
 use crate::stats::DropReason;
@@ -17,16 +17,13 @@ use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
 use crate::wire::family::IpProto;
-use crate::wire::icmp::{self as icmpv4, codes as icmp, Icmpv4Packet, Icmpv4Repr};
-use crate::wire::ipv4::{
-    self, emit_frame, Ipv4Info, Ipv4Packet, Ipv4Repr, DF, FRAG_OFFSET, HEADER_LEN, ICMP_ERROR_MAX,
-    MF, PROTO_ICMP, PROTO_TCP,
-};
+use crate::wire::icmp::{self as icmpv4, codes as icmp, Icmpv4Packet};
+use crate::wire::ipv4::{self, Ipv4Info, Ipv4Packet, DF, FRAG_OFFSET, HEADER_LEN, MF, PROTO_ICMP};
 use crate::wire::mac::MacAddr;
-use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
-use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
+use super::reply::IcmpHead;
+use super::{Iface, L3Batch, Memo, Router, Sink, L3};
 
 impl RouterFamily for Ipv4Addr {
     type Info = Ipv4Info;
@@ -64,13 +61,6 @@ impl RouterFamily for Ipv4Addr {
     #[inline(always)]
     fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Ipv4Addr> {
         &batch.routes
-    }
-    #[inline(always)]
-    fn neigh_lookup(r: &Router, i: IfaceId, ip: Ipv4Addr, now: Instant) -> Option<MacAddr> {
-        r.neigh.lookup(i, ip, now)
-    }
-    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Ipv4Addr, frame: &[u8], now: Instant) -> Enqueue {
-        r.neigh.enqueue(i, ip, frame, now)
     }
     fn solicit(
         r: &Router,
@@ -113,24 +103,10 @@ impl RouterFamily for Ipv4Addr {
         r.fragment_out(b, l3, info, out, sink)
     }
 
-    fn translate_error(
-        nat: &dyn ErrorNat,
-        ip: &mut [u8],
-        out: &mut Ipv4Info,
-        now: Instant,
-    ) -> bool {
-        nat.translate_error(ip, out, now)
-    }
     fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bool {
         ipv4::may_send_icmp_error(l3, info, l2_group_dst)
     }
-    fn write_icmp_error(
-        out: &mut [u8],
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        err: IcmpError,
-        orig_l3: &[u8],
-    ) -> Option<usize> {
+    fn icmp_head(err: IcmpError) -> IcmpHead {
         let (ty, code, rest) = match err {
             IcmpError::TtlExceeded => (icmp::TIME_EXCEEDED, icmp::TTL_EXCEEDED, 0),
             IcmpError::NoRoute => (icmp::DEST_UNREACH, icmp::NET_UNREACH, 0),
@@ -141,14 +117,7 @@ impl RouterFamily for Ipv4Addr {
             IcmpError::Prohibited => (icmp::DEST_UNREACH, icmp::ADMIN_PROHIBITED, 0),
             IcmpError::TooBig { mtu } => (icmp::DEST_UNREACH, icmp::FRAG_NEEDED, u32::from(mtu)),
         };
-        let error = IcmpHead { ty, code, rest };
-        write_icmp_error(
-            out,
-            (MacAddr::ZERO, MacAddr::ZERO),
-            (src, dst),
-            error,
-            orig_l3,
-        )
+        IcmpHead { ty, code, rest }
     }
     fn icmp_route(r: &Router, dst: Ipv4Addr, _: Option<IfaceId>) -> Option<(IfaceId, Ipv4Addr)> {
         r.routes.lookup(dst)?.hop(dst)
@@ -165,26 +134,14 @@ impl RouterFamily for Ipv4Addr {
     fn echo_reply(frame: &mut [u8], l3: usize, info: &Ipv4Info, our_mac: MacAddr) -> Option<usize> {
         echo_reply_in_place(frame, l3, info, our_mac).then_some(l3 + info.total_len)
     }
-    fn write_tcp_rst(
-        out: &mut [u8],
-        macs: (MacAddr, MacAddr),
-        orig_l3: &[u8],
-        info: &Ipv4Info,
-    ) -> Option<usize> {
-        write_tcp_rst(out, macs.0, macs.1, orig_l3, info.hdr_len)
+    fn tcp_segment<'a>(orig_l3: &'a [u8], info: &Ipv4Info) -> Option<&'a [u8]> {
+        // Re-checked: the header must be the one `info` describes.
+        let ip = Ipv4Packet::new_checked(orig_l3).ok()?;
+        if ip.header_len() != info.hdr_len || info.is_later_fragment() {
+            return None;
+        }
+        orig_l3.get(info.hdr_len..ip.total_len())
     }
-}
-
-/// The first word of an ICMP error: type, code, and the 32-bit field after the checksum (the
-/// next-hop MTU for "fragmentation needed").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IcmpHead {
-    /// The ICMP type.
-    pub(crate) ty: u8,
-    /// The code.
-    pub(crate) code: u8,
-    /// The second word.
-    pub(crate) rest: u32,
 }
 
 impl Router {
@@ -345,71 +302,6 @@ impl Router {
     }
 }
 
-/// Writes an Ethernet + IPv4 + ICMP error about the packet `orig_l3` into `out`, quoting as much
-/// of the original datagram as fits in 576 bytes (as Linux). Returns the frame length, or
-/// `None` when `out` is too small.
-pub(crate) fn write_icmp_error(
-    out: &mut [u8],
-    (src_mac, dst_mac): (MacAddr, MacAddr),
-    (src_ip, dst_ip): (Ipv4Addr, Ipv4Addr),
-    error: IcmpHead,
-    orig_l3: &[u8],
-) -> Option<usize> {
-    let quote = orig_l3
-        .len()
-        .min(ICMP_ERROR_MAX - HEADER_LEN - icmpv4::HEADER_LEN);
-    let icmp = Icmpv4Repr::Error {
-        msg_type: error.ty,
-        code: error.code,
-        rest: error.rest,
-        data: &orig_l3[..quote],
-    };
-    let ip = Ipv4Repr {
-        src_addr: src_ip,
-        dst_addr: dst_ip,
-        protocol: PROTO_ICMP,
-        payload_len: icmp.buffer_len(),
-        ttl: 64,
-        // Internetwork control, as Linux.
-        tos: 0xc0,
-        dont_frag: false,
-    };
-    emit_frame(out, src_mac, dst_mac, &ip, |p| {
-        icmp.emit(&mut Icmpv4Packet::new_unchecked(p))
-    })
-}
-
-/// Writes the TCP reset that refuses the segment at `orig_l3` (a checked IPv4 header of
-/// `hdr_len` bytes with a TCP header after it), as Linux's `nf_send_reset` for `REJECT
-/// --reject-with tcp-reset` (see [`TcpRepr::reset_for`]). Returns the frame length, or `None`
-/// when `out` is too small, the headers are truncated, or the segment is itself a reset.
-pub(crate) fn write_tcp_rst(
-    out: &mut [u8],
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    orig_l3: &[u8],
-    hdr_len: usize,
-) -> Option<usize> {
-    let ip = Ipv4Packet::new_checked(orig_l3)
-        .ok()
-        .filter(|p| p.header_len() == hdr_len)?;
-    let seg = TcpPacket::new_checked(ip.payload()).ok()?;
-    let rst = TcpRepr::reset_for(&seg)?;
-    let (src, dst) = (ip.dst_addr(), ip.src_addr());
-    let r = Ipv4Repr {
-        src_addr: src,
-        dst_addr: dst,
-        protocol: PROTO_TCP,
-        payload_len: rst.buffer_len(),
-        ttl: 64,
-        tos: 0,
-        dont_frag: true,
-    };
-    emit_frame(out, src_mac, dst_mac, &r, |p| {
-        rst.emit(&mut TcpPacket::new_unchecked(p), src, dst)
-    })
-}
-
 /// Turns an ICMP echo request frame addressed to us into the echo reply, in place: addresses
 /// swapped (IP and MAC, with `our_mac` as the source), type 0, TTL 64, checksums updated.
 /// `l3` is the frame's L3 offset. Returns `false` (frame untouched) if it is not a well-formed
@@ -537,6 +429,7 @@ fn strip_uncopied_options(opts: &mut [u8]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::reply::{write_icmp_error, write_tcp_rst};
     use super::*;
     use crate::wire::checksum::checksum;
     use crate::wire::ipv4::check_header;
@@ -555,7 +448,8 @@ mod tests {
         let mut out = [0u8; 128];
         let gw = MacAddr([2, 0, 0, 0, 0, 2]);
         let pod = MacAddr([2, 0, 0, 0, 0, 1]);
-        let n = write_tcp_rst(&mut out, gw, pod, &f[14..], 20).unwrap();
+        let info = check_header(&f[14..]).unwrap();
+        let n = write_tcp_rst::<Ipv4Addr>(&mut out, (gw, pod), &f[14..], &info).unwrap();
         let p = etherparse::SlicedPacket::from_ethernet(&out[..n]).unwrap();
         let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
             panic!("not IPv4")
@@ -575,7 +469,8 @@ mod tests {
         assert_eq!(t.checksum(), want);
         assert_eq!(checksum(&out[14..34]), 0);
         // A reset is never answered with a reset.
-        assert!(write_tcp_rst(&mut [0u8; 128], pod, gw, &out[14..n], 20).is_none());
+        let rst = check_header(&out[14..n]).unwrap();
+        assert!(write_tcp_rst::<Ipv4Addr>(&mut [0u8; 128], (pod, gw), &out[14..n], &rst).is_none());
     }
 
     #[test]

@@ -22,21 +22,19 @@ use std::time::Duration;
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
-use crate::l3::neigh::{Advert, Enqueue, NeighEvent, Released};
+use crate::l3::neigh::{Advert, Released};
 use crate::l3::route::RouteReader;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
 use crate::wire::family::IpProto;
 use crate::wire::icmpv6::{self, codes, Icmpv6Packet, Icmpv6Repr, NaFlags, PrefixInfo};
-use crate::wire::ipv6::{
-    self, emit_frame, Ipv6Info, Ipv6Packet, Ipv6Repr, HEADER_LEN, MIN_MTU, NH_ICMPV6, NH_TCP,
-};
+use crate::wire::ipv6::{self, Ipv6Info, Ipv6Packet, HEADER_LEN, NH_ICMPV6, NH_TCP};
 use crate::wire::mac::MacAddr;
-use crate::wire::tcp::{TcpPacket, TcpRepr};
 
 use super::forward::{Egress, Facts, IcmpError, RouterFamily, Rx};
-use super::{ErrorNat, Iface, L3Batch, Memo, Router, Sink, L3};
+use super::reply::IcmpHead;
+use super::{Iface, L3Batch, Memo, Router, Sink, L3};
 
 /// RFC 4861 10: MAX_INITIAL_RTR_ADVERTISEMENTS and their largest interval.
 const INITIAL_RAS: u8 = 3;
@@ -106,13 +104,6 @@ impl RouterFamily for Ipv6Addr {
     fn routes<'b, 'a>(batch: &'b mut L3Batch<'a>) -> &'b RouteReader<'a, Ipv6Addr> {
         batch.ipv6_routes()
     }
-    #[inline(always)]
-    fn neigh_lookup(r: &Router, i: IfaceId, ip: Ipv6Addr, now: Instant) -> Option<MacAddr> {
-        r.neigh6.lookup(i, ip, now)
-    }
-    fn neigh_enqueue(r: &Router, i: IfaceId, ip: Ipv6Addr, frame: &[u8], now: Instant) -> Enqueue {
-        r.neigh6.enqueue(i, ip, frame, now)
-    }
     fn solicit(
         r: &Router,
         i: IfaceId,
@@ -171,46 +162,19 @@ impl RouterFamily for Ipv6Addr {
         L3::Drop(DropReason::PacketTooBig)
     }
 
-    fn translate_error(
-        nat: &dyn ErrorNat,
-        ip: &mut [u8],
-        out: &mut Ipv6Info,
-        now: Instant,
-    ) -> bool {
-        nat.translate_error6(ip, out, now)
-    }
     fn may_send_icmp_error(l3: &[u8], info: &Ipv6Info, l2_group_dst: bool) -> bool {
         ipv6::may_send_icmp_error(l3, info, l2_group_dst)
     }
-    fn write_icmp_error(
-        out: &mut [u8],
-        src: Ipv6Addr,
-        dst: Ipv6Addr,
-        err: IcmpError,
-        orig_l3: &[u8],
-    ) -> Option<usize> {
-        let unreach = |code| Icmpv6Repr::DstUnreachable { code, data: &[] };
-        let error = match err {
-            IcmpError::TtlExceeded => Icmpv6Repr::TimeExceeded {
-                code: codes::HOP_LIMIT_EXCEEDED,
-                data: &[],
-            },
-            IcmpError::NoRoute | IcmpError::Unreachable => unreach(codes::NO_ROUTE),
-            IcmpError::Prohibited => unreach(codes::REJECT_ROUTE),
-            IcmpError::PortUnreachable => unreach(codes::PORT_UNREACH),
-            IcmpError::NeighFailed => unreach(codes::ADDR_UNREACH),
-            IcmpError::TooBig { mtu } => Icmpv6Repr::PacketTooBig {
-                mtu: u32::from(mtu),
-                data: &[],
-            },
+    fn icmp_head(err: IcmpError) -> IcmpHead {
+        let (ty, code, rest) = match err {
+            IcmpError::TtlExceeded => (codes::TIME_EXCEEDED, codes::HOP_LIMIT_EXCEEDED, 0),
+            IcmpError::NoRoute | IcmpError::Unreachable => (codes::DST_UNREACH, codes::NO_ROUTE, 0),
+            IcmpError::Prohibited => (codes::DST_UNREACH, codes::REJECT_ROUTE, 0),
+            IcmpError::PortUnreachable => (codes::DST_UNREACH, codes::PORT_UNREACH, 0),
+            IcmpError::NeighFailed => (codes::DST_UNREACH, codes::ADDR_UNREACH, 0),
+            IcmpError::TooBig { mtu } => (codes::PACKET_TOO_BIG, 0, u32::from(mtu)),
         };
-        write_icmp_error(
-            out,
-            (MacAddr::ZERO, MacAddr::ZERO),
-            (src, dst),
-            error,
-            orig_l3,
-        )
+        IcmpHead { ty, code, rest }
     }
     fn icmp_route(
         r: &Router,
@@ -234,13 +198,11 @@ impl RouterFamily for Ipv6Addr {
     fn echo_reply(frame: &mut [u8], l3: usize, info: &Ipv6Info, our_mac: MacAddr) -> Option<usize> {
         echo_reply_in_place(frame, l3, info, our_mac)
     }
-    fn write_tcp_rst(
-        out: &mut [u8],
-        macs: (MacAddr, MacAddr),
-        orig_l3: &[u8],
-        info: &Ipv6Info,
-    ) -> Option<usize> {
-        write_tcp_rst(out, macs, orig_l3, info)
+    fn tcp_segment<'a>(orig_l3: &'a [u8], info: &Ipv6Info) -> Option<&'a [u8]> {
+        if info.next_header != NH_TCP || info.is_later_fragment() {
+            return None;
+        }
+        orig_l3.get(info.l4_off..info.total_len())
     }
 }
 
@@ -492,7 +454,7 @@ impl Router {
 
     /// Sends the Router Advertisements due at `now` (RFC 4861 6.2.4: the first ones at most
     /// 16 s apart, then between the interface's min and max interval).
-    fn poll_ra(&self, now: Instant, sink: &mut dyn Sink) {
+    pub(super) fn poll_ra(&self, now: Instant, sink: &mut dyn Sink) {
         let t = now.micros();
         let mut due = Vec::new();
         {
@@ -557,69 +519,6 @@ impl Router {
             }
         }
     }
-
-    /// Runs the IPv6 timers due at `now`: NS retransmissions and probes, ICMPv6 address
-    /// unreachable for packets whose next hop failed, Router Advertisements.
-    pub(crate) fn poll_ndp(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
-        self.neigh6.poll(now, &mut |ev| match ev {
-            NeighEvent::Solicit { iface, ip, unicast } => self.send_ns(iface, ip, unicast, sink),
-            NeighEvent::Unreachable { frame, .. } => {
-                self.neigh_failed::<Ipv6Addr>(&frame, nat, now, sink);
-            }
-        });
-        self.poll_ra(now, sink);
-    }
-}
-
-/// Writes an Ethernet + IPv6 + ICMPv6 error about the packet `orig_l3`, quoting as much of
-/// it as fits in the minimum MTU of 1280 bytes (RFC 4443 2.4 (c)). `error` is the error
-/// without its data ([`Icmpv6Repr::DstUnreachable`], [`Icmpv6Repr::PacketTooBig`], ...; its
-/// `data` is replaced by the quote). Hop limit 64. Returns the frame length, or `None` when
-/// `out` is too small or `error` is not an error.
-pub(crate) fn write_icmp_error(
-    out: &mut [u8],
-    (src_mac, dst_mac): (MacAddr, MacAddr),
-    (src_ip, dst_ip): (Ipv6Addr, Ipv6Addr),
-    error: Icmpv6Repr<'_>,
-    orig_l3: &[u8],
-) -> Option<usize> {
-    let quote = orig_l3.len().min(MIN_MTU - HEADER_LEN - icmpv6::HEADER_LEN);
-    let repr = error.with_data(&orig_l3[..quote])?;
-    ipv6::write_icmp(out, src_mac, dst_mac, src_ip, dst_ip, 64, &repr)
-}
-
-/// Writes the TCP reset that refuses the segment in `orig_l3` (a checked IPv6 packet whose
-/// TCP header is at `info.l4_off`), as Linux's `nf_send_reset6`. Returns the frame length, or
-/// `None` when `out` is too small, the TCP header is not there, or the segment is a reset.
-pub(crate) fn write_tcp_rst(
-    out: &mut [u8],
-    (src_mac, dst_mac): (MacAddr, MacAddr),
-    orig_l3: &[u8],
-    info: &Ipv6Info,
-) -> Option<usize> {
-    if info.next_header != NH_TCP || info.is_later_fragment() {
-        return None;
-    }
-    let seg = TcpPacket::new_checked(orig_l3.get(info.l4_off..info.total_len())?).ok()?;
-    let rst = TcpRepr::reset_for(&seg)?;
-    let (src, dst) = (info.dst, info.src);
-    let r = Ipv6Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: NH_TCP,
-        payload_len: rst.buffer_len(),
-        hop_limit: 64,
-    };
-    emit_frame(out, src_mac, dst_mac, &r, |p| {
-        let mut t = TcpPacket::new_unchecked(p);
-        rst.emit(
-            &mut t,
-            std::net::Ipv4Addr::UNSPECIFIED,
-            std::net::Ipv4Addr::UNSPECIFIED,
-        );
-        let ph = ipv6::pseudo(src, dst, NH_TCP, rst.buffer_len());
-        t.fill_checksum_with(&ph);
-    })
 }
 
 /// Turns an ICMPv6 echo request frame addressed to us into the echo reply, in place: MACs
@@ -663,8 +562,8 @@ pub(crate) fn echo_reply_in_place(
     let mut ip = Ipv6Packet::new_unchecked(&mut frame[l3..end]);
     ip.set_src_addr(info.dst);
     ip.set_dst_addr(info.src);
-    ip.set_hop_limit(64);
-    ip.set_next_header(NH_ICMPV6);
+    ip.set_ttl(64);
+    ip.set_protocol(NH_ICMPV6);
     ip.set_payload_len(u16::try_from(msg_len).ok()?);
     let mut icmp = Icmpv6Packet::new_unchecked(ip.payload_mut());
     icmp.set_msg_type(icmpv6::codes::ECHO_REPLY);
@@ -674,7 +573,9 @@ pub(crate) fn echo_reply_in_place(
 
 #[cfg(test)]
 mod tests {
+    use super::super::reply::{write_icmp_error, write_tcp_rst};
     use super::*;
+    use crate::wire::ipv6::MIN_MTU;
     use crate::wire::ipv6::{check, may_send_icmp_error};
 
     #[test]
@@ -698,10 +599,7 @@ mod tests {
             &mut out,
             (MacAddr::local(9), MacAddr::local(1)),
             (gw, info.src),
-            Icmpv6Repr::PacketTooBig {
-                mtu: 1400,
-                data: &[],
-            },
+            Ipv6Addr::icmp_head(IcmpError::TooBig { mtu: 1400 }),
             &f[14..],
         )
         .unwrap();
@@ -761,7 +659,7 @@ mod tests {
             .unwrap();
         let info = check(&s[14..]).unwrap();
         let mut out = [0u8; 128];
-        let n = write_tcp_rst(
+        let n = write_tcp_rst::<Ipv6Addr>(
             &mut out,
             (MacAddr::local(9), MacAddr::local(1)),
             &s[14..],

@@ -32,13 +32,13 @@ use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
 use crate::wire::ethernet::ethertype;
-use crate::wire::ipv4::Ipv4Info;
-use crate::wire::ipv6::{self as wire_ipv6, Ipv6Info};
+use crate::wire::ipv6::{self as wire_ipv6};
 use crate::wire::mac::MacAddr;
 
 mod forward;
 mod ipv4;
 mod ipv6;
+mod reply;
 
 pub(crate) use forward::{RouterFamily, Rx};
 
@@ -446,18 +446,15 @@ impl<'a> L3Batch<'a> {
 /// The offending packet was translated before the router judged it (at PREROUTING), so
 /// without this an error about a masqueraded packet would be addressed to the node itself,
 /// and one about a DNAT'd packet would quote the endpoint instead of the Service address.
-pub(crate) trait ErrorNat {
+///
+/// Generic over the family `A`: the router holds a `&dyn ErrorNat<A>` for the family of the
+/// packet it answers.
+pub(crate) trait ErrorNat<A: RouterFamily> {
     /// Translates the ICMP error datagram `ip` (header checked, facts in `info`) through the
     /// connection of the packet it quotes, when that connection is NAT'd: the destination
     /// becomes the original sender and the quoted header what that sender sent. `false`:
     /// the error cannot be translated and must not be sent.
-    fn translate_error(&self, ip: &mut [u8], info: &mut Ipv4Info, now: Instant) -> bool;
-
-    /// As `translate_error` for an ICMPv6 error the router makes.
-    fn translate_error6(&self, ip: &mut [u8], info: &mut Ipv6Info, now: Instant) -> bool {
-        let _ = (ip, info, now);
-        true
-    }
+    fn translate_error(&self, ip: &mut [u8], info: &mut A::Info, now: Instant) -> bool;
 }
 
 /// What a hook decided about a packet.
@@ -495,7 +492,7 @@ pub(crate) trait Prerouting<A: RouterFamily> {
     ) -> Hook;
 
     /// The NAT that ICMP errors about packets this hook translated must go through.
-    fn error_nat(&self) -> Option<&dyn ErrorNat>;
+    fn error_nat(&self) -> Option<&dyn ErrorNat<A>>;
 
     /// Cuts `whole`, a datagram the hook put together from fragments (and translated), back
     /// into the fragments it came in, handing each frame to `out`: how many.
@@ -524,7 +521,7 @@ impl<A: RouterFamily, H: Prerouting<A>> Prerouting<A> for Option<H> {
         }
     }
 
-    fn error_nat(&self) -> Option<&dyn ErrorNat> {
+    fn error_nat(&self) -> Option<&dyn ErrorNat<A>> {
         self.as_ref().and_then(|h| h.error_nat())
     }
 
@@ -705,15 +702,31 @@ impl Router {
     /// Runs the neighbour timers due at `now`: ARP retransmissions, and ICMP host unreachable
     /// for packets whose next hop failed to resolve (translated back through `nat`: the
     /// packets waited after their translation).
-    pub(crate) fn poll(&self, now: Instant, nat: Option<&dyn ErrorNat>, sink: &mut dyn Sink) {
-        self.poll_ndp(now, nat, sink);
-        self.neigh.poll(now, &mut |ev| match ev {
+    pub(crate) fn poll<N: ErrorNat<Ipv4Addr> + ErrorNat<Ipv6Addr>>(
+        &self,
+        now: Instant,
+        nat: Option<&N>,
+        sink: &mut dyn Sink,
+    ) {
+        self.poll_neigh::<Ipv6Addr>(now, nat.map(|n| n as _), sink);
+        self.poll_ra(now, sink);
+        self.poll_neigh::<Ipv4Addr>(now, nat.map(|n| n as _), sink);
+    }
+
+    /// Runs the neighbour timers of family `A` due at `now`: solicitations (ARP requests,
+    /// Neighbor Solicitations) and probes, and the ICMP errors about packets whose next hop
+    /// failed.
+    fn poll_neigh<A: RouterFamily>(
+        &self,
+        now: Instant,
+        nat: Option<&dyn ErrorNat<A>>,
+        sink: &mut dyn Sink,
+    ) {
+        self.neigh::<A>().poll(now, &mut |ev| match ev {
             NeighEvent::Solicit { iface, ip, unicast } => {
-                self.send_arp_request(iface, ip, unicast, sink);
+                A::solicit(self, iface, ip, unicast, sink)
             }
-            NeighEvent::Unreachable { frame, .. } => {
-                self.neigh_failed::<Ipv4Addr>(&frame, nat, now, sink);
-            }
+            NeighEvent::Unreachable { frame, .. } => self.neigh_failed::<A>(&frame, nat, now, sink),
         });
     }
 }

@@ -158,10 +158,12 @@ fn a_dnat_connection_is_translated_both_ways_and_its_packet_too_big_goes_back_tr
     assert!(matches!(h, Hook::Accept));
     assert_eq!(out, ptb_frame(router, c.src, &tcp_frame(&c, true)[14..]));
     assert_eq!(nf.counters().related, 1);
-    // The router's own error about it (translate_error6) is translated the same way.
+    // The router's own error about it (translate_error) is translated the same way.
     let mut own = ptb_frame(router, c.src, seg)[14..].to_vec();
     let mut info = ipv6::check(&own).unwrap();
-    assert!(ErrorNat::translate_error6(&nf, &mut own, &mut info, now));
+    assert!(ErrorNat::<Ipv6Addr>::translate_error(
+        &nf, &mut own, &mut info, now
+    ));
     assert_eq!(
         own,
         ptb_frame(router, c.src, &tcp_frame(&c, true)[14..])[14..]

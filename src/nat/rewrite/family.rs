@@ -187,14 +187,14 @@ impl steps::Steps for Ipv6Addr {
     #[inline]
     fn set_addrs(ip: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, outer: &mut Delta) -> Delta {
         let mut p = Ipv6Packet::new_unchecked(ip);
-        let (os, od) = (p.src_addr(), p.dst_addr());
+        let (os, od) = (p.src_addr().octets(), p.dst_addr().octets());
         let (ns, nd) = (src.octets(), dst.octets());
         let mut d = Delta::default();
         for (o, n) in [(os, ns), (od, nd)] {
-            for (a, b) in o.chunks_exact(2).zip(n.chunks_exact(2)) {
+            for i in (0..16).step_by(2) {
                 d.word(
-                    u16::from_be_bytes([a[0], a[1]]),
-                    u16::from_be_bytes([b[0], b[1]]),
+                    u16::from_be_bytes([o[i], o[i + 1]]),
+                    u16::from_be_bytes([n[i], n[i + 1]]),
                 );
             }
         }
