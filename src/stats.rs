@@ -287,6 +287,11 @@ drop_reasons! {
         /// An IPv4 packet to one of the router's addresses that arrived on an interface
         /// without an IPv4 address (an IPv6-only interface; see `l3::IfaceConfig::addr`).
         NoIpv4Addr = "no_ipv4_addr",
+        /// A routed packet with a martian source (Linux's `martian_source`): loopback,
+        /// unspecified, multicast, broadcast or reserved (IPv4 240/4), IPv4-mapped (IPv6), a
+        /// directed broadcast of one of the router's subnets, or one of the router's own
+        /// addresses.
+        MartianSource = "martian_source",
     }
 }
 

@@ -79,6 +79,21 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         sink: &mut dyn Sink,
     ) -> L3;
 
+    /// A source address as a batch's memo of the last source that passed keeps it
+    /// ([`Memo::source_ok`]): its bytes as a native-endian word (no byte swap).
+    type SourceKey: Copy + PartialEq;
+    /// A key that no packet's source has on this path: the memo's empty value (IPv4: a
+    /// 64-bit word above 32 bits; IPv6: all ones, a multicast address, which [`Self::check`]
+    /// refuses as a source).
+    const NO_SOURCE: Self::SourceKey;
+    /// `src` as a [`Self::SourceKey`].
+    fn source_key(src: Self) -> Self::SourceKey;
+    /// True when `src` is a martian source of this family by its range alone, or by the
+    /// family's own rule (IPv4: an interface's directed broadcast); `dst` for IPv4's one
+    /// exception, `0.0.0.0` to the limited broadcast (DHCP). The router's own addresses
+    /// are checked by [`Router::martian_source`] for both families.
+    fn martian_src(r: &Router, src: Self, dst: Self) -> bool;
+
     /// Translates a router-made error back through NAT (see [`ErrorNat`]).
     fn translate_error(
         nat: &dyn ErrorNat,
@@ -263,6 +278,14 @@ impl Router {
         if let Some(v) = A::early(self, b, rx, &info, sink) {
             return v;
         }
+        // Martian sources, before the hook so that they make no connection (see
+        // `martian_source`): one compare for a batch's packets from one source.
+        let src = A::facts(&info).src;
+        if A::source_key(src) != A::memo(ctx).source_ok
+            && self.martian_source(A::memo(ctx), src, &info)
+        {
+            return L3::Drop(DropReason::MartianSource);
+        }
         match hook.prerouting(self, ctx, b, l3, &mut info, now) {
             Hook::Accept => {}
             Hook::Drop(r) => return L3::Drop(r),
@@ -401,6 +424,25 @@ impl Router {
             slot.older.push(old);
         }
         L3::Forward(out_if)
+    }
+
+    /// True when `src`, the source of a packet the router takes in (to forward or to one of its
+    /// own addresses), is martian, as Linux's `ip_route_input_slow` (IPv4, `martian_source`)
+    /// and `ip6_rcv_core` / `ip6_forward` (IPv6) find: a source of the family's martian
+    /// ranges ([`RouterFamily::martian_src`]), or one of the router's own addresses (a pod
+    /// impersonating its gateway or its node, whose address would escape masquerade; Linux's
+    /// `fib_validate_source`). Otherwise `src` is remembered in `memo` for the batch's next
+    /// packets (`0.0.0.0`, allowed only to the limited broadcast, is not).
+    #[cold]
+    #[inline(never)]
+    fn martian_source<A: RouterFamily>(&self, memo: &mut Memo<A>, src: A, info: &A::Info) -> bool {
+        if A::martian_src(self, src, A::facts(info).dst) || self.local_iface(src).is_some() {
+            return true;
+        }
+        if src != A::UNSPECIFIED {
+            memo.source_ok = A::source_key(src);
+        }
+        false
     }
 
     /// A packet whose next hop is not resolved yet (TTL / hop limit decremented): queued on

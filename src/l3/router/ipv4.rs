@@ -113,6 +113,16 @@ impl RouterFamily for Ipv4Addr {
         r.fragment_out(b, l3, info, out, sink)
     }
 
+    type SourceKey = u64;
+    const NO_SOURCE: u64 = u64::MAX;
+    #[inline(always)]
+    fn source_key(src: Ipv4Addr) -> u64 {
+        u64::from(u32::from_ne_bytes(src.octets()))
+    }
+    fn martian_src(r: &Router, src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+        martian_src(src, dst) || r.is_directed_broadcast(src)
+    }
+
     fn translate_error(
         nat: &dyn ErrorNat,
         ip: &mut [u8],
@@ -173,6 +183,19 @@ impl RouterFamily for Ipv4Addr {
     ) -> Option<usize> {
         write_tcp_rst(out, macs.0, macs.1, orig_l3, info.hdr_len)
     }
+}
+
+/// True when `src` is an IPv4 martian source by its range, as Linux's `ip_route_input_slow`:
+/// `0.0.0.0/8` (but `0.0.0.0` itself to the limited broadcast, a DHCP client's, which is
+/// not forwarded anyway), loopback `127.0.0.0/8` (Linux's `route_localnet` off), multicast
+/// `224.0.0.0/4`, the limited broadcast, and the reserved `240.0.0.0/4` (class E: dropped as
+/// nothing in a cluster uses it).
+fn martian_src(src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+    let first = src.octets()[0];
+    if first == 0 {
+        return !(src.is_unspecified() && dst.is_broadcast());
+    }
+    first == 127 || first >= 224
 }
 
 /// The first word of an ICMP error: type, code, and the 32-bit field after the checksum (the
