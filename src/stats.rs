@@ -292,6 +292,9 @@ drop_reasons! {
         /// directed broadcast of one of the router's subnets, or one of the router's own
         /// addresses.
         MartianSource = "martian_source",
+        /// A new connection refused: its source (a pod) holds its limit of connection-table
+        /// entries already (`conntrack::CtConfig::max_per_source`).
+        CtLimit = "ct_limit",
     }
 }
 

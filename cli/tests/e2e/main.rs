@@ -8,6 +8,7 @@
 mod common;
 
 mod cni_node;
+mod ct_limit;
 mod dual_stack;
 mod ipv6_only;
 mod netns_node;
