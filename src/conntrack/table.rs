@@ -693,6 +693,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
 
     /// Takes a count for `src` unless it holds [`CtConfig::max_per_source`] already (the
     /// smaller of its two counters): whether it did.
+    #[inline(never)]
     fn take_source(&self, src: u64) -> bool {
         let Some((a, b)) = self.source_counters(src) else {
             return true;
@@ -708,12 +709,15 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         true
     }
 
-    /// Gives back the count of entry `e`'s original source (out of line: [`Self::kill`] is
-    /// inlined into the tracking path).
-    #[cold]
+    /// Uncounts the LIVE entry `e` (control word `c`) being removed: the table's length, and
+    /// its source's count if it holds one. Out of line: [`Self::kill`] is inlined into the
+    /// tracking path, which stays the size it was before the per-source counts.
     #[inline(never)]
-    fn give_source_of(&self, e: &Entry<W>) {
-        self.give_source(K::from_words(e.load_words()[0]).source_word());
+    fn uncount(&self, e: &Entry<W>, c: u64) {
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        if status_of(c).has(CtStatus::SOURCE_LIMITED) {
+            self.give_source(K::from_words(e.load_words()[0]).source_word());
+        }
     }
 
     /// Gives a count of `src` back (never below zero).
@@ -1056,10 +1060,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         // Uncount before the slot is freed: `len` then never counts more entries than hold a
         // slot, so it never reads above `max_entries` even while an insert reuses this slot.
         if life(expect) == LIVE {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            if status_of(expect).has(CtStatus::SOURCE_LIMITED) {
-                self.give_source_of(e);
-            }
+            self.uncount(e, expect);
         }
         self.release(idx, gen_of(expect));
         true
@@ -1172,8 +1173,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     }
 
     /// [`Conntrack::insert`] once the first packet is known valid (its connection's first
-    /// `state`) and the source counted (`status` has the tag's bits).
-    #[inline(always)]
+    /// `state`) and the source counted (`status` has the tag's bits). Out of line, so that
+    /// [`Conntrack::insert`] stays the size it had before the per-source limit.
+    #[inline(never)]
     fn insert_counted(
         &self,
         (orig, reply): (K, K),

@@ -280,9 +280,8 @@ impl Router {
         }
         // Martian sources, before the hook so that they make no connection (see
         // `martian_source`): one compare for a batch's packets from one source.
-        let src = A::facts(&info).src;
-        if A::source_key(src) != A::memo(ctx).source_ok
-            && self.martian_source(A::memo(ctx), src, &info)
+        if A::source_key(A::facts(&info).src) != A::memo(ctx).source_ok
+            && self.martian_source(A::memo(ctx), &info)
         {
             return L3::Drop(DropReason::MartianSource);
         }
@@ -426,17 +425,18 @@ impl Router {
         L3::Forward(out_if)
     }
 
-    /// True when `src`, the source of a packet the router takes in (to forward or to one of its
+    /// True when the source of the packet `info` the router takes in (to forward or to one of its
     /// own addresses), is martian, as Linux's `ip_route_input_slow` (IPv4, `martian_source`)
     /// and `ip6_rcv_core` / `ip6_forward` (IPv6) find: a source of the family's martian
     /// ranges ([`RouterFamily::martian_src`]), or one of the router's own addresses (a pod
     /// impersonating its gateway or its node, whose address would escape masquerade; Linux's
-    /// `fib_validate_source`). Otherwise `src` is remembered in `memo` for the batch's next
+    /// `fib_validate_source`). Otherwise the source is remembered in `memo` for the batch's next
     /// packets (`0.0.0.0`, allowed only to the limited broadcast, is not).
     #[cold]
     #[inline(never)]
-    fn martian_source<A: RouterFamily>(&self, memo: &mut Memo<A>, src: A, info: &A::Info) -> bool {
-        if A::martian_src(self, src, A::facts(info).dst) || self.local_iface(src).is_some() {
+    fn martian_source<A: RouterFamily>(&self, memo: &mut Memo<A>, info: &A::Info) -> bool {
+        let Facts { src, dst, .. } = A::facts(info);
+        if A::martian_src(self, src, dst) || self.local_iface(src).is_some() {
             return true;
         }
         if src != A::UNSPECIFIED {
