@@ -305,6 +305,14 @@ drop_reasons! {
         FragTableFull = "frag_table_full",
         /// Fragments freed because their datagram was not complete in time (15 s).
         FragTimeout = "frag_timeout",
+        /// A routed packet with a martian source (Linux's `martian_source`): loopback,
+        /// unspecified, multicast, broadcast or reserved (IPv4 240/4), IPv4-mapped (IPv6), a
+        /// directed broadcast of one of the router's subnets, or one of the router's own
+        /// addresses.
+        MartianSource = "martian_source",
+        /// A new connection refused: its source (a pod) holds its limit of connection-table
+        /// entries already (`conntrack::CtConfig::max_per_source`).
+        CtLimit = "ct_limit",
     }
 }
 

@@ -138,6 +138,22 @@
 //! candidate buckets are both full (at most half-full index: practically never, and the seeded
 //! hash keeps attackers from arranging it) also fails with `Full`.
 //!
+//! # Connections per source
+//!
+//! With [`CtConfig::max_per_source`] set, an insert whose [`CtTag`] carries
+//! [`CtStatus::SOURCE_LIMITED`] is refused with [`InsertError::SourceLimit`] when its original
+//! source address already holds that many live entries (so one pod cannot fill the table and
+//! starve the others' new connections; Linux has one global limit only, OVS per-zone limits,
+//! both off by default). The counts live beside the table, lock-free and bounded: a
+//! count-min sketch of two rows of [`SOURCE_SLOTS`] atomic counters, each source counted in
+//! one counter of each row (by a seeded hash of its address) and limited by the smaller of
+//! its two; a source is refused early only if both its counters are shared with other busy
+//! sources. A count is taken before the entry is made (given back if the insert fails) and
+//! given back when a counted entry is removed however it goes (by id, expiry, sweep, early
+//! drop, retain); the entry carries the `SOURCE_LIMITED` bit, so a table found in a file
+//! ([`Conntrack::open_file`]) counts its kept entries again when it is rebuilt, and after a
+//! takeover the new process's counts are its table's.
+//!
 //! Counters are kept in per-thread shards (one cache line each) and summed when read. A thread
 //! owns one of 16 shards while it lives and counts there with a plain load and store (no
 //! locked instruction on the lookup path: on x86 that is a full barrier, waiting for the
@@ -258,6 +274,8 @@ pub trait CtKey<const W: usize>:
     /// The tuple with source `addr` and source port `port` (ICMP echo: the identifier, in
     /// both port fields), the rest kept: a translated source.
     fn with_source(&self, addr: Self::Addr, port: u16) -> Self;
+    /// The source address folded into one word (what the per-source counts hash).
+    fn source_word(&self) -> u64;
 }
 
 /// [`CtKey`] for the tuple of either family: the two have the same fields, so one body
@@ -294,6 +312,16 @@ impl<A: TupleWords<W>, const W: usize> CtKey<W> for Tuple<A> {
     fn sport(&self) -> u16 {
         self.sport
     }
+    #[inline]
+    fn source_word(&self) -> u64 {
+        match self.src.into() {
+            std::net::IpAddr::V4(a) => u64::from(u32::from(a)),
+            std::net::IpAddr::V6(a) => {
+                let x = u128::from(a);
+                crate::narrow::low64(x) ^ crate::narrow::low64(x >> 64).rotate_left(32)
+            }
+        }
+    }
     #[inline(always)]
     fn with_source(&self, addr: A, port: u16) -> Self {
         let icmp = self.proto == Self::ICMP;
@@ -316,6 +344,10 @@ pub const FULL_SWEEP_BUDGET: usize = 16;
 
 /// Default limit on entries, as Linux's `nf_conntrack_max` on a large host.
 pub const DEFAULT_MAX_ENTRIES: usize = 262_144;
+
+/// The counters in each of the two rows of the per-source counts (see "Connections per
+/// source" in the module docs): 128 KiB for both rows, allocated only with a limit.
+pub const SOURCE_SLOTS: usize = 16_384;
 
 /// Largest accepted `max_entries` (entry indices are 31 bits).
 pub const MAX_ENTRIES_LIMIT: usize = 1 << 30;
@@ -398,6 +430,10 @@ pub struct CtConfig {
     pub liberal: bool,
     /// Timeouts.
     pub timeouts: CtTimeouts,
+    /// Most live entries per original source address among inserts that ask for it
+    /// ([`CtStatus::SOURCE_LIMITED`]); 0 (the default): no limit, as Linux and OVS. See
+    /// "Connections per source" in the [module docs](self).
+    pub max_per_source: u32,
 }
 
 impl Default for CtConfig {
@@ -406,6 +442,7 @@ impl Default for CtConfig {
             max_entries: DEFAULT_MAX_ENTRIES,
             liberal: false,
             timeouts: CtTimeouts::default(),
+            max_per_source: 0,
         }
     }
 }
@@ -470,6 +507,10 @@ impl CtStatus {
     pub const DST_NAT: u16 = 1 << 5;
     /// The bits a [`CtTag`] may set.
     pub const NAT_MASK: u16 = CtStatus::SRC_NAT | CtStatus::DST_NAT;
+    /// Counted against its original source's limit ([`CtConfig::max_per_source`]): set
+    /// through a [`CtTag`] by the inserter, kept only while the table has a limit. tapyard's
+    /// own bit (Linux's unused `IPS_UNTRACKED` number).
+    pub const SOURCE_LIMITED: u16 = 1 << 12;
 
     /// Whether all of `bits` are set.
     pub fn has(self, bits: u16) -> bool {
@@ -500,6 +541,7 @@ impl fmt::Debug for CtStatus {
             (CtStatus::ASSURED, "ASSURED"),
             (CtStatus::SRC_NAT, "SRC_NAT"),
             (CtStatus::DST_NAT, "DST_NAT"),
+            (CtStatus::SOURCE_LIMITED, "SOURCE_LIMITED"),
         ];
         let mut first = true;
         write!(f, "CtStatus(")?;
@@ -520,7 +562,9 @@ impl fmt::Debug for CtStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CtTag {
     /// Status bits to set; only [`CtStatus::NAT_MASK`] bits are taken (they are also derived
-    /// from the tuples: SRC_NAT/DST_NAT are set whenever the reply tuple says so).
+    /// from the tuples: SRC_NAT/DST_NAT are set whenever the reply tuple says so), and
+    /// [`CtStatus::SOURCE_LIMITED`] (counted against the source's limit, if the table has
+    /// one).
     pub status: CtStatus,
     /// Connection mark (`ct mark`).
     pub mark: u32,
@@ -596,6 +640,8 @@ pub enum InsertError<K = Tuple> {
     Full,
     /// The first packet cannot create a connection.
     Invalid(InvalidReason),
+    /// The original source holds [`CtConfig::max_per_source`] live entries already.
+    SourceLimit,
 }
 
 impl<K> fmt::Display for InsertError<K> {
@@ -604,6 +650,7 @@ impl<K> fmt::Display for InsertError<K> {
             InsertError::Clash { .. } => write!(f, "conntrack: tuple already tracked"),
             InsertError::Full => write!(f, "conntrack: table full"),
             InsertError::Invalid(r) => write!(f, "conntrack: invalid first packet ({r:?})"),
+            InsertError::SourceLimit => write!(f, "conntrack: the source's limit is reached"),
         }
     }
 }

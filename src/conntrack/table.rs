@@ -10,6 +10,7 @@ use super::tcp::{self, flags, CtState, Next};
 use super::{
     proto_name, CtConfig, CtConfigError, CtCounters, CtHit, CtId, CtKey, CtStatus, CtTag, CtView,
     Dir, InsertError, InvalidReason, Pkt, Track, FULL_SWEEP_BUDGET, MAX_ENTRIES_LIMIT, REFRESH,
+    SOURCE_SLOTS,
 };
 use crate::hash::{self, SeededHash};
 use crate::narrow::{low16, low32, low8};
@@ -457,6 +458,9 @@ pub struct CtTable<K, const W: usize> {
     icmp_to: u64,
     generic_to: u64,
     cfg: CtConfig,
+    /// The per-source counts, two rows of [`SOURCE_SLOTS`] (see "Connections per source" in
+    /// the module docs); empty without a limit.
+    per_source: Box<[AtomicU32]>,
     /// The file the arrays live in ([`Conntrack::open_file`]); `None` for anonymous memory.
     file: Option<super::persist::CtFile>,
     key: PhantomData<fn() -> K>,
@@ -601,6 +605,11 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             udp_stream_to: us(t.udp_stream),
             icmp_to: us(t.icmp),
             generic_to: us(t.generic),
+            per_source: if cfg.max_per_source > 0 {
+                (0..2 * SOURCE_SLOTS).map(|_| AtomicU32::new(0)).collect()
+            } else {
+                Box::default()
+            },
             cfg,
             file,
             key: PhantomData,
@@ -669,6 +678,63 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// True when no entry is live.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    // ---- per-source counts ---------------------------------------------------------------
+
+    /// The two counters of `src` (a [`CtKey::source_word`]), one in each row.
+    #[inline]
+    fn source_counters(&self, src: u64) -> Option<(&AtomicU32, &AtomicU32)> {
+        let h = self.hash.hash(src);
+        let i = hash::first(h, SOURCE_SLOTS - 1);
+        let j = SOURCE_SLOTS + hash::second(h, SOURCE_SLOTS - 1);
+        Some((self.per_source.get(i)?, self.per_source.get(j)?))
+    }
+
+    /// Takes a count for `src` unless it holds [`CtConfig::max_per_source`] already (the
+    /// smaller of its two counters): whether it did.
+    #[inline(never)]
+    fn take_source(&self, src: u64) -> bool {
+        let Some((a, b)) = self.source_counters(src) else {
+            return true;
+        };
+        let (x, y) = (
+            a.fetch_add(1, Ordering::Relaxed),
+            b.fetch_add(1, Ordering::Relaxed),
+        );
+        if x.min(y) >= self.cfg.max_per_source {
+            self.give_source(src);
+            return false;
+        }
+        true
+    }
+
+    /// Uncounts the LIVE entry `e` (control word `c`) being removed: the table's length, and
+    /// its source's count if it holds one. Out of line: [`Self::kill`] is inlined into the
+    /// tracking path, which stays the size it was before the per-source counts.
+    #[inline(never)]
+    fn uncount(&self, e: &Entry<W>, c: u64) {
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        if status_of(c).has(CtStatus::SOURCE_LIMITED) {
+            self.give_source(K::from_words(e.load_words()[0]).source_word());
+        }
+    }
+
+    /// Gives a count of `src` back (never below zero).
+    fn give_source(&self, src: u64) {
+        if let Some((a, b)) = self.source_counters(src) {
+            for c in [a, b] {
+                let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+            }
+        }
+    }
+
+    /// The live entries counted against `src`'s limit, as the counts tell (the smaller of its
+    /// two counters; 0 without a limit). For tests and tools.
+    pub fn source_count(&self, src: &K) -> u32 {
+        self.source_counters(src.source_word()).map_or(0, |(a, b)| {
+            a.load(Ordering::Relaxed).min(b.load(Ordering::Relaxed))
+        })
     }
 
     // ---- hashing -------------------------------------------------------------------------
@@ -994,7 +1060,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         // Uncount before the slot is freed: `len` then never counts more entries than hold a
         // slot, so it never reads above `max_entries` even while an insert reuses this slot.
         if life(expect) == LIVE {
-            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.uncount(e, expect);
         }
         self.release(idx, gen_of(expect));
         true
@@ -1065,7 +1131,8 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     ///
     /// Fails with [`InsertError::Invalid`] when `first` cannot open a connection (counted in
     /// [`CtCounters::invalid`]), [`InsertError::Clash`] when either tuple already belongs to an
-    /// entry, and [`InsertError::Full`].
+    /// entry, [`InsertError::Full`], and [`InsertError::SourceLimit`] when `tag` asks for the
+    /// source's limit ([`CtStatus::SOURCE_LIMITED`]) and it is reached.
     pub fn insert(
         &self,
         orig: K,
@@ -1089,7 +1156,34 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 return Err(InsertError::Invalid(r));
             }
         };
+        let limited = tag.status.has(CtStatus::SOURCE_LIMITED) && !self.per_source.is_empty();
         let mut status = tag.status.0 & CtStatus::NAT_MASK;
+        if limited {
+            if !self.take_source(orig.source_word()) {
+                // Counted by the caller (`ct_limit` in the datapath's drop counters).
+                return Err(InsertError::SourceLimit);
+            }
+            status |= CtStatus::SOURCE_LIMITED;
+        }
+        let r = self.insert_counted((orig, reply), tag, (state, status), first, now);
+        if limited && r.is_err() {
+            self.give_source(orig.source_word());
+        }
+        r
+    }
+
+    /// [`Conntrack::insert`] once the first packet is known valid (its connection's first
+    /// `state`) and the source counted (`status` has the tag's bits). Out of line, so that
+    /// [`Conntrack::insert`] stays the size it had before the per-source limit.
+    #[inline(never)]
+    fn insert_counted(
+        &self,
+        (orig, reply): (K, K),
+        tag: CtTag,
+        (state, mut status): (CtState, u16),
+        first: &Pkt,
+        now: Instant,
+    ) -> Result<CtHit<K>, InsertError<K>> {
         if K::is_dnat(&orig, &reply) {
             status |= CtStatus::DST_NAT;
         }
@@ -1751,6 +1845,15 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             if let Some(k) = keep.get_mut(idx) {
                 *k = true;
             }
+            // Counted again against its source (the counts are not in the file).
+            if status_of(c).has(CtStatus::SOURCE_LIMITED) {
+                if let Some((a, b)) =
+                    self.source_counters(K::from_words(sn.tuple_words(Dir::Original)).source_word())
+                {
+                    a.fetch_add(1, Ordering::Relaxed);
+                    b.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             r.kept += 1;
         }
         // The free stack, lowest slot on top.
@@ -1894,7 +1997,8 @@ fn sane<K: CtKey<W>, const W: usize>(s: &Snap<W>, now_ms: u64) -> bool {
     let reply_proto = proto_of(&s.w[1]);
     let c = s.c;
     let state_bits = (c >> 16) & 0xf;
-    let known = CtStatus::SEEN_REPLY | CtStatus::ASSURED | CtStatus::NAT_MASK;
+    let known =
+        CtStatus::SEEN_REPLY | CtStatus::ASSURED | CtStatus::NAT_MASK | CtStatus::SOURCE_LIMITED;
     let orig = K::from_words(s.tuple_words(Dir::Original));
     let reply = K::from_words(s.tuple_words(Dir::Reply));
     let st = status_of(c);

@@ -1104,3 +1104,169 @@ fn prefetch_entry_then_lookup_loc_matches_lookup() {
         }
     }
 }
+
+/// A tag asking for the source's limit.
+fn limited() -> CtTag {
+    CtTag {
+        status: CtStatus(CtStatus::SOURCE_LIMITED),
+        ..CtTag::default()
+    }
+}
+
+/// UDP flow `i` from `src`.
+fn flow_from(src: Ipv4Addr, i: u16) -> Tuple {
+    Tuple {
+        src,
+        sport: 20_000 + i,
+        ..udp_t(0)
+    }
+}
+
+/// With `max_per_source`, a source's inserts past its limit are refused (the others' are
+/// not), inserts that do not ask for the limit are never refused, and the counts come back
+/// however an entry goes: removed, expired and swept, early-dropped, retained away.
+#[test]
+fn the_per_source_limit_refuses_one_source_and_frees_with_its_entries() {
+    let ct = Conntrack::new(CtConfig {
+        max_entries: 64,
+        max_per_source: 5,
+        ..CtConfig::default()
+    })
+    .unwrap();
+    let (a, b) = (ip(10, 244, 1, 2), ip(10, 244, 1, 3));
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let t = flow_from(a, i);
+        ids.push(ct.insert(t, t.invert(), limited(), &UDP, s(1)).unwrap().id);
+    }
+    let sixth = flow_from(a, 5);
+    assert_eq!(
+        ct.insert(sixth, sixth.invert(), limited(), &UDP, s(1))
+            .unwrap_err(),
+        InsertError::SourceLimit
+    );
+    assert_eq!(ct.source_count(&sixth), 5);
+    // Another source is not affected; an insert without the tag bit is not limited.
+    for i in 0..5 {
+        let t = flow_from(b, i);
+        ct.insert(t, t.invert(), limited(), &UDP, s(1)).unwrap();
+    }
+    let free = flow_from(a, 100);
+    ct.insert(free, free.invert(), CtTag::default(), &UDP, s(1))
+        .unwrap();
+    // An invalid insert takes no count, a refused one neither.
+    let syn_less = Tuple {
+        proto: 6,
+        ..flow_from(b, 50)
+    };
+    assert!(matches!(
+        ct.insert(syn_less, syn_less.invert(), limited(), &tcp(ACK), s(1)),
+        Err(InsertError::Invalid(_))
+    ));
+    let again = flow_from(b, 0);
+    assert!(matches!(
+        ct.insert(again, again.invert(), limited(), &UDP, s(1)),
+        Err(InsertError::SourceLimit)
+    ));
+    assert_eq!(ct.source_count(&again), 5);
+    // Removed by id: one more fits.
+    assert!(ct.remove(ids[0]));
+    assert_eq!(ct.source_count(&sixth), 4);
+    ct.insert(sixth, sixth.invert(), limited(), &UDP, s(1))
+        .unwrap();
+    // Retained away.
+    assert_eq!(ct.retain(s(1), |v| v.orig != sixth), 1);
+    assert_eq!(ct.source_count(&sixth), 4);
+    // Expired and swept (UDP: 30 s): every count comes back.
+    ct.sweep(s(40), 1000);
+    assert!(ct.is_empty());
+    assert_eq!((ct.source_count(&sixth), ct.source_count(&again)), (0, 0));
+    for i in 0..5 {
+        let t = flow_from(a, 200 + i);
+        ct.insert(t, t.invert(), limited(), &UDP, s(40)).unwrap();
+    }
+    ct.check_invariants().unwrap();
+}
+
+/// Without `max_per_source` (the default) the tag bit is ignored: nothing is limited and
+/// entries do not carry the bit.
+#[test]
+fn without_a_limit_the_tag_bit_is_ignored() {
+    let ct = table(64);
+    for i in 0..40 {
+        let t = flow_from(ip(10, 244, 1, 2), i);
+        let h = ct.insert(t, t.invert(), limited(), &UDP, s(1)).unwrap();
+        assert!(!h.status.has(CtStatus::SOURCE_LIMITED));
+    }
+    assert_eq!(ct.source_count(&flow_from(ip(10, 244, 1, 2), 0)), 0);
+}
+
+/// Early drop of an unassured entry to make room gives its source's count back.
+#[test]
+fn an_early_dropped_entry_gives_its_count_back() {
+    let ct = Conntrack::new(CtConfig {
+        max_entries: 4,
+        max_per_source: 3,
+        ..CtConfig::default()
+    })
+    .unwrap();
+    let a = ip(10, 244, 1, 2);
+    for i in 0..3 {
+        let t = flow_from(a, i);
+        ct.insert(t, t.invert(), limited(), &UDP, s(1)).unwrap();
+    }
+    // Fill the table from elsewhere; each further insert early-drops one of them.
+    let mut n = 0;
+    for i in 0..20 {
+        let t = flow_from(ip(10, 244, 2, i as u8), i);
+        if ct
+            .insert(t, t.invert(), CtTag::default(), &UDP, s(2))
+            .is_ok()
+        {
+            n += 1;
+        }
+    }
+    assert!(n > 0);
+    let left = ct.dump(s(2)).iter().filter(|v| v.orig.src == a).count() as u32;
+    assert_eq!(ct.source_count(&flow_from(a, 0)), left);
+    ct.check_invariants().unwrap();
+}
+
+/// A TCP connection's whole life (handshake, both FINs, TIME_WAIT, expiry and sweep) gives its
+/// source's count back.
+#[test]
+fn a_closed_tcp_connection_gives_its_count_back() {
+    let ct = Conntrack::new(CtConfig {
+        max_entries: 64,
+        max_per_source: 1,
+        ..CtConfig::default()
+    })
+    .unwrap();
+    let o = tcp_t(40000, 80);
+    let r = o.invert();
+    ct.insert(o, r, limited(), &tcp(SYN), s(1)).unwrap();
+    assert_eq!(ct.source_count(&o), 1);
+    for (dir, f) in [
+        (Dir::Reply, SYN | ACK),
+        (Dir::Original, ACK),
+        (Dir::Original, FIN | ACK),
+        (Dir::Reply, FIN | ACK),
+        (Dir::Original, ACK),
+    ] {
+        pkt(&ct, &o, &r, dir, f, s(2));
+    }
+    let h = ct.lookup(&o, s(2)).unwrap();
+    assert_eq!(h.state, CtState::TimeWait);
+    assert!(h.status.has(CtStatus::SOURCE_LIMITED));
+    let o2 = tcp_t(40001, 80);
+    assert_eq!(
+        ct.insert(o2, o2.invert(), limited(), &tcp(SYN), s(3))
+            .unwrap_err(),
+        InsertError::SourceLimit
+    );
+    ct.sweep(s(200), 1000);
+    assert!(ct.is_empty());
+    assert_eq!(ct.source_count(&o), 0);
+    ct.insert(o2, o2.invert(), limited(), &tcp(SYN), s(200))
+        .unwrap();
+}

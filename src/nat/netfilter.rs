@@ -108,8 +108,8 @@ use arc_swap::ArcSwap;
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
 use crate::conntrack::{
-    Conntrack, ConntrackOf, CtConfig, CtConfigError, CtFamily, CtHit, CtId, CtTables, CtTag, Dir,
-    InsertError, Pkt, Track,
+    Conntrack, ConntrackOf, CtConfig, CtConfigError, CtFamily, CtHit, CtId, CtStatus, CtTables,
+    CtTag, Dir, InsertError, Pkt, Track,
 };
 use crate::l3::route::RouteAddr;
 use crate::l3::router::{ErrorNat, Hook};
@@ -695,9 +695,14 @@ impl Netfilter {
         self.counters.snapshot()
     }
 
-    /// Expires connections incrementally (at most `budget` slots per call).
+    /// Expires connections incrementally (at most `budget` slots per call of each table; the
+    /// IPv6 table once it is made: its expired entries would otherwise stay until an insert
+    /// needs their room, holding their sources' counts against `max_per_source`).
     pub(crate) fn sweep(&self, now: Instant, budget: usize) {
         self.conntrack().sweep(now, budget);
+        if let Some(ct6) = self.tables.if_made::<Ipv6Addr>() {
+            ct6.sweep(now, budget);
+        }
     }
 
     /// Hints the CPU to fetch the conntrack buckets of an IPv4 packet's tuple (TCP or UDP,
@@ -941,6 +946,12 @@ impl Netfilter {
                 }
             }
         };
+        // A pod is known by its address: sources in the cluster CIDR (every source without
+        // one) count against the per-source limit, if the table has one. Clients outside it
+        // (a NodePort's, often a load balancer's few addresses standing for many) do not.
+        if !outside(t.src) {
+            tag.status.0 |= CtStatus::SOURCE_LIMITED;
+        }
         let hit = match ct.insert(t, fin.invert(), tag, pkt, now) {
             Ok(h) => h,
             Err(InsertError::Clash {
@@ -954,6 +965,7 @@ impl Netfilter {
                 return Hook::Drop(DropReason::NatExhausted)
             }
             Err(InsertError::Full) => return Hook::Drop(DropReason::CtFull),
+            Err(InsertError::SourceLimit) => return Hook::Drop(DropReason::CtLimit),
             Err(InsertError::Invalid(_)) if ct.config().liberal => return Hook::Accept,
             Err(InsertError::Invalid(_)) => return Hook::Drop(DropReason::CtInvalid),
         };

@@ -11,6 +11,7 @@ mod busy_poll;
 mod conntrack_zones;
 mod ipv6_only;
 mod layers;
+mod martian;
 mod nat;
 mod nat_errors;
 mod nat_restart;

@@ -10,6 +10,7 @@ mod common;
 mod netns_bridge;
 mod netns_busy_poll;
 mod netns_live;
+mod netns_martian;
 mod netns_multi_queue;
 mod netns_nat;
 mod netns_persist;

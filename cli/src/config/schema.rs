@@ -670,6 +670,13 @@ pub const CONNTRACK: Section = Section {
             Dflt::Bool(false),
             "pick up TCP mid-stream, let invalid packets through",
         ),
+        key(
+            "max_per_source",
+            int(0, 1 << 26),
+            Dflt::Int(0),
+            "entries one source address in the cluster CIDR (a pod) may hold, per family; \
+             its further new connections are refused (ct_limit); 0: no limit, as Linux",
+        ),
     ],
 };
 

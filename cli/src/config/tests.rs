@@ -506,3 +506,15 @@ fn cidr_relations() {
     assert!("10.0.0.0/33".parse::<Cidr>().is_err());
     assert_eq!(LineMap::new("a\nb\nc").line(2), 2);
 }
+
+#[test]
+fn the_per_pod_connection_limit_is_checked() {
+    let e = errors(&format!("{EXAMPLE}\n[conntrack]\nmax_per_source = -1\n")).join("\n");
+    assert!(e.contains("max_per_source = -1 is out of range"), "{e}");
+    let e = errors(&format!(
+        "{EXAMPLE}\n[conntrack]\nmax_per_source = \"many\"\n"
+    ))
+    .join("\n");
+    assert!(e.contains("max_per_source"), "{e}");
+    assert!(errors(&format!("{EXAMPLE}\n[conntrack]\nmax_per_source = 1000\n")).is_empty());
+}

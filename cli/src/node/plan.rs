@@ -563,10 +563,14 @@ impl Built {
         if let Some(nf) = node.dp.control().netfilter() {
             let ct = nf.conntrack();
             log::info!(
-                "conntrack: at most {} connections ({} MiB reserved){}",
+                "conntrack: at most {} connections ({} MiB reserved){}{}",
                 ct.config().max_entries,
                 ct.memory_bytes() >> 20,
-                if ct.config().liberal { ", liberal" } else { "" }
+                if ct.config().liberal { ", liberal" } else { "" },
+                match ct.config().max_per_source {
+                    0 => String::new(),
+                    n => format!(", at most {n} per pod address"),
+                }
             );
             let ct6 = nf.conntrack_of::<std::net::Ipv6Addr>();
             log::info!(

@@ -291,6 +291,8 @@ fn conntrack_settings_map_to_the_library() {
     let linux = CtTimeouts::default();
     assert_eq!(d.max_entries, 262_144);
     assert!(!d.liberal);
+    // No per-pod limit unless asked for, as Linux.
+    assert_eq!(d.max_per_source, 0);
     // kube-proxy's --conntrack-tcp-timeout-established and -close-wait.
     assert_eq!(d.timeouts.tcp_established, Duration::from_secs(86_400));
     assert_eq!(d.timeouts.tcp_close_wait, Duration::from_secs(3_600));
@@ -312,6 +314,9 @@ fn conntrack_settings_map_to_the_library() {
     let t = c.conntrack;
     assert_eq!(t.max_entries, 1000);
     assert!(t.liberal);
+    let limited = cfg(&format!("{EXAMPLE}\n[conntrack]\nmax_per_source = 500\n"));
+    assert_eq!(limited.conntrack.max_per_source, 500);
+    assert_eq!(limited.conntrack6().max_per_source, 500);
     let s = Duration::from_secs;
     assert_eq!(
         (t.timeouts.tcp_syn_sent, t.timeouts.tcp_syn_recv),

@@ -8,6 +8,7 @@
 mod common;
 
 mod cni_node;
+mod ct_limit;
 mod dual_stack;
 mod frags;
 mod ipv6_only;

@@ -1090,3 +1090,65 @@ fn a_full_tmpfs_is_an_error_at_open_not_a_sigbus_later() {
     }
     drop(ct);
 }
+
+/// The per-source counts are not in the file: a reopened table counts its kept entries
+/// again, so a source at its limit is still at it, and entries expired at the reopen are not
+/// counted.
+#[test]
+fn per_source_counts_are_rebuilt_at_open() {
+    let f = TempFile::new("persrc");
+    let t0 = now();
+    let c = CtConfig {
+        max_per_source: 4,
+        ..cfg(256)
+    };
+    let tag = CtTag {
+        status: crate::conntrack::CtStatus(crate::conntrack::CtStatus::SOURCE_LIMITED),
+        ..CtTag::default()
+    };
+    let (ct, _) = Conntrack::open_file(c, &f.0, t0).unwrap();
+    let mk = |i: u16, proto: u8| {
+        let o = Tuple {
+            src: Ipv4Addr::new(10, 244, 1, 2),
+            dst: Ipv4Addr::new(10, 96, 0, 10),
+            sport: 30_000 + i,
+            dport: 80,
+            proto,
+            zone: 0,
+        };
+        (o, o.invert())
+    };
+    // Two TCP (SYN_SENT: 120 s) and two UDP (30 s) connections: the limit.
+    for (i, proto) in [(0, 6), (1, 6), (2, 17), (3, 17)] {
+        let (o, r) = mk(i, proto);
+        let p = if proto == 6 { syn() } else { UDP };
+        ct.insert(o, r, tag, &p, t0).unwrap();
+    }
+    let (o, r) = mk(9, 17);
+    assert_eq!(
+        ct.insert(o, r, tag, &UDP, t0).unwrap_err(),
+        InsertError::SourceLimit
+    );
+    drop(ct);
+    let (ct, _) = Conntrack::open_file(c, &f.0, t0).unwrap();
+    assert_eq!(ct.source_count(&o), 4);
+    assert_eq!(
+        ct.insert(o, r, tag, &UDP, t0).unwrap_err(),
+        InsertError::SourceLimit
+    );
+    drop(ct);
+    // 31 s later the UDP flows are gone at the open: two connections fit again.
+    let t1 = t0 + Duration::from_secs(31);
+    let (ct, rec) = Conntrack::open_file(c, &f.0, t1).unwrap();
+    assert_eq!((rec.kept, rec.expired), (2, 2));
+    assert_eq!(ct.source_count(&o), 2);
+    for i in 10..12 {
+        let (o, r) = mk(i, 17);
+        ct.insert(o, r, tag, &UDP, t1).unwrap();
+    }
+    assert_eq!(
+        ct.insert(o, r, tag, &UDP, t1).unwrap_err(),
+        InsertError::SourceLimit
+    );
+    ct.check_invariants().unwrap();
+}

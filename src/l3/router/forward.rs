@@ -85,6 +85,21 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
         sink: &mut dyn Sink,
     ) -> L3;
 
+    /// A source address as a batch's memo of the last source that passed keeps it
+    /// ([`Memo::source_ok`]): its bytes as a native-endian word (no byte swap).
+    type SourceKey: Copy + PartialEq;
+    /// A key that no packet's source has on this path: the memo's empty value (IPv4: a
+    /// 64-bit word above 32 bits; IPv6: all ones, a multicast address, which [`Self::check`]
+    /// refuses as a source).
+    const NO_SOURCE: Self::SourceKey;
+    /// `src` as a [`Self::SourceKey`].
+    fn source_key(src: Self) -> Self::SourceKey;
+    /// True when `src` is a martian source of this family by its range alone, or by the
+    /// family's own rule (IPv4: an interface's directed broadcast); `dst` for IPv4's one
+    /// exception, `0.0.0.0` to the limited broadcast (DHCP). The router's own addresses
+    /// are checked by [`Router::martian_source`] for both families.
+    fn martian_src(r: &Router, src: Self, dst: Self) -> bool;
+
     /// True when an ICMP error may be sent about the datagram `l3` (RFC 1122 / RFC 4443).
     fn may_send_icmp_error(l3: &[u8], info: &Self::Info, l2_group_dst: bool) -> bool;
     /// The family's ICMP type, code and second word for `err`.
@@ -255,6 +270,13 @@ impl Router {
         b.set_len(l3 + A::facts(&info).total_len);
         if let Some(v) = A::early(self, b, rx, &info, sink) {
             return v;
+        }
+        // Martian sources, before the hook so that they make no connection (see
+        // `martian_source`): one compare for a batch's packets from one source.
+        if A::source_key(A::facts(&info).src) != A::memo(ctx).source_ok
+            && self.martian_source(A::memo(ctx), &info)
+        {
+            return L3::Drop(DropReason::MartianSource);
         }
         match hook.prerouting(self, ctx, b, l3, &mut info, now) {
             Hook::Accept => {}
@@ -455,6 +477,26 @@ impl Router {
             return L3::Drop(DropReason::FragMalformed);
         }
         L3::Local
+    }
+
+    /// True when the source of the packet `info` the router takes in (to forward or to one of its
+    /// own addresses), is martian, as Linux's `ip_route_input_slow` (IPv4, `martian_source`)
+    /// and `ip6_rcv_core` / `ip6_forward` (IPv6) find: a source of the family's martian
+    /// ranges ([`RouterFamily::martian_src`]), or one of the router's own addresses (a pod
+    /// impersonating its gateway or its node, whose address would escape masquerade; Linux's
+    /// `fib_validate_source`). Otherwise the source is remembered in `memo` for the batch's next
+    /// packets (`0.0.0.0`, allowed only to the limited broadcast, is not).
+    #[cold]
+    #[inline(never)]
+    fn martian_source<A: RouterFamily>(&self, memo: &mut Memo<A>, info: &A::Info) -> bool {
+        let Facts { src, dst, .. } = A::facts(info);
+        if A::martian_src(self, src, dst) || self.local_iface(src).is_some() {
+            return true;
+        }
+        if src != A::UNSPECIFIED {
+            memo.source_ok = A::source_key(src);
+        }
+        false
     }
 
     /// A packet whose next hop is not resolved yet (TTL / hop limit decremented): queued on

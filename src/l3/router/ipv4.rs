@@ -103,6 +103,16 @@ impl RouterFamily for Ipv4Addr {
         r.fragment_out(b, l3, info, out, sink)
     }
 
+    type SourceKey = u64;
+    const NO_SOURCE: u64 = u64::MAX;
+    #[inline(always)]
+    fn source_key(src: Ipv4Addr) -> u64 {
+        u64::from(u32::from_ne_bytes(src.octets()))
+    }
+    fn martian_src(r: &Router, src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+        martian_src(src, dst) || r.is_directed_broadcast(src)
+    }
+
     fn may_send_icmp_error(l3: &[u8], info: &Ipv4Info, l2_group_dst: bool) -> bool {
         ipv4::may_send_icmp_error(l3, info, l2_group_dst)
     }
@@ -142,6 +152,19 @@ impl RouterFamily for Ipv4Addr {
         }
         orig_l3.get(info.hdr_len..ip.total_len())
     }
+}
+
+/// True when `src` is an IPv4 martian source by its range, as Linux's `ip_route_input_slow`:
+/// `0.0.0.0/8` (but `0.0.0.0` itself to the limited broadcast, a DHCP client's, which is
+/// not forwarded anyway), loopback `127.0.0.0/8` (Linux's `route_localnet` off), multicast
+/// `224.0.0.0/4`, the limited broadcast, and the reserved `240.0.0.0/4` (class E: dropped as
+/// nothing in a cluster uses it).
+fn martian_src(src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+    let first = src.octets()[0];
+    if first == 0 {
+        return !(src.is_unspecified() && dst.is_broadcast());
+    }
+    first == 127 || first >= 224
 }
 
 impl Router {

@@ -147,6 +147,15 @@ impl RouterFamily for Ipv6Addr {
     fn unroutable_src(i: &Ipv6Info) -> Option<DropReason> {
         ipv6::is_link_local(&i.src).then_some(DropReason::Ipv6LinkLocal)
     }
+    type SourceKey = u128;
+    const NO_SOURCE: u128 = u128::MAX;
+    #[inline(always)]
+    fn source_key(src: Ipv6Addr) -> u128 {
+        u128::from_ne_bytes(src.octets())
+    }
+    fn martian_src(_: &Router, src: Ipv6Addr, _: Ipv6Addr) -> bool {
+        martian_src(src)
+    }
     fn refuse_local(_: &Iface) -> Option<DropReason> {
         None
     }
@@ -204,6 +213,18 @@ impl RouterFamily for Ipv6Addr {
         }
         orig_l3.get(info.l4_off..info.total_len())
     }
+}
+
+/// True when `src` is an IPv6 martian source by its range, as Linux's `ip6_rcv_core` and
+/// `ip6_forward`: the unspecified address `::` (DAD's, never forwarded; NDP is taken before),
+/// loopback `::1` (RFC 4291 2.5.3), multicast `ff00::/8` (RFC 4291 2.7), and IPv4-mapped
+/// `::ffff:0:0/96` (Linux drops those on input, as security rules could be fooled by
+/// `::ffff:127.0.0.1`).
+fn martian_src(src: Ipv6Addr) -> bool {
+    src.is_unspecified()
+        || src.is_loopback()
+        || src.is_multicast()
+        || src.to_ipv4_mapped().is_some()
 }
 
 impl Router {

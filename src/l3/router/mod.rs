@@ -382,16 +382,22 @@ pub(crate) struct L3Batch<'a> {
 pub(crate) type Decision<A> = (IfaceId, A, MacAddr);
 
 /// One family's memo of a batch: the most recent decision (destination, decision), checked
-/// inline, and the older ones.
-pub(crate) struct Memo<A> {
+/// inline, and the older ones; and the last source address found not to be martian (see
+/// [`Router::martian_source`]), so that a batch's packets from one source (one pod's) pay
+/// one compare.
+pub(crate) struct Memo<A: RouterFamily> {
     pub(crate) last: Option<(A, Decision<A>)>,
     pub(crate) older: Older<A, Decision<A>>,
+    /// The last source that passed the martian check; at first
+    /// [`RouterFamily::NO_SOURCE`], which no source has.
+    pub(crate) source_ok: A::SourceKey,
 }
 
-impl<A: Copy + PartialEq> Memo<A> {
+impl<A: RouterFamily> Memo<A> {
     const EMPTY: Self = Memo {
         last: None,
         older: Older::EMPTY,
+        source_ok: A::NO_SOURCE,
     };
 }
 

@@ -24,6 +24,7 @@ per_family!(
     a_changed_cluster_ip_flushes_the_old_frontends_udp_flows_only,
     a_single_family_services_node_port_does_not_answer_in_the_other_family,
     a_syn_to_a_node_address_without_a_listener_gets_a_reset,
+    a_pod_at_its_connection_limit_is_refused_while_others_connect,
 );
 
 fn pod_to_cluster_ip_spreads_over_endpoints_and_replies_come_from_the_cluster_ip(p: Plan) {
@@ -630,4 +631,44 @@ fn a_syn_to_a_node_address_without_a_listener_gets_a_reset(p: Plan) {
     bad[last] ^= 0xff;
     let (v, out) = send(&mut n, ETH0, &bad);
     assert!(out.is_empty(), "{v:?} {out:?}");
+}
+
+/// `[conntrack] max_per_source`: pod A at its limit (3 connections, masqueraded and DNAT'd
+/// alike) has its next new connection dropped as `ct_limit`, while its own connections go on
+/// (a retransmitted SYN finds its entry) and pod B connects; once A's entries expire and are
+/// swept, A connects again.
+fn a_pod_at_its_connection_limit_is_refused_while_others_connect(p: Plan) {
+    let ct = tapyard::conntrack::CtConfig {
+        max_per_source: 3,
+        ..Default::default()
+    };
+    let mut n = node_with(KubeOptions {
+        conntrack: Some(ct),
+        ..KubeOptions::default()
+    });
+    let web = p.svc(0x10);
+    for (sport, dst, dport) in [
+        (40000, p.outside, 443),
+        (40001, p.outside, 443),
+        (40002, web, 80),
+    ] {
+        let (v, _) = send(&mut n, PA, &from_a(&p, sport, dst, dport, SYN));
+        assert!(matches!(v, Verdict::Output(_)), "{sport}: {v:?}");
+    }
+    let (v, out) = send(&mut n, PA, &from_a(&p, 40003, p.outside, 443, SYN));
+    assert_eq!(v, Verdict::Drop(DropReason::CtLimit));
+    assert!(out.is_empty());
+    assert_eq!(drops(&n, DropReason::CtLimit), 1);
+    assert_eq!(ct_len(&n, &p), 3);
+    // A's connections go on.
+    let (v, _) = send(&mut n, PA, &from_a(&p, 40000, p.outside, 443, SYN));
+    assert_eq!(v, Verdict::Output(ETH0));
+    // Pod B is not affected.
+    let b = tcp(POD_B, GW_MAC, p.b, 41000, p.outside, 443, SYN);
+    assert_eq!(send(&mut n, PB, &b).0, Verdict::Output(ETH0));
+    // A's SYN_SENT entries expire (120 s) and are swept: A connects again.
+    tapyard_testkit::tick(&mut n, std::time::Duration::from_secs(125));
+    let (v, _) = send(&mut n, PA, &from_a(&p, 40003, p.outside, 443, SYN));
+    assert_eq!(v, Verdict::Output(ETH0));
+    assert_eq!(drops(&n, DropReason::CtLimit), 1);
 }

@@ -489,6 +489,7 @@ impl Parser<'_> {
             max_entries: self.int_as::<usize>(&mut s, "max_entries"),
             liberal: self.boolean(&mut s, "liberal"),
             timeouts: t,
+            max_per_source: self.int_as::<u32>(&mut s, "max_per_source"),
         };
         (ct, max_entries6)
     }
