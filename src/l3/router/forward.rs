@@ -279,7 +279,7 @@ impl Router {
             _ => m.older.take(dst, &mut m.last).map(|x| x.1),
         };
         if memo.is_none() {
-            if self.local_iface(dst).is_some() {
+            if self.local_iface(dst).is_some() && !self.is_host_addr(dst.into()) {
                 return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
                     L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
                     other => other,

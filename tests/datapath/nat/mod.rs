@@ -7,6 +7,7 @@
 //! family alone has lives in `ipv4` and `ipv6`.
 
 mod generic;
+mod host;
 mod ipv4;
 mod ipv6;
 
