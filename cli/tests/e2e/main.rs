@@ -9,6 +9,7 @@ mod common;
 
 mod cni_node;
 mod dual_stack;
+mod host_port;
 mod ipv6_only;
 mod netns_node;
 mod podman;
