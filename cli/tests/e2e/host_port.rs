@@ -97,7 +97,26 @@ impl Names {
         }
     }
 
-    fn config(&self) -> String {
+    /// The config, with the host port or (`host` false) without it and without `hostsvc`'s
+    /// endpoint on the node.
+    fn config(&self, host: bool) -> String {
+        let full = self.config_with_host();
+        if host {
+            return full;
+        }
+        let without = full.replace(
+            &format!(
+                "[[host]]\nname = \"{}\"\naddress = \"{NODE}\"\nroutes = [\"0.0.0.0/0\"]\n",
+                self.host
+            ),
+            "",
+        );
+        let without = without.replace(&format!("\"{NODE}:{NODE_PORT_SRV}\""), "");
+        assert_ne!(without, full);
+        without
+    }
+
+    fn config_with_host(&self) -> String {
         format!(
             r#"{node}service_cidr = "10.97.0.0/16"
 
@@ -300,7 +319,7 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
         g.ns(ns);
     }
     run(&["ip", "-n", &n.ns_node, "link", "set", "lo", "up"]);
-    std::fs::write(&n.config, n.config()).unwrap();
+    std::fs::write(&n.config, n.config(true)).unwrap();
     let check = run(&[TAPYARD, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
     g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
@@ -356,6 +375,48 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
     wait_for_socket(g.children.last_mut(), &n.socket);
     cases(&n);
     show_ports(&n);
+
+    // Removing the host port: a reload refuses it (a restart is needed); a takeover with the
+    // new file removes it (its TAP and the kernel's routes go) while the pod keeps working;
+    // another takeover brings it back.
+    std::fs::write(&n.config, n.config(false)).unwrap();
+    let out = tapyard_at(&n.socket, &["reload"]);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && text.contains(&format!("host \"{}\" removed", n.host)),
+        "{text}"
+    );
+    for (i, host) in [(3, false), (4, true)] {
+        std::fs::write(&n.config, n.config(host)).unwrap();
+        let log = dir.join(format!("run{i}.log"));
+        g.logs.push(log.clone());
+        let next = tapyard_run(Some(&n.ns_node), &n.config, &["--takeover"], &log)
+            .spawn()
+            .expect("tapyard run --takeover");
+        let mut old = g.children.pop().expect("the running node");
+        g.children.push(next);
+        let st = wait_output_status(&mut old, 20);
+        assert!(st.success(), "the old process exited with {st}");
+        wait_for_socket(g.children.last_mut(), &n.socket);
+        let ports = tapyard_ok_at(&n.socket, &["show", "ports"]);
+        assert_eq!(ports.contains(&n.host), host, "{ports}");
+        let node_ns = ns_named(&n.ns_node);
+        assert!(
+            eventually(std::time::Duration::from_secs(5), || node_ns
+                .has_link(&n.host)
+                == host),
+            "the host TAP is {}in the node's namespace",
+            if host { "not " } else { "still " }
+        );
+        if host {
+            cases(&n);
+            show_ports(&n);
+        } else {
+            all_from(&n.ns_out, NODE, 30080, "pod-a", GW);
+            all_from(&n.ns_a, OUTSIDE, 9000, "outside", NODE);
+        }
+    }
 }
 
 /// Waits (at most `secs`) for `c` to exit: its status.
