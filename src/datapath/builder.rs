@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::Ipv6Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
@@ -197,6 +197,8 @@ pub struct DatapathBuilder {
     recovery: Option<Recovery>,
     recovery6: Option<Recovery>,
     tunnels: Vec<Tunnel>,
+    /// The host port ([`DatapathBuilder::host_port`]).
+    host: Option<crate::l3::router::HostPort>,
 }
 
 /// Where the IPv6 connection table lives beside the IPv4 one at `path`
@@ -222,6 +224,7 @@ impl Default for DatapathBuilder {
             ct6_handed_over: None,
             recovery: None,
             recovery6: None,
+            host: None,
             tunnels: Vec::new(),
         }
     }
@@ -648,10 +651,62 @@ impl DatapathBuilder {
         self.ct6_handed_over = Some(file);
     }
 
+    /// Makes router interface `iface` (one without a bridge, added before) the host port: its
+    /// other side is the host's own IP stack, which holds `addrs` (at most one per family;
+    /// typically the node's InternalIP, which may also be an uplink's address). At
+    /// [`DatapathBuilder::build`] each address gets the host route `addr/32` (`addr/128`)
+    /// through `iface`, and a packet to it that the PREROUTING hook (NAT) leaves addressed to
+    /// it is forwarded there instead of being answered by the router
+    /// ([`Router::is_host_addr`]). Errors name the field and value.
+    pub fn host_port(&mut self, iface: IfaceId, addrs: &[IpAddr]) -> Result<(), ConfigError> {
+        let Some(i) = self.ifaces.get(usize::from(iface.0)) else {
+            return Err(ConfigError::OutOfRange {
+                field: "iface",
+                value: iface.0.to_string(),
+                expected: "a router interface added before",
+            });
+        };
+        if i.bridge.is_some() || self.tunnels.iter().any(|t| t.iface == iface) {
+            return Err(ConfigError::OutOfRange {
+                field: "iface",
+                value: i.cfg.name.clone(),
+                expected:
+                    "a router interface with a port of its own (not on a bridge, not a tunnel)",
+            });
+        }
+        let mut slots: [Option<IpAddr>; 2] = [None, None];
+        for a in addrs {
+            let slot = usize::from(a.is_ipv6());
+            let bad = slots[slot].is_some()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || a.is_loopback()
+                || matches!(a, IpAddr::V6(v6) if crate::wire::ipv6::is_link_local(v6));
+            if bad {
+                return Err(ConfigError::OutOfRange {
+                    field: "address",
+                    value: a.to_string(),
+                    expected: "one unicast address per family, not link-local",
+                });
+            }
+            slots[slot] = Some(*a);
+        }
+        self.host = Some(crate::l3::router::HostPort {
+            iface,
+            addrs: slots,
+        });
+        Ok(())
+    }
+
     /// Finishes the datapath.
     pub fn build(self) -> Datapath {
+        let host = self.host;
         let router = (!self.ifaces.is_empty()).then(|| {
-            let r = Router::new(self.ifaces, NeighTable::new(self.neigh));
+            let mut r = Router::new(self.ifaces, NeighTable::new(self.neigh));
+            if let Some(h) = host {
+                add_host_routes(&r, &h);
+                r.host = Some(h);
+            }
             // Interface ids were checked to fit 16 bits as they were added.
             for (id, iface) in (0..=u16::MAX).map(IfaceId).zip(&r.ifaces) {
                 let c = &iface.cfg;
@@ -705,6 +760,32 @@ impl DatapathBuilder {
             router,
             shards: Mutex::new(Vec::new()),
             last_sweep: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The host routes of the host port `h`: `addr/32` (`addr/128`) through its interface, as
+/// connected routes (`proto kernel scope link`).
+fn add_host_routes(r: &Router, h: &crate::l3::router::HostPort) {
+    for a in h.addrs.iter().flatten() {
+        // A route already there (the same prefix given twice) keeps the first one.
+        match *a {
+            IpAddr::V4(a) => drop(r.routes.add(Route {
+                prefix: a,
+                len: 32,
+                next_hop: NextHop::Link(h.iface),
+                metric: 0,
+                proto: RouteProto::Kernel,
+                src: r.iface(h.iface).and_then(|i| i.cfg.addr4()),
+            })),
+            IpAddr::V6(a) => drop(r.routes6.add(Route {
+                prefix: a,
+                len: 128,
+                next_hop: NextHop::Link(h.iface),
+                metric: 256,
+                proto: RouteProto::Kernel,
+                src: None,
+            })),
         }
     }
 }

@@ -42,6 +42,12 @@ pub const PA: PortId = PortId(0);
 pub const PB: PortId = PortId(1);
 /// The uplink's port.
 pub const ETH0: PortId = PortId(3);
+/// The host port's port ([`KubeOptions::host_port`]).
+pub const HOST0: PortId = PortId(4);
+/// The host port's MAC (`host0`, tapyard's side).
+pub const HOST_MAC: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 4]);
+/// The host's MAC (the kernel's side of the host port).
+pub const KERNEL: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x99]);
 
 /// One family's addresses on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +76,9 @@ pub struct Plan {
     pub pod_len: u8,
     /// The Service CIDR's first address (10.96.0.0, fd00:10:96::); see [`Plan::svc`].
     pub services: IpAddr,
+    /// The host port's own address, tapyard's side (169.254.0.1, fd00:a9fe::1), with
+    /// [`KubeOptions::host_port`].
+    pub host_gw: IpAddr,
 }
 
 const fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
@@ -97,6 +106,7 @@ impl Plan {
         cluster: (v4(10, 244, 0, 0), 16),
         pod_len: 24,
         services: v4(10, 96, 0, 0),
+        host_gw: v4(169, 254, 0, 1),
     };
 
     /// IPv6's addresses.
@@ -113,6 +123,7 @@ impl Plan {
         cluster: (v6([0xfd00, 0x10, 0x244, 0, 0, 0, 0, 0]), 56),
         pod_len: 64,
         services: v6([0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0]),
+        host_gw: v6([0xfd00, 0xa9fe, 0, 0, 0, 0, 0, 1]),
     };
 
     /// Whether this is IPv6's plan.
@@ -159,6 +170,10 @@ pub struct KubeOptions<'a> {
     pub fdb_max_entries: Option<usize>,
     /// The limit of client-affinity entries.
     pub max_affinity_entries: Option<usize>,
+    /// A host port `host0` ([`HOST0`], [`HOST_MAC`], address [`Plan::host_gw`] /32 or
+    /// /128), the host behind it holding the node's address ([`Plan::node`], as the uplink
+    /// does) at [`KERNEL`] (a static neighbour).
+    pub host_port: bool,
 }
 
 /// The node's interfaces, for a test that adds routes or neighbours, and how its table
@@ -169,6 +184,8 @@ pub struct Ifaces {
     pub cni0: IfaceId,
     /// `eth0`.
     pub eth0: IfaceId,
+    /// `host0`, with [`KubeOptions::host_port`].
+    pub host0: Option<IfaceId>,
     /// With [`KubeOptions::conntrack_file`]: whether the IPv4 table was made or reused.
     pub opened: Option<Opened>,
 }
@@ -207,6 +224,18 @@ pub fn kube_node(opts: KubeOptions<'_>) -> Node<Ifaces> {
         .add_router_iface(iface("eth0", UP_MAC, |p| p.node, 24), None)
         .expect("eth0");
     assert_eq!(port, ETH0);
+    let host0 = opts.host_port.then(|| {
+        let (IpAddr::V4(g4), IpAddr::V6(g6)) = (Plan::V4.host_gw, Plan::V6.host_gw) else {
+            unreachable!()
+        };
+        let mut c = IfaceConfig::new("host0", HOST_MAC, g4, 32);
+        c.addr6 = Some((g6, 128));
+        let (host0, port) = b.add_router_iface(c, None).expect("host0");
+        assert_eq!(port, HOST0);
+        b.host_port(host0, &[Plan::V4.node, Plan::V6.node])
+            .expect("the host port");
+        host0
+    });
     let prefix4 = |(a, len): (IpAddr, u8)| match a {
         IpAddr::V4(a) => Prefix::new(a, len),
         IpAddr::V6(_) => unreachable!(),
@@ -273,8 +302,20 @@ pub fn kube_node(opts: KubeOptions<'_>) -> Node<Ifaces> {
         ] {
             c.add_static_neigh(i, ip, mac, now).expect("a neighbour");
         }
+        if let Some(h) = host0 {
+            c.add_static_neigh(h, p.node, KERNEL, now)
+                .expect("the host's neighbour");
+        }
     }
-    let mut n = Node::with(dp, Ifaces { cni0, eth0, opened });
+    let mut n = Node::with(
+        dp,
+        Ifaces {
+            cni0,
+            eth0,
+            host0,
+            opened,
+        },
+    );
     n.now = now;
     for (p, mac) in [(PA, POD_A), (PB, POD_B)] {
         n.announce(p, mac);

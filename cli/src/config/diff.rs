@@ -499,6 +499,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     if old.neigh != new.neigh {
         restart.push("[neigh] changed".into());
     }
+    host_changes(old, new, &mut restart);
     if !restart.is_empty() {
         return Err(restart
             .into_iter()
@@ -676,3 +677,26 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
 
 #[cfg(test)]
 mod tests;
+
+/// The host port's changes, each of which needs a restart: its router interface is part of
+/// the datapath's topology, and its kernel side's address and routes are set as it starts
+/// (`tapyard run --takeover` restarts without losing a connection or a port).
+fn host_changes(old: &Config, new: &Config, restart: &mut Vec<String>) {
+    let names = |c: &Config| c.hosts.iter().map(|h| h.name.clone()).collect::<Vec<_>>();
+    for h in &new.hosts {
+        match old.hosts.iter().find(|o| o.name == h.name) {
+            None => restart.push(format!("host {:?} added", h.name)),
+            Some(o) if o.value != h.value => restart.push(format!("host {:?} changed", h.name)),
+            Some(_) => {}
+        }
+    }
+    for o in old.hosts.iter().filter(|o| !names(new).contains(&o.name)) {
+        restart.push(format!("host {:?} removed", o.name));
+    }
+    let (on, nn) = (&old.node, &new.node);
+    if (on.service_cidr, on.service_cidr6) != (nn.service_cidr, nn.service_cidr6)
+        && !(old.hosts.is_empty() && new.hosts.is_empty())
+    {
+        restart.push("node.service_cidr changed (routed through the host port)".into());
+    }
+}

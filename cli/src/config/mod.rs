@@ -104,6 +104,10 @@ pub struct NodeCfg {
     pub node_port_range: (u16, u16),
     /// TAP devices with virtio-net headers and checksum/TSO offloads.
     pub offload: bool,
+    /// Every IPv4 ClusterIP (routed through the [`HostCfg`] port by the node's kernel).
+    pub service_cidr: Option<Cidr>,
+    /// Every IPv6 ClusterIP.
+    pub service_cidr6: Option<Cidr6>,
 }
 
 impl NodeCfg {
@@ -171,6 +175,24 @@ pub struct UplinkCfg {
     /// Its MAC; `None`: derived from the node's and the uplink's names.
     pub mac: Option<MacAddr>,
     /// Its MTU.
+    pub mtu: u16,
+}
+
+/// `[[host]]`: the host port, a TAP in tapyard's namespace whose kernel side is the node's own
+/// IP stack (as Antrea's `antrea-gw0`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostCfg {
+    /// The TAP's (and its router interface's) name.
+    pub name: String,
+    /// The node's address, held by the kernel side as a /32.
+    pub address: Ipv4Addr,
+    /// tapyard's side's address (a /32): the kernel's next hop.
+    pub gateway: Ipv4Addr,
+    /// More prefixes the kernel routes through it.
+    pub routes: Vec<IpCidr>,
+    /// tapyard's side's MAC; `None`: derived from the node's and the port's names.
+    pub mac: Option<MacAddr>,
+    /// The MTU of both sides.
     pub mtu: u16,
 }
 
@@ -395,6 +417,8 @@ pub struct Config {
     pub bridges: Vec<Located<BridgeCfg>>,
     /// `[[uplink]]`s.
     pub uplinks: Vec<Located<UplinkCfg>>,
+    /// `[[host]]` (at most one: `check` says so).
+    pub hosts: Vec<Located<HostCfg>>,
     /// `[[route]]`s.
     pub routes: Vec<Located<RouteCfg>>,
     /// `[[neighbor]]`s.

@@ -191,6 +191,12 @@ pub const NODE: Section = Section {
             Dflt::Bool(true),
             "TAPs with virtio-net headers, checksum/TSO offloads",
         ),
+        key(
+            "service_cidr",
+            Ty::Addrs("\"10.96.0.0/12\""),
+            Dflt::Unset("none: no Service route through the [[host]] port"),
+            "every ClusterIP (kube-apiserver's --service-cluster-ip-range): the node's kernel routes it through the [[host]] port",
+        ),
     ],
 };
 
@@ -277,6 +283,51 @@ pub const UPLINK: Section = Section {
             "the interface's MAC",
         ),
         MTU,
+    ],
+};
+
+/// `[[host]]`: the host port, as Antrea's `antrea-gw0`.
+pub const HOST: Section = Section {
+    name: "host",
+    array: true,
+    help: "the host port: a TAP in tapyard's namespace whose kernel side is the node's own IP stack (at most one)",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("tapyard0"),
+            Dflt::Required("the TAP's name, like \"tapyard0\""),
+            "the TAP (and its router interface)",
+        ),
+        key(
+            "address",
+            Ty::Str("172.18.0.2"),
+            Dflt::Required("the node's address, like \"172.18.0.2\" (its InternalIP, typically the uplink's)"),
+            "the node's address: the kernel side holds it as a /32; packets to it that no NodePort or reply translates go to the kernel",
+        ),
+        key(
+            "gateway",
+            Ty::Str("169.254.0.1"),
+            Dflt::Str("169.254.0.1"),
+            "tapyard's side (a /32 router interface address): the kernel's next hop, and the source of what is masqueraded to the node",
+        ),
+        key(
+            "routes",
+            Ty::Strings("[\"0.0.0.0/0\"]"),
+            Dflt::Unset("none: the cluster and Service CIDRs only"),
+            "more prefixes the kernel routes through it",
+        ),
+        key(
+            "mac",
+            Ty::Str("02:00:a9:fe:00:01"),
+            Dflt::Unset("derived from the node and interface names"),
+            "tapyard's side's MAC",
+        ),
+        key(
+            "mtu",
+            int(68, 65000),
+            Dflt::Int(1500),
+            "the MTU of both sides",
+        ),
     ],
 };
 
@@ -685,6 +736,7 @@ pub const SECTIONS: &[&Section] = &[
     &NODE,
     &BRIDGE,
     &UPLINK,
+    &HOST,
     &ROUTE,
     &NEIGHBOR,
     &SERVICE,

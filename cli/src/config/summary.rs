@@ -23,5 +23,8 @@ pub fn summary(c: &Config) -> String {
             plural(peers, "peer")
         );
     }
+    if let Some(h) = c.hosts.first() {
+        s += &format!(", host port {:?} ({})", h.name, h.address);
+    }
     s
 }

@@ -6,6 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::values::{is_host, is_host6, is_link_local6};
+
+mod host;
 use super::{proto_name, Cidr, Cidr6, Config, Diag, IpCidr, RouteType};
 
 /// The cross-checks between sections, on a parsed configuration.
@@ -96,6 +98,7 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             &mut err,
         );
     }
+    host::check(c, &names, &mut err, &mut warnings);
     // A bridge without `ports` is fine: its pods come through the CNI plugin or `port add`.
     if c.bridges.is_empty() && c.uplinks.is_empty() {
         err(
@@ -655,7 +658,9 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             if !seen.insert(*e) {
                 err(line, format!("{ctx}: endpoint {e} is listed twice"));
             }
-            if !routed(e.ip()) && !c.vxlans.is_empty() && in_cluster(e.ip()) {
+            if host::holds(c, e.ip()) {
+                // The host port's address: the kernel's own sockets behind it.
+            } else if !routed(e.ip()) && !c.vxlans.is_empty() && in_cluster(e.ip()) {
                 // A node that left (its peer removed) while the Service still lists its pods.
                 warnings.push(Diag {
                     line,
@@ -668,7 +673,8 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 err(
                     line,
                     format!(
-                        "{ctx}: endpoint {e} is this node's own address (the node has no sockets)"
+                        "{ctx}: endpoint {e} is this node's own address (the node's sockets are reached through a [[host]] port: add one holding {})",
+                        e.ip()
                     ),
                 );
             }

@@ -128,7 +128,7 @@ impl Node {
             };
             let on_link = |e: &&PortEntry| match e.kind {
                 Kind::Pod => e.bridge.as_deref() == Some(name.as_str()),
-                Kind::Uplink => e.name == *name,
+                Kind::Uplink | Kind::Host => e.name == *name,
             };
             router.announce(iid, |frame| {
                 let buf = PacketBuf::from_frame(frame);

@@ -15,6 +15,7 @@ use crate::ports::{self, Kind, Origin, PortEntry, Registry};
 use crate::state::{self, StateDir};
 
 mod error;
+mod host;
 mod live_ports;
 mod plan;
 mod reload;
@@ -23,7 +24,7 @@ mod tests;
 mod translate;
 
 pub use error::{BoxError, NodeError};
-use plan::{open_config_tap, tap_mtu, tunnel_offload};
+use plan::{config_kind, open_config_tap, tap_mtu, tunnel_offload};
 pub use plan::{Built, Plan};
 pub use translate::{apply_services, service_error, to_nat_rules, to_peer, to_route, to_route6};
 
@@ -122,11 +123,7 @@ impl Node {
         let mut ports: Vec<PortEntry> = Vec::new();
         let mut reattached = 0;
         for (id, name, tap, bridge) in &built.taps {
-            let kind = if bridge.is_some() {
-                Kind::Pod
-            } else {
-                Kind::Uplink
-            };
+            let kind = config_kind(cfg, name, bridge.as_deref());
             // Where the last run left it (moved and renamed, maybe), else in tapyard's
             // namespace by name (attached to if it exists, created if not).
             let rec = cfg_recs

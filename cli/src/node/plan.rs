@@ -33,7 +33,20 @@ pub(super) fn tap_mtu(cfg: &Config, name: &str, bridge: Option<&str>) -> u16 {
             .uplinks
             .iter()
             .find(|u| u.name == name)
-            .map_or(1500, |u| u.mtu),
+            .map(|u| u.mtu)
+            .or_else(|| cfg.hosts.iter().find(|h| h.name == name).map(|h| h.mtu))
+            .unwrap_or(1500),
+    }
+}
+
+/// What config TAP `name` is: a bridge's port (on `bridge`), the host port, or an uplink.
+pub(super) fn config_kind(cfg: &Config, name: &str, bridge: Option<&str>) -> Kind {
+    if bridge.is_some() {
+        Kind::Pod
+    } else if cfg.hosts.iter().any(|h| h.name == name) {
+        Kind::Host
+    } else {
+        Kind::Uplink
     }
 }
 
@@ -225,6 +238,22 @@ impl Plan {
             iface_ids.push((u.name.clone(), iid));
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
+        for h in &cfg.hosts {
+            let gw = config::Cidr {
+                addr: h.gateway,
+                len: 32,
+            };
+            let (iid, pid) = b
+                .add_router_iface(
+                    iface_cfg(&h.name, Some(gw), None, false, h.mac, h.mtu),
+                    None,
+                )
+                .map_err(|e| NodeError::refused(format!("host {:?}", h.name), e))?;
+            b.host_port(iid, &[std::net::IpAddr::V4(h.address)])
+                .map_err(|e| NodeError::refused(format!("host {:?}", h.name), e))?;
+            iface_ids.push((h.name.clone(), iid));
+            taps.push((pid, h.name.clone(), h.name.clone(), None));
+        }
         for v in &cfg.vxlans {
             let mut vc = VxlanConfig::new(
                 v.name.clone(),
@@ -303,11 +332,7 @@ impl Plan {
             tap: tap.clone(),
             ifname: tap.clone(),
             owner: None,
-            kind: if bridge.is_some() {
-                Kind::Pod
-            } else {
-                Kind::Uplink
-            },
+            kind: config_kind(&self.cfg, name, bridge.as_deref()),
             bridge: bridge.clone(),
             link,
             netns: None,
@@ -505,6 +530,7 @@ impl Built {
         }
         let clock = rt.clock();
         let now = clock.now();
+        super::host::configure(&cfg)?;
         for n in &cfg.neighbors {
             add_neighbor(&dp, n, now)?;
         }

@@ -66,6 +66,9 @@ pub enum Kind {
     Pod,
     /// An uplink's TAP (a router interface of its own).
     Uplink,
+    /// The host port's TAP (`[[host]]`: a router interface whose other side is the node's
+    /// own IP stack).
+    Host,
 }
 
 impl Kind {
@@ -74,6 +77,7 @@ impl Kind {
         match self {
             Kind::Pod => "pod",
             Kind::Uplink => "uplink",
+            Kind::Host => "host",
         }
     }
 }

@@ -11,6 +11,7 @@ mod cni_node;
 mod ct_limit;
 mod dual_stack;
 mod frags;
+mod host_port;
 mod ipv6_only;
 mod netns_node;
 mod podman;

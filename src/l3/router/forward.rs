@@ -274,7 +274,7 @@ impl Router {
         // Martian sources, before the hook so that they make no connection (see
         // `martian_source`): one compare for a batch's packets from one source.
         if A::source_key(A::facts(&info).src) != A::memo(ctx).source_ok
-            && self.martian_source(A::memo(ctx), &info)
+            && self.martian_source(A::memo(ctx), &info, rx.in_if)
         {
             return L3::Drop(DropReason::MartianSource);
         }
@@ -295,7 +295,7 @@ impl Router {
             _ => m.older.take(dst, &mut m.last).map(|x| x.1),
         };
         if memo.is_none() {
-            if self.local_iface(dst).is_some() {
+            if self.local_iface(dst).is_some() && !self.is_host_addr(dst.into()) {
                 return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
                     L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
                     other => other,
@@ -488,10 +488,25 @@ impl Router {
     /// packets (`0.0.0.0`, allowed only to the limited broadcast, is not).
     #[cold]
     #[inline(never)]
-    fn martian_source<A: RouterFamily>(&self, memo: &mut Memo<A>, info: &A::Info) -> bool {
+    ///
+    /// The node's own address is no martian coming from the host behind the host port
+    /// (`in_if`), whose processes send with it (never remembered: a pod's packet with it in
+    /// the same batch is still a martian).
+    fn martian_source<A: RouterFamily>(
+        &self,
+        memo: &mut Memo<A>,
+        info: &A::Info,
+        in_if: IfaceId,
+    ) -> bool {
         let Facts { src, dst, .. } = A::facts(info);
-        if A::martian_src(self, src, dst) || self.local_iface(src).is_some() {
+        if A::martian_src(self, src, dst) {
             return true;
+        }
+        if self.local_iface(src).is_some() {
+            let from_host = self
+                .host_port()
+                .is_some_and(|(i, _)| i == in_if && self.is_host_addr(src.into()));
+            return !from_host;
         }
         if src != A::UNSPECIFIED {
             memo.source_ok = A::source_key(src);

@@ -298,8 +298,25 @@ pub struct Router {
     /// A bit set ([`filter_bit`]) for each IPv6 address of an interface:
     /// [`Router::ipv6_iface`] rejects most forwarded destinations with one test.
     ipv6_filter: u64,
+    /// The host port, if the node has one ([`Router::host_port`]).
+    pub(crate) host: Option<HostPort>,
     /// Event counters.
     pub counters: RouterCounters,
+}
+
+/// The host port: a router interface (without a bridge) whose other side is the host's own
+/// IP stack (the kernel of tapyard's namespace), and the host's addresses behind it, at most
+/// one per family. A host address may also be one of the router's own addresses (the node's
+/// InternalIP, held by the uplink as well): packets to it that the PREROUTING hook leaves
+/// addressed to it are forwarded to the host (routed by the host route `addr/32` or
+/// `addr/128` through the interface) instead of being answered by the router, as Linux
+/// delivers what kube-proxy's rules do not translate to its own sockets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HostPort {
+    /// The interface.
+    pub(crate) iface: IfaceId,
+    /// The host's addresses behind it.
+    pub(crate) addrs: [Option<IpAddr>; 2],
 }
 
 /// The bit of `a` in [`Router`]'s filter of its IPv6 addresses: 6 bits of a multiplicative
@@ -551,6 +568,7 @@ impl Router {
             .fold(0, |f, a| f | filter_bit(a));
         Router {
             ipv6_filter,
+            host: None,
             neigh6,
             ra,
             ifaces,
@@ -577,6 +595,29 @@ impl Router {
     #[inline]
     pub fn local_iface<A: RouteAddr>(&self, addr: A) -> Option<IfaceId> {
         A::local_iface(self, addr)
+    }
+
+    /// The host port's interface and the host's addresses behind it (at most one per family),
+    /// if the datapath has one
+    /// ([`DatapathBuilder::host_port`](crate::DatapathBuilder::host_port)). Packets that come
+    /// in on that interface from one of those addresses are the host's own: the router's own
+    /// address as a source is legitimate there.
+    pub fn host_port(&self) -> Option<(IfaceId, impl Iterator<Item = IpAddr> + '_)> {
+        self.host
+            .as_ref()
+            .map(|h| (h.iface, h.addrs.iter().flatten().copied()))
+    }
+
+    /// Whether `addr` is one of the host's addresses behind the host port: a packet to it
+    /// that the PREROUTING hook left addressed to it goes to the host, even when it is also
+    /// one of the router's own addresses. Out of line: asked only about the router's own
+    /// addresses.
+    #[cold]
+    #[inline(never)]
+    pub fn is_host_addr(&self, addr: IpAddr) -> bool {
+        self.host
+            .as_ref()
+            .is_some_and(|h| h.addrs.contains(&Some(addr)))
     }
 
     /// The address of family `A` and prefix length of interface `i` (IPv6: its global one), if

@@ -8,6 +8,7 @@
 
 mod frags;
 mod generic;
+mod host;
 mod ipv4;
 mod ipv6;
 

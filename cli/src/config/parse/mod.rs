@@ -509,9 +509,18 @@ impl Parser<'_> {
         let mut broken = HashSet::new();
         let bridges = self.items(doc, &schema::BRIDGE, &mut broken, Self::bridge);
         let uplinks = self.items(doc, &schema::UPLINK, &mut broken, Self::uplink);
+        let hosts = self.items(doc, &schema::HOST, &mut broken, Self::host);
         let routes = self.items(doc, &schema::ROUTE, &mut broken, Self::route);
         let neighbors = self.items(doc, &schema::NEIGHBOR, &mut broken, Self::neighbor);
-        let local: Vec<Cidr> = bridges.iter().filter_map(|b| b.address).collect();
+        // A Service endpoint at the host port's address (a hostNetwork server) is on this node.
+        let local: Vec<Cidr> = bridges
+            .iter()
+            .filter_map(|b| b.address)
+            .chain(hosts.iter().map(|h| Cidr {
+                addr: h.address,
+                len: 32,
+            }))
+            .collect();
         let local6: Vec<Cidr6> = bridges.iter().filter_map(|b| b.address6).collect();
         let services = self.items(doc, &schema::SERVICE, &mut broken, |p, s, t| {
             p.service(s, t, &local, &local6)
@@ -546,11 +555,14 @@ impl Parser<'_> {
             state_dir: None,
             node_port_range: (30000, 32767),
             offload: true,
+            service_cidr: None,
+            service_cidr6: None,
         });
         let config = Config {
             node,
             bridges,
             uplinks,
+            hosts,
             routes,
             neighbors,
             services,

@@ -15,12 +15,22 @@ use super::super::values::{
     parse_port_range, parse_prefix_any, IpCidr,
 };
 use super::super::{
-    BridgeCfg, Cidr, Cidr6, EndpointCfg, Located, MasqueradeCfg, NeighborCfg, NodeCfg, PeerCfg,
-    RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
+    BridgeCfg, Cidr, Cidr6, EndpointCfg, HostCfg, Located, MasqueradeCfg, NeighborCfg, NodeCfg,
+    PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
 };
 
 use super::{default_str, raw_name, Parser, Sec};
 use crate::config::values::BadValue;
+
+/// A unicast IPv4 host address (the host port's `address` and `gateway`).
+fn parse_host_ip(s: &str) -> Result<std::net::Ipv4Addr, BadValue> {
+    let ip = super::super::values::parse_ip(s)?;
+    if is_host(ip) {
+        Ok(ip)
+    } else {
+        Err(BadValue::NotUnicast)
+    }
+}
 
 impl Parser<'_> {
     pub(super) fn node(&mut self, t: &DeTable<'_>, span: Range<usize>) -> Option<NodeCfg> {
@@ -74,6 +84,15 @@ impl Parser<'_> {
             None => default_str(&s, "node_port_range", parse_port_range),
         };
         let offload = self.boolean(&mut s, "offload");
+        let services = self.addrs(&mut s, "service_cidr", parse_prefix_any, IpCidr::is_v6);
+        let service_cidr = services.and_then(|(v4, _)| match v4 {
+            Some(IpCidr::V4(c)) => Some(c),
+            _ => None,
+        });
+        let service_cidr6 = services.and_then(|(_, v6)| match v6 {
+            Some(IpCidr::V6(c)) => Some(c),
+            _ => None,
+        });
         Some(NodeCfg {
             name: name?,
             cluster_cidr: cluster_cidr?,
@@ -84,6 +103,8 @@ impl Parser<'_> {
             state_dir,
             node_port_range,
             offload,
+            service_cidr,
+            service_cidr6,
         })
     }
 
@@ -147,6 +168,30 @@ impl Parser<'_> {
             name,
             address: addrs?.0,
             address6: addrs?.1,
+            mac,
+            mtu,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    pub(super) fn host(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<HostCfg>> {
+        let name = self.text(&mut s, "name", parse_ifname);
+        let address = self.text(&mut s, "address", parse_host_ip);
+        let gateway = match self.text(&mut s, "gateway", parse_host_ip) {
+            Some(g) => g,
+            None => default_str(&s, "gateway", parse_host_ip),
+        };
+        let routes = self.list(&mut s, "routes", parse_prefix_any);
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let mtu = self.int_as::<u16>(&mut s, "mtu");
+        let value = HostCfg {
+            name: name.or_else(|| raw_name(t))?,
+            address: address?,
+            gateway,
+            routes,
             mac,
             mtu,
         };

@@ -1,0 +1,267 @@
+//! The cross-checks of the host port (`[[host]]`) and `node.service_cidr`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::super::{Config, Diag, IpCidr};
+
+/// Whether `ip` is the address the host port's kernel side holds (a Service endpoint there
+/// is a socket of the node itself).
+pub(super) fn holds(c: &Config, ip: IpAddr) -> bool {
+    c.hosts.iter().any(|h| IpAddr::V4(h.address) == ip)
+}
+
+/// At most one `[[host]]`; its name free; its address and gateway outside the pods' and the
+/// Services' addresses and the links' subnets; its routes IPv4 prefixes (the host port is
+/// IPv4 only); ClusterIPs inside `service_cidr`. `names` are the interface names taken
+/// (bridges, their ports, uplinks).
+pub(super) fn check(
+    c: &Config,
+    names: &HashMap<String, (usize, String)>,
+    err: &mut dyn FnMut(usize, String),
+    warnings: &mut Vec<Diag>,
+) {
+    for extra in c.hosts.iter().skip(1) {
+        err(
+            extra.lines.of("name"),
+            format!(
+                "host {:?}: a node has at most one [[host]] (the first is {:?}, line {})",
+                extra.name,
+                c.hosts[0].name,
+                c.hosts[0].lines.of("name")
+            ),
+        );
+    }
+    let uplink_taps = c.uplinks.iter().map(|u| (&u.tap, &u.name));
+    let vxlans = c.vxlans.iter().map(|v| (&v.name, &v.name));
+    for h in &c.hosts {
+        let ctx = format!("host {:?}", h.name);
+        if let Some((l, first)) = names.get(&h.name) {
+            err(
+                h.lines.of("name"),
+                format!(
+                    "{ctx}: name {:?} is already used by {first} (line {l}); names must be unique",
+                    h.name
+                ),
+            );
+        } else if let Some((_, owner)) = uplink_taps
+            .clone()
+            .chain(vxlans.clone())
+            .find(|(n, _)| **n == h.name)
+        {
+            err(
+                h.lines.of("name"),
+                format!(
+                    "{ctx}: name {:?} is already used by {owner:?}; names must be unique",
+                    h.name
+                ),
+            );
+        }
+        let inside = |ip: std::net::Ipv4Addr| -> Option<String> {
+            if let Some(cc) = c.node.cluster_cidr.filter(|cc| cc.contains(ip)) {
+                return Some(format!("inside node.cluster_cidr {cc} (pod addresses)"));
+            }
+            if let Some(sc) = c.node.service_cidr.filter(|sc| sc.contains(ip)) {
+                return Some(format!("inside node.service_cidr {sc} (ClusterIPs)"));
+            }
+            c.bridges
+                .iter()
+                .find(|b| b.address.is_some_and(|a| a.contains(ip)))
+                .map(|b| format!("inside bridge {:?}'s subnet", b.name))
+        };
+        if let Some(why) = inside(h.address) {
+            err(
+                h.lines.of("address"),
+                format!("{ctx}: address = \"{}\" is {why}; the host port's address is the node's own (its InternalIP)", h.address),
+            );
+        }
+        let gw_taken = c
+            .connected()
+            .iter()
+            .find(|i| i.address.is_some_and(|a| a.contains(h.gateway)))
+            .map(|i| format!("inside {}'s subnet", i.name));
+        if h.gateway == h.address {
+            err(
+                h.lines.of("gateway"),
+                format!("{ctx}: gateway = \"{}\" is its address too; tapyard's side needs an address of its own (like \"169.254.0.1\")", h.gateway),
+            );
+        } else if let Some(why) = inside(h.gateway).or(gw_taken) {
+            err(
+                h.lines.of("gateway"),
+                format!("{ctx}: gateway = \"{}\" is {why}; tapyard's side of the host port needs an address no link uses (like \"169.254.0.1\")", h.gateway),
+            );
+        }
+        for (i, r) in h.routes.iter().enumerate() {
+            let line = h.lines.of(&format!("routes.{i}"));
+            match r {
+                IpCidr::V6(_) => err(
+                    line,
+                    format!("{ctx}: routes[{i}] = \"{r}\" is IPv6; the host port routes IPv4 only"),
+                ),
+                IpCidr::V4(p) if p.addr != p.network() => err(
+                    line,
+                    format!(
+                        "{ctx}: routes[{i}] = \"{r}\" has host bits set (expected \"{}/{}\")",
+                        p.network(),
+                        p.len
+                    ),
+                ),
+                IpCidr::V4(_) => {}
+            }
+        }
+    }
+    // A ClusterIP outside service_cidr is not routed to tapyard by the node's kernel.
+    if c.hosts.is_empty() {
+        return;
+    }
+    for s in &c.services {
+        for (i, vip) in s.cluster_ips.iter().enumerate() {
+            let outside = match vip {
+                IpAddr::V4(v) => c.node.service_cidr.is_some_and(|sc| !sc.contains(*v)),
+                IpAddr::V6(v) => c.node.service_cidr6.is_some_and(|sc| !sc.contains(*v)),
+            };
+            if outside {
+                let key = format!("cluster_ip.{i}");
+                let line = if s.lines.has(&key) {
+                    s.lines.of(&key)
+                } else {
+                    s.lines.of("cluster_ip")
+                };
+                warnings.push(Diag {
+                    line,
+                    warning: true,
+                    msg: format!("service {:?}: cluster_ip = \"{vip}\" is outside node.service_cidr: the node's own processes do not reach it through the host port", s.name),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::check_str;
+
+    const NODE: &str = r#"[node]
+name = "node-a"
+cluster_cidr = "10.244.0.0/16"
+service_cidr = "10.96.0.0/12"
+
+[[bridge]]
+name = "cni0"
+address = "10.244.1.1/24"
+
+[[uplink]]
+name = "eth0"
+address = "172.18.0.2/24"
+
+[[service]]
+name = "api"
+cluster_ip = "10.96.0.1"
+port = 443
+endpoints = ["172.18.0.2:6443"]
+"#;
+
+    const HOST: &str = r#"
+[[host]]
+name = "tapyard0"
+address = "172.18.0.2"
+routes = ["0.0.0.0/0"]
+"#;
+
+    fn diags(src: &str) -> Vec<String> {
+        check_str(src).diags.iter().map(|d| d.render("f")).collect()
+    }
+
+    #[test]
+    fn a_service_endpoint_on_the_node_needs_the_host_port() {
+        let without = diags(NODE);
+        assert_eq!(without.len(), 1, "{without:?}");
+        assert!(
+            without[0].starts_with("f:18: ")
+                && without[0].contains("endpoint 172.18.0.2:6443 is this node's own address")
+                && without[0].contains("[[host]]"),
+            "{without:?}"
+        );
+        let ch = check_str(&format!("{NODE}{HOST}"));
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        let h = &c.hosts[0];
+        assert_eq!(
+            (
+                h.name.as_str(),
+                h.address.to_string(),
+                h.gateway.to_string(),
+                h.mtu
+            ),
+            ("tapyard0", "172.18.0.2".into(), "169.254.0.1".into(), 1500)
+        );
+        assert_eq!(c.node.service_cidr.unwrap().to_string(), "10.96.0.0/12");
+        // The endpoint is on this node (externalTrafficPolicy Local keeps it).
+        assert!(c.services[0].endpoints[0].local);
+    }
+
+    #[test]
+    fn bad_host_ports_are_refused_naming_line_field_and_value() {
+        let src = format!(
+            "{NODE}{HOST}\n[[host]]\nname = \"cni0\"\naddress = \"10.244.1.9\"\ngateway = \"172.18.0.7\"\nroutes = [\"fd00::/8\", \"10.1.2.3/8\"]\n"
+        );
+        let d = diags(&src);
+        let want = [
+            "f:26: host \"cni0\": a node has at most one [[host]] (the first is \"tapyard0\", line 21)",
+            "f:26: host \"cni0\": name \"cni0\" is already used by bridge \"cni0\"",
+            "f:27: host \"cni0\": address = \"10.244.1.9\" is inside node.cluster_cidr",
+            "f:28: host \"cni0\": gateway = \"172.18.0.7\" is inside eth0's subnet",
+            "f:29: host \"cni0\": routes[0] = \"fd00::/8\" is IPv6",
+            "f:29: host \"cni0\": routes[1] = \"10.1.2.3/8\" has host bits set",
+        ];
+        for w in want {
+            assert!(d.iter().any(|x| x.starts_with(w)), "no {w:?} in {d:#?}");
+        }
+        let d = diags(&format!("{NODE}{HOST}gateway = \"172.18.0.2\"\n"));
+        assert!(
+            d.iter().any(|x| x.starts_with(
+                "f:24: host \"tapyard0\": gateway = \"172.18.0.2\" is its address too"
+            )),
+            "{d:#?}"
+        );
+        let d = diags(
+            &format!("{NODE}{HOST}address = \"fd00::2\"\n")
+                .replace("address = \"172.18.0.2\"\n", ""),
+        );
+        assert!(
+            d.iter()
+                .any(|x| x.contains("address = \"fd00::2\" is not an IPv4 address")),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_ip_outside_the_service_cidr_is_a_warning() {
+        let src = format!("{NODE}{HOST}").replace("10.96.0.1\"", "10.200.0.1\"");
+        let ch = check_str(&src);
+        assert!(ch.config.is_some());
+        let d: Vec<String> = ch.diags.iter().map(|d| d.render("f")).collect();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].contains("outside node.service_cidr"), "{d:?}");
+    }
+
+    #[test]
+    fn adding_or_removing_the_host_port_needs_a_restart() {
+        let without = check_str(&NODE.replace("172.18.0.2:6443", "10.244.1.5:6443"))
+            .config
+            .unwrap();
+        let with = check_str(&format!("{NODE}{HOST}")).config.unwrap();
+        let e = crate::config::diff::diff(&without, &with).unwrap_err();
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("host \"tapyard0\" added: this needs a restart")),
+            "{e:?}"
+        );
+        let e = crate::config::diff::diff(&with, &without).unwrap_err();
+        assert!(
+            e.iter().any(|l| l.starts_with("host \"tapyard0\" removed")),
+            "{e:?}"
+        );
+        assert!(crate::config::diff::diff(&with, &with).unwrap().is_empty());
+    }
+}

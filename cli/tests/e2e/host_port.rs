@@ -1,0 +1,435 @@
+//! End-to-end test of the host port (`[[host]]`): `tapyard run` inside a namespace that plays
+//! the node, its host port's kernel side being that namespace's own IP stack.
+//!
+//! ```text
+//!  node ns (tapyard runs here; its kernel holds 10.219.0.2/32 on the host TAP,
+//!           routes 10.216.0.0/16, 10.97.0.0/16 and the default via 169.254.0.1)
+//!    host TAP ── tapyard: host port 169.254.0.1/32
+//!  pod-a 10.216.1.2 ── TAP ── bridge (gateway 10.216.1.1/24)
+//!  wire ns: Linux bridge ── uplink TAP (10.219.0.2/24, the node's address too)
+//!     └─ veth ── outside ns: 10.219.0.1/24, route 10.216.0.0/16 via 10.219.0.2
+//! ```
+//!
+//! Checked, as kube-proxy's rules on a Linux node would have it: (1) the node's own clients
+//! (python and `curl`) reach the ClusterIP `web` (pod-a's server sees the gateway's address:
+//! node traffic to a Service is masqueraded), its NodePort on tapyard's addresses behind the
+//! host port, and pod-a directly (with the node's address); (2) pod-a reaches `hostsvc`, whose
+//! endpoint is a server in the node namespace itself, with its own address; (3) the outside
+//! host reaches `hostsvc`'s NodePort on the node's address (masqueraded to the host port's
+//! address) and the node's own server directly (unmasqueraded, answered through the host
+//! port's default route), and the node reaches the outside host with its own address by that
+//! route; `show ports` lists the host port, `show routes` its host route, the node's kernel
+//! its routes; (4) all of it again after a restart and after a `run --takeover`. The host
+//! port is IPv4 only.
+//!
+//! Needs root, `ip` and `python3` (`curl` is used when present); without them the test skips,
+//! or fails under `CI=true`. Traffic stays in namespaces the test creates.
+
+use std::path::{Path, PathBuf};
+
+use crate::common;
+use crate::common::*;
+
+const GW: &str = "10.216.1.1";
+const POD_A: &str = "10.216.1.2";
+const NODE: &str = "10.219.0.2";
+const OUTSIDE: &str = "10.219.0.1";
+/// tapyard's side of the host port.
+const HOST_GW: &str = "169.254.0.1";
+const WEB_VIP: &str = "10.97.0.10";
+const HOST_VIP: &str = "10.97.0.20";
+/// `web-http`: pod-a's `python3 -m http.server`, for `curl`.
+const HTTP_VIP: &str = "10.97.0.11";
+/// The node's own server (hostNetwork), `hostsvc`'s endpoint.
+const NODE_PORT_SRV: u16 = 8081;
+
+/// An HTTP server on port `argv[1]`: each request is answered 200 with the client's address.
+const HTTP_PY: &str = r#"
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(16)
+while True:
+    c, p = s.accept()
+    try:
+        c.settimeout(3)
+        req = b""
+        while b"\r\n\r\n" not in req:
+            d = c.recv(1024)
+            if not d:
+                break
+            req += d
+        body = p[0].encode()
+        c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    except OSError:
+        pass
+    c.close()
+"#;
+
+struct Names {
+    bridge: String,
+    tap_a: String,
+    uplink: String,
+    host: String,
+    ns_node: String,
+    ns_a: String,
+    ns_wire: String,
+    ns_out: String,
+    socket: PathBuf,
+    config: PathBuf,
+}
+
+impl Names {
+    fn new(dir: &Path) -> Names {
+        let id = std::process::id() % 100_000;
+        Names {
+            bridge: format!("thc{id}"),
+            tap_a: format!("tha{id}"),
+            uplink: format!("thu{id}"),
+            host: format!("thh{id}"),
+            ns_node: format!("th-node-{id}"),
+            ns_a: format!("th-pa-{id}"),
+            ns_wire: format!("th-wire-{id}"),
+            ns_out: format!("th-out-{id}"),
+            socket: dir.join("ctl.sock"),
+            config: dir.join("node.toml"),
+        }
+    }
+
+    /// The config, with the host port or (`host` false) without it and without `hostsvc`'s
+    /// endpoint on the node.
+    fn config(&self, host: bool) -> String {
+        let full = self.config_with_host();
+        if host {
+            return full;
+        }
+        let without = full.replace(
+            &format!(
+                "[[host]]\nname = \"{}\"\naddress = \"{NODE}\"\nroutes = [\"0.0.0.0/0\"]\n",
+                self.host
+            ),
+            "",
+        );
+        let without = without.replace(&format!("\"{NODE}:{NODE_PORT_SRV}\""), "");
+        assert_ne!(without, full);
+        without
+    }
+
+    fn config_with_host(&self) -> String {
+        format!(
+            r#"{node}service_cidr = "10.97.0.0/16"
+
+[[bridge]]
+name = "{bridge}"
+address = "{GW}/24"
+ports = ["{a}"]
+
+[[uplink]]
+name = "{up}"
+address = "{NODE}/24"
+
+[[host]]
+name = "{host}"
+address = "{NODE}"
+routes = ["0.0.0.0/0"]
+
+[[route]]
+to = "0.0.0.0/0"
+via = "{OUTSIDE}"
+
+[[service]]
+name = "web"
+cluster_ip = "{WEB_VIP}"
+port = 80
+node_port = 30080
+endpoints = ["{POD_A}:8080"]
+
+[[service]]
+name = "web-http"
+cluster_ip = "{HTTP_VIP}"
+port = 80
+endpoints = ["{POD_A}:8088"]
+
+[[service]]
+name = "hostsvc"
+cluster_ip = "{HOST_VIP}"
+port = 80
+node_port = 30081
+endpoints = ["{NODE}:{NODE_PORT_SRV}"]
+
+[masquerade]
+out = "{up}"
+"#,
+            node = node_toml(
+                "e2e-host",
+                r#""10.216.0.0/16""#,
+                &self.socket,
+                Some(&self.socket.with_file_name("state")),
+            ),
+            bridge = self.bridge,
+            a = self.tap_a,
+            up = self.uplink,
+            host = self.host,
+        )
+    }
+}
+
+fn skip_or_fail() -> bool {
+    common::skip_or_fail("host_port", missing(&[("ip", "-V"), ("python3", "-V")]))
+}
+
+/// The uplink TAP (made in the node namespace) into the wire namespace's Linux bridge, with
+/// the outside host on a veth.
+fn build_wire(n: &Names) {
+    let (w, out) = (&n.ns_wire, &n.ns_out);
+    run(&["ip", "-n", &n.ns_node, "link", "set", &n.uplink, "netns", w]);
+    run(&["ip", "-n", w, "link", "add", "br0", "type", "bridge"]);
+    run(&["ip", "-n", w, "link", "set", "br0", "up"]);
+    run(&["ip", "-n", w, "link", "set", &n.uplink, "master", "br0"]);
+    run(&["ip", "-n", w, "link", "set", &n.uplink, "up"]);
+    run(&[
+        "ip", "-n", w, "link", "add", "vout", "type", "veth", "peer", "name", "eth0", "netns", out,
+    ]);
+    run(&["ip", "-n", w, "link", "set", "vout", "master", "br0"]);
+    run(&["ip", "-n", w, "link", "set", "vout", "up"]);
+    addr_add(out, &format!("{OUTSIDE}/24"), "eth0");
+    run(&["ip", "-n", out, "link", "set", "eth0", "up"]);
+    run(&["ip", "-n", out, "link", "set", "lo", "up"]);
+    run(&[
+        "ip",
+        "-n",
+        out,
+        "route",
+        "add",
+        "10.216.0.0/16",
+        "via",
+        NODE,
+    ]);
+}
+
+/// The client address each exchange's server saw, all from server `ident`.
+fn seen(ns: &str, mode: &str, addr: &str, port: u16, ident: &str) -> Vec<String> {
+    exchange(ns, mode, addr, port, 3)
+        .into_iter()
+        .map(|(who, saw)| {
+            assert_eq!(who, ident, "{ns} -> {addr}:{port}");
+            saw
+        })
+        .collect()
+}
+
+/// Every client sees `want`.
+fn all_from(ns: &str, addr: &str, port: u16, ident: &str, want: &str) {
+    let got = seen(ns, "tcp", addr, port, ident);
+    assert!(
+        got.iter().all(|s| s == want),
+        "{ns} -> {addr}:{port}: the server saw {got:?}, expected {want}"
+    );
+}
+
+/// Cases (1) to (3).
+fn cases(n: &Names) {
+    // (1) The node's own clients. A ClusterIP: masqueraded (the node is outside the cluster
+    // CIDR), to cni0's address, the way out to pod-a.
+    all_from(&n.ns_node, WEB_VIP, 80, "pod-a", GW);
+    if have("curl", "--version") {
+        let url = format!("http://{HTTP_VIP}/");
+        let out = run(&[
+            "ip",
+            "netns",
+            "exec",
+            &n.ns_node,
+            "curl",
+            "-s",
+            "--max-time",
+            "5",
+            &url,
+        ]);
+        assert_eq!(
+            out.trim(),
+            GW,
+            "curl {url} from the node: the address pod-a saw"
+        );
+        println!("curl {url} from the node: pod-a saw {}", out.trim());
+    }
+    // The NodePort on tapyard's addresses behind the host port (the node's own address is
+    // the kernel's: it delivers that locally).
+    all_from(&n.ns_node, GW, 30080, "pod-a", GW);
+    all_from(&n.ns_node, HOST_GW, 30080, "pod-a", GW);
+    // A pod directly: the node's address, kept.
+    all_from(&n.ns_node, POD_A, 8080, "pod-a", NODE);
+    // (2) A pod to a Service whose endpoint is the node's own server: its address, kept
+    // (kube-proxy marks no masquerade for a pod source).
+    all_from(&n.ns_a, HOST_VIP, 80, "node", POD_A);
+    // ... and the node's server reached from a pod directly.
+    all_from(&n.ns_a, NODE, NODE_PORT_SRV, "node", POD_A);
+    // (3) From outside: the NodePort on the node's address, to the node's own server,
+    // masqueraded (policy Cluster) to the host port's address.
+    all_from(&n.ns_out, NODE, 30081, "node", HOST_GW);
+    // The node's server directly (no NodePort): to the kernel, unmasqueraded; it answers
+    // through the host port's default route.
+    all_from(&n.ns_out, NODE, NODE_PORT_SRV, "node", OUTSIDE);
+    // The node to the outside host, by the host port's default route: its own address.
+    all_from(&n.ns_node, OUTSIDE, 9000, "outside", NODE);
+    // A NodePort to a pod still answers on the node's address.
+    let got = seen(&n.ns_out, "tcp", NODE, 30080, "pod-a");
+    assert!(got.iter().all(|s| s == GW), "{got:?}");
+}
+
+fn show_ports(n: &Names) {
+    let ports = tapyard_ok_at(&n.socket, &["show", "ports"]);
+    let line = ports
+        .lines()
+        .find(|l| l.contains(&n.host))
+        .unwrap_or_else(|| panic!("show ports lacks the host port:\n{ports}"));
+    assert!(line.contains("host"), "{line}");
+    let routes = tapyard_ok_at(&n.socket, &["show", "routes"]);
+    assert!(
+        routes.contains(&format!("{NODE} dev {}", n.host)),
+        "no host route in:\n{routes}"
+    );
+    let kernel = run(&["ip", "-n", &n.ns_node, "route", "show"]);
+    for want in [
+        format!("10.216.0.0/16 via {HOST_GW} dev {}", n.host),
+        format!("10.97.0.0/16 via {HOST_GW} dev {}", n.host),
+        format!("default via {HOST_GW} dev {}", n.host),
+    ] {
+        assert!(
+            kernel.contains(&want),
+            "the node's routes lack {want:?}:\n{kernel}"
+        );
+    }
+    println!("show ports:\n{ports}node's routes:\n{kernel}");
+}
+
+#[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
+fn the_node_reaches_services_and_serves_them_through_its_host_port() {
+    if skip_or_fail() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tapyard-host-{}", std::process::id()));
+    let n = Names::new(&dir);
+    let mut g = Guard::new(&dir, &dir.join("run.log"));
+    for ns in [&n.ns_node, &n.ns_a, &n.ns_wire, &n.ns_out] {
+        g.ns(ns);
+    }
+    run(&["ip", "-n", &n.ns_node, "link", "set", "lo", "up"]);
+    std::fs::write(&n.config, n.config(true)).unwrap();
+    let check = run(&[TAPYARD, "check", &n.config.display().to_string()]);
+    assert!(check.contains("ok"), "{check}");
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
+    ns_named(&n.ns_a).attach(Some(&n.ns_node), &n.tap_a, &[&format!("{POD_A}/24")], &[GW]);
+    build_wire(&n);
+    spawn_in(
+        &mut g.children,
+        &n.ns_a,
+        &["python3", "-c", SERVER_PY, "pod-a", "8080", "0"],
+    );
+    if have("curl", "--version") {
+        spawn_in(
+            &mut g.children,
+            &n.ns_a,
+            &["python3", "-c", HTTP_PY, "8088"],
+        );
+        wait_listening(&n.ns_a, 8088);
+    }
+    let port = NODE_PORT_SRV.to_string();
+    spawn_in(
+        &mut g.children,
+        &n.ns_node,
+        &["python3", "-c", SERVER_PY, "node", &port, "0"],
+    );
+    spawn_in(
+        &mut g.children,
+        &n.ns_out,
+        &["python3", "-c", SERVER_PY, "outside", "9000", "0"],
+    );
+    wait_listening(&n.ns_a, 8080);
+    wait_listening(&n.ns_node, NODE_PORT_SRV);
+    wait_listening(&n.ns_out, 9000);
+
+    cases(&n);
+    show_ports(&n);
+
+    // (4) A restart: the ports are re-attached, the kernel side set up again.
+    let st = g.stop_node();
+    assert!(st.success(), "exit status after SIGTERM: {st}");
+    g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
+    cases(&n);
+    show_ports(&n);
+    // And a takeover: the running node hands its TAPs over to a new process.
+    let log2 = dir.join("run2.log");
+    g.logs.push(log2.clone());
+    let second = tapyard_run(Some(&n.ns_node), &n.config, &["--takeover"], &log2)
+        .spawn()
+        .expect("tapyard run --takeover");
+    g.children.push(second);
+    let mut first = g.node.take().expect("the first node");
+    let st = wait_output_status(&mut first, 20);
+    assert!(st.success(), "the old process exited with {st}");
+    wait_for_socket(g.children.last_mut(), &n.socket);
+    cases(&n);
+    show_ports(&n);
+
+    // Removing the host port: a reload refuses it (a restart is needed); a takeover with the
+    // new file removes it (its TAP and the kernel's routes go) while the pod keeps working;
+    // another takeover brings it back.
+    std::fs::write(&n.config, n.config(false)).unwrap();
+    let out = tapyard_at(&n.socket, &["reload"]);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && text.contains(&format!("host \"{}\" removed", n.host)),
+        "{text}"
+    );
+    for (i, host) in [(3, false), (4, true)] {
+        std::fs::write(&n.config, n.config(host)).unwrap();
+        let log = dir.join(format!("run{i}.log"));
+        g.logs.push(log.clone());
+        let next = tapyard_run(Some(&n.ns_node), &n.config, &["--takeover"], &log)
+            .spawn()
+            .expect("tapyard run --takeover");
+        let mut old = g.children.pop().expect("the running node");
+        g.children.push(next);
+        let st = wait_output_status(&mut old, 20);
+        assert!(st.success(), "the old process exited with {st}");
+        wait_for_socket(g.children.last_mut(), &n.socket);
+        let ports = tapyard_ok_at(&n.socket, &["show", "ports"]);
+        assert_eq!(ports.contains(&n.host), host, "{ports}");
+        let node_ns = ns_named(&n.ns_node);
+        assert!(
+            eventually(std::time::Duration::from_secs(5), || node_ns
+                .has_link(&n.host)
+                == host),
+            "the host TAP is {}in the node's namespace",
+            if host { "not " } else { "still " }
+        );
+        if host {
+            cases(&n);
+            show_ports(&n);
+        } else {
+            all_from(&n.ns_out, NODE, 30080, "pod-a", GW);
+            all_from(&n.ns_a, OUTSIDE, 9000, "outside", NODE);
+        }
+    }
+}
+
+/// Waits (at most `secs`) for `c` to exit: its status.
+fn wait_output_status(c: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(st) = c.try_wait().expect("wait") {
+            return st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old process did not exit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
