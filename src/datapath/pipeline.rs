@@ -551,9 +551,14 @@ impl Datapath {
         if dst_w & 1 != 0 {
             p.flags |= GROUP_DST;
         }
-        // The common case first: an external port on a bridge, bridge id included.
-        let Some(br) = word::bridged(port) else {
-            return self.classify_unbridged(port, dst_w, p, f, pf);
+        // The common case first: an external port on a bridge, bridge id included; a
+        // guarded one passes its spoof guard out of line first.
+        let br = match word::bridged(port) {
+            Some(br) => br,
+            None => match self.classify_unbridged(b.port, port, dst_w, p, f, pf) {
+                Ok(br) => br,
+                Err(p) => return p,
+            },
         };
         p.id = br.0;
         let bridge = &self.bridges[usize::from(br.0)];
@@ -577,18 +582,31 @@ impl Datapath {
         p
     }
 
-    /// [`Datapath::classify`] for a frame on a port other than an external bridged one: a
-    /// router interface's uplink (routed), an external port on no bridge, or no port.
+    /// [`Datapath::classify`] for a frame on a port other than an unguarded external bridged
+    /// one: a guarded bridged port (`Ok` with its bridge once its guard lets the frame pass,
+    /// for the bridged classification to go on), a router interface's uplink (routed), an
+    /// external port on no bridge, or no port (`Err` with the frame's final classification).
     #[inline(never)]
     fn classify_unbridged(
         &self,
+        id: PortId,
         port: u64,
         dst_w: u64,
         mut p: Pre,
         f: &[u8],
         pf: &mut Option<CtPrefetch<'_>>,
-    ) -> Pre {
-        match word::kind(port) {
+    ) -> Result<BridgeId, Pre> {
+        if word::is_guarded(port) {
+            if let Some(br) = word::bridge(port) {
+                return match self.guards.load().get(usize::from(id.0)) {
+                    Some(Some(g)) => g.check(f).map(|()| br).map_err(|d| Pre::drop(d.into())),
+                    // Being set or cleared (the word and the table change one after the
+                    // other): unguarded for now.
+                    _ => Ok(br),
+                };
+            }
+        }
+        Err(match word::kind(port) {
             word::K_ROUTED => {
                 let iface = word::iface(port);
                 let ours = self
@@ -610,7 +628,7 @@ impl Datapath {
             // A router interface's virtual port has no driver: nothing is received on it; a
             // free or removed id has no port.
             _ => Pre::drop(DropReason::UnknownPort),
-        }
+        })
     }
 
     /// The verdict for a frame that is not bridged: routed (on a router's own port) or
@@ -626,7 +644,11 @@ impl Datapath {
     ) -> Verdict {
         let p = *pre;
         if p.kind != ROUTED {
-            return Verdict::Drop(p.reason());
+            let r = p.reason();
+            if r.is_spoofed() {
+                count_spoofed(sink.shard, b.port);
+            }
+            return Verdict::Drop(r);
         }
         if p.flags & (OURS | GROUP_DST) == 0 {
             return Verdict::Drop(DropReason::NotForRouter);
@@ -1032,6 +1054,16 @@ impl Datapath {
         } else {
             Duration::from_secs(1)
         }
+    }
+}
+
+/// Counts a frame the spoof guard of port `p` dropped in the port's counters (the drop
+/// reason is counted with every other drop).
+#[cold]
+#[inline(never)]
+fn count_spoofed(shard: &Shard, p: PortId) {
+    if let Some(c) = shard.ports.get(usize::from(p.0)) {
+        c.spoofed.add(1);
     }
 }
 
