@@ -309,8 +309,8 @@ pub struct Datapath {
     /// Every port id's word (see `word`), `max_ports` of them, read lock-free per frame.
     ports: Box<[AtomicU64]>,
     /// The spoof guards of guarded ports, by port id (as long as the highest guarded id),
-    /// read lock-free by pass 1 for a port whose word has `word::GUARDED`; replaced whole
-    /// under the topology mutex ([`Control::set_port_guard`]).
+    /// read lock-free by pass 2 for a frame of a port whose word has `word::GUARDED`;
+    /// replaced whole under the topology mutex ([`Control::set_port_guard`]).
     guards: ArcSwap<Vec<Option<PortGuard>>>,
     /// Names, free ids, the quarantine and the workers' epochs: control plane only.
     topo: Mutex<Topo>,

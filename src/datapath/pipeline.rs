@@ -74,6 +74,9 @@ const DROP: u8 = 0;
 const ROUTED: u8 = 1;
 /// `Pre::kind`: a frame on a bridge port.
 const BRIDGE: u8 = 2;
+/// `Pre::kind`: a frame on a guarded bridge port (`id` its bridge, `flags` its `GROUP_DST`),
+/// not checked yet.
+const GUARDED: u8 = 3;
 
 /// The destination is a group (multicast or broadcast) address.
 const GROUP_DST: u8 = 1;
@@ -551,14 +554,9 @@ impl Datapath {
         if dst_w & 1 != 0 {
             p.flags |= GROUP_DST;
         }
-        // The common case first: an external port on a bridge, bridge id included; a
-        // guarded one passes its spoof guard out of line first.
-        let br = match word::bridged(port) {
-            Some(br) => br,
-            None => match self.classify_unbridged(b.port, port, dst_w, p, f, pf) {
-                Ok(br) => br,
-                Err(p) => return p,
-            },
+        // The common case first: an external port on a bridge, bridge id included.
+        let Some(br) = word::bridged(port) else {
+            return self.classify_unbridged(port, dst_w, p, f, pf);
         };
         p.id = br.0;
         let bridge = &self.bridges[usize::from(br.0)];
@@ -583,30 +581,18 @@ impl Datapath {
     }
 
     /// [`Datapath::classify`] for a frame on a port other than an unguarded external bridged
-    /// one: a guarded bridged port (`Ok` with its bridge once its guard lets the frame pass,
-    /// for the bridged classification to go on), a router interface's uplink (routed), an
-    /// external port on no bridge, or no port (`Err` with the frame's final classification).
+    /// one: a router interface's uplink (routed), a guarded bridged port (its guard is
+    /// checked in pass 2, [`Datapath::guarded`]), an external port on no bridge, or no port.
     #[inline(never)]
     fn classify_unbridged(
         &self,
-        id: PortId,
         port: u64,
         dst_w: u64,
         mut p: Pre,
         f: &[u8],
         pf: &mut Option<CtPrefetch<'_>>,
-    ) -> Result<BridgeId, Pre> {
-        if word::is_guarded(port) {
-            if let Some(br) = word::bridge(port) {
-                return match self.guards.load().get(usize::from(id.0)) {
-                    Some(Some(g)) => g.check(f).map(|()| br).map_err(|d| Pre::drop(d.into())),
-                    // Being set or cleared (the word and the table change one after the
-                    // other): unguarded for now.
-                    _ => Ok(br),
-                };
-            }
-        }
-        Err(match word::kind(port) {
+    ) -> Pre {
+        match word::kind(port) {
             word::K_ROUTED => {
                 let iface = word::iface(port);
                 let ours = self
@@ -624,11 +610,64 @@ impl Datapath {
                 }
                 p
             }
-            word::K_EXTERNAL => Pre::drop(DropReason::NoBridge),
+            word::K_EXTERNAL => match word::bridge(port) {
+                Some(br) if word::is_guarded(port) => {
+                    p.kind = GUARDED;
+                    p.id = br.0;
+                    p
+                }
+                _ => Pre::drop(DropReason::NoBridge),
+            },
             // A router interface's virtual port has no driver: nothing is received on it; a
             // free or removed id has no port.
             _ => Pre::drop(DropReason::UnknownPort),
-        })
+        }
+    }
+
+    /// Pass 2 for a frame of a guarded bridged port (`Pre::kind` `GUARDED`, with its group
+    /// flag): its spoof guard first, then, if it passes, the bridge as for any other port
+    /// (its FDB locations found here, without pass 1's prefetch). A refused frame is counted
+    /// on the port and dropped before anything learns from it. Out of line: unguarded ports
+    /// never come here (cold: the hot loop keeps its registers).
+    #[cold]
+    #[inline(never)]
+    fn guarded(
+        &self,
+        b: &mut PacketBuf,
+        mut p: Pre,
+        now: Instant,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let Some(bridge) = self.bridges.get(usize::from(p.id)) else {
+            return Verdict::Drop(DropReason::NoBridge);
+        };
+        if let Some(Some(g)) = self.guards.load().get(usize::from(b.port.0)) {
+            if let Err(d) = g.check(b.frame()) {
+                if let Some(c) = sink.shard.ports.get(usize::from(b.port.0)) {
+                    c.spoofed.add(1);
+                }
+                return Verdict::Drop(d.into());
+            }
+        }
+        // (No guard in the table: it is being set or cleared, the word and the table change
+        // one after the other; unguarded for now.)
+        let Ok(eth) = EthernetFrame::new_checked(b.frame()) else {
+            return Verdict::Drop(DropReason::Truncated);
+        };
+        let (dst_w, src_w) = eth.addr_words();
+        let src = bridge.fdb.locate_word(src_w);
+        let mut dst = Loc::default();
+        p.kind = BRIDGE;
+        if p.flags & GROUP_DST != 0 {
+            let d = eth.dst_addr();
+            if d.is_link_local() && d.0[5] != 0 {
+                p.flags |= LINK_LOCAL;
+            }
+        } else {
+            dst = bridge.fdb.locate_word(dst_w);
+        }
+        self.bridged(b, p, &src, &dst, now, self.nf.as_ref(), ctx, sink)
     }
 
     /// The verdict for a frame that is not bridged: routed (on a router's own port) or
@@ -644,11 +683,10 @@ impl Datapath {
     ) -> Verdict {
         let p = *pre;
         if p.kind != ROUTED {
-            let r = p.reason();
-            if r.is_spoofed() {
-                count_spoofed(sink.shard, b.port);
+            if p.kind == GUARDED {
+                return self.guarded(b, p, now, ctx, sink);
             }
-            return Verdict::Drop(r);
+            return Verdict::Drop(p.reason());
         }
         if p.flags & (OURS | GROUP_DST) == 0 {
             return Verdict::Drop(DropReason::NotForRouter);
@@ -1054,16 +1092,6 @@ impl Datapath {
         } else {
             Duration::from_secs(1)
         }
-    }
-}
-
-/// Counts a frame the spoof guard of port `p` dropped in the port's counters (the drop
-/// reason is counted with every other drop).
-#[cold]
-#[inline(never)]
-fn count_spoofed(shard: &Shard, p: PortId) {
-    if let Some(c) = shard.ports.get(usize::from(p.0)) {
-        c.spoofed.add(1);
     }
 }
 
