@@ -314,7 +314,7 @@ drop_reasons! {
         /// entries already (`conntrack::CtConfig::max_per_source`).
         CtLimit = "ct_limit",
         /// A guarded port's frame with another source MAC than the port's, or an ARP or NDP
-        /// sender or link-layer address that is not its MAC (see [`crate::l2::guard`]).
+        /// sender or link-layer address that is not its MAC (the port's spoof guard).
         SpoofedMac = "spoofed_mac",
         /// A guarded port's IPv4 or IPv6 packet from a source address that is not the port's
         /// (DHCP from 0.0.0.0, DAD and MLD from `::` and link-local sources excepted).
@@ -349,18 +349,6 @@ impl DropReason {
                 | DropReason::TxLinkDown
                 | DropReason::PortGone
         )
-    }
-}
-
-impl From<crate::l2::guard::SpoofDrop> for DropReason {
-    fn from(d: crate::l2::guard::SpoofDrop) -> DropReason {
-        use crate::l2::guard::SpoofDrop;
-        match d {
-            SpoofDrop::Mac => DropReason::SpoofedMac,
-            SpoofDrop::Ip => DropReason::SpoofedIp,
-            SpoofDrop::Arp => DropReason::SpoofedArp,
-            SpoofDrop::Nd => DropReason::SpoofedNd,
-        }
     }
 }
 

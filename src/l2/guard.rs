@@ -53,6 +53,18 @@ impl SpoofDrop {
     }
 }
 
+impl From<SpoofDrop> for crate::stats::DropReason {
+    fn from(d: SpoofDrop) -> Self {
+        use crate::stats::DropReason;
+        match d {
+            SpoofDrop::Mac => DropReason::SpoofedMac,
+            SpoofDrop::Ip => DropReason::SpoofedIp,
+            SpoofDrop::Arp => DropReason::SpoofedArp,
+            SpoofDrop::Nd => DropReason::SpoofedNd,
+        }
+    }
+}
+
 /// A refused guard: too many addresses, or a MAC that is not unicast.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GuardError {
