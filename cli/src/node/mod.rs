@@ -15,8 +15,8 @@ use crate::ports::{self, Kind, Origin, PortEntry, Registry};
 use crate::state::{self, StateDir};
 
 mod error;
-mod host;
 mod guard;
+mod host;
 mod live_ports;
 mod plan;
 mod reload;
