@@ -313,10 +313,33 @@ drop_reasons! {
         /// A new connection refused: its source (a pod) holds its limit of connection-table
         /// entries already (`conntrack::CtConfig::max_per_source`).
         CtLimit = "ct_limit",
+        /// A guarded port's frame with another source MAC than the port's, or an ARP or NDP
+        /// sender or link-layer address that is not its MAC (the port's spoof guard).
+        SpoofedMac = "spoofed_mac",
+        /// A guarded port's IPv4 or IPv6 packet from a source address that is not the port's
+        /// (DHCP from 0.0.0.0, DAD and MLD from `::` and link-local sources excepted).
+        SpoofedIp = "spoofed_ip",
+        /// A guarded port's ARP packet claiming an address that is not the port's.
+        SpoofedArp = "spoofed_arp",
+        /// A guarded port's neighbour advertisement, or duplicate address detection probe,
+        /// for an address that is not the port's.
+        SpoofedNd = "spoofed_nd",
     }
 }
 
 impl DropReason {
+    /// True for the spoof guard's reasons (`spoofed_*`), also counted per port.
+    #[inline]
+    pub fn is_spoofed(self) -> bool {
+        matches!(
+            self,
+            DropReason::SpoofedMac
+                | DropReason::SpoofedIp
+                | DropReason::SpoofedArp
+                | DropReason::SpoofedNd
+        )
+    }
+
     /// True for reasons counted at transmit time (the frame had been forwarded by the datapath).
     pub fn is_tx(self) -> bool {
         matches!(
@@ -425,6 +448,9 @@ counter_set! {
         tx_bytes,
         /// Frames the datapath sent to this port that the port refused.
         tx_dropped,
+        /// Frames received that the port's spoof guard dropped (each also counted under its
+        /// `spoofed_*` drop reason).
+        spoofed,
     }
 }
 
@@ -590,7 +616,7 @@ mod tests {
             ]
         );
         assert!(all.iter().any(|c| c.0 == "deferred_drops" && c.2 == 1));
-        assert_eq!(PortStats::NAMES.len(), 5, "the name is not a counter");
+        assert_eq!(PortStats::NAMES.len(), 6, "the name is not a counter");
         assert!(s.line().starts_with("forwarded 3  flooded 2  local 0"));
         let names: std::collections::BTreeSet<_> =
             DropReason::ALL.iter().map(|r| r.name()).collect();

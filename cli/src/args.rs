@@ -126,6 +126,11 @@ pub enum PortOp {
         /// The TAP's MAC address (default: derived from the node's and the port's names).
         #[arg(long, value_name = "MAC")]
         mac: Option<String>,
+        /// An address the port may send from (repeat it, or separate with commas; at most 4
+        /// per family): with the bridge's spoof_guard on (the default), the port is pinned
+        /// to these addresses and its MAC.
+        #[arg(long, value_name = "IP", value_delimiter = ',')]
+        ip: Vec<std::net::IpAddr>,
         /// Where the running node is.
         #[command(flatten)]
         client: Client,
@@ -278,6 +283,14 @@ mod tests {
         assert!(matches!(
             args("port add cni0 pod-c --mac 02:00:00:00:00:0c").unwrap().cmd,
             Cmd::Port { op: PortOp::Add { bridge, name, mac: Some(_), .. } } if bridge == "cni0" && name == "pod-c"
+        ));
+        assert!(matches!(
+            args("port add cni0 pod-c --ip 10.244.1.9,fd00::9 --ip 10.244.1.10").unwrap().cmd,
+            Cmd::Port { op: PortOp::Add { ip, .. } } if ip.len() == 3
+        ));
+        assert!(matches!(
+            args("port add cni0 pod-c --ip 10.244.1.x"),
+            Err(Stop::Bad(_))
         ));
         assert!(matches!(
             args("port del pod-c -s /tmp/s").unwrap().cmd,

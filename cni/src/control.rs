@@ -5,7 +5,7 @@
 //! [`tapyard_control::CniRequest`]) and maps the client's failures to CNI errors:
 //!
 //! ```text
-//! {"cmd":"port_add","bridge":"cni0","owner":"<CNI_CONTAINERID>/<CNI_IFNAME>","netns":"<CNI_NETNS>","ifname":"eth0","mtu":1500}
+//! {"cmd":"port_add","bridge":"cni0","owner":"<CNI_CONTAINERID>/<CNI_IFNAME>","netns":"<CNI_NETNS>","ifname":"eth0","mtu":1500,"ips":["10.244.1.5"]}
 //!    -> {"data":{"bridge":"cni0","ifindex":7,"mac":"02:..","name":"eth0","netns":"/var/run/netns/x"},"ok":true}
 //!    -> {"error":"port eth0 exists in ...","ok":false}
 //! {"cmd":"port_del","owner":"<CNI_CONTAINERID>/<CNI_IFNAME>"}
@@ -106,6 +106,7 @@ impl Client {
         netns: &str,
         ifname: &str,
         mtu: u32,
+        ips: Vec<std::net::IpAddr>,
     ) -> Result<PortInfo, ControlError> {
         self.call(&Request::PortAdd {
             bridge: bridge.into(),
@@ -113,6 +114,7 @@ impl Client {
             netns: netns.into(),
             ifname: ifname.into(),
             mtu,
+            ips,
         })
     }
 
@@ -144,10 +146,14 @@ mod tests {
             netns: "/var/run/netns/x".into(),
             ifname: "eth0".into(),
             mtu: 1500,
+            ips: vec![
+                "10.244.1.2".parse().unwrap(),
+                "fd00:10:244:1::2".parse().unwrap(),
+            ],
         };
         assert_eq!(
             serde_json::to_string(&add).unwrap(),
-            r#"{"cmd":"port_add","bridge":"cni0","owner":"c1/eth0","netns":"/var/run/netns/x","ifname":"eth0","mtu":1500}"#
+            r#"{"cmd":"port_add","bridge":"cni0","owner":"c1/eth0","netns":"/var/run/netns/x","ifname":"eth0","mtu":1500,"ips":["10.244.1.2","fd00:10:244:1::2"]}"#
         );
         let del = Request::PortDel {
             owner: "c1/eth0".into(),

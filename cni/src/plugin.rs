@@ -99,8 +99,18 @@ fn attach(
 ) -> Result<CniResult, (CniError, bool)> {
     mtu_fits(conf.mtu, leased).map_err(|e| (e, false))?;
     let netns = path.to_string_lossy();
+    // The pod's addresses: the daemon pins the port to them (and to its MAC) when the
+    // bridge's spoof guard is on.
+    let ips = leased.ips.iter().map(|ip| ip.address.addr).collect();
     let port = client
-        .port_add(&conf.bridge, &args.owner(), &netns, &args.ifname, conf.mtu)
+        .port_add(
+            &conf.bridge,
+            &args.owner(),
+            &netns,
+            &args.ifname,
+            conf.mtu,
+            ips,
+        )
         .map_err(|e| {
             let may_exist = matches!(e, ControlError::Broken(_));
             (CniError::from(e), may_exist)

@@ -48,6 +48,11 @@ pub enum Command {
         /// The TAP's MAC (`null`: the kernel's random one).
         #[serde(default)]
         mac: Option<String>,
+        /// The addresses the port may send from (at most 4 per family): with any, and the
+        /// bridge's `spoof_guard` on, the port gets a spoof guard pinning it to them and to
+        /// its MAC. Absent or empty: no guard.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ips: Vec<std::net::IpAddr>,
     },
     /// `tapyard port del`: remove a port added by `port add` or the CNI plugin; the data is a
     /// [`crate::PortDeleted`].
@@ -74,6 +79,10 @@ pub enum CniRequest {
         ifname: String,
         /// The MTU of the interface.
         mtu: u32,
+        /// The pod's addresses (IPAM's): with the bridge's `spoof_guard` on, the port may
+        /// send from these and its MAC only. Absent or empty: no guard.
+        #[serde(default)]
+        ips: Vec<std::net::IpAddr>,
     },
     /// Remove the port of `owner`; not an error when there is none.
     PortDel {
@@ -264,7 +273,8 @@ mod tests {
             Command::PortAdd {
                 bridge: "cni0".into(),
                 name: "pod-c".into(),
-                mac: Some("02:00:00:00:00:0c".into())
+                mac: Some("02:00:00:00:00:0c".into()),
+                ips: vec![],
             }
         );
         assert_eq!(
@@ -272,7 +282,19 @@ mod tests {
             Command::PortAdd {
                 bridge: "cni0".into(),
                 name: "pod-c".into(),
-                mac: None
+                mac: None,
+                ips: vec![],
+            }
+        );
+        assert_eq!(
+            cmd(
+                r#"{"cmd":"port_add","bridge":"cni0","name":"pod-c","ips":["10.244.1.9","fd00::9"]}"#
+            ),
+            Command::PortAdd {
+                bridge: "cni0".into(),
+                name: "pod-c".into(),
+                mac: None,
+                ips: vec!["10.244.1.9".parse().unwrap(), "fd00::9".parse().unwrap()],
             }
         );
         assert_eq!(
@@ -288,6 +310,7 @@ mod tests {
             netns: "/var/run/netns/x".into(),
             ifname: "eth0".into(),
             mtu: 1500,
+            ips: vec!["10.244.1.9".parse().unwrap()],
         };
         let del = CniRequest::PortDel {
             owner: "c1/eth0".into(),

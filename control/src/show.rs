@@ -176,6 +176,9 @@ pub struct EndpointRow {
 pub struct PortRow {
     /// The bridge (`null`: an uplink).
     pub bridge: Option<String>,
+    /// The addresses its spoof guard allows, with its MAC (empty: no guard).
+    #[serde(default)]
+    pub guard: Vec<String>,
     /// Its ifindex where it lives (`null`: not found).
     pub ifindex: Option<u32>,
     /// Its interface name where it lives.
@@ -196,6 +199,9 @@ pub struct PortRow {
     pub rx_bytes: u64,
     /// Packets received.
     pub rx_packets: u64,
+    /// Frames its spoof guard dropped.
+    #[serde(default)]
+    pub spoofed: u64,
     /// Its TAP's name in tapyard's namespace.
     pub tap: String,
     /// Bytes sent.

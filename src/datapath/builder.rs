@@ -91,6 +91,12 @@ pub enum ConfigError {
         /// The port's name.
         name: String,
     },
+    /// A spoof guard given to a port that is not an external port on a bridge
+    /// ([`Control::set_port_guard`](crate::Control::set_port_guard)).
+    NotGuardable {
+        /// The port's name.
+        name: String,
+    },
     /// A numeric setting out of its range.
     OutOfRange {
         /// The setting.
@@ -139,6 +145,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "port {name:?} cannot be removed: it is {what}, which stays as long as its \
                  interface"
+            ),
+            ConfigError::NotGuardable { name } => write!(
+                f,
+                "port {name:?} cannot have a spoof guard: only an external port on a bridge can"
             ),
             ConfigError::OutOfRange {
                 field,
@@ -243,7 +253,7 @@ impl DatapathBuilder {
     /// Sets the most ports the datapath can hold at once, builder ports and router interface
     /// ports included (default [`DEFAULT_MAX_PORTS`]; 1 to 65535, and not below the ports
     /// already added). Fixed at build time, so that per-port arrays never reallocate while
-    /// workers read them; each port of capacity costs 8 bytes, plus 40 bytes of counters per
+    /// workers read them; each port of capacity costs 8 bytes, plus 48 bytes of counters per
     /// worker, plus a 24-byte driver slot in a [`Runtime`](crate::runtime::Runtime)'s port
     /// table, whether used or not.
     pub fn max_ports(&mut self, n: usize) -> Result<(), ConfigError> {
@@ -746,6 +756,7 @@ impl DatapathBuilder {
             .collect();
         Datapath {
             ports: words,
+            guards: ArcSwap::from_pointee(Vec::new()),
             topo: Mutex::new(Topo {
                 names: self.ports.into_iter().map(|p| Some(p.name)).collect(),
                 free: BTreeSet::new(),

@@ -39,9 +39,9 @@
 //! ends, the FDB entries a racing learner may have made for the old port are flushed again and
 //! the id's counters are zeroed.
 //!
-//! Memory per port of capacity: an 8-byte word, 40 bytes of counters per worker, and (with a
+//! Memory per port of capacity: an 8-byte word, 48 bytes of counters per worker, and (with a
 //! [`Runtime`](crate::runtime::Runtime)) a 24-byte driver slot in each published port table:
-//! the default 4096 ports cost 32 KiB + 160 KiB per worker + 96 KiB.
+//! the default 4096 ports cost 32 KiB + 192 KiB per worker + 96 KiB.
 //!
 //! # Layout
 //!
@@ -90,6 +90,7 @@ use crate::base::IfaceId;
 use crate::base::{BridgeId, PortId};
 use crate::buf::{BufPool, PacketBuf};
 use crate::l2::fdb::Fdb;
+use crate::l2::guard::PortGuard;
 use crate::l3::defrag::Frags;
 use crate::l3::router::Router;
 use crate::l3::vxlan::Tunnel;
@@ -133,7 +134,9 @@ struct PortInfo {
 /// A port's word (`Datapath::ports`). The common case, an external port on bridge `b`, is
 /// `b + 1` (1 to 65535), so pass 1 recognises it and has its bridge with one compare; every
 /// other port is bits 0..16 the bridge (`NO_BRIDGE`: none), 16..32 the router interface,
-/// 32..40 the kind (`K_*`). 0 is a free id.
+/// 32..40 the kind (`K_*`), bit 40 `GUARDED` (an external bridged port with a spoof guard,
+/// which therefore leaves the one-compare case: unguarded ports pay nothing for guards).
+/// 0 is a free id.
 mod word {
     use super::PortKind;
     use crate::base::{BridgeId, IfaceId};
@@ -147,6 +150,9 @@ mod word {
     pub(super) const K_VIRTUAL: u8 = 3;
     /// A removed port whose id is in quarantine.
     pub(super) const K_REMOVED: u8 = 4;
+    /// An external bridged port whose frames go through its spoof guard
+    /// (`Datapath::guards`).
+    pub(super) const GUARDED: u64 = 1 << 40;
 
     fn long(k: u8, iface: u16, bridge: Option<BridgeId>) -> u64 {
         u64::from(bridge.map_or(NO_BRIDGE, |b| b.0)) | u64::from(iface) << 16 | u64::from(k) << 32
@@ -159,6 +165,21 @@ mod word {
             (PortKind::Routed(i), b) => long(K_ROUTED, i.0, b),
             (PortKind::RouterVirtual(i), b) => long(K_VIRTUAL, i.0, b),
         }
+    }
+
+    /// The word of an external port on `bridge`, with its spoof guard on or off.
+    pub(super) fn external(bridge: BridgeId, guarded: bool) -> u64 {
+        if guarded {
+            long(K_EXTERNAL, 0, Some(bridge)) | GUARDED
+        } else {
+            encode(PortKind::External, Some(bridge))
+        }
+    }
+
+    /// Whether the port's frames go through its spoof guard.
+    #[inline(always)]
+    pub(super) fn is_guarded(w: u64) -> bool {
+        w & GUARDED != 0
     }
 
     /// The word of a removed port that was on `bridge`.
@@ -287,6 +308,10 @@ impl Bridge {
 pub struct Datapath {
     /// Every port id's word (see `word`), `max_ports` of them, read lock-free per frame.
     ports: Box<[AtomicU64]>,
+    /// The spoof guards of guarded ports, by port id (as long as the highest guarded id),
+    /// read lock-free by pass 2 for a frame of a port whose word has `word::GUARDED`;
+    /// replaced whole under the topology mutex ([`Control::set_port_guard`]).
+    guards: ArcSwap<Vec<Option<PortGuard>>>,
     /// Names, free ids, the quarantine and the workers' epochs: control plane only.
     topo: Mutex<Topo>,
     bridges: Vec<Bridge>,

@@ -74,6 +74,9 @@ const DROP: u8 = 0;
 const ROUTED: u8 = 1;
 /// `Pre::kind`: a frame on a bridge port.
 const BRIDGE: u8 = 2;
+/// `Pre::kind`: a frame on a guarded bridge port (`id` its bridge, `flags` its `GROUP_DST`),
+/// not checked yet.
+const GUARDED: u8 = 3;
 
 /// The destination is a group (multicast or broadcast) address.
 const GROUP_DST: u8 = 1;
@@ -577,8 +580,9 @@ impl Datapath {
         p
     }
 
-    /// [`Datapath::classify`] for a frame on a port other than an external bridged one: a
-    /// router interface's uplink (routed), an external port on no bridge, or no port.
+    /// [`Datapath::classify`] for a frame on a port other than an unguarded external bridged
+    /// one: a router interface's uplink (routed), a guarded bridged port (its guard is
+    /// checked in pass 2, [`Datapath::guarded`]), an external port on no bridge, or no port.
     #[inline(never)]
     fn classify_unbridged(
         &self,
@@ -606,11 +610,64 @@ impl Datapath {
                 }
                 p
             }
-            word::K_EXTERNAL => Pre::drop(DropReason::NoBridge),
+            word::K_EXTERNAL => match word::bridge(port) {
+                Some(br) if word::is_guarded(port) => {
+                    p.kind = GUARDED;
+                    p.id = br.0;
+                    p
+                }
+                _ => Pre::drop(DropReason::NoBridge),
+            },
             // A router interface's virtual port has no driver: nothing is received on it; a
             // free or removed id has no port.
             _ => Pre::drop(DropReason::UnknownPort),
         }
+    }
+
+    /// Pass 2 for a frame of a guarded bridged port (`Pre::kind` `GUARDED`, with its group
+    /// flag): its spoof guard first, then, if it passes, the bridge as for any other port
+    /// (its FDB locations found here, without pass 1's prefetch). A refused frame is counted
+    /// on the port and dropped before anything learns from it. Out of line: unguarded ports
+    /// never come here (cold: the hot loop keeps its registers).
+    #[cold]
+    #[inline(never)]
+    fn guarded(
+        &self,
+        b: &mut PacketBuf,
+        mut p: Pre,
+        now: Instant,
+        ctx: &mut Option<BatchCtx<'_>>,
+        sink: &mut PoolSink,
+    ) -> Verdict {
+        let Some(bridge) = self.bridges.get(usize::from(p.id)) else {
+            return Verdict::Drop(DropReason::NoBridge);
+        };
+        if let Some(Some(g)) = self.guards.load().get(usize::from(b.port.0)) {
+            if let Err(d) = g.check(b.frame()) {
+                if let Some(c) = sink.shard.ports.get(usize::from(b.port.0)) {
+                    c.spoofed.add(1);
+                }
+                return Verdict::Drop(d.into());
+            }
+        }
+        // (No guard in the table: it is being set or cleared, the word and the table change
+        // one after the other; unguarded for now.)
+        let Ok(eth) = EthernetFrame::new_checked(b.frame()) else {
+            return Verdict::Drop(DropReason::Truncated);
+        };
+        let (dst_w, src_w) = eth.addr_words();
+        let src = bridge.fdb.locate_word(src_w);
+        let mut dst = Loc::default();
+        p.kind = BRIDGE;
+        if p.flags & GROUP_DST != 0 {
+            let d = eth.dst_addr();
+            if d.is_link_local() && d.0[5] != 0 {
+                p.flags |= LINK_LOCAL;
+            }
+        } else {
+            dst = bridge.fdb.locate_word(dst_w);
+        }
+        self.bridged(b, p, &src, &dst, now, self.nf.as_ref(), ctx, sink)
     }
 
     /// The verdict for a frame that is not bridged: routed (on a router's own port) or
@@ -626,6 +683,9 @@ impl Datapath {
     ) -> Verdict {
         let p = *pre;
         if p.kind != ROUTED {
+            if p.kind == GUARDED {
+                return self.guarded(b, p, now, ctx, sink);
+            }
             return Verdict::Drop(p.reason());
         }
         if p.flags & (OURS | GROUP_DST) == 0 {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::builder::check_name;
 use super::{word, ConfigError, Control, Datapath, PortKind, Quarantined, Topo};
 use crate::base::{BridgeId, PortId};
+use crate::l2::guard::PortGuard;
 
 impl Control<'_> {
     /// Adds a port called `name` to `bridge` while the datapath runs, and returns its id.
@@ -131,6 +132,93 @@ impl Control<'_> {
         dp.remove_locked(&mut t, id)
     }
 
+    /// Gives bridged port `id` a spoof guard (`Some`), or takes it away (`None`): from the
+    /// workers' next batch on, every frame the port sends must come from the guard's MAC and
+    /// addresses ([`PortGuard::check`]); the others are dropped under their `spoofed_*`
+    /// [`DropReason`](crate::stats::DropReason) and counted in the port's
+    /// [`PortStats::spoofed`](crate::stats::PortStats::spoofed), before the bridge learns
+    /// their source or the router sees them. Replacing a guard is one step: no frame sees
+    /// the port unguarded in between. A port without a guard pays nothing for the feature.
+    ///
+    /// Errors: [`ConfigError::NoSuchPort`] for an id with no live port,
+    /// [`ConfigError::NotGuardable`] for a port that is not an external port on a bridge (a
+    /// router interface's port, a port on no bridge).
+    ///
+    /// Control plane: takes the topology mutex and copies the table of guards.
+    ///
+    /// # Example
+    /// ```
+    /// use tapyard::l2::guard::PortGuard;
+    /// use tapyard::{Batch, BridgeConfig, Datapath, DropReason, Instant, MacAddr, PacketBuf, Verdict};
+    /// let mut b = Datapath::builder();
+    /// let br = b.add_bridge(BridgeConfig::new("cni0")).unwrap();
+    /// let pod = b.add_port("veth0", Some(br)).unwrap();
+    /// b.add_port("veth1", Some(br)).unwrap();
+    /// let dp = b.build();
+    /// let mac = MacAddr([2, 0, 0, 0, 0, 1]);
+    /// let guard = PortGuard::new(mac, ["10.244.0.5".parse().unwrap()]).unwrap();
+    /// dp.control().set_port_guard(pod, Some(guard)).unwrap();
+    /// assert_eq!(dp.control().port_guard(pod), Some(guard));
+    /// // A broadcast from another MAC than the pod's.
+    /// let frame = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 9, 0x88, 0xb5, 0, 0];
+    /// let mut buf = PacketBuf::from_frame(&frame);
+    /// buf.port = pod;
+    /// let mut batch = Batch::new();
+    /// batch.push(buf).unwrap();
+    /// let mut w = dp.worker();
+    /// dp.process(&mut w, Instant::ZERO, &mut batch);
+    /// assert_eq!(batch.verdicts()[0], Verdict::Drop(DropReason::SpoofedMac));
+    /// dp.dispatch(&mut w, &batch, |_, _| Ok(()));
+    /// assert_eq!(dp.control().stats().port("veth0").unwrap().spoofed, 1);
+    /// ```
+    pub fn set_port_guard(&self, id: PortId, guard: Option<PortGuard>) -> Result<(), ConfigError> {
+        let dp = self.dp;
+        let t = dp.topo.lock();
+        let i = usize::from(id.0);
+        let live = t.names.get(i).is_some_and(Option::is_some);
+        let slot = dp
+            .ports
+            .get(i)
+            .filter(|_| live)
+            .ok_or(ConfigError::NoSuchPort(id))?;
+        let w = slot.load(Ordering::Relaxed);
+        let bridge = match (word::kind(w), word::bridge(w)) {
+            (word::K_EXTERNAL, Some(b)) => b,
+            _ => {
+                return Err(ConfigError::NotGuardable {
+                    name: t.names[i].clone().unwrap_or_default(),
+                })
+            }
+        };
+        match guard {
+            // The table first, then the word: a worker that sees the bit finds the guard.
+            Some(g) => {
+                dp.set_guard_slot(i, Some(g));
+                slot.store(word::external(bridge, true), Ordering::Release);
+            }
+            // The word first, then the table (a worker between the two reads no guard and
+            // lets the frame through, as it would a moment later).
+            None => {
+                slot.store(word::external(bridge, false), Ordering::Release);
+                dp.set_guard_slot(i, None);
+            }
+        }
+        Ok(())
+    }
+
+    /// The spoof guard of port `id`, if it has one ([`Control::set_port_guard`]).
+    pub fn port_guard(&self, id: PortId) -> Option<PortGuard> {
+        let w = self
+            .dp
+            .ports
+            .get(usize::from(id.0))?
+            .load(Ordering::Acquire);
+        if !word::is_guarded(w) {
+            return None;
+        }
+        *self.dp.guards.load().get(usize::from(id.0))?
+    }
+
     /// Ends the quarantines that can end now and returns how many removed port ids are still
     /// quarantined (waiting for a worker that was online at the removal to finish its batch).
     /// [`Control::add_port`] does this itself before it picks an id.
@@ -188,6 +276,9 @@ impl Datapath {
             br.fdb.remove_port(id);
         }
         t.names[i] = None;
+        if word::is_guarded(w) {
+            self.set_guard_slot(i, None);
+        }
         let online = Self::online_workers(t);
         t.quarantine.push(Quarantined {
             id,
@@ -197,6 +288,20 @@ impl Datapath {
         });
         self.reclaim(t);
         Ok(())
+    }
+
+    /// Replaces the guard table with one where port `i` has `guard` (under the topology
+    /// mutex), trimmed to the highest guarded id.
+    fn set_guard_slot(&self, i: usize, guard: Option<PortGuard>) {
+        let mut table = self.guards.load().to_vec();
+        if table.len() <= i {
+            table.resize(i + 1, None);
+        }
+        table[i] = guard;
+        while table.last().is_some_and(Option::is_none) {
+            table.pop();
+        }
+        self.guards.store(Arc::new(table));
     }
 
     /// Whether `id` is a live port [`Control::remove_port`] would remove; its error if not.

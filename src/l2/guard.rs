@@ -10,10 +10,10 @@
 //!   0.0.0.0 (an ARP probe, RFC 5227);
 //! - IPv6: its source is one of the port's IPv6 addresses or a link-local address (fe80::/10:
 //!   a pod's kernel picks its own, EUI-64 or stable-privacy, and it never leaves the link), or
-//!   `::` in duplicate address detection (a neighbour solicitation) or an MLD report; a
-//!   neighbour advertisement may only announce the port's own addresses (or a link-local
-//!   one), and a neighbour discovery message's link-layer address option must be the port's
-//!   MAC;
+//!   `::` in duplicate address detection (a neighbour solicitation for one of the port's own
+//!   addresses or a link-local one) or an MLD report; a neighbour advertisement may only
+//!   announce the port's own addresses (or a link-local one), and a neighbour discovery
+//!   message's link-layer address option must be the port's MAC;
 //! - any other EtherType: its source MAC is the port's.
 //!
 //! A frame with one 802.1Q tag is checked by its inner EtherType. Everything else is dropped
@@ -49,6 +49,18 @@ impl SpoofDrop {
             SpoofDrop::Ip => "spoofed_ip",
             SpoofDrop::Arp => "spoofed_arp",
             SpoofDrop::Nd => "spoofed_nd",
+        }
+    }
+}
+
+impl From<SpoofDrop> for crate::stats::DropReason {
+    fn from(d: SpoofDrop) -> Self {
+        use crate::stats::DropReason;
+        match d {
+            SpoofDrop::Mac => DropReason::SpoofedMac,
+            SpoofDrop::Ip => DropReason::SpoofedIp,
+            SpoofDrop::Arp => DropReason::SpoofedArp,
+            SpoofDrop::Nd => DropReason::SpoofedNd,
         }
     }
 }
@@ -219,21 +231,23 @@ impl PortGuard {
             return Err(SpoofDrop::Ip);
         }
         match icmp_type {
-            Some(RS | RA | NS | NA) => self.check_nd(icmp_type, msg),
+            Some(RS | RA | NS | NA) => self.check_nd(icmp_type, msg, unspecified),
             _ => Ok(()),
         }
     }
 
-    /// A neighbour discovery message: an advertisement's target must be the port's, and
-    /// any link-layer address option its MAC.
-    fn check_nd(&self, t: Option<u8>, msg: &[u8]) -> Result<(), SpoofDrop> {
+    /// A neighbour discovery message: an advertisement's target must be the port's, and so
+    /// must a duplicate address detection probe's (a solicitation from `::`: another
+    /// port's tentative address probed from here would make its owner give it up, RFC 4862
+    /// 5.4.3); any link-layer address option must be its MAC.
+    fn check_nd(&self, t: Option<u8>, msg: &[u8], unspecified: bool) -> Result<(), SpoofDrop> {
         // RS: 8 bytes before options; RA: 16; NS and NA: 8 + the 16-byte target.
         let opts_at = match t {
             Some(RS) => 8,
             Some(RA) => 16,
             _ => 24,
         };
-        if t == Some(NA) {
+        if t == Some(NA) || (t == Some(NS) && unspecified) {
             if let Some(target) = array::<16>(msg, 8) {
                 if !self.owns_ipv6(target) {
                     return Err(SpoofDrop::Nd);

@@ -9,6 +9,7 @@ mod common;
 
 mod busy_poll;
 mod conntrack_zones;
+mod guard;
 mod ipv6_only;
 mod layers;
 mod martian;

@@ -90,6 +90,7 @@ pub fn port(op: crate::args::PortOp) -> Result<(), Fail> {
             bridge,
             name,
             mac,
+            ip,
             client,
         } => {
             let sock = client_socket(&client)?;
@@ -97,6 +98,7 @@ pub fn port(op: crate::args::PortOp) -> Result<(), Fail> {
                 bridge: bridge.clone(),
                 mac,
                 name: name.clone(),
+                ips: ip,
             };
             match crate::control::client::request::<PortInfo>(&sock, cmd)? {
                 Reply {

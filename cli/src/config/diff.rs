@@ -38,6 +38,9 @@ pub struct Diff {
     pub peers_removed: Vec<(String, PeerCfg)>,
     /// VXLAN peers to add, as (interface, peer).
     pub peers_added: Vec<(String, PeerCfg)>,
+    /// Bridges whose `spoof_guard` changed, with the new value: their ports' guards are
+    /// set or cleared.
+    pub guards: Vec<(String, bool)>,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
     /// What each line of [`Diff::summary`] changes (`items[i]` for `summary[i]`).
@@ -61,6 +64,8 @@ pub enum Item {
     Port(String, String),
     /// The peer of a VXLAN interface, as (interface, node IP).
     Peer(String, std::net::IpAddr),
+    /// A bridge's `spoof_guard`.
+    SpoofGuard(String),
 }
 
 impl std::fmt::Display for Item {
@@ -75,6 +80,7 @@ impl std::fmt::Display for Item {
             Item::NodePortRange => f.write_str("node.node_port_range"),
             Item::Port(bridge, port) => write!(f, "port {port:?} of bridge {bridge:?}"),
             Item::Peer(vxlan, ip) => write!(f, "vxlan {vxlan:?}: peer {ip}"),
+            Item::SpoofGuard(bridge) => write!(f, "bridge {bridge:?}: spoof_guard"),
         }
     }
 }
@@ -170,6 +176,16 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                     }
                 }
             }
+            Item::SpoofGuard(bridge) => {
+                let was = old.bridges.iter().find(|b| &b.name == bridge);
+                if let (Some(b), Some(o), true) = (
+                    run.bridges.iter_mut().find(|b| &b.name == bridge),
+                    was,
+                    keep,
+                ) {
+                    b.value.spoof_guard = o.spoof_guard;
+                }
+            }
             Item::Peer(vxlan, ip) => {
                 let was: Vec<_> = old
                     .vxlans
@@ -217,13 +233,15 @@ fn changed_fields<T, F>(
     }
 }
 
-/// The bridges with their `ports` left out: those are compared by [`port_changes`].
+/// The bridges with their `ports` and `spoof_guard` left out: those are compared by
+/// [`port_changes`] and applied live.
 fn without_ports(bridges: &[Located<BridgeCfg>]) -> Vec<Located<BridgeCfg>> {
     bridges
         .iter()
         .map(|b| {
             let mut b = b.clone();
             b.value.ports.clear();
+            b.value.spoof_guard = true;
             b
         })
         .collect()
@@ -235,6 +253,16 @@ fn port_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], d: &mut 
         let Some(n) = new.iter().find(|n| n.name == o.name) else {
             continue;
         };
+        if o.spoof_guard != n.spoof_guard {
+            d.push(
+                Item::SpoofGuard(n.name.clone()),
+                format!(
+                    "bridge {:?}: spoof_guard {} -> {}",
+                    n.name, o.spoof_guard, n.spoof_guard
+                ),
+            );
+            d.guards.push((n.name.clone(), n.spoof_guard));
+        }
         for p in o.ports.iter().filter(|p| !n.ports.contains(p)) {
             d.push(
                 Item::Port(o.name.clone(), p.clone()),

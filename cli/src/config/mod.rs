@@ -159,6 +159,9 @@ pub struct BridgeCfg {
     pub fdb_max_entries: usize,
     /// FDB aging time.
     pub fdb_aging: Duration,
+    /// Pin ports with known addresses (the CNI plugin's, `port add --ip`) to them and to
+    /// their MAC (`spoof_guard`, default on); applied live by a reload.
+    pub spoof_guard: bool,
 }
 
 /// `[[uplink]]`: a router interface owning a TAP device.

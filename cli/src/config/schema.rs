@@ -249,6 +249,12 @@ pub const BRIDGE: Section = Section {
             Dflt::Int(300),
             "seconds before an idle MAC is forgotten",
         ),
+        key(
+            "spoof_guard",
+            Ty::Bool,
+            Dflt::Bool(true),
+            "pin each port with known addresses (the CNI plugin's, `tapyard port add --ip`) to them and to its MAC: other source MACs and addresses, ARP and NDP for other addresses are dropped (`spoofed_*`); a reload applies a change",
+        ),
     ],
 };
 

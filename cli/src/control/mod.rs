@@ -234,9 +234,14 @@ fn handle(mut s: UnixStream, node: &Node, stop: &AtomicBool) -> io::Result<()> {
             }),
         ),
         Command::Capture { port, count } => stream_capture(s, node, &port, count, stop),
-        Command::PortAdd { bridge, name, mac } => {
+        Command::PortAdd {
+            bridge,
+            name,
+            mac,
+            ips,
+        } => {
             let r = node
-                .port_add_local(&bridge, &name, mac.as_deref(), Origin::Command)
+                .port_add_local(&bridge, &name, mac.as_deref(), ips, Origin::Command)
                 .map(|e| e.info());
             reply(&mut s, &Reply::from_result(r.map_err(|e| e.to_string())))
         }
@@ -260,8 +265,9 @@ fn cni(s: &mut UnixStream, node: &Node, req: CniRequest) -> io::Result<()> {
             netns,
             ifname,
             mtu,
+            ips,
         } => {
-            let r = node.port_add_cni(&bridge, &owner, &netns, &ifname, mtu);
+            let r = node.port_add_cni(&bridge, &owner, &netns, &ifname, mtu, &ips);
             if let Err(e) = &r {
                 refused(e);
             }

@@ -15,6 +15,7 @@ use tapyard_control::PortInfo;
 use crate::capture::CaptureTap;
 use crate::config::values::{parse_ifname, parse_mac, BadValue};
 use crate::ports::{BoxError, PortError};
+use std::net::IpAddr;
 
 use crate::node::Node;
 use crate::state::{self, MacFor};
@@ -279,6 +280,7 @@ impl Node {
         bridge: &str,
         name: &str,
         mac: Option<&str>,
+        ips: Vec<IpAddr>,
         origin: Origin,
     ) -> Result<PortEntry, PortError> {
         let _change = self.ports.changing();
@@ -301,7 +303,9 @@ impl Node {
         link.mac = m.to_string();
         let offload = tap.offloads();
         let tap = Arc::new(tap);
+        let guard = self.guard_for(bridge, &m.to_string(), &ips)?;
         let (pending, capture) = self.attach_tap(name, tap.clone(), bid)?;
+        self.set_guard(name, pending.id, guard.as_ref())?;
         let e = PortEntry {
             id: pending.id,
             name: name.to_string(),
@@ -317,6 +321,7 @@ impl Node {
             capture,
             dev: Some(tap.clone()),
             offload,
+            ips,
         };
         self.record_then_persist(&e, &tap)?;
         pending.keep();
@@ -339,6 +344,7 @@ impl Node {
         netns_path: &str,
         ifname: &str,
         mtu: u32,
+        ips: &[IpAddr],
     ) -> Result<PortInfo, PortError> {
         let _change = self.ports.changing();
         let bid = self.bridge_id(bridge)?;
@@ -416,7 +422,9 @@ impl Node {
             })?;
         let offload = tap.offloads();
         let tap = Arc::new(tap);
+        let guard = self.guard_for(bridge, &link.mac, ips)?;
         let (pending, capture) = self.attach_tap(&tmp, tap.clone(), bid)?;
+        self.set_guard(&tmp, pending.id, guard.as_ref())?;
         let e = PortEntry {
             id: pending.id,
             name: tmp.clone(),
@@ -432,6 +440,7 @@ impl Node {
             capture,
             dev: Some(tap.clone()),
             offload,
+            ips: ips.to_vec(),
         };
         self.record_then_persist(&e, &tap)?;
         pending.keep();
@@ -574,8 +583,13 @@ impl Node {
                 });
                 let counters = stats.ports.iter().find(|p| p.name == e.name);
                 let c = |f: fn(&tapyard::stats::PortStats) -> u64| counters.map_or(0, f);
+                let guard = self.dp.control().port_guard(e.id);
                 PortRow {
                     bridge: e.bridge,
+                    guard: guard.map_or_else(Vec::new, |g| {
+                        let v4 = g.ipv4().iter().map(ToString::to_string);
+                        v4.chain(g.ipv6().iter().map(ToString::to_string)).collect()
+                    }),
                     ifindex: link.as_ref().map(|l| l.index),
                     ifname: e.ifname,
                     kind: e.kind.name().into(),
@@ -586,6 +600,7 @@ impl Node {
                     owner: e.owner,
                     rx_bytes: c(|p| p.rx_bytes),
                     rx_packets: c(|p| p.rx_packets),
+                    spoofed: c(|p| p.spoofed),
                     tap: e.tap,
                     tx_bytes: c(|p| p.tx_bytes),
                     tx_packets: c(|p| p.tx_packets),
@@ -600,7 +615,7 @@ impl Node {
         let s = |v: Option<&str>| v.unwrap_or("-").to_string();
         for p in self.ports_rows() {
             out.push_str(&format!(
-                "{} {} bridge {} ifname {} mac {} ifindex {} netns {} origin {}{} rx {} pkts {} bytes tx {} pkts {} bytes\n",
+                "{} {} bridge {} ifname {} mac {} ifindex {} netns {} origin {}{}{} rx {} pkts {} bytes tx {} pkts {} bytes\n",
                 p.name,
                 p.kind,
                 s(p.bridge.as_deref()),
@@ -610,6 +625,11 @@ impl Node {
                 s(p.netns.as_deref()),
                 p.origin,
                 p.owner.map_or(String::new(), |o| format!(" owner {o}")),
+                if p.guard.is_empty() {
+                    String::new()
+                } else {
+                    format!(" guard {} spoofed {}", p.guard.join(","), p.spoofed)
+                },
                 p.rx_packets,
                 p.rx_bytes,
                 p.tx_packets,

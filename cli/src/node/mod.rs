@@ -15,6 +15,7 @@ use crate::ports::{self, Kind, Origin, PortEntry, Registry};
 use crate::state::{self, StateDir};
 
 mod error;
+mod guard;
 mod host;
 mod live_ports;
 mod plan;
@@ -167,6 +168,7 @@ impl Node {
                 capture: Arc::default(),
                 dev: Some(Arc::new(dev)),
                 offload,
+                ips: Vec::new(),
             });
         }
         for r in cfg_recs {
@@ -195,6 +197,7 @@ impl Node {
                 capture: Arc::default(),
                 dev: Some(Arc::new(f.tap)),
                 offload: r.offload,
+                ips: r.ips,
             });
             reattached += 1;
         }

@@ -341,6 +341,7 @@ impl Plan {
             capture: Arc::default(),
             dev: Some(Arc::new(dev)),
             offload: self.cfg.node.offload,
+            ips: Vec::new(),
         })
     }
 
@@ -553,6 +554,13 @@ impl Built {
             clock,
             rt: Mutex::new(Some(rt)),
         };
+        // The pods' spoof guards, from the record (ports restored or taken over).
+        for r in node.apply_guards(&cfg, None) {
+            match r {
+                Ok(line) => log::debug!("{line}"),
+                Err(e) => log::warn!("{e}"),
+            }
+        }
         match apply_services(&node, &cfg.services) {
             Ok(done) => {
                 for d in done {

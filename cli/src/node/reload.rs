@@ -92,7 +92,7 @@ impl Node {
             }
         }
         for (bridge, name) in &d.ports_added {
-            match self.port_add_local(bridge, name, None, Origin::Config) {
+            match self.port_add_local(bridge, name, None, Vec::new(), Origin::Config) {
                 Ok(e) => {
                     // The bridge's MTU, as the ports it started with.
                     let mtu = u32::from(tap_mtu(new, name, Some(bridge)));
@@ -173,6 +173,15 @@ impl Node {
                 match to_nat_rules(new, |n| self.dp.control().iface_by_name(n)) {
                     Ok(rules) => nf.set_rules(rules),
                     Err(e) => errors.push(refuse(Item::NatRules, e.to_string(), true)),
+                }
+            }
+        }
+        // A bridge's spoof_guard: its ports' guards set or cleared, traffic untouched.
+        for (bridge, _) in &d.guards {
+            for r in self.apply_guards(new, Some(bridge)) {
+                match r {
+                    Ok(line) => log::info!("{line}"),
+                    Err(e) => errors.push(refuse(Item::SpoofGuard(bridge.clone()), e, true)),
                 }
             }
         }

@@ -84,6 +84,9 @@ pub struct PortEntry {
     pub dev: Option<Arc<TapPort>>,
     /// Opened with a virtio-net header.
     pub offload: bool,
+    /// The addresses it may send from (`port add --ip`, the CNI plugin's IPAM): with any,
+    /// and its bridge's `spoof_guard` on, its spoof guard pins it to them and its MAC.
+    pub ips: Vec<std::net::IpAddr>,
 }
 
 impl PortEntry {
@@ -112,6 +115,7 @@ impl PortEntry {
             },
             ifindex: self.link.as_ref().map_or(0, |l| l.index),
             offload: self.offload,
+            ips: self.ips.clone(),
         }
     }
 

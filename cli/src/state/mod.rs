@@ -142,6 +142,9 @@ pub struct PortRecord {
     pub ifindex: u32,
     /// Opened with a virtio-net header (it must be opened again the same way).
     pub offload: bool,
+    /// The addresses its spoof guard allows (absent: none, no guard).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<std::net::IpAddr>,
 }
 
 /// The whole file.
@@ -484,6 +487,7 @@ mod tests {
                 tap: "ty00000001".into(),
                 ifname: "eth0".into(),
                 mac: "0a:00:00:00:00:01".into(),
+                ips: vec!["10.244.1.5".parse().unwrap()],
                 kind: Kind::Pod,
                 bridge: Some("cni0".into()),
                 origin: Origin::Cni,

@@ -166,6 +166,7 @@ pub fn entry_of(
         capture: Arc::default(),
         dev: Some(Arc::new(tap)),
         offload: r.offload,
+        ips: r.ips.clone(),
     }
 }
 

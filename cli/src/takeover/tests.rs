@@ -37,6 +37,7 @@ fn record(name: &str) -> PortRecord {
         }),
         ifindex: 7,
         offload: false,
+        ips: Vec::new(),
     }
 }
 

@@ -34,11 +34,11 @@ use crate::common::*;
 use cni_plugin::{cni, cni_ok, leases, net_conf};
 use serde_json::{json, Value};
 
-const GW: &str = "10.244.1.1";
+pub(super) const GW: &str = "10.244.1.1";
 const UPLINK: &str = "10.245.0.2";
 const NODE_B: &str = "10.245.0.3";
-const NODE_B_POD: &str = "10.244.2.2";
-const WEB_VIP: &str = "10.96.0.10";
+pub(super) const NODE_B_POD: &str = "10.244.2.2";
+pub(super) const WEB_VIP: &str = "10.96.0.10";
 
 /// Why this machine cannot run the tests, if it cannot.
 fn skip_reason() -> Option<String> {
@@ -55,26 +55,26 @@ fn skip_reason() -> Option<String> {
 }
 
 /// Skips with a message, or fails under `CI=true`.
-fn skip(test: &str) -> bool {
+pub(super) fn skip(test: &str) -> bool {
     skip_or_fail(test, skip_reason())
 }
 
 /// A running node, node-b and the pods' namespaces; all removed on drop.
-struct Node {
+pub(super) struct Node {
     tag: String,
     dir: PathBuf,
     ns_node: String,
-    ns_b: String,
+    pub(super) ns_b: String,
     socket: PathBuf,
-    config: PathBuf,
+    pub(super) config: PathBuf,
     /// The node's process, the servers, the namespaces, the directory.
-    g: Guard,
+    pub(super) g: Guard,
 }
 
 impl Node {
     /// Starts `tapyard run` in a namespace of its own with bridge cni0 (`ports` from the
     /// file), an uplink to node-b and the Service; wires node-b.
-    fn start(test: &str, ports: &[&str]) -> Node {
+    pub(super) fn start(test: &str, ports: &[&str]) -> Node {
         let tag = format!("{test}{}", std::process::id() % 100_000);
         let dir = std::env::temp_dir().join(format!("tapyard-cni-node-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -160,7 +160,7 @@ endpoints = ["{NODE_B_POD}:8080"]
         tapyard_at(&self.socket, args)
     }
 
-    fn tapyard_ok(&self, args: &[&str]) -> String {
+    pub(super) fn tapyard_ok(&self, args: &[&str]) -> String {
         tapyard_ok_at(&self.socket, args)
     }
 
@@ -175,13 +175,13 @@ endpoints = ["{NODE_B_POD}:8080"]
         );
     }
 
-    fn json(&self, what: &str) -> Vec<Value> {
+    pub(super) fn json(&self, what: &str) -> Vec<Value> {
         let out = self.tapyard_ok(&["show", what, "--json"]);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("show {what} --json: {e}:\n{out}"))
     }
 
     /// `show ports --json`'s port called `name` (or whose owner is `name`).
-    fn port(&self, name: &str) -> Option<Value> {
+    pub(super) fn port(&self, name: &str) -> Option<Value> {
         self.json("ports")
             .into_iter()
             .find(|p| p["name"] == name || p["owner"] == name)
@@ -225,7 +225,7 @@ endpoints = ["{NODE_B_POD}:8080"]
     }
 
     /// The gateway's MAC, from `tapyard status`.
-    fn gateway_mac(&self) -> String {
+    pub(super) fn gateway_mac(&self) -> String {
         let out = self.tapyard_ok(&["status", "--json"]);
         let v: Value = serde_json::from_str(&out).unwrap();
         v["interfaces"]
@@ -249,24 +249,24 @@ fn control(socket: &Path, req: &Value) -> Value {
 }
 
 /// A pod: its namespace (made by the caller), container id and ADD result.
-struct Pod {
-    ns: String,
+pub(super) struct Pod {
+    pub(super) ns: String,
     id: String,
-    result: Value,
+    pub(super) result: Value,
 }
 
 impl Pod {
-    fn ip(&self) -> String {
+    pub(super) fn ip(&self) -> String {
         let a = self.result["ips"][0]["address"].as_str().unwrap();
         a.split('/').next().unwrap().to_string()
     }
 
-    fn owner(&self) -> String {
+    pub(super) fn owner(&self) -> String {
         format!("{}/eth0", self.id)
     }
 }
 
-fn add_pod(n: &mut Node, i: usize) -> Pod {
+pub(super) fn add_pod(n: &mut Node, i: usize) -> Pod {
     let ns = format!("typ{i}-{}", n.tag);
     n.ns(&ns);
     let id = format!("ctr{i}-{}", n.tag);

@@ -17,6 +17,7 @@ mod netns_node;
 mod podman;
 mod restart;
 mod restart_ct;
+mod spoof_guard;
 mod takeover;
 mod vxlan;
 mod vxlan6;

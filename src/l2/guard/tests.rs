@@ -168,6 +168,11 @@ fn anyone_elses_mac_or_address_is_dropped_by_reason() {
             SpoofDrop::Mac,
         ),
         (with_target(v6(3), 135, v6(1), Some(MAC.0)), SpoofDrop::Ip),
+        // Duplicate address detection of another port's (tentative) address.
+        (
+            with_target(Ipv6Addr::UNSPECIFIED, 135, v6(3), None),
+            SpoofDrop::Nd,
+        ),
     ];
     for (f, want) in cases {
         assert_eq!(g.check(&f), Err(want), "{f:02x?}");

@@ -347,3 +347,30 @@ fn ports_of_a_bridge_are_live() {
     assert_eq!(d.ports_removed.len(), 2);
     assert!(diff(&c, &c).unwrap().is_empty());
 }
+
+#[test]
+fn a_bridges_spoof_guard_is_live_and_a_refusal_keeps_the_old_value() {
+    let a = cfg(EXAMPLE);
+    assert!(a.bridges[0].spoof_guard, "on by default");
+    let off = EXAMPLE.replacen(
+        "ports = [\"pod-a\", \"pod-b\"]",
+        "ports = [\"pod-a\", \"pod-b\"]\nspoof_guard = false",
+        1,
+    );
+    let b = cfg(&off);
+    assert!(!b.bridges[0].spoof_guard);
+    let d = diff(&a, &b).unwrap();
+    assert_eq!(d.guards, [("cni0".to_string(), false)]);
+    assert_eq!(d.summary, ["bridge \"cni0\": spoof_guard true -> false"]);
+    assert_eq!(d.items, [Item::SpoofGuard("cni0".into())]);
+    let refused = Refusal {
+        item: Item::SpoofGuard("cni0".into()),
+        reason: "x".into(),
+        old_kept: true,
+    };
+    assert!(running(&a, &b, &[refused]).bridges[0].spoof_guard);
+    // A wrong value is named with its line.
+    let bad = crate::config::check_str(&off.replace("spoof_guard = false", "spoof_guard = 1"));
+    let msg = format!("{:?}", bad.diags);
+    assert!(bad.config.is_none() && msg.contains("spoof_guard"), "{msg}");
+}

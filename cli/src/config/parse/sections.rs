@@ -122,6 +122,7 @@ impl Parser<'_> {
         let ports = self.list(&mut s, "ports", parse_ifname);
         let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
         let fdb_aging = self.secs(&mut s, "fdb_aging");
+        let spoof_guard = self.boolean(&mut s, "spoof_guard");
         if address.is_none()
             && address6.is_none()
             && (t.contains_key("mac") || t.contains_key("mtu"))
@@ -145,6 +146,7 @@ impl Parser<'_> {
             ports,
             fdb_max_entries,
             fdb_aging,
+            spoof_guard,
         };
         Some(Located {
             value,

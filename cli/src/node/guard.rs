@@ -1,0 +1,114 @@
+//! The spoof guards of pod ports ([`tapyard::Control::set_port_guard`]): a port with known
+//! addresses (the CNI plugin's IPAM, `port add --ip`) on a bridge whose `spoof_guard` is on
+//! (the default) may send only from them and from its MAC. The guard follows the port: set
+//! when it is added, again at a start or a takeover from the record, and on a reload that
+//! turns a bridge's `spoof_guard` on or off.
+
+use std::net::IpAddr;
+
+use tapyard::l2::guard::PortGuard;
+use tapyard::PortId;
+
+use crate::config::values::parse_mac;
+use crate::config::Config;
+use crate::node::Node;
+use crate::ports::{PortEntry, PortError};
+
+/// The guard a port of `bridge` with MAC `mac` and addresses `ips` gets under `cfg`: none
+/// without addresses or with the bridge's `spoof_guard` off.
+pub(super) fn guard_in(
+    cfg: &Config,
+    bridge: &str,
+    mac: &str,
+    ips: &[IpAddr],
+) -> Result<Option<PortGuard>, PortError> {
+    let on = cfg
+        .bridges
+        .iter()
+        .find(|b| b.name == bridge)
+        .is_some_and(|b| b.spoof_guard);
+    if ips.is_empty() || !on {
+        return Ok(None);
+    }
+    let m = parse_mac(mac).map_err(|e| PortError::field("mac", mac, e))?;
+    let list = || {
+        ips.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    PortGuard::new(m, ips.iter().copied())
+        .map(Some)
+        .map_err(|e| PortError::field("ips", &list(), format!("refused: {e}")))
+}
+
+impl Node {
+    /// [`guard_in`] the running configuration. Locks it only for a port with addresses (a
+    /// reload, which holds it, adds the file's ports, which have none).
+    pub(super) fn guard_for(
+        &self,
+        bridge: &str,
+        mac: &str,
+        ips: &[IpAddr],
+    ) -> Result<Option<PortGuard>, PortError> {
+        if ips.is_empty() {
+            return Ok(None);
+        }
+        let cfg = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        guard_in(&cfg, bridge, mac, ips)
+    }
+
+    /// Gives datapath port `id` (called `name`) its guard, or none.
+    pub(super) fn set_guard(
+        &self,
+        name: &str,
+        id: PortId,
+        guard: Option<&PortGuard>,
+    ) -> Result<(), PortError> {
+        self.dp
+            .control()
+            .set_port_guard(id, guard.copied())
+            .map_err(|source| PortError::Datapath {
+                what: format!("port {name:?}: cannot set its spoof guard"),
+                source: Box::new(source),
+            })
+    }
+
+    /// Sets the guard of every port (of `bridge` only, if given) as `cfg` says; returns
+    /// one line per port whose guard changed, or the refusals.
+    pub(super) fn apply_guards(
+        &self,
+        cfg: &Config,
+        bridge: Option<&str>,
+    ) -> Vec<Result<String, String>> {
+        let mut out = Vec::new();
+        for e in self.ports.list() {
+            let Some(b) = e.bridge.as_deref() else {
+                continue;
+            };
+            if bridge.is_some_and(|w| w != b) {
+                continue;
+            }
+            match self.guard_of(cfg, &e) {
+                Ok(None) if self.dp.control().port_guard(e.id).is_none() => {}
+                Ok(g) => out.push(self.set_guard(&e.name, e.id, g.as_ref()).map_or_else(
+                    |err| Err(err.to_string()),
+                    |()| {
+                        Ok(format!(
+                            "port {}: spoof guard {}",
+                            e.name,
+                            if g.is_some() { "on" } else { "off" }
+                        ))
+                    },
+                )),
+                Err(err) => out.push(Err(format!("port {}: {err}", e.name))),
+            }
+        }
+        out
+    }
+
+    fn guard_of(&self, cfg: &Config, e: &PortEntry) -> Result<Option<PortGuard>, PortError> {
+        let mac = e.link.as_ref().map_or("", |l| l.mac.as_str());
+        guard_in(cfg, e.bridge.as_deref().unwrap_or(""), mac, &e.ips)
+    }
+}

@@ -1,0 +1,182 @@
+//! The spoof guard end to end: two pods added through the `tapyard-cni` plugin on a real
+//! `tapyard run` (the node of [`super::cni_node`]) get their guards from IPAM's addresses.
+//! The attacker pod (a) takes the victim's address as a secondary one and pings and ARPs from
+//! it, (b) takes the victim's MAC, (c) sends forged ARP replies claiming the victim's address
+//! to the gateway (python3, AF_PACKET): each is dropped and counted (`show stats`,
+//! `show ports`), while the victim keeps working (ping and TCP to the gateway, node-b's pod and
+//! the ClusterIP) and the gateway's neighbour entry and the FDB still point at the victim. A
+//! reload turns the bridge's `spoof_guard` off and on again, live.
+//!
+//! Needs root, `ip`, `ping`, `python3` and host-local (see `cni_node`).
+
+use serde_json::Value;
+
+use super::cni_node::{add_pod, skip, Node, GW, NODE_B_POD, WEB_VIP};
+use crate::common::*;
+
+/// Sends `argv[6]` ARP replies on `argv[1]` from MAC `argv[2]` claiming address `argv[3]`,
+/// to `argv[4]` (MAC) / `argv[5]` (address).
+const FORGE_ARP_PY: &str = r#"
+import socket, sys
+ifname, mac, claim, gw_mac, gw_ip, count = sys.argv[1:7]
+m = lambda s: bytes.fromhex(s.replace(":", ""))
+a = socket.inet_aton
+f = m(gw_mac) + m(mac) + b"\x08\x06" + b"\x00\x01\x08\x00\x06\x04\x00\x02"
+f += m(mac) + a(claim) + m(gw_mac) + a(gw_ip)
+f += b"\x00" * (60 - len(f))
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((ifname, 0))
+for _ in range(int(count)):
+    s.send(f)
+print("sent", count)
+"#;
+
+/// The drop counters of `show stats --json`.
+fn drops(n: &Node) -> Value {
+    let out = n.tapyard_ok(&["show", "stats", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v["drops"].clone()
+}
+
+fn count(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(0)
+}
+
+/// The gateway's neighbour entry for `ip`: its MAC.
+fn gw_neigh(n: &Node, ip: &str) -> Option<String> {
+    n.json("neigh")
+        .into_iter()
+        .find(|e| e["dst"] == ip)
+        .and_then(|e| e["lladdr"].as_str().map(str::to_string))
+}
+
+#[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
+fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
+    if skip("a_pod_cannot_take_another_pods_address_mac_or_arp_entry") {
+        return;
+    }
+    let mut n = Node::start("sg", &[]);
+    let nb = n.ns_b.clone();
+    spawn_in(
+        &mut n.g.children,
+        &nb,
+        &["python3", "-c", SERVER_PY, "node-b", "8080", "0"],
+    );
+    let gw_mac = n.gateway_mac();
+    let victim = add_pod(&mut n, 0);
+    let attacker = add_pod(&mut n, 1);
+    let (v_ip, a_ip) = (victim.ip(), attacker.ip());
+    let mac_of = |p: &super::cni_node::Pod| {
+        p.result["interfaces"][0]["mac"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (v_mac, a_mac) = (mac_of(&victim), mac_of(&attacker));
+    // The CNI path: each pod's port is guarded with IPAM's address.
+    for (p, ip) in [(&victim, &v_ip), (&attacker, &a_ip)] {
+        let port = n.port(&p.owner()).expect("the pod's port");
+        assert_eq!(port["guard"], serde_json::json!([ip]), "{port}");
+    }
+    ping_ok(&victim.ns, GW);
+    ping_ok(&attacker.ns, GW);
+    ping_ok(&attacker.ns, &v_ip);
+    assert_eq!(gw_neigh(&n, &v_ip).as_deref(), Some(v_mac.as_str()));
+    let before = drops(&n);
+    assert_eq!(count(&before, "spoofed_ip"), 0, "{before}");
+
+    // (a) The victim's address as a secondary one: pings from it go nowhere.
+    let att = ns_named(&attacker.ns);
+    att.cmd(&["ip", "addr", "add", &format!("{v_ip}/32"), "dev", "eth0"]);
+    let (ok, out) = att.cmd(&[
+        "ping", "-n", "-c", "3", "-i", "0.2", "-W", "1", "-I", &v_ip, GW,
+    ]);
+    assert!(!ok, "a ping from the victim's address was answered: {out}");
+    let (ok, out) = att.cmd(&[
+        "ping", "-n", "-c", "2", "-i", "0.2", "-W", "1", "-I", &v_ip, NODE_B_POD,
+    ]);
+    assert!(!ok, "{out}");
+    if which("arping") {
+        let _ = att.cmd(&[
+            "arping", "-c", "2", "-w", "2", "-I", "eth0", "-s", &v_ip, GW,
+        ]);
+    }
+    att.cmd(&["ip", "addr", "del", &format!("{v_ip}/32"), "dev", "eth0"]);
+    let after_a = drops(&n);
+    assert!(count(&after_a, "spoofed_ip") >= 3, "{after_a}");
+
+    // (b) The victim's MAC.
+    att.cmd(&["ip", "link", "set", "eth0", "address", &v_mac]);
+    let (ok, out) = att.cmd(&["ping", "-n", "-c", "2", "-i", "0.2", "-W", "1", GW]);
+    assert!(!ok, "a ping from the victim's MAC was answered: {out}");
+    att.cmd(&["ip", "link", "set", "eth0", "address", &a_mac]);
+    let after_b = drops(&n);
+    assert!(count(&after_b, "spoofed_mac") >= 2, "{after_b}");
+
+    // (c) Forged ARP replies to the gateway claiming the victim's address.
+    att.python(FORGE_ARP_PY, &["eth0", &a_mac, &v_ip, &gw_mac, GW, "5"]);
+    let after_c = drops(&n);
+    assert!(
+        count(&after_c, "spoofed_arp") >= count(&after_b, "spoofed_arp") + 5,
+        "{after_c}"
+    );
+
+    // Counted on the attacker's port, not on the victim's.
+    let a_port = n.port(&attacker.owner()).unwrap();
+    let v_port = n.port(&victim.owner()).unwrap();
+    assert!(a_port["spoofed"].as_u64().unwrap() >= 10, "{a_port}");
+    assert_eq!(v_port["spoofed"], 0, "{v_port}");
+    println!("show ports:\n{}", n.tapyard_ok(&["show", "ports"]));
+
+    // The victim keeps working; the gateway and the bridge still know it as itself.
+    assert_eq!(gw_neigh(&n, &v_ip).as_deref(), Some(v_mac.as_str()));
+    ping_ok(&victim.ns, GW);
+    ping_ok(&victim.ns, NODE_B_POD);
+    let got = exchange(&victim.ns, "tcp", WEB_VIP, 80, 1);
+    assert_eq!(got[0], ("node-b".to_string(), v_ip.clone()));
+    let fdb = n.json("fdb");
+    let v_name = v_port["name"].as_str().unwrap();
+    assert!(
+        fdb.iter()
+            .any(|e| e["mac"] == v_mac.as_str() && e["dev"] == v_name),
+        "{fdb:?}"
+    );
+    assert_eq!(gw_neigh(&n, &v_ip).as_deref(), Some(v_mac.as_str()));
+    // The attacker's own traffic still passes.
+    ping_ok(&attacker.ns, GW);
+
+    // A reload turns the guard off and on again, live.
+    let text = std::fs::read_to_string(&n.config).unwrap();
+    let off = text.replacen(
+        "name = \"cni0\"\n",
+        "name = \"cni0\"\nspoof_guard = false\n",
+        1,
+    );
+    std::fs::write(&n.config, &off).unwrap();
+    let out = n.tapyard_ok(&["reload"]);
+    assert!(out.contains("spoof_guard true -> false"), "{out}");
+    assert_eq!(
+        n.port(&attacker.owner()).unwrap()["guard"],
+        serde_json::json!([])
+    );
+    std::fs::write(&n.config, &text).unwrap();
+    let out = n.tapyard_ok(&["reload"]);
+    assert!(out.contains("spoof_guard false -> true"), "{out}");
+    assert_eq!(
+        n.port(&attacker.owner()).unwrap()["guard"],
+        serde_json::json!([a_ip])
+    );
+    ping_ok(&victim.ns, GW);
+}
+
+/// Whether `tool` is on the PATH.
+fn which(tool: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
