@@ -230,36 +230,55 @@ impl NatHook<'_> {
     }
 }
 
-impl Prerouting<Ipv4Addr> for NatHook<'_> {
-    #[inline]
-    fn prerouting(
-        &mut self,
-        router: &Router,
-        batch: &mut L3Batch<'_>,
+/// What the NAT hook needs of a family beyond the router's: its engine's PREROUTING, at
+/// the family's conntrack key width.
+trait HookFamily: RouterFamily + FragsOf {
+    /// [`Netfilter::prerouting`] for the family.
+    fn nat_prerouting(
+        nf: &Netfilter,
+        view: &RouterView<'_, '_, Self>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Self::Info,
+        cx: &mut NatCtx,
+        now: Instant,
+    ) -> Hook;
+}
+
+impl HookFamily for Ipv4Addr {
+    #[inline(always)]
+    fn nat_prerouting(
+        nf: &Netfilter,
+        view: &RouterView<'_, '_, Self>,
         b: &mut PacketBuf,
         l3: usize,
         info: &mut Ipv4Info,
+        cx: &mut NatCtx,
         now: Instant,
     ) -> Hook {
-        let view = RouterView::<Ipv4Addr>::new(router, batch);
-        self.nf
-            .prerouting::<Ipv4Addr, 2>(&view, b, l3, info, self.cx, now)
-    }
-
-    fn error_nat(&self) -> Option<&dyn ErrorNat<Ipv4Addr>> {
-        Some(self.nf)
-    }
-
-    fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
-        self.frags.refragment::<Ipv4Addr>(whole, out)
-    }
-
-    fn max_frag_size(&self) -> usize {
-        self.frags.max_frag_size()
+        nf.prerouting::<Ipv4Addr, 2>(view, b, l3, info, cx, now)
     }
 }
 
-impl Prerouting<Ipv6Addr> for NatHook<'_> {
+impl HookFamily for Ipv6Addr {
+    #[inline(always)]
+    fn nat_prerouting(
+        nf: &Netfilter,
+        view: &RouterView<'_, '_, Self>,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: &mut Ipv6Info,
+        cx: &mut NatCtx,
+        now: Instant,
+    ) -> Hook {
+        nf.prerouting::<Ipv6Addr, 5>(view, b, l3, info, cx, now)
+    }
+}
+
+impl<A: HookFamily> Prerouting<A> for NatHook<'_>
+where
+    Netfilter: ErrorNat<A>,
+{
     #[inline]
     fn prerouting(
         &mut self,
@@ -267,20 +286,19 @@ impl Prerouting<Ipv6Addr> for NatHook<'_> {
         batch: &mut L3Batch<'_>,
         b: &mut PacketBuf,
         l3: usize,
-        info: &mut Ipv6Info,
+        info: &mut A::Info,
         now: Instant,
     ) -> Hook {
-        let view = RouterView::<Ipv6Addr>::new(router, batch);
-        self.nf
-            .prerouting::<Ipv6Addr, 5>(&view, b, l3, info, self.cx, now)
+        let view = RouterView::<A>::new(router, batch);
+        A::nat_prerouting(self.nf, &view, b, l3, info, self.cx, now)
     }
 
-    fn error_nat(&self) -> Option<&dyn ErrorNat<Ipv6Addr>> {
+    fn error_nat(&self) -> Option<&dyn ErrorNat<A>> {
         Some(self.nf)
     }
 
     fn refragment(&mut self, whole: &[u8], out: &mut dyn FnMut(&[u8])) -> usize {
-        self.frags.refragment::<Ipv6Addr>(whole, out)
+        self.frags.refragment::<A>(whole, out)
     }
 
     fn max_frag_size(&self) -> usize {
