@@ -731,7 +731,8 @@ impl Netfilter {
 
     /// The PREROUTING hook for a packet of family `A` the router received (see the module
     /// docs). `l3` is the IP header's offset in the frame and `info` its checked facts
-    /// (IPv6: by [`crate::wire::ipv6::check`]), updated when the packet is translated.
+    /// (IPv6: by [`crate::wire::ipv6::check`]), updated when the packet is translated. A
+    /// fragment is answered [`Hook::Fragment`]: put together first, the datagram comes back.
     #[inline]
     pub(crate) fn prerouting<A: NatFamily<W>, const W: usize>(
         &self,
@@ -742,6 +743,10 @@ impl Netfilter {
         cx: &mut NatCtx,
         now: Instant,
     ) -> Hook {
+        // Conntrack sees whole datagrams: a fragment is put together with the rest first.
+        if A::is_fragment(info) {
+            return Hook::Fragment;
+        }
         let mode = csum_mode(b);
         let end = l3 + A::total_len(info);
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {

@@ -285,7 +285,9 @@ impl Router {
                 self.reject::<A>(b.frame(), rx, &info, tcp, sink);
                 return L3::Drop(DropReason::NoEndpoint);
             }
-            Hook::Fragment => return L3::Drop(DropReason::FragMalformed),
+            // A datagram put together is no fragment: only a lying one comes here twice.
+            Hook::Fragment if WHOLE => return L3::Drop(DropReason::FragMalformed),
+            Hook::Fragment => return L3::Fragment(rx.in_if),
         }
         let dst = A::facts(&info).dst;
         // The memo holds only forwarded (so neither local nor broadcast) destinations.

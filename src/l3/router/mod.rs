@@ -189,6 +189,10 @@ pub(crate) enum L3 {
     Queued,
     /// Not forwarded.
     Drop(DropReason),
+    /// A fragment, untouched (but for trimmed padding), received on this interface: the
+    /// prerouting hook ([`Hook::Fragment`]) wants its datagram put together first, which the
+    /// caller does and hands back to the router whole.
+    Fragment(IfaceId),
 }
 
 /// Where the router's own frames go. `write` fills the buffer and returns the frame length.
@@ -492,8 +496,8 @@ pub(crate) enum Hook {
         /// Answer with a TCP reset rather than an ICMP error.
         tcp: bool,
     },
-    /// A fragment, which the bridged hook needs put together first (the routed path puts
-    /// fragments together before the router: it never sees this).
+    /// A fragment, which the hook needs put together with the rest of its datagram first
+    /// (conntrack sees whole datagrams, as behind Linux's `nf_defrag_ipv4`/`ipv6`).
     Fragment,
 }
 

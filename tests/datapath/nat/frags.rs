@@ -183,3 +183,52 @@ fn fragments_bigger_than_the_egress_mtu_are_cut_again_over_ipv4_and_refused_over
         assert_eq!(udp_payload(&back), &data[..]);
     }
 }
+
+/// `f`, an IPv6 fragment of [`frame::fragments`] (its fragment header right after the fixed
+/// header), with a destination options header (8 bytes of padding) put in front of the
+/// fragment header, as a sender may (RFC 8200 4.1: it is in each fragment's unfragmentable
+/// part).
+fn with_dest_opts(f: &[u8]) -> Vec<u8> {
+    let mut o = f[..54].to_vec();
+    o[20] = 60;
+    let plen = u16::from_be_bytes([f[18], f[19]]) + 8;
+    o[18..20].copy_from_slice(&plen.to_be_bytes());
+    o.extend_from_slice(&[44, 0, 1, 4, 0, 0, 0, 0]);
+    o.extend_from_slice(&f[54..]);
+    o
+}
+
+/// [`with_dest_opts`] undone: the fragment header right after the fixed header again.
+fn without_dest_opts(f: &[u8]) -> Vec<u8> {
+    assert_eq!(f[20], 60, "the destination options header is kept");
+    let mut o = f[..54].to_vec();
+    o[20] = f[54];
+    let plen = u16::from_be_bytes([f[18], f[19]]) - 8;
+    o[18..20].copy_from_slice(&plen.to_be_bytes());
+    o.extend_from_slice(&f[62..]);
+    o
+}
+
+/// An IPv6 fragment header behind another extension header is found too: the datagram is
+/// put together and masqueraded whole, its fragments keep their destination options.
+#[test]
+fn ipv6_fragments_behind_a_destination_options_header_are_put_together() {
+    let p = tapyard_testkit::kube::Plan::V6;
+    let mut n = node();
+    let data = payload(3000);
+    let whole = frame::udp_with(POD_A, GW_MAC, (p.a, 46100), (p.outside, 53), 64, &data);
+    let frags: Vec<_> = frame::fragments(&whole, 1492, 77)
+        .iter()
+        .map(|f| with_dest_opts(f))
+        .collect();
+    let out = send_fragments(&mut n, PA, &frags);
+    assert_eq!(out.len(), frags.len(), "sent as the fragments it came in");
+    let out: Vec<_> = out.iter().map(|f| without_dest_opts(f)).collect();
+    let back = frame::reassemble(&out).expect("fragments of one datagram");
+    assert_eq!(
+        flow(&back),
+        (p.node, 46100, p.outside, 53),
+        "masqueraded whole"
+    );
+    assert_eq!(udp_payload(&back), &data[..]);
+}
