@@ -437,8 +437,12 @@ impl DatapathBuilder {
                 },
             });
         }
+        // 65535 is kept free: the pipeline's "no interface".
         let id = IfaceId(
-            u16::try_from(self.ifaces.len()).map_err(|_| ConfigError::TooMany("interfaces"))?,
+            u16::try_from(self.ifaces.len())
+                .ok()
+                .filter(|&i| i < u16::MAX)
+                .ok_or(ConfigError::TooMany("interfaces"))?,
         );
         if let Some(b) = on {
             let br = self
