@@ -47,7 +47,8 @@
 //!
 //! * `builder`: [`DatapathBuilder`], [`BridgeConfig`], [`ConfigError`]: the topology.
 //! * `pipeline`: [`Datapath::process`] and [`Datapath::poll`]: pass 1 (classify), pass 2
-//!   (bridge, router with its PREROUTING hook, egress), the per-batch context.
+//!   (bridge; frames for the router marked), pass 3 (router with its PREROUTING hook,
+//!   egress), the per-batch context.
 //! * `dispatch`: [`Datapath::dispatch`] and [`Datapath::dispatch_runs`]: verdicts to ports.
 //! * `control`: [`Control`] ([`Datapath::control`]), the control plane's view: lookups by
 //!   name, routes and neighbours, table dumps, counters. `Datapath` itself keeps the
