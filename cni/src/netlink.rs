@@ -1,5 +1,6 @@
 //! A small synchronous rtnetlink client: just what the plugin does in the container's
-//! namespace (find a link, set its MTU and state, add and list addresses and routes).
+//! namespace (find a link, set its MTU and state, add and list addresses and routes), and the
+//! policy-routing rules tapyard's host port sets in its own namespace.
 //!
 //! Messages are built and parsed with `netlink-packet-route`; the socket is a blocking
 //! `netlink-sys` socket. Each request carries its own sequence number and waits for its ACK
@@ -16,7 +17,10 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::rule::{
+    RuleAction, RuleAttribute, RuleHeader, RuleMessage, RulePortRange,
+};
+use netlink_packet_route::{AddressFamily, IpProtocol, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use std::io;
 use std::net::IpAddr;
@@ -43,6 +47,85 @@ pub struct RouteEntry {
     pub gw: Option<IpAddr>,
     /// The outgoing ifindex, if any.
     pub oif: Option<u32>,
+}
+
+/// A policy-routing rule (`ip rule`) that looks a table up, as far as this client models it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// IPv6 (`ip -6 rule`), else IPv4.
+    pub v6: bool,
+    /// Its priority (`pref`): lower is tried first.
+    pub priority: u32,
+    /// The table it looks up (`lookup`): 255 is `local`, 254 `main`.
+    pub table: u32,
+    /// `to`: the destination prefix it matches.
+    pub dst: Option<Cidr>,
+    /// `iif`: the input interface it matches (`lo`: locally generated packets).
+    pub iif: Option<String>,
+    /// `ipproto`: the IP protocol it matches.
+    pub ip_proto: Option<u8>,
+    /// `dport`: the destination port it matches.
+    pub dport: Option<u16>,
+    /// `protocol`: who installed it (2: the kernel).
+    pub protocol: u8,
+    /// It has a selector or an action this type does not model (`from`, `fwmark`, a port
+    /// range, `goto`, ...): it is listed, never one that [`Netlink::add_rule`] makes.
+    pub other: bool,
+}
+
+impl Rule {
+    /// `pref <priority> [to ...] [iif ...] [ipproto ...] [dport ...] lookup <table>`, as
+    /// `ip rule` lists it.
+    pub fn describe(&self) -> String {
+        let mut s = format!("pref {}", self.priority);
+        if let Some(d) = self.dst {
+            s += &format!(" to {}/{}", d.addr, d.prefix_len);
+        }
+        if let Some(i) = &self.iif {
+            s += &format!(" iif {i}");
+        }
+        if let Some(p) = self.ip_proto {
+            s += &format!(" ipproto {p}");
+        }
+        if let Some(p) = self.dport {
+            s += &format!(" dport {p}");
+        }
+        s + &format!(" lookup {}", self.table)
+    }
+
+    fn message(&self) -> RuleMessage {
+        let mut m = RuleMessage::default();
+        m.header = RuleHeader {
+            family: if self.v6 {
+                AddressFamily::Inet6
+            } else {
+                AddressFamily::Inet
+            },
+            action: RuleAction::ToTable,
+            ..Default::default()
+        };
+        m.attributes.push(RuleAttribute::Priority(self.priority));
+        m.attributes.push(RuleAttribute::Table(self.table));
+        if let Some(d) = self.dst {
+            m.header.dst_len = d.prefix_len;
+            m.attributes.push(RuleAttribute::Destination(d.addr));
+        }
+        if let Some(i) = &self.iif {
+            m.attributes.push(RuleAttribute::Iifname(i.clone()));
+        }
+        if let Some(p) = self.ip_proto {
+            m.attributes
+                .push(RuleAttribute::IpProtocol(IpProtocol::from(p)));
+        }
+        if let Some(p) = self.dport {
+            m.attributes
+                .push(RuleAttribute::DestinationPortRange(RulePortRange {
+                    start: p,
+                    end: p,
+                }));
+        }
+        m
+    }
 }
 
 /// A blocking rtnetlink socket of the namespace it was opened in.
@@ -280,11 +363,24 @@ impl Netlink {
     /// Adds a route to `dst` out of link `index`, via `gw` when given (else on-link); a route
     /// already there is not an error.
     pub fn add_route(&mut self, index: u32, dst: Cidr, gw: Option<IpAddr>) -> io::Result<()> {
+        self.add_route_in(u32::from(RouteHeader::RT_TABLE_MAIN), index, dst, gw, None)
+    }
+
+    /// [`Netlink::add_route`] in routing table `table`, with the preferred source address
+    /// `src` when given (`ip route add ... src SRC table TABLE`).
+    pub fn add_route_in(
+        &mut self,
+        table: u32,
+        index: u32,
+        dst: Cidr,
+        gw: Option<IpAddr>,
+        src: Option<IpAddr>,
+    ) -> io::Result<()> {
         let mut msg = RouteMessage::default();
         msg.header = RouteHeader {
             address_family: family(dst.addr),
             destination_prefix_length: dst.prefix_len,
-            table: RouteHeader::RT_TABLE_MAIN,
+            table: u8::try_from(table).unwrap_or(RouteHeader::RT_TABLE_UNSPEC),
             protocol: RouteProtocol::Boot,
             scope: if gw.is_some() {
                 RouteScope::Universe
@@ -302,7 +398,12 @@ impl Netlink {
             msg.attributes
                 .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
         }
+        if let Some(src) = src {
+            msg.attributes
+                .push(RouteAttribute::PrefSource(RouteAddress::from(src)));
+        }
         msg.attributes.push(RouteAttribute::Oif(index));
+        msg.attributes.push(RouteAttribute::Table(table));
         let flags = NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
         match self.request(RouteNetlinkMessage::NewRoute(msg), flags) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -353,6 +454,95 @@ impl Netlink {
             }
         }
         Ok(out)
+    }
+}
+
+impl Netlink {
+    /// The policy-routing rules of both families, in the kernel's order.
+    pub fn rules(&mut self) -> io::Result<Vec<Rule>> {
+        let answer = self.request(
+            RouteNetlinkMessage::GetRule(RuleMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for m in answer {
+            let RouteNetlinkMessage::NewRule(r) = m else {
+                continue;
+            };
+            let v6 = match r.header.family {
+                AddressFamily::Inet => false,
+                AddressFamily::Inet6 => true,
+                _ => continue,
+            };
+            let mut rule = Rule {
+                v6,
+                priority: 0,
+                table: u32::from(r.header.table),
+                dst: None,
+                iif: None,
+                ip_proto: None,
+                dport: None,
+                protocol: 0,
+                other: r.header.action != RuleAction::ToTable
+                    || r.header.src_len != 0
+                    || r.header.tos != 0,
+            };
+            for attr in r.attributes {
+                match attr {
+                    RuleAttribute::Priority(p) => rule.priority = p,
+                    RuleAttribute::Table(t) => rule.table = t,
+                    RuleAttribute::Destination(a) => {
+                        rule.dst = Some(Cidr {
+                            addr: a,
+                            prefix_len: r.header.dst_len,
+                        });
+                    }
+                    RuleAttribute::Iifname(i) => rule.iif = Some(i),
+                    RuleAttribute::IpProtocol(p) => rule.ip_proto = Some(u8::from(p)),
+                    RuleAttribute::DestinationPortRange(p) if p.start == p.end => {
+                        rule.dport = Some(p.start);
+                    }
+                    RuleAttribute::Protocol(p) => rule.protocol = u8::from(p),
+                    // Attributes the kernel reports at their neutral value.
+                    RuleAttribute::FwMark(0)
+                    | RuleAttribute::FwMask(0)
+                    | RuleAttribute::SuppressPrefixLen(u32::MAX)
+                    | RuleAttribute::SuppressIfGroup(u32::MAX)
+                    | RuleAttribute::L3MDev(false) => {}
+                    _ => rule.other = true,
+                }
+            }
+            out.push(rule);
+        }
+        Ok(out)
+    }
+
+    /// Adds `rule` (marked with its `protocol`); the same rule already there is not an error.
+    /// A rule with `other` set is refused (`InvalidInput`).
+    pub fn add_rule(&mut self, rule: &Rule) -> io::Result<()> {
+        if rule.other {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a rule with selectors this client does not model",
+            ));
+        }
+        let mut m = rule.message();
+        m.attributes
+            .push(RuleAttribute::Protocol(RouteProtocol::from(rule.protocol)));
+        let flags = NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        match self.request(RouteNetlinkMessage::NewRule(m), flags) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Deletes the first rule that matches `rule` (its priority, table and selectors; not
+    /// its `protocol`); none is not an error.
+    pub fn del_rule(&mut self, rule: &Rule) -> io::Result<()> {
+        match self.request(RouteNetlinkMessage::DelRule(rule.message()), NLM_F_ACK) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other.map(drop),
+        }
     }
 }
 

@@ -117,6 +117,13 @@ pub fn cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
         .flatten()
         .and_then(|r| r.own_netns)
         .is_some_and(|o| Some(o.id()) != sd.own_ns);
+    // The host port's policy rules (the node's own NodePorts), when the node ran here.
+    if !cfg.hosts.is_empty() && !elsewhere {
+        match crate::node::remove_host_rules() {
+            Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
     for tap in names {
         if elsewhere || recs.iter().any(|r| r.tap == tap) {
             continue;

@@ -25,6 +25,7 @@ mod tests;
 mod translate;
 
 pub use error::{BoxError, NodeError};
+pub use host::remove_rules as remove_host_rules;
 use plan::{config_kind, open_config_tap, tap_mtu, tunnel_offload};
 pub use plan::{Built, Plan};
 pub use translate::{apply_services, service_error, to_nat_rules, to_peer, to_route, to_route6};

@@ -532,6 +532,9 @@ impl Built {
         let clock = rt.clock();
         let now = clock.now();
         super::host::configure(&cfg)?;
+        for line in super::host::sync_rules(&cfg)? {
+            log::info!("{line}");
+        }
         for n in &cfg.neighbors {
             add_neighbor(&dp, n, now)?;
         }

@@ -63,6 +63,17 @@ impl Node {
         }
         *cur = diff::running(&cur, &new, &refusals);
         *last = refusals;
+        // The node's own NodePorts: its policy rules follow the Services that run.
+        if d.services.is_some() {
+            match super::host::sync_rules(&cur) {
+                Ok(lines) => {
+                    for line in lines {
+                        log::info!("{line}");
+                    }
+                }
+                Err(e) => out.refused.push(e.to_string()),
+            }
+        }
         Ok(out)
     }
 

@@ -22,6 +22,13 @@
 //! its routes; (4) all of it again after a restart and after a `run --takeover`. The host
 //! port is IPv4 only.
 //!
+//! The node's own `<address>:<NodePort>` (which its kernel would deliver to itself) reaches
+//! tapyard by policy routing: one rule per NodePort before the `local` table's (moved from
+//! priority 0 to 100). Checked: python and `curl` from the node to its own address's
+//! NodePorts (to pod-a and to the node's own server), the rules there once each after the
+//! restart and the takeover, a Service removed by `reload` taking its rule with it (and
+//! brought back), and a node without the host port leaving no rule and `local` at 0.
+//!
 //! Needs root, `ip` and `python3` (`curl` is used when present); without them the test skips,
 //! or fails under `CI=true`. Traffic stays in namespaces the test creates.
 
@@ -42,6 +49,10 @@ const HOST_VIP: &str = "10.97.0.20";
 const HTTP_VIP: &str = "10.97.0.11";
 /// The node's own server (hostNetwork), `hostsvc`'s endpoint.
 const NODE_PORT_SRV: u16 = 8081;
+/// The NodePorts: `web`, `hostsvc`, `web-http`.
+const NODE_PORTS: [u16; 3] = [30080, 30081, 30088];
+/// The table of the node's own NodePort traffic (tapyard's `NODEPORT_TABLE`).
+const NODEPORT_TABLE: &str = "29817";
 
 /// An HTTP server on port `argv[1]`: each request is answered 200 with the client's address.
 const HTTP_PY: &str = r#"
@@ -116,6 +127,19 @@ impl Names {
         without
     }
 
+    /// The config with the host port, without the Service `web-http`.
+    fn config_without_web_http(&self) -> String {
+        let full = self.config_with_host();
+        let without = full.replace(
+            &format!(
+                "[[service]]\nname = \"web-http\"\ncluster_ip = \"{HTTP_VIP}\"\nport = 80\nnode_port = 30088\nendpoints = [\"{POD_A}:8088\"]\n"
+            ),
+            "",
+        );
+        assert_ne!(without, full);
+        without
+    }
+
     fn config_with_host(&self) -> String {
         format!(
             r#"{node}service_cidr = "10.97.0.0/16"
@@ -149,6 +173,7 @@ endpoints = ["{POD_A}:8080"]
 name = "web-http"
 cluster_ip = "{HTTP_VIP}"
 port = 80
+node_port = 30088
 endpoints = ["{POD_A}:8088"]
 
 [[service]]
@@ -228,6 +253,43 @@ fn all_from(ns: &str, addr: &str, port: u16, ident: &str, want: &str) {
     );
 }
 
+/// `curl http://<addr>:<port>/` from `ns`: what the server answered (the client address it
+/// saw), `None` when it fails.
+fn curl(ns: &str, addr: &str, port: u16) -> Option<String> {
+    let url = format!("http://{addr}:{port}/");
+    let (ok, out) = in_ns(ns, &["curl", "-s", "--max-time", "5", &url]);
+    ok.then(|| out.trim().to_string())
+}
+
+/// The node namespace's policy rules: tapyard's NodePort rule for each of `ports`, once, none
+/// for the other NodePorts; with a host port (`ports` not empty) the `local` table's rule at
+/// 100, else at 0.
+fn node_rules(n: &Names, ports: &[u16]) {
+    let rules = run(&["ip", "-n", &n.ns_node, "rule", "show"]);
+    for p in NODE_PORTS {
+        let rule =
+            format!("99:\tfrom all to {NODE} iif lo ipproto tcp dport {p} lookup {NODEPORT_TABLE}");
+        let want = usize::from(ports.contains(&p));
+        assert_eq!(
+            rules.lines().filter(|l| l.starts_with(&rule)).count(),
+            want,
+            "{want} rule(s) {rule:?} expected in:\n{rules}"
+        );
+    }
+    let local = if ports.is_empty() { "0:" } else { "100:" };
+    assert!(
+        rules
+            .lines()
+            .any(|l| l.starts_with(&format!("{local}\tfrom all lookup local"))),
+        "the local table's rule is not at {local} in:\n{rules}"
+    );
+    let others = rules
+        .lines()
+        .filter(|l| l.contains("lookup local") && !l.starts_with(local))
+        .count();
+    assert_eq!(others, 0, "the local table's rule twice:\n{rules}");
+}
+
 /// Cases (1) to (3).
 fn cases(n: &Names) {
     // (1) The node's own clients. A ClusterIP: masqueraded (the node is outside the cluster
@@ -257,6 +319,17 @@ fn cases(n: &Names) {
     // the kernel's: it delivers that locally).
     all_from(&n.ns_node, GW, 30080, "pod-a", GW);
     all_from(&n.ns_node, HOST_GW, 30080, "pod-a", GW);
+    // The node's own address: its policy rules send it to tapyard (not delivered locally),
+    // masqueraded as kube-proxy does (policy Cluster), to pod-a and to the node's own server.
+    all_from(&n.ns_node, NODE, 30080, "pod-a", GW);
+    all_from(&n.ns_node, NODE, 30081, "node", HOST_GW);
+    if have("curl", "--version") {
+        assert_eq!(
+            curl(&n.ns_node, NODE, 30088).as_deref(),
+            Some(GW),
+            "curl http://{NODE}:30088/ from the node"
+        );
+    }
     // A pod directly: the node's address, kept.
     all_from(&n.ns_node, POD_A, 8080, "pod-a", NODE);
     // (2) A pod to a Service whose endpoint is the node's own server: its address, kept
@@ -300,6 +373,7 @@ fn show_ports(n: &Names) {
             "the node's routes lack {want:?}:\n{kernel}"
         );
     }
+    node_rules(n, &NODE_PORTS);
     println!("show ports:\n{ports}node's routes:\n{kernel}");
 }
 
@@ -376,6 +450,20 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
     cases(&n);
     show_ports(&n);
 
+    // A Service removed by a reload takes its NodePort rule with it (the node's own
+    // address:30088 is then local: refused); put back, the rule is back.
+    std::fs::write(&n.config, n.config_without_web_http()).unwrap();
+    tapyard_ok_at(&n.socket, &["reload"]);
+    node_rules(&n, &NODE_PORTS[..2]);
+    if have("curl", "--version") {
+        assert_eq!(curl(&n.ns_node, NODE, 30088), None, "web-http is gone");
+    }
+    all_from(&n.ns_node, NODE, 30080, "pod-a", GW);
+    std::fs::write(&n.config, n.config(true)).unwrap();
+    tapyard_ok_at(&n.socket, &["reload"]);
+    node_rules(&n, &NODE_PORTS);
+    cases(&n);
+
     // Removing the host port: a reload refuses it (a restart is needed); a takeover with the
     // new file removes it (its TAP and the kernel's routes go) while the pod keeps working;
     // another takeover brings it back.
@@ -413,6 +501,7 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
             cases(&n);
             show_ports(&n);
         } else {
+            node_rules(&n, &[]);
             all_from(&n.ns_out, NODE, 30080, "pod-a", GW);
             all_from(&n.ns_a, OUTSIDE, 9000, "outside", NODE);
         }
