@@ -187,16 +187,36 @@ pub struct UplinkCfg {
 pub struct HostCfg {
     /// The TAP's (and its router interface's) name.
     pub name: String,
-    /// The node's address, held by the kernel side as a /32.
-    pub address: Ipv4Addr,
-    /// tapyard's side's address (a /32): the kernel's next hop.
+    /// The node's IPv4 address, held by the kernel side as a /32; `None`: an IPv6-only host
+    /// port (then `address6` is set).
+    pub address: Option<Ipv4Addr>,
+    /// The node's IPv6 address, held by the kernel side as a /128.
+    pub address6: Option<Ipv6Addr>,
+    /// tapyard's side's IPv4 address (a /32): the kernel's next hop (used with `address`).
     pub gateway: Ipv4Addr,
+    /// tapyard's side's IPv6 address (a /128; used with `address6`).
+    pub gateway6: Ipv6Addr,
     /// More prefixes the kernel routes through it.
     pub routes: Vec<IpCidr>,
     /// tapyard's side's MAC; `None`: derived from the node's and the port's names.
     pub mac: Option<MacAddr>,
     /// The MTU of both sides.
     pub mtu: u16,
+}
+
+impl HostCfg {
+    /// tapyard's side's IPv4 address when none is given.
+    pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
+    /// tapyard's side's IPv6 address when none is given (`fc00::a9fe:1`).
+    pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0xa9fe, 1);
+
+    /// Per family it has an address of (IPv4 first): the node's address (the kernel side's)
+    /// and tapyard's side's.
+    pub fn sides(&self) -> impl Iterator<Item = (IpAddr, IpAddr)> {
+        let v4 = self.address.map(|a| (a.into(), self.gateway.into()));
+        let v6 = self.address6.map(|a| (a.into(), self.gateway6.into()));
+        v4.into_iter().chain(v6)
+    }
 }
 
 /// What a route does with matching packets.

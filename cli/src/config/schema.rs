@@ -306,21 +306,21 @@ pub const HOST: Section = Section {
         ),
         key(
             "address",
-            Ty::Str("172.18.0.2"),
+            Ty::Addrs("[\"172.18.0.2\", \"fd00:172:18::2\"]"),
             Dflt::Required("the node's address, like \"172.18.0.2\" (its InternalIP, typically the uplink's)"),
-            "the node's address: the kernel side holds it as a /32; packets to it that no NodePort or reply translates go to the kernel",
+            "the node's address (IPv4, IPv6, or one of each for a dual-stack node): the kernel side holds it as a /32 (/128); packets to it that no NodePort or reply translates go to the kernel",
         ),
         key(
             "gateway",
-            Ty::Str("169.254.0.1"),
-            Dflt::Str("169.254.0.1"),
-            "tapyard's side (a /32 router interface address): the kernel's next hop, and the source of what is masqueraded to the node",
+            Ty::Addrs("[\"169.254.0.1\", \"fc00::a9fe:1\"]"),
+            Dflt::Unset("\"169.254.0.1\" and \"fc00::a9fe:1\", for the families of address"),
+            "tapyard's side (a /32 or /128 router interface address, one per family of address): the kernel's next hop, and the source of what is masqueraded to the node",
         ),
         key(
             "routes",
-            Ty::Strings("[\"0.0.0.0/0\"]"),
+            Ty::Strings("[\"0.0.0.0/0\", \"::/0\"]"),
             Dflt::Unset("none: the cluster and Service CIDRs only"),
-            "more prefixes the kernel routes through it",
+            "more prefixes the kernel routes through it (of the families of address)",
         ),
         key(
             "mac",

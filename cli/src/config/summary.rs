@@ -24,7 +24,8 @@ pub fn summary(c: &Config) -> String {
         );
     }
     if let Some(h) = c.hosts.first() {
-        s += &format!(", host port {:?} ({})", h.name, h.address);
+        let addrs: Vec<String> = h.sides().map(|(a, _)| a.to_string()).collect();
+        s += &format!(", host port {:?} ({})", h.name, addrs.join(", "));
     }
     s
 }

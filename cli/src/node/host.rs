@@ -26,28 +26,36 @@ use crate::config::{Config, HostCfg, IpCidr};
 
 use super::NodeError;
 
-/// The prefixes the kernel routes through host port `h`: the IPv4 cluster CIDR, the IPv4
-/// Service CIDR and `h.routes`, as the kernel's routes (host bits cleared).
-pub(super) fn kernel_routes(cfg: &Config, h: &HostCfg) -> Vec<NlCidr> {
-    let v4 = |c: crate::config::Cidr| NlCidr {
-        addr: IpAddr::V4(c.network()),
-        prefix_len: c.len,
-    };
-    cfg.node
-        .cluster_cidr
-        .into_iter()
-        .chain(cfg.node.service_cidr)
-        .map(v4)
-        .chain(h.routes.iter().filter_map(|r| match r {
-            IpCidr::V4(c) => Some(v4(*c)),
-            IpCidr::V6(_) => None,
-        }))
+/// The prefixes of family `v6` the kernel routes through host port `h`: the cluster CIDR,
+/// the Service CIDR and `h.routes`, as the kernel's routes (host bits cleared).
+pub(super) fn kernel_routes(cfg: &Config, h: &HostCfg, v6: bool) -> Vec<NlCidr> {
+    let n = &cfg.node;
+    let v4s = [n.cluster_cidr, n.service_cidr].map(|c| c.map(IpCidr::V4));
+    let v6s = [n.cluster_cidr6, n.service_cidr6].map(|c| c.map(IpCidr::V6));
+    v4s.into_iter()
+        .chain(v6s)
+        .flatten()
+        .chain(h.routes.iter().copied())
+        .filter(|c| c.is_v6() == v6)
+        .map(|c| NlCidr {
+            addr: c.network(),
+            prefix_len: c.prefix_len(),
+        })
         .collect()
 }
 
+/// `addr/32` or `addr/128`.
+fn host_cidr(addr: IpAddr) -> NlCidr {
+    NlCidr {
+        addr,
+        prefix_len: if addr.is_ipv6() { 128 } else { 32 },
+    }
+}
+
 /// Sets up the kernel side of every `[[host]]` of `cfg` (its TAP opened already): MTU, up,
-/// the node's address, `rp_filter` loose, the link route to tapyard's side and the routes
-/// through it. A prefix the kernel already routes another way is left so, with a warning.
+/// `rp_filter` loose and `accept_local`, and per family the node's address, the link route
+/// to tapyard's side, the routes through it and the NodePort table's default route. A prefix
+/// the kernel already routes another way is left so, with a warning.
 pub(super) fn configure(cfg: &Config) -> Result<(), NodeError> {
     for h in &cfg.hosts {
         let what = format!("host {:?}", h.name);
@@ -69,76 +77,67 @@ pub(super) fn configure(cfg: &Config) -> Result<(), NodeError> {
         }
         nl.set_up(link.index).map_err(|e| refused("up", e))?;
         // Loose reverse-path filtering: pods' and masqueraded sources come in on it, and with
-        // `routes` the outside world's too.
-        // `accept_local`: the replies of the node's connections to its own NodePorts come
-        // back with its own address as their source.
-        for (key, value) in [("rp_filter", "2"), ("accept_local", "1")] {
-            let path = format!("/proc/sys/net/ipv4/conf/{}/{key}", h.name);
-            if let Err(e) = std::fs::write(&path, value) {
-                log::warn!("{what}: cannot set {path} to {value}: {e}");
+        // `routes` the outside world's too. `accept_local`: the replies of the node's
+        // connections to its own NodePorts come back with its own address as their source.
+        // (IPv6 has neither check.)
+        if h.address.is_some() {
+            for (key, value) in [("rp_filter", "2"), ("accept_local", "1")] {
+                let path = format!("/proc/sys/net/ipv4/conf/{}/{key}", h.name);
+                if let Err(e) = std::fs::write(&path, value) {
+                    log::warn!("{what}: cannot set {path} to {value}: {e}");
+                }
             }
         }
-        let node = NlCidr {
-            addr: IpAddr::V4(h.address),
-            prefix_len: 32,
-        };
-        nl.add_address(link.index, node)
-            .map_err(|e| refused(&format!("address {}/32", h.address), e))?;
-        let gw = NlCidr {
-            addr: IpAddr::V4(h.gateway),
-            prefix_len: 32,
-        };
-        nl.add_route(link.index, gw, None)
-            .map_err(|e| refused(&format!("route {}/32 dev {}", h.gateway, h.name), e))?;
-        // The NodePort rules' table: everything via tapyard's side, from the node's address.
-        let default = NlCidr {
-            addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-            prefix_len: 0,
-        };
-        let (gw_ip, node_ip) = (IpAddr::V4(h.gateway), IpAddr::V4(h.address));
-        nl.add_route_in(
-            NODEPORT_TABLE,
-            link.index,
-            default,
-            Some(gw_ip),
-            Some(node_ip),
-        )
-        .map_err(|e| {
-            refused(
-                &format!("route default via {gw_ip} src {node_ip} table {NODEPORT_TABLE}"),
-                e,
-            )
-        })?;
-        let wanted = kernel_routes(cfg, h);
-        for dst in &wanted {
-            nl.add_route(link.index, *dst, Some(IpAddr::V4(h.gateway)))
-                .map_err(|e| refused(&format!("route {dst} via {}", h.gateway), e))?;
-        }
-        let have = nl
-            .routes()
-            .map_err(|e| refused("cannot list the routes", e))?;
-        for dst in &wanted {
-            if !have
-                .iter()
-                .any(|r| r.dst == *dst && r.oif == Some(link.index))
-            {
-                log::warn!(
-                    "{what}: the kernel already routes {dst} another way: not through {}",
-                    h.name
-                );
+        for (node, gw) in h.sides() {
+            let (node, gw) = (host_cidr(node), host_cidr(gw));
+            nl.add_address(link.index, node)
+                .map_err(|e| refused(&format!("address {node}"), e))?;
+            nl.add_route(link.index, gw, None)
+                .map_err(|e| refused(&format!("route {gw} dev {}", h.name), e))?;
+            // The NodePort rules' table: everything via tapyard's side, from the node's address.
+            let default = NlCidr {
+                prefix_len: 0,
+                ..node
             }
+            .network();
+            let (gw, node) = (gw.addr, node.addr);
+            nl.add_route_in(NODEPORT_TABLE, link.index, default, Some(gw), Some(node))
+                .map_err(|e| {
+                    refused(
+                        &format!("route {default} via {gw} src {node} table {NODEPORT_TABLE}"),
+                        e,
+                    )
+                })?;
+            let wanted = kernel_routes(cfg, h, node.is_ipv6());
+            for dst in &wanted {
+                nl.add_route(link.index, *dst, Some(gw))
+                    .map_err(|e| refused(&format!("route {dst} via {gw}"), e))?;
+            }
+            let have = nl
+                .routes()
+                .map_err(|e| refused("cannot list the routes", e))?;
+            for dst in &wanted {
+                if !have
+                    .iter()
+                    .any(|r| r.dst == *dst && r.oif == Some(link.index))
+                {
+                    log::warn!(
+                        "{what}: the kernel already routes {dst} another way: not through {}",
+                        h.name
+                    );
+                }
+            }
+            let list: Vec<String> = wanted.iter().map(ToString::to_string).collect();
+            log::info!(
+                "{what}: the kernel side holds {} and routes {} via {gw} (tapyard's side)",
+                host_cidr(node),
+                if list.is_empty() {
+                    "nothing".into()
+                } else {
+                    list.join(", ")
+                },
+            );
         }
-        let list: Vec<String> = wanted.iter().map(ToString::to_string).collect();
-        log::info!(
-            "{what}: the kernel side holds {}/32 and routes {} via {} (tapyard's side)",
-            h.address,
-            if list.is_empty() {
-                "nothing".into()
-            } else {
-                list.join(", ")
-            },
-            h.gateway
-        );
     }
     Ok(())
 }
@@ -159,8 +158,8 @@ const RT_TABLE_LOCAL: u32 = 255;
 const RTPROT_KERNEL: u8 = 2;
 
 /// The addresses the kernel side of host port `h` holds.
-fn host_addrs(h: &HostCfg) -> impl Iterator<Item = IpAddr> {
-    std::iter::once(IpAddr::V4(h.address))
+fn host_addrs(h: &HostCfg) -> impl Iterator<Item = IpAddr> + '_ {
+    h.sides().map(|(a, _)| a)
 }
 
 /// A rule that looks `table` up at `priority` for every packet of the family, marked
@@ -195,10 +194,7 @@ pub(super) fn nodeport_rules(cfg: &Config) -> Vec<Rule> {
                 continue;
             }
             let r = Rule {
-                dst: Some(NlCidr {
-                    addr,
-                    prefix_len: if addr.is_ipv6() { 128 } else { 32 },
-                }),
+                dst: Some(host_cidr(addr)),
                 iif: Some("lo".into()),
                 ip_proto: Some(s.proto),
                 dport: Some(port),

@@ -239,17 +239,19 @@ impl Plan {
             taps.push((pid, u.name.clone(), u.tap.clone(), None));
         }
         for h in &cfg.hosts {
-            let gw = config::Cidr {
+            let gw = h.address.map(|_| config::Cidr {
                 addr: h.gateway,
                 len: 32,
-            };
+            });
+            let gw6 = h.address6.map(|_| config::Cidr6 {
+                addr: h.gateway6,
+                len: 128,
+            });
             let (iid, pid) = b
-                .add_router_iface(
-                    iface_cfg(&h.name, Some(gw), None, false, h.mac, h.mtu),
-                    None,
-                )
+                .add_router_iface(iface_cfg(&h.name, gw, gw6, false, h.mac, h.mtu), None)
                 .map_err(|e| NodeError::refused(format!("host {:?}", h.name), e))?;
-            b.host_port(iid, &[std::net::IpAddr::V4(h.address)])
+            let addrs: Vec<std::net::IpAddr> = h.sides().map(|(a, _)| a).collect();
+            b.host_port(iid, &addrs)
                 .map_err(|e| NodeError::refused(format!("host {:?}", h.name), e))?;
             iface_ids.push((h.name.clone(), iid));
             taps.push((pid, h.name.clone(), h.name.clone(), None));

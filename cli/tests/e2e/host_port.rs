@@ -19,8 +19,7 @@
 //! address) and the node's own server directly (unmasqueraded, answered through the host
 //! port's default route), and the node reaches the outside host with its own address by that
 //! route; `show ports` lists the host port, `show routes` its host route, the node's kernel
-//! its routes; (4) all of it again after a restart and after a `run --takeover`. The host
-//! port is IPv4 only.
+//! its routes; (4) all of it again after a restart and after a `run --takeover`.
 //!
 //! The node's own `<address>:<NodePort>` (which its kernel would deliver to itself) reaches
 //! tapyard by policy routing: one rule per NodePort before the `local` table's (moved from
@@ -28,6 +27,11 @@
 //! NodePorts (to pod-a and to the node's own server), the rules there once each after the
 //! restart and the takeover, a Service removed by `reload` taking its rule with it (and
 //! brought back), and a node without the host port leaving no rule and `local` at 0.
+//!
+//! The node is dual-stack (the outside host is IPv4 only): pod-a also has fd00:216:1::2, the
+//! uplink and the host port hold fd00:219::2 as well, and the node reaches the IPv6
+//! ClusterIPs (python, `curl -6`), its own `[fd00:219::2]:<NodePort>` and pod-a's IPv6
+//! address the same way.
 //!
 //! Needs root, `ip` and `python3` (`curl` is used when present); without them the test skips,
 //! or fails under `CI=true`. Traffic stays in namespaces the test creates.
@@ -40,9 +44,17 @@ use crate::common::*;
 const GW: &str = "10.216.1.1";
 const POD_A: &str = "10.216.1.2";
 const NODE: &str = "10.219.0.2";
+const GW6: &str = "fd00:216:1::1";
+const POD_A6: &str = "fd00:216:1::2";
+/// The node's IPv6 address (the uplink's and the host port's).
+const NODE6: &str = "fd00:219::2";
+const WEB_VIP6: &str = "fd00:97::10";
+const HTTP_VIP6: &str = "fd00:97::11";
 const OUTSIDE: &str = "10.219.0.1";
 /// tapyard's side of the host port.
 const HOST_GW: &str = "169.254.0.1";
+/// tapyard's side of the host port, IPv6 (the default).
+const HOST_GW6: &str = "fc00::a9fe:1";
 const WEB_VIP: &str = "10.97.0.10";
 const HOST_VIP: &str = "10.97.0.20";
 /// `web-http`: pod-a's `python3 -m http.server`, for `curl`.
@@ -54,12 +66,14 @@ const NODE_PORTS: [u16; 3] = [30080, 30081, 30088];
 /// The table of the node's own NodePort traffic (tapyard's `NODEPORT_TABLE`).
 const NODEPORT_TABLE: &str = "29817";
 
-/// An HTTP server on port `argv[1]`: each request is answered 200 with the client's address.
+/// An HTTP server on port `argv[1]` (both families): each request is answered 200 with the
+/// client's address.
 const HTTP_PY: &str = r#"
 import socket, sys
-s = socket.socket()
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1])))
+s.bind(("::", int(sys.argv[1])))
 s.listen(16)
 while True:
     c, p = s.accept()
@@ -71,7 +85,7 @@ while True:
             if not d:
                 break
             req += d
-        body = p[0].encode()
+        body = p[0].removeprefix("::ffff:").encode()
         c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     except OSError:
         pass
@@ -117,7 +131,7 @@ impl Names {
         }
         let without = full.replace(
             &format!(
-                "[[host]]\nname = \"{}\"\naddress = \"{NODE}\"\nroutes = [\"0.0.0.0/0\"]\n",
+                "[[host]]\nname = \"{}\"\naddress = [\"{NODE}\", \"{NODE6}\"]\nroutes = [\"0.0.0.0/0\"]\n",
                 self.host
             ),
             "",
@@ -132,7 +146,7 @@ impl Names {
         let full = self.config_with_host();
         let without = full.replace(
             &format!(
-                "[[service]]\nname = \"web-http\"\ncluster_ip = \"{HTTP_VIP}\"\nport = 80\nnode_port = 30088\nendpoints = [\"{POD_A}:8088\"]\n"
+                "[[service]]\nname = \"web-http\"\ncluster_ip = [\"{HTTP_VIP}\", \"{HTTP_VIP6}\"]\nport = 80\nnode_port = 30088\nendpoints = [\"{POD_A}:8088\", \"[{POD_A6}]:8088\"]\n"
             ),
             "",
         );
@@ -142,20 +156,20 @@ impl Names {
 
     fn config_with_host(&self) -> String {
         format!(
-            r#"{node}service_cidr = "10.97.0.0/16"
+            r#"{node}service_cidr = ["10.97.0.0/16", "fd00:97::/112"]
 
 [[bridge]]
 name = "{bridge}"
-address = "{GW}/24"
+address = ["{GW}/24", "{GW6}/64"]
 ports = ["{a}"]
 
 [[uplink]]
 name = "{up}"
-address = "{NODE}/24"
+address = ["{NODE}/24", "{NODE6}/64"]
 
 [[host]]
 name = "{host}"
-address = "{NODE}"
+address = ["{NODE}", "{NODE6}"]
 routes = ["0.0.0.0/0"]
 
 [[route]]
@@ -164,17 +178,17 @@ via = "{OUTSIDE}"
 
 [[service]]
 name = "web"
-cluster_ip = "{WEB_VIP}"
+cluster_ip = ["{WEB_VIP}", "{WEB_VIP6}"]
 port = 80
 node_port = 30080
-endpoints = ["{POD_A}:8080"]
+endpoints = ["{POD_A}:8080", "[{POD_A6}]:8080"]
 
 [[service]]
 name = "web-http"
-cluster_ip = "{HTTP_VIP}"
+cluster_ip = ["{HTTP_VIP}", "{HTTP_VIP6}"]
 port = 80
 node_port = 30088
-endpoints = ["{POD_A}:8088"]
+endpoints = ["{POD_A}:8088", "[{POD_A6}]:8088"]
 
 [[service]]
 name = "hostsvc"
@@ -188,7 +202,7 @@ out = "{up}"
 "#,
             node = node_toml(
                 "e2e-host",
-                r#""10.216.0.0/16""#,
+                r#"["10.216.0.0/16", "fd00:216::/32"]"#,
                 &self.socket,
                 Some(&self.socket.with_file_name("state")),
             ),
@@ -256,38 +270,46 @@ fn all_from(ns: &str, addr: &str, port: u16, ident: &str, want: &str) {
 /// `curl http://<addr>:<port>/` from `ns`: what the server answered (the client address it
 /// saw), `None` when it fails.
 fn curl(ns: &str, addr: &str, port: u16) -> Option<String> {
-    let url = format!("http://{addr}:{port}/");
+    let url = if addr.contains(':') {
+        format!("http://[{addr}]:{port}/")
+    } else {
+        format!("http://{addr}:{port}/")
+    };
     let (ok, out) = in_ns(ns, &["curl", "-s", "--max-time", "5", &url]);
     ok.then(|| out.trim().to_string())
 }
 
-/// The node namespace's policy rules: tapyard's NodePort rule for each of `ports`, once, none
-/// for the other NodePorts; with a host port (`ports` not empty) the `local` table's rule at
-/// 100, else at 0.
+/// The node namespace's policy rules: tapyard's NodePort rule for each of `ports` (the IPv6
+/// ones: those of the Services with an IPv6 ClusterIP), once, none for the other NodePorts;
+/// with a host port (`ports` not empty) the `local` table's rule at 100, else at 0; both
+/// families.
 fn node_rules(n: &Names, ports: &[u16]) {
-    let rules = run(&["ip", "-n", &n.ns_node, "rule", "show"]);
-    for p in NODE_PORTS {
-        let rule =
-            format!("99:\tfrom all to {NODE} iif lo ipproto tcp dport {p} lookup {NODEPORT_TABLE}");
-        let want = usize::from(ports.contains(&p));
-        assert_eq!(
-            rules.lines().filter(|l| l.starts_with(&rule)).count(),
-            want,
-            "{want} rule(s) {rule:?} expected in:\n{rules}"
+    for (fam, node, v6_too) in [("-4", NODE, [true; 3]), ("-6", NODE6, [true, false, true])] {
+        let rules = run(&["ip", fam, "-n", &n.ns_node, "rule", "show"]);
+        for (p, has6) in NODE_PORTS.into_iter().zip(v6_too) {
+            let rule = format!(
+                "99:\tfrom all to {node} iif lo ipproto tcp dport {p} lookup {NODEPORT_TABLE}"
+            );
+            let want = usize::from(ports.contains(&p) && has6);
+            assert_eq!(
+                rules.lines().filter(|l| l.starts_with(&rule)).count(),
+                want,
+                "{want} rule(s) {rule:?} expected in:\n{rules}"
+            );
+        }
+        let local = if ports.is_empty() { "0:" } else { "100:" };
+        assert!(
+            rules
+                .lines()
+                .any(|l| l.starts_with(&format!("{local}\tfrom all lookup local"))),
+            "the local table's rule is not at {local} in:\n{rules}"
         );
-    }
-    let local = if ports.is_empty() { "0:" } else { "100:" };
-    assert!(
-        rules
+        let others = rules
             .lines()
-            .any(|l| l.starts_with(&format!("{local}\tfrom all lookup local"))),
-        "the local table's rule is not at {local} in:\n{rules}"
-    );
-    let others = rules
-        .lines()
-        .filter(|l| l.contains("lookup local") && !l.starts_with(local))
-        .count();
-    assert_eq!(others, 0, "the local table's rule twice:\n{rules}");
+            .filter(|l| l.contains("lookup local") && !l.starts_with(local))
+            .count();
+        assert_eq!(others, 0, "the local table's rule twice:\n{rules}");
+    }
 }
 
 /// Cases (1) to (3).
@@ -332,6 +354,20 @@ fn cases(n: &Names) {
     }
     // A pod directly: the node's address, kept.
     all_from(&n.ns_node, POD_A, 8080, "pod-a", NODE);
+    // The same over IPv6: an IPv6 ClusterIP (masqueraded to the bridge's IPv6 address), the
+    // node's own [address]:NodePort, the pod directly.
+    all_from(&n.ns_node, WEB_VIP6, 80, "pod-a", GW6);
+    all_from(&n.ns_node, NODE6, 30080, "pod-a", GW6);
+    all_from(&n.ns_node, POD_A6, 8080, "pod-a", NODE6);
+    if have("curl", "--version") {
+        for (addr, port) in [(HTTP_VIP6, 80), (NODE6, 30088)] {
+            assert_eq!(
+                curl(&n.ns_node, addr, port).as_deref(),
+                Some(GW6),
+                "curl -6 http://[{addr}]:{port}/ from the node"
+            );
+        }
+    }
     // (2) A pod to a Service whose endpoint is the node's own server: its address, kept
     // (kube-proxy marks no masquerade for a pod source).
     all_from(&n.ns_a, HOST_VIP, 80, "node", POD_A);
@@ -373,8 +409,18 @@ fn show_ports(n: &Names) {
             "the node's routes lack {want:?}:\n{kernel}"
         );
     }
+    let kernel6 = run(&["ip", "-6", "-n", &n.ns_node, "route", "show"]);
+    for want in [
+        format!("fd00:216::/32 via {HOST_GW6} dev {}", n.host),
+        format!("fd00:97::/112 via {HOST_GW6} dev {}", n.host),
+    ] {
+        assert!(
+            kernel6.contains(&want),
+            "the node's IPv6 routes lack {want:?}:\n{kernel6}"
+        );
+    }
     node_rules(n, &NODE_PORTS);
-    println!("show ports:\n{ports}node's routes:\n{kernel}");
+    println!("show ports:\n{ports}node's routes:\n{kernel}{kernel6}");
 }
 
 #[test]
@@ -397,7 +443,12 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
     let check = run(&[TAPYARD, "check", &n.config.display().to_string()]);
     assert!(check.contains("ok"), "{check}");
     g.start_node(Some(&n.ns_node), &n.config, &[], &n.socket);
-    ns_named(&n.ns_a).attach(Some(&n.ns_node), &n.tap_a, &[&format!("{POD_A}/24")], &[GW]);
+    ns_named(&n.ns_a).attach(
+        Some(&n.ns_node),
+        &n.tap_a,
+        &[&format!("{POD_A}/24"), &format!("{POD_A6}/64")],
+        &[GW, GW6],
+    );
     build_wire(&n);
     spawn_in(
         &mut g.children,

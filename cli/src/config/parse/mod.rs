@@ -516,12 +516,23 @@ impl Parser<'_> {
         let local: Vec<Cidr> = bridges
             .iter()
             .filter_map(|b| b.address)
-            .chain(hosts.iter().map(|h| Cidr {
-                addr: h.address,
-                len: 32,
-            }))
+            .chain(
+                hosts
+                    .iter()
+                    .filter_map(|h| h.address)
+                    .map(|addr| Cidr { addr, len: 32 }),
+            )
             .collect();
-        let local6: Vec<Cidr6> = bridges.iter().filter_map(|b| b.address6).collect();
+        let local6: Vec<Cidr6> = bridges
+            .iter()
+            .filter_map(|b| b.address6)
+            .chain(
+                hosts
+                    .iter()
+                    .filter_map(|h| h.address6)
+                    .map(|addr| Cidr6 { addr, len: 128 }),
+            )
+            .collect();
         let services = self.items(doc, &schema::SERVICE, &mut broken, |p, s, t| {
             p.service(s, t, &local, &local6)
         });

@@ -11,7 +11,7 @@ use toml::de::DeTable;
 
 use super::super::schema::{self};
 use super::super::values::{
-    is_host, is_host6, parse_iface_addr_any, parse_ifname, parse_ip_any, parse_mac,
+    is_host, is_host6, is_link_local6, parse_iface_addr_any, parse_ifname, parse_ip_any, parse_mac,
     parse_port_range, parse_prefix_any, IpCidr,
 };
 use super::super::{
@@ -22,13 +22,14 @@ use super::super::{
 use super::{default_str, raw_name, Parser, Sec};
 use crate::config::values::BadValue;
 
-/// A unicast IPv4 host address (the host port's `address` and `gateway`).
-fn parse_host_ip(s: &str) -> Result<std::net::Ipv4Addr, BadValue> {
-    let ip = super::super::values::parse_ip(s)?;
-    if is_host(ip) {
-        Ok(ip)
-    } else {
-        Err(BadValue::NotUnicast)
+/// A host address of either family, not IPv6 link-local (the host port's `address` and
+/// `gateway`).
+fn parse_host_ip(s: &str) -> Result<IpAddr, BadValue> {
+    match super::super::values::parse_ip_any(s)? {
+        IpAddr::V4(ip) if !is_host(ip) => Err(BadValue::NotUnicast),
+        IpAddr::V6(ip) if is_link_local6(ip) => Err(BadValue::LinkLocal),
+        IpAddr::V6(ip) if !is_host6(ip) => Err(BadValue::NotAHost),
+        ip => Ok(ip),
     }
 }
 
@@ -181,18 +182,42 @@ impl Parser<'_> {
 
     pub(super) fn host(&mut self, mut s: Sec<'_, '_>, t: &DeTable<'_>) -> Option<Located<HostCfg>> {
         let name = self.text(&mut s, "name", parse_ifname);
-        let address = self.text(&mut s, "address", parse_host_ip);
-        let gateway = match self.text(&mut s, "gateway", parse_host_ip) {
-            Some(g) => g,
-            None => default_str(&s, "gateway", parse_host_ip),
-        };
+        let address = self.addrs(&mut s, "address", parse_host_ip, IpAddr::is_ipv6);
+        let gateway = self.addrs(&mut s, "gateway", parse_host_ip, IpAddr::is_ipv6);
+        let (g4, g6) = gateway.unwrap_or_default();
+        // A gateway for a family the port holds no address of.
+        let (a4, a6) = address.unwrap_or_default();
+        for (g, a, fam) in [(g4, a4, "IPv4"), (g6, a6, "IPv6")] {
+            if let (Some(g), None, true) = (g, a, address.is_some()) {
+                let line = s.lines.of("gateway");
+                let ctx = s.ctx.clone();
+                self.err(
+                    line,
+                    format!("{ctx}: gateway = \"{g}\" is {fam} but address has no {fam} address"),
+                );
+            }
+        }
         let routes = self.list(&mut s, "routes", parse_prefix_any);
         let mac = self.text(&mut s, "mac", parse_mac);
         let mtu = self.int_as::<u16>(&mut s, "mtu");
         let value = HostCfg {
             name: name.or_else(|| raw_name(t))?,
-            address: address?,
-            gateway,
+            address: address?.0.and_then(|a| match a {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            }),
+            address6: a6.and_then(|a| match a {
+                IpAddr::V6(a) => Some(a),
+                IpAddr::V4(_) => None,
+            }),
+            gateway: match g4 {
+                Some(IpAddr::V4(g)) => g,
+                _ => HostCfg::GATEWAY,
+            },
+            gateway6: match g6 {
+                Some(IpAddr::V6(g)) => g,
+                _ => HostCfg::GATEWAY6,
+            },
             routes,
             mac,
             mtu,

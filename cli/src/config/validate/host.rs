@@ -3,18 +3,23 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use super::super::{Config, Diag, IpCidr};
+use super::super::{Cidr, Cidr6, Config, Diag, HostCfg, IpCidr};
 
-/// Whether `ip` is the address the host port's kernel side holds (a Service endpoint there
+/// Whether `ip` is an address the host port's kernel side holds (a Service endpoint there
 /// is a socket of the node itself).
 pub(super) fn holds(c: &Config, ip: IpAddr) -> bool {
-    c.hosts.iter().any(|h| IpAddr::V4(h.address) == ip)
+    c.hosts.iter().any(|h| h.sides().any(|(a, _)| a == ip))
 }
 
-/// At most one `[[host]]`; its name free; its address and gateway outside the pods' and the
-/// Services' addresses and the links' subnets; its routes IPv4 prefixes (the host port is
-/// IPv4 only); ClusterIPs inside `service_cidr`. `names` are the interface names taken
-/// (bridges, their ports, uplinks).
+/// The prefixes of both families of an interface with `v4` and `v6` (either may be absent).
+fn both(v4: Option<Cidr>, v6: Option<Cidr6>) -> impl Iterator<Item = IpCidr> {
+    v4.map(IpCidr::V4).into_iter().chain(v6.map(IpCidr::V6))
+}
+
+/// At most one `[[host]]`; its name free; per family, its address and gateway outside the
+/// pods' and the Services' addresses and the links' subnets; its routes of the families it
+/// has an address of; ClusterIPs inside `service_cidr`. `names` are the interface names
+/// taken (bridges, their ports, uplinks).
 pub(super) fn check(
     c: &Config,
     names: &HashMap<String, (usize, String)>,
@@ -57,56 +62,68 @@ pub(super) fn check(
                 ),
             );
         }
-        let inside = |ip: std::net::Ipv4Addr| -> Option<String> {
-            if let Some(cc) = c.node.cluster_cidr.filter(|cc| cc.contains(ip)) {
+        let inside = |ip: IpAddr| -> Option<String> {
+            let cluster = both(c.node.cluster_cidr, c.node.cluster_cidr6);
+            if let Some(cc) = cluster.into_iter().find(|cc| cc.contains(ip)) {
                 return Some(format!("inside node.cluster_cidr {cc} (pod addresses)"));
             }
-            if let Some(sc) = c.node.service_cidr.filter(|sc| sc.contains(ip)) {
+            let services = both(c.node.service_cidr, c.node.service_cidr6);
+            if let Some(sc) = services.into_iter().find(|sc| sc.contains(ip)) {
                 return Some(format!("inside node.service_cidr {sc} (ClusterIPs)"));
             }
             c.bridges
                 .iter()
-                .find(|b| b.address.is_some_and(|a| a.contains(ip)))
+                .find(|b| both(b.address, b.address6).any(|a| a.contains(ip)))
                 .map(|b| format!("inside bridge {:?}'s subnet", b.name))
         };
-        if let Some(why) = inside(h.address) {
-            err(
-                h.lines.of("address"),
-                format!("{ctx}: address = \"{}\" is {why}; the host port's address is the node's own (its InternalIP)", h.address),
-            );
-        }
-        let gw_taken = c
-            .connected()
-            .iter()
-            .find(|i| i.address.is_some_and(|a| a.contains(h.gateway)))
-            .map(|i| format!("inside {}'s subnet", i.name));
-        if h.gateway == h.address {
-            err(
-                h.lines.of("gateway"),
-                format!("{ctx}: gateway = \"{}\" is its address too; tapyard's side needs an address of its own (like \"169.254.0.1\")", h.gateway),
-            );
-        } else if let Some(why) = inside(h.gateway).or(gw_taken) {
-            err(
-                h.lines.of("gateway"),
-                format!("{ctx}: gateway = \"{}\" is {why}; tapyard's side of the host port needs an address no link uses (like \"169.254.0.1\")", h.gateway),
-            );
+        for (addr, gw) in h.sides() {
+            let like = if gw.is_ipv6() {
+                IpAddr::from(HostCfg::GATEWAY6)
+            } else {
+                HostCfg::GATEWAY.into()
+            };
+            if let Some(why) = inside(addr) {
+                err(
+                    h.lines.of("address"),
+                    format!("{ctx}: address = \"{addr}\" is {why}; the host port's address is the node's own (its InternalIP)"),
+                );
+            }
+            let gw_taken = c
+                .connected()
+                .iter()
+                .find(|i| both(i.address, i.address6).any(|a| a.contains(gw)))
+                .map(|i| format!("inside {}'s subnet", i.name));
+            if gw == addr {
+                err(
+                    h.lines.of("gateway"),
+                    format!("{ctx}: gateway = \"{gw}\" is its address too; tapyard's side needs an address of its own (like \"{like}\")"),
+                );
+            } else if let Some(why) = inside(gw).or(gw_taken) {
+                err(
+                    h.lines.of("gateway"),
+                    format!("{ctx}: gateway = \"{gw}\" is {why}; tapyard's side of the host port needs an address no link uses (like \"{like}\")"),
+                );
+            }
         }
         for (i, r) in h.routes.iter().enumerate() {
             let line = h.lines.of(&format!("routes.{i}"));
-            match r {
-                IpCidr::V6(_) => err(
+            let fam = if r.is_v6() { "IPv6" } else { "IPv4" };
+            if !h.sides().any(|(a, _)| a.is_ipv6() == r.is_v6()) {
+                err(
                     line,
-                    format!("{ctx}: routes[{i}] = \"{r}\" is IPv6; the host port routes IPv4 only"),
-                ),
-                IpCidr::V4(p) if p.addr != p.network() => err(
+                    format!(
+                        "{ctx}: routes[{i}] = \"{r}\" is {fam} but address has no {fam} address"
+                    ),
+                );
+            } else if r.addr() != r.network() {
+                err(
                     line,
                     format!(
                         "{ctx}: routes[{i}] = \"{r}\" has host bits set (expected \"{}/{}\")",
-                        p.network(),
-                        p.len
+                        r.network(),
+                        r.prefix_len()
                     ),
-                ),
-                IpCidr::V4(_) => {}
+                );
             }
         }
     }
@@ -189,7 +206,7 @@ routes = ["0.0.0.0/0"]
         assert_eq!(
             (
                 h.name.as_str(),
-                h.address.to_string(),
+                h.address.unwrap().to_string(),
                 h.gateway.to_string(),
                 h.mtu
             ),
@@ -225,14 +242,94 @@ routes = ["0.0.0.0/0"]
             "{d:#?}"
         );
         let d = diags(
-            &format!("{NODE}{HOST}address = \"fd00::2\"\n")
+            &format!("{NODE}{HOST}address = \"fe80::2\"\n")
                 .replace("address = \"172.18.0.2\"\n", ""),
         );
         assert!(
             d.iter()
-                .any(|x| x.contains("address = \"fd00::2\" is not an IPv4 address")),
+                .any(|x| x.starts_with("f:23: host \"tapyard0\": address = \"fe80::2\"")),
             "{d:#?}"
         );
+    }
+
+    /// A dual-stack node: `[node]` with both families, a bridge with both.
+    const NODE6: &str = r#"[node]
+name = "node-a"
+cluster_cidr = ["10.244.0.0/16", "fd00:10:244::/48"]
+service_cidr = ["10.96.0.0/12", "fd00:10:96::/108"]
+
+[[bridge]]
+name = "cni0"
+address = ["10.244.1.1/24", "fd00:10:244:1::1/64"]
+
+[[uplink]]
+name = "eth0"
+address = ["172.18.0.2/24", "fd00:172:18::2/64"]
+
+[[service]]
+name = "api"
+cluster_ip = ["10.96.0.1", "fd00:10:96::1"]
+port = 443
+endpoints = ["172.18.0.2:6443", "[fd00:172:18::2]:6443"]
+"#;
+
+    #[test]
+    fn an_ipv6_or_dual_stack_host_port() {
+        let src = format!(
+            "{NODE6}\n[[host]]\nname = \"tapyard0\"\naddress = [\"172.18.0.2\", \"fd00:172:18::2\"]\nroutes = [\"0.0.0.0/0\", \"::/0\"]\n"
+        );
+        let ch = check_str(&src);
+        assert_eq!(ch.diags, Vec::new());
+        let c = ch.config.unwrap();
+        let h = &c.hosts[0];
+        let sides: Vec<String> = h.sides().map(|(a, g)| format!("{a} {g}")).collect();
+        assert_eq!(
+            sides,
+            ["172.18.0.2 169.254.0.1", "fd00:172:18::2 fc00::a9fe:1"]
+        );
+        // Both endpoints are the node's own sockets.
+        assert!(c.services[0].endpoints.iter().all(|e| e.local));
+        // IPv6 only, with a gateway of its own.
+        let src6 = src
+            .replace(
+                "[\"172.18.0.2\", \"fd00:172:18::2\"]",
+                "\"fd00:172:18::2\"\ngateway = \"fd00:a9fe::1\"",
+            )
+            .replace("[\"0.0.0.0/0\", \"::/0\"]", "[\"::/0\"]")
+            .replace("\"172.18.0.2:6443\", ", "");
+        let ch = check_str(&src6);
+        assert_eq!(ch.diags, Vec::new());
+        let h = &ch.config.as_ref().unwrap().hosts[0];
+        let sides: Vec<String> = h.sides().map(|(a, g)| format!("{a} {g}")).collect();
+        assert_eq!(sides, ["fd00:172:18::2 fd00:a9fe::1"]);
+    }
+
+    #[test]
+    fn bad_ipv6_host_ports_are_refused_naming_line_field_and_value() {
+        let src = format!(
+            "{NODE6}\n[[host]]\nname = \"tapyard0\"\naddress = [\"172.18.0.2\", \"fd00:10:244:1::9\"]\ngateway = [\"169.254.0.1\", \"fd00:172:18::7\"]\nroutes = [\"::/0\", \"fd00::1/8\"]\n"
+        );
+        let d = diags(&src);
+        let want = [
+            "f:22: host \"tapyard0\": address = \"fd00:10:244:1::9\" is inside node.cluster_cidr fd00:10:244::/48",
+            "f:23: host \"tapyard0\": gateway = \"fd00:172:18::7\" is inside eth0's subnet",
+            "f:24: host \"tapyard0\": routes[1] = \"fd00::1/8\" has host bits set (expected \"fd00::/8\")",
+        ];
+        for w in want {
+            assert!(d.iter().any(|x| x.starts_with(w)), "no {w:?} in {d:#?}");
+        }
+        // A family of gateway or routes without an address of that family.
+        let src = format!(
+            "{NODE6}\n[[host]]\nname = \"tapyard0\"\naddress = \"172.18.0.2\"\ngateway = [\"169.254.0.1\", \"fc00::1\"]\nroutes = [\"::/0\"]\n"
+        );
+        let d = diags(&src);
+        let want = [
+            "f:23: host \"tapyard0\": gateway = \"fc00::1\" is IPv6 but address has no IPv6 address",
+            "f:24: host \"tapyard0\": routes[0] = \"::/0\" is IPv6 but address has no IPv6 address",
+        ];
+        for w in want {
+            assert!(d.iter().any(|x| x.starts_with(w)), "no {w:?} in {d:#?}");
+        }
     }
 
     #[test]
