@@ -55,6 +55,29 @@ pub fn check(path: &Path) -> Result<(), Fail> {
     }
 }
 
+/// The host port's policy rules removed (and the `local` rule put back at 0) in the namespace
+/// the node of `sd` ran in (here when the record does not say; nothing when that namespace is
+/// gone, with its rules).
+fn remove_host_rules(sd: &crate::state::StateDir) -> Result<Vec<String>, String> {
+    let own = crate::state::load(&sd.dir, &sd.node)
+        .ok()
+        .flatten()
+        .and_then(|r| r.own_netns)
+        .filter(|o| Some(o.id()) != sd.own_ns);
+    let Some(own) = own else {
+        return crate::node::remove_host_rules().map_err(|e| e.to_string());
+    };
+    let Some((f, path)) = crate::state::open_ns(&own) else {
+        return Ok(Vec::new());
+    };
+    tapyard_cni::netns::run_in(&f, &path, || {
+        crate::node::remove_host_rules().map_err(|e| {
+            tapyard_cni::error::CniError::new(tapyard_cni::error::NETNS_CONFIG, e.to_string())
+        })
+    })
+    .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// `tapyard cleanup <config>`: what a stopped node left (its persistent TAPs, wherever they
 /// live, and its state directory) is deleted; refused while a tapyard answers on the socket.
 pub fn cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
@@ -117,11 +140,11 @@ pub fn cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
         .flatten()
         .and_then(|r| r.own_netns)
         .is_some_and(|o| Some(o.id()) != sd.own_ns);
-    // The host port's policy rules (the node's own NodePorts), when the node ran here.
-    if !cfg.hosts.is_empty() && !elsewhere {
-        match crate::node::remove_host_rules() {
+    // The host port's policy rules (the node's own NodePorts), where the node ran.
+    if !cfg.hosts.is_empty() {
+        match remove_host_rules(&sd) {
             Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-            Err(e) => failed.push(e.to_string()),
+            Err(e) => failed.push(e),
         }
     }
     for tap in names {

@@ -26,7 +26,8 @@
 //! priority 0 to 100). Checked: python and `curl` from the node to its own address's
 //! NodePorts (to pod-a and to the node's own server), the rules there once each after the
 //! restart and the takeover, a Service removed by `reload` taking its rule with it (and
-//! brought back), and a node without the host port leaving no rule and `local` at 0.
+//! brought back), a node without the host port leaving no rule and `local` at 0, and
+//! `tapyard cleanup` after the last stop removing them.
 //!
 //! The node is dual-stack (the outside host is IPv4 only): pod-a also has fd00:216:1::2, the
 //! uplink and the host port hold fd00:219::2 as well, and the node reaches the IPv6
@@ -557,6 +558,22 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
             all_from(&n.ns_a, OUTSIDE, 9000, "outside", NODE);
         }
     }
+
+    // A clean stop keeps the rules (as the TAPs); `tapyard cleanup`, run from another
+    // namespace than the node's, removes them there and puts `local` back at 0.
+    let mut last = g.children.pop().expect("the running node");
+    run(&["kill", "-TERM", &last.id().to_string()]);
+    let st = wait_output_status(&mut last, 20);
+    assert!(st.success(), "exit status after SIGTERM: {st}");
+    node_rules(&n, &NODE_PORTS);
+    let out = run(&[TAPYARD, "cleanup", &n.config.display().to_string()]);
+    println!("cleanup:\n{out}");
+    assert!(
+        out.contains("ip rule: the local table's rule back at pref 0")
+            && out.contains("ip -6 rule: the local table's rule back at pref 0"),
+        "{out}"
+    );
+    node_rules(&n, &[]);
 }
 
 /// Waits (at most `secs`) for `c` to exit: its status.
