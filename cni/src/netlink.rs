@@ -411,6 +411,32 @@ impl Netlink {
         }
     }
 
+    /// Deletes the main table's route to `dst` out of link `index` (via `gw` when given); a
+    /// route that is not there is not an error.
+    pub fn del_route(&mut self, index: u32, dst: Cidr, gw: Option<IpAddr>) -> io::Result<()> {
+        let mut msg = RouteMessage::default();
+        msg.header = RouteHeader {
+            address_family: family(dst.addr),
+            destination_prefix_length: dst.prefix_len,
+            table: RouteHeader::RT_TABLE_MAIN,
+            scope: RouteScope::NoWhere,
+            ..Default::default()
+        };
+        if dst.prefix_len > 0 {
+            msg.attributes
+                .push(RouteAttribute::Destination(RouteAddress::from(dst.addr)));
+        }
+        if let Some(gw) = gw {
+            msg.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(index));
+        match self.request(RouteNetlinkMessage::DelRoute(msg), NLM_F_ACK) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOENT)) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
     /// The routes of the main table, both families.
     pub fn routes(&mut self) -> io::Result<Vec<RouteEntry>> {
         let answer = self.request(

@@ -41,6 +41,12 @@ pub struct Diff {
     /// Bridges whose `spoof_guard` changed, with the new value: their ports' guards are
     /// set or cleared.
     pub guards: Vec<(String, bool)>,
+    /// The prefixes the host port's kernel side no longer routes through it
+    /// ([`crate::config::HostCfg::kernel_routes`]: its `routes`, `node.service_cidr` or
+    /// `node.cluster_cidr` changed).
+    pub host_routes_removed: Vec<crate::config::IpCidr>,
+    /// The prefixes it routes through it now.
+    pub host_routes_added: Vec<crate::config::IpCidr>,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
     /// What each line of [`Diff::summary`] changes (`items[i]` for `summary[i]`).
@@ -66,6 +72,8 @@ pub enum Item {
     Peer(String, std::net::IpAddr),
     /// A bridge's `spoof_guard`.
     SpoofGuard(String),
+    /// The host port's kernel routes: its `routes` and `node.service_cidr`.
+    HostRoutes,
 }
 
 impl std::fmt::Display for Item {
@@ -81,6 +89,9 @@ impl std::fmt::Display for Item {
             Item::Port(bridge, port) => write!(f, "port {port:?} of bridge {bridge:?}"),
             Item::Peer(vxlan, ip) => write!(f, "vxlan {vxlan:?}: peer {ip}"),
             Item::SpoofGuard(bridge) => write!(f, "bridge {bridge:?}: spoof_guard"),
+            Item::HostRoutes => {
+                f.write_str("the host port's kernel routes (routes, node.service_cidr)")
+            }
         }
     }
 }
@@ -164,6 +175,15 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                 run.node.cluster_cidr6 = old.node.cluster_cidr6;
             }
             Item::NodePortRange => run.node.node_port_range = old.node.node_port_range,
+            Item::HostRoutes => {
+                for h in &mut run.hosts {
+                    if let Some(o) = old.hosts.iter().find(|o| o.name == h.name) {
+                        h.value.routes.clone_from(&o.routes);
+                    }
+                }
+                run.node.service_cidr = old.node.service_cidr;
+                run.node.service_cidr6 = old.node.service_cidr6;
+            }
             Item::Port(bridge, port) => {
                 let had = old
                     .bridges
@@ -535,6 +555,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
             .collect());
     }
     let mut d = Diff::default();
+    host_route_changes(old, new, &mut d);
     port_changes(&old.bridges, &new.bridges, &mut d);
     peer_changes(&old.vxlans, &new.vxlans, &mut d);
     for o in &old.routes {
@@ -706,14 +727,24 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
 #[cfg(test)]
 mod tests;
 
-/// The host port's changes, each of which needs a restart: its router interface is part of
-/// the datapath's topology, and its kernel side's address and routes are set as it starts
-/// (`tapyard run --takeover` restarts without losing a connection or a port).
+/// The host port's changes that need a restart: added, removed, or changed other than in
+/// its `routes` (its router interface is part of the datapath's topology, and the router
+/// knows its addresses; `tapyard run --takeover` restarts without losing a connection or a
+/// port).
 fn host_changes(old: &Config, new: &Config, restart: &mut Vec<String>) {
     let names = |c: &Config| c.hosts.iter().map(|h| h.name.clone()).collect::<Vec<_>>();
     for h in &new.hosts {
         match old.hosts.iter().find(|o| o.name == h.name) {
             None => restart.push(format!("host {:?} added", h.name)),
+            Some(o) if o.routes != h.routes => {
+                let same = crate::config::HostCfg {
+                    routes: h.routes.clone(),
+                    ..o.value.clone()
+                };
+                if same != h.value {
+                    restart.push(format!("host {:?} changed", h.name));
+                }
+            }
             Some(o) if o.value != h.value => restart.push(format!("host {:?} changed", h.name)),
             Some(_) => {}
         }
@@ -721,10 +752,45 @@ fn host_changes(old: &Config, new: &Config, restart: &mut Vec<String>) {
     for o in old.hosts.iter().filter(|o| !names(new).contains(&o.name)) {
         restart.push(format!("host {:?} removed", o.name));
     }
+}
+
+/// The host port's kernel routes a reload changes live: its `routes`, `node.service_cidr`,
+/// and (beside the NAT rules) `node.cluster_cidr`.
+fn host_route_changes(old: &Config, new: &Config, d: &mut Diff) {
+    let list = |r: &[crate::config::IpCidr]| {
+        let v: Vec<String> = r.iter().map(ToString::to_string).collect();
+        format!("[{}]", v.join(", "))
+    };
+    for h in &new.hosts {
+        let Some(o) = old.hosts.iter().find(|o| o.name == h.name) else {
+            continue;
+        };
+        if o.routes != h.routes {
+            let line = format!(
+                "host {:?}: routes {} -> {}",
+                h.name,
+                list(&o.routes),
+                list(&h.routes)
+            );
+            d.push(Item::HostRoutes, line);
+        }
+        let (before, after) = (o.kernel_routes(&old.node), h.kernel_routes(&new.node));
+        d.host_routes_removed
+            .extend(before.iter().filter(|r| !after.contains(r)));
+        d.host_routes_added
+            .extend(after.iter().filter(|r| !before.contains(r)));
+    }
     let (on, nn) = (&old.node, &new.node);
     if (on.service_cidr, on.service_cidr6) != (nn.service_cidr, nn.service_cidr6)
-        && !(old.hosts.is_empty() && new.hosts.is_empty())
+        && !new.hosts.is_empty()
     {
-        restart.push("node.service_cidr changed (routed through the host port)".into());
+        let line = format!(
+            "node.service_cidr {} {} -> {} {} (routed through the host port)",
+            opt(&on.service_cidr),
+            opt(&on.service_cidr6),
+            opt(&nn.service_cidr),
+            opt(&nn.service_cidr6)
+        );
+        d.push(Item::HostRoutes, line);
     }
 }

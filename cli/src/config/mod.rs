@@ -210,6 +210,29 @@ impl HostCfg {
     /// tapyard's side's IPv6 address when none is given (`fc00::a9fe:1`).
     pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0xa9fe, 1);
 
+    /// The prefixes the kernel routes through it, host bits cleared: `node`'s cluster and
+    /// Service CIDRs and `routes`, of the families it has an address of.
+    pub fn kernel_routes(&self, node: &NodeCfg) -> Vec<IpCidr> {
+        let v4 = [node.cluster_cidr, node.service_cidr].map(|c| c.map(IpCidr::V4));
+        let v6 = [node.cluster_cidr6, node.service_cidr6].map(|c| c.map(IpCidr::V6));
+        v4.into_iter()
+            .chain(v6)
+            .flatten()
+            .chain(self.routes.iter().copied())
+            .filter(|c| self.sides().any(|(a, _)| a.is_ipv6() == c.is_v6()))
+            .map(|c| match c {
+                IpCidr::V4(p) => IpCidr::V4(Cidr {
+                    addr: p.network(),
+                    len: p.len,
+                }),
+                IpCidr::V6(p) => IpCidr::V6(Cidr6 {
+                    addr: p.network(),
+                    len: p.len,
+                }),
+            })
+            .collect()
+    }
+
     /// Per family it has an address of (IPv4 first): the node's address (the kernel side's)
     /// and tapyard's side's.
     pub fn sides(&self) -> impl Iterator<Item = (IpAddr, IpAddr)> {

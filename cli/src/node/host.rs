@@ -26,22 +26,61 @@ use crate::config::{Config, HostCfg, IpCidr};
 
 use super::NodeError;
 
-/// The prefixes of family `v6` the kernel routes through host port `h`: the cluster CIDR,
-/// the Service CIDR and `h.routes`, as the kernel's routes (host bits cleared).
+/// The prefixes of family `v6` the kernel routes through host port `h`
+/// ([`HostCfg::kernel_routes`]), as the kernel's routes.
 pub(super) fn kernel_routes(cfg: &Config, h: &HostCfg, v6: bool) -> Vec<NlCidr> {
-    let n = &cfg.node;
-    let v4s = [n.cluster_cidr, n.service_cidr].map(|c| c.map(IpCidr::V4));
-    let v6s = [n.cluster_cidr6, n.service_cidr6].map(|c| c.map(IpCidr::V6));
-    v4s.into_iter()
-        .chain(v6s)
-        .flatten()
-        .chain(h.routes.iter().copied())
+    h.kernel_routes(&cfg.node)
+        .into_iter()
         .filter(|c| c.is_v6() == v6)
-        .map(|c| NlCidr {
-            addr: c.network(),
-            prefix_len: c.prefix_len(),
-        })
+        .map(nl_cidr)
         .collect()
+}
+
+/// A prefix as the kernel's.
+fn nl_cidr(c: IpCidr) -> NlCidr {
+    NlCidr {
+        addr: c.addr(),
+        prefix_len: c.prefix_len(),
+    }
+}
+
+/// A reload's change of the kernel side's routes (`routes`, the cluster and Service CIDRs):
+/// `removed` deleted, `added` added, via tapyard's side of their family. One line per change.
+pub(super) fn apply_routes(
+    cfg: &Config,
+    removed: &[IpCidr],
+    added: &[IpCidr],
+) -> Result<Vec<String>, NodeError> {
+    let mut done = Vec::new();
+    for h in &cfg.hosts {
+        let what = format!("host {:?}", h.name);
+        let refused =
+            |step: &str, e: std::io::Error| NodeError::refused(format!("{what}: {step}"), e);
+        let mut nl = Netlink::open().map_err(|e| refused("rtnetlink", e))?;
+        let link = nl
+            .link_by_name(&h.name)
+            .map_err(|e| refused("cannot read its TAP", e))?
+            .ok_or_else(|| NodeError::Config(format!("{what}: no TAP {:?}", h.name)))?;
+        let gw = |c: &IpCidr| {
+            h.sides()
+                .find(|(a, _)| a.is_ipv6() == c.is_v6())
+                .map(|s| s.1)
+        };
+        for c in removed {
+            nl.del_route(link.index, nl_cidr(*c), gw(c))
+                .map_err(|e| refused(&format!("cannot delete route {c}"), e))?;
+            done.push(format!(
+                "{what}: the kernel no longer routes {c} through it"
+            ));
+        }
+        for c in added {
+            let Some(gw) = gw(c) else { continue };
+            nl.add_route(link.index, nl_cidr(*c), Some(gw))
+                .map_err(|e| refused(&format!("route {c} via {gw}"), e))?;
+            done.push(format!("{what}: the kernel routes {c} via {gw}"));
+        }
+    }
+    Ok(done)
 }
 
 /// `addr/32` or `addr/128`.

@@ -187,6 +187,13 @@ impl Node {
                 }
             }
         }
+        // The host port's kernel side: the prefixes it routes through the port.
+        if !d.host_routes_removed.is_empty() || !d.host_routes_added.is_empty() {
+            match super::host::apply_routes(new, &d.host_routes_removed, &d.host_routes_added) {
+                Ok(lines) => lines.iter().for_each(|l| log::info!("{l}")),
+                Err(e) => errors.push(refuse(Item::HostRoutes, e.to_string(), true)),
+            }
+        }
         // A bridge's spoof_guard: its ports' guards set or cleared, traffic untouched.
         for (bridge, _) in &d.guards {
             for r in self.apply_guards(new, Some(bridge)) {

@@ -27,7 +27,8 @@
 //! NodePorts (to pod-a and to the node's own server), the rules there once each after the
 //! restart and the takeover, a Service removed by `reload` taking its rule with it (and
 //! brought back), a node without the host port leaving no rule and `local` at 0, and
-//! `tapyard cleanup` after the last stop removing them.
+//! `tapyard cleanup` after the last stop removing them. The host port's `routes` change by
+//! `reload`.
 //!
 //! The node is dual-stack (the outside host is IPv4 only): pod-a also has fd00:216:1::2, the
 //! uplink and the host port hold fd00:219::2 as well, and the node reaches the IPv6
@@ -514,6 +515,21 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
     std::fs::write(&n.config, n.config(true)).unwrap();
     tapyard_ok_at(&n.socket, &["reload"]);
     node_rules(&n, &NODE_PORTS);
+    cases(&n);
+    // The host port's `routes` change live: a reload adds the kernel's route, and takes it
+    // away again.
+    let extra = format!("192.0.2.0/24 via {HOST_GW} dev {}", n.host);
+    let more = n.config(true).replace(
+        "routes = [\"0.0.0.0/0\"]",
+        "routes = [\"0.0.0.0/0\", \"192.0.2.0/24\"]",
+    );
+    for (text, present) in [(more, true), (n.config(true), false)] {
+        std::fs::write(&n.config, text).unwrap();
+        let out = tapyard_ok_at(&n.socket, &["reload"]);
+        assert!(out.contains("routes [0.0.0.0/0"), "{out}");
+        let kernel = run(&["ip", "-n", &n.ns_node, "route", "show"]);
+        assert_eq!(kernel.contains(&extra), present, "{extra:?} in:\n{kernel}");
+    }
     cases(&n);
 
     // Removing the host port: a reload refuses it (a restart is needed); a takeover with the

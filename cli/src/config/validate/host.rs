@@ -361,4 +361,58 @@ endpoints = ["172.18.0.2:6443", "[fd00:172:18::2]:6443"]
         );
         assert!(crate::config::diff::diff(&with, &with).unwrap().is_empty());
     }
+
+    #[test]
+    fn its_routes_and_the_service_cidr_change_live_its_address_needs_a_restart() {
+        use crate::config::diff::{diff, Item};
+        let with = check_str(&format!("{NODE}{HOST}")).config.unwrap();
+        // routes: 0.0.0.0/0 -> 192.0.2.0/24 and 198.51.100.0/24.
+        let more = format!("{NODE}{HOST}").replace(
+            "routes = [\"0.0.0.0/0\"]",
+            "routes = [\"192.0.2.0/24\", \"198.51.100.0/24\"]",
+        );
+        let more = check_str(&more).config.unwrap();
+        let d = diff(&with, &more).unwrap();
+        assert_eq!(d.items, [Item::HostRoutes]);
+        assert_eq!(
+            d.summary,
+            ["host \"tapyard0\": routes [0.0.0.0/0] -> [192.0.2.0/24, 198.51.100.0/24]"]
+        );
+        let show =
+            |v: &[crate::config::IpCidr]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(show(&d.host_routes_removed), ["0.0.0.0/0"]);
+        assert_eq!(
+            show(&d.host_routes_added),
+            ["192.0.2.0/24", "198.51.100.0/24"]
+        );
+        // node.service_cidr: its route replaced.
+        let svc = format!("{NODE}{HOST}").replace("10.96.0.0/12", "10.96.0.0/16");
+        let d = diff(&with, &check_str(&svc).config.unwrap()).unwrap();
+        assert_eq!(d.items, [Item::HostRoutes]);
+        assert_eq!(
+            (show(&d.host_routes_removed), show(&d.host_routes_added)),
+            (
+                vec!["10.96.0.0/12".to_string()],
+                vec!["10.96.0.0/16".to_string()]
+            )
+        );
+        // A refused change: the running configuration keeps the old routes (retried).
+        let refused = [crate::config::diff::Refusal {
+            item: Item::HostRoutes,
+            reason: "no".into(),
+            old_kept: true,
+        }];
+        let run = crate::config::diff::running(&with, &more, &refused);
+        assert_eq!(run.hosts[0].routes, with.hosts[0].routes);
+        // Its MTU (the router interface's): a restart.
+        let mtu = check_str(&format!("{NODE}{HOST}mtu = 1400\n"))
+            .config
+            .unwrap();
+        let e = diff(&with, &mtu).unwrap_err();
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("host \"tapyard0\" changed: this needs a restart")),
+            "{e:?}"
+        );
+    }
 }
