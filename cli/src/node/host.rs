@@ -256,7 +256,7 @@ pub(super) fn nodeport_rules(cfg: &Config) -> Vec<Rule> {
 /// ports): tapyard's rules no longer wanted (or there twice) go, the missing ones are added;
 /// the `local` table's rule of each family the host port holds an address of is moved to
 /// [`LOCAL_PREF`] (if it is at 0), and put back at 0 when no host port holds one any more (if
-/// tapyard moved it). One line per change. Without a host port, a failure is only logged.
+/// tapyard moved it). One line per change.
 pub(super) fn sync_rules(cfg: &Config) -> Result<Vec<String>, NodeError> {
     let families = [false, true].map(|v6| {
         cfg.hosts
@@ -264,14 +264,7 @@ pub(super) fn sync_rules(cfg: &Config) -> Result<Vec<String>, NodeError> {
             .flat_map(|h| host_addrs(h))
             .any(|a| a.is_ipv6() == v6)
     });
-    let done = sync(&nodeport_rules(cfg), families);
-    if cfg.hosts.is_empty() {
-        if let Err(e) = &done {
-            log::warn!("{e}");
-        }
-        return Ok(done.unwrap_or_default());
-    }
-    done
+    sync(&nodeport_rules(cfg), families)
 }
 
 /// Removes every rule tapyard added and puts the `local` table's rule back at 0 where tapyard

@@ -534,8 +534,11 @@ impl Built {
         let clock = rt.clock();
         let now = clock.now();
         super::host::configure(&cfg)?;
-        for line in super::host::sync_rules(&cfg)? {
-            log::info!("{line}");
+        // The node's own <address>:<NodePort>: without its rules the rest still works.
+        match super::host::sync_rules(&cfg) {
+            Ok(lines) => lines.iter().for_each(|l| log::info!("{l}")),
+            Err(e) if cfg.hosts.is_empty() => log::debug!("{e}"),
+            Err(e) => log::warn!("{e}: the node's own <address>:<NodePort> stays local"),
         }
         for n in &cfg.neighbors {
             add_neighbor(&dp, n, now)?;
