@@ -376,34 +376,19 @@ impl Netlink {
         gw: Option<IpAddr>,
         src: Option<IpAddr>,
     ) -> io::Result<()> {
-        let mut msg = RouteMessage::default();
-        msg.header = RouteHeader {
-            address_family: family(dst.addr),
-            destination_prefix_length: dst.prefix_len,
-            table: u8::try_from(table).unwrap_or(RouteHeader::RT_TABLE_UNSPEC),
-            protocol: RouteProtocol::Boot,
-            scope: if gw.is_some() {
-                RouteScope::Universe
-            } else {
-                RouteScope::Link
-            },
-            kind: RouteType::Unicast,
-            ..Default::default()
+        let mut msg = route_message(table, dst, gw);
+        msg.header.protocol = RouteProtocol::Boot;
+        msg.header.scope = if gw.is_some() {
+            RouteScope::Universe
+        } else {
+            RouteScope::Link
         };
-        if dst.prefix_len > 0 {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(dst.addr)));
-        }
-        if let Some(gw) = gw {
-            msg.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
-        }
+        msg.header.kind = RouteType::Unicast;
         if let Some(src) = src {
             msg.attributes
                 .push(RouteAttribute::PrefSource(RouteAddress::from(src)));
         }
         msg.attributes.push(RouteAttribute::Oif(index));
-        msg.attributes.push(RouteAttribute::Table(table));
         let flags = NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
         match self.request(RouteNetlinkMessage::NewRoute(msg), flags) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -414,22 +399,8 @@ impl Netlink {
     /// Deletes the main table's route to `dst` out of link `index` (via `gw` when given); a
     /// route that is not there is not an error.
     pub fn del_route(&mut self, index: u32, dst: Cidr, gw: Option<IpAddr>) -> io::Result<()> {
-        let mut msg = RouteMessage::default();
-        msg.header = RouteHeader {
-            address_family: family(dst.addr),
-            destination_prefix_length: dst.prefix_len,
-            table: RouteHeader::RT_TABLE_MAIN,
-            scope: RouteScope::NoWhere,
-            ..Default::default()
-        };
-        if dst.prefix_len > 0 {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(dst.addr)));
-        }
-        if let Some(gw) = gw {
-            msg.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
-        }
+        let mut msg = route_message(u32::from(RouteHeader::RT_TABLE_MAIN), dst, gw);
+        msg.header.scope = RouteScope::NoWhere;
         msg.attributes.push(RouteAttribute::Oif(index));
         match self.request(RouteNetlinkMessage::DelRoute(msg), NLM_F_ACK) {
             Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOENT)) => Ok(()),
@@ -570,6 +541,27 @@ impl Netlink {
             other => other.map(drop),
         }
     }
+}
+
+/// A route message of table `table` to `dst`, via `gw` when given (no output link yet).
+fn route_message(table: u32, dst: Cidr, gw: Option<IpAddr>) -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header = RouteHeader {
+        address_family: family(dst.addr),
+        destination_prefix_length: dst.prefix_len,
+        table: u8::try_from(table).unwrap_or(RouteHeader::RT_TABLE_UNSPEC),
+        ..Default::default()
+    };
+    if dst.prefix_len > 0 {
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst.addr)));
+    }
+    if let Some(gw) = gw {
+        msg.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+    }
+    msg.attributes.push(RouteAttribute::Table(table));
+    msg
 }
 
 fn route_ip(a: RouteAddress) -> Option<IpAddr> {

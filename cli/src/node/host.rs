@@ -19,7 +19,7 @@
 
 use std::net::IpAddr;
 
-use tapyard_cni::netlink::{Netlink, Rule};
+use tapyard_cni::netlink::{Link, Netlink, Rule};
 use tapyard_cni::types::Cidr as NlCidr;
 
 use crate::config::{Config, HostCfg, IpCidr};
@@ -53,14 +53,9 @@ pub(super) fn apply_routes(
 ) -> Result<Vec<String>, NodeError> {
     let mut done = Vec::new();
     for h in &cfg.hosts {
-        let what = format!("host {:?}", h.name);
+        let (what, mut nl, link) = open_link(h)?;
         let refused =
             |step: &str, e: std::io::Error| NodeError::refused(format!("{what}: {step}"), e);
-        let mut nl = Netlink::open().map_err(|e| refused("rtnetlink", e))?;
-        let link = nl
-            .link_by_name(&h.name)
-            .map_err(|e| refused("cannot read its TAP", e))?
-            .ok_or_else(|| NodeError::Config(format!("{what}: no TAP {:?}", h.name)))?;
         let gw = |c: &IpCidr| {
             h.sides()
                 .find(|(a, _)| a.is_ipv6() == c.is_v6())
@@ -83,6 +78,23 @@ pub(super) fn apply_routes(
     Ok(done)
 }
 
+/// Host port `h`'s name for messages (`host "NAME"`), an rtnetlink socket and its TAP.
+fn open_link(h: &HostCfg) -> Result<(String, Netlink, Link), NodeError> {
+    let what = format!("host {:?}", h.name);
+    let refused = |step: &str, e: std::io::Error| NodeError::refused(format!("{what}: {step}"), e);
+    let mut nl = Netlink::open().map_err(|e| refused("rtnetlink", e))?;
+    let link = nl
+        .link_by_name(&h.name)
+        .map_err(|e| refused("cannot read its TAP", e))?
+        .ok_or_else(|| {
+            NodeError::Config(format!(
+                "{what}: no TAP {:?} in tapyard's namespace",
+                h.name
+            ))
+        })?;
+    Ok((what, nl, link))
+}
+
 /// `addr/32` or `addr/128`.
 fn host_cidr(addr: IpAddr) -> NlCidr {
     NlCidr {
@@ -97,19 +109,9 @@ fn host_cidr(addr: IpAddr) -> NlCidr {
 /// the kernel already routes another way is left so, with a warning.
 pub(super) fn configure(cfg: &Config) -> Result<(), NodeError> {
     for h in &cfg.hosts {
-        let what = format!("host {:?}", h.name);
+        let (what, mut nl, link) = open_link(h)?;
         let refused =
             |step: &str, e: std::io::Error| NodeError::refused(format!("{what}: {step}"), e);
-        let mut nl = Netlink::open().map_err(|e| refused("rtnetlink", e))?;
-        let link = nl
-            .link_by_name(&h.name)
-            .map_err(|e| refused("cannot read its TAP", e))?
-            .ok_or_else(|| {
-                NodeError::Config(format!(
-                    "{what}: no TAP {:?} in tapyard's namespace",
-                    h.name
-                ))
-            })?;
         if link.mtu != u32::from(h.mtu) {
             nl.set_mtu(link.index, u32::from(h.mtu))
                 .map_err(|e| refused("MTU", e))?;
