@@ -880,7 +880,12 @@ impl Netfilter {
                 // endpoint, unmasqueraded, whatever the policy ("pod traffic for external
                 // destinations"); only external clients get the Local policy.
                 let from_pod = rules.cluster_cidr.is_some_and(|c| c.contains(t.src));
-                let local_only = node_port && svc.spec().external_local && !from_pod;
+                // ... nor the node's own connections (from one of its addresses, through the
+                // host port): "masquerade LOCAL traffic", "route LOCAL traffic for external
+                // destinations".
+                let local_policy = node_port && svc.spec().external_local && !from_pod;
+                let from_node = local_policy && routing.is_local(t.src);
+                let local_only = local_policy && !from_node;
                 let flow = (hash, cx.rng.next_u64());
                 let Some(ep) = A::select(&self.services, &svc, t.src, flow, local_only, now) else {
                     self.counters.rejected.add(1);
@@ -902,8 +907,8 @@ impl Netfilter {
                 hairpin = after.dst == t.src;
                 masq = if node_port {
                     // KUBE-EXT-*: policy Cluster masquerades every client (pods too); Local
-                    // keeps the client's address.
-                    !svc.spec().external_local
+                    // keeps the client's address, but for the node's own.
+                    !svc.spec().external_local || from_node
                 } else {
                     // KUBE-SVC-*: `! -s <cluster-cidr> -d <cluster-ip>`.
                     outside(t.src)

@@ -15,6 +15,7 @@ per_family!(
     outside_clients_reach_the_host_endpoint_through_a_node_port_masqueraded,
     the_host_reaches_a_cluster_ip_masqueraded_and_a_pod_unmasqueraded,
     what_no_rule_translates_for_the_node_address_goes_to_the_host,
+    the_host_reaches_its_own_local_policy_node_port_masqueraded_on_every_endpoint,
 );
 
 /// The kit's node with a host port and the Services of [`node`], plus `hostsvc` (0x20, TCP
@@ -118,4 +119,33 @@ fn what_no_rule_translates_for_the_node_address_goes_to_the_host(p: Plan) {
     // The gateway's address is still the router's own: a SYN there is refused by the router.
     let (v, _) = send(&mut n, PA, &from_a(&p, 48003, p.gw, 22, SYN));
     assert_eq!(v, Verdict::Drop(DropReason::LocalNoService));
+}
+
+fn the_host_reaches_its_own_local_policy_node_port_masqueraded_on_every_endpoint(p: Plan) {
+    let mut n = host_node(&p);
+    // `web-local` (NodePort 30081, policy Local; endpoints B here and the remote pod): from
+    // the node itself, kube-proxy's KUBE-EXT-* masquerades ("LOCAL traffic") and sends it to
+    // any endpoint, remote ones too; an external client would get B only, unmasqueraded.
+    let (mut to_b, mut remote) = (0, 0);
+    for sport in 49000..49064 {
+        let (v, out) = send(&mut n, HOST0, &from_host(p.node, sport, p.node, 30081, SYN));
+        let (src, _, dst, dport) = flow(one(&out).1);
+        assert_eq!(dport, 8080);
+        match v {
+            Verdict::Output(PB) => {
+                to_b += 1;
+                assert_eq!((src, dst), (p.gw, p.b), "masqueraded to cni0's address");
+            }
+            Verdict::Output(ETH0) => {
+                remote += 1;
+                assert_eq!(
+                    (src, dst),
+                    (p.node, p.remote),
+                    "masqueraded to eth0's address"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(to_b > 0 && remote > 0, "B {to_b}, remote {remote}");
 }
