@@ -58,14 +58,14 @@ pub fn check(path: &Path) -> Result<(), Fail> {
 /// The host port's policy rules removed (and the `local` rule put back at 0) in the namespace
 /// the node of `sd` ran in (here when the record does not say; nothing when that namespace is
 /// gone, with its rules).
-fn remove_host_rules(sd: &crate::state::StateDir) -> Result<Vec<String>, String> {
+fn remove_host_rules(sd: &crate::state::StateDir) -> Result<Vec<String>, crate::node::NodeError> {
     let own = crate::state::load(&sd.dir, &sd.node)
         .ok()
         .flatten()
         .and_then(|r| r.own_netns)
         .filter(|o| Some(o.id()) != sd.own_ns);
     let Some(own) = own else {
-        return crate::node::remove_host_rules().map_err(|e| e.to_string());
+        return crate::node::remove_host_rules();
     };
     let Some((f, path)) = crate::state::open_ns(&own) else {
         return Ok(Vec::new());
@@ -75,7 +75,7 @@ fn remove_host_rules(sd: &crate::state::StateDir) -> Result<Vec<String>, String>
             tapyard_cni::error::CniError::new(tapyard_cni::error::NETNS_CONFIG, e.to_string())
         })
     })
-    .map_err(|e| format!("{}: {e}", path.display()))
+    .map_err(|e| crate::node::NodeError::refused(path.display().to_string(), e))
 }
 
 /// `tapyard cleanup <config>`: what a stopped node left (its persistent TAPs, wherever they
@@ -144,7 +144,7 @@ pub fn cleanup(path: &Path, socket: Option<PathBuf>) -> Result<(), Fail> {
     if !cfg.hosts.is_empty() {
         match remove_host_rules(&sd) {
             Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     for tap in names {
