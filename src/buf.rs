@@ -168,6 +168,27 @@ impl PacketBuf {
         Some(&mut self.data[self.start - n..self.start])
     }
 
+    /// A buffer made of `data` (its whole length is room), holding the frame of `len` bytes
+    /// at `start` (both capped to fit): for a frame put together in place elsewhere
+    /// (reassembly), handed over without a copy.
+    pub(crate) fn from_storage(data: Box<[u8]>, start: usize, len: usize) -> PacketBuf {
+        let start = start.min(data.len());
+        let len = len.min(data.len() - start);
+        PacketBuf {
+            data,
+            start,
+            len,
+            port: PortId(0),
+            offload: Offload::NONE,
+            oversize: false,
+        }
+    }
+
+    /// The buffer's bytes, for [`PacketBuf::from_storage`]'s giver to recycle.
+    pub(crate) fn into_storage(self) -> Box<[u8]> {
+        self.data
+    }
+
     /// Empties the buffer for reuse: full headroom, no frame, no offload state.
     #[inline]
     pub fn reset(&mut self) {

@@ -3,7 +3,9 @@
 //!
 //! A fragment is copied in ([`Defrag::push`]): its data into its datagram's buffer at its
 //! offset, its headers (link and IP, up to its data) kept beside. When the last hole closes,
-//! the datagram is put together as one frame ([`Datagram::frame`]), on which conntrack and
+//! the first fragment's headers, made whole, are written in front of the payload, so the
+//! datagram is one frame where it lies ([`Datagram::frame`]; each byte of data is copied
+//! once, and a worker hands that very buffer on as the packet's), on which conntrack and
 //! NAT run as on any packet; [`Datagram::fragments`] then cuts the (rewritten) datagram
 //! back at the original fragments' boundaries, each under its own headers with the
 //! datagram's new addresses, so what leaves has the sizes, DF bits and identification the
@@ -192,14 +194,24 @@ struct Piece {
     hdr: [u8; MAX_FRAG_HEADERS],
 }
 
+/// Bytes in front of a list's payload in its buffer: a packet buffer's headroom, then room
+/// for the whole datagram's link and IP headers, so that the complete datagram is a frame in
+/// that buffer where it lies (see [`Frags::take`]).
+const FRONT: usize = crate::buf::HEADROOM + MAX_FRAG_HEADERS;
+
 /// A datagram being put together.
 struct List<A> {
     key: FragKey<A>,
     first_seen: Instant,
     /// Sorted by offset, no two overlapping.
     pieces: Vec<Piece>,
-    /// The payload, each piece's data at its offset.
-    data: Vec<u8>,
+    /// The buffer the datagram is put together in: [`FRONT`] bytes, then the payload, each
+    /// piece's data at its offset. Its length is its room (grown as fragments come, recycled
+    /// with its room).
+    data: Box<[u8]>,
+    /// The payload's extent so far: the end of the furthest piece (what the table's bytes
+    /// count).
+    extent: usize,
     /// The payload's length, once the last fragment came.
     total: Option<usize>,
     /// The first fragment's `next_at` (IPv6).
@@ -240,10 +252,11 @@ pub struct Defrag<A: FragFamily> {
     /// are not counted).
     bytes: usize,
     /// Recycled buffers (at most a few kept).
-    spare: Vec<(Vec<Piece>, Vec<u8>)>,
-    /// The last datagram put together, as one frame.
-    whole: Vec<u8>,
-    /// Its pieces, to cut it back into fragments.
+    spare: Vec<(Vec<Piece>, Box<[u8]>)>,
+    /// Where the last datagram put together lies in its list's buffer, as one frame (start,
+    /// length).
+    whole: (usize, usize),
+    /// Its list: its buffer, and its pieces to cut it back into fragments.
     done: Option<List<A>>,
     stats: DefragStats,
 }
@@ -261,7 +274,7 @@ impl<A: FragFamily> Defrag<A> {
             frags: 0,
             bytes: 0,
             spare: Vec::new(),
-            whole: Vec::new(),
+            whole: (0, 0),
             done: None,
             stats: DefragStats::default(),
         }
@@ -337,6 +350,7 @@ impl<A: FragFamily> Defrag<A> {
                     first_seen: now,
                     pieces,
                     data,
+                    extent: 0,
                     total: None,
                     next_at: 0,
                 },
@@ -396,15 +410,25 @@ impl<A: FragFamily> Defrag<A> {
         if l.pieces.len() >= MAX_FRAGS_PER_DATAGRAM {
             return Err((FragDrop::TooManyFragments, true));
         }
-        let grow = end.saturating_sub(l.data.len());
+        let grow = end.saturating_sub(l.extent);
         if grow > room {
             return Err((FragDrop::TableFull, l.pieces.is_empty()));
         }
+        if FRONT + end > l.data.len() {
+            // Doubled (up to the largest datagram), so that fragments coming in order move
+            // the payload a few times only; a recycled buffer is mostly big enough already.
+            let room = (2 * l.data.len()).clamp(FRONT + end, FRONT + MAX_DATAGRAM);
+            let mut bigger = vec![0u8; room].into_boxed_slice();
+            if let Some(held) = l.data.get(FRONT..FRONT + l.extent) {
+                bigger[FRONT..FRONT + l.extent].copy_from_slice(held);
+            }
+            l.data = bigger;
+        }
         if grow > 0 {
-            l.data.resize(end, 0);
+            l.extent = end;
             self.bytes += grow;
         }
-        l.data[offset..end].copy_from_slice(data);
+        l.data[FRONT + offset..FRONT + end].copy_from_slice(data);
         let mut piece = Piece {
             offset: u32::try_from(offset).unwrap_or(u32::MAX),
             end: u32::try_from(end).unwrap_or(u32::MAX),
@@ -427,7 +451,7 @@ impl<A: FragFamily> Defrag<A> {
     fn remove(&mut self, key: &FragKey<A>) -> Option<List<A>> {
         let l = self.lists.remove(key)?;
         self.frags -= l.pieces.len();
-        self.bytes -= l.data.len();
+        self.bytes -= l.extent;
         Some(l)
     }
 
@@ -441,7 +465,6 @@ impl<A: FragFamily> Defrag<A> {
     fn keep(&mut self, mut l: List<A>) {
         if self.spare.len() < SPARE {
             l.pieces.clear();
-            l.data.clear();
             self.spare.push((l.pieces, l.data));
         }
     }
@@ -477,26 +500,47 @@ impl<A: FragFamily> Defrag<A> {
         n
     }
 
-    /// Writes the complete datagram `l` as one frame into `whole`.
-    fn assemble(&mut self, l: List<A>) {
-        let first = &l.pieces[0];
+    /// Makes the complete datagram `l` one frame where its payload lies: the first
+    /// fragment's headers, made whole, written just in front of the payload.
+    fn assemble(&mut self, mut l: List<A>) {
+        let first = l.pieces[0];
         let (l3_off, hdr_len) = (usize::from(first.l3_off), usize::from(first.hdr_len));
         let total = l.total.unwrap_or(0);
-        self.whole.clear();
-        self.whole.extend_from_slice(&first.hdr[..hdr_len]);
-        let ip_len = A::unfragment(&mut self.whole[l3_off..], l.next_at, total);
-        self.whole.truncate(l3_off + ip_len);
-        self.whole.extend_from_slice(&l.data[..total]);
+        let mut hdr = first.hdr;
+        let ip_len = A::unfragment(&mut hdr[l3_off..hdr_len], l.next_at, total);
+        let head = l3_off + ip_len;
+        l.data[FRONT - head..FRONT].copy_from_slice(&hdr[..head]);
+        self.whole = (FRONT - head, head + total);
         self.done = Some(l);
     }
 
     /// The datagram the last [`Defrag::push`] completed, if it did.
     pub fn datagram(&mut self) -> Option<Datagram<'_, A>> {
-        let list = self.done.as_ref()?;
+        let (start, len) = self.whole;
+        let list = self.done.as_mut()?;
+        let whole = list.data.get_mut(start..start + len)?;
         Some(Datagram {
-            whole: &mut self.whole,
-            list,
+            whole,
+            pieces: &list.pieces,
+            key: list.key,
         })
+    }
+
+    /// Lends the buffer of the datagram the last push completed, as a packet buffer whose
+    /// frame is the datagram (no copy): until [`Defrag::give_back`], [`Defrag::datagram`] is
+    /// `None`, while [`Defrag::refragment_last`] still cuts.
+    fn lend(&mut self) -> Option<crate::buf::PacketBuf> {
+        let (start, len) = self.whole;
+        let l = self.done.as_mut().filter(|l| l.data.len() >= start + len)?;
+        let data = std::mem::take(&mut l.data);
+        Some(crate::buf::PacketBuf::from_storage(data, start, len))
+    }
+
+    /// Takes back the buffer [`Defrag::lend`] lent (to be recycled).
+    fn give_back(&mut self, b: crate::buf::PacketBuf) {
+        if let Some(l) = self.done.as_mut() {
+            l.data = b.into_storage();
+        }
     }
 }
 
@@ -510,25 +554,25 @@ impl<A: FragFamily> Defrag<A> {
         buf: &mut [u8],
         out: &mut dyn FnMut(&[u8]),
     ) -> Option<(usize, usize)> {
-        Some(cut(self.done.as_ref()?, whole, buf, out))
+        Some(cut::<A>(&self.done.as_ref()?.pieces, whole, buf, out))
     }
 }
 
-/// Cuts datagram `whole` (one frame) back at the boundaries of `list`'s pieces (see
+/// Cuts datagram `whole` (one frame) back at the boundaries of its `pieces` (see
 /// [`Datagram::refragment`]).
 fn cut<A: FragFamily>(
-    list: &List<A>,
+    pieces: &[Piece],
     whole: &[u8],
     buf: &mut [u8],
     out: &mut dyn FnMut(&[u8]),
 ) -> (usize, usize) {
-    let Some(first) = list.pieces.first() else {
+    let Some(first) = pieces.first() else {
         return (0, 0);
     };
     let l3 = usize::from(first.l3_off);
     let data_at = usize::from(first.hdr_len) - A::FRAG_HEADER_LEN;
     let (mut sent, mut skipped) = (0, 0);
-    for p in &list.pieces {
+    for p in pieces {
         let (h, off) = (usize::from(p.hdr_len), usize::from(p.l3_off));
         let (start, end) = (data_at + p.offset as usize, data_at + p.end as usize);
         let (Some(data), Some(frame), Some(ip)) = (
@@ -563,16 +607,17 @@ impl<A: FragFamily> std::fmt::Debug for Defrag<A> {
 /// A datagram put together: one frame to run conntrack and NAT on, then cut back into
 /// its fragments.
 pub struct Datagram<'a, A> {
-    whole: &'a mut Vec<u8>,
-    list: &'a List<A>,
+    whole: &'a mut [u8],
+    pieces: &'a [Piece],
+    key: FragKey<A>,
 }
 
 impl<A: FragFamily> std::fmt::Debug for Datagram<'_, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Datagram")
-            .field("key", &self.list.key)
+            .field("key", &self.key)
             .field("len", &self.whole.len())
-            .field("fragments", &self.list.pieces.len())
+            .field("fragments", &self.pieces.len())
             .finish()
     }
 }
@@ -592,18 +637,17 @@ impl<A: FragFamily> Datagram<'_, A> {
 
     /// Its identity.
     pub fn key(&self) -> FragKey<A> {
-        self.list.key
+        self.key
     }
 
     /// How many fragments it came in.
     pub fn fragments(&self) -> usize {
-        self.list.pieces.len()
+        self.pieces.len()
     }
 
     /// The largest fragment it came in (bytes of IP packet): Linux's `frag_max_size`.
     pub fn max_frag_size(&self) -> usize {
-        self.list
-            .pieces
+        self.pieces
             .iter()
             .map(|p| usize::from(p.hdr_len) - usize::from(p.l3_off) + (p.end - p.offset) as usize)
             .max()
@@ -617,27 +661,27 @@ impl<A: FragFamily> Datagram<'_, A> {
     /// must hold the largest; a fragment that does not fit is skipped and counted in the
     /// result's second half).
     pub fn refragment(&self, buf: &mut [u8], out: &mut dyn FnMut(&[u8])) -> (usize, usize) {
-        cut(self.list, self.whole, buf, out)
+        cut::<A>(self.pieces, self.whole, buf, out)
     }
 }
 
 /// The per-family steps of a worker's reassembly ([`Frags`]): which table is the family's.
 pub(crate) trait FragsOf: FragFamily {
-    /// The family's table in `f`, and `f`'s spare buffer for a whole datagram.
-    fn parts(f: &mut Frags) -> (&mut Defrag<Self>, &mut Option<crate::buf::PacketBuf>);
+    /// The family's table in `f`.
+    fn table(f: &mut Frags) -> &mut Defrag<Self>;
 }
 
 impl FragsOf for std::net::Ipv4Addr {
     #[inline]
-    fn parts(f: &mut Frags) -> (&mut Defrag<Self>, &mut Option<crate::buf::PacketBuf>) {
-        (&mut f.v4, &mut f.spare)
+    fn table(f: &mut Frags) -> &mut Defrag<Self> {
+        &mut f.v4
     }
 }
 
 impl FragsOf for std::net::Ipv6Addr {
     #[inline]
-    fn parts(f: &mut Frags) -> (&mut Defrag<Self>, &mut Option<crate::buf::PacketBuf>) {
-        (&mut f.v6, &mut f.spare)
+    fn table(f: &mut Frags) -> &mut Defrag<Self> {
+        &mut f.v6
     }
 }
 
@@ -645,13 +689,15 @@ impl FragsOf for std::net::Ipv6Addr {
 /// longest link header a fragment may keep.
 pub(crate) const WHOLE_FRAME: usize = MAX_DATAGRAM + MAX_FRAG_HEADERS;
 
-/// A worker's reassembly state: a table per family, and the buffer a datagram is put together
-/// in while it goes the rest of its way (made on first use, then kept: 64 KiB per worker).
+/// A worker's reassembly state: a table per family, and the buffer of the fragment that
+/// completed a datagram, kept aside while the datagram (in its list's own buffer, lent as a
+/// packet buffer: no copy) goes the rest of its way.
 #[derive(Debug)]
 pub(crate) struct Frags {
     v4: Defrag<std::net::Ipv4Addr>,
     v6: Defrag<std::net::Ipv6Addr>,
-    spare: Option<crate::buf::PacketBuf>,
+    /// The fragment's buffer, and whether the datagram in its place is IPv6.
+    aside: Option<(crate::buf::PacketBuf, bool)>,
     /// Where a datagram is cut back into fragments (made on first use).
     scratch: Vec<u8>,
     /// The largest fragment the last datagram put together came in (bytes of IP packet,
@@ -664,7 +710,7 @@ impl Default for Frags {
         Frags {
             v4: Defrag::new(DefragConfig::default_for::<std::net::Ipv4Addr>()),
             v6: Defrag::new(DefragConfig::default_for::<std::net::Ipv6Addr>()),
-            spare: None,
+            aside: None,
             scratch: Vec::new(),
             max: 0,
         }
@@ -685,9 +731,9 @@ impl Frags {
         self.v4.held() + self.v6.held()
     }
 
-    /// Takes fragment `b` (IP header at `l3`, of family `A`) at `now`. When it completes its
-    /// datagram, `b` becomes the datagram ([`crate::buf::PacketBuf::reassembled`] set) and
-    /// the fragment's buffer is kept aside until [`Frags::restore`] gives it back.
+    /// Takes fragment `b` (IP header at `l3`, of family `A`) at `now`. When it completes its datagram, `b` becomes the
+    /// datagram (in the buffer it was put together in) and the fragment's buffer is kept
+    /// aside until [`Frags::restore`] gives it back.
     pub(crate) fn take<A: FragsOf>(
         &mut self,
         b: &mut crate::buf::PacketBuf,
@@ -695,7 +741,7 @@ impl Frags {
         now: Instant,
     ) -> Result<Taken, crate::stats::DropReason> {
         let expired = self.expire(now);
-        let (t, spare) = A::parts(self);
+        let t = A::table(self);
         let f = match A::parse(b.frame().get(l3..).unwrap_or(&[]), 0) {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(Taken::NotFragment),
@@ -705,21 +751,13 @@ impl Frags {
             Err(r) => Err(r.into()),
             Ok(Pushed::Held) => Ok(Taken::Held { expired }),
             Ok(Pushed::Complete) => {
-                let Some(d) = t.datagram() else {
+                let max = t.datagram().map_or(0, |d| d.max_frag_size());
+                let Some(mut whole) = t.lend() else {
                     return Err(crate::stats::DropReason::FragMalformed);
                 };
-                let whole = d.frame();
-                let max = d.max_frag_size();
-                let s = spare.get_or_insert_with(|| crate::buf::PacketBuf::new(WHOLE_FRAME));
-                let Some(room) = s.room_mut().get_mut(..whole.len()) else {
-                    return Err(crate::stats::DropReason::FragOversize);
-                };
-                room.copy_from_slice(whole);
-                s.set_len(whole.len());
-                s.port = b.port;
-                s.offload = crate::buf::Offload::NONE;
-                s.oversize = false;
-                std::mem::swap(b, s);
+                whole.port = b.port;
+                let frag = std::mem::replace(b, whole);
+                self.aside = Some((frag, A::VERSION == 6));
                 self.max = max;
                 Ok(Taken::Whole { expired })
             }
@@ -732,11 +770,17 @@ impl Frags {
         self.max
     }
 
-    /// Gives the fragment's buffer back in place of the datagram [`Frags::take`] put in `b`.
+    /// Gives the fragment's buffer back in place of the datagram [`Frags::take`] put in `b`
+    /// (whose buffer goes back to its table, to be recycled).
     #[cold]
     pub(crate) fn restore(&mut self, b: &mut crate::buf::PacketBuf) {
-        if let Some(s) = self.spare.as_mut() {
-            std::mem::swap(b, s);
+        if let Some((frag, v6)) = self.aside.take() {
+            let whole = std::mem::replace(b, frag);
+            if v6 {
+                self.v6.give_back(whole);
+            } else {
+                self.v4.give_back(whole);
+            }
         }
     }
 
@@ -751,8 +795,7 @@ impl Frags {
             self.scratch.resize(WHOLE_FRAME, 0);
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let (t, _) = A::parts(self);
-        let sent = t
+        let sent = A::table(self)
             .refragment_last(whole, &mut scratch, out)
             .map_or(0, |(sent, _)| sent);
         self.scratch = scratch;

@@ -153,7 +153,44 @@ both!(
     lists_time_out_and_free_their_memory,
     a_rewrite_of_the_whole_reaches_every_fragment,
     a_flood_of_random_fragments_leaves_memory_flat,
+    a_worker_gets_the_datagram_in_the_buffer_it_was_put_together_in,
 );
+
+/// A worker's [`Frags::take`] hands the datagram on in the buffer its fragments' data was
+/// copied into, and that buffer (given back by [`Frags::restore`]) puts the next datagram
+/// together: no copy of the whole, no allocation once warm.
+fn a_worker_gets_the_datagram_in_the_buffer_it_was_put_together_in<A: TestFamily + FragsOf>() {
+    let mut w = Frags::default();
+    let mut at = Vec::new();
+    for id in 1..=3 {
+        let whole = A::datagram(A::addr(2), A::addr(3), 4000);
+        let frags = cut::<A>(&whole, 1448, id);
+        for (i, f) in frags.iter().enumerate() {
+            let mut b = crate::buf::PacketBuf::from_frame(f);
+            b.port = crate::base::PortId(7);
+            let taken = w.take::<A>(&mut b, 14, T0).unwrap();
+            if i + 1 < frags.len() {
+                assert_eq!(taken, Taken::Held { expired: 0 });
+                continue;
+            }
+            assert_eq!(taken, Taken::Whole { expired: 0 });
+            assert!(b.frame() == A::with_id(&whole, id));
+            assert_eq!(b.port, crate::base::PortId(7));
+            assert!(b.headroom() >= crate::buf::HEADROOM);
+            at.push(b.frame().as_ptr());
+            let mut back = Vec::new();
+            assert_eq!(
+                w.refragment::<A>(b.frame(), &mut |f| back.push(f.to_vec())),
+                3
+            );
+            assert_eq!(back, frags);
+            w.restore(&mut b);
+            assert!(b.frame() == &f[..], "the fragment's own buffer is back");
+        }
+    }
+    assert!(at.windows(2).all(|p| p[0] == p[1]), "one buffer, reused");
+    assert_eq!(w.held(), 0);
+}
 
 fn fragments_in_any_order_give_the_datagram_and_cut_back_to_themselves<A: TestFamily>() {
     let whole = A::datagram(A::addr(2), A::addr(3), 3000);
