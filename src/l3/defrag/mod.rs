@@ -320,9 +320,20 @@ impl<A: FragFamily> Defrag<A> {
         f: &Fragment<A>,
         now: Instant,
     ) -> Result<Pushed, FragDrop> {
+        self.expire(now);
+        self.push_expired(frame, l3_off, f, now)
+    }
+
+    /// [`Defrag::push`] when the lists whose time is up at `now` are freed already.
+    fn push_expired(
+        &mut self,
+        frame: &[u8],
+        l3_off: usize,
+        f: &Fragment<A>,
+        now: Instant,
+    ) -> Result<Pushed, FragDrop> {
         self.stats.fragments += 1;
         self.recycle_done();
-        self.expire(now);
         let head = l3_off + f.hdr_len;
         let (Some(hdr), Some(data)) = (frame.get(..head), frame.get(head..head + f.data_len))
         else {
@@ -731,7 +742,8 @@ impl Frags {
         self.v4.held() + self.v6.held()
     }
 
-    /// Takes fragment `b` (IP header at `l3`, of family `A`) at `now`. When it completes its datagram, `b` becomes the
+    /// Takes fragment `b` (IP header at `l3`, of family `A`) at `now`, first freeing the
+    /// family's datagrams whose time is up. When it completes its datagram, `b` becomes the
     /// datagram (in the buffer it was put together in) and the fragment's buffer is kept
     /// aside until [`Frags::restore`] gives it back.
     pub(crate) fn take<A: FragsOf>(
@@ -740,14 +752,16 @@ impl Frags {
         l3: usize,
         now: Instant,
     ) -> Result<Taken, crate::stats::DropReason> {
-        let expired = self.expire(now);
         let t = A::table(self);
         let f = match A::parse(b.frame().get(l3..).unwrap_or(&[]), 0) {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(Taken::NotFragment),
             Err(r) => return Err(t.refuse(r).into()),
         };
-        match t.push(b.frame(), l3, &f, now) {
+        let before = t.held();
+        t.expire(now);
+        let expired = (before - t.held()) as u64;
+        match t.push_expired(b.frame(), l3, &f, now) {
             Err(r) => Err(r.into()),
             Ok(Pushed::Held) => Ok(Taken::Held { expired }),
             Ok(Pushed::Complete) => {
