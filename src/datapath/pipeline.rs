@@ -18,7 +18,7 @@ use crate::l2::fdb::Loc;
 use crate::l3::defrag::{Frags, FragsOf, Taken};
 use crate::l3::route::RouteReader;
 use crate::l3::router::{ErrorNat, Hook, L3Batch, Prerouting, Router, RouterFamily, Rx, Sink, L3};
-use crate::nat::netfilter::{NatCtx, NatFamily, Netfilter, Routing};
+use crate::nat::netfilter::{Bridged, NatCtx, NatFamily, Netfilter, Routing};
 use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
 use crate::wire::ethernet::{ethertype, EthernetFrame};
@@ -214,8 +214,8 @@ impl NatHook<'_> {
         };
         self.shard.count_drops(DropReason::FragTimeout, expired);
         self.shard.totals.reassembled.add(1);
-        let verdict = match self.nf.bridged::<A, W>(b, l3, now) {
-            Hook::Accept => {
+        let verdict = match self.nf.bridged_datagram::<A, W>(b, l3, now) {
+            Ok(()) => {
                 let BridgedOut { iface, sink } = out;
                 let sent = self.frags.refragment::<A>(b.frame(), &mut |f| {
                     sink.emit(iface, &mut |o| {
@@ -230,8 +230,7 @@ impl NatHook<'_> {
                     Verdict::Local
                 }
             }
-            Hook::Drop(r) => Verdict::Drop(r),
-            _ => Verdict::Drop(DropReason::FragMalformed),
+            Err(r) => Verdict::Drop(r),
         };
         self.frags.restore(b);
         verdict
@@ -829,27 +828,22 @@ impl Datapath {
         let meta = L3Hint::of(b);
         let l3 = usize::from(meta.l3);
         let hook = match meta.ether_type {
-            _ if meta.tagged => Hook::Accept,
+            _ if meta.tagged => Bridged::Accept,
             ethertype::IPV4 => nf.bridged::<Ipv4Addr, 2>(b, l3, now),
             ethertype::IPV6 => nf.bridged::<Ipv6Addr, 5>(b, l3, now),
-            _ => Hook::Accept,
+            _ => Bridged::Accept,
         };
-        let hook = match (hook, ctx.as_mut().and_then(|c| c.nat.as_mut()), br.router) {
-            (Hook::Fragment, Some(h), Some((iface, _))) => {
+        match (hook, ctx.as_mut().and_then(|c| c.nat.as_mut()), br.router) {
+            (Bridged::Fragment, Some(h), Some((iface, _))) => {
                 let out = BridgedOut { iface, sink };
-                return match meta.ether_type {
+                match meta.ether_type {
                     ethertype::IPV4 => h.bridged_fragment::<Ipv4Addr, 2>(b, l3, now, v, out),
                     _ => h.bridged_fragment::<Ipv6Addr, 5>(b, l3, now, v, out),
-                };
+                }
             }
             // No router on the bridge, so no NAT'd connection through it: fragments pass.
-            (Hook::Fragment, ..) => Hook::Accept,
-            (h, ..) => h,
-        };
-        match hook {
-            Hook::Accept | Hook::Fragment => v,
-            Hook::Drop(r) => Verdict::Drop(r),
-            Hook::Reject { .. } => Verdict::Drop(DropReason::NoEndpoint),
+            (Bridged::Accept | Bridged::Fragment, ..) => v,
+            (Bridged::Drop(r), ..) => Verdict::Drop(r),
         }
     }
 

@@ -354,6 +354,18 @@ struct Memo {
     seen_us: u64,
 }
 
+/// What the bridged hook ([`Netfilter::bridged`]) decided about a switched frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bridged {
+    /// Switch it as the bridge decided (translated, if it was).
+    Accept,
+    /// Drop it, counted under the reason.
+    Drop(DropReason),
+    /// A fragment: to be put together first, its datagram then going through
+    /// [`Netfilter::bridged_datagram`].
+    Fragment,
+}
+
 /// A translation prepared for one packet tuple.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Xlat {
@@ -996,24 +1008,76 @@ impl Netfilter {
     /// The hook for a frame of family `A` switched between two ports of one bridge
     /// (`br_netfilter`): a packet of a NAT'd connection the router tracks is tracked and
     /// translated; anything else passes untouched. `l3` is the IP header's offset. A
-    /// fragment is answered [`Hook::Fragment`]: put together first, the datagram comes back.
+    /// fragment is answered [`Bridged::Fragment`]: its datagram, once put together, goes
+    /// through [`Netfilter::bridged_datagram`].
     pub(crate) fn bridged<A: NatFamily<W>, const W: usize>(
         &self,
         b: &mut PacketBuf,
         l3: usize,
         now: Instant,
-    ) -> Hook {
+    ) -> Bridged {
         // No table of the family yet, or an empty one: nothing to do (and none is made).
         let Some(ct) = self.tables.if_made::<A>().filter(|c| !c.is_empty()) else {
-            return Hook::Accept;
+            return Bridged::Accept;
         };
-        let mode = csum_mode(b);
-        let Some(mut info) = A::check(b.frame().get(l3..).unwrap_or(&[])) else {
-            return Hook::Accept;
+        let Some(info) = A::check(b.frame().get(l3..).unwrap_or(&[])) else {
+            return Bridged::Accept;
         };
         if A::is_fragment(&info) {
-            return Hook::Fragment;
+            return Bridged::Fragment;
         }
+        match self.bridged_packet::<A, W>(ct, b, l3, info, now) {
+            Ok(()) => Bridged::Accept,
+            Err(r) => Bridged::Drop(r),
+        }
+    }
+
+    /// [`Netfilter::bridged`] for a datagram put together from its fragments: `Ok` to
+    /// switch it (translated, if it was), else why it is dropped.
+    pub(crate) fn bridged_datagram<A: NatFamily<W>, const W: usize>(
+        &self,
+        b: &mut PacketBuf,
+        l3: usize,
+        now: Instant,
+    ) -> Result<(), DropReason> {
+        let Some(ct) = self.tables.if_made::<A>().filter(|c| !c.is_empty()) else {
+            return Ok(());
+        };
+        let Some(info) = A::check(b.frame().get(l3..).unwrap_or(&[])) else {
+            return Ok(());
+        };
+        self.bridged_packet::<A, W>(ct, b, l3, info, now)
+    }
+
+    /// [`Netfilter::bridged`] for a packet that is no fragment (header facts `info`, table
+    /// `ct`): `Ok` to switch it, else why it is dropped.
+    fn bridged_packet<A: NatFamily<W>, const W: usize>(
+        &self,
+        ct: &A::Table,
+        b: &mut PacketBuf,
+        l3: usize,
+        info: A::Info,
+        now: Instant,
+    ) -> Result<(), DropReason> {
+        match self.bridged_hook::<A, W>(ct, b, l3, info, now) {
+            Hook::Accept => Ok(()),
+            Hook::Drop(r) => Err(r),
+            Hook::Reject { .. } => Err(DropReason::NoEndpoint),
+            // Translating a packet that is no fragment never asks for its datagram.
+            Hook::Fragment => Err(DropReason::FragMalformed),
+        }
+    }
+
+    /// [`Netfilter::bridged_packet`] as the router's hooks answer.
+    fn bridged_hook<A: NatFamily<W>, const W: usize>(
+        &self,
+        ct: &A::Table,
+        b: &mut PacketBuf,
+        l3: usize,
+        mut info: A::Info,
+        now: Instant,
+    ) -> Hook {
+        let mode = csum_mode(b);
         let end = l3 + A::total_len(&info);
         let Some(ip) = b.frame_mut().get_mut(l3..end) else {
             return Hook::Accept;

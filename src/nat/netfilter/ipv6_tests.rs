@@ -5,7 +5,7 @@ use std::net::Ipv6Addr;
 
 use etherparse::{Icmpv6Type, PacketBuilder};
 
-use super::{NatCtx, Netfilter, Routing};
+use super::{Bridged, NatCtx, Netfilter, Routing};
 use crate::buf::PacketBuf;
 use crate::conntrack::{tcp::flags, CtTag, Pkt};
 use crate::l3::router::{ErrorNat, Hook};
@@ -192,7 +192,7 @@ fn bridged_ipv6_of_a_nat_connection_is_translated_and_other_frames_pass() {
     // No IPv6 table yet: nothing to do, and none is made.
     assert!(matches!(
         nf.bridged::<Ipv6Addr, 5>(&mut b, 14, now),
-        Hook::Accept
+        Bridged::Accept
     ));
     nf.conntrack_of::<Ipv6Addr>()
         .insert(
@@ -208,11 +208,11 @@ fn bridged_ipv6_of_a_nat_connection_is_translated_and_other_frames_pass() {
         )
         .unwrap();
     let (h, _) = (nf.bridged::<Ipv6Addr, 5>(&mut b, 14, now), ());
-    assert!(matches!(h, Hook::Accept));
+    assert!(matches!(h, Bridged::Accept));
     assert_eq!(b.frame(), &tcp_frame(&ep, true)[..]);
     let mut other = PacketBuf::from_frame(&tcp_frame(&Tuple { sport: 9, ..c }, false));
     assert!(matches!(
         nf.bridged::<Ipv6Addr, 5>(&mut other, 14, now),
-        Hook::Accept
+        Bridged::Accept
     ));
 }
