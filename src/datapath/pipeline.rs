@@ -454,15 +454,23 @@ impl Datapath {
         let mut out = [Verdict::Local; BATCH_SIZE];
         let mut tally = [0u64; 4];
         {
+            // Fragments: with NAT, the hook puts them together in front of the router;
+            // without, the router those to its own addresses.
+            let (hooked, local) = match nf {
+                Some(_) => (Some(&mut *frags), None),
+                None => (None, Some(&mut *frags)),
+            };
             // The batch's context, dropped where it lives at the end of this block (moving it
             // into `drop` copied it).
             let mut ctx = self.router.as_ref().map(|r| BatchCtx {
-                l3: L3Batch::new(r.routes.reader()).with_ipv6(&r.routes6),
+                l3: L3Batch::new(r.routes.reader())
+                    .with_ipv6(&r.routes6)
+                    .with_frags(local, shard),
                 egress: None,
-                nat: nf.map(|nf| NatHook {
+                nat: nf.zip(hooked).map(|(nf, frags)| NatHook {
                     nf,
                     cx: &mut *nat,
-                    frags: &mut *frags,
+                    frags,
                     shard,
                 }),
             });

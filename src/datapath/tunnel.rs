@@ -116,7 +116,7 @@ impl Datapath {
         let f = b.frame();
         let info = A::check(f.get(ETH_LEN..)?).ok()?;
         let ip = A::facts(&info);
-        if ip.proto != IpProto::UDP || A::is_fragment(&info) {
+        if ip.proto != IpProto::UDP || <A as Underlay>::is_fragment(&info) {
             return None;
         }
         let l4 = ETH_LEN + ip.l4_off;

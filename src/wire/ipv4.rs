@@ -403,6 +403,11 @@ impl Ipv4Info {
     pub fn is_later_fragment(&self) -> bool {
         self.frag & FRAG_OFFSET != 0
     }
+    /// True for any fragment of a bigger datagram (MF or an offset).
+    #[inline]
+    pub fn is_fragment(&self) -> bool {
+        self.frag & (MF | FRAG_OFFSET) != 0
+    }
 }
 
 /// Checks an IPv4 header as Linux's `ip_rcv` does: version 4, IHL ≥ 5, header and total

@@ -275,6 +275,13 @@ impl Ipv6Info {
     pub fn is_later_fragment(&self) -> bool {
         self.frag.is_some_and(|f| f.offset != 0)
     }
+
+    /// True for any fragment of a bigger datagram (an atomic fragment, offset 0 without M,
+    /// is not one: RFC 6946).
+    #[inline]
+    pub fn is_fragment(&self) -> bool {
+        self.frag.is_some_and(|f| f.offset != 0 || f.more)
+    }
 }
 
 /// One extension header found by [`ExtHeaders`].

@@ -174,6 +174,8 @@ pub struct KubeOptions<'a> {
     /// /128), the host behind it holding the node's address ([`Plan::node`], as the uplink
     /// does) at [`KERNEL`] (a static neighbour).
     pub host_port: bool,
+    /// No conntrack and NAT: a plain router (the NAT options above are then unused).
+    pub without_nat: bool,
 }
 
 /// The node's interfaces, for a test that adds routes or neighbours, and how its table
@@ -269,7 +271,9 @@ pub fn kube_node(opts: KubeOptions<'_>) -> Node<Ifaces> {
     if opts.max_affinity_entries.is_some() {
         cfg.max_affinity_entries = opts.max_affinity_entries;
     }
-    b.netfilter(cfg).expect("netfilter");
+    if !opts.without_nat {
+        b.netfilter(cfg).expect("netfilter");
+    }
     let opened = b.recovery::<Ipv4Addr>().map(|r| r.opened.clone());
     let dp = b.build();
     let c = dp.control();

@@ -9,10 +9,11 @@
 
 use crate::base::IfaceId;
 use crate::buf::PacketBuf;
+use crate::l3::defrag::{Frags, FragsOf, Taken};
 use crate::l3::neigh::{Enqueue, Refusal};
 use crate::l3::route::{NextHop, RouteAddr, RouteReader};
 use crate::narrow::low32;
-use crate::stats::DropReason;
+use crate::stats::{DropReason, Shard};
 use crate::time::Instant;
 use crate::wire::ethernet::{copy_readdressed, EthernetFrame, HEADER_LEN as ETH_LEN};
 use crate::wire::family::{Family, IpProto};
@@ -30,7 +31,7 @@ pub(crate) const ICMP_ERROR_FRAME: usize = ETH_LEN + 1280;
 /// its checked header facts, its tables in the router and in a batch, and the few steps that
 /// differ by protocol. Implemented on [`std::net::Ipv4Addr`] (in [`super::ipv4`]) and
 /// [`std::net::Ipv6Addr`] (in [`super::ipv6`]).
-pub(crate) trait RouterFamily: Family + RouteAddr {
+pub(crate) trait RouterFamily: Family + RouteAddr + FragsOf {
     /// The checked header facts (`Ipv4Info`, `Ipv6Info`).
     type Info: Copy;
     /// Why a packet too big for its egress MTU is dropped.
@@ -42,6 +43,8 @@ pub(crate) trait RouterFamily: Family + RouteAddr {
     fn facts(i: &Self::Info) -> Facts<Self>;
     /// The router may fragment it (IPv4 without DF).
     fn may_fragment(i: &Self::Info) -> bool;
+    /// It is a fragment of a bigger datagram.
+    fn is_fragment(i: &Self::Info) -> bool;
     /// Decrements the TTL / hop limit of the header at the start of `l3` (checked).
     fn decrement_ttl(l3: &mut [u8]);
 
@@ -223,6 +226,21 @@ impl Rx {
     }
 }
 
+/// Cuts a datagram put together from fragments (as a frame, rewritten or not) back where
+/// it was cut, handing each fragment's frame on: how many.
+type Cut<'c> = &'c mut dyn FnMut(&[u8], &mut dyn FnMut(&[u8])) -> usize;
+
+/// A datagram to the router's own address, put together from fragments (see
+/// [`Router::reply_in_fragments`]).
+struct Reassembled<'c> {
+    /// Bytes of frame it came to.
+    len: usize,
+    /// Its largest fragment, bytes of IP packet (Linux's `frag_max_size`).
+    max: usize,
+    /// Cuts it back.
+    cut: Cut<'c>,
+}
+
 /// Decrements the TTL / hop limit of the datagram at `frame[l3..]` (its header checked).
 #[inline(always)]
 fn decrement_ttl<A: RouterFamily>(frame: &mut [u8], l3: usize) {
@@ -298,10 +316,10 @@ impl Router {
         };
         if memo.is_none() {
             if self.local_iface(dst).is_some() && !self.is_host_addr(dst.into()) {
-                return match self.local_input::<A>(b, rx, &info, hook.error_nat(), sink) {
-                    L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
-                    other => other,
-                };
+                if WHOLE || A::is_fragment(&info) {
+                    return self.local_datagram::<A, WHOLE>(b, rx, &info, ctx, hook, sink);
+                }
+                return self.local_alone::<A>(b, rx, &info, hook.error_nat(), sink);
             }
             if let Some(r) = A::unroutable_dst(self, dst) {
                 return L3::Drop(r);
@@ -639,6 +657,155 @@ impl Router {
             }
         }
         L3::Drop(DropReason::LocalNoService)
+    }
+
+    /// A datagram to the router's own address that came in fragments, put together before
+    /// delivery as Linux's `ip_local_deliver` / `ipv6_frag_rcv` do: `WHOLE`, put together
+    /// in front of the router already (by the NAT hook, which cuts it back); otherwise a
+    /// fragment, held in the batch's reassembly ([`L3Batch::frags`]) until its datagram is
+    /// complete (with none, it is taken alone, as before reassembly existed).
+    #[cold]
+    #[inline(never)]
+    fn local_datagram<A: RouterFamily, const WHOLE: bool>(
+        &self,
+        b: &mut PacketBuf,
+        rx: Rx,
+        info: &A::Info,
+        ctx: &mut L3Batch<'_>,
+        hook: &mut impl Prerouting<A>,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        if WHOLE {
+            let len = b.len();
+            let done = self.local_input::<A>(b, rx, info, hook.error_nat(), sink);
+            let whole = Reassembled {
+                len,
+                max: hook.max_frag_size(),
+                cut: &mut |w, out| hook.refragment(w, out),
+            };
+            return self.reply_in_fragments::<A>(done, b, rx, whole, sink);
+        }
+        let Some((frags, shard)) = ctx.frags.take() else {
+            return self.local_alone::<A>(b, rx, info, hook.error_nat(), sink);
+        };
+        let done = self.local_fragment::<A>(b, rx, info, frags, shard, sink);
+        ctx.frags = Some((frags, shard));
+        done
+    }
+
+    /// A fragment to the router's own address (a datapath without NAT), put together in
+    /// the worker's `frags` (its timeouts and datagrams counted in `shard`): held, or the
+    /// whole datagram delivered in its place, its echo reply cut back as the request was.
+    fn local_fragment<A: RouterFamily>(
+        &self,
+        b: &mut PacketBuf,
+        rx: Rx,
+        info: &A::Info,
+        frags: &mut Frags,
+        shard: &Shard,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let expired = match frags.take::<A>(b, rx.l3, rx.now) {
+            Err(r) => return L3::Drop(r),
+            Ok(Taken::Held { expired }) => {
+                shard.count_drops(DropReason::FragTimeout, expired);
+                return L3::Queued;
+            }
+            // Not one to reassembly (a fragment header it does not look for): taken alone.
+            Ok(Taken::NotFragment) => return self.local_alone::<A>(b, rx, info, None, sink),
+            Ok(Taken::Whole { expired }) => expired,
+        };
+        shard.count_drops(DropReason::FragTimeout, expired);
+        shard.totals.reassembled.add(1);
+        let done = match A::check(b.frame().get(rx.l3..).unwrap_or(&[])) {
+            Err(r) => L3::Drop(r),
+            Ok(whole) => {
+                let len = b.len();
+                let done = self.local_input::<A>(b, rx, &whole, None, sink);
+                let whole = Reassembled {
+                    len,
+                    max: frags.max_frag_size(),
+                    cut: &mut |w, out| frags.refragment::<A>(w, out),
+                };
+                self.reply_in_fragments::<A>(done, b, rx, whole, sink)
+            }
+        };
+        frags.restore(b);
+        done
+    }
+
+    /// What [`Router::local_input`] did (`done`) with a datagram put together from fragments
+    /// (`whole`). Its echo reply (`L3::Forward`: in `b`, in the request's place, as long as
+    /// it) leaves the way the request came, cut where the request was cut, so each fragment
+    /// is the size one of the request's was on that link, with the reply's addresses (as the
+    /// NAT hook cuts a translated datagram back; Linux fragments a reply at the MTU, which
+    /// those sizes fit). When the request's fragments were bigger than the interface's MTU,
+    /// IPv4 without DF is fragmented for the MTU instead ([`RouterFamily::fragment`]);
+    /// anything else is dropped as too big (the router does not fragment IPv6).
+    fn reply_in_fragments<A: RouterFamily>(
+        &self,
+        done: L3,
+        b: &mut PacketBuf,
+        rx: Rx,
+        whole: Reassembled<'_>,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        let Reassembled { len, max, cut } = whole;
+        let L3::Forward(back) = done else {
+            return done;
+        };
+        let Some(iface) = self.iface(back) else {
+            return L3::Drop(DropReason::NoRoute);
+        };
+        // IPv6's reply leaves extension headers out; then the request's fragments' headers
+        // no longer fit it.
+        let eth = EthernetFrame::new_checked(b.frame())
+            .ok()
+            .filter(|_| b.len() == len);
+        let Some((to, from)) = eth.map(|e| (e.dst_addr(), e.src_addr())) else {
+            return L3::Drop(DropReason::FragMalformed);
+        };
+        let mtu = usize::from(iface.cfg.mtu);
+        if max > mtu {
+            let reply = match A::check(b.frame().get(rx.l3..).unwrap_or(&[])) {
+                Ok(i) => i,
+                Err(r) => return L3::Drop(r),
+            };
+            if !A::may_fragment(&reply) {
+                return L3::Drop(A::TOO_BIG);
+            }
+            let out = Egress {
+                iface: back,
+                nh: A::facts(&reply).dst,
+                mtu,
+                mac: iface.cfg.mac,
+                now: rx.now,
+            };
+            return A::fragment(self, b, rx.l3, &reply, out, sink);
+        }
+        let sent = cut(b.frame(), &mut |f| {
+            sink.emit(back, &mut |o| copy_readdressed(o, f, from, to));
+        });
+        if sent == 0 {
+            return L3::Drop(DropReason::FragMalformed);
+        }
+        L3::Local
+    }
+
+    /// [`Router::local_input`] on a packet taken alone, its echo reply sent as a copy.
+    #[inline(always)]
+    fn local_alone<A: RouterFamily>(
+        &self,
+        b: &mut PacketBuf,
+        rx: Rx,
+        info: &A::Info,
+        nat: Option<&dyn ErrorNat<A>>,
+        sink: &mut dyn Sink,
+    ) -> L3 {
+        match self.local_input::<A>(b, rx, info, nat, sink) {
+            L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
+            other => other,
+        }
     }
 
     /// Sends a copy of `frame` (addressed already) out of `via`, as a frame the router makes;

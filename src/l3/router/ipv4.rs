@@ -50,6 +50,10 @@ impl RouterFamily for Ipv4Addr {
         !i.dont_fragment()
     }
     #[inline(always)]
+    fn is_fragment(i: &Ipv4Info) -> bool {
+        i.is_fragment()
+    }
+    #[inline(always)]
     fn decrement_ttl(l3: &mut [u8]) {
         Ipv4Packet::new_unchecked(l3).decrement_ttl();
     }

@@ -92,6 +92,10 @@ impl RouterFamily for Ipv6Addr {
         false
     }
     #[inline(always)]
+    fn is_fragment(i: &Ipv6Info) -> bool {
+        i.is_fragment()
+    }
+    #[inline(always)]
     fn decrement_ttl(l3: &mut [u8]) {
         ipv6::decrement_hop_limit(l3);
     }

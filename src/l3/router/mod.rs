@@ -25,10 +25,11 @@ use parking_lot::Mutex;
 
 use crate::base::{BridgeId, IfaceId, PortId};
 use crate::buf::PacketBuf;
+use crate::l3::defrag::Frags;
 use crate::l3::neigh::{NeighEvent, NeighTable};
 use crate::l3::route::{RouteAddr, RouteReader, RouteTable};
 use crate::narrow::low64;
-use crate::stats::{counter_set, DropReason, SharedCounter};
+use crate::stats::{counter_set, DropReason, Shard, SharedCounter};
 use crate::time::Instant;
 use crate::wire::arp::{self, ArpRepr};
 use crate::wire::ethernet::ethertype;
@@ -397,6 +398,10 @@ pub(crate) struct L3Batch<'a> {
     pub(crate) memo4: Memo<Ipv4Addr>,
     /// The IPv6 memo.
     pub(crate) memo6: Memo<Ipv6Addr>,
+    /// The worker's reassembly, for fragments to the router's own addresses, with the
+    /// worker's counters: given when nothing puts fragments together in front of the router
+    /// (a datapath without NAT), as Linux reassembles local input without conntrack.
+    pub(crate) frags: Option<(&'a mut Frags, &'a Shard)>,
 }
 
 /// A forwarding decision: (egress interface, next hop address, next hop MAC).
@@ -430,7 +435,14 @@ impl<'a> L3Batch<'a> {
             ipv6_routes: None,
             memo4: Memo::EMPTY,
             memo6: Memo::EMPTY,
+            frags: None,
         }
+    }
+
+    /// With the worker's reassembly for the router's own addresses (see [`L3Batch::frags`]).
+    pub(crate) fn with_frags(mut self, frags: Option<&'a mut Frags>, shard: &'a Shard) -> Self {
+        self.frags = frags.map(|f| (f, shard));
+        self
     }
 
     /// With the IPv6 table, read (one version per batch) at the batch's first IPv6 packet.

@@ -112,7 +112,7 @@ impl NatFamily<2> for Ipv4Addr {
     }
     #[inline(always)]
     fn is_fragment(info: &Ipv4Info) -> bool {
-        info.frag & (ipv4::MF | ipv4::FRAG_OFFSET) != 0
+        info.is_fragment()
     }
     #[inline(always)]
     fn l4_off(info: &Ipv4Info) -> usize {
@@ -266,7 +266,7 @@ impl NatFamily<5> for Ipv6Addr {
     }
     #[inline(always)]
     fn is_fragment(info: &Ipv6Info) -> bool {
-        info.frag.is_some_and(|f| f.offset != 0 || f.more)
+        info.is_fragment()
     }
     #[inline(always)]
     fn l4_off(info: &Ipv6Info) -> usize {

@@ -14,6 +14,7 @@ per_family!(
     fragments_of_an_unfinished_datagram_are_freed_at_their_timeout_and_counted,
     overlapping_and_tiny_fragments_are_refused_and_counted,
     fragments_bigger_than_the_egress_mtu_are_cut_again_over_ipv4_and_refused_over_ipv6,
+    a_fragmented_ping_to_the_gateway_is_answered_in_fragments_with_nat_or_without,
 );
 
 /// A `len`-byte UDP payload whose bytes say where they are.
@@ -231,4 +232,64 @@ fn ipv6_fragments_behind_a_destination_options_header_are_put_together() {
         "masqueraded whole"
     );
     assert_eq!(udp_payload(&back), &data[..]);
+}
+
+/// `ping -s 3000 <gateway>` from a pod: the echo request's fragments are put together
+/// before delivery (by the NAT hook in front of the router, or without NAT by the router
+/// itself, as Linux reassembles local input without conntrack), and the echo reply, as big,
+/// goes back cut where the request was, from the gateway's MAC to the pod's.
+fn a_fragmented_ping_to_the_gateway_is_answered_in_fragments_with_nat_or_without(p: Plan) {
+    use etherparse::{Icmpv4Type, Icmpv6Type, SlicedPacket, TransportSlice};
+    for without_nat in [false, true] {
+        let mut n = tapyard_testkit::kube::kube_node(tapyard_testkit::kube::KubeOptions {
+            without_nat,
+            ..Default::default()
+        });
+        assert_eq!(n.dp.control().netfilter().is_none(), without_nat);
+        let data = payload(3000);
+        let ping = frame::ip(POD_A, GW_MAC, p.a, p.gw, 64);
+        let mut whole = Vec::new();
+        if p.is_v6() {
+            ping.icmpv6_echo_request(7, 1).write(&mut whole, &data)
+        } else {
+            ping.icmpv4_echo_request(7, 1).write(&mut whole, &data)
+        }
+        .unwrap();
+        let frags = frame::fragments(&whole, 1500, 21);
+        let out = send_fragments(&mut n, PA, &frags);
+        assert_eq!(out.len(), frags.len(), "answered in as many fragments");
+        for (o, i) in out.iter().zip(&frags) {
+            assert_eq!(o.len(), i.len(), "each the size of the request's");
+            assert_eq!((&o[0..6], &o[6..12]), (&POD_A.0[..], &GW_MAC.0[..]));
+        }
+        let reply = frame::reassemble(&out).expect("fragments of one datagram");
+        assert!(frame::l4_checksums_ok(&reply[14..]));
+        let s = SlicedPacket::from_ethernet(&reply).unwrap();
+        let (id_seq, body) = match s.transport {
+            Some(TransportSlice::Icmpv4(i)) => match i.icmp_type() {
+                Icmpv4Type::EchoReply(h) => ((h.id, h.seq), i.payload().to_vec()),
+                t => panic!("{t:?}"),
+            },
+            Some(TransportSlice::Icmpv6(i)) => match i.icmp_type() {
+                Icmpv6Type::EchoReply(h) => ((h.id, h.seq), i.payload().to_vec()),
+                t => panic!("{t:?}"),
+            },
+            t => panic!("{t:?}"),
+        };
+        assert_eq!(id_seq, (7, 1));
+        assert_eq!(body, data);
+        let (src, dst) = match s.net {
+            Some(etherparse::NetSlice::Ipv4(i)) => (
+                std::net::IpAddr::from(i.header().source_addr()),
+                std::net::IpAddr::from(i.header().destination_addr()),
+            ),
+            Some(etherparse::NetSlice::Ipv6(i)) => (
+                std::net::IpAddr::from(i.header().source_addr()),
+                std::net::IpAddr::from(i.header().destination_addr()),
+            ),
+            t => panic!("{t:?}"),
+        };
+        assert_eq!((src, dst), (p.gw, p.a));
+        assert_eq!(n.dp.control().stats().reassembled, 1);
+    }
 }
