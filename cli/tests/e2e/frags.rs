@@ -7,6 +7,8 @@
 //! - pod A → outside (masqueraded to the uplink's address) and the echo back;
 //! - pod A → the UDP ClusterIP (DNAT'd to pod B) and pod B's echo, switched on the bridge
 //!   and translated back (br_netfilter);
+//! - `ping -s 3000` from pod A to the gateway (both families): put together for the
+//!   router's own address and answered in fragments;
 //! - a flood of fragments that never complete (pod A, raw frames): refused once the
 //!   reassembly tables are full (`frag_table_full`), tapyard's memory flat from one flood to
 //!   the next, and, once the held fragments timed out (15 s), big datagrams pass again.
@@ -18,7 +20,7 @@
 //!                                                    (10.224.0.1, fd00:224::1, echo server)
 //! ```
 //!
-//! Needs root, `ip` and `python3`; without them the test says why and passes, except with
+//! Needs root, `ip`, `python3` and `ping`; without them the test says why and passes, except with
 //! `CI=true`. Traffic goes only to addresses inside the namespaces the test creates.
 
 use std::time::Duration;
@@ -224,7 +226,11 @@ fn drops(n: &Names, reason: &str) -> u64 {
 fn fragments_through_masquerade_and_a_udp_cluster_ip() {
     if skip_or_fail(
         "frags",
-        missing6(&[("ip", "-V", "iproute2"), ("python3", "-V", "python3")]),
+        missing6(&[
+            ("ip", "-V", "iproute2"),
+            ("python3", "-V", "python3"),
+            ("ping", "-V", "iputils-ping"),
+        ]),
     ) {
         return;
     }
@@ -271,9 +277,16 @@ fn fragments_through_masquerade_and_a_udp_cluster_ip() {
         assert_eq!(echo(a, DNS4, 53, size), DNS4);
         assert_eq!(echo(a, DNS6, 53, size), DNS6);
     }
+    // `ping -s 3000` to the gateway: the echo request is put together for the router's own
+    // address and answered, as big, in fragments.
+    for ping in [["-4", GW4], ["-6", GW6]] {
+        let args = ["ping", ping[0], "-c", "2", "-W", "3", "-s", "3000", ping[1]];
+        let (ok, out) = in_ns(a, &args);
+        assert!(ok && out.contains("2 received"), "{args:?}: {out}");
+    }
     let st = tapyard_ok_at(&n.socket, &["show", "stats", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&st).unwrap();
-    assert!(v["reassembled"].as_u64().unwrap_or(0) >= 16, "{st}");
+    assert!(v["reassembled"].as_u64().unwrap_or(0) >= 20, "{st}");
 
     // A flood of fragments that never complete: refused once the tables are full, memory
     // flat from one flood to the next.
