@@ -47,6 +47,9 @@ pub struct Diff {
     pub host_routes_removed: Vec<crate::config::IpCidr>,
     /// The prefixes it routes through it now.
     pub host_routes_added: Vec<crate::config::IpCidr>,
+    /// Ports, as (bridge, port), whose `[[bridge.port]]` `ips` or `mac` changed (or that
+    /// were added with one): their guards are set anew.
+    pub port_guards: Vec<(String, String)>,
     /// One line per change, for the log and the `reload` reply.
     pub summary: Vec<String>,
     /// What each line of [`Diff::summary`] changes (`items[i]` for `summary[i]`).
@@ -74,6 +77,8 @@ pub enum Item {
     SpoofGuard(String),
     /// The host port's kernel routes: its `routes` and `node.service_cidr`.
     HostRoutes,
+    /// The `ips` and `mac` of a `[[bridge.port]]`, as (bridge, port).
+    PortGuard(String, String),
 }
 
 impl std::fmt::Display for Item {
@@ -91,6 +96,9 @@ impl std::fmt::Display for Item {
             Item::SpoofGuard(bridge) => write!(f, "bridge {bridge:?}: spoof_guard"),
             Item::HostRoutes => {
                 f.write_str("the host port's kernel routes (routes, node.service_cidr)")
+            }
+            Item::PortGuard(bridge, port) => {
+                write!(f, "port {port:?} of bridge {bridge:?}: ips and mac")
             }
         }
     }
@@ -189,10 +197,17 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                     .bridges
                     .iter()
                     .any(|b| &b.name == bridge && b.ports.contains(port));
+                let def = old
+                    .bridges
+                    .iter()
+                    .find(|b| &b.name == bridge)
+                    .and_then(|b| b.port_def(port).cloned());
                 if let Some(b) = run.bridges.iter_mut().find(|b| &b.name == bridge) {
                     b.value.ports.retain(|p| p != port);
+                    b.value.port_defs.retain(|p| &p.name != port);
                     if keep && had {
                         b.value.ports.push(port.clone());
+                        b.value.port_defs.extend(def);
                     }
                 }
             }
@@ -204,6 +219,17 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                     keep,
                 ) {
                     b.value.spoof_guard = o.spoof_guard;
+                }
+            }
+            Item::PortGuard(bridge, port) => {
+                let was = old
+                    .bridges
+                    .iter()
+                    .find(|b| &b.name == bridge)
+                    .and_then(|b| b.port_def(port).cloned());
+                if let Some(b) = run.bridges.iter_mut().find(|b| &b.name == bridge) {
+                    b.value.port_defs.retain(|p| &p.name != port);
+                    b.value.port_defs.extend(was.filter(|_| keep));
                 }
             }
             Item::Peer(vxlan, ip) => {
@@ -253,7 +279,7 @@ fn changed_fields<T, F>(
     }
 }
 
-/// The bridges with their `ports` and `spoof_guard` left out: those are compared by
+/// The bridges with their `ports`, `[[bridge.port]]`s and `spoof_guard` left out: those are compared by
 /// [`port_changes`] and applied live.
 fn without_ports(bridges: &[Located<BridgeCfg>]) -> Vec<Located<BridgeCfg>> {
     bridges
@@ -261,6 +287,7 @@ fn without_ports(bridges: &[Located<BridgeCfg>]) -> Vec<Located<BridgeCfg>> {
         .map(|b| {
             let mut b = b.clone();
             b.value.ports.clear();
+            b.value.port_defs.clear();
             b.value.spoof_guard = true;
             b
         })
@@ -296,6 +323,32 @@ fn port_changes(old: &[Located<BridgeCfg>], new: &[Located<BridgeCfg>], d: &mut 
                 format!("port {p:?} added to bridge {:?}", n.name),
             );
             d.ports_added.push((n.name.clone(), p.clone()));
+        }
+        for p in &n.ports {
+            let (was, now) = (o.port_def(p), n.port_def(p));
+            let added = !o.ports.contains(p);
+            if was == now || (added && now.is_none_or(|d| d.ips.is_empty() && d.mac.is_none())) {
+                continue;
+            }
+            let show = |d: Option<&crate::config::PortCfg>| {
+                let ips: Vec<String> = d.map_or(Vec::new(), |d| {
+                    d.ips.iter().map(ToString::to_string).collect()
+                });
+                let mac = d
+                    .and_then(|d| d.mac)
+                    .map_or("none".into(), |m| m.to_string());
+                format!("ips [{}] mac {mac}", ips.join(", "))
+            };
+            d.push(
+                Item::PortGuard(n.name.clone(), p.clone()),
+                format!(
+                    "port {p:?} of bridge {:?}: {} -> {}",
+                    n.name,
+                    show(was),
+                    show(now)
+                ),
+            );
+            d.port_guards.push((n.name.clone(), p.clone()));
         }
     }
 }

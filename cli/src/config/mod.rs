@@ -153,8 +153,11 @@ pub struct BridgeCfg {
     pub mac: Option<MacAddr>,
     /// The router interface's MTU.
     pub mtu: u16,
-    /// TAP devices created as its ports.
+    /// TAP devices created as its ports: those of `ports`, then those of its
+    /// `[[bridge.port]]`s.
     pub ports: Vec<String>,
+    /// Its `[[bridge.port]]`s: ports (also in `ports`) with their addresses and MAC.
+    pub port_defs: Vec<PortCfg>,
     /// FDB entry limit.
     pub fdb_max_entries: usize,
     /// FDB aging time.
@@ -162,6 +165,24 @@ pub struct BridgeCfg {
     /// Pin ports with known addresses (the CNI plugin's, `port add --ip`) to them and to
     /// their MAC (`spoof_guard`, default on); applied live by a reload.
     pub spoof_guard: bool,
+}
+
+impl BridgeCfg {
+    /// The `[[bridge.port]]` of port `name`, if it has one.
+    pub fn port_def(&self, name: &str) -> Option<&PortCfg> {
+        self.port_defs.iter().find(|p| p.name == name)
+    }
+}
+
+/// `[[bridge.port]]`: a port of a bridge with what its spoof guard allows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PortCfg {
+    /// The TAP's (and the datapath port's) name.
+    pub name: String,
+    /// The addresses it may send from (either family); none: no guard.
+    pub ips: Vec<IpAddr>,
+    /// Its TAP's MAC when tapyard creates it, and the one its guard pins; `None`: the TAP's.
+    pub mac: Option<MacAddr>,
 }
 
 /// `[[uplink]]`: a router interface owning a TAP device.

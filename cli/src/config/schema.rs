@@ -222,7 +222,7 @@ pub const BRIDGE: Section = Section {
             "ports",
             Ty::Strings("[\"pod-a\", \"pod-b\"]"),
             Dflt::Unset("none: pods come from the CNI plugin or `tapyard port add`"),
-            "TAP devices created as its ports (a reload adds and removes them)",
+            "TAP devices created as its ports (a reload adds and removes them); [[bridge.port]] declares one with its addresses",
         ),
         key(
             "mac",
@@ -253,7 +253,34 @@ pub const BRIDGE: Section = Section {
             "spoof_guard",
             Ty::Bool,
             Dflt::Bool(true),
-            "pin each port with known addresses (the CNI plugin's, `tapyard port add --ip`) to them and to its MAC: other source MACs and addresses, ARP and NDP for other addresses are dropped (`spoofed_*`); a reload applies a change",
+            "pin each port with known addresses (the CNI plugin's, `tapyard port add --ip`, [[bridge.port]] ips) to them and to its MAC: other source MACs and addresses, ARP and NDP for other addresses are dropped (`spoofed_*`); a reload applies a change",
+        ),
+    ],
+};
+
+/// `[[bridge.port]]`: a port of the `[[bridge]]` before it, with what its spoof guard allows.
+pub const BRIDGE_PORT: Section = Section {
+    name: "bridge.port",
+    array: true,
+    help: "a TAP port of the [[bridge]] above (as in its ports) with its addresses",
+    keys: &[
+        key(
+            "name",
+            Ty::Str("pod-c"),
+            Dflt::Required("the TAP's name, like \"pod-c\""),
+            "the TAP device created as the port",
+        ),
+        key(
+            "ips",
+            Ty::Strings("[\"10.244.1.4\", \"fd00:10:244:1::4\"]"),
+            Dflt::Unset("none: no spoof guard"),
+            "the addresses it may send from (either family, at most 4 of each), with spoof_guard on; a reload applies a change live",
+        ),
+        key(
+            "mac",
+            Ty::Str("02:00:0a:f4:01:04"),
+            Dflt::Unset("derived from the node and port names"),
+            "its TAP's MAC when tapyard creates it, the one its guard pins",
         ),
     ],
 };
@@ -741,6 +768,7 @@ pub const CONNTRACK: Section = Section {
 pub const SECTIONS: &[&Section] = &[
     &NODE,
     &BRIDGE,
+    &BRIDGE_PORT,
     &UPLINK,
     &HOST,
     &ROUTE,

@@ -222,7 +222,10 @@ fn example_parses_into_the_model() {
         c.node.socket_path(),
         PathBuf::from("/run/tapyard/node-a.sock")
     );
-    assert_eq!(c.bridges[0].ports, ["pod-a", "pod-b"]);
+    assert_eq!(c.bridges[0].ports, ["pod-a", "pod-b", "pod-c"]);
+    let pod_c = c.bridges[0].port_def("pod-c").unwrap();
+    assert_eq!(pod_c.ips, [IpAddr::from([10, 244, 1, 4])]);
+    assert_eq!(pod_c.mac, Some("02:00:0a:f4:01:04".parse().unwrap()));
     assert_eq!(c.bridges[0].address.unwrap().to_string(), "10.244.1.1/24");
     assert_eq!(c.uplinks[0].tap, "eth0");
     assert_eq!(c.routes.len(), 2);
@@ -517,4 +520,110 @@ fn the_per_pod_connection_limit_is_checked() {
     .join("\n");
     assert!(e.contains("max_per_source"), "{e}");
     assert!(errors(&format!("{EXAMPLE}\n[conntrack]\nmax_per_source = 1000\n")).is_empty());
+}
+
+/// A bridge with a port of `ports` and one declared as a `[[bridge.port]]`.
+const PORTS: &str = r#"[node]
+name = "n"
+cluster_cidr = "10.244.0.0/16"
+
+[[bridge]]
+name = "cni0"
+address = "10.244.1.1/24"
+ports = ["pod-a"]
+
+[[bridge.port]]
+name = "pod-b"
+ips = ["10.244.1.3", "fd00:10:244:1::3", "10.244.1.30"]
+mac = "02:00:0a:f4:01:03"
+"#;
+
+#[test]
+fn a_bridge_port_declares_its_addresses_and_mac() {
+    let ch = check_str(PORTS);
+    assert_eq!(ch.diags, Vec::new());
+    let c = ch.config.unwrap();
+    let b = &c.bridges[0];
+    assert_eq!(b.ports, ["pod-a", "pod-b"]);
+    let p = b.port_def("pod-b").unwrap();
+    let ips: Vec<String> = p.ips.iter().map(ToString::to_string).collect();
+    assert_eq!(ips, ["10.244.1.3", "fd00:10:244:1::3", "10.244.1.30"]);
+    assert_eq!(p.mac.unwrap().to_string(), "02:00:0a:f4:01:03");
+    assert!(b.port_def("pod-a").is_none());
+    // Name alone: a port like those of `ports`.
+    let c = check_str(&PORTS.replace("ips = [", "# [").replace("mac =", "# mac ="));
+    assert!(c.config.unwrap().bridges[0]
+        .port_def("pod-b")
+        .unwrap()
+        .ips
+        .is_empty());
+}
+
+#[test]
+fn bad_bridge_port_addresses_and_macs_name_line_field_and_value() {
+    let e = |src: String| errors(&src).join("\n");
+    let ctx = "bridge \"cni0\" port \"pod-b\"";
+    for (from, to, want) in [
+        (
+            "\"10.244.1.30\"",
+            "\"10.244.1.300\"",
+            format!("f:12: {ctx}: ips[2] = \"10.244.1.300\" is not an IPv4 address"),
+        ),
+        (
+            "\"10.244.1.30\"",
+            "\"224.0.0.1\"",
+            format!("f:12: {ctx}: ips[2] = \"224.0.0.1\" is not a unicast host address"),
+        ),
+        (
+            "\"10.244.1.30\"",
+            "\"fe80::3\"",
+            format!("f:12: {ctx}: ips[2] = \"fe80::3\" is not a unicast host address"),
+        ),
+        (
+            "\"10.244.1.30\"",
+            "\"10.244.1.3\"",
+            format!("f:12: {ctx}: ips[2] = \"10.244.1.3\" is listed twice"),
+        ),
+        (
+            "\"10.244.1.30\"",
+            "\"10.244.1.5\", \"10.244.1.6\", \"10.244.1.7\", \"10.244.1.8\"",
+            format!("f:12: {ctx}: ips has 5 IPv4 addresses, at most 4 of each family"),
+        ),
+        (
+            "mac = \"02:00:0a:f4:01:03\"",
+            "mac = \"01:00:5e:00:00:01\"",
+            format!(
+                "f:13: {ctx}: mac = \"01:00:5e:00:00:01\" is not a unicast, non-zero MAC address"
+            ),
+        ),
+        (
+            "mac = \"02:00:0a:f4:01:03\"",
+            "mac = \"02:00\"",
+            format!("f:13: {ctx}: mac = \"02:00\" is not a MAC address"),
+        ),
+        (
+            "mac = \"02:00:0a:f4:01:03\"",
+            "ip = \"10.244.1.3\"",
+            format!("f:13: {ctx}: unknown field `ip`"),
+        ),
+        (
+            "name = \"pod-b\"",
+            "name = \"pod-a\"",
+            "f:11: bridge \"cni0\": port \"pod-a\" is listed twice".to_string(),
+        ),
+        (
+            "ips = [\"10.244.1.3\", \"fd00:10:244:1::3\", \"10.244.1.30\"]",
+            "ips = \"10.244.1.3\"",
+            format!("f:12: {ctx}: ips = \"10.244.1.3\" is a string, expected an array"),
+        ),
+    ] {
+        let got = e(PORTS.replace(from, to));
+        assert!(got.contains(&want), "{to}: expected {want:?} in\n{got}");
+    }
+    // A port table without a name names itself by position.
+    let got = e(PORTS.replace("name = \"pod-b\"\n", ""));
+    assert!(
+        got.contains("f:10: bridge \"cni0\" port #1: missing field `name`"),
+        "{got}"
+    );
 }

@@ -2,7 +2,9 @@
 //! addresses (the CNI plugin's IPAM, `port add --ip`) on a bridge whose `spoof_guard` is on
 //! (the default) may send only from them and from its MAC. The guard follows the port: set
 //! when it is added, again at a start or a takeover from the record, and on a reload that
-//! turns a bridge's `spoof_guard` on or off.
+//! turns a bridge's `spoof_guard` on or off. A port of the file declared as a
+//! `[[bridge.port]]` takes its addresses (and MAC, if given) from the file instead, at every
+//! start, takeover and reload.
 
 use std::net::IpAddr;
 
@@ -12,7 +14,7 @@ use tapyard::PortId;
 use crate::config::values::parse_mac;
 use crate::config::Config;
 use crate::node::Node;
-use crate::ports::{PortEntry, PortError};
+use crate::ports::{Origin, PortEntry, PortError};
 
 /// The guard a port of `bridge` with MAC `mac` and addresses `ips` gets under `cfg`: none
 /// without addresses or with the bridge's `spoof_guard` off.
@@ -42,9 +44,28 @@ pub(super) fn guard_in(
         .map_err(|e| PortError::field("ips", &list(), format!("refused: {e}")))
 }
 
+/// A port's guard under `cfg`: a port of the file with a `[[bridge.port]]` takes its
+/// addresses and MAC from there (the file is their only source: a restart, a takeover
+/// and a reload all read it), any other its recorded ones and its TAP's MAC.
+pub(super) fn guard_of(cfg: &Config, e: &PortEntry) -> Result<Option<PortGuard>, PortError> {
+    let bridge = e.bridge.as_deref().unwrap_or("");
+    let tap_mac = e.link.as_ref().map_or("", |l| l.mac.as_str());
+    let def = (e.origin == Origin::Config)
+        .then(|| cfg.bridges.iter().find(|b| b.name == bridge))
+        .flatten()
+        .and_then(|b| b.port_def(&e.name));
+    match def {
+        Some(d) => {
+            let mac = d.mac.map_or_else(|| tap_mac.to_string(), |m| m.to_string());
+            guard_in(cfg, bridge, &mac, &d.ips)
+        }
+        None => guard_in(cfg, bridge, tap_mac, &e.ips),
+    }
+}
+
 impl Node {
     /// [`guard_in`] the running configuration. Locks it only for a port with addresses (a
-    /// reload, which holds it, adds the file's ports, which have none).
+    /// reload, which holds it, adds the file's ports without, then sets their guards).
     pub(super) fn guard_for(
         &self,
         bridge: &str,
@@ -74,22 +95,22 @@ impl Node {
             })
     }
 
-    /// Sets the guard of every port (of `bridge` only, if given) as `cfg` says; returns
-    /// one line per port whose guard changed, or the refusals.
+    /// Sets the guard of every bridge port for which `which(bridge, port)` holds as `cfg`
+    /// says; returns one line per port whose guard changed, or the refusals.
     pub(super) fn apply_guards(
         &self,
         cfg: &Config,
-        bridge: Option<&str>,
+        which: impl Fn(&str, &str) -> bool,
     ) -> Vec<Result<String, String>> {
         let mut out = Vec::new();
         for e in self.ports.list() {
             let Some(b) = e.bridge.as_deref() else {
                 continue;
             };
-            if bridge.is_some_and(|w| w != b) {
+            if !which(b, &e.name) {
                 continue;
             }
-            match self.guard_of(cfg, &e) {
+            match guard_of(cfg, &e) {
                 Ok(None) if self.dp.control().port_guard(e.id).is_none() => {}
                 Ok(g) => out.push(self.set_guard(&e.name, e.id, g.as_ref()).map_or_else(
                     |err| Err(err.to_string()),
@@ -105,10 +126,5 @@ impl Node {
             }
         }
         out
-    }
-
-    fn guard_of(&self, cfg: &Config, e: &PortEntry) -> Result<Option<PortGuard>, PortError> {
-        let mac = e.link.as_ref().map_or("", |l| l.mac.as_str());
-        guard_in(cfg, e.bridge.as_deref().unwrap_or(""), mac, &e.ips)
     }
 }

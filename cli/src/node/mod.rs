@@ -26,7 +26,7 @@ mod translate;
 
 pub use error::{BoxError, NodeError};
 pub use host::remove_rules as remove_host_rules;
-use plan::{config_kind, open_config_tap, tap_mtu, tunnel_offload};
+use plan::{config_kind, open_config_tap, tunnel_offload};
 pub use plan::{Built, Plan};
 pub use translate::{apply_services, service_error, to_nat_rules, to_peer, to_route, to_route6};
 
@@ -145,8 +145,7 @@ impl Node {
                     (f.tap, f.ifname, Some(f.link), f.netns, offload)
                 }
                 None => {
-                    let mtu = tap_mtu(cfg, name, bridge.as_deref());
-                    let (dev, link) = open_config_tap(tap, cfg.node.offload, &cfg.node.name, mtu)?;
+                    let (dev, link) = open_config_tap(cfg, name, tap, bridge.as_deref())?;
                     (dev, tap.clone(), link, None, cfg.node.offload)
                 }
             };

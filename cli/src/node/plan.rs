@@ -50,32 +50,40 @@ pub(super) fn config_kind(cfg: &Config, name: &str, bridge: Option<&str>) -> Kin
     }
 }
 
-/// Creates (or attaches to) config TAP `tap` in tapyard's namespace; a TAP it creates gets
-/// the MAC derived from the node's and its names, and every one the MTU `mtu`. Returns it
-/// with its link, when readable.
+/// Creates (or attaches to) TAP `tap` of config port `name` (of `bridge`, if a bridge's) in
+/// tapyard's namespace; a TAP it creates gets the MAC derived from the node's and its names,
+/// and every one its `[[bridge.port]]`'s `mac` if given and the MTU of [`tap_mtu`]. Returns
+/// it with its link, when readable.
 pub(super) fn open_config_tap(
+    cfg: &Config,
+    name: &str,
     tap: &str,
-    offload: bool,
-    node: &str,
-    mtu: u16,
+    bridge: Option<&str>,
 ) -> Result<(TapPort, Option<Link>), NodeError> {
+    let mtu = tap_mtu(cfg, name, bridge);
+    let given = bridge
+        .and_then(|b| cfg.bridges.iter().find(|x| x.name == b))
+        .and_then(|b| b.port_def(name)?.mac);
     let mut nl = Netlink::open().ok();
     let existed = nl
         .as_mut()
         .and_then(|nl| nl.link_by_name(tap).ok().flatten())
         .is_some();
-    let dev = ports::open_tap_mode(tap, offload).map_err(|source| NodeError::Tap {
+    let dev = ports::open_tap_mode(tap, cfg.node.offload).map_err(|source| NodeError::Tap {
         tap: tap.to_string(),
         source,
     })?;
     let mut link = nl
         .as_mut()
         .and_then(|nl| nl.link_by_name(tap).ok().flatten());
-    if let (false, Some(nl), Some(l)) = (existed, nl.as_mut(), link.as_mut()) {
-        let m = state::stable_mac(MacFor::Tap, node, tap);
-        match nl.set_mac(l.index, m.0) {
-            Ok(()) => l.mac = m.to_string(),
-            Err(e) => log::warn!("TAP {tap}: cannot set its MAC {m}: {e}"),
+    let mac =
+        given.or_else(|| (!existed).then(|| state::stable_mac(MacFor::Tap, &cfg.node.name, tap)));
+    if let (Some(m), Some(nl), Some(l)) = (mac, nl.as_mut(), link.as_mut()) {
+        if l.mac != m.to_string() {
+            match nl.set_mac(l.index, m.0) {
+                Ok(()) => l.mac = m.to_string(),
+                Err(e) => log::warn!("TAP {tap}: cannot set its MAC {m}: {e}"),
+            }
         }
     }
     if let (Some(nl), Some(l)) = (nl.as_mut(), link.as_mut()) {
@@ -322,9 +330,7 @@ impl Plan {
             .taps
             .get(i)
             .ok_or_else(|| format!("no config port {i}"))?;
-        let mtu = tap_mtu(&self.cfg, name, bridge.as_deref());
-        let (mut dev, link) =
-            open_config_tap(tap, self.cfg.node.offload, &self.cfg.node.name, mtu)?;
+        let (mut dev, link) = open_config_tap(&self.cfg, name, tap, bridge.as_deref())?;
         if bridge.is_none() {
             tunnel_offload(&self.cfg, name, self.cfg.node.offload, &mut dev);
         }
@@ -563,7 +569,7 @@ impl Built {
             rt: Mutex::new(Some(rt)),
         };
         // The pods' spoof guards, from the record (ports restored or taken over).
-        for r in node.apply_guards(&cfg, None) {
+        for r in node.apply_guards(&cfg, |_, _| true) {
             match r {
                 Ok(line) => log::debug!("{line}"),
                 Err(e) => log::warn!("{e}"),

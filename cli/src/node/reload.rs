@@ -103,7 +103,14 @@ impl Node {
             }
         }
         for (bridge, name) in &d.ports_added {
-            match self.port_add_local(bridge, name, None, Vec::new(), Origin::Config) {
+            // Its guard, if it has a [[bridge.port]], is set with the others' below.
+            let mac = new
+                .bridges
+                .iter()
+                .find(|b| &b.name == bridge)
+                .and_then(|b| b.port_def(name)?.mac)
+                .map(|m| m.to_string());
+            match self.port_add_local(bridge, name, mac.as_deref(), Vec::new(), Origin::Config) {
                 Ok(e) => {
                     // The bridge's MTU, as the ports it started with.
                     let mtu = u32::from(tap_mtu(new, name, Some(bridge)));
@@ -196,10 +203,23 @@ impl Node {
         }
         // A bridge's spoof_guard: its ports' guards set or cleared, traffic untouched.
         for (bridge, _) in &d.guards {
-            for r in self.apply_guards(new, Some(bridge)) {
+            for r in self.apply_guards(new, |b, _| b == bridge) {
                 match r {
                     Ok(line) => log::info!("{line}"),
                     Err(e) => errors.push(refuse(Item::SpoofGuard(bridge.clone()), e, true)),
+                }
+            }
+        }
+        // A [[bridge.port]]'s ips or mac: that port's guard set anew in one step.
+        for (bridge, port) in &d.port_guards {
+            for r in self.apply_guards(new, |b, p| b == bridge && p == port) {
+                match r {
+                    Ok(line) => log::info!("{line}"),
+                    Err(e) => errors.push(refuse(
+                        Item::PortGuard(bridge.clone(), port.clone()),
+                        e,
+                        true,
+                    )),
                 }
             }
         }

@@ -492,3 +492,77 @@ fn nat_rules_for_both_families() {
     assert!(r.masquerade.is_empty() && r.masquerade6.is_empty());
     assert_eq!(r.cluster_cidr6, Some(c6));
 }
+
+/// A `[[bridge.port]]` is one of the plan's TAPs, and its guard comes from the file (its
+/// `ips` and `mac`), whatever its record says; `spoof_guard = false` turns it off; a port
+/// of the file without one, and any other port, keep the recorded addresses and TAP MAC.
+#[test]
+fn a_bridge_port_of_the_file_is_guarded_with_its_addresses() {
+    let dir = std::env::temp_dir().join(format!("tapyard-planguard-{}", std::process::id()));
+    let text = EXAMPLE.replace(
+        "name = \"node-a\"\n",
+        &format!("name = \"node-a\"\nstate_dir = \"{}\"\n", dir.display()),
+    );
+    let c = cfg(&text);
+    let plan = Plan::new(c.clone(), PathBuf::from("x.toml"), &[]).unwrap();
+    assert!(
+        plan.taps
+            .iter()
+            .any(|(_, n, t, b)| n == "pod-c" && t == "pod-c" && b.as_deref() == Some("cni0")),
+        "{:?}",
+        plan.taps
+    );
+    let entry = |name: &str, origin: Origin, ips: Vec<IpAddr>| PortEntry {
+        id: PortId(7),
+        name: name.into(),
+        tap: name.into(),
+        ifname: name.into(),
+        owner: None,
+        kind: Kind::Pod,
+        bridge: Some("cni0".into()),
+        link: Some(Link {
+            index: 9,
+            mac: "02:00:00:00:00:09".into(),
+            mtu: 1500,
+            up: true,
+        }),
+        netns: None,
+        netns_id: None,
+        origin,
+        capture: Arc::default(),
+        dev: None,
+        offload: false,
+        ips,
+    };
+    let recorded: Vec<IpAddr> = vec!["10.244.1.9".parse().unwrap()];
+    let g = super::guard::guard_of(&c, &entry("pod-c", Origin::Config, recorded.clone()))
+        .unwrap()
+        .expect("pod-c is guarded");
+    assert_eq!(g.mac().to_string(), "02:00:0a:f4:01:04");
+    assert_eq!(
+        g.ipv4(),
+        ["10.244.1.4".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    assert!(g.ipv6().is_empty());
+    // Without `mac`: the TAP's.
+    let no_mac = cfg(&text.replace("mac = \"02:00:0a:f4:01:04\"", ""));
+    let g = super::guard::guard_of(&no_mac, &entry("pod-c", Origin::Config, vec![]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.mac().to_string(), "02:00:00:00:00:09");
+    // A port of `ports` has no addresses; a CNI port has its recorded ones.
+    let guard = |c: &Config, e| super::guard::guard_of(c, &e).unwrap();
+    assert_eq!(guard(&c, entry("pod-a", Origin::Config, vec![])), None);
+    let cni = guard(&c, entry("tap1", Origin::Cni, recorded.clone())).unwrap();
+    assert_eq!(
+        cni.ipv4(),
+        ["10.244.1.9".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    let off = cfg(&text.replacen(
+        "ports = [\"pod-a\", \"pod-b\"]",
+        "ports = [\"pod-a\", \"pod-b\"]\nspoof_guard = false",
+        1,
+    ));
+    assert_eq!(guard(&off, entry("pod-c", Origin::Config, vec![])), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}

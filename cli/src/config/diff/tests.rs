@@ -328,17 +328,17 @@ fn ports_of_a_bridge_are_live() {
     let a = cfg(EXAMPLE);
     let b = cfg(&EXAMPLE.replace(
         "ports = [\"pod-a\", \"pod-b\"]",
-        "ports = [\"pod-b\", \"pod-c\"]",
+        "ports = [\"pod-b\", \"pod-d\"]",
     ));
     let d = diff(&a, &b).unwrap();
     let pair = |b: &str, p: &str| (b.to_string(), p.to_string());
     assert_eq!(d.ports_removed, [pair("cni0", "pod-a")]);
-    assert_eq!(d.ports_added, [pair("cni0", "pod-c")]);
+    assert_eq!(d.ports_added, [pair("cni0", "pod-d")]);
     assert_eq!(
         d.summary,
         [
             "port \"pod-a\" removed from bridge \"cni0\"",
-            "port \"pod-c\" added to bridge \"cni0\""
+            "port \"pod-d\" added to bridge \"cni0\""
         ]
     );
     // A bridge with no ports at all (its pods come through the CNI plugin).
@@ -373,4 +373,56 @@ fn a_bridges_spoof_guard_is_live_and_a_refusal_keeps_the_old_value() {
     let bad = crate::config::check_str(&off.replace("spoof_guard = false", "spoof_guard = 1"));
     let msg = format!("{:?}", bad.diags);
     assert!(bad.config.is_none() && msg.contains("spoof_guard"), "{msg}");
+}
+
+/// A `[[bridge.port]]`'s addresses change live (that port's guard alone); a refusal keeps the
+/// old ones running; a port added with addresses is added, then guarded.
+#[test]
+fn a_bridge_ports_addresses_are_live() {
+    let a = cfg(EXAMPLE);
+    let b = cfg(&EXAMPLE.replace(
+        "ips = [\"10.244.1.4\"]",
+        "ips = [\"10.244.1.4\", \"10.244.1.40\"]",
+    ));
+    let d = diff(&a, &b).unwrap();
+    let pair = |b: &str, p: &str| (b.to_string(), p.to_string());
+    assert_eq!(d.port_guards, [pair("cni0", "pod-c")]);
+    assert_eq!(
+        d.summary,
+        ["port \"pod-c\" of bridge \"cni0\": ips [10.244.1.4] mac 02:00:0a:f4:01:04 -> ips [10.244.1.4, 10.244.1.40] mac 02:00:0a:f4:01:04"]
+    );
+    assert_eq!(d.items, [Item::PortGuard("cni0".into(), "pod-c".into())]);
+    assert!(d.ports_added.is_empty() && d.guards.is_empty());
+    let refused = Refusal {
+        item: Item::PortGuard("cni0".into(), "pod-c".into()),
+        reason: "x".into(),
+        old_kept: true,
+    };
+    let run = running(&a, &b, &[refused]);
+    assert_eq!(
+        run.bridges[0].port_def("pod-c"),
+        a.bridges[0].port_def("pod-c")
+    );
+    assert_eq!(diff(&run, &b).unwrap().port_guards, [pair("cni0", "pod-c")]);
+    // Added with addresses: the port, then its guard.
+    let c = cfg(&format!(
+        "{EXAMPLE}\n[[bridge]]\nname = \"br1\"\n\n[[bridge.port]]\nname = \"pod-e\"\n"
+    ));
+    let e = cfg(&format!(
+        "{EXAMPLE}\n[[bridge]]\nname = \"br1\"\n\n[[bridge.port]]\nname = \"pod-e\"\n\n[[bridge.port]]\nname = \"pod-f\"\nips = [\"fd00::6\"]\n"
+    ));
+    let d = diff(&c, &e).unwrap();
+    assert_eq!(d.ports_added, [pair("br1", "pod-f")]);
+    assert_eq!(d.port_guards, [pair("br1", "pod-f")]);
+    // A refused addition leaves neither the port nor its addresses running: retried whole.
+    let refused = Refusal {
+        item: Item::Port("br1".into(), "pod-f".into()),
+        reason: "x".into(),
+        old_kept: false,
+    };
+    let run = running(&c, &e, &[refused]);
+    assert!(run.bridges[1].port_def("pod-f").is_none());
+    let again = diff(&run, &e).unwrap();
+    assert_eq!(again.ports_added, [pair("br1", "pod-f")]);
+    assert_eq!(again.port_guards, [pair("br1", "pod-f")]);
 }

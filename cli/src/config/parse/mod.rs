@@ -390,6 +390,25 @@ impl Parser<'_> {
         Some((v4, v6))
     }
 
+    /// The `[[<section>.<key>]]` tables under table `t`, read as `s`: `key` is not a key of
+    /// `s`'s schema, so the unknown-field error [`Self::sec`] reported for it is taken back.
+    fn sub_tables<'t, 'i>(
+        &mut self,
+        s: &mut Sec<'_, '_>,
+        t: &'t DeTable<'i>,
+        key: &'static str,
+    ) -> Vec<(&'t DeTable<'i>, Range<usize>)> {
+        let unknown = format!("{}: unknown field `{key}`", s.ctx);
+        let n = self.diags.len();
+        self.diags.retain(|d| !d.msg.starts_with(&unknown));
+        if self.diags.len() != n {
+            let mut allowed = s.schema.names();
+            allowed.push(key);
+            s.ok = t.keys().all(|k| allowed.contains(&k.get_ref().as_ref()));
+        }
+        self.tables(t, key)
+    }
+
     fn tables<'t, 'i>(
         &mut self,
         doc: &'t DeTable<'i>,

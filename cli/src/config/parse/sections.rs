@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use tapyard::conntrack::{CtConfig, CtTimeouts};
+use tapyard::l2::guard::MAX_ADDRS;
 use tapyard::l3::neigh::NeighConfig;
 use tapyard::nat::LbAlgo;
 use toml::de::DeTable;
@@ -16,7 +17,7 @@ use super::super::values::{
 };
 use super::super::{
     BridgeCfg, Cidr, Cidr6, EndpointCfg, HostCfg, Located, MasqueradeCfg, NeighborCfg, NodeCfg,
-    PeerCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
+    PeerCfg, PortCfg, RouteCfg, RouteType, ServiceCfg, ServiceDef, SnatCfg, UplinkCfg, VxlanCfg,
 };
 
 use super::{default_str, raw_name, Parser, Sec};
@@ -114,16 +115,29 @@ impl Parser<'_> {
         mut s: Sec<'_, '_>,
         t: &DeTable<'_>,
     ) -> Option<Located<BridgeCfg>> {
+        let port_tables = self.sub_tables(&mut s, t, "port");
         let name = self.text(&mut s, "name", parse_ifname);
         let addrs = self.iface_addrs(&mut s);
         let (address, address6) = (addrs.and_then(|a| a.0), addrs.and_then(|a| a.1));
         let mac = self.text(&mut s, "mac", parse_mac);
         let mtu = self.int_as::<u16>(&mut s, "mtu");
         let ra = self.boolean(&mut s, "ra");
-        let ports = self.list(&mut s, "ports", parse_ifname);
+        let mut ports = self.list(&mut s, "ports", parse_ifname);
         let fdb_max_entries = self.int_as::<usize>(&mut s, "fdb_max_entries");
         let fdb_aging = self.secs(&mut s, "fdb_aging");
         let spoof_guard = self.boolean(&mut s, "spoof_guard");
+        let mut port_defs = Vec::new();
+        for (i, (pt, span)) in port_tables.into_iter().enumerate() {
+            let Some(p) = self.bridge_port(&s.ctx, i, pt, span) else {
+                continue;
+            };
+            // Listed after `ports`: names checked as theirs, at the line of its `name`.
+            s.lines
+                .fields
+                .push((format!("ports.{}", ports.len()), p.lines.of("name")));
+            ports.push(p.name.clone());
+            port_defs.push(p.value);
+        }
         if address.is_none()
             && address6.is_none()
             && (t.contains_key("mac") || t.contains_key("mtu"))
@@ -145,9 +159,62 @@ impl Parser<'_> {
             mac,
             mtu,
             ports,
+            port_defs,
             fdb_max_entries,
             fdb_aging,
             spoof_guard,
+        };
+        Some(Located {
+            value,
+            lines: s.lines,
+        })
+    }
+
+    /// The `i`-th `[[bridge.port]]` of the bridge read as `ctx`.
+    fn bridge_port(
+        &mut self,
+        ctx: &str,
+        i: usize,
+        t: &DeTable<'_>,
+        span: Range<usize>,
+    ) -> Option<Located<PortCfg>> {
+        let ctx = match raw_name(t) {
+            Some(n) => format!("{ctx} port {n:?}"),
+            None => format!("{ctx} port #{}", i + 1),
+        };
+        let mut s = self.sec(t, span, ctx, &schema::BRIDGE_PORT);
+        let name = self.text(&mut s, "name", parse_ifname);
+        let ips = self.list(&mut s, "ips", |a| {
+            let ip = parse_ip_any(a)?;
+            let host = match ip {
+                IpAddr::V4(a) => is_host(a),
+                IpAddr::V6(a) => is_host6(a),
+            };
+            host.then_some(ip).ok_or(BadValue::NotAHost)
+        });
+        for (fam, v6) in [("IPv4", false), ("IPv6", true)] {
+            let n = ips.iter().filter(|a| a.is_ipv6() == v6).count();
+            if n > MAX_ADDRS {
+                let (line, ctx) = (s.lines.of("ips"), s.ctx.clone());
+                self.err(
+                    line,
+                    format!(
+                        "{ctx}: ips has {n} {fam} addresses, at most {MAX_ADDRS} of each family"
+                    ),
+                );
+            }
+        }
+        for (j, a) in ips.iter().enumerate() {
+            if ips[..j].contains(a) {
+                let (line, ctx) = (s.lines.of(&format!("ips.{j}")), s.ctx.clone());
+                self.err(line, format!("{ctx}: ips[{j}] = \"{a}\" is listed twice"));
+            }
+        }
+        let mac = self.text(&mut s, "mac", parse_mac);
+        let value = PortCfg {
+            name: name?,
+            ips,
+            mac,
         };
         Some(Located {
             value,
@@ -300,16 +367,7 @@ impl Parser<'_> {
         mut s: Sec<'_, '_>,
         t: &DeTable<'_>,
     ) -> Option<Located<VxlanCfg>> {
-        // `peer` is the [[vxlan.peer]] array, not a key of the schema: `sec` reported it as
-        // unknown; take that back.
-        let peer_err = format!("{}: unknown field `peer`", s.ctx);
-        let n = self.diags.len();
-        self.diags.retain(|d| !d.msg.starts_with(&peer_err));
-        if self.diags.len() != n {
-            let mut allowed = schema::VXLAN.names();
-            allowed.push("peer");
-            s.ok = t.keys().all(|k| allowed.contains(&k.get_ref().as_ref()));
-        }
+        let peer_tables = self.sub_tables(&mut s, t, "peer");
         let name = self.text(&mut s, "name", parse_ifname);
         let vni = self.int_as::<u32>(&mut s, "vni");
         let port = self.int_as::<u16>(&mut s, "port");
@@ -322,7 +380,7 @@ impl Parser<'_> {
             .unwrap_or_else(|| default_str(&s, "src_port_range", parse_port_range));
         let name = name.or_else(|| raw_name(t))?;
         let mut peers = Vec::new();
-        for (i, (pt, span)) in self.tables(t, "peer").into_iter().enumerate() {
+        for (i, (pt, span)) in peer_tables.into_iter().enumerate() {
             let ctx = match pt.get("node_ip").and_then(|v| v.get_ref().as_str()) {
                 Some(ip) => format!("vxlan {name:?} peer {ip}"),
                 None => format!("vxlan {name:?} peer #{}", i + 1),
