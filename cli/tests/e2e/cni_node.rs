@@ -61,9 +61,9 @@ pub(super) fn skip(test: &str) -> bool {
 
 /// A running node, node-b and the pods' namespaces; all removed on drop.
 pub(super) struct Node {
-    tag: String,
+    pub(super) tag: String,
     dir: PathBuf,
-    ns_node: String,
+    pub(super) ns_node: String,
     pub(super) ns_b: String,
     socket: PathBuf,
     pub(super) config: PathBuf,

@@ -173,6 +173,68 @@ fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
     ping_ok(&victim.ns, GW);
 }
 
+/// A port of the config file declared with its addresses (`[[bridge.port]]`, added by a
+/// reload) is guarded as a CNI plugin's: its own address works, pings from another one are
+/// dropped and counted on it; a reload that allows that address too applies it live.
+#[test]
+#[cfg_attr(
+    not(tapyard_root),
+    ignore = "needs root: TAP devices and network namespaces (runs as root, as in CI)"
+)]
+fn a_config_port_with_ips_is_guarded() {
+    if skip("a_config_port_with_ips_is_guarded") {
+        return;
+    }
+    let mut n = Node::start("sgc", &[]);
+    let port = format!("cp{}", n.tag);
+    let (own, other) = ("10.244.1.200", "10.244.1.201");
+    let text = std::fs::read_to_string(&n.config).unwrap();
+    let with = |ips: &str| {
+        let p = format!("[[bridge.port]]\nname = \"{port}\"\nips = [{ips}]\n\n[[uplink]]");
+        text.replacen("[[uplink]]", &p, 1)
+    };
+    std::fs::write(&n.config, with(&format!("\"{own}\""))).unwrap();
+    let out = n.tapyard_ok(&["reload"]);
+    assert!(out.contains(&format!("port \"{port}\" added")), "{out}");
+    let p = n.port(&port).expect("the config port");
+    assert_eq!(p["origin"], "config", "{p}");
+    assert_eq!(p["guard"], serde_json::json!([own]), "{p}");
+    let pod = n.g.ns(&format!("tyq-{}", n.tag));
+    pod.attach(Some(&n.ns_node), &port, &[&format!("{own}/24")], &[GW]);
+    pod.ping_ok(GW);
+    ping_ok(&pod.name, NODE_B_POD);
+
+    let before = count(&drops(&n), "spoofed_ip");
+    pod.ip(&["addr", "add", &format!("{other}/32"), "dev", &port]);
+    let ping_from_other = || {
+        pod.cmd(&[
+            "ping", "-n", "-c", "3", "-i", "0.2", "-W", "1", "-I", other, GW,
+        ])
+    };
+    let (ok, out) = ping_from_other();
+    assert!(
+        !ok,
+        "a ping from an address the port may not use was answered: {out}"
+    );
+    let after = drops(&n);
+    assert!(count(&after, "spoofed_ip") >= before + 3, "{after}");
+    let p = n.port(&port).unwrap();
+    assert!(p["spoofed"].as_u64().unwrap() >= 3, "{p}");
+    pod.ping_ok(GW);
+
+    // The file allows the second address too: live, no restart.
+    std::fs::write(&n.config, with(&format!("\"{own}\", \"{other}\""))).unwrap();
+    let out = n.tapyard_ok(&["reload"]);
+    assert!(
+        out.contains(&format!("port \"{port}\" of bridge \"cni0\": ips [{own}]")),
+        "{out}"
+    );
+    let p = n.port(&port).unwrap();
+    assert_eq!(p["guard"], serde_json::json!([own, other]), "{p}");
+    let (ok, out) = ping_from_other();
+    assert!(ok, "{out}");
+}
+
 /// Whether `tool` is on the PATH.
 fn which(tool: &str) -> bool {
     std::process::Command::new("sh")
