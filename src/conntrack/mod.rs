@@ -150,9 +150,13 @@
 //! its two; a source is refused early only if both its counters are shared with other busy
 //! sources. A count is taken before the entry is made (given back if the insert fails) and
 //! given back when a counted entry is removed however it goes (by id, expiry, sweep, early
-//! drop, retain); the entry carries the `SOURCE_LIMITED` bit, so a table found in a file
-//! ([`Conntrack::open_file`]) counts its kept entries again when it is rebuilt, and after a
-//! takeover the new process's counts are its table's.
+//! drop, retain), or earlier, when a TCP connection closes (enters TIME_WAIT or CLOSE), as
+//! Linux's nf_conncount stops counting closed connections (`already_closed`): a source at
+//! its limit that closes a connection may open another at once, not a sweep later. The entry
+//! carries the `SOURCE_LIMITED` bit while it is counted; the CAS that closes it clears the
+//! bit, so its count is given back exactly once (its later removal finds no bit). A table
+//! found in a file ([`Conntrack::open_file`]) counts its kept entries with the bit again when
+//! it is rebuilt, and after a takeover the new process's counts are its table's.
 //!
 //! Counters are kept in per-thread shards (one cache line each) and summed when read. A thread
 //! owns one of 16 shards while it lives and counts there with a plain load and store (no
@@ -431,8 +435,9 @@ pub struct CtConfig {
     /// Timeouts.
     pub timeouts: CtTimeouts,
     /// Most live entries per original source address among inserts that ask for it
-    /// ([`CtStatus::SOURCE_LIMITED`]); 0 (the default): no limit, as Linux and OVS. See
-    /// "Connections per source" in the [module docs](self).
+    /// ([`CtStatus::SOURCE_LIMITED`]); 0 (the default): no limit, as Linux and OVS. A closed
+    /// TCP connection (TIME_WAIT, CLOSE) stops counting as it closes, as Linux's
+    /// nf_conncount. See "Connections per source" in the [module docs](self).
     pub max_per_source: u32,
 }
 
@@ -508,7 +513,8 @@ impl CtStatus {
     /// The bits a [`CtTag`] may set.
     pub const NAT_MASK: u16 = CtStatus::SRC_NAT | CtStatus::DST_NAT;
     /// Counted against its original source's limit ([`CtConfig::max_per_source`]): set
-    /// through a [`CtTag`] by the inserter, kept only while the table has a limit. tapyard's
+    /// through a [`CtTag`] by the inserter, kept only while the table has a limit and until
+    /// a TCP connection closes (its count is given back then). tapyard's
     /// own bit (Linux's unused `IPS_UNTRACKED` number).
     pub const SOURCE_LIMITED: u16 = 1 << 12;
 

@@ -716,8 +716,15 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     fn uncount(&self, e: &Entry<W>, c: u64) {
         self.len.fetch_sub(1, Ordering::Relaxed);
         if status_of(c).has(CtStatus::SOURCE_LIMITED) {
-            self.give_source(K::from_words(e.load_words()[0]).source_word());
+            self.give_entry(e);
         }
+    }
+
+    /// Gives back the count that entry `e` holds against its source (its original
+    /// direction's): at its removal, or when it closes while still in the table.
+    #[inline(never)]
+    fn give_entry(&self, e: &Entry<W>) {
+        self.give_source(K::from_words(e.load_words()[0]).source_word());
     }
 
     /// Gives a count of `src` back (never below zero).
@@ -1495,6 +1502,14 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                         {
                             ns |= CtStatus::ASSURED;
                         }
+                        // Closed (TIME_WAIT, CLOSE; only a SYN leaves them, through the
+                        // removal above): no longer counted against its source, as Linux's
+                        // nf_conncount (`already_closed`). The bit goes with the CAS that
+                        // closes it, so its count is given back once (below), never again
+                        // at removal.
+                        if matches!(s, CtState::TimeWait | CtState::Close) {
+                            ns &= !CtStatus::SOURCE_LIMITED;
+                        }
                         state = s;
                     }
                 },
@@ -1531,6 +1546,9 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 .compare_exchange(c, nc, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
+                    if st.0 & !ns & CtStatus::SOURCE_LIMITED != 0 {
+                        self.give_entry(e);
+                    }
                     changed = true;
                     new_state = state;
                     break;

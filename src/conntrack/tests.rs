@@ -1232,41 +1232,67 @@ fn an_early_dropped_entry_gives_its_count_back() {
     ct.check_invariants().unwrap();
 }
 
-/// A TCP connection's whole life (handshake, both FINs, TIME_WAIT, expiry and sweep) gives its
-/// source's count back.
+/// A TCP connection gives its source's count back when it closes (TIME_WAIT after both FINs,
+/// CLOSE after a RST), as Linux's nf_conncount stops counting it: a source at its limit may
+/// open another at once, without waiting for the sweep; the count is given back once (the
+/// closed entry's later expiry, or its reopening by a SYN, gives nothing back again).
 #[test]
-fn a_closed_tcp_connection_gives_its_count_back() {
+fn a_closed_tcp_connection_gives_its_count_back_when_it_closes() {
     let ct = Conntrack::new(CtConfig {
         max_entries: 64,
-        max_per_source: 1,
+        max_per_source: 2,
         ..CtConfig::default()
     })
     .unwrap();
-    let o = tcp_t(40000, 80);
-    let r = o.invert();
-    ct.insert(o, r, limited(), &tcp(SYN), s(1)).unwrap();
-    assert_eq!(ct.source_count(&o), 1);
-    for (dir, f) in [
-        (Dir::Reply, SYN | ACK),
-        (Dir::Original, ACK),
-        (Dir::Original, FIN | ACK),
-        (Dir::Reply, FIN | ACK),
-        (Dir::Original, ACK),
-    ] {
-        pkt(&ct, &o, &r, dir, f, s(2));
+    let conn = |port: u16| (tcp_t(port, 80), tcp_t(port, 80).invert());
+    let open = |port: u16, now: Instant| {
+        let (o, r) = conn(port);
+        ct.insert(o, r, limited(), &tcp(SYN), now)?;
+        pkt(&ct, &o, &r, Dir::Reply, SYN | ACK, now);
+        let est = pkt(&ct, &o, &r, Dir::Original, ACK, now);
+        assert_eq!(est, Track::Ok(CtState::Established));
+        Ok::<_, InsertError>(())
+    };
+    let (a, b) = (conn(40000), conn(40001));
+    open(40000, s(1)).unwrap();
+    open(40001, s(1)).unwrap();
+    assert_eq!(ct.source_count(&a.0), 2);
+    assert_eq!(open(40002, s(1)), Err(InsertError::SourceLimit));
+    // Both FINs: LAST_ACK still counts (as Linux), the last ACK closes it.
+    for (dir, f) in [(Dir::Original, FIN | ACK), (Dir::Reply, FIN | ACK)] {
+        pkt(&ct, &a.0, &a.1, dir, f, s(2));
     }
-    let h = ct.lookup(&o, s(2)).unwrap();
-    assert_eq!(h.state, CtState::TimeWait);
-    assert!(h.status.has(CtStatus::SOURCE_LIMITED));
-    let o2 = tcp_t(40001, 80);
+    assert_eq!(ct.source_count(&a.0), 2);
     assert_eq!(
-        ct.insert(o2, o2.invert(), limited(), &tcp(SYN), s(3))
-            .unwrap_err(),
-        InsertError::SourceLimit
+        pkt(&ct, &a.0, &a.1, Dir::Original, ACK, s(2)),
+        Track::Ok(CtState::TimeWait)
     );
-    ct.sweep(s(200), 1000);
-    assert!(ct.is_empty());
-    assert_eq!(ct.source_count(&o), 0);
-    ct.insert(o2, o2.invert(), limited(), &tcp(SYN), s(200))
-        .unwrap();
+    let h = ct.lookup(&a.0, s(2)).unwrap();
+    assert!(!h.status.has(CtStatus::SOURCE_LIMITED), "{:?}", h.status);
+    assert_eq!(ct.source_count(&a.0), 1);
+    // At once, long before the TIME_WAIT entry expires (120 s).
+    open(40002, s(2)).unwrap();
+    assert_eq!(open(40003, s(2)), Err(InsertError::SourceLimit));
+    // A RST of an established connection: CLOSE, given back the same way.
+    assert_eq!(
+        pkt(&ct, &b.0, &b.1, Dir::Reply, RST, s(3)),
+        Track::Ok(CtState::Close)
+    );
+    assert_eq!(ct.source_count(&a.0), 1);
+    // Packets of the closed connections change nothing more.
+    pkt(&ct, &a.0, &a.1, Dir::Original, ACK, s(3));
+    pkt(&ct, &b.0, &b.1, Dir::Original, RST, s(3));
+    assert_eq!(ct.source_count(&a.0), 1);
+    open(40003, s(3)).unwrap();
+    assert_eq!(ct.source_count(&a.0), 2);
+    // A SYN reopening the TIME_WAIT entry removes it without giving anything back again.
+    let h = ct.lookup(&a.0, s(4)).unwrap();
+    assert_eq!(ct.track(&h, &tcp(SYN), s(4)), Track::Reopen);
+    assert_eq!(ct.source_count(&a.0), 2);
+    assert_eq!(ct.len(), 3);
+    // The CLOSE entry (10 s) is swept; the live ones still count.
+    ct.sweep(s(30), 1000);
+    assert_eq!(ct.len(), 2);
+    assert_eq!(ct.source_count(&a.0), 2);
+    ct.check_invariants().unwrap();
 }

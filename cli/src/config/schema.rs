@@ -759,7 +759,8 @@ pub const CONNTRACK: Section = Section {
             int(0, 1 << 26),
             Dflt::Int(0),
             "entries one source address in the cluster CIDR (a pod) may hold, per family; \
-             its further new connections are refused (ct_limit); 0: no limit, as Linux",
+             its further new connections are refused (ct_limit); a TCP connection stops \
+             counting as it closes (TIME_WAIT, CLOSE), as Linux's nf_conncount; 0: no limit, as Linux",
         ),
     ],
 };

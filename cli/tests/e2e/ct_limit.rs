@@ -1,7 +1,8 @@
 //! End-to-end test of the per-pod connection limit (`[conntrack] max_per_source`): one pod
 //! holds its limit of TCP connections open and its next one is refused, while another pod's
-//! new connection goes through; once the first pod's connections close and expire, it
-//! connects again.
+//! new connection goes through; when the first pod closes one of its connections it opens
+//! another at once (a closed connection stops counting as it closes, as Linux's
+//! nf_conncount, not when it expires), and once all are closed it connects again at once.
 //!
 //! ```text
 //!  pod-a 10.223.1.2 ─ TAP ─┐
@@ -60,10 +61,12 @@ while True:
 "#;
 
 /// `addr port n`: opens `n` connections and keeps them (each greeted), prints `held n`,
-/// tries one more (3 s) and prints `extra connected` or `extra refused <why>`; closes them
-/// all when its standard input closes, then prints `closed`.
+/// tries one more (3 s) and prints `extra connected` or `extra refused <why>`; at a line on
+/// its standard input closes one and opens another, printing `reopened connected` or
+/// `reopened refused <why>`; closes them all when its standard input closes, then prints
+/// `closed`.
 const HOLD_CLIENT_PY: &str = r#"
-import socket, sys
+import socket, sys, time
 addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 held = []
 for i in range(n):
@@ -78,6 +81,18 @@ try:
     print("extra connected", flush=True)
 except OSError as e:
     print("extra refused %s" % e, flush=True)
+sys.stdin.readline()
+held.pop().close()
+time.sleep(0.3)
+try:
+    c = socket.create_connection((addr, port), timeout=3)
+    c.settimeout(10)
+    if not c.recv(16).startswith(b"hi"):
+        raise SystemExit("no greeting")
+    held.append(c)
+    print("reopened connected", flush=True)
+except OSError as e:
+    print("reopened refused %s" % e, flush=True)
 sys.stdin.readline()
 for c in held:
     c.close()
@@ -219,7 +234,7 @@ fn a_pod_at_its_connection_limit_does_not_starve_another() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let stdin = a.stdin.take();
+    let mut stdin = a.stdin.take();
     let mut lines = BufReader::new(a.stdout.take().unwrap()).lines();
     g.children.push(a);
     let mut next = || lines.next().and_then(Result::ok).unwrap_or_default();
@@ -240,9 +255,24 @@ fn a_pod_at_its_connection_limit_does_not_starve_another() {
     println!("pod A holds {from_a} connections");
     assert_eq!(from_a, LIMIT, "{conntrack}");
 
-    // Pod A lets go: its connections close, linger in TIME_WAIT (2 s), expire, and are swept
-    // (a full pass over the 262,144 entries takes some 20 s on an idle node): then it
-    // connects again.
+    // Pod A closes one connection and opens another at once: the closed one (TIME_WAIT)
+    // no longer counts, long before the sweep (a full pass over the 262,144 entries takes
+    // some 20 s on an idle node) would remove it.
+    {
+        use std::io::Write;
+        let w = stdin.as_mut().unwrap();
+        w.write_all(b"one\n").unwrap();
+        w.flush().unwrap();
+    }
+    let again = next();
+    assert_eq!(
+        again,
+        "reopened connected",
+        "ct_limit {}",
+        n.ct_limit_drops()
+    );
+
+    // Pod A lets go of them all: it connects again at once.
     drop(stdin);
     assert_eq!(next(), "closed");
     let t = Instant::now();
@@ -252,7 +282,7 @@ fn a_pod_at_its_connection_limit_does_not_starve_another() {
             break;
         }
         assert!(
-            t.elapsed() < Duration::from_secs(60),
+            t.elapsed() < Duration::from_secs(5),
             "pod A still refused after its connections closed: {v:?}\n{}\n{}",
             tapyard_ok_at(&n.socket, &["show", "conntrack"]),
             tapyard_ok_at(&n.socket, &["show", "stats"])
