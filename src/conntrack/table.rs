@@ -1502,14 +1502,6 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                         {
                             ns |= CtStatus::ASSURED;
                         }
-                        // Closed (TIME_WAIT, CLOSE; only a SYN leaves them, through the
-                        // removal above): no longer counted against its source, as Linux's
-                        // nf_conncount (`already_closed`). The bit goes with the CAS that
-                        // closes it, so its count is given back once (below), never again
-                        // at removal.
-                        if matches!(s, CtState::TimeWait | CtState::Close) {
-                            ns &= !CtStatus::SOURCE_LIMITED;
-                        }
                         state = s;
                     }
                 },
@@ -1535,18 +1527,26 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             if dir == Dir::Reply {
                 ns |= CtStatus::SEEN_REPLY;
             }
-            let nc = ctl(gen_of(c), LIVE, state, CtStatus(ns));
+            let mut nc = ctl(gen_of(c), LIVE, state, CtStatus(ns));
             if nc == c {
                 changed = false;
                 new_state = state;
                 break;
+            }
+            // Closing (TIME_WAIT, CLOSE; only a SYN leaves them, through the removal above):
+            // no longer counted against its source, as Linux's nf_conncount
+            // (`already_closed`). The bit goes with the CAS that closes the connection, so
+            // its count is given back once (below), never again at removal; only a changing
+            // control word pays for the check.
+            if matches!(state, CtState::TimeWait | CtState::Close) {
+                nc &= !u64::from(CtStatus::SOURCE_LIMITED);
             }
             match e
                 .ctl
                 .compare_exchange(c, nc, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    if st.0 & !ns & CtStatus::SOURCE_LIMITED != 0 {
+                    if c & !nc & u64::from(CtStatus::SOURCE_LIMITED) != 0 {
                         self.give_entry(e);
                     }
                     changed = true;

@@ -627,3 +627,17 @@ fn bad_bridge_port_addresses_and_macs_name_line_field_and_value() {
         "{got}"
     );
 }
+
+#[test]
+fn a_bridge_ports_addresses_are_its_own() {
+    let two = format!(
+        "{PORTS}\n[[bridge.port]]\nname = \"pod-c\"\nips = [\"10.244.1.1\", \"fd00:10:244:1::3\"]\n"
+    );
+    let got = errors(&two).join("\n");
+    for want in [
+        "f:17: bridge \"cni0\" port \"pod-c\": ips has \"10.244.1.1\", the bridge's own address (its gateway)",
+        "f:17: bridge \"cni0\" port \"pod-c\": ips has \"fd00:10:244:1::3\", already port \"pod-b\"'s (line 12)",
+    ] {
+        assert!(got.contains(want), "expected {want:?} in\n{got}");
+    }
+}

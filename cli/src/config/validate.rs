@@ -71,6 +71,29 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
             claim(&mut taps, p, line, format!("port {p:?}"), &mut err);
         }
     }
+    // A [[bridge.port]]'s addresses: not its gateway's, not another port's.
+    let mut owners: HashMap<IpAddr, (String, usize)> = HashMap::new();
+    for b in &c.bridges {
+        for d in &b.port_defs {
+            let i = b.ports.iter().position(|p| *p == d.name).unwrap_or(0);
+            let line = b.lines.of(&format!("ports.{i}.ips"));
+            let ctx = format!("bridge {:?} port {:?}", b.name, d.name);
+            for ip in &d.ips {
+                let gw = b.address.map(|a| IpAddr::V4(a.addr)) == Some(*ip)
+                    || b.address6.map(|a| IpAddr::V6(a.addr)) == Some(*ip);
+                if gw {
+                    err(
+                        line,
+                        format!("{ctx}: ips has \"{ip}\", the bridge's own address (its gateway)"),
+                    );
+                } else if let Some((o, l)) = owners.get(ip) {
+                    err(line, format!("{ctx}: ips has \"{ip}\", already port {o:?}'s (line {l}); a port's addresses are its own"));
+                } else {
+                    owners.insert(*ip, (d.name.clone(), line));
+                }
+            }
+        }
+    }
     for u in &c.uplinks {
         claim(
             &mut names,

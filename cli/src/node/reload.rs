@@ -201,25 +201,22 @@ impl Node {
                 Err(e) => errors.push(refuse(Item::HostRoutes, e.to_string(), true)),
             }
         }
-        // A bridge's spoof_guard: its ports' guards set or cleared, traffic untouched.
-        for (bridge, _) in &d.guards {
-            for r in self.apply_guards(new, |b, _| b == bridge) {
+        // A bridge's spoof_guard (its ports' guards set or cleared) and a [[bridge.port]]'s
+        // ips or mac (that port's guard set anew): one step each, traffic untouched.
+        let bridges = d
+            .guards
+            .iter()
+            .map(|(b, _)| (Item::SpoofGuard(b.clone()), b, None));
+        let ports = d.port_guards.iter().map(|(b, p)| {
+            let item = Item::PortGuard(b.clone(), p.clone());
+            (item, b, Some(p))
+        });
+        for (item, bridge, port) in bridges.chain(ports) {
+            let which = |b: &str, p: &str| b == bridge && port.is_none_or(|w| w == p);
+            for r in self.apply_guards(new, which) {
                 match r {
                     Ok(line) => log::info!("{line}"),
-                    Err(e) => errors.push(refuse(Item::SpoofGuard(bridge.clone()), e, true)),
-                }
-            }
-        }
-        // A [[bridge.port]]'s ips or mac: that port's guard set anew in one step.
-        for (bridge, port) in &d.port_guards {
-            for r in self.apply_guards(new, |b, p| b == bridge && p == port) {
-                match r {
-                    Ok(line) => log::info!("{line}"),
-                    Err(e) => errors.push(refuse(
-                        Item::PortGuard(bridge.clone(), port.clone()),
-                        e,
-                        true,
-                    )),
+                    Err(e) => errors.push(refuse(item.clone(), e, true)),
                 }
             }
         }

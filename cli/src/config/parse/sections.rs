@@ -132,9 +132,13 @@ impl Parser<'_> {
                 continue;
             };
             // Listed after `ports`: names checked as theirs, at the line of its `name`.
+            let n = ports.len();
             s.lines
                 .fields
-                .push((format!("ports.{}", ports.len()), p.lines.of("name")));
+                .push((format!("ports.{n}"), p.lines.of("name")));
+            s.lines
+                .fields
+                .push((format!("ports.{n}.ips"), p.lines.of("ips")));
             ports.push(p.name.clone());
             port_defs.push(p.value);
         }
