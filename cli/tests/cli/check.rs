@@ -106,7 +106,7 @@ fn example_passes() {
     );
     assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
     assert!(
-        out.contains("ok: node \"node-a\": 1 bridge, 2 ports, 1 uplink, 2 routes"),
+        out.contains("ok: node \"node-a\": 1 bridge, 3 ports, 1 uplink, 2 routes"),
         "{out}"
     );
     assert!(err.is_empty(), "unexpected diagnostics: {err}");
@@ -168,6 +168,29 @@ fn bad_addresses_and_macs() {
             (
                 21,
                 "service \"web\": cluster_ip = \"10.96.0\" is not an IPv4 address",
+            ),
+        ],
+    );
+}
+
+/// A `[[bridge.port]]`'s bad addresses and MAC, each at its line with the field and value.
+#[test]
+fn bad_bridge_port_addresses_and_macs() {
+    let text = BASE.replace(
+        "ports = [\"pod-a\", \"pod-b\"]\n",
+        "ports = [\"pod-a\", \"pod-b\"]\n\n[[bridge.port]]\nname = \"pod-c\"\nips = [\"10.244.1.4\", \"10.244.1.400\"]\nmac = \"ff:ff:ff:ff:ff:ff\"\n",
+    );
+    expect_errors(
+        "bridge-port",
+        &text,
+        &[
+            (
+                12,
+                "bridge \"cni0\" port \"pod-c\": ips[1] = \"10.244.1.400\" is not an IPv4 address",
+            ),
+            (
+                13,
+                "bridge \"cni0\" port \"pod-c\": mac = \"ff:ff:ff:ff:ff:ff\" is not a unicast",
             ),
         ],
     );
