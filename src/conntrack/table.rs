@@ -727,6 +727,20 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
         self.give_source(K::from_words(e.load_words()[0]).source_word());
     }
 
+    /// Moves the counted entry `e` from control word `c` to the closed `nc` (TIME_WAIT,
+    /// CLOSE) without its [`CtStatus::SOURCE_LIMITED`] bit and gives its count back: a closed
+    /// connection no longer counts against its source, as Linux's nf_conncount
+    /// (`already_closed`). The bit goes with the CAS that closes the connection, so the count
+    /// is given back once, never again at removal. `Err`: the control word it found instead.
+    #[cold]
+    #[inline(never)]
+    fn close_counted(&self, e: &Entry<W>, c: u64, nc: u64) -> Result<(), u64> {
+        let nc = nc & !u64::from(CtStatus::SOURCE_LIMITED);
+        e.ctl
+            .compare_exchange(c, nc, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| self.give_entry(e))
+    }
+
     /// Gives a count of `src` back (never below zero).
     fn give_source(&self, src: u64) {
         if let Some((a, b)) = self.source_counters(src) {
@@ -1527,28 +1541,34 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
             if dir == Dir::Reply {
                 ns |= CtStatus::SEEN_REPLY;
             }
-            let mut nc = ctl(gen_of(c), LIVE, state, CtStatus(ns));
+            let nc = ctl(gen_of(c), LIVE, state, CtStatus(ns));
             if nc == c {
                 changed = false;
                 new_state = state;
                 break;
             }
-            // Closing (TIME_WAIT, CLOSE; only a SYN leaves them, through the removal above):
-            // no longer counted against its source, as Linux's nf_conncount
-            // (`already_closed`). The bit goes with the CAS that closes the connection, so
-            // its count is given back once (below), never again at removal; only a changing
-            // control word pays for the check.
-            if matches!(state, CtState::TimeWait | CtState::Close) {
-                nc &= !u64::from(CtStatus::SOURCE_LIMITED);
+            // Closing (TIME_WAIT, CLOSE; only a SYN leaves them, through the removal above)
+            // while counted: out of line, only a changing control word pays for the check.
+            if matches!(state, CtState::TimeWait | CtState::Close)
+                && st.has(CtStatus::SOURCE_LIMITED)
+            {
+                match self.close_counted(e, c, nc) {
+                    Ok(()) => {
+                        changed = true;
+                        new_state = state;
+                        break;
+                    }
+                    Err(x) => {
+                        c = x;
+                        continue;
+                    }
+                }
             }
             match e
                 .ctl
                 .compare_exchange(c, nc, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    if c & !nc & u64::from(CtStatus::SOURCE_LIMITED) != 0 {
-                        self.give_entry(e);
-                    }
                     changed = true;
                     new_state = state;
                     break;

@@ -197,11 +197,7 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                     .bridges
                     .iter()
                     .any(|b| &b.name == bridge && b.ports.contains(port));
-                let def = old
-                    .bridges
-                    .iter()
-                    .find(|b| &b.name == bridge)
-                    .and_then(|b| b.port_def(port).cloned());
+                let def = old.port_def(bridge, port).cloned();
                 if let Some(b) = run.bridges.iter_mut().find(|b| &b.name == bridge) {
                     b.value.ports.retain(|p| p != port);
                     b.value.port_defs.retain(|p| &p.name != port);
@@ -222,11 +218,7 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                 }
             }
             Item::PortGuard(bridge, port) => {
-                let was = old
-                    .bridges
-                    .iter()
-                    .find(|b| &b.name == bridge)
-                    .and_then(|b| b.port_def(port).cloned());
+                let was = old.port_def(bridge, port).cloned();
                 if let Some(b) = run.bridges.iter_mut().find(|b| &b.name == bridge) {
                     b.value.port_defs.retain(|p| &p.name != port);
                     b.value.port_defs.extend(was.filter(|_| keep));

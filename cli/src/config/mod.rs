@@ -539,6 +539,14 @@ impl Config {
         }
     }
 
+    /// The `[[bridge.port]]` of port `port` of bridge `bridge`, if it has one.
+    pub fn port_def(&self, bridge: &str, port: &str) -> Option<&PortCfg> {
+        self.bridges
+            .iter()
+            .find(|b| b.name == bridge)?
+            .port_def(port)
+    }
+
     /// Every interface with an address (bridges first, then uplinks: the router's order).
     pub fn connected(&self) -> Vec<Connected<'_>> {
         self.bridges

@@ -50,10 +50,10 @@ pub(super) fn guard_in(
 pub(super) fn guard_of(cfg: &Config, e: &PortEntry) -> Result<Option<PortGuard>, PortError> {
     let bridge = e.bridge.as_deref().unwrap_or("");
     let tap_mac = e.link.as_ref().map_or("", |l| l.mac.as_str());
-    let def = (e.origin == Origin::Config)
-        .then(|| cfg.bridges.iter().find(|b| b.name == bridge))
-        .flatten()
-        .and_then(|b| b.port_def(&e.name));
+    let def = match e.origin {
+        Origin::Config => cfg.port_def(bridge, &e.name),
+        _ => None,
+    };
     match def {
         Some(d) => {
             let mac = d.mac.map_or_else(|| tap_mac.to_string(), |m| m.to_string());

@@ -61,9 +61,7 @@ pub(super) fn open_config_tap(
     bridge: Option<&str>,
 ) -> Result<(TapPort, Option<Link>), NodeError> {
     let mtu = tap_mtu(cfg, name, bridge);
-    let given = bridge
-        .and_then(|b| cfg.bridges.iter().find(|x| x.name == b))
-        .and_then(|b| b.port_def(name)?.mac);
+    let given = bridge.and_then(|b| cfg.port_def(b, name)?.mac);
     let mut nl = Netlink::open().ok();
     let existed = nl
         .as_mut()

@@ -105,10 +105,8 @@ impl Node {
         for (bridge, name) in &d.ports_added {
             // Its guard, if it has a [[bridge.port]], is set with the others' below.
             let mac = new
-                .bridges
-                .iter()
-                .find(|b| &b.name == bridge)
-                .and_then(|b| b.port_def(name)?.mac)
+                .port_def(bridge, name)
+                .and_then(|d| d.mac)
                 .map(|m| m.to_string());
             match self.port_add_local(bridge, name, mac.as_deref(), Vec::new(), Origin::Config) {
                 Ok(e) => {
