@@ -8,6 +8,9 @@
 //!  pod-a 10.216.1.2 ── TAP ── bridge (gateway 10.216.1.1/24)
 //!  wire ns: Linux bridge ── uplink TAP (10.219.0.2/24, the node's address too)
 //!     └─ veth ── outside ns: 10.219.0.1/24, route 10.216.0.0/16 via 10.219.0.2
+//!                 (also node B: a Linux node routing its pod CIDR, ip_forward, and
+//!                  kube-proxy's DNAT of `hostsvc` by iptables)
+//!                   └─ veth ── pod-b ns 10.216.2.2/24 (gateway 10.216.2.1)
 //! ```
 //!
 //! Checked, as kube-proxy's rules on a Linux node would have it: (1) the node's own clients
@@ -18,7 +21,11 @@
 //! host reaches `hostsvc`'s NodePort on the node's address (masqueraded to the host port's
 //! address) and the node's own server directly (unmasqueraded, answered through the host
 //! port's default route), and the node reaches the outside host with its own address by that
-//! route; `show ports` lists the host port, `show routes` its host route, the node's kernel
+//! route; (5) a pod on another node (pod-b, behind node B) reaches the node's own server at
+//! the node's address with its own address (as after node B's kube-proxy DNAT'd `hostsvc`'s
+//! ClusterIP: node B's iptables does it here), both directly and through that DNAT, and the
+//! NodePorts to the node's server and to pod-a (masqueraded, policy Cluster); the answers go
+//! back through the host port and tapyard's route to node B; `show ports` lists the host port, `show routes` its host route, the node's kernel
 //! its routes; (4) all of it again after a restart and after a `run --takeover`.
 //!
 //! The node's own `<address>:<NodePort>` (which its kernel would deliver to itself) reaches
@@ -53,6 +60,8 @@ const NODE6: &str = "fd00:219::2";
 const WEB_VIP6: &str = "fd00:97::10";
 const HTTP_VIP6: &str = "fd00:97::11";
 const OUTSIDE: &str = "10.219.0.1";
+/// A pod on node B (the outside namespace routes its pod CIDR 10.216.2.0/24).
+const POD_B: &str = "10.216.2.2";
 /// tapyard's side of the host port.
 const HOST_GW: &str = "169.254.0.1";
 /// tapyard's side of the host port, IPv6 (the default).
@@ -103,6 +112,7 @@ struct Names {
     ns_a: String,
     ns_wire: String,
     ns_out: String,
+    ns_b: String,
     socket: PathBuf,
     config: PathBuf,
 }
@@ -119,6 +129,7 @@ impl Names {
             ns_a: format!("th-pa-{id}"),
             ns_wire: format!("th-wire-{id}"),
             ns_out: format!("th-out-{id}"),
+            ns_b: format!("th-pb-{id}"),
             socket: dir.join("ctl.sock"),
             config: dir.join("node.toml"),
         }
@@ -217,7 +228,10 @@ out = "{up}"
 }
 
 fn skip_or_fail() -> bool {
-    common::skip_or_fail("host_port", missing(&[("ip", "-V"), ("python3", "-V")]))
+    common::skip_or_fail(
+        "host_port",
+        missing(&[("ip", "-V"), ("python3", "-V"), ("iptables", "-V")]),
+    )
 }
 
 /// The uplink TAP (made in the node namespace) into the wire namespace's Linux bridge, with
@@ -246,6 +260,63 @@ fn build_wire(n: &Names) {
         "10.216.0.0/16",
         "via",
         NODE,
+    ]);
+    build_node_b(n);
+}
+
+/// Node B in the outside namespace: a Linux node with pod-b on a veth, routing its pod CIDR
+/// (the rest of the cluster CIDR goes to this node), and the DNAT kube-proxy's rules on node
+/// B would make for `hostsvc` (ClusterIP:80 to the node's server at the node's address).
+fn build_node_b(n: &Names) {
+    let (out, b) = (&n.ns_out, &n.ns_b);
+    run(&[
+        "ip", "-n", out, "link", "add", "vpb", "type", "veth", "peer", "name", "eth0", "netns", b,
+    ]);
+    addr_add(out, "10.216.2.1/24", "vpb");
+    run(&["ip", "-n", out, "link", "set", "vpb", "up"]);
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        out,
+        "sysctl",
+        "-qw",
+        "net.ipv4.ip_forward=1",
+    ]);
+    addr_add(b, &format!("{POD_B}/24"), "eth0");
+    run(&["ip", "-n", b, "link", "set", "eth0", "up"]);
+    run(&["ip", "-n", b, "link", "set", "lo", "up"]);
+    run(&[
+        "ip",
+        "-n",
+        b,
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.216.2.1",
+    ]);
+    let to = format!("{NODE}:{NODE_PORT_SRV}");
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        out,
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-d",
+        HOST_VIP,
+        "-p",
+        "tcp",
+        "--dport",
+        "80",
+        "-j",
+        "DNAT",
+        "--to-destination",
+        &to,
     ]);
 }
 
@@ -386,6 +457,14 @@ fn cases(n: &Names) {
     // A NodePort to a pod still answers on the node's address.
     let got = seen(&n.ns_out, "tcp", NODE, 30080, "pod-a");
     assert!(got.iter().all(|s| s == GW), "{got:?}");
+    // (5) A pod on another node: the node's server at the node's address sees the pod's own
+    // address (it answers through the host port, and tapyard routes the answer to node B),
+    // also when node B's kube-proxy DNAT'd `hostsvc`'s ClusterIP to it; the NodePorts
+    // masquerade it (policy Cluster), to the node's server and to pod-a.
+    all_from(&n.ns_b, NODE, NODE_PORT_SRV, "node", POD_B);
+    all_from(&n.ns_b, HOST_VIP, 80, "node", POD_B);
+    all_from(&n.ns_b, NODE, 30081, "node", HOST_GW);
+    all_from(&n.ns_b, NODE, 30080, "pod-a", GW);
 }
 
 fn show_ports(n: &Names) {
@@ -437,7 +516,7 @@ fn the_node_reaches_services_and_serves_them_through_its_host_port() {
     let dir = std::env::temp_dir().join(format!("tapyard-host-{}", std::process::id()));
     let n = Names::new(&dir);
     let mut g = Guard::new(&dir, &dir.join("run.log"));
-    for ns in [&n.ns_node, &n.ns_a, &n.ns_wire, &n.ns_out] {
+    for ns in [&n.ns_node, &n.ns_a, &n.ns_wire, &n.ns_out, &n.ns_b] {
         g.ns(ns);
     }
     run(&["ip", "-n", &n.ns_node, "link", "set", "lo", "up"]);
