@@ -324,6 +324,11 @@ drop_reasons! {
         /// A guarded port's neighbour advertisement, or duplicate address detection probe,
         /// for an address that is not the port's.
         SpoofedNd = "spoofed_nd",
+        /// A guarded port's router advertisement or ICMPv6 redirect (RA guard, RFC 6105: a
+        /// pod is a host).
+        RaGuard = "ra_guard",
+        /// A guarded port's DHCP server message (UDP 67 → 68, DHCPv6 547 → 546).
+        DhcpGuard = "dhcp_guard",
     }
 }
 
@@ -337,6 +342,8 @@ impl DropReason {
                 | DropReason::SpoofedIp
                 | DropReason::SpoofedArp
                 | DropReason::SpoofedNd
+                | DropReason::RaGuard
+                | DropReason::DhcpGuard
         )
     }
 

@@ -14,7 +14,11 @@
 //!   addresses or a link-local one) or an MLD report; a neighbour advertisement may only
 //!   announce the port's own addresses (or a link-local one), and a neighbour discovery
 //!   message's link-layer address option must be the port's MAC;
-//! - any other EtherType: its source MAC is the port's.
+//! - any other EtherType: its source MAC is the port's;
+//! - a pod is a host, not a router nor a DHCP server: router advertisements and redirects
+//!   (RA guard, RFC 6105: a pod's RA from its link-local address would make its neighbours
+//!   route IPv6 through it) and DHCP server messages (UDP from port 67 to 68, DHCPv6 from 547
+//!   to 546: a rogue server could hand the bridge's DHCP clients a gateway) are dropped.
 //!
 //! A frame with one 802.1Q tag is checked by its inner EtherType. Everything else is dropped
 //! under its [`SpoofDrop`] reason and counted by the caller per port.
@@ -39,6 +43,10 @@ pub enum SpoofDrop {
     Arp,
     /// A neighbour advertisement claims an address that is not the port's.
     Nd,
+    /// A router advertisement or redirect (RA guard).
+    Router,
+    /// A DHCP or DHCPv6 server's message (DHCP guard).
+    Dhcp,
 }
 
 impl SpoofDrop {
@@ -49,6 +57,8 @@ impl SpoofDrop {
             SpoofDrop::Ip => "spoofed_ip",
             SpoofDrop::Arp => "spoofed_arp",
             SpoofDrop::Nd => "spoofed_nd",
+            SpoofDrop::Router => "ra_guard",
+            SpoofDrop::Dhcp => "dhcp_guard",
         }
     }
 }
@@ -61,6 +71,8 @@ impl From<SpoofDrop> for crate::stats::DropReason {
             SpoofDrop::Ip => DropReason::SpoofedIp,
             SpoofDrop::Arp => DropReason::SpoofedArp,
             SpoofDrop::Nd => DropReason::SpoofedNd,
+            SpoofDrop::Router => DropReason::RaGuard,
+            SpoofDrop::Dhcp => DropReason::DhcpGuard,
         }
     }
 }
@@ -177,15 +189,13 @@ impl PortGuard {
         let Some(src) = array::<4>(ip, 12) else {
             return Ok(());
         };
+        let l4 = usize::from(ip[0] & 0x0f) * 4;
+        let udp = ip.get(9) == Some(&17);
         if self.owns_ipv4(src) {
-            return Ok(());
+            return dhcp_guard(udp, ip, l4, 67, 68);
         }
         // A DHCP client before it has an address: 0.0.0.0, UDP 68 → 67.
-        let l4 = usize::from(ip[0] & 0x0f) * 4;
-        let dhcp = src == [0; 4]
-            && ip.get(9) == Some(&17)
-            && be16(ip, l4) == Some(68)
-            && be16(ip, l4 + 2) == Some(67);
+        let dhcp = src == [0; 4] && udp && be16(ip, l4) == Some(68) && be16(ip, l4 + 2) == Some(67);
         if dhcp {
             Ok(())
         } else {
@@ -231,8 +241,11 @@ impl PortGuard {
             return Err(SpoofDrop::Ip);
         }
         match icmp_type {
-            Some(RS | RA | NS | NA) => self.check_nd(icmp_type, msg, unspecified),
-            _ => Ok(()),
+            Some(RA | REDIRECT) => Err(SpoofDrop::Router),
+            Some(RS | NS | NA) => self.check_nd(icmp_type, msg, unspecified),
+            // UDP right after the fixed header (a DHCPv6 server's reply has no extension
+            // headers).
+            _ => dhcp_guard(ip.get(6) == Some(&17), ip, 40, 547, 546),
         }
     }
 
@@ -241,12 +254,8 @@ impl PortGuard {
     /// port's tentative address probed from here would make its owner give it up, RFC 4862
     /// 5.4.3); any link-layer address option must be its MAC.
     fn check_nd(&self, t: Option<u8>, msg: &[u8], unspecified: bool) -> Result<(), SpoofDrop> {
-        // RS: 8 bytes before options; RA: 16; NS and NA: 8 + the 16-byte target.
-        let opts_at = match t {
-            Some(RS) => 8,
-            Some(RA) => 16,
-            _ => 24,
-        };
+        // RS: 8 bytes before options; NS and NA: 8 + the 16-byte target.
+        let opts_at = if t == Some(RS) { 8 } else { 24 };
         if t == Some(NA) || (t == Some(NS) && unspecified) {
             if let Some(target) = array::<16>(msg, 8) {
                 if !self.owns_ipv6(target) {
@@ -273,8 +282,19 @@ const RS: u8 = 133;
 const RA: u8 = 134;
 const NS: u8 = 135;
 const NA: u8 = 136;
+const REDIRECT: u8 = 137;
 const MLD_REPORT: u8 = 131;
 const MLD2_REPORT: u8 = 143;
+
+/// A UDP datagram (`udp`) at `l4` of `ip` from a DHCP server's port `server` to a client's
+/// `client` is refused.
+fn dhcp_guard(udp: bool, ip: &[u8], l4: usize, server: u16, client: u16) -> Result<(), SpoofDrop> {
+    if udp && be16(ip, l4) == Some(server) && be16(ip, l4 + 2) == Some(client) {
+        Err(SpoofDrop::Dhcp)
+    } else {
+        Ok(())
+    }
+}
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))

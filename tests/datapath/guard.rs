@@ -3,7 +3,8 @@
 //! victim's (pod B's) address and MAC, answers ARP and NDP for it: every frame is dropped and
 //! counted by reason and on pod A's port, and neither the bridge's FDB nor the router's
 //! neighbour tables learn anything from them, while both pods' own traffic (DHCP, DAD,
-//! link-local NDP included) passes as before.
+//! link-local NDP included) passes as before. Router advertisements, redirects and DHCP
+//! server messages from a guarded pod are dropped too (RA and DHCP guard).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -194,6 +195,33 @@ fn attacks() -> Vec<(&'static str, Vec<u8>, DropReason)> {
             ndp(135, a6(), ip6("fd00:10:244:1::1"), B_MAC),
             DropReason::SpoofedMac,
         ),
+        (
+            "router advertisement from its own link-local address",
+            ndp(134, ip6("fe80::ff:fe00:102"), Ipv6Addr::UNSPECIFIED, A_MAC),
+            DropReason::RaGuard,
+        ),
+        (
+            "redirect from a link-local address (the gateway's, to B)",
+            ndp(137, ip6("fe80::1"), b6(), A_MAC),
+            DropReason::RaGuard,
+        ),
+        (
+            "DHCP offer from its own address",
+            udp(A_MAC, MacAddr::BROADCAST, A4, 67, Ipv4Addr::BROADCAST, 68),
+            DropReason::DhcpGuard,
+        ),
+        (
+            "DHCPv6 advertise from its own link-local address",
+            udp(
+                A_MAC,
+                B_MAC,
+                ip6("fe80::ff:fe00:102"),
+                547,
+                ip6("fe80::ff:fe00:103"),
+                546,
+            ),
+            DropReason::DhcpGuard,
+        ),
     ]
 }
 
@@ -217,6 +245,8 @@ fn a_guarded_pod_cannot_take_another_pods_address_or_mac() {
         DropReason::SpoofedMac,
         DropReason::SpoofedArp,
         DropReason::SpoofedNd,
+        DropReason::RaGuard,
+        DropReason::DhcpGuard,
     ] {
         let want = attacks.iter().filter(|a| a.2 == r).count() as u64;
         assert_eq!(s.drop_count(r), want, "{r}");
@@ -264,6 +294,14 @@ fn a_guarded_pods_own_traffic_passes() {
             ndp(135, a6(), ip6("fd00:10:244:1::1"), A_MAC),
         ),
         ("NA for its link-local address", ndp(136, ll, ll, A_MAC)),
+        (
+            "router solicitation",
+            ndp(133, ll, Ipv6Addr::UNSPECIFIED, A_MAC),
+        ),
+        (
+            "DHCP request to a server",
+            udp(A_MAC, MacAddr::BROADCAST, A4, 68, Ipv4Addr::BROADCAST, 67),
+        ),
         ("udp to pod B", udp(A_MAC, B_MAC, A4, 4000, B4, 53)),
         (
             "udp to pod B over IPv6",

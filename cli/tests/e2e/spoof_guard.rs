@@ -4,8 +4,11 @@
 //! it, (b) takes the victim's MAC, (c) sends forged ARP replies claiming the victim's address
 //! to the gateway (python3, AF_PACKET): each is dropped and counted (`show stats`,
 //! `show ports`), while the victim keeps working (ping and TCP to the gateway, node-b's pod and
-//! the ClusterIP) and the gateway's neighbour entry and the FDB still point at the victim. A
-//! reload turns the bridge's `spoof_guard` off and on again, live.
+//! the ClusterIP) and the gateway's neighbour entry and the FDB still point at the victim;
+//! (d) a router advertisement from the attacker's link-local address (RA guard) is dropped,
+//! and the victim's kernel takes no default route from it. A reload turns the bridge's
+//! `spoof_guard` off and on again, live: off, the same advertisement reaches the victim,
+//! whose kernel then routes IPv6 through the attacker.
 //!
 //! Needs root, `ip`, `ping`, `python3` and host-local (see `cni_node`).
 
@@ -30,6 +33,61 @@ for _ in range(int(count)):
     s.send(f)
 print("sent", count)
 "#;
+
+/// Sends `argv[4]` router advertisements (router lifetime 1800 s, a source link-layer
+/// address option) on `argv[1]` from MAC `argv[2]` and link-local address `argv[3]` to
+/// ff02::1.
+const FORGE_RA_PY: &str = r#"
+import socket, struct, sys
+ifname, mac, src, count = sys.argv[1:5]
+m = lambda s: bytes.fromhex(s.replace(":", ""))
+sa = socket.inet_pton(socket.AF_INET6, src)
+da = socket.inet_pton(socket.AF_INET6, "ff02::1")
+body = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0) + bytes([1, 1]) + m(mac)
+data = sa + da + struct.pack("!I", len(body)) + b"\x00\x00\x00\x3a" + body
+c = sum((data[i] << 8) + data[i + 1] for i in range(0, len(data), 2))
+while c >> 16:
+    c = (c & 0xffff) + (c >> 16)
+body = body[:2] + struct.pack("!H", ~c & 0xffff) + body[4:]
+ip6 = struct.pack("!IHBB", 0x60000000, len(body), 58, 255) + sa + da
+f = m("33:33:00:00:00:01") + m(mac) + b"\x86\xdd" + ip6 + body
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((ifname, 0))
+for _ in range(int(count)):
+    s.send(f)
+print("sent", count)
+"#;
+
+/// The link-local address of `eth0` in `ns`.
+fn link_local(ns: &Ns) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (_, out) = ns.cmd(&[
+            "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link",
+        ]);
+        let ll = out
+            .split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)
+            .and_then(|a| a.split('/').next())
+            .map(str::to_string);
+        // Tentative (DAD not done yet) addresses cannot send.
+        if let Some(ll) = ll.filter(|_| !out.contains("tentative")) {
+            return ll;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no link-local address on eth0: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The victim's IPv6 default routes through `via`.
+fn default_via(ns: &Ns, via: &str) -> bool {
+    let (_, out) = ns.cmd(&["ip", "-6", "route", "show", "default"]);
+    out.contains(&format!("via {via} "))
+}
 
 /// The drop counters of `show stats --json`.
 fn drops(n: &Node) -> Value {
@@ -125,10 +183,24 @@ fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
         "{after_c}"
     );
 
+    // (d) A router advertisement from the attacker's own link-local address (RA guard): the
+    // victim's kernel, which accepts RAs, takes no default route from it.
+    let vic = ns_named(&victim.ns);
+    vic.cmd(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=2"]);
+    let a_ll = link_local(&att);
+    att.python(FORGE_RA_PY, &["eth0", &a_mac, &a_ll, "3"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        !default_via(&vic, &a_ll),
+        "the victim routes through the attacker"
+    );
+    let after_d = drops(&n);
+    assert_eq!(count(&after_d, "ra_guard"), 3, "{after_d}");
+
     // Counted on the attacker's port, not on the victim's.
     let a_port = n.port(&attacker.owner()).unwrap();
     let v_port = n.port(&victim.owner()).unwrap();
-    assert!(a_port["spoofed"].as_u64().unwrap() >= 10, "{a_port}");
+    assert!(a_port["spoofed"].as_u64().unwrap() >= 13, "{a_port}");
     assert_eq!(v_port["spoofed"], 0, "{v_port}");
     println!("show ports:\n{}", n.tapyard_ok(&["show", "ports"]));
 
@@ -162,6 +234,14 @@ fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
     assert_eq!(
         n.port(&attacker.owner()).unwrap()["guard"],
         serde_json::json!([])
+    );
+    // Unguarded, the same advertisement takes the victim's IPv6 default route.
+    att.python(FORGE_RA_PY, &["eth0", &a_mac, &a_ll, "3"]);
+    assert!(
+        eventually(std::time::Duration::from_secs(3), || default_via(
+            &vic, &a_ll
+        )),
+        "the unguarded RA did not reach the victim's kernel"
     );
     std::fs::write(&n.config, &text).unwrap();
     let out = n.tapyard_ok(&["reload"]);
