@@ -34,6 +34,20 @@ pub fn addr_add6(ns: &str, cidr: &str, dev: &str) {
     run(&["ip", "-n", ns, "addr", "add", cidr, "dev", dev, "nodad"]);
 }
 
+/// Puts `addrs` (`a.b.c.d/n`, or IPv6 without duplicate address detection) on `dev` in `ns`
+/// and brings `dev` and `lo` up.
+pub fn link_up(ns: &str, dev: &str, addrs: &[&str]) {
+    for a in addrs {
+        if a.contains(':') {
+            addr_add6(ns, a, dev);
+        } else {
+            addr_add(ns, a, dev);
+        }
+    }
+    run(&["ip", "-n", ns, "link", "set", dev, "up"]);
+    run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+}
+
 /// Three pings from `ns` to `to`, all answered.
 pub fn ping_ok(ns: &str, to: &str) {
     let (ok, text) = ns_named(ns).ping(to, 3);

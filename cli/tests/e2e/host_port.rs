@@ -248,9 +248,7 @@ fn build_wire(n: &Names) {
     ]);
     run(&["ip", "-n", w, "link", "set", "vout", "master", "br0"]);
     run(&["ip", "-n", w, "link", "set", "vout", "up"]);
-    addr_add(out, &format!("{OUTSIDE}/24"), "eth0");
-    run(&["ip", "-n", out, "link", "set", "eth0", "up"]);
-    run(&["ip", "-n", out, "link", "set", "lo", "up"]);
+    link_up(out, "eth0", &[&format!("{OUTSIDE}/24")]);
     run(&[
         "ip",
         "-n",
@@ -283,9 +281,7 @@ fn build_node_b(n: &Names) {
         "-qw",
         "net.ipv4.ip_forward=1",
     ]);
-    addr_add(b, &format!("{POD_B}/24"), "eth0");
-    run(&["ip", "-n", b, "link", "set", "eth0", "up"]);
-    run(&["ip", "-n", b, "link", "set", "lo", "up"]);
+    link_up(b, "eth0", &[&format!("{POD_B}/24")]);
     run(&[
         "ip",
         "-n",

@@ -17,40 +17,31 @@ use serde_json::Value;
 use super::cni_node::{add_pod, skip, Node, GW, NODE_B_POD, WEB_VIP};
 use crate::common::*;
 
-/// Sends `argv[6]` ARP replies on `argv[1]` from MAC `argv[2]` claiming address `argv[3]`,
-/// to `argv[4]` (MAC) / `argv[5]` (address).
-const FORGE_ARP_PY: &str = r#"
-import socket, sys
-ifname, mac, claim, gw_mac, gw_ip, count = sys.argv[1:7]
-m = lambda s: bytes.fromhex(s.replace(":", ""))
-a = socket.inet_aton
-f = m(gw_mac) + m(mac) + b"\x08\x06" + b"\x00\x01\x08\x00\x06\x04\x00\x02"
-f += m(mac) + a(claim) + m(gw_mac) + a(gw_ip)
-f += b"\x00" * (60 - len(f))
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-s.bind((ifname, 0))
-for _ in range(int(count)):
-    s.send(f)
-print("sent", count)
-"#;
-
-/// Sends `argv[4]` router advertisements (router lifetime 1800 s, a source link-layer
-/// address option) on `argv[1]` from MAC `argv[2]` and link-local address `argv[3]` to
-/// ff02::1.
-const FORGE_RA_PY: &str = r#"
+/// Sends forged frames on `argv[2]` from MAC `argv[3]`, `argv[4]` times: `arp CLAIM GW_MAC
+/// GW_IP` (ARP replies claiming address CLAIM, to the gateway) or `ra SRC` (router
+/// advertisements from link-local address SRC to ff02::1, router lifetime 1800 s, with a
+/// source link-layer address option).
+const FORGE_PY: &str = r#"
 import socket, struct, sys
-ifname, mac, src, count = sys.argv[1:5]
+kind, ifname, mac, count = sys.argv[1:5]
 m = lambda s: bytes.fromhex(s.replace(":", ""))
-sa = socket.inet_pton(socket.AF_INET6, src)
-da = socket.inet_pton(socket.AF_INET6, "ff02::1")
-body = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0) + bytes([1, 1]) + m(mac)
-data = sa + da + struct.pack("!I", len(body)) + b"\x00\x00\x00\x3a" + body
-c = sum((data[i] << 8) + data[i + 1] for i in range(0, len(data), 2))
-while c >> 16:
-    c = (c & 0xffff) + (c >> 16)
-body = body[:2] + struct.pack("!H", ~c & 0xffff) + body[4:]
-ip6 = struct.pack("!IHBB", 0x60000000, len(body), 58, 255) + sa + da
-f = m("33:33:00:00:00:01") + m(mac) + b"\x86\xdd" + ip6 + body
+if kind == "arp":
+    claim, gw_mac, gw_ip = sys.argv[5:8]
+    a = socket.inet_aton
+    f = m(gw_mac) + m(mac) + b"\x08\x06" + b"\x00\x01\x08\x00\x06\x04\x00\x02"
+    f += m(mac) + a(claim) + m(gw_mac) + a(gw_ip)
+    f += b"\x00" * (60 - len(f))
+else:
+    sa = socket.inet_pton(socket.AF_INET6, sys.argv[5])
+    da = socket.inet_pton(socket.AF_INET6, "ff02::1")
+    body = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0) + bytes([1, 1]) + m(mac)
+    data = sa + da + struct.pack("!I", len(body)) + b"\x00\x00\x00\x3a" + body
+    c = sum((data[i] << 8) + data[i + 1] for i in range(0, len(data), 2))
+    while c >> 16:
+        c = (c & 0xffff) + (c >> 16)
+    body = body[:2] + struct.pack("!H", ~c & 0xffff) + body[4:]
+    ip6 = struct.pack("!IHBB", 0x60000000, len(body), 58, 255) + sa + da
+    f = m("33:33:00:00:00:01") + m(mac) + b"\x86\xdd" + ip6 + body
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((ifname, 0))
 for _ in range(int(count)):
@@ -176,7 +167,7 @@ fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
     assert!(count(&after_b, "spoofed_mac") >= 2, "{after_b}");
 
     // (c) Forged ARP replies to the gateway claiming the victim's address.
-    att.python(FORGE_ARP_PY, &["eth0", &a_mac, &v_ip, &gw_mac, GW, "5"]);
+    att.python(FORGE_PY, &["arp", "eth0", &a_mac, "5", &v_ip, &gw_mac, GW]);
     let after_c = drops(&n);
     assert!(
         count(&after_c, "spoofed_arp") >= count(&after_b, "spoofed_arp") + 5,
@@ -188,7 +179,7 @@ fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
     let vic = ns_named(&victim.ns);
     vic.cmd(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=2"]);
     let a_ll = link_local(&att);
-    att.python(FORGE_RA_PY, &["eth0", &a_mac, &a_ll, "3"]);
+    att.python(FORGE_PY, &["ra", "eth0", &a_mac, "3", &a_ll]);
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(
         !default_via(&vic, &a_ll),
@@ -236,7 +227,7 @@ fn a_pod_cannot_take_another_pods_address_mac_or_arp_entry() {
         serde_json::json!([])
     );
     // Unguarded, the same advertisement takes the victim's IPv6 default route.
-    att.python(FORGE_RA_PY, &["eth0", &a_mac, &a_ll, "3"]);
+    att.python(FORGE_PY, &["ra", "eth0", &a_mac, "3", &a_ll]);
     assert!(
         eventually(std::time::Duration::from_secs(3), || default_via(
             &vic, &a_ll

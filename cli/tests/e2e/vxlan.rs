@@ -215,9 +215,7 @@ fn overlay_with_linux_and_tapyard_nodes() {
     run(&["ip", "-n", w, "link", "set", "vb", "up"]);
     // Node B: Linux, with Flannel's vxlan device and a pod behind a veth.
     let b = &n.ns_b;
-    addr_add(b, &format!("{NODE_B}/24"), "eth0");
-    run(&["ip", "-n", b, "link", "set", "eth0", "up"]);
-    run(&["ip", "-n", b, "link", "set", "lo", "up"]);
+    link_up(b, "eth0", &[&format!("{NODE_B}/24")]);
     run(&[
         "ip",
         "netns",

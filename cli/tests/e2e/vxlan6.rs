@@ -390,10 +390,11 @@ fn ipv6_underlay_with_a_linux_flannel_node() {
     addr_add6(b, "fd00:226:0:2::1/64", "vpod");
     run(&["ip", "-n", b, "link", "set", "vpod", "up"]);
     let pb = &ns_pb;
-    addr_add(pb, &format!("{POD_B}/24"), "eth0");
-    addr_add6(pb, &format!("{POD6_B}/64"), "eth0");
-    run(&["ip", "-n", pb, "link", "set", "eth0", "up"]);
-    run(&["ip", "-n", pb, "link", "set", "lo", "up"]);
+    link_up(
+        pb,
+        "eth0",
+        &[&format!("{POD_B}/24"), &format!("{POD6_B}/64")],
+    );
     run(&[
         "ip",
         "-n",
