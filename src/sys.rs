@@ -770,6 +770,22 @@ pub(crate) fn tun_get_iff(fd: RawFd) -> io::Result<(String, libc::c_short)> {
     Ok((String::from_utf8_lossy(&ifr[..end]).into_owned(), flags))
 }
 
+/// Sets the MAC of the device attached to `fd` (`SIOCSIFHWADDR` on the TAP's own descriptor,
+/// which tun answers whichever namespace the device lives in now).
+pub(crate) fn tun_set_hwaddr(fd: RawFd, mac: [u8; 6]) -> io::Result<()> {
+    // struct ifreq: 16 bytes of name (unused here: tun acts on its own device), then a
+    // struct sockaddr: `sa_family` (ARPHRD_ETHER) and the address in `sa_data`.
+    let mut ifr = [0u8; 40];
+    ifr[16..18].copy_from_slice(&libc::ARPHRD_ETHER.to_ne_bytes());
+    ifr[18..24].copy_from_slice(&mac);
+    // SAFETY: SIOCSIFHWADDR reads a struct ifreq (40 bytes) through the pointer; `ifr` is 40
+    // live bytes.
+    if unsafe { libc::ioctl(fd, libc::SIOCSIFHWADDR, ifr.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A new file descriptor of the network namespace the device attached to `fd` lives in now
 /// (`TUNGETDEVNETNS`, Linux 5.2 and later).
 pub(crate) fn tun_dev_netns(fd: RawFd) -> io::Result<OwnedFd> {

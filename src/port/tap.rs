@@ -312,6 +312,12 @@ impl TapPort {
         crate::sys::tun_set_persist(self.file.as_raw_fd(), on)
     }
 
+    /// Sets the device's MAC, wherever it lives now (its namespace and name may have changed
+    /// since it was opened: the ioctl goes through the TAP's own descriptor).
+    pub fn set_mac(&self, mac: crate::wire::mac::MacAddr) -> io::Result<()> {
+        crate::sys::tun_set_hwaddr(self.file.as_raw_fd(), mac.0)
+    }
+
     /// The device's name now: [`Port::name`] is the name it was opened by, but the device may
     /// have been renamed since (a pod renames its TAP `eth0` inside its namespace).
     pub fn current_name(&self) -> io::Result<String> {

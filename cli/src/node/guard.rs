@@ -104,12 +104,22 @@ impl Node {
     ) -> Vec<Result<String, String>> {
         let mut out = Vec::new();
         for e in self.ports.list() {
-            let Some(b) = e.bridge.as_deref() else {
+            let Some(b) = e.bridge.clone() else {
                 continue;
             };
-            if !which(b, &e.name) {
+            if !which(&b, &e.name) {
                 continue;
             }
+            let e = match self.follow_mac(cfg, &b, e) {
+                Ok((e, line)) => {
+                    out.extend(line.map(Ok));
+                    e
+                }
+                Err(err) => {
+                    out.push(Err(err));
+                    continue;
+                }
+            };
             match guard_of(cfg, &e) {
                 Ok(None) if self.dp.control().port_guard(e.id).is_none() => {}
                 Ok(g) => out.push(self.set_guard(&e.name, e.id, g.as_ref()).map_or_else(
@@ -126,5 +136,45 @@ impl Node {
             }
         }
         out
+    }
+
+    /// A port of the file whose `[[bridge.port]]` `mac` differs from its TAP's: the TAP takes
+    /// it (through its own descriptor, wherever it lives now) before the guard does, so the
+    /// pod keeps sending from an allowed MAC. The record (and a line saying so) follow.
+    fn follow_mac(
+        &self,
+        cfg: &Config,
+        bridge: &str,
+        e: PortEntry,
+    ) -> Result<(PortEntry, Option<String>), String> {
+        let want = match e.origin {
+            Origin::Config => cfg.port_def(bridge, &e.name).and_then(|d| d.mac),
+            _ => None,
+        };
+        let (Some(want), Some(dev), Some(link)) = (want, &e.dev, &e.link) else {
+            return Ok((e, None));
+        };
+        let now = want.to_string();
+        if link.mac.eq_ignore_ascii_case(&now) {
+            return Ok((e, None));
+        }
+        dev.set_mac(want).map_err(|err| {
+            format!(
+                "port {}: mac {now}: cannot set it on its TAP: {err}",
+                e.name
+            )
+        })?;
+        let line = format!("port {}: mac {} -> {now}", e.name, link.mac);
+        self.ports.update(e.id, |r| {
+            if let Some(l) = r.link.as_mut() {
+                l.mac = now.clone();
+            }
+        });
+        self.save_ports();
+        let mut e = e;
+        if let Some(l) = e.link.as_mut() {
+            l.mac = now;
+        }
+        Ok((e, Some(line)))
     }
 }

@@ -304,6 +304,25 @@ fn a_config_port_with_ips_is_guarded() {
     assert_eq!(p["guard"], serde_json::json!([own, other]), "{p}");
     let (ok, out) = ping_from_other();
     assert!(ok, "{out}");
+
+    // A new `mac` for the port: the reload gives it to the TAP (in the pod's namespace now)
+    // before the guard takes it, so the pod keeps working (once its neighbours learn the
+    // new MAC: the pod's next ARP request tells the gateway).
+    let mac = "02:00:00:00:99:01";
+    let with_mac = with(&format!("\"{own}\", \"{other}\"")).replacen(
+        &format!("name = \"{port}\"\n"),
+        &format!("name = \"{port}\"\nmac = \"{mac}\"\n"),
+        1,
+    );
+    std::fs::write(&n.config, with_mac).unwrap();
+    let out = n.tapyard_ok(&["reload"]);
+    assert!(out.contains(mac), "{out}");
+    let (_, link) = pod.cmd(&["ip", "link", "show"]);
+    assert!(link.contains(mac), "the TAP's MAC is not {mac}:\n{link}");
+    pod.ip(&["neigh", "flush", "dev", &port]);
+    pod.ping_ok(GW);
+    let p = n.port(&port).unwrap();
+    assert_eq!(p["mac"], mac, "{p}");
 }
 
 /// Whether `tool` is on the PATH.
