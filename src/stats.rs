@@ -329,6 +329,10 @@ drop_reasons! {
         RaGuard = "ra_guard",
         /// A guarded port's DHCP server message (UDP 67 → 68, DHCPv6 547 → 546).
         DhcpGuard = "dhcp_guard",
+        /// A new connection to a Service's LoadBalancer IP from a source outside its
+        /// `loadBalancerSourceRanges` of the family (kube-proxy's `KUBE-FW-*` /
+        /// `KUBE-PROXY-FIREWALL` drop).
+        LbSourceRange = "lb_source_range",
     }
 }
 

@@ -62,6 +62,8 @@
 //! | `KUBE-NODEPORTS`: node address:nodePort → the Service's endpoints | `by_node_port` when the destination is a router interface address |
 //! | `KUBE-MARK-MASQ` for sources outside `--cluster-cidr` | masquerade when the client is outside `cluster_cidr` |
 //! | `KUBE-EXT-*` for NodePort with `externalTrafficPolicy: Cluster` | masquerade; `Local` keeps the client address and uses local endpoints only (pods inside the cluster CIDR get every endpoint, unmasqueraded) |
+//! | `KUBE-SERVICES`: `-d <loadbalancer IP or external IP> --dport <port> -j KUBE-EXT-*` | [`crate::nat::Services::by_external`] after `by_vip` misses, before node ports; then as a node port (`KUBE-EXT-*` above) |
+//! | `KUBE-FW-*` (`loadBalancerSourceRanges`, per family) → `KUBE-PROXY-FIREWALL` DROP | LoadBalancer IPs only, while the Service has endpoints: [`DropReason::LbSourceRange`] for a source outside the family's ranges |
 //! | `KUBE-SEP-*`: `-s <endpoint> -j KUBE-MARK-MASQ` (hairpin) | masquerade when the endpoint is the client itself |
 //! | `KUBE-POSTROUTING`: `MASQUERADE` marked packets | source := egress interface address, port kept when free |
 //! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once |
@@ -114,6 +116,7 @@ use crate::conntrack::{
 use crate::l3::route::RouteAddr;
 use crate::l3::router::{ErrorNat, Hook};
 use crate::narrow::{len32, low32, low64};
+use crate::nat::service::FrontendKind;
 use crate::nat::{self, CsumMode, PortRange, Services};
 use crate::stats::{counter_set, DropReason, SharedCounter};
 use crate::time::Instant;
@@ -143,6 +146,18 @@ impl<A: RouteAddr> Prefix<A> {
     #[inline]
     pub fn contains(&self, a: A) -> bool {
         self.len == 0 || a.mask(self.len) == self.addr.mask(self.len)
+    }
+}
+
+impl Prefix<IpAddr> {
+    /// Whether `a` is inside the prefix: false for an address of the other family (a length
+    /// over the family's is its full length).
+    pub fn contains_ip(&self, a: IpAddr) -> bool {
+        match (self.addr, a) {
+            (IpAddr::V4(p), IpAddr::V4(a)) => Prefix::new(p, self.len).contains(a),
+            (IpAddr::V6(p), IpAddr::V6(a)) => Prefix::new(p, self.len).contains(a),
+            _ => false,
+        }
     }
 }
 
@@ -662,6 +677,18 @@ impl Netfilter {
             if !gone6.is_empty() || moved6 {
                 self.flush_udp::<Ipv6Addr, 5>(id.get(), &gone6, moved6, now);
             }
+            // LoadBalancer and external IPs taken off the Service: their UDP flows go, as a
+            // stale Service IP's in kube-proxy (a changed port flushed them all above).
+            let kept: Vec<IpAddr> = spec.external_frontends().map(|f| f.0).collect();
+            let gone_ips: Vec<IpAddr> = old
+                .external_frontends()
+                .map(|f| f.0)
+                .filter(|ip| !kept.contains(ip))
+                .collect();
+            if !gone_ips.is_empty() {
+                self.flush_udp_to::<Ipv4Addr, 2>(id.get(), &gone_ips, now);
+                self.flush_udp_to::<Ipv6Addr, 5>(id.get(), &gone_ips, now);
+            }
         }
         Ok(id)
     }
@@ -699,6 +726,22 @@ impl Netfilter {
                 return false;
             }
             !gone.contains(&(v.reply.src, v.reply.sport))
+        });
+    }
+
+    /// Flushes the UDP flows of `service` in the table of family `A` (if made) whose original
+    /// destination is one of `dsts`.
+    fn flush_udp_to<A: NatFamily<W>, const W: usize>(
+        &self,
+        service: u32,
+        dsts: &[IpAddr],
+        now: Instant,
+    ) {
+        let Some(ct) = self.tables.if_made::<A>() else {
+            return;
+        };
+        ct.retain(now, |v| {
+            v.service != service || v.orig.proto != PROTO_UDP || !dsts.contains(&v.orig.dst.into())
         });
     }
 
@@ -880,12 +923,28 @@ impl Netfilter {
         let mut after = t;
         let mut hairpin = false;
         if matches!(p.kind, L4Kind::Tcp | L4Kind::Udp) {
+            // `node_port`: the KUBE-EXT-* path, for a node port and as well for a
+            // LoadBalancer IP or an external IP (asked after the ClusterIPs and before the
+            // node ports, in KUBE-SERVICES' order).
             let (svc, node_port) = match A::by_vip(&self.services, t.dst, t.dport, t.proto) {
                 Some(s) => (Some(s), false),
-                None if routing.is_local(t.dst) => {
-                    (A::by_node_port(&self.services, t.dport, t.proto), true)
-                }
-                None => (None, false),
+                None => match A::by_external(&self.services, t.dst, t.dport, t.proto) {
+                    Some((s, kind)) => {
+                        // KUBE-FW-*: a source outside the ranges is dropped (only while the
+                        // Service has endpoints: without, it is rejected as any).
+                        if kind == FrontendKind::LoadBalancer
+                            && A::has_endpoints(&s)
+                            && !s.spec().source_allowed(t.src.into())
+                        {
+                            return Hook::Drop(DropReason::LbSourceRange);
+                        }
+                        (Some(s), true)
+                    }
+                    None if routing.is_local(t.dst) => {
+                        (A::by_node_port(&self.services, t.dport, t.proto), true)
+                    }
+                    None => (None, false),
+                },
             };
             if let Some(svc) = svc {
                 // KUBE-EXT-*: traffic from inside the cluster CIDR to a node port goes to every

@@ -14,7 +14,7 @@ use crate::conntrack::{Pkt, Track};
 use crate::l3::route::RouteAddr;
 use crate::l3::router::Hook;
 use crate::narrow::len32;
-use crate::nat::service::{ServiceRef, Services};
+use crate::nat::service::{FrontendKind, ServiceRef, Services};
 use crate::nat::{self, CsumMode, RewriteFamily};
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -84,6 +84,13 @@ pub(crate) trait NatFamily<const W: usize>:
     fn by_vip(s: &Services, dst: Self, dport: u16, proto: u8) -> Option<ServiceRef>;
     /// The Service of node port `dport` that has a frontend of the family.
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef>;
+    /// The Service one of whose LoadBalancer or external IPs of the family is `dst:dport`.
+    fn by_external(
+        s: &Services,
+        dst: Self,
+        dport: u16,
+        proto: u8,
+    ) -> Option<(ServiceRef, FrontendKind)>;
     /// An endpoint of the family for a new connection from `client`.
     fn select(
         s: &Services,
@@ -231,6 +238,14 @@ impl NatFamily<2> for Ipv4Addr {
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef> {
         s.by_node_port::<Ipv4Addr>(dport, proto)
     }
+    fn by_external(
+        s: &Services,
+        dst: Ipv4Addr,
+        dport: u16,
+        proto: u8,
+    ) -> Option<(ServiceRef, FrontendKind)> {
+        s.by_external(dst, dport, proto)
+    }
     fn select(
         s: &Services,
         svc: &ServiceRef,
@@ -342,6 +357,14 @@ impl NatFamily<5> for Ipv6Addr {
     }
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef> {
         s.by_node_port::<Ipv6Addr>(dport, proto)
+    }
+    fn by_external(
+        s: &Services,
+        dst: Ipv6Addr,
+        dport: u16,
+        proto: u8,
+    ) -> Option<(ServiceRef, FrontendKind)> {
+        s.by_external(dst, dport, proto)
     }
     fn select(
         s: &Services,

@@ -60,6 +60,7 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use super::maglev::{self, Backend, Maglev};
+use super::netfilter::Prefix;
 use crate::conntrack::CtTable;
 use crate::narrow::{reduce, scale};
 use crate::time::Instant;
@@ -176,8 +177,8 @@ mod sealed {
     use hashbrown::HashMap;
 
     use super::{
-        AffKey, Affinity, Endpoint, Frontend, ServiceAddr, ServiceSpec, Services, Snapshot,
-        SvcState, VipKey,
+        AffKey, Affinity, Endpoint, ExtEntry, Frontend, ServiceAddr, ServiceSpec, Services,
+        Snapshot, SvcState, VipKey,
     };
 
     pub trait Sealed: Sized {
@@ -212,6 +213,9 @@ mod sealed {
         fn affinity(s: &Services) -> &Affinity<Self::AffKey, <Self as ServiceAddr>::SocketAddr>
         where
             Self: ServiceAddr;
+        /// The services by LoadBalancer IP and external IP of the family.
+        fn exts(snap: &Snapshot) -> &HashMap<VipKey<Self::Key>, ExtEntry>;
+        fn exts_mut(snap: &mut Snapshot) -> &mut HashMap<VipKey<Self::Key>, ExtEntry>;
     }
 
     impl Sealed for Ipv4Addr {
@@ -256,6 +260,13 @@ mod sealed {
         #[inline]
         fn affinity(s: &Services) -> &Affinity<u64, SocketAddrV4> {
             &s.affinity_v4
+        }
+        #[inline]
+        fn exts(snap: &Snapshot) -> &HashMap<VipKey<u32>, ExtEntry> {
+            &snap.by_ext_v4
+        }
+        fn exts_mut(snap: &mut Snapshot) -> &mut HashMap<VipKey<u32>, ExtEntry> {
+            &mut snap.by_ext_v4
         }
     }
 
@@ -306,6 +317,13 @@ mod sealed {
         fn affinity(s: &Services) -> &Affinity<(u32, u128), SocketAddrV6> {
             &s.affinity_v6
         }
+        #[inline]
+        fn exts(snap: &Snapshot) -> &HashMap<VipKey<u128>, ExtEntry> {
+            &snap.by_ext_v6
+        }
+        fn exts_mut(snap: &mut Snapshot) -> &mut HashMap<VipKey<u128>, ExtEntry> {
+            &mut snap.by_ext_v6
+        }
     }
 }
 
@@ -341,6 +359,27 @@ pub struct ServiceSpec {
     /// `externalTrafficPolicy: Local`: the datapath passes `local_only` to
     /// [`Services::select`] for external traffic to the node port. Stored here for it.
     pub external_local: bool,
+    /// LoadBalancer ingress IPs (`status.loadBalancer.ingress[].ip`, VIP mode), of either
+    /// family: each is a frontend on [`ServiceSpec::port`] with kube-proxy's `KUBE-EXT-*`
+    /// semantics (as a node port: policy Cluster masquerades every client; Local keeps the
+    /// client's address and uses local endpoints, pods and the node going to every
+    /// endpoint), filtered by [`ServiceSpec::load_balancer_source_ranges`]. Each needs a
+    /// ClusterIP of its family, is unicast, listed once (here or in
+    /// [`ServiceSpec::external_ips`]) and no other Service's frontend on the same port and
+    /// protocol. Empty by default.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.externalIPs`, of either family: frontends on [`ServiceSpec::port`] as the
+    /// LoadBalancer IPs (the same `KUBE-EXT-*` semantics), never filtered by source ranges.
+    /// The same rules as [`ServiceSpec::load_balancer_ips`]. Empty by default.
+    pub external_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, of either family: a new connection to a LoadBalancer
+    /// IP of family F from a source outside every range of family F is dropped
+    /// ([`crate::stats::DropReason::LbSourceRange`]), as kube-proxy's `KUBE-FW-*` chain.
+    /// As kube-proxy, each family is filtered by its own ranges: a family without ranges (or
+    /// with a `/0`) is not filtered; ClusterIPs, node ports and external IPs never are. A
+    /// prefix's length is at most its family's (32, 128); host bits are ignored. Empty by
+    /// default.
+    pub load_balancer_source_ranges: Vec<Prefix<IpAddr>>,
 }
 
 impl ServiceSpec {
@@ -380,6 +419,9 @@ impl ServiceSpec {
             affinity: None,
             algo: LbAlgo::Random,
             external_local: false,
+            load_balancer_ips: Vec::new(),
+            external_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
         }
     }
 
@@ -387,6 +429,50 @@ impl ServiceSpec {
     /// `has_frontend::<Ipv4Addr>()`, `has_frontend::<Ipv6Addr>()`.
     pub fn has_frontend<A: ServiceAddr>(&self) -> bool {
         A::vip(self).is_some()
+    }
+
+    /// The frontends besides the ClusterIPs (`load_balancer_ips`, then `external_ips`), each
+    /// with its kind.
+    pub fn external_frontends(&self) -> impl Iterator<Item = (IpAddr, FrontendKind)> + '_ {
+        let lb = self.load_balancer_ips.iter();
+        let ext = self.external_ips.iter();
+        lb.map(|ip| (*ip, FrontendKind::LoadBalancer))
+            .chain(ext.map(|ip| (*ip, FrontendKind::ExternalIp)))
+    }
+
+    /// Whether `loadBalancerSourceRanges` let `src` reach a LoadBalancer IP of `src`'s
+    /// family: true when the Service has no range of that family or one of `/0` (kube-proxy
+    /// then makes no `KUBE-FW-*` chain), else when a range of the family contains `src`.
+    pub fn source_allowed(&self, src: IpAddr) -> bool {
+        let mut ranges = self
+            .load_balancer_source_ranges
+            .iter()
+            .filter(|r| r.addr.is_ipv6() == src.is_ipv6())
+            .peekable();
+        if ranges.peek().is_none() {
+            return true;
+        }
+        ranges.any(|r| r.len == 0 || r.contains_ip(src))
+    }
+}
+
+/// Which kind of frontend besides a ClusterIP a destination is (see
+/// [`Services::by_external`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrontendKind {
+    /// A LoadBalancer ingress IP ([`ServiceSpec::load_balancer_ips`]): source ranges apply.
+    LoadBalancer,
+    /// An external IP ([`ServiceSpec::external_ips`]).
+    ExternalIp,
+}
+
+impl FrontendKind {
+    /// The spec's field holding frontends of this kind, as messages name it.
+    pub fn field(self) -> &'static str {
+        match self {
+            FrontendKind::LoadBalancer => "load_balancer_ips",
+            FrontendKind::ExternalIp => "external_ips",
+        }
     }
 }
 
@@ -508,6 +594,54 @@ pub enum ServiceError {
         /// The field holding the endpoints.
         field: &'static str,
     },
+    /// A LoadBalancer IP or external IP (`field`: `load_balancer_ips`, `external_ips`) that
+    /// is no unicast address (as [`ServiceError::BadVip`]), or of a family the service has no
+    /// ClusterIP of (`no_family`).
+    BadExternalIp {
+        /// The service.
+        service: String,
+        /// The field holding it.
+        field: &'static str,
+        /// The value.
+        ip: IpAddr,
+        /// True when it is unicast but the service has no ClusterIP of its family.
+        no_family: bool,
+    },
+    /// A LoadBalancer IP or external IP listed twice in the service (in either list), or equal
+    /// to the service's own ClusterIP.
+    DuplicateExternalIp {
+        /// The service.
+        service: String,
+        /// The field holding the second one.
+        field: &'static str,
+        /// The value.
+        ip: IpAddr,
+    },
+    /// A frontend (ClusterIP, LoadBalancer IP or external IP) whose address, port and protocol
+    /// are another service's frontend (of any kind).
+    FrontendInUse {
+        /// The service.
+        service: String,
+        /// Its field holding the address (`vip`, `vip6`, `load_balancer_ips`, `external_ips`).
+        field: &'static str,
+        /// The address.
+        ip: IpAddr,
+        /// The port.
+        port: u16,
+        /// The protocol.
+        proto: u8,
+        /// The service that has it.
+        other: String,
+        /// That service's field holding it.
+        other_field: &'static str,
+    },
+    /// A `load_balancer_source_ranges` prefix longer than its family's addresses.
+    BadSourceRange {
+        /// The service.
+        service: String,
+        /// The value.
+        range: Prefix<IpAddr>,
+    },
 }
 
 fn proto_name(p: u8) -> &'static str {
@@ -583,6 +717,42 @@ impl fmt::Display for ServiceError {
                 f,
                 "service {service:?}: {field} given without a ClusterIP of their family ({})",
                 if *field == "endpoints6" { "vip6" } else { "vip" }
+            ),
+            BadExternalIp {
+                service,
+                field,
+                ip,
+                no_family: true,
+            } => write!(
+                f,
+                "service {service:?}: {field} {ip} given without a ClusterIP of its family ({})",
+                if ip.is_ipv6() { "vip6" } else { "vip" }
+            ),
+            BadExternalIp {
+                service, field, ip, ..
+            } => write!(f, "service {service:?}: {field} {ip} is not a unicast address"),
+            DuplicateExternalIp { service, field, ip } => write!(
+                f,
+                "service {service:?}: {field} {ip} listed twice (or is its ClusterIP)"
+            ),
+            FrontendInUse {
+                service,
+                field,
+                ip,
+                port,
+                proto,
+                other,
+                other_field,
+            } => write!(
+                f,
+                "service {service:?}: {field} {}/{} is already service {other:?}'s ({other_field})",
+                SocketAddr::new(*ip, *port),
+                proto_name(*proto)
+            ),
+            BadSourceRange { service, range } => write!(
+                f,
+                "service {service:?}: load_balancer_source_ranges {range} has a prefix length over {}",
+                if range.addr.is_ipv6() { 128 } else { 32 }
             ),
         }
     }
@@ -748,12 +918,19 @@ impl ServiceRef {
 /// A ClusterIP (its map key: `u32`, `u128`), port and protocol.
 type VipKey<K> = (K, u16, u8);
 
+/// A service under one of its LoadBalancer or external IPs, with the kind of that frontend.
+type ExtEntry = (Arc<SvcState>, FrontendKind);
+
 #[derive(Default, Debug, Clone)]
 struct Snapshot {
     by_name: HashMap<String, Arc<SvcState>>,
     by_vip_v4: HashMap<VipKey<u32>, Arc<SvcState>>,
     by_vip_v6: HashMap<VipKey<u128>, Arc<SvcState>>,
     by_node_port: HashMap<(u16, u8), Arc<SvcState>>,
+    /// LoadBalancer and external IPs, apart from the ClusterIPs so that a ClusterIP's lookup
+    /// stays one probe of a map of ClusterIPs only (an empty map answers without hashing).
+    by_ext_v4: HashMap<VipKey<u32>, ExtEntry>,
+    by_ext_v6: HashMap<VipKey<u128>, ExtEntry>,
 }
 
 /// Counters and size of the affinity table.
@@ -1008,7 +1185,56 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
         }
     }
     validate_endpoints::<Ipv4Addr>(spec)?;
-    validate_endpoints::<Ipv6Addr>(spec)
+    validate_endpoints::<Ipv6Addr>(spec)?;
+    validate_external(spec)
+}
+
+/// Whether `ip`, of family `A`, is unicast and `spec` has a ClusterIP of that family
+/// (`None`: `ip` is of the other family).
+fn unicast_of<A: ServiceAddr>(spec: &ServiceSpec, ip: IpAddr) -> Option<(bool, bool)> {
+    A::from_ip(ip).map(|a| (a.vip_ok(), spec.has_frontend::<A>()))
+}
+
+/// LoadBalancer and external IPs: unicast, of a family with a ClusterIP, each listed once
+/// and none the service's own ClusterIP; source ranges no longer than their family.
+fn validate_external(spec: &ServiceSpec) -> Result<(), ServiceError> {
+    let service = || spec.name.clone();
+    let mut seen: Vec<IpAddr> = Vec::new();
+    seen.extend(spec.vip.map(IpAddr::from));
+    seen.extend(spec.vip6.map(IpAddr::from));
+    for (ip, kind) in spec.external_frontends() {
+        let (ok, family) = unicast_of::<Ipv4Addr>(spec, ip)
+            .or_else(|| unicast_of::<Ipv6Addr>(spec, ip))
+            .unwrap_or_default();
+        if !ok || !family {
+            return Err(ServiceError::BadExternalIp {
+                service: service(),
+                field: kind.field(),
+                ip,
+                no_family: ok,
+            });
+        }
+        if seen.contains(&ip) {
+            return Err(ServiceError::DuplicateExternalIp {
+                service: service(),
+                field: kind.field(),
+                ip,
+            });
+        }
+        seen.push(ip);
+    }
+    let bits = |r: &Prefix<IpAddr>| if r.addr.is_ipv6() { 128 } else { 32 };
+    match spec
+        .load_balancer_source_ranges
+        .iter()
+        .find(|r| r.len > bits(r))
+    {
+        Some(r) => Err(ServiceError::BadSourceRange {
+            service: service(),
+            range: *r,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The family's ClusterIP is unicast, and there are endpoints of the family only with one.
@@ -1103,6 +1329,7 @@ impl Services {
         let proto = spec.proto.number();
         vip_free::<Ipv4Addr>(&cur, &spec)?;
         vip_free::<Ipv6Addr>(&cur, &spec)?;
+        ext_free(&cur, &spec)?;
         if let Some(np) = spec.node_port {
             if let Some(o) = cur
                 .by_node_port
@@ -1134,6 +1361,8 @@ impl Services {
         let proto = s.proto.number();
         link::<Ipv4Addr>(&mut next, &state);
         link::<Ipv6Addr>(&mut next, &state);
+        link_ext::<Ipv4Addr>(&mut next, &state);
+        link_ext::<Ipv6Addr>(&mut next, &state);
         if let Some(np) = s.node_port {
             next.by_node_port.insert((np, proto), state.clone());
         }
@@ -1165,6 +1394,24 @@ impl Services {
         A::vips(&snap)
             .get(&(dst.key(), dport, proto))
             .map(|s| ServiceRef(s.clone()))
+    }
+
+    /// The service one of whose LoadBalancer IPs or external IPs of `dst`'s family is
+    /// `dst`, on its port `dport` and protocol `proto`, with the kind of that frontend.
+    /// Lock-free; does not allocate. (Asked after [`Services::by_vip`] misses, as kube-proxy's
+    /// `KUBE-SERVICES` lists ClusterIPs, then external IPs and LoadBalancer IPs, then node
+    /// ports.)
+    #[inline]
+    pub fn by_external<A: ServiceAddr>(
+        &self,
+        dst: A,
+        dport: u16,
+        proto: u8,
+    ) -> Option<(ServiceRef, FrontendKind)> {
+        let snap = self.snap.load();
+        A::exts(&snap)
+            .get(&(dst.key(), dport, proto))
+            .map(|(s, k)| (ServiceRef(s.clone()), *k))
     }
 
     /// The service with node port `dport` for protocol `proto`, for traffic of family `A` to
@@ -1247,6 +1494,7 @@ impl Services {
             let t = &v.orig;
             let Some(svc) = self
                 .by_vip(t.dst, t.dport, t.proto)
+                .or_else(|| self.by_external(t.dst, t.dport, t.proto).map(|e| e.0))
                 .or_else(|| self.by_node_port::<A>(t.dport, t.proto))
             else {
                 return 0;
@@ -1313,7 +1561,12 @@ impl Services {
     ///   -> RemoteAddress:Port           Local
     /// TCP  10.96.0.10:53 rr persistent 10800 [id 1 kube-dns] nodeport 30053
     ///   -> 10.244.1.5:53                yes
+    /// TCP  10.96.0.20:80 rr [id 2 web] loadbalancer 192.0.2.10 external 198.51.100.7 ranges 203.0.113.0/24 external-local
+    ///   -> 10.244.1.6:8080              yes
     /// ```
+    ///
+    /// A family's LoadBalancer IPs, external IPs and source ranges (those of the family; the
+    /// ranges only with LoadBalancer IPs) follow its ClusterIP.
     ///
     /// The scheduler is `rr` for random (as kube-proxy's IPVS default) and `mh` for Maglev
     /// (IPVS's Maglev hashing scheduler).
@@ -1327,7 +1580,11 @@ impl Services {
         for s in v {
             let sp = &s.spec;
             // One block per frontend, as ipvsadm lists an IPv4 and an IPv6 virtual service.
-            for (front, eps) in [listed::<Ipv4Addr>(sp), listed::<Ipv6Addr>(sp)] {
+            let blocks = [
+                (listed::<Ipv4Addr>(sp), ext_listed::<Ipv4Addr>(sp)),
+                (listed::<Ipv6Addr>(sp), ext_listed::<Ipv6Addr>(sp)),
+            ];
+            for ((front, eps), ext) in blocks {
                 let Some(front) = front else { continue };
                 let _ = write!(
                     out,
@@ -1345,6 +1602,12 @@ impl Services {
                 let _ = write!(out, " [id {} {}]", s.id, sp.name);
                 if let Some(np) = sp.node_port {
                     let _ = write!(out, " nodeport {np}");
+                    if sp.external_local && ext.is_empty() {
+                        out.push_str(" external-local");
+                    }
+                }
+                if !ext.is_empty() {
+                    out.push_str(&ext);
                     if sp.external_local {
                         out.push_str(" external-local");
                     }
@@ -1370,6 +1633,38 @@ fn listed<A: ServiceAddr>(sp: &ServiceSpec) -> (Option<String>, Vec<Listed>) {
     (front, eps.map(|e| (e.addr.to_string(), e.local)).collect())
 }
 
+/// The family's LoadBalancer IPs, external IPs and source ranges as listed (` loadbalancer
+/// A,B external C ranges P,Q`; empty without any).
+fn ext_listed<A: ServiceAddr>(sp: &ServiceSpec) -> String {
+    let of = |ips: &[IpAddr]| {
+        let v: Vec<String> = ips
+            .iter()
+            .filter(|ip| A::from_ip(**ip).is_some())
+            .map(|ip| ip.to_string())
+            .collect();
+        v.join(",")
+    };
+    let mut out = String::new();
+    for (name, v) in [
+        ("loadbalancer", of(&sp.load_balancer_ips)),
+        ("external", of(&sp.external_ips)),
+    ] {
+        if !v.is_empty() {
+            let _ = write!(out, " {name} {v}");
+        }
+    }
+    let ranges: Vec<String> = sp
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|r| A::from_ip(r.addr).is_some())
+        .map(|r| r.to_string())
+        .collect();
+    if !ranges.is_empty() && out.contains("loadbalancer") {
+        let _ = write!(out, " ranges {}", ranges.join(","));
+    }
+    out
+}
+
 /// `Err` if another service than `spec`'s has its ClusterIP of the family, port and protocol.
 fn vip_free<A: ServiceAddr>(cur: &Snapshot, spec: &ServiceSpec) -> Result<(), ServiceError> {
     let Some(vip) = A::vip(spec) else {
@@ -1385,6 +1680,71 @@ fn vip_free<A: ServiceAddr>(cur: &Snapshot, spec: &ServiceSpec) -> Result<(), Se
             other: o.spec.name.clone(),
         }),
         _ => Ok(()),
+    }
+}
+
+/// The family's map key of `ip` (`None` for the other family).
+fn key_of<A: ServiceAddr>(ip: IpAddr) -> Option<A::Key> {
+    A::from_ip(ip).map(A::key)
+}
+
+/// The service other than `spec`'s (and its field) that has `ip` of family `A` as a frontend
+/// on `spec`'s port and protocol.
+fn owner<A: ServiceAddr>(
+    cur: &Snapshot,
+    spec: &ServiceSpec,
+    ip: IpAddr,
+) -> Option<(String, &'static str)> {
+    let k = (key_of::<A>(ip)?, spec.port, spec.proto.number());
+    let vip_field = if ip.is_ipv6() { "vip6" } else { "vip" };
+    let vip = A::vips(cur).get(&k).map(|o| (o, vip_field));
+    let ext = A::exts(cur).get(&k).map(|(o, kind)| (o, kind.field()));
+    vip.or(ext)
+        .filter(|(o, _)| o.spec.name != spec.name)
+        .map(|(o, f)| (o.spec.name.clone(), f))
+}
+
+/// `Err` if another service has a frontend (of any kind) at one of `spec`'s LoadBalancer or
+/// external IPs, or one of its LoadBalancer or external IPs at `spec`'s ClusterIPs, on the
+/// same port and protocol.
+fn ext_free(cur: &Snapshot, spec: &ServiceSpec) -> Result<(), ServiceError> {
+    let vips = spec.vip.map(|a| (IpAddr::from(a), "vip")).into_iter();
+    let vips = vips.chain(spec.vip6.map(|a| (IpAddr::from(a), "vip6")));
+    let exts = spec.external_frontends().map(|(ip, k)| (ip, k.field()));
+    for (ip, field) in vips.chain(exts) {
+        let found = owner::<Ipv4Addr>(cur, spec, ip).or_else(|| owner::<Ipv6Addr>(cur, spec, ip));
+        if let Some((other, other_field)) = found {
+            return Err(ServiceError::FrontendInUse {
+                service: spec.name.clone(),
+                field,
+                ip,
+                port: spec.port,
+                proto: spec.proto.number(),
+                other,
+                other_field,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Enters `state` under each of its LoadBalancer and external IPs of the family.
+fn link_ext<A: ServiceAddr>(next: &mut Snapshot, state: &Arc<SvcState>) {
+    let s = &state.spec;
+    for (ip, kind) in s.external_frontends() {
+        if let Some(k) = key_of::<A>(ip) {
+            let e = (state.clone(), kind);
+            A::exts_mut(next).insert((k, s.port, s.proto.number()), e);
+        }
+    }
+}
+
+/// Takes `s` out from under its LoadBalancer and external IPs of the family.
+fn unlink_ext<A: ServiceAddr>(next: &mut Snapshot, s: &ServiceSpec) {
+    for (ip, _) in s.external_frontends() {
+        if let Some(k) = key_of::<A>(ip) {
+            A::exts_mut(next).remove(&(k, s.port, s.proto.number()));
+        }
     }
 }
 
@@ -1408,6 +1768,9 @@ fn unlink_vip<A: ServiceAddr>(next: &mut Snapshot, p: &SvcState) {
 fn unlink(next: &mut Snapshot, p: &SvcState) {
     unlink_vip::<Ipv4Addr>(next, p);
     unlink_vip::<Ipv6Addr>(next, p);
+    let s = &p.spec;
+    unlink_ext::<Ipv4Addr>(next, s);
+    unlink_ext::<Ipv6Addr>(next, s);
     let s = &p.spec;
     if let Some(np) = s.node_port {
         next.by_node_port.remove(&(np, s.proto.number()));

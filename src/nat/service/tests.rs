@@ -96,6 +96,8 @@ both_families!(
     local_only,
     affinity_hit_expiry_and_stale,
     maglev_disruption_and_balance,
+    external_frontends_lookup,
+    external_frontends_validated,
 );
 
 #[test]
@@ -947,4 +949,218 @@ fn dual_stack_validation_names_the_field() {
     let f = ServiceSpec::new("f", Ipv4Addr::UNSPECIFIED, 80, IpProto::TCP);
     assert!(matches!(s.upsert(f), Err(ServiceError::BadVip { .. })));
     assert!(s.is_empty());
+}
+
+/// LoadBalancer IP number `i` of family `A` (192.0.2.`i`, 2001:db8::`i`).
+fn lb_ip<A: Fx>(i: u8) -> IpAddr {
+    if A::VERSION == 6 {
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(i)).into()
+    } else {
+        Ipv4Addr::new(192, 0, 2, i).into()
+    }
+}
+
+fn external_frontends_lookup<A: Fx>() {
+    let s = Services::new(64);
+    let mut a = A::spec("web", 2);
+    a.load_balancer_ips = vec![lb_ip::<A>(1)];
+    a.external_ips = vec![lb_ip::<A>(2)];
+    s.upsert(a.clone()).unwrap();
+    let tcp = IpProto::TCP.number();
+    let at = |i: u8, port: u16| {
+        let ip = A::from_ip(lb_ip::<A>(i)).unwrap();
+        s.by_external(ip, port, tcp)
+            .map(|(r, k)| (r.name().to_string(), k))
+    };
+    assert_eq!(at(1, 80), Some(("web".into(), FrontendKind::LoadBalancer)));
+    assert_eq!(at(2, 80), Some(("web".into(), FrontendKind::ExternalIp)));
+    assert_eq!(at(1, 81), None, "another port");
+    assert!(s
+        .by_external(
+            A::from_ip(lb_ip::<A>(1)).unwrap(),
+            80,
+            IpProto::UDP.number()
+        )
+        .is_none());
+    // Not a ClusterIP; the ClusterIP is not an external frontend.
+    assert!(s
+        .by_vip(A::from_ip(lb_ip::<A>(1)).unwrap(), 80, tcp)
+        .is_none());
+    assert!(s.by_external(A::VIP, 80, tcp).is_none());
+    assert!(s.by_vip(A::VIP, 80, tcp).is_some());
+    // The listing shows them after the ClusterIP.
+    let l = s.fmt_services();
+    assert!(
+        l.contains(&format!(
+            " loadbalancer {} external {}",
+            lb_ip::<A>(1),
+            lb_ip::<A>(2)
+        )),
+        "{l}"
+    );
+    // An update moves them; removal takes them away.
+    a.load_balancer_ips = vec![lb_ip::<A>(3)];
+    s.upsert(a).unwrap();
+    assert_eq!(at(1, 80), None);
+    assert_eq!(at(3, 80).map(|x| x.1), Some(FrontendKind::LoadBalancer));
+    assert_eq!(at(2, 80).map(|x| x.1), Some(FrontendKind::ExternalIp));
+    s.remove("web").unwrap();
+    assert_eq!(at(2, 80), None);
+    assert_eq!(at(3, 80), None);
+}
+
+fn external_frontends_validated<A: Fx>() {
+    let s = Services::new(64);
+    let mut a = A::spec("a", 1);
+    a.load_balancer_ips = vec![lb_ip::<A>(1)];
+    s.upsert(a.clone()).unwrap();
+    // Another service's ClusterIP or LoadBalancer IP, same port and protocol: refused, both
+    // ways round; another port is fine.
+    let mut b = A::spec("b", 1);
+    b.vip = None;
+    b.vip6 = None;
+    let vip_b: IpAddr = if A::VERSION == 6 {
+        Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x11).into()
+    } else {
+        Ipv4Addr::new(10, 96, 0, 11).into()
+    };
+    let mut b = {
+        let mut x = ServiceSpec::new("b", vip_b, 80, IpProto::TCP);
+        *A::eps_mut(&mut x) = std::mem::take(A::eps_mut(&mut b));
+        x
+    };
+    b.external_ips = vec![lb_ip::<A>(1)];
+    let e = s.upsert(b.clone()).unwrap_err();
+    assert!(
+        matches!(&e, ServiceError::FrontendInUse { field: "external_ips", other, other_field: "load_balancer_ips", .. } if other == "a"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("already service \"a\"'s"), "{e}");
+    b.external_ips = vec![A::VIP.into()];
+    let e = s.upsert(b.clone()).unwrap_err();
+    assert!(
+        matches!(&e, ServiceError::FrontendInUse { field: "external_ips", other_field, .. } if other_field.starts_with("vip")),
+        "{e:?}"
+    );
+    b.port = 81;
+    s.upsert(b.clone()).unwrap();
+    // A ClusterIP equal to another's LoadBalancer IP on its port: refused.
+    let c = ServiceSpec::new("c", lb_ip::<A>(1), 80, IpProto::TCP);
+    let e = s.upsert(c).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ServiceError::FrontendInUse {
+                other_field: "load_balancer_ips",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Within one service: listed twice, or its own ClusterIP.
+    let mut d = A::spec("d", 1);
+    d.vip = None;
+    d.vip6 = None;
+    let mut d = {
+        let mut x = ServiceSpec::new("d", vip_b, 90, IpProto::TCP);
+        *A::eps_mut(&mut x) = std::mem::take(A::eps_mut(&mut d));
+        x
+    };
+    d.load_balancer_ips = vec![lb_ip::<A>(5)];
+    d.external_ips = vec![lb_ip::<A>(5)];
+    assert!(matches!(
+        s.upsert(d.clone()),
+        Err(ServiceError::DuplicateExternalIp {
+            field: "external_ips",
+            ..
+        })
+    ));
+    d.external_ips = vec![vip_b];
+    assert!(matches!(
+        s.upsert(d.clone()),
+        Err(ServiceError::DuplicateExternalIp { .. })
+    ));
+    // Not unicast; of a family without a ClusterIP.
+    let bad: IpAddr = if A::VERSION == 6 {
+        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).into()
+    } else {
+        Ipv4Addr::BROADCAST.into()
+    };
+    d.external_ips = vec![bad];
+    let e = s.upsert(d.clone()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServiceError::BadExternalIp {
+                no_family: false,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("not a unicast address"), "{e}");
+    let other: IpAddr = if A::VERSION == 6 {
+        Ipv4Addr::new(192, 0, 2, 9).into()
+    } else {
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9).into()
+    };
+    d.external_ips = vec![other];
+    let e = s.upsert(d.clone()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServiceError::BadExternalIp {
+                no_family: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("without a ClusterIP of its family"),
+        "{e}"
+    );
+    d.external_ips.clear();
+    d.load_balancer_source_ranges = vec![Prefix {
+        addr: lb_ip::<A>(0),
+        len: if A::VERSION == 6 { 129 } else { 33 },
+    }];
+    assert!(matches!(
+        s.upsert(d.clone()),
+        Err(ServiceError::BadSourceRange { .. })
+    ));
+    d.load_balancer_source_ranges.clear();
+    s.upsert(d).unwrap();
+    assert_eq!(s.len(), 3);
+}
+
+#[test]
+fn source_ranges_filter_each_family_by_its_own() {
+    let mut s = dual("web", 1, 1);
+    let p = |t: &str| {
+        let (a, l) = t.split_once('/').unwrap();
+        Prefix {
+            addr: a.parse::<IpAddr>().unwrap(),
+            len: l.parse().unwrap(),
+        }
+    };
+    let ip = |t: &str| t.parse::<IpAddr>().unwrap();
+    // No range: everyone.
+    assert!(s.source_allowed(ip("203.0.113.1")));
+    s.load_balancer_source_ranges = vec![p("10.0.0.0/8")];
+    assert!(s.source_allowed(ip("10.1.2.3")));
+    assert!(!s.source_allowed(ip("203.0.113.1")));
+    // IPv6 has no range of its own: not filtered (kube-proxy filters per family).
+    assert!(s.source_allowed(ip("2001:db8::1")));
+    s.load_balancer_source_ranges.push(p("fd00::/8"));
+    assert!(s.source_allowed(ip("fd12::1")));
+    assert!(!s.source_allowed(ip("2001:db8::1")));
+    // A /0 of the family lets everyone of it in.
+    s.load_balancer_source_ranges.push(p("::/0"));
+    assert!(s.source_allowed(ip("2001:db8::1")));
+    assert!(!s.source_allowed(ip("203.0.113.1")));
+    // Host bits are ignored.
+    s.load_balancer_source_ranges = vec![p("192.168.1.77/24")];
+    assert!(s.source_allowed(ip("192.168.1.1")));
+    assert!(!s.source_allowed(ip("192.168.2.1")));
 }
