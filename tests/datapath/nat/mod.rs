@@ -11,6 +11,7 @@ mod generic;
 mod host;
 mod ipv4;
 mod ipv6;
+mod lb;
 
 use std::net::{IpAddr, SocketAddr};
 
