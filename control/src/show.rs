@@ -160,6 +160,15 @@ pub struct ServiceRow {
     pub protocol: String,
     /// `client-ip` or `none`.
     pub session_affinity: String,
+    /// The LoadBalancer ingress IPs (kubectl's EXTERNAL-IP), of both families.
+    #[serde(default)]
+    pub load_balancer_ips: Vec<String>,
+    /// The external IPs, of both families.
+    #[serde(default)]
+    pub external_ips: Vec<String>,
+    /// The prefixes allowed to reach the LoadBalancer IPs (empty: everyone).
+    #[serde(default)]
+    pub load_balancer_source_ranges: Vec<String>,
 }
 
 /// An endpoint of a [`ServiceRow`].

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tapyard::conntrack::CtConfig;
 use tapyard::l3::neigh::NeighConfig;
-use tapyard::nat::{Endpoint, LbAlgo, ServiceSpec};
+use tapyard::nat::{Endpoint, LbAlgo, Prefix, ServiceSpec};
 use tapyard::wire::family::IpProto;
 use tapyard::MacAddr;
 use toml::de::DeTable;
@@ -357,6 +357,12 @@ pub struct ServiceDef {
     pub algo: LbAlgo,
     /// `externalTrafficPolicy: Local`.
     pub external_local: bool,
+    /// `load_balancer_ips`: LoadBalancer ingress IPs, of families with a ClusterIP.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `external_ips`, of families with a ClusterIP.
+    pub external_ips: Vec<IpAddr>,
+    /// `load_balancer_source_ranges`: who may reach the LoadBalancer IPs (per family).
+    pub load_balancer_source_ranges: Vec<IpCidr>,
 }
 
 impl ServiceDef {
@@ -406,6 +412,16 @@ impl ServiceDef {
         spec.affinity = self.affinity;
         spec.algo = self.algo;
         spec.external_local = self.external_local;
+        spec.load_balancer_ips = self.load_balancer_ips.clone();
+        spec.external_ips = self.external_ips.clone();
+        spec.load_balancer_source_ranges = self
+            .load_balancer_source_ranges
+            .iter()
+            .map(|c| Prefix {
+                addr: c.addr(),
+                len: c.prefix_len(),
+            })
+            .collect();
         spec
     }
 }

@@ -516,6 +516,24 @@ pub const SERVICE: Section = Section {
             Dflt::Str("random"),
             "maglev: consistent hashing",
         ),
+        key(
+            "load_balancer_ips",
+            Ty::Strings("[\"198.51.100.10\", \"2001:db8:5::10\"]"),
+            Dflt::Unset("none"),
+            "LoadBalancer ingress IPs (VIP mode), each of a family with a ClusterIP: served on port with external_traffic_policy, as a node port; route them to this node",
+        ),
+        key(
+            "external_ips",
+            Ty::Strings("[\"198.51.100.20\"]"),
+            Dflt::Unset("none"),
+            "externalIPs, as load_balancer_ips but never filtered by source ranges",
+        ),
+        key(
+            "load_balancer_source_ranges",
+            Ty::Strings("[\"203.0.113.0/24\", \"2001:db8:1::/48\"]"),
+            Dflt::Unset("everyone"),
+            "who may reach the load_balancer_ips, per family (a family without a range is not filtered); others are dropped (lb_source_range)",
+        ),
     ],
 };
 

@@ -641,3 +641,92 @@ fn a_bridge_ports_addresses_are_its_own() {
         assert!(got.contains(want), "expected {want:?} in\n{got}");
     }
 }
+
+/// A dual-stack LoadBalancer Service after the dual-stack example's.
+fn with_lb(extra: &str) -> String {
+    format!(
+        "{DUAL}\n[[service]]\nname = \"lb\"\ncluster_ip = [\"10.96.0.80\", \"fd00:10:96::80\"]\nport = 80\nendpoints = [\"10.244.1.2:8080\"]\n{extra}"
+    )
+}
+
+/// The 1-based line of the first line holding `needle`.
+fn line_of(src: &str, needle: &str) -> usize {
+    src.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn lb_ips_external_ips_and_source_ranges_parse_into_the_spec() {
+    let src = with_lb("load_balancer_ips = [\"198.51.100.10\", \"2001:db8:5::10\"]\nexternal_ips = [\"198.51.100.20\"]\nload_balancer_source_ranges = [\"203.0.113.0/24\", \"2001:db8:1::/48\"]\n");
+    let ch = check_str(&src);
+    assert_eq!(ch.diags, Vec::new());
+    let c = ch.config.unwrap();
+    let spec = c.services.iter().find(|s| s.name == "lb").unwrap().spec();
+    let ips = |v: &[IpAddr]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        ips(&spec.load_balancer_ips),
+        ["198.51.100.10", "2001:db8:5::10"]
+    );
+    assert_eq!(ips(&spec.external_ips), ["198.51.100.20"]);
+    let r: Vec<String> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    assert_eq!(r, ["203.0.113.0/24", "2001:db8:1::/48"]);
+    // The library takes it as it is.
+    tapyard::nat::Services::new(0).upsert(spec).unwrap();
+}
+
+#[test]
+fn bad_lb_ips_external_ips_and_source_ranges_name_line_key_and_value() {
+    let src = with_lb(concat!(
+        "load_balancer_ips = [\"198.51.100.10\", \"224.0.0.1\", \"198.51.100.10\"]\n",
+        "external_ips = [\"10.96.0.10\", \"nope\"]\n",
+        "load_balancer_source_ranges = [\"203.0.113.0/33\"]\n",
+    ));
+    let e = errors(&src);
+    let l = line_of(&src, "load_balancer_ips =");
+    let x = line_of(&src, "external_ips =");
+    let r = line_of(&src, "load_balancer_source_ranges =");
+    let want = [
+        format!(
+            "f:{l}: service \"lb\": load_balancer_ips[1] = \"224.0.0.1\" is not a unicast address"
+        ),
+        format!("f:{x}: service \"lb\": external_ips[1] = \"nope\""),
+        format!("f:{r}: service \"lb\": load_balancer_source_ranges[0] = \"203.0.113.0/33\""),
+    ];
+    for w in &want {
+        assert!(
+            e.iter().any(|m| m.starts_with(w.as_str())),
+            "{w}\nin {e:#?}"
+        );
+    }
+    // The cross-checks, once every item reads.
+    let src = with_lb(concat!(
+        "load_balancer_ips = [\"198.51.100.10\", \"198.51.100.10\"]\n",
+        "external_ips = [\"10.96.0.10\", \"10.96.0.80\"]\n",
+    ));
+    let e = errors(&src);
+    let l = line_of(&src, "load_balancer_ips =");
+    let x = line_of(&src, "external_ips =");
+    let web = line_of(&src, "cluster_ip = [\"10.96.0.10\"") + 1;
+    assert_eq!(
+        e,
+        [
+            format!("f:{l}: service \"lb\": load_balancer_ips[1] = \"198.51.100.10\" is listed twice, or is the Service's cluster_ip"),
+            format!("f:{x}: service \"lb\": external_ips[0] = \"10.96.0.10\": 10.96.0.10:80/tcp is already service \"web\"'s (line {web})"),
+            format!("f:{x}: service \"lb\": external_ips[1] = \"10.96.0.80\" is listed twice, or is the Service's cluster_ip"),
+        ]
+    );
+    // An IPv6 address on an IPv4-only Service; ranges without LoadBalancer IPs warn.
+    let src = format!("{DUAL}\n[[service]]\nname = \"lb4\"\ncluster_ip = \"10.96.0.81\"\nport = 80\nendpoints = [\"10.244.1.2:8080\"]\nexternal_ips = [\"2001:db8:5::1\"]\nload_balancer_source_ranges = [\"203.0.113.0/24\"]\n");
+    let x = line_of(&src, "external_ips =");
+    let ch = check_str(&src);
+    let all: Vec<String> = ch.diags.iter().map(|d| d.render("f")).collect();
+    assert!(all.contains(&format!("f:{x}: service \"lb4\": external_ips[0] = \"2001:db8:5::1\" is IPv6 but the Service has no IPv6 cluster_ip (a frontend needs a ClusterIP of its family, as in kube-proxy)")), "{all:#?}");
+    assert!(
+        all.iter()
+            .any(|m| m.contains("warning") && m.contains("has no effect without load_balancer_ips")),
+        "{all:#?}"
+    );
+}

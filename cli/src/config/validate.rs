@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use super::values::{is_host, is_host6, is_link_local6};
 
 mod host;
+mod lb;
 use super::{proto_name, Cidr, Cidr6, Config, Diag, IpCidr, RouteType};
 
 /// The cross-checks between sections, on a parsed configuration.
@@ -659,6 +660,14 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 );
             }
         }
+        let link = |ip: IpAddr| {
+            match ip {
+                IpAddr::V4(v) => conn.iter().find(|(_, a, _)| a.contains(v)).map(|x| x.0),
+                IpAddr::V6(v) => conn6.iter().find(|(_, a, _)| a.contains(v)).map(|x| x.0),
+            }
+            .map(str::to_string)
+        };
+        lb::check(s, &ctx, &mut frontends, &link, &mut err, &mut warnings);
         if let Some(np) = s.node_port {
             if !(lo..=hi).contains(&np) {
                 err(s.lines.of("node_port"), format!("{ctx}: node_port = {np} is outside {lo}-{hi} (set node.node_port_range to allow it)"));

@@ -499,10 +499,18 @@ fn nat_show(
                     "none"
                 }
                 .into(),
+                load_balancer_ips: strings(&s.load_balancer_ips),
+                external_ips: strings(&s.external_ips),
+                load_balancer_source_ranges: strings(&s.load_balancer_source_ranges),
             }
         })
         .collect();
     Ok(Shown::Data(ShowData::Services(rows)))
+}
+
+/// Each item as text.
+fn strings<T: ToString>(v: &[T]) -> Vec<String> {
+    v.iter().map(ToString::to_string).collect()
 }
 
 /// `show routes --json`'s rows of one family's table (as `ip -j route` shows them).

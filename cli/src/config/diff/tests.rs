@@ -275,7 +275,7 @@ fn services_removed_added_and_endpoints_changed() {
     let d = diff(&a, &b).unwrap();
     assert!(!d.nat_rules);
     let s = d.services.as_ref().unwrap();
-    assert_eq!(s.len(), 2);
+    assert_eq!(s.len(), a.services.len(), "one removed, one added");
     assert_eq!(s[0].endpoints.len(), 2);
     assert_eq!(s[0].endpoints[1].addr.to_string(), "10.244.2.3:8080");
     assert_eq!(

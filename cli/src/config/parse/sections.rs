@@ -508,6 +508,36 @@ impl Parser<'_> {
             "maglev" => LbAlgo::Maglev,
             _ => LbAlgo::Random,
         };
+        let service_ip = |t: &str| {
+            let ip = parse_ip_any(t)?;
+            let ok = match ip {
+                IpAddr::V4(a) => is_host(a),
+                IpAddr::V6(a) => is_host6(a),
+            };
+            if ok {
+                Ok(ip)
+            } else {
+                Err(BadValue::NotUnicast)
+            }
+        };
+        // A list with a bad item is left empty: the cross-checks name items by their index.
+        let whole = |s: &Sec<'_, '_>, key: &str, n: usize| {
+            let items = s.lines.fields.iter();
+            items
+                .filter(|(f, _)| f.strip_prefix(key).is_some_and(|r| r.starts_with('.')))
+                .count()
+                == n
+        };
+        let mut load_balancer_ips = self.list(&mut s, "load_balancer_ips", service_ip);
+        if !whole(&s, "load_balancer_ips", load_balancer_ips.len()) {
+            load_balancer_ips.clear();
+        }
+        let mut external_ips = self.list(&mut s, "external_ips", service_ip);
+        if !whole(&s, "external_ips", external_ips.len()) {
+            external_ips.clear();
+        }
+        let load_balancer_source_ranges =
+            self.list(&mut s, "load_balancer_source_ranges", parse_prefix_any);
         let name = name.or_else(|| raw_name(t))?;
         let (v4, v6) = cluster_ips?;
         let cluster_ips: Vec<IpAddr> = v4.into_iter().chain(v6).collect();
@@ -549,6 +579,9 @@ impl Parser<'_> {
             affinity: client_ip.then_some(affinity_timeout),
             algo,
             external_local,
+            load_balancer_ips,
+            external_ips,
+            load_balancer_source_ranges,
         };
         Some(Located {
             value,
