@@ -13,6 +13,7 @@ mod dual_stack;
 mod frags;
 mod host_port;
 mod ipv6_only;
+mod lb;
 mod netns_node;
 mod podman;
 mod restart;
