@@ -231,6 +231,13 @@ fn curl(ns: &str, addr: &str) -> Option<(String, String)> {
     (!a.is_empty() && !a.starts_with("curl")).then(|| (a.to_string(), b.to_string()))
 }
 
+/// `count` TCP exchanges from `ns` with `addr`:80, each answered by pod-a seeing the client
+/// address `want`.
+fn sees(ns: &str, addr: &str, count: usize, want: &str) {
+    let v = exchange(ns, "tcp", addr, 80, count);
+    assert!(v.iter().all(|(w, s)| w == "a" && s == want), "{v:?}");
+}
+
 /// `show stats --json`'s `drops.lb_source_range`.
 fn lb_source_range_drops(n: &Names) -> u64 {
     let j = tapyard_ok_at(&n.socket, &["show", "stats", "--json"]);
@@ -303,14 +310,12 @@ fn load_balancer_and_external_ips() {
     case(
         "LoadBalancer IP, policy Local: client kept (IPv6)",
         &mut || {
-            let v = exchange(&out, "tcp", LB6, 80, 3);
-            assert!(v.iter().all(|(w, s)| w == "a" && s == OUT6), "{v:?}");
+            sees(&out, LB6, 3, OUT6);
         },
     );
     case("LoadBalancer IP, policy Cluster: masqueraded", &mut || {
         assert_eq!(curl(&out, LBC4), Some(("a".into(), GW4.into())));
-        let v = exchange(&out, "tcp", LBC6, 80, 2);
-        assert!(v.iter().all(|(w, s)| w == "a" && s == GW6), "{v:?}");
+        sees(&out, LBC6, 2, GW6);
     });
     case("outside the source ranges: no answer, counted", &mut || {
         let before = lb_source_range_drops(n);
@@ -328,17 +333,14 @@ fn load_balancer_and_external_ips() {
     case(
         "a pod to the LoadBalancer IP (Cluster: masqueraded)",
         &mut || {
-            let v = exchange(&b, "tcp", LBC4, 80, 2);
-            assert!(v.iter().all(|(w, s)| w == "a" && s == GW4), "{v:?}");
-            let v = exchange(&b, "tcp", LBC6, 80, 2);
-            assert!(v.iter().all(|(w, s)| w == "a" && s == GW6), "{v:?}");
+            sees(&b, LBC4, 2, GW4);
+            sees(&b, LBC6, 2, GW6);
         },
     );
     case(
         "a pod to the external IP (Local: its address kept)",
         &mut || {
-            let v = exchange(&b, "tcp", EXT4, 80, 2);
-            assert!(v.iter().all(|(w, s)| w == "a" && s == POD_B4), "{v:?}");
+            sees(&b, EXT4, 2, POD_B4);
         },
     );
     case("show services lists them", &mut || {
@@ -371,8 +373,7 @@ fn load_balancer_and_external_ips() {
             let r = tapyard_ok_at(&n.socket, &["reload"]);
             assert!(r.contains("service \"lb-local\" changed"), "{r}");
             assert_eq!(curl(&out2, LB4), Some(("a".into(), OUT2_4.into())));
-            let v = exchange(&out2, "tcp", LB6, 80, 1);
-            assert!(v.iter().all(|(w, s)| w == "a" && s == OUT2_6), "{v:?}");
+            sees(&out2, LB6, 1, OUT2_6);
         },
     );
 

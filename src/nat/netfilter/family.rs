@@ -15,6 +15,9 @@ use crate::l3::route::RouteAddr;
 use crate::l3::router::Hook;
 use crate::narrow::len32;
 use crate::nat::service::{FrontendKind, ServiceRef, Services};
+
+/// A Service found by one of its LoadBalancer or external IPs, with the frontend's kind.
+type ExtHit = (ServiceRef, FrontendKind);
 use crate::nat::{self, CsumMode, RewriteFamily};
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -85,12 +88,7 @@ pub(crate) trait NatFamily<const W: usize>:
     /// The Service of node port `dport` that has a frontend of the family.
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef>;
     /// The Service one of whose LoadBalancer or external IPs of the family is `dst:dport`.
-    fn by_external(
-        s: &Services,
-        dst: Self,
-        dport: u16,
-        proto: u8,
-    ) -> Option<(ServiceRef, FrontendKind)>;
+    fn by_external(s: &Services, dst: Self, dport: u16, proto: u8) -> Option<ExtHit>;
     /// An endpoint of the family for a new connection from `client`.
     fn select(
         s: &Services,
@@ -238,12 +236,7 @@ impl NatFamily<2> for Ipv4Addr {
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef> {
         s.by_node_port::<Ipv4Addr>(dport, proto)
     }
-    fn by_external(
-        s: &Services,
-        dst: Ipv4Addr,
-        dport: u16,
-        proto: u8,
-    ) -> Option<(ServiceRef, FrontendKind)> {
+    fn by_external(s: &Services, dst: Ipv4Addr, dport: u16, proto: u8) -> Option<ExtHit> {
         s.by_external(dst, dport, proto)
     }
     fn select(
@@ -358,12 +351,7 @@ impl NatFamily<5> for Ipv6Addr {
     fn by_node_port(s: &Services, dport: u16, proto: u8) -> Option<ServiceRef> {
         s.by_node_port::<Ipv6Addr>(dport, proto)
     }
-    fn by_external(
-        s: &Services,
-        dst: Ipv6Addr,
-        dport: u16,
-        proto: u8,
-    ) -> Option<(ServiceRef, FrontendKind)> {
+    fn by_external(s: &Services, dst: Ipv6Addr, dport: u16, proto: u8) -> Option<ExtHit> {
         s.by_external(dst, dport, proto)
     }
     fn select(

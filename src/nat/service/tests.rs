@@ -1016,19 +1016,18 @@ fn external_frontends_validated<A: Fx>() {
     s.upsert(a.clone()).unwrap();
     // Another service's ClusterIP or LoadBalancer IP, same port and protocol: refused, both
     // ways round; another port is fine.
-    let mut b = A::spec("b", 1);
-    b.vip = None;
-    b.vip6 = None;
     let vip_b: IpAddr = if A::VERSION == 6 {
         Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x11).into()
     } else {
         Ipv4Addr::new(10, 96, 0, 11).into()
     };
-    let mut b = {
-        let mut x = ServiceSpec::new("b", vip_b, 80, IpProto::TCP);
-        *A::eps_mut(&mut x) = std::mem::take(A::eps_mut(&mut b));
+    // A service at `vip_b`:`port` with one endpoint.
+    let at_b = |name: &str, port: u16| {
+        let mut x = ServiceSpec::new(name, vip_b, port, IpProto::TCP);
+        *A::eps_mut(&mut x) = vec![A::ep(1, 8080, false)];
         x
     };
+    let mut b = at_b("b", 80);
     b.external_ips = vec![lb_ip::<A>(1)];
     let e = s.upsert(b.clone()).unwrap_err();
     assert!(
@@ -1058,14 +1057,7 @@ fn external_frontends_validated<A: Fx>() {
         "{e:?}"
     );
     // Within one service: listed twice, or its own ClusterIP.
-    let mut d = A::spec("d", 1);
-    d.vip = None;
-    d.vip6 = None;
-    let mut d = {
-        let mut x = ServiceSpec::new("d", vip_b, 90, IpProto::TCP);
-        *A::eps_mut(&mut x) = std::mem::take(A::eps_mut(&mut d));
-        x
-    };
+    let mut d = at_b("d", 90);
     d.load_balancer_ips = vec![lb_ip::<A>(5)];
     d.external_ips = vec![lb_ip::<A>(5)];
     assert!(matches!(
@@ -1086,40 +1078,23 @@ fn external_frontends_validated<A: Fx>() {
     } else {
         Ipv4Addr::BROADCAST.into()
     };
-    d.external_ips = vec![bad];
-    let e = s.upsert(d.clone()).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ServiceError::BadExternalIp {
-                no_family: false,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(e.to_string().contains("not a unicast address"), "{e}");
     let other: IpAddr = if A::VERSION == 6 {
         Ipv4Addr::new(192, 0, 2, 9).into()
     } else {
         Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9).into()
     };
-    d.external_ips = vec![other];
-    let e = s.upsert(d.clone()).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ServiceError::BadExternalIp {
-                no_family: true,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(
-        e.to_string().contains("without a ClusterIP of its family"),
-        "{e}"
-    );
+    for (ip, family, says) in [
+        (bad, false, "not a unicast address"),
+        (other, true, "without a ClusterIP of its family"),
+    ] {
+        d.external_ips = vec![ip];
+        let e = s.upsert(d.clone()).unwrap_err();
+        assert!(
+            matches!(e, ServiceError::BadExternalIp { no_family, .. } if no_family == family),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(says), "{e}");
+    }
     d.external_ips.clear();
     d.load_balancer_source_ranges = vec![Prefix {
         addr: lb_ip::<A>(0),

@@ -462,23 +462,20 @@ impl Parser<'_> {
                 Err(BadValue::ServiceName)
             }
         });
-        let cluster_ips = self.addrs(
-            &mut s,
-            "cluster_ip",
-            |t| {
-                let ip = parse_ip_any(t)?;
-                let ok = match ip {
-                    IpAddr::V4(a) => is_host(a),
-                    IpAddr::V6(a) => is_host6(a),
-                };
-                if ok {
-                    Ok(ip)
-                } else {
-                    Err(BadValue::NotUnicast)
-                }
-            },
-            IpAddr::is_ipv6,
-        );
+        // A Service's address: a ClusterIP, a LoadBalancer IP, an external IP.
+        let service_ip = |t: &str| {
+            let ip = parse_ip_any(t)?;
+            let ok = match ip {
+                IpAddr::V4(a) => is_host(a),
+                IpAddr::V6(a) => is_host6(a),
+            };
+            if ok {
+                Ok(ip)
+            } else {
+                Err(BadValue::NotUnicast)
+            }
+        };
+        let cluster_ips = self.addrs(&mut s, "cluster_ip", service_ip, IpAddr::is_ipv6);
         let proto = match self.choice(&mut s, "protocol") {
             "udp" => 17,
             _ => 6,
@@ -507,18 +504,6 @@ impl Parser<'_> {
         let algo = match self.choice(&mut s, "algorithm") {
             "maglev" => LbAlgo::Maglev,
             _ => LbAlgo::Random,
-        };
-        let service_ip = |t: &str| {
-            let ip = parse_ip_any(t)?;
-            let ok = match ip {
-                IpAddr::V4(a) => is_host(a),
-                IpAddr::V6(a) => is_host6(a),
-            };
-            if ok {
-                Ok(ip)
-            } else {
-                Err(BadValue::NotUnicast)
-            }
         };
         // A list with a bad item is left empty: the cross-checks name items by their index.
         let whole = |s: &Sec<'_, '_>, key: &str, n: usize| {
