@@ -46,6 +46,15 @@
 //! ([`ServiceAddr`]: [`Ipv4Addr`] or [`Ipv6Addr`]): `by_vip(dst, ..)` and `select(.., client,
 //! ..)` take the family from their address, `by_node_port::<Ipv6Addr>(..)` names it.
 //!
+//! # LoadBalancer IPs and external IPs
+//!
+//! [`ServiceSpec::load_balancer_ips`] and [`ServiceSpec::external_ips`] are more frontends on
+//! the service's port, of either family (each needs a ClusterIP of its family), answered by
+//! [`Services::by_external`] with their [`FrontendKind`]. They live in a map of their own per
+//! family, apart from the ClusterIPs: [`Services::by_vip`] stays one probe of a map of
+//! ClusterIPs only. The datapath gives them kube-proxy's `KUBE-EXT-*` treatment (as a node
+//! port) and filters the LoadBalancer IPs by [`ServiceSpec::source_allowed`].
+//!
 //! Every service has a [`ServiceId`], stable across upserts of the same name and never reused
 //! after removal, for conntrack to store with its flows (to flush them per service later).
 
