@@ -146,10 +146,19 @@ pub struct ServiceRow {
     pub cluster_ips: Vec<String>,
     /// The endpoints.
     pub endpoints: Vec<EndpointRow>,
+    /// The external IPs, of both families.
+    #[serde(default)]
+    pub external_ips: Vec<String>,
     /// `local` or `cluster`.
     pub external_traffic_policy: String,
     /// The Service's id in the NAT (`null`: not installed).
     pub id: Option<u32>,
+    /// The LoadBalancer ingress IPs (kubectl's EXTERNAL-IP), of both families.
+    #[serde(default)]
+    pub load_balancer_ips: Vec<String>,
+    /// The prefixes allowed to reach the LoadBalancer IPs (empty: everyone).
+    #[serde(default)]
+    pub load_balancer_source_ranges: Vec<String>,
     /// The name.
     pub name: String,
     /// The NodePort (`null`: none).
@@ -160,15 +169,6 @@ pub struct ServiceRow {
     pub protocol: String,
     /// `client-ip` or `none`.
     pub session_affinity: String,
-    /// The LoadBalancer ingress IPs (kubectl's EXTERNAL-IP), of both families.
-    #[serde(default)]
-    pub load_balancer_ips: Vec<String>,
-    /// The external IPs, of both families.
-    #[serde(default)]
-    pub external_ips: Vec<String>,
-    /// The prefixes allowed to reach the LoadBalancer IPs (empty: everyone).
-    #[serde(default)]
-    pub load_balancer_source_ranges: Vec<String>,
 }
 
 /// An endpoint of a [`ServiceRow`].
