@@ -9,6 +9,7 @@ per_family!(
     lb_and_external_ips_follow_the_external_traffic_policy,
     source_ranges_drop_other_clients_of_the_lb_ip_only,
     a_removed_lb_ip_flushes_its_udp_flows,
+    the_host_reaches_a_local_policy_lb_ip_masqueraded_on_every_endpoint,
 );
 
 /// Address `i` outside every subnet of the node (198.51.100.`i`, 2001:db8:5::`i`).
@@ -179,4 +180,35 @@ fn a_removed_lb_ip_flushes_its_udp_flows(p: Plan) {
     // And the address answers no more.
     let (_, out) = send(&mut n, PA, &q(lb(&p, 5), 35003));
     assert_ne!(flow(one(&out).1).3, 5353);
+}
+
+fn the_host_reaches_a_local_policy_lb_ip_masqueraded_on_every_endpoint(p: Plan) {
+    use tapyard_testkit::kube::{HOST0, HOST_MAC, KERNEL};
+    let mut n = node_with(KubeOptions {
+        host_port: true,
+        ..KubeOptions::default()
+    });
+    update(&n, "web-local", |s| {
+        s.load_balancer_ips = vec![lb(&Plan::V4, 3), lb(&Plan::V6, 3)];
+    });
+    // KUBE-EXT-*'s "masquerade LOCAL traffic": the node's own connection to the LoadBalancer
+    // IP goes to any endpoint, masqueraded, where an external client gets B only.
+    let (mut to_b, mut remote) = (0, 0);
+    for sport in 49000..49064 {
+        let syn = tcp(KERNEL, HOST_MAC, p.node, sport, lb(&p, 3), 80, SYN);
+        let (v, out) = send(&mut n, HOST0, &syn);
+        let (src, _, dst, _) = flow(one(&out).1);
+        match v {
+            Verdict::Output(PB) => {
+                to_b += 1;
+                assert_eq!((src, dst), (p.gw, p.b));
+            }
+            Verdict::Output(ETH0) => {
+                remote += 1;
+                assert_eq!((src, dst), (p.node, p.remote));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(to_b > 0 && remote > 0, "B {to_b}, remote {remote}");
 }
