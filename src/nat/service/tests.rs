@@ -948,3 +948,5 @@ fn dual_stack_validation_names_the_field() {
     assert!(matches!(s.upsert(f), Err(ServiceError::BadVip { .. })));
     assert!(s.is_empty());
 }
+
+mod conditions;
