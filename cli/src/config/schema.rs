@@ -476,9 +476,9 @@ pub const SERVICE: Section = Section {
         ),
         key(
             "endpoints",
-            Ty::Strings("[\"10.244.1.2:8080\"]"),
+            Ty::Strings("[\"10.244.1.2:8080\", { addr = \"10.244.2.2:8080\", ready = false, serving = true, terminating = true }]"),
             Dflt::Unset("none: connections are refused"),
-            "the backends, IP:PORT or [IPv6]:PORT, each of a family with a ClusterIP",
+            "the backends, IP:PORT or [IPv6]:PORT (ready), or a table with addr and its EndpointSlice conditions ready, serving, terminating (default true, true, false) and local (default: inside a bridge's subnet), each of a family with a ClusterIP; new connections go to the ready ones, else to those serving and terminating, separately among the local ones for a local policy (kube-proxy's CategorizeEndpoints)",
         ),
         key(
             "session_affinity",
@@ -515,6 +515,16 @@ pub const SERVICE: Section = Section {
             },
             Dflt::Str("random"),
             "maglev: consistent hashing",
+        ),
+        key(
+            "internal_traffic_policy",
+            Ty::Choice {
+                what: "traffic policy",
+                values: &["cluster", "local"],
+                aliases: &[("Cluster", "cluster"), ("Local", "local")],
+            },
+            Dflt::Str("cluster"),
+            "local: ClusterIP traffic to this node's endpoints only (none here: dropped)",
         ),
     ],
 };
