@@ -64,7 +64,9 @@
 //! | `KUBE-EXT-*` for NodePort with `externalTrafficPolicy: Cluster` | masquerade; `Local` keeps the client address and uses local endpoints only (pods inside the cluster CIDR get every endpoint, unmasqueraded) |
 //! | `KUBE-SEP-*`: `-s <endpoint> -j KUBE-MARK-MASQ` (hairpin) | masquerade when the endpoint is the client itself |
 //! | `KUBE-POSTROUTING`: `MASQUERADE` marked packets | source := egress interface address, port kept when free |
-//! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once |
+//! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once (also when none is ready nor serving and terminating) |
+//! | `CategorizeEndpoints`: ready endpoints, else serving and terminating ones, per policy | the cluster-wide and node-local sets of [`crate::nat::EndpointConditions`], precomputed per Service version |
+//! | `internalTrafficPolicy: Local` (`KUBE-SVL-*`); no local endpoint: `DROP` | `ServiceSpec::internal_local`: ClusterIP traffic to the node-local set; none: dropped (`no_endpoint`), no reset |
 //! | CNI `ipMasq`: pod traffic leaving the cluster CIDR masqueraded | [`MasqueradeRule`] |
 //! | `--ctstate INVALID -j DROP` | [`DropReason::CtInvalid`], unless conntrack is liberal |
 //!
