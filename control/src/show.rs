@@ -153,6 +153,9 @@ pub struct ServiceRow {
     pub external_traffic_policy: String,
     /// The Service's id in the NAT (`null`: not installed).
     pub id: Option<u32>,
+    /// `local` or `cluster` (absent from an older server: `cluster`).
+    #[serde(default = "cluster")]
+    pub internal_traffic_policy: String,
     /// The LoadBalancer ingress IPs (kubectl's EXTERNAL-IP), of both families.
     #[serde(default)]
     pub load_balancer_ips: Vec<String>,
@@ -178,6 +181,27 @@ pub struct EndpointRow {
     pub address: String,
     /// Whether it is on this node.
     pub local: bool,
+    /// EndpointSlice condition `ready` (absent from an older server: true).
+    #[serde(default = "yes")]
+    pub ready: bool,
+    /// EndpointSlice condition `serving` (absent: true).
+    #[serde(default = "yes")]
+    pub serving: bool,
+    /// EndpointSlice condition `terminating` (absent: false).
+    #[serde(default)]
+    pub terminating: bool,
+    /// The endpoint sets new connections choose it from: `cluster` (policy Cluster) and/or
+    /// `local` (a Local policy); empty: it takes none (absent from an older server: empty).
+    #[serde(default)]
+    pub used_by: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn cluster() -> String {
+    "cluster".into()
 }
 
 /// A row of `show ports`: a port with its counters.

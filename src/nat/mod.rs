@@ -66,8 +66,8 @@ pub use rewrite::{
     rewrite, rewrite_addrs, rewrite_icmp_error, CsumMode, RewriteError, RewriteFamily,
 };
 pub use service::{
-    AffinityStats, Endpoint, FrontendKind, LbAlgo, ServiceAddr, ServiceError, ServiceId,
-    ServiceRef, ServiceSpec, Services, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+    AffinityStats, Endpoint, EndpointConditions, FrontendKind, LbAlgo, ServiceAddr, ServiceError,
+    ServiceId, ServiceRef, ServiceSpec, Services, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 
 #[doc(no_inline)]

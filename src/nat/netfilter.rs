@@ -66,7 +66,9 @@
 //! | `KUBE-FW-*` (`loadBalancerSourceRanges`, per family) → `KUBE-PROXY-FIREWALL` DROP | LoadBalancer IPs only, while the Service has endpoints: [`DropReason::LbSourceRange`] for a source outside the family's ranges |
 //! | `KUBE-SEP-*`: `-s <endpoint> -j KUBE-MARK-MASQ` (hairpin) | masquerade when the endpoint is the client itself |
 //! | `KUBE-POSTROUTING`: `MASQUERADE` marked packets | source := egress interface address, port kept when free |
-//! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once |
+//! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once (also when none is ready nor serving and terminating) |
+//! | `CategorizeEndpoints`: ready endpoints, else serving and terminating ones, per policy | the cluster-wide and node-local sets of [`crate::nat::EndpointConditions`], precomputed per Service version |
+//! | `internalTrafficPolicy: Local` (`KUBE-SVL-*`); no local endpoint: `DROP` | `ServiceSpec::internal_local`: ClusterIP traffic to the node-local set; none: dropped (`no_endpoint`), no reset |
 //! | CNI `ipMasq`: pod traffic leaving the cluster CIDR masqueraded | [`MasqueradeRule`] |
 //! | `--ctstate INVALID -j DROP` | [`DropReason::CtInvalid`], unless conntrack is liberal |
 //!
@@ -645,7 +647,8 @@ impl Netfilter {
     }
 
     /// Adds or changes a Service (by name). When its endpoint list shrinks, UDP flows to
-    /// removed endpoints are flushed, as kube-proxy does (`conntrack -D --orig-dst <vip>
+    /// removed endpoints (and to endpoints neither serving nor ready any more) are flushed, as
+    /// kube-proxy does (`conntrack -D --orig-dst <vip>
     /// --reply-src <endpoint> -p udp`, with `-f ipv6` for IPv6 endpoints); all of a
     /// family's UDP flows of the Service are flushed when that family's ClusterIP or the port
     /// changes. TCP connections to them are left to finish or time out.
@@ -656,11 +659,16 @@ impl Netfilter {
     ) -> Result<nat::ServiceId, nat::ServiceError> {
         let old = self.services.get(&spec.name).map(|s| s.spec().clone());
         let id = self.services.upsert(spec.clone())?;
+        // CleanStaleEntries keeps the UDP flows of serving endpoints (and of those a new
+        // connection may still go to: ready ones that are not serving, publishNotReadyAddresses).
+        fn kept<A: nat::ServiceAddr>(n: &nat::Endpoint<A>) -> bool {
+            n.conditions.serving || n.conditions.ready
+        }
         if let Some(old) = old {
             let gone: Vec<_> = old
                 .endpoints
                 .iter()
-                .filter(|e| !spec.endpoints.iter().any(|n| n.addr == e.addr))
+                .filter(|e| !spec.endpoints.iter().any(|n| n.addr == e.addr && kept(n)))
                 .map(|e| (*e.addr.ip(), e.addr.port()))
                 .collect();
             let moved = old.vip != spec.vip || old.port != spec.port;
@@ -670,7 +678,7 @@ impl Netfilter {
             let gone6: Vec<_> = old
                 .endpoints6
                 .iter()
-                .filter(|e| !spec.endpoints6.iter().any(|n| n.addr == e.addr))
+                .filter(|e| !spec.endpoints6.iter().any(|n| n.addr == e.addr && kept(n)))
                 .map(|e| (*e.addr.ip(), e.addr.port()))
                 .collect();
             let moved6 = old.vip6 != spec.vip6 || old.port != spec.port;
@@ -957,11 +965,16 @@ impl Netfilter {
                 let local_policy = node_port && svc.spec().external_local && !from_pod;
                 let from_node = local_policy && routing.is_local(t.src);
                 let local_only = local_policy && !from_node;
+                // internalTrafficPolicy Local (KUBE-SVL-*): ClusterIP traffic, from anywhere,
+                // to this node's endpoints only.
+                let local_only = local_only || (!node_port && svc.spec().internal_local);
                 let flow = (hash, cx.rng.next_u64());
                 let Some(ep) = A::select(&self.services, &svc, t.src, flow, local_only, now) else {
                     self.counters.rejected.add(1);
-                    // No endpoint: REJECT (Cluster) or DROP (Local without local endpoints),
-                    // as kube-proxy.
+                    // No usable endpoint: REJECT (none anywhere, or none ready nor serving
+                    // and terminating) or DROP (a Local policy without local endpoints while
+                    // there are some elsewhere), as kube-proxy's "has no endpoints" and "has
+                    // no local endpoints" filter rules.
                     return if local_only && A::has_endpoints(&svc) {
                         Hook::Drop(DropReason::NoEndpoint)
                     } else {

@@ -11,7 +11,8 @@
 //! Items are compared by value ([`Located::value`]), never by the lines they were read from.
 
 use crate::config::{
-    BridgeCfg, Config, Located, NeighborCfg, PeerCfg, RouteCfg, ServiceCfg, UplinkCfg, VxlanCfg,
+    BridgeCfg, Config, EndpointCfg, Located, NeighborCfg, PeerCfg, RouteCfg, ServiceCfg, UplinkCfg,
+    VxlanCfg,
 };
 
 /// The live changes of a reload.
@@ -526,15 +527,20 @@ fn service_detail(old: &[ServiceCfg], new: &[ServiceCfg], line: String) -> Strin
     }) else {
         return line;
     };
+    let was = |e: &EndpointCfg| o.endpoints.iter().find(|x| x.addr == e.addr).copied();
     let mut f: Vec<String> = n
         .endpoints
         .iter()
-        .filter(|e| !o.endpoints.contains(e))
-        .map(|e| format!("+{}", e.addr))
+        .filter_map(|e| match was(e) {
+            None => Some(format!("+{}", e.addr)),
+            // Conditions (or the local flag) changed: applied live, as kube-proxy's next sync.
+            Some(x) if x != *e => Some(format!("~{} {}", e.addr, describe(e))),
+            Some(_) => None,
+        })
         .chain(
             o.endpoints
                 .iter()
-                .filter(|e| !n.endpoints.contains(e))
+                .filter(|e| !n.endpoints.iter().any(|x| x.addr == e.addr))
                 .map(|e| format!("-{}", e.addr)),
         )
         .collect();
@@ -554,6 +560,12 @@ fn service_detail(old: &[ServiceCfg], new: &[ServiceCfg], line: String) -> Strin
         );
     }
     format!("{line} ({})", f.join(" "))
+}
+
+/// An endpoint's conditions and local flag, as a reload's summary shows a change of them.
+fn describe(e: &EndpointCfg) -> String {
+    let local = if e.local { "local" } else { "remote" };
+    format!("{},{local}", e.conditions)
 }
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {

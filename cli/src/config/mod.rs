@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tapyard::conntrack::CtConfig;
 use tapyard::l3::neigh::NeighConfig;
-use tapyard::nat::{Endpoint, LbAlgo, Prefix, ServiceSpec};
+use tapyard::nat::{Endpoint, EndpointConditions, LbAlgo, Prefix, ServiceSpec};
 use tapyard::wire::family::IpProto;
 use tapyard::MacAddr;
 use toml::de::DeTable;
@@ -331,8 +331,11 @@ pub type ServiceCfg = Located<ServiceDef>;
 pub struct EndpointCfg {
     /// Its address and port.
     pub addr: SocketAddr,
-    /// Inside one of this node's bridge subnets.
+    /// On this node: as given (`local = true` in its table), else inside one of this node's
+    /// bridge subnets.
     pub local: bool,
+    /// Its EndpointSlice conditions (a plain `IP:PORT` string: ready).
+    pub conditions: EndpointConditions,
 }
 
 /// A `[[service]]`: one frontend per ClusterIP (at most one per family, as a dual-stack
@@ -363,6 +366,8 @@ pub struct ServiceDef {
     pub external_ips: Vec<IpAddr>,
     /// `load_balancer_source_ranges`: who may reach the LoadBalancer IPs (per family).
     pub load_balancer_source_ranges: Vec<IpCidr>,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
 }
 
 impl ServiceDef {
@@ -405,8 +410,12 @@ impl ServiceDef {
         spec.node_port = self.node_port;
         for e in &self.endpoints {
             match e.addr {
-                SocketAddr::V4(a) => spec.endpoints.push(Endpoint::new(a, e.local)),
-                SocketAddr::V6(a) => spec.endpoints6.push(Endpoint::new(a, e.local)),
+                SocketAddr::V4(a) => spec
+                    .endpoints
+                    .push(Endpoint::new(a, e.local).with_conditions(e.conditions)),
+                SocketAddr::V6(a) => spec
+                    .endpoints6
+                    .push(Endpoint::new(a, e.local).with_conditions(e.conditions)),
             }
         }
         spec.affinity = self.affinity;
@@ -422,6 +431,7 @@ impl ServiceDef {
                 len: c.prefix_len(),
             })
             .collect();
+        spec.internal_local = self.internal_local;
         spec
     }
 }

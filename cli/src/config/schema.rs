@@ -476,9 +476,9 @@ pub const SERVICE: Section = Section {
         ),
         key(
             "endpoints",
-            Ty::Strings("[\"10.244.1.2:8080\"]"),
+            Ty::Strings("[\"10.244.1.2:8080\", { addr = \"10.244.2.2:8080\", ready = false, serving = true, terminating = true }]"),
             Dflt::Unset("none: connections are refused"),
-            "the backends, IP:PORT or [IPv6]:PORT, each of a family with a ClusterIP",
+            "the backends, IP:PORT or [IPv6]:PORT (ready), or a table with addr and its EndpointSlice conditions ready, serving, terminating (default true, true, false) and local (default: inside a bridge's subnet), each of a family with a ClusterIP; new connections go to the ready ones, else to those serving and terminating, separately among the local ones for a local policy (kube-proxy's CategorizeEndpoints)",
         ),
         key(
             "session_affinity",
@@ -533,6 +533,16 @@ pub const SERVICE: Section = Section {
             Ty::Strings("[\"203.0.113.0/24\", \"2001:db8:1::/48\"]"),
             Dflt::Unset("everyone"),
             "who may reach the load_balancer_ips, per family (a family without a range is not filtered); others are dropped (lb_source_range)",
+        ),
+        key(
+            "internal_traffic_policy",
+            Ty::Choice {
+                what: "traffic policy",
+                values: &["cluster", "local"],
+                aliases: &[("Cluster", "cluster"), ("Local", "local")],
+            },
+            Dflt::Str("cluster"),
+            "local: ClusterIP traffic to this node's endpoints only (none here: dropped)",
         ),
     ],
 };

@@ -730,3 +730,139 @@ fn bad_lb_ips_external_ips_and_source_ranges_name_line_key_and_value() {
         "{all:#?}"
     );
 }
+
+/// `VXLAN`'s node with its `web` Service's endpoints and keys replaced.
+fn with_endpoints(endpoints: &str, more: &str) -> String {
+    VXLAN.replace(
+        "endpoints = [\"10.244.2.5:8080\"]",
+        &format!("endpoints = {endpoints}\n{more}"),
+    )
+}
+
+#[test]
+fn endpoints_take_conditions_in_inline_tables_beside_strings() {
+    let src = with_endpoints(
+        "[\"10.244.2.5:8080\", { addr = \"10.244.1.7:8080\", ready = false, serving = true, terminating = true },\n  { addr = \"10.244.2.6:8080\", local = true, ready = false }]",
+        "internal_traffic_policy = \"Local\"",
+    );
+    let ch = check_str(&src);
+    assert!(ch.errors().next().is_none(), "{:?}", ch.diags);
+    let web = &ch.config.as_ref().unwrap().services[0];
+    assert!(web.internal_local && !web.external_local);
+    let eps: Vec<(String, bool, EndpointConditions)> = web
+        .endpoints
+        .iter()
+        .map(|e| (e.addr.to_string(), e.local, e.conditions))
+        .collect();
+    let not_ready = EndpointConditions {
+        ready: false,
+        ..EndpointConditions::READY
+    };
+    assert_eq!(
+        eps,
+        [
+            ("10.244.2.5:8080".into(), false, EndpointConditions::READY),
+            // Inside cni0's subnet: local without saying so.
+            (
+                "10.244.1.7:8080".into(),
+                true,
+                EndpointConditions::TERMINATING
+            ),
+            // `local = true` overrides the subnet rule.
+            ("10.244.2.6:8080".into(), true, not_ready),
+        ]
+    );
+    let spec = web.spec();
+    assert!(spec.internal_local);
+    assert_eq!(
+        spec.endpoints[1].conditions,
+        EndpointConditions::TERMINATING
+    );
+    // The local set is the terminating 10.244.1.7 (10.244.2.6 is neither ready nor
+    // terminating): no warning about ClusterIP traffic being dropped.
+    assert!(
+        !ch.diags.iter().any(|d| d.msg.contains("will be dropped")),
+        "{:?}",
+        ch.diags
+    );
+}
+
+#[test]
+fn bad_endpoint_tables_name_line_key_and_value() {
+    let src = with_endpoints(
+        "[\n  \"10.244.2.5:8080\",\n  { addr = \"10.244.2.6:0\" },\n  { addr = \"10.244.2.7:80\", ready = \"yes\" },\n  { addr = \"10.244.2.8:80\", zone = \"a\" },\n  { ready = true },\n  7,\n]",
+        "internal_traffic_policy = \"sometimes\"",
+    );
+    let line = |pat: &str| src.lines().position(|l| l.contains(pat)).unwrap() + 1;
+    let e = errors(&src);
+    let has = |l: usize, s: &str| {
+        e.iter()
+            .any(|m| m.starts_with(&format!("f:{l}: ")) && m.contains(s))
+    };
+    assert!(
+        has(
+            line("10.244.2.6:0"),
+            "service \"web\": endpoints[1].addr = \"10.244.2.6:0\" has port 0"
+        ),
+        "{e:?}"
+    );
+    assert!(
+        has(
+            line("ready = \"yes\""),
+            "endpoints[2].ready = \"yes\" is a string, expected true or false"
+        ),
+        "{e:?}"
+    );
+    assert!(has(line("zone = \"a\""), "endpoints[3]: unknown field `zone` (expected one of: addr, ready, serving, terminating, local)"), "{e:?}");
+    assert!(
+        has(
+            line("{ ready = true }"),
+            "endpoints[4]: missing field `addr`"
+        ),
+        "{e:?}"
+    );
+    assert!(
+        has(
+            line("  7,"),
+            "endpoints[5] = 7 is a integer, expected an IP:PORT string or a table"
+        ),
+        "{e:?}"
+    );
+    assert!(
+        has(
+            line("sometimes"),
+            "internal_traffic_policy = \"sometimes\" is not a traffic policy"
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.len(), 6, "{e:?}");
+}
+
+#[test]
+fn internal_local_without_a_usable_local_endpoint_warns() {
+    let src = with_endpoints(
+        "[\"10.244.2.5:8080\"]",
+        "internal_traffic_policy = \"local\"",
+    );
+    let ch = check_str(&src);
+    assert!(ch.errors().next().is_none(), "{:?}", ch.diags);
+    assert!(
+        ch.diags.iter().any(|d| d.warning
+            && d.msg
+                .contains("ClusterIP traffic on this node will be dropped")),
+        "{:?}",
+        ch.diags
+    );
+    let src = with_endpoints(
+        "[{ addr = \"10.244.2.5:8080\", ready = false, serving = false }]",
+        "",
+    );
+    let ch = check_str(&src);
+    assert!(
+        ch.diags.iter().any(|d| d.warning
+            && d.msg
+                .contains("no endpoint is ready, nor serving and terminating")),
+        "{:?}",
+        ch.diags
+    );
+}

@@ -736,6 +736,26 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 msg: format!("{ctx}: no endpoints: connections to it will be refused"),
             });
         }
+        // Usable: ready, or serving and terminating (kube-proxy's CategorizeEndpoints).
+        let usable =
+            |e: &&crate::config::EndpointCfg| e.conditions.ready || e.conditions.fallback();
+        if !s.endpoints.is_empty() && !s.endpoints.iter().any(|e| usable(&e)) {
+            warnings.push(Diag {
+                line: s.lines.of("endpoints"),
+                warning: true,
+                msg: format!("{ctx}: no endpoint is ready, nor serving and terminating: connections to it will be refused"),
+            });
+        }
+        if s.internal_local
+            && s.endpoints.iter().any(|e| usable(&e))
+            && !s.endpoints.iter().filter(usable).any(|e| e.local)
+        {
+            warnings.push(Diag {
+                line: s.lines.of("internal_traffic_policy"),
+                warning: true,
+                msg: format!("{ctx}: internal_traffic_policy = \"local\" but no usable endpoint is on this node: ClusterIP traffic on this node will be dropped"),
+            });
+        }
     }
     // Masquerade.
     if let Some(m) = &c.masquerade {

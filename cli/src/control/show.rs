@@ -458,7 +458,8 @@ fn nat_show(
         .list()
         .into_iter()
         .map(|s| {
-            let id = nf.services().get(&s.name).map(|r| r.id().get());
+            let r = nf.services().get(&s.name);
+            let id = r.as_ref().map(|r| r.id().get());
             // The first ClusterIP: the IPv4 one, else the IPv6 one.
             let cluster_ip = match (s.vip, s.vip6) {
                 (Some(a), _) => a.to_string(),
@@ -469,13 +470,31 @@ fn nat_show(
                 .get(&s.name)
                 .cloned()
                 .unwrap_or_else(|| vec![cluster_ip.clone()]);
+            // Both families' endpoints, with their conditions and the sets they are in.
+            let row = |addr: std::net::SocketAddr, local, c: tapyard::nat::EndpointConditions| {
+                let used_by = [(false, "cluster"), (true, "local")]
+                    .into_iter()
+                    .filter(|&(l, _)| r.as_ref().is_some_and(|r| r.has_endpoint(addr, l)))
+                    .map(|(_, n)| n.to_string())
+                    .collect();
+                EndpointRow {
+                    address: addr.to_string(),
+                    local,
+                    ready: c.ready,
+                    serving: c.serving,
+                    terminating: c.terminating,
+                    used_by,
+                }
+            };
             let endpoints = s
                 .endpoints
                 .iter()
-                .map(|e| EndpointRow {
-                    address: e.addr.to_string(),
-                    local: e.local,
-                })
+                .map(|e| row(e.addr.into(), e.local, e.conditions))
+                .chain(
+                    s.endpoints6
+                        .iter()
+                        .map(|e| row(e.addr.into(), e.local, e.conditions)),
+                )
                 .collect();
             let algorithm = match s.algo {
                 LbAlgo::Random => "random",
@@ -489,6 +508,7 @@ fn nat_show(
                 endpoints,
                 external_traffic_policy: if s.external_local { "local" } else { "cluster" }.into(),
                 id,
+                internal_traffic_policy: if s.internal_local { "local" } else { "cluster" }.into(),
                 name: s.name,
                 node_port: s.node_port,
                 port: s.port,

@@ -10,6 +10,7 @@ mod common;
 mod cni_node;
 mod ct_limit;
 mod dual_stack;
+mod endpoints;
 mod frags;
 mod host_port;
 mod ipv6_only;

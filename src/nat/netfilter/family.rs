@@ -98,7 +98,8 @@ pub(crate) trait NatFamily<const W: usize>:
         local_only: bool,
         now: Instant,
     ) -> Option<(Self, u16)>;
-    /// Whether the Service has endpoints of the family.
+    /// Whether the Service has endpoints of the family a connection may go to (ready, or
+    /// serving and terminating; kube-proxy's `hasEndpoints`).
     fn has_endpoints(svc: &ServiceRef) -> bool;
 }
 
@@ -251,7 +252,7 @@ impl NatFamily<2> for Ipv4Addr {
         Some((*ep.ip(), ep.port()))
     }
     fn has_endpoints(svc: &ServiceRef) -> bool {
-        !svc.endpoints::<Ipv4Addr>().is_empty()
+        svc.has_usable_endpoints::<Ipv4Addr>()
     }
 }
 
@@ -366,6 +367,6 @@ impl NatFamily<5> for Ipv6Addr {
         Some((*ep.ip(), ep.port()))
     }
     fn has_endpoints(svc: &ServiceRef) -> bool {
-        !svc.endpoints::<Ipv6Addr>().is_empty()
+        svc.has_usable_endpoints::<Ipv6Addr>()
     }
 }

@@ -102,18 +102,106 @@ pub enum LbAlgo {
 pub struct Endpoint<A: ServiceAddr = Ipv4Addr> {
     /// Address and port traffic is sent to.
     pub addr: A::SocketAddr,
-    /// True if the endpoint runs on this node (for `externalTrafficPolicy: Local`).
+    /// True if the endpoint runs on this node (for the `Local` traffic policies).
     pub local: bool,
+    /// Its EndpointSlice conditions (ready, serving, terminating): which endpoints a new
+    /// connection may go to (see [`EndpointConditions`]).
+    pub conditions: EndpointConditions,
 }
 
 impl<A: ServiceAddr> Endpoint<A> {
-    /// An endpoint at `addr` (an IPv6 one's flow info and scope id are ignored).
+    /// A ready endpoint at `addr` (an IPv6 one's flow info and scope id are ignored).
     pub fn new(addr: A::SocketAddr, local: bool) -> Endpoint<A> {
         let (ip, port) = A::split(addr);
         Endpoint {
             addr: A::socket(ip, port),
             local,
+            conditions: EndpointConditions::READY,
         }
+    }
+
+    /// The endpoint with `conditions` instead of its own.
+    ///
+    /// ```
+    /// use std::net::SocketAddrV4;
+    /// use tapyard::nat::service::{Endpoint, EndpointConditions};
+    ///
+    /// let a: SocketAddrV4 = "10.244.1.5:8080".parse().unwrap();
+    /// let e = Endpoint::new(a, true).with_conditions(EndpointConditions::TERMINATING);
+    /// assert!(!e.conditions.ready && e.conditions.serving && e.conditions.terminating);
+    /// ```
+    pub fn with_conditions(self, conditions: EndpointConditions) -> Endpoint<A> {
+        Endpoint { conditions, ..self }
+    }
+}
+
+/// An endpoint's conditions, as an EndpointSlice gives them (`conditions.ready`,
+/// `.serving`, `.terminating`; absent `ready` and `serving` mean true, absent `terminating`
+/// false: [`EndpointConditions::READY`], the default).
+///
+/// A Service's new connections go, as kube-proxy's `CategorizeEndpoints` (KEP-1669), to its
+/// ready endpoints; only when none is ready, to those both serving and terminating (a pod
+/// shutting down that still answers); never to the others. The node-local set (the `Local`
+/// traffic policies) is chosen the same way among the local endpoints alone, so it may fall
+/// back to terminating local endpoints while ready ones exist elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointConditions {
+    /// Ready for new connections (a ready pod; every pod with `publishNotReadyAddresses`).
+    pub ready: bool,
+    /// Answering, whether or not it is terminating (a ready pod's readiness, also while it
+    /// terminates).
+    pub serving: bool,
+    /// Shutting down.
+    pub terminating: bool,
+}
+
+impl EndpointConditions {
+    /// Ready and serving, not terminating: the default.
+    pub const READY: EndpointConditions = EndpointConditions {
+        ready: true,
+        serving: true,
+        terminating: false,
+    };
+    /// Serving and terminating, not ready: a pod shutting down that still answers, used
+    /// only when no endpoint of its set is ready.
+    pub const TERMINATING: EndpointConditions = EndpointConditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+
+    /// Usable when no endpoint of its set is ready (serving and terminating).
+    pub fn fallback(self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
+impl Default for EndpointConditions {
+    fn default() -> Self {
+        EndpointConditions::READY
+    }
+}
+
+impl fmt::Display for EndpointConditions {
+    /// The conditions that hold, comma separated (`ready,serving`), or `-` for none.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (self.ready, "ready"),
+            (self.serving, "serving"),
+            (self.terminating, "terminating"),
+        ];
+        let mut first = true;
+        for (_, n) in names.iter().filter(|c| c.0) {
+            if !first {
+                f.write_str(",")?;
+            }
+            f.write_str(n)?;
+            first = false;
+        }
+        if first {
+            f.write_str("-")?;
+        }
+        Ok(())
     }
 }
 
@@ -389,6 +477,11 @@ pub struct ServiceSpec {
     /// prefix's length is at most its family's (32, 128); host bits are ignored. Empty by
     /// default.
     pub load_balancer_source_ranges: Vec<Prefix<IpAddr>>,
+    /// `internalTrafficPolicy: Local`: the datapath passes `local_only` to
+    /// [`Services::select`] for traffic to the ClusterIP, so it goes only to endpoints on
+    /// this node (none there but some elsewhere: dropped, as kube-proxy). Node-port traffic
+    /// keeps `external_local`'s policy.
+    pub internal_local: bool,
 }
 
 impl ServiceSpec {
@@ -431,6 +524,7 @@ impl ServiceSpec {
             load_balancer_ips: Vec::new(),
             external_ips: Vec::new(),
             load_balancer_source_ranges: Vec::new(),
+            internal_local: false,
         }
     }
 
@@ -774,23 +868,29 @@ trait EpAddr: Copy + Ord + Backend + fmt::Debug {}
 impl<S: Copy + Ord + Backend + fmt::Debug> EpAddr for S {}
 
 /// One family's frontend of one version of a service, with everything `select` needs
-/// precomputed.
+/// precomputed: the endpoints a new connection may go to under each policy, as kube-proxy's
+/// `CategorizeEndpoints` picks them (see [`EndpointConditions`]).
 #[derive(Debug)]
 struct Frontend<A> {
-    /// Endpoint addresses, in spec order.
+    /// The cluster-wide set (policy `Cluster`): the ready endpoints, else the serving
+    /// terminating ones. Empty: the service has no usable endpoint (REJECT).
+    cluster: Eligible<A>,
+    /// The node-local set (policy `Local`), chosen the same way among the local endpoints;
+    /// `None` when it is the cluster set itself (every usable endpoint local, and of the same
+    /// kind), which then serves both.
+    local: Option<Eligible<A>>,
+}
+
+/// The endpoints one policy may choose from.
+#[derive(Debug)]
+struct Eligible<A> {
+    /// In spec order (random choice).
     eps: Box<[A]>,
-    /// Indices (into `eps`) of the local endpoints.
-    local: Box<[u32]>,
-    /// (address, local) sorted by address, for membership tests.
-    sorted: Box<[(A, bool)]>,
-    /// Maglev over all endpoints (algo Maglev, nonempty), built over them in address order so
-    /// the table does not depend on the order endpoints are listed in; indices into `sorted`.
+    /// Sorted, for membership tests; Maglev's indices are into it.
+    sorted: Box<[A]>,
+    /// Maglev over `sorted` (algo Maglev, nonempty), built in address order so the table does
+    /// not depend on the order endpoints are listed in.
     maglev: Option<Maglev>,
-    /// Maglev over the local endpoints (some but not all endpoints local); indices into
-    /// `sorted_local`.
-    maglev_local: Option<Maglev>,
-    /// The local endpoints' addresses, sorted.
-    sorted_local: Box<[A]>,
 }
 
 /// One version of one service.
@@ -802,87 +902,101 @@ struct SvcState {
     v6: Frontend<SocketAddrV6>,
 }
 
-impl<A: EpAddr> Frontend<A> {
-    fn eligible(&self, ep: A, local_only: bool) -> bool {
-        match self.sorted.binary_search_by_key(&ep, |e| e.0) {
-            Ok(i) => !local_only || self.sorted.get(i).is_some_and(|e| e.1),
-            Err(_) => false,
+/// `CategorizeEndpoints` for one policy over `eps` (address, conditions), in order: the ready
+/// ones, or when there is none, the serving terminating ones.
+fn usable<A: Copy>(eps: impl Iterator<Item = (A, EndpointConditions)> + Clone) -> Vec<A> {
+    let ready: Vec<A> = eps.clone().filter(|e| e.1.ready).map(|e| e.0).collect();
+    if !ready.is_empty() {
+        return ready;
+    }
+    eps.filter(|e| e.1.fallback()).map(|e| e.0).collect()
+}
+
+impl<A: EpAddr> Eligible<A> {
+    /// The set of `eps` (spec order); `prev_size`: the previous version's Maglev table size.
+    fn new(eps: Vec<A>, algo: LbAlgo, prev_size: Option<u32>) -> Self {
+        let mut sorted = eps.clone();
+        sorted.sort_unstable();
+        let maglev = (algo == LbAlgo::Maglev && !sorted.is_empty()).then(|| {
+            let m = maglev::table_size_for_update(prev_size, sorted.len());
+            Maglev::with_size(&sorted, m)
+        });
+        Eligible {
+            eps: eps.into_boxed_slice(),
+            sorted: sorted.into_boxed_slice(),
+            maglev: maglev.flatten(),
         }
     }
 
-    fn pick(&self, algo: LbAlgo, flow_hash: u64, rand: u64, local_only: bool) -> Option<A> {
-        let all_local = self.local.len() == self.eps.len();
-        let n = if local_only {
-            self.local.len()
-        } else {
-            self.eps.len()
-        };
+    /// Its table's size, for the next version to reuse (a table has at most 65537 slots; one
+    /// that did not fit would just not be reused).
+    fn maglev_size(&self) -> Option<u32> {
+        self.maglev
+            .as_ref()
+            .and_then(|m| u32::try_from(m.len()).ok())
+    }
+
+    #[inline]
+    fn contains(&self, ep: A) -> bool {
+        self.sorted.binary_search(&ep).is_ok()
+    }
+
+    #[inline]
+    fn pick(&self, algo: LbAlgo, flow_hash: u64, rand: u64) -> Option<A> {
+        let n = self.eps.len();
         if n == 0 {
             return None;
         }
-        let restricted = local_only && !all_local;
-        match (algo, restricted, &self.maglev, &self.maglev_local) {
-            (LbAlgo::Maglev, false, Some(m), _) => {
-                return self.sorted.get(m.lookup(flow_hash)).map(|e| e.0)
-            }
-            (LbAlgo::Maglev, true, _, Some(m)) => {
-                return self.sorted_local.get(m.lookup(flow_hash)).copied()
-            }
-            _ => {}
+        if let (LbAlgo::Maglev, Some(m)) = (algo, &self.maglev) {
+            return self.sorted.get(m.lookup(flow_hash)).copied();
         }
         // Lemire's multiply-shift: uniform within 2^-64 bias, no division.
-        let i = scale(rand, n);
-        let i = if restricted {
-            *self.local.get(i)? as usize
-        } else {
-            i
-        };
-        self.eps.get(i).copied()
+        self.eps.get(scale(rand, n)).copied()
+    }
+}
+
+impl<A: EpAddr> Frontend<A> {
+    /// The set a connection chooses from: the local one with `local_only`.
+    #[inline]
+    fn set(&self, local_only: bool) -> &Eligible<A> {
+        match (local_only, &self.local) {
+            (true, Some(l)) => l,
+            _ => &self.cluster,
+        }
     }
 
-    /// The frontend over `list` (address, local); `Err(addr)` for an address listed twice.
-    fn build(list: &[(A, bool)], algo: LbAlgo, prev: Option<&Frontend<A>>) -> Result<Self, A> {
-        let eps: Box<[A]> = list.iter().map(|e| e.0).collect();
-        let mut sorted: Vec<(A, bool)> = list.to_vec();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(w[0].0);
+    fn eligible(&self, ep: A, local_only: bool) -> bool {
+        self.set(local_only).contains(ep)
+    }
+
+    #[inline]
+    fn pick(&self, algo: LbAlgo, flow_hash: u64, rand: u64, local_only: bool) -> Option<A> {
+        self.set(local_only).pick(algo, flow_hash, rand)
+    }
+
+    /// The frontend over `list` (address, local, conditions); `Err(addr)` for an address
+    /// listed twice.
+    fn build(
+        list: &[(A, bool, EndpointConditions)],
+        algo: LbAlgo,
+        prev: Option<&Frontend<A>>,
+    ) -> Result<Self, A> {
+        let mut all: Vec<A> = list.iter().map(|e| e.0).collect();
+        all.sort_unstable();
+        if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+            return Err(w[0]);
         }
-        let local: Box<[u32]> = list
-            .iter()
-            .zip(0u32..) // at most MAX_BACKENDS (checked by validate): the indices fit
-            .filter(|(e, _)| e.1)
-            .map(|(_, i)| i)
-            .collect();
-        let sorted_local: Box<[A]> = sorted.iter().filter(|e| e.1).map(|e| e.0).collect();
-        let (mut maglev, mut maglev_local) = (None, None);
-        if algo == LbAlgo::Maglev && !eps.is_empty() {
-            let all: Vec<A> = sorted.iter().map(|e| e.0).collect();
-            let prev_size = |local: bool| {
-                prev.and_then(|p| {
-                    if local {
-                        p.maglev_local.as_ref()
-                    } else {
-                        p.maglev.as_ref()
-                    }
-                })
-                // A table has at most 65537 slots; one that did not fit would just not be reused.
-                .and_then(|m| u32::try_from(m.len()).ok())
-            };
-            let m = maglev::table_size_for_update(prev_size(false), eps.len());
-            maglev = Maglev::with_size(&all, m);
-            if !local.is_empty() && local.len() < eps.len() {
-                let m = maglev::table_size_for_update(prev_size(true), sorted_local.len());
-                maglev_local = Maglev::with_size(&sorted_local, m);
-            }
-        }
+        let every = list.iter().map(|e| (e.0, e.2));
+        let cluster = usable(every);
+        let local = usable(list.iter().filter(|e| e.1).map(|e| (e.0, e.2)));
+        let prev_cluster = prev.and_then(|p| p.cluster.maglev_size());
+        let local = (local != cluster).then(|| {
+            let prev_local = prev.and_then(|p| p.local.as_ref()?.maglev_size());
+            Eligible::new(local, algo, prev_local)
+        });
         Ok(Frontend {
-            eps,
+            cluster: Eligible::new(cluster, algo, prev_cluster),
             local,
-            sorted: sorted.into_boxed_slice(),
-            maglev,
-            maglev_local,
-            sorted_local,
         })
     }
 }
@@ -910,8 +1024,9 @@ impl ServiceRef {
     pub fn endpoints<A: ServiceAddr>(&self) -> &[Endpoint<A>] {
         A::endpoints(&self.0.spec)
     }
-    /// True if `ep` (of either family) is one of this version's endpoints of its family (and
-    /// local, with `local_only`).
+    /// True if `ep` (of either family) is one of the endpoints of its family a new
+    /// connection may go to: in the cluster-wide set, or with `local_only` the node-local one
+    /// (see [`EndpointConditions`]).
     pub fn has_endpoint(&self, ep: impl Into<SocketAddr>, local_only: bool) -> bool {
         match ep.into() {
             SocketAddr::V4(ep) => self.has_endpoint_of::<Ipv4Addr>(ep, local_only),
@@ -921,6 +1036,20 @@ impl ServiceRef {
     fn has_endpoint_of<A: ServiceAddr>(&self, ep: A::SocketAddr, local_only: bool) -> bool {
         let (ip, port) = A::split(ep);
         A::frontend(&self.0).eligible(A::socket(ip, port), local_only)
+    }
+    /// The endpoints of family `A` a new connection may go to, in spec order: the
+    /// cluster-wide set (the ready ones, else the serving terminating ones), or with
+    /// `local_only` the node-local set, chosen the same way among the local endpoints
+    /// (kube-proxy's `CategorizeEndpoints`).
+    pub fn eligible<A: ServiceAddr>(&self, local_only: bool) -> &[A::SocketAddr] {
+        &A::frontend(&self.0).set(local_only).eps
+    }
+    /// True if the service has an endpoint of family `A` any new connection may go to (ready,
+    /// or serving and terminating), on this node or not: kube-proxy's `hasEndpoints`. Without
+    /// one, connections are rejected; with one but none local, a `Local` policy drops them.
+    #[inline]
+    pub fn has_usable_endpoints<A: ServiceAddr>(&self) -> bool {
+        !A::frontend(&self.0).cluster.eps.is_empty()
     }
 }
 
@@ -1299,9 +1428,9 @@ fn build_frontend<A: ServiceAddr>(
     spec: &ServiceSpec,
     prev: Option<&SvcState>,
 ) -> Result<Frontend<A::SocketAddr>, ServiceError> {
-    let list: Vec<(A::SocketAddr, bool)> = A::endpoints(spec)
+    let list: Vec<(A::SocketAddr, bool, EndpointConditions)> = A::endpoints(spec)
         .iter()
-        .map(|e| (e.addr, e.local))
+        .map(|e| (e.addr, e.local, e.conditions))
         .collect();
     Frontend::build(&list, spec.algo, prev.map(A::frontend)).map_err(|endpoint| {
         ServiceError::DuplicateEndpoint {
@@ -1511,7 +1640,8 @@ impl Services {
             let s = &*svc.0;
             if let Some(timeout) = s.spec.affinity {
                 let ep = A::socket(v.reply.src, v.reply.sport);
-                if A::frontend(s).eps.contains(&ep) {
+                let f = A::frontend(s);
+                if f.eligible(ep, false) || f.eligible(ep, true) {
                     let key = A::aff_key(s.id.0, t.src);
                     A::affinity(self).restore(key, ep, last + timeout, now);
                     restored += 1;
@@ -1567,31 +1697,34 @@ impl Services {
     ///
     /// ```text
     /// Prot LocalAddress:Port Scheduler Flags
-    ///   -> RemoteAddress:Port           Local
-    /// TCP  10.96.0.10:53 rr persistent 10800 [id 1 kube-dns] nodeport 30053
-    ///   -> 10.244.1.5:53                yes
+    ///   -> RemoteAddress:Port           Local Conditions                Used
+    /// TCP  10.96.0.10:53 rr persistent 10800 [id 1 kube-dns] nodeport 30053 internal-local
+    ///   -> 10.244.1.5:53                yes   ready,serving             cluster,local
+    ///   -> 10.244.2.5:53                no    serving,terminating       -
     /// TCP  10.96.0.20:80 rr [id 2 web] loadbalancer 192.0.2.10 external 198.51.100.7 ranges 203.0.113.0/24 external-local
-    ///   -> 10.244.1.6:8080              yes
+    ///   -> 10.244.1.6:8080              yes   ready,serving             cluster,local
     /// ```
     ///
     /// A family's LoadBalancer IPs, external IPs and source ranges (those of the family; the
     /// ranges only with LoadBalancer IPs) follow its ClusterIP.
     ///
     /// The scheduler is `rr` for random (as kube-proxy's IPVS default) and `mh` for Maglev
-    /// (IPVS's Maglev hashing scheduler).
+    /// (IPVS's Maglev hashing scheduler). `Used` tells which of the endpoint sets (see
+    /// [`EndpointConditions`]) new connections choose it from: `cluster` (policy Cluster),
+    /// `local` (a Local policy), or `-` for neither.
     pub fn fmt_services(&self) -> String {
         let snap = self.snap.load();
         let mut v: Vec<&Arc<SvcState>> = snap.by_name.values().collect();
         v.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
         let mut out = String::from(
-            "Prot LocalAddress:Port Scheduler Flags\n  -> RemoteAddress:Port           Local\n",
+            "Prot LocalAddress:Port Scheduler Flags\n  -> RemoteAddress:Port           Local Conditions                Used\n",
         );
         for s in v {
             let sp = &s.spec;
             // One block per frontend, as ipvsadm lists an IPv4 and an IPv6 virtual service.
             let blocks = [
-                (listed::<Ipv4Addr>(sp), ext_listed::<Ipv4Addr>(sp)),
-                (listed::<Ipv6Addr>(sp), ext_listed::<Ipv6Addr>(sp)),
+                (listed::<Ipv4Addr>(s), ext_listed::<Ipv4Addr>(sp)),
+                (listed::<Ipv6Addr>(s), ext_listed::<Ipv6Addr>(sp)),
             ];
             for ((front, eps), ext) in blocks {
                 let Some(front) = front else { continue };
@@ -1621,9 +1754,14 @@ impl Services {
                         out.push_str(" external-local");
                     }
                 }
+                if sp.internal_local {
+                    out.push_str(" internal-local");
+                }
                 out.push('\n');
-                for (addr, local) in eps {
-                    let _ = writeln!(out, "  -> {addr:<28} {}", if local { "yes" } else { "no" });
+                for (addr, local, cond, used) in eps {
+                    let local = if local { "yes" } else { "no" };
+                    let cond = cond.to_string();
+                    let _ = writeln!(out, "  -> {addr:<28} {local:<5} {cond:<25} {used}");
                 }
             }
         }
@@ -1631,15 +1769,25 @@ impl Services {
     }
 }
 
-/// An endpoint as listed: address text and local flag.
-type Listed = (String, bool);
+/// An endpoint as listed: address text, local flag, conditions and the sets it is in.
+type Listed = (String, bool, EndpointConditions, &'static str);
 
-/// The family's frontend of `sp` as listed (`None` without a ClusterIP of the family), and
+/// The family's frontend of `s` as listed (`None` without a ClusterIP of the family), and
 /// its endpoints.
-fn listed<A: ServiceAddr>(sp: &ServiceSpec) -> (Option<String>, Vec<Listed>) {
+fn listed<A: ServiceAddr>(s: &SvcState) -> (Option<String>, Vec<Listed>) {
+    let sp = &s.spec;
+    let f = A::frontend(s);
     let front = A::vip(sp).map(|a| A::socket(a, sp.port).to_string());
-    let eps = A::endpoints(sp).iter();
-    (front, eps.map(|e| (e.addr.to_string(), e.local)).collect())
+    let eps = A::endpoints(sp).iter().map(|e| {
+        let used = match (f.eligible(e.addr, false), f.eligible(e.addr, true)) {
+            (true, true) => "cluster,local",
+            (true, false) => "cluster",
+            (false, true) => "local",
+            (false, false) => "-",
+        };
+        (e.addr.to_string(), e.local, e.conditions, used)
+    });
+    (front, eps.collect())
 }
 
 /// The family's LoadBalancer IPs, external IPs and source ranges as listed (` loadbalancer

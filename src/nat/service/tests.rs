@@ -1139,3 +1139,4 @@ fn source_ranges_filter_each_family_by_its_own() {
     assert!(s.source_allowed(ip("192.168.1.1")));
     assert!(!s.source_allowed(ip("192.168.2.1")));
 }
+mod conditions;

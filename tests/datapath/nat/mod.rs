@@ -6,6 +6,7 @@
 //! [`Plan`] and runs once per family (`nat::generic::v4::name`, `..::v6::name`); what one
 //! family alone has lives in `ipv4` and `ipv6`.
 
+mod conditions;
 mod frags;
 mod generic;
 mod host;

@@ -426,3 +426,33 @@ fn a_bridge_ports_addresses_are_live() {
     assert_eq!(again.ports_added, [pair("br1", "pod-f")]);
     assert_eq!(again.port_guards, [pair("br1", "pod-f")]);
 }
+
+#[test]
+fn endpoint_conditions_and_internal_policy_change_live() {
+    let a = cfg(EXAMPLE);
+    let src = EXAMPLE
+        .replace(
+            "endpoints = [\"10.244.1.2:8080\", \"10.244.2.2:8080\"]",
+            "endpoints = [{ addr = \"10.244.1.2:8080\", ready = false, terminating = true }, \"10.244.2.2:8080\"]",
+        )
+        .replace(
+            "internal_traffic_policy = \"local\"",
+            "internal_traffic_policy = \"cluster\"",
+        );
+    let b = cfg(&src);
+    let d = diff(&a, &b).unwrap();
+    assert!(!d.nat_rules);
+    let s = d.services.as_ref().unwrap();
+    assert_eq!(
+        s[0].endpoints[0].conditions,
+        tapyard::nat::EndpointConditions::TERMINATING
+    );
+    assert!(!s[1].internal_local);
+    assert_eq!(
+        d.summary,
+        [
+            "service \"web\" changed (endpoints ~10.244.1.2:8080 serving,terminating,local)",
+            "service \"dns\" changed (settings)",
+        ]
+    );
+}

@@ -13,6 +13,7 @@ use super::schema::{self, Dflt, Section, Ty};
 use super::values::{parse_iface_addr_any, BadValue, IpCidr};
 use super::{Cidr, Cidr6, Config, Diag, Lines, Located, NodeCfg};
 
+mod endpoints;
 mod sections;
 
 /// Byte offsets to 1-based line numbers.

@@ -1,6 +1,6 @@
 //! Each section of the file read into its config type.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::ops::Range;
 use std::path::PathBuf;
 
@@ -482,25 +482,11 @@ impl Parser<'_> {
         };
         let port = self.given_int_as(&mut s, "port");
         let node_port = self.given_int_as(&mut s, "node_port");
-        let endpoints = self.list(&mut s, "endpoints", |e| {
-            let a = e
-                .parse::<SocketAddr>()
-                .map_err(|_| BadValue::NotAnEndpoint)?;
-            let host = match a.ip() {
-                IpAddr::V4(ip) => is_host(ip),
-                IpAddr::V6(ip) => is_host6(ip),
-            };
-            if a.port() == 0 {
-                Err(BadValue::PortZero)
-            } else if !host {
-                Err(BadValue::NotAHost)
-            } else {
-                Ok(a)
-            }
-        });
+        let endpoints = self.endpoints(&mut s);
         let client_ip = self.choice(&mut s, "session_affinity") == "client-ip";
         let affinity_timeout = self.secs(&mut s, "session_affinity_timeout");
         let external_local = self.choice(&mut s, "external_traffic_policy") == "local";
+        let internal_local = self.choice(&mut s, "internal_traffic_policy") == "local";
         let algo = match self.choice(&mut s, "algorithm") {
             "maglev" => LbAlgo::Maglev,
             _ => LbAlgo::Random,
@@ -529,7 +515,7 @@ impl Parser<'_> {
         // Each family's endpoints go to that family's frontend: one without is refused.
         let ctx = s.ctx.clone();
         let mut ep_lines = Vec::new();
-        for (i, e) in endpoints.iter().enumerate() {
+        for (i, (e, ..)) in endpoints.iter().enumerate() {
             let has = if e.is_ipv6() {
                 v6.is_some()
             } else {
@@ -556,9 +542,10 @@ impl Parser<'_> {
             node_port,
             endpoints: endpoints
                 .into_iter()
-                .map(|e| EndpointCfg {
-                    addr: e,
-                    local: is_local(e.ip()),
+                .map(|(addr, local, conditions)| EndpointCfg {
+                    addr,
+                    local: local.unwrap_or_else(|| is_local(addr.ip())),
+                    conditions,
                 })
                 .collect(),
             affinity: client_ip.then_some(affinity_timeout),
@@ -567,6 +554,7 @@ impl Parser<'_> {
             load_balancer_ips,
             external_ips,
             load_balancer_source_ranges,
+            internal_local,
         };
         Some(Located {
             value,
