@@ -190,6 +190,43 @@ impl Netfilter {
             None => 0,
         }
     }
+
+    /// kube-proxy's cleanup for every Service at once, both families, as its full sync does
+    /// (see the `stale` module): every UDP flow to a Service's frontend (ClusterIP:port,
+    /// `*:node_port`) whose reply does not come from one of its endpoints is flushed. For
+    /// changes outside the Services that make flows stale, such as
+    /// [`NatRules::node_port_addresses`](super::NatRules::node_port_addresses) (a node address
+    /// that starts answering a node port has flows to it from before). One scan of each
+    /// table, only when a UDP Service exists. Returns how many flows were flushed.
+    pub fn flush_stale_udp(&self, now: Instant) -> usize {
+        self.flush_stale_udp_of::<std::net::Ipv4Addr, 2>(now)
+            + self.flush_stale_udp_of::<std::net::Ipv6Addr, 5>(now)
+    }
+
+    /// [`Netfilter::flush_stale_udp`] for family `A`.
+    fn flush_stale_udp_of<A: NatFamily<W> + ServiceAddr + Ord, const W: usize>(
+        &self,
+        now: Instant,
+    ) -> usize {
+        let stale: Vec<StaleUdp<A>> = self
+            .services
+            .list()
+            .iter()
+            .filter_map(|s| {
+                let id = self.services.get(&s.name)?.id().get();
+                let (f, np) = udp_frontends::<A>(s);
+                StaleUdp::of_change(id, None, Some(&(f, np, serving::<A>(s))))
+            })
+            .collect();
+        let Some(ct) = self.tables.if_made::<A>().filter(|_| !stale.is_empty()) else {
+            return 0;
+        };
+        ct.retain(now, |v| {
+            !stale
+                .iter()
+                .any(|s| s.is_stale(&v.orig, &v.reply, v.service))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ per_family!(
     an_unchanged_service_leaves_its_flows_alone,
     masquerade_all_masquerades_pods_to_cluster_ips,
     node_ports_answer_only_on_the_listed_node_addresses,
+    a_node_address_that_starts_answering_a_node_port_gets_its_flows_flushed,
 );
 
 /// The family's datagram of pod A from `sport` to `dst`:`dport`.
@@ -189,4 +190,30 @@ fn node_ports_answer_only_on_the_listed_node_addresses(p: Plan) {
     let (port, f) = one(&out);
     assert!(matches!(port, PB | ETH0));
     assert_eq!(flow(f).3, 8080, "DNAT'd to an endpoint");
+}
+
+fn a_node_address_that_starts_answering_a_node_port_gets_its_flows_flushed(p: Plan) {
+    let mut n = node();
+    upsert(&n, dns_svc(&p, Some(30053)));
+    set_rules(&n, |r| node_port_addresses(r, p.gw, p.pod_len));
+    // eth0's address does not answer the node port: the datagram is the node's own.
+    let from_client = || udp(OUTGW, UP_MAC, p.client, 34000, p.node, 30053);
+    let (_, out) = send(&mut n, ETH0, &from_client());
+    assert!(out.iter().all(|(port, _)| *port != PB), "{out:?}");
+    assert_eq!(ct_len(&n, &p), 1);
+    // It answers from now on: the flow from before is stale, and flushed.
+    set_rules(&n, |r| {
+        *r = NatRules {
+            node_port_addresses: Vec::new(),
+            node_port_addresses6: Vec::new(),
+            ..r.clone()
+        }
+    });
+    let nf = n.dp.control().netfilter().unwrap();
+    assert_eq!(nf.flush_stale_udp(n.now), 1);
+    assert_eq!(nf.flush_stale_udp(n.now), 0);
+    let (_, out) = send(&mut n, ETH0, &from_client());
+    let (port, f) = one(&out);
+    assert_eq!(port, PB);
+    assert_eq!(flow(f), (p.gw, 34000, p.b, 5353));
 }
