@@ -69,6 +69,9 @@
 //! | no endpoints: `REJECT` | TCP RST / ICMP port unreachable at once |
 //! | CNI `ipMasq`: pod traffic leaving the cluster CIDR masqueraded | [`MasqueradeRule`] |
 //! | `--ctstate INVALID -j DROP` | [`DropReason::CtInvalid`], unless conntrack is liberal |
+//! | `CleanStaleEntries`: UDP entries to a Service frontend whose reply is not from a serving endpoint deleted | [`Netfilter::upsert_service`] (per changed Service and family), [`Netfilter::flush_stale_udp`] (all) |
+//! | `--masquerade-all` | [`NatRules::masquerade_all`]: ClusterIP connections masqueraded whatever their source |
+//! | `--nodeport-addresses` | [`NatRules::node_port_addresses`] (and `..6`): node ports only on node addresses inside them |
 //!
 //! # IPv6
 //!
