@@ -167,7 +167,7 @@ impl Netfilter {
         let Some(ct) = self.tables.if_made::<A>() else {
             return 0;
         };
-        ct.retain(now, |v| !stale.is_stale(&v.orig, &v.reply, v.service))
+        ct.retain_hits(now, |v| !stale.is_stale(&v.orig, &v.reply, v.service))
     }
 
     /// kube-proxy's cleanup for family `A` after Service `service` changed from `old` to
@@ -221,7 +221,7 @@ impl Netfilter {
         let Some(ct) = self.tables.if_made::<A>().filter(|_| !stale.is_empty()) else {
             return 0;
         };
-        ct.retain(now, |v| {
+        ct.retain_hits(now, |v| {
             !stale
                 .iter()
                 .any(|s| s.is_stale(&v.orig, &v.reply, v.service))
