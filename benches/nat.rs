@@ -27,7 +27,10 @@
 //! The `_file` variants keep the connection table in a file in /dev/shm
 //! (`DatapathBuilder::conntrack_file`), as `tapyard run` does, instead of anonymous memory.
 //!
-//! `cargo bench --bench nat`
+//! * `stale_udp`: kube-proxy's stale UDP cleanup on a Service update with 1000 endpoints over
+//!   a 1 M-entry table, beside the flush before it (tagged flows only) and the update alone.
+//!
+//! `cargo bench --bench nat` (`cargo bench --bench nat -- stale_udp` for the last group)
 #![allow(
     clippy::cast_possible_truncation,
     reason = "bench fixtures: small loop counters and random draws narrowed into addresses, ports and ids"
@@ -768,12 +771,119 @@ fn fragmented(c: &mut Criterion) {
     g.finish();
 }
 
+/// kube-proxy's stale UDP cleanup (`CleanStaleEntries`): a UDP Service with 1000 endpoints
+/// changes one endpoint, over a table of 1 M UDP flows (1/16 of them the Service's, DNAT'd
+/// to its endpoints; the rest other flows). `upsert_1000_endpoints_cleanup_1M_table` is
+/// `Netfilter::upsert_service` (the Service table's update, then the scan of the table for
+/// flows to its frontends not from a serving endpoint); beside it, the same update with the
+/// flush before issue 23 (flows tagged with the Service and DNAT'd to a removed endpoint
+/// only, one scan too), and the Service table's update alone.
+fn stale_udp(c: &mut Criterion) {
+    let mut g = c.benchmark_group("stale_udp");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(10));
+    let nf = tapyard::nat::Netfilter::new(NatConfig {
+        conntrack: CtConfig {
+            max_entries: 2 << 20,
+            ..CtConfig::default()
+        },
+        ..NatConfig::default()
+    })
+    .unwrap();
+    let now = Instant::from_secs(1);
+    let vip = Ipv4Addr::new(10, 96, 0, 53);
+    let ep = |e: u32| SocketAddrV4::new(Ipv4Addr::from(0x0af4_0000 + e), 5353);
+    // Endpoints `shift .. shift + 1000`.
+    let dns = |shift: u32| {
+        let mut s = ServiceSpec::new("dns", vip, 53, IpProto::UDP);
+        s.endpoints = (shift..shift + 1000)
+            .map(|e| Endpoint::new(ep(e), false))
+            .collect();
+        s
+    };
+    let id = nf.upsert_service(dns(0), now).unwrap().get();
+    let ct = nf.conntrack();
+    let p = Pkt {
+        kind: L4Kind::Udp,
+        tcp_flags: 0,
+        len: 64,
+    };
+    for k in 0..1u32 << 20 {
+        let src = Ipv4Addr::from(0x0a05_0000 | k >> 8);
+        let sport = 1000 + (k & 0xff) as u16;
+        let (dst, tag, reply) = if k % 16 == 0 {
+            // The Service's: DNAT'd to endpoint 1 + k % 999 (never endpoint 0).
+            let e = ep(1 + k % 999);
+            let t = Tuple {
+                src: *e.ip(),
+                dst: src,
+                sport: e.port(),
+                dport: sport,
+                proto: 17,
+                zone: 0,
+            };
+            let tag = CtTag {
+                service: id,
+                ..CtTag::default()
+            };
+            (vip, tag, Some(t))
+        } else {
+            (Ipv4Addr::new(10, 6, 0, 1), CtTag::default(), None)
+        };
+        let t = Tuple {
+            src,
+            dst,
+            sport,
+            dport: 53,
+            proto: 17,
+            zone: 0,
+        };
+        ct.insert(t, reply.unwrap_or(t.invert()), tag, &p, now)
+            .unwrap();
+    }
+    assert_eq!(ct.len(), 1 << 20);
+    let mut k = 0;
+    g.bench_function("upsert_1000_endpoints_cleanup_1M_table", |b| {
+        b.iter(|| {
+            k ^= 1;
+            nf.upsert_service(dns(k), now).unwrap()
+        })
+    });
+    g.bench_function("upsert_1000_endpoints_tagged_flush_1M_table", |b| {
+        b.iter(|| {
+            k ^= 1;
+            let (old, new) = (dns(k ^ 1), dns(k));
+            nf.services().upsert(new.clone()).unwrap();
+            let gone: Vec<_> = old
+                .endpoints
+                .iter()
+                .filter(|e| !new.endpoints.iter().any(|n| n.addr == e.addr))
+                .map(|e| (*e.addr.ip(), e.addr.port()))
+                .collect();
+            ct.retain(now, |v| {
+                v.service != id
+                    || v.orig.proto != 17
+                    || !gone.contains(&(v.reply.src, v.reply.sport))
+            })
+        })
+    });
+    g.bench_function("upsert_1000_endpoints_table_only", |b| {
+        b.iter(|| {
+            k ^= 1;
+            nf.services().upsert(dns(k)).unwrap()
+        })
+    });
+    assert!(ct.len() > 1 << 19, "the other flows stay");
+    g.finish();
+}
+
 criterion_group!(
     benches,
     established,
     established6,
     new_connections,
     parts,
-    fragmented
+    fragmented,
+    stale_udp
 );
 criterion_main!(benches);

@@ -15,7 +15,7 @@ pub mod show;
 
 pub use client::{Client, ClientError, Connection, REPLY_TIMEOUT};
 pub use reply::{
-    Hello, PortDeleted, PortInfo, Reply, RowStream, Status, StatusInterface, StatusPort,
+    Hello, PortDeleted, PortInfo, Reply, RowStream, Status, StatusInterface, StatusNat, StatusPort,
 };
 pub use request::{CniRequest, Command, Request, RequestLine};
 

@@ -202,12 +202,26 @@ pub struct Status {
     pub config: String,
     /// The router interfaces.
     pub interfaces: Vec<StatusInterface>,
+    /// The node-level NAT settings (`[node]` keys); all defaults from a server without them.
+    #[serde(default)]
+    pub nat: StatusNat,
     /// The node's name.
     pub node: String,
     /// Every port.
     pub ports: Vec<StatusPort>,
     /// The number of datapath workers.
     pub workers: u64,
+}
+
+/// The node-level NAT settings in [`Status`], as `[node]` sets them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusNat {
+    /// `masquerade_all`: every new connection to a ClusterIP is masqueraded.
+    pub masquerade_all: bool,
+    /// `node_port_addresses`: the prefixes NodePorts answer in (empty: every node address).
+    pub node_port_addresses: Vec<String>,
+    /// `random_fully`: masqueraded source ports are chosen at random.
+    pub random_fully: bool,
 }
 
 /// A router interface in [`Status`].

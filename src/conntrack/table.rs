@@ -1688,7 +1688,24 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
     /// Removes every live entry for which `keep` returns false (e.g. UDP flows to a removed
     /// endpoint), and frees expired entries on the way. Returns how many `keep` removed.
     /// O(table size); lock-free like everything else.
-    pub fn retain(&self, now: Instant, mut keep: impl FnMut(&CtView<K>) -> bool) -> usize {
+    pub fn retain(&self, now: Instant, keep: impl FnMut(&CtView<K>) -> bool) -> usize {
+        self.retain_as(now, |idx, sn, now_us| self.view_of(idx, sn, now_us), keep)
+    }
+
+    /// [`CtTable::retain`] for a caller that needs only the entries' tuples and tags (the
+    /// [`CtHit`] of the original direction): no counters or timeout are read, so a scan of a
+    /// large table touches the entries alone. Returns how many `keep` removed.
+    pub(crate) fn retain_hits(&self, now: Instant, keep: impl FnMut(&CtHit<K>) -> bool) -> usize {
+        self.retain_as(now, |idx, sn, _| Self::hit_of(idx, Dir::Original, sn), keep)
+    }
+
+    /// The scan of [`CtTable::retain`], `keep` given what `see` makes of each live entry.
+    fn retain_as<T>(
+        &self,
+        now: Instant,
+        see: impl Fn(usize, &Snap<W>, u64) -> T,
+        mut keep: impl FnMut(&T) -> bool,
+    ) -> usize {
         let now_us = now.micros();
         let mut removed = 0;
         let mut expired = 0;
@@ -1702,7 +1719,7 @@ impl<K: CtKey<W>, const W: usize> CtTable<K, W> {
                 }
                 continue;
             }
-            if !keep(&self.view_of(idx, &sn, now_us)) && self.kill(idx, sn.c) {
+            if !keep(&see(idx, &sn, now_us)) && self.kill(idx, sn.c) {
                 removed += 1;
             }
         }

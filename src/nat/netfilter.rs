@@ -71,6 +71,9 @@
 //! | `internalTrafficPolicy: Local` (`KUBE-SVL-*`); no local endpoint: `DROP` | `ServiceSpec::internal_local`: ClusterIP traffic to the node-local set; none: dropped (`no_endpoint`), no reset |
 //! | CNI `ipMasq`: pod traffic leaving the cluster CIDR masqueraded | [`MasqueradeRule`] |
 //! | `--ctstate INVALID -j DROP` | [`DropReason::CtInvalid`], unless conntrack is liberal |
+//! | `CleanStaleEntries`: UDP entries to a Service frontend whose reply is not from a serving endpoint deleted | [`Netfilter::upsert_service`] (per changed Service and family), [`Netfilter::flush_stale_udp`] (all) |
+//! | `--masquerade-all` | [`NatRules::masquerade_all`]: ClusterIP connections masqueraded whatever their source |
+//! | `--nodeport-addresses` | [`NatRules::node_port_addresses`] (and `..6`): node ports only on node addresses inside them |
 //!
 //! # IPv6
 //!
@@ -207,6 +210,17 @@ pub(crate) struct FamilyRules<'a, A> {
     cluster_cidr: Option<Prefix<A>>,
     masquerade: &'a [MasqueradeRule<A>],
     snat: &'a [SnatRule<A>],
+    node_port_addresses: &'a [Prefix<A>],
+}
+
+impl<A: RouteAddr> FamilyRules<'_, A> {
+    /// Whether node ports answer on the node's address `a` (`--nodeport-addresses`: no
+    /// prefix of the family given, every address).
+    #[inline]
+    fn node_port_on(&self, a: A) -> bool {
+        self.node_port_addresses.is_empty()
+            || self.node_port_addresses.iter().any(|p| p.contains(a))
+    }
 }
 
 impl NatRules {
@@ -227,6 +241,7 @@ impl NatRulesOf for Ipv4Addr {
             cluster_cidr: r.cluster_cidr,
             masquerade: &r.masquerade,
             snat: &r.snat,
+            node_port_addresses: &r.node_port_addresses,
         }
     }
 }
@@ -237,6 +252,7 @@ impl NatRulesOf for Ipv6Addr {
             cluster_cidr: r.cluster_cidr6,
             masquerade: &r.masquerade6,
             snat: &r.snat6,
+            node_port_addresses: &r.node_port_addresses6,
         }
     }
 }
@@ -265,6 +281,18 @@ pub struct NatRules {
     /// Choose every masqueraded source port at random (`--random-fully`, as kube-proxy
     /// uses) instead of keeping the original one when it is free.
     pub random_fully: bool,
+    /// Masquerade every new connection to a ClusterIP, whatever its source (kube-proxy's
+    /// `--masquerade-all`, its `KUBE-SVC-*` rule without `! -s <cluster-cidr>`). NodePort
+    /// connections keep their policy's rule (Cluster: masqueraded anyway; Local: the
+    /// client's address kept), as in kube-proxy. Both families.
+    pub masquerade_all: bool,
+    /// The node addresses node ports answer on (kube-proxy's `--nodeport-addresses`): a
+    /// node address inside one of these prefixes; empty: every node address (kube-proxy's
+    /// default in iptables mode).
+    pub node_port_addresses: Vec<Prefix>,
+    /// The same for IPv6 node addresses (empty: every one), as kube-proxy takes the
+    /// prefixes of each family from one list.
+    pub node_port_addresses6: Vec<Prefix<Ipv6Addr>>,
 }
 
 /// Settings of the NAT engine, given to [`crate::datapath::DatapathBuilder::netfilter`].
@@ -489,6 +517,7 @@ impl NatCtx {
 mod family;
 #[cfg(test)]
 mod ipv6_tests;
+mod stale;
 
 pub(crate) use family::NatFamily;
 
@@ -646,12 +675,15 @@ impl Netfilter {
         self.rules.store(std::sync::Arc::new(rules));
     }
 
-    /// Adds or changes a Service (by name). When its endpoint list shrinks, UDP flows to
-    /// removed endpoints (and to endpoints neither serving nor ready any more) are flushed, as
-    /// kube-proxy does (`conntrack -D --orig-dst <vip>
-    /// --reply-src <endpoint> -p udp`, with `-f ipv6` for IPv6 endpoints); all of a
-    /// family's UDP flows of the Service are flushed when that family's ClusterIP or the port
-    /// changes. TCP connections to them are left to finish or time out.
+    /// Adds or changes a Service (by name), and flushes the UDP flows its change leaves
+    /// stale, as kube-proxy's conntrack cleanup (`CleanStaleEntries`; see the `stale`
+    /// module): in each family whose frontends or endpoints changed (or on creation), every
+    /// UDP flow to one of its frontends (ClusterIP, LoadBalancer and external IPs:port,
+    /// `*:node_port`) whose reply does not
+    /// come from one of its endpoints (address and port), including flows that began before
+    /// the Service existed, and the flows it DNAT'd through a frontend it no longer has. TCP
+    /// connections are left to finish or time out. The scan is O(table size), per family
+    /// that changed.
     pub fn upsert_service(
         &self,
         spec: nat::ServiceSpec,
@@ -659,45 +691,8 @@ impl Netfilter {
     ) -> Result<nat::ServiceId, nat::ServiceError> {
         let old = self.services.get(&spec.name).map(|s| s.spec().clone());
         let id = self.services.upsert(spec.clone())?;
-        // CleanStaleEntries keeps the UDP flows of serving endpoints (and of those a new
-        // connection may still go to: ready ones that are not serving, publishNotReadyAddresses).
-        fn kept<A: nat::ServiceAddr>(n: &nat::Endpoint<A>) -> bool {
-            n.conditions.serving || n.conditions.ready
-        }
-        if let Some(old) = old {
-            let gone: Vec<_> = old
-                .endpoints
-                .iter()
-                .filter(|e| !spec.endpoints.iter().any(|n| n.addr == e.addr && kept(n)))
-                .map(|e| (*e.addr.ip(), e.addr.port()))
-                .collect();
-            let moved = old.vip != spec.vip || old.port != spec.port;
-            if !gone.is_empty() || moved {
-                self.flush_udp::<Ipv4Addr, 2>(id.get(), &gone, moved, now);
-            }
-            let gone6: Vec<_> = old
-                .endpoints6
-                .iter()
-                .filter(|e| !spec.endpoints6.iter().any(|n| n.addr == e.addr && kept(n)))
-                .map(|e| (*e.addr.ip(), e.addr.port()))
-                .collect();
-            let moved6 = old.vip6 != spec.vip6 || old.port != spec.port;
-            if !gone6.is_empty() || moved6 {
-                self.flush_udp::<Ipv6Addr, 5>(id.get(), &gone6, moved6, now);
-            }
-            // LoadBalancer and external IPs taken off the Service: their UDP flows go, as a
-            // stale Service IP's in kube-proxy (a changed port flushed them all above).
-            let kept: Vec<IpAddr> = spec.external_frontends().map(|f| f.0).collect();
-            let gone_ips: Vec<IpAddr> = old
-                .external_frontends()
-                .map(|f| f.0)
-                .filter(|ip| !kept.contains(ip))
-                .collect();
-            if !gone_ips.is_empty() {
-                self.flush_udp_to::<Ipv4Addr, 2>(id.get(), &gone_ips, now);
-                self.flush_udp_to::<Ipv6Addr, 5>(id.get(), &gone_ips, now);
-            }
-        }
+        self.clean_stale_udp::<Ipv4Addr, 2>(id.get(), old.as_ref(), Some(&spec), now);
+        self.clean_stale_udp::<Ipv6Addr, 5>(id.get(), old.as_ref(), Some(&spec), now);
         Ok(id)
     }
 
@@ -707,50 +702,10 @@ impl Netfilter {
         let id = self.services.get(name).map(|s| s.id().get());
         let spec = self.services.remove(name)?;
         if let Some(id) = id {
-            self.flush_udp::<Ipv4Addr, 2>(id, &[], true, now);
-            self.flush_udp::<Ipv6Addr, 5>(id, &[], true, now);
+            self.clean_stale_udp::<Ipv4Addr, 2>(id, Some(&spec), None, now);
+            self.clean_stale_udp::<Ipv6Addr, 5>(id, Some(&spec), None, now);
         }
         Some(spec)
-    }
-
-    /// Flushes the UDP flows of `service` in the table of family `A` (if it was made: a table
-    /// not made yet holds no flow): all of them, or those whose reply comes from an endpoint
-    /// in `gone`.
-    fn flush_udp<A: NatFamily<W>, const W: usize>(
-        &self,
-        service: u32,
-        gone: &[(A, u16)],
-        all: bool,
-        now: Instant,
-    ) {
-        let Some(ct) = self.tables.if_made::<A>() else {
-            return;
-        };
-        ct.retain(now, |v| {
-            if v.service != service || v.orig.proto != PROTO_UDP {
-                return true;
-            }
-            if all {
-                return false;
-            }
-            !gone.contains(&(v.reply.src, v.reply.sport))
-        });
-    }
-
-    /// Flushes the UDP flows of `service` in the table of family `A` (if made) whose original
-    /// destination is one of `dsts`.
-    fn flush_udp_to<A: NatFamily<W>, const W: usize>(
-        &self,
-        service: u32,
-        dsts: &[IpAddr],
-        now: Instant,
-    ) {
-        let Some(ct) = self.tables.if_made::<A>() else {
-            return;
-        };
-        ct.retain(now, |v| {
-            v.service != service || v.orig.proto != PROTO_UDP || !dsts.contains(&v.orig.dst.into())
-        });
     }
 
     /// Counters.
@@ -949,7 +904,8 @@ impl Netfilter {
                         (Some(s), true)
                     }
                     None if routing.is_local(t.dst) => {
-                        (A::by_node_port(&self.services, t.dport, t.proto), true)
+                        let svc = A::by_node_port(&self.services, t.dport, t.proto);
+                        (svc.filter(|_| rules.node_port_on(t.dst)), true)
                     }
                     None => (None, false),
                 },
@@ -994,8 +950,9 @@ impl Netfilter {
                     // keeps the client's address, but for the node's own.
                     !svc.spec().external_local || from_node
                 } else {
-                    // KUBE-SVC-*: `! -s <cluster-cidr> -d <cluster-ip>`.
-                    outside(t.src)
+                    // KUBE-SVC-*: `! -s <cluster-cidr> -d <cluster-ip>` (`--masquerade-all`:
+                    // any source).
+                    outside(t.src) || all_rules.masquerade_all
                 } || hairpin;
             }
         }

@@ -80,6 +80,17 @@ pub fn status(json: bool, client: &crate::args::Client) -> Result<(), Fail> {
     for p in &d.ports {
         println!("port {} (TAP {})", p.name, p.tap);
     }
+    let np = &d.nat.node_port_addresses;
+    println!(
+        "nat masquerade_all {}  random_fully {}  node_port_addresses {}",
+        d.nat.masquerade_all,
+        d.nat.random_fully,
+        if np.is_empty() {
+            "all".to_string()
+        } else {
+            np.join(",")
+        }
+    );
     Ok(())
 }
 

@@ -88,9 +88,9 @@ impl std::fmt::Display for Item {
             Item::Route(to, metric) => write!(f, "route to {to} metric {metric}"),
             Item::Neighbor(dev, ip) => write!(f, "neighbor {ip} dev {dev}"),
             Item::Service(name) => write!(f, "service {name:?}"),
-            Item::NatRules => {
-                f.write_str("the NAT rules ([masquerade], [[snat]], node.cluster_cidr)")
-            }
+            Item::NatRules => f.write_str(
+                "the NAT rules ([masquerade], [[snat]], node.cluster_cidr, node.masquerade_all, node.random_fully, node.node_port_addresses)",
+            ),
             Item::NodePortRange => f.write_str("node.node_port_range"),
             Item::Port(bridge, port) => write!(f, "port {port:?} of bridge {bridge:?}"),
             Item::Peer(vxlan, ip) => write!(f, "vxlan {vxlan:?}: peer {ip}"),
@@ -182,6 +182,7 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                 run.snats.clone_from(&old.snats);
                 run.node.cluster_cidr = old.node.cluster_cidr;
                 run.node.cluster_cidr6 = old.node.cluster_cidr6;
+                node::keep_old(&mut run, old);
             }
             Item::NodePortRange => run.node.node_port_range = old.node.node_port_range,
             Item::HostRoutes => {
@@ -766,6 +767,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
         );
         d.nat_rules = true;
     }
+    node::nat_changes(old, new, &mut d);
     if old.node.node_port_range != new.node.node_port_range {
         d.push(
             Item::NodePortRange,
@@ -781,6 +783,8 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
     Ok(d)
 }
 
+mod node;
+pub use node::list as node_port_list;
 #[cfg(test)]
 mod tests;
 

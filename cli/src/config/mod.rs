@@ -108,6 +108,13 @@ pub struct NodeCfg {
     pub service_cidr: Option<Cidr>,
     /// Every IPv6 ClusterIP.
     pub service_cidr6: Option<Cidr6>,
+    /// kube-proxy's `--masquerade-all`: every new connection to a ClusterIP is masqueraded.
+    pub masquerade_all: bool,
+    /// kube-proxy's `--iptables-random-fully`: masqueraded source ports chosen at random.
+    pub random_fully: bool,
+    /// kube-proxy's `--nodeport-addresses`: NodePorts answer only on node addresses inside
+    /// these prefixes (each family on its own; none of a family: every address of it).
+    pub node_port_addresses: Vec<IpCidr>,
 }
 
 impl NodeCfg {

@@ -197,6 +197,24 @@ pub const NODE: Section = Section {
             Dflt::Unset("none: no Service route through the [[host]] port"),
             "every ClusterIP (kube-apiserver's --service-cluster-ip-range): the node's kernel routes it through the [[host]] port",
         ),
+        key(
+            "masquerade_all",
+            Ty::Bool,
+            Dflt::Bool(false),
+            "kube-proxy's --masquerade-all: every new connection to a ClusterIP is masqueraded (NodePorts keep their policy's rule)",
+        ),
+        key(
+            "random_fully",
+            Ty::Bool,
+            Dflt::Bool(false),
+            "kube-proxy's --iptables-random-fully: every masqueraded source port is chosen at random (else the original one when free)",
+        ),
+        key(
+            "node_port_addresses",
+            Ty::Strings("[\"172.18.0.0/16\", \"fd00:172:18::/64\"]"),
+            Dflt::Unset("every node address"),
+            "kube-proxy's --nodeport-addresses: NodePorts answer only on node addresses inside these prefixes (per family; none of a family: every address of it)",
+        ),
     ],
 };
 

@@ -866,3 +866,53 @@ fn internal_local_without_a_usable_local_endpoint_warns() {
         ch.diags
     );
 }
+
+/// `[node] masquerade_all`, `random_fully` and `node_port_addresses`: parsed into the model,
+/// each bad value reported at its line with the key and the value.
+#[test]
+fn node_nat_keys_parse_and_bad_values_name_their_line() {
+    let with = |keys: &str| {
+        EXAMPLE.replacen(
+            "cluster_cidr = \"10.244.0.0/16\"",
+            &format!("cluster_cidr = \"10.244.0.0/16\"\n{keys}"),
+            1,
+        )
+    };
+    let c = check_str(&with(
+        "masquerade_all = true\nrandom_fully = true\nnode_port_addresses = [\"172.18.0.0/24\", \"fd00:172:18::/64\"]",
+    ))
+    .config
+    .unwrap();
+    assert!(c.node.masquerade_all && c.node.random_fully);
+    let np: Vec<String> = c
+        .node
+        .node_port_addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(np, ["172.18.0.0/24", "fd00:172:18::/64"]);
+    let d = check_str(EXAMPLE).config.unwrap();
+    assert!(!d.node.masquerade_all && !d.node.random_fully);
+    assert!(d.node.node_port_addresses.is_empty());
+    // Bad values, at their lines (the keys go on lines 12 and 13).
+    let e = errors(&with(
+        "masquerade_all = \"yes\"\nnode_port_addresses = [\"172.18.0.0/24\", \"172.18.0.0/33\"]",
+    ));
+    assert!(
+        e.iter()
+            .any(|l| l.starts_with("f:12: [node]: masquerade_all = \"yes\" is a string")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.starts_with("f:13: [node]: node_port_addresses[1] = \"172.18.0.0/33\"")),
+        "{e:?}"
+    );
+    let e = errors(&with("node_port_addresses = \"172.18.0.0/24\""));
+    assert!(
+        e.iter().any(|l| l.contains(
+            "f:12: [node]: node_port_addresses = \"172.18.0.0/24\" is a string, expected an array"
+        )),
+        "{e:?}"
+    );
+}

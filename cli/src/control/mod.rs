@@ -355,9 +355,20 @@ fn status(node: &Node) -> Status {
             }
         })
         .collect();
+    let n = &cur.node;
+    let nat = tapyard_control::StatusNat {
+        masquerade_all: n.masquerade_all,
+        node_port_addresses: n
+            .node_port_addresses
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
+        random_fully: n.random_fully,
+    };
     Status {
         config: node.config_path.display().to_string(),
         interfaces,
+        nat,
         node: cur.node.name.clone(),
         ports: node
             .ports

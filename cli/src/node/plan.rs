@@ -655,6 +655,15 @@ impl Built {
                 )
             );
         }
+        let n = &cfg.node;
+        if n.masquerade_all || n.random_fully || !n.node_port_addresses.is_empty() {
+            log::info!(
+                "nat: masquerade_all {}, random_fully {}, node_port_addresses {}",
+                n.masquerade_all,
+                n.random_fully,
+                crate::config::diff::node_port_list(&n.node_port_addresses)
+            );
+        }
         Ok(node)
     }
 }

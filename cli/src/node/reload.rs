@@ -187,7 +187,15 @@ impl Node {
         if d.nat_rules {
             if let Some(nf) = self.dp.control().netfilter() {
                 match to_nat_rules(new, |n| self.dp.control().iface_by_name(n)) {
-                    Ok(rules) => nf.set_rules(rules),
+                    Ok(rules) => {
+                        nf.set_rules(rules);
+                        // Flows the new rules leave stale (to a node port on an address that
+                        // starts answering it), as kube-proxy's next sync cleans them.
+                        let n = nf.flush_stale_udp(self.now());
+                        if n > 0 {
+                            log::info!("reload: {n} stale UDP flow(s) to Services flushed");
+                        }
+                    }
                     Err(e) => errors.push(refuse(Item::NatRules, e.to_string(), true)),
                 }
             }

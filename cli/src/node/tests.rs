@@ -377,6 +377,27 @@ fn nat_rules_from_cluster_cidr_and_masquerade() {
     let mut none = c.clone();
     none.masquerade = None;
     assert!(to_nat_rules(&none, ids).unwrap().masquerade.is_empty());
+    // The node-level keys, each family's node_port_addresses on its own.
+    let mut all = c.clone();
+    all.node.masquerade_all = true;
+    all.node.random_fully = true;
+    all.node.node_port_addresses = vec![
+        "172.18.0.9/24"
+            .parse::<crate::config::Cidr>()
+            .map(crate::config::IpCidr::V4)
+            .unwrap(),
+        "fd00:172:18::/64"
+            .parse::<crate::config::Cidr6>()
+            .map(crate::config::IpCidr::V6)
+            .unwrap(),
+    ];
+    let r = to_nat_rules(&all, ids).unwrap();
+    assert!(r.masquerade_all && r.random_fully);
+    assert_eq!(
+        r.node_port_addresses,
+        [Prefix::new(std::net::Ipv4Addr::new(172, 18, 0, 0), 24)]
+    );
+    assert_eq!(r.node_port_addresses6.len(), 1);
 }
 
 /// The IPv6 table follows `max_entries` on a node with an IPv6 address, is minimal on one

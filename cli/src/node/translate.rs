@@ -217,8 +217,20 @@ pub fn to_nat_rules(
     let mut rules = NatRules {
         cluster_cidr: cluster,
         cluster_cidr6: cluster6,
+        masquerade_all: cfg.node.masquerade_all,
+        random_fully: cfg.node.random_fully,
         ..NatRules::default()
     };
+    for c in &cfg.node.node_port_addresses {
+        match c {
+            IpCidr::V4(c) => rules
+                .node_port_addresses
+                .push(Prefix::new(c.network(), c.len)),
+            IpCidr::V6(c) => rules
+                .node_port_addresses6
+                .push(Prefix::new(c.network(), c.len)),
+        }
+    }
     if let Some(m) = &cfg.masquerade {
         let out = iface(&m.out)
             .ok_or_else(|| format!("[masquerade]: out = {:?}: no router interface", m.out))?;

@@ -20,6 +20,7 @@ mod podman;
 mod restart;
 mod restart_ct;
 mod spoof_guard;
+mod stale_udp;
 mod takeover;
 mod vxlan;
 mod vxlan6;

@@ -557,6 +557,16 @@ impl ServiceSpec {
         }
         ranges.any(|r| r.len == 0 || r.contains_ip(src))
     }
+
+    /// The ClusterIP of family `A`, if the service has one (`vip` or `vip6`).
+    pub fn vip_of<A: ServiceAddr>(&self) -> Option<A> {
+        A::vip(self)
+    }
+
+    /// The endpoints of family `A` (`endpoints` or `endpoints6`).
+    pub fn endpoints_of<A: ServiceAddr>(&self) -> &[Endpoint<A>] {
+        A::endpoints(self)
+    }
 }
 
 /// Which kind of frontend besides a ClusterIP a destination is (see

@@ -13,6 +13,7 @@ mod host;
 mod ipv4;
 mod ipv6;
 mod lb;
+mod stale;
 
 use std::net::{IpAddr, SocketAddr};
 

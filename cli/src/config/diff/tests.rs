@@ -456,3 +456,33 @@ fn endpoint_conditions_and_internal_policy_change_live() {
         ]
     );
 }
+
+/// The node-level NAT keys change live, as NAT rules; a refused change keeps the old ones.
+#[test]
+fn node_nat_keys_are_live_nat_rule_changes() {
+    let old = cfg(EXAMPLE);
+    let new = cfg(&EXAMPLE.replacen(
+        "cluster_cidr = \"10.244.0.0/16\"",
+        "cluster_cidr = \"10.244.0.0/16\"\nmasquerade_all = true\nrandom_fully = true\nnode_port_addresses = [\"172.18.0.0/24\"]",
+        1,
+    ));
+    let d = diff(&old, &new).unwrap();
+    assert!(d.nat_rules);
+    assert_eq!(
+        d.summary,
+        [
+            "node.masquerade_all false -> true",
+            "node.random_fully false -> true",
+            "node.node_port_addresses all -> [172.18.0.0/24]",
+        ]
+    );
+    assert!(d.items.iter().all(|i| *i == Item::NatRules));
+    let refused = Refusal {
+        item: Item::NatRules,
+        reason: "no".into(),
+        old_kept: true,
+    };
+    let run = running(&old, &new, &[refused]);
+    assert_eq!(run.node, old.node);
+    assert!(diff(&run, &new).unwrap().nat_rules);
+}

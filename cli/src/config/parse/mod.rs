@@ -588,6 +588,9 @@ impl Parser<'_> {
             offload: true,
             service_cidr: None,
             service_cidr6: None,
+            masquerade_all: false,
+            random_fully: false,
+            node_port_addresses: Vec::new(),
         });
         let config = Config {
             node,

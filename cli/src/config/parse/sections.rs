@@ -95,6 +95,9 @@ impl Parser<'_> {
             Some(IpCidr::V6(c)) => Some(c),
             _ => None,
         });
+        let masquerade_all = self.boolean(&mut s, "masquerade_all");
+        let random_fully = self.boolean(&mut s, "random_fully");
+        let node_port_addresses = self.list(&mut s, "node_port_addresses", parse_prefix_any);
         Some(NodeCfg {
             name: name?,
             cluster_cidr: cluster_cidr?,
@@ -107,6 +110,9 @@ impl Parser<'_> {
             offload,
             service_cidr,
             service_cidr6,
+            masquerade_all,
+            random_fully,
+            node_port_addresses,
         })
     }
 
