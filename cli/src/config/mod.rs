@@ -108,6 +108,8 @@ pub struct NodeCfg {
     pub service_cidr: Option<Cidr>,
     /// Every IPv6 ClusterIP.
     pub service_cidr6: Option<Cidr6>,
+    /// kube-proxy's `/healthz` port on the node's addresses (0: off).
+    pub healthz_port: u16,
 }
 
 impl NodeCfg {
@@ -363,6 +365,8 @@ pub struct ServiceDef {
     pub external_ips: Vec<IpAddr>,
     /// `load_balancer_source_ranges`: who may reach the LoadBalancer IPs (per family).
     pub load_balancer_source_ranges: Vec<IpCidr>,
+    /// `healthCheckNodePort`.
+    pub health_check_node_port: Option<u16>,
 }
 
 impl ServiceDef {
@@ -422,6 +426,7 @@ impl ServiceDef {
                 len: c.prefix_len(),
             })
             .collect();
+        spec.health_check_node_port = self.health_check_node_port;
         spec
     }
 }

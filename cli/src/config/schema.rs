@@ -197,6 +197,12 @@ pub const NODE: Section = Section {
             Dflt::Unset("none: no Service route through the [[host]] port"),
             "every ClusterIP (kube-apiserver's --service-cluster-ip-range): the node's kernel routes it through the [[host]] port",
         ),
+        key(
+            "healthz_port",
+            int(0, 65535),
+            Dflt::Int(10256),
+            "kube-proxy's /healthz and /livez on the node's addresses (0: off)",
+        ),
     ],
 };
 
@@ -534,6 +540,12 @@ pub const SERVICE: Section = Section {
             Dflt::Unset("everyone"),
             "who may reach the load_balancer_ips, per family (a family without a range is not filtered); others are dropped (lb_source_range)",
         ),
+        key(
+            "health_check_node_port",
+            int(1, 65535),
+            Dflt::Unset("none"),
+            "healthCheckNodePort (with external_traffic_policy = \"local\"): HTTP 200/503 on this TCP port of the node's addresses, as kube-proxy",
+        ),
     ],
 };
 
@@ -861,46 +873,4 @@ fn example(ty: Ty) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/node.toml");
-
-    /// The block at the end of `examples/node.toml` is what the description renders. With
-    /// `TAPYARD_BLESS=1` the test writes it instead.
-    #[test]
-    fn example_reference_block_matches_the_schema() {
-        let text = std::fs::read_to_string(EXAMPLE_PATH).unwrap();
-        let want = reference();
-        let at = text.find(REFERENCE_START);
-        if std::env::var_os("TAPYARD_BLESS").is_some() {
-            let head = &text[..at.unwrap_or(text.len())];
-            std::fs::write(EXAMPLE_PATH, format!("{head}{want}")).unwrap();
-            return;
-        }
-        let at = at.expect("examples/node.toml has no key reference block");
-        assert!(
-            text[at..] == want,
-            "examples/node.toml's key reference differs from the schema; run\n  TAPYARD_BLESS=1 cargo test -p tapyard-cli example_reference\nto rewrite it. Expected:\n{want}"
-        );
-    }
-
-    #[test]
-    fn defaults_are_in_range_and_choices_known() {
-        for s in SECTIONS {
-            for k in s.keys {
-                match (k.ty, k.int_default()) {
-                    (Ty::Int { lo, hi } | Ty::Secs { lo, hi }, Some(d)) => {
-                        assert!((lo..=hi).contains(&d), "{}.{}", s.name, k.name)
-                    }
-                    (Ty::Choice { values, .. }, _) => {
-                        if let Dflt::Str(d) = k.default {
-                            assert!(values.contains(&d), "{}.{}", s.name, k.name);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -490,6 +490,7 @@ fn nat_show(
                 external_traffic_policy: if s.external_local { "local" } else { "cluster" }.into(),
                 id,
                 name: s.name,
+                health_check_node_port: s.health_check_node_port,
                 node_port: s.node_port,
                 port: s.port,
                 protocol: s.proto.name().unwrap_or("?").into(),

@@ -587,6 +587,7 @@ impl Parser<'_> {
             offload: true,
             service_cidr: None,
             service_cidr6: None,
+            healthz_port: 10256,
         });
         let config = Config {
             node,

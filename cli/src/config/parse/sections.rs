@@ -95,6 +95,7 @@ impl Parser<'_> {
             Some(IpCidr::V6(c)) => Some(c),
             _ => None,
         });
+        let healthz_port = self.int_as(&mut s, "healthz_port");
         Some(NodeCfg {
             name: name?,
             cluster_cidr: cluster_cidr?,
@@ -107,6 +108,7 @@ impl Parser<'_> {
             offload,
             service_cidr,
             service_cidr6,
+            healthz_port,
         })
     }
 
@@ -501,6 +503,7 @@ impl Parser<'_> {
         let client_ip = self.choice(&mut s, "session_affinity") == "client-ip";
         let affinity_timeout = self.secs(&mut s, "session_affinity_timeout");
         let external_local = self.choice(&mut s, "external_traffic_policy") == "local";
+        let health_check_node_port = self.given_int_as(&mut s, "health_check_node_port");
         let algo = match self.choice(&mut s, "algorithm") {
             "maglev" => LbAlgo::Maglev,
             _ => LbAlgo::Random,
@@ -567,6 +570,7 @@ impl Parser<'_> {
             load_balancer_ips,
             external_ips,
             load_balancer_source_ranges,
+            health_check_node_port,
         };
         Some(Located {
             value,
