@@ -11,6 +11,7 @@ mod cni_node;
 mod ct_limit;
 mod dual_stack;
 mod frags;
+mod health;
 mod host_port;
 mod ipv6_only;
 mod lb;
