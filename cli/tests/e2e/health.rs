@@ -157,8 +157,8 @@ fn build_wire(n: &Names) {
     run(&["ip", "-n", out, "link", "set", "lo", "up"]);
 }
 
-/// `curl -i` from `ns` to `url`: (exit code, output: headers and body, or curl's error).
-fn curl(ns: &str, url: &str) -> (i32, String) {
+/// `curl FLAG` from `ns` to `url`: (exit code, stdout, stderr).
+fn curl_with(ns: &str, flag: &str, url: &str) -> (i32, String, String) {
     let out = run_output(&[
         "ip",
         "netns",
@@ -166,18 +166,23 @@ fn curl(ns: &str, url: &str) -> (i32, String) {
         ns,
         "curl",
         "-sS",
-        "-i",
+        flag,
         "-g",
         "--max-time",
         "5",
         url,
     ]);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `curl -i` from `ns` to `url`: (exit code, output: headers and body, or curl's error).
+fn curl(ns: &str, url: &str) -> (i32, String) {
+    let (code, out, err) = curl_with(ns, "-i", url);
+    (code, out + &err)
 }
 
 /// `curl -i` until it gets an answer (the first neighbour resolution, a reload's health
@@ -222,23 +227,7 @@ fn assert_health(text: &str, n: usize) {
 /// output: a reset, not an ICMP error), not a timeout.
 fn refused(ns: &str, url: &str) {
     let t = Instant::now();
-    let out = run_output(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "curl",
-        "-sS",
-        "-v",
-        "-g",
-        "--max-time",
-        "5",
-        url,
-    ]);
-    let (code, text) = (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
+    let (code, _, text) = curl_with(ns, "-v", url);
     assert_eq!(code, 7, "curl {url} from {ns}: {text}");
     assert!(text.contains("Connection refused"), "{text}");
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
