@@ -1695,9 +1695,9 @@ impl Services {
                     if sp.external_local {
                         out.push_str(" external-local");
                     }
-                    if let Some(hc) = sp.health_check_node_port {
-                        let _ = write!(out, " healthcheck {hc}");
-                    }
+                }
+                if let Some(hc) = sp.health_check_node_port {
+                    let _ = write!(out, " healthcheck {hc}");
                 }
                 out.push('\n');
                 for (addr, local) in eps {
