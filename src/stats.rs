@@ -333,6 +333,9 @@ drop_reasons! {
         /// `loadBalancerSourceRanges` of the family (kube-proxy's `KUBE-FW-*` /
         /// `KUBE-PROXY-FIREWALL` drop).
         LbSourceRange = "lb_source_range",
+        /// A TCP segment to a port of the router's own addresses that the local stack serves
+        /// (a health check), dropped because the stack's queue was full (`l3::local`).
+        LocalStackFull = "local_stack_full",
     }
 }
 

@@ -151,6 +151,9 @@ pub struct ServiceRow {
     pub external_ips: Vec<String>,
     /// `local` or `cluster`.
     pub external_traffic_policy: String,
+    /// The health check node port (`null`: none).
+    #[serde(default)]
+    pub health_check_node_port: Option<u16>,
     /// The Service's id in the NAT (`null`: not installed).
     pub id: Option<u32>,
     /// `local` or `cluster` (absent from an older server: `cluster`).

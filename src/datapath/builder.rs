@@ -770,7 +770,14 @@ impl DatapathBuilder {
             }),
             bridges: self.bridges,
             // NAT hooks into the router: without router interfaces there is nothing to hook.
-            nf: if router.is_some() { self.nf } else { None },
+            // It shares the router's local stack (whose ports it leaves untracked).
+            nf: match &router {
+                Some(r) => self.nf.map(|mut nf| {
+                    nf.local = r.local.clone();
+                    nf
+                }),
+                None => None,
+            },
             tunnels: self.tunnels,
             router,
             shards: Mutex::new(Vec::new()),

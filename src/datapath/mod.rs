@@ -101,6 +101,7 @@ use crate::stats::Shard;
 mod builder;
 mod control;
 mod dispatch;
+mod local;
 mod peers;
 mod pipeline;
 #[cfg(test)]

@@ -37,6 +37,7 @@
 pub mod defrag;
 // Calls into lookups compiled with POPCNT after a run-time CPU check (a `#[target_feature]`
 // function is unsafe to call); each call has a SAFETY line. All other unsafe is in `sys`.
+pub mod local;
 #[allow(unsafe_code)]
 pub mod lpm;
 pub mod neigh;

@@ -531,6 +531,9 @@ pub struct Netfilter {
     /// How long a `FlowMemo` entry is trusted after its connection was last seen live: below
     /// the shortest timeout less the refresh granularity, at most `MEMO_WINDOW_MAX_US`.
     memo_window_us: u64,
+    /// The router's local stack: its TCP ports of the node's addresses are not tracked (see
+    /// [`crate::l3::local`]); the builder shares the router's.
+    pub(crate) local: std::sync::Arc<crate::l3::local::LocalInbox>,
 }
 
 impl std::fmt::Debug for Netfilter {
@@ -629,6 +632,7 @@ impl Netfilter {
             rules: ArcSwap::from_pointee(cfg.rules),
             counters: Counters::default(),
             memo_window_us,
+            local: Default::default(),
         }
     }
 
@@ -867,6 +871,23 @@ impl Netfilter {
         }
     }
 
+    /// A new TCP or UDP connection to one of the node's own addresses that no Service claims:
+    /// `true` to let it through untracked (TCP to a port of the router's local stack, see
+    /// [`crate::l3::local`]: the stack's answers do not pass through conntrack, which would
+    /// refuse the handshake's ACK of a connection it saw one way only). Every other one is
+    /// tracked without source NAT, as Linux delivers it on its INPUT path, where
+    /// POSTROUTING's masquerade does not run (a masqueraded SYN to a closed port was answered
+    /// with a reset addressed to the node itself: the client never heard of it).
+    #[cold]
+    #[inline(never)]
+    fn to_us<A: Family>(&self, t: &Tuple<A>) -> bool {
+        if t.proto == PROTO_TCP && self.local.serves(t.dport) {
+            self.counters.untracked.add(1);
+            return true;
+        }
+        false
+    }
+
     /// The first packet of a connection: Services (DNAT), routing, masquerade/SNAT, insert.
     fn new_connection<A: NatFamily<W>, const W: usize>(
         &self,
@@ -885,6 +906,8 @@ impl Netfilter {
         let mut masq = false;
         let mut after = t;
         let mut hairpin = false;
+        // Delivered to the node itself (Linux's INPUT path): no source NAT.
+        let mut local_in = false;
         if matches!(p.kind, L4Kind::Tcp | L4Kind::Udp) {
             // `node_port`: the KUBE-EXT-* path, for a node port and as well for a
             // LoadBalancer IP or an external IP (asked after the ClusterIPs and before the
@@ -910,6 +933,13 @@ impl Netfilter {
                     None => (None, false),
                 },
             };
+            if node_port && svc.is_none() {
+                // To one of the node's own addresses, no Service: see `to_us`.
+                if self.to_us(&t) {
+                    return Hook::Accept;
+                }
+                local_in = true;
+            }
             if let Some(svc) = svc {
                 // KUBE-EXT-*: traffic from inside the cluster CIDR to a node port goes to every
                 // endpoint, unmasqueraded, whatever the policy ("pod traffic for external
@@ -958,7 +988,7 @@ impl Netfilter {
         }
         // Route the translated destination to learn the egress interface.
         let mut snat: Option<(A, Option<PortRange>)> = None;
-        if let Some((out, addr)) = routing.egress(after.dst) {
+        if let Some((out, addr)) = routing.egress(after.dst).filter(|_| !local_in) {
             let rule = || {
                 rules.masquerade.iter().any(|r| {
                     r.out == out

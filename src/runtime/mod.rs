@@ -71,6 +71,7 @@ use crate::stats::DropReason;
 use crate::sys::{self, EventFd};
 use crate::time::{Clock, Instant};
 
+pub mod local;
 mod uring;
 use uring::UringIo;
 

@@ -80,6 +80,8 @@ pub enum Item {
     HostRoutes,
     /// The `ips` and `mac` of a `[[bridge.port]]`, as (bridge, port).
     PortGuard(String, String),
+    /// `node.healthz_port`.
+    HealthzPort,
 }
 
 impl std::fmt::Display for Item {
@@ -92,6 +94,7 @@ impl std::fmt::Display for Item {
                 "the NAT rules ([masquerade], [[snat]], node.cluster_cidr, node.masquerade_all, node.random_fully, node.node_port_addresses)",
             ),
             Item::NodePortRange => f.write_str("node.node_port_range"),
+            Item::HealthzPort => f.write_str("node.healthz_port"),
             Item::Port(bridge, port) => write!(f, "port {port:?} of bridge {bridge:?}"),
             Item::Peer(vxlan, ip) => write!(f, "vxlan {vxlan:?}: peer {ip}"),
             Item::SpoofGuard(bridge) => write!(f, "bridge {bridge:?}: spoof_guard"),
@@ -185,6 +188,7 @@ pub fn running(old: &Config, new: &Config, refused: &[Refusal]) -> Config {
                 node::keep_old(&mut run, old);
             }
             Item::NodePortRange => run.node.node_port_range = old.node.node_port_range,
+            Item::HealthzPort => run.node.healthz_port = old.node.healthz_port,
             Item::HostRoutes => {
                 for h in &mut run.hosts {
                     if let Some(o) = old.hosts.iter().find(|o| o.name == h.name) {
@@ -777,6 +781,15 @@ pub fn diff(old: &Config, new: &Config) -> Result<Diff, Vec<String>> {
                 old.node.node_port_range.1,
                 new.node.node_port_range.0,
                 new.node.node_port_range.1
+            ),
+        );
+    }
+    if old.node.healthz_port != new.node.healthz_port {
+        d.push(
+            Item::HealthzPort,
+            format!(
+                "node.healthz_port {} -> {}",
+                old.node.healthz_port, new.node.healthz_port
             ),
         );
     }

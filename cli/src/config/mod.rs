@@ -115,6 +115,8 @@ pub struct NodeCfg {
     /// kube-proxy's `--nodeport-addresses`: NodePorts answer only on node addresses inside
     /// these prefixes (each family on its own; none of a family: every address of it).
     pub node_port_addresses: Vec<IpCidr>,
+    /// kube-proxy's `/healthz` port on the node's addresses (0: off).
+    pub healthz_port: u16,
 }
 
 impl NodeCfg {
@@ -375,6 +377,8 @@ pub struct ServiceDef {
     pub load_balancer_source_ranges: Vec<IpCidr>,
     /// `internalTrafficPolicy: Local`.
     pub internal_local: bool,
+    /// `healthCheckNodePort`.
+    pub health_check_node_port: Option<u16>,
 }
 
 impl ServiceDef {
@@ -439,6 +443,7 @@ impl ServiceDef {
             })
             .collect();
         spec.internal_local = self.internal_local;
+        spec.health_check_node_port = self.health_check_node_port;
         spec
     }
 }

@@ -215,6 +215,12 @@ pub const NODE: Section = Section {
             Dflt::Unset("every node address"),
             "kube-proxy's --nodeport-addresses: NodePorts answer only on node addresses inside these prefixes (per family; none of a family: every address of it)",
         ),
+        key(
+            "healthz_port",
+            int(0, 65535),
+            Dflt::Int(10256),
+            "kube-proxy's /healthz and /livez on the node's addresses (0: off)",
+        ),
     ],
 };
 
@@ -562,6 +568,12 @@ pub const SERVICE: Section = Section {
             Dflt::Str("cluster"),
             "local: ClusterIP traffic to this node's endpoints only (none here: dropped)",
         ),
+        key(
+            "health_check_node_port",
+            int(1, 65535),
+            Dflt::Unset("none"),
+            "healthCheckNodePort (with external_traffic_policy = \"local\"): HTTP 200/503 on this TCP port of the node's addresses, as kube-proxy",
+        ),
     ],
 };
 
@@ -833,102 +845,8 @@ pub const SECTIONS: &[&Section] = &[
 pub const REFERENCE_START: &str =
     "# ---- Key reference: every key, its default or what it means when unset, its range.";
 
-/// The key reference: every section and key as TOML comments (the block that ends
-/// `examples/node.toml`).
-pub fn reference() -> String {
-    let mut o = String::new();
-    o.push_str(REFERENCE_START);
-    o.push_str(
-        "\n# Generated from cli/src/config/schema.rs (`cargo test -p tapyard-cli` checks it;\n",
-    );
-    o.push_str("# TAPYARD_BLESS=1 rewrites it). Uncomment a key to change it.\n");
-    for s in SECTIONS {
-        let head = if s.array {
-            format!("[[{}]]", s.name)
-        } else {
-            format!("[{}]", s.name)
-        };
-        o.push_str(&format!("#\n# {head:<36}# {}\n", s.help));
-        for k in s.keys {
-            let (value, note) = match (k.default, k.ty) {
-                (Dflt::Required(_), ty) => (example(ty), "required".to_string()),
-                (Dflt::Unset(what), ty) => (example(ty), format!("default: {what}")),
-                (Dflt::Int(_) | Dflt::Lib(_), _) => {
-                    (k.int_default().unwrap_or(0).to_string(), String::new())
-                }
-                (Dflt::Bool(b), _) => (b.to_string(), String::new()),
-                (Dflt::Str(v), _) => (format!("{v:?}"), String::new()),
-            };
-            let range = match k.ty {
-                Ty::Int { lo, hi } | Ty::Secs { lo, hi } => format!("{lo} to {hi}"),
-                Ty::Choice { values, .. } => values.join(" | "),
-                _ => String::new(),
-            };
-            let notes: Vec<&str> = [k.help, &range, &note]
-                .into_iter()
-                .filter(|n| !n.is_empty())
-                .collect();
-            o.push_str(&format!(
-                "# {:<36}# {}\n",
-                format!("{} = {value}", k.name),
-                notes.join("; ")
-            ));
-        }
-    }
-    o
-}
-
-fn example(ty: Ty) -> String {
-    match ty {
-        Ty::Str(e) => format!("{e:?}"),
-        Ty::Strings(e) | Ty::Addrs(e) => e.to_string(),
-        Ty::Int { lo, .. } | Ty::Secs { lo, .. } => lo.max(1).to_string(),
-        Ty::Bool => "false".into(),
-        Ty::Choice { values, .. } => format!("{:?}", values[0]),
-    }
-}
+mod reference;
+pub use reference::reference;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/node.toml");
-
-    /// The block at the end of `examples/node.toml` is what the description renders. With
-    /// `TAPYARD_BLESS=1` the test writes it instead.
-    #[test]
-    fn example_reference_block_matches_the_schema() {
-        let text = std::fs::read_to_string(EXAMPLE_PATH).unwrap();
-        let want = reference();
-        let at = text.find(REFERENCE_START);
-        if std::env::var_os("TAPYARD_BLESS").is_some() {
-            let head = &text[..at.unwrap_or(text.len())];
-            std::fs::write(EXAMPLE_PATH, format!("{head}{want}")).unwrap();
-            return;
-        }
-        let at = at.expect("examples/node.toml has no key reference block");
-        assert!(
-            text[at..] == want,
-            "examples/node.toml's key reference differs from the schema; run\n  TAPYARD_BLESS=1 cargo test -p tapyard-cli example_reference\nto rewrite it. Expected:\n{want}"
-        );
-    }
-
-    #[test]
-    fn defaults_are_in_range_and_choices_known() {
-        for s in SECTIONS {
-            for k in s.keys {
-                match (k.ty, k.int_default()) {
-                    (Ty::Int { lo, hi } | Ty::Secs { lo, hi }, Some(d)) => {
-                        assert!((lo..=hi).contains(&d), "{}.{}", s.name, k.name)
-                    }
-                    (Ty::Choice { values, .. }, _) => {
-                        if let Dflt::Str(d) = k.default {
-                            assert!(values.contains(&d), "{}.{}", s.name, k.name);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -684,6 +684,9 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
                 );
             }
         }
+        if let Some(hc) = s.health_check_node_port {
+            health_port(c, s, hc, &ctx, &mut err);
+        }
         let mut seen = HashSet::new();
         for (i, e) in s.endpoints.iter().map(|e| &e.addr).enumerate() {
             let line = s.lines.of(&format!("endpoints.{i}"));
@@ -784,4 +787,48 @@ pub fn validate(c: &Config, broken: &HashSet<String>, diags: &mut Vec<Diag>) {
         }
     }
     diags.extend(warnings);
+}
+
+/// A Service's `health_check_node_port` `hc`: with `external_traffic_policy = "local"`, in
+/// the node port range, neither `node.healthz_port` nor a TCP node port, and no other
+/// Kubernetes Service's (the ports of one, `namespace/name:port` names sharing
+/// `namespace/name`, share it).
+fn health_port(
+    c: &Config,
+    s: &super::Located<super::ServiceDef>,
+    hc: u16,
+    ctx: &str,
+    err: &mut impl FnMut(usize, String),
+) {
+    let line = s.lines.of("health_check_node_port");
+    let (lo, hi) = c.node.node_port_range;
+    let kube = |n: &str| n.rsplit_once(':').map_or(n, |(k, _)| k).to_string();
+    if !s.external_local {
+        err(line, format!("{ctx}: health_check_node_port = {hc} needs external_traffic_policy = \"local\" (kube-proxy serves health checks only for those)"));
+    } else if !(lo..=hi).contains(&hc) {
+        err(line, format!("{ctx}: health_check_node_port = {hc} is outside {lo}-{hi} (set node.node_port_range to allow it)"));
+    } else if hc == c.node.healthz_port {
+        err(
+            line,
+            format!("{ctx}: health_check_node_port = {hc} is node.healthz_port"),
+        );
+    } else if let Some(o) = c.services.iter().find(|o| {
+        o.name != s.name
+            && ((o.proto == 6 && o.node_port == Some(hc))
+                || (o.health_check_node_port == Some(hc) && kube(&o.name) != kube(&s.name)))
+    }) {
+        err(
+            line,
+            format!(
+                "{ctx}: health_check_node_port = {hc} is already service {:?}'s (line {})",
+                o.name,
+                o.lines.of("name")
+            ),
+        );
+    } else if s.proto == 6 && s.node_port == Some(hc) {
+        err(
+            line,
+            format!("{ctx}: health_check_node_port = {hc} is its own node_port"),
+        );
+    }
 }

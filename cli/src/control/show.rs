@@ -510,6 +510,7 @@ fn nat_show(
                 id,
                 internal_traffic_policy: if s.internal_local { "local" } else { "cluster" }.into(),
                 name: s.name,
+                health_check_node_port: s.health_check_node_port,
                 node_port: s.node_port,
                 port: s.port,
                 protocol: s.proto.name().unwrap_or("?").into(),

@@ -54,6 +54,8 @@ pub struct Node {
     refused: Mutex<Vec<Refusal>>,
     clock: Clock,
     rt: Mutex<Option<Runtime>>,
+    /// The router's local TCP stack: kube-proxy's health servers on the node's addresses.
+    local: Mutex<Option<tapyard::runtime::local::LocalServer>>,
 }
 
 /// What a reload did ([`Node::reload`]).
@@ -216,6 +218,7 @@ impl Node {
 
     /// Stops the workers (after the batch each has in hand). Idempotent.
     pub fn stop(&self) {
+        drop(self.local.lock().unwrap_or_else(|e| e.into_inner()).take());
         let rt = self.rt.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(rt) = rt {
             rt.stop();
@@ -225,6 +228,18 @@ impl Node {
     /// The capture state of the port called `name` (datapath port or TAP name).
     pub fn capture_tap(&self, name: &str) -> Option<Arc<CaptureTap>> {
         self.ports.by_name(name).map(|e| e.capture)
+    }
+
+    /// Serves kube-proxy's `/healthz` on `port` of the node's addresses (0: no more).
+    pub fn set_healthz_port(&self, port: u16) {
+        if let Some(l) = self
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            l.set_healthz_port((port != 0).then_some(port));
+        }
     }
 
     /// Runs `f` with the runtime; `None` once the node is stopping.

@@ -535,6 +535,12 @@ impl Built {
                 "no TAP at start: ports added later are plain TAPs, without offloads (the workers' buffers are sized at start)"
             );
         }
+        let hz = cfg.node.healthz_port;
+        let local = rt
+            .start_local_server(tapyard::runtime::local::LocalServerConfig {
+                healthz_port: (hz != 0).then_some(hz),
+            })
+            .map_err(|e| NodeError::refused("cannot start the health check server", e))?;
         let clock = rt.clock();
         let now = clock.now();
         super::host::configure(&cfg)?;
@@ -565,6 +571,7 @@ impl Built {
             refused: Mutex::default(),
             clock,
             rt: Mutex::new(Some(rt)),
+            local: Mutex::new(local),
         };
         // The pods' spoof guards, from the record (ports restored or taken over).
         for r in node.apply_guards(&cfg, |_, _| true) {

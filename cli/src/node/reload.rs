@@ -239,6 +239,9 @@ impl Node {
                 ),
             }
         }
+        if d.touches(&Item::HealthzPort) {
+            self.set_healthz_port(new.node.healthz_port);
+        }
         errors
     }
 }

@@ -368,10 +368,14 @@ pub fn service_error(file: &std::path::Path, s: &ServiceCfg, e: &ServiceError) -
     use ServiceError as E;
     let key = match e {
         E::ZeroPort { field, .. } if *field == "node_port" => "node_port".to_string(),
+        E::ZeroPort { field, .. } if *field == "health_check_node_port" => {
+            "health_check_node_port".into()
+        }
         E::ZeroPort { .. } => "port".into(),
         E::BadVip { vip, .. } | E::DuplicateVip { vip, .. } => cluster_ip_key(s, vip.is_ipv6()),
         E::UnsupportedProto { .. } => "protocol".into(),
         E::DuplicateNodePort { .. } => "node_port".into(),
+        E::DuplicateHealthPort { .. } => "health_check_node_port".into(),
         E::DuplicateEndpoint { endpoint, .. } | E::BadEndpoint { endpoint, .. } => {
             endpoint_key(s, |a| {
                 a.ip() == endpoint.ip() && a.port() == endpoint.port()

@@ -12,6 +12,7 @@ mod ct_limit;
 mod dual_stack;
 mod endpoints;
 mod frags;
+mod health;
 mod host_port;
 mod ipv6_only;
 mod lb;

@@ -653,6 +653,9 @@ impl Router {
                     .verifies(s)
                 });
             if sum_ok {
+                if let Some(v) = self.to_local_stack(b, rx, f) {
+                    return v;
+                }
                 self.reject::<A>(b.frame(), rx, info, true, sink);
             }
         }
@@ -806,6 +809,26 @@ impl Router {
             L3::Forward(back) => Self::send_copy(back, b.frame(), sink),
             other => other,
         }
+    }
+
+    /// A TCP segment to one of the router's addresses, on a port the local stack serves:
+    /// handed to it (`L3::Local`), or dropped when its queue is full; `None` for any other
+    /// port (the caller resets it).
+    #[cold]
+    #[inline(never)]
+    fn to_local_stack<A: RouterFamily>(&self, b: &PacketBuf, rx: Rx, f: Facts<A>) -> Option<L3> {
+        let l4 = b.frame().get(rx.l3 + f.l4_off..rx.l3 + f.total_len)?;
+        let dport = u16::from_be_bytes([*l4.get(2)?, *l4.get(3)?]);
+        if !self.local.serves(dport) {
+            return None;
+        }
+        let ip = b.frame().get(rx.l3..rx.l3 + f.total_len)?;
+        let peer = MacAddr::from_slice(b.frame().get(6..12)?);
+        Some(if self.local.hand_off(ip, rx.in_if, peer) {
+            L3::Local
+        } else {
+            L3::Drop(DropReason::LocalStackFull)
+        })
     }
 
     /// Sends a copy of `frame` (addressed already) out of `via`, as a frame the router makes;

@@ -307,6 +307,9 @@ pub struct Router {
     pub(crate) host: Option<HostPort>,
     /// Event counters.
     pub counters: RouterCounters,
+    /// TCP ports of its own addresses served by the local stack, and the queue to it
+    /// ([`crate::l3::local`]).
+    pub(crate) local: std::sync::Arc<crate::l3::local::LocalInbox>,
 }
 
 /// The host port: a router interface (without a bridge) whose other side is the host's own
@@ -593,6 +596,7 @@ impl Router {
             neigh,
             icmp: IcmpLimiter::new(),
             counters: RouterCounters::default(),
+            local: Default::default(),
         }
     }
 

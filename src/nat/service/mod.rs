@@ -482,6 +482,13 @@ pub struct ServiceSpec {
     /// this node (none there but some elsewhere: dropped, as kube-proxy). Node-port traffic
     /// keeps `external_local`'s policy.
     pub internal_local: bool,
+    /// `healthCheckNodePort` (with [`ServiceSpec::external_local`]): the TCP port of the
+    /// node's addresses where the router's local stack answers load balancers' health checks
+    /// for the Service, `200` with endpoints on this node and `503` without, as kube-proxy
+    /// ([`Services::health_check`]). Nonzero; unique among the node's health ports but for
+    /// the ports of one Kubernetes Service (`namespace/name:port` names sharing
+    /// `namespace/name`), which share theirs; no TCP node port of any Service.
+    pub health_check_node_port: Option<u16>,
 }
 
 impl ServiceSpec {
@@ -525,6 +532,7 @@ impl ServiceSpec {
             external_ips: Vec::new(),
             load_balancer_source_ranges: Vec::new(),
             internal_local: false,
+            health_check_node_port: None,
         }
     }
 
@@ -755,6 +763,16 @@ pub enum ServiceError {
         /// The value.
         range: Prefix<IpAddr>,
     },
+    /// The health check node port is another Kubernetes Service's health port, or a TCP node
+    /// port.
+    DuplicateHealthPort {
+        /// The service.
+        service: String,
+        /// The value of `health_check_node_port`.
+        port: u16,
+        /// The service that has it.
+        other: String,
+    },
 }
 
 fn proto_name(p: u8) -> &'static str {
@@ -826,6 +844,14 @@ impl fmt::Display for ServiceError {
                 maglev::MAX_BACKENDS
             ),
             IdsExhausted => f.write_str("service ids exhausted"),
+            DuplicateHealthPort {
+                service,
+                port,
+                other,
+            } => write!(
+                f,
+                "service {service:?}: health_check_node_port {port} already used by service {other:?}"
+            ),
             NoClusterIp { service, field } => write!(
                 f,
                 "service {service:?}: {field} given without a ClusterIP of their family ({})",
@@ -1310,6 +1336,12 @@ fn validate(spec: &ServiceSpec) -> Result<(), ServiceError> {
             field: "node_port",
         });
     }
+    if spec.health_check_node_port == Some(0) {
+        return Err(ServiceError::ZeroPort {
+            service: service(),
+            field: "health_check_node_port",
+        });
+    }
     if spec.vip.is_none() && spec.vip6.is_none() {
         return Err(ServiceError::BadVip {
             service: service(),
@@ -1492,6 +1524,7 @@ impl Services {
                 });
             }
         }
+        health_port_free(&cur, &spec)?;
         let prev = cur.by_name.get(&spec.name).cloned();
         let (id, fresh) = match &prev {
             Some(p) => (p.id, false),
@@ -1676,6 +1709,48 @@ impl Services {
         }
     }
 
+    /// The health check node ports of every Service ([`ServiceSpec::health_check_node_port`]),
+    /// ascending, each once.
+    pub fn health_ports(&self) -> Vec<u16> {
+        let snap = self.snap.load();
+        let mut v: Vec<u16> = snap
+            .by_name
+            .values()
+            .filter_map(|s| s.spec.health_check_node_port)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The health check on node port `port` for a request to an address of family `A`: the
+    /// name of a Service it belongs to and its number of endpoints on this node of that
+    /// family, as kube-proxy's `LocalReadyEndpoints` counts them (distinct addresses over
+    /// all the Kubernetes Service's ports, each family's proxier its own family's); `None`
+    /// when no Service has that health port. No lock; O(Services).
+    pub fn health_check<A: ServiceAddr>(&self, port: u16) -> Option<(String, usize)> {
+        let snap = self.snap.load();
+        let mut name = None;
+        let mut ips: Vec<A> = Vec::new();
+        for s in snap.by_name.values() {
+            if s.spec.health_check_node_port != Some(port) {
+                continue;
+            }
+            if name.as_ref().is_none_or(|n: &String| s.spec.name < *n) {
+                name = Some(s.spec.name.clone());
+            }
+            ips.extend(
+                A::endpoints(&s.spec)
+                    .iter()
+                    .filter(|e| e.local)
+                    .map(|e| A::split(e.addr).0),
+            );
+        }
+        ips.sort_unstable();
+        ips.dedup();
+        name.map(|n| (n, ips.len()))
+    }
+
     /// The number of services.
     pub fn len(&self) -> usize {
         self.snap.load().by_name.len()
@@ -1767,6 +1842,9 @@ impl Services {
                 if sp.internal_local {
                     out.push_str(" internal-local");
                 }
+                if let Some(hc) = sp.health_check_node_port {
+                    let _ = write!(out, " healthcheck {hc}");
+                }
                 out.push('\n');
                 for (addr, local, cond, used) in eps {
                     let local = if local { "yes" } else { "no" };
@@ -1830,6 +1908,46 @@ fn ext_listed<A: ServiceAddr>(sp: &ServiceSpec) -> String {
         let _ = write!(out, " ranges {}", ranges.join(","));
     }
     out
+}
+
+/// The Kubernetes Service a tapyard Service name (`namespace/name:port`) belongs to: the
+/// name without its `:port`.
+fn kube_service(name: &str) -> &str {
+    name.rsplit_once(':').map_or(name, |(s, _)| s)
+}
+
+/// `Err` if `spec`'s health check node port is another Kubernetes Service's, or a TCP node
+/// port (of any Service), or `spec`'s TCP node port is a health port of another's.
+fn health_port_free(cur: &Snapshot, spec: &ServiceSpec) -> Result<(), ServiceError> {
+    let mine = kube_service(&spec.name);
+    let taken = |port: u16, health: bool| {
+        cur.by_name.values().find(|o| {
+            o.spec.name != spec.name
+                && ((o.spec.health_check_node_port == Some(port)
+                    && (!health || kube_service(&o.spec.name) != mine))
+                    || (health && o.spec.proto == IpProto::TCP && o.spec.node_port == Some(port)))
+        })
+    };
+    let clash = spec
+        .health_check_node_port
+        .filter(|&p| spec.proto == IpProto::TCP && spec.node_port == Some(p))
+        .map(|p| (p, spec.name.clone()))
+        .or_else(|| {
+            let h = spec.health_check_node_port?;
+            taken(h, true).map(|o| (h, o.spec.name.clone()))
+        })
+        .or_else(|| {
+            let np = spec.node_port.filter(|_| spec.proto == IpProto::TCP)?;
+            taken(np, false).map(|o| (np, o.spec.name.clone()))
+        });
+    match clash {
+        Some((port, other)) => Err(ServiceError::DuplicateHealthPort {
+            service: spec.name.clone(),
+            port,
+            other,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `Err` if another service than `spec`'s has its ClusterIP of the family, port and protocol.

@@ -591,6 +591,7 @@ impl Parser<'_> {
             masquerade_all: false,
             random_fully: false,
             node_port_addresses: Vec::new(),
+            healthz_port: 10256,
         });
         let config = Config {
             node,

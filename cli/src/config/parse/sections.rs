@@ -98,6 +98,7 @@ impl Parser<'_> {
         let masquerade_all = self.boolean(&mut s, "masquerade_all");
         let random_fully = self.boolean(&mut s, "random_fully");
         let node_port_addresses = self.list(&mut s, "node_port_addresses", parse_prefix_any);
+        let healthz_port = self.int_as(&mut s, "healthz_port");
         Some(NodeCfg {
             name: name?,
             cluster_cidr: cluster_cidr?,
@@ -113,6 +114,7 @@ impl Parser<'_> {
             masquerade_all,
             random_fully,
             node_port_addresses,
+            healthz_port,
         })
     }
 
@@ -493,6 +495,7 @@ impl Parser<'_> {
         let affinity_timeout = self.secs(&mut s, "session_affinity_timeout");
         let external_local = self.choice(&mut s, "external_traffic_policy") == "local";
         let internal_local = self.choice(&mut s, "internal_traffic_policy") == "local";
+        let health_check_node_port = self.given_int_as(&mut s, "health_check_node_port");
         let algo = match self.choice(&mut s, "algorithm") {
             "maglev" => LbAlgo::Maglev,
             _ => LbAlgo::Random,
@@ -561,6 +564,7 @@ impl Parser<'_> {
             external_ips,
             load_balancer_source_ranges,
             internal_local,
+            health_check_node_port,
         };
         Some(Located {
             value,
