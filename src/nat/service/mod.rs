@@ -127,7 +127,7 @@ impl<A: ServiceAddr> Endpoint<A> {
     /// use tapyard::nat::service::{Endpoint, EndpointConditions};
     ///
     /// let a: SocketAddrV4 = "10.244.1.5:8080".parse().unwrap();
-    /// let e = Endpoint::new(a, true).with_conditions(EndpointConditions::TERMINATING);
+    /// let e: Endpoint = Endpoint::new(a, true).with_conditions(EndpointConditions::TERMINATING);
     /// assert!(!e.conditions.ready && e.conditions.serving && e.conditions.terminating);
     /// ```
     pub fn with_conditions(self, conditions: EndpointConditions) -> Endpoint<A> {
