@@ -35,9 +35,9 @@
 //! ```
 
 pub mod defrag;
+pub mod local;
 // Calls into lookups compiled with POPCNT after a run-time CPU check (a `#[target_feature]`
 // function is unsafe to call); each call has a SAFETY line. All other unsafe is in `sys`.
-pub mod local;
 #[allow(unsafe_code)]
 pub mod lpm;
 pub mod neigh;
